@@ -1,0 +1,289 @@
+"""HostTable: a 2-D table in host memory that GPU kernels read directly."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import weakref
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from jaxdata import _ffi
+
+#: Element types a HostTable may hold (the gather moves bytes, so any 1/2/4/8-byte type works).
+SUPPORTED_DTYPES = tuple(
+    np.dtype(t)
+    for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.int16,
+              np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64))
+
+_READ_CHUNK = 64 << 20  # .npy files are read in chunks of this size, several at once
+_PROGRESS_ABOVE = 1 << 30  # show a progress bar for files larger than this
+
+
+def _check_dtype(dtype: Any, what: str) -> np.dtype:
+  try:
+    dtype = np.dtype(dtype)
+  except TypeError as e:
+    raise TypeError(f"{what}: {dtype!r} is not a NumPy dtype") from e
+  if dtype not in SUPPORTED_DTYPES:
+    names = ", ".join(d.name for d in SUPPORTED_DTYPES)
+    raise TypeError(f"{what}: dtype {dtype} is not supported; use one of {names}")
+  if not dtype.isnative:
+    raise TypeError(f"{what}: dtype {dtype.str} is not in this machine's byte order")
+  return dtype
+
+
+def _check_shape(shape: Any, what: str) -> tuple[int, int]:
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != 2:
+    raise ValueError(f"{what}: a HostTable is 2-D (rows, columns); got shape {shape}")
+  if shape[0] < 1 or shape[1] < 1:
+    raise ValueError(f"{what}: a HostTable needs at least one row and one column; got {shape}")
+  return shape
+
+
+class HostTable:
+  """A 2-D table in host memory that the GPU reads directly (zero-copy).
+
+  With a GPU visible (and jaxdata built with CUDA) the memory is page-locked and mapped into
+  every GPU's address space, so `host_gather` reads rows over PCIe from inside a jitted GPU
+  program; otherwise it is plain aligned memory and gathers run on the CPU.
+
+  The table owns its memory: `close()` it (or use it as a context manager) to release it.
+  A closed table cannot be gathered from: tracing raises `ValueError`, and an executable that
+  was compiled for it fails with an error naming the table. NumPy views from `as_numpy()` keep
+  the memory alive on their own, so they never dangle.
+
+  A HostTable is a pytree with no leaves: pass it to a jitted function like any argument and it
+  is treated as static (each table compiles its own executable).
+
+  Example:
+    >>> table = HostTable(np.random.rand(1000, 64).astype(np.float32))
+    >>> rows = jax.jit(host_gather)(table, jnp.array([5, 17, 999]))
+    >>> table.close()
+
+  Args:
+    array: the contents, any array-like of a supported dtype with two dimensions. It is copied
+      once, into the table's memory.
+    pinned: page-lock and map the memory for the GPU. Default: when a GPU is visible.
+  """
+
+  def __init__(self, array: Any, *, pinned: bool | None = None):
+    array = np.asarray(array)
+    dtype = _check_dtype(array.dtype, "HostTable")
+    shape = _check_shape(array.shape, "HostTable")
+    self._allocate(shape, dtype, pinned)
+    try:
+      self.write(0, array)
+    except BaseException:
+      self.close()
+      raise
+
+  # -- construction -------------------------------------------------------------------------
+
+  @classmethod
+  def empty(cls, shape: tuple[int, int], dtype: Any, *, pinned: bool | None = None) -> HostTable:
+    """A table of the given shape and dtype whose contents are not initialized."""
+    table = cls.__new__(cls)
+    table._allocate(_check_shape(shape, "HostTable.empty"), _check_dtype(dtype, "HostTable.empty"),
+                    pinned)
+    return table
+
+  @classmethod
+  def from_npy(cls, path: str | os.PathLike, *, dtype: Any = None, pinned: bool | None = None,
+               progress: bool | None = None, threads: int = 8) -> HostTable:
+    """Loads a 2-D `.npy` file straight into table memory, with no intermediate copy.
+
+    The file is read in chunks by several threads directly into the (pinned) table, so a file
+    larger than what comfortably fits twice in RAM loads fine.
+
+    Args:
+      path: a `.npy` file holding a C-ordered 2-D array.
+      dtype: read the elements as this dtype instead (same item size), e.g. `ml_dtypes.bfloat16`
+        for files NumPy saved as raw 2-byte voids.
+      pinned: as for `HostTable`.
+      progress: show a progress bar; default: for files over 1 GiB.
+      threads: reads in flight at once.
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+      try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+          shape, fortran_order, file_dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+          shape, fortran_order, file_dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+          raise ValueError(f".npy format version {version} is not supported")
+      except ValueError as e:
+        raise ValueError(f"HostTable.from_npy: {path} is not a readable .npy file: {e}") from e
+      data_offset = f.tell()
+      file_size = os.fstat(f.fileno()).st_size
+      if dtype is not None:
+        want = np.dtype(dtype)
+        if want.itemsize != file_dtype.itemsize:
+          raise TypeError(f"HostTable.from_npy: dtype {want} has {want.itemsize}-byte items, "
+                          f"the file's {file_dtype} has {file_dtype.itemsize}")
+        file_dtype = want
+      file_dtype = _check_dtype(file_dtype, f"HostTable.from_npy({path})")
+      shape = _check_shape(shape, f"HostTable.from_npy({path})")
+      if fortran_order and shape[1] > 1:
+        raise ValueError(f"HostTable.from_npy: {path} is in Fortran order; a HostTable needs "
+                         "C-ordered rows (save np.ascontiguousarray(x))")
+      nbytes = shape[0] * shape[1] * file_dtype.itemsize
+      if file_size < data_offset + nbytes:
+        raise ValueError(f"HostTable.from_npy: {path} is truncated: its header promises "
+                         f"{nbytes} bytes of data, the file holds {file_size - data_offset}")
+      table = cls.__new__(cls)
+      table._allocate(shape, file_dtype, pinned)
+      try:
+        table._read_file(f.fileno(), data_offset, nbytes, path, progress, threads)
+      except BaseException:
+        table.close()
+        raise
+    return table
+
+  def _allocate(self, shape: tuple[int, int], dtype: np.dtype, pinned: bool | None) -> None:
+    if pinned is None:
+      pinned = _ffi.cuda_device_count() > 0
+    elif pinned and not _ffi.built_with_cuda():
+      raise ValueError("HostTable(pinned=True) needs jaxdata built with CUDA (see `jaxdata info`)")
+    nbytes = shape[0] * shape[1] * dtype.itemsize
+    buffer = _ffi.ext.HostBuffer.allocate(nbytes, bool(pinned))
+    self._init_view(buffer, shape, dtype)
+
+  def _init_view(self, buffer: Any, shape: tuple[int, int], dtype: np.dtype) -> None:
+    self._buffer = buffer
+    self._shape = shape
+    self._dtype = dtype
+    self._id = _ffi.ext.register_table(buffer, shape[0], shape[1] * dtype.itemsize)
+    self._finalizer = weakref.finalize(self, _ffi.ext.close_table, self._id)
+
+  def _read_file(self, fd: int, offset: int, nbytes: int, name: str, progress: bool | None,
+                 threads: int) -> None:
+    chunks = [(o, min(_READ_CHUNK, nbytes - o)) for o in range(0, nbytes, _READ_CHUNK)]
+    read = lambda c: self._buffer.read_file(fd, offset + c[0], c[0], c[1])  # noqa: E731
+    show = nbytes > _PROGRESS_ABOVE if progress is None else progress
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+      done = pool.map(read, chunks)
+      if not show:
+        list(done)
+        return
+      import rich.progress  # pylint: disable=g-import-not-at-top
+      with rich.progress.Progress(
+          *rich.progress.Progress.get_default_columns(), rich.progress.TransferSpeedColumn(),
+          transient=True) as bar:
+        task = bar.add_task(f"loading {os.path.basename(name)}", total=nbytes)
+        for (_, size), _ in zip(chunks, done):
+          bar.advance(task, size)
+
+  # -- properties ---------------------------------------------------------------------------
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return self._shape
+
+  @property
+  def dtype(self) -> np.dtype:
+    return self._dtype
+
+  @property
+  def nbytes(self) -> int:
+    return self._shape[0] * self._shape[1] * self._dtype.itemsize
+
+  @property
+  def ndim(self) -> int:
+    return 2
+
+  @property
+  def pinned(self) -> bool:
+    """Whether the memory is page-locked and mapped for the GPU."""
+    return self._buffer is not None and self._buffer.pinned
+
+  @property
+  def closed(self) -> bool:
+    return self._buffer is None
+
+  @property
+  def table_id(self) -> int:
+    """The id FFI calls refer to this table by."""
+    self._check_open("table_id")
+    return self._id
+
+  def __repr__(self) -> str:
+    state = "closed" if self.closed else ("pinned" if self.pinned else "unpinned")
+    return f"HostTable(shape={self._shape}, dtype={self._dtype.name}, {state}, id={self._id})"
+
+  # -- contents -----------------------------------------------------------------------------
+
+  def write(self, start: int, values: Any) -> None:
+    """Copies `values` (rows, columns) into rows `start`, `start + 1`, ... of the table."""
+    self._check_open("write")
+    values = np.asarray(values)
+    if values.ndim != 2 or values.shape[1] != self._shape[1]:
+      raise ValueError(f"HostTable.write: values of shape {values.shape} do not fit rows of "
+                       f"{self._shape[1]} columns")
+    if not 0 <= start <= self._shape[0] - values.shape[0]:
+      raise ValueError(f"HostTable.write: rows [{start}, {start + values.shape[0]}) are outside "
+                       f"the table's {self._shape[0]} rows")
+    if values.dtype != self._dtype:
+      if not np.can_cast(values.dtype, self._dtype, "same_kind"):
+        raise TypeError(f"HostTable.write: cannot cast {values.dtype} to {self._dtype}")
+      values = values.astype(self._dtype)
+    row_bytes = self._shape[1] * self._dtype.itemsize
+    step = max(1, (256 << 20) // row_bytes)  # strided input is made contiguous a chunk at a time
+    for i in range(0, values.shape[0], step):
+      chunk = np.ascontiguousarray(values[i:i + step])
+      self._buffer.write((start + i) * row_bytes, chunk.reshape(-1).view(np.uint8))
+
+  def as_numpy(self) -> np.ndarray:
+    """A NumPy view of the table's memory (no copy); writes through it change the table.
+
+    The view holds the memory alive by itself: after `close()` it stays valid, and the memory
+    is released when the last view is gone.
+    """
+    self._check_open("as_numpy")
+    return self._buffer.view().view(self._dtype).reshape(self._shape)
+
+  def view(self, dtype: Any = None, *, columns: int | None = None) -> HostTable:
+    """The same memory seen with another dtype and/or row width, as a new table.
+
+    The new table has its own id and lifetime; the memory is released once every table and
+    NumPy view sharing it is gone.
+    """
+    self._check_open("view")
+    dtype = self._dtype if dtype is None else _check_dtype(dtype, "HostTable.view")
+    columns = self._shape[1] * self._dtype.itemsize // dtype.itemsize if columns is None else columns
+    row_bytes = int(columns) * dtype.itemsize
+    if row_bytes <= 0 or self.nbytes % row_bytes:
+      raise ValueError(f"HostTable.view: {self.nbytes} bytes do not divide into rows of "
+                       f"{columns} x {dtype}")
+    table = HostTable.__new__(HostTable)
+    table._init_view(self._buffer, (self.nbytes // row_bytes, int(columns)), dtype)
+    return table
+
+  # -- lifetime -----------------------------------------------------------------------------
+
+  def close(self) -> None:
+    """Releases the table. Safe to call twice; gathers already queued on a GPU finish first."""
+    if self._buffer is None:
+      return
+    self._finalizer()  # unregisters the id
+    self._buffer = None
+
+  def __enter__(self) -> HostTable:
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+  def _check_open(self, what: str) -> None:
+    if self._buffer is None:
+      raise ValueError(f"{what}: {self!r} is closed")
+
+
+# A HostTable is a pytree with no leaves whose static part is the table itself: jit treats it
+# as a compile-time constant, keyed by identity.
+jax.tree_util.register_pytree_node(HostTable, lambda t: ((), t), lambda t, _: t)

@@ -1,0 +1,76 @@
+#include "table.h"
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace jaxdata {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  int64_t next_id = 1;
+  std::unordered_map<int64_t, TableView> tables;
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry();  // never destroyed: handlers may run at exit
+  return *registry;
+}
+
+}  // namespace
+
+int64_t RegisterTable(std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t row_bytes) {
+  if (rows < 0 || row_bytes <= 0 || uint64_t(rows) * uint64_t(row_bytes) > buffer->size()) {
+    throw std::invalid_argument("table geometry does not fit its buffer");
+  }
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const int64_t id = r.next_id++;
+  r.tables[id] = TableView{std::move(buffer), rows, row_bytes};
+  return id;
+}
+
+void CloseTable(int64_t id) {
+  TableView dropped;  // released outside the lock: freeing pinned memory waits for the GPUs
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.tables.find(id);
+    if (it == r.tables.end()) return;
+    dropped = std::move(it->second);
+    r.tables.erase(it);
+  }
+}
+
+bool TableIsOpen(int64_t id) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.tables.count(id) != 0;
+}
+
+xla::ffi::ErrorOr<TableView> LookupTable(int64_t id, int64_t expected_row_bytes) {
+  TableView view;
+  {
+    Registry& r = GetRegistry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.tables.find(id);
+    if (it == r.tables.end()) {
+      return xla::ffi::Unexpected(xla::ffi::Error(
+          xla::ffi::ErrorCode::kFailedPrecondition,
+          "jaxdata: HostTable #" + std::to_string(id) +
+              " is closed; this computation was compiled for it and cannot run any more"));
+    }
+    view = it->second;
+  }
+  if (view.row_bytes != expected_row_bytes) {
+    return xla::ffi::Unexpected(xla::ffi::Error::InvalidArgument(
+        "jaxdata: HostTable #" + std::to_string(id) + " has rows of " +
+        std::to_string(view.row_bytes) + " bytes, the output expects " +
+        std::to_string(expected_row_bytes)));
+  }
+  return view;
+}
+
+}  // namespace jaxdata

@@ -1,0 +1,32 @@
+// The registry of host tables.
+//
+// A host table is a HostBuffer seen as `rows` rows of `row_bytes` bytes. Python holds a table's
+// id; FFI handlers receive that id as an attribute and look it up here. Ids are never reused,
+// so an executable compiled for a table that has since been closed fails with a clear error
+// instead of reading freed memory.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "../common/host_buffer.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxdata {
+
+struct TableView {
+  std::shared_ptr<HostBuffer> buffer;  // keeps the memory alive while a handler uses it
+  int64_t rows = 0;
+  int64_t row_bytes = 0;
+};
+
+// Registers a view of `buffer` (rows * row_bytes <= buffer->size()) and returns its id.
+int64_t RegisterTable(std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t row_bytes);
+// Forgets the id; the memory goes when no other view, handler or NumPy view holds it.
+void CloseTable(int64_t id);
+bool TableIsOpen(int64_t id);
+
+// For handlers: the view, or an error naming the id when it is closed or unknown, or when the
+// output's row size does not match the table's.
+xla::ffi::ErrorOr<TableView> LookupTable(int64_t id, int64_t expected_row_bytes);
+
+}  // namespace jaxdata

@@ -1,0 +1,131 @@
+// The extension jaxdata._xla_ffi: host buffers and tables for Python, and registrations() for
+// jaxdata/_ffi.py, which registers every FFI target with JAX.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/shared_ptr.h>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "common/host_buffer.h"
+#include "host/handlers.h"
+#include "host/table.h"
+
+namespace nb = nanobind;
+
+namespace jaxdata {
+namespace {
+
+template <typename Fn>
+nb::capsule Capsule(Fn* fn) {
+  static_assert(std::is_invocable_r_v<XLA_FFI_Error*, Fn, XLA_FFI_CallFrame*>);
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+// {target name: {platform: capsule}}
+nb::dict Registrations() {
+  nb::dict all;
+  auto add = [&](const char* name, const char* platform, nb::capsule c) {
+    if (!all.contains(name)) all[name] = nb::dict();
+    nb::borrow<nb::dict>(all[name])[platform] = c;
+  };
+  add("jaxdata_host_gather", "cpu", Capsule(jaxdata_host_gather_cpu));
+  add("jaxdata_host_slice", "cpu", Capsule(jaxdata_host_slice_cpu));
+#ifdef JAXDATA_WITH_CUDA
+  add("jaxdata_host_gather", "CUDA", Capsule(jaxdata_host_gather_cuda));
+  add("jaxdata_host_slice", "CUDA", Capsule(jaxdata_host_slice_cuda));
+#endif
+  return all;
+}
+
+using Bytes = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using AnyContig = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+void CheckRange(const HostBuffer& b, int64_t offset, int64_t nbytes) {
+  if (offset < 0 || nbytes < 0 || uint64_t(offset) + uint64_t(nbytes) > b.size()) {
+    throw std::out_of_range("byte range [" + std::to_string(offset) + ", " +
+                            std::to_string(offset + nbytes) + ") outside a buffer of " +
+                            std::to_string(b.size()) + " bytes");
+  }
+}
+
+}  // namespace
+}  // namespace jaxdata
+
+NB_MODULE(_xla_ffi, m) {
+  using namespace jaxdata;
+  m.doc() = "jaxdata's native code: XLA FFI handlers and the host memory they read.";
+  m.def("registrations", &Registrations,
+        "{target name: {platform: capsule}} for jax.ffi.register_ffi_target.");
+  m.def("built_with_cuda", &BuiltWithCuda);
+  m.def("cuda_device_count", &CudaDeviceCount, nb::call_guard<nb::gil_scoped_release>());
+  m.def("cuda_runtime_version", &CudaRuntimeVersion);
+  m.def("cuda_driver_version", &CudaDriverVersion);
+  m.def("physical_memory_bytes", &PhysicalMemoryBytes);
+
+  nb::class_<HostBuffer>(m, "HostBuffer",
+                         "Host memory that GPU kernels can read: pinned and mapped when CUDA is "
+                         "usable, else plain 4 KiB-aligned memory.")
+      .def_static(
+          "allocate",
+          [](int64_t nbytes, bool pinned) {
+            if (nbytes < 0) throw std::invalid_argument("nbytes must be >= 0");
+            nb::gil_scoped_release release;
+            return HostBuffer::Allocate(size_t(nbytes), pinned);
+          },
+          nb::arg("nbytes"), nb::arg("pinned"))
+      .def_prop_ro("nbytes", [](const HostBuffer& b) { return int64_t(b.size()); })
+      .def_prop_ro("pinned", &HostBuffer::pinned)
+      .def_prop_ro("address", [](const HostBuffer& b) { return uintptr_t(b.data()); })
+      .def(
+          "write",
+          [](HostBuffer& b, int64_t offset, AnyContig src) {
+            const int64_t nbytes = int64_t(src.nbytes());
+            CheckRange(b, offset, nbytes);
+            nb::gil_scoped_release release;
+            ParallelMemcpy(b.data() + offset, src.data(), size_t(nbytes));
+          },
+          nb::arg("offset"), nb::arg("src"), "Copies a C-contiguous array's bytes in at `offset`.")
+      .def(
+          "view",
+          [](nb::handle self) {
+            HostBuffer& b = nb::cast<HostBuffer&>(self);
+            // The array's owner is this Python object, which holds the memory: the view stays
+            // valid after the table is closed and the memory goes when the last view does.
+            return Bytes(b.data(), {b.size()}, self);
+          },
+          "A writable uint8 NumPy view of the whole buffer (no copy).")
+      .def(
+          "read_file",
+          [](HostBuffer& b, int fd, int64_t file_offset, int64_t offset, int64_t nbytes) {
+            CheckRange(b, offset, nbytes);
+            nb::gil_scoped_release release;
+            char* dst = b.data() + offset;
+            while (nbytes > 0) {
+              ssize_t got = pread(fd, dst, size_t(std::min<int64_t>(nbytes, 1 << 30)), file_offset);
+              if (got < 0 && errno == EINTR) continue;
+              if (got <= 0) {
+                throw std::runtime_error(got == 0 ? std::string("file ended early")
+                                                  : std::string(std::strerror(errno)));
+              }
+              dst += got, file_offset += got, nbytes -= got;
+            }
+          },
+          nb::arg("fd"), nb::arg("file_offset"), nb::arg("offset"), nb::arg("nbytes"),
+          "Reads nbytes of an open file straight into the buffer (no intermediate copy).");
+
+  m.def(
+      "register_table",
+      [](std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t row_bytes) {
+        return RegisterTable(std::move(buffer), rows, row_bytes);
+      },
+      nb::arg("buffer"), nb::arg("rows"), nb::arg("row_bytes"));
+  m.def("close_table", &CloseTable, nb::arg("table_id"), nb::call_guard<nb::gil_scoped_release>());
+  m.def("table_is_open", &TableIsOpen, nb::arg("table_id"));
+}
