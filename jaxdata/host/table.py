@@ -27,11 +27,12 @@ def _check_dtype(dtype: Any, what: str) -> np.dtype:
     dtype = np.dtype(dtype)
   except TypeError as e:
     raise TypeError(f"{what}: {dtype!r} is not a NumPy dtype") from e
-  if dtype not in SUPPORTED_DTYPES:
+  if dtype.newbyteorder("=") not in SUPPORTED_DTYPES:
     names = ", ".join(d.name for d in SUPPORTED_DTYPES)
     raise TypeError(f"{what}: dtype {dtype} is not supported; use one of {names}")
   if not dtype.isnative:
-    raise TypeError(f"{what}: dtype {dtype.str} is not in this machine's byte order")
+    raise TypeError(f"{what}: dtype {dtype.str} is not in this machine's byte order "
+                    "(convert with .astype(dtype.newbyteorder('=')))")
   return dtype
 
 

@@ -1,0 +1,81 @@
+"""What every benchmark shares: timing, a description of the machine, size parsing, output."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+
+def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7) -> float:
+  """Median wall time of `fn()` including waiting for its results (JAX dispatch is async)."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def parse_bytes(text: str) -> int:
+  """'256M' -> 268435456 (binary units: K, M, G, T)."""
+  text = text.strip().upper().removesuffix("B").removesuffix("I")
+  units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+  if text and text[-1] in units:
+    return int(float(text[:-1]) * units[text[-1]])
+  return int(text)
+
+
+def format_bytes(n: int) -> str:
+  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if n >= size and n % size == 0:
+      return f"{n // size} {unit}"
+  return f"{n} B"
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def hardware() -> dict[str, str]:
+  """The machine, as a benchmark table should state it."""
+  from jaxdata import _ffi  # pylint: disable=g-import-not-at-top
+  dev = jax.devices()[0]
+  info = {
+      "device": f"{dev.platform}: {getattr(dev, 'device_kind', dev.platform)} x{jax.device_count()}",
+      "host": f"{cpu_model()}, {os.cpu_count()} cores, "
+              f"{_ffi.ext.physical_memory_bytes() / 2**30:.0f} GiB RAM",
+      "software": f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, "
+                  f"python {sys.version.split()[0]}",
+      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+  }
+  if _ffi.built_with_cuda() and dev.platform == "gpu":
+    rt, drv = _ffi.ext.cuda_runtime_version(), _ffi.ext.cuda_driver_version()
+    info["software"] += f", CUDA runtime {rt // 1000}.{rt % 1000 // 10}, driver API {drv // 1000}.{drv % 1000 // 10}"
+  return info
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def random_rows(rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
+  dtype = np.int32 if rows < 2**31 else np.int64
+  return rng.integers(0, rows, size=n, dtype=dtype)

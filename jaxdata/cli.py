@@ -1,0 +1,122 @@
+"""The `jaxdata` command: `info` and `bench ...`."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def _info(args: argparse.Namespace) -> int:
+  del args
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import rich.console  # pylint: disable=g-import-not-at-top
+  import rich.table  # pylint: disable=g-import-not-at-top
+
+  import jaxdata  # pylint: disable=g-import-not-at-top
+  from jaxdata import _ffi  # pylint: disable=g-import-not-at-top
+
+  console = rich.console.Console()
+  versions = rich.table.Table(title="jaxdata", show_header=False)
+  versions.add_row("jaxdata", jaxdata.__version__)
+  versions.add_row("jax / jaxlib", f"{jax.__version__} / {jax.lib.__version__}")
+  versions.add_row("numpy", np.__version__)
+  versions.add_row("python", sys.version.split()[0])
+  ext = _ffi.ext
+  if ext.built_with_cuda():
+    rt, drv = ext.cuda_runtime_version(), ext.cuda_driver_version()
+    versions.add_row("CUDA runtime (built in)", f"{rt // 1000}.{rt % 1000 // 10}")
+    versions.add_row("CUDA driver", f"{drv // 1000}.{drv % 1000 // 10}" if drv else "none")
+  versions.add_row("host RAM", f"{ext.physical_memory_bytes() / 2**30:.1f} GiB")
+  console.print(versions)
+
+  gpus = _ffi.jax_gpus()
+  backends = rich.table.Table(title="backends")
+  for col in ("platform", "built", "usable now", "why"):
+    backends.add_column(col)
+  backends.add_row("cpu", "yes", "yes", f"{len(jax.devices('cpu'))} CPU device(s)")
+  if not ext.built_with_cuda():
+    backends.add_row("CUDA", "no", "no", "built without a CUDA toolkit (JAXDATA_CUDA=ON to require)")
+  elif not gpus:
+    backends.add_row("CUDA", "yes", "no", f"JAX sees no GPU (CUDA runtime sees "
+                     f"{_ffi.cuda_device_count()})")
+  else:
+    backends.add_row("CUDA", "yes", "yes", ", ".join(sorted({d.device_kind for d in gpus})) +
+                     f" x{len(gpus)}")
+  console.print(backends)
+
+  targets = rich.table.Table(title="registered XLA FFI targets")
+  targets.add_column("target")
+  targets.add_column("platforms")
+  for name, platforms in sorted(_ffi.TARGETS.items()):
+    targets.add_row(name, ", ".join(platforms))
+  console.print(targets)
+  return 0
+
+
+def _bench_gather(args: argparse.Namespace) -> int:
+  import rich.console  # pylint: disable=g-import-not-at-top
+  import rich.table  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.bench import gather  # pylint: disable=g-import-not-at-top
+
+  if args.quick:
+    tables, rows, repeats, batch = ["64M"], [64, 512, 4096], 3, 32 << 20
+  else:
+    tables, rows, repeats, batch = args.tables, args.rows, args.repeats, args.batch
+  console = rich.console.Console()
+  results, notes = gather.run(tables, rows, batch_bytes=batch, cpu_batch_bytes=min(batch, 64 << 20),
+                              repeats=repeats, console=console)
+  header, body = gather.table_rows(results)
+  table = rich.table.Table(title="random-row gather from a host table (GB/s of rows delivered)")
+  for h in header:
+    table.add_column(h, justify="right")
+  for r in body:
+    table.add_row(*r)
+  console.print(table)
+  for n in notes:
+    console.print(f"[yellow]{n}")
+  command = "jaxdata " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+  if args.write:
+    with open(args.write, "w") as f:
+      f.write(gather.markdown(results, notes, command))
+    console.print(f"wrote {args.write}")
+    png = args.write.rsplit(".", 1)[0] + ".png"
+    if gather.plot(results, png):
+      console.print(f"wrote {png}")
+  return 0
+
+
+def _parse_bytes(text: str) -> int:
+  from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
+  return parse_bytes(text)
+
+
+def _csv(kind):
+  return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="jaxdata", description=__doc__)
+  sub = parser.add_subparsers(dest="command", required=True)
+  sub.add_parser("info", help="versions, built and usable backends, registered FFI targets")
+  bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
+      dest="bench", required=True)
+  g = bench.add_parser("gather", help="host_gather vs NumPy gather + device_put vs pinned memcpy")
+  g.add_argument("--tables", type=_csv(str), default=["256M", "16G"],
+                 help="table sizes, comma-separated (default 256M,16G; skipped if RAM is short)")
+  g.add_argument("--rows", type=_csv(int), default=[64, 128, 256, 512, 1024, 2048, 4096],
+                 help="row sizes in bytes, comma-separated")
+  g.add_argument("--batch", type=_parse_bytes,
+                 default=256 << 20, help="bytes gathered per call (default 256M)")
+  g.add_argument("--repeats", type=int, default=7, help="timed calls per measurement (median)")
+  g.add_argument("--quick", action="store_true", help="a small run (64 MiB table, 3 row sizes)")
+  g.add_argument("--write", metavar="PATH.md", help="write the table (and a .png plot) here")
+  args = parser.parse_args(argv)
+  if args.command == "info":
+    return _info(args)
+  return _bench_gather(args)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
