@@ -65,6 +65,8 @@ def _bench_gather(args: argparse.Namespace) -> int:
   else:
     tables, rows, repeats, batch = args.tables, args.rows, args.repeats, args.batch
   console = rich.console.Console()
+  if not console.is_terminal:
+    console = rich.console.Console(width=140)  # logs: keep the table's columns whole
   results, notes = gather.run(tables, rows, batch_bytes=batch, cpu_batch_bytes=min(batch, 64 << 20),
                               repeats=repeats, console=console)
   header, body = gather.table_rows(results)

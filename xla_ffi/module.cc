@@ -68,6 +68,17 @@ NB_MODULE(_xla_ffi, m) {
   m.def("cuda_runtime_version", &CudaRuntimeVersion);
   m.def("cuda_driver_version", &CudaDriverVersion);
   m.def("physical_memory_bytes", &PhysicalMemoryBytes);
+  m.def(
+      "sort_scratch_bytes",
+      [](int64_t n, int64_t rows) -> int64_t {
+#ifdef JAXDATA_WITH_CUDA
+        return CudaDeviceCount() > 0 ? int64_t(HostGatherSortScratchBytes(n, rows)) : 0;
+#else
+        return 0;
+#endif
+      },
+      nb::arg("n"), nb::arg("rows"),
+      "Scratch bytes host_gather needs to sort n indices into a table of `rows` rows on the GPU.");
 
   nb::class_<HostBuffer>(m, "HostBuffer",
                          "Host memory that GPU kernels can read: pinned and mapped when CUDA is "

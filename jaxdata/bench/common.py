@@ -13,15 +13,22 @@ import jax
 import numpy as np
 
 
-def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7) -> float:
-  """Median wall time of `fn()` including waiting for its results (JAX dispatch is async)."""
+def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7,
+                   queued: int = 1) -> float:
+  """Median wall time of one `fn()` call, results waited for (JAX dispatch is asynchronous).
+
+  With `queued` > 1, each timed round queues that many calls back to back and waits once, so the
+  figure is the device's throughput rather than one call's round-trip latency.
+  """
   for _ in range(warmup):
     jax.block_until_ready(fn())
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
+    for _ in range(queued - 1):
+      fn()
     jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
+    times.append((time.perf_counter() - t0) / queued)
   return statistics.median(times)
 
 

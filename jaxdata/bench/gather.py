@@ -69,14 +69,15 @@ def _measure(table: HostTable, row_bytes: int, batch_bytes: int, cpu_batch_bytes
     def time_gather(sort: bool) -> float:
       fn = jax.jit(lambda i: host_gather(t, i, sort=sort))
       sets = itertools.cycle(index_sets)
-      return gbps(n * row_bytes, common.median_seconds(lambda: fn(next(sets)), repeats=repeats))
+      return gbps(n * row_bytes, common.median_seconds(lambda: fn(next(sets)), repeats=repeats,
+                                                       queued=4))
 
     unsorted, sorted_ = time_gather(False), time_gather(True)
-    by_default = t.nbytes >= gather_mod.SORT_THRESHOLD_BYTES
+    by_default = gather_mod.sorts_by_default(t)
 
     n_copy = min(n, rows)
     copy = jax.jit(lambda: host_slice(t, 0, n_copy))
-    memcpy = gbps(n_copy * row_bytes, common.median_seconds(copy, repeats=repeats))
+    memcpy = gbps(n_copy * row_bytes, common.median_seconds(copy, repeats=repeats, queued=4))
 
     view = t.as_numpy()
     n_cpu = max(1, min(n, cpu_batch_bytes // row_bytes))
@@ -140,9 +141,13 @@ def markdown(results: list[Result], notes: list[str], command: str) -> str:
       "Measured by `jaxdata bench gather` (jaxdata/bench/gather.py): GB/s of rows delivered to the "
       "device, random indices, float32 rows. *host_gather* is jaxdata's zero-copy gather with its "
       "default policy (indices sorted first for tables of "
-      f"{common.format_bytes(gather_mod.SORT_THRESHOLD_BYTES)} or more); *CPU-centric* is NumPy "
+      f"{common.format_bytes(gather_mod.SORT_THRESHOLD_BYTES)} or more with rows under "
+      f"{gather_mod.SORT_BELOW_ROW_BYTES} B); *CPU-centric* is NumPy "
       "fancy indexing on the host followed by `jax.device_put`; *memcpy* is one contiguous "
-      "copy of as many bytes from the same pinned table (`host_slice`, a DMA copy), the ceiling.",
+      "copy of as many bytes from the same pinned table (`host_slice`, a DMA copy), the ceiling. "
+      "Device-side paths are timed as throughput: several calls queued back to back, then one "
+      "wait (median over rounds); the CPU-centric path is synchronous by nature and timed per "
+      "call.",
       "", f"Command: `{command}`", "",
       *[f"- {k}: {v}" for k, v in hw.items()], "",
       common.markdown_table(header, rows), ""]

@@ -13,10 +13,13 @@ from jaxdata.host.table import HostTable
 
 _MODES = {"fill": 0, "clip": 1}
 
-#: With sort=None, indices are sorted before reading tables at least this large (bytes). Random
-#: rows scattered over a table this big defeat the GPU's address translation; read in ascending
-#: order they stay near the PCIe rate (docs/benchmarks/gather.md has the measurements).
+#: With sort=None, indices are sorted before reading tables at least this large (bytes) whose
+#: rows are narrower than SORT_BELOW_ROW_BYTES. Random rows scattered over a table this big
+#: defeat the GPU's address translation: measured on the H200 (docs/benchmarks/gather.md), a
+#: 16 GiB table gives 2.3 GB/s unsorted and 29 GB/s sorted for 64-byte rows, 14.5 and 34 GB/s
+#: for 512-byte rows, while rows of 2 KiB and more read as fast unsorted.
 SORT_THRESHOLD_BYTES = 2 << 30
+SORT_BELOW_ROW_BYTES = 2048
 
 
 def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_value: Any = None,
@@ -45,7 +48,7 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
     mode: "fill" or "clip".
     fill_value: a scalar for out-of-range rows in "fill" mode.
     sort: read the table in ascending row order (GPU): radix-sort the indices first and
-      scatter rows back to their places. Default: for tables of `SORT_THRESHOLD_BYTES` or more.
+      scatter rows back to their places. Default: `sorts_by_default(table)`.
 
   Returns:
     An array of shape `indices.shape + (table.shape[1],)` and dtype `table.dtype`.
@@ -56,9 +59,15 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
   indices = _check_indices(indices)
   fill_bits = _fill_bits(table.dtype, fill_value) if mode == "fill" else 0
   if sort is None:
-    sort = table.nbytes >= SORT_THRESHOLD_BYTES
+    sort = sorts_by_default(table)
   return _gather(table, _MODES[mode], fill_bits, bool(sort),
                  _canonical_indices(indices, table.shape[0]))
+
+
+def sorts_by_default(table: HostTable) -> bool:
+  """Whether host_gather sorts indices for this table when `sort` is not given."""
+  row_bytes = table.shape[1] * table.dtype.itemsize
+  return table.nbytes >= SORT_THRESHOLD_BYTES and row_bytes < SORT_BELOW_ROW_BYTES
 
 
 def host_slice(table: HostTable, start: int, size: int) -> jax.Array:
@@ -140,13 +149,24 @@ def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:
 # -- the primitive -----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
+def _sort_scratch_bytes(n: int, rows: int) -> int:
+  return _ffi.ext.sort_scratch_bytes(n, rows) if _ffi.cuda_device_count() else 0
+
+
 def _gather_call(table: HostTable, mode: int, fill_bits: np.int64, sort: bool,
                  idx: jax.Array) -> jax.Array:
   out = jax.ShapeDtypeStruct(idx.shape + (table.shape[1],), table.dtype)
+  # The GPU sorts in a second output that XLA allocates (empty when not sorting; the CPU ignores
+  # it). Under vmap it grows with the batch; if that is ever short, the kernel reads unsorted.
+  scratch = _sort_scratch_bytes(int(np.prod(idx.shape)), table.shape[0]) if sort else 0
   # A batch of index arrays is one larger index array: the kernel reads indices flat.
-  return jax.ffi.ffi_call("jaxdata_host_gather", out, vmap_method="broadcast_all")(
-      idx, table_id=np.int64(table.table_id), mode=np.int32(mode), fill_bits=fill_bits,
-      sort=np.int32(sort))
+  result, _ = jax.ffi.ffi_call(
+      "jaxdata_host_gather", (out, jax.ShapeDtypeStruct((scratch,), np.uint8)),
+      vmap_method="broadcast_all")(
+          idx, table_id=np.int64(table.table_id), mode=np.int32(mode), fill_bits=fill_bits,
+          sort=np.int32(sort))
+  return result
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))

@@ -34,8 +34,10 @@ void GatherRows(ffi::ThreadPool& pool, const I* idx, int64_t n, const TableView&
   });
 }
 
+// `scratch` and `sort` matter only on the GPU; the CPU reads rows in the order given.
 ffi::Error HostGatherCpu(ffi::ThreadPool pool, ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out,
-                         int64_t table_id, int32_t mode, int64_t fill_bits, int32_t /*sort*/) {
+                         ffi::Result<ffi::AnyBuffer> /*scratch*/, int64_t table_id, int32_t mode,
+                         int64_t fill_bits, int32_t /*sort*/) {
   const int64_t rb = RowBytes(*out);
   auto table = LookupTable(table_id, rb);
   if (table.has_error()) return table.error();
@@ -80,6 +82,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cpu, jaxdata::HostGatherCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("table_id")
                                   .Attr<int32_t>("mode")

@@ -12,7 +12,8 @@
 // Large tables: random rows spread over many gigabytes defeat the GPU's address translation
 // (DESIGN.md: 64-byte rows fall from 43.6 to 2.3 GB/s at 16 GB). With `sort`, the resolved row
 // numbers are radix-sorted together with their output positions, the table is read in ascending
-// order, and every row is written straight to its place in the output.
+// order, and every row is written straight to its place in the output. The sort's buffers are a
+// second, scratch output of the call, sized by HostGatherSortScratchBytes at trace time.
 #include <cuda_runtime.h>
 
 #include <cub/cub.cuh>
@@ -31,6 +32,8 @@ namespace jaxdata {
 namespace {
 
 constexpr int kThreads = 256;
+// Loads in flight per thread. 8 measured within noise of 4 on the H200 (notes in
+// docs/benchmarks/gather.md), so the smaller register footprint stays.
 constexpr int kUnroll = 4;
 
 template <int N> struct VecOf;
@@ -198,48 +201,63 @@ int64_t RowBytes(const ffi::AnyBuffer& out) {
   return dims.size() == 0 ? 0 : dims.back() * int64_t(ffi::ByteWidth(out.element_type()));
 }
 
+bool CanSort(int64_t n, int64_t rows) {
+  return n > 1 && n < (int64_t(1) << 31) && rows < (int64_t(1) << 32) - 1;
+}
+
+int SortEndBit(int64_t rows) {  // bits that hold every row number and the fill sentinel `rows`
+  int end_bit = 1;
+  while (end_bit < 32 && (int64_t(1) << end_bit) <= rows) ++end_bit;
+  return end_bit;
+}
+
+size_t AlignedArrayBytes(int64_t n) { return (size_t(n) * sizeof(uint32_t) + 255) & ~size_t(255); }
+
+size_t CubTempBytes(int64_t n, int64_t rows) {
+  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), pos(nullptr, nullptr);
+  size_t temp_bytes = 0;
+  if (cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, pos, int(n), 0, SortEndBit(rows)) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return temp_bytes;
+}
+
 template <typename I>
-ffi::Error GatherTyped(cudaStream_t stream, ffi::ScratchAllocator& scratch, const I* idx, int64_t n,
+ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* idx, int64_t n,
                        const TableView& t, int32_t mode, bool sort, const unsigned char* fill16,
                        char* out) {
   const char* table = t.buffer->device_data();
-  const bool can_sort = sort && n > 1 && n < (int64_t(1) << 31) && t.rows < (int64_t(1) << 32) - 1;
-  if (!can_sort) {
+  size_t temp_bytes = 0;
+  const size_t array_bytes = AlignedArrayBytes(n);
+  if (sort && CanSort(n, t.rows)) temp_bytes = CubTempBytes(n, t.rows);
+  // Python sizes the scratch output for one call; under vmap the batch may need more than it
+  // was given, and then the rows are read unsorted (the same result, only slower).
+  if (temp_bytes == 0 || scratch.size_bytes() < 4 * array_bytes + temp_bytes) {
     JAXDATA_CUDA_RETURN_IF_ERROR(
         Launch(stream, table, out, n, DirectRows<I>{idx, t.rows, mode}, t.row_bytes, fill16));
     return ffi::Error::Success();
   }
-  int end_bit = 1;
-  while (end_bit < 33 && (int64_t(1) << end_bit) <= t.rows) ++end_bit;  // room for the sentinel
-  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), pos(nullptr, nullptr);
-  size_t temp_bytes = 0;
-  JAXDATA_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      nullptr, temp_bytes, keys, pos, int(n), 0, end_bit, stream));
-  const size_t array_bytes = (size_t(n) * sizeof(uint32_t) + 255) & ~size_t(255);
-  auto mem = scratch.Allocate(4 * array_bytes + temp_bytes, 256);
-  if (!mem.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "jaxdata_host_gather: no scratch memory for sorting the indices");
-  }
-  char* m = static_cast<char*>(*mem);
-  keys = cub::DoubleBuffer<uint32_t>(reinterpret_cast<uint32_t*>(m),
-                                     reinterpret_cast<uint32_t*>(m + array_bytes));
-  pos = cub::DoubleBuffer<uint32_t>(reinterpret_cast<uint32_t*>(m + 2 * array_bytes),
-                                    reinterpret_cast<uint32_t*>(m + 3 * array_bytes));
+  char* m = static_cast<char*>(scratch.untyped_data());
+  cub::DoubleBuffer<uint32_t> keys(reinterpret_cast<uint32_t*>(m),
+                                   reinterpret_cast<uint32_t*>(m + array_bytes));
+  cub::DoubleBuffer<uint32_t> pos(reinterpret_cast<uint32_t*>(m + 2 * array_bytes),
+                                  reinterpret_cast<uint32_t*>(m + 3 * array_bytes));
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, SmCount() * 8);
   ResolveKeysKernel<I><<<unsigned(blocks), kThreads, 0, stream>>>(idx, n, t.rows, mode,
                                                                    keys.Current(), pos.Current());
   JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   JAXDATA_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      m + 4 * array_bytes, temp_bytes, keys, pos, int(n), 0, end_bit, stream));
+      m + 4 * array_bytes, temp_bytes, keys, pos, int(n), 0, SortEndBit(t.rows), stream));
   JAXDATA_CUDA_RETURN_IF_ERROR(Launch(stream, table, out, n,
                                       SortedRows{keys.Current(), pos.Current(), t.rows},
                                       t.row_bytes, fill16));
   return ffi::Error::Success();
 }
 
-ffi::Error HostGatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer idx,
-                          ffi::Result<ffi::AnyBuffer> out, int64_t table_id, int32_t mode,
+ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out,
+                          ffi::Result<ffi::AnyBuffer> scratch, int64_t table_id, int32_t mode,
                           int64_t fill_bits, int32_t sort) {
   const int64_t rb = RowBytes(*out);
   auto table = MappedTable(table_id, rb);
@@ -251,10 +269,10 @@ ffi::Error HostGatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ff
   char* dst = static_cast<char*>(out->untyped_data());
   switch (idx.element_type()) {
     case ffi::S32:
-      return GatherTyped(stream, scratch, idx.typed_data<int32_t>(), n, *table, mode, sort != 0,
+      return GatherTyped(stream, *scratch, idx.typed_data<int32_t>(), n, *table, mode, sort != 0,
                          fill16, dst);
     case ffi::S64:
-      return GatherTyped(stream, scratch, idx.typed_data<int64_t>(), n, *table, mode, sort != 0,
+      return GatherTyped(stream, *scratch, idx.typed_data<int64_t>(), n, *table, mode, sort != 0,
                          fill16, dst);
     default:
       return ffi::Error::InvalidArgument("jaxdata_host_gather: indices must be int32 or int64");
@@ -278,13 +296,20 @@ ffi::Error HostSliceCuda(cudaStream_t stream, ffi::Result<ffi::AnyBuffer> out, i
 }
 
 }  // namespace
+
+size_t HostGatherSortScratchBytes(int64_t n, int64_t rows) {
+  if (!CanSort(n, rows)) return 0;
+  const size_t temp = CubTempBytes(n, rows);
+  return temp == 0 ? 0 : 4 * AlignedArrayBytes(n) + temp;
+}
+
 }  // namespace jaxdata
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cuda, jaxdata::HostGatherCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("table_id")
                                   .Attr<int32_t>("mode")

@@ -5,6 +5,15 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_gather_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_slice_cpu);
 #ifdef JAXDATA_WITH_CUDA
+#include <cstddef>
+#include <cstdint>
+
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_gather_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_slice_cuda);
+
+namespace jaxdata {
+// Bytes of scratch output host_gather needs to sort n indices into a table of `rows` rows on the
+// current GPU (0: it will not sort).
+size_t HostGatherSortScratchBytes(int64_t n, int64_t rows);
+}  // namespace jaxdata
 #endif
