@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -80,6 +81,7 @@ def _bench_gather(args: argparse.Namespace) -> int:
     console.print(f"[yellow]{n}")
   command = "jaxdata " + " ".join(shlex.quote(a) for a in sys.argv[1:])
   if args.write:
+    os.makedirs(os.path.dirname(args.write) or ".", exist_ok=True)
     with open(args.write, "w") as f:
       f.write(gather.markdown(results, notes, command))
     console.print(f"wrote {args.write}")
