@@ -138,5 +138,4 @@ NB_MODULE(_xla_ffi, m) {
       },
       nb::arg("buffer"), nb::arg("rows"), nb::arg("row_bytes"));
   m.def("close_table", &CloseTable, nb::arg("table_id"), nb::call_guard<nb::gil_scoped_release>());
-  m.def("table_is_open", &TableIsOpen, nb::arg("table_id"));
 }

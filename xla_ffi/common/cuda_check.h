@@ -1,9 +1,8 @@
-// Helpers for CUDA runtime calls: turn a cudaError_t into an ffi::Error or an exception.
+// Helpers for CUDA runtime calls: turn a cudaError_t into a message or an ffi::Error.
 #pragma once
 #ifdef JAXDATA_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include <stdexcept>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -21,11 +20,6 @@ inline std::string CudaMessage(cudaError_t err, const char* what) {
     if (jaxdata_err_ != cudaSuccess)                                                    \
       return ::xla::ffi::Error::Internal(::jaxdata::CudaMessage(jaxdata_err_, #expr));  \
   } while (0)
-
-// Outside handlers (allocation, bindings): throw, nanobind turns it into RuntimeError.
-inline void CudaThrowIfError(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(CudaMessage(err, what));
-}
 
 }  // namespace jaxdata
 #endif  // JAXDATA_WITH_CUDA

@@ -44,12 +44,6 @@ void CloseTable(int64_t id) {
   }
 }
 
-bool TableIsOpen(int64_t id) {
-  Registry& r = GetRegistry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.tables.count(id) != 0;
-}
-
 xla::ffi::ErrorOr<TableView> LookupTable(int64_t id, int64_t expected_row_bytes) {
   TableView view;
   {

@@ -23,7 +23,6 @@ struct TableView {
 int64_t RegisterTable(std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t row_bytes);
 // Forgets the id; the memory goes when no other view, handler or NumPy view holds it.
 void CloseTable(int64_t id);
-bool TableIsOpen(int64_t id);
 
 // For handlers: the view, or an error naming the id when it is closed or unknown, or when the
 // output's row size does not match the table's.
