@@ -36,6 +36,14 @@ def cuda_device_count() -> int:
   return ext.cuda_device_count() if ext.built_with_cuda() else 0
 
 
+def cuda_versions() -> tuple[str, str]:
+  """(CUDA runtime built in, driver) as 'major.minor'; 'none' for what is missing."""
+  fmt = lambda v: f"{v // 1000}.{v % 1000 // 10}" if v else "none"  # noqa: E731
+  if not ext.built_with_cuda():
+    return "none", "none"
+  return fmt(ext.cuda_runtime_version()), fmt(ext.cuda_driver_version())
+
+
 def jax_gpus() -> list[jax.Device]:
   """The GPUs JAX itself uses (empty on a CPU-only JAX)."""
   try:

@@ -25,9 +25,9 @@ def _info(args: argparse.Namespace) -> int:
   versions.add_row("python", sys.version.split()[0])
   ext = _ffi.ext
   if ext.built_with_cuda():
-    rt, drv = ext.cuda_runtime_version(), ext.cuda_driver_version()
-    versions.add_row("CUDA runtime (built in)", f"{rt // 1000}.{rt % 1000 // 10}")
-    versions.add_row("CUDA driver", f"{drv // 1000}.{drv % 1000 // 10}" if drv else "none")
+    runtime, driver = _ffi.cuda_versions()
+    versions.add_row("CUDA runtime (built in)", runtime)
+    versions.add_row("CUDA driver", driver)
   versions.add_row("host RAM", f"{ext.physical_memory_bytes() / 2**30:.1f} GiB")
   console.print(versions)
 
@@ -64,7 +64,8 @@ def _bench_gather(args: argparse.Namespace) -> int:
   if args.quick:
     tables, rows, repeats, batch = ["64M"], [64, 512, 4096], 3, 32 << 20
   else:
-    tables, rows, repeats, batch = args.tables, args.rows, args.repeats, args.batch
+    tables = args.tables or gather.TABLE_BYTES
+    rows, repeats, batch = args.rows or gather.ROW_BYTES, args.repeats, args.batch
   console = rich.console.Console()
   if not console.is_terminal:
     console = rich.console.Console(width=140)  # logs: keep the table's columns whole
@@ -107,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
       dest="bench", required=True)
   g = bench.add_parser("gather", help="host_gather vs NumPy gather + device_put vs pinned memcpy")
-  g.add_argument("--tables", type=_csv(str), default=["256M", "16G"],
+  g.add_argument("--tables", type=_csv(str),
                  help="table sizes, comma-separated (default 256M,16G; skipped if RAM is short)")
-  g.add_argument("--rows", type=_csv(int), default=[64, 128, 256, 512, 1024, 2048, 4096],
-                 help="row sizes in bytes, comma-separated")
+  g.add_argument("--rows", type=_csv(int),
+                 help="row sizes in bytes, comma-separated (default 64 to 4096, powers of two)")
   g.add_argument("--batch", type=_parse_bytes,
                  default=256 << 20, help="bytes gathered per call (default 256M)")
   g.add_argument("--repeats", type=int, default=7, help="timed calls per measurement (median)")

@@ -72,8 +72,8 @@ def hardware() -> dict[str, str]:
       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
   }
   if _ffi.built_with_cuda() and dev.platform == "gpu":
-    rt, drv = _ffi.ext.cuda_runtime_version(), _ffi.ext.cuda_driver_version()
-    info["software"] += f", CUDA runtime {rt // 1000}.{rt % 1000 // 10}, driver API {drv // 1000}.{drv % 1000 // 10}"
+    runtime, driver = _ffi.cuda_versions()
+    info["software"] += f", CUDA runtime {runtime}, driver API {driver}"
   return info
 
 

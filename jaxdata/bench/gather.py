@@ -153,6 +153,9 @@ def markdown(results: list[Result], notes: list[str], command: str) -> str:
       common.markdown_table(header, rows), ""]
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
+  text += ["![GB/s against row size](gather.png)", "",
+           "What these figures say, against the foundation issue's bars: "
+           "[gather_notes.md](gather_notes.md).", ""]
   return "\n".join(text)
 
 

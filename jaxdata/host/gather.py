@@ -151,7 +151,7 @@ def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:
 
 @functools.lru_cache(maxsize=256)
 def _sort_scratch_bytes(n: int, rows: int) -> int:
-  return _ffi.ext.sort_scratch_bytes(n, rows) if _ffi.cuda_device_count() else 0
+  return _ffi.ext.sort_scratch_bytes(n, rows)  # 0 without CUDA or a GPU
 
 
 def _gather_call(table: HostTable, mode: int, fill_bits: np.int64, sort: bool,

@@ -15,10 +15,6 @@ namespace {
 
 constexpr int64_t kGrainBytes = 256 << 10;  // a task copies about this much
 
-int64_t RowBytes(const ffi::AnyBuffer& out) {
-  auto dims = out.dimensions();
-  return dims.size() == 0 ? 0 : dims.back() * int64_t(ffi::ByteWidth(out.element_type()));
-}
 
 template <typename I>
 void GatherRows(ffi::ThreadPool& pool, const I* idx, int64_t n, const TableView& t, int32_t mode,
@@ -38,7 +34,7 @@ void GatherRows(ffi::ThreadPool& pool, const I* idx, int64_t n, const TableView&
 ffi::Error HostGatherCpu(ffi::ThreadPool pool, ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out,
                          ffi::Result<ffi::AnyBuffer> /*scratch*/, int64_t table_id, int32_t mode,
                          int64_t fill_bits, int32_t /*sort*/) {
-  const int64_t rb = RowBytes(*out);
+  const int64_t rb = OutputRowBytes(*out);
   auto table = LookupTable(table_id, rb);
   if (table.has_error()) return table.error();
   const int64_t n = idx.element_count();
@@ -60,7 +56,7 @@ ffi::Error HostGatherCpu(ffi::ThreadPool pool, ffi::AnyBuffer idx, ffi::Result<f
 
 ffi::Error HostSliceCpu(ffi::ThreadPool pool, ffi::Result<ffi::AnyBuffer> out, int64_t table_id,
                         int64_t start) {
-  const int64_t rb = RowBytes(*out);
+  const int64_t rb = OutputRowBytes(*out);
   auto table = LookupTable(table_id, rb);
   if (table.has_error()) return table.error();
   const int64_t bytes = out->size_bytes();

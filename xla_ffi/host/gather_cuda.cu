@@ -33,7 +33,7 @@ namespace {
 
 constexpr int kThreads = 256;
 // Loads in flight per thread. 8 measured within noise of 4 on the H200 (notes in
-// docs/benchmarks/gather.md), so the smaller register footprint stays.
+// docs/benchmarks/gather_notes.md), so the smaller register footprint stays.
 constexpr int kUnroll = 4;
 
 template <int N> struct VecOf;
@@ -196,10 +196,6 @@ ffi::ErrorOr<TableView> MappedTable(int64_t table_id, int64_t row_bytes) {
   return table;
 }
 
-int64_t RowBytes(const ffi::AnyBuffer& out) {
-  auto dims = out.dimensions();
-  return dims.size() == 0 ? 0 : dims.back() * int64_t(ffi::ByteWidth(out.element_type()));
-}
 
 bool CanSort(int64_t n, int64_t rows) {
   return n > 1 && n < (int64_t(1) << 31) && rows < (int64_t(1) << 32) - 1;
@@ -229,16 +225,16 @@ ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* id
                        const TableView& t, int32_t mode, bool sort, const unsigned char* fill16,
                        char* out) {
   const char* table = t.buffer->device_data();
-  size_t temp_bytes = 0;
-  const size_t array_bytes = AlignedArrayBytes(n);
-  if (sort && CanSort(n, t.rows)) temp_bytes = CubTempBytes(n, t.rows);
+  const size_t needed = sort ? HostGatherSortScratchBytes(n, t.rows) : 0;
   // Python sizes the scratch output for one call; under vmap the batch may need more than it
   // was given, and then the rows are read unsorted (the same result, only slower).
-  if (temp_bytes == 0 || scratch.size_bytes() < 4 * array_bytes + temp_bytes) {
+  if (needed == 0 || scratch.size_bytes() < needed) {
     JAXDATA_CUDA_RETURN_IF_ERROR(
         Launch(stream, table, out, n, DirectRows<I>{idx, t.rows, mode}, t.row_bytes, fill16));
     return ffi::Error::Success();
   }
+  const size_t array_bytes = AlignedArrayBytes(n);
+  size_t temp_bytes = needed - 4 * array_bytes;  // CUB takes it by reference
   char* m = static_cast<char*>(scratch.untyped_data());
   cub::DoubleBuffer<uint32_t> keys(reinterpret_cast<uint32_t*>(m),
                                    reinterpret_cast<uint32_t*>(m + array_bytes));
@@ -259,7 +255,7 @@ ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* id
 ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out,
                           ffi::Result<ffi::AnyBuffer> scratch, int64_t table_id, int32_t mode,
                           int64_t fill_bits, int32_t sort) {
-  const int64_t rb = RowBytes(*out);
+  const int64_t rb = OutputRowBytes(*out);
   auto table = MappedTable(table_id, rb);
   if (table.has_error()) return table.error();
   const int64_t n = idx.element_count();
@@ -281,7 +277,7 @@ ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<f
 
 ffi::Error HostSliceCuda(cudaStream_t stream, ffi::Result<ffi::AnyBuffer> out, int64_t table_id,
                          int64_t start) {
-  const int64_t rb = RowBytes(*out);
+  const int64_t rb = OutputRowBytes(*out);
   auto table = MappedTable(table_id, rb);
   if (table.has_error()) return table.error();
   const int64_t bytes = out->size_bytes();
@@ -297,6 +293,7 @@ ffi::Error HostSliceCuda(cudaStream_t stream, ffi::Result<ffi::AnyBuffer> out, i
 
 }  // namespace
 
+// Keys and positions, double-buffered, then CUB's temporary storage; 0: no sorting possible.
 size_t HostGatherSortScratchBytes(int64_t n, int64_t rows) {
   if (!CanSort(n, rows)) return 0;
   const size_t temp = CubTempBytes(n, rows);

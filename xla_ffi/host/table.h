@@ -24,6 +24,12 @@ int64_t RegisterTable(std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t 
 // Forgets the id; the memory goes when no other view, handler or NumPy view holds it.
 void CloseTable(int64_t id);
 
+// The row size in bytes of a handler's output (last dimension times element width).
+inline int64_t OutputRowBytes(const xla::ffi::AnyBuffer& out) {
+  auto dims = out.dimensions();
+  return dims.size() == 0 ? 0 : dims.back() * int64_t(xla::ffi::ByteWidth(out.element_type()));
+}
+
 // For handlers: the view, or an error naming the id when it is closed or unknown, or when the
 // output's row size does not match the table's.
 xla::ffi::ErrorOr<TableView> LookupTable(int64_t id, int64_t expected_row_bytes);
