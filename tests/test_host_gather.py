@@ -47,7 +47,7 @@ def test_matches_take_every_dtype(device, dtype, mode, cols):
   data = random_table(rng, 37, cols, dtype)
   idx = jnp.asarray(indices_with_edges(rng, 37, (5, 9), np.int32))
   with HostTable(data) as table:
-    got = host_gather(table, idx, mode=mode)
+    got = jax.block_until_ready(host_gather(table, idx, mode=mode))  # before close()
   assert_same(got, jnp.take(jnp.asarray(data), idx, axis=0, mode=mode))
   assert got.devices() == {device}
 
@@ -61,7 +61,7 @@ def test_matches_take_every_index_type_and_shape(device, index_dtype, shape, mod
   data = random_table(rng, rows, 6, np.float32)
   idx = jnp.asarray(indices_with_edges(rng, rows, shape, index_dtype))
   with HostTable(data) as table:
-    got = host_gather(table, idx, mode=mode)
+    got = jax.block_until_ready(host_gather(table, idx, mode=mode))
   assert_same(got, jnp.take(jnp.asarray(data), idx, axis=0, mode=mode))
 
 
@@ -87,7 +87,7 @@ def test_fill_value(device, dtype, fill):
   data = random_table(np.random.default_rng(1), 8, 5, dtype)
   idx = jnp.array([0, 8, -9, 3, 100])
   with HostTable(data) as table:
-    got = host_gather(table, idx, fill_value=fill)
+    got = jax.block_until_ready(host_gather(table, idx, fill_value=fill))
   assert_same(got, jnp.take(jnp.asarray(data), idx, axis=0, mode="fill", fill_value=fill))
 
 
@@ -134,6 +134,7 @@ def test_vmap(device):
   with HostTable(data) as table:
     got = jax.vmap(lambda i: host_gather(table, i))(batch)
     nested = jax.vmap(jax.vmap(lambda i: host_gather(table, i, mode="clip")))(batch)
+    jax.block_until_ready((got, nested))
   ref = jnp.asarray(data)
   assert_same(got, jax.vmap(lambda i: jnp.take(ref, i, axis=0))(batch))
   assert_same(nested, jax.vmap(jax.vmap(lambda i: jnp.take(ref, i, axis=0, mode="clip")))(batch))
@@ -149,6 +150,7 @@ def test_grad(device):
     loss = lambda w: jnp.sum(jnp.tanh(host_gather(table, idx) @ w))  # noqa: E731
     g = jax.jit(jax.grad(loss))(w)
     g_idx = jax.grad(lambda i: jnp.sum(host_gather(table, i)), allow_int=True)(idx)
+    jax.block_until_ready((g, g_idx))
   want = jax.grad(lambda w: jnp.sum(jnp.tanh(jnp.take(ref, idx, axis=0) @ w)))(w)
   np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
   assert g_idx.dtype == jax.dtypes.float0 and g_idx.shape == idx.shape
@@ -169,6 +171,7 @@ def test_shard_map_over_cpu_devices():
     f = shard_map(lambda i: host_gather(table, i), mesh=mesh, in_specs=P("data"),
                   out_specs=P("data"))
     got = jax.jit(f)(jax.device_put(idx, jax.sharding.NamedSharding(mesh, P("data"))))
+    jax.block_until_ready(got)  # dispatch is asynchronous: finish before close()
   assert_same(got, jnp.take(jnp.asarray(data), idx, axis=0))
 
 

@@ -268,7 +268,11 @@ class HostTable:
   # -- lifetime -----------------------------------------------------------------------------
 
   def close(self) -> None:
-    """Releases the table. Safe to call twice; gathers already queued on a GPU finish first."""
+    """Releases the table. Safe to call twice; gathers already running on a GPU finish first.
+
+    A computation dispatched earlier but not yet running (JAX dispatch is asynchronous) fails
+    with an error naming the table: wait for results that read it before closing.
+    """
     if self._buffer is None:
       return
     self._finalizer()  # unregisters the id
