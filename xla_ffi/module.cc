@@ -14,6 +14,8 @@
 #include <string>
 
 #include "common/host_buffer.h"
+#include "hector/handlers.h"
+#include "hector/kernels.h"
 #include "host/handlers.h"
 #include "host/table.h"
 
@@ -37,9 +39,11 @@ nb::dict Registrations() {
   };
   add("jaxdata_host_gather", "cpu", Capsule(jaxdata_host_gather_cpu));
   add("jaxdata_host_slice", "cpu", Capsule(jaxdata_host_slice_cpu));
+  add("jaxdata_hector_launch", "cpu", Capsule(jaxdata_hector_launch_cpu));
 #ifdef JAXDATA_WITH_CUDA
   add("jaxdata_host_gather", "CUDA", Capsule(jaxdata_host_gather_cuda));
   add("jaxdata_host_slice", "CUDA", Capsule(jaxdata_host_slice_cuda));
+  add("jaxdata_hector_launch", "CUDA", Capsule(jaxdata_hector_launch_cuda));
 #endif
   return all;
 }
@@ -138,4 +142,17 @@ NB_MODULE(_xla_ffi, m) {
       },
       nb::arg("buffer"), nb::arg("rows"), nb::arg("row_bytes"));
   m.def("close_table", &CloseTable, nb::arg("table_id"), nb::call_guard<nb::gil_scoped_release>());
+
+  m.def("hector_load_cpu_kernel", &hector::LoadCpuKernel, nb::arg("kernel"), nb::arg("path"),
+        nb::arg("symbol"), "Loads a generated CPU kernel from a shared library under an id.");
+  m.def(
+      "hector_load_cuda_kernel",
+      [](int64_t kernel, nb::bytes image, std::string name) {
+        hector::LoadCudaKernel(kernel, std::string(image.c_str(), image.size()), name);
+      },
+      nb::arg("kernel"), nb::arg("image"), nb::arg("name"),
+      "Loads a generated CUDA kernel from a cubin image under an id.");
+  m.def("hector_cpu_abi_version", [] { return hector::kCpuAbiVersion; });
+  m.def("cuda_compute_capability", &hector::CudaComputeCapability,
+        "Compute capability of the current CUDA device as major*10+minor (0: none).");
 }

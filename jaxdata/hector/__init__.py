@@ -1,0 +1,28 @@
+"""Hector: an IR and code generator for relational GNN layers (Hector, ASPLOS'24, in JAX).
+
+Write a layer over graph domains with typed weights; jaxdata traces it to an IR, infers shapes,
+differentiates it, lowers both directions to GEMM and traversal template instances, generates C++
+and CUDA for each, compiles them at run time (cached on disk), and runs them through XLA FFI with a
+custom VJP:
+
+    from jaxdata import hector
+
+    @hector.layer(x=hector.NODE, W=hector.RELATION_WEIGHT)
+    def rgcn(g, x, W):
+      return g.aggregate(g.norm * (g.src(x) @ W))
+
+    graph = hector.GraphArrays.from_graph(hetero_graph)
+    out = rgcn(graph, x=x, W=W)                # jit, grad and vmap work
+    print(rgcn.plan(graph, x=x, W=W))          # the IR after every pass, and the kernels
+    print(rgcn.sources(graph, "cuda", x=x, W=W))  # the generated source
+"""
+from jaxdata.hector.compiler import CompileError, CompilerNotFoundError, cache_dir
+from jaxdata.hector.frontend import NODE, RELATION_WEIGHT, layer
+from jaxdata.hector.layer import Layer, Plan
+from jaxdata.hector.rgcn import rgcn_featureless_layer, rgcn_layer, rgcn_message
+from jaxdata.hector.runtime import GraphArrays
+
+__all__ = [
+    "NODE", "RELATION_WEIGHT", "layer", "Layer", "Plan", "GraphArrays", "rgcn_message",
+    "rgcn_layer", "rgcn_featureless_layer", "CompileError", "CompilerNotFoundError", "cache_dir",
+]

@@ -1,0 +1,442 @@
+"""Code generation: C++ (CPU) and CUDA source for one kernel instance.
+
+Every generated kernel has the same interface, which `xla_ffi/hector/` launches:
+
+* buffers: the graph's arrays (`GRAPH_FIELDS`, in that order), then the instance's inputs
+  (``in0``, ``in1``, ...), then its one output (float32);
+* scalars: ``E`` (edges), ``N`` (nodes), ``R`` (relations), ``T`` (row tiles, GPU GEMMs).
+
+Feature widths are compile-time constants, so every loop over features has a known trip count.
+CPU kernels are node-parallel over the rows they write (each thread owns its output rows through
+the graph's CSR/CSC views: no atomics, deterministic sums); CUDA kernels are edge-parallel and
+sum into their outputs with atomics.
+"""
+from __future__ import annotations
+
+import re
+
+from jaxdata.hector.lowering import Expr, Gemm, Load, Traversal, WeightGrad
+
+GRAPH_FIELDS = ("src", "dst", "etype", "norm", "rel_offsets", "csr_offsets", "csr_edges",
+                "csc_offsets", "csc_edges", "tiles")
+SCALARS = ("E", "N", "R", "T")
+
+#: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block)
+GEMM_TILE_ROWS = 64
+WGRAD_TILE_ROWS = 256
+
+_UNARY = {
+    "relu": "fmaxf({x}, 0.0f)",
+    "exp": "expf({x})",
+    "tanh": "tanhf({x})",
+    "sigmoid": "(1.0f / (1.0f + expf(-({x}))))",
+    "neg": "(-({x}))",
+}
+_UNARY_GRAD = {
+    "relu": "(({x}) > 0.0f ? ({g}) : 0.0f)",
+    "exp": "(({g}) * expf({x}))",
+    "tanh": "(({g}) * (1.0f - tanhf({x}) * tanhf({x})))",
+    "sigmoid": "(({g}) * (1.0f / (1.0f + expf(-({x})))) * (1.0f - 1.0f / (1.0f + expf(-({x})))))",
+    "neg": "(-({g}))",
+}
+
+
+def tile_rows(k) -> int:
+  """Edges per row tile of a CUDA GEMM or weight-gradient kernel (0: the kernel has no tiles)."""
+  return GEMM_TILE_ROWS if isinstance(k, Gemm) else WGRAD_TILE_ROWS if isinstance(
+      k, WeightGrad) else 0
+
+
+def zero_output(k) -> bool:
+  """Whether the launcher zeroes the output first (the kernel sums into it)."""
+  if isinstance(k, Gemm):
+    return k.out != "edge"
+  if isinstance(k, Traversal):
+    return k.sink != "store"
+  return True
+
+
+def generate(k, dtypes: tuple[str, ...], target: str, label: str = "") -> str:
+  """The source of one kernel instance for "cpu" or "cuda"; `dtypes` gives each input slot's
+  dtype ("float32" or "bfloat16"); `label` goes into the first comment line."""
+  gen = {("cpu", Gemm): _cpu_gemm, ("cpu", WeightGrad): _cpu_wgrad,
+         ("cpu", Traversal): _cpu_traversal, ("cuda", Gemm): _cuda_gemm,
+         ("cuda", WeightGrad): _cuda_wgrad, ("cuda", Traversal): _cuda_traversal}
+  body = gen[(target, type(k))](k)
+  head = _prologue(k, dtypes, target, body)
+  return f"// jaxdata.hector {k.template}: {label or k}\n" + head + body
+
+
+# ----------------------------------------------------------------------------- shared pieces
+def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
+  ctype = {"float32": "float", "bfloat16": "unsigned short"}
+  nslot = len(dtypes)
+  lines = []
+  if target == "cpu":
+    lines += [
+        "#include <math.h>", "#include <cstdint>", "#include <cstring>", "#include <algorithm>",
+        'extern "C" {',
+        "struct jaxdata_cpu_runtime { int64_t abi_version; void* pool;",
+        "  void (*parallel_for)(void*, int64_t, int64_t, void (*)(void*, int64_t, int64_t), void*); };",
+        "}",
+        "static inline float ldf(const float* p) { return *p; }",
+        "static inline float ldf(const unsigned short* p) {",
+        "  uint32_t bits = uint32_t(*p) << 16; float f; std::memcpy(&f, &bits, 4); return f; }",
+        "template <class F> static void parallel_for(const jaxdata_cpu_runtime* rt, int64_t n,",
+        "                                            int64_t grain, F f) {",
+        "  rt->parallel_for(rt->pool, n, grain, [](void* a, int64_t b, int64_t e) {",
+        "    (*static_cast<F*>(a))(b, e); }, &f);",
+        "}",
+        'extern "C" int jaxdata_hector_kernel(void* const* buf, const int64_t* scal,',
+        "                                     const jaxdata_cpu_runtime* rt) {",
+        "  if (rt->abi_version != 1) return 1;",
+    ]
+    ptr = lambda i: f"buf[{i}]"  # noqa: E731
+    scalar = lambda i: f"scal[{i}]"  # noqa: E731
+    restrict = "__restrict__"
+  else:
+    nbuf = len(GRAPH_FIELDS) + nslot + 1
+    lines += [
+        "#ifdef __CUDACC_RTC__", "typedef int int32_t; typedef long long int64_t;", "#else",
+        "#include <cstdint>", "#endif",
+        "__device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }",
+        "__device__ __forceinline__ float ldf(const unsigned short* p) {",
+        "  return __uint_as_float(((unsigned)__ldg(p)) << 16); }",
+        f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{len(SCALARS)}]; }};",
+        f'extern "C" __global__ void __launch_bounds__({_cuda_threads(k)})',
+        "jaxdata_hector_kernel(const Params p) {",
+    ]
+    ptr = lambda i: f"p.buf[{i}]"  # noqa: E731
+    scalar = lambda i: f"p.scal[{i}]"  # noqa: E731
+    restrict = "__restrict__"
+  types = ("int32_t", "int32_t", "int32_t", "float", "int32_t", "int32_t", "int32_t", "int32_t",
+           "int32_t", "int32_t")
+  used = lambda name: re.search(rf"\b{name}\b", body) is not None  # noqa: E731
+  for i, (name, t) in enumerate(zip(GRAPH_FIELDS, types)):
+    if used(name):
+      lines.append(f"  const {t}* {restrict} {name} = (const {t}*){ptr(i)};")
+  for s, dt in enumerate(dtypes):
+    t = ctype[dt]
+    if not used(f"in{s}"):
+      continue
+    lines.append(f"  const {t}* {restrict} in{s} = (const {t}*){ptr(len(GRAPH_FIELDS) + s)};")
+  lines.append(f"  float* {restrict} out = (float*){ptr(len(GRAPH_FIELDS) + nslot)};")
+  for i, name in enumerate(SCALARS):
+    if used(name):
+      lines.append(f"  const int64_t {name} = {scalar(i)};")
+  return "\n".join(lines) + "\n"
+
+
+def _load(ld: Load, f: str) -> str:
+  if ld.kind == "norm":
+    return "norm[e]"
+  idx = f" + {f}" if ld.width else ""
+  w = max(ld.width, 1)
+  if ld.kind == "node":
+    return f"ldf(in{ld.slot} + (int64_t){ld.end}[e] * {w}{idx})"
+  if ld.kind == "edge":
+    return f"ldf(in{ld.slot} + e * {w}{idx})"
+  return f"ldf(in{ld.slot} + ((int64_t)etype[e] * N + {ld.end}[e]) * {w}{idx})"
+
+
+def _expr(x: Expr, f: str) -> str:
+  if isinstance(x, Load):
+    return _load(x, f if x.width else "0")
+  a = [_expr(y, f) for y in x.args]
+  if x.op == "mul":
+    return f"({a[0]} * {a[1]})"
+  if x.op == "add":
+    return f"({a[0]} + {a[1]})"
+  if x.op == "unary":
+    return _UNARY[x.fn].format(x=a[0])
+  return _UNARY_GRAD[x.fn].format(x=a[0], g=a[1])
+
+
+def _scale(scales: tuple[Load, ...]) -> str:
+  return " * ".join([_load(s, "0") for s in scales]) or "1.0f"
+
+
+def _weight(g: Gemm, k: str, n: str) -> str:
+  stride = g.k * g.n
+  inner = f"({n}) * {g.k} + ({k})" if g.transpose else f"({k}) * {g.n} + ({n})"
+  return f"ldf(in{g.weight} + (int64_t)r * {stride} + {inner})"
+
+
+def _row(ld: Load) -> str:
+  """Element offset of an instance's GEMM row for edge e."""
+  return f"(int64_t){ld.end}[e] * {ld.width}" if ld.kind == "node" else f"e * {ld.width}"
+
+
+def _groups(end: str) -> tuple[str, str]:
+  """(offsets, edge ids) of the graph view that groups edges by their `end` node."""
+  return ("csc_offsets", "csc_edges") if end == "dst" else ("csr_offsets", "csr_edges")
+
+
+# ----------------------------------------------------------------------------- CPU templates
+def _cpu_gemm(g: Gemm) -> str:
+  rows = g.rows
+  ptr_t = "auto"
+  madd = (f"      for (int k = 0; k < {g.k}; ++k) {{\n"
+          f"        const float ak = ldf(a + k) * sc;\n"
+          f"        for (int n = 0; n < {g.n}; ++n) acc[n] += ak * {_weight(g, 'k', 'n')};\n"
+          f"      }}\n")
+  if g.out == "edge":
+    return (f"  parallel_for(rt, E, 256, [&](int64_t lo, int64_t hi) {{\n"
+            f"    for (int64_t e = lo; e < hi; ++e) {{\n"
+            f"      float acc[{g.n}] = {{0}};\n"
+            f"      const int64_t r = etype[e];\n"
+            f"      const float sc = {_scale(g.scales)};\n"
+            f"      const {ptr_t} a = in{rows.slot} + {_row(rows)};\n"
+            f"{madd}"
+            f"      for (int n = 0; n < {g.n}; ++n) out[e * {g.n} + n] = acc[n];\n"
+            f"    }}\n  }});\n  return 0;\n}}\n")
+  off, eids = _groups(g.out)
+  return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
+          f"    for (int64_t i = lo; i < hi; ++i) {{\n"
+          f"      float acc[{g.n}] = {{0}};\n"
+          f"      for (int64_t q = {off}[i]; q < {off}[i + 1]; ++q) {{\n"
+          f"      const int64_t e = {eids}[q];\n"
+          f"      const int64_t r = etype[e];\n"
+          f"      const float sc = {_scale(g.scales)};\n"
+          f"      const {ptr_t} a = in{rows.slot} + {_row(rows)};\n"
+          f"{madd}"
+          f"      }}\n"
+          f"      for (int n = 0; n < {g.n}; ++n) out[i * {g.n} + n] = acc[n];\n"
+          f"    }}\n  }});\n  return 0;\n}}\n")
+
+
+def _cpu_wgrad(w: WeightGrad) -> str:
+  kb = 16
+  blocks = (w.k + kb - 1) // kb
+  return (f"  parallel_for(rt, R * {blocks}, 1, [&](int64_t lo, int64_t hi) {{\n"
+          f"    for (int64_t task = lo; task < hi; ++task) {{\n"
+          f"      const int64_t r = task / {blocks};\n"
+          f"      const int k0 = int(task % {blocks}) * {kb};\n"
+          f"      const int k1 = std::min(k0 + {kb}, {w.k});\n"
+          f"      float* __restrict__ o = out + r * {w.k * w.n};\n"
+          f"      for (int64_t e = rel_offsets[r]; e < rel_offsets[r + 1]; ++e) {{\n"
+          f"        const float sc = {_scale(w.scales)};\n"
+          f"        const auto l = in{w.left.slot} + {_row(w.left)};\n"
+          f"        const auto rr = in{w.right.slot} + {_row(w.right)};\n"
+          f"        float right[{w.n}];\n"
+          f"        for (int n = 0; n < {w.n}; ++n) right[n] = ldf(rr + n) * sc;\n"
+          f"        for (int k = k0; k < k1; ++k) {{\n"
+          f"          const float lk = ldf(l + k);\n"
+          f"          for (int n = 0; n < {w.n}; ++n) o[k * {w.n} + n] += lk * right[n];\n"
+          f"        }}\n"
+          f"      }}\n"
+          f"    }}\n  }});\n  return 0;\n}}\n")
+
+
+def _cpu_traversal(t: Traversal) -> str:
+  w = max(t.width, 1)
+  value = _expr(t.expr, "f")
+  if t.sink == "store":
+    return (f"  parallel_for(rt, E, 1024, [&](int64_t lo, int64_t hi) {{\n"
+            f"    for (int64_t e = lo; e < hi; ++e)\n"
+            f"      for (int f = 0; f < {w}; ++f) out[e * {w} + f] = {value};\n"
+            f"  }});\n  return 0;\n}}\n")
+  off, eids = _groups(t.end)
+  target = (f"out + i * {w}" if t.sink == "aggregate" else
+            f"out + ((int64_t)etype[e] * N + i) * {w}")
+  return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
+          f"    for (int64_t i = lo; i < hi; ++i) {{\n"
+          f"      for (int64_t q = {off}[i]; q < {off}[i + 1]; ++q) {{\n"
+          f"        const int64_t e = {eids}[q];\n"
+          f"        float* __restrict__ o = {target};\n"
+          f"        for (int f = 0; f < {w}; ++f) o[f] += {value};\n"
+          f"      }}\n"
+          f"    }}\n  }});\n  return 0;\n}}\n")
+
+
+# ----------------------------------------------------------------------------- CUDA templates
+def _gemm_tile(n: int) -> int:
+  """Output columns per block: the smallest of 16, 32, 64 that covers n (64 beyond)."""
+  return 16 if n <= 16 else 32 if n <= 32 else 64
+
+
+def _cuda_threads(k) -> int:
+  if isinstance(k, Gemm):
+    return (GEMM_TILE_ROWS // 4) * (_gemm_tile(k.n) // 4)
+  if isinstance(k, WeightGrad):
+    return 16 * (_gemm_tile(k.n) // 4)
+  return 256
+
+
+def launch(k, num_tiles: int, num_edges: int) -> tuple[int, int]:
+  """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound)."""
+  threads = _cuda_threads(k)
+  if isinstance(k, Gemm):
+    return num_tiles * -(-k.n // _gemm_tile(k.n)), threads
+  if isinstance(k, WeightGrad):
+    return num_tiles * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
+  work = num_edges * max(k.width, 1)
+  return max(0, min(-(-work // threads), 132 * 16)), threads
+
+
+_FIND_RELATION = """\
+  // the relation of this tile: the last r with tiles[r] <= tile
+  __shared__ int64_t s_r;
+  if (threadIdx.x == 0) {
+    int64_t lo = 0, hi = R;
+    while (hi - lo > 1) { int64_t mid = (lo + hi) / 2; if (tiles[mid] <= tile) lo = mid; else hi = mid; }
+    s_r = lo;
+  }
+  __syncthreads();
+  const int64_t r = s_r;
+"""
+
+
+def _cuda_gemm(g: Gemm) -> str:
+  bm, bk, bn = GEMM_TILE_ROWS, 16, _gemm_tile(g.n)
+  threads = (bm // 4) * (bn // 4)
+  ncb = -(-g.n // bn)
+  rows = g.rows
+  a_base = (f"(int64_t){rows.end}[e] * {rows.width}" if rows.kind == "node" else
+            f"e * {rows.width}")
+  if g.transpose:  # B[k][n] = W[r][n][k]: let consecutive threads walk k
+    b_idx = f"const int kk = idx % {bk}, nn = idx / {bk};"
+  else:
+    b_idx = f"const int kk = idx / {bn}, nn = idx % {bn};"
+  if g.out == "edge":
+    write = f"out[e * {g.n} + n] = acc[i][j] * sc;"
+  else:
+    write = f"atomicAdd(out + (int64_t){g.out}[e] * {g.n} + n, acc[i][j] * sc);"
+  return f"""\
+  const int64_t tile = blockIdx.x / {ncb};
+  const int cb = blockIdx.x % {ncb};
+  if (tile >= tiles[R]) return;
+{_FIND_RELATION}\
+  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {bm};
+  const int64_t e1 = rel_offsets[r + 1];
+  __shared__ float As[{bk}][{bm} + 4];
+  __shared__ float Bs[{bk}][{bn} + 4];
+  __shared__ int64_t arow[{bm}];
+  const int tid = threadIdx.x;
+  for (int i = tid; i < {bm}; i += {threads}) {{
+    const int64_t e = e0 + i;
+    arow[i] = e < e1 ? {a_base} : -1;
+  }}
+  const int ty = tid / {bn // 4}, tx = tid % {bn // 4};
+  float acc[4][4] = {{{{0}}}};
+  __syncthreads();
+  for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
+    for (int idx = tid; idx < {bm * bk}; idx += {threads}) {{
+      const int i = idx / {bk}, kk = idx % {bk}, k = k0 + kk;
+      As[kk][i] = (arow[i] >= 0 && k < {g.k}) ? ldf(in{rows.slot} + arow[i] + k) : 0.0f;
+    }}
+    for (int idx = tid; idx < {bk * bn}; idx += {threads}) {{
+      {b_idx}
+      const int k = k0 + kk, n = cb * {bn} + nn;
+      Bs[kk][nn] = (k < {g.k} && n < {g.n}) ? {_weight(g, 'k', 'n')} : 0.0f;
+    }}
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < {bk}; ++kk) {{
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }}
+    __syncthreads();
+  }}
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {{
+    const int64_t e = e0 + ty * 4 + i;
+    if (e >= e1) continue;
+    const float sc = {_scale(g.scales)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {{
+      const int n = cb * {bn} + tx * 4 + j;
+      if (n < {g.n}) {write}
+    }}
+  }}
+}}
+"""
+
+
+def _cuda_wgrad(w: WeightGrad) -> str:
+  be, bk, bm, bn = WGRAD_TILE_ROWS, 16, 64, _gemm_tile(w.n)  # bk: edges per step; bm: rows of dW
+  threads = 16 * (bn // 4)
+  nkb, nnb = -(-w.k // bm), -(-w.n // bn)
+  lrow = f"(int64_t){w.left.end}[e] * {w.left.width}" if w.left.kind == "node" else f"e * {w.k}"
+  rrow = f"(int64_t){w.right.end}[e] * {w.right.width}" if w.right.kind == "node" else f"e * {w.n}"
+  return f"""\
+  const int64_t tile = blockIdx.x / {nkb * nnb};
+  const int kb = (blockIdx.x / {nnb}) % {nkb}, nb = blockIdx.x % {nnb};
+  if (tile >= tiles[R]) return;
+{_FIND_RELATION}\
+  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {be};
+  const int64_t e1 = min(e0 + {be}, (int64_t)rel_offsets[r + 1]);
+  __shared__ float Ls[{bk}][{bm} + 4];
+  __shared__ float Rs[{bk}][{bn} + 4];
+  const int tid = threadIdx.x;
+  const int ty = tid / {bn // 4}, tx = tid % {bn // 4};
+  float acc[4][4] = {{{{0}}}};
+  for (int64_t c = e0; c < e1; c += {bk}) {{
+    for (int idx = tid; idx < {bk * bm}; idx += {threads}) {{
+      const int q = idx / {bm}, kk = idx % {bm}, k = kb * {bm} + kk;
+      const int64_t e = c + q;
+      Ls[q][kk] = (e < e1 && k < {w.k}) ? ldf(in{w.left.slot} + {lrow} + k) : 0.0f;
+    }}
+    for (int idx = tid; idx < {bk * bn}; idx += {threads}) {{
+      const int q = idx / {bn}, nn = idx % {bn}, n = nb * {bn} + nn;
+      const int64_t e = c + q;
+      Rs[q][nn] = (e < e1 && n < {w.n}) ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
+    }}
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < {bk}; ++q) {{
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = Ls[q][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = Rs[q][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }}
+    __syncthreads();
+  }}
+  float* o = out + r * {w.k * w.n};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {{
+    const int k = kb * {bm} + ty * 4 + i;
+    if (k >= {w.k}) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {{
+      const int n = nb * {bn} + tx * 4 + j;
+      if (n < {w.n}) atomicAdd(o + k * {w.n} + n, acc[i][j]);
+    }}
+  }}
+}}
+"""
+
+
+def _cuda_traversal(t: Traversal) -> str:
+  w = max(t.width, 1)
+  value = _expr(t.expr, "f")
+  if t.sink == "store":
+    write = f"out[e * {w} + f] = v;"
+  elif t.sink == "aggregate":
+    write = f"atomicAdd(out + (int64_t){t.end}[e] * {w} + f, v);"
+  else:
+    write = f"atomicAdd(out + ((int64_t)etype[e] * N + {t.end}[e]) * {w} + f, v);"
+  return f"""\
+  const int64_t total = E * {w};
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {{
+    const int64_t e = t / {w};
+    const int f = int(t % {w});
+    (void)f;
+    const float v = {value};
+    {write}
+  }}
+}}
+"""

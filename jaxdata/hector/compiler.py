@@ -1,0 +1,215 @@
+"""Compiling generated source at run time, with a disk cache keyed by the source's hash.
+
+CPU kernels are built into shared libraries by the system C++ compiler (``$CXX``, else ``c++``,
+``g++`` or ``clang++``); CUDA kernels into cubins by NVRTC (the ``nvidia-cuda-nvrtc`` wheel that
+``jax[cuda]`` installs, or a CUDA toolkit's), or by ``nvcc`` when NVRTC is not found.
+
+The cache lives in ``$JAXDATA_CACHE_DIR`` (default ``~/.cache/jaxdata``), under ``hector/``. An
+entry is ``<key>.so`` or ``<key>.cubin`` with the source beside it (``<key>.cc`` / ``<key>.cu``,
+for reading) and ``<key>.sha256``, the digest of the binary: an entry whose binary does not match
+its digest (a torn write, a corrupted disk) is rebuilt, never loaded. Entries are written to a
+temporary name and renamed into place, so concurrent processes never see half a file.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+CPU_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
+
+
+class CompilerNotFoundError(RuntimeError):
+  """No compiler for generated kernels: the message says what to install."""
+
+
+class CompileError(RuntimeError):
+  """A generated kernel did not compile (a bug in jaxdata: the message holds the log)."""
+
+
+def cache_dir() -> Path:
+  root = os.environ.get("JAXDATA_CACHE_DIR") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxdata")
+  path = Path(root) / "hector"
+  path.mkdir(parents=True, exist_ok=True)
+  return path
+
+
+def _digest(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes):
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+
+
+def cached(key_parts: tuple[str, ...], suffix: str, source: str, build) -> Path:
+  """The cached binary for `source`, building it with `build(source_path, out_path)` if absent or
+  corrupt. `key_parts` identify everything else that shapes the binary (compiler, flags, arch)."""
+  key = _digest("\0".join((source,) + key_parts).encode())[:32]
+  d = cache_dir()
+  binary, digest = d / f"{key}{suffix}", d / f"{key}.sha256"
+  if binary.exists() and digest.exists():
+    if _digest(binary.read_bytes()) == digest.read_text().strip():
+      return binary
+    warnings.warn(f"jaxdata.hector: cache entry {binary} is corrupt; rebuilding it", stacklevel=3)
+  src_path = d / f"{key}{'.cu' if suffix == '.cubin' else '.cc'}"
+  _write_atomic(src_path, source.encode())
+  with tempfile.TemporaryDirectory(dir=d) as tmp:
+    out = Path(tmp) / f"kernel{suffix}"
+    build(src_path, out)
+    data = out.read_bytes()
+  _write_atomic(binary, data)
+  _write_atomic(digest, _digest(data).encode())
+  return binary
+
+
+# ----------------------------------------------------------------------------- CPU
+def cxx() -> str:
+  for name in filter(None, (os.environ.get("CXX"), "c++", "g++", "clang++")):
+    found = shutil.which(name)
+    if found:
+      return found
+  raise CompilerNotFoundError(
+      "jaxdata.hector compiles its CPU kernels at run time and found no C++ compiler: install one "
+      "(e.g. `apt install g++` or `conda install gxx`) or point $CXX at it.")
+
+
+def _cpu_identity(compiler: str) -> tuple[str, ...]:
+  try:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[0]
+  except (OSError, IndexError, subprocess.TimeoutExpired):
+    version = "unknown"
+  cpu = platform.processor() or platform.machine()
+  try:  # -march=native: the binary belongs to this CPU model
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line for line in f if line.startswith("model name")), cpu)
+  except OSError:
+    pass
+  return (compiler, version, cpu) + CPU_FLAGS
+
+
+def compile_cpu(source: str) -> Path:
+  """Path of a shared library built from `source` (cached)."""
+  compiler = cxx()
+
+  def build(src: Path, out: Path):
+    cmd = [compiler, *CPU_FLAGS, str(src), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise CompileError(f"generated kernel {src} failed to compile:\n{' '.join(cmd)}\n"
+                         f"{proc.stderr[-4000:]}")
+
+  return cached(_cpu_identity(compiler), ".so", source, build)
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _nvrtc_candidates() -> list[str]:
+  out = []
+  for entry in sys.path:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_nvrtc/lib
+    out += sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib", "libnvrtc.so*")))
+  out += [p for p in ("libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12")]
+  home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+  out += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
+  return [p for p in out if "builtins" not in p and "alt" not in os.path.basename(p)]
+
+
+_NVRTC = None
+
+
+def nvrtc():
+  """The NVRTC library (ctypes), or None when none can be loaded."""
+  global _NVRTC
+  if _NVRTC is None:
+    _NVRTC = False
+    for path in _nvrtc_candidates():
+      try:
+        lib = ctypes.CDLL(path)
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        _NVRTC = lib
+        break
+      except OSError:
+        continue
+  return _NVRTC or None
+
+
+def _nvrtc_version(lib) -> str:
+  major, minor = ctypes.c_int(), ctypes.c_int()
+  lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+  return f"{major.value}.{minor.value}"
+
+
+def _nvrtc_build(lib, arch: int):
+
+  def build(src: Path, out: Path):
+    prog = ctypes.c_void_p()
+
+    def check(status, what):
+      if status != 0:
+        raise CompileError(f"NVRTC {what}: {lib.nvrtcGetErrorString(status).decode()}")
+
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.read_bytes(), str(src).encode(), 0, None,
+                                 None), "create")
+    try:
+      opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--std=c++17", b"-default-device"]
+      status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+      if status != 0:
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        raise CompileError(f"generated kernel {src} failed to compile with NVRTC:\n"
+                           f"{log.value.decode(errors='replace')[-4000:]}")
+      size = ctypes.c_size_t()
+      check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
+      image = ctypes.create_string_buffer(size.value)
+      check(lib.nvrtcGetCUBIN(prog, image), "cubin")
+      out.write_bytes(image.raw)
+    finally:
+      lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+  return build
+
+
+def _nvcc_build(nvcc: str, arch: int):
+
+  def build(src: Path, out: Path):
+    cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", str(src), "-o",
+           str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise CompileError(f"generated kernel {src} failed to compile:\n{' '.join(cmd)}\n"
+                         f"{proc.stderr[-4000:]}")
+
+  return build
+
+
+def compile_cuda(source: str, arch: int) -> Path:
+  """Path of a cubin for compute capability `arch` (e.g. 90) built from `source` (cached)."""
+  lib = nvrtc()
+  if lib is not None:
+    return cached(("nvrtc", _nvrtc_version(lib), str(arch)), ".cubin", source,
+                  _nvrtc_build(lib, arch))
+  nvcc = shutil.which("nvcc")
+  if nvcc is not None:
+    return cached(("nvcc", nvcc, str(arch)), ".cubin", source, _nvcc_build(nvcc, arch))
+  raise CompilerNotFoundError(
+      "jaxdata.hector compiles its CUDA kernels at run time and found neither NVRTC nor nvcc: "
+      "install the NVRTC wheel (`pip install nvidia-cuda-nvrtc`, which `jax[cuda13]` brings) or "
+      "a CUDA toolkit, or set CUDA_HOME.")

@@ -1,0 +1,168 @@
+"""Running generated kernels from JAX: the graph's device arrays and the kernel primitive.
+
+`kernel_p` is a JAX primitive with one lowering per platform: lowering for "cpu" generates the
+instance's C++, for "cuda" its CUDA; either is compiled (or found in the disk cache), loaded into
+the native registry under an id taken from the source hash, and called through the FFI target
+``jaxdata_hector_launch``. Kernels are therefore built lazily, only for the platforms a program is
+actually lowered for, and an executable restored from JAX's persistent cache still finds its
+kernels: lowering (which loads them) runs before the cache lookup.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from jaxdata import _ffi  # noqa: F401  (registers jaxdata_hector_launch)
+from jaxdata import _xla_ffi as ext
+from jaxdata.hector import codegen, compiler
+from jaxdata.hector.lowering import Template
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["src", "dst", "etype", "norm", "rel_offsets", "csr_offsets", "csr_edges",
+                 "csc_offsets", "csc_edges"],
+    meta_fields=["num_nodes", "num_relations"])
+@dataclasses.dataclass(frozen=True)
+class GraphArrays:
+  """A relational graph as the generated kernels read it: device arrays plus static sizes.
+
+  Edges are sorted by relation (`rel_offsets[r]:rel_offsets[r+1]` are relation r's); the CSR
+  (by source) and CSC (by destination) views list edge ids per node. `norm` is the per-edge
+  normalizer (the RGCN paper's 1/c_{i,r} by default). A pytree: pass it to jitted functions.
+  """
+  src: jax.Array
+  dst: jax.Array
+  etype: jax.Array
+  norm: jax.Array
+  rel_offsets: jax.Array
+  csr_offsets: jax.Array
+  csr_edges: jax.Array
+  csc_offsets: jax.Array
+  csc_edges: jax.Array
+  num_nodes: int
+  num_relations: int
+
+  @classmethod
+  def from_graph(cls, graph, *, norm: str | np.ndarray = "mean", device=None) -> GraphArrays:
+    """From a `jaxdata.data.HeteroGraph` (`norm`: "mean", "none", or a float array per edge)."""
+    if graph.num_edges >= 2**31 or graph.num_nodes >= 2**31:
+      raise ValueError("hector: graphs with 2**31 or more edges or nodes are not supported")
+    n = graph.edge_norm(norm) if isinstance(norm, str) else np.asarray(norm, np.float32)
+    if n.shape != (graph.num_edges,):
+      raise ValueError(f"norm must have one value per edge ({graph.num_edges}), got {n.shape}")
+    csr_off, csr_e = graph.csr()
+    csc_off, csc_e = graph.csc()
+    i32 = lambda a: jax.device_put(np.asarray(a, np.int32), device)  # noqa: E731
+    return cls(i32(graph.src), i32(graph.dst), i32(graph.etype),
+               jax.device_put(n.astype(np.float32), device), i32(graph.relation_offsets),
+               i32(csr_off), i32(csr_e), i32(csc_off), i32(csc_e), int(graph.num_nodes),
+               int(graph.num_relations))
+
+  @property
+  def num_edges(self) -> int:
+    return self.src.shape[0]
+
+
+def tiles(rel_offsets: jax.Array, rows: int) -> jax.Array:
+  """tiles[r]: how many row tiles of `rows` edges relations before r need (int32[R+1])."""
+  counts = jnp.diff(rel_offsets)
+  per = (counts + rows - 1) // rows
+  return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per).astype(jnp.int32)])
+
+
+# ----------------------------------------------------------------------------- the primitive
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+  """What a kernel call computes (hashable: a primitive parameter)."""
+  kernel: Template
+  dtypes: tuple[str, ...]
+  out_shape: tuple[int, ...]
+  zero_output: bool
+  label: str = ""
+
+
+kernel_p = Primitive("jaxdata_hector_kernel")
+
+
+def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) -> jax.Array:
+  """Runs one generated kernel; returns its float32 output."""
+  rows = codegen.GEMM_TILE_ROWS if spec.kernel.template == "gemm" else codegen.WGRAD_TILE_ROWS
+  t = tiles(graph.rel_offsets, rows)
+  ops = [graph.src, graph.dst, graph.etype, graph.norm, graph.rel_offsets, graph.csr_offsets,
+         graph.csr_edges, graph.csc_offsets, graph.csc_edges, t]
+  return kernel_p.bind(*ops, *inputs, spec=spec)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(spec: KernelSpec):
+  return jax.jit(lambda *args: kernel_p.bind(*args, spec=spec))
+
+
+kernel_p.def_impl(lambda *args, spec: _jitted(spec)(*args))  # eager calls compile a small program
+
+
+@kernel_p.def_abstract_eval
+def _abstract(*avals, spec: KernelSpec):
+  return jax.core.ShapedArray(spec.out_shape, jnp.float32)
+
+
+def kernel_id(source: str) -> int:
+  return int(hashlib.sha256(source.encode()).hexdigest()[:15], 16)
+
+
+def source(spec: KernelSpec, target: str) -> str:
+  return codegen.generate(spec.kernel, spec.dtypes, target, spec.label)
+
+
+def _lower(ctx, *operands, spec: KernelSpec, target: str):
+  src = source(spec, target)
+  kid = kernel_id(src + target)
+  num_edges = ctx.avals_in[0].shape[0]
+  num_nodes = ctx.avals_in[5].shape[0] - 1
+  num_relations = ctx.avals_in[4].shape[0] - 1
+  grid, block, max_tiles = 0, 0, 0
+  if target == "cpu":
+    ext.hector_load_cpu_kernel(kid, str(compiler.compile_cpu(src)), "jaxdata_hector_kernel")
+  else:
+    arch = ext.cuda_compute_capability()
+    if arch == 0:
+      raise RuntimeError("hector: lowering for CUDA but the extension sees no CUDA device")
+    cubin = compiler.compile_cuda(src, arch).read_bytes()
+    ext.hector_load_cuda_kernel(kid, cubin, "jaxdata_hector_kernel")
+    rows = codegen.tile_rows(spec.kernel)
+    max_tiles = -(-num_edges // rows) + num_relations if rows else 0
+    grid, block = codegen.launch(spec.kernel, max_tiles, num_edges)
+  scalars = np.array([num_edges, num_nodes, num_relations, max_tiles], np.int64)
+  return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
+      ctx, *operands, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
+      block=np.int64(block), shared_bytes=np.int64(0), zero_outputs=np.int32(spec.zero_output))
+
+
+mlir.register_lowering(kernel_p, functools.partial(_lower, target="cpu"), platform="cpu")
+mlir.register_lowering(kernel_p, functools.partial(_lower, target="cuda"), platform="cuda")
+
+
+def _batch(args, dims, *, spec: KernelSpec):
+  """vmap: one kernel call per batch element (lax.map), the graph shared when unbatched."""
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+  moved = [a if d is batching.not_mapped else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+  batched = [d is not batching.not_mapped for d in dims]
+
+  def one(xs):
+    it = iter(xs)
+    return kernel_p.bind(*[next(it) if b else a for a, b in zip(moved, batched)], spec=spec)
+
+  out = jax.lax.map(one, [a for a, b in zip(moved, batched) if b])
+  assert out.shape[0] == size
+  return out, 0
+
+
+batching.primitive_batchers[kernel_p] = _batch
