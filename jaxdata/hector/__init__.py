@@ -18,7 +18,7 @@ custom VJP:
 """
 from jaxdata.hector.compiler import CompileError, CompilerNotFoundError, cache_dir
 from jaxdata.hector.frontend import NODE, RELATION_WEIGHT, layer
-from jaxdata.hector.layer import Layer, Plan
+from jaxdata.hector.compiled import Layer, Plan
 from jaxdata.hector.rgcn import rgcn_featureless_layer, rgcn_layer, rgcn_message
 from jaxdata.hector.runtime import GraphArrays
 

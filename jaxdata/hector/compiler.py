@@ -90,33 +90,29 @@ def cxx() -> str:
       "(e.g. `apt install g++` or `conda install gxx`) or point $CXX at it.")
 
 
-def _cpu_identity(compiler: str) -> tuple[str, ...]:
-  try:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout.splitlines()[0]
-  except (OSError, IndexError, subprocess.TimeoutExpired):
-    version = "unknown"
+def _cpu_identity() -> tuple[str, ...]:
+  """What shapes a CPU binary besides its source: the flags and, for -march=native, the CPU.
+  (Not the compiler: an entry found on disk needs no compiler at all.)"""
   cpu = platform.processor() or platform.machine()
   try:  # -march=native: the binary belongs to this CPU model
     with open("/proc/cpuinfo") as f:
       cpu = next((line for line in f if line.startswith("model name")), cpu)
   except OSError:
     pass
-  return (compiler, version, cpu) + CPU_FLAGS
+  return (cpu,) + CPU_FLAGS
 
 
 def compile_cpu(source: str) -> Path:
   """Path of a shared library built from `source` (cached)."""
-  compiler = cxx()
 
   def build(src: Path, out: Path):
-    cmd = [compiler, *CPU_FLAGS, str(src), "-o", str(out)]
+    cmd = [cxx(), *CPU_FLAGS, str(src), "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
       raise CompileError(f"generated kernel {src} failed to compile:\n{' '.join(cmd)}\n"
                          f"{proc.stderr[-4000:]}")
 
-  return cached(_cpu_identity(compiler), ".so", source, build)
+  return cached(_cpu_identity(), ".so", source, build)
 
 
 # ----------------------------------------------------------------------------- CUDA

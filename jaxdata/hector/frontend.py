@@ -141,7 +141,7 @@ def trace(fn: Callable, kinds: dict[str, str], name: str | None = None) -> Progr
 
 def layer(**kinds: str):
   """Decorator: turns a layer function into a compiled, differentiable `hector.Layer`."""
-  from jaxdata.hector.layer import Layer  # the runtime; the front end itself needs no JAX
+  from jaxdata.hector.compiled import Layer  # the runtime; the front end itself needs no JAX
 
   def wrap(fn: Callable) -> Layer:
     return Layer(trace(fn, kinds), kinds)

@@ -76,6 +76,12 @@ class Gemm:
   out: str            # "src" / "dst" (scatter-add into nodes) or "edge" (store per edge)
   template = "gemm"
 
+  def __str__(self):
+    w = f"in{self.weight}[etype[e]]" + (".T" if self.transpose else "")
+    scale = "".join(f" * {s}" for s in self.scales)
+    to = "out[e]" if self.out == "edge" else f"out[{self.out}[e]] +="
+    return f"{to} {self.rows} @ {w}{scale}  ({self.k}x{self.n})"
+
 
 @dataclasses.dataclass(frozen=True)
 class WeightGrad:
@@ -86,6 +92,10 @@ class WeightGrad:
   scales: tuple[Load, ...]
   template = "weight_grad"
 
+  def __str__(self):
+    scale = "".join(f" * {s}" for s in self.scales)
+    return f"out[etype[e]] += outer({self.left}, {self.right}){scale}  ({self.k}x{self.n})"
+
 
 @dataclasses.dataclass(frozen=True)
 class Traversal:
@@ -95,12 +105,20 @@ class Traversal:
   end: str = ""       # for aggregate / scatter_weight_row
   template = "traversal"
 
+  def __str__(self):
+    to = {"aggregate": f"out[{self.end}[e]] +=", "store": "out[e] =",
+          "scatter_weight_row": f"out[etype[e], {self.end}[e]] +="}[self.sink]
+    return f"{to} {self.expr}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Dense:
   op: str
   fn: str = ""
   template = "dense"
+
+  def __str__(self):
+    return f"{self.op}{'.' + self.fn if self.fn else ''}(in0, in1) on XLA"
 
 
 Template = Union[Gemm, WeightGrad, Traversal, Dense]
@@ -115,7 +133,7 @@ class Instance:
 
   def __str__(self):
     ins = ", ".join(f"in{i}={v.label}" for i, v in enumerate(self.inputs))
-    return f"{self.output.label} <- {self.kernel.template} {self.kernel} [{ins}]"
+    return f"{self.output.label} <- {self.kernel.template}: {self.kernel}   [{ins}]"
 
 
 # ----------------------------------------------------------------------------- lowering

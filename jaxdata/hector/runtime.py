@@ -152,9 +152,9 @@ mlir.register_lowering(kernel_p, functools.partial(_lower, target="cuda"), platf
 
 def _batch(args, dims, *, spec: KernelSpec):
   """vmap: one kernel call per batch element (lax.map), the graph shared when unbatched."""
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
-  moved = [a if d is batching.not_mapped else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-  batched = [d is not batching.not_mapped for d in dims]
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+  moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+  batched = [d is not None for d in dims]
 
   def one(xs):
     it = iter(xs)
