@@ -1,0 +1,152 @@
+"""Entity classification with RGCN, the RGCN paper's setup (Schlichtkrull et al., 2018, sec. 4).
+
+Two RGCN layers (16 hidden units, ReLU between), full-graph training with Adam (learning rate
+0.01) for 50 epochs, an L2 penalty on the first layer's parameters, and optionally basis
+decomposition; the paper uses no bases and no penalty on AIFB, 30 bases and 5e-4 on MUTAG.
+Input features, where the data has them, live in a `HostTable` and every step gathers them with
+`host_gather` inside the jitted step; RDF graphs are featureless (one-hot node ids).
+
+    from jaxdata.data import load_entities
+    from jaxdata.train.rgcn import TrainConfig, train
+    result = train(load_entities("aifb.tgz"), TrainConfig(epochs=50))
+    print(result.test_accuracy)
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxdata.data import EntityDataset
+from jaxdata.hector import GraphArrays
+from jaxdata.host import HostTable, host_gather
+from jaxdata.nn import RGCN
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  epochs: int = 50
+  hidden: int = 16
+  num_bases: int | None = None
+  l2: float = 0.0          # on the first layer's parameters, as in the paper
+  learning_rate: float = 0.01
+  seed: int = 0
+  dtype: str = "float32"   # or "bfloat16" (parameters stay float32)
+
+  def __post_init__(self):
+    if self.epochs < 1 or self.hidden < 1:
+      raise ValueError("epochs and hidden must be >= 1")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+
+#: The RGCN paper's hyperparameters per RDF dataset (hidden 16, 50 epochs, lr 0.01 everywhere).
+PAPER_SETUP = {"aifb": dict(num_bases=None, l2=0.0), "mutag": dict(num_bases=30, l2=5e-4)}
+
+
+class EntityClassifier(nnx.Module):
+  """RGCN -> ReLU -> RGCN, returning class logits for every node."""
+
+  def __init__(self, dataset: EntityDataset, config: TrainConfig, *, rngs: nnx.Rngs):
+    g = dataset.graph
+    in_features = None if dataset.features is None else dataset.features.shape[1]
+    dtype = jnp.dtype(config.dtype)
+    common = dict(num_relations=g.num_relations, num_bases=config.num_bases, dtype=dtype,
+                  rngs=rngs)
+    self.conv1 = RGCN(in_features, config.hidden, num_nodes=g.num_nodes, **common)
+    self.conv2 = RGCN(config.hidden, dataset.num_classes, **common)
+
+  def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
+    h = jax.nn.relu(self.conv1(graph, x))
+    return self.conv2(graph, h).astype(jnp.float32)
+
+
+@dataclasses.dataclass
+class TrainResult:
+  model: EntityClassifier
+  test_accuracy: float
+  history: list[dict]      # per epoch: epoch, loss, train_accuracy, seconds
+  seconds: float
+
+
+def _accuracy(logits, labels) -> jax.Array:
+  return jnp.mean(jnp.argmax(logits, -1) == labels)
+
+
+def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
+          on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
+  """Trains a 2-layer RGCN on `dataset`'s training nodes; returns the model and test accuracy."""
+  graph = GraphArrays.from_graph(dataset.graph)
+  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  train_idx, train_y = jnp.asarray(dataset.train_idx), jnp.asarray(dataset.train_y)
+  test_idx, test_y = jnp.asarray(dataset.test_idx), jnp.asarray(dataset.test_y)
+  table = None if dataset.features is None else HostTable(dataset.features)
+  node_ids = jnp.arange(dataset.graph.num_nodes, dtype=jnp.int32)
+
+  def features():
+    # The whole graph is one batch, so every node's row is gathered from host memory.
+    return None if table is None else host_gather(table, node_ids)
+
+  @nnx.jit
+  def step(model, optimizer, graph):
+
+    def loss_fn(model):
+      logits = model(graph, features())
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits[train_idx], train_y).mean()
+      penalty = sum(jnp.sum(p[...].astype(jnp.float32)**2)
+                    for _, p in nnx.iter_graph(model.conv1) if isinstance(p, nnx.Param))
+      return loss + config.l2 * penalty, logits
+
+    (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    optimizer.update(model, grads)
+    return loss, _accuracy(logits[train_idx], train_y)
+
+  @nnx.jit
+  def evaluate(model, graph):
+    return _accuracy(model(graph, features())[test_idx], test_y)
+
+  history = []
+  start = time.perf_counter()
+  try:
+    for epoch in range(1, config.epochs + 1):
+      t0 = time.perf_counter()
+      loss, acc = step(model, optimizer, graph)
+      record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(acc),
+                    seconds=time.perf_counter() - t0)
+      history.append(record)
+      if on_epoch is not None:
+        on_epoch(record)
+    test_accuracy = float(evaluate(model, graph))
+  finally:
+    if table is not None:
+      jax.effects_barrier()
+      table.close()
+  return TrainResult(model, test_accuracy, history, time.perf_counter() - start)
+
+
+def save_params(model: nnx.Module, path: str | os.PathLike):
+  """Writes the model's parameters as msgpack (flax.serialization), atomically."""
+  state = nnx.state(model, nnx.Param)
+  data = flax.serialization.msgpack_serialize(jax.tree.map(np.asarray, state.to_pure_dict()))
+  tmp = f"{path}.tmp"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def load_params(model: nnx.Module, path: str | os.PathLike):
+  """Restores parameters written by `save_params` into a model of the same structure."""
+  with open(path, "rb") as f:
+    restored = flax.serialization.msgpack_restore(f.read())
+  state = nnx.state(model, nnx.Param)
+  state.replace_by_pure_dict(restored)
+  nnx.update(model, state)
