@@ -1,4 +1,5 @@
 """jaxdata.data: HeteroGraph against brute-force references, loaders, the synthetic generator."""
+import os
 import collections
 import gzip
 import io
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 from jaxdata.data import EntityDataset, HeteroGraph, load_entities, synthetic_entities
 from jaxdata.data.rdf import parse_ntriples
 
-DATA = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
+DATA = Path(os.environ.get("JAXDATA_DATA_DIR")
+            or (Path(__file__).parents[1] / ".." / "shared" / "data").resolve())
 
 
 # -- HeteroGraph against plain-Python references ------------------------------------------------

@@ -10,6 +10,7 @@ and a literal with the same text (AIFB has one such pair: the class IRI
 share one node id there, and one id is left without edges. jaxdata keeps them apart (they are
 two RDF terms); the test merges them the same way before comparing degrees.
 """
+import os
 import collections
 import re
 import shutil
@@ -25,7 +26,8 @@ pytest.importorskip("rdflib")
 pytest.importorskip("pandas")
 torch_geometric_datasets = pytest.importorskip("torch_geometric.datasets")
 
-DATA = (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
+DATA = Path(os.environ.get("JAXDATA_DATA_DIR")
+            or (Path(__file__).parents[1] / ".." / "shared" / "data").resolve())
 _LITERAL = re.compile(r'"(.*)"(?:@[^"]*|\^\^<[^>]*>)?', re.S)
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n", "\\r": "\r"}
 

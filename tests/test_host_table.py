@@ -19,6 +19,14 @@ def test_round_trip(dtype):
     assert t.pinned == (_ffi.cuda_device_count() > 0)
 
 
+def test_read_only_source():
+  data = np.arange(12, dtype=np.float32).reshape(4, 3)
+  data.setflags(write=False)  # e.g. a dataset's frozen arrays
+  with HostTable(data) as t:
+    np.testing.assert_array_equal(t.as_numpy(), data)
+    t.write(1, data[:2])
+
+
 def test_non_contiguous_source_and_write():
   data = np.arange(200, dtype=np.float32).reshape(20, 10)
   with HostTable(data[:, ::2]) as t:

@@ -49,7 +49,7 @@ nb::dict Registrations() {
 }
 
 using Bytes = nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using AnyContig = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using AnyContig = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;  // read-only arrays too
 
 void CheckRange(const HostBuffer& b, int64_t offset, int64_t nbytes) {
   if (offset < 0 || nbytes < 0 || uint64_t(offset) + uint64_t(nbytes) > b.size()) {

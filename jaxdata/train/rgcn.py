@@ -50,6 +50,9 @@ class TrainConfig:
 
 #: The RGCN paper's hyperparameters per RDF dataset (hidden 16, 50 epochs, lr 0.01 everywhere).
 PAPER_SETUP = {"aifb": dict(num_bases=None, l2=0.0), "mutag": dict(num_bases=30, l2=5e-4)}
+#: The built-in synthetic graph: 100 relations (with inverses) and 2,000 training nodes overfit a
+#: full weight per relation (55% test accuracy); 8 shared bases generalize (89%).
+SYNTHETIC_SETUP = dict(num_bases=8, l2=5e-4)
 
 
 class EntityClassifier(nnx.Module):
@@ -150,3 +153,84 @@ def load_params(model: nnx.Module, path: str | os.PathLike):
   state = nnx.state(model, nnx.Param)
   state.replace_by_pure_dict(restored)
   nnx.update(model, state)
+
+
+# ----------------------------------------------------------------------------- the CLI
+def add_arguments(parser):
+  """`jaxdata train rgcn` options."""
+  parser.add_argument("--data", metavar="PATH.tgz",
+                      help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
+                           "the built-in synthetic graph")
+  parser.add_argument("--epochs", type=int, default=50)
+  parser.add_argument("--hidden", type=int, default=16)
+  parser.add_argument("--bases", type=int, default=None,
+                      help="basis decomposition (default: the paper's setting for the archive)")
+  parser.add_argument("--l2", type=float, default=None,
+                      help="L2 penalty on the first layer (default: the paper's setting)")
+  parser.add_argument("--lr", type=float, default=0.01)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seeds", type=int, default=1,
+                      help="train this many times (seeds seed, seed+1, ...) and report the mean")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--nodes", type=int, default=20_000, help="synthetic graph: nodes")
+  parser.add_argument("--edges", type=int, default=200_000, help="synthetic graph: edges")
+  parser.add_argument("--relations", type=int, default=50, help="synthetic graph: relations")
+  parser.add_argument("--out", default="rgcn-params.msgpack",
+                      help="where to save the (last seed's) parameters")
+
+
+def main(args) -> int:
+  from rich.console import Console
+  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+  from jaxdata.data import HeteroGraph, load_entities, synthetic_entities
+
+  console = Console()
+  if args.data:
+    dataset = load_entities(args.data)
+    setup = PAPER_SETUP.get(dataset.name.lower(), {})
+  else:
+    ds = synthetic_entities(num_nodes=args.nodes, num_edges=args.edges,
+                            num_relations=args.relations, seed=args.seed)
+    g = ds.graph  # messages flow both ways, as on the RDF graphs: add inverse relations
+    dataset = dataclasses.replace(ds, graph=HeteroGraph.from_edges(
+        g.src, g.dst, g.etype, num_nodes=g.num_nodes, relation_names=g.relation_names,
+        add_inverse=True))
+    setup = SYNTHETIC_SETUP
+  num_bases = args.bases if args.bases is not None else setup.get("num_bases")
+  l2 = args.l2 if args.l2 is not None else setup.get("l2", 0.0)
+  g = dataset.graph
+  console.print(f"[bold]{dataset.name}[/]: {g.num_nodes:,} nodes, {g.num_edges:,} edges, "
+                f"{g.num_relations} relations, {dataset.num_classes} classes, "
+                f"{len(dataset.train_idx)} train / {len(dataset.test_idx)} test, "
+                + ("featureless" if dataset.features is None else
+                   f"{dataset.features.shape[1]} features in a HostTable")
+                + f" | bases={num_bases} l2={l2} on {jax.devices()[0].platform}")
+  accuracies = []
+  for seed in range(args.seed, args.seed + args.seeds):
+    config = TrainConfig(epochs=args.epochs, hidden=args.hidden, num_bases=num_bases, l2=l2,
+                         learning_rate=args.lr, seed=seed, dtype=args.dtype)
+    columns = (TextColumn(f"seed {seed}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=args.seeds > 1) as progress:
+      task = progress.add_task("train", total=config.epochs, metrics="")
+
+      def on_epoch(r):
+        progress.update(task, advance=1, metrics=(f"loss {r['loss']:.4f}  "
+                                                  f"train acc {r['train_accuracy']:.3f}"))
+        if args.seeds == 1:
+          progress.console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
+                                 f"train acc {r['train_accuracy']:.4f}  "
+                                 f"{1e3 * r['seconds']:.1f} ms")
+
+      result = train(dataset, config, on_epoch=on_epoch)
+    accuracies.append(result.test_accuracy)
+    console.print(f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
+                  f"({result.seconds:.1f} s; last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")
+  save_params(result.model, args.out)
+  if args.seeds > 1:
+    console.print(f"[bold]test accuracy over {args.seeds} seeds: {np.mean(accuracies):.4f} "
+                  f"± {np.std(accuracies):.4f}[/] (min {min(accuracies):.4f}, "
+                  f"max {max(accuracies):.4f})")
+  console.print(f"parameters saved to {args.out}")
+  return 0

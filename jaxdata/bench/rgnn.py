@@ -1,0 +1,483 @@
+"""`jaxdata bench rgnn`: one RGCN layer's relational part, forward + backward, side by side.
+
+    out[i] = sum_{e : dst[e] == i} norm[e] * (x[src[e]] @ W[etype[e]]),   norm = per-relation mean
+
+on whole graphs (AIFB, MUTAG, a synthetic knowledge graph with hundreds of relations and
+heavy-tailed degrees), hidden sizes d_in = d_out = dim. In one run, for each graph and dim:
+
+  jaxdata                    the generated kernel, `jaxdata.hector.rgcn_message` (when built)
+  transform-all-then-gather  plain JAX: x @ W_r for every node and relation, gather per edge
+  ragged_dot                 plain JAX: `jax.lax.ragged_dot` over edges grouped by relation
+  per-edge weights           plain JAX: W[etype] per edge (PyG FastRGCNConv's formulation)
+  PyG                        torch_geometric.nn.RGCNConv(aggr="mean"), on CUDA when torch sees one
+
+Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W. Time is the
+median over repeats of one step, waited for. Memory: for JAX, what the compiled executable needs
+(memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise of the
+allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that does
+not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
+it cannot fit), never a crash. Formulations are in jaxdata/bench/rgnn_peers.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Sequence
+
+import numpy as np
+
+from jaxdata.bench import common
+from jaxdata.bench import rgnn_peers as peers
+
+DIMS = (32, 64, 128)
+GRAPHS = ("aifb", "mutag", "synthetic")
+JAX_FORMULATIONS = ("jaxdata", *peers.PLAIN_JAX)
+FORMULATIONS = (*JAX_FORMULATIONS, "PyG")
+#: The synthetic knowledge graph: at least 500 relations and 2 million edges, heavy-tailed.
+SYNTHETIC = dict(num_nodes=200_000, num_edges=2_000_000, num_relations=500)
+QUICK_SYNTHETIC = dict(num_nodes=2_000, num_edges=20_000, num_relations=50)
+QUICK = dict(graphs=("aifb", "synthetic"), dims=(32,), repeats=3)
+PRECISIONS = ("highest", "default")
+
+
+@dataclasses.dataclass
+class Graph:
+  """A benchmark graph: edges sorted by relation, the per-relation mean norm, its origin."""
+  name: str
+  num_nodes: int
+  num_relations: int
+  src: np.ndarray
+  dst: np.ndarray
+  etype: np.ndarray
+  norm: np.ndarray
+  source: str
+  hetero: object | None = None  # the jaxdata.data.HeteroGraph, for the jaxdata row
+
+  @property
+  def num_edges(self) -> int:
+    return len(self.src)
+
+  def describe(self) -> str:
+    indeg = np.bincount(self.dst, minlength=self.num_nodes)
+    sizes = np.bincount(self.etype, minlength=self.num_relations)
+    return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
+            f"{self.num_relations} relations (largest {sizes.max():,} edges, "
+            f"{int((sizes == 0).sum())} empty); in-degree median {int(np.median(indeg))}, "
+            f"max {indeg.max():,}; {self.source}")
+
+  @classmethod
+  def from_hetero(cls, name: str, g, source: str) -> "Graph":
+    return cls(name, int(g.num_nodes), int(g.num_relations), np.asarray(g.src, np.int32),
+               np.asarray(g.dst, np.int32), np.asarray(g.etype, np.int32),
+               np.asarray(g.edge_norm("mean"), np.float32), source, g)
+
+
+@dataclasses.dataclass
+class Result:
+  graph: str
+  dim: int
+  formulation: str
+  seconds: float | None = None
+  bytes: int | None = None  # JAX: compiled estimate; PyG: torch's peak (CUDA only)
+  measured_bytes: int | None = None  # JAX on a GPU: rise of peak_bytes_in_use
+  status: str = "ok"  # "ok", "OOM", "OOM (est. X GiB)", "skipped", "error"
+  loss: float | None = None
+
+  @property
+  def ok(self) -> bool:
+    return self.status == "ok"
+
+
+# ------------------------------------------------------------------------------------------------
+# Graphs
+
+
+def default_data_dir() -> str | None:
+  """The shared data folder next to the repository (../shared/data), or in it (shared/data)."""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  for candidate in (root.parent / "shared" / "data", root / "shared" / "data"):
+    if candidate.is_dir():
+      return str(candidate)
+  return None
+
+
+def synthetic_graph(num_nodes: int, num_edges: int, num_relations: int, seed: int = 0):
+  """A heavy-tailed relational graph from NumPy alone: (src, dst, etype), unsorted.
+
+  Used only where jaxdata.data.synthetic_entities is not importable. Node popularity follows a
+  Pareto law (a few hubs, a long tail of rare nodes) for both end points; relation sizes follow
+  another, with every relation given at least one edge.
+  """
+  rng = np.random.default_rng(seed)
+
+  def draw(weights: np.ndarray, n: int) -> np.ndarray:
+    cdf = np.cumsum(weights)
+    return np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"),
+                      len(weights) - 1).astype(np.int32)
+
+  popularity = rng.pareto(1.2, num_nodes) + 1.0
+  src, dst = draw(popularity, num_edges), draw(popularity, num_edges)
+  etype = draw(rng.pareto(0.8, num_relations) + 1.0, num_edges)
+  etype[:min(num_edges, num_relations)] = np.arange(min(num_edges, num_relations))
+  return src, dst, etype
+
+
+def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0
+               ) -> tuple[Graph | None, str | None]:
+  """(graph, None), or (None, why it was skipped)."""
+  if name in ("aifb", "mutag"):
+    if data_dir is None:
+      return None, f"{name} skipped: no data folder (--data-dir)"
+    path = os.path.join(data_dir, f"{name}.tgz")
+    if not os.path.exists(path):
+      return None, f"{name} skipped: {path} is missing"
+    try:
+      from jaxdata.data import load_entities  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      return None, f"{name} skipped: jaxdata.data.load_entities is not importable ({e})"
+    graph = load_entities(path).graph
+    return Graph.from_hetero(name, graph, f"from {os.path.basename(path)}"), None
+  if name == "synthetic":
+    sizes = QUICK_SYNTHETIC if quick else SYNTHETIC
+    try:
+      from jaxdata.data import synthetic_entities  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      synthetic_entities = None
+    if synthetic_entities is not None:
+      ds = synthetic_entities(**sizes, num_classes=4, feature_dim=0, seed=seed)
+      return Graph.from_hetero(name, ds.graph, "jaxdata.data.synthetic_entities"), None
+    src, dst, etype = synthetic_graph(**sizes, seed=seed)
+    n, r = sizes["num_nodes"], sizes["num_relations"]
+    order = np.argsort(etype, kind="stable")
+    src, dst, etype = src[order], dst[order], etype[order]
+    try:
+      hetero = peers.hetero_graph(src, dst, etype, num_nodes=n, num_relations=r)
+    except peers.Unavailable:
+      hetero = None
+    if hetero is not None:
+      return Graph.from_hetero(name, hetero, "local NumPy generator (rgnn.synthetic_graph)"), None
+    norm = peers.mean_norm(dst, etype, n, r).astype(np.float32)
+    return Graph(name, n, r, src, dst, etype, norm,
+                 "local NumPy generator (rgnn.synthetic_graph)"), None
+  raise ValueError(f"unknown graph {name!r}; choose from {', '.join(GRAPHS)}")
+
+
+def case_arrays(graph: Graph, dim: int, seed: int = 0):
+  """x [N, dim], W [R, dim, dim], ct [N, dim] as float32 NumPy; the same for every formulation."""
+  rng = np.random.default_rng((seed, graph.num_nodes, graph.num_edges, dim))
+  x = rng.standard_normal((graph.num_nodes, dim), dtype=np.float32)
+  w = rng.standard_normal((graph.num_relations, dim, dim), dtype=np.float32) / np.sqrt(dim)
+  ct = rng.standard_normal((graph.num_nodes, dim), dtype=np.float32)
+  return x, w.astype(np.float32), ct
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory
+
+
+def is_oom(exc: BaseException) -> bool:
+  """Whether an exception is an out-of-memory of XLA, torch or NumPy."""
+  if isinstance(exc, MemoryError):
+    return True
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+      return True
+  except ImportError:
+    pass
+  text = str(exc)
+  return ("RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+          or "can't allocate memory" in text)
+
+
+def available_bytes(device) -> int:
+  """What a new computation may still allocate: the allocator's limit minus what is in use on a
+  GPU; on the CPU, 80% of the kernel's MemAvailable (XLA on the CPU has no limit of its own, and
+  the OOM killer does not raise)."""
+  stats = peers.device_memory_stats(device)
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(0.8 * int(line.split()[1]) * 1024)
+  except OSError:
+    pass
+  from jaxdata import _ffi  # pylint: disable=g-import-not-at-top
+  return _ffi.ext.physical_memory_bytes() // 2
+
+
+def gib(n: int) -> str:
+  return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _short(exc: BaseException) -> str:
+  line = (str(exc).strip().splitlines() or [""])[0]
+  return f"{type(exc).__name__}: {line[:160]}{'...' if len(line) > 160 else ''}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _precision(name: str):
+  import jax  # pylint: disable=g-import-not-at-top
+  return {"highest": jax.lax.Precision.HIGHEST, "default": None}[name]
+
+
+def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, precision: str,
+                edges, notes: list[str], advance) -> list[Result]:
+  """Every JAX formulation on one (graph, dim); failures become statuses and notes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  x_np, w_np, ct_np = case_arrays(graph, dim)
+  x, w, ct = (jax.device_put(a, device) for a in (x_np, w_np, ct_np))
+  results = []
+  for name in names:
+    r = Result(graph.name, dim, name)
+    results.append(r)
+    where = f"{graph.name}, dim {dim}, {name}"
+    phase = "building"
+    try:
+      if name == "jaxdata":
+        form = peers.jaxdata_formulation(graph.hetero, precision=_precision(precision))
+      else:
+        form = peers.plain_jax(name, edges, graph.num_nodes, precision=_precision(precision))
+      # Memory stats from before compiling: XLA's GPU autotuner allocates operand-sized buffers
+      # while compiling, which would otherwise hide the run's peak. XLA's analysis of the
+      # compiled step then says whether running it can fit.
+      baseline = peers.device_memory_stats(device)
+      phase = "compiling"
+      compiled = peers.compile_step(form, x, w, ct)
+      r.bytes = compiled.bytes
+      args = int(getattr(compiled.analysis, "argument_size_in_bytes", 0) or 0)
+      if compiled.bytes is None and name == "per-edge weights":
+        # No analysis from this backend: assume the [E, d_in, d_out] tensor is built.
+        need = peers.per_edge_weight_bytes(graph.num_edges, dim, dim)
+      else:
+        need = (compiled.bytes or 0) - args
+      free = available_bytes(device)
+      if need > free:
+        r.status = f"OOM (est. {gib(need + args)})"
+        _note(notes, f"{where}: not run, it needs {gib(need)} beyond its arguments (XLA's "
+                     f"analysis of the compiled step) and {gib(free)} are free")
+        continue
+      phase = "running"
+      timing = peers.time_jax(compiled, repeats=repeats, warmup=2, baseline=baseline)
+      r.seconds, r.measured_bytes, r.loss = timing.seconds, timing.measured_bytes, timing.loss
+    except peers.Unavailable as e:
+      r.status = "skipped"
+      _note(notes, f"jaxdata row skipped: {e}")
+    except Exception as e:  # pylint: disable=broad-except
+      r.status = "OOM" if is_oom(e) else "error"
+      _note(notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} while {phase} "
+                   f"({_short(e)})")
+    finally:
+      advance()
+  return results
+
+
+def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: list[str]
+                ) -> Result:
+  r = Result(graph.name, dim, "PyG")
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import torch_geometric  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    r.status = "skipped"
+    _note(notes, f"PyG row skipped: torch_geometric is not importable ({e})")
+    return r
+  device = peers.torch_device()
+  x, w, ct = case_arrays(graph, dim)
+  saved_tf32 = torch.backends.cuda.matmul.allow_tf32
+  torch.backends.cuda.matmul.allow_tf32 = precision == "default"
+  try:
+    timing = peers.time_pyg(graph.src, graph.dst, graph.etype, x, w, ct, repeats=repeats,
+                            warmup=2, device=device)
+    r.seconds, r.bytes, r.loss = timing.seconds, timing.bytes, timing.loss
+  except Exception as e:  # pylint: disable=broad-except
+    r.status = "OOM" if is_oom(e) else "error"
+    _note(notes, f"{graph.name}, dim {dim}, PyG: {'out of memory' if is_oom(e) else 'failed'} "
+                 f"({_short(e)})")
+  finally:
+    torch.backends.cuda.matmul.allow_tf32 = saved_tf32
+    if device.type == "cuda":
+      torch.cuda.empty_cache()
+  return r
+
+
+def _note(notes: list[str], text: str) -> None:
+  if text not in notes:
+    notes.append(text)
+
+
+def _check_losses(results: list[Result], precision: str, notes: list[str]) -> None:
+  """Every formulation of one case must compute the same loss (up to float32 rounding)."""
+  tol = 1e-3 if precision == "highest" else 3e-2
+  cases = {}
+  for r in results:
+    if r.ok and r.loss is not None:
+      cases.setdefault((r.graph, r.dim), []).append(r)
+  for (g, d), rs in cases.items():
+    ref = next((r for r in rs if r.formulation == "transform-all-then-gather"), rs[0])
+    scale = max(abs(ref.loss), 1.0)
+    for r in rs:
+      if abs(r.loss - ref.loss) > tol * scale:
+        _note(notes, f"{g}, dim {d}: {r.formulation}'s loss {r.loss:.6g} differs from "
+                     f"{ref.formulation}'s {ref.loss:.6g}")
+
+
+def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
+        formulations: Sequence[str] = FORMULATIONS, data_dir: str | None = None,
+        quick: bool = False, repeats: int = 7, precision: str = "highest", seed: int = 0,
+        console=None) -> tuple[list[Result], list[str], list[Graph]]:
+  """Runs the benchmark; returns the results, notes on what was skipped and why, the graphs.
+
+  PyG runs first, for every case, before JAX touches the device: JAX's allocator keeps what it
+  grows to, torch's cache is emptied after each case, so each side finds the device free.
+  """
+  import rich.progress  # pylint: disable=g-import-not-at-top
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+  for d in dims:
+    if d <= 0:
+      raise ValueError(f"dims must be positive, got {d}")
+  unknown = [f for f in formulations if f not in FORMULATIONS]
+  if unknown:
+    raise ValueError(f"unknown formulations {unknown}; choose from {', '.join(FORMULATIONS)}")
+  notes: list[str] = []
+  loaded: list[Graph] = []
+  for name in graphs:
+    try:
+      g, why = load_graph(name, data_dir=data_dir, quick=quick, seed=seed)
+    except ValueError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      g, why = None, f"{name} skipped: loading it failed ({_short(e)})"
+    if g is None:
+      notes.append(why)
+    else:
+      loaded.append(g)
+  jax_names = [f for f in JAX_FORMULATIONS if f in formulations]
+  results: list[Result] = []
+  with rich.progress.Progress(console=console, transient=True) as bar:
+    task = bar.add_task("bench rgnn", total=len(loaded) * len(dims) * len(formulations))
+    if "PyG" in formulations:
+      for g in loaded:
+        for d in dims:
+          bar.update(task, description=f"{g.name}, dim {d}, PyG")
+          results.append(measure_pyg(g, d, repeats=repeats, precision=precision, notes=notes))
+          bar.advance(task)
+    if jax_names:
+      import jax  # pylint: disable=g-import-not-at-top
+      for g in loaded:
+        edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+                                       num_relations=g.num_relations, norm=g.norm)
+        for d in dims:
+          bar.update(task, description=f"{g.name}, dim {d}, JAX")
+          results += measure_jax(g, d, jax_names, repeats=repeats, precision=precision,
+                                 edges=edges, notes=notes, advance=lambda: bar.advance(task))
+        del edges
+        jax.clear_caches()
+  order = {f: i for i, f in enumerate(FORMULATIONS)}
+  results.sort(key=lambda r: ([x.name for x in loaded].index(r.graph), r.dim,
+                              order[r.formulation]))
+  _check_losses(results, precision, notes)
+  return results, notes, loaded
+
+
+# ------------------------------------------------------------------------------------------------
+# Output
+
+
+def _ms(r: Result) -> str:
+  if not r.ok:
+    return r.status
+  ms = r.seconds * 1e3
+  return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
+
+
+def _mem(n: int | None, r: Result | None = None) -> str:
+  if r is not None and r.status.startswith("OOM (est."):
+    return ""
+  return "n/a" if n is None else gib(n)
+
+
+def speedups(results: list[Result], graph: str, dim: int) -> tuple[str, str]:
+  """(jaxdata vs the fastest plain-JAX formulation, jaxdata vs PyG) for one case."""
+  case = [r for r in results if r.graph == graph and r.dim == dim and r.ok]
+  mine = next((r for r in case if r.formulation == "jaxdata"), None)
+  if mine is None:
+    return "", ""
+  plain = [r.seconds for r in case if r.formulation in peers.PLAIN_JAX]
+  pyg = [r.seconds for r in case if r.formulation == "PyG"]
+  fmt = lambda others: f"{min(others) / mine.seconds:.2f}x" if others else "n/a"  # noqa: E731
+  return fmt(plain), fmt(pyg)
+
+
+def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
+  measured = any(r.measured_bytes is not None for r in results)
+  header = ["graph", "dim", "formulation", "fwd+bwd ms", "peak memory"]
+  if measured:
+    header.append("measured peak")
+  header += ["jaxdata vs best plain JAX", "jaxdata vs PyG"]
+  rows = []
+  for r in results:
+    row = [r.graph, str(r.dim), r.formulation, _ms(r), _mem(r.bytes, r)]
+    if measured:
+      row.append(gib(r.measured_bytes) if r.measured_bytes is not None else "")
+    row += list(speedups(results, r.graph, r.dim)) if r.formulation == "jaxdata" else ["", ""]
+    rows.append(row)
+  return header, rows
+
+
+def software_line() -> str:
+  """PyG's versions and device, for the record."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+    import torch_geometric  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return "PyG: not installed"
+  dev = peers.torch_device()
+  where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+  return f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__} on {where}"
+
+
+def markdown(results: list[Result], notes: list[str], graphs: list[Graph], command: str, *,
+             precision: str = "highest") -> str:
+  hw = common.hardware()
+  header, rows = table_rows(results)
+  text = [
+      "# One RGCN layer: relational message, forward + backward", "",
+      "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of one step "
+      "(loss = sum(out * ct) with a fixed random ct, gradients for x and W; median over repeats), "
+      "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
+      "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
+      "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "
+      "weights* are plain JAX (jaxdata/bench/rgnn_peers.py); *PyG* is "
+      "`torch_geometric.nn.RGCNConv(aggr=\"mean\")` kept on its per-relation loop (its "
+      "segment_matmul path averages over all relations at once). Matmul precision: "
+      f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",
+      "",
+      "*Peak memory*: for JAX, what XLA's compiled executable needs (`memory_analysis()`: "
+      "arguments + outputs + temporaries); for PyG, `torch.cuda.max_memory_allocated` over the "
+      "case, inputs included (n/a on the CPU). XLA's analysis counts the buffers XLA "
+      "allocates, so for jaxdata's FFI kernels only what they take from XLA (outputs, scratch "
+      "passed as outputs) is in it. *Measured peak* (GPU): how far compiling and running the step raised JAX's "
+      "`peak_bytes_in_use`, plus the step's arguments (XLA's autotuner allocates operand-sized "
+      "buffers while compiling, so this bounds the run from above); blank where an earlier "
+      "case's peak hides it (JAX cannot reset the peak). *OOM (est.)*: not run because XLA's analysis of the compiled step says it "
+      "cannot fit in the free device memory; *OOM*: the run failed for memory. (*per-edge "
+      "weights* builds its [E, d_in, d_out] tensor on the CPU; XLA on the GPU fuses the gather "
+      "W[etype] into the contraction and does not. *ragged_dot* is expanded densely, [R, E, "
+      "d_in] masked, on both: its memory grows with the number of relations.) Speedups divide the faster peer's time by jaxdata's.",
+      "", f"Command: `{command}`", "",
+      *[f"- {k}: {v}" for k, v in hw.items()],
+      f"- PyG: {software_line()}", "",
+      "Graphs:", "", *[f"- {g.describe()}" for g in graphs], "",
+      common.markdown_table(header, rows), ""]
+  if notes:
+    text += ["Skipped or unexpected:", "", *(f"- {n}" for n in notes), ""]
+  return "\n".join(text)
