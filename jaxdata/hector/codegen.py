@@ -251,15 +251,19 @@ def _cpu_traversal(t: Traversal) -> str:
 
 # ----------------------------------------------------------------------------- CUDA templates
 def _gemm_tile(n: int) -> int:
-  """Output columns per block: the smallest of 16, 32, 64 that covers n (64 beyond)."""
-  return 16 if n <= 16 else 32 if n <= 32 else 64
+  """Output columns per block: the smallest of 16, 32, 64, 128 that covers n (128 beyond)."""
+  return 16 if n <= 16 else 32 if n <= 32 else 64 if n <= 64 else 128
+
+
+def _micro(bn: int) -> int:
+  """Output columns per thread (each thread computes 4 rows by this many columns)."""
+  return 8 if bn == 128 else 4
 
 
 def _cuda_threads(k) -> int:
-  if isinstance(k, Gemm):
-    return (GEMM_TILE_ROWS // 4) * (_gemm_tile(k.n) // 4)
-  if isinstance(k, WeightGrad):
-    return 16 * (_gemm_tile(k.n) // 4)
+  if isinstance(k, (Gemm, WeightGrad)):
+    bn = _gemm_tile(k.n)
+    return 16 * (bn // _micro(bn))
   return 256
 
 
@@ -286,10 +290,30 @@ _FIND_RELATION = """\
   const int64_t r = s_r;
 """
 
+_MICRO_FMA = """\
+#pragma unroll
+    for (int kk = 0; kk < {bk}; ++kk) {{
+      float a[4], b[{tn}];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = {A}[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < {tn}; ++j) b[j] = {B}[kk][tx * {tn} + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < {tn}; ++j) acc[i][j] += a[i] * b[j];
+    }}
+"""
+
 
 def _cuda_gemm(g: Gemm) -> str:
+  """Rows of one relation in tiles of 64 edges x up to 128 output columns; 4 x (4|8) outputs per
+  thread. Scattered outputs are summed per run of equal targets inside the tile first (edges are
+  sorted by destination within a relation, so a hub's rows are adjacent) and then added with one
+  atomic per run and column: hubs do not serialize on atomics."""
   bm, bk, bn = GEMM_TILE_ROWS, 16, _gemm_tile(g.n)
-  threads = (bm // 4) * (bn // 4)
+  tn = _micro(bn)
+  threads = 16 * (bn // tn)
   ncb = -(-g.n // bn)
   rows = g.rows
   a_base = (f"(int64_t){rows.end}[e] * {rows.width}" if rows.kind == "node" else
@@ -298,10 +322,57 @@ def _cuda_gemm(g: Gemm) -> str:
     b_idx = f"const int kk = idx % {bk}, nn = idx / {bk};"
   else:
     b_idx = f"const int kk = idx / {bn}, nn = idx % {bn};"
+  ab_floats = bk * (bm + 4) + bk * (bn + 4)
+  c_floats = bm * (bn + 1)
   if g.out == "edge":
-    write = f"out[e * {g.n} + n] = acc[i][j] * sc;"
+    epilogue = f"""\
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {{
+    const int64_t e = e0 + ty * 4 + i;
+    if (e >= e1) continue;
+    const float sc = {_scale(g.scales)};
+#pragma unroll
+    for (int j = 0; j < {tn}; ++j) {{
+      const int n = cb * {bn} + tx * {tn} + j;
+      if (n < {g.n}) out[e * {g.n} + n] = acc[i][j] * sc;
+    }}
+  }}
+"""
   else:
-    write = f"atomicAdd(out + (int64_t){g.out}[e] * {g.n} + n, acc[i][j] * sc);"
+    segs = threads // bn
+    per = bm // segs
+    epilogue = f"""\
+  // the tile's scaled rows into shared memory (over the A/B tiles, no longer needed) ...
+  float (*Cs)[{bn} + 1] = reinterpret_cast<float (*)[{bn} + 1]>(smem);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {{
+    const int row = ty * 4 + i;
+    const int64_t e = e0 + row;
+    const float sc = e < e1 ? {_scale(g.scales)} : 0.0f;
+#pragma unroll
+    for (int j = 0; j < {tn}; ++j) Cs[row][tx * {tn} + j] = acc[i][j] * sc;
+  }}
+  __syncthreads();
+  // ... then each thread walks {per} rows of one column, one atomic per run of equal targets
+  {{
+    const int col = tid % {bn}, seg = tid / {bn};
+    const int n = cb * {bn} + col;
+    if (n < {g.n}) {{
+      int64_t run = -1;
+      float sum = 0.0f;
+      for (int row = seg * {per}; row < (seg + 1) * {per}; ++row) {{
+        const int64_t t = arow[row] >= 0 ? (int64_t){g.out}[e0 + row] : -1;
+        if (t != run) {{
+          if (run >= 0) atomicAdd(out + run * {g.n} + n, sum);
+          run = t;
+          sum = 0.0f;
+        }}
+        sum += Cs[row][col];
+      }}
+      if (run >= 0) atomicAdd(out + run * {g.n} + n, sum);
+    }}
+  }}
+"""
   return f"""\
   const int64_t tile = blockIdx.x / {ncb};
   const int cb = blockIdx.x % {ncb};
@@ -309,16 +380,17 @@ def _cuda_gemm(g: Gemm) -> str:
 {_FIND_RELATION}\
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {bm};
   const int64_t e1 = rel_offsets[r + 1];
-  __shared__ float As[{bk}][{bm} + 4];
-  __shared__ float Bs[{bk}][{bn} + 4];
+  __shared__ __align__(16) float smem[{max(ab_floats, c_floats)}];
+  float (*As)[{bm} + 4] = reinterpret_cast<float (*)[{bm} + 4]>(smem);
+  float (*Bs)[{bn} + 4] = reinterpret_cast<float (*)[{bn} + 4]>(smem + {bk * (bm + 4)});
   __shared__ int64_t arow[{bm}];
   const int tid = threadIdx.x;
   for (int i = tid; i < {bm}; i += {threads}) {{
     const int64_t e = e0 + i;
     arow[i] = e < e1 ? {a_base} : -1;
   }}
-  const int ty = tid / {bn // 4}, tx = tid % {bn // 4};
-  float acc[4][4] = {{{{0}}}};
+  const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
+  float acc[4][{tn}] = {{{{0}}}};
   __syncthreads();
   for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
     for (int idx = tid; idx < {bm * bk}; idx += {threads}) {{
@@ -331,38 +403,18 @@ def _cuda_gemm(g: Gemm) -> str:
       Bs[kk][nn] = (k < {g.k} && n < {g.n}) ? {_weight(g, 'k', 'n')} : 0.0f;
     }}
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < {bk}; ++kk) {{
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = As[kk][ty * 4 + i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx * 4 + j];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-    }}
+{_MICRO_FMA.format(bk=bk, tn=tn, A="As", B="Bs")}\
     __syncthreads();
   }}
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {{
-    const int64_t e = e0 + ty * 4 + i;
-    if (e >= e1) continue;
-    const float sc = {_scale(g.scales)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {{
-      const int n = cb * {bn} + tx * 4 + j;
-      if (n < {g.n}) {write}
-    }}
-  }}
+{epilogue}\
 }}
 """
 
 
 def _cuda_wgrad(w: WeightGrad) -> str:
   be, bk, bm, bn = WGRAD_TILE_ROWS, 16, 64, _gemm_tile(w.n)  # bk: edges per step; bm: rows of dW
-  threads = 16 * (bn // 4)
+  tn = _micro(bn)
+  threads = 16 * (bn // tn)
   nkb, nnb = -(-w.k // bm), -(-w.n // bn)
   lrow = f"(int64_t){w.left.end}[e] * {w.left.width}" if w.left.kind == "node" else f"e * {w.k}"
   rrow = f"(int64_t){w.right.end}[e] * {w.right.width}" if w.right.kind == "node" else f"e * {w.n}"
@@ -376,8 +428,8 @@ def _cuda_wgrad(w: WeightGrad) -> str:
   __shared__ float Ls[{bk}][{bm} + 4];
   __shared__ float Rs[{bk}][{bn} + 4];
   const int tid = threadIdx.x;
-  const int ty = tid / {bn // 4}, tx = tid % {bn // 4};
-  float acc[4][4] = {{{{0}}}};
+  const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
+  float acc[4][{tn}] = {{{{0}}}};
   for (int64_t c = e0; c < e1; c += {bk}) {{
     for (int idx = tid; idx < {bk * bm}; idx += {threads}) {{
       const int q = idx / {bm}, kk = idx % {bm}, k = kb * {bm} + kk;
@@ -390,18 +442,7 @@ def _cuda_wgrad(w: WeightGrad) -> str:
       Rs[q][nn] = (e < e1 && n < {w.n}) ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
     }}
     __syncthreads();
-#pragma unroll
-    for (int q = 0; q < {bk}; ++q) {{
-      float a[4], b[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i] = Ls[q][ty * 4 + i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = Rs[q][tx * 4 + j];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
-    }}
+{_MICRO_FMA.format(bk=bk, tn=tn, A="Ls", B="Rs")}\
     __syncthreads();
   }}
   float* o = out + r * {w.k * w.n};
@@ -410,8 +451,8 @@ def _cuda_wgrad(w: WeightGrad) -> str:
     const int k = kb * {bm} + ty * 4 + i;
     if (k >= {w.k}) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {{
-      const int n = nb * {bn} + tx * 4 + j;
+    for (int j = 0; j < {tn}; ++j) {{
+      const int n = nb * {bn} + tx * {tn} + j;
       if (n < {w.n}) atomicAdd(o + k * {w.n} + n, acc[i][j]);
     }}
   }}
