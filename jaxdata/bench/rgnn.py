@@ -94,7 +94,10 @@ class Result:
 
 
 def default_data_dir() -> str | None:
-  """The shared data folder next to the repository (../shared/data), or in it (shared/data)."""
+  """$JAXDATA_DATA_DIR, else the shared data folder next to the repository (../shared/data), or
+  in it (shared/data)."""
+  if os.environ.get("JAXDATA_DATA_DIR"):
+    return os.environ["JAXDATA_DATA_DIR"]
   root = pathlib.Path(__file__).resolve().parents[2]
   for candidate in (root.parent / "shared" / "data", root / "shared" / "data"):
     if candidate.is_dir():
