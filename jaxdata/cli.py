@@ -55,9 +55,32 @@ def _info(args: argparse.Namespace) -> int:
   return 0
 
 
+def _command() -> str:
+  """This command line, as a benchmark table records it."""
+  return "jaxdata " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _print_table(console, title: str, header, body, notes, left=()) -> None:
+  import rich.table  # pylint: disable=g-import-not-at-top
+  table = rich.table.Table(title=title)
+  for h in header:
+    table.add_column(h, justify="left" if h in left else "right")
+  for r in body:
+    table.add_row(*r)
+  console.print(table)
+  for n in notes:
+    console.print(f"[yellow]{n}")
+
+
+def _write(console, path: str, text: str) -> None:
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+  console.print(f"wrote {path}")
+
+
 def _bench_gather(args: argparse.Namespace) -> int:
   import rich.console  # pylint: disable=g-import-not-at-top
-  import rich.table  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import gather  # pylint: disable=g-import-not-at-top
 
@@ -71,21 +94,10 @@ def _bench_gather(args: argparse.Namespace) -> int:
     console = rich.console.Console(width=140)  # logs: keep the table's columns whole
   results, notes = gather.run(tables, rows, batch_bytes=batch, cpu_batch_bytes=min(batch, 64 << 20),
                               repeats=repeats, console=console)
-  header, body = gather.table_rows(results)
-  table = rich.table.Table(title="random-row gather from a host table (GB/s of rows delivered)")
-  for h in header:
-    table.add_column(h, justify="right")
-  for r in body:
-    table.add_row(*r)
-  console.print(table)
-  for n in notes:
-    console.print(f"[yellow]{n}")
-  command = "jaxdata " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+  _print_table(console, "random-row gather from a host table (GB/s of rows delivered)",
+               *gather.table_rows(results), notes)
   if args.write:
-    os.makedirs(os.path.dirname(args.write) or ".", exist_ok=True)
-    with open(args.write, "w") as f:
-      f.write(gather.markdown(results, notes, command))
-    console.print(f"wrote {args.write}")
+    _write(console, args.write, gather.markdown(results, notes, _command()))
     png = args.write.rsplit(".", 1)[0] + ".png"
     if gather.plot(results, png):
       console.print(f"wrote {png}")
@@ -98,7 +110,6 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
   import rich.console  # pylint: disable=g-import-not-at-top
-  import rich.table  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import rgnn  # pylint: disable=g-import-not-at-top
 
@@ -120,21 +131,11 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
                                     repeats=repeats, precision=args.precision, console=console)
   for g in loaded:
     console.print(g.describe())
-  header, body = rgnn.table_rows(results)
-  table = rich.table.Table(title="one RGCN layer, relational part: forward + backward")
-  for h in header:
-    table.add_column(h, justify="left" if h in ("graph", "formulation") else "right")
-  for r in body:
-    table.add_row(*r)
-  console.print(table)
-  for n in notes:
-    console.print(f"[yellow]{n}")
-  command = "jaxdata " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+  _print_table(console, "one RGCN layer, relational part: forward + backward",
+               *rgnn.table_rows(results), notes, left=("graph", "formulation"))
   if args.write:
-    os.makedirs(os.path.dirname(args.write) or ".", exist_ok=True)
-    with open(args.write, "w") as f:
-      f.write(rgnn.markdown(results, notes, loaded, command, precision=args.precision))
-    console.print(f"wrote {args.write}")
+    _write(console, args.write,
+           rgnn.markdown(results, notes, loaded, _command(), precision=args.precision))
   return 0
 
 

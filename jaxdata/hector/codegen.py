@@ -175,7 +175,6 @@ def _groups(end: str) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- CPU templates
 def _cpu_gemm(g: Gemm) -> str:
   rows = g.rows
-  ptr_t = "auto"
   madd = (f"      for (int k = 0; k < {g.k}; ++k) {{\n"
           f"        const float ak = ldf(a + k) * sc;\n"
           f"        for (int n = 0; n < {g.n}; ++n) acc[n] += ak * {_weight(g, 'k', 'n')};\n"
@@ -186,7 +185,7 @@ def _cpu_gemm(g: Gemm) -> str:
             f"      float acc[{g.n}] = {{0}};\n"
             f"      const int64_t r = etype[e];\n"
             f"      const float sc = {_scale(g.scales)};\n"
-            f"      const {ptr_t} a = in{rows.slot} + {_row(rows)};\n"
+            f"      const auto a = in{rows.slot} + {_row(rows)};\n"
             f"{madd}"
             f"      for (int n = 0; n < {g.n}; ++n) out[e * {g.n} + n] = acc[n];\n"
             f"    }}\n  }});\n  return 0;\n}}\n")
@@ -198,7 +197,7 @@ def _cpu_gemm(g: Gemm) -> str:
           f"      const int64_t e = {eids}[q];\n"
           f"      const int64_t r = etype[e];\n"
           f"      const float sc = {_scale(g.scales)};\n"
-          f"      const {ptr_t} a = in{rows.slot} + {_row(rows)};\n"
+          f"      const auto a = in{rows.slot} + {_row(rows)};\n"
           f"{madd}"
           f"      }}\n"
           f"      for (int n = 0; n < {g.n}; ++n) out[i * {g.n} + n] = acc[n];\n"

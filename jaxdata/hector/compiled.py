@@ -126,6 +126,10 @@ def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Arra
     env[inst.output.id] = run_kernel(spec, graph, args)
 
 
+_UNARY = {"relu": jax.nn.relu, "exp": jnp.exp, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid,
+          "neg": jnp.negative}
+
+
 def _dense(k: Dense, args):
   f32 = [a.astype(jnp.float32) for a in args]
   if k.op == "add":
@@ -133,13 +137,10 @@ def _dense(k: Dense, args):
   if k.op == "mul":
     return f32[0] * f32[1]
   if k.op == "unary":
-    return {"relu": jax.nn.relu, "exp": jnp.exp, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid,
-            "neg": jnp.negative}[k.fn](f32[0])
+    return _UNARY[k.fn](f32[0])
   if k.op == "unary_grad":
     x, g = f32
-    _, vjp = jax.vjp({"relu": jax.nn.relu, "exp": jnp.exp, "tanh": jnp.tanh,
-                      "sigmoid": jax.nn.sigmoid, "neg": jnp.negative}[k.fn], x)
-    return vjp(g)[0]
+    return jax.vjp(_UNARY[k.fn], x)[1](g)[0]
   raise NotImplementedError(f"hector: dense {k.op}")
 
 

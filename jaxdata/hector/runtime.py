@@ -94,8 +94,9 @@ kernel_p = Primitive("jaxdata_hector_kernel")
 
 def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) -> jax.Array:
   """Runs one generated kernel; returns its float32 output."""
-  rows = codegen.GEMM_TILE_ROWS if spec.kernel.template == "gemm" else codegen.WGRAD_TILE_ROWS
-  t = tiles(graph.rel_offsets, rows)
+  rows = codegen.tile_rows(spec.kernel)
+  # Only the CUDA GEMMs read row tiles; the others get a placeholder of the same dtype.
+  t = tiles(graph.rel_offsets, rows) if rows else graph.rel_offsets
   ops = [graph.src, graph.dst, graph.etype, graph.norm, graph.rel_offsets, graph.csr_offsets,
          graph.csr_edges, graph.csc_offsets, graph.csc_edges, t]
   return kernel_p.bind(*ops, *inputs, spec=spec)
