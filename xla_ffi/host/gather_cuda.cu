@@ -184,19 +184,6 @@ cudaError_t Launch(cudaStream_t stream, const char* table, char* out, int64_t n,
   }
 }
 
-ffi::ErrorOr<TableView> MappedTable(int64_t table_id, int64_t row_bytes) {
-  auto table = LookupTable(table_id, row_bytes);
-  if (!table.has_error() && table->buffer->device_data() == nullptr) {
-    return ffi::Unexpected(
-        ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                   "jaxdata: HostTable #" + std::to_string(table_id) +
-                       " is not in pinned, device-mapped memory (it was made while no GPU was "
-                       "visible, or with pinned=False); a GPU cannot read it"));
-  }
-  return table;
-}
-
-
 bool CanSort(int64_t n, int64_t rows) {
   return n > 1 && n < (int64_t(1) << 31) && rows < (int64_t(1) << 32) - 1;
 }
@@ -256,7 +243,7 @@ ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<f
                           ffi::Result<ffi::AnyBuffer> scratch, int64_t table_id, int32_t mode,
                           int64_t fill_bits, int32_t sort) {
   const int64_t rb = OutputRowBytes(*out);
-  auto table = MappedTable(table_id, rb);
+  auto table = LookupMappedTable(table_id, rb);
   if (table.has_error()) return table.error();
   const int64_t n = idx.element_count();
   if (n == 0) return ffi::Error::Success();
@@ -278,7 +265,7 @@ ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<f
 ffi::Error HostSliceCuda(cudaStream_t stream, ffi::Result<ffi::AnyBuffer> out, int64_t table_id,
                          int64_t start) {
   const int64_t rb = OutputRowBytes(*out);
-  auto table = MappedTable(table_id, rb);
+  auto table = LookupMappedTable(table_id, rb);
   if (table.has_error()) return table.error();
   const int64_t bytes = out->size_bytes();
   if (start < 0 || start * rb + bytes > table->rows * rb) {

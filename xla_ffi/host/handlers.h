@@ -4,12 +4,16 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_gather_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_slice_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_sample_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cpu);
 #ifdef JAXDATA_WITH_CUDA
 #include <cstddef>
 #include <cstdint>
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_gather_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_slice_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_sample_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cuda);
 
 namespace jaxdata {
 // Bytes of scratch output host_gather needs to sort n indices into a table of `rows` rows on the

@@ -67,4 +67,34 @@ xla::ffi::ErrorOr<TableView> LookupTable(int64_t id, int64_t expected_row_bytes)
   return view;
 }
 
+xla::ffi::ErrorOr<TableView> LookupMappedTable(int64_t id, int64_t expected_row_bytes) {
+  auto table = LookupTable(id, expected_row_bytes);
+  if (!table.has_error() && table->buffer->device_data() == nullptr) {
+    return xla::ffi::Unexpected(xla::ffi::Error(
+        xla::ffi::ErrorCode::kFailedPrecondition,
+        "jaxdata: HostTable #" + std::to_string(id) +
+            " is not in pinned, device-mapped memory (it was made while no GPU was visible, or "
+            "with pinned=False); a GPU cannot read it"));
+  }
+  return table;
+}
+
+xla::ffi::ErrorOr<GraphView> LookupGraph(int64_t indptr_id, int64_t indices_id, bool mapped) {
+  auto lookup = mapped ? LookupMappedTable : LookupTable;
+  auto indptr = lookup(indptr_id, sizeof(int64_t));
+  if (indptr.has_error()) return xla::ffi::Unexpected(indptr.error());
+  auto indices = lookup(indices_id, sizeof(int32_t));
+  if (indices.has_error()) return xla::ffi::Unexpected(indices.error());
+  GraphView g;
+  g.indptr_table = *indptr;
+  g.indices_table = *indices;
+  g.indptr = reinterpret_cast<const int64_t*>(mapped ? indptr->buffer->device_data()
+                                                     : indptr->buffer->data());
+  g.indices = reinterpret_cast<const int32_t*>(mapped ? indices->buffer->device_data()
+                                                      : indices->buffer->data());
+  g.num_nodes = indptr->rows - 1;
+  g.num_edges = indices->rows;
+  return g;
+}
+
 }  // namespace jaxdata

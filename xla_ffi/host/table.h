@@ -33,5 +33,20 @@ inline int64_t OutputRowBytes(const xla::ffi::AnyBuffer& out) {
 // For handlers: the view, or an error naming the id when it is closed or unknown, or when the
 // output's row size does not match the table's.
 xla::ffi::ErrorOr<TableView> LookupTable(int64_t id, int64_t expected_row_bytes);
+// The same, for GPU handlers: also an error when the table is not mapped into the GPU's address
+// space (made with no GPU visible, or pinned=False).
+xla::ffi::ErrorOr<TableView> LookupMappedTable(int64_t id, int64_t expected_row_bytes);
+
+// A graph's in-neighbour CSR as two tables: indptr (num_nodes + 1 rows of one int64) and
+// indices (num_edges rows of one int32). Pointers are host addresses for CPU handlers and
+// device-mapped addresses for GPU handlers; the views keep the memory alive.
+struct GraphView {
+  TableView indptr_table, indices_table;
+  const int64_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  int64_t num_nodes = 0, num_edges = 0;
+};
+xla::ffi::ErrorOr<GraphView> LookupGraph(int64_t indptr_id, int64_t indices_id,
+                                         bool mapped = false);
 
 }  // namespace jaxdata

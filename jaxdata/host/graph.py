@@ -1,0 +1,192 @@
+"""HostGraph: a graph's structure and node features in host memory that the GPU reads directly."""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdata.host.table import HostTable
+
+
+class HostGraph:
+  """A graph's in-neighbour CSR, and optionally its node features, in (pinned) host memory.
+
+  The neighbours of node v are the nodes u with an edge u -> v: the nodes v aggregates messages
+  from, and what `sample_neighbors` draws. `indptr` (int64, num_nodes + 1) and `indices` (int32,
+  num_edges) live in two `HostTable`s, so with a GPU the sampling kernel reads them straight over
+  PCIe (zero-copy) and the graph may be far larger than GPU memory.
+
+  A HostGraph is a pytree with no leaves (static under `jit`, like `HostTable`). It owns its
+  structure tables and the feature table it made from an array; a `HostTable` passed in as
+  `features` stays the caller's to close. `close()` (or a `with` block) releases what it owns.
+
+  Example:
+    >>> with HostGraph.from_edges(senders=[0, 1, 2], receivers=[1, 2, 0], num_nodes=3,
+    ...                           features=np.eye(3, dtype=np.float32)) as g:
+    ...   blocks = sample_neighbors(g, jnp.array([0, 1]), fanouts=(2,), key=jax.random.key(0))
+
+  Args:
+    indptr: int array [num_nodes + 1], non-decreasing from 0 to num_edges.
+    indices: int array [num_edges] of node ids in [0, num_nodes).
+    features: node features, [num_nodes, dim]: a HostTable (not owned) or an array (copied
+      into a new, owned HostTable).
+    pinned: as for `HostTable` (default: when a GPU is visible).
+  """
+
+  def __init__(self, indptr: Any, indices: Any, *, features: Any = None,
+               pinned: bool | None = None):
+    indptr = np.asarray(indptr)
+    indices = np.asarray(indices)
+    _check_csr(indptr, indices)
+    self._num_nodes = len(indptr) - 1
+    self._num_edges = len(indices)
+    self._owned: list[HostTable] = []
+    try:
+      self._indptr = self._own(HostTable(indptr.astype(np.int64, copy=False).reshape(-1, 1),
+                                         pinned=pinned))
+      self._indices = self._own(HostTable(indices.astype(np.int32, copy=False).reshape(-1, 1),
+                                          pinned=pinned))
+      self._features = None
+      if features is not None:
+        if not isinstance(features, HostTable):
+          features = self._own(HostTable(features, pinned=pinned))
+        if features.closed:
+          raise ValueError(f"HostGraph: features {features!r} is closed")
+        if features.shape[0] != self._num_nodes:
+          raise ValueError(f"HostGraph: features has {features.shape[0]} rows, the graph "
+                           f"{self._num_nodes} nodes")
+        self._features = features
+    except BaseException:
+      self.close()
+      raise
+
+  def _own(self, table: HostTable) -> HostTable:
+    self._owned.append(table)
+    return table
+
+  # -- construction -------------------------------------------------------------------------
+
+  @classmethod
+  def from_edges(cls, senders: Any, receivers: Any, num_nodes: int | None = None, *,
+                 features: Any = None, pinned: bool | None = None) -> HostGraph:
+    """The graph with an edge senders[e] -> receivers[e] for every e (duplicates kept).
+
+    Neighbour lists keep the edges' order within each receiver (a stable counting sort).
+    """
+    senders = np.asarray(senders)
+    receivers = np.asarray(receivers)
+    if senders.shape != receivers.shape or senders.ndim != 1:
+      raise ValueError(f"HostGraph.from_edges: senders {senders.shape} and receivers "
+                       f"{receivers.shape} must be 1-D arrays of one length")
+    for name, a in (("senders", senders), ("receivers", receivers)):
+      if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"HostGraph.from_edges: {name} must be integers, got {a.dtype}")
+    if num_nodes is None:
+      num_nodes = int(max(senders.max(initial=-1), receivers.max(initial=-1))) + 1
+    num_nodes = int(num_nodes)
+    if num_nodes < 1:
+      raise ValueError("HostGraph.from_edges: the graph is empty (no nodes)")
+    for name, a in (("senders", senders), ("receivers", receivers)):
+      if a.size and (a.min() < 0 or a.max() >= num_nodes):
+        raise ValueError(f"HostGraph.from_edges: {name} holds ids outside [0, {num_nodes})")
+    counts = np.bincount(receivers, minlength=num_nodes)
+    indptr = np.zeros(num_nodes + 1, np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    order = np.argsort(receivers, kind="stable")
+    return cls(indptr, senders[order].astype(np.int32), features=features, pinned=pinned)
+
+  @classmethod
+  def from_jraph(cls, graph: Any, *, features: Any = None,
+                 pinned: bool | None = None) -> HostGraph:
+    """From a `jraph.GraphsTuple` (all its graphs as one): edges senders -> receivers.
+
+    `features` defaults to `graph.nodes` when that is a 2-D array.
+    """
+    if features is None and getattr(graph.nodes, "ndim", 0) == 2:
+      features = np.asarray(graph.nodes)
+    return cls.from_edges(np.asarray(graph.senders), np.asarray(graph.receivers),
+                          int(np.sum(graph.n_node)), features=features, pinned=pinned)
+
+  # -- properties ---------------------------------------------------------------------------
+
+  @property
+  def num_nodes(self) -> int:
+    return self._num_nodes
+
+  @property
+  def num_edges(self) -> int:
+    return self._num_edges
+
+  @property
+  def indptr(self) -> HostTable:
+    """The CSR's row pointers: a HostTable of shape (num_nodes + 1, 1), int64."""
+    self._check_open("indptr")
+    return self._indptr
+
+  @property
+  def indices(self) -> HostTable:
+    """The CSR's neighbour ids: a HostTable of shape (num_edges, 1), int32."""
+    self._check_open("indices")
+    return self._indices
+
+  @property
+  def features(self) -> HostTable | None:
+    self._check_open("features")
+    return self._features
+
+  @property
+  def closed(self) -> bool:
+    return self._indices is None if hasattr(self, "_indices") else True
+
+  def in_degrees(self) -> np.ndarray:
+    """Number of neighbours of every node (int64 [num_nodes])."""
+    return np.diff(self.indptr.as_numpy()[:, 0])
+
+  def __repr__(self) -> str:
+    state = "closed" if self.closed else ("pinned" if self._indices.pinned else "unpinned")
+    feats = "" if self.closed or self._features is None else (
+        f", features={self._features.shape[1]}x{self._features.dtype.name}")
+    return f"HostGraph(nodes={self._num_nodes}, edges={self._num_edges}{feats}, {state})"
+
+  # -- lifetime -----------------------------------------------------------------------------
+
+  def close(self) -> None:
+    """Releases the tables this graph owns. Safe to call twice."""
+    for table in getattr(self, "_owned", ()):
+      table.close()
+    self._owned = []
+    self._indptr = self._indices = self._features = None
+
+  def __enter__(self) -> HostGraph:
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+  def _check_open(self, what: str) -> None:
+    if self.closed:
+      raise ValueError(f"{what}: {self!r} is closed")
+
+
+def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
+  if indptr.ndim != 1 or indices.ndim != 1:
+    raise ValueError(f"HostGraph: indptr {indptr.shape} and indices {indices.shape} must be 1-D")
+  for name, a in (("indptr", indptr), ("indices", indices)):
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+      raise TypeError(f"HostGraph: {name} must be integers, got {a.dtype}")
+  if len(indptr) < 2:
+    raise ValueError("HostGraph: the graph is empty (no nodes)")
+  if len(indices) == 0:
+    raise ValueError("HostGraph: the graph has no edges, so there is nothing to sample")
+  num_nodes = len(indptr) - 1
+  if num_nodes > np.iinfo(np.int32).max:
+    raise ValueError(f"HostGraph: {num_nodes} nodes do not fit int32 node ids")
+  if indptr[0] != 0 or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0):
+    raise ValueError("HostGraph: indptr must rise from 0 to len(indices) without decreasing")
+  if indices.min() < 0 or indices.max() >= num_nodes:
+    raise ValueError(f"HostGraph: indices holds node ids outside [0, {num_nodes})")
+
+
+# Static under jit, keyed by identity, like HostTable.
+jax.tree_util.register_pytree_node(HostGraph, lambda g: ((), g), lambda g, _: g)

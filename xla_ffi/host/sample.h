@@ -1,0 +1,85 @@
+// Uniform neighbour sampling, shared by the CPU and CUDA implementations so that both draw
+// exactly the same sample for the same key.
+//
+// The graph is an in-neighbour CSR: the neighbours of node v are indices[indptr[v] ..
+// indptr[v + 1]). Row i of the output (the i-th input node, counting flat) gets `fanout` slots:
+//  - without replacement, a node of degree d <= fanout keeps all d neighbours in CSR order;
+//    otherwise Floyd's algorithm picks a uniformly random fanout-subset of its d neighbours
+//    with exactly fanout draws;
+//  - with replacement, each slot is an independent uniform draw (none when d == 0).
+// Unused slots hold -1 with mask false. An input node outside [0, num_nodes), such as the -1
+// padding of the previous hop, gets a row of padding: nothing is read for it.
+//
+// Randomness is counter-based: draw t of row i is a hash of (key, i, t) (SplitMix64's
+// finalizer), and a uniform integer below m is the high half of the 128-bit product of a
+// 64-bit draw and m, whose bias (at most m / 2**64) is far below any measurable level.
+#pragma once
+#include <cstdint>
+
+#include "gather.h"  // JAXDATA_HD
+
+namespace jaxdata {
+
+JAXDATA_HD uint64_t Mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+JAXDATA_HD uint64_t RowKey(uint64_t key, int64_t row) { return Mix64(key ^ Mix64(uint64_t(row))); }
+
+// A uniform integer in [0, m), from draw t of a row's stream.
+JAXDATA_HD int64_t DrawBelow(uint64_t row_key, int64_t t, int64_t m) {
+  const uint64_t r = Mix64(row_key + uint64_t(t + 1) * 0xd1b54a32d192ed03ULL);
+#if defined(__CUDA_ARCH__)
+  return int64_t(__umul64hi(r, uint64_t(m)));
+#else
+  return int64_t((unsigned __int128)r * uint64_t(m) >> 64);
+#endif
+}
+
+// Fills one output row with CSR positions (offsets into the node's neighbour list), -1 for
+// unused slots, and returns how many are used. `pos` is the row itself (fanout slots).
+template <typename P>
+JAXDATA_HD int64_t SamplePositions(uint64_t row_key, int64_t degree, int64_t fanout, bool replace,
+                                   P* pos) {
+  if (degree <= 0) {
+    for (int64_t s = 0; s < fanout; ++s) pos[s] = -1;
+    return 0;
+  }
+  if (replace) {
+    for (int64_t s = 0; s < fanout; ++s) pos[s] = P(DrawBelow(row_key, s, degree));
+    return fanout;
+  }
+  if (degree <= fanout) {
+    for (int64_t s = 0; s < fanout; ++s) pos[s] = s < degree ? P(s) : P(-1);
+    return degree;
+  }
+  // Floyd: for j = d - k .. d - 1, draw t in [0, j]; take t unless already taken, else j.
+  for (int64_t s = 0; s < fanout; ++s) {
+    const int64_t j = degree - fanout + s;
+    int64_t t = DrawBelow(row_key, s, j + 1);
+    for (int64_t q = 0; q < s; ++q) {
+      if (int64_t(pos[q]) == t) {
+        t = j;
+        break;
+      }
+    }
+    pos[s] = P(t);
+  }
+  return fanout;
+}
+
+// The neighbour range of `node`, or an empty one for a node outside the graph or a malformed
+// CSR entry (never a range outside [0, num_edges)).
+JAXDATA_HD void NeighbourRange(const int64_t* indptr, int64_t num_nodes, int64_t num_edges,
+                               int64_t node, int64_t& begin, int64_t& degree) {
+  begin = 0, degree = 0;
+  if (node < 0 || node >= num_nodes) return;
+  const int64_t b = indptr[node], e = indptr[node + 1];
+  if (b < 0 || e > num_edges || e < b) return;
+  begin = b, degree = e - b;
+}
+
+}  // namespace jaxdata

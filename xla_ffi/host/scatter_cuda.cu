@@ -1,0 +1,137 @@
+// host_scatter_add on NVIDIA GPUs: table[rows[j]] += updates[perm[j]] written straight into
+// pinned, device-mapped host memory (zero-copy), on XLA's stream.
+//
+// As on the CPU (scatter_cpu.cc), a run of equal sorted rows is owned by its first position:
+// thread (j, c) with j a run start adds the run's updates to column c of the row one after
+// another, in their original order, rounding after each addition. No atomics, so the result is
+// deterministic and bit-identical to the CPU's and to np.add.at.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "../common/cuda_check.h"
+#include "handlers.h"
+#include "table.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxdata {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__device__ __forceinline__ T AddRounded(T a, T b) { return a + b; }
+template <>
+__device__ __forceinline__ int32_t AddRounded(int32_t a, int32_t b) {
+  return int32_t(uint32_t(a) + uint32_t(b));
+}
+template <>
+__device__ __forceinline__ int64_t AddRounded(int64_t a, int64_t b) {
+  return int64_t(uint64_t(a) + uint64_t(b));
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 AddRounded(__nv_bfloat16 a, __nv_bfloat16 b) {
+  return __float2bfloat16_rn(__bfloat162float(a) + __bfloat162float(b));
+}
+template <>
+__device__ __forceinline__ __half AddRounded(__half a, __half b) {
+  return __float2half_rn(__half2float(a) + __half2float(b));
+}
+
+template <typename T, typename R>
+__global__ void __launch_bounds__(kThreads)
+    ScatterAddKernel(const R* __restrict__ rows, const int32_t* __restrict__ perm, int64_t n,
+                     const T* __restrict__ updates, int64_t cols, T* table, int64_t table_rows) {
+  const int64_t total = n * cols;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = t / cols, c = t - j * cols;
+    const R row = rows[j];
+    if ((j > 0 && rows[j - 1] == row) || row < 0 || int64_t(row) >= table_rows) continue;
+    T* dst = table + int64_t(row) * cols + c;
+    T acc = *dst;
+    for (int64_t p = j; p < n && rows[p] == row; ++p) {
+      acc = AddRounded(acc, updates[int64_t(perm[p]) * cols + c]);
+    }
+    *dst = acc;
+  }
+}
+
+template <typename T, typename R>
+cudaError_t Launch(cudaStream_t stream, const R* rows, const int32_t* perm, int64_t n,
+                   const void* updates, int64_t cols, const char* table, int64_t table_rows) {
+  const int64_t blocks = std::min<int64_t>((n * cols + kThreads - 1) / kThreads, 1 << 16);
+  ScatterAddKernel<T, R><<<unsigned(blocks), kThreads, 0, stream>>>(
+      rows, perm, n, static_cast<const T*>(updates), cols,
+      reinterpret_cast<T*>(const_cast<char*>(table)), table_rows);
+  return cudaGetLastError();
+}
+
+template <typename R>
+ffi::Error ScatterTyped(cudaStream_t stream, const R* rows, const int32_t* perm, int64_t n,
+                        ffi::AnyBuffer& updates, int64_t cols, const char* table,
+                        int64_t table_rows) {
+  const void* u = updates.untyped_data();
+  switch (updates.element_type()) {
+#define JAXDATA_CASE(TYPE, T)                                                                   \
+  case ffi::TYPE:                                                                               \
+    JAXDATA_CUDA_RETURN_IF_ERROR(                                                               \
+        (Launch<T, R>(stream, rows, perm, n, u, cols, table, table_rows)));                     \
+    return ffi::Error::Success();
+    JAXDATA_CASE(F32, float)
+    JAXDATA_CASE(F64, double)
+    JAXDATA_CASE(S32, int32_t)
+    JAXDATA_CASE(S64, int64_t)
+    JAXDATA_CASE(BF16, __nv_bfloat16)
+    JAXDATA_CASE(F16, __half)
+#undef JAXDATA_CASE
+    default:
+      return ffi::Error::InvalidArgument(
+          "jaxdata_host_scatter_add: updates must be float32, float64, bfloat16, float16, int32 "
+          "or int64");
+  }
+}
+
+ffi::Error HostScatterAddCuda(cudaStream_t stream, ffi::AnyBuffer rows,
+                              ffi::Buffer<ffi::S32> perm, ffi::AnyBuffer updates,
+                              ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_id) {
+  const int64_t n = rows.element_count();
+  auto dims = updates.dimensions();
+  const int64_t cols = dims.size() == 2 ? dims[1] : 0;
+  if (dims.size() != 2 || dims[0] != n || perm.element_count() != n) {
+    return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: operand shapes do not match");
+  }
+  auto table = LookupMappedTable(table_id, cols * int64_t(ffi::ByteWidth(updates.element_type())));
+  if (table.has_error()) return table.error();
+  JAXDATA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(token->typed_data(), 0, token->size_bytes(), stream));
+  if (n == 0) return ffi::Error::Success();
+  const char* t = table->buffer->device_data();
+  switch (rows.element_type()) {
+    case ffi::S32:
+      return ScatterTyped(stream, rows.typed_data<int32_t>(), perm.typed_data(), n, updates, cols,
+                          t, table->rows);
+    case ffi::S64:
+      return ScatterTyped(stream, rows.typed_data<int64_t>(), perm.typed_data(), n, updates, cols,
+                          t, table->rows);
+    default:
+      return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: rows must be int32 or int64");
+  }
+}
+
+}  // namespace
+}  // namespace jaxdata
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cuda, jaxdata::HostScatterAddCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("table_id"));
