@@ -139,6 +139,31 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
   return 0
 
 
+def _bench_minibatch(args: argparse.Namespace) -> int:
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  import rich.console  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.bench import minibatch  # pylint: disable=g-import-not-at-top
+
+  size = dict(minibatch.QUICK if args.quick else minibatch.FULL)
+  for k in ("nodes", "edges", "features"):
+    if getattr(args, k) is not None:
+      size[k] = getattr(args, k)
+  batches = args.batches or (10 if args.quick else 100)
+  console = rich.console.Console()
+  if not console.is_terminal:
+    console = rich.console.Console(width=160)
+  results, notes, dataset = minibatch.run(
+      **size, fanouts=args.fanouts, batch_size=args.batch_size, batches=batches,
+      devices=args.devices, console=console)
+  _print_table(console, "mini-batch GraphSAGE: epoch through three pipelines",
+               *minibatch.table_rows(results), notes, left=("pipeline",))
+  if args.write:
+    _write(console, args.write, minibatch.markdown(results, notes, dataset, _command(),
+                                                   args.fanouts, args.batch_size, batches))
+  return 0
+
+
 def _parse_bytes(text: str) -> int:
   from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
   return parse_bytes(text)
@@ -156,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
   from jaxdata.train import rgcn as train_rgcn  # pylint: disable=g-import-not-at-top
   train_rgcn.add_arguments(train.add_parser(
       "rgcn", help="RGCN entity classification (synthetic graph by default, or an RDF archive)"))
+  from jaxdata.train import sage as train_sage  # pylint: disable=g-import-not-at-top
+  train_sage.add_arguments(train.add_parser(
+      "sage", help="mini-batch GraphSAGE on a synthetic power-law graph in host memory"))
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
       dest="bench", required=True)
   g = bench.add_parser("gather", help="host_gather vs NumPy gather + device_put vs pinned memcpy")
@@ -181,13 +209,28 @@ def main(argv: list[str] | None = None) -> int:
   r.add_argument("--quick", action="store_true",
                  help="a small run (AIFB and a small synthetic graph, dim 32, 3 repeats)")
   r.add_argument("--write", metavar="PATH.md", help="write the table here")
+  m = bench.add_parser("minibatch", help="mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric "
+                                          "vs jaxdata's GPU-centric pipeline")
+  m.add_argument("--nodes", type=int, help="graph nodes (default 10M; --quick 100k)")
+  m.add_argument("--edges", type=int, help="graph edges (default 200M; --quick 2M)")
+  m.add_argument("--features", type=int, help="feature size (default 256; --quick 64)")
+  m.add_argument("--fanouts", type=_csv(int), default=[15, 10], help="default 15,10")
+  m.add_argument("--batch-size", type=int, default=1024, help="seeds per GPU per batch")
+  m.add_argument("--batches", type=int, help="batches per (timed) epoch (default 100)")
+  m.add_argument("--devices", type=_csv(int), default=[1, 2],
+                 help="GPU counts to run the GPU-centric path on (default 1,2; more than are "
+                      "visible are skipped)")
+  m.add_argument("--quick", action="store_true", help="a small graph and 10 batches")
+  m.add_argument("--write", metavar="PATH.md", help="write the table here")
   args = parser.parse_args(argv)
   if args.command == "info":
     return _info(args)
   if args.command == "train":
-    return train_rgcn.main(args)
+    return train_sage.main(args) if args.model == "sage" else train_rgcn.main(args)
   if args.bench == "rgnn":
     return _bench_rgnn(args)
+  if args.bench == "minibatch":
+    return _bench_minibatch(args)
   return _bench_gather(args)
 
 

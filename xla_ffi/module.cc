@@ -40,12 +40,14 @@ nb::dict Registrations() {
   add("jaxdata_host_gather", "cpu", Capsule(jaxdata_host_gather_cpu));
   add("jaxdata_host_slice", "cpu", Capsule(jaxdata_host_slice_cpu));
   add("jaxdata_host_sample", "cpu", Capsule(jaxdata_host_sample_cpu));
+  add("jaxdata_sample", "cpu", Capsule(jaxdata_sample_cpu));
   add("jaxdata_host_scatter_add", "cpu", Capsule(jaxdata_host_scatter_add_cpu));
   add("jaxdata_hector_launch", "cpu", Capsule(jaxdata_hector_launch_cpu));
 #ifdef JAXDATA_WITH_CUDA
   add("jaxdata_host_gather", "CUDA", Capsule(jaxdata_host_gather_cuda));
   add("jaxdata_host_slice", "CUDA", Capsule(jaxdata_host_slice_cuda));
   add("jaxdata_host_sample", "CUDA", Capsule(jaxdata_host_sample_cuda));
+  add("jaxdata_sample", "CUDA", Capsule(jaxdata_sample_cuda));
   add("jaxdata_host_scatter_add", "CUDA", Capsule(jaxdata_host_scatter_add_cuda));
   add("jaxdata_hector_launch", "CUDA", Capsule(jaxdata_hector_launch_cuda));
 #endif

@@ -11,11 +11,11 @@ CPU gather and no staging copy. On a machine without a GPU the same calls run on
 """
 from jaxdata.host.gather import host_gather, host_slice
 from jaxdata.host.graph import HostGraph
-from jaxdata.host.sample import Blocks, sample_neighbors
+from jaxdata.host.sample import Blocks, DeviceGraph, sample_neighbors
 from jaxdata.host.scatter import host_scatter_add
 from jaxdata.host.sparse import SparseOptimizer, sparse_adagrad, sparse_sgd
 from jaxdata.host.table import HostTable, SUPPORTED_DTYPES
 
 __all__ = ["HostTable", "host_gather", "host_slice", "SUPPORTED_DTYPES", "HostGraph",
-           "sample_neighbors", "Blocks", "host_scatter_add", "SparseOptimizer", "sparse_sgd",
+           "sample_neighbors", "Blocks", "DeviceGraph", "host_scatter_add", "SparseOptimizer", "sparse_sgd",
            "sparse_adagrad"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,12 +43,23 @@ class Blocks:
     f = self.fanouts[hop]
     return self.nodes[hop + 1].reshape(-1, f), self.masks[hop + 1].reshape(-1, f)
 
-  def gather(self, table: HostTable, **kwargs: Any) -> tuple[jax.Array, ...]:
-    """The rows of `table` for every hop's nodes (zeros for padding), via `host_gather`."""
+  def gather(self, table: HostTable, *, unique: bool = False, **kwargs: Any) -> tuple[jax.Array, ...]:
+    """The rows of `table` for every hop's nodes (zeros for padding), via `host_gather`.
+
+    With `unique`, each distinct node is read from the table once and copied on the device to
+    every place it appears: on power-law graphs the hubs recur across a batch, so this moves
+    fewer bytes over PCIe, at the price of a sort of the batch's node ids.
+    """
     rows = table.shape[0]
-    return tuple(
-        host_gather(table, jnp.where(m, n, rows), mode="fill", fill_value=0, **kwargs)
-        for n, m in zip(self.nodes, self.masks))
+    ids = [jnp.where(m, n, rows) for n, m in zip(self.nodes, self.masks)]
+    if not unique:
+      return tuple(host_gather(table, i, mode="fill", fill_value=0, **kwargs) for i in ids)
+    flat = jnp.concatenate(ids)
+    distinct, inverse = jnp.unique(flat, size=flat.shape[0], fill_value=rows, return_inverse=True)
+    kwargs.setdefault("sort", False)  # already ascending
+    read = host_gather(table, distinct, mode="fill", fill_value=0, **kwargs)
+    out = jnp.take(read, inverse.reshape(-1), axis=0)
+    return tuple(jnp.split(out, np.cumsum([i.shape[0] for i in ids])[:-1]))
 
   def to_jraph(self, hop: int = 0, node_features: jax.Array | None = None):
     """Hop `hop`'s sampled edges as a bipartite `jraph.GraphsTuple` (needs jraph).
@@ -73,7 +84,29 @@ class Blocks:
         globals=None, n_node=jnp.array([n_dst + n_src]), n_edge=jnp.array([n_src]))
 
 
-def sample_neighbors(graph: HostGraph, seeds: Any, fanouts: Sequence[int], key: jax.Array, *,
+class DeviceGraph(NamedTuple):
+  """An in-neighbour CSR held as JAX arrays: the in-device-memory counterpart of `HostGraph`.
+
+  `sample_neighbors` draws exactly the same sample from it as from the HostGraph it was made
+  from; it exists for graphs that fit in device memory and as the all-in-GPU baseline.
+  """
+  indptr: jax.Array   # int32 or int64 [num_nodes + 1]
+  indices: jax.Array  # int32 [num_edges]
+
+  @classmethod
+  def from_host(cls, graph: HostGraph, device: Any = None) -> DeviceGraph:
+    # Copies, so the arrays never keep the host tables' memory alive.
+    indptr = graph.indptr.as_numpy()[:, 0]
+    indptr = indptr.astype(np.int32 if indptr[-1] < np.iinfo(np.int32).max else np.int64)
+    indices = graph.indices.as_numpy()[:, 0].copy()
+    return cls(jax.device_put(indptr, device), jax.device_put(indices, device))
+
+  @property
+  def num_nodes(self) -> int:
+    return self.indptr.shape[0] - 1
+
+
+def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[int], key: jax.Array, *,
                      replace: bool = False) -> Blocks:
   """Samples up to `fanouts[l]` neighbours of every node of hop l, for l = 0, 1, ...
 
@@ -89,7 +122,7 @@ def sample_neighbors(graph: HostGraph, seeds: Any, fanouts: Sequence[int], key: 
     >>> feats = blocks.gather(graph.features)   # hop 0: [3, d], hop 1: [30, d], hop 2: [150, d]
 
   Args:
-    graph: an open `HostGraph`.
+    graph: an open `HostGraph`, or a `DeviceGraph` (the CSR in device arrays).
     seeds: 1-D integer node ids. A negative seed is padding (masked, nothing sampled). A seed
       >= num_nodes is an error when `seeds` is concrete; under `jit` it is treated as padding.
     fanouts: neighbours per node at each hop, positive Python ints.
@@ -99,10 +132,18 @@ def sample_neighbors(graph: HostGraph, seeds: Any, fanouts: Sequence[int], key: 
   Returns:
     `Blocks` with hops 0 (the seeds) to len(fanouts).
   """
-  if not isinstance(graph, HostGraph):
-    raise TypeError(f"sample_neighbors: graph must be a HostGraph, got {type(graph).__name__}")
-  if graph.closed:
-    raise ValueError(f"sample_neighbors: {graph!r} is closed")
+  if isinstance(graph, HostGraph):
+    if graph.closed:
+      raise ValueError(f"sample_neighbors: {graph!r} is closed")
+    operands = ()
+    target, attrs = "jaxdata_host_sample", dict(indptr_id=np.int64(graph.indptr.table_id),
+                                                 indices_id=np.int64(graph.indices.table_id))
+  elif isinstance(graph, DeviceGraph):
+    operands = (graph.indptr, graph.indices.astype(jnp.int32))
+    target, attrs = "jaxdata_sample", {}
+  else:
+    raise TypeError("sample_neighbors: graph must be a HostGraph or DeviceGraph, got "
+                    f"{type(graph).__name__}")
   fanouts = _check_fanouts(fanouts)
   seeds = _check_seeds(seeds, graph.num_nodes)
   valid = (seeds >= 0) & (seeds < graph.num_nodes)
@@ -112,12 +153,11 @@ def sample_neighbors(graph: HostGraph, seeds: Any, fanouts: Sequence[int], key: 
     words = jax.random.bits(jax.random.fold_in(key, hop), (2,), jnp.uint32)
     n = nodes[-1].shape[0]
     neighbours, mask = jax.ffi.ffi_call(
-        "jaxdata_host_sample",
+        target,
         (jax.ShapeDtypeStruct((n, fanout), jnp.int32), jax.ShapeDtypeStruct((n, fanout), bool)),
         vmap_method="sequential")(
-            nodes[-1], words, indptr_id=np.int64(graph.indptr.table_id),
-            indices_id=np.int64(graph.indices.table_id), fanout=np.int64(fanout),
-            replace=np.int32(bool(replace)))
+            *operands, nodes[-1], words, fanout=np.int64(fanout), replace=np.int32(bool(replace)),
+            **attrs)
     nodes.append(neighbours.reshape(-1))
     masks.append(mask.reshape(-1))
   return Blocks(tuple(nodes), tuple(masks), fanouts)

@@ -1,4 +1,5 @@
 """Flax NNX layers built on jaxdata's primitives."""
 from jaxdata.nn.rgcn import RGCN
+from jaxdata.nn.sage import GraphSAGE, SAGEConv
 
-__all__ = ["RGCN"]
+__all__ = ["RGCN", "GraphSAGE", "SAGEConv"]

@@ -5,6 +5,7 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_gather_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_slice_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_sample_cpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_sample_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cpu);
 #ifdef JAXDATA_WITH_CUDA
 #include <cstddef>
@@ -13,6 +14,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_gather_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_slice_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_sample_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_sample_cuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cuda);
 
 namespace jaxdata {

@@ -73,7 +73,8 @@ JAXDATA_HD int64_t SamplePositions(uint64_t row_key, int64_t degree, int64_t fan
 
 // The neighbour range of `node`, or an empty one for a node outside the graph or a malformed
 // CSR entry (never a range outside [0, num_edges)).
-JAXDATA_HD void NeighbourRange(const int64_t* indptr, int64_t num_nodes, int64_t num_edges,
+template <typename O>  // int64_t row pointers in a HostGraph, int32_t or int64_t in device arrays
+JAXDATA_HD void NeighbourRange(const O* indptr, int64_t num_nodes, int64_t num_edges,
                                int64_t node, int64_t& begin, int64_t& degree) {
   begin = 0, degree = 0;
   if (node < 0 || node >= num_nodes) return;

@@ -1,6 +1,6 @@
-// host_sample_neighbors on NVIDIA GPUs: one thread per output row reads the node's CSR range and
-// its sampled neighbours straight from pinned, device-mapped host memory (zero-copy), on XLA's
-// stream. The draws are those of sample.h, so the sample equals the CPU's for the same key.
+// Neighbour sampling on NVIDIA GPUs, on XLA's stream: one thread per output row reads the node's
+// CSR range and its sampled neighbours, straight from pinned, device-mapped host memory
+// (zero-copy) for jaxdata_host_sample, from device arrays for jaxdata_sample. The draws are those of sample.h, so the sample equals the CPU's for the same key.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,9 +19,10 @@ namespace {
 
 constexpr int kThreads = 128;
 
+template <typename O>
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const int32_t* __restrict__ nodes, int64_t n, const uint32_t* __restrict__ key,
-                 const int64_t* __restrict__ indptr, const int32_t* __restrict__ indices,
+                 const O* __restrict__ indptr, const int32_t* __restrict__ indices,
                  int64_t num_nodes, int64_t num_edges, int64_t fanout, bool replace,
                  int32_t* __restrict__ out, bool* __restrict__ valid) {
   const uint64_t key64 = (uint64_t(key[0]) << 32) | key[1];
@@ -42,6 +43,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+ffi::Error CheckShapes(int64_t n, int64_t fanout, const ffi::Buffer<ffi::U32>& key,
+                       const ffi::Buffer<ffi::S32>& out, const ffi::Buffer<ffi::PRED>& mask) {
+  if (fanout < 1 || out.element_count() != n * fanout || mask.element_count() != n * fanout ||
+      key.element_count() != 2) {
+    return ffi::Error::InvalidArgument("jaxdata sampling: operand shapes do not match");
+  }
+  return ffi::Error::Success();
+}
+
+template <typename O>
+ffi::Error Launch(cudaStream_t stream, const int32_t* nodes, int64_t n, const uint32_t* key,
+                  const O* indptr, const int32_t* indices, int64_t num_nodes, int64_t num_edges,
+                  int64_t fanout, bool replace, int32_t* out, bool* valid) {
+  if (n == 0) return ffi::Error::Success();
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16);
+  SampleKernel<O><<<unsigned(blocks), kThreads, 0, stream>>>(
+      nodes, n, key, indptr, indices, num_nodes, num_edges, fanout, replace, out, valid);
+  JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
 ffi::Error HostSampleCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> nodes,
                           ffi::Buffer<ffi::U32> key, ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
                           ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t indptr_id,
@@ -49,17 +71,32 @@ ffi::Error HostSampleCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> nodes,
   auto graph = LookupGraph(indptr_id, indices_id, /*mapped=*/true);
   if (graph.has_error()) return graph.error();
   const int64_t n = nodes.element_count();
-  if (fanout < 1 || neighbours->element_count() != n * fanout ||
-      mask->element_count() != n * fanout || key.element_count() != 2) {
-    return ffi::Error::InvalidArgument("jaxdata_host_sample: operand shapes do not match");
+  if (auto err = CheckShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
+  return Launch(stream, nodes.typed_data(), n, key.typed_data(), graph->indptr, graph->indices,
+                graph->num_nodes, graph->num_edges, fanout, replace != 0, neighbours->typed_data(),
+                mask->typed_data());
+}
+
+ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::Buffer<ffi::S32> indices,
+                      ffi::Buffer<ffi::S32> nodes, ffi::Buffer<ffi::U32> key,
+                      ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
+                      ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t fanout, int32_t replace) {
+  const int64_t n = nodes.element_count();
+  if (auto err = CheckShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
+  const int64_t num_nodes = int64_t(indptr.element_count()) - 1;
+  const int64_t num_edges = indices.element_count();
+  switch (indptr.element_type()) {
+    case ffi::S32:
+      return Launch(stream, nodes.typed_data(), n, key.typed_data(), indptr.typed_data<int32_t>(),
+                    indices.typed_data(), num_nodes, num_edges, fanout, replace != 0,
+                    neighbours->typed_data(), mask->typed_data());
+    case ffi::S64:
+      return Launch(stream, nodes.typed_data(), n, key.typed_data(), indptr.typed_data<int64_t>(),
+                    indices.typed_data(), num_nodes, num_edges, fanout, replace != 0,
+                    neighbours->typed_data(), mask->typed_data());
+    default:
+      return ffi::Error::InvalidArgument("jaxdata_sample: indptr must be int32 or int64");
   }
-  if (n == 0) return ffi::Error::Success();
-  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 1 << 16);
-  SampleKernel<<<unsigned(blocks), kThreads, 0, stream>>>(
-      nodes.typed_data(), n, key.typed_data(), graph->indptr, graph->indices, graph->num_nodes,
-      graph->num_edges, fanout, replace != 0, neighbours->typed_data(), mask->typed_data());
-  JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -74,5 +111,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_sample_cuda, jaxdata::HostSampleCuda,
                                   .Ret<ffi::Buffer<ffi::PRED>>()
                                   .Attr<int64_t>("indptr_id")
                                   .Attr<int64_t>("indices_id")
+                                  .Attr<int64_t>("fanout")
+                                  .Attr<int32_t>("replace"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_sample_cuda, jaxdata::SampleCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::PRED>>()
                                   .Attr<int64_t>("fanout")
                                   .Attr<int32_t>("replace"));

@@ -1,0 +1,144 @@
+"""`jaxdata bench minibatch`: mini-batch GraphSAGE epochs through three data pipelines, side by side.
+
+One synthetic power-law graph (`jaxdata.data.powerlaw`), one model, one optimizer, the same
+seeds and the same samples; only where the graph and features live and who samples and gathers
+them differ (see jaxdata/train/sage.py):
+
+- all-in-GPU ("device"): CSR and features in device memory;
+- CPU-centric ("cpu"): the CPU samples and gathers (jaxdata's CPU kernels on XLA's thread pool,
+  a prefetch thread two batches ahead) and `jax.device_put`s each batch;
+- GPU-centric ("host", jaxdata): the GPU samples from the CSR and gathers features straight
+  from pinned host memory inside the jitted step; with and without reading each distinct node
+  of a batch once ("dedup").
+
+Each run trains two short epochs of `batches` steps: the first compiles and warms up, the
+second is timed. The epoch time is the timed per-batch time multiplied by the batches of a full
+epoch over the training seeds (stated as extrapolated in the table).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdata.bench import common
+from jaxdata.data.powerlaw import powerlaw_graph
+from jaxdata.host import HostGraph, HostTable
+from jaxdata.train.sage import SageConfig, train
+
+#: The issue's graph: 10M nodes, 200M edges, 256 float32 features (10 GiB of features).
+FULL = dict(nodes=10_000_000, edges=200_000_000, features=256)
+QUICK = dict(nodes=100_000, edges=2_000_000, features=64)
+
+#: (label, pipeline, dedup)
+PIPELINES = [("all-in-GPU", "device", False), ("CPU-centric", "cpu", False),
+             ("GPU-centric (jaxdata)", "host", True), ("GPU-centric, no dedup", "host", False)]
+
+
+@dataclasses.dataclass
+class Result:
+  label: str
+  pipeline: str
+  devices: int
+  batch_ms: float | None  # None: skipped (error or does not fit)
+  seeds_per_second: float | None
+  epoch_seconds: float | None
+  loss: float | None
+  note: str = ""
+
+
+def run(*, nodes: int, edges: int, features: int, fanouts=(15, 10), batch_size: int = 1024,
+        batches: int = 100, devices=(1,), classes: int = 8, seed: int = 0,
+        console: Any = None) -> tuple[list[Result], list[str], Any]:
+  """Generates the graph, runs every pipeline on it; returns (results, notes, dataset)."""
+  log = console.print if console is not None else print
+  t0 = time.perf_counter()
+  table = HostTable.empty((nodes, features), np.float32)
+  dataset = powerlaw_graph(num_nodes=nodes, num_edges=edges, feature_dim=features,
+                           num_classes=classes, seed=seed, features_out=table.as_numpy(),
+                           progress=console is not None)
+  log(f"graph generated in {time.perf_counter() - t0:.1f} s: {dataset.summary()}")
+  results, notes = [], []
+  gpus = jax.devices()
+  with HostGraph(dataset.indptr, dataset.indices, features=table) as graph, table:
+    for ndev in devices:
+      if ndev > len(gpus):
+        notes.append(f"{ndev} devices asked for, {len(gpus)} visible: skipped")
+        continue
+      for label, pipeline, dedup in PIPELINES:
+        if ndev > 1 and pipeline != "host":
+          continue  # several devices: the GPU-centric path only (the issue's scaling bar)
+        config = SageConfig(pipeline=pipeline, fanouts=tuple(fanouts), batch_size=batch_size,
+                            epochs=2, max_batches=batches, devices=ndev, unique=dedup, seed=seed,
+                            evaluate=False)
+        per_epoch = math.ceil(len(dataset.train_nodes) / (batch_size * ndev))
+        log(f"{label} on {ndev} device(s): {batches} batches x 2 epochs ...")
+        try:
+          r = train(dataset, config, graph=graph)
+        except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run
+          message = str(e).splitlines()[0][:160]
+          results.append(Result(label, pipeline, ndev, None, None, None, None, message))
+          notes.append(f"{label} on {ndev} device(s) failed: {message}")
+          continue
+        timed = r.history[-1]
+        batch_s = timed["seconds"] / timed["batches"]
+        results.append(Result(label, pipeline, ndev, 1e3 * batch_s, timed["seeds_per_second"],
+                              per_epoch * batch_s, timed["loss"]))
+        log(f"  {1e3 * batch_s:.2f} ms/batch, {timed['seeds_per_second']:,.0f} seeds/s, "
+            f"loss {timed['loss']:.4f}")
+  return results, notes, dataset
+
+
+def _find(results, pipeline, devices=1, label=None):
+  for r in results:
+    if r.pipeline == pipeline and r.devices == devices and (label is None or r.label == label):
+      if r.batch_ms is not None:
+        return r
+  return None
+
+
+def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
+  header = ["pipeline", "GPUs", "ms / batch", "seeds / s", "epoch s (extrapolated)",
+            "vs CPU-centric", "vs all-in-GPU", "vs 1 GPU", "loss (epoch 2)"]
+  cpu, dev = _find(results, "cpu"), _find(results, "device")
+  rows = []
+  for r in results:
+    if r.batch_ms is None:
+      rows.append([r.label, str(r.devices), "failed", "", "", "", "", "", r.note])
+      continue
+    one = _find(results, r.pipeline, 1, r.label)
+    rows.append([
+        r.label, str(r.devices), f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
+        f"{r.epoch_seconds:.2f}",
+        f"{cpu.epoch_seconds / r.epoch_seconds:.2f}x faster" if cpu else "",
+        f"{r.epoch_seconds / dev.epoch_seconds:.2f}x the time" if dev else "",
+        f"{r.seeds_per_second / one.seeds_per_second:.2f}x throughput" if one and r.devices > 1
+        else "", f"{r.loss:.4f}"])
+  return header, rows
+
+
+def markdown(results: list[Result], notes: list[str], dataset: Any, command: str,
+             fanouts, batch_size: int, batches: int) -> str:
+  hw = common.hardware()
+  header, rows = table_rows(results)
+  text = [
+      "# Mini-batch GraphSAGE from host memory: three pipelines", "",
+      "Measured by `jaxdata bench minibatch` (jaxdata/bench/minibatch.py). GraphSAGE (mean "
+      f"aggregator, {len(fanouts)} layers, hidden 256, Adam), fanouts {tuple(fanouts)}, "
+      f"{batch_size} seeds per GPU per batch; the same seeds and the same samples in every "
+      "pipeline. *all-in-GPU*: graph and features in device memory. *CPU-centric*: jaxdata's "
+      "multithreaded CPU sampler and gather, a prefetch thread two batches ahead, "
+      "`jax.device_put`. *GPU-centric*: the GPU samples and gathers straight from pinned host "
+      "memory inside the jitted step (zero-copy); *dedup* reads each distinct node of a batch "
+      f"once. Each run: 2 epochs of {batches} batches, the second timed; the epoch time is that "
+      "per-batch time times the batches of a full epoch over the training seeds.", "",
+      f"Command: `{command}`", "",
+      *[f"- {k}: {v}" for k, v in hw.items()], "", "```", dataset.summary(), "```", "",
+      common.markdown_table(header, rows), ""]
+  if notes:
+    text += [*(f"- {n}" for n in notes), ""]
+  return "\n".join(text)

@@ -1,0 +1,425 @@
+"""Mini-batch GraphSAGE training on graphs in host memory: `jaxdata train sage`.
+
+Three pipelines feed the same model and the same jitted update, so they can be compared:
+
+- "host" (jaxdata's GPU-centric path): graph and features stay in pinned host memory; inside
+  the jitted step the GPU samples the neighbourhood (`sample_neighbors` on a `HostGraph`) and
+  gathers the features (`host_gather`) over PCIe, zero-copy. The host only dispatches: JAX's
+  asynchronous dispatch queues the next steps while the GPU runs this one, so the next batch's
+  sampling and gathering follow the current step with no host work in between.
+- "device" (all-in-GPU): the CSR and features are device arrays (`DeviceGraph`, `jnp.take`);
+  same kernels, same samples, only the memory differs. Needs the graph to fit on the device.
+- "cpu" (CPU-centric): a background thread samples and gathers on the CPU (jaxdata's CPU
+  kernels on XLA's CPU thread pool) and `jax.device_put`s each batch, two batches ahead.
+
+Several local devices train data-parallel (`shard_map` over a 1-D mesh): the batch is split
+across devices, each samples and gathers its part from the same host graph and tables with its
+own key, and gradients are averaged.
+
+    from jaxdata.data.powerlaw import powerlaw_graph
+    from jaxdata.train.sage import SageConfig, train
+    result = train(powerlaw_graph(), SageConfig(pipeline="host", epochs=3))
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxdata.host import DeviceGraph, HostGraph, HostTable, host_gather, sample_neighbors
+from jaxdata.nn import GraphSAGE
+
+PIPELINES = ("host", "device", "cpu")
+
+try:
+  _shard_map = jax.shard_map
+except AttributeError:  # older JAX
+  from jax.experimental.shard_map import shard_map as _shard_map  # type: ignore
+
+
+@dataclasses.dataclass(frozen=True)
+class SageConfig:
+  """What `train` does. `batch_size` is per device; `max_batches` cuts epochs short (benchmarks)."""
+  pipeline: str = "host"
+  fanouts: tuple[int, ...] = (15, 10)
+  batch_size: int = 1024
+  hidden: int = 256
+  learning_rate: float = 3e-3
+  epochs: int = 5
+  seed: int = 0
+  dtype: str = "float32"
+  devices: int | None = 1  # None: every local device of the default backend
+  max_batches: int | None = None
+  eval_batches: int | None = None  # cap on evaluation batches (None: all)
+  unique: bool = True  # "host": read each distinct node's features once per batch
+  evaluate: bool = True  # validation accuracy after every epoch and test accuracy at the end
+
+  def __post_init__(self):
+    if self.pipeline not in PIPELINES:
+      raise ValueError(f"SageConfig: pipeline must be one of {PIPELINES}, got {self.pipeline!r}")
+    if not self.fanouts or any(int(f) < 1 for f in self.fanouts):
+      raise ValueError(f"SageConfig: fanouts must be positive, got {self.fanouts}")
+    if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
+      raise ValueError("SageConfig: batch_size and hidden must be >= 1, epochs >= 0")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"SageConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+
+@dataclasses.dataclass
+class TrainResult:
+  model: GraphSAGE
+  history: list[dict[str, float]]  # per epoch: loss, train_accuracy, val_accuracy, seconds, ...
+  test_accuracy: float
+  seconds: float
+
+
+# ----------------------------------------------------------------------------- the model step
+
+
+def _loss(model: GraphSAGE, feats, masks, labels) -> tuple[jax.Array, jax.Array]:
+  """Summed cross-entropy and correct count over valid seeds (padding has mask False)."""
+  logits = model(feats, masks).astype(jnp.float32)
+  valid = masks[0]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels) & valid
+  return jnp.sum(jnp.where(valid, ce, 0.0)), correct.sum()
+
+
+class _Pipeline:
+  """Where a batch's neighbourhood and features come from, for one of PIPELINES.
+
+  `consts` are the device arrays a step reads (labels; for "device" also the CSR and features),
+  replicated over the mesh and passed to the step as an argument.
+  """
+
+  def __init__(self, kind: str, graph: HostGraph, labels: np.ndarray, mesh: Mesh,
+               unique: bool = True):
+    self.kind = kind
+    self.unique = unique
+    self.graph = graph
+    self.host_labels = labels.astype(np.int32)
+    consts = {"labels": self.host_labels}
+    if kind == "device":
+      consts["graph"] = DeviceGraph.from_host(graph)
+      consts["features"] = np.array(graph.features.as_numpy())
+    self.consts = jax.device_put(consts, NamedSharding(mesh, P()))
+
+  def blocks_and_features(self, consts, seeds, fanouts, key):
+    """Inside a jitted step (pipelines "host" and "device")."""
+    if self.kind == "host":
+      blocks = sample_neighbors(self.graph, seeds, fanouts, key)
+      return blocks, blocks.gather(self.graph.features, unique=self.unique)
+    blocks = sample_neighbors(consts["graph"], seeds, fanouts, key)
+    feats = tuple(
+        jnp.where(m[:, None], jnp.take(consts["features"], jnp.maximum(n, 0), axis=0), 0)
+        for n, m in zip(blocks.nodes, blocks.masks))
+    return blocks, feats
+
+
+def _mesh(config: SageConfig) -> Mesh:
+  devices = jax.devices()
+  n = len(devices) if config.devices is None else config.devices
+  if n < 1 or n > len(devices):
+    raise ValueError(f"SageConfig: devices={config.devices}, but {len(devices)} are visible")
+  return Mesh(np.array(devices[:n]), ("data",))
+
+
+def _batches(nodes: np.ndarray, batch: int, rng: np.random.Generator | None,
+             limit: int | None) -> np.ndarray:
+  """[num_batches, batch] seeds (shuffled if rng), the last batch padded with -1."""
+  order = rng.permutation(nodes) if rng is not None else np.asarray(nodes)
+  n = -(-len(order) // batch)
+  if limit is not None:
+    n = min(n, limit)
+  padded = np.full(n * batch, -1, np.int32)
+  take = min(len(order), n * batch)
+  padded[:take] = order[:take]
+  return padded.reshape(n, batch)
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train(dataset: Any, config: SageConfig = SageConfig(), *, graph: HostGraph | None = None,
+          on_epoch: Callable[[dict], None] | None = None,
+          on_batch: Callable[[int, int], None] | None = None) -> TrainResult:
+  """Trains GraphSAGE on a node-classification dataset with mini-batches of sampled blocks.
+
+  Args:
+    dataset: a `jaxdata.data.powerlaw.NodeDataset`-like object (indptr, indices, features,
+      labels, train/val/test_nodes, num_classes).
+    config: the run.
+    graph: the dataset as a HostGraph with features, if already made (else made here and closed
+      at the end).
+    on_epoch: called with each epoch's metrics.
+    on_batch: called as on_batch(done, total) after each dispatched batch (progress bars).
+  """
+  own_graph = graph is None
+  if own_graph:
+    graph = HostGraph(dataset.indptr, dataset.indices, features=dataset.features)
+  try:
+    return _train(dataset, config, graph, on_epoch, on_batch)
+  finally:
+    if own_graph:
+      graph.close()
+
+
+def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
+  if graph.features is None:
+    raise ValueError("train: the graph has no node features")
+  if graph.num_nodes != len(dataset.labels):
+    raise ValueError(f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes")
+  mesh = _mesh(config)
+  ndev = mesh.devices.size
+  pipe = _Pipeline(config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique)
+  dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
+  model = GraphSAGE(graph.features.shape[1], config.hidden, dataset.num_classes,
+                    num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
+  graphdef, params = nnx.split(model, nnx.Param)
+  tx = optax.adam(config.learning_rate)
+  opt_state = tx.init(params)
+  fanouts = tuple(int(f) for f in config.fanouts)
+  replicated = NamedSharding(mesh, P())
+  params, opt_state = jax.device_put((params, opt_state), replicated)
+
+  def grads_of(params, feats, masks, labels):
+    def f(p):
+      total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels)
+      return total, correct
+    (total, correct), grads = jax.value_and_grad(f, has_aux=True)(params)
+    count = masks[0].sum()
+    # Averages over the whole (global) batch: sums then one division.
+    total, correct, count, grads = jax.lax.psum((total, correct, count, grads), "data")
+    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1), grads)
+    return grads, total, correct, count
+
+  def apply(params, opt_state, grads):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def shard(fn, in_specs, out_specs):
+    return jax.jit(_shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+  metrics_spec = (P(), P(), P())
+  if config.pipeline in ("host", "device"):
+    def sampled(consts, seeds, key):
+      key = jax.random.fold_in(key, jax.lax.axis_index("data"))
+      blocks, feats = pipe.blocks_and_features(consts, seeds, fanouts, key)
+      return blocks, feats, jnp.take(consts["labels"], jnp.maximum(seeds, 0))
+
+    def device_step(params, opt_state, consts, seeds, key):
+      blocks, feats, labels = sampled(consts, seeds, key)
+      grads, total, correct, count = grads_of(params, feats, blocks.masks, labels)
+      params, opt_state = apply(params, opt_state, grads)
+      return params, opt_state, (total, correct, count)
+    step = shard(device_step, (P(), P(), P(), P("data"), P()), (P(), P(), metrics_spec))
+    step_consts = (pipe.consts,)
+
+    def device_eval(params, consts, seeds, key):
+      blocks, feats, labels = sampled(consts, seeds, key)
+      _, correct = _loss(nnx.merge(graphdef, params), feats, blocks.masks, labels)
+      return jax.lax.psum((correct, blocks.masks[0].sum()), "data")
+    evaluate_batch = shard(device_eval, (P(), P(), P("data"), P()), (P(), P()))
+  else:
+    def cpu_step(params, opt_state, feats, masks, labels):
+      grads, total, correct, count = grads_of(params, feats, masks, labels)
+      params, opt_state = apply(params, opt_state, grads)
+      return params, opt_state, (total, correct, count)
+    data = P("data")
+    step = shard(cpu_step, (P(), P(), data, data, data), (P(), P(), metrics_spec))
+
+    def cpu_eval(params, feats, masks, labels):
+      _, correct = _loss(nnx.merge(graphdef, params), feats, masks, labels)
+      return jax.lax.psum((correct, masks[0].sum()), "data")
+    evaluate_batch = shard(cpu_eval, (P(), data, data, data), (P(), P()))
+    step_consts = ()
+    cpu_batches = _CpuBatches(graph, pipe.host_labels, fanouts, mesh)
+
+  batch = config.batch_size * ndev
+  seed_sharding = NamedSharding(mesh, P(None, "data"))
+  rng = np.random.default_rng(config.seed)
+  key, eval_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
+
+  def run_batches(seed_rows: np.ndarray, epoch_key, fn, *state):
+    """Runs fn over every row of seeds; returns the final state and summed metrics."""
+    sums = []
+    if config.pipeline == "cpu":
+      stream = cpu_batches.stream(seed_rows, epoch_key)
+      for i, inputs in enumerate(stream):
+        out = fn(*state, *inputs)
+        state, m = (out[:-1], out[-1]) if state else ((), out)
+        sums.append(m)
+        if on_batch:
+          on_batch(i + 1, len(seed_rows))
+    else:
+      rows = jax.device_put(seed_rows, seed_sharding)
+      for i in range(len(seed_rows)):
+        out = fn(*state, *step_consts, rows[i], jax.random.fold_in(epoch_key, i))
+        state, m = (out[:-1], out[-1]) if state else ((), out)
+        sums.append(m)
+        if on_batch:
+          on_batch(i + 1, len(seed_rows))
+    totals = [float(sum(np.asarray(x) for x in col)) for col in zip(*sums)] if sums else []
+    return state, totals
+
+  def accuracy(nodes: np.ndarray, epoch_key) -> float:
+    rows = _batches(nodes, batch, None, config.eval_batches)
+    _, (correct, count) = run_batches(rows, epoch_key, lambda *a: evaluate_batch(params, *a))
+    return correct / max(count, 1)
+
+  history = []
+  start = time.perf_counter()
+  for epoch in range(config.epochs):
+    t0 = time.perf_counter()
+    rows = _batches(dataset.train_nodes, batch, rng, config.max_batches)
+    (params, opt_state), (total, correct, count) = run_batches(
+        rows, jax.random.fold_in(key, epoch), step, params, opt_state)
+    seconds = time.perf_counter() - t0
+    record = dict(epoch=epoch + 1, loss=total / max(count, 1), train_accuracy=correct / max(count, 1),
+                  seconds=seconds, batches=len(rows), seeds_per_second=count / seconds)
+    if config.evaluate and len(dataset.val_nodes):
+      record["val_accuracy"] = accuracy(dataset.val_nodes, jax.random.fold_in(eval_key, epoch))
+    history.append(record)
+    if on_epoch:
+      on_epoch(record)
+  test = accuracy(dataset.test_nodes, test_key) if config.evaluate and len(
+      dataset.test_nodes) else float("nan")
+  model = nnx.merge(graphdef, jax.device_get(params))
+  return TrainResult(model, history, test, time.perf_counter() - start)
+
+
+class _CpuBatches:
+  """The CPU-centric feed: sample and gather on the CPU, device_put, two batches ahead."""
+
+  def __init__(self, graph: HostGraph, labels: np.ndarray, fanouts, mesh: Mesh, depth: int = 2):
+    self.cpu = jax.devices("cpu")[0]
+    self.graph, self.labels, self.fanouts, self.depth = graph, labels, fanouts, depth
+    self.sharding = NamedSharding(mesh, P("data"))
+    graph_ = graph
+
+    def prepare(seeds, key):
+      blocks = sample_neighbors(graph_, seeds, fanouts, key)
+      return blocks.gather(graph_.features), blocks.masks
+
+    self.prepare = jax.jit(prepare)
+
+  def one(self, seeds: np.ndarray, key) -> tuple:
+    ndev = self.sharding.mesh.devices.size
+    parts = np.split(seeds, ndev)  # each device's share samples with its own key, like "host"
+    feats, masks = [], []
+    for d, part in enumerate(parts):
+      f, m = self.prepare(jax.device_put(part, self.cpu),
+                          jax.device_put(jax.random.fold_in(key, d), self.cpu))
+      feats.append(f)
+      masks.append(m)
+    # Per hop, concatenate the devices' shares on the host, then one transfer per array.
+    feats = tuple(np.concatenate([np.asarray(f[h]) for f in feats]) for h in range(len(feats[0])))
+    masks = tuple(np.concatenate([np.asarray(m[h]) for m in masks]) for h in range(len(masks[0])))
+    labels = self.labels[np.maximum(seeds, 0)]
+    return jax.device_put((feats, masks, labels), self.sharding)
+
+  def stream(self, rows: np.ndarray, epoch_key) -> Iterator[tuple]:
+    cpu_key = jax.device_put(epoch_key, self.cpu)
+    q: queue.Queue = queue.Queue(self.depth)
+    stop = threading.Event()
+
+    def produce():
+      try:
+        for i, seeds in enumerate(rows):
+          if stop.is_set():
+            return
+          q.put(self.one(seeds, jax.random.fold_in(cpu_key, i)))
+        q.put(None)
+      except BaseException as e:  # surfaced in the consumer
+        q.put(e)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    try:
+      while (item := q.get()) is not None:
+        if isinstance(item, BaseException):
+          raise item
+        yield item
+    finally:
+      stop.set()
+      while worker.is_alive():  # unblock a producer waiting on a full queue
+        try:
+          q.get_nowait()
+        except queue.Empty:
+          pass
+        worker.join(0.01)
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+def add_arguments(parser):
+  """`jaxdata train sage` options."""
+  parser.add_argument("--pipeline", choices=PIPELINES, default="host",
+                      help="host: GPU samples and gathers from host memory (jaxdata); device: "
+                           "all in device memory; cpu: CPU samples and gathers, device_put")
+  parser.add_argument("--nodes", type=int, default=100_000, help="synthetic graph: nodes")
+  parser.add_argument("--edges", type=int, default=2_000_000, help="synthetic graph: edges")
+  parser.add_argument("--features", type=int, default=64, help="synthetic graph: feature size")
+  parser.add_argument("--classes", type=int, default=8, help="synthetic graph: classes")
+  parser.add_argument("--fanouts", default="15,10", help="neighbours per hop, comma-separated")
+  parser.add_argument("--batch-size", type=int, default=1024, help="seeds per device per step")
+  parser.add_argument("--hidden", type=int, default=256)
+  parser.add_argument("--lr", type=float, default=3e-3)
+  parser.add_argument("--epochs", type=int, default=5)
+  parser.add_argument("--devices", type=int, default=1,
+                      help="data-parallel over this many local devices (0: all)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--seed", type=int, default=0)
+
+
+def main(args) -> int:
+  from rich.console import Console
+  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+  from jaxdata.data.powerlaw import powerlaw_graph
+
+  console = Console()
+  config = SageConfig(pipeline=args.pipeline, fanouts=tuple(int(f) for f in args.fanouts.split(",")),
+                      batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
+                      epochs=args.epochs, seed=args.seed, dtype=args.dtype,
+                      devices=None if args.devices == 0 else args.devices)
+  with console.status("generating the synthetic graph"):
+    table = HostTable.empty((args.nodes, args.features), np.float32)
+    dataset = powerlaw_graph(num_nodes=args.nodes, num_edges=args.edges,
+                             feature_dim=args.features, num_classes=args.classes, seed=args.seed,
+                             features_out=table.as_numpy())
+  console.print(f"[bold]{dataset.name}[/]: {dataset.num_nodes:,} nodes, {dataset.num_edges:,} "
+                f"edges, {args.features} features, {dataset.num_classes} classes, "
+                f"{len(dataset.train_nodes):,} train seeds | pipeline {config.pipeline}, "
+                f"fanouts {config.fanouts}, {jax.devices()[0].platform} x "
+                f"{len(jax.devices()) if config.devices is None else config.devices}")
+  with HostGraph(dataset.indptr, dataset.indices, features=table) as graph, table:
+    columns = (TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+      task = progress.add_task("train", total=None, epoch=1, metrics="")
+
+      def on_batch(done, total):
+        progress.update(task, completed=done, total=total)
+
+      def on_epoch(r):
+        progress.update(task, epoch=r["epoch"] + 1, completed=0,
+                        metrics=f"loss {r['loss']:.4f}  val acc {r.get('val_accuracy', 0):.3f}")
+        progress.console.print(
+            f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  train acc {r['train_accuracy']:.4f}  "
+            f"val acc {r.get('val_accuracy', float('nan')):.4f}  {r['seconds']:.2f} s  "
+            f"({r['seeds_per_second']:,.0f} seeds/s)")
+
+      result = train(dataset, config, graph=graph, on_epoch=on_epoch, on_batch=on_batch)
+  console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
+  return 0
