@@ -57,7 +57,8 @@ class SageConfig:
   epochs: int = 5
   seed: int = 0
   dtype: str = "float32"
-  devices: int | None = 1  # None: every local device of the default backend
+  devices: int | None = 1  # None: every local device of the platform
+  platform: str | None = None  # "gpu", "cpu", ...; None: JAX's default backend
   max_batches: int | None = None
   eval_batches: int | None = None  # cap on evaluation batches (None: all)
   unique: bool = True  # "host": read each distinct node's features once per batch
@@ -126,7 +127,7 @@ class _Pipeline:
 
 
 def _mesh(config: SageConfig) -> Mesh:
-  devices = jax.devices()
+  devices = jax.devices(config.platform)
   n = len(devices) if config.devices is None else config.devices
   if n < 1 or n > len(devices):
     raise ValueError(f"SageConfig: devices={config.devices}, but {len(devices)} are visible")
