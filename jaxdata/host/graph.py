@@ -83,12 +83,12 @@ class HostGraph:
       if a.size and not np.issubdtype(a.dtype, np.integer):
         raise TypeError(f"HostGraph.from_edges: {name} must be integers, got {a.dtype}")
     if num_nodes is None:
-      num_nodes = int(max(senders.max(initial=-1), receivers.max(initial=-1))) + 1
+      num_nodes = max([int(a.max()) for a in (senders, receivers) if a.size] + [-1]) + 1
     num_nodes = int(num_nodes)
     if num_nodes < 1:
       raise ValueError("HostGraph.from_edges: the graph is empty (no nodes)")
     for name, a in (("senders", senders), ("receivers", receivers)):
-      if a.size and (a.min() < 0 or a.max() >= num_nodes):
+      if a.size and (int(a.min()) < 0 or int(a.max()) >= num_nodes):
         raise ValueError(f"HostGraph.from_edges: {name} holds ids outside [0, {num_nodes})")
     counts = np.bincount(receivers, minlength=num_nodes)
     indptr = np.zeros(num_nodes + 1, np.int64)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata import _ffi  # registers the FFI targets  # noqa: F401
-from jaxdata.host.gather import host_gather
+from jaxdata.host.gather import _canonical_indices, host_gather
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.table import HostTable
 
@@ -194,4 +194,4 @@ def _check_seeds(seeds: Any, num_nodes: int) -> jax.Array:
     if concrete.size and concrete.max() >= num_nodes:
       raise ValueError(f"sample_neighbors: seed {concrete.max()} is outside the graph's "
                        f"{num_nodes} nodes (negative seeds mark padding)")
-  return jnp.asarray(seeds)
+  return _canonical_indices(jnp.asarray(seeds), num_nodes)

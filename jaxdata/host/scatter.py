@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata import _ffi  # registers the FFI targets  # noqa: F401
-from jaxdata.host.gather import _check_table
+from jaxdata.host.gather import _canonical_indices, _check_table
 from jaxdata.host.table import HostTable
 
 #: Element types host_scatter_add adds in (the kernels' arithmetic).
@@ -59,11 +59,7 @@ def host_scatter_add(table: HostTable, indices: Any, updates: Any) -> jax.Array:
                      f"the table's {table.shape[1]} columns), got {updates.shape}")
   rows = table.shape[0]
   row_dtype = jnp.int32 if rows < np.iinfo(np.int32).max else jnp.int64
-  idx = indices.reshape(-1)
-  if jnp.issubdtype(idx.dtype, jnp.unsignedinteger):  # no negative meaning: saturate to dropped
-    idx = jnp.minimum(idx, np.array(rows, idx.dtype)).astype(row_dtype)
-  elif jnp.dtype(idx.dtype).itemsize <= 4:
-    idx = idx.astype(row_dtype)
+  idx = _canonical_indices(indices.reshape(-1), rows)  # int32 or int64, same meaning
   idx = jnp.where(idx < 0, idx + rows, idx)
   resolved = jnp.where((idx >= 0) & (idx < rows), idx, rows).astype(row_dtype)  # rows: dropped
   perm = jnp.argsort(resolved, stable=True).astype(jnp.int32)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdata.host.gather import host_gather
+from jaxdata.host.gather import _canonical_indices, host_gather
 from jaxdata.host.scatter import host_scatter_add
 from jaxdata.host.table import HostTable
 
@@ -43,11 +43,14 @@ class AdagradState(NamedTuple):
 def _unique_rows(table: HostTable, indices: Any, grads: Any) -> tuple[jax.Array, jax.Array]:
   """(unique resolved rows padded with `rows`, their summed gradients)."""
   rows, cols = table.shape
-  indices = jnp.asarray(indices).reshape(-1)
-  grads = jnp.asarray(grads)
-  if grads.shape != (indices.shape[0], cols) and grads.shape[-1:] != (cols,):
-    raise ValueError(f"sparse optimizer: grads of shape {grads.shape} do not have the table's "
-                     f"{cols} columns")
+  dtype = getattr(indices, "dtype", None) or np.asarray(indices).dtype
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"sparse optimizer: indices must be integers, got dtype {dtype}")
+  indices, grads = jnp.asarray(indices), jnp.asarray(grads)
+  if grads.shape != indices.shape + (cols,):
+    raise ValueError(f"sparse optimizer: grads must have shape {indices.shape + (cols,)} "
+                     f"(indices' shape plus the table's {cols} columns), got {grads.shape}")
+  indices = _canonical_indices(indices.reshape(-1), rows)  # int32 or int64, same meaning
   grads = grads.reshape(-1, cols).astype(jnp.float32)
   n = indices.shape[0]
   idx = jnp.where(indices < 0, indices + rows, indices)
