@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from jaxdata.data.powerlaw import powerlaw_graph
-from jaxdata.host import HostGraph, sample_neighbors
+from jaxdata.host import DeviceCache, HostGraph, sample_neighbors
 from jaxdata.nn import GraphSAGE, SAGEConv
 from jaxdata.train.sage import SageConfig, train
 
@@ -74,9 +74,11 @@ def _config(device, **kw):
 def test_pipelines_train_identically(device, small_dataset):
   """Same seeds, same samples: the GPU-centric, all-in-device and CPU-centric runs agree."""
   results = {p: train(small_dataset, _config(device, pipeline=p)) for p in ("host", "device", "cpu")}
+  results["cached"] = train(small_dataset, _config(device, pipeline="host", cache=0.3))
   losses = {p: [h["loss"] for h in r.history] for p, r in results.items()}
   np.testing.assert_allclose(losses["host"], losses["device"], rtol=1e-3)
   np.testing.assert_allclose(losses["host"], losses["cpu"], rtol=1e-3)
+  np.testing.assert_allclose(losses["host"], losses["cached"], rtol=1e-3)
   accs = [r.test_accuracy for r in results.values()]
   chance = 1 / small_dataset.num_classes
   assert min(accs) > chance + 0.25, accs  # it learns
@@ -95,15 +97,26 @@ def test_data_parallel_over_two_devices(device, small_dataset):
   assert two.test_accuracy > 1 / small_dataset.num_classes + 0.25
 
 
-def test_dedup_gather_equals_plain(device, small_dataset):
+def test_dedup_and_cached_gathers_equal_plain(device, small_dataset):
   x = small_dataset.features
   with HostGraph(small_dataset.indptr, small_dataset.indices, features=x) as g:
     seeds = jnp.array(np.r_[np.arange(0, 4000, 37), [-1, -1]], jnp.int32)
     blocks = jax.jit(sample_neighbors, static_argnums=2)(g, seeds, (10, 5), jax.random.key(2))
-    plain = jax.device_get(jax.jit(lambda b: b.gather(g.features))(blocks))
-    dedup = jax.device_get(jax.jit(lambda b: b.gather(g.features, unique=True))(blocks))
-  for a, b, n, m in zip(plain, dedup, blocks.nodes, blocks.masks):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    cache = DeviceCache.build(g, g.features, fraction=0.1)
+    # The cache holds the rows of the nodes with the highest out-degree.
+    out_degree = np.bincount(small_dataset.indices, minlength=4000)
+    cached = np.flatnonzero(np.asarray(cache.slots) >= 0)
+    assert len(cached) == 400 and out_degree[cached].min() >= np.sort(out_degree)[-400]
+    np.testing.assert_array_equal(np.asarray(cache.rows), x[cached])
+    gather = jax.jit(lambda b, **kw: b.gather(g.features, **kw), static_argnames="unique")
+    plain = jax.device_get(gather(blocks))
+    variants = [jax.device_get(gather(blocks, unique=True)),
+                jax.device_get(gather(blocks, cache=cache)),
+                jax.device_get(gather(blocks, unique=True, cache=cache))]
+  for v in variants:
+    for a, b in zip(plain, v):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for a, n, m in zip(plain, blocks.nodes, blocks.masks):
     want = np.where(np.asarray(m)[:, None], x[np.maximum(np.asarray(n), 0)], 0)
     np.testing.assert_array_equal(np.asarray(a), want)
 

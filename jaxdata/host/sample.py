@@ -43,23 +43,37 @@ class Blocks:
     f = self.fanouts[hop]
     return self.nodes[hop + 1].reshape(-1, f), self.masks[hop + 1].reshape(-1, f)
 
-  def gather(self, table: HostTable, *, unique: bool = False, **kwargs: Any) -> tuple[jax.Array, ...]:
+  def gather(self, table: HostTable, *, unique: bool = False, cache: Any = None,
+             **kwargs: Any) -> tuple[jax.Array, ...]:
     """The rows of `table` for every hop's nodes (zeros for padding), via `host_gather`.
 
     With `unique`, each distinct node is read from the table once and copied on the device to
     every place it appears: on power-law graphs the hubs recur across a batch, so this moves
-    fewer bytes over PCIe, at the price of a sort of the batch's node ids.
+    fewer bytes over PCIe, at the price of a sort of the batch's node ids. With a `cache`
+    (`DeviceCache` of this table), cached rows come from device memory and only the others
+    are read from the host.
     """
     rows = table.shape[0]
     ids = [jnp.where(m, n, rows) for n, m in zip(self.nodes, self.masks)]
+    slots = None
+    if cache is not None:
+      slots = [jnp.where(m, jnp.take(cache.slots, jnp.maximum(n, 0)), -1)
+               for n, m in zip(self.nodes, self.masks)]
+      ids = [jnp.where(s >= 0, rows, i) for i, s in zip(ids, slots)]  # hits: nothing to read
     if not unique:
-      return tuple(host_gather(table, i, mode="fill", fill_value=0, **kwargs) for i in ids)
-    flat = jnp.concatenate(ids)
-    distinct, inverse = jnp.unique(flat, size=flat.shape[0], fill_value=rows, return_inverse=True)
-    kwargs.setdefault("sort", False)  # already ascending
-    read = host_gather(table, distinct, mode="fill", fill_value=0, **kwargs)
-    out = jnp.take(read, inverse.reshape(-1), axis=0)
-    return tuple(jnp.split(out, np.cumsum([i.shape[0] for i in ids])[:-1]))
+      out = [host_gather(table, i, mode="fill", fill_value=0, **kwargs) for i in ids]
+    else:
+      flat = jnp.concatenate(ids)
+      distinct, inverse = jnp.unique(flat, size=flat.shape[0], fill_value=rows,
+                                     return_inverse=True)
+      kwargs.setdefault("sort", False)  # already ascending
+      read = host_gather(table, distinct, mode="fill", fill_value=0, **kwargs)
+      out = jnp.split(jnp.take(read, inverse.reshape(-1), axis=0),
+                      np.cumsum([i.shape[0] for i in ids])[:-1])
+    if cache is not None:
+      out = [jnp.where((s >= 0)[:, None], jnp.take(cache.rows, jnp.maximum(s, 0), axis=0), o)
+             for o, s in zip(out, slots)]
+    return tuple(out)
 
   def to_jraph(self, hop: int = 0, node_features: jax.Array | None = None):
     """Hop `hop`'s sampled edges as a bipartite `jraph.GraphsTuple` (needs jraph).

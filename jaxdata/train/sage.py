@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdata.host import DeviceGraph, HostGraph, HostTable, host_gather, sample_neighbors
+from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, host_gather, sample_neighbors
 from jaxdata.nn import GraphSAGE
 
 PIPELINES = ("host", "device", "cpu")
@@ -62,6 +62,7 @@ class SageConfig:
   max_batches: int | None = None
   eval_batches: int | None = None  # cap on evaluation batches (None: all)
   unique: bool = True  # "host": read each distinct node's features once per batch
+  cache: float = 0.0  # "host": keep this fraction of the feature rows (most sampled) on device
   evaluate: bool = True  # validation accuracy after every epoch and test accuracy at the end
 
   def __post_init__(self):
@@ -71,6 +72,8 @@ class SageConfig:
       raise ValueError(f"SageConfig: fanouts must be positive, got {self.fanouts}")
     if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
       raise ValueError("SageConfig: batch_size and hidden must be >= 1, epochs >= 0")
+    if not 0 <= self.cache <= 1:
+      raise ValueError(f"SageConfig: cache must be a fraction in [0, 1], got {self.cache}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"SageConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
 
@@ -103,12 +106,14 @@ class _Pipeline:
   """
 
   def __init__(self, kind: str, graph: HostGraph, labels: np.ndarray, mesh: Mesh,
-               unique: bool = True):
+               unique: bool = True, cache: float = 0.0):
     self.kind = kind
     self.unique = unique
     self.graph = graph
     self.host_labels = labels.astype(np.int32)
     consts = {"labels": self.host_labels}
+    if kind == "host" and cache > 0:
+      consts["cache"] = DeviceCache.build(graph, graph.features, fraction=cache)
     if kind == "device":
       consts["graph"] = DeviceGraph.from_host(graph)
       consts["features"] = np.array(graph.features.as_numpy())
@@ -118,7 +123,8 @@ class _Pipeline:
     """Inside a jitted step (pipelines "host" and "device")."""
     if self.kind == "host":
       blocks = sample_neighbors(self.graph, seeds, fanouts, key)
-      return blocks, blocks.gather(self.graph.features, unique=self.unique)
+      return blocks, blocks.gather(self.graph.features, unique=self.unique,
+                                   cache=consts.get("cache"))
     blocks = sample_neighbors(consts["graph"], seeds, fanouts, key)
     feats = tuple(
         jnp.where(m[:, None], jnp.take(consts["features"], jnp.maximum(n, 0), axis=0), 0)
@@ -181,7 +187,8 @@ def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
     raise ValueError(f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes")
   mesh = _mesh(config)
   ndev = mesh.devices.size
-  pipe = _Pipeline(config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique)
+  pipe = _Pipeline(config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique,
+                   config.cache)
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
   model = GraphSAGE(graph.features.shape[1], config.hidden, dataset.num_classes,
                     num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
@@ -381,6 +388,9 @@ def add_arguments(parser):
                       help="data-parallel over this many local devices (0: all)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--cache", type=float, default=0.0,
+                      help="host pipeline: keep this fraction of the feature rows (the most "
+                           "sampled) in device memory")
 
 
 def main(args) -> int:
@@ -393,7 +403,7 @@ def main(args) -> int:
   config = SageConfig(pipeline=args.pipeline, fanouts=tuple(int(f) for f in args.fanouts.split(",")),
                       batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
                       epochs=args.epochs, seed=args.seed, dtype=args.dtype,
-                      devices=None if args.devices == 0 else args.devices)
+                      devices=None if args.devices == 0 else args.devices, cache=args.cache)
   with console.status("generating the synthetic graph"):
     table = HostTable.empty((args.nodes, args.features), np.float32)
     dataset = powerlaw_graph(num_nodes=args.nodes, num_edges=args.edges,
