@@ -127,7 +127,8 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
   On a GPU the kernel reads the graph's CSR straight from pinned host memory (zero-copy); on
   the CPU, XLA's thread pool samples. Both draw exactly the same sample for the same key:
   uniform without replacement (a node of degree <= fanout keeps all its neighbours), or with
-  replacement if `replace`. Output shapes depend only on `len(seeds)` and `fanouts`, so a
+  replacement if `replace`. Without replacement the *set* of a node's samples is uniform, not
+  the order of its slots: use all of a node's slots, not a prefix. Output shapes depend only on `len(seeds)` and `fanouts`, so a
   jitted training step compiles once.
 
   Example:
