@@ -219,24 +219,29 @@ def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
 
   metrics_spec = (P(), P(), P())
   if config.pipeline in ("host", "device"):
-    def sampled(consts, seeds, key):
-      key = jax.random.fold_in(key, jax.lax.axis_index("data"))
+    # One dispatch per step: the epoch's seeds are on the device and the step picks its row
+    # and derives its key from a step counter it carries, so the host issues nothing else (with
+    # several devices, every extra dispatch costs the host more than the step itself).
+    def sampled(consts, rows, i, key):
+      seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
+      key = jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index("data"))
       blocks, feats = pipe.blocks_and_features(consts, seeds, fanouts, key)
       return blocks, feats, jnp.take(consts["labels"], jnp.maximum(seeds, 0))
 
-    def device_step(params, opt_state, consts, seeds, key):
-      blocks, feats, labels = sampled(consts, seeds, key)
+    def device_step(params, opt_state, consts, rows, i, key):
+      blocks, feats, labels = sampled(consts, rows, i, key)
       grads, total, correct, count = grads_of(params, feats, blocks.masks, labels)
       params, opt_state = apply(params, opt_state, grads)
-      return params, opt_state, (total, correct, count)
-    step = shard(device_step, (P(), P(), P(), P("data"), P()), (P(), P(), metrics_spec))
+      return params, opt_state, i + 1, (total, correct, count)
+    step = shard(device_step, (P(), P(), P(), P(None, "data"), P(), P()),
+                 (P(), P(), P(), metrics_spec))
     step_consts = (pipe.consts,)
 
-    def device_eval(params, consts, seeds, key):
-      blocks, feats, labels = sampled(consts, seeds, key)
+    def device_eval(params, consts, rows, i, key):
+      blocks, feats, labels = sampled(consts, rows, i, key)
       _, correct = _loss(nnx.merge(graphdef, params), feats, blocks.masks, labels)
-      return jax.lax.psum((correct, blocks.masks[0].sum()), "data")
-    evaluate_batch = shard(device_eval, (P(), P(), P("data"), P()), (P(), P()))
+      return i + 1, jax.lax.psum((correct, blocks.masks[0].sum()), "data")
+    evaluate_batch = shard(device_eval, (P(), P(), P(None, "data"), P(), P()), (P(), (P(), P())))
   else:
     def cpu_step(params, opt_state, feats, masks, labels):
       grads, total, correct, count = grads_of(params, feats, masks, labels)
@@ -269,15 +274,18 @@ def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
         if on_batch:
           on_batch(i + 1, len(seed_rows))
     else:
+      # Everything a step takes already placed as the step wants it: an argument on the wrong
+      # devices is resharded at every call, off JAX's fast dispatch path.
       rows = jax.device_put(seed_rows, seed_sharding)
-      for i in range(len(seed_rows)):
-        out = fn(*state, *step_consts, rows[i], jax.random.fold_in(epoch_key, i))
-        state, m = (out[:-1], out[-1]) if state else ((), out)
+      i = jax.device_put(np.int32(0), replicated)
+      epoch_key = jax.device_put(epoch_key, replicated)
+      for n in range(len(seed_rows)):
+        *state, i, m = fn(*state, *step_consts, rows, i, epoch_key)
         sums.append(m)
         if on_batch:
-          on_batch(i + 1, len(seed_rows))
+          on_batch(n + 1, len(seed_rows))
     totals = [float(sum(np.asarray(x) for x in col)) for col in zip(*sums)] if sums else []
-    return state, totals
+    return tuple(state), totals
 
   def accuracy(nodes: np.ndarray, epoch_key) -> float:
     rows = _batches(nodes, batch, None, config.eval_batches)
