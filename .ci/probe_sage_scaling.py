@@ -1,4 +1,5 @@
-import time, numpy as np, jax
+"""GraphSAGE step time on one vs two devices, all-in-GPU and GPU-centric (a 1M-node graph)."""
+import numpy as np
 from jaxdata.data import powerlaw_graph
 from jaxdata.host import HostGraph, HostTable
 from jaxdata.train.sage import SageConfig, train

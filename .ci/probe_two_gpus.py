@@ -7,7 +7,6 @@ GB/s per GPU and in total. Run on a 2-GPU machine after `nvidia-smi topo -m`.
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 

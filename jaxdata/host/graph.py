@@ -36,12 +36,13 @@ class HostGraph:
 
   def __init__(self, indptr: Any, indices: Any, *, features: Any = None,
                pinned: bool | None = None):
+    self._owned: list[HostTable] = []
+    self._indptr = self._indices = self._features = None
     indptr = np.asarray(indptr)
     indices = np.asarray(indices)
     _check_csr(indptr, indices)
     self._num_nodes = len(indptr) - 1
     self._num_edges = len(indices)
-    self._owned: list[HostTable] = []
     try:
       self._indptr = self._own(HostTable(indptr.astype(np.int64, copy=False).reshape(-1, 1),
                                          pinned=pinned))
@@ -137,7 +138,7 @@ class HostGraph:
 
   @property
   def closed(self) -> bool:
-    return self._indices is None if hasattr(self, "_indices") else True
+    return self._indices is None
 
   def in_degrees(self) -> np.ndarray:
     """Number of neighbours of every node (int64 [num_nodes])."""
@@ -153,7 +154,7 @@ class HostGraph:
 
   def close(self) -> None:
     """Releases the tables this graph owns. Safe to call twice."""
-    for table in getattr(self, "_owned", ()):
+    for table in self._owned:
       table.close()
     self._owned = []
     self._indptr = self._indices = self._features = None

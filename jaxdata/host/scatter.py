@@ -57,14 +57,18 @@ def host_scatter_add(table: HostTable, indices: Any, updates: Any) -> jax.Array:
   if updates.shape != want:
     raise ValueError(f"host_scatter_add: updates must have shape {want} (indices' shape plus "
                      f"the table's {table.shape[1]} columns), got {updates.shape}")
-  rows = table.shape[0]
-  row_dtype = jnp.int32 if rows < np.iinfo(np.int32).max else jnp.int64
-  idx = _canonical_indices(indices.reshape(-1), rows)  # int32 or int64, same meaning
-  idx = jnp.where(idx < 0, idx + rows, idx)
-  resolved = jnp.where((idx >= 0) & (idx < rows), idx, rows).astype(row_dtype)  # rows: dropped
+  resolved = resolve_rows(indices, table.shape[0])
   perm = jnp.argsort(resolved, stable=True).astype(jnp.int32)
   return _scatter(table, resolved[perm], perm,
                   updates.reshape(-1, table.shape[1]).astype(table.dtype))
+
+
+def resolve_rows(indices: jax.Array, rows: int) -> jax.Array:
+  """Flat table rows of `x.at[indices]`: negative ones counted from the end, `rows` for dropped."""
+  row_dtype = jnp.int32 if rows < np.iinfo(np.int32).max else jnp.int64
+  idx = _canonical_indices(indices.reshape(-1), rows)  # int32 or int64, same meaning
+  idx = jnp.where(idx < 0, idx + rows, idx)
+  return jnp.where((idx >= 0) & (idx < rows), idx, rows).astype(row_dtype)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))

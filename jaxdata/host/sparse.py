@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdata.host.gather import _canonical_indices, host_gather
-from jaxdata.host.scatter import host_scatter_add
+from jaxdata.host.gather import host_gather
+from jaxdata.host.scatter import host_scatter_add, resolve_rows
 from jaxdata.host.table import HostTable
 
 
@@ -50,11 +50,9 @@ def _unique_rows(table: HostTable, indices: Any, grads: Any) -> tuple[jax.Array,
   if grads.shape != indices.shape + (cols,):
     raise ValueError(f"sparse optimizer: grads must have shape {indices.shape + (cols,)} "
                      f"(indices' shape plus the table's {cols} columns), got {grads.shape}")
-  indices = _canonical_indices(indices.reshape(-1), rows)  # int32 or int64, same meaning
+  idx = resolve_rows(indices, rows)
   grads = grads.reshape(-1, cols).astype(jnp.float32)
-  n = indices.shape[0]
-  idx = jnp.where(indices < 0, indices + rows, indices)
-  idx = jnp.where((idx >= 0) & (idx < rows), idx, rows)
+  n = idx.shape[0]
   uniq, inverse = jnp.unique(idx, size=n, fill_value=rows, return_inverse=True)
   summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=n)
   return uniq, summed

@@ -35,7 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, host_gather, sample_neighbors
+from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
 
 PIPELINES = ("host", "device", "cpu")
@@ -320,11 +320,9 @@ class _CpuBatches:
     self.cpu = jax.devices("cpu")[0]
     self.graph, self.labels, self.fanouts, self.depth = graph, labels, fanouts, depth
     self.sharding = NamedSharding(mesh, P("data"))
-    graph_ = graph
-
     def prepare(seeds, key):
-      blocks = sample_neighbors(graph_, seeds, fanouts, key)
-      return blocks.gather(graph_.features), blocks.masks
+      blocks = sample_neighbors(graph, seeds, fanouts, key)
+      return blocks.gather(graph.features), blocks.masks
 
     self.prepare = jax.jit(prepare)
 

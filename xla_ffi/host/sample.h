@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "gather.h"  // JAXDATA_HD
+#include "xla/ffi/api/ffi.h"
 
 namespace jaxdata {
 
@@ -81,6 +82,19 @@ JAXDATA_HD void NeighbourRange(const O* indptr, int64_t num_nodes, int64_t num_e
   const int64_t b = indptr[node], e = indptr[node + 1];
   if (b < 0 || e > num_edges || e < b) return;
   begin = b, degree = e - b;
+}
+
+// For the handlers: the output holds `fanout` slots for each of the n input nodes, and the key
+// is two 32-bit words.
+inline xla::ffi::Error CheckSampleShapes(int64_t n, int64_t fanout,
+                                         const xla::ffi::Buffer<xla::ffi::U32>& key,
+                                         const xla::ffi::Buffer<xla::ffi::S32>& out,
+                                         const xla::ffi::Buffer<xla::ffi::PRED>& mask) {
+  if (fanout < 1 || out.element_count() != n * fanout || mask.element_count() != n * fanout ||
+      key.element_count() != 2) {
+    return xla::ffi::Error::InvalidArgument("jaxdata sampling: operand shapes do not match");
+  }
+  return xla::ffi::Error::Success();
 }
 
 }  // namespace jaxdata

@@ -1,7 +1,6 @@
 // Neighbour sampling on the CPU: rows of the output sampled in parallel on XLA's thread pool.
 // jaxdata_host_sample reads a HostGraph's tables; jaxdata_sample reads a CSR given as operands.
 #include <cstdint>
-#include <string>
 
 #include "../common/parallel.h"
 #include "handlers.h"
@@ -13,15 +12,6 @@ namespace ffi = xla::ffi;
 
 namespace jaxdata {
 namespace {
-
-ffi::Error CheckShapes(int64_t n, int64_t fanout, const ffi::Buffer<ffi::U32>& key,
-                       const ffi::Buffer<ffi::S32>& out, const ffi::Buffer<ffi::PRED>& mask) {
-  if (fanout < 1 || out.element_count() != n * fanout || mask.element_count() != n * fanout ||
-      key.element_count() != 2) {
-    return ffi::Error::InvalidArgument("jaxdata sampling: operand shapes do not match");
-  }
-  return ffi::Error::Success();
-}
 
 template <typename O>
 void SampleRows(ffi::ThreadPool& pool, const int32_t* in, int64_t n, const uint32_t* key,
@@ -49,7 +39,7 @@ ffi::Error HostSampleCpu(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> nodes,
   auto graph = LookupGraph(indptr_id, indices_id);
   if (graph.has_error()) return graph.error();
   const int64_t n = nodes.element_count();
-  if (auto err = CheckShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
+  if (auto err = CheckSampleShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
   SampleRows(pool, nodes.typed_data(), n, key.typed_data(), graph->indptr, graph->indices,
              graph->num_nodes, graph->num_edges, fanout, replace != 0, neighbours->typed_data(),
              mask->typed_data());
@@ -61,7 +51,7 @@ ffi::Error SampleCpu(ffi::ThreadPool pool, ffi::AnyBuffer indptr, ffi::Buffer<ff
                      ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
                      ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t fanout, int32_t replace) {
   const int64_t n = nodes.element_count();
-  if (auto err = CheckShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
+  if (auto err = CheckSampleShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
   const int64_t num_nodes = int64_t(indptr.element_count()) - 1;
   const int64_t num_edges = indices.element_count();
   switch (indptr.element_type()) {

@@ -43,15 +43,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-ffi::Error CheckShapes(int64_t n, int64_t fanout, const ffi::Buffer<ffi::U32>& key,
-                       const ffi::Buffer<ffi::S32>& out, const ffi::Buffer<ffi::PRED>& mask) {
-  if (fanout < 1 || out.element_count() != n * fanout || mask.element_count() != n * fanout ||
-      key.element_count() != 2) {
-    return ffi::Error::InvalidArgument("jaxdata sampling: operand shapes do not match");
-  }
-  return ffi::Error::Success();
-}
-
 template <typename O>
 ffi::Error Launch(cudaStream_t stream, const int32_t* nodes, int64_t n, const uint32_t* key,
                   const O* indptr, const int32_t* indices, int64_t num_nodes, int64_t num_edges,
@@ -71,7 +62,7 @@ ffi::Error HostSampleCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> nodes,
   auto graph = LookupGraph(indptr_id, indices_id, /*mapped=*/true);
   if (graph.has_error()) return graph.error();
   const int64_t n = nodes.element_count();
-  if (auto err = CheckShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
+  if (auto err = CheckSampleShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
   return Launch(stream, nodes.typed_data(), n, key.typed_data(), graph->indptr, graph->indices,
                 graph->num_nodes, graph->num_edges, fanout, replace != 0, neighbours->typed_data(),
                 mask->typed_data());
@@ -82,7 +73,7 @@ ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::Buffer<ff
                       ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
                       ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t fanout, int32_t replace) {
   const int64_t n = nodes.element_count();
-  if (auto err = CheckShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
+  if (auto err = CheckSampleShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
   const int64_t num_nodes = int64_t(indptr.element_count()) - 1;
   const int64_t num_edges = indices.element_count();
   switch (indptr.element_type()) {

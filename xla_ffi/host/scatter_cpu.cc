@@ -9,6 +9,7 @@
 
 #include "../common/parallel.h"
 #include "handlers.h"
+#include "scatter.h"
 #include "table.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -104,11 +105,9 @@ ffi::Error HostScatterAddCpu(ffi::ThreadPool pool, ffi::AnyBuffer rows,
                              ffi::Buffer<ffi::S32> perm, ffi::AnyBuffer updates,
                              ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_id) {
   const int64_t n = rows.element_count();
-  auto dims = updates.dimensions();
-  const int64_t cols = dims.size() == 2 ? dims[1] : 0;
-  if (dims.size() != 2 || dims[0] != n || perm.element_count() != n) {
-    return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: operand shapes do not match");
-  }
+  auto columns = ScatterColumns(rows, perm, updates);
+  if (columns.has_error()) return columns.error();
+  const int64_t cols = *columns;
   auto table = LookupTable(table_id, cols * int64_t(ffi::ByteWidth(updates.element_type())));
   if (table.has_error()) return table.error();
   for (int64_t i = 0; i < token->element_count(); ++i) token->typed_data()[i] = 0;

@@ -14,6 +14,7 @@
 
 #include "../common/cuda_check.h"
 #include "handlers.h"
+#include "scatter.h"
 #include "table.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -101,11 +102,9 @@ ffi::Error HostScatterAddCuda(cudaStream_t stream, ffi::AnyBuffer rows,
                               ffi::Buffer<ffi::S32> perm, ffi::AnyBuffer updates,
                               ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_id) {
   const int64_t n = rows.element_count();
-  auto dims = updates.dimensions();
-  const int64_t cols = dims.size() == 2 ? dims[1] : 0;
-  if (dims.size() != 2 || dims[0] != n || perm.element_count() != n) {
-    return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: operand shapes do not match");
-  }
+  auto columns = ScatterColumns(rows, perm, updates);
+  if (columns.has_error()) return columns.error();
+  const int64_t cols = *columns;
   auto table = LookupMappedTable(table_id, cols * int64_t(ffi::ByteWidth(updates.element_type())));
   if (table.has_error()) return table.error();
   JAXDATA_CUDA_RETURN_IF_ERROR(
