@@ -18,6 +18,8 @@
 #include "hector/kernels.h"
 #include "host/handlers.h"
 #include "host/table.h"
+#include "offload/spill.h"
+#include "offload/store.h"
 
 namespace nb = nanobind;
 
@@ -43,6 +45,8 @@ nb::dict Registrations() {
   add("jaxdata_sample", "cpu", Capsule(jaxdata_sample_cpu));
   add("jaxdata_host_scatter_add", "cpu", Capsule(jaxdata_host_scatter_add_cpu));
   add("jaxdata_hector_launch", "cpu", Capsule(jaxdata_hector_launch_cpu));
+  add("jaxdata_offload_spill", "cpu", Capsule(jaxdata_offload_spill_cpu));
+  add("jaxdata_offload_load", "cpu", Capsule(jaxdata_offload_load_cpu));
 #ifdef JAXDATA_WITH_CUDA
   add("jaxdata_host_gather", "CUDA", Capsule(jaxdata_host_gather_cuda));
   add("jaxdata_host_slice", "CUDA", Capsule(jaxdata_host_slice_cuda));
@@ -50,6 +54,8 @@ nb::dict Registrations() {
   add("jaxdata_sample", "CUDA", Capsule(jaxdata_sample_cuda));
   add("jaxdata_host_scatter_add", "CUDA", Capsule(jaxdata_host_scatter_add_cuda));
   add("jaxdata_hector_launch", "CUDA", Capsule(jaxdata_hector_launch_cuda));
+  add("jaxdata_offload_spill", "CUDA", Capsule(jaxdata_offload_spill_cuda));
+  add("jaxdata_offload_load", "CUDA", Capsule(jaxdata_offload_load_cuda));
 #endif
   return all;
 }
@@ -161,4 +167,44 @@ NB_MODULE(_xla_ffi, m) {
   m.def("hector_cpu_abi_version", [] { return hector::kCpuAbiVersion; });
   m.def("cuda_compute_capability", &hector::CudaComputeCapability,
         "Compute capability of the current CUDA device as major*10+minor (0: none).");
+
+  m.def(
+      "offload_store_open",
+      [](int64_t ram_bytes, std::string dir, int64_t ssd_bytes, int io_threads, int64_t chunk_bytes,
+         int64_t staging_bytes) {
+        offload::StoreOptions o{ram_bytes, std::move(dir), ssd_bytes, io_threads, chunk_bytes,
+                                staging_bytes};
+        nb::gil_scoped_release release;
+        return offload::RegisterStore(std::make_shared<offload::TensorStore>(o));
+      },
+      nb::arg("ram_bytes"), nb::arg("dir"), nb::arg("ssd_bytes"), nb::arg("io_threads"),
+      nb::arg("chunk_bytes"), nb::arg("staging_bytes"),
+      "Opens a TensorStore and returns its id (handlers receive it as the `store` attribute).");
+  m.def("offload_store_close", &offload::CloseStore, nb::arg("store_id"),
+        nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "offload_store_stats",
+      [](int64_t id) {
+        auto store = offload::FindStore(id);
+        if (!store) throw std::invalid_argument("TensorStore #" + std::to_string(id) + " is closed");
+        offload::StoreStats s;
+        {
+          nb::gil_scoped_release release;
+          s = store->Stats();
+        }
+        nb::dict d;
+        d["ram_capacity"] = s.ram_capacity, d["ram_in_use"] = s.ram_in_use;
+        d["ram_peak"] = s.ram_peak, d["ssd_in_use"] = s.ssd_in_use, d["ssd_peak"] = s.ssd_peak;
+        d["ssd_written"] = s.ssd_written, d["ssd_read"] = s.ssd_read;
+        d["spilled"] = s.spilled, d["loaded"] = s.loaded, d["spills"] = s.spills;
+        d["loads"] = s.loads, d["outstanding"] = s.outstanding;
+        d["device_in_use"] = s.device_in_use, d["device_peak"] = s.device_peak;
+        d["write_seconds"] = s.write_seconds, d["read_seconds"] = s.read_seconds;
+        d["direct_io"] = s.direct_io, d["dir"] = s.dir;
+        return d;
+      },
+      nb::arg("store_id"));
+  m.def("offload_measure_disk_write", &offload::MeasureDiskWrite, nb::arg("dir"), nb::arg("nbytes"),
+        nb::arg("threads"), nb::arg("chunk_bytes"), nb::call_guard<nb::gil_scoped_release>(),
+        "Sustained direct-I/O write bandwidth of the disk under `dir`, in bytes per second.");
 }

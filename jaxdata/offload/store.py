@@ -1,0 +1,124 @@
+"""TensorStore: pinned host RAM, then local SSD, for activations that wait for the backward pass."""
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+from typing import Any
+
+from jaxdata import _ffi
+
+_ext = _ffi.ext
+
+
+def _bytes(value: Any, what: str) -> int:
+  if isinstance(value, str):
+    from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
+    value = parse_bytes(value)
+  if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    raise ValueError(f"{what} must be a byte count >= 0 (an int or e.g. '8GiB'), got {value!r}")
+  return value
+
+
+class TensorStore:
+  """Tiers for offloaded activations: pinned host RAM under a byte budget, then files on SSD.
+
+  A tensor goes to RAM while it fits under `ram_bytes`, else to a file under `ssd_dir` (direct
+  I/O through pinned staging slots, `io_threads` writers). Every chunk is checksummed when it
+  reaches the host and verified when it comes back; a tensor's memory or file is released as
+  soon as it has been loaded. Files live in a per-process directory under `ssd_dir` that
+  `close()` removes (and that the next store made under the same `ssd_dir` removes if its
+  process died).
+
+  `jaxdata.offload.spill` / `load` and the `offload` remat policy use a store; it must stay open
+  until every computation that spills to or loads from it has finished (wait for results before
+  `close()`). Loads after close fail with an error naming the store, never with wrong data.
+
+      >>> with TensorStore(ram_bytes="8GiB", ssd_dir="/local/ssd") as store:
+      ...   step = jax.jit(jax.grad(loss))   # loss uses offload.remat(..., offload(store))
+      ...   grads = jax.block_until_ready(step(params, batch))
+      ...   print(store.stats()["spilled"])
+
+  Args:
+    ram_bytes: capacity of the RAM tier (pinned when a GPU is present).
+    ssd_dir: parent directory of the SSD tier; None: no SSD tier (a spill that does not fit in
+      RAM fails with a clear error).
+    ssd_bytes: capacity of the SSD tier; 0: as much as the disk holds.
+    io_threads: threads that checksum and move chunks to and from the disk.
+    chunk_bytes: unit of I/O and of checksums (a multiple of 4096).
+    staging_bytes: pinned staging between the device or host buffers and the disk.
+  """
+
+  def __init__(self, ram_bytes: int | str = "1GiB", ssd_dir: str | os.PathLike | None = None, *,
+               ssd_bytes: int | str = 0, io_threads: int = 4, chunk_bytes: int | str = "8MiB",
+               staging_bytes: int | str = "256MiB"):
+    ram_bytes = _bytes(ram_bytes, "ram_bytes")
+    ssd_bytes = _bytes(ssd_bytes, "ssd_bytes")
+    chunk_bytes = _bytes(chunk_bytes, "chunk_bytes")
+    staging_bytes = _bytes(staging_bytes, "staging_bytes")
+    if chunk_bytes == 0 or chunk_bytes % 4096:
+      raise ValueError(f"chunk_bytes must be a positive multiple of 4096, got {chunk_bytes}")
+    if not isinstance(io_threads, int) or io_threads < 1:
+      raise ValueError(f"io_threads must be an int >= 1, got {io_threads!r}")
+    if ssd_dir is not None and staging_bytes < 2 * chunk_bytes:
+      raise ValueError(f"staging_bytes ({staging_bytes}) must hold at least two chunks "
+                       f"of chunk_bytes ({chunk_bytes})")
+    _ffi.jax_gpus()  # the CPU client exists before the store's handlers can run
+    try:
+      self._id = _ext.offload_store_open(ram_bytes, os.fspath(ssd_dir) if ssd_dir else "",
+                                         ssd_bytes, io_threads, chunk_bytes, staging_bytes)
+    except RuntimeError as e:
+      raise OSError(f"TensorStore: {e}") from None
+    self.ram_bytes, self.ssd_dir, self.ssd_bytes = ram_bytes, ssd_dir, ssd_bytes
+    self._finalizer = weakref.finalize(self, _ext.offload_store_close, self._id)
+
+  @property
+  def store_id(self) -> int:
+    """The id FFI calls carry; ValueError once closed."""
+    if not self._finalizer.alive:
+      raise ValueError(f"TensorStore #{self._id} is closed")
+    return self._id
+
+  @property
+  def closed(self) -> bool:
+    return not self._finalizer.alive
+
+  @property
+  def directory(self) -> str | None:
+    """This process's spill directory (None without an SSD tier)."""
+    return self.stats()["dir"] or None
+
+  def stats(self) -> dict[str, Any]:
+    """Bytes per tier (now and peak), bytes spilled and loaded, SSD bytes written and read, the
+    achieved SSD bandwidths (bytes/s while I/O was in flight), the device staging's peak."""
+    s = dict(_ext.offload_store_stats(self.store_id))
+    s["write_bandwidth"] = s["ssd_written"] / s["write_seconds"] if s["write_seconds"] else 0.0
+    s["read_bandwidth"] = s["ssd_read"] / s["read_seconds"] if s["read_seconds"] else 0.0
+    return s
+
+  def close(self) -> None:
+    """Waits for I/O in flight, frees every tier, removes the spill directory. Idempotent."""
+    self._finalizer()
+
+  def __enter__(self) -> "TensorStore":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __repr__(self) -> str:
+    state = "closed" if self.closed else "open"
+    return (f"TensorStore(#{self._id}, {state}, ram_bytes={self.ram_bytes}, "
+            f"ssd_dir={self.ssd_dir!r})")
+
+  # A store is a static argument of jitted functions and policies: hash by identity.
+  __hash__ = object.__hash__
+
+
+def measure_disk_write(directory: str | os.PathLike | None = None, nbytes: int | str = "2GiB", *,
+                       threads: int = 4, chunk_bytes: int | str = "8MiB") -> float:
+  """The disk's sustained direct-I/O write bandwidth under `directory`, in bytes per second
+  (writes `nbytes` to a temporary file with `threads` writers, then removes it)."""
+  directory = os.fspath(directory) if directory else tempfile.gettempdir()
+  return _ext.offload_measure_disk_write(directory, _bytes(nbytes, "nbytes"), threads,
+                                         _bytes(chunk_bytes, "chunk_bytes"))

@@ -1,0 +1,103 @@
+// spill / load on the CPU: copies between XLA's buffers and the store's tiers.
+#include <cstring>
+
+#include "../common/parallel.h"
+#include "spill.h"
+#include "store.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxdata::offload {
+namespace {
+
+constexpr int64_t kCopyGrain = 4 << 20;
+
+void ParallelCopy(ffi::ThreadPool& pool, const Parts& parts, char* ram, bool into_ram) {
+  const int64_t total = [&] { int64_t t = 0; for (int64_t b : parts.bytes) t += b; return t; }();
+  ParallelFor(pool, (total + kCopyGrain - 1) / kCopyGrain, 1, [&](int64_t b, int64_t e) {
+    const int64_t lo = b * kCopyGrain, hi = std::min(total, e * kCopyGrain);
+    if (into_ram) parts.CopyOut(lo, hi - lo, ram + lo);
+    else parts.CopyIn(lo, hi - lo, ram + lo);
+  });
+}
+
+ffi::Error SpillCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                    int64_t store_id, int64_t site, int64_t tier) {
+  auto store = LookupStore(store_id);
+  if (store.has_error()) return store.error();
+  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
+  auto parts = ArgParts(args, 0);
+  if (parts.has_error()) return parts.error();
+  if (rets.size() != 1) return ffi::Error::InvalidArgument("offload spill: one ticket output");
+  auto ticket = rets.get<ffi::AnyBuffer>(0);
+  if (ticket.has_error()) return ticket.error();
+  if ((*ticket)->element_type() != ffi::S32 || (*ticket)->element_count() % 2) {
+    return ffi::Error::InvalidArgument("offload spill: the ticket is int32 pairs");
+  }
+  auto e = (*store)->Begin(site, 0, parts->bytes, Tier(tier));
+  if (e.has_error()) return e.error();
+  if ((*e)->tier == Tier::kRam) {
+    ParallelCopy(pool, *parts, (*store)->RamData(**e), true);
+    (*store)->FinishRamAsync(*e);
+  } else {
+    (*store)->WriteSsd(*e, [&](const Chunk& c, char* slot) {
+      parts->CopyOut(c.offset, c.bytes, slot);
+      return std::string();
+    });
+  }
+  int32_t* t = static_cast<int32_t*>((*ticket)->untyped_data());
+  for (size_t i = 0; i < (*ticket)->element_count(); i += 2) {
+    t[i] = int32_t((*e)->seq & 0x7fffffff), t[i + 1] = int32_t((*e)->seq >> 31);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error LoadCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                   int64_t store_id, int64_t site) {
+  auto store = LookupStore(store_id);
+  if (store.has_error()) return store.error();
+  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
+  if (args.size() != 1) return ffi::Error::InvalidArgument("offload load: one ticket input");
+  auto ticket = args.get<ffi::AnyBuffer>(0);
+  if (ticket.has_error()) return ticket.error();
+  if (ticket->element_type() != ffi::S32 || ticket->element_count() < 2) {
+    return ffi::Error::InvalidArgument("offload load: the ticket is int32 pairs (from spill)");
+  }
+  const int32_t* t = static_cast<const int32_t*>(ticket->untyped_data());
+  const int64_t seq = int64_t(t[0]) | (int64_t(t[1]) << 31);
+  auto parts = RetParts(rets, 0);
+  if (parts.has_error()) return parts.error();
+  auto e = (*store)->Pop(site, 0, seq);
+  if (e.has_error()) return e.error();
+  ffi::Error err = CheckSameParts((*e)->parts, *parts);
+  if (err.success()) err = (*store)->WaitStored(**e);
+  if (err.success() && (*e)->tier == Tier::kRam) {
+    err = (*store)->VerifyRam(**e);
+    if (err.success()) ParallelCopy(pool, *parts, (*store)->RamData(**e), false);
+  } else if (err.success()) {
+    err = (*store)->ReadSsd(**e, [&](const Chunk& c, const char* host) {
+      parts->CopyIn(c.offset, c.bytes, host);
+    });
+  }
+  (*store)->Free(*e);
+  return err;
+}
+
+}  // namespace
+}  // namespace jaxdata::offload
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_spill_cpu, jaxdata::offload::SpillCpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("store")
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("tier"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_load_cpu, jaxdata::offload::LoadCpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("store")
+                                  .Attr<int64_t>("site"));

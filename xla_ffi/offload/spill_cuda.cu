@@ -1,0 +1,461 @@
+// spill / load on NVIDIA GPUs.
+//
+// spill, on XLA's stream: copy the arrays into one staging buffer from the store's own
+// stream-ordered pool (XLA may reuse the inputs as soon as the call returns), write the ticket,
+// and return. Off XLA's stream: the RAM tier's host-bound copy and its checksum run on a
+// side stream; the SSD tier's chunks go through pinned staging slots to the disk on a writer
+// thread. Nothing on XLA's stream waits for them.
+//
+// load: the entry comes back to the device on another side stream, driven by a prefetch thread
+// that walks the spills in reverse order (the order backward consumes them), a couple of entries
+// ahead of the loads. The checksum is verified there, so a load waits only for what has not
+// arrived: its call joins XLA's stream to the prefetch's event and copies device to device.
+//
+// The host cannot read a device ticket without a synchronization, so GPU loads take the newest
+// spill of their (site, device), and a one-thread kernel compares the ticket on the device; a
+// mismatch is reported by the store's next call.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/cuda_check.h"
+#include "spill.h"
+#include "store.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxdata::offload {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPrefetchDepth = 2;  // entries brought back ahead of the load that needs them
+
+int64_t Round256(int64_t n) { return (n + 255) / 256 * 256; }
+
+__global__ void __launch_bounds__(kThreads)
+    ChecksumKernel(const unsigned char* data, int64_t nbytes, unsigned long long* out) {
+  const int64_t words = nbytes / 8;
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(data);
+  uint64_t acc = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    acc += MixWord(w[i], uint64_t(i));
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && nbytes % 8) {
+    uint64_t tail = 0;
+    for (int64_t b = 0; b < nbytes % 8; ++b) tail |= uint64_t(data[words * 8 + b]) << (8 * b);
+    acc += MixWord(tail, uint64_t(words));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, (unsigned long long)acc);
+}
+
+// A ticket is int32 pairs (low 31 bits, the rest) so that it needs no 64-bit JAX types.
+__global__ void FillTicket(int32_t* ticket, int64_t n, int64_t value) {
+  for (int64_t i = 2 * threadIdx.x; i < n; i += 2 * blockDim.x) {
+    ticket[i] = int32_t(value & 0x7fffffff), ticket[i + 1] = int32_t(value >> 31);
+  }
+}
+
+__global__ void CheckTicket(const int32_t* ticket, int64_t expected, int64_t* flag) {
+  if ((int64_t(ticket[0]) | (int64_t(ticket[1]) << 31)) != expected) *flag = expected;
+}
+
+// Sums `nbytes` at `data` into the 8 bytes at `out` (zeroed first), on `stream`.
+cudaError_t LaunchChecksum(const void* data, int64_t nbytes, void* out, cudaStream_t stream) {
+  cudaError_t err = cudaMemsetAsync(out, 0, 8, stream);
+  if (err != cudaSuccess) return err;
+  const int64_t words = std::max<int64_t>(1, nbytes / 8);
+  const int blocks = int(std::min<int64_t>((words + kThreads - 1) / kThreads, 2048));
+  ChecksumKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const unsigned char*>(data), nbytes,
+                                                  static_cast<unsigned long long*>(out));
+  return cudaGetLastError();
+}
+
+// The device side of one entry.
+struct EntryGpu {
+  void* stage = nullptr;            // spill staging (freed on a side stream)
+  cudaEvent_t spilled = nullptr;    // RAM tier: the host copy and its checksum have landed
+  void* dev = nullptr;              // the prefetched copy
+  cudaEvent_t ready = nullptr;
+  enum State { kNone, kQueued, kReady, kFailed } state = kNone;
+  std::string error;
+  ~EntryGpu() {
+    if (spilled) cudaEventDestroy(spilled);
+    if (ready) cudaEventDestroy(ready);
+  }
+};
+
+EntryGpu& G(const Entry& e) { return *static_cast<EntryGpu*>(e.gpu.get()); }
+
+// Streams, pool and threads of one store on one device.
+class Gpu {
+ public:
+  Gpu(TensorStore* store, int device) : store_(store), device_(device) {}
+  ~Gpu() { Stop(); }
+
+  ffi::Error Start() {
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ssd_, cudaStreamNonBlocking));
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = ~0ull;  // keep freed memory in the pool: no cudaMalloc per step
+    JAXDATA_CUDA_RETURN_IF_ERROR(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(int64_t),
+                                               cudaHostAllocMapped | cudaHostAllocPortable));
+    *flag_ = 0;
+    JAXDATA_CUDA_RETURN_IF_ERROR(
+        cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev_), flag_, 0));
+    writer_ = std::thread([this] { Loop(&writes_, true); });
+    prefetcher_ = std::thread([this] { Loop(nullptr, false); });
+    return ffi::Error::Success();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (writer_.joinable()) writer_.join();
+    if (prefetcher_.joinable()) prefetcher_.join();
+    cudaSetDevice(device_);
+    for (cudaStream_t s : {d2h_, h2d_, ssd_}) {
+      if (s) cudaStreamSynchronize(s);
+    }
+    for (auto& e : held_) {
+      if (G(*e).dev) cudaFreeAsync(G(*e).dev, h2d_), G(*e).dev = nullptr;
+    }
+    held_.clear();
+    if (h2d_) cudaStreamSynchronize(h2d_);
+    for (cudaStream_t s : {d2h_, h2d_, ssd_}) {
+      if (s) cudaStreamDestroy(s);
+    }
+    d2h_ = h2d_ = ssd_ = nullptr;
+    if (pool_) cudaMemPoolDestroy(pool_), pool_ = nullptr;
+    if (flag_) cudaFreeHost(flag_), flag_ = nullptr;
+  }
+
+  // A ticket mismatch seen by the device since the last call.
+  ffi::Error TakeFlag() {
+    const int64_t v = *static_cast<volatile int64_t*>(flag_);
+    if (v == 0) return ffi::Error::Success();
+    *flag_ = 0;
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, 
+        "offload: a GPU load received a ticket other than its site's newest spill (expected "
+        "ticket " + std::to_string(v) + "); loads of a site must come in the reverse order of "
+        "its spills, which jaxdata.offload.remat guarantees");
+  }
+
+  void NoteMemory() {
+    uint64_t used = 0, high = 0;
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used);
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high);
+    store_->NoteDevice(int64_t(used), int64_t(high));
+  }
+
+  ffi::Error Spill(cudaStream_t stream, const Parts& parts, const std::shared_ptr<Entry>& e,
+                   int32_t* ticket, int64_t ticket_count) {
+    auto g = std::make_shared<EntryGpu>();
+    e->gpu = g;
+    const int64_t n = e->nbytes, round = Round256(n);
+    char* stage = nullptr;
+    JAXDATA_CUDA_RETURN_IF_ERROR(
+        cudaMallocFromPoolAsync(reinterpret_cast<void**>(&stage), size_t(round + 64), pool_, stream));
+    int64_t at = 0;
+    for (size_t p = 0; p < parts.data.size(); at += parts.bytes[p], ++p) {
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stage + at, parts.data[p], size_t(parts.bytes[p]),
+                                                   cudaMemcpyDeviceToDevice, stream));
+    }
+    FillTicket<<<1, 64, 0, stream>>>(ticket, ticket_count, e->seq);
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    cudaEvent_t copied;
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied, stream));
+    if (e->tier == Tier::kRam) {
+      // The data and, 8 bytes after its 256-byte-rounded end, its checksum, in one copy.
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(d2h_, copied, 0));
+      cudaEventDestroy(copied);
+      JAXDATA_CUDA_RETURN_IF_ERROR(LaunchChecksum(stage, n, stage + round, d2h_));
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(store_->RamData(*e), stage, size_t(round + 8),
+                                                   cudaMemcpyDeviceToHost, d2h_));
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(stage, d2h_));
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&g->spilled, cudaEventDisableTiming));
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(g->spilled, d2h_));
+      store_->MarkStored(e);
+    } else {
+      Post(&writes_, [this, e, stage, copied] {
+        cudaSetDevice(device_);
+        cudaStreamWaitEvent(ssd_, copied, 0);
+        cudaEventDestroy(copied);
+        store_->WriteSsd(e, [&](const Chunk& c, char* slot) -> std::string {
+          cudaError_t err = cudaMemcpyAsync(slot, stage + c.offset, size_t(c.bytes),
+                                            cudaMemcpyDeviceToHost, ssd_);
+          if (err == cudaSuccess) err = cudaStreamSynchronize(ssd_);
+          return err == cudaSuccess ? "" : CudaMessage(err, "offload: copy to the SSD staging");
+        });
+        cudaFreeAsync(stage, ssd_);
+      });
+    }
+    NoteMemory();
+    return ffi::Error::Success();
+  }
+
+  ffi::Error Load(cudaStream_t stream, const int32_t* ticket, const Parts& out,
+                  const std::shared_ptr<Entry>& e) {
+    CheckTicket<<<1, 1, 0, stream>>>(ticket, e->seq, flag_dev_);
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    EntryGpu& g = G(*e);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      std::vector<std::shared_ptr<Entry>> want{e};
+      for (auto& p : store_->Preceding(*e, kPrefetchDepth)) {
+        if (p->device == device_ && p->gpu) want.push_back(p);
+      }
+      for (auto& p : want) {
+        if (G(*p).state != EntryGpu::kNone) continue;
+        G(*p).state = EntryGpu::kQueued;
+        prefetches_.push_back(p);
+      }
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return g.state == EntryGpu::kReady || g.state == EntryGpu::kFailed ||
+                                  stopping_; });
+      if (g.state != EntryGpu::kReady) {
+        return ffi::Error(ffi::ErrorCode::kDataLoss,
+                          g.error.empty() ? "offload: the TensorStore was closed" : g.error);
+      }
+      held_.erase(std::find(held_.begin(), held_.end(), e));
+    }
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, g.ready, 0));
+    int64_t at = 0;
+    for (size_t p = 0; p < out.data.size(); at += out.bytes[p], ++p) {
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data[p], static_cast<char*>(g.dev) + at,
+                                                   size_t(out.bytes[p]), cudaMemcpyDeviceToDevice,
+                                                   stream));
+    }
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(g.dev, stream));
+    g.dev = nullptr;
+    NoteMemory();
+    return ffi::Error::Success();
+  }
+
+ private:
+  void Post(std::deque<std::function<void()>>* queue, std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue->push_back(std::move(job));
+    cv_.notify_all();
+  }
+
+  // The writer runs queued jobs; the prefetcher brings queued entries back, in queue order.
+  void Loop(std::deque<std::function<void()>>* jobs, bool writer) {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] {
+        return stopping_ || (writer ? !jobs->empty() : !prefetches_.empty());
+      });
+      if (stopping_) return;
+      if (writer) {
+        auto job = std::move(jobs->front());
+        jobs->pop_front();
+        lock.unlock();
+        job();
+        lock.lock();
+        continue;
+      }
+      auto e = std::move(prefetches_.front());
+      prefetches_.pop_front();
+      held_.push_back(e);
+      lock.unlock();
+      std::string error = Bring(*e);
+      store_->Free(e);  // the host copy is no longer needed
+      lock.lock();
+      G(*e).state = error.empty() ? EntryGpu::kReady : EntryGpu::kFailed;
+      G(*e).error = error;
+      if (!error.empty() && G(*e).dev) {
+        cudaFreeAsync(G(*e).dev, h2d_);
+        G(*e).dev = nullptr;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  // Copies the entry to a new device buffer on the h2d stream and verifies it; "" or a message.
+  std::string Bring(Entry& e) {
+    EntryGpu& g = G(e);
+    ffi::Error stored = store_->WaitStored(e);
+    if (stored.failure()) return stored.message();
+    const int64_t n = e.nbytes, round = Round256(n);
+    auto fail = [](cudaError_t err, const char* what) { return CudaMessage(err, what); };
+    cudaError_t err = cudaMallocFromPoolAsync(&g.dev, size_t(round + 64), pool_, h2d_);
+    if (err != cudaSuccess) return fail(err, "offload: device buffer for a load");
+    char* dev = static_cast<char*>(g.dev);
+    if (e.tier == Tier::kRam) {
+      uint64_t* tail = store_->RamTail(e);
+      if ((err = cudaStreamWaitEvent(h2d_, g.spilled, 0)) != cudaSuccess ||
+          (err = cudaMemcpyAsync(dev, store_->RamData(e), size_t(n), cudaMemcpyHostToDevice,
+                                 h2d_)) != cudaSuccess ||
+          (err = LaunchChecksum(dev, n, dev + round, h2d_)) != cudaSuccess ||
+          (err = cudaMemcpyAsync(tail + 1, dev + round, 8, cudaMemcpyDeviceToHost, h2d_)) !=
+              cudaSuccess ||
+          (err = cudaStreamSynchronize(h2d_)) != cudaSuccess) {
+        return fail(err, "offload: copy back from the RAM tier");
+      }
+      if (tail[0] != tail[1]) {
+        return "offload: checksum mismatch in the RAM tier (ticket " + std::to_string(e.seq) + ")";
+      }
+    } else {
+      std::string copy_error;
+      ffi::Error read = store_->ReadSsd(e, [&](const Chunk& c, const char* host) {
+        cudaError_t err = cudaMemcpyAsync(dev + c.offset, host, size_t(c.bytes),
+                                          cudaMemcpyHostToDevice, h2d_);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(h2d_);
+        if (err != cudaSuccess && copy_error.empty()) {
+          copy_error = CudaMessage(err, "offload: copy back from the SSD staging");
+        }
+      });
+      if (read.failure()) return read.message();
+      if (!copy_error.empty()) return copy_error;
+    }
+    if (!g.ready && (err = cudaEventCreateWithFlags(&g.ready, cudaEventDisableTiming)) != cudaSuccess) {
+      return fail(err, "offload: event");
+    }
+    if ((err = cudaEventRecord(g.ready, h2d_)) != cudaSuccess) return fail(err, "offload: event");
+    return "";
+  }
+
+  TensorStore* store_;
+  int device_;
+  cudaStream_t d2h_ = nullptr, h2d_ = nullptr, ssd_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  int64_t* flag_ = nullptr;
+  int64_t* flag_dev_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::deque<std::function<void()>> writes_;
+  std::deque<std::shared_ptr<Entry>> prefetches_;
+  std::vector<std::shared_ptr<Entry>> held_;  // prefetched (or in flight), not yet loaded
+  std::thread writer_, prefetcher_;
+};
+
+// The store's Gpu per device.
+struct Gpus {
+  std::mutex mu;
+  std::map<int, std::shared_ptr<Gpu>> by_device;
+};
+
+ffi::ErrorOr<std::shared_ptr<Gpu>> GpuFor(TensorStore& store) {
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+    return ffi::Unexpected(ffi::Error::Internal(CudaMessage(err, "cudaGetDevice")));
+  }
+  auto gpus = std::static_pointer_cast<Gpus>(store.GpuState([&store]() -> std::shared_ptr<void> {
+    auto made = std::make_shared<Gpus>();
+    std::weak_ptr<Gpus> weak = made;
+    store.OnClose([weak] {
+      if (auto g = weak.lock()) {
+        std::lock_guard<std::mutex> lock(g->mu);
+        for (auto& [d, gpu] : g->by_device) gpu->Stop();
+      }
+    });
+    return made;
+  }));
+  std::lock_guard<std::mutex> lock(gpus->mu);
+  auto& gpu = gpus->by_device[device];
+  if (!gpu) {
+    auto made = std::make_shared<Gpu>(&store, device);
+    if (auto err = made->Start(); err.failure()) return ffi::Unexpected(err);
+    gpu = made;
+  }
+  return gpu;
+}
+
+ffi::Error SpillCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                     int64_t store_id, int64_t site, int64_t tier) {
+  auto store = LookupStore(store_id);
+  if (store.has_error()) return store.error();
+  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
+  auto gpu = GpuFor(**store);
+  if (gpu.has_error()) return gpu.error();
+  if (auto err = (*gpu)->TakeFlag(); err.failure()) return err;
+  auto parts = ArgParts(args, 0);
+  if (parts.has_error()) return parts.error();
+  if (rets.size() != 1) return ffi::Error::InvalidArgument("offload spill: one ticket output");
+  auto ticket = rets.get<ffi::AnyBuffer>(0);
+  if (ticket.has_error()) return ticket.error();
+  if ((*ticket)->element_type() != ffi::S32 || (*ticket)->element_count() % 2) {
+    return ffi::Error::InvalidArgument("offload spill: the ticket is int32 pairs");
+  }
+  int device = 0;
+  JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  auto e = (*store)->Begin(site, device, parts->bytes, Tier(tier));
+  if (e.has_error()) return e.error();
+  return (*gpu)->Spill(stream, *parts, *e, static_cast<int32_t*>((*ticket)->untyped_data()),
+                       int64_t((*ticket)->element_count()));
+}
+
+ffi::Error LoadCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                    int64_t store_id, int64_t site) {
+  auto store = LookupStore(store_id);
+  if (store.has_error()) return store.error();
+  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
+  auto gpu = GpuFor(**store);
+  if (gpu.has_error()) return gpu.error();
+  if (auto err = (*gpu)->TakeFlag(); err.failure()) return err;
+  if (args.size() != 1) return ffi::Error::InvalidArgument("offload load: one ticket input");
+  auto ticket = args.get<ffi::AnyBuffer>(0);
+  if (ticket.has_error()) return ticket.error();
+  if (ticket->element_type() != ffi::S32 || ticket->element_count() < 2) {
+    return ffi::Error::InvalidArgument("offload load: the ticket is int32 pairs (from spill)");
+  }
+  auto parts = RetParts(rets, 0);
+  if (parts.has_error()) return parts.error();
+  int device = 0;
+  JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  auto e = (*store)->Pop(site, device, -1);
+  if (e.has_error()) return e.error();
+  if (auto err = CheckSameParts((*e)->parts, *parts); err.failure()) {
+    (*store)->Free(*e);
+    return err;
+  }
+  if (!(*e)->gpu) {
+    (*store)->Free(*e);
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: a GPU load of a ticket spilled on the CPU");
+  }
+  return (*gpu)->Load(stream, static_cast<const int32_t*>(ticket->untyped_data()), *parts, *e);
+}
+
+}  // namespace
+}  // namespace jaxdata::offload
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_spill_cuda, jaxdata::offload::SpillCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("store")
+                                  .Attr<int64_t>("site")
+                                  .Attr<int64_t>("tier"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_load_cuda, jaxdata::offload::LoadCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("store")
+                                  .Attr<int64_t>("site"));
