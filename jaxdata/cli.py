@@ -164,6 +164,31 @@ def _bench_minibatch(args: argparse.Namespace) -> int:
   return 0
 
 
+def _rok(args: argparse.Namespace) -> int:
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  import rich.console  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.bench import rok  # pylint: disable=g-import-not-at-top
+
+  size = dict(rok.QUICK if args.quick else rok.FULL)
+  for k in size:
+    if getattr(args, k) is not None:
+      size[k] = getattr(args, k)
+  console = rich.console.Console()
+  if not console.is_terminal:
+    console = rich.console.Console(width=200)
+  rows, notes = rok.run(**size, fractions=args.fractions, ssd_dir=args.ssd_dir,
+                        repeats=args.repeats, say=console.print)
+  _print_table(console, "recompute-offload-keep: step time against device memory",
+               *rok.table_rows(rows, notes), [], left=("policy", "plan"))
+  if args.write:
+    _write(console, args.write, rok.markdown(rows, notes, _command(), size))
+    png = os.path.join(os.path.dirname(args.write) or ".", "rok.png")
+    if rok.plot(rows, png):
+      console.print(f"wrote {png}")
+  return 0
+
+
 def _parse_bytes(text: str) -> int:
   from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
   return parse_bytes(text)
@@ -171,6 +196,10 @@ def _parse_bytes(text: str) -> int:
 
 def _csv(kind):
   return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def rok_defaults() -> dict[str, int]:
+  return {"layers": 16, "hidden": 4096, "heads": 32, "seq": 2048, "batch": 8, "vocab": 8192}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
   from jaxdata.train import sage as train_sage  # pylint: disable=g-import-not-at-top
   train_sage.add_arguments(train.add_parser(
       "sage", help="mini-batch GraphSAGE on a synthetic power-law graph in host memory"))
+  from jaxdata.train import gpt as train_gpt  # pylint: disable=g-import-not-at-top
+  train_gpt.add_arguments(train.add_parser(
+      "gpt", help="a GPT on a synthetic token chain, optionally with activation offload"))
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
       dest="bench", required=True)
   g = bench.add_parser("gather", help="host_gather vs NumPy gather + device_put vs pinned memcpy")
@@ -222,10 +254,24 @@ def main(argv: list[str] | None = None) -> int:
                       "visible are skipped)")
   m.add_argument("--quick", action="store_true", help="a small graph and 10 batches")
   m.add_argument("--write", metavar="PATH.md", help="write the table here")
+  for rk in (sub.add_parser("rok", help="the recompute-offload-keep curve (same as bench rok)"),
+             bench.add_parser("rok", help="the recompute-offload-keep curve of a GPT stack")):
+    for k, v in rok_defaults().items():
+      rk.add_argument("--" + k, type=int, help=f"default {v} (--quick: smaller)")
+    rk.add_argument("--fractions", type=_csv(float), default=[1.0, 0.5, 0.3, 0.2, 0.1],
+                    help="budgets as fractions of keep-everything's device memory")
+    rk.add_argument("--ssd-dir", metavar="DIR", help="also run a plan on the SSD tier here")
+    rk.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
+    rk.add_argument("--quick", action="store_true", help="a small model")
+    rk.add_argument("--write", metavar="PATH.md", help="write the table (and rok.png beside it)")
   args = parser.parse_args(argv)
+  if args.command == "rok" or getattr(args, "bench", None) == "rok":
+    return _rok(args)
   if args.command == "info":
     return _info(args)
   if args.command == "train":
+    if args.model == "gpt":
+      return train_gpt.main(args)
     return train_sage.main(args) if args.model == "sage" else train_rgcn.main(args)
   if args.bench == "rgnn":
     return _bench_rgnn(args)

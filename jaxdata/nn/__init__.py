@@ -1,5 +1,7 @@
 """Flax NNX layers built on jaxdata's primitives."""
+from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.nn.rgcn import RGCN
 from jaxdata.nn.sage import GraphSAGE, SAGEConv
 
 __all__ = ["RGCN", "GraphSAGE", "SAGEConv"]
+__all__ += ["GPT", "GPTConfig"]

@@ -10,9 +10,10 @@ recompute per block, under a device memory budget.
 its policies (`keep`, `offload`, `recompute`) wrap a block; the planner (`plan`) picks a
 policy per block for a memory budget from measured costs.
 """
+from jaxdata.offload.planner import Choice, Plan, plan, plan_for_model
 from jaxdata.offload.remat import Policy, keep, offload, recompute, remat
 from jaxdata.offload.spill import load, new_site, spill
 from jaxdata.offload.store import TensorStore, measure_disk_write
 
 __all__ = ["TensorStore", "measure_disk_write", "spill", "load", "new_site", "Policy", "keep",
-           "offload", "recompute", "remat"]
+           "offload", "recompute", "remat", "Choice", "Plan", "plan", "plan_for_model"]

@@ -120,5 +120,6 @@ def measure_disk_write(directory: str | os.PathLike | None = None, nbytes: int |
   """The disk's sustained direct-I/O write bandwidth under `directory`, in bytes per second
   (writes `nbytes` to a temporary file with `threads` writers, then removes it)."""
   directory = os.fspath(directory) if directory else tempfile.gettempdir()
+  os.makedirs(directory, exist_ok=True)
   return _ext.offload_measure_disk_write(directory, _bytes(nbytes, "nbytes"), threads,
                                          _bytes(chunk_bytes, "chunk_bytes"))

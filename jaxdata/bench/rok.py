@@ -1,0 +1,221 @@
+"""`jaxdata rok`: the recompute-offload-keep curve of a GPT-style stack.
+
+Step time (forward + backward) against device activation memory, measured side by side in one
+run, for JAX's built-in remat policies and for the planner's plans at a range of budgets.
+Device memory is XLA's temporary allocation for the step (what the activations need) plus the
+TensorStore's device staging peak for offloaded plans. Optionally one planner plan runs with
+every spill on the SSD tier, next to the disk's own direct-I/O write bandwidth.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxdata import offload
+from jaxdata.bench import common
+
+FULL = dict(layers=16, hidden=4096, heads=32, seq=2048, batch=8, vocab=8192)
+QUICK = dict(layers=4, hidden=256, heads=4, seq=256, batch=4, vocab=512)
+FRACTIONS = (1.0, 0.5, 0.3, 0.2, 0.1)
+NAMES = ("qkv", "attn_out", "mlp_up", "mlp_down")
+
+
+@dataclasses.dataclass
+class Row:
+  name: str
+  kind: str              # "jax" or "planner"
+  seconds: float
+  device_bytes: int      # XLA temp + store device staging peak
+  host_bytes: int = 0
+  budget: int | None = None
+  plan: str = ""
+  ssd_write_bw: float = 0.0
+
+
+def _builtin() -> dict[str, offload.Policy | None]:
+  cp = jax.checkpoint_policies
+  return {
+      "keep everything": None,
+      "recompute everything": offload.keep(cp.nothing_saveable, name="recompute"),
+      "save dots only": offload.keep(cp.dots_with_no_batch_dims_saveable, name="dots"),
+      "offload names to pinned host (XLA)": offload.keep(cp.save_and_offload_only_these_names(
+          names_which_can_be_saved=[], names_which_can_be_offloaded=list(NAMES),
+          offload_src="device", offload_dst="pinned_host"), name="xla-offload"),
+  }
+
+
+def _step(model, tokens, plan):
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  graphdef, params = nnx.split(model)
+
+  def loss(params, tokens):
+    return nnx.merge(graphdef, params).loss(tokens, plan)
+
+  step = jax.jit(jax.value_and_grad(loss))
+  compiled = step.lower(params, tokens).compile()
+  mem = compiled.memory_analysis()
+  temp = int(getattr(mem, "temp_size_in_bytes", 0) or 0)
+  host = int(getattr(mem, "host_temp_size_in_bytes", 0) or 0)
+  return (lambda: compiled(params, tokens)), temp, host
+
+
+def _time(fn: Callable[[], Any], repeats: int) -> float:
+  return common.median_seconds(fn, warmup=2, repeats=repeats)
+
+
+def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_bytes=64 << 30,
+        ssd_dir=None, repeats=5, say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from jaxdata.nn.gpt import GPT, GPTConfig, block_fn  # pylint: disable=g-import-not-at-top
+  cfg = GPTConfig(vocab=vocab, layers=layers, hidden=hidden, heads=heads, seq=seq,
+                  dtype=jnp.bfloat16)
+  model = GPT(cfg, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
+  rows, notes = [], {}
+
+  for name, policy in _builtin().items():
+    say(f"JAX policy: {name}")
+    plan = None if policy is None else [policy] * layers
+    try:
+      fn, temp, host = _step(model, tokens, plan)
+      rows.append(Row(name, "jax", _time(fn, repeats), temp, host))
+    except Exception as e:  # pylint: disable=broad-except
+      say(f"  failed: {type(e).__name__}: {str(e)[:200]}")
+  keep = next(r for r in rows if r.name == "keep everything")
+  recompute = next(r for r in rows if r.name == "recompute everything")
+
+  say("planner: measuring one block's choices and the store's bandwidth")
+  blk = block_fn(model, (batch, seq))
+  with offload.TensorStore(ram_bytes=1 << 30) as probe:
+    cands = offload.planner.choices(blk.apply, (blk.layer(0), blk.x), probe,
+                                    offload.planner.gpt_candidates(), repeats=repeats,
+                                    progress=lambda n: say(f"  block under {n}"))
+    bandwidth = offload.planner.store_bandwidth(probe)
+  notes["bandwidth"] = bandwidth
+  notes["choices"] = [(str(c.policy), c.device_bytes, c.offload_bytes, c.seconds) for c in cands]
+  # The step's memory beyond the layers' residuals: what recompute-everything needs.
+  baseline = recompute.device_bytes
+  for frac in fractions:
+    budget = int(frac * keep.device_bytes)
+    try:
+      best = offload.plan(layers, cands, max(0, budget - baseline), bandwidth)
+    except ValueError:
+      say(f"budget {frac:g} x keep: no plan fits")
+      continue
+    say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): {best}")
+    ram = max(1 << 30, int(best.offload_bytes * 1.2))
+    with offload.TensorStore(ram_bytes=min(ram, ram_bytes)) as store:
+      policies = [_with_store(p, store) for p in best.policies]
+      fn, temp, host = _step(model, tokens, policies)
+      seconds = _time(fn, repeats)
+      staged = store.stats()["device_peak"]
+    rows.append(Row(f"planner @ {frac:g} x keep", "planner", seconds, temp + staged,
+                    best.offload_bytes, budget, str(best)))
+
+  if ssd_dir:
+    say(f"SSD tier: disk write bandwidth under {ssd_dir}")
+    disk = offload.measure_disk_write(ssd_dir, 4 << 30)
+    notes["disk_write"] = disk
+    # Every layer's projections to the SSD: a fixed, heavy write load.
+    with offload.TensorStore(ram_bytes=0, ssd_dir=ssd_dir, staging_bytes=1 << 30) as store:
+      policy = offload.offload(store, "ssd", offload.planner.gpt_candidates()["proj"],
+                               name="offload[proj] to SSD")
+      fn, temp, host = _step(model, tokens, [policy] * layers)
+      seconds = _time(fn, 2)
+      s = store.stats()
+    rows.append(Row("offload[proj] every layer, SSD tier only", "planner", seconds,
+                    temp + s["device_peak"], s["spilled"] // 4, None, str(policy),
+                    s["write_bandwidth"]))
+    notes["ssd_written"] = s["ssd_written"]
+  notes["keep"] = keep
+  return rows, notes
+
+
+def _with_store(policy: offload.Policy, store, tier: str | None = None) -> offload.Policy:
+  if policy.mode != "offload":
+    return policy
+  return dataclasses.replace(policy, store=store, tier=tier or policy.tier)
+
+
+def table_rows(rows: list[Row], notes: dict) -> tuple[list[str], list[list[Any]]]:
+  keep = notes["keep"]
+  header = ["policy", "step ms", "vs keep", "device GiB", "budget GiB", "best JAX in budget",
+            "vs that", "offloaded GiB", "plan"]
+  body = []
+  jax_rows = [r for r in rows if r.kind == "jax"]
+  for r in rows:
+    fits = [j for j in jax_rows if r.budget is not None and j.device_bytes <= r.budget]
+    best = min(fits, key=lambda j: j.seconds) if fits else None
+    body.append([
+        r.name, f"{r.seconds * 1e3:.0f}", f"{r.seconds / keep.seconds:.3f}",
+        f"{r.device_bytes / 2**30:.2f}",
+        "" if r.budget is None else f"{r.budget / 2**30:.2f}",
+        "" if r.budget is None else (best.name if best else "none fits"),
+        "" if best is None else f"{r.seconds / best.seconds:.3f}",
+        f"{r.host_bytes / 2**30:.2f}" if r.host_bytes else "",
+        r.plan])
+  return header, body
+
+
+def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
+  hw = common.hardware()
+  header, body = table_rows(rows, notes)
+  text = ["# Recompute-offload-keep: GPT-style stack", "",
+          f"`{command}`", "",
+          f"- model: {size['layers']} layers, hidden {size['hidden']}, {size['heads']} heads, "
+          f"sequence {size['seq']}, batch {size['batch']}, vocab {size['vocab']}, bfloat16 "
+          "compute, float32 parameters; one step = forward + backward (`value_and_grad`)",
+          *[f"- {k}: {v}" for k, v in hw.items()],
+          f"- store round trip (device -> RAM tier -> device): {notes['bandwidth'] / 1e9:.1f} GB/s "
+          "each way", ""]
+  if "disk_write" in notes:
+    ssd = next(r for r in rows if "SSD" in r.name)
+    text += [f"- disk direct-I/O write bandwidth (same run): {notes['disk_write'] / 1e9:.2f} GB/s; "
+             f"SSD tier sustained {ssd.ssd_write_bw / 1e9:.2f} GB/s while writing "
+             f"({ssd.ssd_write_bw / notes['disk_write']:.0%}); "
+             f"{notes['ssd_written'] / 2**30:.1f} GiB written", ""]
+  text += ["Device GiB: XLA's temporary memory for the step plus the TensorStore's device staging "
+           "peak (offloaded plans). Budget: a fraction of keep-everything's device memory; "
+           "'best JAX in budget' is the fastest built-in policy whose device memory fits it.", "",
+           common.markdown_table(header, body), "",
+           "![step time against device memory](rok.png)", "",
+           "Per-block choices the planner measured (residual bytes on device / offloaded, "
+           "forward + backward seconds of one block):", ""]
+  text += [common.markdown_table(
+      ["choice", "device MiB", "offload MiB", "block ms"],
+      [[n, f"{d / 2**20:.0f}", f"{o / 2**20:.0f}", f"{s * 1e3:.2f}"]
+       for n, d, o, s in notes["choices"]]), ""]
+  return "\n".join(text)
+
+
+def plot(rows: list[Row], path: str) -> bool:
+  """Step time against device memory; JAX's policies as points, the planner's plans as a line."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for r in rows:
+    if r.kind == "jax":
+      ax.scatter(r.device_bytes / 2**30, r.seconds * 1e3, s=40)
+      ax.annotate(r.name, (r.device_bytes / 2**30, r.seconds * 1e3), fontsize=8,
+                  xytext=(4, 4), textcoords="offset points")
+  pl = sorted((r for r in rows if r.kind == "planner" and "SSD" not in r.name),
+              key=lambda r: r.device_bytes)
+  ax.plot([r.device_bytes / 2**30 for r in pl], [r.seconds * 1e3 for r in pl], "o-",
+          color="black", label="jaxdata planner")
+  ax.set_xlabel("device memory for the step (GiB)")
+  ax.set_ylabel("step time (ms)")
+  ax.set_title("recompute-offload-keep")
+  ax.legend()
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+

@@ -1,0 +1,206 @@
+"""A GPT-style decoder in Flax NNX whose layer stack runs under per-layer remat policies.
+
+Pre-LayerNorm blocks (causal multi-head self-attention, then a GELU MLP), learned token and
+position embeddings, a final LayerNorm and an output head tied to the token embedding (logits
+are `h @ wte.T`, computed in float32). Attention is the plain einsum-and-softmax form, not a
+fused kernel, so a block keeps the classic activations: the (batch, heads, seq, seq)
+probabilities are the largest of them. Each block tags its intermediates with
+`jax.ad_checkpoint.checkpoint_name` (see `BLOCK_NAMES`), so remat policies can name what to
+keep, offload or recompute.
+
+The L blocks are one `Block` whose parameters carry a leading layer axis (made under
+`nnx.vmap`); the stack runs as `jax.lax.scan`. A *plan* gives each layer a policy: consecutive
+layers with equal policies form one segment, one scan over that slice of the stacked
+parameters, whose body is `jaxdata.offload.remat(block_apply, policy)`.
+
+    from jaxdata.nn import GPT, GPTConfig
+    model = GPT(GPTConfig(vocab=256, layers=4, hidden=128, heads=4, seq=128), rngs=nnx.Rngs(0))
+    logits = model(tokens)                       # tokens: int (batch, t <= seq) -> (batch, t, vocab)
+    loss = model.loss(batch)                     # batch: (batch, t + 1); next-token cross entropy
+    loss = model.loss(batch, plan=[None, None, p, p])   # layers 2-3 under policy p
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+#: The names a block tags its intermediates with, in the order the forward pass makes them.
+BLOCK_NAMES = ("block_in", "qkv", "attn_scores", "attn_out", "mlp_up", "mlp_act", "mlp_down")
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+  """The model's shape. `dtype` is the compute dtype; parameters are kept in `param_dtype`."""
+  vocab: int = 256
+  layers: int = 4
+  hidden: int = 128
+  heads: int = 4
+  seq: int = 128        # the longest input (the position table's length)
+  mlp_ratio: int = 4
+  dtype: Any = jnp.bfloat16
+  param_dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    for name in ("vocab", "layers", "hidden", "heads", "seq", "mlp_ratio"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+    if self.hidden % self.heads:
+      raise ValueError(f"GPTConfig: hidden ({self.hidden}) must be a multiple of heads "
+                       f"({self.heads})")
+
+
+def _dense(cfg: GPTConfig, n_in: int, n_out: int, std: float, rngs: nnx.Rngs) -> nnx.Linear:
+  return nnx.Linear(n_in, n_out, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                    kernel_init=nnx.initializers.normal(std), rngs=rngs)
+
+
+def _layer_norm(cfg: GPTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  return nnx.LayerNorm(cfg.hidden, epsilon=1e-5, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                       rngs=rngs)
+
+
+class Block(nnx.Module):
+  """x + attn(ln1(x)), then x + mlp(ln2(x)); shapes (batch, seq, hidden) in and out."""
+
+  def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
+    self.heads = cfg.heads
+    # GPT-2's initialization: N(0, 0.02), residual projections scaled down by sqrt(2 L).
+    std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.layers)
+    self.ln1 = _layer_norm(cfg, rngs)
+    self.qkv = _dense(cfg, cfg.hidden, 3 * cfg.hidden, std, rngs)
+    self.proj = _dense(cfg, cfg.hidden, cfg.hidden, out_std, rngs)
+    self.ln2 = _layer_norm(cfg, rngs)
+    self.up = _dense(cfg, cfg.hidden, cfg.mlp_ratio * cfg.hidden, std, rngs)
+    self.down = _dense(cfg, cfg.mlp_ratio * cfg.hidden, cfg.hidden, out_std, rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = checkpoint_name(x, "block_in")
+    b, t, d = x.shape
+    hd = d // self.heads
+    q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
+    q, k, v = (checkpoint_name(a.reshape(b, t, self.heads, hd), "qkv") for a in (q, k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(hd, q.dtype))
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+    probs = checkpoint_name(jax.nn.softmax(scores, axis=-1).astype(x.dtype), "attn_scores")
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d)
+    x = x + checkpoint_name(self.proj(ctx), "attn_out")
+    up = checkpoint_name(self.up(self.ln2(x)), "mlp_up")
+    act = checkpoint_name(jax.nn.gelu(up, approximate=True), "mlp_act")
+    return x + checkpoint_name(self.down(act), "mlp_down")
+
+
+def segments(plan: Sequence[Hashable] | None, layers: int) -> list[tuple[int, int, Any]]:
+  """[(start, stop, policy)]: runs of consecutive layers whose policies are equal (==).
+
+  >>> segments(["a", "a", None, "a"], 4)
+  [(0, 2, 'a'), (2, 3, None), (3, 4, 'a')]
+  """
+  if plan is None:
+    return [(0, layers, None)]
+  plan = list(plan)
+  if len(plan) != layers:
+    raise ValueError(f"plan: one policy per layer expected ({layers}), got {len(plan)}")
+  runs, start = [], 0
+  for i in range(1, layers + 1):
+    if i == layers or plan[i] != plan[start]:
+      runs.append((start, i, plan[start]))
+      start = i
+  return runs
+
+
+def run_layers(block_apply: Callable, states: Any, x: jax.Array,
+               plan: Sequence[Hashable] | None = None) -> jax.Array:
+  """Applies stacked layers to x: one `lax.scan` per segment of `plan` (see `segments`).
+
+  `block_apply(layer_state, x) -> x` is one layer; `states` holds every layer's state along a
+  leading axis. A segment whose policy is None scans `block_apply` itself; any other runs
+  `jaxdata.offload.remat(block_apply, policy)`, which has block_apply's results and gradients.
+  """
+  layers = jax.tree.leaves(states)[0].shape[0]
+  for start, stop, policy in segments(plan, layers):
+    body = block_apply
+    if policy is not None:
+      from jaxdata.offload import remat  # pylint: disable=g-import-not-at-top
+      body = remat(block_apply, policy)
+    part = jax.tree.map(lambda a, start=start, stop=stop: a[start:stop], states)
+    x, _ = jax.lax.scan(lambda h, s, body=body: (body(s, h), None), x, part)
+  return x
+
+
+class BlockFn(NamedTuple):
+  """One layer in isolation, for a planner: `apply(layer(i), x)` runs layer i on `x`-shaped input."""
+  apply: Callable[[Any, jax.Array], jax.Array]  # pure: (one layer's state, x) -> x
+  states: Any                                    # every layer's state, stacked on axis 0
+  x: jax.ShapeDtypeStruct                        # a block's input: (batch, seq, hidden), dtype
+
+  def layer(self, i: int) -> Any:
+    """Layer i's state (the stacked states indexed at i)."""
+    return jax.tree.map(lambda a: a[i], self.states)
+
+
+class GPT(nnx.Module):
+  """Token + position embeddings, `cfg.layers` stacked `Block`s, final LayerNorm, tied head."""
+
+  def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    init = nnx.initializers.normal(0.02)
+    self.wte = nnx.Embed(cfg.vocab, cfg.hidden, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                         embedding_init=init, rngs=rngs)
+    self.wpe = nnx.Embed(cfg.seq, cfg.hidden, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                         embedding_init=init, rngs=rngs)
+
+    @nnx.split_rngs(splits=cfg.layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stack(rngs: nnx.Rngs) -> Block:
+      return Block(cfg, rngs=rngs)
+
+    self.blocks = stack(rngs)
+    self.ln_f = _layer_norm(cfg, rngs)
+
+  def _block_fn(self) -> tuple[Callable, Any]:
+    graphdef, states = nnx.split(self.blocks)
+
+    def block_apply(state, x):
+      return nnx.merge(graphdef, state)(x)
+    return block_apply, states
+
+  def __call__(self, tokens: jax.Array, plan: Sequence[Hashable] | None = None) -> jax.Array:
+    """Float32 logits (batch, t, vocab) for int tokens (batch, t), t <= cfg.seq.
+
+    `plan`: None (one plain scan, every residual kept) or one policy per layer.
+    """
+    t = tokens.shape[-1]
+    if t > self.cfg.seq:
+      raise ValueError(f"GPT: tokens have length {t}, longer than cfg.seq={self.cfg.seq}")
+    x = (self.wte(tokens) + self.wpe(jnp.arange(t))).astype(self.cfg.dtype)
+    block_apply, states = self._block_fn()
+    x = self.ln_f(run_layers(block_apply, states, x, plan))
+    table = self.wte.embedding[...].astype(x.dtype)
+    return jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
+
+  def loss(self, tokens: jax.Array, plan: Sequence[Hashable] | None = None) -> jax.Array:
+    """Mean next-token cross entropy (float32) of tokens (batch, t + 1): predicts tokens[:, 1:]."""
+    logits = self(tokens[:, :-1], plan)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+
+def block_fn(model: GPT, batch_shape: tuple[int, int] | None = None) -> BlockFn:
+  """The model's block as a pure function of (one layer's state, x), for planners.
+
+  `batch_shape` is (batch, seq) of the model's input (default (1, cfg.seq)); the returned `x`
+  describes a block's input for it.
+
+      f = block_fn(model, (8, 128))
+      y = f.apply(f.layer(0), jnp.zeros(f.x.shape, f.x.dtype))
+  """
+  b, t = batch_shape if batch_shape is not None else (1, model.cfg.seq)
+  apply, states = model._block_fn()  # pylint: disable=protected-access
+  return BlockFn(apply, states, jax.ShapeDtypeStruct((b, t, model.cfg.hidden), model.cfg.dtype))
