@@ -1,9 +1,11 @@
 """GPU smoke check of jaxdata.offload: round trips per tier and remat gradients against plain JAX."""
+import os
 import tempfile
+
+os.environ["JAXDATA_OFFLOAD_GPU"] = "1"  # this script is the GPU path's check
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxdata import offload
 

@@ -84,8 +84,11 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
       rows.append(Row(name, "jax", _time(fn, repeats), temp, host))
     except Exception as e:  # pylint: disable=broad-except
       say(f"  failed: {type(e).__name__}: {str(e)[:200]}")
-  keep = next(r for r in rows if r.name == "keep everything")
-  recompute = next(r for r in rows if r.name == "recompute everything")
+  keep = next((r for r in rows if r.name == "keep everything"), None)
+  recompute = next((r for r in rows if r.name == "recompute everything"), None)
+  if keep is None or recompute is None:
+    raise RuntimeError("rok: keep-everything or recompute-everything did not run (out of device "
+                       "memory?): the curve needs both; try a smaller model (--batch, --vocab)")
 
   say("planner: measuring one block's choices and the store's bandwidth")
   blk = block_fn(model, (batch, seq))
@@ -93,7 +96,8 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
     cands = offload.planner.choices(blk.apply, (blk.layer(0), blk.x), probe,
                                     offload.planner.gpt_candidates(), repeats=repeats,
                                     progress=lambda n: say(f"  block under {n}"))
-    bandwidth = offload.planner.store_bandwidth(probe)
+    bandwidth = offload.planner.store_bandwidth(probe) if any(
+        c.offload_bytes for c in cands) else 0.0
   notes["bandwidth"] = bandwidth
   notes["choices"] = [(str(c.policy), c.device_bytes, c.offload_bytes, c.seconds) for c in cands]
   # The step's memory beyond the layers' residuals: what recompute-everything needs.

@@ -45,7 +45,7 @@ class MarkovTokens:
     return c
 
   def sample(self, batch: int, length: int, rng: np.random.Generator) -> np.ndarray:
-    """int32 (batch, length): each row starts from `order` uniform tokens, then follows the chain."""
+    """int32 (batch, length): rows start with `order` uniform tokens, then follow the chain."""
     if length < self.order:
       raise ValueError(f"sample: length ({length}) must be at least the order ({self.order})")
     out = np.empty((batch, length), np.int32)

@@ -15,7 +15,7 @@ parameters, whose body is `jaxdata.offload.remat(block_apply, policy)`.
 
     from jaxdata.nn import GPT, GPTConfig
     model = GPT(GPTConfig(vocab=256, layers=4, hidden=128, heads=4, seq=128), rngs=nnx.Rngs(0))
-    logits = model(tokens)                       # tokens: int (batch, t <= seq) -> (batch, t, vocab)
+    logits = model(tokens)                       # int (batch, t <= seq) -> (batch, t, vocab)
     loss = model.loss(batch)                     # batch: (batch, t + 1); next-token cross entropy
     loss = model.loss(batch, plan=[None, None, p, p])   # layers 2-3 under policy p
 """
@@ -136,7 +136,7 @@ def run_layers(block_apply: Callable, states: Any, x: jax.Array,
 
 
 class BlockFn(NamedTuple):
-  """One layer in isolation, for a planner: `apply(layer(i), x)` runs layer i on `x`-shaped input."""
+  """One layer in isolation, for a planner: `apply(layer(i), x)` runs layer i on input like x."""
   apply: Callable[[Any, jax.Array], jax.Array]  # pure: (one layer's state, x) -> x
   states: Any                                    # every layer's state, stacked on axis 0
   x: jax.ShapeDtypeStruct                        # a block's input: (batch, seq, hidden), dtype

@@ -188,7 +188,7 @@ def add_arguments(parser):
 
 
 def _describe_plan(plan: Plan) -> str:
-  return ", ".join(f"layers {a}-{b - 1}: {p!r}" if b - a > 1 else f"layer {a}: {p!r}"
+  return ", ".join(f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
                    for a, b, p in segments(plan, len(plan)))
 
 

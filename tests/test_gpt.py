@@ -1,0 +1,281 @@
+"""The GPT model, its per-layer remat plans, the synthetic token chain and `train`."""
+import dataclasses
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxdata.data.tokens import markov_tokens
+from jaxdata.nn import GPT, GPTConfig
+from jaxdata.nn.gpt import BLOCK_NAMES, block_fn, run_layers, segments
+from jaxdata.train.gpt import GPTTrainConfig, train
+
+# One shape for every model here (training included): on a small CPU, building a model of a new
+# shape and compiling its ops dominates these tests' time.
+CFG = GPTConfig(vocab=32, layers=3, hidden=24, heads=3, seq=16, dtype=jnp.float32)
+TRAIN = dict(layers=CFG.layers, hidden=CFG.hidden, heads=CFG.heads, seq=CFG.seq, vocab=CFG.vocab)
+
+
+def _model(cfg=CFG, seed=0):
+  return GPT(cfg, rngs=nnx.Rngs(seed))
+
+
+_logits = nnx.jit(lambda model, tokens: model(tokens))
+
+
+@pytest.fixture(autouse=True)
+def _full_float32_matmuls():
+  """On a GPU, float32 matmuls may default to TF32; comparisons here want float32 exactly."""
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+def _tokens(shape, vocab=CFG.vocab, seed=0):
+  return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, shape), jnp.int32)
+
+
+@pytest.fixture
+def checkpoint_wrap(monkeypatch):
+  """Stands in for jaxdata.offload.remat: jax.checkpoint with the policy; records each call."""
+  calls = []
+
+  def remat(fn, policy):
+    calls.append(policy)
+    return jax.checkpoint(fn, policy=policy)
+
+  monkeypatch.setitem(sys.modules, "jaxdata.offload", types.SimpleNamespace(remat=remat))
+  return calls
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _reference_logits(params, cfg, tokens):
+  """The same math in float64 NumPy, one layer at a time."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+
+  def ln(x, q, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu)**2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * q["scale"] + q["bias"]
+
+  def dense(x, q):
+    return x @ q["kernel"] + q["bias"]
+
+  def gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+  tokens = np.asarray(tokens)
+  b, t = tokens.shape
+  hd = cfg.hidden // cfg.heads
+  x = p["wte"]["embedding"][tokens] + p["wpe"]["embedding"][np.arange(t)]
+  for layer in range(cfg.layers):
+    blk = jax.tree.map(lambda a, layer=layer: a[layer], p["blocks"])
+    q, k, v = np.split(dense(ln(x, blk["ln1"]), blk["qkv"]), 3, axis=-1)
+    q, k, v = (a.reshape(b, t, cfg.heads, hd) for a in (q, k, v))
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
+    s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    o = np.einsum("bhqk,bkhd->bqhd", s, v).reshape(b, t, cfg.hidden)
+    x = x + dense(o, blk["proj"])
+    x = x + dense(gelu(dense(ln(x, blk["ln2"]), blk["up"])), blk["down"])
+  return ln(x, p["ln_f"]) @ p["wte"]["embedding"].T
+
+
+def test_logits_match_numpy_reference():
+  model = _model()
+  tokens = _tokens((2, CFG.seq))
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  want = _reference_logits(params, CFG, tokens)
+  got = _logits(model, tokens)
+  assert got.dtype == jnp.float32 and got.shape == (2, CFG.seq, CFG.vocab)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+  # Shorter inputs use the first positions.
+  np.testing.assert_allclose(np.asarray(_logits(model, tokens[:, :5])), want[:, :5], rtol=1e-4,
+                             atol=1e-5)
+
+
+def test_causal():
+  model = _model()
+  tokens = _tokens((2, CFG.seq))
+  changed = tokens.at[:, 7].set((tokens[:, 7] + 1) % CFG.vocab)
+  a, b = np.asarray(_logits(model, tokens)), np.asarray(_logits(model, changed))
+  np.testing.assert_allclose(a[:, :7], b[:, :7], rtol=0, atol=1e-6)
+  assert np.abs(a[:, 7:] - b[:, 7:]).max(axis=-1).min() > 1e-3
+
+
+def test_loss_is_next_token_cross_entropy():
+  model = _model()
+  tokens = _tokens((3, CFG.seq + 1))
+  logits = np.asarray(_logits(model, tokens[:, :-1]), np.float64)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  want = -np.take_along_axis(logp, np.asarray(tokens[:, 1:])[..., None], -1).mean()
+  loss = nnx.jit(lambda m, t: m.loss(t))(model, tokens)
+  assert loss.dtype == jnp.float32 and loss.shape == ()
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+
+
+def test_rejects_long_input_and_bad_plan():
+  model = _model()
+  with pytest.raises(ValueError, match="seq"):
+    model(_tokens((1, CFG.seq + 1)))
+  with pytest.raises(ValueError, match="one policy per layer"):
+    model(_tokens((1, 4)), plan=[None, None])
+  with pytest.raises(ValueError, match="multiple of heads"):
+    GPTConfig(hidden=10, heads=3)
+
+
+def test_bfloat16_compute_float32_params():
+  model = _model(dataclasses.replace(CFG, dtype=jnp.bfloat16))
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  tokens = _tokens((2, 9))
+  assert _logits(model, tokens[:, :-1]).dtype == jnp.float32
+  f = block_fn(model, (2, 8))
+  assert f.x.dtype == jnp.bfloat16 and f.x.shape == (2, 8, CFG.hidden)
+  y = jax.eval_shape(f.apply, f.layer(0), f.x)
+  assert y.dtype == jnp.bfloat16 and y.shape == f.x.shape
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def test_segments():
+  assert segments(None, 4) == [(0, 4, None)]
+  assert segments(["a", "a", None, "a"], 4) == [(0, 2, "a"), (2, 3, None), (3, 4, "a")]
+  assert segments(["x"] * 3, 3) == [(0, 3, "x")]
+  with pytest.raises(ValueError):
+    segments(["a"], 2)
+
+
+NOTHING = jax.checkpoint_policies.nothing_saveable
+ATTN = jax.checkpoint_policies.save_only_these_names("qkv", "attn_scores")
+BUT_MLP = jax.checkpoint_policies.save_any_names_but_these("mlp_up", "mlp_act")
+
+
+@pytest.fixture(scope="module")
+def loss_fn():
+  """(loss of params under a plan, params, jitted value_and_grad of it) for one model and batch."""
+  graphdef, params = nnx.split(_model())
+  tokens = _tokens((2, CFG.seq + 1))
+
+  def loss(p, plan=None):
+    return nnx.merge(graphdef, p).loss(tokens, plan)
+
+  def value_and_grads(plan):
+    return jax.jit(jax.value_and_grad(lambda p: loss(p, plan)))(params)
+
+  return loss, params, value_and_grads(None)
+
+
+@pytest.mark.parametrize("plan", [
+    [NOTHING] * 3,              # one segment
+    [NOTHING, NOTHING, ATTN],   # two segments of different policies
+    [ATTN, None, BUT_MLP],      # a plain layer between two remat segments
+], ids=["one", "two", "three"])
+def test_plan_gradients_equal_plain(plan, loss_fn, checkpoint_wrap):
+  loss, params, (plain_loss, grads) = loss_fn
+  plan_loss, plan_grads = jax.jit(jax.value_and_grad(lambda p: loss(p, plan)))(params)
+  runs = [p for _, _, p in segments(plan, CFG.layers) if p is not None]
+  assert checkpoint_wrap == runs  # one remat per segment that has a policy
+  np.testing.assert_allclose(float(plan_loss), float(plain_loss), rtol=1e-6)
+  flat, flat_plan = jax.tree.leaves(grads), jax.tree.leaves(plan_grads)
+  assert len(flat) == len(flat_plan) and any(np.abs(np.asarray(g)).max() > 0 for g in flat)
+  for g, h in zip(flat, flat_plan):
+    np.testing.assert_allclose(np.asarray(h), np.asarray(g), rtol=1e-5, atol=1e-7)
+
+
+def test_plain_never_asks_for_remat(loss_fn, checkpoint_wrap):
+  loss, params, _ = loss_fn
+  jax.eval_shape(jax.grad(loss), params)
+  jax.eval_shape(jax.grad(lambda p: loss(p, [None] * CFG.layers)), params)
+  assert checkpoint_wrap == []
+
+
+def test_plan_keeps_fewer_residuals(loss_fn, checkpoint_wrap):
+  """What the backward pass holds on to (the VJP's residuals) shrinks under a remat plan."""
+  del checkpoint_wrap
+  loss, params, _ = loss_fn
+
+  def residual_bytes(plan):
+    vjp = jax.eval_shape(lambda p: jax.vjp(lambda q: loss(q, plan), p)[1], params)
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(vjp))
+
+  assert residual_bytes([NOTHING] * 3) < residual_bytes([ATTN] * 3) < residual_bytes(None)
+
+
+def test_block_fn_runs_one_layer_and_tags_its_names():
+  model = _model()
+  f = block_fn(model, (2, 8))
+  assert f.x.shape == (2, 8, CFG.hidden) and f.x.dtype == jnp.float32
+  assert jax.tree.leaves(f.states)[0].shape[0] == CFG.layers
+  x = jax.random.normal(jax.random.key(0), f.x.shape, f.x.dtype)
+  # The layers one at a time equal the model's stack.
+  h, apply = x, jax.jit(f.apply)
+  for i in range(CFG.layers):
+    h = apply(f.layer(i), h)
+  np.testing.assert_allclose(np.asarray(h), np.asarray(jax.jit(run_layers, static_argnums=0)(
+                                 f.apply, f.states, x)),
+                             rtol=1e-6, atol=1e-6)
+  jaxpr = jax.make_jaxpr(f.apply)(f.layer(0), f.x)
+  names = [e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"]
+  assert set(names) == set(BLOCK_NAMES)
+  assert names.count("qkv") == 3  # q, k and v
+
+
+# ----------------------------------------------------------------------------- data and training
+
+
+def test_markov_tokens_deterministic():
+  a, b, c = markov_tokens(64, seed=3), markov_tokens(64, seed=3), markov_tokens(64, seed=4)
+  np.testing.assert_array_equal(a.successors, b.successors)
+  np.testing.assert_array_equal(a.probs, b.probs)
+  assert not np.array_equal(a.successors, c.successors)
+  x, y = next(a.batches(4, 32, seed=1)), next(b.batches(4, 32, seed=1))
+  assert x.shape == (4, 33) and x.dtype == np.int32
+  np.testing.assert_array_equal(x, y)
+  assert not np.array_equal(x, next(a.batches(4, 32, seed=2)))
+  stream = a.batches(4, 32, seed=1)
+  assert not np.array_equal(next(stream), next(stream))  # a stream moves on
+  # Successors are distinct; samples follow the chain; its entropy is far below log(vocab).
+  assert (np.diff(np.sort(a.successors, axis=1), axis=1) > 0).all()
+  walks = a.sample(64, 256, np.random.default_rng(0))
+  assert np.isfinite(a.nll(walks))
+  assert abs(a.nll(walks) - a.entropy()) < 0.1
+  assert a.entropy() < 0.5 * np.log(64)
+
+
+def test_markov_tokens_order_two():
+  chain = markov_tokens(16, order=2, branching=3, seed=0)
+  assert chain.successors.shape == (256, 3)
+  walks = chain.sample(8, 64, np.random.default_rng(0))
+  assert np.isfinite(chain.nll(walks))
+  with pytest.raises(ValueError):
+    markov_tokens(8, branching=9)
+
+
+def test_training_under_a_plan_lowers_the_loss(checkpoint_wrap):
+  """A short run (with a planner, so the remat path trains too) gets well below log(vocab)."""
+  config = GPTTrainConfig(**TRAIN, batch=8, steps=60, learning_rate=1e-2, warmup=5,
+                          eval_batches=2)
+  plan, seen, logged = [NOTHING, NOTHING, ATTN], [], []
+
+  def planner(model, batch_shape):
+    seen.append((type(model), batch_shape))
+    return plan
+
+  result = train(config, plan=planner, on_log=logged.append)
+  assert seen == [(GPT, (8, CFG.seq))] and result.plan == plan
+  assert checkpoint_wrap == [NOTHING, ATTN]  # traced once: the step is compiled once
+  m = result.metrics
+  assert m["start_loss"] > np.log(CFG.vocab) - 0.3
+  assert m["final_loss"] < m["start_loss"] - 1.0, m
+  assert m["final_loss"] > m["entropy"] - 0.1
+  assert [r["step"] for r in logged] == list(range(6, 61, 6))
+  assert [r["step"] for r in result.history] == list(range(6, 61, 6))
+  with pytest.raises(ValueError, match="one policy per layer"):
+    train(config, plan=[NOTHING])
