@@ -23,7 +23,7 @@ from jaxdata.offload import TensorStore, plan_for_model
 
 on_gpu = jax.devices()[0].platform == "gpu"
 budget = parse_bytes(sys.argv[sys.argv.index("--budget") + 1] if "--budget" in sys.argv else
-                     "256M" if on_gpu else "8M")  # device memory for the layers' residuals
+                     "2G" if on_gpu else "8M")  # device memory for the layers' residuals
 if on_gpu:  # big enough that keeping every activation would not fit the default budget
   cfg, batch, steps = GPTConfig(vocab=256, layers=12, hidden=1024, heads=16, seq=1024), 8, 100
 else:       # small enough for a laptop CPU
@@ -36,7 +36,8 @@ model = GPT(cfg, rngs=nnx.Rngs(0))
 with TensorStore(ram_bytes=1 << 30) as store:  # pinned host RAM for what is offloaded
   plan = plan_for_model(model, (batch, cfg.seq), budget_bytes=budget, store=store)
   for start, stop, policy in segments(plan, cfg.layers):
-    print(f"layers {start}-{stop - 1}: {policy}")
+    where = f"layers {start}-{stop - 1}" if stop - start > 1 else f"layer {start}"
+    print(f"{where}: {policy}")
 
   # The contract: a plan changes memory and time, never the loss or the gradients.
   tokens = jnp.asarray(next(data))

@@ -27,7 +27,7 @@ def _model(cfg=CFG, seed=0):
 _logits = nnx.jit(lambda model, tokens: model(tokens))
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _full_float32_matmuls():
   """On a GPU, float32 matmuls may default to TF32; comparisons here want float32 exactly."""
   with jax.default_matmul_precision("highest"):

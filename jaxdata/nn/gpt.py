@@ -3,8 +3,9 @@
 Pre-LayerNorm blocks (causal multi-head self-attention, then a GELU MLP), learned token and
 position embeddings, a final LayerNorm and an output head tied to the token embedding (logits
 are `h @ wte.T`, computed in float32). Attention is the plain einsum-and-softmax form, not a
-fused kernel, so a block keeps the classic activations: the (batch, heads, seq, seq)
-probabilities are the largest of them. Each block tags its intermediates with
+fused kernel, so a block keeps the classic activations, of which the (batch, heads, seq, seq)
+softmax is the largest (its float32 exponentials and the probabilities in the compute dtype:
+6 bytes per score with bfloat16). Each block tags its intermediates with
 `jax.ad_checkpoint.checkpoint_name` (see `BLOCK_NAMES`), so remat policies can name what to
 keep, offload or recompute.
 
@@ -87,9 +88,11 @@ class Block(nnx.Module):
     q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
     q, k, v = (checkpoint_name(a.reshape(b, t, self.heads, hd), "qkv") for a in (q, k, v))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(hd, q.dtype))
-    causal = jnp.tril(jnp.ones((t, t), bool))
-    scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-    probs = checkpoint_name(jax.nn.softmax(scores, axis=-1).astype(x.dtype), "attn_scores")
+    # An additive causal mask (as GPT-2's): unlike a `where` on the scores, adding a constant
+    # leaves no (batch, heads, seq, seq) residual of its own for the backward pass.
+    causal = jnp.where(jnp.tril(jnp.ones((t, t), bool)), 0.0, -1e30).astype(jnp.float32)
+    probs = jax.nn.softmax(scores.astype(jnp.float32) + causal, axis=-1).astype(x.dtype)
+    probs = checkpoint_name(probs, "attn_scores")
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d)
     x = x + checkpoint_name(self.proj(ctx), "attn_out")
     up = checkpoint_name(self.up(self.ln2(x)), "mlp_up")
