@@ -2,13 +2,16 @@
 import os
 import tempfile
 
-os.environ["JAXDATA_OFFLOAD_GPU"] = "1"  # this script is the GPU path's check
+# Bit-exact comparisons need one GEMM choice in every program (no TF32, no autotuned Triton).
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0")
 
 import jax
 import jax.numpy as jnp
 
 from jaxdata import offload
 
+jax.config.update("jax_default_matmul_precision", "highest")
 print("devices:", jax.devices())
 d = tempfile.mkdtemp(dir="/var/tmp")
 x = jax.random.normal(jax.random.PRNGKey(0), (1000, 1003), jnp.float32)

@@ -119,9 +119,8 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
     r = residual_bytes(fn, args, inner)
     s = block_seconds(fn, args, inner, repeats=repeats)
     out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r, 0, s))
-    if jax.default_backend() != "gpu" or _spill.gpu_offload_enabled():
-      out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), 0, r,
-                        s + 2 * r / _D2D_BANDWIDTH))
+    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), 0, r,
+                      s + 2 * r / _D2D_BANDWIDTH))
   return out
 
 
@@ -183,8 +182,8 @@ def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store
   say = (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
   cands = choices(blk.apply, (blk.layer(0), blk.x), store, gpt_candidates(), tier=tier,
                   repeats=repeats, progress=say)
-  gpu_off = jax.default_backend() == "gpu" and not _spill.gpu_offload_enabled()
-  bw = 0.0 if gpu_off else store_bandwidth(store, tier="ram" if store.ram_bytes >= 512 << 20 else "auto")
+  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
+  bw = store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
   best = plan(model.cfg.layers, cands, budget_bytes, bw)
   if verbose:
     print(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "

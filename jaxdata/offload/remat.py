@@ -88,16 +88,22 @@ def remat(fn: Callable[..., Any], policy: Policy | None) -> Callable[..., Any]:
 
   policy None is "keep": `fn` itself.
   """
+  if policy is not None and not isinstance(policy, Policy):
+    raise TypeError(f"policy must be a jaxdata.offload.Policy or None, got {policy!r}")
   if policy is None or (policy.mode == "keep" and policy.inner is None):
     return fn
-  if not isinstance(policy, Policy):
-    raise TypeError(f"policy must be a jaxdata.offload.Policy or None, got {policy!r}")
   if policy.mode == "recompute":
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)
   inner = jax.checkpoint(fn, policy=policy.inner) if policy.inner is not None else fn
   if policy.mode == "keep":
     return inner
-  return _offloaded(inner, policy)
+  # custom_vjp takes positional arguments only: keywords travel as one dict argument.
+  offloaded = _offloaded(lambda args, kwargs: inner(*args, **kwargs), policy)
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    return offloaded(args, kwargs)
+  return wrapped
 
 
 def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
@@ -137,4 +143,5 @@ def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
     return vjp(g)
 
   call.defvjp(fwd, bwd)
+
   return functools.wraps(fn)(call)

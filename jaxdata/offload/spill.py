@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Sequence
 
 import jax
@@ -26,21 +25,6 @@ def _tier(tier: str) -> int:
   return _TIERS[tier]
 
 
-def gpu_offload_enabled() -> bool:
-  """Whether spill / load may run on GPUs. Off by default: the GPU path still returns wrong
-  gradients in .ci/offload_smoke.py (a race under investigation, see docs/offload.md); set
-  JAXDATA_OFFLOAD_GPU=1 to run it anyway (benchmarks, debugging)."""
-  return os.environ.get("JAXDATA_OFFLOAD_GPU", "") == "1"
-
-
-def _check_platform() -> None:
-  if jax.default_backend() == "gpu" and not gpu_offload_enabled():
-    raise NotImplementedError(
-        "jaxdata.offload: spill/load on the GPU is disabled: its asynchronous path gave wrong "
-        "gradients in testing (docs/offload.md). Use keep/recompute policies, run on the CPU, or "
-        "set JAXDATA_OFFLOAD_GPU=1 to run it for debugging.")
-
-
 def spill(arrays: Sequence[jax.Array], store: TensorStore, *, site: int, tier: str = "auto"
           ) -> jax.Array:
   """Copies `arrays` into `store` and returns a ticket (two int32) for `load`.
@@ -51,7 +35,6 @@ def spill(arrays: Sequence[jax.Array], store: TensorStore, *, site: int, tier: s
   """
   if not isinstance(store, TensorStore):
     raise TypeError(f"store must be a jaxdata.offload.TensorStore, got {type(store).__name__}")
-  _check_platform()
   arrays = [jnp.asarray(a) for a in arrays]
   if not arrays:
     raise ValueError("spill needs at least one array")

@@ -14,7 +14,10 @@ _ext = _ffi.ext
 def _bytes(value: Any, what: str) -> int:
   if isinstance(value, str):
     from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
-    value = parse_bytes(value)
+    try:
+      value = parse_bytes(value)
+    except ValueError:
+      raise ValueError(f"{what} must be a byte count (an int or e.g. '8GiB'), got {value!r}") from None
   if not isinstance(value, int) or isinstance(value, bool) or value < 0:
     raise ValueError(f"{what} must be a byte count >= 0 (an int or e.g. '8GiB'), got {value!r}")
   return value

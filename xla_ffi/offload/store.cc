@@ -116,7 +116,7 @@ TensorStore::TensorStore(const StoreOptions& options) : options_(options) {
   const bool pinned = CudaDeviceCount() > 0;
   const int64_t ram = RoundUp(options_.ram_bytes, kAlign);
   arena_ = HostBuffer::Allocate(size_t(std::max<int64_t>(ram, kAlign)), pinned);
-  if (ram > 0) free_[0] = ram;
+  if (options_.ram_bytes / kRamAlign > 0) free_[0] = options_.ram_bytes / kRamAlign * kRamAlign;
   stats_.ram_capacity = options_.ram_bytes;
 
   if (!options_.dir.empty()) {
