@@ -130,8 +130,9 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
       fn, temp, host = _step(model, tokens, [policy] * layers)
       seconds = _time(fn, 2)
       s = store.stats()
+    per_layer = next(c.offload_bytes for c in cands if str(c.policy) == "offload[proj]")
     rows.append(Row("offload[proj] every layer, SSD tier only", "planner", seconds,
-                    temp + s["device_peak"], s["spilled"] // 4, None, str(policy),
+                    temp + s["device_peak"], per_layer * layers, None, str(policy),
                     s["write_bandwidth"]))
     notes["ssd_written"] = s["ssd_written"]
   notes["keep"] = keep

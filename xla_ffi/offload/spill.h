@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "store.h"
 #include "xla/ffi/api/ffi.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_offload_spill_cpu);
@@ -73,6 +74,59 @@ xla::ffi::ErrorOr<Parts> RetParts(const Buffers& rets, size_t first) {
     parts.bytes.push_back(int64_t((*b)->size_bytes()));
   }
   return parts;
+}
+
+// A ticket is int32 pairs (the low 31 bits of the entry's number, the rest) so that it needs no
+// 64-bit JAX types; a batched spill (vmap) repeats the pair.
+JAXDATA_HOST_DEVICE inline void EncodeTicket(int32_t* pair, int64_t seq) {
+  pair[0] = int32_t(seq & 0x7fffffff), pair[1] = int32_t(seq >> 31);
+}
+JAXDATA_HOST_DEVICE inline int64_t DecodeTicket(const int32_t* pair) {
+  return int64_t(pair[0]) | (int64_t(pair[1]) << 31);
+}
+
+// The store a handler names, or its error; also the failure an earlier GPU call of this store
+// could only see after it had returned.
+inline xla::ffi::ErrorOr<std::shared_ptr<TensorStore>> OpenStore(int64_t id) {
+  auto store = LookupStore(id);
+  if (store.has_error()) return store;
+  if (auto err = (*store)->TakeDeferredError(); err.failure()) return xla::ffi::Unexpected(err);
+  return store;
+}
+
+struct TicketBuffer {
+  int32_t* pairs;
+  int64_t count;  // int32 elements (twice the pairs)
+};
+
+// spill's one output: the ticket.
+template <typename Rets>  // RemainingRets
+xla::ffi::ErrorOr<TicketBuffer> SpillTicket(const Rets& rets) {
+  if (rets.size() != 1) {
+    return xla::ffi::Unexpected(xla::ffi::Error::InvalidArgument("offload spill: one ticket output"));
+  }
+  auto t = rets.template get<xla::ffi::AnyBuffer>(0);
+  if (t.has_error()) return xla::ffi::Unexpected(t.error());
+  if ((*t)->element_type() != xla::ffi::S32 || (*t)->element_count() % 2) {
+    return xla::ffi::Unexpected(
+        xla::ffi::Error::InvalidArgument("offload spill: the ticket is int32 pairs"));
+  }
+  return TicketBuffer{static_cast<int32_t*>((*t)->untyped_data()), int64_t((*t)->element_count())};
+}
+
+// load's one input: the ticket (its first pair).
+template <typename Args>  // RemainingArgs
+xla::ffi::ErrorOr<const int32_t*> LoadTicket(const Args& args) {
+  if (args.size() != 1) {
+    return xla::ffi::Unexpected(xla::ffi::Error::InvalidArgument("offload load: one ticket input"));
+  }
+  auto t = args.template get<xla::ffi::AnyBuffer>(0);
+  if (t.has_error()) return xla::ffi::Unexpected(t.error());
+  if (t->element_type() != xla::ffi::S32 || t->element_count() < 2) {
+    return xla::ffi::Unexpected(xla::ffi::Error::InvalidArgument(
+        "offload load: the ticket is int32 pairs (from spill)"));
+  }
+  return static_cast<const int32_t*>(t->untyped_data());
 }
 
 // A load's outputs must have the spilled arrays' sizes.

@@ -23,17 +23,12 @@ void ParallelCopy(ffi::ThreadPool& pool, const Parts& parts, char* ram, bool int
 
 ffi::Error SpillCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     int64_t store_id, int64_t site, int64_t tier) {
-  auto store = LookupStore(store_id);
+  auto store = OpenStore(store_id);
   if (store.has_error()) return store.error();
-  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
   auto parts = ArgParts(args, 0);
   if (parts.has_error()) return parts.error();
-  if (rets.size() != 1) return ffi::Error::InvalidArgument("offload spill: one ticket output");
-  auto ticket = rets.get<ffi::AnyBuffer>(0);
+  auto ticket = SpillTicket(rets);
   if (ticket.has_error()) return ticket.error();
-  if ((*ticket)->element_type() != ffi::S32 || (*ticket)->element_count() % 2) {
-    return ffi::Error::InvalidArgument("offload spill: the ticket is int32 pairs");
-  }
   auto e = (*store)->Begin(site, 0, parts->bytes, Tier(tier));
   if (e.has_error()) return e.error();
   if ((*e)->tier == Tier::kRam) {
@@ -45,29 +40,19 @@ ffi::Error SpillCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remainin
       return std::string();
     });
   }
-  int32_t* t = static_cast<int32_t*>((*ticket)->untyped_data());
-  for (size_t i = 0; i < (*ticket)->element_count(); i += 2) {
-    t[i] = int32_t((*e)->seq & 0x7fffffff), t[i + 1] = int32_t((*e)->seq >> 31);
-  }
+  for (int64_t i = 0; i < ticket->count; i += 2) EncodeTicket(ticket->pairs + i, (*e)->seq);
   return ffi::Error::Success();
 }
 
 ffi::Error LoadCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                    int64_t store_id, int64_t site) {
-  auto store = LookupStore(store_id);
+  auto store = OpenStore(store_id);
   if (store.has_error()) return store.error();
-  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
-  if (args.size() != 1) return ffi::Error::InvalidArgument("offload load: one ticket input");
-  auto ticket = args.get<ffi::AnyBuffer>(0);
+  auto ticket = LoadTicket(args);
   if (ticket.has_error()) return ticket.error();
-  if (ticket->element_type() != ffi::S32 || ticket->element_count() < 2) {
-    return ffi::Error::InvalidArgument("offload load: the ticket is int32 pairs (from spill)");
-  }
-  const int32_t* t = static_cast<const int32_t*>(ticket->untyped_data());
-  const int64_t seq = int64_t(t[0]) | (int64_t(t[1]) << 31);
   auto parts = RetParts(rets, 0);
   if (parts.has_error()) return parts.error();
-  auto e = (*store)->Pop(site, 0, seq);
+  auto e = (*store)->Pop(site, 0, DecodeTicket(*ticket));
   if (e.has_error()) return e.error();
   ffi::Error err = CheckSameParts((*e)->parts, *parts);
   if (err.success()) err = (*store)->WaitStored(**e);

@@ -59,15 +59,12 @@ __global__ void __launch_bounds__(kThreads)
   if ((threadIdx.x & 31) == 0) atomicAdd(out, (unsigned long long)acc);
 }
 
-// A ticket is int32 pairs (low 31 bits, the rest) so that it needs no 64-bit JAX types.
 __global__ void FillTicket(int32_t* ticket, int64_t n, int64_t value) {
-  for (int64_t i = 2 * threadIdx.x; i < n; i += 2 * blockDim.x) {
-    ticket[i] = int32_t(value & 0x7fffffff), ticket[i + 1] = int32_t(value >> 31);
-  }
+  for (int64_t i = 2 * threadIdx.x; i < n; i += 2 * blockDim.x) EncodeTicket(ticket + i, value);
 }
 
 __global__ void CheckTicket(const int32_t* ticket, int64_t expected, int64_t* flag) {
-  if ((int64_t(ticket[0]) | (int64_t(ticket[1]) << 31)) != expected) *flag = expected;
+  if (DecodeTicket(ticket) != expected) *flag = expected;
 }
 
 // Sums `nbytes` at `data` into the 8 bytes at `out` (zeroed first), on `stream`.
@@ -102,6 +99,7 @@ class Gpu {
  public:
   Gpu(TensorStore* store, int device) : store_(store), device_(device) {}
   ~Gpu() { Stop(); }
+  int device() const { return device_; }
 
   ffi::Error Start() {
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
@@ -120,8 +118,8 @@ class Gpu {
     *flag_ = 0;
     JAXDATA_CUDA_RETURN_IF_ERROR(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev_), flag_, 0));
-    writer_ = std::thread([this] { Loop(&writes_, true); });
-    prefetcher_ = std::thread([this] { Loop(nullptr, false); });
+    writer_ = std::thread([this] { WriterLoop(); });
+    prefetcher_ = std::thread([this] { PrefetchLoop(); });
     return ffi::Error::Success();
   }
 
@@ -199,7 +197,7 @@ class Gpu {
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(g->spilled, d2h_));
       store_->MarkStored(e);
     } else {
-      Post(&writes_, [this, e, stage, copied] {
+      PostWrite([this, e, stage, copied] {
         cudaSetDevice(device_);
         cudaStreamWaitEvent(ssd_, copied, 0);
         cudaEventDestroy(copied);
@@ -239,7 +237,7 @@ class Gpu {
         return ffi::Error(ffi::ErrorCode::kDataLoss,
                           g.error.empty() ? "offload: the TensorStore was closed" : g.error);
       }
-      held_.erase(std::find(held_.begin(), held_.end(), e));
+      if (auto it = std::find(held_.begin(), held_.end(), e); it != held_.end()) held_.erase(it);
     }
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, g.ready, 0));
     int64_t at = 0;
@@ -255,29 +253,34 @@ class Gpu {
   }
 
  private:
-  void Post(std::deque<std::function<void()>>* queue, std::function<void()> job) {
+  void PostWrite(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mu_);
-    queue->push_back(std::move(job));
+    writes_.push_back(std::move(job));
     cv_.notify_all();
   }
 
-  // The writer runs queued jobs; the prefetcher brings queued entries back, in queue order.
-  void Loop(std::deque<std::function<void()>>* jobs, bool writer) {
+  // The SSD writer: runs queued jobs in order.
+  void WriterLoop() {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] {
-        return stopping_ || (writer ? !jobs->empty() : !prefetches_.empty());
-      });
+      cv_.wait(lock, [&] { return stopping_ || !writes_.empty(); });
       if (stopping_) return;
-      if (writer) {
-        auto job = std::move(jobs->front());
-        jobs->pop_front();
-        lock.unlock();
-        job();
-        lock.lock();
-        continue;
-      }
+      auto job = std::move(writes_.front());
+      writes_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
+  // The prefetcher: brings queued entries back to the device, in queue order.
+  void PrefetchLoop() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !prefetches_.empty(); });
+      if (stopping_) return;
       auto e = std::move(prefetches_.front());
       prefetches_.pop_front();
       held_.push_back(e);
@@ -388,47 +391,32 @@ ffi::ErrorOr<std::shared_ptr<Gpu>> GpuFor(TensorStore& store) {
 
 ffi::Error SpillCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                      int64_t store_id, int64_t site, int64_t tier) {
-  auto store = LookupStore(store_id);
+  auto store = OpenStore(store_id);
   if (store.has_error()) return store.error();
-  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
   auto gpu = GpuFor(**store);
   if (gpu.has_error()) return gpu.error();
   if (auto err = (*gpu)->TakeFlag(); err.failure()) return err;
   auto parts = ArgParts(args, 0);
   if (parts.has_error()) return parts.error();
-  if (rets.size() != 1) return ffi::Error::InvalidArgument("offload spill: one ticket output");
-  auto ticket = rets.get<ffi::AnyBuffer>(0);
+  auto ticket = SpillTicket(rets);
   if (ticket.has_error()) return ticket.error();
-  if ((*ticket)->element_type() != ffi::S32 || (*ticket)->element_count() % 2) {
-    return ffi::Error::InvalidArgument("offload spill: the ticket is int32 pairs");
-  }
-  int device = 0;
-  JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  auto e = (*store)->Begin(site, device, parts->bytes, Tier(tier));
+  auto e = (*store)->Begin(site, (*gpu)->device(), parts->bytes, Tier(tier));
   if (e.has_error()) return e.error();
-  return (*gpu)->Spill(stream, *parts, *e, static_cast<int32_t*>((*ticket)->untyped_data()),
-                       int64_t((*ticket)->element_count()));
+  return (*gpu)->Spill(stream, *parts, *e, ticket->pairs, ticket->count);
 }
 
 ffi::Error LoadCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     int64_t store_id, int64_t site) {
-  auto store = LookupStore(store_id);
+  auto store = OpenStore(store_id);
   if (store.has_error()) return store.error();
-  if (auto err = (*store)->TakeDeferredError(); err.failure()) return err;
   auto gpu = GpuFor(**store);
   if (gpu.has_error()) return gpu.error();
   if (auto err = (*gpu)->TakeFlag(); err.failure()) return err;
-  if (args.size() != 1) return ffi::Error::InvalidArgument("offload load: one ticket input");
-  auto ticket = args.get<ffi::AnyBuffer>(0);
+  auto ticket = LoadTicket(args);
   if (ticket.has_error()) return ticket.error();
-  if (ticket->element_type() != ffi::S32 || ticket->element_count() < 2) {
-    return ffi::Error::InvalidArgument("offload load: the ticket is int32 pairs (from spill)");
-  }
   auto parts = RetParts(rets, 0);
   if (parts.has_error()) return parts.error();
-  int device = 0;
-  JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  auto e = (*store)->Pop(site, device, -1);
+  auto e = (*store)->Pop(site, (*gpu)->device(), -1);
   if (e.has_error()) return e.error();
   if (auto err = CheckSameParts((*e)->parts, *parts); err.failure()) {
     (*store)->Free(*e);
@@ -438,7 +426,7 @@ ffi::Error LoadCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaining
     (*store)->Free(*e);
     return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: a GPU load of a ticket spilled on the CPU");
   }
-  return (*gpu)->Load(stream, static_cast<const int32_t*>(ticket->untyped_data()), *parts, *e);
+  return (*gpu)->Load(stream, *ticket, *parts, *e);
 }
 
 }  // namespace

@@ -422,7 +422,6 @@ ffi::ErrorOr<std::shared_ptr<Entry>> TensorStore::Pop(int64_t site, int device, 
   auto& stack = sites_[{e->site, e->device}];
   stack.erase(std::find(stack.begin(), stack.end(), e));
   live_.erase(e->seq);
-  e->loading = true;
   return e;
 }
 

@@ -81,7 +81,6 @@ struct Entry {
   // Guarded by the store's mutex:
   bool stored = false;         // every chunk is in its tier, checksummed (or `error` is set)
   int writes_left = 0;
-  bool loading = false;        // popped by a load
   std::string error;
   std::shared_ptr<void> gpu;   // the CUDA handlers' per-entry state
 };
@@ -116,9 +115,6 @@ class TensorStore {
   // 64 bytes after the entry's RAM region that the GPU handlers use for checksums.
   uint64_t* RamTail(const Entry& e) const {
     return reinterpret_cast<uint64_t*>(RamData(e) + (e.nbytes + 255) / 256 * 256);
-  }
-  const char* RamDeviceData(const Entry& e) const {
-    return arena_->device_data() ? arena_->device_data() + e.ram_offset : nullptr;
   }
 
   // RAM tier: checksums the entry's chunks on the I/O threads and marks it stored.
@@ -160,11 +156,9 @@ class TensorStore {
   void SetDeferredError(std::string message);
   xla::ffi::Error TakeDeferredError();
 
-  // Slots for callers that stream chunks themselves.
-  char* AcquireSlot();
-  void ReleaseSlot(char* slot);
-
  private:
+  char* AcquireSlot();  // blocks until a staging slot is free; nullptr once closed
+  void ReleaseSlot(char* slot);
   void Post(std::function<void()> task);
   void IoLoop();
   void WaitIdle();
