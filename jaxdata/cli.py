@@ -61,15 +61,16 @@ def _command() -> str:
 
 
 def _print_table(console, title: str, header, body, notes, left=()) -> None:
+  import rich.markup  # pylint: disable=g-import-not-at-top
   import rich.table  # pylint: disable=g-import-not-at-top
   table = rich.table.Table(title=title)
   for h in header:
     table.add_column(h, justify="left" if h in left else "right")
-  for r in body:
-    table.add_row(*r)
+  for r in body:  # cells are text, not markup: "keep[dots]" must print as written
+    table.add_row(*(rich.markup.escape(str(c)) for c in r))
   console.print(table)
   for n in notes:
-    console.print(f"[yellow]{n}")
+    console.print(f"[yellow]{rich.markup.escape(n)}")
 
 
 def _write(console, path: str, text: str) -> None:
@@ -178,7 +179,7 @@ def _rok(args: argparse.Namespace) -> int:
   if not console.is_terminal:
     console = rich.console.Console(width=200)
   rows, notes = rok.run(**size, fractions=args.fractions, ssd_dir=args.ssd_dir,
-                        repeats=args.repeats, say=console.print)
+                        repeats=args.repeats, say=lambda text: console.print(text, markup=False))
   _print_table(console, "recompute-offload-keep: step time against device memory",
                *rok.table_rows(rows, notes), [], left=("policy", "plan"))
   if args.write:

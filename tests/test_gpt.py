@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn import GPT, GPTConfig
-from jaxdata.nn.gpt import BLOCK_NAMES, block_fn, run_layers, segments
+from jaxdata.nn.gpt import BLOCK_NAMES, block_fn, run_layers, save_names, segments
 from jaxdata.train.gpt import GPTTrainConfig, train
 
 # One shape for every model here (training included): on a small CPU, building a model of a new
@@ -153,7 +153,7 @@ def test_segments():
 
 
 NOTHING = jax.checkpoint_policies.nothing_saveable
-ATTN = jax.checkpoint_policies.save_only_these_names("qkv", "attn_scores")
+ATTN = save_names("qkv", "attn_ctx")
 BUT_MLP = jax.checkpoint_policies.save_any_names_but_these("mlp_up", "mlp_act")
 
 
@@ -225,6 +225,43 @@ def test_block_fn_runs_one_layer_and_tags_its_names():
   names = [e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"]
   assert set(names) == set(BLOCK_NAMES)
   assert names.count("qkv") == 3  # q, k and v
+
+
+def test_attention_choice_and_save_names():
+  with pytest.raises(ValueError, match="attention"):
+    GPTConfig(attention="flash")
+  assert GPTConfig(attention="xla").attention_implementation() == "xla"
+  assert CFG.attention_implementation() == "xla"  # float32 compute never takes the fused kernel
+  with pytest.raises(ValueError, match="attn_scores"):
+    save_names("qkv", "attn_scores")
+
+
+def _attention_forwards(cfg, policy):
+  """How many fused attention forwards one gradient of a block runs under `policy`."""
+  f = block_fn(_model(cfg), (2, cfg.seq))
+  body = jax.checkpoint(f.apply, policy=policy)
+  grad = jax.grad(lambda s, x: body(s, x).astype(jnp.float32).sum(), argnums=(0, 1))
+  text = str(jax.make_jaxpr(grad)(f.layer(0), jnp.ones(f.x.shape, f.x.dtype)))
+  return text.count("dot_product_attention_fwd")
+
+
+@pytest.mark.gpu
+def test_fused_attention_on_gpu():
+  """bfloat16 on a GPU takes cuDNN's kernel; it agrees with XLA's attention, and naming attn_ctx
+  keeps its statistics so the backward pass does not run the attention forward again."""
+  try:
+    gpu = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("no GPU visible to JAX")
+  cfg = GPTConfig(vocab=64, layers=2, hidden=128, heads=2, seq=64, dtype=jnp.bfloat16)
+  with jax.default_device(gpu):
+    assert cfg.attention_implementation() == "cudnn"
+    tokens = _tokens((2, cfg.seq))
+    fused = _logits(_model(cfg), tokens)
+    plain = _logits(_model(dataclasses.replace(cfg, attention="xla")), tokens)
+    np.testing.assert_allclose(np.asarray(fused), np.asarray(plain), rtol=0.05, atol=0.05)
+    assert _attention_forwards(cfg, save_names("qkv", "attn_ctx")) == 1
+    assert _attention_forwards(cfg, save_names("qkv")) == 2
 
 
 # ----------------------------------------------------------------------------- data and training

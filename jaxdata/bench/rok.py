@@ -20,7 +20,7 @@ from jaxdata.bench import common
 FULL = dict(layers=16, hidden=4096, heads=32, seq=2048, batch=8, vocab=8192)
 QUICK = dict(layers=4, hidden=256, heads=4, seq=256, batch=4, vocab=512)
 FRACTIONS = (1.0, 0.5, 0.3, 0.2, 0.1)
-NAMES = ("qkv", "attn_out", "mlp_up", "mlp_down")
+NAMES = ("qkv", "attn_ctx", "attn_out", "mlp_up")  # what the planner's "proj" saves
 
 
 @dataclasses.dataclass
@@ -67,7 +67,7 @@ def _time(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_bytes=64 << 30,
-        ssd_dir=None, repeats=5, say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
+        ssd_dir=None, ssd_inner="attn", repeats=5, say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from jaxdata.nn.gpt import GPT, GPTConfig, block_fn  # pylint: disable=g-import-not-at-top
   cfg = GPTConfig(vocab=vocab, layers=layers, hidden=hidden, heads=heads, seq=seq,
@@ -82,6 +82,8 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
     try:
       fn, temp, host = _step(model, tokens, plan)
       rows.append(Row(name, "jax", _time(fn, repeats), temp, host))
+      say(f"  {rows[-1].seconds * 1e3:.1f} ms, {temp / 2**30:.2f} GiB device temp"
+          + (f", {host / 2**30:.2f} GiB host" if host else ""))
     except Exception as e:  # pylint: disable=broad-except
       say(f"  failed: {type(e).__name__}: {str(e)[:200]}")
   keep = next((r for r in rows if r.name == "keep everything"), None)
@@ -118,23 +120,27 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
       staged = store.stats()["device_peak"]
     rows.append(Row(f"planner @ {frac:g} x keep", "planner", seconds, temp + staged,
                     best.offload_bytes, budget, str(best)))
+    say(f"  {seconds * 1e3:.1f} ms (predicted {best.seconds * 1e3:.1f} ms of layers), "
+        f"{(temp + staged) / 2**30:.2f} GiB device ({staged / 2**30:.2f} GiB staging)")
 
   if ssd_dir:
     say(f"SSD tier: disk write bandwidth under {ssd_dir}")
     disk = offload.measure_disk_write(ssd_dir, 4 << 30)
     notes["disk_write"] = disk
-    # Every layer's projections to the SSD: a fixed, heavy write load.
+    # Every layer's attention residuals to the SSD: a fixed, heavy write load.
     with offload.TensorStore(ram_bytes=0, ssd_dir=ssd_dir, staging_bytes=1 << 30) as store:
-      policy = offload.offload(store, "ssd", offload.planner.gpt_candidates()["proj"],
-                               name="offload[proj] to SSD")
+      policy = offload.offload(store, "ssd", offload.planner.gpt_candidates()[ssd_inner],
+                               name=f"offload[{ssd_inner}] to SSD")
       fn, temp, host = _step(model, tokens, [policy] * layers)
-      seconds = _time(fn, 2)
+      seconds = common.median_seconds(fn, warmup=1, repeats=2)
       s = store.stats()
-    per_layer = next(c.offload_bytes for c in cands if str(c.policy) == "offload[proj]")
-    rows.append(Row("offload[proj] every layer, SSD tier only", "planner", seconds,
+    per_layer = next(c.offload_bytes for c in cands if str(c.policy) == f"offload[{ssd_inner}]")
+    rows.append(Row(f"offload[{ssd_inner}] every layer, SSD tier only", "planner", seconds,
                     temp + s["device_peak"], per_layer * layers, None, str(policy),
                     s["write_bandwidth"]))
     notes["ssd_written"] = s["ssd_written"]
+    say(f"  {seconds * 1e3:.1f} ms; SSD tier wrote {s['write_bandwidth'] / 1e9:.2f} GB/s, the disk "
+        f"{disk / 1e9:.2f} GB/s")
   notes["keep"] = keep
   return rows, notes
 

@@ -10,9 +10,10 @@ Everything here is NumPy on the host; models move what they need to the device.
 """
 from jaxdata.data.dataset import EntityDataset
 from jaxdata.data.graph import HeteroGraph
+from jaxdata.data.mag import MagDataset, synthetic_mag
 from jaxdata.data.powerlaw import NodeDataset, powerlaw_graph
 from jaxdata.data.rdf import load_entities
 from jaxdata.data.synthetic import synthetic_entities
 
 __all__ = ["HeteroGraph", "EntityDataset", "load_entities", "synthetic_entities", "NodeDataset",
-           "powerlaw_graph"]
+           "powerlaw_graph", "MagDataset", "synthetic_mag"]

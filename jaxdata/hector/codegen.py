@@ -4,12 +4,18 @@ Every generated kernel has the same interface, which `xla_ffi/hector/` launches:
 
 * buffers: the graph's arrays (`GRAPH_FIELDS`, in that order), then the instance's inputs
   (``in0``, ``in1``, ...), then its one output (float32);
-* scalars: ``E`` (edges), ``N`` (nodes), ``R`` (relations), ``T`` (row tiles, GPU GEMMs).
+* scalars: ``E`` (edges), ``N`` (nodes), ``R`` (relations), ``T`` (row tiles, GPU GEMMs),
+  ``P`` (unique (src, relation) pairs).
+
+An instance over the compact domain gets the pairs in place of the edges (``src``, ``etype``,
+``rel_offsets``, the CSR view and ``E`` describe pairs; ``dst`` and the CSC view are not
+meaningful there); ``pair``, ``pair_offsets`` and ``pair_edges`` link edges to pairs.
 
 Feature widths are compile-time constants, so every loop over features has a known trip count.
 CPU kernels are node-parallel over the rows they write (each thread owns its output rows through
-the graph's CSR/CSC views: no atomics, deterministic sums); CUDA kernels are edge-parallel and
-sum into their outputs with atomics.
+the graph's CSR/CSC views, the pairs' edge lists or relation ranges: no atomics, deterministic
+sums); CUDA kernels are edge-parallel and sum into their outputs with atomics, except the edge
+softmax, which gives each (node, head) one thread walking the node's edges.
 """
 from __future__ import annotations
 
@@ -18,8 +24,8 @@ import re
 from jaxdata.hector.lowering import Expr, Gemm, Load, Traversal, WeightGrad
 
 GRAPH_FIELDS = ("src", "dst", "etype", "norm", "rel_offsets", "csr_offsets", "csr_edges",
-                "csc_offsets", "csc_edges", "tiles")
-SCALARS = ("E", "N", "R", "T")
+                "csc_offsets", "csc_edges", "tiles", "pair", "pair_offsets", "pair_edges")
+SCALARS = ("E", "N", "R", "T", "P")
 
 #: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block)
 GEMM_TILE_ROWS = 64
@@ -31,6 +37,7 @@ _UNARY = {
     "tanh": "tanhf({x})",
     "sigmoid": "(1.0f / (1.0f + expf(-({x}))))",
     "neg": "(-({x}))",
+    "leaky_relu": "leaky_relu({x}, {p})",
 }
 _UNARY_GRAD = {
     "relu": "(({x}) > 0.0f ? ({g}) : 0.0f)",
@@ -38,7 +45,10 @@ _UNARY_GRAD = {
     "tanh": "(({g}) * (1.0f - tanhf({x}) * tanhf({x})))",
     "sigmoid": "(({g}) * (1.0f / (1.0f + expf(-({x})))) * (1.0f - 1.0f / (1.0f + expf(-({x})))))",
     "neg": "(-({g}))",
+    "leaky_relu": "leaky_relu_grad({x}, {g}, {p})",
 }
+#: below every score (the softmax's running maximum starts here; scores are finite)
+_LOWEST = "-3.402823466e+38f"
 
 
 def tile_rows(k) -> int:
@@ -52,7 +62,7 @@ def zero_output(k) -> bool:
   if isinstance(k, Gemm):
     return k.out != "edge"
   if isinstance(k, Traversal):
-    return k.sink != "store"
+    return k.sink not in ("store", "softmax")
   return True
 
 
@@ -82,6 +92,9 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
         "static inline float ldf(const float* p) { return *p; }",
         "static inline float ldf(const unsigned short* p) {",
         "  uint32_t bits = uint32_t(*p) << 16; float f; std::memcpy(&f, &bits, 4); return f; }",
+        "static inline float leaky_relu(float x, float s) { return x > 0.0f ? x : s * x; }",
+        "static inline float leaky_relu_grad(float x, float g, float s) {",
+        "  return x > 0.0f ? g : s * g; }",
         "template <class F> static void parallel_for(const jaxdata_cpu_runtime* rt, int64_t n,",
         "                                            int64_t grain, F f) {",
         "  rt->parallel_for(rt->pool, n, grain, [](void* a, int64_t b, int64_t e) {",
@@ -102,6 +115,9 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
         "__device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }",
         "__device__ __forceinline__ float ldf(const unsigned short* p) {",
         "  return __uint_as_float(((unsigned)__ldg(p)) << 16); }",
+        "__device__ __forceinline__ float leaky_relu(float x, float s) { return x > 0.0f ? x : s * x; }",
+        "__device__ __forceinline__ float leaky_relu_grad(float x, float g, float s) {",
+        "  return x > 0.0f ? g : s * g; }",
         f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{len(SCALARS)}]; }};",
         f'extern "C" __global__ void __launch_bounds__({_cuda_threads(k)})',
         "jaxdata_hector_kernel(const Params p) {",
@@ -109,8 +125,7 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
     ptr = lambda i: f"p.buf[{i}]"  # noqa: E731
     scalar = lambda i: f"p.scal[{i}]"  # noqa: E731
     restrict = "__restrict__"
-  types = ("int32_t", "int32_t", "int32_t", "float", "int32_t", "int32_t", "int32_t", "int32_t",
-           "int32_t", "int32_t")
+  types = ("int32_t", "int32_t", "int32_t", "float") + ("int32_t",) * (len(GRAPH_FIELDS) - 4)
   used = lambda name: re.search(rf"\b{name}\b", body) is not None  # noqa: E731
   for i, (name, t) in enumerate(zip(GRAPH_FIELDS, types)):
     if used(name):
@@ -132,24 +147,42 @@ def _load(ld: Load, f: str) -> str:
     return "norm[e]"
   idx = f" + {f}" if ld.width else ""
   w = max(ld.width, 1)
-  if ld.kind == "node":
-    return f"ldf(in{ld.slot} + (int64_t){ld.end}[e] * {w}{idx})"
-  if ld.kind == "edge":
-    return f"ldf(in{ld.slot} + e * {w}{idx})"
-  return f"ldf(in{ld.slot} + ((int64_t)etype[e] * N + {ld.end}[e]) * {w}{idx})"
+  if ld.kind == "weight_row":
+    return f"ldf(in{ld.slot} + ((int64_t)etype[e] * N + {ld.end}[e]) * {w}{idx})"
+  return f"ldf(in{ld.slot} + {_row(ld)}{idx})"
 
 
-def _expr(x: Expr, f: str) -> str:
+def _index(f: str, outer: int, inner: int) -> str:
+  """The index into an argument `inner` wide of feature `f` of an expression `outer` wide: the
+  same feature, the row's only value, or (a per-head argument) f's head."""
+  if inner == outer:
+    return f
+  if inner == 0:
+    return "0"
+  return f"({f}) / {outer // inner}"
+
+
+def _expr(x: Expr, f: str, depth: int = 0) -> str:
+  """C expression for feature `f` of `x` (CPU and CUDA alike); `depth` names the loop variables
+  of nested dot products."""
   if isinstance(x, Load):
     return _load(x, f if x.width else "0")
-  a = [_expr(y, f) for y in x.args]
+  if x.op == "dot":  # per head: the sum over the head's d features, as an inlined lambda
+    d = x.args[0].width // max(x.width, 1)
+    q, acc = f"q{depth}", f"acc{depth}"
+    at = f"({f}) * {d} + {q}" if x.width else q
+    a, b = (_expr(y, at, depth + 1) for y in x.args)
+    return (f"[&]() {{ float {acc} = 0.0f; for (int {q} = 0; {q} < {d}; ++{q}) "
+            f"{acc} += {a} * {b}; return {acc}; }}()")
+  a = [_expr(y, _index(f, x.width, y.width), depth) for y in x.args]
   if x.op == "mul":
     return f"({a[0]} * {a[1]})"
   if x.op == "add":
     return f"({a[0]} + {a[1]})"
+  p = f"{x.param!r}f"
   if x.op == "unary":
-    return _UNARY[x.fn].format(x=a[0])
-  return _UNARY_GRAD[x.fn].format(x=a[0], g=a[1])
+    return _UNARY[x.fn].format(x=a[0], p=p)
+  return _UNARY_GRAD[x.fn].format(x=a[0], g=a[1], p=p)
 
 
 def _scale(scales: tuple[Load, ...]) -> str:
@@ -163,8 +196,10 @@ def _weight(g: Gemm, k: str, n: str) -> str:
 
 
 def _row(ld: Load) -> str:
-  """Element offset of an instance's GEMM row for edge e."""
-  return f"(int64_t){ld.end}[e] * {ld.width}" if ld.kind == "node" else f"e * {ld.width}"
+  """Element offset of the row a node, edge, pair or vector load reads for edge e."""
+  w = max(ld.width, 1)
+  where = {"node": f"{ld.end}[e]", "pair": "pair[e]", "vector": "etype[e]"}.get(ld.kind)
+  return f"(int64_t){where} * {w}" if where else f"e * {w}"
 
 
 def _groups(end: str) -> tuple[str, str]:
@@ -235,16 +270,63 @@ def _cpu_traversal(t: Traversal) -> str:
             f"    for (int64_t e = lo; e < hi; ++e)\n"
             f"      for (int f = 0; f < {w}; ++f) out[e * {w} + f] = {value};\n"
             f"  }});\n  return 0;\n}}\n")
-  off, eids = _groups(t.end)
-  target = (f"out + i * {w}" if t.sink == "aggregate" else
-            f"out + ((int64_t)etype[e] * N + i) * {w}")
-  return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
+  if t.sink == "softmax":
+    return _cpu_softmax(t, w, value)
+  if t.sink == "relation":
+    return _cpu_relation_sum(w, value)
+  if t.sink == "pair":  # each pair's row sums the rows of its edges
+    off, eids, count = "pair_offsets", "pair_edges", "P"
+    target = f"out + i * {w}"
+  else:
+    (off, eids), count = _groups(t.end), "N"
+    target = (f"out + i * {w}" if t.sink == "aggregate" else
+              f"out + ((int64_t)etype[e] * N + i) * {w}")
+  return (f"  parallel_for(rt, {count}, 64, [&](int64_t lo, int64_t hi) {{\n"
           f"    for (int64_t i = lo; i < hi; ++i) {{\n"
           f"      for (int64_t q = {off}[i]; q < {off}[i + 1]; ++q) {{\n"
           f"        const int64_t e = {eids}[q];\n"
           f"        float* __restrict__ o = {target};\n"
           f"        for (int f = 0; f < {w}; ++f) o[f] += {value};\n"
           f"      }}\n"
+          f"    }}\n  }});\n  return 0;\n}}\n")
+
+
+def _cpu_softmax(t: Traversal, w: int, value: str) -> str:
+  """Per node (its edges grouped at `end`) and head: the maximum score, then exp(score - max)
+  stored per edge and summed, then the stored values divided by the sum."""
+  off, eids = _groups(t.end)
+  return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
+          f"    for (int64_t i = lo; i < hi; ++i) {{\n"
+          f"      const int64_t q0 = {off}[i], q1 = {off}[i + 1];\n"
+          f"      for (int f = 0; f < {w}; ++f) {{\n"
+          f"        float m = {_LOWEST};\n"
+          f"        for (int64_t q = q0; q < q1; ++q) {{\n"
+          f"          const int64_t e = {eids}[q];\n"
+          f"          m = std::max(m, {value});\n"
+          f"        }}\n"
+          f"        float sum = 0.0f;\n"
+          f"        for (int64_t q = q0; q < q1; ++q) {{\n"
+          f"          const int64_t e = {eids}[q];\n"
+          f"          const float x = expf({value} - m);\n"
+          f"          out[e * {w} + f] = x;\n"
+          f"          sum += x;\n"
+          f"        }}\n"
+          f"        for (int64_t q = q0; q < q1; ++q) out[(int64_t){eids}[q] * {w} + f] /= sum;\n"
+          f"      }}\n"
+          f"    }}\n  }});\n  return 0;\n}}\n")
+
+
+def _cpu_relation_sum(w: int, value: str) -> str:
+  """out[r] sums the rows of relation r's edges: one task per relation and block of features."""
+  fb = 16
+  blocks = (w + fb - 1) // fb
+  return (f"  parallel_for(rt, R * {blocks}, 1, [&](int64_t lo, int64_t hi) {{\n"
+          f"    for (int64_t task = lo; task < hi; ++task) {{\n"
+          f"      const int64_t r = task / {blocks};\n"
+          f"      const int f0 = int(task % {blocks}) * {fb}, f1 = std::min(f0 + {fb}, {w});\n"
+          f"      float* __restrict__ o = out + r * {w};\n"
+          f"      for (int64_t e = rel_offsets[r]; e < rel_offsets[r + 1]; ++e)\n"
+          f"        for (int f = f0; f < f1; ++f) o[f] += {value};\n"
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
@@ -266,14 +348,28 @@ def _cuda_threads(k) -> int:
   return 256
 
 
-def launch(k, num_tiles: int, num_edges: int) -> tuple[int, int]:
-  """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound)."""
+#: edges each thread of a CUDA relation sum walks (it adds its partial sums once per relation)
+RELATION_RUN = 32
+
+
+def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0) -> tuple[int, int]:
+  """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound; `num_edges`:
+  the rows of the instance's domain)."""
   threads = _cuda_threads(k)
   if isinstance(k, Gemm):
     return num_tiles * -(-k.n // _gemm_tile(k.n)), threads
   if isinstance(k, WeightGrad):
     return num_tiles * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
-  work = num_edges * max(k.width, 1)
+  w = max(k.width, 1)
+  if k.sink == "softmax":
+    work = num_nodes * w
+  elif k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
+    if num_edges == 0:
+      return 0, threads
+    chunks = -(-num_edges // RELATION_RUN)
+    return max(-(-w // threads), min(-(-chunks * w // threads), 132 * 16)), threads
+  else:
+    work = num_edges * w
   return max(0, min(-(-work // threads), 132 * 16)), threads
 
 
@@ -315,8 +411,7 @@ def _cuda_gemm(g: Gemm) -> str:
   threads = 16 * (bn // tn)
   ncb = -(-g.n // bn)
   rows = g.rows
-  a_base = (f"(int64_t){rows.end}[e] * {rows.width}" if rows.kind == "node" else
-            f"e * {rows.width}")
+  a_base = _row(rows)
   if g.transpose:  # B[k][n] = W[r][n][k]: let consecutive threads walk k
     b_idx = f"const int kk = idx % {bk}, nn = idx / {bk};"
   else:
@@ -415,8 +510,7 @@ def _cuda_wgrad(w: WeightGrad) -> str:
   tn = _micro(bn)
   threads = 16 * (bn // tn)
   nkb, nnb = -(-w.k // bm), -(-w.n // bn)
-  lrow = f"(int64_t){w.left.end}[e] * {w.left.width}" if w.left.kind == "node" else f"e * {w.k}"
-  rrow = f"(int64_t){w.right.end}[e] * {w.right.width}" if w.right.kind == "node" else f"e * {w.n}"
+  lrow, rrow = _row(w.left), _row(w.right)
   return f"""\
   const int64_t tile = blockIdx.x / {nkb * nnb};
   const int kb = (blockIdx.x / {nnb}) % {nkb}, nb = blockIdx.x % {nnb};
@@ -462,10 +556,16 @@ def _cuda_wgrad(w: WeightGrad) -> str:
 def _cuda_traversal(t: Traversal) -> str:
   w = max(t.width, 1)
   value = _expr(t.expr, "f")
+  if t.sink == "softmax":
+    return _cuda_softmax(t, w, value)
+  if t.sink == "relation":
+    return _cuda_relation_sum(w, value)
   if t.sink == "store":
     write = f"out[e * {w} + f] = v;"
   elif t.sink == "aggregate":
     write = f"atomicAdd(out + (int64_t){t.end}[e] * {w} + f, v);"
+  elif t.sink == "pair":
+    write = f"atomicAdd(out + (int64_t)pair[e] * {w} + f, v);"
   else:
     write = f"atomicAdd(out + ((int64_t)etype[e] * N + {t.end}[e]) * {w} + f, v);"
   return f"""\
@@ -478,5 +578,63 @@ def _cuda_traversal(t: Traversal) -> str:
     const float v = {value};
     {write}
   }}
+}}
+"""
+
+
+def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
+  """One thread per (node, head) walks the node's edges (grouped at `end` by the CSC or CSR
+  view) three times: the maximum, exp(score - max) stored and summed, the division. No atomics;
+  the same order of operations as the CPU kernel."""
+  off, eids = _groups(t.end)
+  return f"""\
+  const int64_t total = N * {w};
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {{
+    const int64_t i = t / {w};
+    const int f = int(t % {w});
+    const int64_t q0 = {off}[i], q1 = {off}[i + 1];
+    float m = {_LOWEST};
+    for (int64_t q = q0; q < q1; ++q) {{
+      const int64_t e = {eids}[q];
+      m = fmaxf(m, {value});
+    }}
+    float sum = 0.0f;
+    for (int64_t q = q0; q < q1; ++q) {{
+      const int64_t e = {eids}[q];
+      const float x = expf({value} - m);
+      out[e * {w} + f] = x;
+      sum += x;
+    }}
+    for (int64_t q = q0; q < q1; ++q) out[(int64_t){eids}[q] * {w} + f] /= sum;
+  }}
+}}
+"""
+
+
+def _cuda_relation_sum(w: int, value: str) -> str:
+  """Each thread owns one feature and a run of consecutive edges; edges are sorted by relation,
+  so it sums while the relation stays the same and adds one atomic per relation it crosses
+  (rather than one per edge into the same R * width outputs)."""
+  return f"""\
+  const int64_t threads = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t chunks = threads / {w};
+  if (tid >= chunks * {w}) return;
+  const int f = int(tid % {w});
+  const int64_t per = (E + chunks - 1) / chunks;
+  const int64_t lo = (tid / {w}) * per, hi = min(E, lo + per);
+  int64_t run = -1;
+  float sum = 0.0f;
+  for (int64_t e = lo; e < hi; ++e) {{
+    const int64_t r = etype[e];
+    if (r != run) {{
+      if (run >= 0) atomicAdd(out + run * {w} + f, sum);
+      run = r;
+      sum = 0.0f;
+    }}
+    sum += {value};
+  }}
+  if (run >= 0) atomicAdd(out + run * {w} + f, sum);
 }}
 """

@@ -1,9 +1,11 @@
 """A compiled relational layer: specialization per shape, kernels, and a custom VJP.
 
 `Layer(program)(graph, **inputs)` specializes the traced program to the inputs' shapes, runs the
-passes (shape inference, differentiation), lowers both directions to kernel instances, and runs
-the forward kernels; `jax.grad` runs the backward kernels that differentiation produced. Plans are
-cached per shape, kernels per source (in memory and on disk).
+passes (shape inference, linear-operator reordering, compact materialization, differentiation),
+lowers both directions to kernel instances, and runs the forward kernels; `jax.grad` runs the
+backward kernels that differentiation produced, reusing the arrays the forward kernels
+materialized. Plans are cached per shape and choice of passes, kernels per source (in memory and
+on disk).
 """
 from __future__ import annotations
 
@@ -16,55 +18,99 @@ import numpy as np
 
 from jaxdata.hector import codegen, passes
 from jaxdata.hector.ir import Program, Value
+from jaxdata.hector.passes import select as passes_select
 from jaxdata.hector.lowering import Dense, Instance, lower
 from jaxdata.hector.runtime import GraphArrays, KernelSpec, run_kernel, source
 
 _KERNEL_DTYPES = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "bfloat16"}
 
 
+_PASS_TITLES = {"reorder": "after linear-operator reordering",
+                 "compact": "after compact materialization"}
+
+
 @dataclasses.dataclass(eq=False)
 class Plan:
-  """A program specialized to shapes: its passes' results and kernel instances."""
+  """A program specialized to shapes: its passes' results and kernel instances.
+
+  `stages` holds the forward program after each pass, `(title, program text)`; `saved` the ids
+  of arrays the forward kernels made that the backward kernels read (kept as residuals, not
+  recomputed).
+  """
   traced: Program
   forward: Program
   backward: Program
   forward_kernels: list[Instance]
   backward_kernels: list[Instance]
+  stages: tuple[tuple[str, str], ...] = ()
+  saved: frozenset[int] = frozenset()
 
   def __str__(self):
-    parts = [("traced", str(self.traced)), ("after shape inference", str(self.forward)),
+    parts = [("traced", str(self.traced)), *self.stages,
              ("after differentiation (backward program)", str(self.backward)),
              ("forward kernels", "\n".join(map(str, self.forward_kernels))),
-             ("backward kernels", "\n".join(map(str, self.backward_kernels)))]
+             ("backward kernels", "\n".join(map(str, self.backward_kernels))
+              + "\nkept from the forward pass: " + (", ".join(
+                  k.output.label for k in self.forward_kernels if k.output.id in self.saved)
+                                                    or "nothing"))]
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in parts)
 
 
-class Layer:
-  """A relational layer written with `hector.layer`; call it with a `GraphArrays` and arrays."""
+def make_plan(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: int,
+              num_relations: int, chosen: tuple[str, ...] = passes.PASSES) -> Plan:
+  """Runs the passes on a traced program for these input shapes and lowers both directions."""
+  forward = passes.infer_shapes(passes.clone(program), shapes, num_nodes, num_relations)
+  stages = [("after shape inference", str(forward))]
+  for name in passes.PASSES:
+    if name in chosen:
+      forward = getattr(passes, name)(forward)
+      stages.append((_PASS_TITLES[name], str(forward)))
+    else:
+      stages.append((_PASS_TITLES[name], "(switched off)"))
+  backward = passes.differentiate(forward)
+  fwd = lower(forward)
+  made = frozenset(k.output.id for k in fwd)
+  bwd = lower(backward, made)
+  saved = {v.id for k in bwd for v in k.inputs if v.id in made}
+  return Plan(program, forward, backward, fwd, bwd, tuple(stages), frozenset(saved))
 
-  def __init__(self, program: Program, kinds: dict[str, str]):
+
+class Layer:
+  """A relational layer written with `hector.layer`; call it with a `GraphArrays` and arrays.
+
+  `passes` chooses the optimizing passes (names from `hector.PASSES`; None: all of them), here
+  as the layer's default or per call: ``layer(graph, passes=(), **inputs)`` runs none of them,
+  ``layer.with_passes(["compact"])`` is a layer that runs only compaction (useful under
+  `jax.jit`, where the call's keyword arguments must be arrays).
+  """
+
+  def __init__(self, program: Program, kinds: dict[str, str], passes=None):
     self.program = program
     self.kinds = dict(kinds)
+    self.passes = passes_select(passes)
     self._plans: dict[tuple, Plan] = {}
 
   def __repr__(self):
     return f"hector.Layer({self.program.name}: {', '.join(self.kinds)})"
 
-  def plan(self, graph: GraphArrays, **inputs) -> Plan:
+  def with_passes(self, passes) -> Layer:
+    """This layer with another default choice of passes (it shares the traced program)."""
+    return Layer(self.program, self.kinds, passes)
+
+  def plan(self, graph: GraphArrays, passes=None, **inputs) -> Plan:
     """The specialized plan for these inputs' shapes (`print` it to see every pass)."""
     self._check(graph, inputs)
+    chosen = self.passes if passes is None else passes_select(passes)
     shapes = {k: tuple(np.shape(v)) for k, v in inputs.items()}
-    key = (tuple(sorted(shapes.items())), graph.num_nodes, graph.num_relations)
+    key = (tuple(sorted(shapes.items())), graph.num_nodes, graph.num_relations, chosen)
     if key not in self._plans:
-      forward = passes.infer_shapes(passes.clone(self.program), shapes, graph.num_nodes,
-                                    graph.num_relations)
-      backward = passes.differentiate(forward)
-      self._plans[key] = Plan(self.program, forward, backward, lower(forward), lower(backward))
+      self._plans[key] = make_plan(self.program, shapes, graph.num_nodes, graph.num_relations,
+                                   chosen)
     return self._plans[key]
 
-  def sources(self, graph: GraphArrays, target: str = "cpu", **inputs) -> str:
+  def sources(self, graph: GraphArrays, target: str = "cpu", passes=None, **inputs) -> str:
     """The generated source of every kernel of the plan for `target` ("cpu" or "cuda")."""
-    plan = self.plan(graph, **inputs)
+    plan = self.plan(graph, passes, **inputs)
     dt = {k: _kernel_dtype(v) for k, v in inputs.items()}
     out = []
     for direction, kernels in (("forward", plan.forward_kernels),
@@ -77,8 +123,8 @@ class Layer:
         out.append(f"// ---- {direction}: {inst.output.label}\n{source(spec, target)}")
     return "\n".join(out)
 
-  def __call__(self, graph: GraphArrays, **inputs):
-    plan = self.plan(graph, **inputs)
+  def __call__(self, graph: GraphArrays, passes=None, **inputs):
+    plan = self.plan(graph, passes, **inputs)
     names = tuple(self.program.inputs)
     outs = _apply(plan, names, graph, tuple(inputs[k] for k in names))
     return outs if len(outs) > 1 else next(iter(outs.values()))
@@ -109,13 +155,16 @@ def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays) -> KernelSpec:
 def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
   if v.domain == "weight":
     return v.shape
-  rows = graph.num_nodes if v.domain == "node" else graph.num_edges
-  return (rows,) + tuple(v.shape)
+  rows = {"node": graph.num_nodes, "edge": graph.num_edges, "compact": graph.num_pairs}
+  return (rows[v.domain],) + tuple(v.shape)
 
 
 def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Array]):
-  """Runs instances in order; `env` maps value ids to arrays and receives every output."""
+  """Runs instances in order; `env` maps value ids to arrays and receives every output (an
+  instance whose output is already there, kept from the forward pass, is skipped)."""
   for inst in kernels:
+    if inst.output.id in env:
+      continue
     args = [env[v.id] for v in inst.inputs]
     if isinstance(inst.kernel, Dense):
       env[inst.output.id] = _dense(inst.kernel, args)
@@ -128,6 +177,18 @@ def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Arra
 
 _UNARY = {"relu": jax.nn.relu, "exp": jnp.exp, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid,
           "neg": jnp.negative}
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _unary(k: Dense):
+  if k.fn == "leaky_relu":
+    return functools.partial(jax.nn.leaky_relu, negative_slope=k.param)
+  return _UNARY[k.fn]
+
+
+def _heads(w, vec):
+  """W [R, k, H*d] as [R, k, H, d], for vec [R, H, d]."""
+  return w.reshape(w.shape[0], w.shape[1], vec.shape[1], vec.shape[2])
 
 
 def _dense(k: Dense, args):
@@ -137,10 +198,22 @@ def _dense(k: Dense, args):
   if k.op == "mul":
     return f32[0] * f32[1]
   if k.op == "unary":
-    return _UNARY[k.fn](f32[0])
+    return _unary(k)(f32[0])
   if k.op == "unary_grad":
     x, g = f32
-    return jax.vjp(_UNARY[k.fn], x)[1](g)[0]
+    return jax.vjp(_unary(k), x)[1](g)[0]
+  if k.op == "fold":  # (W a)[r, k, h] = sum_d W[r, k, h*d + d'] a[r, h, d']
+    w, vec = f32
+    return jnp.einsum("rkhd,rhd->rkh", _heads(w, vec), vec, precision=_HI)
+  if k.op == "fold_grad_weight":
+    ct, vec = f32
+    out = jnp.einsum("rkh,rhd->rkhd", ct, vec, precision=_HI)
+    return out.reshape(out.shape[0], out.shape[1], -1)
+  if k.op == "fold_grad_vector":
+    ct, w = f32
+    h = ct.shape[2]
+    w4 = w.reshape(w.shape[0], w.shape[1], h, w.shape[2] // h)
+    return jnp.einsum("rkh,rkhd->rhd", ct, w4, precision=_HI)
   raise NotImplementedError(f"hector: dense {k.op}")
 
 
@@ -156,20 +229,26 @@ def _apply(plan: Plan, names: tuple[str, ...], graph: GraphArrays, arrays: tuple
   return _forward(plan, names, graph, arrays)
 
 
-def _forward(plan, names, graph, arrays):
+def _run_forward(plan, names, graph, arrays):
   env = {plan.forward.inputs[k].id: a for k, a in zip(names, arrays)}
   execute(plan.forward_kernels, graph, env)
   dtype = jnp.result_type(*arrays)
-  return {k: env[v.id].astype(dtype) for k, v in plan.forward.outputs.items()}
+  return {k: env[v.id].astype(dtype) for k, v in plan.forward.outputs.items()}, env
+
+
+def _forward(plan, names, graph, arrays):
+  return _run_forward(plan, names, graph, arrays)[0]
 
 
 def _apply_fwd(plan, names, graph, arrays):
-  return _forward(plan, names, graph, arrays), (graph, arrays)
+  outs, env = _run_forward(plan, names, graph, arrays)
+  return outs, (graph, arrays, {i: env[i] for i in plan.saved})
 
 
 def _apply_bwd(plan, names, residuals, cts):
-  graph, arrays = residuals
+  graph, arrays, saved = residuals
   env = {plan.forward.inputs[k].id: a for k, a in zip(names, arrays)}
+  env.update(saved)
   for k, ct in cts.items():
     env[plan.backward.inputs[f"ct_{k}"].id] = ct
   execute(plan.backward_kernels, graph, env)

@@ -10,6 +10,18 @@
 
 The function runs once, on symbols, and records an IR `Program` (`rgcn.program`); calling
 `rgcn(graph, x=..., W=...)` compiles it (once per shape) and runs the generated kernels.
+
+Attention layers use per-head values: a relation vector ``a`` (`RELATION_VECTOR`, ``[R, H, d]``)
+splits an edge row of ``H * d`` features into H heads, ``rows.dot(a)`` gives one score per head
+``[E, H]``, `g.edge_softmax` normalizes the scores over each node's incoming edges, and
+``alpha * rows`` scales each head's d features by that head's weight:
+
+    @hector.layer(x=hector.NODE, W=hector.RELATION_WEIGHT, a_src=hector.RELATION_VECTOR,
+                  a_dst=hector.RELATION_VECTOR)
+    def rgat(g, x, W, a_src, a_dst):
+      h = g.src(x) @ W
+      score = (h.dot(a_src) + (g.dst(x) @ W).dot(a_dst)).leaky_relu(0.2)
+      return g.aggregate(g.edge_softmax(score, at="dst") * h)
 """
 from __future__ import annotations
 
@@ -19,7 +31,8 @@ from jaxdata.hector.ir import ENDS, UNARY, Program, Value
 
 NODE = "node"                      #: a node feature array [N, d]
 RELATION_WEIGHT = "relation_weight"  #: a weight per relation [R, d_in, d_out] or [R, N, d_out]
-KINDS = (NODE, RELATION_WEIGHT)
+RELATION_VECTOR = "relation_vector"  #: a vector per relation and head [R, H, d] (for `dot`)
+KINDS = (NODE, RELATION_WEIGHT, RELATION_VECTOR)
 
 
 class Sym:
@@ -45,12 +58,38 @@ class Sym:
 
   def __matmul__(self, weight):
     weight = self._lift(weight)
-    if self.value.domain != "edge" or weight.value.domain != "weight":
-      raise TypeError("hector: `rows @ W` needs edge rows and a relation weight")
+    if (self.value.domain != "edge" or weight.value.domain != "weight"
+        or _is_vector(weight.value)):
+      raise TypeError("hector: `rows @ W` needs edge rows and a relation weight (use "
+                      "`rows.dot(a)` for a relation vector)")
     return Sym(Value("linear", (self.value, weight.value), {"transpose": False}, domain="edge"))
 
-  def _unary(self, fn: str) -> Sym:
-    return Sym(Value("unary", (self.value,), {"fn": fn}, domain=self.value.domain))
+  def dot(self, other, heads: int | None = None) -> Sym:
+    """Per-head dot products of edge rows: one value per edge and head, ``[E, H]``.
+
+    With a relation vector ``a`` (``[R, H, d]``), ``rows.dot(a)[e, h]`` is the dot product of
+    head h of the row (its features ``h*d .. h*d+d-1``) with ``a[etype[e], h]``. With other edge
+    rows of the same width, `heads` says how many heads the rows hold (None: one scalar per edge).
+    """
+    other = self._lift(other)
+    if self.value.domain != "edge":
+      raise TypeError("hector: `rows.dot(...)` needs edge rows")
+    if other.value.domain == "weight":
+      if not _is_vector(other.value):
+        raise TypeError("hector: `rows.dot(a)` needs a relation vector (hector.RELATION_VECTOR)")
+      if heads is not None:
+        raise TypeError("hector: the relation vector's shape [R, H, d] gives the heads")
+      return Sym(Value("dot", (self.value, other.value), domain="edge"))
+    if other.value.domain != "edge":
+      raise TypeError("hector: `rows.dot(other)` needs a relation vector or edge rows")
+    return Sym(Value("dot", (self.value, other.value), {"heads": int(heads or 0)}, domain="edge"))
+
+  def _unary(self, fn: str, **attrs) -> Sym:
+    return Sym(Value("unary", (self.value,), {"fn": fn, **attrs}, domain=self.value.domain))
+
+  def leaky_relu(self, negative_slope: float = 0.2):
+    """``x`` where ``x > 0``, else ``negative_slope * x``."""
+    return self._unary("leaky_relu", slope=float(negative_slope))
 
   def relu(self):
     return self._unary("relu")
@@ -118,14 +157,29 @@ class Graph:
       raise TypeError("hector: g.aggregate needs edge rows")
     return Sym(Value("aggregate", (rows.value,), {"end": at}, domain="node"))
 
+  def edge_softmax(self, scores: Sym, at: str = "dst") -> Sym:
+    """Per head, the softmax of edge scores over the edges into each node (`at="dst"`) or out of
+    it (`at="src"`): ``exp(s[e]) / sum of exp(s) over the edges sharing e's node``."""
+    if at not in ENDS:
+      raise ValueError(f"at must be one of {ENDS}, got {at!r}")
+    if not isinstance(scores, Sym) or scores.value.domain != "edge":
+      raise TypeError("hector: g.edge_softmax needs edge scores")
+    return Sym(Value("edge_softmax", (scores.value,), {"end": at}, domain="edge"))
+
+
+def _is_vector(v: Value) -> bool:
+  return v.op == "weight" and v.attrs.get("kind") == "vector"
+
 
 def trace(fn: Callable, kinds: dict[str, str], name: str | None = None) -> Program:
   """Runs `fn(graph, **symbols)` on symbols and returns the recorded program."""
   for k, kind in kinds.items():
     if kind not in KINDS:
       raise ValueError(f"input {k!r}: kind must be one of {KINDS}, got {kind!r}")
+  attrs = {NODE: {}, RELATION_WEIGHT: {"by": "relation"},
+           RELATION_VECTOR: {"by": "relation", "kind": "vector"}}
   inputs = {
-      k: Value("input" if kind == NODE else "weight", (), {"by": "relation"} if kind != NODE else {},
+      k: Value("input" if kind == NODE else "weight", (), dict(attrs[kind]),
                domain="node" if kind == NODE else "weight", name=k)
       for k, kind in kinds.items()
   }
@@ -149,4 +203,4 @@ def layer(**kinds: str):
   return wrap
 
 
-__all__ = ["NODE", "RELATION_WEIGHT", "Graph", "Sym", "layer", "trace", "UNARY"]
+__all__ = ["NODE", "RELATION_WEIGHT", "RELATION_VECTOR", "Graph", "Sym", "layer", "trace", "UNARY"]

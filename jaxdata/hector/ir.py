@@ -5,24 +5,40 @@ A program is a DAG of `Value`s in topological order. Every value lives on a *dom
 * ``node``: one row per node, ``[N, *feature]``;
 * ``edge``: one row per edge, ``[E, *feature]`` (edges are sorted by relation, so "per edge" and
   "per relation segment" are the same loop);
+* ``compact``: one row per unique (source node, relation) pair, ``[P, *feature]``: where compact
+  materialization puts edge values that depend only on the edge's source and relation;
 * ``weight``: a parameter tensor, typed by relation when ``by == "relation"``.
 
-The feature shape of a node or edge value is ``()`` for a scalar per row and ``(d,)`` for a
-vector. Operators (the ``op`` field) are few and typed:
+The feature shape of a node, edge or compact value is ``()`` for a scalar per row and ``(d,)``
+for a vector. Attention has several heads: a row of ``H * d`` features is H heads of d features
+whenever it meets a per-head value of shape ``(H,)`` (``mul`` broadcasts each head's scalar over
+its d features; ``dot`` sums each head's d products). Operators (the ``op`` field) are few and
+typed:
 
 =====================  =====================================================================
 ``input``              a node feature array, or an edge scalar the graph provides (``norm``)
 ``weight``             a relation-typed weight: ``[R, d_in, d_out]`` (``linear``) or
-                       ``[R, N, d_out]`` (``weight_row``, a featureless embedding per relation)
+                       ``[R, N, d_out]`` (``weight_row``, a featureless embedding per relation),
+                       or a relation vector ``[R, H, d]`` (``kind="vector"``, for ``dot``)
 ``gather``             node -> edge: the row of the edge's ``src`` or ``dst`` node
 ``linear``             edge rows times the edge's relation weight (optionally transposed)
 ``weight_row``         the row ``W[etype[e], src[e]]`` (one-hot input times a typed weight)
-``mul`` / ``add``      elementwise; an edge scalar broadcasts over an edge row
-``unary``              elementwise function (``relu``, ``exp``, ...)
+``vector_row``         the edge's relation's vector ``a[etype[e]]``, flattened to ``H * d``
+``mul`` / ``add``      elementwise; an edge scalar broadcasts over an edge row, a per-head
+                       value over its head's features
+``dot``                per-head dot product: rows ``(H*d,)`` with the edge's relation vector
+                       ``[R, H, d]`` or with other rows (``heads`` attribute) -> ``(H,)``
+``unary``              elementwise function (``relu``, ``exp``, ``leaky_relu`` with ``slope``...)
 ``unary_grad``         ``g * f'(x)`` for a unary ``f`` (made by differentiation)
+``edge_softmax``       per head, softmax over the edges that share a ``dst`` (or ``src``) node
 ``aggregate``          edge -> node: sum of the rows of the edges at each ``dst`` (or ``src``)
 ``weight_grad``        sum over each relation's edges of ``outer(left, right)`` -> ``[R, a, b]``
 ``scatter_weight_row`` edge rows summed into ``[R, N, d]`` at ``(etype, src|dst)``
+``relation_sum``       edge rows summed per relation -> a relation vector's shape ``[R, H, d]``
+``expand``             compact -> edge: the row of the edge's (src, relation) pair
+``compact_sum``        edge -> compact: per pair, the sum of the rows of its edges
+``fold``               ``W[R, k, H*d]`` and ``a[R, H, d]`` -> ``(W a)[R, k, H]`` (reordering)
+``fold_grad_weight``   ``ct[R, k, H]``, ``a`` -> ``[R, k, H*d]``; ``fold_grad_vector``: ``ct``, ``W`` -> ``a``'s shape
 =====================  =====================================================================
 
 `print(program)` shows the program one value per line; `jaxdata.hector.show` prints it before and
@@ -34,9 +50,10 @@ import dataclasses
 import itertools
 from typing import Any
 
-DOMAINS = ("node", "edge", "weight")
+DOMAINS = ("node", "edge", "compact", "weight")
+ROWS = ("edge", "compact")  #: domains whose values kernels compute row by row in edge loops
 ENDS = ("src", "dst")
-UNARY = ("relu", "exp", "tanh", "sigmoid", "neg")
+UNARY = ("relu", "exp", "tanh", "sigmoid", "neg", "leaky_relu")
 
 _ids = itertools.count()
 
@@ -117,4 +134,29 @@ class Program:
 
 
 def is_edge_scalar(v: Value) -> bool:
-  return v.domain == "edge" and v.shape == ()
+  return v.domain in ROWS and v.shape == ()
+
+
+def width(v: Value) -> int:
+  """Features per row of a node, edge or compact value (0: a scalar per row)."""
+  return v.shape[0] if v.shape else 0
+
+
+def is_constant(v: Value) -> bool:
+  """Graph data (the normalizer): an input no gradient flows to."""
+  return v.op == "input" and v.attrs.get("field") is not None
+
+
+def is_cheap(v: Value) -> bool:
+  """Whether a value is recomputed inside each consumer rather than materialized: gathers,
+  weight and vector rows, rows of a compact value, graph scalars and their products with edge
+  scalars cost a load, not a kernel."""
+  if v.op in ("gather", "weight_row", "vector_row", "expand"):
+    return True
+  if v.op == "input" and v.domain == "edge":
+    return True
+  if v.op == "mul" and v.domain in ROWS:
+    x, y = v.args
+    return (is_edge_scalar(x) and is_cheap(x) and is_cheap(y)) or (
+        is_edge_scalar(y) and is_cheap(y) and is_cheap(x))
+  return False

@@ -7,23 +7,30 @@
 * `WeightGrad`: the GEMM template's weight-gradient mode, ``dW[r] = sum_e left[e]^T right[e]``
   over each relation's edges.
 * `Traversal`: an edge-parallel loop computing an elementwise expression per edge row (gathers,
-  weight rows, graph scalars, +, *, unary functions) and summing it into nodes, into weight rows,
-  or storing it.
-* `Dense`: what is left on nodes or weights (adding two gradients, say) runs as XLA ops.
+  weight and vector rows, rows of compact values, graph scalars, +, *, per-head dot products,
+  unary functions) and summing it into nodes, weight rows, relations or (src, relation) pairs,
+  storing it, or storing its softmax over each node's edges (``sink="softmax"``).
+* `Dense`: what is left on nodes or weights (adding two gradients, folding a weight with a
+  vector) runs as XLA ops.
+
+Every GEMM, weight-gradient and traversal instance runs over a *domain*: the graph's edges, or
+(``domain="compact"``) its unique (source node, relation) pairs, which the runtime presents to
+the kernel as a graph whose edges are the pairs (``src``, ``etype``, relation offsets and a CSR
+view of their own), so the same templates serve both.
 
 A value is *materialized* (a kernel writes it to memory) when it is an output, lives on nodes or
-weights, feeds several consumers and is not cheap, or is a relation product that cannot be fused
-into its consumer. Cheap values (gathers, weight rows, graph scalars, their products with edge
-scalars) are recomputed inside each consumer, so the backward pass never stores the scaled,
-gathered cotangent rows it reads twice.
+weights, feeds several consumers and is not cheap, is a relation product that cannot be fused
+into its consumer, is read through the pair map (a compact value under ``expand``), or is a
+softmax or a per-pair sum (their own loops). Cheap values (gathers, weight and vector rows, graph
+scalars, their products with edge scalars, rows of compact values) are recomputed inside each
+consumer, so the backward pass never stores the scaled, gathered cotangent rows it reads twice.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Union
 
-from jaxdata.hector.ir import Program, Value, is_edge_scalar
-from jaxdata.hector.passes import is_cheap
+from jaxdata.hector.ir import ROWS, Program, Value, is_cheap, is_edge_scalar, width
 
 
 # ----------------------------------------------------------------------------- expressions
@@ -31,8 +38,10 @@ from jaxdata.hector.passes import is_cheap
 class Load:
   """A row (or scalar) an instance reads per edge.
 
-  kind: "node" (slot's node array at the edge's `end`), "edge" (slot's edge array),
-  "weight_row" (slot's weight at [etype, end-node]), "norm" (the graph's normalizer).
+  kind: "node" (slot's node array at the edge's `end`), "edge" (slot's array of the kernel's
+  domain), "pair" (slot's compact array at the edge's pair), "weight_row" (slot's weight at
+  [etype, end-node]), "vector" (slot's relation vector at etype, flattened), "norm" (the graph's
+  normalizer).
   """
   kind: str
   slot: int = -1
@@ -40,47 +49,59 @@ class Load:
   width: int = 0  # 0: a scalar per edge
 
   def __str__(self):
-    where = {"node": f"[{self.end}[e]]", "edge": "[e]", "weight_row": f"[etype[e], {self.end}[e]]",
+    where = {"node": f"[{self.end}[e]]", "edge": "[e]", "pair": "[pair[e]]",
+             "weight_row": f"[etype[e], {self.end}[e]]", "vector": "[etype[e]]",
              "norm": "[e]"}[self.kind]
     return ("norm" if self.kind == "norm" else f"in{self.slot}") + where
 
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-  """An elementwise operation on expressions: mul, add, unary (fn), unary_grad (fn; x, g)."""
+  """An operation on expressions: mul, add, unary (fn), unary_grad (fn; x, g), all elementwise
+  (a narrower argument broadcasts per head), and dot (per-head sums of products; width H, or 0
+  for one sum over the whole row). `param` is a unary's parameter (leaky_relu's slope)."""
   op: str
   args: tuple["Expr", ...]
   fn: str = ""
   width: int = 0
+  param: float = 0.0
 
   def __str__(self):
+    fn = f"{self.fn}[{self.param:g}]" if self.fn == "leaky_relu" else self.fn
     if self.op in ("mul", "add"):
       return f"({self.args[0]} {'*' if self.op == 'mul' else '+'} {self.args[1]})"
+    if self.op == "dot":
+      return f"dot{self.width or ''}({self.args[0]}, {self.args[1]})"
     if self.op == "unary":
-      return f"{self.fn}({self.args[0]})"
-    return f"{self.fn}_grad({self.args[0]}, {self.args[1]})"
+      return f"{fn}({self.args[0]})"
+    return f"{fn}_grad({self.args[0]}, {self.args[1]})"
 
 
 Expr = Union[Load, Op]
 
 
 # ----------------------------------------------------------------------------- instances
+def _over(domain: str) -> str:
+  return "  over (src, relation) pairs" if domain == "compact" else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Gemm:
-  rows: Load          # "node" (gathered) or "edge"
+  rows: Load          # "node" (gathered), "edge" or "pair"
   weight: int         # slot of the relation weight
   transpose: bool
   k: int
   n: int
   scales: tuple[Load, ...]
   out: str            # "src" / "dst" (scatter-add into nodes) or "edge" (store per edge)
+  domain: str = "edge"
   template = "gemm"
 
   def __str__(self):
     w = f"in{self.weight}[etype[e]]" + (".T" if self.transpose else "")
     scale = "".join(f" * {s}" for s in self.scales)
-    to = "out[e]" if self.out == "edge" else f"out[{self.out}[e]] +="
-    return f"{to} {self.rows} @ {w}{scale}  ({self.k}x{self.n})"
+    to = "out[e] =" if self.out == "edge" else f"out[{self.out}[e]] +="
+    return f"{to} {self.rows} @ {w}{scale}  ({self.k}x{self.n}){_over(self.domain)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,31 +111,45 @@ class WeightGrad:
   k: int
   n: int
   scales: tuple[Load, ...]
+  domain: str = "edge"
   template = "weight_grad"
 
   def __str__(self):
     scale = "".join(f" * {s}" for s in self.scales)
-    return f"out[etype[e]] += outer({self.left}, {self.right}){scale}  ({self.k}x{self.n})"
+    return (f"out[etype[e]] += outer({self.left}, {self.right}){scale}  ({self.k}x{self.n})"
+            f"{_over(self.domain)}")
+
+
+SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "relation", "pair")
 
 
 @dataclasses.dataclass(frozen=True)
 class Traversal:
+  """An edge loop over `expr` (`width` features per edge; 0: a scalar) into one of `SINKS`:
+  summed into nodes at `end` (aggregate), into ``[R, N, width]`` weight rows, into ``[R, width]``
+  relation rows, into the edge's pair's row; stored per edge; or, per feature (head), the
+  softmax over the edges that share a node at `end` stored per edge."""
   expr: Expr
   width: int
-  sink: str           # "aggregate", "scatter_weight_row" or "store"
-  end: str = ""       # for aggregate / scatter_weight_row
+  sink: str
+  end: str = ""       # for aggregate / scatter_weight_row / softmax
+  domain: str = "edge"
   template = "traversal"
 
   def __str__(self):
     to = {"aggregate": f"out[{self.end}[e]] +=", "store": "out[e] =",
-          "scatter_weight_row": f"out[etype[e], {self.end}[e]] +="}[self.sink]
-    return f"{to} {self.expr}"
+          "scatter_weight_row": f"out[etype[e], {self.end}[e]] +=",
+          "softmax": f"out[e] = softmax over {self.end}[e] of", "relation": "out[etype[e]] +=",
+          "pair": "out[pair[e]] +="}[self.sink]
+    return f"{to} {self.expr}{_over(self.domain)}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Dense:
+  """Node or weight arrays combined by XLA ops (an unfused fallback: no kernel is generated)."""
   op: str
   fn: str = ""
+  param: float = 0.0
   template = "dense"
 
   def __str__(self):
@@ -137,15 +172,33 @@ class Instance:
 
 
 # ----------------------------------------------------------------------------- lowering
-def materialized(program: Program) -> set[int]:
-  """Ids of the values kernels write to memory (see the module docstring)."""
-  users = program.users()
-  values = program.values
-  roots = {v.id for v in program.outputs.values()}
+def _active(program: Program, available: frozenset[int]) -> list[Value]:
+  """The values the outputs need, in order, stopping at `available` ones (computed elsewhere:
+  by the forward pass, for a backward program); those are listed but not their arguments."""
+  keep, stack = set(), list(program.outputs.values())
+  while stack:
+    v = stack.pop()
+    if v.id not in keep:
+      keep.add(v.id)
+      if v.id not in available:
+        stack.extend(v.args)
+  return [v for v in program.values if v.id in keep]
+
+
+def materialized(program: Program, available: frozenset[int] = frozenset()) -> set[int]:
+  """Ids of the values kernels write to memory (see the module docstring); `available` values
+  are in memory already."""
+  listed = _active(program, available)
+  values = [v for v in listed if v.id not in available]
+  users: dict[int, list[Value]] = {}
+  for v in values:
+    for a in v.args:
+      users.setdefault(a.id, []).append(v)
+  roots = {v.id for v in program.outputs.values()} | {v.id for v in listed if v.id in available}
   for v in values:
     if v.op in ("input", "weight"):
       continue
-    if v.domain in ("node", "weight"):
+    if v.domain in ("node", "weight") or v.op in ("edge_softmax", "compact_sum"):
       roots.add(v.id)
     elif not is_cheap(v) and len(users.get(v.id, ())) > 1:
       roots.add(v.id)
@@ -157,8 +210,11 @@ def materialized(program: Program) -> set[int]:
       if core.op == "linear" and all(len(users[c.id]) == 1 for c in chain + [core]):
         roots.discard(core.id)
         roots.difference_update(c.id for c in chain)
-  # A product's row input must be something a kernel can load: a gathered node array or a
-  # materialized edge array (after peeling off edge-scalar factors).
+  for v in values:
+    if v.op == "expand":
+      roots.add(v.args[0].id)
+  # A product's row input must be something a kernel can load: a gathered node array, rows of a
+  # compact array, or a materialized edge array (after peeling off edge-scalar factors).
   for v in values:
     if v.op == "linear":
       row_inputs = [v.args[0]]
@@ -168,7 +224,7 @@ def materialized(program: Program) -> set[int]:
       continue
     for r in row_inputs:
       core, _ = _peel_scales(r, roots)
-      if not (core.op == "gather" or core.id in roots):
+      if not (core.op in ("gather", "expand") or core.id in roots):
         roots.add(core.id)
   return roots
 
@@ -176,7 +232,7 @@ def materialized(program: Program) -> set[int]:
 def _peel_chain(v: Value) -> tuple[list[Value], Value]:
   """Follows muls by edge scalars down to their non-scalar factor: (the muls, the factor)."""
   chain = []
-  while v.op == "mul" and v.domain == "edge" and v.shape != ():
+  while v.op == "mul" and v.domain in ROWS and v.shape != ():
     x, y = v.args
     if is_edge_scalar(y):
       chain.append(v)
@@ -192,7 +248,7 @@ def _peel_chain(v: Value) -> tuple[list[Value], Value]:
 def _peel_scales(v: Value, roots: set[int]) -> tuple[Value, list[Value]]:
   """(non-scalar factor, cheap edge-scalar factors) of a product not materialized in between."""
   scales = []
-  while v.id not in roots and v.op == "mul" and v.domain == "edge" and v.shape != ():
+  while v.id not in roots and v.op == "mul" and v.domain in ROWS and v.shape != ():
     x, y = v.args
     if is_edge_scalar(y) and is_cheap(y):
       scales.append(y)
@@ -205,12 +261,13 @@ def _peel_scales(v: Value, roots: set[int]) -> tuple[Value, list[Value]]:
   return v, scales
 
 
-def lower(program: Program) -> list[Instance]:
-  """The program's kernel instances, in an order that respects their dependencies."""
-  roots = materialized(program)
+def lower(program: Program, available: frozenset[int] = frozenset()) -> list[Instance]:
+  """The program's kernel instances, in an order that respects their dependencies; values in
+  `available` (ids of arrays the caller provides) are read, not computed."""
+  roots = materialized(program, available)
   instances = []
-  for v in program.values:
-    if v.id in roots and v.op not in ("input", "weight"):
+  for v in _active(program, available):
+    if v.id in roots and v.op not in ("input", "weight") and v.id not in available:
       instances.append(_Builder(roots).build(v))
   return instances
 
@@ -230,35 +287,46 @@ class _Builder:
 
   def load(self, v: Value) -> Load | None:
     """A Load for v if a kernel reads it directly, else None."""
-    width = v.shape[0] if v.shape else 0
+    w = width(v)
     if v.op == "input" and v.attrs.get("field") == "norm":
       return Load("norm")
-    if v.id in self.roots and v.domain == "edge":
-      return Load("edge", self.slot(v), width=width)
+    if v.id in self.roots and v.domain in ROWS:
+      return Load("edge", self.slot(v), width=w)
     if v.op == "gather":
       (x,) = v.args
       if not (x.op == "input" or x.id in self.roots):
         raise AssertionError(f"hector: gathered {x.label} is not materialized")
-      return Load("node", self.slot(x), v.attrs["end"], width)
+      return Load("node", self.slot(x), v.attrs["end"], w)
     if v.op == "weight_row":
-      return Load("weight_row", self.slot(v.args[0]), v.attrs["end"], width)
+      return Load("weight_row", self.slot(v.args[0]), v.attrs["end"], w)
+    if v.op == "vector_row":
+      return Load("vector", self.slot(v.args[0]), width=w)
+    if v.op == "expand":
+      (c,) = v.args
+      if c.id not in self.roots:
+        raise AssertionError(f"hector: compact {c.label} is not materialized")
+      return Load("pair", self.slot(c), width=w)
     return None
 
   def expr(self, v: Value) -> Expr:
     load = self.load(v)
     if load is not None:
       return load
-    width = v.shape[0] if v.shape else 0
-    if v.op in ("mul", "add", "unary_grad"):
-      return Op(v.op, tuple(self.expr(a) for a in v.args), v.attrs.get("fn", ""), width)
-    if v.op == "unary":
-      return Op("unary", (self.expr(v.args[0]),), v.attrs["fn"], width)
+    w = width(v)
+    if v.op in ("mul", "add", "unary_grad", "unary"):
+      return Op(v.op, tuple(self.expr(a) for a in v.args), v.attrs.get("fn", ""), w,
+                v.attrs.get("slope", 0.0))
+    if v.op == "dot":
+      rows, other = v.args
+      right = (Load("vector", self.slot(other), width=width(rows)) if other.domain == "weight"
+               else self.expr(other))
+      return Op("dot", (self.expr(rows), right), width=w)
     raise AssertionError(f"hector: cannot fuse {v!r} into an edge loop")
 
   def operand(self, v: Value) -> tuple[Load, list[Load]]:
     core, scales = _peel_scales(v, self.roots)
     load = self.load(core)
-    assert load is not None and load.kind in ("node", "edge"), core
+    assert load is not None and load.kind in ("node", "edge", "pair"), core
     return load, [self.load(s) for s in scales]
 
   def build(self, v: Value) -> Instance:
@@ -267,26 +335,37 @@ class _Builder:
 
   def _build(self, v: Value) -> Template:
     if v.op == "aggregate":
-      chain, core = _peel_chain(v.args[0])
+      rows = v.args[0]
+      chain, core = _peel_chain(rows)
       if core.op == "linear" and core.id not in self.roots:
         return self._gemm(core, [s for c in chain for s in c.args if is_edge_scalar(s)],
                           v.attrs["end"])
-      return Traversal(self.expr(v.args[0]), v.shape[0], "aggregate", v.attrs["end"])
+      return Traversal(self.expr(rows), width(v), "aggregate", v.attrs["end"], rows.domain)
     if v.op == "weight_grad":
       (left, ls), (right, rs) = self.operand(v.args[0]), self.operand(v.args[1])
-      return WeightGrad(left, right, v.shape[1], v.shape[2], tuple(ls + rs))
+      return WeightGrad(left, right, v.shape[1], v.shape[2], tuple(ls + rs), v.args[0].domain)
     if v.op == "scatter_weight_row":
-      return Traversal(self.expr(v.args[0]), v.shape[2], "scatter_weight_row", v.attrs["end"])
+      rows = v.args[0]
+      return Traversal(self.expr(rows), v.shape[2], "scatter_weight_row", v.attrs["end"],
+                       rows.domain)
+    if v.op == "relation_sum":
+      rows = v.args[0]
+      return Traversal(self.expr(rows), width(rows), "relation", "", rows.domain)
+    if v.op == "compact_sum":
+      return Traversal(self.expr(v.args[0]), width(v), "pair")
+    if v.op == "edge_softmax":
+      scores = v.args[0]
+      return Traversal(self.expr(scores), width(v), "softmax", v.attrs["end"], scores.domain)
     if v.domain in ("node", "weight"):
       for a in v.args:
         self.slot(a)
-      return Dense(v.op, v.attrs.get("fn", ""))
-    # a materialized edge value
+      return Dense(v.op, v.attrs.get("fn", ""), v.attrs.get("slope", 0.0))
+    # a materialized edge (or compact) value
     if v.op == "linear":
       return self._gemm(v, [], "edge")
     self.roots = self.roots - {v.id}  # compute it, do not load it
     try:
-      return Traversal(self.expr(v), v.shape[0] if v.shape else 0, "store")
+      return Traversal(self.expr(v), width(v), "store", "", v.domain)
     finally:
       self.roots = self.roots | {v.id}
 
@@ -298,4 +377,4 @@ class _Builder:
     extra = [self.load(s) for s in scales]
     if any(e is None for e in extra):
       raise AssertionError("hector: a scale of a fused product is not loadable")
-    return Gemm(rows, self.slot(w), t, k, n, tuple(row_scales + extra), out)
+    return Gemm(rows, self.slot(w), t, k, n, tuple(row_scales + extra), out, lin.domain)

@@ -1,11 +1,46 @@
-"""Passes on the IR: specialization to shapes, shape inference, differentiation.
+"""Passes on the IR: specialization to shapes, shape inference, linear-operator reordering,
+compact materialization, differentiation.
 
 Each pass takes a program and returns a new one (values are never shared between specializations),
-so a layer traced once can be compiled for many shapes.
+so a layer traced once can be compiled for many shapes. The two optimizing passes can be switched
+off (`PASSES`, the ``passes=`` argument of a layer), so their effect can be measured:
+
+* ``"reorder"`` (linear-operator reordering): a per-head dot product of a relation product with a
+  relation vector, ``a_r . (x @ W_r)``, becomes ``x @ (W_r a_r)`` when the product is used only
+  there: the ``[R, k, H]`` weight-vector product is folded first, so the edge loop reads H
+  values per edge instead of materializing ``H * d``.
+* ``"compact"`` (compact materialization): an edge value that depends only on the edge's
+  (source node, relation) pair and costs more than a load (``x[src] @ W_r``, ``a_r . that``) is
+  computed once per unique pair, on the ``compact`` domain, and edges read it through the
+  graph's edge -> pair map (``expand``).
+
+Reordering runs before compaction, and both before differentiation, so the backward program is
+derived from the optimized forward one (its weight gradients, too, run over unique pairs).
 """
 from __future__ import annotations
 
-from jaxdata.hector.ir import Program, Value, is_edge_scalar
+from typing import Callable, Iterable
+
+from jaxdata.hector.ir import ROWS, Program, Value, is_cheap, is_constant, width
+from jaxdata.hector.lowering import materialized
+
+PASSES = ("reorder", "compact")  #: the passes that can be switched off, in the order they run
+
+__all__ = ["PASSES", "select", "clone", "infer_shapes", "reorder", "compact", "differentiate",
+           "rewrite", "is_cheap"]
+
+
+def select(passes: Iterable[str] | None) -> tuple[str, ...]:
+  """The optimizing passes to run, validated, in `PASSES` order (None: all of them)."""
+  if passes is None:
+    return PASSES
+  if isinstance(passes, str):
+    passes = (passes,)
+  chosen = set(passes)
+  unknown = chosen - set(PASSES)
+  if unknown:
+    raise ValueError(f"hector: unknown passes {sorted(unknown)}; choose from {PASSES}")
+  return tuple(p for p in PASSES if p in chosen)
 
 
 def clone(program: Program) -> Program:
@@ -19,12 +54,28 @@ def clone(program: Program) -> Program:
                  {k: copies[v.id] for k, v in program.outputs.items()}, program.name)
 
 
+def rewrite(program: Program, fn: Callable[[Value, Value], Value]) -> Program:
+  """A new program: every value that is not an input is rebuilt from its rewritten arguments and
+  handed to ``fn(new, old)``, which returns it or its replacement (`old` is the value in
+  `program`, for looking up facts computed on it)."""
+  new: dict[int, Value] = {}
+  for v in program.values:
+    if v.op in ("input", "weight"):
+      new[v.id] = v
+      continue
+    copy = Value(v.op, tuple(new[a.id] for a in v.args), dict(v.attrs), v.domain, v.shape, v.name)
+    new[v.id] = fn(copy, v)
+  return Program(program.inputs, {k: new[v.id] for k, v in program.outputs.items()},
+                 program.name)
+
+
+# ----------------------------------------------------------------------------- shapes
 def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: int,
                  num_relations: int) -> Program:
   """Fills in every value's shape from the inputs' array shapes; raises ValueError on a mismatch.
 
   `shapes` maps each input name to its full array shape (``[N, d]`` for node inputs, the weight's
-  shape for weights).
+  shape for weights, ``[R, H, d]`` for relation vectors).
   """
   for k, v in program.inputs.items():
     if k not in shapes:
@@ -35,8 +86,10 @@ def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes
         raise ValueError(f"hector: input {k!r} must be [num_nodes={num_nodes}, d], got {s}")
       v.shape = s[1:]
     else:
+      what = "vector" if v.attrs.get("kind") == "vector" else "weight"
+      dims = "H, d" if what == "vector" else "a, b"
       if len(s) != 3 or s[0] != num_relations:
-        raise ValueError(f"hector: weight {k!r} must be [num_relations={num_relations}, a, b], "
+        raise ValueError(f"hector: {what} {k!r} must be [num_relations={num_relations}, {dims}], "
                          f"got {s}")
       v.shape = s
   for v in program.values:
@@ -44,9 +97,26 @@ def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes
   return program
 
 
+def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+  """The shape of an elementwise op: equal shapes, a scalar per row, or a per-head value (H,)
+  against rows of H * d features."""
+  if a == b or b == ():
+    return a
+  if a == ():
+    return b
+  if len(a) == len(b) == 1 and max(a[0], b[0]) % min(a[0], b[0]) == 0:
+    return (max(a[0], b[0]),)
+  raise ValueError(f"hector: {v.label}: {v.op} of shapes {a} and {b} (a per-head value of H "
+                   "entries combines with rows of H * d features)")
+
+
 def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
   a = [x.shape for x in v.args]
-  if v.op in ("gather", "aggregate", "unary"):
+  if v.op in ("gather", "aggregate", "unary", "expand", "compact_sum"):
+    return a[0]
+  if v.op == "edge_softmax":
+    if len(a[0]) > 1:
+      raise ValueError(f"hector: edge_softmax needs one score per edge or per head, got {a[0]}")
     return a[0]
   if v.op == "unary_grad":
     return a[1]
@@ -61,26 +131,126 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     if a[0][1] != n:
       raise ValueError(f"hector: weight_row needs a [R, num_nodes={n}, d] weight, got {a[0]}")
     return (a[0][2],)
+  if v.op == "vector_row":
+    return (a[0][1] * a[0][2],)
   if v.op in ("mul", "add"):
-    if a[0] == a[1] or a[1] == ():
-      return a[0]
-    if a[0] == ():
-      return a[1]
-    raise ValueError(f"hector: {v.op} of shapes {a[0]} and {a[1]}")
+    return _broadcast(v, a[0], a[1])
+  if v.op == "dot":
+    if v.args[1].domain == "weight":
+      vec = a[1]
+      if a[0] != (vec[1] * vec[2],):
+        raise ValueError(f"hector: {v.label}: rows of shape {a[0]} dotted with a relation vector "
+                         f"{vec} (a vector [R, H, d] needs rows of H * d features)")
+      return (vec[1],)
+    heads = v.attrs.get("heads", 0)
+    if a[0] != a[1] or len(a[0]) != 1 or (heads and a[0][0] % heads):
+      raise ValueError(f"hector: {v.label}: dot of rows {a[0]} and {a[1]} in {heads} heads")
+    return (heads,) if heads else ()
+  if v.op == "fold":
+    w, vec = a
+    if w[1:] == () or w[2] != vec[1] * vec[2]:
+      raise ValueError(f"hector: fold of a weight {w} with a relation vector {vec}")
+    return (r, w[1], vec[1])
   if v.op == "weight_grad":
     return (r, a[0][0], a[1][0])
   if v.op == "scatter_weight_row":
     return (r, n, a[0][0])
+  if v.op in ("relation_sum", "fold_grad_weight", "fold_grad_vector") and v.shape is not None:
+    return v.shape  # made by differentiation, which knows the shape
   raise ValueError(f"hector: no shape rule for {v.op}")
 
 
+# ----------------------------------------------------------------------------- reordering
+def reorder(program: Program) -> Program:
+  """Linear-operator reordering: ``dot(rows @ W, a)`` -> ``rows @ fold(W, a)``.
+
+  Per head h, ``a[r, h] . (x @ W[r])[h*d : h*d+d] = x @ (W[r][:, h*d : h*d+d] a[r, h])``: the
+  right side multiplies each row by a ``[k, H]`` matrix folded once per relation, instead of
+  materializing the ``[E, H * d]`` product. Applied where the product feeds only that dot (when
+  it is also needed on its own, computing it once and dotting it is cheaper).
+  """
+  users = program.users()
+
+  def fn(new: Value, old: Value) -> Value:
+    if new.op != "dot" or new.args[1].domain != "weight":
+      return new
+    lin, vec = new.args
+    if lin.op != "linear" or lin.attrs["transpose"] or len(users[old.args[0].id]) != 1:
+      return new
+    rows, w = lin.args
+    folded = Value("fold", (w, vec), {}, "weight", (w.shape[0], w.shape[1], vec.shape[1]))
+    return Value("linear", (rows, folded), {"transpose": False}, new.domain, new.shape)
+
+  return rewrite(program, fn)
+
+
+# ----------------------------------------------------------------------------- compaction
+def _pairwise(v: Value, known: dict[int, bool]) -> bool:
+  """Whether an edge value depends only on its edge's (source node, relation)."""
+  if v.domain != "edge":
+    return False
+  if v.op == "gather" or v.op == "weight_row":
+    return v.attrs["end"] == "src"
+  if v.op in ("vector_row", "expand"):
+    return True
+  if v.op in ("linear", "dot", "unary", "unary_grad", "mul", "add"):
+    return all(known[a.id] if a.domain in ROWS else a.domain == "weight" for a in v.args)
+  return False
+
+
+def compact(program: Program) -> Program:
+  """Compact materialization: pairwise edge values are computed once per (src, relation) pair.
+
+  A value is compacted when it depends only on its edge's (source node, relation), costs more
+  than a load, and would be materialized or feeds a value that is not pairwise (it is where the
+  pairwise part of the program ends). A relation product that a GEMM sums straight into nodes
+  (RGCN's) is left alone: it is never materialized, so there is nothing to compact. The
+  compacted value's pairwise arguments are copied onto the ``compact`` domain with it, and its
+  users read ``expand(compact value)``: row ``pair[e]``.
+  """
+  users = program.users()
+  roots = materialized(program)
+  pairwise: dict[int, bool] = {}
+  for v in program.values:
+    pairwise[v.id] = _pairwise(v, pairwise)
+
+  def boundary(old: Value) -> bool:
+    if not pairwise[old.id] or is_cheap(old):
+      return False
+    if old.id in roots:
+      return True
+    if old.op == "linear":
+      return False  # fused into the GEMM that aggregates it
+    return any(not pairwise[u.id] for u in users.get(old.id, ()))
+
+  copies: dict[int, Value] = {}
+
+  def on_pairs(v: Value) -> Value:
+    if v.op == "expand":
+      return v.args[0]
+    if v.domain != "edge":
+      return v  # node arrays, weights
+    if v.id not in copies:
+      copies[v.id] = Value(v.op, tuple(on_pairs(a) for a in v.args), dict(v.attrs), "compact",
+                           v.shape)
+    return copies[v.id]
+
+  def fn(new: Value, old: Value) -> Value:
+    if boundary(old):
+      return Value("expand", (on_pairs(new),), {}, "edge", new.shape)
+    return new
+
+  return rewrite(program, fn)
+
+
+# ----------------------------------------------------------------------------- differentiation
 def differentiate(program: Program) -> Program:
   """The backward program: cotangents of the differentiable inputs from those of the outputs.
 
   Its inputs are the forward inputs plus ``ct_<output>`` (node arrays); its outputs are
-  ``<input>`` for every node input and weight that an output depends on. Forward values the
-  backward needs are referenced, not stored: the lowering recomputes them (fused into the backward
-  kernels where they are cheap, as gathers and scalings are).
+  ``<input>`` for every node input, weight and relation vector that an output depends on. Forward
+  values the backward needs are referenced: values the forward kernels materialized are kept
+  from the forward pass, others (gathers, scalings) are recomputed inside the backward kernels.
   """
   cts: dict[int, Value] = {}
   inputs = dict(program.inputs)
@@ -100,7 +270,7 @@ def differentiate(program: Program) -> Program:
 
 
 def _accumulate(cts: dict[int, Value], v: Value, ct: Value):
-  if v.op == "input" and v.attrs.get("field") is not None:
+  if is_constant(v):
     return  # graph data (the normalizer) is constant
   prev = cts.get(v.id)
   cts[v.id] = ct if prev is None else Value("add", (prev, ct), domain=ct.domain, shape=ct.shape)
@@ -110,18 +280,24 @@ def _vjp(v: Value, ct: Value) -> list[tuple[Value, Value]]:
   """[(argument, its cotangent contribution)] for one value given its cotangent."""
   a = v.args
   if v.op == "aggregate":
-    return [(a[0], Value("gather", (ct,), {"end": v.attrs["end"]}, "edge", a[0].shape))]
+    return [(a[0], Value("gather", (ct,), {"end": v.attrs["end"]}, a[0].domain, a[0].shape))]
   if v.op == "gather":
     return [(a[0], Value("aggregate", (ct,), {"end": v.attrs["end"]}, "node", a[0].shape))]
+  if v.op == "expand":
+    return [(a[0], Value("compact_sum", (ct,), {}, "compact", a[0].shape))]
+  if v.op == "compact_sum":
+    return [(a[0], Value("expand", (ct,), {}, "edge", a[0].shape))]
   if v.op == "linear":
     rows, w = a
     t = v.attrs["transpose"]
-    d_rows = Value("linear", (ct, w), {"transpose": not t}, "edge", rows.shape)
+    d_rows = Value("linear", (ct, w), {"transpose": not t}, rows.domain, rows.shape)
     d_w = Value("weight_grad", (ct, rows) if t else (rows, ct), {}, "weight", w.shape)
     return [(rows, d_rows), (w, d_w)]
   if v.op == "weight_row":
     return [(a[0], Value("scatter_weight_row", (ct,), {"end": v.attrs["end"]}, "weight",
                          a[0].shape))]
+  if v.op == "vector_row":
+    return [(a[0], Value("relation_sum", (ct,), {}, "weight", a[0].shape))]
   if v.op == "add":
     out = []
     for arg in a:
@@ -133,27 +309,38 @@ def _vjp(v: Value, ct: Value) -> list[tuple[Value, Value]]:
     x, y = a
     out = []
     for this, other in ((x, y), (y, x)):
-      if this.op == "input" and this.attrs.get("field") is not None:
-        continue  # constant graph data
-      if this.shape != ct.shape:
-        raise NotImplementedError(
-            "hector: the gradient of a per-edge scalar that scales rows is not supported yet")
-      out.append((this, Value("mul", (ct, other), {}, ct.domain, ct.shape)))
+      if is_constant(this):
+        continue
+      if this.shape == ct.shape:
+        out.append((this, Value("mul", (ct, other), {}, ct.domain, ct.shape)))
+      else:  # a per-edge or per-head scale: the dot of its head's features with the cotangent
+        out.append((this, Value("dot", (ct, other), {"heads": width(this)}, ct.domain,
+                                this.shape)))
     return out
+  if v.op == "dot":
+    x, y = a
+    if y.domain == "weight":  # a relation vector
+      d_x = Value("mul", (ct, Value("vector_row", (y,), {}, x.domain, x.shape)), {}, x.domain,
+                  x.shape)
+      d_y = Value("relation_sum", (Value("mul", (ct, x), {}, x.domain, x.shape),), {}, "weight",
+                  y.shape)
+    else:
+      d_x = Value("mul", (ct, y), {}, x.domain, x.shape)
+      d_y = Value("mul", (ct, x), {}, y.domain, y.shape)
+    return [(x, d_x), (y, d_y)]
   if v.op == "unary":
-    return [(a[0], Value("unary_grad", (a[0], ct), {"fn": v.attrs["fn"]}, ct.domain, ct.shape))]
+    return [(a[0], Value("unary_grad", (a[0], ct), dict(v.attrs), ct.domain, ct.shape))]
+  if v.op == "edge_softmax":
+    # d s[e] = alpha[e] * (g[e] - sum over e's group of alpha * g), per head
+    end, alpha = v.attrs["end"], v
+    weighted = Value("mul", (alpha, ct), {}, ct.domain, ct.shape)
+    total = Value("aggregate", (weighted,), {"end": end}, "node", ct.shape)
+    back = Value("gather", (total,), {"end": end}, ct.domain, ct.shape)
+    centered = Value("add", (ct, Value("unary", (back,), {"fn": "neg"}, ct.domain, ct.shape)), {},
+                     ct.domain, ct.shape)
+    return [(a[0], Value("mul", (alpha, centered), {}, ct.domain, ct.shape))]
+  if v.op == "fold":
+    w, vec = a
+    return [(w, Value("fold_grad_weight", (ct, vec), {}, "weight", w.shape)),
+            (vec, Value("fold_grad_vector", (ct, w), {}, "weight", vec.shape))]
   raise NotImplementedError(f"hector: no derivative rule for {v.op}")
-
-
-def is_cheap(v: Value) -> bool:
-  """Whether a value is recomputed inside each consumer rather than materialized: gathers,
-  weight rows, graph scalars and their products with edge scalars cost a load, not a kernel."""
-  if v.op in ("gather", "weight_row"):
-    return True
-  if v.op == "input" and v.domain == "edge":
-    return True
-  if v.op == "mul" and v.domain == "edge":
-    x, y = v.args
-    return (is_edge_scalar(x) and is_cheap(x) and is_cheap(y)) or (
-        is_edge_scalar(y) and is_cheap(y) and is_cheap(x))
-  return False

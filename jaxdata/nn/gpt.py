@@ -2,12 +2,13 @@
 
 Pre-LayerNorm blocks (causal multi-head self-attention, then a GELU MLP), learned token and
 position embeddings, a final LayerNorm and an output head tied to the token embedding (logits
-are `h @ wte.T`, computed in float32). Attention is the plain einsum-and-softmax form, not a
-fused kernel, so a block keeps the classic activations, of which the (batch, heads, seq, seq)
-softmax is the largest (its float32 exponentials and the probabilities in the compute dtype:
-6 bytes per score with bfloat16). Each block tags its intermediates with
+are `h @ wte.T`, computed in float32). Attention is `jax.nn.dot_product_attention`, causal: on a
+GPU with a half-precision compute dtype it is cuDNN's fused (flash) kernel, which keeps only its
+output and per-row softmax statistics for the backward pass, elsewhere XLA's einsum-and-softmax
+(`GPTConfig.attention` overrides the choice). Each block tags its intermediates with
 `jax.ad_checkpoint.checkpoint_name` (see `BLOCK_NAMES`), so remat policies can name what to
-keep, offload or recompute.
+keep, offload or recompute; `save_names` builds such a policy that also covers the fused
+kernel's statistics, which carry no name.
 
 The L blocks are one `Block` whose parameters carry a leading layer axis (made under
 `nnx.vmap`); the stack runs as `jax.lax.scan`. A *plan* gives each layer a policy: consecutive
@@ -33,7 +34,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 #: The names a block tags its intermediates with, in the order the forward pass makes them.
-BLOCK_NAMES = ("block_in", "qkv", "attn_scores", "attn_out", "mlp_up", "mlp_act", "mlp_down")
+BLOCK_NAMES = ("block_in", "qkv", "attn_ctx", "attn_out", "mlp_up", "mlp_act", "mlp_down")
+ATTENTION = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,7 @@ class GPTConfig:
   mlp_ratio: int = 4
   dtype: Any = jnp.bfloat16
   param_dtype: Any = jnp.float32
+  attention: str = "auto"  # "cudnn" (fused), "xla", or "auto": cudnn on a GPU in 16-bit compute
 
   def __post_init__(self):
     for name in ("vocab", "layers", "hidden", "heads", "seq", "mlp_ratio"):
@@ -55,6 +58,36 @@ class GPTConfig:
     if self.hidden % self.heads:
       raise ValueError(f"GPTConfig: hidden ({self.hidden}) must be a multiple of heads "
                        f"({self.heads})")
+    if self.attention not in ATTENTION:
+      raise ValueError(f"GPTConfig: attention must be one of {ATTENTION}, got {self.attention!r}")
+
+  def attention_implementation(self) -> str:
+    """The implementation `attention="auto"` stands for on the default backend."""
+    if self.attention != "auto":
+      return self.attention
+    half = jnp.dtype(self.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    fits = self.hidden // self.heads <= 128 and (self.hidden // self.heads) % 8 == 0
+    return "cudnn" if jax.default_backend() == "gpu" and half and fits else "xla"
+
+
+def save_names(*names: str) -> Callable[..., bool]:
+  """A checkpoint policy saving the block values tagged with `names` (see `BLOCK_NAMES`).
+
+  A fused attention kernel's residuals (its output and softmax statistics) are outputs of one
+  primitive that no name reaches; naming "attn_ctx" saves them too, so the backward pass needs
+  no second run of the attention forward.
+  """
+  unknown = set(names) - set(BLOCK_NAMES)
+  if unknown:
+    raise ValueError(f"save_names: unknown names {sorted(unknown)}; a block has {BLOCK_NAMES}")
+  by_name = jax.checkpoint_policies.save_only_these_names(*names)
+  fused = "attn_ctx" in names
+
+  def policy(prim, *args, **params):
+    if fused and prim.name == "dot_product_attention_fwd":
+      return True
+    return by_name(prim, *args, **params)
+  return policy
 
 
 def _dense(cfg: GPTConfig, n_in: int, n_out: int, std: float, rngs: nnx.Rngs) -> nnx.Linear:
@@ -72,6 +105,7 @@ class Block(nnx.Module):
 
   def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
     self.heads = cfg.heads
+    self.attention = cfg.attention_implementation()
     # GPT-2's initialization: N(0, 0.02), residual projections scaled down by sqrt(2 L).
     std, out_std = 0.02, 0.02 / math.sqrt(2 * cfg.layers)
     self.ln1 = _layer_norm(cfg, rngs)
@@ -87,13 +121,8 @@ class Block(nnx.Module):
     hd = d // self.heads
     q, k, v = jnp.split(self.qkv(self.ln1(x)), 3, axis=-1)
     q, k, v = (checkpoint_name(a.reshape(b, t, self.heads, hd), "qkv") for a in (q, k, v))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.asarray(hd, q.dtype))
-    # An additive causal mask (as GPT-2's): unlike a `where` on the scores, adding a constant
-    # leaves no (batch, heads, seq, seq) residual of its own for the backward pass.
-    causal = jnp.where(jnp.tril(jnp.ones((t, t), bool)), 0.0, -1e30).astype(jnp.float32)
-    probs = jax.nn.softmax(scores.astype(jnp.float32) + causal, axis=-1).astype(x.dtype)
-    probs = checkpoint_name(probs, "attn_scores")
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, d)
+    ctx = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=self.attention)
+    ctx = checkpoint_name(ctx.reshape(b, t, d), "attn_ctx")
     x = x + checkpoint_name(self.proj(ctx), "attn_out")
     up = checkpoint_name(self.up(self.ln2(x)), "mlp_up")
     act = checkpoint_name(jax.nn.gelu(up, approximate=True), "mlp_act")

@@ -4,15 +4,18 @@ It measures what each choice costs and picks, for every block, the choice that m
 predicted step time while the blocks' device-resident residuals fit the budget:
 
 - per candidate inner checkpoint policy p (what exists as a residual at all): the block's
-  residual bytes r_p (traced, exact) and its forward + backward time t_p (measured);
-- the store's round-trip bandwidth through the RAM tier (measured with spill / load).
+  residual bytes r_p (traced, exact) and its forward and forward + backward times (measured
+  over a few blocks in a scan, so one block's launch overheads do not hide what recompute
+  costs);
+- the store's bandwidth through the RAM tier (measured with spill / load).
 
-A block may keep(p) (r_p on the device, time t_p), offload(p) (r_p crosses PCIe while other
-blocks compute, time t_p plus the device-side copies), or recompute (time t_nothing, nothing
-resident). The transfers of all offloaded blocks overlap compute: what does not fit in the
-forward time (host-bound) or the backward time (device-bound) is added to the step. Offloading
-also holds a few blocks' residuals in the store's device staging (one in flight to the host,
-the one being loaded and the one prefetched), which counts against the budget.
+A block may keep(p) (r_p on the device, time t_p), offload(p) (r_p crosses PCIe, time t_p plus
+the device-side copies), or recompute (time t_nothing, nothing resident). `predict` plays a plan
+forward on a timeline: every spill copies into device staging on the compute stream, the host-
+bound copies queue on their own engine and free the staging when done; in the backward pass the
+loads come back on the other engine (PCIe is full duplex), at most two blocks ahead, and a block
+waits for its residuals. Its device bytes are the peak of kept residuals plus staging over the
+whole step.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from jaxdata.offload import remat as _remat
 from jaxdata.offload import spill as _spill
 from jaxdata.offload.store import TensorStore
 
-_STAGED_BLOCKS = 3      # device staging held by offloading, in blocks' residuals
+_PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
 
 
@@ -50,20 +53,24 @@ def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> i
   return total
 
 
-def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *,
-                  repeats: int = 5) -> float:
-  """Median time of one forward + backward of `fn` (under `inner`) on the default device."""
+def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *, blocks: int = 4,
+                  repeats: int = 5, forward: bool = False) -> float:
+  """Median time of one block's forward + backward (or forward only) under `inner`, on the
+  default device: `blocks` applications of `fn(state, x) -> x` in a `lax.scan` (state shared),
+  divided by `blocks`."""
   from jaxdata.bench.common import median_seconds  # pylint: disable=g-import-not-at-top
   f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
+  state, x = args
 
-  def loss(*a):
-    return sum(jnp.sum(o.astype(jnp.float32)) for o in jax.tree_util.tree_leaves(f(*a)))
+  def run(state, x):
+    y, _ = jax.lax.scan(lambda h, _: (f(state, h), None), x, None, length=blocks)
+    return jnp.sum(y.astype(jnp.float32))
 
-  step = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))
+  step = jax.jit(run if forward else jax.grad(run, argnums=(0, 1)))
   concrete = [jax.tree_util.tree_map(
       lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, a)
-              for a in args]
-  return median_seconds(lambda: step(*concrete), warmup=2, repeats=repeats)
+              for a in (state, x)]
+  return median_seconds(lambda: step(*concrete), warmup=2, repeats=repeats) / blocks
 
 
 def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram") -> float:
@@ -88,13 +95,14 @@ class Choice:
   device_bytes: int     # residuals resident on the device
   offload_bytes: int    # residuals moved to the store
   seconds: float        # forward + backward, transfers not included
+  forward_seconds: float = 0.0  # the forward part of `seconds`
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """A policy per block, and what the model predicts for it."""
   policies: tuple[_remat.Policy, ...]
-  device_bytes: int         # resident residuals + store staging
+  device_bytes: int         # peak of resident residuals + store staging
   offload_bytes: int
   seconds: float            # predicted forward + backward of the blocks
 
@@ -110,46 +118,111 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
             progress: Callable[[str], None] | None = None) -> list[Choice]:
   """Measures every candidate for one block: keep(p) and offload(p) for each inner policy p in
   `inners` (name -> policy, None meaning "save everything"), and recompute."""
-  out = []
+  if progress:
+    progress("forward only")
+  fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
+  if progress:
+    progress("recompute")
   recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
-  out.append(Choice(_remat.recompute(name="recompute"), 0, 0, recompute_s))
+  out = [Choice(_remat.recompute(name="recompute"), 0, 0, recompute_s, fwd)]
   for name, inner in inners.items():
     if progress:
       progress(name)
     r = residual_bytes(fn, args, inner)
     s = block_seconds(fn, args, inner, repeats=repeats)
-    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r, 0, s))
-    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), 0, r,
-                      s + 2 * r / _D2D_BANDWIDTH))
+    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r, 0, s, fwd))
+    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), 0, r, s, fwd))
   return out
 
 
-def predict(picks: Sequence[Choice], bandwidth: float) -> tuple[float, int, int]:
-  """(seconds, device bytes, offloaded bytes) of running these choices, one per block."""
-  compute = sum(c.seconds for c in picks)
-  moved = sum(c.offload_bytes for c in picks)
-  staged = _STAGED_BLOCKS * max((c.offload_bytes for c in picks), default=0)
-  transfer = moved / bandwidth if bandwidth > 0 else (float("inf") if moved else 0.0)
-  exposed = max(0.0, transfer - compute / 3) + max(0.0, transfer - 2 * compute / 3)
-  return compute + exposed, sum(c.device_bytes for c in picks) + staged, moved
+def predict(picks: Sequence[Choice], bandwidth: float, *,
+            d2d_bandwidth: float = _D2D_BANDWIDTH) -> tuple[float, int, int]:
+  """(seconds, peak device bytes, offloaded bytes) of running `picks`, one per block, in order.
+
+  The timeline: block i's forward, then (offloaded) its residuals copied into staging on the
+  compute stream; the host-bound copies run one after another on their own engine, each
+  freeing its staging when done. Backward in reverse: an offloaded block's residuals come back
+  on the other engine once they are on the host, the engine is free, and the backward has come
+  within `_PREFETCH_DEPTH` blocks of it; the block waits for them, copies them out of staging,
+  and runs its backward. Kept residuals live from their forward to their backward.
+  """
+  if bandwidth <= 0 and any(c.offload_bytes for c in picks):
+    return float("inf"), 0, sum(c.offload_bytes for c in picks)
+  t, d2h_free, live = 0.0, 0.0, []   # live: (start, end, bytes) of device residuals/staging
+  on_host = [0.0] * len(picks)
+  fwd_end = [0.0] * len(picks)
+  for i, c in enumerate(picks):
+    t += c.forward_seconds
+    if c.offload_bytes:
+      t += c.offload_bytes / d2d_bandwidth
+      start = max(t, d2h_free)
+      d2h_free = on_host[i] = start + c.offload_bytes / bandwidth
+      live.append((t, d2h_free, c.offload_bytes))
+    fwd_end[i] = t
+  h2d_free, begun = 0.0, []          # begun[k]: when the k-th backward block (reversed) started
+  for k, i in enumerate(reversed(range(len(picks)))):
+    c = picks[i]
+    if c.offload_bytes:
+      # A load queues its own block and the `_PREFETCH_DEPTH` before it (in backward order).
+      trigger = begun[max(0, k - _PREFETCH_DEPTH)] if begun else t
+      start = max(on_host[i], h2d_free, trigger)
+      h2d_free = start + c.offload_bytes / bandwidth
+      t = max(t, h2d_free)
+      live.append((start, t + c.offload_bytes / d2d_bandwidth, c.offload_bytes))
+      t += c.offload_bytes / d2d_bandwidth
+    begun.append(t)
+    t += c.seconds - c.forward_seconds
+    if c.device_bytes:
+      live.append((fwd_end[i], t, c.device_bytes))
+  return t, _peak(live), sum(c.offload_bytes for c in picks)
+
+
+def _peak(intervals: list[tuple[float, float, int]]) -> int:
+  """The largest sum of bytes of (start, end, bytes) intervals alive at one time."""
+  events = sorted([(s, b) for s, _, b in intervals] + [(e, -b) for _, e, b in intervals],
+                  key=lambda ev: (ev[0], ev[1]))  # at equal times, frees before allocations
+  peak = now = 0
+  for _, b in events:
+    now += b
+    peak = max(peak, now)
+  return peak
+
+
+def _orders(picks: list[Choice]) -> list[list[Choice]]:
+  """Orders worth trying for a mix of choices: offloaded blocks first (most compute after them
+  to hide their transfers), and offloaded blocks spread evenly among the others (each one's
+  transfer overlaps the next blocks' compute)."""
+  moved = sorted((c for c in picks if c.offload_bytes), key=lambda c: -c.offload_bytes)
+  rest = sorted((c for c in picks if not c.offload_bytes), key=lambda c: -c.device_bytes)
+  if not moved or not rest:
+    return [moved + rest]
+  spread, step = [], len(picks) / len(moved)
+  slots = {int(j * step) for j in range(len(moved))}
+  it_m, it_r = iter(moved), iter(rest)
+  for j in range(len(picks)):
+    spread.append(next(it_m) if j in slots else next(it_r))
+  return [moved + rest, spread]
 
 
 def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandwidth: float, *,
          max_kinds: int = 3) -> Plan:
-  """The fastest predicted mix of `candidates` over `num_blocks` identical blocks whose device
-  bytes fit `budget_bytes` (mixes of up to `max_kinds` different choices; offloaded blocks come
-  first, where their transfers have the most compute to hide behind). Raises ValueError when
-  not even recomputing every block fits."""
+  """The fastest predicted mix of `candidates` over `num_blocks` identical blocks whose peak
+  device bytes fit `budget_bytes` (mixes of up to `max_kinds` different choices, in the orders
+  `_orders` tries). Raises ValueError when not even recomputing every block fits."""
   best = None
   for k in range(1, max_kinds + 1):
     for kinds in itertools.combinations(range(len(candidates)), k):
       for split in _compositions(num_blocks, k):
         picks = [candidates[i] for i, n in zip(kinds, split) for _ in range(n)]
-        seconds, device, moved = predict(picks, bandwidth)
-        if device > budget_bytes or (best is not None and seconds >= best.seconds):
+        # A lower bound first: compute alone, or kept bytes alone, already out of the running.
+        if best is not None and sum(c.seconds for c in picks) >= best.seconds:
           continue
-        picks.sort(key=lambda c: -c.offload_bytes)
-        best = Plan(tuple(c.policy for c in picks), device, moved, seconds)
+        if sum(c.device_bytes for c in picks) > budget_bytes:
+          continue
+        for order in _orders(picks):
+          seconds, device, moved = predict(order, bandwidth)
+          if device <= budget_bytes and (best is None or seconds < best.seconds):
+            best = Plan(tuple(c.policy for c in order), device, moved, seconds)
   if best is None:
     raise ValueError(f"no plan fits a budget of {budget_bytes} bytes for the residuals")
   return best
@@ -162,14 +235,21 @@ def _compositions(n: int, k: int):
 
 
 def gpt_candidates() -> dict[str, Any]:
-  """Inner policies worth trying for a `jaxdata.nn.GPT` block (by its checkpoint names)."""
-  only = jax.checkpoint_policies.save_only_these_names
+  """Inner policies worth trying for a `jaxdata.nn.GPT` block (by its checkpoint names).
+
+  What a block's backward pass reads: q, k, v and the attention's output and statistics (the
+  attention backward), the attention output again and the MLP's input (weight gradients), the
+  MLP's pre-activation (GELU's derivative). Each set below saves some of those; the rest is
+  recomputed from the block's input.
+  """
+  from jaxdata.nn.gpt import save_names  # pylint: disable=g-import-not-at-top
   return {
       "all": None,
       "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-      "proj": only("qkv", "attn_out", "mlp_up", "mlp_down"),
-      "mlp": only("mlp_up", "mlp_down"),
-      "attn": only("qkv", "attn_out"),
+      "proj": save_names("qkv", "attn_ctx", "attn_out", "mlp_up"),
+      "attn": save_names("qkv", "attn_ctx", "attn_out"),
+      "mlp": save_names("attn_out", "mlp_up"),
+      "ctx": save_names("attn_ctx", "attn_out"),
   }
 
 

@@ -236,7 +236,8 @@ def main(args) -> int:
 
       def planner(model, batch_shape):
         plan = plan_for_model(model, batch_shape, budget_bytes=args.budget, store=store)
-        console.print(f"plan under {args.budget:,} bytes: {_describe_plan(list(plan))}")
+        console.print(f"plan under {args.budget:,} bytes: {_describe_plan(list(plan))}",
+                      markup=False)
         return plan
       result = run(planner)
   else:

@@ -1,0 +1,559 @@
+"""Plain-JAX references for one RGAT layer and one HGT layer: the peers of jaxdata's kernels.
+
+Edges e = (src[e] -> dst[e]) carry a relation etype[e] in [0, R); nodes are numbered globally.
+softmax_i below is a softmax over all edges into node i, across relations, per head; a node
+without in-edges aggregates nothing (zeros).
+
+RGAT (relational graph attention as in Hector and DGL; one layer, H heads, concatenated):
+
+    x: [N, d_in]   W: [R, d_in, H*d]   a_src, a_dst: [R, H, d]
+    h_e      = (x[src[e]] @ W[r]).reshape(H, d)                          r = etype[e], i = dst[e]
+    score[e, h] = leaky_relu(a_src[r, h] . h_e[h] + a_dst[r, h] . (x[i] @ W[r]).reshape(H, d)[h],
+                             negative_slope=0.2)
+    alpha[e, h] = softmax_i(score[:, h])[e]
+    out[i]   = concat_h sum_{e: dst[e] = i} alpha[e, h] * h_e[h]          -> [N, H*d]
+
+  Note the destination is transformed by the weight of the edge's relation, not by a node-type
+  weight. PyG's `RGATConv` (attention_mode="additive-self-attention",
+  attention_mechanism="across-relation", dim=1) computes the same thing except that its
+  attention vectors come from matrices q, k: [H*d, H] shared by all relations, which may mix
+  heads: score[e, h] = leaky_relu((x[i] @ W[r]) . q[:, h] + h_e . k[:, h]). The two coincide
+  when H = 1 or when q and k are head-block-diagonal; then a_dst[r, h] = q[h*d:(h+1)*d, h] and
+  a_src[r, h] = k[h*d:(h+1)*d, h] for every r (`rgat_params_from_pyg`).
+
+HGT (heterogeneous graph transformer, as PyG's `HGTConv` computes it; one layer, H heads):
+
+    node types t = 0..T-1; type t owns the ids [offsets[t], offsets[t+1]), offsets from the
+    per-type feature arrays xs[t]: [N_t, d_t]; tau(v) is the type of node v
+    K_t, Q_t, V_t: d_t -> H*d_k linear with bias; A_t: H*d_k -> d_out linear with bias
+    W_att, W_msg: [R, H, d_k, d_k]   mu: [R, H]   skip: [T]
+    k_e[h] = (K_{tau(j)} x_j)[h] @ W_att[r, h]                          j = src[e], r = etype[e]
+    score[e, h] = (k_e[h] . (Q_{tau(i)} x_i)[h]) * mu[r, h] / sqrt(d_k)     i = dst[e]
+    m_e[h] = (V_{tau(j)} x_j)[h] @ W_msg[r, h]
+    agg[i] = concat_h sum_{e: dst[e] = i} softmax_i(score[:, h])[e] * m_e[h]      -> [N, H*d_k]
+    y_i    = A_{tau(i)}(gelu(agg[i]))        gelu exact (erf), as torch's default, not tanh
+    out_i  = sigmoid(skip[t]) * y_i + (1 - sigmoid(skip[t])) * x_i   if d_out == d_t, else y_i
+
+  (row vectors times matrices throughout; (.)[h] is head h's slice of d_k features). This is
+  PyG 2.8's HGTConv: the prior mu multiplies the score, the skip mixes the *output* of A with the
+  input, there is no dropout and no gelu after the skip. Differences: PyG needs
+  d_out == H*d_k, and it returns no output for node types that are the destination of no
+  relation (here they get A_t(gelu(0)), skip-mixed); nodes of a destination type that receive no
+  edge get the same in both.
+
+Formulations (each `fn(src, dst, etype, x or xs, params, *, precision=None)`, jit-able and
+differentiable in x and params; ragged_dot needs edges sorted by relation, `Edges.build` sorts):
+
+  transform-all-then-gather  every node through every relation's weights ([R, N, ...]), then one
+                             gather per edge; O(R N F) memory, no per-edge matmul
+  ragged_dot                 per-edge rows grouped by relation, `jax.lax.ragged_dot(_general)`;
+                             O(E F) memory (XLA's GPU lowering may expand it to [R, E, F])
+  per-edge weights           W[etype] gathered per edge ([E, d_in, F]): memory-hungry on purpose
+
+RGAT folds the attention vectors into the weights, (x @ W_r) . a_r = x . (W_r a_r): the scores
+cost a [.., d_in] x [d_in, H] product, not a pass over [.., H*d] rows.
+
+Dtypes: float32, bfloat16 or float64 inputs. Matmuls accumulate in at least float32
+(`preferred_element_type`); messages are stored in the input dtype; scores, the softmax and the
+weighted sums over edges are computed in at least float32; outputs have the input dtype.
+
+    >>> edges = Edges.build(src, dst, etype, num_nodes=n, num_relations=r)
+    >>> params = init_rgat(0, num_relations=r, in_features=16, head_features=8, heads=4)
+    >>> out = jax.jit(RGAT["ragged_dot"])(*edges, x, params)          # [n, 32]
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdata.bench import rgnn_peers
+
+#: RGAT's leaky-ReLU slope (GAT's, DGL's and PyG's default).
+NEGATIVE_SLOPE = 0.2
+
+
+# ------------------------------------------------------------------------------------------------
+# Edges and the edge softmax
+
+
+class Edges(NamedTuple):
+  """(src, dst, etype) as int32 device arrays, edges sorted by relation (stably); a pytree."""
+  src: jax.Array
+  dst: jax.Array
+  etype: jax.Array
+
+  @classmethod
+  def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int,
+            device=None) -> "Edges":
+    """Checks ranges and lengths (ValueError), sorts by relation."""
+    src, dst, etype = (np.asarray(a).astype(np.int32) for a in (src, dst, etype))
+    if not src.shape == dst.shape == etype.shape or src.ndim != 1:
+      raise ValueError(f"src, dst, etype must be 1-D and of one length, got {src.shape}, "
+                       f"{dst.shape}, {etype.shape}")
+    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
+      raise ValueError(f"src/dst must lie in [0, num_nodes={num_nodes})")
+    if etype.size and (etype.min() < 0 or etype.max() >= num_relations):
+      raise ValueError(f"etype must lie in [0, num_relations={num_relations})")
+    order = np.argsort(etype, kind="stable")
+    put = functools.partial(jax.device_put, device=device)
+    return cls(put(src[order]), put(dst[order]), put(etype[order]))
+
+  @classmethod
+  def from_graph(cls, graph, device=None) -> "Edges":
+    """The edges of a `jaxdata.data.HeteroGraph` (already sorted by relation)."""
+    return cls.build(graph.src, graph.dst, graph.etype, num_nodes=graph.num_nodes,
+                     num_relations=graph.num_relations, device=device)
+
+
+def _acc(dtype) -> jnp.dtype:
+  """The accumulation dtype: float32, or float64 for float64 inputs."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def edge_softmax(scores: jax.Array, dst: jax.Array, num_nodes: int) -> jax.Array:
+  """softmax of scores [E, H] over the edges into each node, per head (max subtracted).
+
+  Computed in at least float32. The per-node maximum is a constant to the gradient (the softmax
+  does not depend on it); nodes without in-edges have a maximum of -inf that no edge reads.
+  """
+  scores = scores.astype(_acc(scores.dtype))
+  top = jax.lax.stop_gradient(jax.ops.segment_max(scores, dst, num_segments=num_nodes))
+  weights = jnp.exp(scores - top[dst])
+  total = jax.ops.segment_sum(weights, dst, num_segments=num_nodes)
+  return weights / total[dst]
+
+
+def _aggregate(alpha: jax.Array, messages: jax.Array, dst: jax.Array, num_nodes: int,
+               dtype) -> jax.Array:
+  """sum_{e: dst[e] = i} alpha[e, h] * messages[e, h, :] -> [N, H*d] in `dtype`."""
+  weighted = alpha[:, :, None] * messages.astype(alpha.dtype)
+  out = jax.ops.segment_sum(weighted, dst, num_segments=num_nodes)
+  return out.reshape(num_nodes, messages.shape[1] * messages.shape[2]).astype(dtype)
+
+
+def _group_sizes(etype: jax.Array, num_relations: int) -> jax.Array:
+  return jnp.bincount(etype, length=num_relations).astype(jnp.int32)
+
+
+# ------------------------------------------------------------------------------------------------
+# RGAT
+
+
+class RGATParams(NamedTuple):
+  """One RGAT layer's weights (a pytree).
+
+  w: [R, d_in, H*d] (column h*d + f is head h's feature f); a_src, a_dst: [R, H, d].
+  """
+  w: jax.Array
+  a_src: jax.Array
+  a_dst: jax.Array
+
+  @property
+  def heads(self) -> int:
+    return self.a_src.shape[1]
+
+
+def _uniform(key, shape, fan_in: int, fan_out: int, dtype):
+  """Glorot-uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out))."""
+  bound = math.sqrt(6.0 / (fan_in + fan_out))
+  return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
+
+
+def _key(seed):
+  return jax.random.key(seed) if isinstance(seed, (int, np.integer)) else seed
+
+
+def init_rgat(seed, *, num_relations: int, in_features: int, head_features: int,
+              heads: int = 1, dtype=jnp.float32) -> RGATParams:
+  """Glorot-uniform weights and attention vectors; `seed` is an int or a JAX key."""
+  kw, ks, kd = jax.random.split(_key(seed), 3)
+  r, d, h = num_relations, head_features, heads
+  return RGATParams(_uniform(kw, (r, in_features, h * d), in_features, h * d, dtype),
+                    _uniform(ks, (r, h, d), d, 1, dtype), _uniform(kd, (r, h, d), d, 1, dtype))
+
+
+def _folded(params: RGATParams, precision, acc):
+  """W_r a_r for the source and destination vectors: [R, d_in, H] each."""
+  r, d_in, _ = params.w.shape
+  w = params.w.reshape(r, d_in, params.heads, -1)
+  fold = lambda a: jnp.einsum("rihd,rhd->rih", w, a, precision=precision,  # noqa: E731
+                              preferred_element_type=acc)
+  return fold(params.a_src), fold(params.a_dst)
+
+
+def _rgat_finish(scores, messages, dst, num_nodes, heads, dtype):
+  alpha = edge_softmax(jax.nn.leaky_relu(scores, NEGATIVE_SLOPE), dst, num_nodes)
+  num_edges, features = messages.shape
+  return _aggregate(alpha, messages.reshape(num_edges, heads, features // heads), dst, num_nodes,
+                    dtype)
+
+
+def rgat_transform_all_then_gather(src, dst, etype, x, params: RGATParams, *, precision=None):
+  """x @ W_r for every node and relation ([R, N, H*d]) and node scores [R, N, H], then gather."""
+  acc, n = _acc(x.dtype), x.shape[0]
+  h = jnp.einsum("nd,rdf->rnf", x, params.w, precision=precision,
+                 preferred_element_type=acc).astype(x.dtype)
+  fold_src, fold_dst = _folded(params, precision, acc)
+  s_src = jnp.einsum("nd,rdh->rnh", x, fold_src.astype(x.dtype), precision=precision,
+                     preferred_element_type=acc)
+  s_dst = jnp.einsum("nd,rdh->rnh", x, fold_dst.astype(x.dtype), precision=precision,
+                     preferred_element_type=acc)
+  scores = s_src[etype, src] + s_dst[etype, dst]
+  return _rgat_finish(scores, h[etype, src], dst, n, params.heads, x.dtype)
+
+
+def rgat_ragged_dot(src, dst, etype, x, params: RGATParams, *, precision=None):
+  """x[src] and x[dst] grouped by relation through `jax.lax.ragged_dot`; edges sorted by etype."""
+  acc, n = _acc(x.dtype), x.shape[0]
+  sizes = _group_sizes(etype, params.w.shape[0])
+  fold_src, fold_dst = _folded(params, precision, acc)
+  x_src, x_dst = x[src], x[dst]
+  dot = functools.partial(jax.lax.ragged_dot, group_sizes=sizes, precision=precision,
+                          preferred_element_type=acc)
+  messages = dot(x_src, params.w).astype(x.dtype)
+  scores = dot(x_src, fold_src.astype(x.dtype)) + dot(x_dst, fold_dst.astype(x.dtype))
+  return _rgat_finish(scores, messages, dst, n, params.heads, x.dtype)
+
+
+def rgat_per_edge_weights(src, dst, etype, x, params: RGATParams, *, precision=None):
+  """W[etype] as a per-edge [E, d_in, H*d] tensor times x[src] (and folded scores per edge)."""
+  acc, n = _acc(x.dtype), x.shape[0]
+  fold_src, fold_dst = _folded(params, precision, acc)
+  per_edge = functools.partial(jnp.einsum, precision=precision, preferred_element_type=acc)
+  x_src, x_dst = x[src], x[dst]
+  messages = per_edge("ed,edf->ef", x_src, params.w[etype]).astype(x.dtype)
+  scores = (per_edge("ed,edh->eh", x_src, fold_src.astype(x.dtype)[etype])
+            + per_edge("ed,edh->eh", x_dst, fold_dst.astype(x.dtype)[etype]))
+  return _rgat_finish(scores, messages, dst, n, params.heads, x.dtype)
+
+
+#: name -> plain-JAX RGAT formulation, in the benchmark's column order.
+RGAT = {
+    "transform-all-then-gather": rgat_transform_all_then_gather,
+    "ragged_dot": rgat_ragged_dot,
+    "per-edge weights": rgat_per_edge_weights,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# HGT
+
+
+class HGTParams(NamedTuple):
+  """One HGT layer's weights (a pytree). Per node type t (tuples of T arrays):
+
+  k_w, q_w, v_w: [d_t, H*d_k]; k_b, q_b, v_b: [H*d_k]; a_w: [H*d_k, d_out]; a_b: [d_out].
+  Per relation: w_att, w_msg: [R, H, d_k, d_k]; mu: [R, H]. skip: [T] (the gate's logit).
+  """
+  k_w: tuple
+  k_b: tuple
+  q_w: tuple
+  q_b: tuple
+  v_w: tuple
+  v_b: tuple
+  a_w: tuple
+  a_b: tuple
+  w_att: jax.Array
+  w_msg: jax.Array
+  mu: jax.Array
+  skip: jax.Array
+
+  @property
+  def heads(self) -> int:
+    return self.mu.shape[1]
+
+  @property
+  def head_features(self) -> int:
+    return self.w_att.shape[-1]
+
+
+def init_hgt(seed, *, in_features: Sequence[int], num_relations: int, head_features: int,
+             heads: int = 1, out_features: int | None = None, dtype=jnp.float32) -> HGTParams:
+  """Glorot-uniform matrices, zero biases, mu = skip = 1 (PyG's start); `seed` int or key.
+
+  `in_features[t]` is d_t; out_features defaults to H * head_features.
+  """
+  f = heads * head_features
+  d_out = f if out_features is None else out_features
+  key = _key(seed)
+  keys = iter(jax.random.split(key, 4 * len(in_features) + 2))
+  linear = lambda d_in, d_o: _uniform(next(keys), (d_in, d_o), d_in, d_o, dtype)  # noqa: E731
+  zeros = lambda d: jnp.zeros((d,), dtype)  # noqa: E731
+  k_w, q_w, v_w = ([linear(d, f) for d in in_features] for _ in range(3))
+  shape = (num_relations, heads, head_features, head_features)
+  return HGTParams(
+      k_w=tuple(k_w), k_b=tuple(zeros(f) for _ in in_features),
+      q_w=tuple(q_w), q_b=tuple(zeros(f) for _ in in_features),
+      v_w=tuple(v_w), v_b=tuple(zeros(f) for _ in in_features),
+      a_w=tuple(linear(f, d_out) for _ in in_features),
+      a_b=tuple(zeros(d_out) for _ in in_features),
+      w_att=_uniform(next(keys), shape, head_features, head_features, dtype),
+      w_msg=_uniform(next(keys), shape, head_features, head_features, dtype),
+      mu=jnp.ones((num_relations, heads), dtype), skip=jnp.ones((len(in_features),), dtype))
+
+
+def _linear(x, w, b, precision, acc):
+  return (jnp.dot(x, w, precision=precision, preferred_element_type=acc) + b).astype(x.dtype)
+
+
+def _hgt_nodes(xs, params: HGTParams, precision, acc):
+  """K, Q, V of every node, types concatenated in id order: [N, H, d_k] each."""
+  h, d = params.heads, params.head_features
+  def project(ws, bs):
+    rows = [_linear(x, w, b, precision, acc) for x, w, b in zip(xs, ws, bs)]
+    return jnp.concatenate(rows).reshape(-1, h, d)
+  return (project(params.k_w, params.k_b), project(params.q_w, params.q_b),
+          project(params.v_w, params.v_b))
+
+
+def _hgt_finish(k_e, q, m_e, etype, dst, xs, params: HGTParams, precision):
+  """Scores, the edge softmax, aggregation, then A_t(gelu(.)) and the skip gate per node type."""
+  dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
+  n = q.shape[0]
+  scores = jnp.sum(k_e.astype(acc) * q[dst].astype(acc), axis=-1)
+  scores = scores * params.mu[etype].astype(acc) / math.sqrt(params.head_features)
+  agg = _aggregate(edge_softmax(scores, dst, n), m_e, dst, n, acc)
+  outs, start = [], 0
+  for t, x in enumerate(xs):
+    rows = jax.nn.gelu(agg[start:start + x.shape[0]], approximate=False).astype(dtype)
+    start += x.shape[0]
+    y = _linear(rows, params.a_w[t], params.a_b[t], precision, acc)
+    if y.shape[-1] == x.shape[-1]:
+      gate = jax.nn.sigmoid(params.skip[t].astype(acc))
+      y = (gate * y.astype(acc) + (1 - gate) * x.astype(acc)).astype(dtype)
+    outs.append(y)
+  return outs
+
+
+def _check_types(xs, params: HGTParams):
+  if len(xs) != len(params.k_w):
+    raise ValueError(f"HGT: {len(xs)} feature arrays for {len(params.k_w)} node types")
+  if len({x.dtype for x in xs}) != 1:
+    raise ValueError(f"HGT: node features must share one dtype, got {[x.dtype for x in xs]}")
+
+
+def hgt_transform_all_then_gather(src, dst, etype, xs, params: HGTParams, *, precision=None):
+  """K @ W_att[r] and V @ W_msg[r] for every node and relation ([R, N, H, d_k]), then gather."""
+  _check_types(xs, params)
+  dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
+  k, q, v = _hgt_nodes(xs, params, precision, acc)
+  through = lambda a, w: jnp.einsum("nhd,rhdf->rnhf", a, w.astype(dtype),  # noqa: E731
+                                    precision=precision,
+                                    preferred_element_type=acc).astype(dtype)
+  k_e = through(k, params.w_att)[etype, src]
+  m_e = through(v, params.w_msg)[etype, src]
+  return _hgt_finish(k_e, q, m_e, etype, dst, xs, params, precision)
+
+
+def hgt_ragged_dot(src, dst, etype, xs, params: HGTParams, *, precision=None):
+  """K[src] and V[src] grouped by relation, heads as a batch: `jax.lax.ragged_dot_general`.
+
+  Edges sorted by etype.
+  """
+  _check_types(xs, params)
+  dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
+  k, q, v = _hgt_nodes(xs, params, precision, acc)
+  sizes = _group_sizes(etype, params.mu.shape[0])
+  # lhs [H, E, d_k] (batch, ragged rows, contracted), rhs [H, R, d_k, d_k] (batch, group, ...).
+  numbers = jax.lax.RaggedDotDimensionNumbers(
+      dot_dimension_numbers=(([2], [2]), ([0], [0])), lhs_ragged_dimensions=[1],
+      rhs_group_dimensions=[1])
+
+  def through(a, w):
+    rows = jnp.swapaxes(a[src], 0, 1)
+    out = jax.lax.ragged_dot_general(rows, jnp.swapaxes(w, 0, 1).astype(dtype), sizes, numbers,
+                                     precision=precision, preferred_element_type=acc)
+    return jnp.swapaxes(out, 0, 1).astype(dtype)
+
+  return _hgt_finish(through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs,
+                     params, precision)
+
+
+def hgt_per_edge_weights(src, dst, etype, xs, params: HGTParams, *, precision=None):
+  """W_att[etype] and W_msg[etype] gathered per edge ([E, H, d_k, d_k]) times K[src], V[src]."""
+  _check_types(xs, params)
+  dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
+  k, q, v = _hgt_nodes(xs, params, precision, acc)
+  through = lambda a, w: jnp.einsum(  # noqa: E731
+      "ehd,ehdf->ehf", a[src], w.astype(dtype)[etype], precision=precision,
+      preferred_element_type=acc).astype(dtype)
+  return _hgt_finish(through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs,
+                     params, precision)
+
+
+#: name -> plain-JAX HGT formulation, in the benchmark's column order.
+HGT = {
+    "transform-all-then-gather": hgt_transform_all_then_gather,
+    "ragged_dot": hgt_ragged_dot,
+    "per-edge weights": hgt_per_edge_weights,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# As `rgnn_peers.Formulation`s, for its compile_step / time_jax
+
+
+def rgat_formulation(name: str, edges: Edges, *, precision=None) -> rgnn_peers.Formulation:
+  """`message(edges, x, params) -> [N, H*d]`."""
+  fn = RGAT[name]
+  return rgnn_peers.Formulation(
+      name, lambda g, x, p: fn(*g, x, p, precision=precision), edges)
+
+
+def hgt_formulation(name: str, edges: Edges, *, precision=None) -> rgnn_peers.Formulation:
+  """`message(edges, xs, params) -> [N, d_out]`: the per-type outputs concatenated in id order."""
+  fn = HGT[name]
+  return rgnn_peers.Formulation(
+      name, lambda g, xs, p: jnp.concatenate(fn(*g, xs, p, precision=precision)), edges)
+
+
+# ------------------------------------------------------------------------------------------------
+# PyTorch Geometric: the same layers from the same weights
+
+
+def _block_diagonal(matrix: np.ndarray, heads: int, what: str) -> np.ndarray:
+  """[H*d, H] with column h nonzero only in rows h*d:(h+1)*d -> its blocks as [H, d]."""
+  d = matrix.shape[0] // heads
+  blocks = matrix.reshape(heads, d, heads)
+  vectors = np.stack([blocks[h, :, h] for h in range(heads)])
+  off = blocks.copy()
+  for h in range(heads):
+    off[h, :, h] = 0
+  if np.any(off != 0):
+    raise ValueError(f"RGATConv's {what} mixes heads (nonzero outside its head-diagonal "
+                     f"blocks); per-head attention vectors cannot express it")
+  return vectors
+
+
+def rgat_params_from_pyg(conv) -> RGATParams:
+  """Our weights computing what `conv`, a PyG RGATConv, computes (float64 NumPy arrays).
+
+  Needs dim=1, no bases/blocks, and q, k head-block-diagonal (always so when heads=1); the
+  shared attention vectors are repeated for every relation. The bias, if any, is not ours.
+  """
+  if conv.dim != 1 or conv.num_bases is not None or conv.num_blocks is not None:
+    raise ValueError("rgat_params_from_pyg needs RGATConv(dim=1) without bases or blocks")
+  get = lambda p: p.detach().cpu().double().numpy()  # noqa: E731
+  w, heads, r = get(conv.weight), conv.heads, conv.num_relations
+  a_dst = _block_diagonal(get(conv.q), heads, "q")
+  a_src = _block_diagonal(get(conv.k), heads, "k")
+  return RGATParams(w, np.broadcast_to(a_src, (r, *a_src.shape)).copy(),
+                    np.broadcast_to(a_dst, (r, *a_dst.shape)).copy())
+
+
+def pyg_rgat_conv(params: RGATParams, *, device=None, dtype=None):
+  """A PyG RGATConv (additive, across-relation, concat, no bias) computing our layer.
+
+  Needs a_src and a_dst equal across relations (PyG's are shared); q, k get the per-head
+  vectors on their block diagonal.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch_geometric.nn import RGATConv  # pylint: disable=g-import-not-at-top
+  w, a_src, a_dst = (np.asarray(a, np.float64) for a in params)
+  r, d_in, f = w.shape
+  heads, d = a_src.shape[1:]
+  if not (np.all(a_src == a_src[:1]) and np.all(a_dst == a_dst[:1])):
+    raise ValueError("pyg_rgat_conv: PyG shares attention vectors across relations; these "
+                     "differ between relations")
+  conv = RGATConv(d_in, d, num_relations=r, heads=heads, dim=1, concat=True, bias=False,
+                  attention_mode="additive-self-attention",
+                  attention_mechanism="across-relation", negative_slope=NEGATIVE_SLOPE)
+  q, k = np.zeros((f, heads)), np.zeros((f, heads))
+  for h in range(heads):
+    q[h * d:(h + 1) * d, h] = a_dst[0, h]
+    k[h * d:(h + 1) * d, h] = a_src[0, h]
+  conv = conv.to(device=device or rgnn_peers.torch_device(), dtype=dtype or torch.float32)
+  with torch.no_grad():
+    for param, value in ((conv.weight, w), (conv.q, q), (conv.k, k)):
+      param.copy_(torch.from_numpy(value))
+  return conv
+
+
+def _pyg_name(relation) -> str:
+  return "__".join(relation)
+
+
+def hgt_params_from_pyg(conv, node_types: Sequence[str],
+                        relation_types: Sequence[tuple[str, str, str]]) -> HGTParams:
+  """Our weights computing what `conv`, a PyG HGTConv, computes (float64 NumPy arrays).
+
+  `node_types[t]` names our type t and `relation_types[r]` = (src type, name, dst type) our
+  relation r; they must be conv's metadata (any order).
+  """
+  get = lambda p: p.detach().cpu().double().numpy()  # noqa: E731
+  f, heads = conv.out_channels, conv.heads
+  d = f // heads
+  k_w, k_b, q_w, q_b, v_w, v_b, a_w, a_b = ([] for _ in range(8))
+  for t in node_types:
+    lin = conv.kqv_lin.lins[t]
+    w, b = get(lin.weight).T, get(lin.bias)  # torch's Linear: x @ weight.T + bias
+    for ws, bs, part in ((k_w, k_b, 0), (q_w, q_b, 1), (v_w, v_b, 2)):
+      ws.append(w[:, part * f:(part + 1) * f])
+      bs.append(b[part * f:(part + 1) * f])
+    out = conv.out_lin.lins[t]
+    a_w.append(get(out.weight).T)
+    a_b.append(get(out.bias))
+  # k_rel / v_rel hold one [d, d] matrix per (head h, relation index i) at h * R_pyg + i.
+  index = [conv.edge_types_map[tuple(rel)] for rel in relation_types]
+  num = len(conv.edge_types)
+  per = lambda lin: get(lin.weight).reshape(heads, num, d, d)[:, index].swapaxes(0, 1)  # noqa
+  mu = np.stack([get(conv.p_rel[_pyg_name(rel)])[0] for rel in relation_types])
+  skip = np.concatenate([get(conv.skip[t]) for t in node_types])
+  return HGTParams(tuple(k_w), tuple(k_b), tuple(q_w), tuple(q_b), tuple(v_w), tuple(v_b),
+                   tuple(a_w), tuple(a_b), per(conv.k_rel), per(conv.v_rel), mu, skip)
+
+
+def pyg_hgt_conv(params: HGTParams, node_types: Sequence[str],
+                 relation_types: Sequence[tuple[str, str, str]], *, device=None, dtype=None):
+  """A PyG HGTConv holding our weights (needs d_out == H * d_k), metadata in our order."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch_geometric.nn import HGTConv  # pylint: disable=g-import-not-at-top
+  heads, d = params.heads, params.head_features
+  f = heads * d
+  if any(np.shape(w)[1] != f for w in params.a_w):
+    raise ValueError(f"pyg_hgt_conv: PyG's HGTConv needs d_out == H * d_k = {f}")
+  relation_types = [tuple(rel) for rel in relation_types]
+  in_channels = {t: int(np.shape(w)[0]) for t, w in zip(node_types, params.k_w)}
+  conv = HGTConv(in_channels, f, (list(node_types), relation_types), heads=heads)
+  conv = conv.to(device=device or rgnn_peers.torch_device(), dtype=dtype or torch.float32)
+  arr = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
+  num = len(relation_types)
+  with torch.no_grad():
+    for t, name in enumerate(node_types):
+      lin = conv.kqv_lin.lins[name]
+      lin.weight.copy_(arr(np.concatenate([params.k_w[t], params.q_w[t], params.v_w[t]],
+                                          axis=1).T))
+      lin.bias.copy_(arr(np.concatenate([params.k_b[t], params.q_b[t], params.v_b[t]])))
+      conv.out_lin.lins[name].weight.copy_(arr(np.asarray(params.a_w[t]).T))
+      conv.out_lin.lins[name].bias.copy_(arr(params.a_b[t]))
+      conv.skip[name].copy_(arr(np.asarray(params.skip)[t:t + 1]))
+    for lin, w in ((conv.k_rel, params.w_att), (conv.v_rel, params.w_msg)):
+      lin.weight.copy_(arr(np.asarray(w).swapaxes(0, 1).reshape(heads * num, d, d)))
+    for r, rel in enumerate(relation_types):
+      conv.p_rel[_pyg_name(rel)].copy_(arr(np.asarray(params.mu)[r:r + 1]))
+  return conv
+
+
+def pyg_hetero_inputs(src, dst, etype, xs, node_types: Sequence[str],
+                      relation_types: Sequence[tuple[str, str, str]], *, device=None):
+  """(x_dict, edge_index_dict) for HGTConv from global ids; edge types in our relation order.
+
+  Node type t owns ids [offsets[t], offsets[t+1]) with offsets from the row counts of xs; each
+  relation's edges become local ids of its source and destination types.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  device = device or rgnn_peers.torch_device()
+  offsets = dict(zip(node_types, np.cumsum([0] + [len(x) for x in xs])))
+  src, dst, etype = (np.asarray(a, np.int64) for a in (src, dst, etype))
+  x_dict = {t: x for t, x in zip(node_types, xs)}
+  edge_index_dict = {}
+  for r, rel in enumerate(relation_types):
+    mine = etype == r
+    pair = np.stack([src[mine] - offsets[rel[0]], dst[mine] - offsets[rel[2]]])
+    edge_index_dict[tuple(rel)] = torch.from_numpy(pair).to(device)
+  return x_dict, edge_index_dict

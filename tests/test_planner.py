@@ -1,0 +1,117 @@
+"""The offload planner's cost model and search, against hand-worked timelines and brute force."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdata import offload
+from jaxdata.offload import planner
+from jaxdata.offload.planner import Choice, predict
+
+MB = 1 << 20
+
+
+def keep(name, nbytes, seconds, fwd):
+  return Choice(offload.keep(name=name), nbytes, 0, seconds, fwd)
+
+
+def moved(name, nbytes, seconds, fwd):
+  return Choice(offload.recompute(name=name), 0, nbytes, seconds, fwd)
+
+
+def test_predict_keep_and_recompute_add_up():
+  a, b = keep("a", 10 * MB, 3.0, 1.0), keep("r", 0, 4.0, 1.0)
+  seconds, device, off = predict([a, b, a], bandwidth=1e9)
+  assert seconds == pytest.approx(10.0) and device == 20 * MB and off == 0
+
+
+def test_predict_offload_timeline_by_hand():
+  # Two blocks, the first offloaded: 100 MB at 100 MB/s is 1 s each way, D2D is free (huge).
+  o, k = moved("o", 100 * MB, 3.0, 1.0), keep("k", 0, 3.0, 1.0)
+  bw = 100 * MB
+  # forward: o ends at 1 (its D2H runs 1..2), k ends at 2; backward: k 2..4, o's load was
+  # queued when the backward began (2) and took 2..3: o's backward 4..6.
+  seconds, device, _ = predict([o, k], bw, d2d_bandwidth=1e30)
+  assert seconds == pytest.approx(6.0)
+  assert device == 100 * MB  # staged on the way out, then again on the way back
+  # Alone, the load cannot hide: forward 0..1, D2H 1..2, H2D 2..3, backward 3..5.
+  seconds, _, _ = predict([o], bw, d2d_bandwidth=1e30)
+  assert seconds == pytest.approx(5.0)
+
+
+def test_predict_staging_piles_up_when_pcie_is_slower_than_compute():
+  o = moved("o", 100 * MB, 0.3, 0.1)    # 0.1 s of forward makes 1 s of transfer
+  _, device, _ = predict([o] * 4, 100 * MB, d2d_bandwidth=1e30)
+  assert device == 4 * 100 * MB         # all four still staged when the forward ends
+  _, device, _ = predict([o] * 4, 1e15, d2d_bandwidth=1e30)
+  # A fast link drains each spill before the next arrives; the peak is the loads brought back
+  # ahead of the block being run.
+  assert device == planner._PREFETCH_DEPTH * 100 * MB
+
+
+def test_predict_needs_bandwidth_for_offload():
+  assert predict([moved("o", MB, 1.0, 0.5)], 0.0)[0] == float("inf")
+  assert predict([keep("k", MB, 1.0, 0.5)], 0.0)[0] == pytest.approx(1.0)
+
+
+CANDS = [keep("recompute", 0, 4.0, 1.0), keep("keep", 300 * MB, 3.0, 1.0),
+         keep("keep-some", 100 * MB, 3.3, 1.0), moved("offload", 300 * MB, 3.0, 1.0)]
+
+
+def test_plan_extremes():
+  big = planner.plan(4, CANDS, 1 << 40, bandwidth=1e12)
+  assert {str(p) for p in big.policies} <= {"keep", "offload"}   # both as fast as it gets
+  assert big.seconds == pytest.approx(12.0, rel=1e-3)
+  none = planner.plan(4, CANDS, 0, bandwidth=0.0)
+  assert [str(p) for p in none.policies] == ["recompute"] * 4
+  with pytest.raises(ValueError, match="no plan fits"):
+    planner.plan(4, [keep("keep", 1, 1.0, 0.5)], 0, bandwidth=1e9)
+
+
+@pytest.mark.parametrize("budget_mb", [0, 100, 250, 400, 700, 1200])
+def test_plan_is_the_best_of_every_fitting_mix(budget_mb):
+  """Against brute force over every assignment (the planner searches mixes of up to 3 kinds in
+  two orders; with 4 blocks and these candidates, that covers the best assignment's multiset)."""
+  bw = 150 * MB
+  best = planner.plan(4, CANDS, budget_mb * MB, bw)
+  assert best.device_bytes <= budget_mb * MB
+  brute = min((predict(list(p), bw)[0] for p in itertools.product(CANDS, repeat=4)
+               if predict(list(p), bw)[1] <= budget_mb * MB), default=None)
+  assert brute is not None
+  assert brute - 1e-9 <= best.seconds <= brute * 1.05
+
+
+def test_residual_bytes_counts_what_the_vjp_keeps():
+  w = jnp.ones((8, 16), jnp.float32)
+
+  def f(w, x):
+    h = jnp.sin(x @ w)      # keeps cos(x @ w) or x @ w: [4, 16] float32
+    return h @ w.T
+
+  x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+  everything = planner.residual_bytes(f, (w, x))
+  nothing = planner.residual_bytes(f, (w, x), jax.checkpoint_policies.nothing_saveable)
+  dots = planner.residual_bytes(f, (w, x), jax.checkpoint_policies.dots_saveable)
+  assert nothing == 0                   # inputs only: they are not counted
+  assert dots == 4 * 16 * 4             # x @ w
+  assert everything >= dots
+
+
+def test_block_seconds_and_candidates_on_a_gpt_block():
+  from flax import nnx
+  from jaxdata.nn.gpt import GPT, GPTConfig, block_fn
+  cfg = GPTConfig(vocab=32, layers=2, hidden=32, heads=2, seq=16, dtype=jnp.float32)
+  blk = block_fn(GPT(cfg, rngs=nnx.Rngs(0)), (2, 16))
+  args = (blk.layer(0), blk.x)
+  sizes = {n: planner.residual_bytes(blk.apply, args, p)
+           for n, p in planner.gpt_candidates().items()}
+  unit = 2 * 16 * 32 * 4                # one (batch, seq, hidden) float32 activation
+  assert sizes["ctx"] >= 2 * unit       # the attention output and the projection's
+  assert sizes["attn"] >= 5 * unit and sizes["mlp"] >= 5 * unit
+  assert sizes["proj"] > sizes["attn"] > sizes["ctx"] and sizes["proj"] > sizes["mlp"]
+  assert sizes["all"] > sizes["proj"]
+  t = planner.block_seconds(blk.apply, args, None, blocks=2, repeats=1)
+  f = planner.block_seconds(blk.apply, args, None, blocks=2, repeats=1, forward=True)
+  assert np.isfinite(t) and t > 0 and np.isfinite(f) and f > 0
