@@ -68,6 +68,7 @@ RGAT_GRAPHS = {
     "empty relations": (12, 40, 5, [0, 3, 4], None),
     "isolated targets": (15, 25, 2, None, [2, 7, 11]),
     "no edges": (5, 0, 2, None, None),
+    "tiny": (6, 8, 2, None, [0, 1, 2, 3, 4]),  # small enough to differentiate the loop
 }
 
 
@@ -118,9 +119,9 @@ def random_hgt_params(rng, widths, num_relations, heads, d, d_out):
       mu=rng.uniform(0.5, 1.5, (num_relations, heads)), skip=rng.standard_normal(len(widths)))
 
 
-def hgt_case(seed=0, heads=2, d=3, d_out=4, dtype=np.float64):
+def hgt_case(seed=0, heads=2, d=3, d_out=4, dtype=np.float64, **graph):
   """d_out = 4 = the width of type 1, so type 1 goes through the skip gate."""
-  src, dst, etype, xs, num_relations = typed_graph(seed)
+  src, dst, etype, xs, num_relations = typed_graph(seed, **graph)
   rng = np.random.default_rng(seed + 100)
   params = random_hgt_params(rng, [x.shape[1] for x in xs], num_relations, heads, d, d_out)
   edges = peers.Edges.build(src, dst, etype, num_nodes=sum(len(x) for x in xs),
@@ -272,7 +273,7 @@ def rgat_loop_grads(graph):
   return _RGAT_LOOP_GRADS[graph]
 
 
-@pytest.mark.parametrize("graph", ["three relations", "isolated targets", "no edges"])
+@pytest.mark.parametrize("graph", ["tiny", "no edges"])
 @pytest.mark.parametrize("name", list(peers.RGAT))
 def test_rgat_gradients_match_loop(name, graph):
   edges, x, params, ct = rgat_case(graph, seed=1)
@@ -280,10 +281,19 @@ def test_rgat_gradients_match_loop(name, graph):
   tree_allclose(got, rgat_loop_grads(graph), **TOL)
 
 
+@pytest.mark.parametrize("graph", ["three relations", "empty relations", "isolated targets"])
+def test_rgat_gradients_agree(graph):
+  edges, x, params, ct = rgat_case(graph, seed=1)
+  grads = [jax.jit(jax.grad(rgat_loss(fn, edges, ct), argnums=(0, 1)))(x, params)
+           for fn in peers.RGAT.values()]
+  for other in grads[1:]:
+    tree_allclose(other, grads[0], **TOL)
+
+
 def test_rgat_gradient_matches_finite_differences():
   edges, x, params, ct = rgat_case("three relations", seed=2)
-  loss = rgat_loss(peers.rgat_ragged_dot, edges, ct)
-  grads = jax.grad(loss, argnums=(0, 1))(x, params)
+  loss = jax.jit(rgat_loss(peers.rgat_ragged_dot, edges, ct))
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, params)
   rng = np.random.default_rng(3)
   direction = jax.tree.map(lambda a: jnp.asarray(rng.standard_normal(a.shape)), (x, params))
   eps = 1e-6
@@ -349,7 +359,7 @@ _HGT_LOOP_GRADS = {}
 
 @pytest.mark.parametrize("name", list(peers.HGT))
 def test_hgt_gradients_match_loop(name):
-  edges, xs, params, cts = hgt_case(seed=2)
+  edges, xs, params, cts = hgt_case(seed=2, sizes=(4, 3, 2), num_edges=12)
   def loss(fn):
     return lambda xs, p: sum(jnp.vdot(o, c) for o, c in zip(fn(*edges, xs, p), cts))
   got = jax.jit(jax.grad(loss(peers.HGT[name]), argnums=(0, 1)))(xs, params)

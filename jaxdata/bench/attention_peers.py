@@ -158,23 +158,19 @@ class RGATParams(NamedTuple):
     return self.a_src.shape[1]
 
 
-def _uniform(key, shape, fan_in: int, fan_out: int, dtype):
+def _uniform(rng: np.random.Generator, shape, fan_in: int, fan_out: int, dtype):
   """Glorot-uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out))."""
   bound = math.sqrt(6.0 / (fan_in + fan_out))
-  return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
+  return jnp.asarray(rng.uniform(-bound, bound, shape), dtype)
 
 
-def _key(seed):
-  return jax.random.key(seed) if isinstance(seed, (int, np.integer)) else seed
-
-
-def init_rgat(seed, *, num_relations: int, in_features: int, head_features: int,
+def init_rgat(seed: int, *, num_relations: int, in_features: int, head_features: int,
               heads: int = 1, dtype=jnp.float32) -> RGATParams:
-  """Glorot-uniform weights and attention vectors; `seed` is an int or a JAX key."""
-  kw, ks, kd = jax.random.split(_key(seed), 3)
+  """Glorot-uniform weights and attention vectors, drawn by NumPy from `seed`."""
+  rng = np.random.default_rng(seed)
   r, d, h = num_relations, head_features, heads
-  return RGATParams(_uniform(kw, (r, in_features, h * d), in_features, h * d, dtype),
-                    _uniform(ks, (r, h, d), d, 1, dtype), _uniform(kd, (r, h, d), d, 1, dtype))
+  return RGATParams(_uniform(rng, (r, in_features, h * d), in_features, h * d, dtype),
+                    _uniform(rng, (r, h, d), d, 1, dtype), _uniform(rng, (r, h, d), d, 1, dtype))
 
 
 def _folded(params: RGATParams, precision, acc):
@@ -272,17 +268,16 @@ class HGTParams(NamedTuple):
     return self.w_att.shape[-1]
 
 
-def init_hgt(seed, *, in_features: Sequence[int], num_relations: int, head_features: int,
+def init_hgt(seed: int, *, in_features: Sequence[int], num_relations: int, head_features: int,
              heads: int = 1, out_features: int | None = None, dtype=jnp.float32) -> HGTParams:
-  """Glorot-uniform matrices, zero biases, mu = skip = 1 (PyG's start); `seed` int or key.
+  """Glorot-uniform matrices, zero biases, mu = skip = 1 (PyG's start), drawn by NumPy from `seed`.
 
   `in_features[t]` is d_t; out_features defaults to H * head_features.
   """
   f = heads * head_features
   d_out = f if out_features is None else out_features
-  key = _key(seed)
-  keys = iter(jax.random.split(key, 4 * len(in_features) + 2))
-  linear = lambda d_in, d_o: _uniform(next(keys), (d_in, d_o), d_in, d_o, dtype)  # noqa: E731
+  rng = np.random.default_rng(seed)
+  linear = lambda d_in, d_o: _uniform(rng, (d_in, d_o), d_in, d_o, dtype)  # noqa: E731
   zeros = lambda d: jnp.zeros((d,), dtype)  # noqa: E731
   k_w, q_w, v_w = ([linear(d, f) for d in in_features] for _ in range(3))
   shape = (num_relations, heads, head_features, head_features)
@@ -292,8 +287,8 @@ def init_hgt(seed, *, in_features: Sequence[int], num_relations: int, head_featu
       v_w=tuple(v_w), v_b=tuple(zeros(f) for _ in in_features),
       a_w=tuple(linear(f, d_out) for _ in in_features),
       a_b=tuple(zeros(d_out) for _ in in_features),
-      w_att=_uniform(next(keys), shape, head_features, head_features, dtype),
-      w_msg=_uniform(next(keys), shape, head_features, head_features, dtype),
+      w_att=_uniform(rng, shape, head_features, head_features, dtype),
+      w_msg=_uniform(rng, shape, head_features, head_features, dtype),
       mu=jnp.ones((num_relations, heads), dtype), skip=jnp.ones((len(in_features),), dtype))
 
 
