@@ -23,8 +23,8 @@ def moved(name, nbytes, seconds, fwd):
 
 def test_predict_keep_and_recompute_add_up():
   a, b = keep("a", 10 * MB, 3.0, 1.0), keep("r", 0, 4.0, 1.0)
-  seconds, device, off = predict([a, b, a], bandwidth=1e9)
-  assert seconds == pytest.approx(10.0) and device == 20 * MB and off == 0
+  seconds, device, off, spill = predict([a, b, a], bandwidth=1e9)
+  assert seconds == pytest.approx(10.0) and device == 20 * MB and off == 0 and spill == 0
 
 
 def test_predict_offload_timeline_by_hand():
@@ -33,22 +33,34 @@ def test_predict_offload_timeline_by_hand():
   bw = 100 * MB
   # forward: o ends at 1 (its D2H runs 1..2), k ends at 2; backward: k 2..4, o's load was
   # queued when the backward began (2) and took 2..3: o's backward 4..6.
-  seconds, device, _ = predict([o, k], bw, d2d_bandwidth=1e30)
+  seconds, device, _, spill = predict([o, k], bw, d2d_bandwidth=1e30)
   assert seconds == pytest.approx(6.0)
-  assert device == 100 * MB  # staged on the way out, then again on the way back
+  assert device == spill == 100 * MB  # staged on the way out, then again on the way back
   # Alone, the load cannot hide: forward 0..1, D2H 1..2, H2D 2..3, backward 3..5.
-  seconds, _, _ = predict([o], bw, d2d_bandwidth=1e30)
+  seconds = predict([o], bw, d2d_bandwidth=1e30).seconds
   assert seconds == pytest.approx(5.0)
 
 
 def test_predict_staging_piles_up_when_pcie_is_slower_than_compute():
   o = moved("o", 100 * MB, 0.3, 0.1)    # 0.1 s of forward makes 1 s of transfer
-  _, device, _ = predict([o] * 4, 100 * MB, d2d_bandwidth=1e30)
-  assert device == 4 * 100 * MB         # all four still staged when the forward ends
-  _, device, _ = predict([o] * 4, 1e15, d2d_bandwidth=1e30)
+  p = predict([o] * 4, 100 * MB, d2d_bandwidth=1e30)
+  assert p.device_bytes == p.spill_bytes == 4 * 100 * MB         # all four still staged when the forward ends
+  p = predict([o] * 4, 1e15, d2d_bandwidth=1e30)
+  assert p.spill_bytes == 100 * MB
   # A fast link drains each spill before the next arrives; the peak is the loads brought back
   # ahead of the block being run.
-  assert device == planner._PREFETCH_DEPTH * 100 * MB
+  assert p.device_bytes == planner._PREFETCH_DEPTH * 100 * MB
+
+
+def test_predict_spill_cap_trades_time_for_staging():
+  # Two offloaded blocks (0.1 s of forward, 1 s of copy each), then a long kept block. Uncapped,
+  # both spills are staged at once and the third block computes while they drain; capped at one
+  # block's spill, the second block waits 0.9 s for the first copy before spilling.
+  o, k = moved("o", 100 * MB, 0.3, 0.1), keep("k", 0, 6.0, 2.0)
+  free = predict([o, o, k], 100 * MB, d2d_bandwidth=1e30)
+  capped = predict([o, o, k], 100 * MB, spill_cap=100 * MB, d2d_bandwidth=1e30)
+  assert (free.spill_bytes, capped.spill_bytes) == (200 * MB, 100 * MB)
+  assert free.seconds == pytest.approx(6.6) and capped.seconds == pytest.approx(7.5)
 
 
 def test_predict_needs_bandwidth_for_offload():

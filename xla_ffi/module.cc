@@ -171,14 +171,14 @@ NB_MODULE(_xla_ffi, m) {
   m.def(
       "offload_store_open",
       [](int64_t ram_bytes, std::string dir, int64_t ssd_bytes, int io_threads, int64_t chunk_bytes,
-         int64_t staging_bytes) {
+         int64_t staging_bytes, int64_t device_bytes) {
         offload::StoreOptions o{ram_bytes, std::move(dir), ssd_bytes, io_threads, chunk_bytes,
-                                staging_bytes};
+                                staging_bytes, device_bytes};
         nb::gil_scoped_release release;
         return offload::RegisterStore(std::make_shared<offload::TensorStore>(o));
       },
       nb::arg("ram_bytes"), nb::arg("dir"), nb::arg("ssd_bytes"), nb::arg("io_threads"),
-      nb::arg("chunk_bytes"), nb::arg("staging_bytes"),
+      nb::arg("chunk_bytes"), nb::arg("staging_bytes"), nb::arg("device_bytes"),
       "Opens a TensorStore and returns its id (handlers receive it as the `store` attribute).");
   m.def("offload_store_close", &offload::CloseStore, nb::arg("store_id"),
         nb::call_guard<nb::gil_scoped_release>());

@@ -24,7 +24,8 @@ RGAT (relational graph attention as in Hector and DGL; one layer, H heads, conca
 HGT (heterogeneous graph transformer, as PyG's `HGTConv` computes it; one layer, H heads):
 
     node types t = 0..T-1; type t owns the ids [offsets[t], offsets[t+1]), offsets from the
-    per-type feature arrays xs[t]: [N_t, d_t]; tau(v) is the type of node v
+    per-type feature arrays xs[t]: [N_t, d_t] (`check_node_types` compares them with a
+    HeteroGraph's node_type_offsets); tau(v) is the type of node v
     K_t, Q_t, V_t: d_t -> H*d_k linear with bias; A_t: H*d_k -> d_out linear with bias
     W_att, W_msg: [R, H, d_k, d_k]   mu: [R, H]   skip: [T]
     k_e[h] = (K_{tau(j)} x_j)[h] @ W_att[r, h]                          j = src[e], r = etype[e]
@@ -325,6 +326,21 @@ def _hgt_finish(k_e, q, m_e, etype, dst, xs, params: HGTParams, precision):
   return outs
 
 
+def check_node_types(graph, xs) -> None:
+  """ValueError unless xs[t] has the rows of node type t of `graph` (a HeteroGraph).
+
+  The formulations take the type offsets from the row counts of xs, so this is the one check
+  that features and graph agree; run it outside jit.
+  """
+  offsets = graph.node_type_offsets
+  if offsets is None:
+    offsets = np.array([0, graph.num_nodes])
+  rows = [int(np.shape(x)[0]) for x in xs]
+  if len(rows) != len(offsets) - 1 or np.any(np.diff(offsets) != rows):
+    raise ValueError(f"HGT: feature rows {rows} do not match the graph's node types "
+                     f"{dict(zip(graph.node_type_names, np.diff(offsets).tolist()))}")
+
+
 def _check_types(xs, params: HGTParams):
   if len(xs) != len(params.k_w):
     raise ValueError(f"HGT: {len(xs)} feature arrays for {len(params.k_w)} node types")
@@ -465,7 +481,7 @@ def pyg_rgat_conv(params: RGATParams, *, device=None, dtype=None):
   conv = conv.to(device=device or rgnn_peers.torch_device(), dtype=dtype or torch.float32)
   with torch.no_grad():
     for param, value in ((conv.weight, w), (conv.q, q), (conv.k, k)):
-      param.copy_(torch.from_numpy(value))
+      param.copy_(torch.tensor(value))
   return conv
 
 
@@ -516,7 +532,7 @@ def pyg_hgt_conv(params: HGTParams, node_types: Sequence[str],
   in_channels = {t: int(np.shape(w)[0]) for t, w in zip(node_types, params.k_w)}
   conv = HGTConv(in_channels, f, (list(node_types), relation_types), heads=heads)
   conv = conv.to(device=device or rgnn_peers.torch_device(), dtype=dtype or torch.float32)
-  arr = lambda a: torch.from_numpy(np.asarray(a, np.float64))  # noqa: E731
+  arr = lambda a: torch.tensor(np.asarray(a, np.float64))  # noqa: E731  (copies)
   num = len(relation_types)
   with torch.no_grad():
     for t, name in enumerate(node_types):
@@ -539,7 +555,9 @@ def pyg_hetero_inputs(src, dst, etype, xs, node_types: Sequence[str],
   """(x_dict, edge_index_dict) for HGTConv from global ids; edge types in our relation order.
 
   Node type t owns ids [offsets[t], offsets[t+1]) with offsets from the row counts of xs; each
-  relation's edges become local ids of its source and destination types.
+  relation's edges become local ids of its source and destination types. HGTConv's relation
+  weights (`k_rel`, `is_sorted=True`) assume the dict iterates in the conv's metadata order:
+  build the conv with `relation_types` as its metadata (`pyg_hgt_conv` does) or reorder.
   """
   import torch  # pylint: disable=g-import-not-at-top
   device = device or rgnn_peers.torch_device()

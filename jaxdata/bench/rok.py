@@ -49,6 +49,10 @@ def _builtin() -> dict[str, offload.Policy | None]:
 
 def _step(model, tokens, plan):
   from flax import nnx  # pylint: disable=g-import-not-at-top
+  from jaxdata.nn.gpt import segments  # pylint: disable=g-import-not-at-top
+  if plan is not None and len(segments(plan, model.cfg.layers)) > 1:
+    model = nnx.clone(model)
+    model.split_layers(plan)  # one parameter stack per segment, as training would
   graphdef, params = nnx.split(model)
 
   def loss(params, tokens):
@@ -111,9 +115,12 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
     except ValueError:
       say(f"budget {frac:g} x keep: no plan fits")
       continue
-    say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): {best}")
+    say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): {best}"
+        + (f" (spill staging capped at {best.spill_cap / 2**30:.2f} GiB)" if best.spill_cap else ""))
     ram = max(1 << 30, int(best.offload_bytes * 1.2))
-    with offload.TensorStore(ram_bytes=min(ram, ram_bytes)) as store:
+    # Spill staging capped where the planner's timeline has it (JAX's host thread would
+    # otherwise stage a whole step's spills before the GPU has run them).
+    with offload.TensorStore(ram_bytes=min(ram, ram_bytes), device_bytes=best.spill_cap) as store:
       policies = [_with_store(p, store) for p in best.policies]
       fn, temp, host = _step(model, tokens, policies)
       seconds = _time(fn, repeats)

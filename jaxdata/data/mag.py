@@ -6,9 +6,11 @@ reverses), features of different widths, heavy-tailed degrees, and papers to cla
 file draws a graph of its shape at any scale, in seconds, without a download:
 
     >>> ds = synthetic_mag(scale=1e-3, seed=0)
-    >>> ds.graph.node_type_names, ds.graph.relation_names[:4]
-    (('paper', 'author', 'institution', 'field_of_study'), ('writes', 'cites', 'has_topic', \
-'affiliated_with'))
+    >>> ds
+    MagDataset('synthetic-mag', paper=736x128, author=1135x64, institution=9x32, \
+field_of_study=60x48, num_edges=42222, num_relations=8, num_classes=349)
+    >>> ds.graph.relation_names[:4]
+    ('writes', 'cites', 'has_topic', 'affiliated_with')
 
 At scale 1 the counts are ogbn-mag's: 1,939,743 nodes and 21,111,007 edges (42,222,014 with the
 reverses). Node type t owns the global ids [node_type_offsets[t], node_type_offsets[t + 1]) in
@@ -47,6 +49,8 @@ FEATURE_SIGNAL = {"paper": 0.5, "author": 0.5, "institution": 1.0, "field_of_stu
 HOMOPHILY = 0.8
 #: ogbn-mag's number of paper classes (venues).
 NUM_CLASSES = 349
+#: Which end of each relation is drawn first (the other follows its class).
+_DRAW_ORDER = {"writes": "dst", "cites": "src", "has_topic": "src", "affiliated_with": "src"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -92,8 +96,8 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
                   split: tuple[float, float, float] = (0.85, 0.09, 0.06)) -> MagDataset:
   """An ogbn-mag-shaped graph with `scale` times its node and edge counts.
 
-  How it is drawn (vectorised NumPy; scale 1 takes some 15 s on 2 cores, most of it sorting the
-  42 million edges by (relation, destination, source)):
+  How it is drawn (vectorised NumPy; scale 1 took 21 s on 2 busy cores and peaked at 2.5 GiB,
+  most of it drawing the 42 million edges and sorting them by (relation, destination, source)):
 
   - Every node of every type gets a class (equally many per class, in random order) and a rank
     (a random permutation). A paper's label is its class: the "subject" of the fields of study
@@ -111,8 +115,9 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
     scale: the share of ogbn-mag's counts (> 0); every node type keeps at least one node. Tiny
       scales (1e-4: about 200 nodes and 4,000 edges) suit tests.
     seed: everything is a function of the arguments and this seed.
-    num_classes: the number of classes (paper labels); classes larger than a type's node count
-      leave some classes without nodes of that type, and edges that would need one go anywhere.
+    num_classes: the number of classes (paper labels). A node type with fewer nodes than
+      classes leaves some classes without nodes of that type; edges that would need one go
+      anywhere.
     homophily: the share of edges drawn inside a class, in [0, 1].
     add_inverse: add the reverse of every relation ("rev_<name>"), as models on ogbn-mag do.
     split: the shares of papers in the train, validation and test sets (random, disjoint).
@@ -182,10 +187,6 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
   return MagDataset(graph=graph, relation_types=relation_types, features=tuple(features),
                     labels=classes["paper"].astype(np.int32), num_classes=int(num_classes),
                     train_papers=train, val_papers=val, test_papers=test)
-
-
-#: Which end of each relation is drawn first (the other follows its class).
-_DRAW_ORDER = {"writes": "dst", "cites": "src", "has_topic": "src", "affiliated_with": "src"}
 
 
 def _sorted_pairs(src: np.ndarray, dst: np.ndarray, num_src: int, src_offset: int,

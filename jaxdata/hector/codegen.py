@@ -115,7 +115,8 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
         "__device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }",
         "__device__ __forceinline__ float ldf(const unsigned short* p) {",
         "  return __uint_as_float(((unsigned)__ldg(p)) << 16); }",
-        "__device__ __forceinline__ float leaky_relu(float x, float s) { return x > 0.0f ? x : s * x; }",
+        "__device__ __forceinline__ float leaky_relu(float x, float s) {",
+        "  return x > 0.0f ? x : s * x; }",
         "__device__ __forceinline__ float leaky_relu_grad(float x, float g, float s) {",
         "  return x > 0.0f ? g : s * g; }",
         f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{len(SCALARS)}]; }};",
@@ -169,7 +170,7 @@ def _expr(x: Expr, f: str, depth: int = 0) -> str:
     return _load(x, f if x.width else "0")
   if x.op == "dot":  # per head: the sum over the head's d features, as an inlined lambda
     d = x.args[0].width // max(x.width, 1)
-    q, acc = f"q{depth}", f"acc{depth}"
+    q, acc = f"dq{depth}", f"dacc{depth}"
     at = f"({f}) * {d} + {q}" if x.width else q
     a, b = (_expr(y, at, depth + 1) for y in x.args)
     return (f"[&]() {{ float {acc} = 0.0f; for (int {q} = 0; {q} < {d}; ++{q}) "

@@ -18,8 +18,8 @@ import numpy as np
 
 from jaxdata.hector import codegen, passes
 from jaxdata.hector.ir import Program, Value
-from jaxdata.hector.passes import select as passes_select
 from jaxdata.hector.lowering import Dense, Instance, lower
+from jaxdata.hector.passes import select as passes_select
 from jaxdata.hector.runtime import GraphArrays, KernelSpec, run_kernel, source
 
 _KERNEL_DTYPES = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "bfloat16"}
@@ -49,11 +49,12 @@ class Plan:
     parts = [("traced", str(self.traced)), *self.stages,
              ("after differentiation (backward program)", str(self.backward)),
              ("forward kernels", "\n".join(map(str, self.forward_kernels))),
-             ("backward kernels", "\n".join(map(str, self.backward_kernels))
-              + "\nkept from the forward pass: " + (", ".join(
-                  k.output.label for k in self.forward_kernels if k.output.id in self.saved)
-                                                    or "nothing"))]
+             ("backward kernels", "\n".join(map(str, self.backward_kernels)) + self._kept())]
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in parts)
+
+  def _kept(self) -> str:
+    kept = [k.output.label for k in self.forward_kernels if k.output.id in self.saved]
+    return f"\nkept from the forward pass: {', '.join(kept)}" if kept else ""
 
 
 def make_plan(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: int,

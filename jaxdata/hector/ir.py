@@ -38,7 +38,8 @@ typed:
 ``expand``             compact -> edge: the row of the edge's (src, relation) pair
 ``compact_sum``        edge -> compact: per pair, the sum of the rows of its edges
 ``fold``               ``W[R, k, H*d]`` and ``a[R, H, d]`` -> ``(W a)[R, k, H]`` (reordering)
-``fold_grad_weight``   ``ct[R, k, H]``, ``a`` -> ``[R, k, H*d]``; ``fold_grad_vector``: ``ct``, ``W`` -> ``a``'s shape
+``fold_grad_weight``   the fold's gradients (made by differentiation): ``ct[R, k, H]``, ``a`` ->
+``fold_grad_vector``   ``W``'s shape; ``ct``, ``W`` -> ``a``'s shape
 =====================  =====================================================================
 
 `print(program)` shows the program one value per line; `jaxdata.hector.show` prints it before and

@@ -24,6 +24,7 @@ parameters, whose body is `jaxdata.offload.remat(block_apply, policy)`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
@@ -84,7 +85,7 @@ def save_names(*names: str) -> Callable[..., bool]:
   fused = "attn_ctx" in names
 
   def policy(prim, *args, **params):
-    if fused and prim.name == "dot_product_attention_fwd":
+    if fused and prim.name.startswith("dot_product_attention_fwd"):  # (its "_wrapper" too)
       return True
     return by_name(prim, *args, **params)
   return policy
@@ -214,16 +215,37 @@ def run_layers(block_apply: Callable, states: Any, x: jax.Array,
   """Applies stacked layers to x: one `lax.scan` per segment of `plan` (see `segments`).
 
   `block_apply(layer_state, x) -> x` is one layer; `states` holds every layer's state along a
-  leading axis. A segment whose policy is None scans `block_apply` itself; any other runs
+  leading axis, or is a list of such stacks, one per segment of `plan` (`GPT.split_layers`). A
+  segment whose policy is None scans `block_apply` itself; any other runs
   `jaxdata.offload.remat(block_apply, policy)`, which has block_apply's results and gradients.
+
+  One stack under a plan of several segments costs memory: each segment's slice of the stack is
+  a copy that the backward pass keeps, one stack's worth in all, and each slice's gradient is
+  padded to the whole stack. Stacks split ahead of time (outside the jitted step) cost nothing.
   """
-  layers = jax.tree.leaves(states)[0].shape[0]
-  for start, stop, policy in segments(plan, layers):
+  presplit = isinstance(states, (list, tuple))
+  stacks = list(states) if presplit else [states]
+  layers = sum(jax.tree.leaves(s)[0].shape[0] for s in stacks)
+  sizes = [jax.tree.leaves(s)[0].shape[0] for s in stacks]
+  if presplit and plan is None:  # plain layers, one scan per stack
+    runs = [(a, a + n, None) for a, n in zip(itertools.accumulate([0] + sizes), sizes)]
+  else:
+    runs = segments(plan, layers)
+  if presplit:
+    if sizes != [stop - start for start, stop, _ in runs]:
+      raise ValueError(f"run_layers: states split into stacks of {sizes} layers, but the plan's "
+                       f"segments are {[stop - start for start, stop, _ in runs]}")
+  for j, (start, stop, policy) in enumerate(runs):
     body = block_apply
     if policy is not None:
       from jaxdata.offload import remat  # pylint: disable=g-import-not-at-top
       body = remat(block_apply, policy)
-    part = jax.tree.map(lambda a, start=start, stop=stop: a[start:stop], states)
+    if presplit:
+      part = stacks[j]
+    elif len(runs) == 1:
+      part = states
+    else:
+      part = jax.tree.map(lambda a, start=start, stop=stop: a[start:stop], states)
     x, _ = jax.lax.scan(lambda h, s, body=body: (body(s, h), None), x, part)
   return x
 
@@ -259,11 +281,34 @@ class GPT(nnx.Module):
     self.ln_f = _layer_norm(cfg, rngs)
 
   def _block_fn(self) -> tuple[Callable, Any]:
-    graphdef, states = nnx.split(self.blocks)
+    if isinstance(self.blocks, nnx.List):  # split by `split_layers`: one stack per segment
+      graphdef = nnx.split(self.blocks[0])[0]
+      states = [nnx.split(b)[1] for b in self.blocks]
+    else:
+      graphdef, states = nnx.split(self.blocks)
 
     def block_apply(state, x):
       return nnx.merge(graphdef, state)(x)
     return block_apply, states
+
+  def split_layers(self, plan: Sequence[Hashable]) -> None:
+    """Splits the stacked layers into one stack per segment of `plan` (see `segments`), in place.
+
+    Training under a plan of several segments should split first (outside `jit`): a single
+    stack's slices cost a copy of every layer's parameters and a stack-sized gradient buffer per
+    segment inside the step (12 GiB each at 16 layers of hidden 4096). After the split, calls
+    take plans with the same segment lengths (or none: plain layers). `split_layers(None)` joins
+    the stacks again.
+    """
+    stacks = list(self.blocks) if isinstance(self.blocks, nnx.List) else [self.blocks]
+    graphdef = nnx.split(stacks[0])[0]
+    state = jax.tree.map(lambda *a: jnp.concatenate(a), *[nnx.split(b)[1] for b in stacks])
+    if plan is None:
+      self.blocks = nnx.merge(graphdef, state)
+      return
+    runs = segments(plan, self.cfg.layers)
+    self.blocks = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda a, i=i, j=j: a[i:j], state))
+                            for i, j, _ in runs])
 
   def __call__(self, tokens: jax.Array, plan: Sequence[Hashable] | None = None) -> jax.Array:
     """Float32 logits (batch, t, vocab) for int tokens (batch, t), t <= cfg.seq.
@@ -296,4 +341,6 @@ def block_fn(model: GPT, batch_shape: tuple[int, int] | None = None) -> BlockFn:
   """
   b, t = batch_shape if batch_shape is not None else (1, model.cfg.seq)
   apply, states = model._block_fn()  # pylint: disable=protected-access
+  if isinstance(states, list):  # split by `GPT.split_layers`
+    states = jax.tree.map(lambda *a: jnp.concatenate(a), *states)
   return BlockFn(apply, states, jax.ShapeDtypeStruct((b, t, model.cfg.hidden), model.cfg.dtype))

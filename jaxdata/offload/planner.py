@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,7 @@ from jaxdata.offload.store import TensorStore
 
 _PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
+_CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -102,9 +103,10 @@ class Choice:
 class Plan:
   """A policy per block, and what the model predicts for it."""
   policies: tuple[_remat.Policy, ...]
-  device_bytes: int         # peak of resident residuals + store staging
+  device_bytes: int         # peak of kept residuals + peak of the store's staging
   offload_bytes: int
   seconds: float            # predicted forward + backward of the blocks
+  spill_cap: int = 0        # the store's `device_bytes` the prediction assumes (0: no cap)
 
   def __str__(self) -> str:
     runs = []
@@ -135,29 +137,51 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
   return out
 
 
-def predict(picks: Sequence[Choice], bandwidth: float, *,
-            d2d_bandwidth: float = _D2D_BANDWIDTH) -> tuple[float, int, int]:
-  """(seconds, peak device bytes, offloaded bytes) of running `picks`, one per block, in order.
+class Prediction(NamedTuple):
+  seconds: float        # forward + backward of the blocks
+  device_bytes: int     # peak of kept residuals + peak of the store's staging
+  offload_bytes: int    # moved to the store
+  spill_bytes: int      # peak of spill staging alone (what `TensorStore(device_bytes=)` caps)
+
+
+def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None = None,
+            d2d_bandwidth: float = _D2D_BANDWIDTH) -> Prediction:
+  """What running `picks`, one per block, in order, costs.
 
   The timeline: block i's forward, then (offloaded) its residuals copied into staging on the
   compute stream; the host-bound copies run one after another on their own engine, each
-  freeing its staging when done. Backward in reverse: an offloaded block's residuals come back
-  on the other engine once they are on the host, the engine is free, and the backward has come
-  within `_PREFETCH_DEPTH` blocks of it; the block waits for them, copies them out of staging,
-  and runs its backward. Kept residuals live from their forward to their backward.
+  freeing its staging when done. With `spill_cap` (the store's `device_bytes`) a spill that
+  would stage more waits for earlier copies, and the compute with it (one always proceeds).
+  Backward in reverse: an offloaded block's residuals come back on the other engine once they
+  are on the host, the engine is free, and the backward has come within `_PREFETCH_DEPTH`
+  blocks of it; the block waits for them, copies them out of staging, and runs its backward.
+  Kept residuals live from their forward to their backward.
+
+  Kept residuals live in XLA's memory, staging in the store's pool: each holds on to its own
+  peak, so the device bytes are the sum of the two peaks.
   """
-  if bandwidth <= 0 and any(c.offload_bytes for c in picks):
-    return float("inf"), 0, sum(c.offload_bytes for c in picks)
-  t, d2h_free, live = 0.0, 0.0, []   # live: (start, end, bytes) of device residuals/staging
+  moved = sum(c.offload_bytes for c in picks)
+  if bandwidth <= 0 and moved:
+    return Prediction(float("inf"), 0, moved, 0)
+  t, d2h_free = 0.0, 0.0
+  kept, spills, loads = [], [], []   # (start, end, bytes) of kept residuals / staging
   on_host = [0.0] * len(picks)
   fwd_end = [0.0] * len(picks)
   for i, c in enumerate(picks):
     t += c.forward_seconds
     if c.offload_bytes:
+      if spill_cap is not None:
+        ends = sorted(e for _, e, b in spills if e > t)
+        staged = sum(b for _, e, b in spills if e > t)
+        for e in ends:  # wait until this spill fits (or none is in flight)
+          if staged + c.offload_bytes <= spill_cap:
+            break
+          staged -= next(b for _, end, b in spills if end == e)
+          t = e
       t += c.offload_bytes / d2d_bandwidth
       start = max(t, d2h_free)
       d2h_free = on_host[i] = start + c.offload_bytes / bandwidth
-      live.append((t, d2h_free, c.offload_bytes))
+      spills.append((t, d2h_free, c.offload_bytes))
     fwd_end[i] = t
   h2d_free, begun = 0.0, []          # begun[k]: when the k-th backward block (reversed) started
   for k, i in enumerate(reversed(range(len(picks)))):
@@ -168,13 +192,13 @@ def predict(picks: Sequence[Choice], bandwidth: float, *,
       start = max(on_host[i], h2d_free, trigger)
       h2d_free = start + c.offload_bytes / bandwidth
       t = max(t, h2d_free)
-      live.append((start, t + c.offload_bytes / d2d_bandwidth, c.offload_bytes))
+      loads.append((start, t + c.offload_bytes / d2d_bandwidth, c.offload_bytes))
       t += c.offload_bytes / d2d_bandwidth
     begun.append(t)
     t += c.seconds - c.forward_seconds
     if c.device_bytes:
-      live.append((fwd_end[i], t, c.device_bytes))
-  return t, _peak(live), sum(c.offload_bytes for c in picks)
+      kept.append((fwd_end[i], t, c.device_bytes))
+  return Prediction(t, _peak(kept) + _peak(spills + loads), moved, _peak(spills))
 
 
 def _peak(intervals: list[tuple[float, float, int]]) -> int:
@@ -219,10 +243,16 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
           continue
         if sum(c.device_bytes for c in picks) > budget_bytes:
           continue
+        largest = max(c.offload_bytes for c in picks)
+        # Offloading always runs capped: uncapped, JAX's host thread (ahead of the GPU) would
+        # stage every spill of the step at once, whatever the timeline says.
+        caps = [n * largest for n in _CAPS] if largest else [None]
         for order in _orders(picks):
-          seconds, device, moved = predict(order, bandwidth)
-          if device <= budget_bytes and (best is None or seconds < best.seconds):
-            best = Plan(tuple(c.policy for c in order), device, moved, seconds)
+          for cap in caps:
+            p = predict(order, bandwidth, spill_cap=cap)
+            if p.device_bytes <= budget_bytes and (best is None or p.seconds < best.seconds):
+              best = Plan(tuple(c.policy for c in order), p.device_bytes, p.offload_bytes,
+                          p.seconds, cap or 0)
   if best is None:
     raise ValueError(f"no plan fits a budget of {budget_bytes} bytes for the residuals")
   return best

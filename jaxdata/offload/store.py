@@ -50,15 +50,20 @@ class TensorStore:
     io_threads: threads that checksum and move chunks to and from the disk.
     chunk_bytes: unit of I/O and of checksums (a multiple of 4096).
     staging_bytes: pinned staging between the device or host buffers and the disk.
+    device_bytes: the most device memory a GPU spill's staging may hold while its copy to the
+      host is in flight (0: no limit). JAX's host thread runs ahead of the GPU, so without a
+      limit every spill of a step can be staged at once; past it, a spill waits for earlier
+      copies to finish (one spill always proceeds).
   """
 
   def __init__(self, ram_bytes: int | str = "1GiB", ssd_dir: str | os.PathLike | None = None, *,
                ssd_bytes: int | str = 0, io_threads: int = 4, chunk_bytes: int | str = "8MiB",
-               staging_bytes: int | str = "256MiB"):
+               staging_bytes: int | str = "256MiB", device_bytes: int | str = 0):
     ram_bytes = _bytes(ram_bytes, "ram_bytes")
     ssd_bytes = _bytes(ssd_bytes, "ssd_bytes")
     chunk_bytes = _bytes(chunk_bytes, "chunk_bytes")
     staging_bytes = _bytes(staging_bytes, "staging_bytes")
+    device_bytes = _bytes(device_bytes, "device_bytes")
     if chunk_bytes == 0 or chunk_bytes % 4096:
       raise ValueError(f"chunk_bytes must be a positive multiple of 4096, got {chunk_bytes}")
     if not isinstance(io_threads, int) or io_threads < 1:
@@ -69,10 +74,12 @@ class TensorStore:
     _ffi.jax_gpus()  # the CPU client exists before the store's handlers can run
     try:
       self._id = _ext.offload_store_open(ram_bytes, os.fspath(ssd_dir) if ssd_dir else "",
-                                         ssd_bytes, io_threads, chunk_bytes, staging_bytes)
+                                         ssd_bytes, io_threads, chunk_bytes, staging_bytes,
+                                         device_bytes)
     except RuntimeError as e:
       raise OSError(f"TensorStore: {e}") from None
     self.ram_bytes, self.ssd_dir, self.ssd_bytes = ram_bytes, ssd_dir, ssd_bytes
+    self.device_bytes = device_bytes
     self._finalizer = weakref.finalize(self, _ext.offload_store_close, self._id)
 
   @property

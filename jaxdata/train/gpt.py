@@ -118,7 +118,8 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | N
     plan = plan(model, (config.batch, config.seq))
   if plan is not None:
     plan = list(plan)
-    segments(plan, config.layers)  # fails early on a plan of the wrong length
+    if len(segments(plan, config.layers)) > 1:  # (fails early on a plan of the wrong length)
+      model.split_layers(plan)  # one parameter stack per segment: no copies inside the step
   optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
   step = functools.partial(_step, plan=None if plan is None else tuple(plan))
 

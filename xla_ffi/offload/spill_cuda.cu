@@ -172,6 +172,13 @@ class Gpu {
     auto g = std::make_shared<EntryGpu>();
     e->gpu = g;
     const int64_t n = e->nbytes, round = Round256(n);
+    WaitForStaging(round + 64);
+    // Until a host function or the writer takes over releasing it, an early error return does.
+    struct Claim {
+      Gpu* gpu;
+      int64_t bytes;
+      ~Claim() { if (gpu) gpu->Release(bytes); }
+    } claim{this, round + 64};
     char* stage = nullptr;
     JAXDATA_CUDA_RETURN_IF_ERROR(
         cudaMallocFromPoolAsync(reinterpret_cast<void**>(&stage), size_t(round + 64), pool_, stream));
@@ -193,11 +200,18 @@ class Gpu {
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(store_->RamData(*e), stage, size_t(round + 8),
                                                    cudaMemcpyDeviceToHost, d2h_));
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(stage, d2h_));
+      auto* unstage = new Unstage{this, round + 64};
+      if (cudaError_t err = cudaLaunchHostFunc(d2h_, &Gpu::Unstaged, unstage); err != cudaSuccess) {
+        delete unstage;
+        JAXDATA_CUDA_RETURN_IF_ERROR(err);
+      }
+      claim.gpu = nullptr;
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&g->spilled, cudaEventDisableTiming));
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(g->spilled, d2h_));
       store_->MarkStored(e);
     } else {
-      PostWrite([this, e, stage, copied] {
+      claim.gpu = nullptr;
+      PostWrite([this, e, stage, copied, round] {
         cudaSetDevice(device_);
         cudaStreamWaitEvent(ssd_, copied, 0);
         cudaEventDestroy(copied);
@@ -208,6 +222,8 @@ class Gpu {
           return err == cudaSuccess ? "" : CudaMessage(err, "offload: copy to the SSD staging");
         });
         cudaFreeAsync(stage, ssd_);
+        cudaStreamSynchronize(ssd_);
+        Release(round + 64);
       });
     }
     NoteMemory();
@@ -253,6 +269,35 @@ class Gpu {
   }
 
  private:
+  // Spills' device staging still in flight to the host, capped by the store's device_bytes:
+  // XLA's host thread runs ahead of the GPU, so without the cap every spill of a step would be
+  // staged at once. Past it, a spill waits (on XLA's host thread: the GPU keeps working through
+  // what is queued) until earlier copies finish; one spill always proceeds.
+  struct Unstage {
+    Gpu* gpu;
+    int64_t bytes;
+  };
+
+  static void CUDART_CB Unstaged(void* arg) {  // a host function on the d2h stream
+    std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
+    u->gpu->Release(u->bytes);
+  }
+
+  void Release(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    staged_ -= bytes;
+    cv_.notify_all();
+  }
+
+  void WaitForStaging(int64_t bytes) {
+    const int64_t cap = store_->options().device_bytes;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cap > 0) {
+      cv_.wait(lock, [&] { return stopping_ || staged_ == 0 || staged_ + bytes <= cap; });
+    }
+    staged_ += bytes;
+  }
+
   void PostWrite(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mu_);
     writes_.push_back(std::move(job));
@@ -351,6 +396,7 @@ class Gpu {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  int64_t staged_ = 0;  // bytes of spill staging whose copy to the host has not finished
   std::deque<std::function<void()>> writes_;
   std::deque<std::shared_ptr<Entry>> prefetches_;
   std::vector<std::shared_ptr<Entry>> held_;  // prefetched (or in flight), not yet loaded

@@ -643,10 +643,20 @@ double MeasureDiskWrite(const std::string& dir, int64_t nbytes, int threads, int
     throw std::invalid_argument("chunk_bytes must be a positive multiple of 4096");
   }
   threads = std::max(1, threads);
-  const std::string path = dir + "/jaxdata-disk-probe-" + std::to_string(getpid()) + ".bin";
-  bool direct = true;
-  int fd = OpenFile(path, O_CREAT | O_RDWR | O_TRUNC, &direct);
-  if (fd < 0) throw std::runtime_error(Errno("cannot create " + path));
+  // One file per writer, as the store writes one file per tensor: extending writes to a single
+  // file serialize on its inode, which would measure the file system rather than the disk.
+  const std::string stem = dir + "/jaxdata-disk-probe-" + std::to_string(getpid()) + "-";
+  std::vector<int> fds;
+  for (int t = 0; t < threads; ++t) {
+    bool direct = true;
+    const std::string path = stem + std::to_string(t) + ".bin";
+    int fd = OpenFile(path, O_CREAT | O_RDWR | O_TRUNC, &direct);
+    if (fd < 0) {
+      for (int u = 0; u < t; ++u) close(fds[u]), unlink((stem + std::to_string(u) + ".bin").c_str());
+      throw std::runtime_error(Errno("cannot create " + path));
+    }
+    fds.push_back(fd);
+  }
   const int64_t chunks = std::max<int64_t>(1, nbytes / chunk_bytes);
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
@@ -662,8 +672,9 @@ double MeasureDiskWrite(const std::string& dir, int64_t nbytes, int threads, int
         return;
       }
       std::memset(buf, 0x5A + t, size_t(chunk_bytes));
-      for (int64_t c; !failed && (c = next.fetch_add(1)) < chunks;) {
-        std::string err = WriteAll(fd, static_cast<char*>(buf), chunk_bytes, c * chunk_bytes);
+      int64_t at = 0;
+      for (; !failed && next.fetch_add(1) < chunks; at += chunk_bytes) {
+        std::string err = WriteAll(fds[t], static_cast<char*>(buf), chunk_bytes, at);
         if (!err.empty()) {
           std::lock_guard<std::mutex> lock(error_mu);
           error = err, failed = true;
@@ -674,8 +685,7 @@ double MeasureDiskWrite(const std::string& dir, int64_t nbytes, int threads, int
   }
   for (auto& th : pool) th.join();
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  close(fd);
-  unlink(path.c_str());
+  for (int t = 0; t < threads; ++t) close(fds[t]), unlink((stem + std::to_string(t) + ".bin").c_str());
   if (failed) throw std::runtime_error("disk write probe in " + dir + " failed: " + error);
   return double(chunks * chunk_bytes) / dt;
 }

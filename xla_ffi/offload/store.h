@@ -43,6 +43,7 @@ struct StoreOptions {
   int io_threads = 4;
   int64_t chunk_bytes = 8 << 20;       // I/O unit and checksum unit; a multiple of 4096
   int64_t staging_bytes = 256 << 20;   // pinned slots between device/host and the disk
+  int64_t device_bytes = 0;            // cap on device staging of spills in flight; 0 = none
 };
 
 // The checksum of a chunk: position-dependent 64-bit mix of its 8-byte words (the tail padded
