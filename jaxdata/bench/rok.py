@@ -132,8 +132,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
 
   if ssd_dir:
     say(f"SSD tier: disk write bandwidth under {ssd_dir}")
-    disk = offload.measure_disk_write(ssd_dir, 4 << 30)
-    notes["disk_write"] = disk
+    disk_before = offload.measure_disk_write(ssd_dir, 4 << 30)
     # Every layer's attention residuals to the SSD: a fixed, heavy write load.
     with offload.TensorStore(ram_bytes=0, ssd_dir=ssd_dir, staging_bytes=1 << 30) as store:
       policy = offload.offload(store, "ssd", offload.planner.gpt_candidates()[ssd_inner],
@@ -146,6 +145,10 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
                     temp + s["device_peak"], per_layer * layers, None, str(policy),
                     s["write_bandwidth"]))
     notes["ssd_written"] = s["ssd_written"]
+    # The disk's bandwidth varies between runs on a virtual disk: measured before and after the
+    # SSD row, the better of the two is the one the tier is held to.
+    disk = max(disk_before, offload.measure_disk_write(ssd_dir, 4 << 30))
+    notes["disk_write"] = disk
     say(f"  {seconds * 1e3:.1f} ms; SSD tier wrote {s['write_bandwidth'] / 1e9:.2f} GB/s, the disk "
         f"{disk / 1e9:.2f} GB/s")
   notes["keep"] = keep
@@ -191,7 +194,8 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
           "each way", ""]
   if "disk_write" in notes:
     ssd = next(r for r in rows if "SSD" in r.name)
-    text += [f"- disk direct-I/O write bandwidth (same run): {notes['disk_write'] / 1e9:.2f} GB/s; "
+    text += [f"- disk direct-I/O write bandwidth (same run, the better of a probe before and one after "
+             f"the SSD row): {notes['disk_write'] / 1e9:.2f} GB/s; "
              f"SSD tier sustained {ssd.ssd_write_bw / 1e9:.2f} GB/s while writing "
              f"({ssd.ssd_write_bw / notes['disk_write']:.0%}); "
              f"{notes['ssd_written'] / 2**30:.1f} GiB written", ""]

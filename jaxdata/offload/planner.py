@@ -109,10 +109,13 @@ class Plan:
   spill_cap: int = 0        # the store's `device_bytes` the prediction assumes (0: no cap)
 
   def __str__(self) -> str:
-    runs = []
-    for p, group in itertools.groupby(self.policies):
-      runs.append(f"{len(list(group))}x {p}")
-    return ", ".join(runs)
+    runs = [(p, len(list(group))) for p, group in itertools.groupby(self.policies)]
+    if len(runs) <= 4:
+      return ", ".join(f"{n}x {p}" for p, n in runs)
+    counts: dict[Any, int] = {}
+    for p, n in runs:
+      counts[p] = counts.get(p, 0) + n
+    return " + ".join(f"{n}x {p}" for p, n in counts.items()) + f", interleaved ({len(runs)} runs)"
 
 
 def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,

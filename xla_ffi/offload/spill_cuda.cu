@@ -113,6 +113,12 @@ class Gpu {
     uint64_t keep = ~0ull;  // keep freed memory in the pool: no cudaMalloc per step
     JAXDATA_CUDA_RETURN_IF_ERROR(
         cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    // A spill's staging, freed on the d2h stream, is reused by a later spill on XLA's stream
+    // once that free has run (the device_bytes cap waits for it): opportunistic reuse.
+    int on = 1;
+    for (auto attr : {cudaMemPoolReuseFollowEventDependencies, cudaMemPoolReuseAllowOpportunistic}) {
+      JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool_, attr, &on));
+    }
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(int64_t),
                                                cudaHostAllocMapped | cudaHostAllocPortable));
     *flag_ = 0;
@@ -262,7 +268,16 @@ class Gpu {
                                                    size_t(out.bytes[p]), cudaMemcpyDeviceToDevice,
                                                    stream));
     }
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(g.dev, stream));
+    // Freed on the h2d stream once XLA's stream has copied it out: the prefetcher allocates on
+    // that stream, ahead of the GPU, and the pool reuses a block freed there in stream order; a
+    // block freed on XLA's stream would not be free yet when the prefetcher asks, and the pool
+    // would grow by every load of the step.
+    cudaEvent_t copied;
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied, stream));
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, copied, 0));
+    cudaEventDestroy(copied);
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(g.dev, h2d_));
     g.dev = nullptr;
     NoteMemory();
     return ffi::Error::Success();
