@@ -33,7 +33,8 @@ from jaxdata.offload.store import TensorStore
 
 _PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
-_CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
+_CAPS = (1, 2, 4)
+_POOL_BLOCKS = 2         # the store's pool holds at least this many blocks' residuals (measured)        # spill staging caps a plan may ask for, in its largest block's spills
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -201,7 +202,12 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
     t += c.seconds - c.forward_seconds
     if c.device_bytes:
       kept.append((fwd_end[i], t, c.device_bytes))
-  return Prediction(t, _peak(kept) + _peak(spills + loads), moved, _peak(spills))
+  # Measured on the H200, the pool reserves two of the largest block's residuals whenever a
+  # plan offloads (the one copied out on XLA's stream while the next comes back), even where
+  # the timeline has them apart.
+  largest = max((c.offload_bytes for c in picks), default=0)
+  staging = max(_peak(spills + loads), _POOL_BLOCKS * largest)
+  return Prediction(t, _peak(kept) + staging, moved, _peak(spills))
 
 
 def _peak(intervals: list[tuple[float, float, int]]) -> int:
