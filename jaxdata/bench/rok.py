@@ -108,8 +108,15 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
   notes["choices"] = [(str(c.policy), c.device_bytes, c.offload_bytes, c.seconds) for c in cands]
   # The step's memory beyond the layers' residuals: what recompute-everything needs.
   baseline = recompute.device_bytes
+  notes["baseline"] = baseline
+  notes["unfit"] = []
   for frac in fractions:
     budget = int(frac * keep.device_bytes)
+    if budget < baseline:
+      say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): nothing fits; recomputing "
+          f"everything needs {baseline / 2**30:.2f} GiB")
+      notes["unfit"].append((frac, budget))
+      continue
     try:
       best = offload.plan(layers, cands, max(0, budget - baseline), bandwidth)
     except ValueError:
@@ -203,6 +210,10 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
            "peak (offloaded plans). Budget: a fraction of keep-everything's device memory; "
            "'best JAX in budget' is the fastest built-in policy whose device memory fits it.", "",
            common.markdown_table(header, body), "",
+           *[f"Budget {f:g} x keep ({b / 2**30:.2f} GiB): no plan fits; recomputing everything "
+             f"needs {notes['baseline'] / 2**30:.2f} GiB (the block inputs every layer keeps, "
+             "the logits and one layer's working set)." for f, b in notes.get("unfit", [])],
+           "",
            "![step time against device memory](rok.png)", "",
            "Per-block choices the planner measured (residual bytes on device / offloaded, "
            "forward + backward seconds of one block):", ""]
