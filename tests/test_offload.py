@@ -922,8 +922,10 @@ def test_gpu_spill_staging_is_capped():
       dep = outs[-1]
     return jnp.stack(outs[::-1])
 
-  with jax.default_device(gpu), make_store(None, ram_bytes=count * 4 * n + (1 << 20),
-                                           device_bytes=8 * n) as store:
+  with jax.default_device(gpu), make_store(None, ram_bytes=count * 4 * n + (1 << 20)) as store:
+    assert store.device_bytes == 0
+    store.device_bytes = "32MiB"      # settable while open; what spills read
+    assert store.device_bytes == 8 * n
     f = jax.jit(lambda x: round_trip(x, store))
     x = jnp.arange(n, dtype=jnp.float32)
     got = np.asarray(f(x))
@@ -934,3 +936,14 @@ def test_gpu_spill_staging_is_capped():
     # spills at once would hold.
     assert s["device_peak"] <= 32 * n, s
     assert_drained(store)
+
+
+def test_device_bytes_cap_is_settable():
+  with make_store(None, device_bytes="4MiB") as store:
+    assert store.device_bytes == 4 << 20
+    store.device_bytes = 0
+    assert store.device_bytes == 0
+    with pytest.raises(ValueError, match="device_bytes"):
+      store.device_bytes = -1
+  with pytest.raises(ValueError, match="closed"):
+    store.device_bytes = 1

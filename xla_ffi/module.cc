@@ -180,6 +180,14 @@ NB_MODULE(_xla_ffi, m) {
       nb::arg("ram_bytes"), nb::arg("dir"), nb::arg("ssd_bytes"), nb::arg("io_threads"),
       nb::arg("chunk_bytes"), nb::arg("staging_bytes"), nb::arg("device_bytes"),
       "Opens a TensorStore and returns its id (handlers receive it as the `store` attribute).");
+  m.def(
+      "offload_store_set_device_bytes",
+      [](int64_t id, int64_t n) {
+        auto store = offload::FindStore(id);
+        if (!store || store->closed()) throw std::invalid_argument("TensorStore is closed");
+        store->set_device_bytes(n);
+      },
+      nb::arg("store_id"), nb::arg("device_bytes"));
   m.def("offload_store_close", &offload::CloseStore, nb::arg("store_id"),
         nb::call_guard<nb::gil_scoped_release>());
   m.def(

@@ -127,7 +127,8 @@ def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_by
     ram = max(1 << 30, int(best.offload_bytes * 1.2))
     # Spill staging capped where the planner's timeline has it (JAX's host thread would
     # otherwise stage a whole step's spills before the GPU has run them).
-    with offload.TensorStore(ram_bytes=min(ram, ram_bytes), device_bytes=best.spill_cap) as store:
+    with offload.TensorStore(ram_bytes=min(ram, ram_bytes),
+                             device_bytes=best.spill_cap) as store:
       policies = [_with_store(p, store) for p in best.policies]
       fn, temp, host = _step(model, tokens, policies)
       seconds = _time(fn, repeats)

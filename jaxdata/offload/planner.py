@@ -304,6 +304,8 @@ def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store
   probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
   bw = store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
   best = plan(model.cfg.layers, cands, budget_bytes, bw)
+  if best.offload_bytes:
+    store.device_bytes = best.spill_cap  # the staging the plan was predicted with
   if verbose:
     print(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
           f"{best.device_bytes / 2**30:.2f} GiB resident, {best.offload_bytes / 2**30:.2f} GiB "

@@ -79,7 +79,7 @@ class TensorStore:
     except RuntimeError as e:
       raise OSError(f"TensorStore: {e}") from None
     self.ram_bytes, self.ssd_dir, self.ssd_bytes = ram_bytes, ssd_dir, ssd_bytes
-    self.device_bytes = device_bytes
+    self._device_bytes = device_bytes
     self._finalizer = weakref.finalize(self, _ext.offload_store_close, self._id)
 
   @property
@@ -88,6 +88,18 @@ class TensorStore:
     if not self._finalizer.alive:
       raise ValueError(f"TensorStore #{self._id} is closed")
     return self._id
+
+  @property
+  def device_bytes(self) -> int:
+    """The cap on GPU spill staging (0: none); settable while the store is open, and read by
+    each spill (the planner sets it with its plan)."""
+    return self._device_bytes
+
+  @device_bytes.setter
+  def device_bytes(self, value: int | str) -> None:
+    value = _bytes(value, "device_bytes")
+    _ext.offload_store_set_device_bytes(self.store_id, value)
+    self._device_bytes = value
 
   @property
   def closed(self) -> bool:

@@ -305,7 +305,7 @@ class Gpu {
   }
 
   void WaitForStaging(int64_t bytes) {
-    const int64_t cap = store_->options().device_bytes;
+    const int64_t cap = store_->device_bytes();
     std::unique_lock<std::mutex> lock(mu_);
     if (cap > 0) {
       cv_.wait(lock, [&] { return stopping_ || staged_ == 0 || staged_ + bytes <= cap; });

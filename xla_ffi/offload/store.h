@@ -107,6 +107,9 @@ class TensorStore {
   void Close();
   bool closed() const { return closed_.load(); }
   const StoreOptions& options() const { return options_; }
+  // The cap on GPU spill staging (StoreOptions::device_bytes), adjustable while open.
+  int64_t device_bytes() const { return device_bytes_.load(std::memory_order_relaxed); }
+  void set_device_bytes(int64_t n) { device_bytes_.store(n, std::memory_order_relaxed); }
 
   // A new entry of arrays with `parts` bytes, in the tier asked for (kAuto: RAM if it fits,
   // else SSD). The entry is on the stack of (site, device) when this returns.
@@ -170,6 +173,7 @@ class TensorStore {
   void MarkWritten(const std::shared_ptr<Entry>& e, const std::string& error);
 
   StoreOptions options_;
+  std::atomic<int64_t> device_bytes_{0};
   std::atomic<bool> closed_{false};
   std::shared_ptr<HostBuffer> arena_, staging_;
   std::string dir_;
