@@ -110,6 +110,10 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
   # torch, which runs first, finds the device free) and let JAX grow to most of the device.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+  if args.model != "rgcn":
+    return _bench_rgnn_attention(args)
+  if args.formulations:
+    raise SystemExit("jaxdata bench rgnn: --formulations is for --model rgat or hgt")
   import rich.console  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import rgnn  # pylint: disable=g-import-not-at-top
@@ -137,6 +141,60 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
   if args.write:
     _write(console, args.write,
            rgnn.markdown(results, notes, loaded, _command(), precision=args.precision))
+  return 0
+
+
+def _bench_rgnn_attention(args: argparse.Namespace) -> int:
+  """`bench rgnn --model rgat|hgt` (environment already set by _bench_rgnn)."""
+  import rich.console  # pylint: disable=g-import-not-at-top
+  import rich.markup  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.bench import rgnn, rgnn_attention  # pylint: disable=g-import-not-at-top
+
+  model = args.model
+  quick = rgnn_attention.QUICK[model]
+  graphs = args.graphs or (quick["graphs"] if args.quick else rgnn_attention.GRAPHS[model])
+  dims = args.dims or (quick["dims"] if args.quick else rgnn_attention.DIMS)
+  repeats = quick["repeats"] if args.quick else args.repeats
+  for g in graphs:
+    if g not in rgnn_attention.GRAPHS[model]:
+      raise SystemExit(f"jaxdata bench rgnn --model {model}: unknown graph {g!r}; choose from "
+                       f"{', '.join(rgnn_attention.GRAPHS[model])}")
+  for d in dims:
+    if d <= 0 or args.heads <= 0 or d % args.heads:
+      raise SystemExit(f"jaxdata bench rgnn: dim {d} is not a positive multiple of "
+                       f"--heads {args.heads}")
+  formulations = args.formulations or rgnn_attention.FORMULATIONS
+  unknown = [f for f in formulations if f not in rgnn_attention.FORMULATIONS]
+  if unknown:
+    raise SystemExit(f"jaxdata bench rgnn: unknown formulations {unknown}; choose from "
+                     f"{', '.join(rgnn_attention.FORMULATIONS)}")
+  data_dir = args.data_dir if args.data_dir is not None else rgnn.default_data_dir()
+  console = rich.console.Console()
+  if not console.is_terminal:
+    console = rich.console.Console(width=180)  # logs: keep the table's columns whole
+  results, notes, cases = rgnn_attention.run(
+      model, graphs, dims, heads=args.heads, formulations=formulations, data_dir=data_dir,
+      quick=args.quick, mag_scale=args.mag_scale, repeats=repeats, precision=args.precision,
+      console=console)
+  for c in cases:
+    console.print(c.describe())
+  _print_table(console, rgnn_attention.TITLES[model], *rgnn_attention.table_rows(results), [],
+               left=("graph", "formulation"))
+  header, rows, summary = rgnn_attention.ablation(results)
+  if rows:
+    _print_table(console, "what each pass buys (jaxdata against itself with no passes)", header,
+                 rows, summary, left=("graph", "passes"))
+  for n in notes:
+    console.print(f"[yellow]{rich.markup.escape(n)}")
+  if args.write:
+    previous = None
+    if os.path.exists(args.write):
+      with open(args.write) as f:
+        previous = f.read()
+    section = rgnn_attention.markdown(model, results, notes, cases, _command(), heads=args.heads,
+                                      precision=args.precision)
+    _write(console, args.write, rgnn_attention.document(previous, model, section))
   return 0
 
 
@@ -217,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
   from jaxdata.train import gpt as train_gpt  # pylint: disable=g-import-not-at-top
   train_gpt.add_arguments(train.add_parser(
       "gpt", help="a GPT on a synthetic token chain, optionally with activation offload"))
+  from jaxdata.train import attention as train_attention  # pylint: disable=g-import-not-at-top
+  for name in train_attention.MODELS:
+    train_attention.add_arguments(train.add_parser(
+        name, help=f"{name.upper()} paper classification on a synthetic ogbn-mag heterograph"),
+        name)
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
       dest="bench", required=True)
   g = bench.add_parser("gather", help="host_gather vs NumPy gather + device_put vs pinned memcpy")
@@ -229,10 +292,23 @@ def main(argv: list[str] | None = None) -> int:
   g.add_argument("--repeats", type=int, default=7, help="timed calls per measurement (median)")
   g.add_argument("--quick", action="store_true", help="a small run (64 MiB table, 3 row sizes)")
   g.add_argument("--write", metavar="PATH.md", help="write the table (and a .png plot) here")
-  r = bench.add_parser("rgnn", help="one RGCN layer (fwd+bwd): jaxdata vs plain JAX vs PyG")
+  r = bench.add_parser("rgnn", help="one RGCN, RGAT or HGT layer (fwd+bwd): jaxdata vs plain "
+                                     "JAX vs PyG")
+  r.add_argument("--model", choices=("rgcn", "rgat", "hgt"), default="rgcn",
+                 help="the layer (default rgcn); rgat and hgt also run jaxdata with its passes "
+                      "switched off (the ablation), and --write keeps a section per model")
   r.add_argument("--dims", type=_csv(int), help="hidden sizes, comma-separated (default 32,64,128)")
   r.add_argument("--graphs", type=_csv(str),
-                 help="graphs, comma-separated, from aifb,mutag,synthetic (default all three)")
+                 help="graphs, comma-separated: rgcn and rgat from aifb,mutag,synthetic (default "
+                      "all three; rgat's synthetic graph has 535 relations), hgt: mag")
+  r.add_argument("--heads", type=int, default=4,
+                 help="rgat/hgt: attention heads, each of dim/heads features (default 4)")
+  r.add_argument("--mag-scale", type=float,
+                 help="hgt: synthetic_mag's scale (default 1.0, ogbn-mag's size; --quick 0.001)")
+  r.add_argument("--formulations", type=_csv(str),
+                 help="rgat/hgt: rows to run, comma-separated (default all: jaxdata, "
+                      "'jaxdata (no passes)', 'jaxdata (compact only)', 'jaxdata (reorder "
+                      "only)', transform-all-then-gather, ragged_dot, 'per-edge weights', PyG)")
   r.add_argument("--data-dir", metavar="DIR",
                  help="folder holding aifb.tgz and mutag.tgz (default: the shared data folder)")
   r.add_argument("--repeats", type=int, default=7, help="timed steps per measurement (median)")
@@ -240,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                  help="matmul precision: highest = full float32 on both sides; default = XLA's "
                       "default and TF32 in torch")
   r.add_argument("--quick", action="store_true",
-                 help="a small run (AIFB and a small synthetic graph, dim 32, 3 repeats)")
+                 help="a small run (AIFB and a small synthetic graph, dim 32, 3 repeats; "
+                      "hgt: synthetic_mag at scale 0.001)")
   r.add_argument("--write", metavar="PATH.md", help="write the table here")
   m = bench.add_parser("minibatch", help="mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric "
                                           "vs jaxdata's GPU-centric pipeline")
@@ -273,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "train":
     if args.model == "gpt":
       return train_gpt.main(args)
+    if args.model in train_attention.MODELS:
+      return train_attention.main(args)
     return train_sage.main(args) if args.model == "sage" else train_rgcn.main(args)
   if args.bench == "rgnn":
     return _bench_rgnn(args)

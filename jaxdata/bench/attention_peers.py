@@ -307,13 +307,30 @@ def _hgt_nodes(xs, params: HGTParams, precision, acc):
           project(params.v_w, params.v_b))
 
 
+def hgt_projections(xs, params: HGTParams, *, precision=None):
+  """(K, Q, V) of every node, [N, H, d_k] each, node types in id order: HGT before its
+  relational part (per-type linear maps with bias)."""
+  _check_types(xs, params)
+  return _hgt_nodes(xs, params, precision, _acc(xs[0].dtype))
+
+
 def _hgt_finish(k_e, q, m_e, etype, dst, xs, params: HGTParams, precision):
   """Scores, the edge softmax, aggregation, then A_t(gelu(.)) and the skip gate per node type."""
-  dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
+  acc = _acc(xs[0].dtype)
   n = q.shape[0]
   scores = jnp.sum(k_e.astype(acc) * q[dst].astype(acc), axis=-1)
   scores = scores * params.mu[etype].astype(acc) / math.sqrt(params.head_features)
   agg = _aggregate(edge_softmax(scores, dst, n), m_e, dst, n, acc)
+  return hgt_output(agg, xs, params, precision=precision)
+
+
+def hgt_output(agg, xs, params: HGTParams, *, precision=None) -> list:
+  """HGT after its relational part: out_t = skip-gated A_t(gelu(agg)) per node type.
+
+  `agg` is the attention-weighted sum of messages, [N, H*d_k], node types in id order (what a
+  kernel computing only the relational part returns); one output per node type, in xs' dtype.
+  """
+  dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
   outs, start = [], 0
   for t, x in enumerate(xs):
     rows = jax.nn.gelu(agg[start:start + x.shape[0]], approximate=False).astype(dtype)

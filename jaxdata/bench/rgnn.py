@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -126,9 +126,13 @@ def synthetic_graph(num_nodes: int, num_edges: int, num_relations: int, seed: in
   return src, dst, etype
 
 
-def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0
-               ) -> tuple[Graph | None, str | None]:
-  """(graph, None), or (None, why it was skipped)."""
+def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0,
+               synthetic: dict | None = None) -> tuple[Graph | None, str | None]:
+  """(graph, None), or (None, why it was skipped).
+
+  `synthetic`: the synthetic graph's sizes (num_nodes, num_edges, num_relations); default
+  `QUICK_SYNTHETIC` or `SYNTHETIC`.
+  """
   if name in ("aifb", "mutag"):
     if data_dir is None:
       return None, f"{name} skipped: no data folder (--data-dir)"
@@ -142,7 +146,7 @@ def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0
     graph = load_entities(path).graph
     return Graph.from_hetero(name, graph, f"from {os.path.basename(path)}"), None
   if name == "synthetic":
-    sizes = QUICK_SYNTHETIC if quick else SYNTHETIC
+    sizes = synthetic or (QUICK_SYNTHETIC if quick else SYNTHETIC)
     try:
       from jaxdata.data import synthetic_entities  # pylint: disable=g-import-not-at-top
     except ImportError:
@@ -230,6 +234,51 @@ def _precision(name: str):
   return {"highest": jax.lax.Precision.HIGHEST, "default": None}[name]
 
 
+def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *, repeats: int,
+                 notes: list[str], fallback_need: Callable[[], int] | None = None) -> None:
+  """Builds, compiles and times one JAX formulation into `r` (loss = sum(out * ct), gradients
+  for x and w, any pytrees); failures become r.status and notes.
+
+  Not run, and reported as "OOM (est. ...)", when XLA's analysis of the compiled step says it
+  cannot fit in what `available_bytes` says is free; `fallback_need` gives the bytes beyond the
+  arguments where the backend has no analysis. `build` raising `peers.Unavailable` skips it.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  where = f"{r.graph}, dim {r.dim}, {r.formulation}"
+  phase = "building"
+  try:
+    form = build()
+    # Memory stats from before compiling: XLA's GPU autotuner allocates operand-sized buffers
+    # while compiling, which would otherwise hide the run's peak. XLA's analysis of the
+    # compiled step then says whether running it can fit.
+    baseline = peers.device_memory_stats(device)
+    phase = "compiling"
+    compiled = peers.compile_step(form, x, w, ct)
+    r.bytes = compiled.bytes
+    args = int(getattr(compiled.analysis, "argument_size_in_bytes", 0) or 0)
+    if compiled.bytes is None and fallback_need is not None:
+      need = fallback_need()
+    else:
+      need = (compiled.bytes or 0) - args
+    free = available_bytes(device)
+    if need > free:
+      r.status = f"OOM (est. {gib(need + args)})"
+      _note(notes, f"{where}: not run, it needs {gib(need)} beyond its arguments (XLA's "
+                   f"analysis of the compiled step) and {gib(free)} are free")
+      return
+    phase = "running"
+    timing = peers.time_jax(compiled, repeats=repeats, warmup=2, baseline=baseline)
+    r.seconds, r.measured_bytes, r.loss = timing.seconds, timing.measured_bytes, timing.loss
+  except peers.Unavailable as e:
+    r.status = "skipped"
+    _note(notes, f"{r.formulation} row skipped: {e}")
+  except Exception as e:  # pylint: disable=broad-except
+    r.status = "OOM" if is_oom(e) else "error"
+    _note(notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} while {phase} "
+                 f"({_short(e)})")
+
+
 def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, precision: str,
                 edges, notes: list[str], advance) -> list[Result]:
   """Every JAX formulation on one (graph, dim); failures become statuses and notes."""
@@ -241,42 +290,17 @@ def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, p
   for name in names:
     r = Result(graph.name, dim, name)
     results.append(r)
-    where = f"{graph.name}, dim {dim}, {name}"
-    phase = "building"
+    if name == "jaxdata":
+      build = lambda: peers.jaxdata_formulation(  # noqa: E731
+          graph.hetero, precision=_precision(precision))
+    else:
+      build = lambda: peers.plain_jax(  # noqa: E731
+          name, edges, graph.num_nodes, precision=_precision(precision))
+    # No analysis from this backend: assume per-edge weights builds its [E, d_in, d_out] tensor.
+    fallback = ((lambda: peers.per_edge_weight_bytes(graph.num_edges, dim, dim))
+                if name == "per-edge weights" else None)
     try:
-      if name == "jaxdata":
-        form = peers.jaxdata_formulation(graph.hetero, precision=_precision(precision))
-      else:
-        form = peers.plain_jax(name, edges, graph.num_nodes, precision=_precision(precision))
-      # Memory stats from before compiling: XLA's GPU autotuner allocates operand-sized buffers
-      # while compiling, which would otherwise hide the run's peak. XLA's analysis of the
-      # compiled step then says whether running it can fit.
-      baseline = peers.device_memory_stats(device)
-      phase = "compiling"
-      compiled = peers.compile_step(form, x, w, ct)
-      r.bytes = compiled.bytes
-      args = int(getattr(compiled.analysis, "argument_size_in_bytes", 0) or 0)
-      if compiled.bytes is None and name == "per-edge weights":
-        # No analysis from this backend: assume the [E, d_in, d_out] tensor is built.
-        need = peers.per_edge_weight_bytes(graph.num_edges, dim, dim)
-      else:
-        need = (compiled.bytes or 0) - args
-      free = available_bytes(device)
-      if need > free:
-        r.status = f"OOM (est. {gib(need + args)})"
-        _note(notes, f"{where}: not run, it needs {gib(need)} beyond its arguments (XLA's "
-                     f"analysis of the compiled step) and {gib(free)} are free")
-        continue
-      phase = "running"
-      timing = peers.time_jax(compiled, repeats=repeats, warmup=2, baseline=baseline)
-      r.seconds, r.measured_bytes, r.loss = timing.seconds, timing.measured_bytes, timing.loss
-    except peers.Unavailable as e:
-      r.status = "skipped"
-      _note(notes, f"jaxdata row skipped: {e}")
-    except Exception as e:  # pylint: disable=broad-except
-      r.status = "OOM" if is_oom(e) else "error"
-      _note(notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} while {phase} "
-                   f"({_short(e)})")
+      measure_step(r, build, x, w, ct, repeats=repeats, notes=notes, fallback_need=fallback)
     finally:
       advance()
   return results

@@ -16,13 +16,14 @@ custom VJP:
     print(rgcn.plan(graph, x=x, W=W))          # the IR after every pass, and the kernels
     print(rgcn.sources(graph, "cuda", x=x, W=W))  # the generated source
 
-`rgat_layer` is relational graph attention (per-head scores, edge softmax); every optimizing
-pass (`PASSES`: linear-operator reordering, compact materialization) can be switched off with
-``passes=``.
+`rgat_layer` is relational graph attention (per-head scores, edge softmax), `hgt_layer` HGT's
+attention and messages (per-head relation matrices); every optimizing pass (`PASSES`:
+linear-operator reordering, compact materialization) can be switched off with ``passes=``.
 """
 from jaxdata.hector.compiler import CompileError, CompilerNotFoundError, cache_dir
 from jaxdata.hector.frontend import NODE, RELATION_VECTOR, RELATION_WEIGHT, layer
 from jaxdata.hector.compiled import Layer, Plan
+from jaxdata.hector.hgt import hgt_layer, hgt_message
 from jaxdata.hector.passes import PASSES
 from jaxdata.hector.rgat import rgat_layer, rgat_message
 from jaxdata.hector.rgcn import rgcn_featureless_layer, rgcn_layer, rgcn_message
@@ -31,5 +32,5 @@ from jaxdata.hector.runtime import GraphArrays
 __all__ = [
     "NODE", "RELATION_WEIGHT", "RELATION_VECTOR", "PASSES", "layer", "Layer", "Plan",
     "GraphArrays", "rgcn_message", "rgcn_layer", "rgcn_featureless_layer", "rgat_message",
-    "rgat_layer", "CompileError", "CompilerNotFoundError", "cache_dir",
+    "rgat_layer", "hgt_message", "hgt_layer", "CompileError", "CompilerNotFoundError", "cache_dir",
 ]

@@ -191,9 +191,20 @@ def _scale(scales: tuple[Load, ...]) -> str:
 
 
 def _weight(g: Gemm, k: str, n: str) -> str:
-  stride = g.k * g.n
+  """Element (k, n) of the edge's relation's weight (of head `h`'s block, per head)."""
+  block = g.k * g.n
+  head = f" + (int64_t)h * {block}" if g.heads > 1 else ""
   inner = f"({n}) * {g.k} + ({k})" if g.transpose else f"({k}) * {g.n} + ({n})"
-  return f"ldf(in{g.weight} + (int64_t)r * {stride} + {inner})"
+  return f"ldf(in{g.weight} + (int64_t)r * {g.heads * block}{head} + {inner})"
+
+
+def _head(heads: int, width: int) -> str:
+  """The offset of head h's features in a row of `heads` heads of `width` ("" for one head)."""
+  return f"h * {width} + " if heads > 1 else ""
+
+
+def _plus_head(heads: int, width: int) -> str:
+  return f" + h * {width}" if heads > 1 else ""
 
 
 def _row(ld: Load) -> str:
@@ -211,24 +222,28 @@ def _groups(end: str) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- CPU templates
 def _cpu_gemm(g: Gemm) -> str:
   rows = g.rows
+  width = g.heads * g.n  # output features per row
   madd = (f"      for (int k = 0; k < {g.k}; ++k) {{\n"
-          f"        const float ak = ldf(a + k) * sc;\n"
-          f"        for (int n = 0; n < {g.n}; ++n) acc[n] += ak * {_weight(g, 'k', 'n')};\n"
+          f"        const float ak = ldf(a + {_head(g.heads, g.k)}k) * sc;\n"
+          f"        for (int n = 0; n < {g.n}; ++n) acc[{_head(g.heads, g.n)}n] += ak * "
+          f"{_weight(g, 'k', 'n')};\n"
           f"      }}\n")
+  if g.heads > 1:
+    madd = f"      for (int h = 0; h < {g.heads}; ++h)\n" + madd
   if g.out == "edge":
     return (f"  parallel_for(rt, E, 256, [&](int64_t lo, int64_t hi) {{\n"
             f"    for (int64_t e = lo; e < hi; ++e) {{\n"
-            f"      float acc[{g.n}] = {{0}};\n"
+            f"      float acc[{width}] = {{0}};\n"
             f"      const int64_t r = etype[e];\n"
             f"      const float sc = {_scale(g.scales)};\n"
             f"      const auto a = in{rows.slot} + {_row(rows)};\n"
             f"{madd}"
-            f"      for (int n = 0; n < {g.n}; ++n) out[e * {g.n} + n] = acc[n];\n"
+            f"      for (int n = 0; n < {width}; ++n) out[e * {width} + n] = acc[n];\n"
             f"    }}\n  }});\n  return 0;\n}}\n")
   off, eids = _groups(g.out)
   return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
           f"    for (int64_t i = lo; i < hi; ++i) {{\n"
-          f"      float acc[{g.n}] = {{0}};\n"
+          f"      float acc[{width}] = {{0}};\n"
           f"      for (int64_t q = {off}[i]; q < {off}[i + 1]; ++q) {{\n"
           f"      const int64_t e = {eids}[q];\n"
           f"      const int64_t r = etype[e];\n"
@@ -236,23 +251,31 @@ def _cpu_gemm(g: Gemm) -> str:
           f"      const auto a = in{rows.slot} + {_row(rows)};\n"
           f"{madd}"
           f"      }}\n"
-          f"      for (int n = 0; n < {g.n}; ++n) out[i * {g.n} + n] = acc[n];\n"
+          f"      for (int n = 0; n < {width}; ++n) out[i * {width} + n] = acc[n];\n"
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
 def _cpu_wgrad(w: WeightGrad) -> str:
+  """One task per relation, head and block of 16 rows of dW, walking the relation's edges."""
   kb = 16
   blocks = (w.k + kb - 1) // kb
-  return (f"  parallel_for(rt, R * {blocks}, 1, [&](int64_t lo, int64_t hi) {{\n"
+  tasks = w.heads * blocks
+  if w.heads > 1:
+    where = (f"      const int64_t r = task / {tasks};\n"
+             f"      const int h = int(task / {blocks}) % {w.heads};\n"
+             f"      float* __restrict__ o = out + (r * {w.heads} + h) * {w.k * w.n};\n")
+  else:
+    where = (f"      const int64_t r = task / {blocks};\n"
+             f"      float* __restrict__ o = out + r * {w.k * w.n};\n")
+  return (f"  parallel_for(rt, R * {tasks}, 1, [&](int64_t lo, int64_t hi) {{\n"
           f"    for (int64_t task = lo; task < hi; ++task) {{\n"
-          f"      const int64_t r = task / {blocks};\n"
+          f"{where}"
           f"      const int k0 = int(task % {blocks}) * {kb};\n"
           f"      const int k1 = std::min(k0 + {kb}, {w.k});\n"
-          f"      float* __restrict__ o = out + r * {w.k * w.n};\n"
           f"      for (int64_t e = rel_offsets[r]; e < rel_offsets[r + 1]; ++e) {{\n"
           f"        const float sc = {_scale(w.scales)};\n"
-          f"        const auto l = in{w.left.slot} + {_row(w.left)};\n"
-          f"        const auto rr = in{w.right.slot} + {_row(w.right)};\n"
+          f"        const auto l = in{w.left.slot} + {_row(w.left)}{_plus_head(w.heads, w.k)};\n"
+          f"        const auto rr = in{w.right.slot} + {_row(w.right)}{_plus_head(w.heads, w.n)};\n"
           f"        float right[{w.n}];\n"
           f"        for (int n = 0; n < {w.n}; ++n) right[n] = ldf(rr + n) * sc;\n"
           f"        for (int k = k0; k < k1; ++k) {{\n"
@@ -358,9 +381,9 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0) -> tuple[int, 
   the rows of the instance's domain)."""
   threads = _cuda_threads(k)
   if isinstance(k, Gemm):
-    return num_tiles * -(-k.n // _gemm_tile(k.n)), threads
+    return num_tiles * k.heads * -(-k.n // _gemm_tile(k.n)), threads
   if isinstance(k, WeightGrad):
-    return num_tiles * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
+    return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
   w = max(k.width, 1)
   if k.sink == "softmax":
     work = num_nodes * w
@@ -404,15 +427,18 @@ _MICRO_FMA = """\
 
 def _cuda_gemm(g: Gemm) -> str:
   """Rows of one relation in tiles of 64 edges x up to 128 output columns; 4 x (4|8) outputs per
-  thread. Scattered outputs are summed per run of equal targets inside the tile first (edges are
-  sorted by destination within a relation, so a hub's rows are adjacent) and then added with one
-  atomic per run and column: hubs do not serialize on atomics."""
+  thread; per head (`heads` > 1), one block per tile, head and column block, reading the head's
+  k features and writing its n. Scattered outputs are summed per run of equal targets inside the
+  tile first (edges are sorted by destination within a relation, so a hub's rows are adjacent)
+  and then added with one atomic per run and column: hubs do not serialize on atomics."""
   bm, bk, bn = GEMM_TILE_ROWS, 16, _gemm_tile(g.n)
   tn = _micro(bn)
   threads = 16 * (bn // tn)
   ncb = -(-g.n // bn)
   rows = g.rows
   a_base = _row(rows)
+  width = g.heads * g.n  # output features per row
+  hk, hn = _head(g.heads, g.k), _head(g.heads, g.n)
   if g.transpose:  # B[k][n] = W[r][n][k]: let consecutive threads walk k
     b_idx = f"const int kk = idx % {bk}, nn = idx / {bk};"
   else:
@@ -429,7 +455,7 @@ def _cuda_gemm(g: Gemm) -> str:
 #pragma unroll
     for (int j = 0; j < {tn}; ++j) {{
       const int n = cb * {bn} + tx * {tn} + j;
-      if (n < {g.n}) out[e * {g.n} + n] = acc[i][j] * sc;
+      if (n < {g.n}) out[e * {width} + {hn}n] = acc[i][j] * sc;
     }}
   }}
 """
@@ -458,18 +484,20 @@ def _cuda_gemm(g: Gemm) -> str:
       for (int row = seg * {per}; row < (seg + 1) * {per}; ++row) {{
         const int64_t t = arow[row] >= 0 ? (int64_t){g.out}[e0 + row] : -1;
         if (t != run) {{
-          if (run >= 0) atomicAdd(out + run * {g.n} + n, sum);
+          if (run >= 0) atomicAdd(out + run * {width} + {hn}n, sum);
           run = t;
           sum = 0.0f;
         }}
         sum += Cs[row][col];
       }}
-      if (run >= 0) atomicAdd(out + run * {g.n} + n, sum);
+      if (run >= 0) atomicAdd(out + run * {width} + {hn}n, sum);
     }}
   }}
 """
+  head = (f"  const int h = int(blockIdx.x / {ncb}) % {g.heads};\n" if g.heads > 1 else "")
   return f"""\
-  const int64_t tile = blockIdx.x / {ncb};
+  const int64_t tile = blockIdx.x / {ncb * g.heads};
+{head}\
   const int cb = blockIdx.x % {ncb};
   if (tile >= tiles[R]) return;
 {_FIND_RELATION}\
@@ -490,7 +518,7 @@ def _cuda_gemm(g: Gemm) -> str:
   for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
     for (int idx = tid; idx < {bm * bk}; idx += {threads}) {{
       const int i = idx / {bk}, kk = idx % {bk}, k = k0 + kk;
-      As[kk][i] = (arow[i] >= 0 && k < {g.k}) ? ldf(in{rows.slot} + arow[i] + k) : 0.0f;
+      As[kk][i] = (arow[i] >= 0 && k < {g.k}) ? ldf(in{rows.slot} + arow[i] + {hk}k) : 0.0f;
     }}
     for (int idx = tid; idx < {bk * bn}; idx += {threads}) {{
       {b_idx}
@@ -511,9 +539,13 @@ def _cuda_wgrad(w: WeightGrad) -> str:
   tn = _micro(bn)
   threads = 16 * (bn // tn)
   nkb, nnb = -(-w.k // bm), -(-w.n // bn)
-  lrow, rrow = _row(w.left), _row(w.right)
+  lrow = _row(w.left) + _plus_head(w.heads, w.k)
+  rrow = _row(w.right) + _plus_head(w.heads, w.n)
+  head = (f"  const int h = int(blockIdx.x / {nkb * nnb}) % {w.heads};\n" if w.heads > 1 else "")
+  block = f"(r * {w.heads} + h)" if w.heads > 1 else "r"  # dW's block: relation (and head)
   return f"""\
-  const int64_t tile = blockIdx.x / {nkb * nnb};
+  const int64_t tile = blockIdx.x / {nkb * nnb * w.heads};
+{head}\
   const int kb = (blockIdx.x / {nnb}) % {nkb}, nb = blockIdx.x % {nnb};
   if (tile >= tiles[R]) return;
 {_FIND_RELATION}\
@@ -539,7 +571,7 @@ def _cuda_wgrad(w: WeightGrad) -> str:
 {_MICRO_FMA.format(bk=bk, tn=tn, A="Ls", B="Rs")}\
     __syncthreads();
   }}
-  float* o = out + r * {w.k * w.n};
+  float* o = out + {block} * {w.k * w.n};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {{
     const int k = kb * {bm} + ty * 4 + i;

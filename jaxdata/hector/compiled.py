@@ -215,6 +215,12 @@ def _dense(k: Dense, args):
     h = ct.shape[2]
     w4 = w.reshape(w.shape[0], w.shape[1], h, w.shape[2] // h)
     return jnp.einsum("rkh,rkhd->rhd", ct, w4, precision=_HI)
+  if k.op == "head_scale":  # W[r, h] * m[r, h, 0]
+    w, m = f32
+    return w * m[..., None]
+  if k.op == "head_scale_grad":  # per (r, h): the sum of ct * W over the head's block
+    ct, w = f32
+    return jnp.sum(ct * w, axis=(2, 3))[..., None]
   raise NotImplementedError(f"hector: dense {k.op}")
 
 

@@ -60,8 +60,13 @@ def _write_atomic(path: Path, data: bytes):
 
 def cached(key_parts: tuple[str, ...], suffix: str, source: str, build) -> Path:
   """The cached binary for `source`, building it with `build(source_path, out_path)` if absent or
-  corrupt. `key_parts` identify everything else that shapes the binary (compiler, flags, arch)."""
-  key = _digest("\0".join((source,) + key_parts).encode())[:32]
+  corrupt. `key_parts` identify everything else that shapes the binary (compiler, flags, arch).
+
+  The key leaves out a leading ``//`` comment line: generated kernels name their instance there
+  with IR value ids (``%98``), which depend on the order a process traced its layers in, so the
+  same kernel would otherwise be rebuilt whenever a program is planned in another order."""
+  code = source.split("\n", 1)[1] if source.startswith("//") and "\n" in source else source
+  key = _digest("\0".join((code,) + key_parts).encode())[:32]
   d = cache_dir()
   binary, digest = d / f"{key}{suffix}", d / f"{key}.sha256"
   if binary.exists() and digest.exists():

@@ -22,6 +22,13 @@ splits an edge row of ``H * d`` features into H heads, ``rows.dot(a)`` gives one
       h = g.src(x) @ W
       score = (h.dot(a_src) + (g.dst(x) @ W).dot(a_dst)).leaky_relu(0.2)
       return g.aggregate(g.edge_softmax(score, at="dst") * h)
+
+A relation weight of rank 4, ``[R, H, a, b]``, is per head: ``rows @ W`` multiplies head h's a
+features by ``W[r, h]`` (HGT's attention and message matrices), and ``heads=W`` in a dot of two
+edge rows means W's H (see `jaxdata.hector.hgt`):
+
+    key = g.src(k) @ W_att
+    score = key.dot(g.dst(q), heads=W_att) * g.vector_row(mu)
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ from typing import Callable
 from jaxdata.hector.ir import ENDS, UNARY, Program, Value
 
 NODE = "node"                      #: a node feature array [N, d]
-RELATION_WEIGHT = "relation_weight"  #: a weight per relation [R, d_in, d_out] or [R, N, d_out]
+#: a weight per relation [R, d_in, d_out] or [R, N, d_out], or per relation and head
+#: [R, H, d_in, d_out] (``rows @ W`` multiplies head h's d_in features by W[r, h])
+RELATION_WEIGHT = "relation_weight"
 RELATION_VECTOR = "relation_vector"  #: a vector per relation and head [R, H, d] (for `dot`)
 KINDS = (NODE, RELATION_WEIGHT, RELATION_VECTOR)
 
@@ -64,12 +73,14 @@ class Sym:
                       "`rows.dot(a)` for a relation vector)")
     return Sym(Value("linear", (self.value, weight.value), {"transpose": False}, domain="edge"))
 
-  def dot(self, other, heads: int | None = None) -> Sym:
+  def dot(self, other, heads: int | Sym | None = None) -> Sym:
     """Per-head dot products of edge rows: one value per edge and head, ``[E, H]``.
 
     With a relation vector ``a`` (``[R, H, d]``), ``rows.dot(a)[e, h]`` is the dot product of
     head h of the row (its features ``h*d .. h*d+d-1``) with ``a[etype[e], h]``. With other edge
-    rows of the same width, `heads` says how many heads the rows hold (None: one scalar per edge).
+    rows of the same width, `heads` says how many heads the rows hold (None: one scalar per
+    edge): a number, or a per-head weight ``[R, H, a, b]`` or relation vector ``[R, H, d]``
+    input whose H is meant (read at shape inference, so one traced layer serves any H).
     """
     other = self._lift(other)
     if self.value.domain != "edge":
@@ -82,7 +93,13 @@ class Sym:
       return Sym(Value("dot", (self.value, other.value), domain="edge"))
     if other.value.domain != "edge":
       raise TypeError("hector: `rows.dot(other)` needs a relation vector or edge rows")
-    return Sym(Value("dot", (self.value, other.value), {"heads": int(heads or 0)}, domain="edge"))
+    if isinstance(heads, Sym):
+      if heads.value.op != "weight" or heads.value.name is None:
+        raise TypeError("hector: `heads=` takes a number or a weight / relation vector input")
+      heads = heads.value.name
+    else:
+      heads = int(heads or 0)
+    return Sym(Value("dot", (self.value, other.value), {"heads": heads}, domain="edge"))
 
   def _unary(self, fn: str, **attrs) -> Sym:
     return Sym(Value("unary", (self.value,), {"fn": fn, **attrs}, domain=self.value.domain))
@@ -148,6 +165,13 @@ class Graph:
     if not isinstance(weight, Sym) or weight.value.domain != "weight":
       raise TypeError("hector: g.weight_row(W) needs a relation weight")
     return Sym(Value("weight_row", (weight.value,), {"end": end}, domain="edge"))
+
+  def vector_row(self, vector: Sym) -> Sym:
+    """a[etype[e]]: each edge's relation's vector ``[R, H, d]`` as ``H * d`` values per edge (a
+    per-(relation, head) scalar when d is 1, e.g. HGT's prior ``mu``)."""
+    if not isinstance(vector, Sym) or not _is_vector(vector.value):
+      raise TypeError("hector: g.vector_row(a) needs a relation vector (hector.RELATION_VECTOR)")
+    return Sym(Value("vector_row", (vector.value,), domain="edge"))
 
   def aggregate(self, rows: Sym, at: str = "dst") -> Sym:
     """Per node, the sum of the rows of its incoming (`at="dst"`) or outgoing edges."""

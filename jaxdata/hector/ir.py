@@ -17,17 +17,21 @@ typed:
 
 =====================  =====================================================================
 ``input``              a node feature array, or an edge scalar the graph provides (``norm``)
-``weight``             a relation-typed weight: ``[R, d_in, d_out]`` (``linear``) or
-                       ``[R, N, d_out]`` (``weight_row``, a featureless embedding per relation),
-                       or a relation vector ``[R, H, d]`` (``kind="vector"``, for ``dot``)
+``weight``             a relation-typed weight: ``[R, d_in, d_out]`` (``linear``), a per-head
+                       one ``[R, H, d_in, d_out]`` (``linear`` head by head: a block-diagonal
+                       product never formed), ``[R, N, d_out]`` (``weight_row``, a featureless
+                       embedding per relation), or a relation vector ``[R, H, d]``
+                       (``kind="vector"``, for ``dot`` and ``vector_row``)
 ``gather``             node -> edge: the row of the edge's ``src`` or ``dst`` node
-``linear``             edge rows times the edge's relation weight (optionally transposed)
+``linear``             edge rows times the edge's relation weight (optionally transposed); with
+                       a per-head weight, head h's features times ``W[r, h]``
 ``weight_row``         the row ``W[etype[e], src[e]]`` (one-hot input times a typed weight)
 ``vector_row``         the edge's relation's vector ``a[etype[e]]``, flattened to ``H * d``
 ``mul`` / ``add``      elementwise; an edge scalar broadcasts over an edge row, a per-head
                        value over its head's features
 ``dot``                per-head dot product: rows ``(H*d,)`` with the edge's relation vector
-                       ``[R, H, d]`` or with other rows (``heads`` attribute) -> ``(H,)``
+                       ``[R, H, d]`` or with other rows (``heads`` attribute: H, or the name of
+                       a per-head weight or vector input whose H shape inference reads) -> ``(H,)``
 ``unary``              elementwise function (``relu``, ``exp``, ``leaky_relu`` with ``slope``...)
 ``unary_grad``         ``g * f'(x)`` for a unary ``f`` (made by differentiation)
 ``edge_softmax``       per head, softmax over the edges that share a ``dst`` (or ``src``) node
@@ -40,6 +44,10 @@ typed:
 ``fold``               ``W[R, k, H*d]`` and ``a[R, H, d]`` -> ``(W a)[R, k, H]`` (reordering)
 ``fold_grad_weight``   the fold's gradients (made by differentiation): ``ct[R, k, H]``, ``a`` ->
 ``fold_grad_vector``   ``W``'s shape; ``ct``, ``W`` -> ``a``'s shape
+``head_scale``         a per-head ``W[R, H, a, b]`` times ``m[R, H, 1]``, block by block: a
+                       per-(relation, head) scale folded into the weight (reordering)
+``head_scale_grad``    its gradient in ``m`` (made by differentiation): ``ct``, ``W`` -> ``m``'s
+                       shape
 =====================  =====================================================================
 
 `print(program)` shows the program one value per line; `jaxdata.hector.show` prints it before and

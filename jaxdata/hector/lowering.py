@@ -1,7 +1,8 @@
 """Lowering: a shaped program becomes a list of kernel instances of three templates.
 
 * `Gemm`: per-relation dense products over edge rows. Rows come in gathered from a node array
-  (``x[src[e]]``) or from a materialized edge array; the weight is the edge's relation's,
+  (``x[src[e]]``) or from a materialized edge array; the weight is the edge's relation's (or,
+  per head, one block per relation and head: a batched product, never a block-diagonal one),
   optionally transposed; per-edge scalars scale the result; rows go out scattered (summed into
   ``out[dst[e]]``) or stored per edge.
 * `WeightGrad`: the GEMM template's weight-gradient mode, ``dW[r] = sum_e left[e]^T right[e]``
@@ -11,7 +12,7 @@
   unary functions) and summing it into nodes, weight rows, relations or (src, relation) pairs,
   storing it, or storing its softmax over each node's edges (``sink="softmax"``).
 * `Dense`: what is left on nodes or weights (adding two gradients, folding a weight with a
-  vector) runs as XLA ops.
+  vector or a per-head scale) runs as XLA ops.
 
 Every GEMM, weight-gradient and traversal instance runs over a *domain*: the graph's edges, or
 (``domain="compact"``) its unique (source node, relation) pairs, which the runtime presents to
@@ -85,8 +86,15 @@ def _over(domain: str) -> str:
   return "  over (src, relation) pairs" if domain == "compact" else ""
 
 
+def _dims(heads: int, k: int, n: int) -> str:
+  return f"{heads} heads x {k}x{n}" if heads > 1 else f"{k}x{n}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Gemm:
+  """Rows times the edge's relation weight. With `heads` > 1 the weight is per head,
+  ``[R, H, k, n]`` (``[R, H, n, k]`` transposed): head h's k features of the row times its own
+  block, ``H * k`` features in and ``H * n`` out; `k` and `n` are per head."""
   rows: Load          # "node" (gathered), "edge" or "pair"
   weight: int         # slot of the relation weight
   transpose: bool
@@ -95,29 +103,34 @@ class Gemm:
   scales: tuple[Load, ...]
   out: str            # "src" / "dst" (scatter-add into nodes) or "edge" (store per edge)
   domain: str = "edge"
+  heads: int = 1
   template = "gemm"
 
   def __str__(self):
     w = f"in{self.weight}[etype[e]]" + (".T" if self.transpose else "")
     scale = "".join(f" * {s}" for s in self.scales)
     to = "out[e] =" if self.out == "edge" else f"out[{self.out}[e]] +="
-    return f"{to} {self.rows} @ {w}{scale}  ({self.k}x{self.n}){_over(self.domain)}"
+    return (f"{to} {self.rows} @ {w}{scale}  ({_dims(self.heads, self.k, self.n)})"
+            f"{_over(self.domain)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightGrad:
+  """``dW[r] = sum_e outer(left[e], right[e])`` over relation r's edges; with `heads` > 1 one
+  ``[k, n]`` block per head from head h's features of each side."""
   left: Load
   right: Load
   k: int
   n: int
   scales: tuple[Load, ...]
   domain: str = "edge"
+  heads: int = 1
   template = "weight_grad"
 
   def __str__(self):
     scale = "".join(f" * {s}" for s in self.scales)
-    return (f"out[etype[e]] += outer({self.left}, {self.right}){scale}  ({self.k}x{self.n})"
-            f"{_over(self.domain)}")
+    return (f"out[etype[e]] += outer({self.left}, {self.right}){scale}  "
+            f"({_dims(self.heads, self.k, self.n)}){_over(self.domain)}")
 
 
 SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "relation", "pair")
@@ -343,7 +356,8 @@ class _Builder:
       return Traversal(self.expr(rows), width(v), "aggregate", v.attrs["end"], rows.domain)
     if v.op == "weight_grad":
       (left, ls), (right, rs) = self.operand(v.args[0]), self.operand(v.args[1])
-      return WeightGrad(left, right, v.shape[1], v.shape[2], tuple(ls + rs), v.args[0].domain)
+      heads, k, n = v.shape[1:] if len(v.shape) == 4 else (1, *v.shape[1:])
+      return WeightGrad(left, right, k, n, tuple(ls + rs), v.args[0].domain, heads)
     if v.op == "scatter_weight_row":
       rows = v.args[0]
       return Traversal(self.expr(rows), v.shape[2], "scatter_weight_row", v.attrs["end"],
@@ -373,8 +387,9 @@ class _Builder:
     rows, row_scales = self.operand(lin.args[0])
     w = lin.args[1]
     t = lin.attrs["transpose"]
-    k, n = (w.shape[2], w.shape[1]) if t else (w.shape[1], w.shape[2])
+    heads, a, b = w.shape[1:] if len(w.shape) == 4 else (1, *w.shape[1:])
+    k, n = (b, a) if t else (a, b)
     extra = [self.load(s) for s in scales]
     if any(e is None for e in extra):
       raise AssertionError("hector: a scale of a fused product is not loadable")
-    return Gemm(rows, self.slot(w), t, k, n, tuple(row_scales + extra), out, lin.domain)
+    return Gemm(rows, self.slot(w), t, k, n, tuple(row_scales + extra), out, lin.domain, heads)

@@ -8,7 +8,9 @@ off (`PASSES`, the ``passes=`` argument of a layer), so their effect can be meas
 * ``"reorder"`` (linear-operator reordering): a per-head dot product of a relation product with a
   relation vector, ``a_r . (x @ W_r)``, becomes ``x @ (W_r a_r)`` when the product is used only
   there: the ``[R, k, H]`` weight-vector product is folded first, so the edge loop reads H
-  values per edge instead of materializing ``H * d``.
+  values per edge instead of materializing ``H * d``. A product dotted with other edge rows
+  moves to the source side (``q[dst] . (k[src] W_r)``, which compaction shares per pair) and a
+  per-(relation, head) scale of that dot folds into the weight (HGT's prior).
 * ``"compact"`` (compact materialization): an edge value that depends only on the edge's
   (source node, relation) pair and costs more than a load (``x[src] @ W_r``, ``a_r . that``) is
   computed once per unique pair, on the ``compact`` domain, and edges read it through the
@@ -87,14 +89,30 @@ def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes
       v.shape = s[1:]
     else:
       what = "vector" if v.attrs.get("kind") == "vector" else "weight"
-      dims = "H, d" if what == "vector" else "a, b"
-      if len(s) != 3 or s[0] != num_relations:
+      dims = "H, d" if what == "vector" else "a, b] or [..., H, a, b"
+      ranks = (3,) if what == "vector" else (3, 4)
+      if len(s) not in ranks or s[0] != num_relations:
         raise ValueError(f"hector: {what} {k!r} must be [num_relations={num_relations}, {dims}], "
                          f"got {s}")
       v.shape = s
   for v in program.values:
+    if v.op == "dot" and isinstance(v.attrs.get("heads"), str):
+      v.attrs["heads"] = _heads_of(program.inputs[v.attrs["heads"]])
     v.shape = _shape(v, num_nodes, num_relations) if v.op not in ("input", "weight") else v.shape
   return program
+
+
+def _heads_of(w: Value) -> int:
+  """H of a per-head weight [R, H, a, b] or a relation vector [R, H, d] (`dot`'s heads=W)."""
+  if len(w.shape) == 4 or w.attrs.get("kind") == "vector":
+    return w.shape[1]
+  raise ValueError(f"hector: heads={w.name} needs a per-head weight [R, H, a, b] or a relation "
+                   f"vector [R, H, d], got a weight of shape {w.shape}")
+
+
+def per_head(w: Value) -> bool:
+  """Whether a relation weight is per head, [R, H, a, b]."""
+  return len(w.shape) == 4
 
 
 def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -122,12 +140,22 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     return a[1]
   if v.op == "linear":
     w = a[1]
-    k, m = (w[2], w[1]) if v.attrs["transpose"] else (w[1], w[2])
-    if a[0] != (k,):
+    heads, w2 = (w[1], w[2:]) if len(w) == 4 else (1, w[1:])
+    k, m = (w2[1], w2[0]) if v.attrs["transpose"] else (w2[0], w2[1])
+    if a[0] != (heads * k,):
       raise ValueError(f"hector: {v.label}: rows of shape {a[0]} times a weight {w}"
-                       + (" (transposed)" if v.attrs["transpose"] else ""))
-    return (m,)
+                       + (" (transposed)" if v.attrs["transpose"] else "")
+                       + (f" (per head: rows of {heads} x {k} features)" if len(w) == 4 else ""))
+    return (heads * m,)
+  if v.op == "head_scale":
+    w, m = a
+    if len(w) != 4 or m[1:] != (w[1], 1):
+      raise ValueError(f"hector: head_scale of a weight {w} by {m} (needs [R, H, a, b] and "
+                       "[R, H, 1])")
+    return w
   if v.op == "weight_row":
+    if len(a[0]) != 3:
+      raise ValueError(f"hector: weight_row needs a [R, N, d] weight, got {a[0]}")
     if a[0][1] != n:
       raise ValueError(f"hector: weight_row needs a [R, num_nodes={n}, d] weight, got {a[0]}")
     return (a[0][2],)
@@ -148,40 +176,125 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     return (heads,) if heads else ()
   if v.op == "fold":
     w, vec = a
-    if w[1:] == () or w[2] != vec[1] * vec[2]:
+    if len(w) != 3 or w[2] != vec[1] * vec[2]:
       raise ValueError(f"hector: fold of a weight {w} with a relation vector {vec}")
     return (r, w[1], vec[1])
   if v.op == "weight_grad":
+    if v.shape is not None:
+      return v.shape  # made by differentiation: the weight's shape (per head or not)
     return (r, a[0][0], a[1][0])
   if v.op == "scatter_weight_row":
     return (r, n, a[0][0])
-  if v.op in ("relation_sum", "fold_grad_weight", "fold_grad_vector") and v.shape is not None:
+  if v.op in ("relation_sum", "fold_grad_weight", "fold_grad_vector",
+              "head_scale_grad") and v.shape is not None:
     return v.shape  # made by differentiation, which knows the shape
   raise ValueError(f"hector: no shape rule for {v.op}")
 
 
 # ----------------------------------------------------------------------------- reordering
 def reorder(program: Program) -> Program:
-  """Linear-operator reordering: ``dot(rows @ W, a)`` -> ``rows @ fold(W, a)``.
+  """Linear-operator reordering: three rewrites of relation products inside dot products.
 
-  Per head h, ``a[r, h] . (x @ W[r])[h*d : h*d+d] = x @ (W[r][:, h*d : h*d+d] a[r, h])``: the
-  right side multiplies each row by a ``[k, H]`` matrix folded once per relation, instead of
-  materializing the ``[E, H * d]`` product. Applied where the product feeds only that dot (when
-  it is also needed on its own, computing it once and dotting it is cheaper).
+  * **fold a relation vector** (RGAT): ``dot(rows @ W, a)`` -> ``rows @ fold(W, a)``. Per head
+    h, ``a[r, h] . (x @ W[r])[h*d : h*d+d] = x @ (W[r][:, h*d : h*d+d] a[r, h])``: each row is
+    multiplied by a ``[k, H]`` matrix folded once per relation instead of materializing the
+    ``[E, H * d]`` product. Applied where the product feeds only that dot (when it is also
+    needed on its own, computing it once and dotting it is cheaper).
+  * **move a product to the source side** (``dot(x[dst] @ W, y[src])`` ->
+    ``dot(x[dst], y[src] @ W.T)``, per head for a per-head weight): both cost one GEMM row per
+    edge, but the source-side product depends only on the edge's (source, relation), so compact
+    materialization then computes it once per unique pair. HGT's ``(k W_att) . q`` is already
+    written that way; ``k . (q W_att.T)`` becomes it.
+  * **fold a per-(relation, head) scale into the weight** (HGT's prior):
+    ``dot(rows @ W, other, heads=H) * a[etype]`` with ``a`` ``[R, H, 1]`` ->
+    ``dot(rows @ head_scale(W, a), other)``: ``R * H`` weight blocks scaled once on XLA instead
+    of a multiply per edge and head, and the scale's gradient is a weight-level reduction
+    instead of a sum over every edge.
   """
   users = program.users()
+  olds: dict[int, Value] = {}  # a rewritten value's id -> the value it stands for
+
+  def single_use(v: Value) -> bool:
+    old = olds.get(v.id)
+    return old is None or len(users.get(old.id, ())) == 1  # values made here have one user
 
   def fn(new: Value, old: Value) -> Value:
-    if new.op != "dot" or new.args[1].domain != "weight":
-      return new
-    lin, vec = new.args
-    if lin.op != "linear" or lin.attrs["transpose"] or len(users[old.args[0].id]) != 1:
-      return new
-    rows, w = lin.args
-    folded = Value("fold", (w, vec), {}, "weight", (w.shape[0], w.shape[1], vec.shape[1]))
-    return Value("linear", (rows, folded), {"transpose": False}, new.domain, new.shape)
+    out = _fold_vector(new, old, users) or _to_source(new, single_use) or _fold_scale(
+        new, single_use) or new
+    olds[out.id] = old
+    return out
 
   return rewrite(program, fn)
+
+
+def _fold_vector(new: Value, old: Value, users) -> Value | None:
+  if new.op != "dot" or new.args[1].domain != "weight":
+    return None
+  lin, vec = new.args
+  if lin.op != "linear" or lin.attrs["transpose"] or len(users[old.args[0].id]) != 1:
+    return None
+  rows, w = lin.args
+  if per_head(w):
+    return None
+  folded = Value("fold", (w, vec), {}, "weight", (w.shape[0], w.shape[1], vec.shape[1]))
+  return Value("linear", (rows, folded), {"transpose": False}, new.domain, new.shape)
+
+
+def _source_side(v: Value) -> bool:
+  """Whether an edge value depends only on the edge's source and relation (before compaction:
+  no `expand` yet)."""
+  if v.domain == "weight":
+    return True
+  if v.domain != "edge":
+    return False
+  if v.op in ("gather", "weight_row"):
+    return v.attrs["end"] == "src"
+  if v.op == "vector_row":
+    return True
+  if v.op in ("linear", "dot", "unary", "mul", "add"):
+    return all(_source_side(a) for a in v.args)
+  return False
+
+
+def _to_source(new: Value, single_use) -> Value | None:
+  if new.op != "dot" or new.args[1].domain == "weight":
+    return None
+  heads = new.attrs.get("heads", 0)
+  for lin, other in (new.args, new.args[::-1]):
+    if lin.op != "linear" or other.op == "linear" or not single_use(lin):
+      continue
+    rows, w = lin.args
+    if _source_side(rows) or not _source_side(other):
+      continue
+    if not (w.shape[1] == heads if per_head(w) else heads <= 1):
+      continue  # a product of whole rows under a per-head dot does not move head by head
+    moved = Value("linear", (other, w), {"transpose": not lin.attrs["transpose"]}, other.domain,
+                  rows.shape)
+    return Value("dot", (rows, moved), dict(new.attrs), new.domain, new.shape)
+  return None
+
+
+def _fold_scale(new: Value, single_use) -> Value | None:
+  if new.op != "mul" or new.domain not in ROWS:
+    return None
+  for dot, scale in (new.args, new.args[::-1]):
+    if dot.op != "dot" or dot.args[1].domain == "weight" or scale.op != "vector_row":
+      continue
+    (m,) = scale.args
+    heads = dot.attrs.get("heads", 0)
+    if not heads or m.shape[1:] != (heads, 1) or not single_use(dot):
+      continue
+    for i, lin in enumerate(dot.args):
+      if lin.op != "linear" or not single_use(lin):
+        continue
+      w = lin.args[1]
+      if not per_head(w) or w.shape[1] != heads:
+        continue
+      scaled = Value("head_scale", (w, m), {}, "weight", w.shape)
+      args = list(dot.args)
+      args[i] = Value("linear", (lin.args[0], scaled), dict(lin.attrs), lin.domain, lin.shape)
+      return Value("dot", tuple(args), dict(dot.attrs), new.domain, new.shape)
+  return None
 
 
 # ----------------------------------------------------------------------------- compaction
@@ -339,6 +452,10 @@ def _vjp(v: Value, ct: Value) -> list[tuple[Value, Value]]:
     centered = Value("add", (ct, Value("unary", (back,), {"fn": "neg"}, ct.domain, ct.shape)), {},
                      ct.domain, ct.shape)
     return [(a[0], Value("mul", (alpha, centered), {}, ct.domain, ct.shape))]
+  if v.op == "head_scale":
+    w, m = a
+    return [(w, Value("head_scale", (ct, m), {}, "weight", w.shape)),
+            (m, Value("head_scale_grad", (ct, w), {}, "weight", m.shape))]
   if v.op == "fold":
     w, vec = a
     return [(w, Value("fold_grad_weight", (ct, vec), {}, "weight", w.shape)),

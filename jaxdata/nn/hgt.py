@@ -1,0 +1,103 @@
+"""Flax NNX heterogeneous graph transformer layer (HGT; Hu et al., 2020), as PyG's `HGTConv`.
+
+Node type t owns the global ids [offsets[t], offsets[t+1]) and has its own feature width d_t.
+For an edge e = (j -> i) of relation r, H heads of d_k features:
+
+    K_j, Q_j, V_j = x_j @ [K|Q|V]_{tau(j)} + b                 per-type projections (XLA)
+    score[e,h]    = (K_j[h] W_att[r,h]) . Q_i[h] * mu[r,h] / sqrt(d_k)
+    agg_i         = concat_h sum_e softmax_i(score[., h])[e] * V_j[h] W_msg[r,h]   (hector)
+    y_i           = A_{tau(i)}(gelu(agg_i))                       exact GELU (XLA)
+    out_i         = sigmoid(s_t) y_i + (1 - sigmoid(s_t)) x_i   when d_out == d_t, else y_i
+
+The edge part runs as generated kernels (`jaxdata.hector.hgt_message`): ``K W_att`` and
+``V W_msg`` once per unique (source, relation) pair, per-head GEMMs (no block-diagonal weight),
+the prior folded into ``W_att``. The per-type projections, the GELU and the skip gate are
+node-level dense work on XLA. This is PyG 2.8's HGTConv: no dropout; node types that receive
+no edges get ``A_t(gelu(0))`` skip-mixed (PyG returns nothing for them).
+
+    layer = HGT((128, 64, 32), 64, num_relations=graph.num_relations, heads=4, rngs=nnx.Rngs(0))
+    outs = layer(graph_arrays, [x_paper, x_author, x_institution])   # one [N_t, 64] per type
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxdata.hector import GraphArrays, hgt_message
+from jaxdata.hector.passes import select as select_passes
+
+
+class HGT(nnx.Module):
+  """One HGT layer over node types with their own feature widths.
+
+  Args:
+    in_features: each node type's feature width d_t, in node-type (id) order.
+    out_features: output width of every type.
+    num_relations: relations in the graph.
+    heads: attention heads.
+    head_features: d_k (default ``out_features // heads``, which must divide).
+    passes: hector's optimizing passes (names from `jaxdata.hector.PASSES`; None: all).
+    dtype: computation dtype (float32 or bfloat16); parameters stay in `param_dtype`.
+    rngs: parameter initialization.
+
+  Parameters (PyG's layout): ``kqv[t]`` a Linear d_t -> 3 * H * d_k (keys, queries, values),
+  ``out[t]`` a Linear H * d_k -> out_features, ``w_att`` and ``w_msg`` ``[R, H, d_k, d_k]``,
+  ``mu`` ``[R, H]`` (ones), ``skip`` ``[T]`` (ones).
+  """
+
+  def __init__(self, in_features: Sequence[int], out_features: int, *, num_relations: int,
+               heads: int = 1, head_features: int | None = None, passes=None,
+               dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    in_features = tuple(int(d) for d in in_features)
+    if not in_features or min(in_features) < 1 or min(out_features, num_relations, heads) < 1:
+      raise ValueError("HGT: feature sizes, num_relations and heads must be >= 1 (and at least "
+                       "one node type)")
+    if head_features is None:
+      if out_features % heads:
+        raise ValueError(f"HGT: out_features={out_features} is not a multiple of heads={heads}; "
+                         "pass head_features")
+      head_features = out_features // heads
+    f = heads * head_features
+    linear = lambda a, b: nnx.Linear(a, b, dtype=dtype, param_dtype=param_dtype,  # noqa: E731
+                                     rngs=rngs)
+    self.kqv = nnx.List([linear(d, 3 * f) for d in in_features])
+    self.out = nnx.List([linear(f, out_features) for _ in in_features])
+    init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
+    shape = (num_relations, heads, head_features, head_features)
+    self.w_att = nnx.Param(init(rngs.params(), shape, param_dtype))
+    self.w_msg = nnx.Param(init(rngs.params(), shape, param_dtype))
+    self.mu = nnx.Param(jnp.ones((num_relations, heads), param_dtype))
+    self.skip = nnx.Param(jnp.ones((len(in_features),), param_dtype))
+    self.in_features, self.out_features = in_features, out_features
+    self.heads, self.head_features, self.dtype = heads, head_features, dtype
+    self.passes = select_passes(passes)
+
+  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array]) -> list[jax.Array]:
+    """xs[t]: ``[N_t, d_t]``, types in id order (sum of N_t = the graph's nodes). Returns one
+    ``[N_t, out_features]`` array per type."""
+    if len(xs) != len(self.in_features):
+      raise ValueError(f"HGT: {len(xs)} feature arrays for {len(self.in_features)} node types")
+    widths = tuple(x.shape[-1] for x in xs)
+    if widths != self.in_features:
+      raise ValueError(f"HGT: feature widths {widths}, expected {self.in_features}")
+    rows = [x.shape[0] for x in xs]
+    if sum(rows) != graph.num_nodes:
+      raise ValueError(f"HGT: {sum(rows)} feature rows for a graph of {graph.num_nodes} nodes")
+    xs = [x.astype(self.dtype) for x in xs]
+    kqv = jnp.concatenate([lin(x) for lin, x in zip(self.kqv, xs)])
+    k, q, v = jnp.split(kqv, 3, axis=-1)
+    cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
+    agg = hgt_message(graph, k, q, v, cast(self.w_att), cast(self.w_msg), cast(self.mu),
+                      passes=self.passes)
+    outs, start = [], 0
+    for t, x in enumerate(xs):
+      y = self.out[t](jax.nn.gelu(agg[start:start + rows[t]], approximate=False))
+      start += rows[t]
+      if y.shape[-1] == x.shape[-1]:
+        gate = jax.nn.sigmoid(self.skip[t].astype(jnp.float32))
+        y = (gate * y.astype(jnp.float32) + (1 - gate) * x.astype(jnp.float32)).astype(y.dtype)
+      outs.append(y)
+    return outs
