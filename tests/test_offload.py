@@ -924,7 +924,7 @@ def test_gpu_spill_staging_is_capped():
 
   with jax.default_device(gpu), make_store(None, ram_bytes=count * 4 * n + (1 << 20)) as store:
     assert store.device_bytes == 0
-    store.device_bytes = "32MiB"      # settable while open; what spills read
+    store.device_bytes = "8MiB"       # settable while open; what spills read
     assert store.device_bytes == 8 * n
     f = jax.jit(lambda x: round_trip(x, store))
     x = jnp.arange(n, dtype=jnp.float32)

@@ -97,6 +97,7 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
 
   Its backward pass keeps x and one mean and inverse deviation per row, where differentiating
   the formula would keep several float32 copies of x (6 activations' worth in bfloat16 terms).
+  Reverse mode only (a custom VJP): `jax.jvp` through it raises.
   """
   return _layer_norm_fwd(x, scale, bias)[0]
 
@@ -132,7 +133,7 @@ def gelu(x: jax.Array) -> jax.Array:
 
 
 def _gelu_fwd(x):
-  return gelu(x), x
+  return jax.nn.gelu(x, approximate=True), x
 
 
 def _gelu_bwd(x, g):
@@ -223,10 +224,10 @@ def run_layers(block_apply: Callable, states: Any, x: jax.Array,
   a copy that the backward pass keeps, one stack's worth in all, and each slice's gradient is
   padded to the whole stack. Stacks split ahead of time (outside the jitted step) cost nothing.
   """
-  presplit = isinstance(states, (list, tuple))
-  stacks = list(states) if presplit else [states]
-  layers = sum(jax.tree.leaves(s)[0].shape[0] for s in stacks)
+  presplit = isinstance(states, list)  # one stack per segment (what `GPT.split_layers` makes)
+  stacks = states if presplit else [states]
   sizes = [jax.tree.leaves(s)[0].shape[0] for s in stacks]
+  layers = sum(sizes)
   if presplit and plan is None:  # plain layers, one scan per stack
     runs = [(a, a + n, None) for a, n in zip(itertools.accumulate([0] + sizes), sizes)]
   else:
@@ -248,6 +249,13 @@ def run_layers(block_apply: Callable, states: Any, x: jax.Array,
       part = jax.tree.map(lambda a, start=start, stop=stop: a[start:stop], states)
     x, _ = jax.lax.scan(lambda h, s, body=body: (body(s, h), None), x, part)
   return x
+
+
+def _join(stacks: list) -> Any:
+  """One stack of layer states from several (no copy when there is only one)."""
+  if len(stacks) == 1:
+    return stacks[0]
+  return jax.tree.map(lambda *a: jnp.concatenate(a), *stacks)
 
 
 class BlockFn(NamedTuple):
@@ -302,7 +310,7 @@ class GPT(nnx.Module):
     """
     stacks = list(self.blocks) if isinstance(self.blocks, nnx.List) else [self.blocks]
     graphdef = nnx.split(stacks[0])[0]
-    state = jax.tree.map(lambda *a: jnp.concatenate(a), *[nnx.split(b)[1] for b in stacks])
+    state = _join([nnx.split(b)[1] for b in stacks])
     if plan is None:
       self.blocks = nnx.merge(graphdef, state)
       return
@@ -342,5 +350,5 @@ def block_fn(model: GPT, batch_shape: tuple[int, int] | None = None) -> BlockFn:
   b, t = batch_shape if batch_shape is not None else (1, model.cfg.seq)
   apply, states = model._block_fn()  # pylint: disable=protected-access
   if isinstance(states, list):  # split by `GPT.split_layers`
-    states = jax.tree.map(lambda *a: jnp.concatenate(a), *states)
+    states = _join(states)
   return BlockFn(apply, states, jax.ShapeDtypeStruct((b, t, model.cfg.hidden), model.cfg.dtype))

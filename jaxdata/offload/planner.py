@@ -33,8 +33,8 @@ from jaxdata.offload.store import TensorStore
 
 _PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
-_CAPS = (1, 2, 4)
-_POOL_BLOCKS = 2         # the store's pool holds at least this many blocks' residuals (measured)        # spill staging caps a plan may ask for, in its largest block's spills
+_CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
+_POOL_BLOCKS = 2         # the store's pool holds at least this many blocks' residuals (measured)
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -165,12 +165,14 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
   peak, so the device bytes are the sum of the two peaks.
   """
   moved = sum(c.offload_bytes for c in picks)
+  # Kept residuals all live from their block's forward to its backward: nested intervals, all
+  # alive when the forward ends, so their peak is their sum.
+  kept = sum(c.device_bytes for c in picks)
   if bandwidth <= 0 and moved:
-    return Prediction(float("inf"), 0, moved, 0)
+    return Prediction(float("inf"), kept, moved, 0)
   t, d2h_free = 0.0, 0.0
-  kept, spills, loads = [], [], []   # (start, end, bytes) of kept residuals / staging
+  spills, loads = [], []             # (start, end, bytes) of staging
   on_host = [0.0] * len(picks)
-  fwd_end = [0.0] * len(picks)
   for i, c in enumerate(picks):
     t += c.forward_seconds
     if c.offload_bytes:
@@ -186,12 +188,13 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
       start = max(t, d2h_free)
       d2h_free = on_host[i] = start + c.offload_bytes / bandwidth
       spills.append((t, d2h_free, c.offload_bytes))
-    fwd_end[i] = t
+  # A load queues its own entry and the `_PREFETCH_DEPTH` spilled before it. Approximated by
+  # blocks, not offloaded blocks (the planner that produced docs/benchmarks/rok.md; see
+  # rok_notes.md on what a re-run should change).
   h2d_free, begun = 0.0, []          # begun[k]: when the k-th backward block (reversed) started
   for k, i in enumerate(reversed(range(len(picks)))):
     c = picks[i]
     if c.offload_bytes:
-      # A load queues its own block and the `_PREFETCH_DEPTH` before it (in backward order).
       trigger = begun[max(0, k - _PREFETCH_DEPTH)] if begun else t
       start = max(on_host[i], h2d_free, trigger)
       h2d_free = start + c.offload_bytes / bandwidth
@@ -200,14 +203,12 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
       t += c.offload_bytes / d2d_bandwidth
     begun.append(t)
     t += c.seconds - c.forward_seconds
-    if c.device_bytes:
-      kept.append((fwd_end[i], t, c.device_bytes))
   # Measured on the H200, the pool reserves two of the largest block's residuals whenever a
   # plan offloads (the one copied out on XLA's stream while the next comes back), even where
   # the timeline has them apart.
   largest = max((c.offload_bytes for c in picks), default=0)
   staging = max(_peak(spills + loads), _POOL_BLOCKS * largest)
-  return Prediction(t, _peak(kept) + staging, moved, _peak(spills))
+  return Prediction(t, kept + staging, moved, _peak(spills))
 
 
 def _peak(intervals: list[tuple[float, float, int]]) -> int:
@@ -247,7 +248,7 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
     for kinds in itertools.combinations(range(len(candidates)), k):
       for split in _compositions(num_blocks, k):
         picks = [candidates[i] for i, n in zip(kinds, split) for _ in range(n)]
-        # A lower bound first: compute alone, or kept bytes alone, already out of the running.
+        # Compute alone bounds the time from below, and kept bytes alone are already too many.
         if best is not None and sum(c.seconds for c in picks) >= best.seconds:
           continue
         if sum(c.device_bytes for c in picks) > budget_bytes:

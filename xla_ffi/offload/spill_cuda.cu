@@ -178,7 +178,11 @@ class Gpu {
     auto g = std::make_shared<EntryGpu>();
     e->gpu = g;
     const int64_t n = e->nbytes, round = Round256(n);
-    WaitForStaging(round + 64);
+    // The cap counts the allocation (the planner counts tensor bytes: a cap of k blocks admits
+    // k - 1 of them; see docs/benchmarks/rok_notes.md).
+    if (!WaitForStaging(round + 64)) {
+      return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore was closed");
+    }
     // Until a host function or the writer takes over releasing it, an early error return does.
     struct Claim {
       Gpu* gpu;
@@ -304,13 +308,16 @@ class Gpu {
     cv_.notify_all();
   }
 
-  void WaitForStaging(int64_t bytes) {
+  // False when the store closed while waiting.
+  bool WaitForStaging(int64_t bytes) {
     const int64_t cap = store_->device_bytes();
     std::unique_lock<std::mutex> lock(mu_);
     if (cap > 0) {
       cv_.wait(lock, [&] { return stopping_ || staged_ == 0 || staged_ + bytes <= cap; });
     }
+    if (stopping_) return false;
     staged_ += bytes;
+    return true;
   }
 
   void PostWrite(std::function<void()> job) {
