@@ -92,14 +92,7 @@ class Edges(NamedTuple):
   def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int,
             device=None) -> "Edges":
     """Checks ranges and lengths (ValueError), sorts by relation."""
-    src, dst, etype = (np.asarray(a).astype(np.int32) for a in (src, dst, etype))
-    if not src.shape == dst.shape == etype.shape or src.ndim != 1:
-      raise ValueError(f"src, dst, etype must be 1-D and of one length, got {src.shape}, "
-                       f"{dst.shape}, {etype.shape}")
-    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
-      raise ValueError(f"src/dst must lie in [0, num_nodes={num_nodes})")
-    if etype.size and (etype.min() < 0 or etype.max() >= num_relations):
-      raise ValueError(f"etype must lie in [0, num_relations={num_relations})")
+    src, dst, etype = rgnn_peers.checked_edges(src, dst, etype, num_nodes, num_relations)
     order = np.argsort(etype, kind="stable")
     put = functools.partial(jax.device_put, device=device)
     return cls(put(src[order]), put(dst[order]), put(etype[order]))

@@ -59,6 +59,19 @@ def mean_norm(dst: np.ndarray, etype: np.ndarray, num_nodes: int,
   return 1.0 / counts[inverse.reshape(-1)]
 
 
+def checked_edges(src, dst, etype, num_nodes: int, num_relations: int):
+  """(src, dst, etype) as int32 NumPy arrays; ValueError on ragged shapes or ids out of range."""
+  src, dst, etype = (np.asarray(a).astype(np.int32) for a in (src, dst, etype))
+  if not src.shape == dst.shape == etype.shape or src.ndim != 1:
+    raise ValueError(f"src, dst, etype must be 1-D and of one length, got {src.shape}, "
+                     f"{dst.shape}, {etype.shape}")
+  if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
+    raise ValueError(f"src/dst must lie in [0, num_nodes={num_nodes})")
+  if etype.size and (etype.min() < 0 or etype.max() >= num_relations):
+    raise ValueError(f"etype must lie in [0, num_relations={num_relations})")
+  return src, dst, etype
+
+
 class EdgeArrays(NamedTuple):
   """(src, dst, etype, norm) as device arrays, edges sorted by relation; a pytree."""
   src: jax.Array
@@ -70,14 +83,7 @@ class EdgeArrays(NamedTuple):
   def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int, norm=None,
             dtype=np.float32, device=None) -> "EdgeArrays":
     """Sorts by relation (stable), computes the per-relation mean norm unless given."""
-    src, dst, etype = (np.asarray(a).astype(np.int32) for a in (src, dst, etype))
-    if not src.shape == dst.shape == etype.shape or src.ndim != 1:
-      raise ValueError(f"src, dst, etype must be 1-D and of one length, got {src.shape}, "
-                       f"{dst.shape}, {etype.shape}")
-    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
-      raise ValueError(f"src/dst must lie in [0, num_nodes={num_nodes})")
-    if etype.size and (etype.min() < 0 or etype.max() >= num_relations):
-      raise ValueError(f"etype must lie in [0, num_relations={num_relations})")
+    src, dst, etype = checked_edges(src, dst, etype, num_nodes, num_relations)
     if norm is None:
       norm = mean_norm(dst, etype, num_nodes, num_relations)
     norm = np.asarray(norm)
