@@ -216,6 +216,24 @@ def available_bytes(device) -> int:
   return _ffi.ext.physical_memory_bytes() // 2
 
 
+def load_each(names: Sequence[str], load, notes: list[str]) -> list:
+  """`load(name) -> (graph or None, why)` for each name: the graphs that loaded; a graph that is
+  missing or fails to load (other than a ValueError: a bad argument) becomes a note."""
+  loaded = []
+  for name in names:
+    try:
+      g, why = load(name)
+    except ValueError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      g, why = None, f"{name} skipped: loading it failed ({_short(e)})"
+    if g is None:
+      notes.append(why)
+    else:
+      loaded.append(g)
+  return loaded
+
+
 def gib(n: int) -> str:
   return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -375,18 +393,8 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
   if unknown:
     raise ValueError(f"unknown formulations {unknown}; choose from {', '.join(FORMULATIONS)}")
   notes: list[str] = []
-  loaded: list[Graph] = []
-  for name in graphs:
-    try:
-      g, why = load_graph(name, data_dir=data_dir, quick=quick, seed=seed)
-    except ValueError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except
-      g, why = None, f"{name} skipped: loading it failed ({_short(e)})"
-    if g is None:
-      notes.append(why)
-    else:
-      loaded.append(g)
+  loaded = load_each(graphs, lambda name: load_graph(name, data_dir=data_dir, quick=quick,
+                                                     seed=seed), notes)
   jax_names = [f for f in JAX_FORMULATIONS if f in formulations]
   results: list[Result] = []
   with rich.progress.Progress(console=console, transient=True) as bar:

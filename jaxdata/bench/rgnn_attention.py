@@ -402,19 +402,9 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
   if model == "hgt" and hgt_message_fn() is None and any(f in VARIANTS for f in formulations):
     formulations = [f for f in formulations if f not in VARIANTS]
     notes.append("no jaxdata row: jaxdata.hector.hgt_message (hector's HGT) is not built yet")
-  loaded: list[Case] = []
-  for name in graphs:
-    try:
-      case, why = load_case(model, name, data_dir=data_dir, quick=quick, mag_scale=mag_scale,
-                            seed=seed)
-    except ValueError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except
-      case, why = None, f"{name} skipped: loading it failed ({rgnn._short(e)})"
-    if case is None:
-      notes.append(why)
-    else:
-      loaded.append(case)
+  loaded: list[Case] = rgnn.load_each(
+      graphs, lambda name: load_case(model, name, data_dir=data_dir, quick=quick,
+                                     mag_scale=mag_scale, seed=seed), notes)
   jax_names = [f for f in FORMULATIONS if f in formulations and f != "PyG"]
   results: list[rgnn.Result] = []
   with rich.progress.Progress(console=console, transient=True) as bar:
