@@ -97,6 +97,31 @@ def test_rgat_float32_matches_reference(device, passes, k, heads, d):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+def test_rgat_hub_nodes_match_reference(device):
+  """Nodes on both sides of the CUDA softmax's warp/block split (codegen.SOFTMAX_BLOCK_DEGREE)
+  and a hub far above it, among light nodes and nodes with no in-edges."""
+  from jaxdata.hector import codegen  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(7)
+  n, cut = 300, codegen.SOFTMAX_BLOCK_DEGREE
+  degrees = {0: cut, 1: cut + 1, 9: 5 * cut + 3, 17: 1}  # node -> in-degree
+  dst = np.concatenate([np.full(k, i) for i, k in degrees.items()] +
+                       [rng.integers(20, n - 10, 900)])
+  src = rng.integers(0, n, len(dst))
+  et = rng.integers(0, 3, len(dst))
+  g = HeteroGraph.from_edges(src, dst, et, num_nodes=n, relation_names=["a", "b", "c"])
+  assert (g.in_degree()[list(degrees)] == list(degrees.values())).all()
+  ga = hector.GraphArrays.from_graph(g)
+  inputs = random_inputs(rng, g, 8, 2, 4)
+  ct = jnp.asarray(rng.standard_normal((n, 8)), jnp.float32)
+  layer = functools.partial(hector.rgat_message, ga)
+  np.testing.assert_allclose(layer(*inputs.values()), reference(ga, *inputs.values()),
+                             rtol=1e-5, atol=1e-5)
+  got = jax.grad(loss(layer, ct), argnums=ARGS)(*inputs.values())
+  want = jax.grad(loss(functools.partial(reference, ga), ct), argnums=ARGS)(*inputs.values())
+  for name, a, b in zip(inputs, got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 @pytest.mark.parametrize("passes", PASS_CHOICES, ids=lambda p: "+".join(p) or "none")
 def test_rgat_bfloat16(device, passes):
   g = corner_case_graph(3)

@@ -11,8 +11,10 @@ heavy-tailed degrees), hidden sizes d_in = d_out = dim. In one run, for each gra
   per-edge weights           plain JAX: W[etype] per edge (PyG FastRGCNConv's formulation)
   PyG                        torch_geometric.nn.RGCNConv(aggr="mean"), on CUDA when torch sees one
 
-Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W. Time is the
-median over repeats of one step, waited for. Memory: for JAX, what the compiled executable needs
+Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W. Time is per
+step, median over repeats of a round of steps queued back to back and waited for once (enough to
+fill ~20 ms, at most 20: `common.queue_depth`), as a training loop dispatches them; for every
+formulation alike, so a sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled executable needs
 (memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise of the
 allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that does
 not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
@@ -487,7 +489,9 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
   text = [
       "# One RGCN layer: relational message, forward + backward", "",
       "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of one step "
-      "(loss = sum(out * ct) with a fixed random ct, gradients for x and W; median over repeats), "
+      "(loss = sum(out * ct) with a fixed random ct, gradients for x and W; per step, median over "
+      "repeats of rounds of up to 20 steps queued back to back and waited for once, as a training "
+      "loop runs them, for every formulation alike), "
       "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
       "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
       "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "

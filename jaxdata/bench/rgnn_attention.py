@@ -20,7 +20,7 @@ inputs are the per-type features of the graph). In one run, for each graph and d
 
 Each step is loss = sum(out * ct) for a fixed random ct, with gradients for the inputs and every
 weight. Time and memory are measured as `jaxdata bench rgnn` (RGCN) measures them
-(jaxdata/bench/rgnn.py): median of repeats; XLA's memory_analysis() of the compiled step for
+(jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the compiled step for
 JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is reported as OOM,
 never a crash. Every formulation of a case must compute the same loss; a difference is a note.
 `--write` keeps one document with a section per model (`document`).
@@ -302,13 +302,10 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
       base = torch.cuda.memory_allocated(device)
     step = _pyg_step(model, case, x, params, ct, device)
 
-    def timed():
-      step()
-      if cuda:
-        torch.cuda.synchronize(device)
-
+    wait = peers.pyg_wait(device)
     r.loss = float(step().detach().item())
-    r.seconds = common.median_seconds(timed, warmup=1, repeats=repeats)
+    queued = common.queue_depth(step, wait=wait)
+    r.seconds = common.median_seconds(step, warmup=1, repeats=repeats, queued=queued, wait=wait)
     r.bytes = torch.cuda.max_memory_allocated(device) - base if cuda else None
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if rgnn.is_oom(e) else "error"
@@ -596,8 +593,9 @@ def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: li
       _begin(model),
       f"## One {model.upper()} layer: forward + backward", "",
       f"Measured by `jaxdata bench rgnn --model {model}` (jaxdata/bench/rgnn_attention.py): "
-      "milliseconds of one step (loss = sum(out * ct) with a fixed random ct; median over "
-      f"repeats), float32, the whole graph, {heads} heads. " + DEFINITIONS[model] + " "
+      "milliseconds of one step (loss = sum(out * ct) with a fixed random ct; per step, median "
+      "over repeats of rounds of up to 20 steps queued back to back and waited for once, as a "
+      f"training loop runs them, for every formulation alike), float32, the whole graph, {heads} heads. " + DEFINITIONS[model] + " "
       "*transform-all-then-gather*, *ragged_dot* and *per-edge weights* are plain JAX "
       "(jaxdata/bench/attention_peers.py). Matmul precision: "
       f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",

@@ -20,6 +20,7 @@ softmax, which gives each (node, head) one thread walking the node's edges.
 from __future__ import annotations
 
 import re
+import textwrap
 
 from jaxdata.hector.lowering import Expr, Gemm, Load, Traversal, WeightGrad
 
@@ -385,8 +386,8 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0) -> tuple[int, 
   if isinstance(k, WeightGrad):
     return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
   w = max(k.width, 1)
-  if k.sink == "softmax":
-    work = num_nodes * w
+  if k.sink == "softmax":  # a warp per node
+    work = num_nodes * 32
   elif k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
     if num_edges == 0:
       return 0, threads
@@ -434,6 +435,7 @@ def _cuda_gemm(g: Gemm) -> str:
   bm, bk, bn = GEMM_TILE_ROWS, 16, _gemm_tile(g.n)
   tn = _micro(bn)
   threads = 16 * (bn // tn)
+  assert (bm * bk) % threads == 0 and (bk * bn) % threads == 0
   ncb = -(-g.n // bn)
   rows = g.rows
   a_base = _row(rows)
@@ -515,17 +517,38 @@ def _cuda_gemm(g: Gemm) -> str:
   const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
   float acc[4][{tn}] = {{{{0}}}};
   __syncthreads();
-  for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
-    for (int idx = tid; idx < {bm * bk}; idx += {threads}) {{
-      const int i = idx / {bk}, kk = idx % {bk}, k = k0 + kk;
-      As[kk][i] = (arow[i] >= 0 && k < {g.k}) ? ldf(in{rows.slot} + arow[i] + {hk}k) : 0.0f;
+  // register-staged pipeline: step k0's tiles go from registers to shared memory, then the
+  // next step's global loads are issued before the FMAs, so they are in flight while they run
+  float ra[{bm * bk // threads}], rb[{bk * bn // threads}];
+  auto fetch = [&](int k0) {{
+#pragma unroll
+    for (int t = 0; t < {bm * bk // threads}; ++t) {{
+      const int idx = tid + t * {threads}, i = idx / {bk}, k = k0 + idx % {bk};
+      ra[t] = (arow[i] >= 0 && k < {g.k}) ? ldf(in{rows.slot} + arow[i] + {hk}k) : 0.0f;
     }}
-    for (int idx = tid; idx < {bk * bn}; idx += {threads}) {{
+#pragma unroll
+    for (int t = 0; t < {bk * bn // threads}; ++t) {{
+      const int idx = tid + t * {threads};
       {b_idx}
       const int k = k0 + kk, n = cb * {bn} + nn;
-      Bs[kk][nn] = (k < {g.k} && n < {g.n}) ? {_weight(g, 'k', 'n')} : 0.0f;
+      rb[t] = (k < {g.k} && n < {g.n}) ? {_weight(g, 'k', 'n')} : 0.0f;
+    }}
+  }};
+  fetch(0);
+  for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
+#pragma unroll
+    for (int t = 0; t < {bm * bk // threads}; ++t) {{
+      const int idx = tid + t * {threads};
+      As[idx % {bk}][idx / {bk}] = ra[t];
+    }}
+#pragma unroll
+    for (int t = 0; t < {bk * bn // threads}; ++t) {{
+      const int idx = tid + t * {threads};
+      {b_idx}
+      Bs[kk][nn] = rb[t];
     }}
     __syncthreads();
+    if (k0 + {bk} < {g.k}) fetch(k0 + {bk});
 {_MICRO_FMA.format(bk=bk, tn=tn, A="As", B="Bs")}\
     __syncthreads();
   }}
@@ -538,6 +561,7 @@ def _cuda_wgrad(w: WeightGrad) -> str:
   be, bk, bm, bn = WGRAD_TILE_ROWS, 16, 64, _gemm_tile(w.n)  # bk: edges per step; bm: rows of dW
   tn = _micro(bn)
   threads = 16 * (bn // tn)
+  assert (bk * bm) % threads == 0 and (bk * bn) % threads == 0
   nkb, nnb = -(-w.k // bm), -(-w.n // bn)
   lrow = _row(w.left) + _plus_head(w.heads, w.k)
   rrow = _row(w.right) + _plus_head(w.heads, w.n)
@@ -556,18 +580,36 @@ def _cuda_wgrad(w: WeightGrad) -> str:
   const int tid = threadIdx.x;
   const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
   float acc[4][{tn}] = {{{{0}}}};
-  for (int64_t c = e0; c < e1; c += {bk}) {{
-    for (int idx = tid; idx < {bk * bm}; idx += {threads}) {{
-      const int q = idx / {bm}, kk = idx % {bm}, k = kb * {bm} + kk;
-      const int64_t e = c + q;
-      Ls[q][kk] = (e < e1 && k < {w.k}) ? ldf(in{w.left.slot} + {lrow} + k) : 0.0f;
+  // register-staged pipeline, as in the GEMM: the next edges' rows load during the FMAs
+  float rl[{bk * bm // threads}], rr[{bk * bn // threads}];
+  auto fetch = [&](int64_t c) {{
+#pragma unroll
+    for (int t = 0; t < {bk * bm // threads}; ++t) {{
+      const int idx = tid + t * {threads}, k = kb * {bm} + idx % {bm};
+      const int64_t e = c + idx / {bm};
+      rl[t] = (e < e1 && k < {w.k}) ? ldf(in{w.left.slot} + {lrow} + k) : 0.0f;
     }}
-    for (int idx = tid; idx < {bk * bn}; idx += {threads}) {{
-      const int q = idx / {bn}, nn = idx % {bn}, n = nb * {bn} + nn;
-      const int64_t e = c + q;
-      Rs[q][nn] = (e < e1 && n < {w.n}) ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < {bk * bn // threads}; ++t) {{
+      const int idx = tid + t * {threads}, n = nb * {bn} + idx % {bn};
+      const int64_t e = c + idx / {bn};
+      rr[t] = (e < e1 && n < {w.n}) ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
+    }}
+  }};
+  fetch(e0);
+  for (int64_t c = e0; c < e1; c += {bk}) {{
+#pragma unroll
+    for (int t = 0; t < {bk * bm // threads}; ++t) {{
+      const int idx = tid + t * {threads};
+      Ls[idx / {bm}][idx % {bm}] = rl[t];
+    }}
+#pragma unroll
+    for (int t = 0; t < {bk * bn // threads}; ++t) {{
+      const int idx = tid + t * {threads};
+      Rs[idx / {bn}][idx % {bn}] = rr[t];
     }}
     __syncthreads();
+    if (c + {bk} < e1) fetch(c + {bk});
 {_MICRO_FMA.format(bk=bk, tn=tn, A="Ls", B="Rs")}\
     __syncthreads();
   }}
@@ -615,31 +657,66 @@ def _cuda_traversal(t: Traversal) -> str:
 """
 
 
+#: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp
+SOFTMAX_BLOCK_DEGREE = 256
+
+
 def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
-  """One thread per (node, head) walks the node's edges (grouped at `end` by the CSC or CSR
-  view) three times: the maximum, exp(score - max) stored and summed, the division. No atomics;
-  the same order of operations as the CPU kernel."""
+  """A warp per node, or the whole block for a node of more than SOFTMAX_BLOCK_DEGREE edges
+  (hubs): the lanes stride over the node's edges (grouped at `end` by the CSC or CSR view)
+  three times, every head at once: the maximum, exp(score - max) stored and summed, the
+  division; maxima and sums are reduced by warp shuffles (and, for a block, through shared
+  memory). Each block takes 8 consecutive nodes: its warps take the light ones, then the block
+  takes each heavy one in turn. No atomics."""
   off, eids = _groups(t.end)
+  heads = lambda body: f"for (int f = 0; f < {w}; ++f) {body}"  # noqa: E731
+
+  def walk(first: str, step: str, reduce_max: str, reduce_sum: str) -> str:
+    return f"""\
+    {heads(f"{{ m[f] = {_LOWEST}; s[f] = 0.0f; }}")}
+    for (int64_t q = q0 + {first}; q < q1; q += {step}) {{
+      const int64_t e = {eids}[q];
+      {heads(f"m[f] = fmaxf(m[f], {value});")}
+    }}
+{reduce_max}
+    for (int64_t q = q0 + {first}; q < q1; q += {step}) {{
+      const int64_t e = {eids}[q];
+      {heads(f"{{ const float x = expf({value} - m[f]); out[e * {w} + f] = x; s[f] += x; }}")}
+    }}
+{reduce_sum}
+    for (int64_t q = q0 + {first}; q < q1; q += {step}) {{
+      const int64_t e = {eids}[q];
+      {heads(f"out[e * {w} + f] /= s[f];")}
+    }}
+"""
+
+  def shuffle(op: str, v: str) -> str:
+    return (f"    {heads(f'for (int o = 16; o > 0; o >>= 1) {v}[f] = ' + op.format(a=f'{v}[f]', b=f'__shfl_xor_sync(0xffffffffu, {v}[f], o)') + ';')}")
+
+  def block(op: str, v: str) -> str:
+    return f"""{shuffle(op, v)}
+    if (lane == 0) {heads(f"red[warp][f] = {v}[f];")}
+    __syncthreads();
+    {heads(f"{{ {v}[f] = red[0][f]; for (int j = 1; j < 8; ++j) {v}[f] = " + op.format(a=f"{v}[f]", b="red[j][f]") + "; }")}
+    __syncthreads();"""
+
+  fmax, add = "fmaxf({a}, {b})", "{a} + {b}"
   return f"""\
-  const int64_t total = N * {w};
-  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
-       t += (int64_t)gridDim.x * blockDim.x) {{
-    const int64_t i = t / {w};
-    const int f = int(t % {w});
-    const int64_t q0 = {off}[i], q1 = {off}[i + 1];
-    float m = {_LOWEST};
-    for (int64_t q = q0; q < q1; ++q) {{
-      const int64_t e = {eids}[q];
-      m = fmaxf(m, {value});
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[8][{w}];
+  float m[{w}], s[{w}];
+  for (int64_t base = blockIdx.x * 8ll; base < N; base += gridDim.x * 8ll) {{
+    if (base + warp < N) {{  // a warp per light node
+      const int64_t i = base + warp, q0 = {off}[i], q1 = {off}[i + 1];
+      if (q1 - q0 <= {SOFTMAX_BLOCK_DEGREE}) {{
+{textwrap.indent(walk("lane", "32", shuffle(fmax, "m"), shuffle(add, "s")), "    ")}\
+      }}
     }}
-    float sum = 0.0f;
-    for (int64_t q = q0; q < q1; ++q) {{
-      const int64_t e = {eids}[q];
-      const float x = expf({value} - m);
-      out[e * {w} + f] = x;
-      sum += x;
+    for (int64_t i = base; i < base + 8 && i < N; ++i) {{  // the block per heavy node
+      const int64_t q0 = {off}[i], q1 = {off}[i + 1];
+      if (q1 - q0 <= {SOFTMAX_BLOCK_DEGREE}) continue;
+{textwrap.indent(walk("threadIdx.x", "256", block(fmax, "m"), block(add, "s")), "  ")}\
     }}
-    for (int64_t q = q0; q < q1; ++q) out[(int64_t){eids}[q] * {w} + f] /= sum;
   }}
 }}
 """

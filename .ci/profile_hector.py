@@ -1,0 +1,114 @@
+"""One forward+backward step of a hector layer, bracketed for Nsight Compute.
+
+Usage (on the GPU machine, after `bash .ci/gpu build`):
+  ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
+      python3 .ci/profile_hector.py rgcn mutag 64
+
+Compiles and warms the step of `jaxdata bench rgnn` (or `--model rgat|hgt`) for one graph and
+dim, then runs it once between cuProfilerStart and cuProfilerStop, so ncu sees exactly one
+step's kernels (hector's generated kernels are all named jaxdata_hector_kernel; their order
+is the plan's, printed first).
+"""
+import ctypes
+import os
+import sys
+
+import jax
+
+from jaxdata.bench import rgnn, rgnn_attention, rgnn_peers as peers
+
+
+def main(model: str, graph: str, dim: int) -> None:
+  data_dir = os.environ.get("JAXDATA_DATA_DIR")
+  device = jax.devices()[0]
+  if model == "rgcn":
+    g, why = rgnn.load_graph(graph, data_dir=data_dir, quick=False)
+    assert g is not None, why
+    form = peers.jaxdata_formulation(g.hetero)
+    x, w, ct = jax.device_put(rgnn.case_arrays(g, dim), device)
+  else:
+    case, why = rgnn_attention.load_case(model, graph, data_dir=data_dir, quick=False)
+    assert case is not None, why
+    arrays = rgnn_attention.graph_arrays(case)
+    x, w, ct = jax.device_put(rgnn_attention.case_arrays(model, case, dim, 4), device)
+    if model == "rgat":
+      form = rgnn_attention.rgat_jaxdata_formulation(arrays, None)
+    else:
+      form = rgnn_attention.hgt_jaxdata_formulation(arrays, None)
+  compiled = peers.compile_step(form, x, w, ct)
+  for _ in range(3):
+    jax.block_until_ready(compiled.run())
+  _print_plans()
+  try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+  except OSError:  # no GPU driver: just run the step
+    cuda = None
+  if cuda is not None:
+    cuda.cuProfilerStart()
+  jax.block_until_ready(compiled.run())
+  if cuda is not None:
+    cuda.cuProfilerStop()
+  print(f"profiled one step: {model} {graph} dim {dim}", flush=True)
+
+
+def _print_plans() -> None:
+  """The kernel instances of every plan built so far, in launch order."""
+  from jaxdata import hector  # pylint: disable=g-import-not-at-top
+  from jaxdata.hector import compiled as hc  # pylint: disable=g-import-not-at-top
+  seen = set()
+  for mod in (hector, *(getattr(hector, m) for m in ("rgcn", "rgat", "hgt"))):
+    for layer in vars(mod).values():
+      if isinstance(layer, hc.Layer) and id(layer) not in seen:
+        seen.add(id(layer))
+        for plan in layer._plans.values():  # pylint: disable=protected-access
+          print("forward kernels:", *plan.forward_kernels, sep="\n  ")
+          print("backward kernels:", *plan.backward_kernels, sep="\n  ")
+
+
+def latency_vs_throughput(graph: str, dims: str) -> None:
+  """jaxdata and transform-all-then-gather: one step waited for alone (what `jaxdata bench rgnn`
+  reports) against 20 steps queued back to back and waited for once (per step)."""
+  from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
+  g, why = rgnn.load_graph(graph, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
+  assert g is not None, why
+  edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+                                 num_relations=g.num_relations, norm=g.norm)
+  for dim in map(int, dims.split(",")):
+    x, w, ct = jax.device_put(rgnn.case_arrays(g, dim), jax.devices()[0])
+    forms = [peers.jaxdata_formulation(g.hetero)]
+    forms.append(peers.plain_jax("transform-all-then-gather", edges, g.num_nodes))
+    for form in forms:
+      c = peers.compile_step(form, x, w, ct)
+      one = common.median_seconds(c.run, warmup=3, repeats=15)
+      many = common.median_seconds(c.run, warmup=3, repeats=15, queued=20)
+      print(f"{graph} dim {dim} {form.name:<28} alone {one * 1e3:7.3f} ms   queued {many * 1e3:7.3f} ms",
+            flush=True)
+
+
+def summarize(path: str) -> None:
+  """A table of an `ncu --csv` report: one line per kernel, time and the metrics asked for."""
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(path) as f:
+    lines = [l for l in f if l.startswith('"')]
+  rows = {}
+  for r in csv.DictReader(lines):
+    k = rows.setdefault(r["ID"], {"name": r["Kernel Name"][:48], "grid": r["Grid Size"],
+                                  "block": r["Block Size"]})
+    k[r["Metric Name"]] = r["Metric Value"]
+  num = lambda v: float(str(v or 0).replace(",", ""))  # noqa: E731
+  total = sum(num(k.get("gpu__time_duration.sum")) for k in rows.values())
+  print(f"{len(rows)} kernels, {total / 1e3:.1f} us in all")
+  for i, k in rows.items():
+    t = num(k.get("gpu__time_duration.sum"))
+    extra = " ".join(f"{m.split('__')[1].split('.')[0]}={v}" for m, v in k.items()
+                     if m not in ("name", "grid", "block", "gpu__time_duration.sum"))
+    print(f"{i:>4} {t / 1e3:9.1f} us {k['name']:<48} grid {k['grid']} block {k['block']} {extra}")
+
+
+if __name__ == "__main__":
+  if sys.argv[1] == "--summarize":
+    summarize(sys.argv[2])
+  elif sys.argv[1] == "--time":
+    latency_vs_throughput(sys.argv[2], sys.argv[3])
+  else:
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
