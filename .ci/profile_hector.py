@@ -69,6 +69,11 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
   """jaxdata and transform-all-then-gather: one step waited for alone (what `jaxdata bench rgnn`
   reports) against 20 steps queued back to back and waited for once (per step)."""
   from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
+  if os.environ.get("TORCH_FIRST"):  # as `jaxdata bench rgnn` runs PyG before the JAX rows
+    import torch  # pylint: disable=g-import-not-at-top
+    a = torch.ones((256, 256), device="cuda")
+    torch.cuda.synchronize()
+    print("torch first:", float((a @ a).sum()))
   g, why = rgnn.load_graph(graph, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
   assert g is not None, why
   edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
