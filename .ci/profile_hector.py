@@ -66,14 +66,9 @@ def _print_plans() -> None:
 
 
 def latency_vs_throughput(graph: str, dims: str) -> None:
-  """jaxdata and transform-all-then-gather: one step waited for alone (what `jaxdata bench rgnn`
-  reports) against 20 steps queued back to back and waited for once (per step)."""
+  """jaxdata and transform-all-then-gather (precision highest, as `jaxdata bench rgnn` runs it):
+  one step waited for alone against 20 steps queued back to back and waited for once."""
   from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
-  if os.environ.get("TORCH_FIRST"):  # as `jaxdata bench rgnn` runs PyG before the JAX rows
-    import torch  # pylint: disable=g-import-not-at-top
-    a = torch.ones((256, 256), device="cuda")
-    torch.cuda.synchronize()
-    print("torch first:", float((a @ a).sum()))
   g, why = rgnn.load_graph(graph, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
   assert g is not None, why
   edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
@@ -81,7 +76,8 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
   for dim in map(int, dims.split(",")):
     x, w, ct = jax.device_put(rgnn.case_arrays(g, dim), jax.devices()[0])
     forms = [peers.jaxdata_formulation(g.hetero)]
-    forms.append(peers.plain_jax("transform-all-then-gather", edges, g.num_nodes))
+    forms.append(peers.plain_jax("transform-all-then-gather", edges, g.num_nodes,
+                                 precision=jax.lax.Precision.HIGHEST))
     for form in forms:
       c = peers.compile_step(form, x, w, ct)
       one = common.median_seconds(c.run, warmup=3, repeats=15)
