@@ -85,6 +85,7 @@ class Result:
   measured_bytes: int | None = None  # JAX on a GPU: rise of peak_bytes_in_use
   status: str = "ok"  # "ok", "OOM", "OOM (est. X GiB)", "skipped", "error"
   loss: float | None = None
+  alone_seconds: float | None = None  # one step waited for on its own (host round trip in it)
 
   @property
   def ok(self) -> bool:
@@ -290,6 +291,7 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
     phase = "running"
     timing = peers.time_jax(compiled, repeats=repeats, warmup=2, baseline=baseline)
     r.seconds, r.measured_bytes, r.loss = timing.seconds, timing.measured_bytes, timing.loss
+    r.alone_seconds = timing.alone_seconds
   except peers.Unavailable as e:
     r.status = "skipped"
     _note(notes, f"{r.formulation} row skipped: {e}")
@@ -344,6 +346,7 @@ def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: 
     timing = peers.time_pyg(graph.src, graph.dst, graph.etype, x, w, ct, repeats=repeats,
                             warmup=2, device=device)
     r.seconds, r.bytes, r.loss = timing.seconds, timing.bytes, timing.loss
+    r.alone_seconds = timing.alone_seconds
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if is_oom(e) else "error"
     _note(notes, f"{graph.name}, dim {dim}, PyG: {'out of memory' if is_oom(e) else 'failed'} "
@@ -436,6 +439,14 @@ def _ms(r: Result) -> str:
   return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
 
 
+def _alone_ms(r: Result) -> str:
+  """One step waited for on its own (blank where not measured)."""
+  if not r.ok or r.alone_seconds is None:
+    return ""
+  ms = r.alone_seconds * 1e3
+  return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}"
+
+
 def _mem(n: int | None, r: Result | None = None) -> str:
   if r is not None and r.status.startswith("OOM (est."):
     return ""
@@ -456,13 +467,13 @@ def speedups(results: list[Result], graph: str, dim: int) -> tuple[str, str]:
 
 def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
   measured = any(r.measured_bytes is not None for r in results)
-  header = ["graph", "dim", "formulation", "fwd+bwd ms", "peak memory"]
+  header = ["graph", "dim", "formulation", "fwd+bwd ms", "one step alone ms", "peak memory"]
   if measured:
     header.append("measured peak")
   header += ["jaxdata vs best plain JAX", "jaxdata vs PyG"]
   rows = []
   for r in results:
-    row = [r.graph, str(r.dim), r.formulation, _ms(r), _mem(r.bytes, r)]
+    row = [r.graph, str(r.dim), r.formulation, _ms(r), _alone_ms(r), _mem(r.bytes, r)]
     if measured:
       row.append(gib(r.measured_bytes) if r.measured_bytes is not None else "")
     row += list(speedups(results, r.graph, r.dim)) if r.formulation == "jaxdata" else ["", ""]
@@ -491,7 +502,8 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
       "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of one step "
       "(loss = sum(out * ct) with a fixed random ct, gradients for x and W; per step, median over "
       "repeats of rounds of up to 20 steps queued back to back and waited for once, as a training "
-      "loop runs them, for every formulation alike), "
+      "loop runs them, for every formulation alike; *one step alone*: the median of single steps, "
+      "each waited for, so the host's round trip is in it), "
       "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
       "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
       "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "

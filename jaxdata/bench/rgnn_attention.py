@@ -306,6 +306,8 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
     r.loss = float(step().detach().item())
     queued = common.queue_depth(step, wait=wait)
     r.seconds = common.median_seconds(step, warmup=1, repeats=repeats, queued=queued, wait=wait)
+    r.alone_seconds = (common.median_seconds(step, warmup=0, repeats=repeats, wait=wait)
+                       if queued > 1 else r.seconds)
     r.bytes = torch.cuda.max_memory_allocated(device) - base if cuda else None
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if rgnn.is_oom(e) else "error"
@@ -476,13 +478,14 @@ def comparisons(results: list[rgnn.Result], graph: str, dim: int) -> tuple[str, 
 
 def table_rows(results: list[rgnn.Result]) -> tuple[list[str], list[list[str]]]:
   measured = any(r.measured_bytes is not None for r in results)
-  header = ["graph", "dim", "formulation", "fwd+bwd ms", "peak memory"]
+  header = ["graph", "dim", "formulation", "fwd+bwd ms", "one step alone ms", "peak memory"]
   if measured:
     header.append("measured peak")
   header += ["jaxdata vs best plain JAX", "jaxdata vs PyG", "memory / PyG's"]
   rows = []
   for r in results:
-    row = [r.graph, str(r.dim), r.formulation, rgnn._ms(r), rgnn._mem(r.bytes, r)]
+    row = [r.graph, str(r.dim), r.formulation, rgnn._ms(r), rgnn._alone_ms(r),
+           rgnn._mem(r.bytes, r)]
     if measured:
       row.append(rgnn.gib(r.measured_bytes) if r.measured_bytes is not None else "")
     row += (list(comparisons(results, r.graph, r.dim)) if r.formulation == "jaxdata"
@@ -595,7 +598,8 @@ def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: li
       f"Measured by `jaxdata bench rgnn --model {model}` (jaxdata/bench/rgnn_attention.py): "
       "milliseconds of one step (loss = sum(out * ct) with a fixed random ct; per step, median "
       "over repeats of rounds of up to 20 steps queued back to back and waited for once, as a "
-      f"training loop runs them, for every formulation alike), float32, the whole graph, {heads} heads. " + DEFINITIONS[model] + " "
+      f"training loop runs them, for every formulation alike; *one step alone*: the median of single "
+      f"steps, each waited for, so the host's round trip is in it), float32, the whole graph, {heads} heads. " + DEFINITIONS[model] + " "
       "*transform-all-then-gather*, *ragged_dot* and *per-edge weights* are plain JAX "
       "(jaxdata/bench/attention_peers.py). Matmul precision: "
       f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",

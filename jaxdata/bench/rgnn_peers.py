@@ -275,6 +275,7 @@ class Timing:
   bytes: int | None  # model of the step's device memory (compiled analysis; torch's peak for PyG)
   measured_bytes: int | None = None  # rise of the device's peak_bytes_in_use, where it rose
   loss: float | None = None  # sum(out * ct) of the first step, to check formulations agree
+  alone_seconds: float | None = None  # median of one step waited for on its own (latency)
 
 
 def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
@@ -297,13 +298,15 @@ def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
   queued = common.queue_depth(compiled.run)
   seconds = common.median_seconds(compiled.run, warmup=max(warmup - 1, 0), repeats=repeats,
                                   queued=queued)
+  alone = (common.median_seconds(compiled.run, warmup=0, repeats=repeats) if queued > 1
+           else seconds)
   after = device_memory_stats()
   measured = None
   if "peak_bytes_in_use" in after and after["peak_bytes_in_use"] > before.get(
       "peak_bytes_in_use", 0):
     args = int(getattr(compiled.analysis, "argument_size_in_bytes", 0) or 0)
     measured = after["peak_bytes_in_use"] - before.get("bytes_in_use", 0) + args
-  return Timing(seconds, compiled.bytes, measured, loss=loss)
+  return Timing(seconds, compiled.bytes, measured, loss=loss, alone_seconds=alone)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -416,6 +419,8 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
   queued = common.queue_depth(step, wait=wait)
   seconds = common.median_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
                                   queued=queued, wait=wait)
+  alone = (common.median_seconds(step, warmup=0, repeats=repeats, wait=wait) if queued > 1
+           else seconds)
   peak = torch.cuda.max_memory_allocated(device) - base if cuda else None
   del conv, edge_index, edge_type, xt, ctt
-  return Timing(seconds, peak, loss=loss)
+  return Timing(seconds, peak, loss=loss, alone_seconds=alone)
