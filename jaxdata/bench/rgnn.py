@@ -499,6 +499,9 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
   header, rows = table_rows(results)
   text = [
       "# One RGCN layer: relational message, forward + backward", "",
+      "RGAT and HGT, with the ablation of hector's passes: [rgnn_attention.md](rgnn_attention.md) "
+      "(`jaxdata bench rgnn --model rgat|hgt`). Notes on both: [rgnn_notes.md](rgnn_notes.md), "
+      "[rgnn_attention_notes.md](rgnn_attention_notes.md).", "",
       "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of one step "
       "(loss = sum(out * ct) with a fixed random ct, gradients for x and W; per step, median over "
       "repeats of rounds of up to 20 steps queued back to back and waited for once, as a training "
