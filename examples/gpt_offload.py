@@ -48,6 +48,9 @@ with TensorStore(ram_bytes=1 << 30) as store:  # pinned host RAM for what is off
   print(f"loss {float(plain[0]):.4f} plain, {float(planned[0]):.4f} planned; "
         f"largest gradient difference {diff:.2e}")
 
+  # One parameter stack per run of layers with one policy, split once outside jit: slicing a
+  # single stack inside the step would copy every layer's parameters at each step.
+  model.split_layers(plan)
   optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
 
   @nnx.jit
