@@ -15,7 +15,7 @@ Feature widths are compile-time constants, so every loop over features has a kno
 CPU kernels are node-parallel over the rows they write (each thread owns its output rows through
 the graph's CSR/CSC views, the pairs' edge lists or relation ranges: no atomics, deterministic
 sums); CUDA kernels are edge-parallel and sum into their outputs with atomics, except the edge
-softmax, which gives each (node, head) one thread walking the node's edges.
+softmax, which gives each node a warp (a node of many edges the whole block) and no atomics.
 """
 from __future__ import annotations
 
@@ -659,6 +659,8 @@ def _cuda_traversal(t: Traversal) -> str:
 
 #: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp
 SOFTMAX_BLOCK_DEGREE = 256
+#: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
+SOFTMAX_MAX_WIDTH = 64
 
 
 def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
@@ -666,56 +668,63 @@ def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
   (hubs): the lanes stride over the node's edges (grouped at `end` by the CSC or CSR view)
   three times, every head at once: the maximum, exp(score - max) stored and summed, the
   division; maxima and sums are reduced by warp shuffles (and, for a block, through shared
-  memory). Each block takes 8 consecutive nodes: its warps take the light ones, then the block
-  takes each heavy one in turn. No atomics."""
+  memory). Each block takes as many consecutive nodes as it has warps: its warps take the light
+  ones, then the block takes each heavy one in turn. No atomics."""
+  if w > SOFTMAX_MAX_WIDTH:
+    raise NotImplementedError(f"hector: a CUDA edge softmax over {w} scores per edge (at most "
+                              f"{SOFTMAX_MAX_WIDTH}: one maximum and one sum per score are kept "
+                              "in registers)")
   off, eids = _groups(t.end)
-  heads = lambda body: f"for (int f = 0; f < {w}; ++f) {body}"  # noqa: E731
+  threads = _cuda_threads(t)
+  warps = threads // 32
+  each = lambda body: f"for (int f = 0; f < {w}; ++f) {body}"  # noqa: E731
 
-  def walk(first: str, step: str, reduce_max: str, reduce_sum: str) -> str:
+  def walk(first: str, step: str, reduce: str) -> str:
+    """The three passes over a node's edges q0 <= q < q1, lanes from `first` by `step`."""
+    loop = f"for (int64_t q = q0 + {first}; q < q1; q += {step}) {{\n  const int64_t e = {eids}[q];"
     return f"""\
-    {heads(f"{{ m[f] = {_LOWEST}; s[f] = 0.0f; }}")}
-    for (int64_t q = q0 + {first}; q < q1; q += {step}) {{
-      const int64_t e = {eids}[q];
-      {heads(f"m[f] = fmaxf(m[f], {value});")}
-    }}
-{reduce_max}
-    for (int64_t q = q0 + {first}; q < q1; q += {step}) {{
-      const int64_t e = {eids}[q];
-      {heads(f"{{ const float x = expf({value} - m[f]); out[e * {w} + f] = x; s[f] += x; }}")}
-    }}
-{reduce_sum}
-    for (int64_t q = q0 + {first}; q < q1; q += {step}) {{
-      const int64_t e = {eids}[q];
-      {heads(f"out[e * {w} + f] /= s[f];")}
-    }}
+{each(f"{{ m[f] = {_LOWEST}; s[f] = 0.0f; }}")}
+{loop}
+  {each("m[f] = fmaxf(m[f], score(e, f));")}
+}}
+{reduce.format(v="m", op="fmaxf(a, b)")}
+{loop}
+  {each(f"{{ const float x = expf(score(e, f) - m[f]); out[e * {w} + f] = x; s[f] += x; }}")}
+}}
+{reduce.format(v="s", op="a + b")}
+{loop}
+  {each(f"out[e * {w} + f] /= s[f];")}
+}}
 """
 
-  def shuffle(op: str, v: str) -> str:
-    return (f"    {heads(f'for (int o = 16; o > 0; o >>= 1) {v}[f] = ' + op.format(a=f'{v}[f]', b=f'__shfl_xor_sync(0xffffffffu, {v}[f], o)') + ';')}")
-
-  def block(op: str, v: str) -> str:
-    return f"""{shuffle(op, v)}
-    if (lane == 0) {heads(f"red[warp][f] = {v}[f];")}
-    __syncthreads();
-    {heads(f"{{ {v}[f] = red[0][f]; for (int j = 1; j < 8; ++j) {v}[f] = " + op.format(a=f"{v}[f]", b="red[j][f]") + "; }")}
-    __syncthreads();"""
-
-  fmax, add = "fmaxf({a}, {b})", "{a} + {b}"
+  # reductions (templates over {v}: m or s, {op}: of a and b) across a warp's lanes by shuffles,
+  # and across the block's warps through shared memory
+  combine = "{{ const float a = {v}[f], b = %s; {v}[f] = {op}; }}"
+  warp_reduce = "for (int o = 16; o > 0; o >>= 1) " + each(
+      combine % "__shfl_xor_sync(0xffffffffu, a, o)")
+  block_reduce = f"""{warp_reduce}
+if (lane == 0) {each("red[warp][f] = {v}[f];")}
+__syncthreads();
+{each("{v}[f] = red[0][f];")}
+for (int j = 1; j < {warps}; ++j) {each(combine % "red[j][f]")}
+__syncthreads();  // every warp has read red before the next node writes it"""
   return f"""\
+  // the score of edge e for head f
+  auto score = [&](int64_t e, int f) {{ return {value}; }};
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red[8][{w}];
+  __shared__ float red[{warps}][{w}];
   float m[{w}], s[{w}];
-  for (int64_t base = blockIdx.x * 8ll; base < N; base += gridDim.x * 8ll) {{
+  for (int64_t base = blockIdx.x * {warps}ll; base < N; base += gridDim.x * {warps}ll) {{
     if (base + warp < N) {{  // a warp per light node
       const int64_t i = base + warp, q0 = {off}[i], q1 = {off}[i + 1];
       if (q1 - q0 <= {SOFTMAX_BLOCK_DEGREE}) {{
-{textwrap.indent(walk("lane", "32", shuffle(fmax, "m"), shuffle(add, "s")), "    ")}\
+{textwrap.indent(walk("lane", "32", warp_reduce), " " * 8)}\
       }}
     }}
-    for (int64_t i = base; i < base + 8 && i < N; ++i) {{  // the block per heavy node
+    for (int64_t i = base; i < base + {warps} && i < N; ++i) {{  // the block per heavy node
       const int64_t q0 = {off}[i], q1 = {off}[i + 1];
       if (q1 - q0 <= {SOFTMAX_BLOCK_DEGREE}) continue;
-{textwrap.indent(walk("threadIdx.x", "256", block(fmax, "m"), block(add, "s")), "  ")}\
+{textwrap.indent(walk("threadIdx.x", str(threads), block_reduce), " " * 6)}\
     }}
   }}
 }}
