@@ -233,6 +233,7 @@ def _rok(args: argparse.Namespace) -> int:
   for k in size:
     if getattr(args, k) is not None:
       size[k] = getattr(args, k)
+  size["loss_chunk"] = args.loss_chunk
   console = rich.console.Console()
   if not console.is_terminal:
     console = rich.console.Console(width=200)
@@ -339,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     rk.add_argument("--fractions", type=_csv(float), default=[1.0, 0.5, 0.3, 0.2, 0.1],
                     help="budgets as fractions of keep-everything's device memory")
     rk.add_argument("--ssd-dir", metavar="DIR", help="also run a plan on the SSD tier here")
+    rk.add_argument("--loss-chunk", type=int, default=0, metavar="N",
+                    help="cross entropy in chunks of N positions, so the float32 logits of one "
+                         "chunk are live at a time (default 0: all at once)")
     rk.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
     rk.add_argument("--quick", action="store_true", help="a small model")
     rk.add_argument("--write", metavar="PATH.md", help="write the table (and rok.png beside it)")

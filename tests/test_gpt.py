@@ -120,6 +120,39 @@ def test_loss_is_next_token_cross_entropy():
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("chunk,plan", [(5, None), (5, "remat"), (40, None)])
+def test_chunked_loss_equals_the_whole_loss(chunk, plan, checkpoint_wrap):
+  """`loss_chunk` (5 does not divide 16 positions; 40 is one chunk) changes memory, not the
+  loss or the gradients, with or without a plan."""
+  tokens = _tokens((3, CFG.seq + 1))
+  whole = _model()
+  chunked = _model(dataclasses.replace(CFG, loss_chunk=chunk))
+  if plan == "remat":
+    plan = [jax.checkpoint_policies.nothing_saveable, None, ATTN]
+  want = nnx.jit(nnx.value_and_grad(lambda m, t: m.loss(t, plan)))(whole, tokens)
+  got = nnx.jit(nnx.value_and_grad(lambda m, t: m.loss(t, plan)))(chunked, tokens)
+  np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="loss_chunk"):
+    GPTConfig(loss_chunk=-1)
+
+
+def test_chunked_loss_keeps_one_chunk_of_logits():
+  """The compiled step of a chunked loss needs less temporary memory than the whole one: at
+  least one float32 logits array less (a vocabulary large enough for the logits to dominate)."""
+  cfg = GPTConfig(vocab=4096, layers=1, hidden=16, heads=2, seq=64, dtype=jnp.float32)
+  tokens = _tokens((4, cfg.seq + 1), vocab=cfg.vocab)
+  temp = {}
+  for chunk in (0, 8):
+    model = _model(dataclasses.replace(cfg, loss_chunk=chunk))
+    graphdef, state = nnx.split(model)
+    step = jax.jit(jax.grad(lambda s, t: nnx.merge(graphdef, s).loss(t)))
+    temp[chunk] = step.lower(state, tokens).compile().memory_analysis().temp_size_in_bytes
+  logits = 4 * cfg.seq * cfg.vocab * 4  # the whole step's float32 logits
+  assert temp[8] < temp[0] - logits, temp
+
+
 def test_rejects_long_input_and_bad_plan():
   model = _model()
   with pytest.raises(ValueError, match="seq"):

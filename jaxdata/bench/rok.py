@@ -70,12 +70,13 @@ def _time(fn: Callable[[], Any], repeats: int) -> float:
   return common.median_seconds(fn, warmup=2, repeats=repeats)
 
 
-def run(*, layers, hidden, heads, seq, batch, vocab, fractions=FRACTIONS, ram_bytes=64 << 30,
-        ssd_dir=None, ssd_inner="attn", repeats=5, say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
+def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, fractions=FRACTIONS,
+        ram_bytes=64 << 30, ssd_dir=None, ssd_inner="attn", repeats=5,
+        say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from jaxdata.nn.gpt import GPT, GPTConfig, block_fn  # pylint: disable=g-import-not-at-top
   cfg = GPTConfig(vocab=vocab, layers=layers, hidden=hidden, heads=heads, seq=seq,
-                  dtype=jnp.bfloat16)
+                  dtype=jnp.bfloat16, loss_chunk=loss_chunk)
   model = GPT(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
   rows, notes = [], {}
@@ -196,7 +197,9 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
           f"`{command}`", "",
           f"- model: {size['layers']} layers, hidden {size['hidden']}, {size['heads']} heads, "
           f"sequence {size['seq']}, batch {size['batch']}, vocab {size['vocab']}, bfloat16 "
-          "compute, float32 parameters; one step = forward + backward (`value_and_grad`)",
+          "compute, float32 parameters; one step = forward + backward (`value_and_grad`)"
+          + (f"; cross entropy in chunks of {size['loss_chunk']} positions"
+             if size.get("loss_chunk") else ""),
           *[f"- {k}: {v}" for k, v in hw.items()],
           f"- store round trip (device -> RAM tier -> device): {notes['bandwidth'] / 1e9:.1f} GB/s "
           "each way", ""]

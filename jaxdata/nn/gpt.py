@@ -51,11 +51,16 @@ class GPTConfig:
   dtype: Any = jnp.bfloat16
   param_dtype: Any = jnp.float32
   attention: str = "auto"  # "cudnn" (fused), "xla", or "auto": cudnn on a GPU in 16-bit compute
+  # `loss` in chunks of this many positions (0: all at once): only one chunk's float32 logits
+  # are live at a time, recomputed in the backward pass (batch x seq x vocab x 4 bytes otherwise)
+  loss_chunk: int = 0
 
   def __post_init__(self):
     for name in ("vocab", "layers", "hidden", "heads", "seq", "mlp_ratio"):
       if int(getattr(self, name)) < 1:
         raise ValueError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+    if int(self.loss_chunk) < 0:
+      raise ValueError(f"GPTConfig: loss_chunk must be >= 0, got {self.loss_chunk}")
     if self.hidden % self.heads:
       raise ValueError(f"GPTConfig: hidden ({self.hidden}) must be a multiple of heads "
                        f"({self.heads})")
@@ -323,19 +328,53 @@ class GPT(nnx.Module):
 
     `plan`: None (one plain scan, every residual kept) or one policy per layer.
     """
+    x, table = self._features(tokens, plan)
+    return _logits(x, table)
+
+  def _features(self, tokens: jax.Array, plan) -> tuple[jax.Array, jax.Array]:
+    """The final normalized hidden states (batch, t, hidden) and the output embedding table."""
     t = tokens.shape[-1]
     if t > self.cfg.seq:
       raise ValueError(f"GPT: tokens have length {t}, longer than cfg.seq={self.cfg.seq}")
     x = (self.wte(tokens) + self.wpe(jnp.arange(t))).astype(self.cfg.dtype)
     block_apply, states = self._block_fn()
     x = _norm(self.ln_f, run_layers(block_apply, states, x, plan))
-    table = self.wte.embedding[...].astype(x.dtype)
-    return jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
+    return x, self.wte.embedding[...].astype(x.dtype)
 
   def loss(self, tokens: jax.Array, plan: Sequence[Hashable] | None = None) -> jax.Array:
-    """Mean next-token cross entropy (float32) of tokens (batch, t + 1): predicts tokens[:, 1:]."""
-    logits = self(tokens[:, :-1], plan)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    """Mean next-token cross entropy (float32) of tokens (batch, t + 1): predicts tokens[:, 1:].
+
+    With `cfg.loss_chunk` > 0 the positions go through the output layer and the cross entropy
+    in chunks of that many, one after another, each rematerialized in the backward pass: the
+    same loss, without (batch, t, vocab) float32 logits in memory.
+    """
+    x, table = self._features(tokens[:, :-1], plan)
+    labels = tokens[:, 1:]
+    chunk = int(self.cfg.loss_chunk)
+    b, t = labels.shape
+    if chunk == 0 or chunk >= t:
+      return optax.softmax_cross_entropy_with_integer_labels(_logits(x, table), labels).mean()
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    split = lambda a: jnp.moveaxis(  # noqa: E731  (b, t, ...) -> (n, b, chunk, ...)
+        jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)).reshape(
+            b, n, chunk, *a.shape[2:]), 1, 0)
+    valid = (jnp.arange(n * chunk) < t).reshape(n, 1, chunk)
+
+    @jax.checkpoint
+    def chunk_loss(table, xs, ls, ok):
+      ce = optax.softmax_cross_entropy_with_integer_labels(_logits(xs, table), ls)
+      return jnp.where(ok, ce, 0.0).sum()
+
+    def body(total, c):
+      return total + chunk_loss(table, *c), None
+    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (split(x), split(labels), valid))
+    return total / (b * t)
+
+
+def _logits(x: jax.Array, table: jax.Array) -> jax.Array:
+  """Float32 logits of hidden states x (..., hidden) against the embedding table (vocab, hidden)."""
+  return jnp.einsum("...d,vd->...v", x, table, preferred_element_type=jnp.float32)
 
 
 def block_fn(model: GPT, batch_shape: tuple[int, int] | None = None) -> BlockFn:

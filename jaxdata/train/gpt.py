@@ -51,6 +51,7 @@ class GPTTrainConfig:
   branching: int = 4
   eval_batches: int = 4        # held-out batches for the start and final loss
   log_every: int | None = None  # steps between logged records (None: steps // 10)
+  loss_chunk: int = 0          # cross entropy in chunks of this many positions (0: at once)
 
   def __post_init__(self):
     if min(self.steps, self.batch, self.eval_batches) < 1:
@@ -61,7 +62,7 @@ class GPTTrainConfig:
 
   def model_config(self) -> GPTConfig:
     return GPTConfig(vocab=self.vocab, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                     seq=self.seq, dtype=jnp.dtype(self.dtype))
+                     seq=self.seq, dtype=jnp.dtype(self.dtype), loss_chunk=self.loss_chunk)
 
 
 @dataclasses.dataclass
@@ -174,6 +175,10 @@ def add_arguments(parser):
   parser.add_argument("--seed", type=int, default=d.seed)
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype,
                       help="compute dtype (parameters stay float32)")
+  parser.add_argument("--loss-chunk", type=int, default=d.loss_chunk, metavar="N",
+                      help="cross entropy in chunks of N positions: the float32 logits of one "
+                           "chunk are live at a time, recomputed in the backward pass (default 0: "
+                           "all at once)")
   parser.add_argument("--log-every", type=int, default=None,
                       help="steps between printed records (default steps / 10)")
   parser.add_argument("--offload", action="store_true",
@@ -201,7 +206,7 @@ def main(args) -> int:
   config = GPTTrainConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                           batch=args.batch, vocab=args.vocab, steps=args.steps,
                           learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
-                          log_every=args.log_every)
+                          log_every=args.log_every, loss_chunk=args.loss_chunk)
   console.print(f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
                 f"heads, seq {config.seq}, vocab {config.vocab} | batch {config.batch}, "
                 f"{config.steps} steps, {config.dtype} on {jax.devices()[0].platform}"
