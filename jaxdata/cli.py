@@ -7,6 +7,14 @@ import shlex
 import sys
 
 
+def _console(width: int):
+  """A rich console; when printing to a log rather than a terminal, `width` columns wide so the
+  tables keep their columns whole."""
+  import rich.console  # pylint: disable=g-import-not-at-top
+  console = rich.console.Console()
+  return console if console.is_terminal else rich.console.Console(width=width)
+
+
 def _info(args: argparse.Namespace) -> int:
   del args
   import jax  # pylint: disable=g-import-not-at-top
@@ -81,8 +89,6 @@ def _write(console, path: str, text: str) -> None:
 
 
 def _bench_gather(args: argparse.Namespace) -> int:
-  import rich.console  # pylint: disable=g-import-not-at-top
-
   from jaxdata.bench import gather  # pylint: disable=g-import-not-at-top
 
   if args.quick:
@@ -90,9 +96,7 @@ def _bench_gather(args: argparse.Namespace) -> int:
   else:
     tables = args.tables or gather.TABLE_BYTES
     rows, repeats, batch = args.rows or gather.ROW_BYTES, args.repeats, args.batch
-  console = rich.console.Console()
-  if not console.is_terminal:
-    console = rich.console.Console(width=140)  # logs: keep the table's columns whole
+  console = _console(width=140)
   results, notes = gather.run(tables, rows, batch_bytes=batch, cpu_batch_bytes=min(batch, 64 << 20),
                               repeats=repeats, console=console)
   _print_table(console, "random-row gather from a host table (GB/s of rows delivered)",
@@ -114,7 +118,6 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
     return _bench_rgnn_attention(args)
   if args.formulations:
     raise SystemExit("jaxdata bench rgnn: --formulations is for --model rgat or hgt")
-  import rich.console  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import rgnn  # pylint: disable=g-import-not-at-top
 
@@ -129,9 +132,7 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
       raise SystemExit(f"jaxdata bench rgnn: unknown graph {g!r}; choose from "
                        f"{', '.join(rgnn.GRAPHS)}")
   data_dir = args.data_dir if args.data_dir is not None else rgnn.default_data_dir()
-  console = rich.console.Console()
-  if not console.is_terminal:
-    console = rich.console.Console(width=160)  # logs: keep the table's columns whole
+  console = _console(width=160)
   results, notes, loaded = rgnn.run(graphs, dims, data_dir=data_dir, quick=args.quick,
                                     repeats=repeats, precision=args.precision, console=console)
   for g in loaded:
@@ -146,7 +147,6 @@ def _bench_rgnn(args: argparse.Namespace) -> int:
 
 def _bench_rgnn_attention(args: argparse.Namespace) -> int:
   """`bench rgnn --model rgat|hgt` (environment already set by _bench_rgnn)."""
-  import rich.console  # pylint: disable=g-import-not-at-top
   import rich.markup  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import rgnn, rgnn_attention  # pylint: disable=g-import-not-at-top
@@ -170,9 +170,7 @@ def _bench_rgnn_attention(args: argparse.Namespace) -> int:
     raise SystemExit(f"jaxdata bench rgnn: unknown formulations {unknown}; choose from "
                      f"{', '.join(rgnn_attention.FORMULATIONS)}")
   data_dir = args.data_dir if args.data_dir is not None else rgnn.default_data_dir()
-  console = rich.console.Console()
-  if not console.is_terminal:
-    console = rich.console.Console(width=180)  # logs: keep the table's columns whole
+  console = _console(width=180)
   results, notes, cases = rgnn_attention.run(
       model, graphs, dims, heads=args.heads, formulations=formulations, data_dir=data_dir,
       quick=args.quick, mag_scale=args.mag_scale, repeats=repeats, precision=args.precision,
@@ -200,7 +198,6 @@ def _bench_rgnn_attention(args: argparse.Namespace) -> int:
 
 def _bench_minibatch(args: argparse.Namespace) -> int:
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  import rich.console  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import minibatch  # pylint: disable=g-import-not-at-top
 
@@ -209,9 +206,7 @@ def _bench_minibatch(args: argparse.Namespace) -> int:
     if getattr(args, k) is not None:
       size[k] = getattr(args, k)
   batches = args.batches or (10 if args.quick else 100)
-  console = rich.console.Console()
-  if not console.is_terminal:
-    console = rich.console.Console(width=160)
+  console = _console(width=160)
   results, notes, dataset = minibatch.run(
       **size, fanouts=args.fanouts, batch_size=args.batch_size, batches=batches,
       devices=args.devices, console=console)
@@ -225,7 +220,6 @@ def _bench_minibatch(args: argparse.Namespace) -> int:
 
 def _rok(args: argparse.Namespace) -> int:
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  import rich.console  # pylint: disable=g-import-not-at-top
 
   from jaxdata.bench import rok  # pylint: disable=g-import-not-at-top
 
@@ -234,9 +228,7 @@ def _rok(args: argparse.Namespace) -> int:
     if getattr(args, k) is not None:
       size[k] = getattr(args, k)
   size["loss_chunk"] = args.loss_chunk
-  console = rich.console.Console()
-  if not console.is_terminal:
-    console = rich.console.Console(width=200)
+  console = _console(width=200)
   rows, notes = rok.run(**size, fractions=args.fractions, ssd_dir=args.ssd_dir,
                         repeats=args.repeats, say=lambda text: console.print(text, markup=False))
   _print_table(console, "recompute-offload-keep: step time against device memory",
