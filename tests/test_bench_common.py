@@ -49,3 +49,11 @@ def test_median_seconds_waits_once_per_round():
 def test_queue_depth_fills_about_twenty_milliseconds(seconds, lo, hi):
   dev = FakeDevice(seconds)
   assert lo <= common.queue_depth(dev.call, wait=dev.wait) <= hi
+
+
+def test_step_seconds_gives_queued_and_alone():
+  dev = FakeDevice(0.004)
+  queued, alone = common.step_seconds(lambda: (time.sleep(0.002), dev.call())[1], repeats=3,
+                                      wait=dev.wait)
+  assert queued == pytest.approx(0.004, rel=0.3)
+  assert alone == pytest.approx(0.006, rel=0.3)

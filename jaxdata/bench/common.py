@@ -33,6 +33,17 @@ def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7,
   return statistics.median(times)
 
 
+def step_seconds(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 7,
+                 wait: Callable[[Any], Any] = jax.block_until_ready) -> tuple[float, float]:
+  """(per step with steps queued back to back, one step waited for on its own): the median of
+  rounds of `queue_depth` calls waited for once, and of single calls each waited for (the same
+  figure where the depth is 1)."""
+  queued = queue_depth(fn, wait=wait)
+  seconds = median_seconds(fn, warmup=warmup, repeats=repeats, queued=queued, wait=wait)
+  alone = (median_seconds(fn, warmup=0, repeats=repeats, wait=wait) if queued > 1 else seconds)
+  return seconds, alone
+
+
 def queue_depth(fn: Callable[[], Any], *, wait: Callable[[Any], Any] = jax.block_until_ready,
                 round_seconds: float = 0.02, most: int = 20) -> int:
   """How many calls of `fn` to queue per timed round (`median_seconds(queued=...)`) so that a

@@ -302,12 +302,9 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
       base = torch.cuda.memory_allocated(device)
     step = _pyg_step(model, case, x, params, ct, device)
 
-    wait = peers.pyg_wait(device)
     r.loss = float(step().detach().item())
-    queued = common.queue_depth(step, wait=wait)
-    r.seconds = common.median_seconds(step, warmup=1, repeats=repeats, queued=queued, wait=wait)
-    r.alone_seconds = (common.median_seconds(step, warmup=0, repeats=repeats, wait=wait)
-                       if queued > 1 else r.seconds)
+    r.seconds, r.alone_seconds = common.step_seconds(step, repeats=repeats,
+                                                     wait=peers.pyg_wait(device))
     r.bytes = torch.cuda.max_memory_allocated(device) - base if cuda else None
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if rgnn.is_oom(e) else "error"

@@ -295,11 +295,8 @@ def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
   from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
   before = device_memory_stats() if baseline is None else baseline
   loss = float(compiled.run()[0])
-  queued = common.queue_depth(compiled.run)
-  seconds = common.median_seconds(compiled.run, warmup=max(warmup - 1, 0), repeats=repeats,
-                                  queued=queued)
-  alone = (common.median_seconds(compiled.run, warmup=0, repeats=repeats) if queued > 1
-           else seconds)
+  seconds, alone = common.step_seconds(compiled.run, warmup=max(warmup - 1, 0),
+                                       repeats=repeats)
   after = device_memory_stats()
   measured = None
   if "peak_bytes_in_use" in after and after["peak_bytes_in_use"] > before.get(
@@ -416,11 +413,8 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
   from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
   wait = pyg_wait(device)
   loss = step()[0].detach().item()
-  queued = common.queue_depth(step, wait=wait)
-  seconds = common.median_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
-                                  queued=queued, wait=wait)
-  alone = (common.median_seconds(step, warmup=0, repeats=repeats, wait=wait) if queued > 1
-           else seconds)
+  seconds, alone = common.step_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
+                                       wait=wait)
   peak = torch.cuda.max_memory_allocated(device) - base if cuda else None
   del conv, edge_index, edge_type, xt, ctt
   return Timing(seconds, peak, loss=loss, alone_seconds=alone)

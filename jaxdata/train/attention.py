@@ -33,6 +33,7 @@ from jaxdata.data.mag import NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.nn import HGT, RGAT
+from jaxdata.train.rgcn import accuracy as fraction_correct
 
 MODELS = ("rgat", "hgt")
 
@@ -107,10 +108,6 @@ class TrainResult:
   seconds: float
 
 
-def _accuracy(logits, labels) -> jax.Array:
-  return jnp.mean(jnp.argmax(logits, -1) == labels)
-
-
 def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
   if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
     raise ValueError("train: papers must be node type 0 (as synthetic_mag makes them)")
@@ -140,7 +137,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
 
     (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
-    return loss, _accuracy(logits, train_y)
+    return loss, fraction_correct(logits, train_y)
 
   @nnx.jit
   def predict(model, graph, xs):

@@ -80,7 +80,8 @@ class TrainResult:
   seconds: float
 
 
-def _accuracy(logits, labels) -> jax.Array:
+def accuracy(logits, labels) -> jax.Array:
+  """The fraction of rows whose largest logit is at their label."""
   return jnp.mean(jnp.argmax(logits, -1) == labels)
 
 
@@ -111,11 +112,11 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
 
     (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
-    return loss, _accuracy(logits[train_idx], train_y)
+    return loss, accuracy(logits[train_idx], train_y)
 
   @nnx.jit
   def evaluate(model, graph):
-    return _accuracy(model(graph, features())[test_idx], test_y)
+    return accuracy(model(graph, features())[test_idx], test_y)
 
   history = []
   start = time.perf_counter()
