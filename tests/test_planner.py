@@ -128,3 +128,25 @@ def test_block_seconds_and_candidates_on_a_gpt_block():
   t = planner.block_seconds(blk.apply, args, None, blocks=2, repeats=1)
   f = planner.block_seconds(blk.apply, args, None, blocks=2, repeats=1, forward=True)
   assert np.isfinite(t) and t > 0 and np.isfinite(f) and f > 0
+
+
+def test_choices_count_the_carried_input():
+  """With carry=1 every choice counts the block's input x: on the device for keep, recompute and
+  plain offload, moved for '+in' and 'offload[in]'; the policies offload what they say."""
+  w = jnp.ones((16, 16), jnp.float32)
+  x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+  f = lambda w, x: jnp.sin(x @ w) @ w  # noqa: E731
+  x_bytes, r = 8 * 16 * 4, planner.residual_bytes(f, (w, x))
+  with offload.TensorStore(ram_bytes=1 << 20) as store:
+    got = {str(c.policy): (c.device_bytes, c.offload_bytes)
+           for c in planner.choices(f, (w, x), store, {"all": None}, repeats=1, carry=1)}
+    assert got == {"recompute": (x_bytes, 0), "offload[in]": (0, x_bytes),
+                   "keep[all]": (r + x_bytes, 0), "offload[all]": (x_bytes, r),
+                   "offload[all]+in": (0, r + x_bytes)}
+    plain = planner.choices(f, (w, x), store, {"all": None}, repeats=1)
+    assert {str(c.policy): (c.device_bytes, c.offload_bytes) for c in plain} == {
+        "recompute": (0, 0), "keep[all]": (r, 0), "offload[all]": (0, r)}
+    moved = {str(c.policy): c.policy for c in planner.choices(
+        f, (w, x), store, {"all": None}, repeats=1, carry=1)}
+    assert moved["offload[in]"].inputs == (1,) and moved["offload[all]+in"].inputs == (1,)
+    assert moved["offload[all]"].inputs == ()

@@ -101,21 +101,23 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, fractions=FRA
   blk = block_fn(model, (batch, seq))
   with offload.TensorStore(ram_bytes=1 << 30) as probe:
     cands = offload.planner.choices(blk.apply, (blk.layer(0), blk.x), probe,
-                                    offload.planner.gpt_candidates(), repeats=repeats,
+                                    offload.planner.gpt_candidates(), repeats=repeats, carry=1,
                                     progress=lambda n: say(f"  block under {n}"))
     bandwidth = offload.planner.store_bandwidth(probe) if any(
         c.offload_bytes for c in cands) else 0.0
   notes["bandwidth"] = bandwidth
   notes["choices"] = [(str(c.policy), c.device_bytes, c.offload_bytes, c.seconds) for c in cands]
-  # The step's memory beyond the layers' residuals: what recompute-everything needs.
-  baseline = recompute.device_bytes
+  # The step's memory beyond the layers' residuals and inputs (the planner's choices count
+  # those): what recompute-everything needs, less the layer inputs it keeps.
+  in_bytes = blk.x.size * jnp.dtype(blk.x.dtype).itemsize
+  baseline = recompute.device_bytes - layers * in_bytes
   notes["baseline"] = baseline
   notes["unfit"] = []
   for frac in fractions:
     budget = int(frac * keep.device_bytes)
     if budget < baseline:
-      say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): nothing fits; recomputing "
-          f"everything needs {baseline / 2**30:.2f} GiB")
+      say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): nothing fits; the step needs "
+          f"{baseline / 2**30:.2f} GiB beyond the layers' residuals and inputs")
       notes["unfit"].append((frac, budget))
       continue
     try:
@@ -214,13 +216,15 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
            "peak (offloaded plans). Budget: a fraction of keep-everything's device memory; "
            "'best JAX in budget' is the fastest built-in policy whose device memory fits it.", "",
            common.markdown_table(header, body), "",
-           *[f"Budget {f:g} x keep ({b / 2**30:.2f} GiB): no plan fits; recomputing everything "
-             f"needs {notes['baseline'] / 2**30:.2f} GiB (the block inputs every layer keeps, "
-             "the logits and one layer's working set)." for f, b in notes.get("unfit", [])],
+           *[f"Budget {f:g} x keep ({b / 2**30:.2f} GiB): no plan fits; the step needs "
+             f"{notes['baseline'] / 2**30:.2f} GiB beyond the layers' residuals and inputs "
+             "(the logits and one layer's working set while it is recomputed)."
+             for f, b in notes.get("unfit", [])],
            "",
            "![step time against device memory](rok.png)", "",
-           "Per-block choices the planner measured (residual bytes on device / offloaded, "
-           "forward + backward seconds of one block):", ""]
+           "Per-block choices the planner measured (bytes on the device / offloaded, the block's "
+           "input included; forward + backward seconds of one block; '+in': the input is "
+           "offloaded too):", ""]
   text += [common.markdown_table(
       ["choice", "device MiB", "offload MiB", "block ms"],
       [[n, f"{d / 2**20:.0f}", f"{o / 2**20:.0f}", f"{s * 1e3:.2f}"]

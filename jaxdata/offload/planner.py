@@ -121,23 +121,43 @@ class Plan:
 
 def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
             inners: dict[str, Any], *, tier: str = "auto", repeats: int = 5,
+            carry: int | None = None,
             progress: Callable[[str], None] | None = None) -> list[Choice]:
   """Measures every candidate for one block: keep(p) and offload(p) for each inner policy p in
-  `inners` (name -> policy, None meaning "save everything"), and recompute."""
+  `inners` (name -> policy, None meaning "save everything"), and recompute.
+
+  `carry`: the position of the argument that is the block's activation input, which a layer
+  stack keeps for every layer's backward pass. With it, every choice counts that input too (on
+  the device, or moved), and each offload choice comes twice: with the input kept
+  ("offload[p]") and with it offloaded as well ("offload[p]+in"); "offload[in]" recomputes the
+  block from an offloaded input.
+  """
+  in_bytes = 0
+  if carry is not None:
+    in_bytes = sum(int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
+                   for l in jax.tree_util.tree_leaves(args[carry]))
   if progress:
     progress("forward only")
   fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
   if progress:
     progress("recompute")
-  recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
-  out = [Choice(_remat.recompute(name="recompute"), 0, 0, recompute_s, fwd)]
+  nothing = jax.checkpoint_policies.nothing_saveable
+  recompute_s = block_seconds(fn, args, nothing, repeats=repeats)
+  out = [Choice(_remat.recompute(name="recompute"), in_bytes, 0, recompute_s, fwd)]
+  if carry is not None:
+    out.append(Choice(_remat.offload(store, tier, nothing, inputs=(carry,), name="offload[in]"),
+                      0, in_bytes, recompute_s, fwd))
   for name, inner in inners.items():
     if progress:
       progress(name)
     r = residual_bytes(fn, args, inner)
     s = block_seconds(fn, args, inner, repeats=repeats)
-    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r, 0, s, fwd))
-    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), 0, r, s, fwd))
+    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r + in_bytes, 0, s, fwd))
+    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"),
+                      in_bytes, r, s, fwd))
+    if carry is not None:
+      out.append(Choice(_remat.offload(store, tier, inner, inputs=(carry,),
+                                       name=f"offload[{name}]+in"), 0, r + in_bytes, s, fwd))
   return out
 
 
@@ -171,23 +191,26 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
   if bandwidth <= 0 and moved:
     return Prediction(float("inf"), kept, moved, 0)
   t, d2h_free = 0.0, 0.0
-  spills, loads = [], []             # (start, end, bytes) of staging
+  spills, loads = [], []             # (start, end, bytes) of staging, in start and end order
   on_host = [0.0] * len(picks)
+  head, staged = 0, 0                # spills[head:] may still be in flight, `staged` bytes
   for i, c in enumerate(picks):
     t += c.forward_seconds
     if c.offload_bytes:
-      if spill_cap is not None:
-        ends = sorted(e for _, e, b in spills if e > t)
-        staged = sum(b for _, e, b in spills if e > t)
-        for e in ends:  # wait until this spill fits (or none is in flight)
-          if staged + c.offload_bytes <= spill_cap:
-            break
-          staged -= next(b for _, end, b in spills if end == e)
-          t = e
+      # The host-bound copies run in order, so spills end in the order they began.
+      while head < len(spills) and spills[head][1] <= t:
+        staged -= spills[head][2]
+        head += 1
+      if spill_cap is not None:  # wait until this spill fits (or none is in flight)
+        while head < len(spills) and staged + c.offload_bytes > spill_cap:
+          t = spills[head][1]
+          staged -= spills[head][2]
+          head += 1
       t += c.offload_bytes / d2d_bandwidth
       start = max(t, d2h_free)
       d2h_free = on_host[i] = start + c.offload_bytes / bandwidth
       spills.append((t, d2h_free, c.offload_bytes))
+      staged += c.offload_bytes
   # A load queues its own entry and the `_PREFETCH_DEPTH` spilled before it. Approximated by
   # blocks, not offloaded blocks (the planner that produced docs/benchmarks/rok.md; see
   # rok_notes.md on what a re-run should change).
@@ -213,12 +236,13 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
 
 def _peak(intervals: list[tuple[float, float, int]]) -> int:
   """The largest sum of bytes of (start, end, bytes) intervals alive at one time."""
-  events = sorted([(s, b) for s, _, b in intervals] + [(e, -b) for _, e, b in intervals],
-                  key=lambda ev: (ev[0], ev[1]))  # at equal times, frees before allocations
+  # At equal times frees (negative) sort before allocations.
+  events = sorted([(s, b) for s, _, b in intervals] + [(e, -b) for _, e, b in intervals])
   peak = now = 0
   for _, b in events:
     now += b
-    peak = max(peak, now)
+    if now > peak:
+      peak = now
   return peak
 
 
@@ -248,12 +272,14 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
     for kinds in itertools.combinations(range(len(candidates)), k):
       for split in _compositions(num_blocks, k):
         picks = [candidates[i] for i, n in zip(kinds, split) for _ in range(n)]
-        # Compute alone bounds the time from below, and kept bytes alone are already too many.
-        if best is not None and sum(c.seconds for c in picks) >= best.seconds:
-          continue
-        if sum(c.device_bytes for c in picks) > budget_bytes:
+        # Compute and the device-side copies alone bound the time from below.
+        floor = sum(c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH for c in picks)
+        if best is not None and floor >= best.seconds:
           continue
         largest = max(c.offload_bytes for c in picks)
+        # The pool's floor (see `predict`) with the kept bytes already overflows.
+        if sum(c.device_bytes for c in picks) + _POOL_BLOCKS * largest > budget_bytes:
+          continue
         # Offloading always runs capped: uncapped, JAX's host thread (ahead of the GPU) would
         # stage every spill of the step at once, whatever the timeline says.
         caps = [n * largest for n in _CAPS] if largest else [None]
@@ -296,12 +322,13 @@ def gpt_candidates() -> dict[str, Any]:
 def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store: TensorStore, *,
                    tier: str = "auto", repeats: int = 5, verbose: bool = True) -> list[_remat.Policy]:
   """A per-layer plan for a `jaxdata.nn.GPT` (or any model with `jaxdata.nn.gpt.block_fn`) so that
-  the layers' residuals fit `budget_bytes` of device memory, measured on the default device."""
+  the layers' residuals and inputs (what the stack keeps for each layer's backward pass) fit
+  `budget_bytes` of device memory, measured on the default device."""
   from jaxdata.nn import gpt  # pylint: disable=g-import-not-at-top
   blk = gpt.block_fn(model, batch_shape)
   say = (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
   cands = choices(blk.apply, (blk.layer(0), blk.x), store, gpt_candidates(), tier=tier,
-                  repeats=repeats, progress=say)
+                  repeats=repeats, carry=1, progress=say)
   probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
   bw = store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
   best = plan(model.cfg.layers, cands, budget_bytes, bw)

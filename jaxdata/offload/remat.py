@@ -24,6 +24,11 @@ class Policy:
   at all: with "keep" and "offload" the block runs under `jax.checkpoint(fn, policy=inner)`, so
   what `inner` does not save is recomputed and what it saves is kept or offloaded.
   min_bytes: with "offload", residuals smaller than this stay on the device.
+  inputs: with "offload", positions of the block's arguments whose arrays go to the store too
+    when the backward pass needs them. A layer stack keeps every layer's input for the backward
+    pass (its carry): `inputs=(1,)` for a block `f(params, x)` offloads x as well, and with
+    `inner=jax.checkpoint_policies.nothing_saveable` the block is recomputed from an offloaded
+    input. Other inputs (parameters) stay where they are.
   name: how plans print it.
   """
   mode: str = "keep"
@@ -31,11 +36,18 @@ class Policy:
   tier: str = "auto"
   inner: Callable[..., Any] | None = None
   min_bytes: int = 1 << 16
+  inputs: tuple[int, ...] = ()
   name: str = ""
 
   def __post_init__(self):
     if self.mode not in _MODES:
       raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
+    inputs = tuple(self.inputs)
+    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in inputs):
+      raise ValueError(f"inputs must be argument positions (ints >= 0), got {self.inputs!r}")
+    if inputs and self.mode != "offload":
+      raise ValueError(f"inputs= offloads block inputs: it needs mode 'offload', not {self.mode!r}")
+    object.__setattr__(self, "inputs", inputs)
     if self.mode == "offload" and not isinstance(self.store, TensorStore):
       raise TypeError("an offload policy needs store=jaxdata.offload.TensorStore(...)")
     _spill._tier(self.tier)
@@ -58,15 +70,19 @@ def recompute(*, name: str = "") -> Policy:
 
 
 def offload(store: TensorStore, tier: str = "auto", inner=None, *, min_bytes: int = 1 << 16,
-            name: str = "") -> Policy:
-  """Residuals (those `inner` saves) go to `store`'s `tier` ("auto", "ram", "ssd")."""
-  return Policy("offload", store=store, tier=tier, inner=inner, min_bytes=min_bytes, name=name)
+            inputs: tuple[int, ...] = (), name: str = "") -> Policy:
+  """Residuals (those `inner` saves) go to `store`'s `tier` ("auto", "ram", "ssd"); with
+  `inputs`, the arrays of those argument positions too (see `Policy`)."""
+  return Policy("offload", store=store, tier=tier, inner=inner, min_bytes=min_bytes,
+                inputs=inputs, name=name)
 
 
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True)
 class _Spilled:
-  """Where a spilled residual sat in the backward closure (its shape and dtype, no data)."""
+  """Where a spilled residual sat in the backward closure: which array of the spill (a residual
+  the closure holds twice is spilled once), its shape and dtype, no data."""
+  slot: int
   shape: tuple[int, ...]
   dtype: np.dtype
 
@@ -76,8 +92,9 @@ def remat(fn: Callable[..., Any], policy: Policy | None) -> Callable[..., Any]:
 
   With "offload", `fn` becomes a `jax.custom_vjp`: forward runs `fn` (under
   `jax.checkpoint(policy=inner)` when given) with `jax.vjp`, spills every residual of at least
-  `min_bytes` that is not one of `fn`'s own inputs in one call, and returns a ticket; backward
-  loads them (after its cotangent exists, so not earlier than needed) and applies the VJP.
+  `min_bytes` that is not one of `fn`'s own inputs (unless `policy.inputs` names its argument)
+  in one call, and returns a ticket; backward loads them (after its cotangent exists, so not
+  earlier than needed) and applies the VJP.
   Spill and load have side effects, which `jax.checkpoint` rejects: use this transform outside
   checkpointed regions (its `inner` policy is the checkpoint inside it). It works under `jit`,
   `grad`, `vmap` and inside `lax.scan` / `nnx.scan`: a scan's backward consumes its iterations'
@@ -116,14 +133,24 @@ def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
   def fwd(*args):
     out, vjp = jax.vjp(fn, *args)
     leaves, treedef = jax.tree_util.tree_flatten(vjp)
-    inputs = {id(a) for a in jax.tree_util.tree_leaves(args)}
-    big = [i for i, l in enumerate(leaves)
-           if id(l) not in inputs and np.prod(l.shape) * l.dtype.itemsize >= policy.min_bytes]
-    if not big:
+    positional = args[0]  # fn takes (positional arguments, keyword arguments)
+    if policy.inputs and max(policy.inputs) >= len(positional):
+      raise ValueError(f"remat: the policy offloads argument {max(policy.inputs)}, but the block "
+                       f"was called with {len(positional)} positional arguments")
+    movable = {id(a) for i in policy.inputs for a in jax.tree_util.tree_leaves(positional[i])}
+    inputs = {id(a) for a in jax.tree_util.tree_leaves(args)} - movable
+    slots: dict[int, int] = {}   # id of a spilled array -> its place in the spill
+    spilled = []
+    for i, l in enumerate(leaves):
+      if id(l) in inputs or np.prod(l.shape) * l.dtype.itemsize < policy.min_bytes:
+        continue
+      if id(l) not in slots:
+        slots[id(l)] = len(spilled)
+        spilled.append(l)
+      leaves[i] = _Spilled(slots[id(l)], tuple(l.shape), np.dtype(l.dtype))
+    if not spilled:
       return out, (vjp, None)
-    ticket = _spill.spill([leaves[i] for i in big], policy.store, site=site, tier=policy.tier)
-    for i in big:
-      leaves[i] = _Spilled(tuple(leaves[i].shape), np.dtype(leaves[i].dtype))
+    ticket = _spill.spill(spilled, policy.store, site=site, tier=policy.tier)
     # The outputs exist only once the spill has its data: nothing downstream can start before it
     # and keep the residuals alive longer than the spill needs them.
     out, ticket = jax.lax.optimization_barrier((out, ticket))
@@ -133,12 +160,11 @@ def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
     vjp, ticket = res
     if ticket is not None:
       leaves, treedef = jax.tree_util.tree_flatten(vjp, is_leaf=lambda l: isinstance(l, _Spilled))
-      holes = [i for i, l in enumerate(leaves) if isinstance(l, _Spilled)]
-      like = [jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype) for i in holes]
+      holes = {l.slot: l for l in leaves if isinstance(l, _Spilled)}
+      like = [jax.ShapeDtypeStruct(holes[k].shape, holes[k].dtype) for k in range(len(holes))]
       loaded = _spill.load(ticket, like, policy.store, site=site,
                            after=jax.tree_util.tree_leaves(g))
-      for i, x in zip(holes, loaded):
-        leaves[i] = x
+      leaves = [loaded[l.slot] if isinstance(l, _Spilled) else l for l in leaves]
       vjp = jax.tree_util.tree_unflatten(treedef, leaves)
     return vjp(g)
 

@@ -47,11 +47,12 @@ class TensorStore:
     ssd_dir: parent directory of the SSD tier; None: no SSD tier (a spill that does not fit in
       RAM fails with a clear error).
     ssd_bytes: capacity of the SSD tier; 0: as much as the disk holds.
-    io_threads: threads that checksum and move chunks to and from the disk.
+    io_threads: threads that checksum and read chunks, and as many more that only write them to
+      the disk (each keeps one direct-I/O write in flight, as `measure_disk_write`'s do).
     chunk_bytes: unit of I/O and of checksums (a multiple of 4096).
     staging_bytes: pinned staging between the device or host buffers and the disk.
-    device_bytes: the most device memory a GPU spill's staging may hold while its copy to the
-      host is in flight (0: no limit). JAX's host thread runs ahead of the GPU, so without a
+    device_bytes: the most bytes of spills a GPU may hold in device staging while their copies
+      to the host are in flight (0: no limit; counted in the spilled arrays' bytes). JAX's host thread runs ahead of the GPU, so without a
       limit every spill of a step can be staged at once; past it, a spill waits for earlier
       copies to finish (one spill always proceeds).
   """

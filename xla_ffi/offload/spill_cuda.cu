@@ -178,9 +178,9 @@ class Gpu {
     auto g = std::make_shared<EntryGpu>();
     e->gpu = g;
     const int64_t n = e->nbytes, round = Round256(n);
-    // The cap counts the allocation (the planner counts tensor bytes: a cap of k blocks admits
-    // k - 1 of them; see docs/benchmarks/rok_notes.md).
-    if (!WaitForStaging(round + 64)) {
+    // The cap counts the spill's own bytes, as the planner does (its allocation adds at most
+    // 319 bytes of rounding and checksum tail).
+    if (!WaitForStaging(n)) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore was closed");
     }
     // Until a host function or the writer takes over releasing it, an early error return does.
@@ -188,7 +188,7 @@ class Gpu {
       Gpu* gpu;
       int64_t bytes;
       ~Claim() { if (gpu) gpu->Release(bytes); }
-    } claim{this, round + 64};
+    } claim{this, n};
     char* stage = nullptr;
     JAXDATA_CUDA_RETURN_IF_ERROR(
         cudaMallocFromPoolAsync(reinterpret_cast<void**>(&stage), size_t(round + 64), pool_, stream));
@@ -210,7 +210,7 @@ class Gpu {
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(store_->RamData(*e), stage, size_t(round + 8),
                                                    cudaMemcpyDeviceToHost, d2h_));
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(stage, d2h_));
-      auto* unstage = new Unstage{this, round + 64};
+      auto* unstage = new Unstage{this, n};
       if (cudaError_t err = cudaLaunchHostFunc(d2h_, &Gpu::Unstaged, unstage); err != cudaSuccess) {
         delete unstage;
         JAXDATA_CUDA_RETURN_IF_ERROR(err);
@@ -221,7 +221,7 @@ class Gpu {
       store_->MarkStored(e);
     } else {
       claim.gpu = nullptr;
-      PostWrite([this, e, stage, copied, round] {
+      PostWrite([this, e, stage, copied, n] {
         cudaSetDevice(device_);
         cudaStreamWaitEvent(ssd_, copied, 0);
         cudaEventDestroy(copied);
@@ -233,7 +233,7 @@ class Gpu {
         });
         cudaFreeAsync(stage, ssd_);
         cudaStreamSynchronize(ssd_);
-        Release(round + 64);
+        Release(n);
       });
     }
     NoteMemory();

@@ -149,7 +149,10 @@ TensorStore::TensorStore(const StoreOptions& options)
   }
   stats_.direct_io = direct_io_;
   stats_.dir = dir_;
-  for (int i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { IoLoop(); });
+  for (int i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { IoLoop(&tasks_); });
+  if (!dir_.empty()) {
+    for (int i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { IoLoop(&writes_); });
+  }
 }
 
 TensorStore::~TensorStore() { Close(); }
@@ -189,11 +192,11 @@ void TensorStore::Close() {
   }
 }
 
-void TensorStore::Post(std::function<void()> task) {
+void TensorStore::Post(std::function<void()> task, bool write) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stopping_) {
-      tasks_.push_back(std::move(task));
+      (write && !dir_.empty() ? writes_ : tasks_).push_back(std::move(task));
       cv_.notify_all();
       return;
     }
@@ -201,13 +204,13 @@ void TensorStore::Post(std::function<void()> task) {
   task();  // closed: nobody else will run it
 }
 
-void TensorStore::IoLoop() {
+void TensorStore::IoLoop(std::deque<std::function<void()>>* queue) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-    if (tasks_.empty()) return;  // stopping, nothing left
-    auto task = std::move(tasks_.front());
-    tasks_.pop_front();
+    cv_.wait(lock, [&] { return stopping_ || !queue->empty(); });
+    if (queue->empty()) return;  // stopping, nothing left
+    auto task = std::move(queue->front());
+    queue->pop_front();
     ++busy_;
     lock.unlock();
     task();
@@ -219,7 +222,7 @@ void TensorStore::IoLoop() {
 
 void TensorStore::WaitIdle() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return tasks_.empty() && busy_ == 0; });
+  cv_.wait(lock, [&] { return tasks_.empty() && writes_.empty() && busy_ == 0; });
 }
 
 int64_t TensorStore::AllocateRam(int64_t nbytes) {
@@ -384,17 +387,19 @@ void TensorStore::WriteSsd(const std::shared_ptr<Entry>& e,
     Post([this, e, i, slot, padded] {
       Chunk& c = e->chunks[i];
       c.sum = Checksum(slot, c.bytes, c.offset / 8);
-      std::string error;
-      if (closed_) {
-        error = "offload: the TensorStore was closed while spilling";
-      } else {
-        EnterIo(true);
-        error = WriteAll(e->fd, slot, padded, c.offset);
-        LeaveIo(true, error.empty() ? padded : 0);
-        if (!error.empty()) error = "offload: writing " + e->path + " failed: " + error;
-      }
-      ReleaseSlot(slot);
-      MarkWritten(e, error);
+      Post([this, e, slot, padded, offset = c.offset] {
+        std::string error;
+        if (closed_) {
+          error = "offload: the TensorStore was closed while spilling";
+        } else {
+          EnterIo(true);
+          error = WriteAll(e->fd, slot, padded, offset);
+          LeaveIo(true, error.empty() ? padded : 0);
+          if (!error.empty()) error = "offload: writing " + e->path + " failed: " + error;
+        }
+        ReleaseSlot(slot);
+        MarkWritten(e, error);
+      }, /*write=*/true);
     });
   }
 }

@@ -126,8 +126,8 @@ class TensorStore {
   // Marks an entry stored whose checksum and arrival the caller tracks itself (GPU RAM tier).
   void MarkStored(const std::shared_ptr<Entry>& e) { MarkWritten(e, ""); }
   // SSD tier, for each chunk in order: `fill(chunk, slot)` puts the chunk's bytes into a pinned
-  // staging slot (on the calling thread, which may block until a slot is free); the I/O threads
-  // then checksum and write it, and the entry is stored after its last chunk. When `fill`
+  // staging slot (on the calling thread, which may block until a slot is free); an I/O thread
+  // then checksums it and a disk writer writes it, and the entry is stored after its last chunk. When `fill`
   // returns an error message the entry fails with it.
   void WriteSsd(const std::shared_ptr<Entry>& e,
                 const std::function<std::string(const Chunk&, char* slot)>& fill);
@@ -163,8 +163,11 @@ class TensorStore {
  private:
   char* AcquireSlot();  // blocks until a staging slot is free; nullptr once closed
   void ReleaseSlot(char* slot);
-  void Post(std::function<void()> task);
-  void IoLoop();
+  // Queues a task for the I/O threads; `write`: for the disk writers, which only write (each
+  // holds one direct-I/O write in flight, as the disk probe's writers do, with checksums and
+  // reads on the other threads).
+  void Post(std::function<void()> task, bool write = false);
+  void IoLoop(std::deque<std::function<void()>>* queue);
   void WaitIdle();
   int64_t AllocateRam(int64_t nbytes);  // -1 when it does not fit
   void ReleaseRam(int64_t offset, int64_t nbytes);
@@ -194,7 +197,7 @@ class TensorStore {
   std::mutex gpu_mu_;
   std::shared_ptr<void> gpu_state_;
 
-  std::deque<std::function<void()>> tasks_;
+  std::deque<std::function<void()>> tasks_, writes_;
   int busy_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
