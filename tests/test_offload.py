@@ -983,6 +983,10 @@ def test_gpu_spill_staging_is_capped():
     # brought back ahead, as the pool reserves them: half of the 64 MiB that staging all 16
     # spills at once would hold.
     assert s["device_peak"] <= 32 * n, s
+    # What the pool holds, by kind: the cap's one spill, and at most the load being copied out
+    # plus two brought back ahead (XLA's host thread asks for all 16 well before the GPU).
+    assert 0 < s["spill_peak"] <= 4 * n, s
+    assert 0 < s["load_peak"] <= 3 * 4 * n, s
     assert_drained(store)
 
 

@@ -207,6 +207,7 @@ NB_MODULE(_xla_ffi, m) {
         d["spilled"] = s.spilled, d["loaded"] = s.loaded, d["spills"] = s.spills;
         d["loads"] = s.loads, d["outstanding"] = s.outstanding;
         d["device_in_use"] = s.device_in_use, d["device_peak"] = s.device_peak;
+        d["spill_peak"] = s.spill_peak, d["load_peak"] = s.load_peak;
         d["write_seconds"] = s.write_seconds, d["read_seconds"] = s.read_seconds;
         d["direct_io"] = s.direct_io, d["dir"] = s.dir;
         return d;

@@ -135,11 +135,14 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, fractions=FRA
       policies = [_with_store(p, store) for p in best.policies]
       fn, temp, host = _step(model, tokens, policies)
       seconds = _time(fn, repeats)
-      staged = store.stats()["device_peak"]
+      st = store.stats()
+      staged = st["device_peak"]
     rows.append(Row(f"planner @ {frac:g} x keep", "planner", seconds, temp + staged,
                     best.offload_bytes, budget, str(best)))
     say(f"  {seconds * 1e3:.1f} ms (predicted {best.seconds * 1e3:.1f} ms of layers), "
-        f"{(temp + staged) / 2**30:.2f} GiB device ({staged / 2**30:.2f} GiB staging)")
+        f"{(temp + staged) / 2**30:.2f} GiB device ({staged / 2**30:.2f} GiB staging; at most "
+        f"{st.get('spill_peak', 0) / 2**30:.2f} GiB of spills in flight and "
+        f"{st.get('load_peak', 0) / 2**30:.2f} GiB of loads held)")
 
   if ssd_dir:
     say(f"SSD tier: disk write bandwidth under {ssd_dir}")

@@ -85,6 +85,7 @@ struct EntryGpu {
   void* dev = nullptr;              // the prefetched copy
   cudaEvent_t ready = nullptr;
   enum State { kNone, kQueued, kReady, kFailed } state = kNone;
+  bool wanted = false;              // a load is waiting for it (not only prefetched)
   std::string error;
   ~EntryGpu() {
     if (spilled) cudaEventDestroy(spilled);
@@ -170,7 +171,8 @@ class Gpu {
     uint64_t used = 0, high = 0;
     cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used);
     cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high);
-    store_->NoteDevice(int64_t(used), int64_t(high));
+    std::lock_guard<std::mutex> lock(mu_);
+    store_->NoteDevice(int64_t(used), int64_t(high), spill_peak_, load_peak_);
   }
 
   ffi::Error Spill(cudaStream_t stream, const Parts& parts, const std::shared_ptr<Entry>& e,
@@ -251,6 +253,7 @@ class Gpu {
       for (auto& p : store_->Preceding(*e, kPrefetchDepth)) {
         if (p->device == device_ && p->gpu) want.push_back(p);
       }
+      g.wanted = true;
       for (auto& p : want) {
         if (G(*p).state != EntryGpu::kNone) continue;
         G(*p).state = EntryGpu::kQueued;
@@ -283,6 +286,11 @@ class Gpu {
     cudaEventDestroy(copied);
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(g.dev, h2d_));
     g.dev = nullptr;
+    auto* unheld = new Unstage{this, e->nbytes};
+    if (cudaError_t err = cudaLaunchHostFunc(h2d_, &Gpu::Unheld, unheld); err != cudaSuccess) {
+      delete unheld;
+      JAXDATA_CUDA_RETURN_IF_ERROR(err);
+    }
     NoteMemory();
     return ffi::Error::Success();
   }
@@ -308,6 +316,19 @@ class Gpu {
     cv_.notify_all();
   }
 
+  // Loads brought back and not yet copied out on XLA's stream. XLA's host thread runs ahead of
+  // the GPU and asks for each load as soon as the previous one is back, so without a limit the
+  // prefetcher would bring back every load of a backward pass long before the GPU needs them.
+  // A prefetch (no load waiting for it yet) waits while kPrefetchDepth + 1 are held: the one
+  // being used and the next kPrefetchDepth. A load that is waited for always proceeds.
+  static void CUDART_CB Unheld(void* arg) {  // a host function on the h2d stream
+    std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
+    std::lock_guard<std::mutex> lock(u->gpu->mu_);
+    u->gpu->held_count_ -= 1;
+    u->gpu->held_bytes_ -= u->bytes;
+    u->gpu->cv_.notify_all();
+  }
+
   // False when the store closed while waiting.
   bool WaitForStaging(int64_t bytes) {
     const int64_t cap = store_->device_bytes();
@@ -317,6 +338,7 @@ class Gpu {
     }
     if (stopping_) return false;
     staged_ += bytes;
+    spill_peak_ = std::max(spill_peak_, staged_);
     return true;
   }
 
@@ -346,20 +368,34 @@ class Gpu {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || !prefetches_.empty(); });
+      // The queue's first entry, or past the limit the first one a load waits for.
+      auto next = prefetches_.end();
+      cv_.wait(lock, [&] {
+        if (stopping_) return true;
+        next = held_count_ <= kPrefetchDepth
+                   ? prefetches_.begin()
+                   : std::find_if(prefetches_.begin(), prefetches_.end(),
+                                  [](const auto& p) { return G(*p).wanted; });
+        return next != prefetches_.end();
+      });
       if (stopping_) return;
-      auto e = std::move(prefetches_.front());
-      prefetches_.pop_front();
+      auto e = std::move(*next);
+      prefetches_.erase(next);
       held_.push_back(e);
+      held_count_ += 1;
+      held_bytes_ += e->nbytes;
+      load_peak_ = std::max(load_peak_, held_bytes_);
       lock.unlock();
       std::string error = Bring(*e);
       store_->Free(e);  // the host copy is no longer needed
       lock.lock();
       G(*e).state = error.empty() ? EntryGpu::kReady : EntryGpu::kFailed;
       G(*e).error = error;
-      if (!error.empty() && G(*e).dev) {
-        cudaFreeAsync(G(*e).dev, h2d_);
+      if (!error.empty()) {
+        if (G(*e).dev) cudaFreeAsync(G(*e).dev, h2d_);
         G(*e).dev = nullptr;
+        held_count_ -= 1;  // no load will copy it out
+        held_bytes_ -= e->nbytes;
       }
       cv_.notify_all();
     }
@@ -419,6 +455,8 @@ class Gpu {
   std::condition_variable cv_;
   bool stopping_ = false;
   int64_t staged_ = 0;  // bytes of spill staging whose copy to the host has not finished
+  int64_t held_count_ = 0, held_bytes_ = 0;  // loads brought back, not yet copied out
+  int64_t spill_peak_ = 0, load_peak_ = 0;   // the largest staged_ and held_bytes_
   std::deque<std::function<void()>> writes_;
   std::deque<std::shared_ptr<Entry>> prefetches_;
   std::vector<std::shared_ptr<Entry>> held_;  // prefetched (or in flight), not yet loaded

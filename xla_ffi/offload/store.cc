@@ -564,10 +564,13 @@ std::vector<std::shared_ptr<Entry>> TensorStore::Preceding(const Entry& e, int n
   return out;
 }
 
-void TensorStore::NoteDevice(int64_t in_use, int64_t peak) {
+void TensorStore::NoteDevice(int64_t in_use, int64_t peak, int64_t spill_peak,
+                             int64_t load_peak) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.device_in_use = in_use;
   stats_.device_peak = std::max(stats_.device_peak, peak);
+  stats_.spill_peak = std::max(stats_.spill_peak, spill_peak);
+  stats_.load_peak = std::max(stats_.load_peak, load_peak);
 }
 
 StoreStats TensorStore::Stats() {

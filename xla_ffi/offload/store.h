@@ -90,7 +90,8 @@ struct StoreStats {
   int64_t ram_capacity = 0, ram_in_use = 0, ram_peak = 0;
   int64_t ssd_in_use = 0, ssd_peak = 0, ssd_written = 0, ssd_read = 0;
   int64_t spilled = 0, loaded = 0, spills = 0, loads = 0, outstanding = 0;
-  int64_t device_in_use = 0, device_peak = 0;  // device staging owned by the store
+  int64_t device_in_use = 0, device_peak = 0;  // device staging owned by the store (reserved)
+  int64_t spill_peak = 0, load_peak = 0;       // of it: spills in flight, loads held (bytes)
   double write_seconds = 0, read_seconds = 0;  // time with at least one SSD write/read in flight
   bool direct_io = true;                       // false where the filesystem refused O_DIRECT
   std::string dir;                             // the per-process directory ("" without SSD)
@@ -150,7 +151,7 @@ class TensorStore {
   std::vector<std::shared_ptr<Entry>> Preceding(const Entry& e, int n);
 
   // The GPU handlers' device memory (their stream-ordered pool): now and its high-water mark.
-  void NoteDevice(int64_t in_use, int64_t peak);
+  void NoteDevice(int64_t in_use, int64_t peak, int64_t spill_peak, int64_t load_peak);
   StoreStats Stats();
   // Runs at the start of Close(), before the I/O threads stop (the GPU handlers stop theirs).
   void OnClose(std::function<void()> hook);
