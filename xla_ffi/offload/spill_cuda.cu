@@ -1,7 +1,7 @@
 // spill / load on NVIDIA GPUs.
 //
-// spill, on XLA's stream: copy the arrays into one staging buffer from the store's own
-// stream-ordered pool (XLA may reuse the inputs as soon as the call returns), write the ticket,
+// spill, on XLA's stream: copy the arrays into one staging buffer of the store's own device
+// memory (XLA may reuse the inputs as soon as the call returns), write the ticket,
 // and return. Off XLA's stream: the RAM tier's host-bound copy and its checksum run on a
 // side stream; the SSD tier's chunks go through pinned staging slots to the disk on a writer
 // thread. Nothing on XLA's stream waits for them.
@@ -78,6 +78,104 @@ cudaError_t LaunchChecksum(const void* data, int64_t nbytes, void* out, cudaStre
   return cudaGetLastError();
 }
 
+// Device staging the store owns: blocks carved first-fit from cudaMalloc'd segments, adjacent
+// free ranges merged. A block is given back only once the GPU work that used it has finished
+// (from a host function on the stream that used it last, or after a synchronize), so the next
+// user may be any stream with no ordering at all, and what is reserved is what spills and loads
+// hold at once. (A stream-ordered pool reserved a new block for almost every spill and load of a
+// step on the H200, 7-8 GiB for plans holding 3-5 GiB at a time: its reuse across streams
+// depends on when the driver sees a free as done.) Free is safe in host functions: no CUDA call.
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() { Reset(); }
+
+  cudaError_t Allocate(int64_t bytes, void** out) {
+    bytes = Round256(std::max<int64_t>(bytes, 1));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& seg : segments_) {
+      for (auto it = seg.free.begin(); it != seg.free.end(); ++it) {
+        if (it->second < bytes) continue;
+        const int64_t offset = it->first, left = it->second - bytes;
+        seg.free.erase(it);
+        if (left > 0) seg.free[offset + bytes] = left;
+        return Take(seg, offset, bytes, out);
+      }
+    }
+    const int64_t size = (bytes + kSegmentGrain - 1) / kSegmentGrain * kSegmentGrain;
+    char* base = nullptr;
+    if (cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&base), size_t(size)); err != cudaSuccess) {
+      return err;
+    }
+    segments_.push_back({base, size, {}, {}});
+    reserved_ += size;
+    reserved_peak_ = std::max(reserved_peak_, reserved_);
+    if (size > bytes) segments_.back().free[bytes] = size - bytes;
+    return Take(segments_.back(), 0, bytes, out);
+  }
+
+  void Free(void* p) {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    char* c = static_cast<char*>(p);
+    for (auto& seg : segments_) {
+      if (c < seg.base || c >= seg.base + seg.size) continue;
+      int64_t offset = c - seg.base;
+      auto taken = seg.taken.find(offset);
+      if (taken == seg.taken.end()) return;
+      int64_t size = taken->second;
+      seg.taken.erase(taken);
+      used_ -= size;
+      auto next = seg.free.lower_bound(offset);
+      if (next != seg.free.end() && offset + size == next->first) {
+        size += next->second;
+        next = seg.free.erase(next);
+      }
+      if (next != seg.free.begin()) {
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == offset) {
+          prev->second += size;
+          return;
+        }
+      }
+      seg.free[offset] = size;
+      return;
+    }
+  }
+
+  // Gives every segment back to the device (nothing may be in use).
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& seg : segments_) cudaFree(seg.base);
+    segments_.clear();
+    reserved_ = used_ = 0;
+  }
+
+  int64_t used() { std::lock_guard<std::mutex> lock(mu_); return used_; }
+  int64_t reserved_peak() { std::lock_guard<std::mutex> lock(mu_); return reserved_peak_; }
+
+ private:
+  static constexpr int64_t kSegmentGrain = 2 << 20;
+  struct Segment {
+    char* base;
+    int64_t size;
+    std::map<int64_t, int64_t> free, taken;  // offset -> bytes
+  };
+
+  cudaError_t Take(Segment& seg, int64_t offset, int64_t bytes, void** out) {
+    seg.taken[offset] = bytes;
+    used_ += bytes;
+    *out = seg.base + offset;
+    return cudaSuccess;
+  }
+
+  std::mutex mu_;
+  std::vector<Segment> segments_;
+  int64_t reserved_ = 0, reserved_peak_ = 0, used_ = 0;
+};
+
 // The device side of one entry.
 struct EntryGpu {
   void* stage = nullptr;            // spill staging (freed on a side stream)
@@ -95,7 +193,7 @@ struct EntryGpu {
 
 EntryGpu& G(const Entry& e) { return *static_cast<EntryGpu*>(e.gpu.get()); }
 
-// Streams, pool and threads of one store on one device.
+// Streams, staging memory and threads of one store on one device.
 class Gpu {
  public:
   Gpu(TensorStore* store, int device) : store_(store), device_(device) {}
@@ -106,20 +204,6 @@ class Gpu {
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ssd_, cudaStreamNonBlocking));
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device_;
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&pool_, &props));
-    uint64_t keep = ~0ull;  // keep freed memory in the pool: no cudaMalloc per step
-    JAXDATA_CUDA_RETURN_IF_ERROR(
-        cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
-    // A spill's staging, freed on the d2h stream, is reused by a later spill on XLA's stream
-    // once that free has run (the device_bytes cap waits for it): opportunistic reuse.
-    int on = 1;
-    for (auto attr : {cudaMemPoolReuseFollowEventDependencies, cudaMemPoolReuseAllowOpportunistic}) {
-      JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool_, attr, &on));
-    }
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&flag_), sizeof(int64_t),
                                                cudaHostAllocMapped | cudaHostAllocPortable));
     *flag_ = 0;
@@ -143,16 +227,13 @@ class Gpu {
     for (cudaStream_t s : {d2h_, h2d_, ssd_}) {
       if (s) cudaStreamSynchronize(s);
     }
-    for (auto& e : held_) {
-      if (G(*e).dev) cudaFreeAsync(G(*e).dev, h2d_), G(*e).dev = nullptr;
-    }
+    for (auto& e : held_) G(*e).dev = nullptr;
     held_.clear();
-    if (h2d_) cudaStreamSynchronize(h2d_);
     for (cudaStream_t s : {d2h_, h2d_, ssd_}) {
       if (s) cudaStreamDestroy(s);
     }
     d2h_ = h2d_ = ssd_ = nullptr;
-    if (pool_) cudaMemPoolDestroy(pool_), pool_ = nullptr;
+    staging_.Reset();  // the streams are idle (synchronized above)
     if (flag_) cudaFreeHost(flag_), flag_ = nullptr;
   }
 
@@ -168,11 +249,9 @@ class Gpu {
   }
 
   void NoteMemory() {
-    uint64_t used = 0, high = 0;
-    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used);
-    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &high);
+    const int64_t used = staging_.used(), high = staging_.reserved_peak();
     std::lock_guard<std::mutex> lock(mu_);
-    store_->NoteDevice(int64_t(used), int64_t(high), spill_peak_, load_peak_);
+    store_->NoteDevice(used, high, spill_peak_, load_peak_);
   }
 
   ffi::Error Spill(cudaStream_t stream, const Parts& parts, const std::shared_ptr<Entry>& e,
@@ -185,15 +264,25 @@ class Gpu {
     if (!WaitForStaging(n)) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore was closed");
     }
-    // Until a host function or the writer takes over releasing it, an early error return does.
+    // Until a host function or the writer takes over releasing it, an early error return does
+    // (after the copies already queued are done with the staging).
     struct Claim {
       Gpu* gpu;
       int64_t bytes;
-      ~Claim() { if (gpu) gpu->Release(bytes); }
-    } claim{this, n};
+      cudaStream_t stream;
+      void* block = nullptr;
+      ~Claim() {
+        if (!gpu) return;
+        if (block) {
+          cudaStreamSynchronize(stream), cudaStreamSynchronize(gpu->d2h_);
+          gpu->staging_.Free(block);
+        }
+        gpu->Release(bytes);
+      }
+    } claim{this, n, stream};
     char* stage = nullptr;
-    JAXDATA_CUDA_RETURN_IF_ERROR(
-        cudaMallocFromPoolAsync(reinterpret_cast<void**>(&stage), size_t(round + 64), pool_, stream));
+    JAXDATA_CUDA_RETURN_IF_ERROR(staging_.Allocate(round + 64, reinterpret_cast<void**>(&stage)));
+    claim.block = stage;
     int64_t at = 0;
     for (size_t p = 0; p < parts.data.size(); at += parts.bytes[p], ++p) {
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stage + at, parts.data[p], size_t(parts.bytes[p]),
@@ -211,8 +300,7 @@ class Gpu {
       JAXDATA_CUDA_RETURN_IF_ERROR(LaunchChecksum(stage, n, stage + round, d2h_));
       JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(store_->RamData(*e), stage, size_t(round + 8),
                                                    cudaMemcpyDeviceToHost, d2h_));
-      JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(stage, d2h_));
-      auto* unstage = new Unstage{this, n};
+      auto* unstage = new Unstage{this, n, stage};
       if (cudaError_t err = cudaLaunchHostFunc(d2h_, &Gpu::Unstaged, unstage); err != cudaSuccess) {
         delete unstage;
         JAXDATA_CUDA_RETURN_IF_ERROR(err);
@@ -233,8 +321,8 @@ class Gpu {
           if (err == cudaSuccess) err = cudaStreamSynchronize(ssd_);
           return err == cudaSuccess ? "" : CudaMessage(err, "offload: copy to the SSD staging");
         });
-        cudaFreeAsync(stage, ssd_);
         cudaStreamSynchronize(ssd_);
+        staging_.Free(stage);
         Release(n);
       });
     }
@@ -275,18 +363,14 @@ class Gpu {
                                                    size_t(out.bytes[p]), cudaMemcpyDeviceToDevice,
                                                    stream));
     }
-    // Freed on the h2d stream once XLA's stream has copied it out: the prefetcher allocates on
-    // that stream, ahead of the GPU, and the pool reuses a block freed there in stream order; a
-    // block freed on XLA's stream would not be free yet when the prefetcher asks, and the pool
-    // would grow by every load of the step.
+    // Given back by a host function on the h2d stream once XLA's stream has copied it out.
     cudaEvent_t copied;
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied, stream));
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, copied, 0));
     cudaEventDestroy(copied);
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaFreeAsync(g.dev, h2d_));
+    auto* unheld = new Unstage{this, e->nbytes, g.dev};
     g.dev = nullptr;
-    auto* unheld = new Unstage{this, e->nbytes};
     if (cudaError_t err = cudaLaunchHostFunc(h2d_, &Gpu::Unheld, unheld); err != cudaSuccess) {
       delete unheld;
       JAXDATA_CUDA_RETURN_IF_ERROR(err);
@@ -303,10 +387,12 @@ class Gpu {
   struct Unstage {
     Gpu* gpu;
     int64_t bytes;
+    void* block;  // its staging, now free
   };
 
   static void CUDART_CB Unstaged(void* arg) {  // a host function on the d2h stream
     std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
+    u->gpu->staging_.Free(u->block);
     u->gpu->Release(u->bytes);
   }
 
@@ -323,6 +409,7 @@ class Gpu {
   // being used and the next kPrefetchDepth. A load that is waited for always proceeds.
   static void CUDART_CB Unheld(void* arg) {  // a host function on the h2d stream
     std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
+    u->gpu->staging_.Free(u->block);
     std::lock_guard<std::mutex> lock(u->gpu->mu_);
     u->gpu->held_count_ -= 1;
     u->gpu->held_bytes_ -= u->bytes;
@@ -392,7 +479,7 @@ class Gpu {
       G(*e).state = error.empty() ? EntryGpu::kReady : EntryGpu::kFailed;
       G(*e).error = error;
       if (!error.empty()) {
-        if (G(*e).dev) cudaFreeAsync(G(*e).dev, h2d_);
+        if (G(*e).dev) cudaStreamSynchronize(h2d_), staging_.Free(G(*e).dev);
         G(*e).dev = nullptr;
         held_count_ -= 1;  // no load will copy it out
         held_bytes_ -= e->nbytes;
@@ -408,7 +495,7 @@ class Gpu {
     if (stored.failure()) return stored.message();
     const int64_t n = e.nbytes, round = Round256(n);
     auto fail = [](cudaError_t err, const char* what) { return CudaMessage(err, what); };
-    cudaError_t err = cudaMallocFromPoolAsync(&g.dev, size_t(round + 64), pool_, h2d_);
+    cudaError_t err = staging_.Allocate(round + 64, &g.dev);
     if (err != cudaSuccess) return fail(err, "offload: device buffer for a load");
     char* dev = static_cast<char*>(g.dev);
     if (e.tier == Tier::kRam) {
@@ -448,7 +535,7 @@ class Gpu {
   TensorStore* store_;
   int device_;
   cudaStream_t d2h_ = nullptr, h2d_ = nullptr, ssd_ = nullptr;
-  cudaMemPool_t pool_ = nullptr;
+  Staging staging_;
   int64_t* flag_ = nullptr;
   int64_t* flag_dev_ = nullptr;
   std::mutex mu_;
