@@ -429,3 +429,33 @@ def test_training_under_a_plan_lowers_the_loss(checkpoint_wrap):
   assert [r["step"] for r in result.history] == list(range(6, 61, 6))
   with pytest.raises(ValueError, match="one policy per layer"):
     train(config, plan=[NOTHING])
+
+
+def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
+  """`jaxdata train gpt --offload --plan offload[attn]+in` with a RAM tier too small for one
+  spill trains through the SSD tier: the same losses as the plain model, SSD bytes written, and
+  nothing left in the spill directory."""
+  import argparse
+  from jaxdata.train import gpt as train_gpt
+  parser = argparse.ArgumentParser()
+  train_gpt.add_arguments(parser)
+  # Activations of 128 KiB: above the 64 KiB under which a policy keeps residuals on the device.
+  common = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "32",
+            "--batch", "8", "--steps", "3", "--log-every", "1"]
+  assert train_gpt.main(parser.parse_args(common)) == 0
+  is_step = lambda l: l.split()[:1] == ["step"] and l.split()[2:3] == ["loss"]  # noqa: E731
+  plain = [l for l in capsys.readouterr().out.splitlines() if is_step(l)]
+  args = parser.parse_args(common + ["--offload", "--plan", "offload[attn]+in", "--ram", "4KiB",
+                                     "--ssd-dir", str(tmp_path)])
+  assert train_gpt.main(args) == 0
+  out = capsys.readouterr().out
+  offloaded = [l for l in out.splitlines() if is_step(l)]
+  assert len(offloaded) == len(plain) == 3
+  losses = lambda lines: [float(l.split()[3]) for l in lines]  # noqa: E731  (step N loss L ...)
+  np.testing.assert_allclose(losses(offloaded), losses(plain), rtol=1e-5)
+  assert "SSD tier" in out and "GiB written" in out, out
+  assert list(tmp_path.iterdir()) == []
+  with pytest.raises(SystemExit, match="unknown policy"):
+    train_gpt.main(parser.parse_args(common + ["--offload", "--plan", "offload[bogus]"]))
+  with pytest.raises(SystemExit, match="needs --budget"):
+    train_gpt.main(parser.parse_args(common + ["--offload"]))

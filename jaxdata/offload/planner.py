@@ -319,6 +319,34 @@ def gpt_candidates() -> dict[str, Any]:
   }
 
 
+def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "auto",
+                 carry: int = 1, inners: dict[str, Any] | None = None) -> _remat.Policy:
+  """The policy a plan prints as `name`: "recompute", "keep[p]", "offload[p]", "offload[p]+in"
+  or "offload[in]", with p one of `inners` (default `gpt_candidates()`); offloads go to
+  `store`'s `tier`, "+in" offloads argument `carry` too."""
+  import re  # pylint: disable=g-import-not-at-top
+  inners = gpt_candidates() if inners is None else inners
+  m = re.fullmatch(r"(keep|offload)\[([a-z_]+)\](\+in)?|recompute", name)
+  known = ", ".join(["recompute", "offload[in]"] + [f"{k}[{p}]" for k in ("keep", "offload")
+                                                   for p in inners] + ["offload[p]+in"])
+  if m is None or (m.group(1) and m.group(2) != "in" and m.group(2) not in inners) or (
+      m.group(1) == "keep" and (m.group(3) or m.group(2) == "in")):
+    raise ValueError(f"unknown policy {name!r}; one of: {known}")
+  if name == "recompute":
+    return _remat.recompute(name=name)
+  if m.group(1) == "keep":
+    return _remat.keep(inners[m.group(2)], name=name)
+  if store is None:
+    raise ValueError(f"policy {name!r} offloads: it needs a TensorStore")
+  if m.group(2) == "in":
+    if m.group(3):
+      raise ValueError(f"unknown policy {name!r}; one of: {known}")
+    return _remat.offload(store, tier, jax.checkpoint_policies.nothing_saveable,
+                          inputs=(carry,), name=name)
+  return _remat.offload(store, tier, inners[m.group(2)], inputs=(carry,) if m.group(3) else (),
+                        name=name)
+
+
 def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store: TensorStore, *,
                    tier: str = "auto", repeats: int = 5, verbose: bool = True) -> list[_remat.Policy]:
   """A per-layer plan for a `jaxdata.nn.GPT` (or any model with `jaxdata.nn.gpt.block_fn`) so that

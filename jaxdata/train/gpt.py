@@ -184,6 +184,10 @@ def add_arguments(parser):
   parser.add_argument("--offload", action="store_true",
                       help="plan keep / offload / recompute per layer under --budget "
                            "(jaxdata.offload.plan_for_model) and train with the plan")
+  parser.add_argument("--plan", default="auto", metavar="POLICY",
+                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
+                           "every layer, as plans print them: recompute, keep[dots], "
+                           "offload[attn], offload[mlp]+in, offload[in], ...")
   parser.add_argument("--budget", type=parse_bytes, default=None,
                       help="--offload: device memory for activations, e.g. 2GiB")
   parser.add_argument("--ram", type=parse_bytes, default=None,
@@ -191,6 +195,20 @@ def add_arguments(parser):
                            "(default: the TensorStore's)")
   parser.add_argument("--ssd-dir", default=None,
                       help="--offload: a folder on local SSD for what does not fit in --ram")
+
+
+def _store_summary(s: dict) -> str:
+  """One line on where the offloaded activations went."""
+  if not s["spills"]:
+    return "offload: nothing was offloaded (the plan keeps or recomputes every layer)"
+  line = (f"offload: {s['spills']:,} spills, {s['spilled'] / 2**30:.2f} GiB; RAM tier peak "
+          f"{s['ram_peak'] / 2**20:.1f} MiB")
+  if s["ssd_written"]:
+    line += (f"; SSD tier {s['ssd_written'] / 2**30:.2f} GiB written at "
+             f"{s['write_bandwidth'] / 1e9:.2f} GB/s, {s['ssd_read'] / 2**30:.2f} GiB read")
+  if s["device_peak"]:
+    line += f"; device staging peak {s['device_peak'] / 2**20:.1f} MiB"
+  return line
 
 
 def _describe_plan(plan: Plan) -> str:
@@ -229,23 +247,32 @@ def main(args) -> int:
       return train(config, plan=plan, on_step=on_step, on_log=on_log)
 
   if args.offload:
-    if args.budget is None:
-      raise SystemExit("jaxdata train gpt: --offload needs --budget (e.g. --budget 2GiB)")
+    if args.plan == "auto" and args.budget is None:
+      raise SystemExit("jaxdata train gpt: --offload needs --budget (e.g. --budget 2GiB) for "
+                       "the planner, or --plan POLICY")
     try:
       from jaxdata.offload import TensorStore, plan_for_model  # pylint: disable=g-import-not-at-top
+      from jaxdata.offload.planner import policy_named  # pylint: disable=g-import-not-at-top
     except (ImportError, AttributeError) as e:
       raise SystemExit(f"jaxdata train gpt --offload: jaxdata.offload.TensorStore and "
                        f"plan_for_model are not available ({e})") from e
     store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
                   if v is not None}
     with TensorStore(**store_args) as store:
-
-      def planner(model, batch_shape):
-        plan = plan_for_model(model, batch_shape, budget_bytes=args.budget, store=store)
-        console.print(f"plan under {args.budget:,} bytes: {_describe_plan(list(plan))}",
-                      markup=False)
-        return plan
+      if args.plan == "auto":
+        def planner(model, batch_shape):
+          plan = plan_for_model(model, batch_shape, budget_bytes=args.budget, store=store)
+          console.print(f"plan under {args.budget:,} bytes: {_describe_plan(list(plan))}",
+                        markup=False)
+          return plan
+      else:
+        try:
+          policy = policy_named(args.plan, store)
+        except ValueError as e:
+          raise SystemExit(f"jaxdata train gpt --plan: {e}") from e
+        planner = [policy] * config.layers
       result = run(planner)
+      console.print(_store_summary(store.stats()), markup=False)
   else:
     result = run(None)
   m = result.metrics
