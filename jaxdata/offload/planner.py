@@ -34,7 +34,7 @@ from jaxdata.offload.store import TensorStore
 _PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
 _CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
-_POOL_BLOCKS = 2         # the store's pool holds at least this many blocks' residuals (measured)
+_POOL_BLOCKS = 2         # the store's staging holds at least this many blocks' residuals
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -181,7 +181,7 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
   blocks of it; the block waits for them, copies them out of staging, and runs its backward.
   Kept residuals live from their forward to their backward.
 
-  Kept residuals live in XLA's memory, staging in the store's pool: each holds on to its own
+  Kept residuals live in XLA's memory, staging in the store's own: each holds on to its own
   peak, so the device bytes are the sum of the two peaks.
   """
   moved = sum(c.offload_bytes for c in picks)
@@ -226,9 +226,9 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
       t += c.offload_bytes / d2d_bandwidth
     begun.append(t)
     t += c.seconds - c.forward_seconds
-  # Measured on the H200, the pool reserves two of the largest block's residuals whenever a
-  # plan offloads (the one copied out on XLA's stream while the next comes back), even where
-  # the timeline has them apart.
+  # The store's staging holds two of the largest block's residuals whenever a plan offloads
+  # (the one copied out on XLA's stream while the next comes back), even where the timeline
+  # has them apart.
   largest = max((c.offload_bytes for c in picks), default=0)
   staging = max(_peak(spills + loads), _POOL_BLOCKS * largest)
   return Prediction(t, kept + staging, moved, _peak(spills))
@@ -277,7 +277,7 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
         if best is not None and floor >= best.seconds:
           continue
         largest = max(c.offload_bytes for c in picks)
-        # The pool's floor (see `predict`) with the kept bytes already overflows.
+        # The staging floor (see `predict`) with the kept bytes already overflows.
         if sum(c.device_bytes for c in picks) + _POOL_BLOCKS * largest > budget_bytes:
           continue
         # Offloading always runs capped: uncapped, JAX's host thread (ahead of the GPU) would

@@ -197,8 +197,11 @@ def add_arguments(parser):
                       help="--offload: a folder on local SSD for what does not fit in --ram")
 
 
-def _store_summary(s: dict) -> str:
-  """One line on where the offloaded activations went."""
+def _store_summary(s: dict, before: dict | None = None) -> str:
+  """One line on where the offloaded activations went: counts since `before` (the store's
+  stats once the planner's own probes were done), peaks over the store's life."""
+  if before:
+    s = dict(s, **{k: s[k] - before[k] for k in ("spills", "spilled", "ssd_written", "ssd_read")})
   if not s["spills"]:
     return "offload: nothing was offloaded (the plan keeps or recomputes every layer)"
   line = (f"offload: {s['spills']:,} spills, {s['spilled'] / 2**30:.2f} GiB; RAM tier peak "
@@ -259,11 +262,13 @@ def main(args) -> int:
     store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
                   if v is not None}
     with TensorStore(**store_args) as store:
+      probed = {}
       if args.plan == "auto":
         def planner(model, batch_shape):
           plan = plan_for_model(model, batch_shape, budget_bytes=args.budget, store=store)
           console.print(f"plan under {args.budget:,} bytes: {_describe_plan(list(plan))}",
                         markup=False)
+          probed.update(store.stats())  # the planner's bandwidth probe spilled too
           return plan
       else:
         try:
@@ -272,7 +277,7 @@ def main(args) -> int:
           raise SystemExit(f"jaxdata train gpt --plan: {e}") from e
         planner = [policy] * config.layers
       result = run(planner)
-      console.print(_store_summary(store.stats()), markup=False)
+      console.print(_store_summary(store.stats(), probed), markup=False)
   else:
     result = run(None)
   m = result.metrics
