@@ -688,6 +688,36 @@ def test_corrupted_spill_file(device, ssd_dir, where):
     closes_cleanly(store)
 
 
+def test_corrupted_file_after_good_loads_fails_cleanly(device, ssd_dir):
+  """Three spills loaded back in one program, the last of them (the first spilled) corrupted:
+  on a GPU the good loads' buffers are still held (they go back from host functions) when the
+  bad one fails; the failure is an error, not a hang, and close() leaves nothing behind."""
+  n, site = 3001, offload.new_site()
+  like = [jax.ShapeDtypeStruct((n,), jnp.float32)]
+  x = jnp.arange(n, dtype=jnp.float32)
+  with make_store(ssd_dir, ram_bytes=0) as store:
+    tickets = [spill_fn(store, site, "ssd")([x + i]) for i in range(3)]
+    wait_written(store, 3 * padded(x.nbytes))
+    first = min(os.listdir(store.directory), key=lambda f: int(f[1:-4]))  # t<seq>.bin
+    with open(os.path.join(store.directory, first), "r+b") as f:
+      f.write(b"\xff\xff\xff\xff")
+      f.flush()
+      os.fsync(f.fileno())
+
+    @jax.jit
+    def load_all(ts):
+      out, dep = [], ts[-1]
+      for t in reversed(ts):
+        out.append(offload.load(after(t, dep), like, store, site=site)[0])
+        dep = out[-1]
+      return out
+    with pytest.raises(RuntimeErrors, match="corrupted"):
+      jax.block_until_ready(load_all(tickets))
+    # The program stopped at the error: what it had not loaded stays until close().
+    assert store.stats()["outstanding"] <= 2
+    closes_cleanly(store)
+
+
 def test_unwritable_directory_under_a_file(tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a directory")

@@ -150,3 +150,11 @@ def test_choices_count_the_carried_input():
         f, (w, x), store, {"all": None}, repeats=1, carry=1)}
     assert moved["offload[in]"].inputs == (1,) and moved["offload[all]+in"].inputs == (1,)
     assert moved["offload[all]"].inputs == ()
+    # A block whose VJP does not keep its input (sin keeps cos x and sin x): nothing to count
+    # for "all", no "+in" variant; recomputing still needs the input.
+    g = lambda w, x: jnp.sin(x) @ w  # noqa: E731
+    r_g = planner.residual_bytes(g, (w, x))
+    got = {str(c.policy): (c.device_bytes, c.offload_bytes)
+           for c in planner.choices(g, (w, x), store, {"all": None}, repeats=1, carry=1)}
+    assert got == {"recompute": (x_bytes, 0), "offload[in]": (0, x_bytes),
+                   "keep[all]": (r_g, 0), "offload[all]": (0, r_g)}

@@ -39,20 +39,32 @@ _POOL_BLOCKS = 2         # the store's staging holds at least this many blocks' 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
   """Bytes of the residuals `fn`'s VJP keeps (under `jax.checkpoint(policy=inner)`), its own
-  inputs excluded: what keep holds on the device and offload moves."""
+  inputs excluded and each array counted once: what keep holds on the device and offload
+  moves."""
+  return _residuals(fn, args, inner)[0]
+
+
+def _residuals(fn, args, inner=None, carry: int | None = None) -> tuple[int, bool]:
+  """(residual_bytes, whether the VJP keeps argument `carry` as a residual too)."""
   f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
-  total = 0
+  total, kept = 0, False
 
   def trace(*a):
-    nonlocal total
+    nonlocal total, kept
     _, vjp = jax.vjp(f, *a)
     inputs = {id(x) for x in jax.tree_util.tree_leaves(a)}
+    carried = ({id(x) for x in jax.tree_util.tree_leaves(a[carry])} if carry is not None
+               else set())
+    seen = {}
+    for l in jax.tree_util.tree_leaves(vjp):
+      seen[id(l)] = l
     total = sum(int(np.prod(l.shape)) * l.dtype.itemsize
-                for l in jax.tree_util.tree_leaves(vjp) if id(l) not in inputs)
+                for i, l in seen.items() if i not in inputs)
+    kept = bool(carried & set(seen))
     return 0
 
   jax.eval_shape(trace, *args)
-  return total
+  return total, kept
 
 
 def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *, blocks: int = 4,
@@ -127,10 +139,10 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
   `inners` (name -> policy, None meaning "save everything"), and recompute.
 
   `carry`: the position of the argument that is the block's activation input, which a layer
-  stack keeps for every layer's backward pass. With it, every choice counts that input too (on
-  the device, or moved), and each offload choice comes twice: with the input kept
-  ("offload[p]") and with it offloaded as well ("offload[p]+in"); "offload[in]" recomputes the
-  block from an offloaded input.
+  stack keeps for every layer's backward pass (where the block's VJP needs it). With it, every
+  choice whose VJP keeps that input counts it too (on the device, or moved), and such offload
+  choices come twice: with the input kept ("offload[p]") and offloaded as well
+  ("offload[p]+in"); "offload[in]" recomputes the block from an offloaded input.
   """
   in_bytes = 0
   if carry is not None:
@@ -150,14 +162,14 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
   for name, inner in inners.items():
     if progress:
       progress(name)
-    r = residual_bytes(fn, args, inner)
+    r, needs_input = _residuals(fn, args, inner, carry)
+    x = in_bytes if needs_input else 0
     s = block_seconds(fn, args, inner, repeats=repeats)
-    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r + in_bytes, 0, s, fwd))
-    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"),
-                      in_bytes, r, s, fwd))
-    if carry is not None:
+    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r + x, 0, s, fwd))
+    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), x, r, s, fwd))
+    if x:
       out.append(Choice(_remat.offload(store, tier, inner, inputs=(carry,),
-                                       name=f"offload[{name}]+in"), 0, r + in_bytes, s, fwd))
+                                       name=f"offload[{name}]+in"), 0, r + x, s, fwd))
   return out
 
 

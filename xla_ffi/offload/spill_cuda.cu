@@ -94,21 +94,17 @@ class Staging {
 
   cudaError_t Allocate(int64_t bytes, void** out) {
     bytes = Round256(std::max<int64_t>(bytes, 1));
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& seg : segments_) {
-      for (auto it = seg.free.begin(); it != seg.free.end(); ++it) {
-        if (it->second < bytes) continue;
-        const int64_t offset = it->first, left = it->second - bytes;
-        seg.free.erase(it);
-        if (left > 0) seg.free[offset + bytes] = left;
-        return Take(seg, offset, bytes, out);
-      }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (Carve(bytes, out)) return cudaSuccess;
     }
+    // A new segment; cudaMalloc outside the lock, which host functions take (Free).
     const int64_t size = (bytes + kSegmentGrain - 1) / kSegmentGrain * kSegmentGrain;
     char* base = nullptr;
     if (cudaError_t err = cudaMalloc(reinterpret_cast<void**>(&base), size_t(size)); err != cudaSuccess) {
       return err;
     }
+    std::lock_guard<std::mutex> lock(mu_);
     segments_.push_back({base, size, {}, {}});
     reserved_ += size;
     reserved_peak_ = std::max(reserved_peak_, reserved_);
@@ -164,6 +160,20 @@ class Staging {
     std::map<int64_t, int64_t> free, taken;  // offset -> bytes
   };
 
+  bool Carve(int64_t bytes, void** out) {  // first fit in the segments there are; under mu_
+    for (auto& seg : segments_) {
+      for (auto it = seg.free.begin(); it != seg.free.end(); ++it) {
+        if (it->second < bytes) continue;
+        const int64_t offset = it->first, left = it->second - bytes;
+        seg.free.erase(it);
+        if (left > 0) seg.free[offset + bytes] = left;
+        Take(seg, offset, bytes, out);
+        return true;
+      }
+    }
+    return false;
+  }
+
   cudaError_t Take(Segment& seg, int64_t offset, int64_t bytes, void** out) {
     seg.taken[offset] = bytes;
     used_ += bytes;
@@ -178,7 +188,6 @@ class Staging {
 
 // The device side of one entry.
 struct EntryGpu {
-  void* stage = nullptr;            // spill staging (freed on a side stream)
   cudaEvent_t spilled = nullptr;    // RAM tier: the host copy and its checksum have landed
   void* dev = nullptr;              // the prefetched copy
   cudaEvent_t ready = nullptr;
@@ -260,7 +269,7 @@ class Gpu {
     e->gpu = g;
     const int64_t n = e->nbytes, round = Round256(n);
     // The cap counts the spill's own bytes, as the planner does (its allocation adds at most
-    // 319 bytes of rounding and checksum tail).
+    // 511 bytes of rounding and checksum tail).
     if (!WaitForStaging(n)) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore was closed");
     }
@@ -356,27 +365,55 @@ class Gpu {
       }
       if (auto it = std::find(held_.begin(), held_.end(), e); it != held_.end()) held_.erase(it);
     }
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, g.ready, 0));
+    // Given back by a host function on the h2d stream once XLA's stream has copied it out; on
+    // an error before that is queued, here, once the copies already queued are done.
+    cudaError_t err = cudaStreamWaitEvent(stream, g.ready, 0);
     int64_t at = 0;
-    for (size_t p = 0; p < out.data.size(); at += out.bytes[p], ++p) {
-      JAXDATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data[p], static_cast<char*>(g.dev) + at,
-                                                   size_t(out.bytes[p]), cudaMemcpyDeviceToDevice,
-                                                   stream));
+    for (size_t p = 0; err == cudaSuccess && p < out.data.size(); at += out.bytes[p], ++p) {
+      err = cudaMemcpyAsync(out.data[p], static_cast<char*>(g.dev) + at, size_t(out.bytes[p]),
+                            cudaMemcpyDeviceToDevice, stream);
     }
-    // Given back by a host function on the h2d stream once XLA's stream has copied it out.
-    cudaEvent_t copied;
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaEventRecord(copied, stream));
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(h2d_, copied, 0));
-    cudaEventDestroy(copied);
+    cudaEvent_t copied = nullptr;
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&copied, cudaEventDisableTiming);
+    if (err == cudaSuccess) err = cudaEventRecord(copied, stream);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(h2d_, copied, 0);
+    if (copied) cudaEventDestroy(copied);
     auto* unheld = new Unstage{this, e->nbytes, g.dev};
+    if (err == cudaSuccess) err = cudaLaunchHostFunc(h2d_, &Gpu::Unheld, unheld);
     g.dev = nullptr;
-    if (cudaError_t err = cudaLaunchHostFunc(h2d_, &Gpu::Unheld, unheld); err != cudaSuccess) {
-      delete unheld;
-      JAXDATA_CUDA_RETURN_IF_ERROR(err);
+    if (err != cudaSuccess) {
+      cudaStreamSynchronize(stream);
+      Unheld(unheld);  // deletes it
+      return ffi::Error(ffi::ErrorCode::kInternal, CudaMessage(err, "offload: load"));
     }
     NoteMemory();
     return ffi::Error::Success();
+  }
+
+  // A popped entry that will not be loaded (its load failed its checks): out of the prefetch
+  // queue, or its prefetched copy given back.
+  void Discard(const std::shared_ptr<Entry>& e) {
+    if (!e->gpu) return;
+    EntryGpu& g = G(*e);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (auto it = std::find(prefetches_.begin(), prefetches_.end(), e); it != prefetches_.end()) {
+      prefetches_.erase(it);
+      g.state = EntryGpu::kNone;
+      return;
+    }
+    if (g.state == EntryGpu::kQueued) {  // being brought back now
+      cv_.wait(lock, [&] { return g.state != EntryGpu::kQueued || stopping_; });
+    }
+    if (g.state != EntryGpu::kReady || !g.dev) return;
+    if (auto it = std::find(held_.begin(), held_.end(), e); it != held_.end()) held_.erase(it);
+    void* block = g.dev;
+    g.dev = nullptr;
+    g.state = EntryGpu::kFailed;
+    held_count_ -= 1;
+    held_bytes_ -= e->nbytes;
+    cv_.notify_all();
+    lock.unlock();
+    staging_.Free(block);  // Bring synchronized its copies
   }
 
  private:
@@ -405,8 +442,10 @@ class Gpu {
   // Loads brought back and not yet copied out on XLA's stream. XLA's host thread runs ahead of
   // the GPU and asks for each load as soon as the previous one is back, so without a limit the
   // prefetcher would bring back every load of a backward pass long before the GPU needs them.
-  // A prefetch (no load waiting for it yet) waits while kPrefetchDepth + 1 are held: the one
-  // being used and the next kPrefetchDepth. A load that is waited for always proceeds.
+  // A prefetch (no load waiting for it yet) waits while kPrefetchDepth are held; a load that is
+  // waited for always proceeds, so at most kPrefetchDepth + 1 are held: the one being copied out
+  // and the next kPrefetchDepth (the one in use is given back as soon as it is copied out, at the
+  // start of its block's backward pass, so kPrefetchDepth come back while a block computes).
   static void CUDART_CB Unheld(void* arg) {  // a host function on the h2d stream
     std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
     u->gpu->staging_.Free(u->block);
@@ -459,7 +498,7 @@ class Gpu {
       auto next = prefetches_.end();
       cv_.wait(lock, [&] {
         if (stopping_) return true;
-        next = held_count_ <= kPrefetchDepth
+        next = held_count_ < kPrefetchDepth
                    ? prefetches_.begin()
                    : std::find_if(prefetches_.begin(), prefetches_.end(),
                                   [](const auto& p) { return G(*p).wanted; });
@@ -474,13 +513,17 @@ class Gpu {
       load_peak_ = std::max(load_peak_, held_bytes_);
       lock.unlock();
       std::string error = Bring(*e);
+      if (!error.empty() && G(*e).dev) {
+        // Not under mu_: h2d_ may hold Unheld host functions of earlier loads, which take it.
+        cudaStreamSynchronize(h2d_);
+        staging_.Free(G(*e).dev);
+        G(*e).dev = nullptr;
+      }
       store_->Free(e);  // the host copy is no longer needed
       lock.lock();
       G(*e).state = error.empty() ? EntryGpu::kReady : EntryGpu::kFailed;
       G(*e).error = error;
       if (!error.empty()) {
-        if (G(*e).dev) cudaStreamSynchronize(h2d_), staging_.Free(G(*e).dev);
-        G(*e).dev = nullptr;
         held_count_ -= 1;  // no load will copy it out
         held_bytes_ -= e->nbytes;
       }
@@ -612,6 +655,7 @@ ffi::Error LoadCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaining
   auto e = (*store)->Pop(site, (*gpu)->device(), -1);
   if (e.has_error()) return e.error();
   if (auto err = CheckSameParts((*e)->parts, *parts); err.failure()) {
+    (*gpu)->Discard(*e);
     (*store)->Free(*e);
     return err;
   }

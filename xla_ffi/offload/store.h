@@ -150,7 +150,8 @@ class TensorStore {
   // Entries spilled before `e` that are still waiting to be loaded, nearest first.
   std::vector<std::shared_ptr<Entry>> Preceding(const Entry& e, int n);
 
-  // The GPU handlers' device memory (their stream-ordered pool): now and its high-water mark.
+  // The GPU handlers' device staging: in use now, reserved high-water mark, and the peaks of
+  // spills in flight and loads held.
   void NoteDevice(int64_t in_use, int64_t peak, int64_t spill_peak, int64_t load_peak);
   StoreStats Stats();
   // Runs at the start of Close(), before the I/O threads stop (the GPU handlers stop theirs).
