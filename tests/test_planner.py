@@ -158,3 +158,22 @@ def test_choices_count_the_carried_input():
            for c in planner.choices(g, (w, x), store, {"all": None}, repeats=1, carry=1)}
     assert got == {"recompute": (x_bytes, 0), "offload[in]": (0, x_bytes),
                    "keep[all]": (r_g, 0), "offload[all]": (0, r_g)}
+
+
+def test_policy_named_round_trips_the_names_plans_print():
+  with offload.TensorStore(ram_bytes=1 << 20) as store:
+    for name, mode, inputs in [("recompute", "recompute", ()), ("keep[dots]", "keep", ()),
+                               ("offload[mlp]", "offload", ()),
+                               ("offload[mlp]+in", "offload", (1,)),
+                               ("offload[in]", "offload", (1,))]:
+      p = planner.policy_named(name, store)
+      assert (str(p), p.mode, p.inputs) == (name, mode, inputs)
+      if mode == "offload":
+        assert p.store is store
+    assert planner.policy_named("offload[in]", store).inner is jax.checkpoint_policies.nothing_saveable
+    for bad in ("keep[in]", "keep[dots]+in", "offload[in]+in", "offload[nope]", "dots", ""):
+      with pytest.raises(ValueError, match="unknown policy"):
+        planner.policy_named(bad, store)
+  with pytest.raises(ValueError, match="needs a TensorStore"):
+    planner.policy_named("offload[attn]")
+  assert planner.policy_named("keep[attn]").mode == "keep"
