@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -153,23 +154,22 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
   fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
   if progress:
     progress("recompute")
-  nothing = jax.checkpoint_policies.nothing_saveable
-  recompute_s = block_seconds(fn, args, nothing, repeats=repeats)
-  out = [Choice(_remat.recompute(name="recompute"), in_bytes, 0, recompute_s, fwd)]
+  named = lambda name: policy_named(name, store, tier=tier, carry=carry, inners=inners)  # noqa: E731
+  recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable,
+                              repeats=repeats)
+  out = [Choice(named("recompute"), in_bytes, 0, recompute_s, fwd)]
   if carry is not None:
-    out.append(Choice(_remat.offload(store, tier, nothing, inputs=(carry,), name="offload[in]"),
-                      0, in_bytes, recompute_s, fwd))
+    out.append(Choice(named("offload[in]"), 0, in_bytes, recompute_s, fwd))
   for name, inner in inners.items():
     if progress:
       progress(name)
     r, needs_input = _residuals(fn, args, inner, carry)
     x = in_bytes if needs_input else 0
     s = block_seconds(fn, args, inner, repeats=repeats)
-    out.append(Choice(_remat.keep(inner, name=f"keep[{name}]"), r + x, 0, s, fwd))
-    out.append(Choice(_remat.offload(store, tier, inner, name=f"offload[{name}]"), x, r, s, fwd))
+    out.append(Choice(named(f"keep[{name}]"), r + x, 0, s, fwd))
+    out.append(Choice(named(f"offload[{name}]"), x, r, s, fwd))
     if x:
-      out.append(Choice(_remat.offload(store, tier, inner, inputs=(carry,),
-                                       name=f"offload[{name}]+in"), 0, r + x, s, fwd))
+      out.append(Choice(named(f"offload[{name}]+in"), 0, r + x, s, fwd))
   return out
 
 
@@ -336,9 +336,8 @@ def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "au
   """The policy a plan prints as `name`: "recompute", "keep[p]", "offload[p]", "offload[p]+in"
   or "offload[in]", with p one of `inners` (default `gpt_candidates()`); offloads go to
   `store`'s `tier`, "+in" offloads argument `carry` too."""
-  import re  # pylint: disable=g-import-not-at-top
   inners = gpt_candidates() if inners is None else inners
-  m = re.fullmatch(r"(keep|offload)\[([a-z_]+)\](\+in)?|recompute", name)
+  m = re.fullmatch(r"(keep|offload)\[([^\[\]]+)\](\+in)?|recompute", name)
   known = ", ".join(["recompute", "offload[in]"] + [f"{k}[{p}]" for k in ("keep", "offload")
                                                    for p in inners] + ["offload[p]+in"])
   if m is None or (m.group(1) and m.group(2) != "in" and m.group(2) not in inners) or (
