@@ -337,25 +337,23 @@ def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "au
   or "offload[in]", with p one of `inners` (default `gpt_candidates()`); offloads go to
   `store`'s `tier`, "+in" offloads argument `carry` too."""
   inners = gpt_candidates() if inners is None else inners
-  m = re.fullmatch(r"(keep|offload)\[([^\[\]]+)\](\+in)?|recompute", name)
-  known = ", ".join(["recompute", "offload[in]"] + [f"{k}[{p}]" for k in ("keep", "offload")
-                                                   for p in inners] + ["offload[p]+in"])
-  if m is None or (m.group(1) and m.group(2) != "in" and m.group(2) not in inners) or (
-      m.group(1) == "keep" and (m.group(3) or m.group(2) == "in")):
+  m = re.fullmatch(r"recompute|(keep|offload)\[([^\[\]]+)\](\+in)?", name)
+  kind, p, plus = m.groups() if m else (None, None, None)
+  if not (name == "recompute" or (kind == "keep" and p in inners and not plus)
+          or (kind == "offload" and (p in inners or (p == "in" and not plus)))):
+    known = ", ".join(["recompute", "offload[in]"] + [f"{k}[{q}]" for k in ("keep", "offload")
+                                                     for q in inners] + ["offload[p]+in"])
     raise ValueError(f"unknown policy {name!r}; one of: {known}")
-  if name == "recompute":
+  if kind is None:
     return _remat.recompute(name=name)
-  if m.group(1) == "keep":
-    return _remat.keep(inners[m.group(2)], name=name)
+  if kind == "keep":
+    return _remat.keep(inners[p], name=name)
   if store is None:
     raise ValueError(f"policy {name!r} offloads: it needs a TensorStore")
-  if m.group(2) == "in":
-    if m.group(3):
-      raise ValueError(f"unknown policy {name!r}; one of: {known}")
+  if p == "in":  # recomputed from its offloaded input
     return _remat.offload(store, tier, jax.checkpoint_policies.nothing_saveable,
                           inputs=(carry,), name=name)
-  return _remat.offload(store, tier, inners[m.group(2)], inputs=(carry,) if m.group(3) else (),
-                        name=name)
+  return _remat.offload(store, tier, inners[p], inputs=(carry,) if plus else (), name=name)
 
 
 def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store: TensorStore, *,

@@ -52,9 +52,9 @@ class TensorStore:
     chunk_bytes: unit of I/O and of checksums (a multiple of 4096).
     staging_bytes: pinned staging between the device or host buffers and the disk.
     device_bytes: the most bytes of spills a GPU may hold in device staging while their copies
-      to the host are in flight (0: no limit; counted in the spilled arrays' bytes). JAX's host thread runs ahead of the GPU, so without a
-      limit every spill of a step can be staged at once; past it, a spill waits for earlier
-      copies to finish (one spill always proceeds).
+      to the host are in flight (0: no limit; counted in the spilled arrays' bytes). JAX's host
+      thread runs ahead of the GPU, so without a limit every spill of a step can be staged at
+      once; past it, a spill waits for earlier copies to finish (one spill always proceeds).
   """
 
   def __init__(self, ram_bytes: int | str = "1GiB", ssd_dir: str | os.PathLike | None = None, *,

@@ -128,8 +128,8 @@ class TensorStore {
   void MarkStored(const std::shared_ptr<Entry>& e) { MarkWritten(e, ""); }
   // SSD tier, for each chunk in order: `fill(chunk, slot)` puts the chunk's bytes into a pinned
   // staging slot (on the calling thread, which may block until a slot is free); an I/O thread
-  // then checksums it and a disk writer writes it, and the entry is stored after its last chunk. When `fill`
-  // returns an error message the entry fails with it.
+  // then checksums it and a disk writer writes it, and the entry is stored after its last
+  // chunk. When `fill` returns an error message the entry fails with it.
   void WriteSsd(const std::shared_ptr<Entry>& e,
                 const std::function<std::string(const Chunk&, char* slot)>& fill);
 
