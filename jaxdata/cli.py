@@ -228,14 +228,16 @@ def _rok(args: argparse.Namespace) -> int:
     if getattr(args, k) is not None:
       size[k] = getattr(args, k)
   size["loss_chunk"] = args.loss_chunk
+  size["param_dtype"] = args.param_dtype
   console = _console(width=200)
   rows, notes = rok.run(**size, fractions=args.fractions, ssd_dir=args.ssd_dir,
                         repeats=args.repeats, say=lambda text: console.print(text, markup=False))
   _print_table(console, "recompute-offload-keep: step time against device memory",
                *rok.table_rows(rows, notes), [], left=("policy", "plan"))
   if args.write:
-    _write(console, args.write, rok.markdown(rows, notes, _command(), size))
-    png = os.path.join(os.path.dirname(args.write) or ".", "rok.png")
+    png = os.path.splitext(args.write)[0] + ".png"  # rok.md -> rok.png beside it
+    _write(console, args.write,
+           rok.markdown(rows, notes, _command(), size, png=os.path.basename(png)))
     if rok.plot(rows, png):
       console.print(f"wrote {png}")
   return 0
@@ -335,9 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     rk.add_argument("--loss-chunk", type=int, default=0, metavar="N",
                     help="cross entropy in chunks of N positions, so the float32 logits of one "
                          "chunk are live at a time (default 0: all at once)")
+    rk.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="parameter (and gradient) dtype; compute is bfloat16 either way "
+                         "(default float32: master weights, cast per layer)")
     rk.add_argument("--repeats", type=int, default=5, help="timed steps per measurement")
     rk.add_argument("--quick", action="store_true", help="a small model")
-    rk.add_argument("--write", metavar="PATH.md", help="write the table (and rok.png beside it)")
+    rk.add_argument("--write", metavar="PATH.md",
+                    help="write the table (and the plot beside it: PATH.png)")
   args = parser.parse_args(argv)
   if args.command == "rok" or getattr(args, "bench", None) == "rok":
     return _rok(args)

@@ -70,13 +70,14 @@ def _time(fn: Callable[[], Any], repeats: int) -> float:
   return common.median_seconds(fn, warmup=2, repeats=repeats)
 
 
-def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, fractions=FRACTIONS,
+def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="float32",
+        fractions=FRACTIONS,
         ram_bytes=64 << 30, ssd_dir=None, ssd_inner="attn", repeats=5,
         say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   from jaxdata.nn.gpt import GPT, GPTConfig, block_fn  # pylint: disable=g-import-not-at-top
   cfg = GPTConfig(vocab=vocab, layers=layers, hidden=hidden, heads=heads, seq=seq,
-                  dtype=jnp.bfloat16, loss_chunk=loss_chunk)
+                  dtype=jnp.bfloat16, param_dtype=jnp.dtype(param_dtype), loss_chunk=loss_chunk)
   model = GPT(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
   rows, notes = [], {}
@@ -195,14 +196,14 @@ def table_rows(rows: list[Row], notes: dict) -> tuple[list[str], list[list[Any]]
   return header, body
 
 
-def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
+def markdown(rows: list[Row], notes: dict, command: str, size: dict, png: str = "rok.png") -> str:
   hw = common.hardware()
   header, body = table_rows(rows, notes)
   text = ["# Recompute-offload-keep: GPT-style stack", "",
           f"`{command}`", "",
           f"- model: {size['layers']} layers, hidden {size['hidden']}, {size['heads']} heads, "
           f"sequence {size['seq']}, batch {size['batch']}, vocab {size['vocab']}, bfloat16 "
-          "compute, float32 parameters; one step = forward + backward (`value_and_grad`)"
+          f"compute, {size.get('param_dtype', 'float32')} parameters and gradients; one step = forward + backward (`value_and_grad`)"
           + (f"; cross entropy in chunks of {size['loss_chunk']} positions"
              if size.get("loss_chunk") else ""),
           *[f"- {k}: {v}" for k, v in hw.items()],
@@ -224,7 +225,7 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict) -> str:
              "(the logits and one layer's working set while it is recomputed)."
              for f, b in notes.get("unfit", [])],
            "",
-           "![step time against device memory](rok.png)", "",
+           f"![step time against device memory]({png})", "",
            "Per-block choices the planner measured (bytes on the device / offloaded, the block's "
            "input included; forward + backward seconds of one block; '+in': the input is "
            "offloaded too):", ""]

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/cuda_check.h"
@@ -109,7 +110,8 @@ class Staging {
     reserved_ += size;
     reserved_peak_ = std::max(reserved_peak_, reserved_);
     if (size > bytes) segments_.back().free[bytes] = size - bytes;
-    return Take(segments_.back(), 0, bytes, out);
+    Take(segments_.back(), 0, bytes, out);
+    return cudaSuccess;
   }
 
   void Free(void* p) {
@@ -174,11 +176,10 @@ class Staging {
     return false;
   }
 
-  cudaError_t Take(Segment& seg, int64_t offset, int64_t bytes, void** out) {
+  void Take(Segment& seg, int64_t offset, int64_t bytes, void** out) {
     seg.taken[offset] = bytes;
     used_ += bytes;
     *out = seg.base + offset;
-    return cudaSuccess;
   }
 
   std::mutex mu_;
@@ -409,11 +410,8 @@ class Gpu {
     void* block = g.dev;
     g.dev = nullptr;
     g.state = EntryGpu::kFailed;
-    held_count_ -= 1;
-    held_bytes_ -= e->nbytes;
-    cv_.notify_all();
     lock.unlock();
-    staging_.Free(block);  // Bring synchronized its copies
+    GiveBack(block, e->nbytes);  // Bring synchronized its copies
   }
 
  private:
@@ -448,11 +446,17 @@ class Gpu {
   // start of its block's backward pass, so kPrefetchDepth come back while a block computes).
   static void CUDART_CB Unheld(void* arg) {  // a host function on the h2d stream
     std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
-    u->gpu->staging_.Free(u->block);
-    std::lock_guard<std::mutex> lock(u->gpu->mu_);
-    u->gpu->held_count_ -= 1;
-    u->gpu->held_bytes_ -= u->bytes;
-    u->gpu->cv_.notify_all();
+    u->gpu->GiveBack(u->block, u->bytes);
+  }
+
+  // A held load's end (copied out, discarded, or failed): its block (if any) back to the
+  // staging, its place back to the prefetcher. Called without mu_, which it takes.
+  void GiveBack(void* block, int64_t bytes) {
+    staging_.Free(block);
+    std::lock_guard<std::mutex> lock(mu_);
+    held_count_ -= 1;
+    held_bytes_ -= bytes;
+    cv_.notify_all();
   }
 
   // False when the store closed while waiting.
@@ -513,20 +517,15 @@ class Gpu {
       load_peak_ = std::max(load_peak_, held_bytes_);
       lock.unlock();
       std::string error = Bring(*e);
-      if (!error.empty() && G(*e).dev) {
+      if (!error.empty()) {  // no load will copy it out
         // Not under mu_: h2d_ may hold Unheld host functions of earlier loads, which take it.
-        cudaStreamSynchronize(h2d_);
-        staging_.Free(G(*e).dev);
-        G(*e).dev = nullptr;
+        if (G(*e).dev) cudaStreamSynchronize(h2d_);
+        GiveBack(std::exchange(G(*e).dev, nullptr), e->nbytes);
       }
       store_->Free(e);  // the host copy is no longer needed
       lock.lock();
       G(*e).state = error.empty() ? EntryGpu::kReady : EntryGpu::kFailed;
       G(*e).error = error;
-      if (!error.empty()) {
-        held_count_ -= 1;  // no load will copy it out
-        held_bytes_ -= e->nbytes;
-      }
       cv_.notify_all();
     }
   }

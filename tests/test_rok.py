@@ -1,0 +1,55 @@
+"""`jaxdata rok` end to end on a tiny model: the built-in policies, the planner's rows, the table."""
+import jax.numpy as jnp
+import pytest
+
+from jaxdata.bench import rok
+
+TINY = dict(layers=2, hidden=32, heads=2, seq=32, batch=2, vocab=64)
+
+
+@pytest.fixture(scope="module")
+def measured():
+  lines = []
+  rows, notes = rok.run(**TINY, param_dtype="bfloat16", fractions=(1.0, 0.6), repeats=1,
+                        say=lines.append)
+  return rows, notes, lines
+
+
+def test_rok_measures_every_builtin_and_a_plan_per_budget(measured):
+  rows, notes, _ = measured
+  names = [r.name for r in rows if r.kind == "jax"]
+  assert names == list(rok._builtin())
+  keep = notes["keep"]
+  assert keep.name == "keep everything" and keep.device_bytes > 0
+  by_name = {r.name: r for r in rows}
+  # Recomputing everything keeps less than keeping everything (XLA's own accounting).
+  assert by_name["recompute everything"].device_bytes < keep.device_bytes
+  planned = [r for r in rows if r.kind == "planner"]
+  assert [r.budget for r in planned] == [int(f * keep.device_bytes) for f in (1.0, 0.6)
+                                         if int(f * keep.device_bytes) >= notes["baseline"]]
+  for r in planned:
+    assert r.seconds > 0 and r.plan
+
+
+def test_rok_table_names_the_parameter_dtype_and_the_plot(measured):
+  rows, notes, _ = measured
+  text = rok.markdown(rows, notes, "jaxdata rok --quick", dict(TINY, param_dtype="bfloat16"),
+                      png="rok_bf16.png")
+  assert "bfloat16 parameters and gradients" in text
+  assert "](rok_bf16.png)" in text
+  header, body = rok.table_rows(rows, notes)
+  assert len(body) == len(rows) and all(len(b) == len(header) for b in body)
+  keep_row = body[[r.name for r in rows].index("keep everything")]
+  assert keep_row[2] == "1.000"
+
+
+def test_rok_param_dtype_reaches_the_model(monkeypatch):
+  seen = []
+
+  def spy(model, tokens, plan):
+    seen.append(model.blocks.qkv.kernel[...].dtype)
+    raise RuntimeError("stop after the first compile")
+  monkeypatch.setattr(rok, "_step", spy)
+  with pytest.raises(RuntimeError, match="keep-everything"):
+    rok.run(**TINY, param_dtype="bfloat16", fractions=(1.0,), repeats=1, say=lambda _: None)
+  assert seen and all(d == jnp.bfloat16 for d in seen)
