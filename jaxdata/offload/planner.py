@@ -223,9 +223,9 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
       d2h_free = on_host[i] = start + c.offload_bytes / bandwidth
       spills.append((t, d2h_free, c.offload_bytes))
       staged += c.offload_bytes
-  # A load queues its own entry and the `_PREFETCH_DEPTH` spilled before it. Approximated by
-  # blocks, not offloaded blocks (the planner that produced docs/benchmarks/rok.md; see
-  # rok_notes.md on what a re-run should change).
+  # A load queues its own entry and the `_PREFETCH_DEPTH` spilled before it; counted here in
+  # blocks, not in offloaded blocks as the store counts them (the same where every block
+  # offloads; elsewhere the store brings loads back earlier than this assumes).
   h2d_free, begun = 0.0, []          # begun[k]: when the k-th backward block (reversed) started
   for k, i in enumerate(reversed(range(len(picks)))):
     c = picks[i]
