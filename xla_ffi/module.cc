@@ -171,14 +171,15 @@ NB_MODULE(_xla_ffi, m) {
   m.def(
       "offload_store_open",
       [](int64_t ram_bytes, std::string dir, int64_t ssd_bytes, int io_threads, int64_t chunk_bytes,
-         int64_t staging_bytes, int64_t device_bytes) {
-        offload::StoreOptions o{ram_bytes, std::move(dir), ssd_bytes, io_threads, chunk_bytes,
-                                staging_bytes, device_bytes};
+         int64_t staging_bytes, int64_t device_bytes, int64_t load_bytes) {
+        offload::StoreOptions o{ram_bytes,     std::move(dir), ssd_bytes,   io_threads,
+                                chunk_bytes,   staging_bytes,  device_bytes, load_bytes};
         nb::gil_scoped_release release;
         return offload::RegisterStore(std::make_shared<offload::TensorStore>(o));
       },
       nb::arg("ram_bytes"), nb::arg("dir"), nb::arg("ssd_bytes"), nb::arg("io_threads"),
       nb::arg("chunk_bytes"), nb::arg("staging_bytes"), nb::arg("device_bytes"),
+      nb::arg("load_bytes"),
       "Opens a TensorStore and returns its id (handlers receive it as the `store` attribute).");
   m.def(
       "offload_store_set_device_bytes",
@@ -188,6 +189,14 @@ NB_MODULE(_xla_ffi, m) {
         store->set_device_bytes(n);
       },
       nb::arg("store_id"), nb::arg("device_bytes"));
+  m.def(
+      "offload_store_set_load_bytes",
+      [](int64_t id, int64_t n) {
+        auto store = offload::FindStore(id);
+        if (!store || store->closed()) throw std::invalid_argument("TensorStore is closed");
+        store->set_load_bytes(n);
+      },
+      nb::arg("store_id"), nb::arg("load_bytes"));
   m.def("offload_store_close", &offload::CloseStore, nb::arg("store_id"),
         nb::call_guard<nb::gil_scoped_release>());
   m.def(

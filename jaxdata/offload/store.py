@@ -55,16 +55,21 @@ class TensorStore:
       to the host are in flight (0: no limit; counted in the spilled arrays' bytes). JAX's host
       thread runs ahead of the GPU, so without a limit every spill of a step can be staged at
       once; past it, a spill waits for earlier copies to finish (one spill always proceeds).
+    load_bytes: the most bytes of loads a GPU may hold in device staging, brought back ahead of
+      the backward pass that needs them (0: no limit beyond two loads ahead). A prefetch that
+      would pass it waits; a load the backward pass waits for always proceeds.
   """
 
   def __init__(self, ram_bytes: int | str = "1GiB", ssd_dir: str | os.PathLike | None = None, *,
                ssd_bytes: int | str = 0, io_threads: int = 4, chunk_bytes: int | str = "8MiB",
-               staging_bytes: int | str = "256MiB", device_bytes: int | str = 0):
+               staging_bytes: int | str = "256MiB", device_bytes: int | str = 0,
+               load_bytes: int | str = 0):
     ram_bytes = _bytes(ram_bytes, "ram_bytes")
     ssd_bytes = _bytes(ssd_bytes, "ssd_bytes")
     chunk_bytes = _bytes(chunk_bytes, "chunk_bytes")
     staging_bytes = _bytes(staging_bytes, "staging_bytes")
     device_bytes = _bytes(device_bytes, "device_bytes")
+    load_bytes = _bytes(load_bytes, "load_bytes")
     if chunk_bytes == 0 or chunk_bytes % 4096:
       raise ValueError(f"chunk_bytes must be a positive multiple of 4096, got {chunk_bytes}")
     if not isinstance(io_threads, int) or io_threads < 1:
@@ -76,11 +81,11 @@ class TensorStore:
     try:
       self._id = _ext.offload_store_open(ram_bytes, os.fspath(ssd_dir) if ssd_dir else "",
                                          ssd_bytes, io_threads, chunk_bytes, staging_bytes,
-                                         device_bytes)
+                                         device_bytes, load_bytes)
     except RuntimeError as e:
       raise OSError(f"TensorStore: {e}") from None
     self.ram_bytes, self.ssd_dir, self.ssd_bytes = ram_bytes, ssd_dir, ssd_bytes
-    self._device_bytes = device_bytes
+    self._device_bytes, self._load_bytes = device_bytes, load_bytes
     self._finalizer = weakref.finalize(self, _ext.offload_store_close, self._id)
 
   @property
@@ -101,6 +106,17 @@ class TensorStore:
     value = _bytes(value, "device_bytes")
     _ext.offload_store_set_device_bytes(self.store_id, value)
     self._device_bytes = value
+
+  @property
+  def load_bytes(self) -> int:
+    """The cap on GPU load staging (0: none beyond two loads ahead); settable while open."""
+    return self._load_bytes
+
+  @load_bytes.setter
+  def load_bytes(self, value: int | str) -> None:
+    value = _bytes(value, "load_bytes")
+    _ext.offload_store_set_load_bytes(self.store_id, value)
+    self._load_bytes = value
 
   @property
   def closed(self) -> bool:

@@ -444,6 +444,8 @@ class Gpu {
   // waited for always proceeds, so at most kPrefetchDepth + 1 are held: the one being copied out
   // and the next kPrefetchDepth (the one in use is given back as soon as it is copied out, at the
   // start of its block's backward pass, so kPrefetchDepth come back while a block computes).
+  // The store's load_bytes caps the bytes held as well: a prefetch that would pass it waits,
+  // unless nothing is held.
   static void CUDART_CB Unheld(void* arg) {  // a host function on the h2d stream
     std::unique_ptr<Unstage> u(static_cast<Unstage*>(arg));
     u->gpu->GiveBack(u->block, u->bytes);
@@ -498,14 +500,19 @@ class Gpu {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      // The queue's first entry, or past the limit the first one a load waits for.
+      // The queue's first entry, or past the limits the first one a load waits for.
       auto next = prefetches_.end();
       cv_.wait(lock, [&] {
         if (stopping_) return true;
-        next = held_count_ < kPrefetchDepth
-                   ? prefetches_.begin()
-                   : std::find_if(prefetches_.begin(), prefetches_.end(),
-                                  [](const auto& p) { return G(*p).wanted; });
+        const int64_t cap = store_->load_bytes();
+        next = prefetches_.begin();
+        const bool room =
+            next != prefetches_.end() && held_count_ < kPrefetchDepth &&
+            (cap <= 0 || held_count_ == 0 || held_bytes_ + (*next)->nbytes <= cap);
+        if (!room) {
+          next = std::find_if(prefetches_.begin(), prefetches_.end(),
+                              [](const auto& p) { return G(*p).wanted; });
+        }
         return next != prefetches_.end();
       });
       if (stopping_) return;

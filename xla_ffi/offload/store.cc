@@ -108,7 +108,7 @@ uint64_t Checksum(const char* data, int64_t nbytes, int64_t first_word) {
 }
 
 TensorStore::TensorStore(const StoreOptions& options)
-    : options_(options), device_bytes_(options.device_bytes) {
+    : options_(options), device_bytes_(options.device_bytes), load_bytes_(options.load_bytes) {
   if (options_.ram_bytes < 0) throw std::invalid_argument("ram_bytes must be >= 0");
   if (options_.io_threads < 1) throw std::invalid_argument("io_threads must be >= 1");
   if (options_.chunk_bytes <= 0 || options_.chunk_bytes % kAlign) {

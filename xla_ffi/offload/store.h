@@ -44,6 +44,7 @@ struct StoreOptions {
   int64_t chunk_bytes = 8 << 20;       // I/O unit and checksum unit; a multiple of 4096
   int64_t staging_bytes = 256 << 20;   // pinned slots between device/host and the disk
   int64_t device_bytes = 0;            // cap on device staging of spills in flight; 0 = none
+  int64_t load_bytes = 0;              // cap on device staging of prefetched loads; 0 = none
 };
 
 // The checksum of a chunk: position-dependent 64-bit mix of its 8-byte words (the tail padded
@@ -111,6 +112,9 @@ class TensorStore {
   // The cap on GPU spill staging (StoreOptions::device_bytes), adjustable while open.
   int64_t device_bytes() const { return device_bytes_.load(std::memory_order_relaxed); }
   void set_device_bytes(int64_t n) { device_bytes_.store(n, std::memory_order_relaxed); }
+  // The cap on GPU load staging (StoreOptions::load_bytes), adjustable while open.
+  int64_t load_bytes() const { return load_bytes_.load(std::memory_order_relaxed); }
+  void set_load_bytes(int64_t n) { load_bytes_.store(n, std::memory_order_relaxed); }
 
   // A new entry of arrays with `parts` bytes, in the tier asked for (kAuto: RAM if it fits,
   // else SSD). The entry is on the stack of (site, device) when this returns.
@@ -179,6 +183,7 @@ class TensorStore {
 
   StoreOptions options_;
   std::atomic<int64_t> device_bytes_{0};
+  std::atomic<int64_t> load_bytes_{0};
   std::atomic<bool> closed_{false};
   std::shared_ptr<HostBuffer> arena_, staging_;
   std::string dir_;
