@@ -219,6 +219,9 @@ def _bench_minibatch(args: argparse.Namespace) -> int:
 
 
 def _rok(args: argparse.Namespace) -> int:
+  if args.write and os.path.splitext(args.write)[1].lower() != ".md":
+    raise SystemExit(f"jaxdata rok: --write takes a .md path (the plot goes beside it as .png), "
+                     f"got {args.write!r}")
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
   from jaxdata.bench import rok  # pylint: disable=g-import-not-at-top

@@ -1002,11 +1002,13 @@ def test_gpu_spill_staging_is_capped(load_cap):
       dep = outs[-1]
     return jnp.stack(outs[::-1])
 
-  with jax.default_device(gpu), make_store(None, ram_bytes=count * 4 * n + (1 << 20)) as store:
+  # load_bytes of one tensor: none brought back ahead while one is held (the constructor's path;
+  # the setter's is the same value read by the prefetcher).
+  with jax.default_device(gpu), make_store(None, ram_bytes=count * 4 * n + (1 << 20),
+                                           load_bytes=load_cap * 4 * n) as store:
     assert store.device_bytes == 0
     store.device_bytes = "4MiB"       # settable while open; what spills read
     assert store.device_bytes == 4 * n
-    store.load_bytes = load_cap * 4 * n  # one tensor's bytes: none brought back while one is held
     f = jax.jit(lambda x: round_trip(x, store))
     x = jnp.arange(n, dtype=jnp.float32)
     got = np.asarray(f(x))
@@ -1019,6 +1021,8 @@ def test_gpu_spill_staging_is_capped(load_cap):
     # What the pool holds, by kind: the cap's one spill, and at most the load being copied out
     # plus two brought back ahead (XLA's host thread asks for all 16 well before the GPU).
     assert 0 < s["spill_peak"] <= 4 * n, s
+    # With the cap: the load being copied out and the one waited for. A load's bring-back
+    # synchronizes the h2d stream, which runs the previous load's give-back first, so no third.
     assert 0 < s["load_peak"] <= (2 if load_cap else 3) * 4 * n, s
     assert_drained(store)
 

@@ -53,3 +53,23 @@ def test_rok_param_dtype_reaches_the_model(monkeypatch):
   with pytest.raises(RuntimeError, match="keep-everything"):
     rok.run(**TINY, param_dtype="bfloat16", fractions=(1.0,), repeats=1, say=lambda _: None)
   assert seen and all(d == jnp.bfloat16 for d in seen)
+
+
+def test_cli_rok_passes_the_dtype_and_names_the_plot_after_the_table(measured, monkeypatch,
+                                                                        tmp_path):
+  from jaxdata import cli
+  rows, notes, _ = measured
+  seen = {}
+
+  def fake_run(**kw):
+    seen.update(kw)
+    return rows, notes
+  monkeypatch.setattr(rok, "run", fake_run)
+  out = tmp_path / "curve.md"
+  assert cli.main(["rok", "--quick", "--param-dtype", "bfloat16", "--repeats", "1",
+                   "--write", str(out)]) == 0
+  assert seen["param_dtype"] == "bfloat16" and seen["repeats"] == 1
+  text = out.read_text()
+  assert "](curve.png)" in text and "bfloat16 parameters" in text
+  with pytest.raises(SystemExit, match=".md"):
+    cli.main(["rok", "--quick", "--write", str(tmp_path / "curve.png")])

@@ -203,7 +203,8 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict, png: str = 
           f"`{command}`", "",
           f"- model: {size['layers']} layers, hidden {size['hidden']}, {size['heads']} heads, "
           f"sequence {size['seq']}, batch {size['batch']}, vocab {size['vocab']}, bfloat16 "
-          f"compute, {size.get('param_dtype', 'float32')} parameters and gradients; one step = forward + backward (`value_and_grad`)"
+          f"compute, {size.get('param_dtype', 'float32')} parameters and gradients; "
+          "one step = forward + backward (`value_and_grad`)"
           + (f"; cross entropy in chunks of {size['loss_chunk']} positions"
              if size.get("loss_chunk") else ""),
           *[f"- {k}: {v}" for k, v in hw.items()],

@@ -55,9 +55,10 @@ class TensorStore:
       to the host are in flight (0: no limit; counted in the spilled arrays' bytes). JAX's host
       thread runs ahead of the GPU, so without a limit every spill of a step can be staged at
       once; past it, a spill waits for earlier copies to finish (one spill always proceeds).
-    load_bytes: the most bytes of loads a GPU may hold in device staging, brought back ahead of
-      the backward pass that needs them (0: no limit beyond two loads ahead). A prefetch that
-      would pass it waits; a load the backward pass waits for always proceeds.
+    load_bytes: a cap on the bytes of loads a GPU holds in device staging (brought back and not
+      yet copied out), counted in the arrays' bytes; 0: none beyond two loads held. A prefetch
+      that would pass it waits while anything is held, but a load the backward pass waits for
+      always proceeds, so up to about the cap plus one load can be held.
   """
 
   def __init__(self, ram_bytes: int | str = "1GiB", ssd_dir: str | os.PathLike | None = None, *,

@@ -343,7 +343,11 @@ class Gpu {
   ffi::Error Load(cudaStream_t stream, const int32_t* ticket, const Parts& out,
                   const std::shared_ptr<Entry>& e) {
     CheckTicket<<<1, 1, 0, stream>>>(ticket, e->seq, flag_dev_);
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+      Discard(e);  // popped, and no load will copy it out: its prefetch place and block back
+      store_->Free(e);
+      return ffi::Error(ffi::ErrorCode::kInternal, CudaMessage(err, "offload: load"));
+    }
     EntryGpu& g = G(*e);
     {
       std::unique_lock<std::mutex> lock(mu_);

@@ -112,7 +112,9 @@ class TensorStore {
   // The cap on GPU spill staging (StoreOptions::device_bytes), adjustable while open.
   int64_t device_bytes() const { return device_bytes_.load(std::memory_order_relaxed); }
   void set_device_bytes(int64_t n) { device_bytes_.store(n, std::memory_order_relaxed); }
-  // The cap on GPU load staging (StoreOptions::load_bytes), adjustable while open.
+  // The cap on GPU load staging (StoreOptions::load_bytes), adjustable while open. A new value
+  // is read at the prefetcher's next wake-up: it only holds prefetches back while a load is
+  // held, and every held load's end wakes it.
   int64_t load_bytes() const { return load_bytes_.load(std::memory_order_relaxed); }
   void set_load_bytes(int64_t n) { load_bytes_.store(n, std::memory_order_relaxed); }
 
