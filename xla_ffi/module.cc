@@ -181,21 +181,19 @@ NB_MODULE(_xla_ffi, m) {
       nb::arg("chunk_bytes"), nb::arg("staging_bytes"), nb::arg("device_bytes"),
       nb::arg("load_bytes"),
       "Opens a TensorStore and returns its id (handlers receive it as the `store` attribute).");
+  // The store's GPU staging caps, settable while it is open.
+  static constexpr auto open_store = [](int64_t id) {
+    auto store = offload::FindStore(id);
+    if (!store || store->closed()) throw std::invalid_argument("TensorStore is closed");
+    return store;
+  };
   m.def(
       "offload_store_set_device_bytes",
-      [](int64_t id, int64_t n) {
-        auto store = offload::FindStore(id);
-        if (!store || store->closed()) throw std::invalid_argument("TensorStore is closed");
-        store->set_device_bytes(n);
-      },
+      [](int64_t id, int64_t n) { open_store(id)->set_device_bytes(n); },
       nb::arg("store_id"), nb::arg("device_bytes"));
   m.def(
       "offload_store_set_load_bytes",
-      [](int64_t id, int64_t n) {
-        auto store = offload::FindStore(id);
-        if (!store || store->closed()) throw std::invalid_argument("TensorStore is closed");
-        store->set_load_bytes(n);
-      },
+      [](int64_t id, int64_t n) { open_store(id)->set_load_bytes(n); },
       nb::arg("store_id"), nb::arg("load_bytes"));
   m.def("offload_store_close", &offload::CloseStore, nb::arg("store_id"),
         nb::call_guard<nb::gil_scoped_release>());
