@@ -11,13 +11,8 @@ from flax import nnx
 
 from jaxdata import offload
 from jaxdata.bench import common, rok
-from jaxdata.nn.gpt import GPT, GPTConfig
 
-size = dict(rok.FULL)
-batch = size.pop("batch")
-cfg = GPTConfig(**size, dtype=jnp.bfloat16, loss_chunk=256)
-model = GPT(cfg, rngs=nnx.Rngs(0))
-tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, cfg.seq + 1), 0, cfg.vocab)
+model, tokens = rok.model_and_tokens(**rok.FULL, loss_chunk=256)
 graphdef, params = nnx.split(model)
 
 

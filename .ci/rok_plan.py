@@ -11,13 +11,8 @@ store's staging peak, and whether their sum fits --budget (a fraction of keep's 
 import argparse
 import re
 
-import jax
-import jax.numpy as jnp
-from flax import nnx
-
 from jaxdata import offload
 from jaxdata.bench import common, rok
-from jaxdata.nn.gpt import GPT, GPTConfig
 
 
 def expand(text: str) -> list[str]:
@@ -38,11 +33,8 @@ def main():
   ap.add_argument("--budget", type=float, default=0.1)
   ap.add_argument("--repeats", type=int, default=3)
   args = ap.parse_args()
-  size = dict(rok.FULL)
-  batch = size.pop("batch")
-  cfg = GPTConfig(**size, dtype=jnp.bfloat16, loss_chunk=256)
-  model = GPT(cfg, rngs=nnx.Rngs(0))
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, cfg.seq + 1), 0, cfg.vocab)
+  model, tokens = rok.model_and_tokens(**rok.FULL, loss_chunk=256)
+  layers = model.cfg.layers
   fn, keep_temp, _ = rok._step(model, tokens, None)
   keep_s = common.median_seconds(fn, warmup=2, repeats=args.repeats)
   budget = args.budget * keep_temp
@@ -51,8 +43,8 @@ def main():
   del fn
   for text in args.plans:
     names = expand(text)
-    if len(names) != cfg.layers:
-      raise SystemExit(f"{text!r}: {len(names)} policies for {cfg.layers} layers")
+    if len(names) != layers:
+      raise SystemExit(f"{text!r}: {len(names)} policies for {layers} layers")
     with offload.TensorStore(ram_bytes=16 << 30, device_bytes=args.spill,
                              load_bytes=args.load) as store:
       plan = [offload.planner.policy_named(n, store) for n in names]

@@ -70,16 +70,24 @@ def _time(fn: Callable[[], Any], repeats: int) -> float:
   return common.median_seconds(fn, warmup=2, repeats=repeats)
 
 
-def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="float32",
-        fractions=FRACTIONS,
-        ram_bytes=64 << 30, ssd_dir=None, ssd_inner="attn", repeats=5,
-        say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
+def model_and_tokens(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0,
+                     param_dtype="float32"):
+  """The GPT (bfloat16 compute) and the fixed token batch (batch, seq + 1) that rok measures."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from jaxdata.nn.gpt import GPT, GPTConfig, block_fn  # pylint: disable=g-import-not-at-top
+  from jaxdata.nn.gpt import GPT, GPTConfig  # pylint: disable=g-import-not-at-top
   cfg = GPTConfig(vocab=vocab, layers=layers, hidden=hidden, heads=heads, seq=seq,
                   dtype=jnp.bfloat16, param_dtype=jnp.dtype(param_dtype), loss_chunk=loss_chunk)
-  model = GPT(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, seq + 1), 0, vocab)
+  return GPT(cfg, rngs=nnx.Rngs(0)), tokens
+
+
+def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="float32",
+        fractions=FRACTIONS, ram_bytes=64 << 30, ssd_dir=None, ssd_inner="attn", repeats=5,
+        say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
+  from jaxdata.nn.gpt import block_fn  # pylint: disable=g-import-not-at-top
+  model, tokens = model_and_tokens(layers=layers, hidden=hidden, heads=heads, seq=seq,
+                                   batch=batch, vocab=vocab, loss_chunk=loss_chunk,
+                                   param_dtype=param_dtype)
   rows, notes = [], {}
 
   for name, policy in _builtin().items():

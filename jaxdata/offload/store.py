@@ -23,6 +23,19 @@ def _bytes(value: Any, what: str) -> int:
   return value
 
 
+def _staging_cap(name: str, doc: str) -> property:
+  """A TensorStore property for one of its GPU staging caps: the native store's value, set
+  through `offload_store_set_<name>` while the store is open, and a copy to read back."""
+  def get(self) -> int:
+    return getattr(self, "_" + name)
+
+  def set_(self, value: int | str) -> None:
+    value = _bytes(value, name)
+    getattr(_ext, f"offload_store_set_{name}")(self.store_id, value)
+    setattr(self, "_" + name, value)
+  return property(get, set_, doc=doc)
+
+
 class TensorStore:
   """Tiers for offloaded activations: pinned host RAM under a byte budget, then files on SSD.
 
@@ -96,28 +109,12 @@ class TensorStore:
       raise ValueError(f"TensorStore #{self._id} is closed")
     return self._id
 
-  @property
-  def device_bytes(self) -> int:
-    """The cap on GPU spill staging (0: none); settable while the store is open, and read by
-    each spill (the planner sets it with its plan)."""
-    return self._device_bytes
-
-  @device_bytes.setter
-  def device_bytes(self, value: int | str) -> None:
-    value = _bytes(value, "device_bytes")
-    _ext.offload_store_set_device_bytes(self.store_id, value)
-    self._device_bytes = value
-
-  @property
-  def load_bytes(self) -> int:
-    """The cap on GPU load staging (0: none beyond two loads ahead); settable while open."""
-    return self._load_bytes
-
-  @load_bytes.setter
-  def load_bytes(self, value: int | str) -> None:
-    value = _bytes(value, "load_bytes")
-    _ext.offload_store_set_load_bytes(self.store_id, value)
-    self._load_bytes = value
+  device_bytes = _staging_cap(
+      "device_bytes", "The cap on GPU spill staging (0: none); settable while the store is open, "
+      "and read by each spill (the planner sets it with its plan).")
+  load_bytes = _staging_cap(
+      "load_bytes", "The cap on GPU load staging (0: none beyond two loads ahead); settable "
+      "while the store is open.")
 
   @property
   def closed(self) -> bool:
