@@ -68,7 +68,7 @@ def _print_plans() -> None:
 def latency_vs_throughput(graph: str, dims: str) -> None:
   """jaxdata and transform-all-then-gather (precision highest, as `jaxdata bench rgnn` runs it):
   one step waited for alone against 20 steps queued back to back and waited for once."""
-  from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
+  from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
   g, why = rgnn.load_graph(graph, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
   assert g is not None, why
   edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
@@ -80,8 +80,8 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
                                  precision=jax.lax.Precision.HIGHEST))
     for form in forms:
       c = peers.compile_step(form, x, w, ct)
-      one = common.median_seconds(c.run, warmup=3, repeats=15)
-      many = common.median_seconds(c.run, warmup=3, repeats=15, queued=20)
+      one = median_seconds(c.run, warmup=3, repeats=15)
+      many = median_seconds(c.run, warmup=3, repeats=15, queued=20)
       print(f"{graph} dim {dim} {form.name:<28} alone {one * 1e3:7.3f} ms   queued {many * 1e3:7.3f} ms",
             flush=True)
 

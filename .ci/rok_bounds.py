@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxdata import offload
-from jaxdata.bench import common, rok
+from jaxdata.bench import rok
+from jaxdata.timing import median_seconds
 
 model, tokens = rok.model_and_tokens(**rok.FULL, loss_chunk=256)
 graphdef, params = nnx.split(model)
@@ -22,8 +23,8 @@ def loss(params, tokens):
 
 step = jax.jit(jax.value_and_grad(loss))
 forward = jax.jit(loss)
-t_step = common.median_seconds(lambda: step(params, tokens), repeats=5)
-t_fwd = common.median_seconds(lambda: forward(params, tokens), repeats=5)
+t_step = median_seconds(lambda: step(params, tokens), repeats=5)
+t_fwd = median_seconds(lambda: forward(params, tokens), repeats=5)
 print(f"keep-everything step {t_step * 1e3:.1f} ms; forward only {t_fwd * 1e3:.1f} ms "
       f"({t_fwd / t_step:.0%} of the step)")
 del params, model
@@ -31,9 +32,9 @@ del params, model
 x = jnp.ones((1 << 29,), jnp.bfloat16)  # 1 GiB
 dev = x.sharding
 host = dev.with_memory_kind("pinned_host")
-d2h = common.median_seconds(lambda: jax.device_put(x, host), repeats=5)
+d2h = median_seconds(lambda: jax.device_put(x, host), repeats=5)
 y = jax.device_put(x, host)
-h2d = common.median_seconds(lambda: jax.device_put(y, dev), repeats=5)
+h2d = median_seconds(lambda: jax.device_put(y, dev), repeats=5)
 print(f"XLA transfers of 1 GiB: device -> pinned host {x.nbytes / d2h / 1e9:.1f} GB/s, "
       f"pinned host -> device {x.nbytes / h2d / 1e9:.1f} GB/s")
 with offload.TensorStore(ram_bytes=2 << 30) as store:

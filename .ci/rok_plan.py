@@ -12,7 +12,8 @@ import argparse
 import re
 
 from jaxdata import offload
-from jaxdata.bench import common, rok
+from jaxdata.bench import rok
+from jaxdata.timing import median_seconds
 
 
 def expand(text: str) -> list[str]:
@@ -36,7 +37,7 @@ def main():
   model, tokens = rok.model_and_tokens(**rok.FULL, loss_chunk=256)
   layers = model.cfg.layers
   fn, keep_temp, _ = rok._step(model, tokens, None)
-  keep_s = common.median_seconds(fn, warmup=2, repeats=args.repeats)
+  keep_s = median_seconds(fn, warmup=2, repeats=args.repeats)
   budget = args.budget * keep_temp
   print(f"keep everything: {keep_s * 1e3:.1f} ms, {keep_temp / 2**30:.2f} GiB; budget "
         f"{args.budget:g} x keep = {budget / 2**30:.2f} GiB")
@@ -49,7 +50,7 @@ def main():
                              load_bytes=args.load) as store:
       plan = [offload.planner.policy_named(n, store) for n in names]
       fn, temp, _ = rok._step(model, tokens, plan)
-      s = common.median_seconds(fn, warmup=2, repeats=args.repeats)
+      s = median_seconds(fn, warmup=2, repeats=args.repeats)
       st = store.stats()
     total = temp + st["device_peak"]
     print(f"{text}\n  {s * 1e3:.1f} ms = {s / keep_s:.3f} x keep; XLA {temp / 2**30:.2f} GiB + "

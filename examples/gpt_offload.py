@@ -15,7 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata.bench.common import parse_bytes
+from jaxdata.sizes import parse_bytes
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn import GPT, GPTConfig
 from jaxdata.nn.gpt import segments

@@ -247,7 +247,7 @@ def _rok(args: argparse.Namespace) -> int:
 
 
 def _parse_bytes(text: str) -> int:
-  from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
+  from jaxdata.sizes import parse_bytes  # pylint: disable=g-import-not-at-top
   return parse_bytes(text)
 
 

@@ -1,75 +1,16 @@
-"""What every benchmark shares: timing, a description of the machine, size parsing, output."""
+"""What every benchmark shares: a description of the machine, Markdown tables, random rows.
+
+Timing lives in `jaxdata.timing`, byte sizes in `jaxdata.sizes`."""
 from __future__ import annotations
 
 import datetime
 import os
 import platform
-import statistics
 import sys
-import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
-
-
-def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7,
-                   queued: int = 1, wait: Callable[[Any], Any] = jax.block_until_ready) -> float:
-  """Median wall time of one `fn()` call, results waited for (JAX dispatch is asynchronous).
-
-  With `queued` > 1, each timed round queues that many calls back to back and waits once, so the
-  figure is the device's throughput rather than one call's round-trip latency. `wait(result)`
-  blocks until a call's work is done (for PyTorch: a function that synchronizes the device).
-  """
-  for _ in range(warmup):
-    wait(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(queued - 1):
-      fn()
-    wait(fn())
-    times.append((time.perf_counter() - t0) / queued)
-  return statistics.median(times)
-
-
-def step_seconds(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 7,
-                 wait: Callable[[Any], Any] = jax.block_until_ready) -> tuple[float, float]:
-  """(per step with steps queued back to back, one step waited for on its own): the median of
-  rounds of `queue_depth` calls waited for once, and of single calls each waited for (the same
-  figure where the depth is 1)."""
-  queued = queue_depth(fn, wait=wait)
-  seconds = median_seconds(fn, warmup=warmup, repeats=repeats, queued=queued, wait=wait)
-  alone = (median_seconds(fn, warmup=0, repeats=repeats, wait=wait) if queued > 1 else seconds)
-  return seconds, alone
-
-
-def queue_depth(fn: Callable[[], Any], *, wait: Callable[[Any], Any] = jax.block_until_ready,
-                round_seconds: float = 0.02, most: int = 20) -> int:
-  """How many calls of `fn` to queue per timed round (`median_seconds(queued=...)`) so that a
-  round lasts about `round_seconds`: 1 for calls that long or longer, at most `most`. Runs `fn`
-  once (after a call to warm it up) to see how long a call takes."""
-  wait(fn())
-  t0 = time.perf_counter()
-  wait(fn())
-  one = time.perf_counter() - t0
-  return max(1, min(most, int(round_seconds / max(one, 1e-6))))
-
-
-def parse_bytes(text: str) -> int:
-  """'256M' -> 268435456 (binary units: K, M, G, T)."""
-  text = text.strip().upper().removesuffix("B").removesuffix("I")
-  units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-  if text and text[-1] in units:
-    return int(float(text[:-1]) * units[text[-1]])
-  return int(text)
-
-
-def format_bytes(n: int) -> str:
-  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if n >= size and n % size == 0:
-      return f"{n // size} {unit}"
-  return f"{n} B"
 
 
 def cpu_model() -> str:

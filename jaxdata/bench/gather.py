@@ -19,6 +19,8 @@ import jax
 import numpy as np
 
 from jaxdata.bench import common
+from jaxdata.sizes import format_bytes, parse_bytes
+from jaxdata.timing import median_seconds
 from jaxdata.host import HostTable, gather as gather_mod, host_gather, host_slice
 
 ROW_BYTES = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -69,7 +71,7 @@ def _measure(table: HostTable, row_bytes: int, batch_bytes: int, cpu_batch_bytes
     def time_gather(sort: bool) -> float:
       fn = jax.jit(lambda i: host_gather(t, i, sort=sort))
       sets = itertools.cycle(index_sets)
-      return gbps(n * row_bytes, common.median_seconds(lambda: fn(next(sets)), repeats=repeats,
+      return gbps(n * row_bytes, median_seconds(lambda: fn(next(sets)), repeats=repeats,
                                                        queued=4))
 
     unsorted, sorted_ = time_gather(False), time_gather(True)
@@ -77,12 +79,12 @@ def _measure(table: HostTable, row_bytes: int, batch_bytes: int, cpu_batch_bytes
 
     n_copy = min(n, rows)
     copy = jax.jit(lambda: host_slice(t, 0, n_copy))
-    memcpy = gbps(n_copy * row_bytes, common.median_seconds(copy, repeats=repeats, queued=4))
+    memcpy = gbps(n_copy * row_bytes, median_seconds(copy, repeats=repeats, queued=4))
 
     view = t.as_numpy()
     n_cpu = max(1, min(n, cpu_batch_bytes // row_bytes))
     cpu_sets = itertools.cycle([common.random_rows(rng, rows, n_cpu) for _ in range(3)])
-    cpu = gbps(n_cpu * row_bytes, common.median_seconds(
+    cpu = gbps(n_cpu * row_bytes, median_seconds(
         lambda: jax.device_put(view[next(cpu_sets)], device), warmup=1, repeats=max(3, repeats // 2)))
     del view
     return Result(t.nbytes, row_bytes, by_default, sorted_ if by_default else unsorted, unsorted,
@@ -100,7 +102,7 @@ def run(table_sizes: Sequence[str] = TABLE_BYTES, row_bytes: Sequence[int] = ROW
   rng = np.random.default_rng(seed)
   results, notes = [], []
   ram = _ffi.ext.physical_memory_bytes()
-  sizes = [common.parse_bytes(s) for s in table_sizes]
+  sizes = [parse_bytes(s) for s in table_sizes]
   for rb in row_bytes:
     if rb % 4 or rb <= 0:
       raise ValueError(f"row sizes must be positive multiples of 4 bytes, got {rb}")
@@ -109,15 +111,15 @@ def run(table_sizes: Sequence[str] = TABLE_BYTES, row_bytes: Sequence[int] = ROW
     for size in sizes:
       size -= size % 4096
       if 2 * size > ram:
-        notes.append(f"{common.format_bytes(size)} table skipped: the host has "
+        notes.append(f"{format_bytes(size)} table skipped: the host has "
                      f"{ram / 2**30:.0f} GiB of RAM (the benchmark wants twice the table)")
         bar.advance(task, len(row_bytes))
         continue
-      bar.update(task, description=f"filling a {common.format_bytes(size)} table")
+      bar.update(task, description=f"filling a {format_bytes(size)} table")
       with HostTable.empty((size // 4096, 1024), np.float32) as table:
         _fill(table, rng)
         for rb in row_bytes:
-          bar.update(task, description=f"{common.format_bytes(size)} table, {rb} B rows")
+          bar.update(task, description=f"{format_bytes(size)} table, {rb} B rows")
           results.append(_measure(table, rb, batch_bytes, cpu_batch_bytes, repeats, rng))
           bar.advance(task)
   return results, notes
@@ -126,7 +128,7 @@ def run(table_sizes: Sequence[str] = TABLE_BYTES, row_bytes: Sequence[int] = ROW
 def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
   header = ["table", "row", "host_gather GB/s", "% of memcpy", "x CPU-centric",
             "unsorted GB/s", "sorted GB/s", "CPU-centric GB/s", "memcpy GB/s"]
-  rows = [[common.format_bytes(r.table_bytes), f"{r.row_bytes} B",
+  rows = [[format_bytes(r.table_bytes), f"{r.row_bytes} B",
            f"{r.gather:.1f}" + (" (sorted)" if r.sorted_by_default else ""),
            f"{100 * r.of_memcpy:.0f}%", f"{r.over_cpu:.1f}x", f"{r.unsorted:.1f}",
            f"{r.sorted:.1f}", f"{r.cpu_centric:.2f}", f"{r.memcpy:.1f}"] for r in results]
@@ -141,7 +143,7 @@ def markdown(results: list[Result], notes: list[str], command: str) -> str:
       "Measured by `jaxdata bench gather` (jaxdata/bench/gather.py): GB/s of rows delivered to the "
       "device, random indices, float32 rows. *host_gather* is jaxdata's zero-copy gather with its "
       "default policy (indices sorted first for tables of "
-      f"{common.format_bytes(gather_mod.SORT_THRESHOLD_BYTES)} or more with rows under "
+      f"{format_bytes(gather_mod.SORT_THRESHOLD_BYTES)} or more with rows under "
       f"{gather_mod.SORT_BELOW_ROW_BYTES} B); *CPU-centric* is NumPy "
       "fancy indexing on the host followed by `jax.device_put`; *memcpy* is one contiguous "
       "copy of as many bytes from the same pinned table (`host_slice`, a DMA copy), the ceiling. "
@@ -181,7 +183,7 @@ def plot(results: list[Result], path: str) -> bool:
     ax.set_xticks(x, [str(v) for v in x])
     ax.set_xlabel("row size (bytes)")
     ax.set_ylabel("GB/s")
-    ax.set_title(f"{common.format_bytes(size)} table, random rows")
+    ax.set_title(f"{format_bytes(size)} table, random rows")
     ax.grid(True, which="both", alpha=0.3)
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()

@@ -13,7 +13,7 @@ heavy-tailed degrees), hidden sizes d_in = d_out = dim. In one run, for each gra
 
 Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W. Time is per
 step, median over repeats of a round of steps queued back to back and waited for once (enough to
-fill ~20 ms, at most 20: `common.queue_depth`), as a training loop dispatches them; for every
+fill ~20 ms, at most 20: `jaxdata.timing.queue_depth`), as a training loop dispatches them; for every
 formulation alike, so a sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled executable needs
 (memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise of the
 allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that does

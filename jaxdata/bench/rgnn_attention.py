@@ -42,6 +42,7 @@ import numpy as np
 
 from jaxdata.bench import attention_peers as att
 from jaxdata.bench import common
+from jaxdata.timing import step_seconds
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_peers as peers
 
@@ -303,7 +304,7 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
     step = _pyg_step(model, case, x, params, ct, device)
 
     r.loss = float(step().detach().item())
-    r.seconds, r.alone_seconds = common.step_seconds(step, repeats=repeats,
+    r.seconds, r.alone_seconds = step_seconds(step, repeats=repeats,
                                                      wait=peers.pyg_wait(device))
     r.bytes = torch.cuda.max_memory_allocated(device) - base if cuda else None
   except Exception as e:  # pylint: disable=broad-except

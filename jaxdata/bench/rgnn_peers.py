@@ -281,7 +281,7 @@ class Timing:
 def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
              baseline: dict[str, int] | None = None) -> Timing:
   """Median fwd+bwd time of a compiled step per step, with steps queued back to back as a
-  training loop dispatches them (`common.queue_depth`: enough to fill ~20 ms, at most 20), so a
+  training loop dispatches them (`jaxdata.timing.queue_depth`: enough to fill ~20 ms, at most 20), so a
   sub-millisecond step is not dominated by the host's round trip of waiting for each one.
 
   The first call's loss is kept (it is also the first warm-up). On a GPU, also how far the step
@@ -292,10 +292,10 @@ def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
   they count too when the baseline is taken before compiling: without them, the peak of a run
   almost never rises past the compile's.
   """
-  from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
+  from jaxdata.timing import step_seconds  # pylint: disable=g-import-not-at-top
   before = device_memory_stats() if baseline is None else baseline
   loss = float(compiled.run()[0])
-  seconds, alone = common.step_seconds(compiled.run, warmup=max(warmup - 1, 0),
+  seconds, alone = step_seconds(compiled.run, warmup=max(warmup - 1, 0),
                                        repeats=repeats)
   after = device_memory_stats()
   measured = None
@@ -381,7 +381,7 @@ def pyg_loss_and_grads(conv, x, edge_index, edge_type, ct):
 
 
 def pyg_wait(device) -> Callable[[Any], None]:
-  """`common.median_seconds`'s `wait` for PyTorch on `device`: synchronizes a CUDA device."""
+  """`jaxdata.timing.median_seconds`'s `wait` for PyTorch on `device`: synchronizes a CUDA device."""
   import torch  # pylint: disable=g-import-not-at-top
   if device.type == "cuda":
     return lambda _: torch.cuda.synchronize(device)
@@ -410,10 +410,10 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
   def step():
     return pyg_loss_and_grads(conv, xt, edge_index, edge_type, ctt)
 
-  from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
+  from jaxdata.timing import step_seconds  # pylint: disable=g-import-not-at-top
   wait = pyg_wait(device)
   loss = step()[0].detach().item()
-  seconds, alone = common.step_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
+  seconds, alone = step_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
                                        wait=wait)
   peak = torch.cuda.max_memory_allocated(device) - base if cuda else None
   del conv, edge_index, edge_type, xt, ctt

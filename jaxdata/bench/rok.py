@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxdata import offload
 from jaxdata.bench import common
+from jaxdata.timing import median_seconds
 
 FULL = dict(layers=16, hidden=4096, heads=32, seq=2048, batch=8, vocab=8192)
 QUICK = dict(layers=4, hidden=256, heads=4, seq=256, batch=4, vocab=512)
@@ -67,7 +68,7 @@ def _step(model, tokens, plan):
 
 
 def _time(fn: Callable[[], Any], repeats: int) -> float:
-  return common.median_seconds(fn, warmup=2, repeats=repeats)
+  return median_seconds(fn, warmup=2, repeats=repeats)
 
 
 def model_and_tokens(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0,
@@ -161,7 +162,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
       policy = offload.offload(store, "ssd", offload.planner.gpt_candidates()[ssd_inner],
                                name=f"offload[{ssd_inner}] to SSD")
       fn, temp, host = _step(model, tokens, [policy] * layers)
-      seconds = common.median_seconds(fn, warmup=1, repeats=2)
+      seconds = median_seconds(fn, warmup=1, repeats=2)
       s = store.stats()
     per_layer = next(c.offload_bytes for c in cands if str(c.policy) == f"offload[{ssd_inner}]")
     rows.append(Row(f"offload[{ssd_inner}] every layer, SSD tier only", "planner", seconds,

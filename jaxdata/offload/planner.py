@@ -73,7 +73,7 @@ def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *, bl
   """Median time of one block's forward + backward (or forward only) under `inner`, on the
   default device: `blocks` applications of `fn(state, x) -> x` in a `lax.scan` (state shared),
   divided by `blocks`."""
-  from jaxdata.bench.common import median_seconds  # pylint: disable=g-import-not-at-top
+  from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
   f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
   state, x = args
 
@@ -90,7 +90,7 @@ def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *, bl
 
 def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram") -> float:
   """Bytes/s of one direction of a spill + load round trip through `store`'s `tier`."""
-  from jaxdata.bench.common import median_seconds  # pylint: disable=g-import-not-at-top
+  from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
   site = _spill.new_site()
   x = jnp.zeros((nbytes // 4,), jnp.float32)
 

@@ -13,7 +13,7 @@ _ext = _ffi.ext
 
 def _bytes(value: Any, what: str) -> int:
   if isinstance(value, str):
-    from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
+    from jaxdata.sizes import parse_bytes  # pylint: disable=g-import-not-at-top
     try:
       value = parse_bytes(value)
     except ValueError:

@@ -162,7 +162,7 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | N
 
 def add_arguments(parser):
   """`jaxdata train gpt` options."""
-  from jaxdata.bench.common import parse_bytes  # pylint: disable=g-import-not-at-top
+  from jaxdata.sizes import parse_bytes  # pylint: disable=g-import-not-at-top
   d = GPTTrainConfig()
   parser.add_argument("--layers", type=int, default=d.layers)
   parser.add_argument("--hidden", type=int, default=d.hidden)
