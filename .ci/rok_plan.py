@@ -3,7 +3,7 @@
     python3 .ci/rok_plan.py "5x(offload[mlp]+in,offload[mlp]+in,offload[in]),keep[dots]" \
         --spill 768MiB --load 768MiB [--budget 0.1]
 
-A plan is policy names (`planner.policy_named`), comma-separated, `Nx(...)` repeating a group;
+A plan is policy names (`jaxdata.nn.gpt_plan.policy_named`), comma-separated, `Nx(...)` repeating a group;
 it must name one policy per layer. Each plan runs with a TensorStore capping spill staging at
 --spill and loads held at --load; printed: step time against keep's, XLA's temporaries, the
 store's staging peak, and whether their sum fits --budget (a fraction of keep's memory).
@@ -13,6 +13,7 @@ import re
 
 from jaxdata import offload
 from jaxdata.bench import rok
+from jaxdata.nn import gpt_plan
 from jaxdata.timing import median_seconds
 
 
@@ -48,7 +49,7 @@ def main():
       raise SystemExit(f"{text!r}: {len(names)} policies for {layers} layers")
     with offload.TensorStore(ram_bytes=16 << 30, device_bytes=args.spill,
                              load_bytes=args.load) as store:
-      plan = [offload.planner.policy_named(n, store) for n in names]
+      plan = [gpt_plan.policy_named(n, store) for n in names]
       fn, temp, _ = rok._step(model, tokens, plan)
       s = median_seconds(fn, warmup=2, repeats=args.repeats)
       st = store.stats()

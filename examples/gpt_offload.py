@@ -18,8 +18,8 @@ from flax import nnx
 from jaxdata.sizes import parse_bytes
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn import GPT, GPTConfig
-from jaxdata.nn.gpt import segments
-from jaxdata.offload import TensorStore, plan_for_model
+from jaxdata.nn.gpt_plan import plan_for_model
+from jaxdata.offload import TensorStore, segments
 
 on_gpu = jax.devices()[0].platform == "gpu"
 budget = parse_bytes(sys.argv[sys.argv.index("--budget") + 1] if "--budget" in sys.argv else

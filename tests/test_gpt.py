@@ -1,7 +1,5 @@
 """The GPT model, its per-layer remat plans, the synthetic token chain and `train`."""
 import dataclasses
-import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +9,9 @@ from flax import nnx
 
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn import GPT, GPTConfig
-from jaxdata.nn.gpt import BLOCK_NAMES, block_fn, run_layers, save_names, segments
+from jaxdata.nn.gpt import BLOCK_NAMES, block_fn, save_names
+from jaxdata.offload import stack
+from jaxdata.offload.stack import run_layers, segments
 from jaxdata.train.gpt import GPTTrainConfig, train
 
 # One shape for every model here (training included): on a small CPU, building a model of a new
@@ -47,7 +47,7 @@ def checkpoint_wrap(monkeypatch):
     calls.append(policy)
     return jax.checkpoint(fn, policy=policy)
 
-  monkeypatch.setitem(sys.modules, "jaxdata.offload", types.SimpleNamespace(remat=remat))
+  monkeypatch.setattr(stack, "remat", remat)
   return calls
 
 

@@ -114,12 +114,13 @@ def test_residual_bytes_counts_what_the_vjp_keeps():
 
 def test_block_seconds_and_candidates_on_a_gpt_block():
   from flax import nnx
+  from jaxdata.nn import gpt_plan
   from jaxdata.nn.gpt import GPT, GPTConfig, block_fn
   cfg = GPTConfig(vocab=32, layers=2, hidden=32, heads=2, seq=16, dtype=jnp.float32)
   blk = block_fn(GPT(cfg, rngs=nnx.Rngs(0)), (2, 16))
   args = (blk.layer(0), blk.x)
   sizes = {n: planner.residual_bytes(blk.apply, args, p)
-           for n, p in planner.gpt_candidates().items()}
+           for n, p in gpt_plan.candidates().items()}
   unit = 2 * 16 * 32 * 4                # one (batch, seq, hidden) float32 activation
   assert sizes["ctx"] >= 2 * unit       # the attention output and the projection's
   assert sizes["attn"] >= 5 * unit and sizes["mlp"] >= 5 * unit
@@ -161,19 +162,20 @@ def test_choices_count_the_carried_input():
 
 
 def test_policy_named_round_trips_the_names_plans_print():
+  from jaxdata.nn import gpt_plan
   with offload.TensorStore(ram_bytes=1 << 20) as store:
     for name, mode, inputs in [("recompute", "recompute", ()), ("keep[dots]", "keep", ()),
                                ("offload[mlp]", "offload", ()),
                                ("offload[mlp]+in", "offload", (1,)),
                                ("offload[in]", "offload", (1,))]:
-      p = planner.policy_named(name, store)
+      p = gpt_plan.policy_named(name, store)
       assert (str(p), p.mode, p.inputs) == (name, mode, inputs)
       if mode == "offload":
         assert p.store is store
-    assert planner.policy_named("offload[in]", store).inner is jax.checkpoint_policies.nothing_saveable
+    assert gpt_plan.policy_named("offload[in]", store).inner is jax.checkpoint_policies.nothing_saveable
     for bad in ("keep[in]", "keep[dots]+in", "offload[in]+in", "offload[nope]", "dots", ""):
       with pytest.raises(ValueError, match="unknown policy"):
-        planner.policy_named(bad, store)
+        gpt_plan.policy_named(bad, store)
   with pytest.raises(ValueError, match="needs a TensorStore"):
-    planner.policy_named("offload[attn]")
-  assert planner.policy_named("keep[attn]").mode == "keep"
+    gpt_plan.policy_named("offload[attn]")
+  assert gpt_plan.policy_named("keep[attn]").mode == "keep"

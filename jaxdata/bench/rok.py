@@ -50,7 +50,7 @@ def _builtin() -> dict[str, offload.Policy | None]:
 
 def _step(model, tokens, plan):
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from jaxdata.nn.gpt import segments  # pylint: disable=g-import-not-at-top
+  from jaxdata.offload.stack import segments  # pylint: disable=g-import-not-at-top
   if plan is not None and len(segments(plan, model.cfg.layers)) > 1:
     model = nnx.clone(model)
     model.split_layers(plan)  # one parameter stack per segment, as training would
@@ -86,6 +86,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
         fractions=FRACTIONS, ram_bytes=64 << 30, ssd_dir=None, ssd_inner="attn", repeats=5,
         say: Callable[[str], None] = print) -> tuple[list[Row], dict]:
   from jaxdata.nn.gpt import block_fn  # pylint: disable=g-import-not-at-top
+  from jaxdata.nn.gpt_plan import candidates  # pylint: disable=g-import-not-at-top
   model, tokens = model_and_tokens(layers=layers, hidden=hidden, heads=heads, seq=seq,
                                    batch=batch, vocab=vocab, loss_chunk=loss_chunk,
                                    param_dtype=param_dtype)
@@ -111,7 +112,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
   blk = block_fn(model, (batch, seq))
   with offload.TensorStore(ram_bytes=1 << 30) as probe:
     cands = offload.planner.choices(blk.apply, (blk.layer(0), blk.x), probe,
-                                    offload.planner.gpt_candidates(), repeats=repeats, carry=1,
+                                    candidates(), repeats=repeats, carry=1,
                                     progress=lambda n: say(f"  block under {n}"))
     bandwidth = offload.planner.store_bandwidth(probe) if any(
         c.offload_bytes for c in cands) else 0.0
@@ -159,7 +160,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
     disk_before = offload.measure_disk_write(ssd_dir, 4 << 30)
     # Every layer's attention residuals to the SSD: a fixed, heavy write load.
     with offload.TensorStore(ram_bytes=0, ssd_dir=ssd_dir, staging_bytes=1 << 30) as store:
-      policy = offload.offload(store, "ssd", offload.planner.gpt_candidates()[ssd_inner],
+      policy = offload.offload(store, "ssd", candidates()[ssd_inner],
                                name=f"offload[{ssd_inner}] to SSD")
       fn, temp, host = _step(model, tokens, [policy] * layers)
       seconds = median_seconds(fn, warmup=1, repeats=2)

@@ -24,7 +24,6 @@ parameters, whose body is `jaxdata.offload.remat(block_apply, policy)`.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
@@ -33,6 +32,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+
+from jaxdata.offload.stack import run_layers, segments
 
 #: The names a block tags its intermediates with, in the order the forward pass makes them.
 BLOCK_NAMES = ("block_in", "qkv", "attn_ctx", "attn_out", "mlp_up", "mlp_act", "mlp_down")
@@ -195,65 +196,6 @@ class Block(nnx.Module):
     up = checkpoint_name(self.up(_norm(self.ln2, x)), "mlp_up")
     act = checkpoint_name(gelu(up), "mlp_act")
     return x + checkpoint_name(self.down(act), "mlp_down")
-
-
-def segments(plan: Sequence[Hashable] | None, layers: int) -> list[tuple[int, int, Any]]:
-  """[(start, stop, policy)]: runs of consecutive layers whose policies are equal (==).
-
-  >>> segments(["a", "a", None, "a"], 4)
-  [(0, 2, 'a'), (2, 3, None), (3, 4, 'a')]
-  """
-  if plan is None:
-    return [(0, layers, None)]
-  plan = list(plan)
-  if len(plan) != layers:
-    raise ValueError(f"plan: one policy per layer expected ({layers}), got {len(plan)}")
-  runs, start = [], 0
-  for i in range(1, layers + 1):
-    if i == layers or plan[i] != plan[start]:
-      runs.append((start, i, plan[start]))
-      start = i
-  return runs
-
-
-def run_layers(block_apply: Callable, states: Any, x: jax.Array,
-               plan: Sequence[Hashable] | None = None) -> jax.Array:
-  """Applies stacked layers to x: one `lax.scan` per segment of `plan` (see `segments`).
-
-  `block_apply(layer_state, x) -> x` is one layer; `states` holds every layer's state along a
-  leading axis, or is a list of such stacks, one per segment of `plan` (`GPT.split_layers`). A
-  segment whose policy is None scans `block_apply` itself; any other runs
-  `jaxdata.offload.remat(block_apply, policy)`, which has block_apply's results and gradients.
-
-  One stack under a plan of several segments costs memory: each segment's slice of the stack is
-  a copy that the backward pass keeps, one stack's worth in all, and each slice's gradient is
-  padded to the whole stack. Stacks split ahead of time (outside the jitted step) cost nothing.
-  """
-  presplit = isinstance(states, list)  # one stack per segment (what `GPT.split_layers` makes)
-  stacks = states if presplit else [states]
-  sizes = [jax.tree.leaves(s)[0].shape[0] for s in stacks]
-  layers = sum(sizes)
-  if presplit and plan is None:  # plain layers, one scan per stack
-    runs = [(a, a + n, None) for a, n in zip(itertools.accumulate([0] + sizes), sizes)]
-  else:
-    runs = segments(plan, layers)
-  if presplit:
-    if sizes != [stop - start for start, stop, _ in runs]:
-      raise ValueError(f"run_layers: states split into stacks of {sizes} layers, but the plan's "
-                       f"segments are {[stop - start for start, stop, _ in runs]}")
-  for j, (start, stop, policy) in enumerate(runs):
-    body = block_apply
-    if policy is not None:
-      from jaxdata.offload import remat  # pylint: disable=g-import-not-at-top
-      body = remat(block_apply, policy)
-    if presplit:
-      part = stacks[j]
-    elif len(runs) == 1:
-      part = states
-    else:
-      part = jax.tree.map(lambda a, start=start, stop=stop: a[start:stop], states)
-    x, _ = jax.lax.scan(lambda h, s, body=body: (body(s, h), None), x, part)
-  return x
 
 
 def _join(stacks: list) -> Any:

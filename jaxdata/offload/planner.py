@@ -312,31 +312,11 @@ def _compositions(n: int, k: int):
     yield [b - a for a, b in zip((0,) + cuts, cuts + (n,))]
 
 
-def gpt_candidates() -> dict[str, Any]:
-  """Inner policies worth trying for a `jaxdata.nn.GPT` block (by its checkpoint names).
-
-  What a block's backward pass reads: q, k, v and the attention's output and statistics (the
-  attention backward), the attention output again and the MLP's input (weight gradients), the
-  MLP's pre-activation (GELU's derivative). Each set below saves some of those; the rest is
-  recomputed from the block's input.
-  """
-  from jaxdata.nn.gpt import save_names  # pylint: disable=g-import-not-at-top
-  return {
-      "all": None,
-      "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-      "proj": save_names("qkv", "attn_ctx", "attn_out", "mlp_up"),
-      "attn": save_names("qkv", "attn_ctx", "attn_out"),
-      "mlp": save_names("attn_out", "mlp_up"),
-      "ctx": save_names("attn_ctx", "attn_out"),
-  }
-
-
-def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "auto",
-                 carry: int = 1, inners: dict[str, Any] | None = None) -> _remat.Policy:
+def policy_named(name: str, store: TensorStore | None = None, *, inners: dict[str, Any],
+                 tier: str = "auto", carry: int = 1) -> _remat.Policy:
   """The policy a plan prints as `name`: "recompute", "keep[p]", "offload[p]", "offload[p]+in"
-  or "offload[in]", with p one of `inners` (default `gpt_candidates()`); offloads go to
-  `store`'s `tier`, "+in" offloads argument `carry` too."""
-  inners = gpt_candidates() if inners is None else inners
+  or "offload[in]", with p one of `inners` (name -> inner checkpoint policy, as `choices`
+  takes them); offloads go to `store`'s `tier`, "+in" offloads argument `carry` too."""
   m = re.fullmatch(r"recompute|(keep|offload)\[([^\[\]]+)\](\+in)?", name)
   kind, p, plus = m.groups() if m else (None, None, None)
   if not (name == "recompute" or (kind == "keep" and p in inners and not plus)
@@ -354,25 +334,3 @@ def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "au
     return _remat.offload(store, tier, jax.checkpoint_policies.nothing_saveable,
                           inputs=(carry,), name=name)
   return _remat.offload(store, tier, inners[p], inputs=(carry,) if plus else (), name=name)
-
-
-def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store: TensorStore, *,
-                   tier: str = "auto", repeats: int = 5, verbose: bool = True) -> list[_remat.Policy]:
-  """A per-layer plan for a `jaxdata.nn.GPT` (or any model with `jaxdata.nn.gpt.block_fn`) so that
-  the layers' residuals and inputs (what the stack keeps for each layer's backward pass) fit
-  `budget_bytes` of device memory, measured on the default device."""
-  from jaxdata.nn import gpt  # pylint: disable=g-import-not-at-top
-  blk = gpt.block_fn(model, batch_shape)
-  say = (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
-  cands = choices(blk.apply, (blk.layer(0), blk.x), store, gpt_candidates(), tier=tier,
-                  repeats=repeats, carry=1, progress=say)
-  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
-  bw = store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
-  best = plan(model.cfg.layers, cands, budget_bytes, bw)
-  if best.offload_bytes:
-    store.device_bytes = best.spill_cap  # the staging the plan was predicted with
-  if verbose:
-    print(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
-          f"{best.device_bytes / 2**30:.2f} GiB resident, {best.offload_bytes / 2**30:.2f} GiB "
-          f"offloaded at {bw / 1e9:.1f} GB/s)", flush=True)
-  return list(best.policies)

@@ -2,7 +2,7 @@
 
 The data is a random sparse Markov chain (`jaxdata.data.tokens`), so the loss has a known floor
 (the chain's entropy) far below log(vocab), and a short run shows whether training works. With a
-plan (one remat policy per layer, e.g. from `jaxdata.offload.plan_for_model`), each run of layers
+plan (one remat policy per layer, e.g. from `jaxdata.nn.gpt_plan.plan_for_model`), each run of layers
 sharing a policy trains under `jaxdata.offload.remat`; the plan changes memory and time, never
 the numbers.
 
@@ -25,7 +25,8 @@ import optax
 from flax import nnx
 
 from jaxdata.data.tokens import markov_tokens
-from jaxdata.nn.gpt import GPT, GPTConfig, segments
+from jaxdata.nn.gpt import GPT, GPTConfig
+from jaxdata.offload.stack import segments
 
 Plan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -183,7 +184,7 @@ def add_arguments(parser):
                       help="steps between printed records (default steps / 10)")
   parser.add_argument("--offload", action="store_true",
                       help="plan keep / offload / recompute per layer under --budget "
-                           "(jaxdata.offload.plan_for_model) and train with the plan")
+                           "(jaxdata.nn.gpt_plan.plan_for_model) and train with the plan")
   parser.add_argument("--plan", default="auto", metavar="POLICY",
                       help="--offload: 'auto' (the planner, under --budget) or one policy for "
                            "every layer, as plans print them: recompute, keep[dots], "
@@ -254,8 +255,8 @@ def main(args) -> int:
       raise SystemExit("jaxdata train gpt: --offload needs --budget (e.g. --budget 2GiB) for "
                        "the planner, or --plan POLICY")
     try:
-      from jaxdata.offload import TensorStore, plan_for_model  # pylint: disable=g-import-not-at-top
-      from jaxdata.offload.planner import policy_named  # pylint: disable=g-import-not-at-top
+      from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top
+      from jaxdata.offload import TensorStore  # pylint: disable=g-import-not-at-top
     except (ImportError, AttributeError) as e:
       raise SystemExit(f"jaxdata train gpt --offload: jaxdata.offload.TensorStore and "
                        f"plan_for_model are not available ({e})") from e

@@ -1,0 +1,64 @@
+"""Offload planning for `jaxdata.nn.GPT`: the inner policies worth trying for its block, the
+policies a plan names, and a per-layer plan for a device memory budget.
+
+The planner itself (`jaxdata.offload.planner`) knows nothing of GPT: it measures any block
+function under the inner policies it is given. This module gives it GPT's block and names.
+
+    plan = plan_for_model(model, (batch, seq), budget_bytes=4 << 30, store=store)
+    loss = model.loss(tokens, plan=plan)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from jaxdata.nn.gpt import block_fn, save_names
+from jaxdata.offload import planner
+from jaxdata.offload.remat import Policy
+from jaxdata.offload.store import TensorStore
+
+
+def candidates() -> dict[str, Any]:
+  """Inner policies worth trying for a GPT block (by its checkpoint names).
+
+  What a block's backward pass reads: q, k, v and the attention's output and statistics (the
+  attention backward), the attention output again and the MLP's input (weight gradients), the
+  MLP's pre-activation (GELU's derivative). Each set below saves some of those; the rest is
+  recomputed from the block's input.
+  """
+  return {
+      "all": None,
+      "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+      "proj": save_names("qkv", "attn_ctx", "attn_out", "mlp_up"),
+      "attn": save_names("qkv", "attn_ctx", "attn_out"),
+      "mlp": save_names("attn_out", "mlp_up"),
+      "ctx": save_names("attn_ctx", "attn_out"),
+  }
+
+
+def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "auto") -> Policy:
+  """The policy a GPT plan prints as `name` ("recompute", "keep[attn]", "offload[mlp]+in", ...;
+  see `jaxdata.offload.planner.policy_named`), over `candidates()`."""
+  return planner.policy_named(name, store, inners=candidates(), tier=tier, carry=1)
+
+
+def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store: TensorStore, *,
+                   tier: str = "auto", repeats: int = 5, verbose: bool = True) -> list[Policy]:
+  """A per-layer plan for a `jaxdata.nn.GPT` so that the layers' residuals and inputs (what the
+  stack keeps for each layer's backward pass) fit `budget_bytes` of device memory, measured on
+  the default device."""
+  blk = block_fn(model, batch_shape)
+  say = (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
+  cands = planner.choices(blk.apply, (blk.layer(0), blk.x), store, candidates(), tier=tier,
+                          repeats=repeats, carry=1, progress=say)
+  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
+  bw = planner.store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
+  best = planner.plan(model.cfg.layers, cands, budget_bytes, bw)
+  if best.offload_bytes:
+    store.device_bytes = best.spill_cap  # the staging the plan was predicted with
+  if verbose:
+    print(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
+          f"{best.device_bytes / 2**30:.2f} GiB resident, {best.offload_bytes / 2**30:.2f} GiB "
+          f"offloaded at {bw / 1e9:.1f} GB/s)", flush=True)
+  return list(best.policies)

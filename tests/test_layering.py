@@ -1,0 +1,60 @@
+"""Dependencies point one way (DESIGN.md): apps (cli, train, bench) -> models (nn) -> libraries
+(host, hector, offload) -> ground (data, _ffi, sizes, timing). Every import in a module, at
+top level or inside a function, is checked against its layer."""
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxdata"
+APPS = ("jaxdata.cli", "jaxdata.train", "jaxdata.bench")
+MODELS = ("jaxdata.nn",)
+LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload")
+GROUND = ("jaxdata.data", "jaxdata._ffi", "jaxdata.sizes", "jaxdata.timing")
+#: What each layer may not import.
+FORBIDDEN = {MODELS: APPS, LIBRARIES: APPS + MODELS, GROUND: APPS + MODELS + LIBRARIES}
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
+  """(line, module) for every import in the file; relative imports resolved."""
+  package = _module_name(path).rsplit(".", 0 if path.name == "__init__.py" else 1)[0]
+  found = []
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      found += [(node.lineno, a.name) for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] +
+                        ([base] if base else []))
+      found += [(node.lineno, f"{base}.{a.name}") for a in node.names] + [(node.lineno, base)]
+  return found
+
+
+def _within(name: str, layer: tuple[str, ...]) -> bool:
+  return any(name == p or name.startswith(p + ".") for p in layer)
+
+
+def _layer_modules():
+  for path in sorted(PACKAGE.rglob("*.py")):
+    name = _module_name(path)
+    for layer, forbidden in FORBIDDEN.items():
+      if _within(name, layer):
+        yield pytest.param(path, forbidden, id=name)
+
+
+@pytest.mark.parametrize("path,forbidden", list(_layer_modules()))
+def test_module_imports_only_from_its_layer_and_below(path, forbidden):
+  wrong = sorted({f"line {line}: {mod}" for line, mod in _imports(path) if _within(mod, forbidden)})
+  assert not wrong, f"{path.relative_to(PACKAGE.parent)} imports upward: {wrong}"
+
+
+def test_every_module_has_a_layer():
+  every = APPS + MODELS + LIBRARIES + GROUND + ("jaxdata",)
+  stray = [_module_name(p) for p in PACKAGE.rglob("*.py") if not _within(_module_name(p), every)]
+  assert not stray, f"modules outside every layer (add them to one): {stray}"
