@@ -441,7 +441,7 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
   train_gpt.add_arguments(parser)
   # Activations of 128 KiB: above the 64 KiB under which a policy keeps residuals on the device.
   common = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "32",
-            "--batch", "8", "--steps", "3", "--log-every", "1"]
+            "--batch-size", "8", "--steps", "3", "--log-every", "1"]
   assert train_gpt.main(parser.parse_args(common)) == 0
   is_step = lambda l: l.split()[:1] == ["step"] and l.split()[2:3] == ["loss"]  # noqa: E731
   plain = [l for l in capsys.readouterr().out.splitlines() if is_step(l)]
@@ -455,7 +455,8 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
   np.testing.assert_allclose(losses(offloaded), losses(plain), rtol=1e-5)
   assert "SSD tier" in out and "GiB written" in out, out
   assert list(tmp_path.iterdir()) == []
-  with pytest.raises(SystemExit, match="unknown policy"):
+  from jaxdata.command import UsageError
+  with pytest.raises(UsageError, match="unknown policy"):
     train_gpt.main(parser.parse_args(common + ["--offload", "--plan", "offload[bogus]"]))
-  with pytest.raises(SystemExit, match="needs --budget"):
+  with pytest.raises(UsageError, match="needs --budget"):
     train_gpt.main(parser.parse_args(common + ["--offload"]))

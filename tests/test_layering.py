@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md): apps (cli, train, bench) -> models (nn) -> libraries
+"""Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) -> libraries
 (host, hector, offload) -> ground (data, _ffi, sizes, timing). Every import in a module, at
 top level or inside a function, is checked against its layer."""
 import ast
@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxdata"
-APPS = ("jaxdata.cli", "jaxdata.train", "jaxdata.bench")
+APPS = ("jaxdata.cli", "jaxdata.command", "jaxdata.train", "jaxdata.bench")
 MODELS = ("jaxdata.nn",)
 LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload")
 GROUND = ("jaxdata.data", "jaxdata._ffi", "jaxdata.sizes", "jaxdata.timing")

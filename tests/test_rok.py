@@ -56,7 +56,7 @@ def test_rok_param_dtype_reaches_the_model(monkeypatch):
 
 
 def test_cli_rok_passes_the_dtype_and_names_the_plot_after_the_table(measured, monkeypatch,
-                                                                        tmp_path):
+                                                                        tmp_path, capsys):
   from jaxdata import cli
   rows, notes, _ = measured
   seen = {}
@@ -70,6 +70,12 @@ def test_cli_rok_passes_the_dtype_and_names_the_plot_after_the_table(measured, m
                    "--write", str(out)]) == 0
   assert seen["param_dtype"] == "bfloat16" and seen["repeats"] == 1
   text = out.read_text()
-  assert "](curve.png)" in text and "bfloat16 parameters" in text
-  with pytest.raises(SystemExit, match=".md"):
-    cli.main(["rok", "--quick", "--write", str(tmp_path / "curve.png")])
+  assert "bfloat16 parameters" in text
+  try:  # the plot, and its link, only where matplotlib can draw it
+    import matplotlib  # noqa: F401
+    assert "](curve.png)" in text and (tmp_path / "curve.png").exists()
+  except ImportError:
+    assert "](curve.png)" not in text and "matplotlib is not installed" in capsys.readouterr().out
+  capsys.readouterr()
+  assert cli.main(["rok", "--quick", "--write", str(tmp_path / "curve.png")]) == 2
+  assert ".md" in capsys.readouterr().err

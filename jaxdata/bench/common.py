@@ -1,4 +1,5 @@
-"""What every benchmark shares: a description of the machine, Markdown tables, random rows.
+"""What every benchmark shares: a description of the machine, tables (rich and Markdown), the
+command line it records, random rows.
 
 Timing lives in `jaxdata.timing`, byte sizes in `jaxdata.sizes`."""
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shlex
 import sys
 from typing import Any
 
@@ -51,3 +53,37 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 def random_rows(rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
   dtype = np.int32 if rows < 2**31 else np.int64
   return rng.integers(0, rows, size=n, dtype=dtype)
+
+
+def command_line() -> str:
+  """This command line, as a benchmark table records it."""
+  return "jaxdata " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def print_table(console, title: str, header, body, notes=(), left=()) -> None:
+  """A rich table (cells printed as written, not as markup), then the notes in yellow."""
+  import rich.markup  # pylint: disable=g-import-not-at-top
+  import rich.table  # pylint: disable=g-import-not-at-top
+  table = rich.table.Table(title=title)
+  for h in header:
+    table.add_column(h, justify="left" if h in left else "right")
+  for r in body:  # cells are text, not markup: "keep[dots]" must print as written
+    table.add_row(*(rich.markup.escape(str(c)) for c in r))
+  console.print(table)
+  for n in notes:
+    console.print(f"[yellow]{rich.markup.escape(n)}")
+
+
+def write(console, path: str, text: str) -> None:
+  """Writes a benchmark's Markdown to `path` (its folder made if missing) and says so."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+  console.print(f"wrote {path}")
+
+
+def pick(given, quick: bool, quick_value, full_value):
+  """A setting: what the user gave, else the --quick value under --quick, else the full run's."""
+  if given is not None:
+    return given
+  return quick_value if quick else full_value

@@ -18,6 +18,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.sizes import format_bytes, parse_bytes
 from jaxdata.timing import median_seconds
@@ -135,7 +136,8 @@ def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
   return header, rows
 
 
-def markdown(results: list[Result], notes: list[str], command: str) -> str:
+def markdown(results: list[Result], notes: list[str], command: str,
+             png: str | None = "gather.png") -> str:
   hw = common.hardware()
   header, rows = table_rows(results)
   text = [
@@ -155,8 +157,9 @@ def markdown(results: list[Result], notes: list[str], command: str) -> str:
       common.markdown_table(header, rows), ""]
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
-  text += ["![GB/s against row size](gather.png)", "",
-           "What these figures say, against the foundation issue's bars: "
+  if png:
+    text += [f"![GB/s against row size]({png})", ""]
+  text += ["What these figures say, against the foundation issue's bars: "
            "[gather_notes.md](gather_notes.md).", ""]
   return "\n".join(text)
 
@@ -191,3 +194,48 @@ def plot(results: list[Result], path: str) -> bool:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return True
+
+
+# ----------------------------------------------------------------------------- the CLI
+def add_arguments(parser) -> None:
+  """`jaxdata bench gather` options."""
+  parser.add_argument("--tables", type=command.listing(str),
+                      help="table sizes, comma-separated (default 256M,16G, skipped where RAM is "
+                           "short; --quick 64M)")
+  parser.add_argument("--rows", type=command.listing(command.positive_int),
+                      help="row sizes in bytes, comma-separated (default 64 to 4096, powers of "
+                           "two; --quick 64,512,4096)")
+  parser.add_argument("--batch-bytes", type=command.size,
+                      help="bytes gathered per call (default 256MiB; --quick 32MiB)")
+  parser.add_argument("--repeats", type=command.positive_int,
+                      help="timed calls per measurement, median (default 7; --quick 3)")
+  parser.add_argument("--quick", action="store_true",
+                      help="a small run: 64 MiB table, 3 row sizes (flags given still apply)")
+  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
+                      help="write the table (and a .png plot beside it) here")
+
+
+def main(args) -> int:
+  """`jaxdata bench gather`."""
+  tables = common.pick(args.tables, args.quick, ["64M"], list(TABLE_BYTES))
+  for t in tables:
+    try:
+      parse_bytes(t)
+    except ValueError as e:
+      raise command.UsageError(f"argument --tables: {e}") from None
+  rows = common.pick(args.rows, args.quick, [64, 512, 4096], list(ROW_BYTES))
+  repeats = common.pick(args.repeats, args.quick, 3, 7)
+  batch = common.pick(args.batch_bytes, args.quick, 32 << 20, 256 << 20)
+  console = command.console(width=140)
+  results, notes = run(tables, rows, batch_bytes=batch, cpu_batch_bytes=min(batch, 64 << 20),
+                       repeats=repeats, console=console)
+  common.print_table(console, "random-row gather from a host table (GB/s of rows delivered)",
+                     *table_rows(results), notes)
+  if args.write:
+    png = os.path.splitext(args.write)[0] + ".png"
+    drawn = plot(results, png)
+    common.write(console, args.write, markdown(results, notes, common.command_line(),
+                                               png=os.path.basename(png) if drawn else None))
+    console.print(f"wrote {png}" if drawn else
+                  "[yellow]no plot: matplotlib is not installed (pip install matplotlib)")
+  return 0

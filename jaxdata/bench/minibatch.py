@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.data.powerlaw import powerlaw_graph
 from jaxdata.host import HostGraph, HostTable
@@ -151,3 +153,43 @@ def markdown(results: list[Result], notes: list[str], dataset: Any, command: str
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
   return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------- the CLI
+def add_arguments(parser) -> None:
+  """`jaxdata bench minibatch` options."""
+  parser.add_argument("--nodes", type=command.positive_int,
+                      help=f"graph nodes (default {FULL['nodes']:,}; --quick {QUICK['nodes']:,})")
+  parser.add_argument("--edges", type=command.positive_int,
+                      help=f"graph edges (default {FULL['edges']:,}; --quick {QUICK['edges']:,})")
+  parser.add_argument("--features", type=command.positive_int,
+                      help=f"feature size (default {FULL['features']}; --quick {QUICK['features']})")
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[15, 10],
+                      help="neighbours sampled per hop, comma-separated")
+  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
+                      help="seeds per device per batch")
+  parser.add_argument("--batches", type=command.positive_int,
+                      help="batches per timed epoch (default 100; --quick 10)")
+  parser.add_argument("--device-counts", type=command.listing(command.positive_int),
+                      default=[1, 2], help="GPU counts to run the GPU-centric path on (counts "
+                                           "above the visible GPUs are skipped)")
+  parser.add_argument("--quick", action="store_true",
+                      help="a small graph and 10 batches (flags given still apply)")
+  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
+                      help="write the table here")
+
+
+def main(args) -> int:
+  """`jaxdata bench minibatch`."""
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
+  batches = common.pick(args.batches, args.quick, 10, 100)
+  console = command.console(width=160)
+  results, notes, dataset = run(**size, fanouts=args.fanouts, batch_size=args.batch_size,
+                                batches=batches, devices=args.device_counts, console=console)
+  common.print_table(console, "mini-batch GraphSAGE: epoch through three pipelines",
+                     *table_rows(results), notes, left=("pipeline",))
+  if args.write:
+    common.write(console, args.write, markdown(results, notes, dataset, common.command_line(),
+                                               args.fanouts, args.batch_size, batches))
+  return 0

@@ -35,16 +35,18 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import statistics
 from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxdata import command
 from jaxdata.bench import attention_peers as att
 from jaxdata.bench import common
-from jaxdata.timing import step_seconds
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_peers as peers
+from jaxdata.timing import step_seconds
 
 MODELS = ("rgat", "hgt")
 #: Attention heads; each has dim / HEADS features (RGAT: per head; HGT: d_k).
@@ -654,3 +656,51 @@ def document(previous: str | None, model: str, section: str) -> str:
       TITLE, "Written by `jaxdata bench rgnn --model rgat|hgt --write <this file>`: each run "
       "replaces its model's section and keeps the other's. The RGCN figures are in rgnn.md.",
       *body]) + "\n"
+
+
+# ----------------------------------------------------------------------------- the CLI
+def main(args) -> int:
+  """`jaxdata bench rgnn --model rgat|hgt` (its options: `rgnn.add_arguments`)."""
+  import rich.markup  # pylint: disable=g-import-not-at-top
+
+  model = args.model
+  quick = QUICK[model]
+  graphs = common.pick(args.graphs, args.quick, list(quick["graphs"]), list(GRAPHS[model]))
+  dims = common.pick(args.dims, args.quick, list(quick["dims"]), list(DIMS))
+  repeats = common.pick(args.repeats, args.quick, quick["repeats"], 7)
+  unknown = [g for g in graphs if g not in GRAPHS[model]]
+  if unknown:
+    raise command.UsageError(f"argument --graphs: unknown graph(s) {', '.join(unknown)} for "
+                             f"--model {model}; choose from {', '.join(GRAPHS[model])}")
+  for d in dims:
+    if d % args.heads:
+      raise command.UsageError(f"argument --dims: {d} is not a multiple of --heads {args.heads}")
+  formulations = args.formulations or list(FORMULATIONS)
+  unknown = [f for f in formulations if f not in FORMULATIONS]
+  if unknown:
+    raise command.UsageError(f"argument --formulations: unknown {unknown}; choose from "
+                             f"{', '.join(FORMULATIONS)}")
+  data_dir = args.data_dir if args.data_dir is not None else rgnn.default_data_dir()
+  console = command.console(width=180)
+  results, notes, cases = run(
+      model, graphs, dims, heads=args.heads, formulations=formulations, data_dir=data_dir,
+      quick=args.quick, mag_scale=args.mag_scale, repeats=repeats, precision=args.precision,
+      console=console)
+  for c in cases:
+    console.print(c.describe())
+  common.print_table(console, TITLES[model], *table_rows(results), left=("graph", "formulation"))
+  header, rows, summary = ablation(results)
+  if rows:
+    common.print_table(console, "what each pass buys (jaxdata against itself with no passes)",
+                       header, rows, summary, left=("graph", "passes"))
+  for n in notes:
+    console.print(f"[yellow]{rich.markup.escape(n)}")
+  if args.write:
+    previous = None
+    if os.path.exists(args.write):
+      with open(args.write) as f:
+        previous = f.read()
+    section = markdown(model, results, notes, cases, common.command_line(), heads=args.heads,
+                       precision=args.precision)
+    common.write(console, args.write, document(previous, model, section))
+  return 0

@@ -9,12 +9,13 @@ every spill on the SSD tier, next to the disk's own direct-I/O write bandwidth.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
-from jaxdata import offload
+from jaxdata import command, offload
 from jaxdata.bench import common
 from jaxdata.timing import median_seconds
 
@@ -106,7 +107,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
   recompute = next((r for r in rows if r.name == "recompute everything"), None)
   if keep is None or recompute is None:
     raise RuntimeError("rok: keep-everything or recompute-everything did not run (out of device "
-                       "memory?): the curve needs both; try a smaller model (--batch, --vocab)")
+                       "memory?): the curve needs both; try a smaller model (--batch-size, --vocab)")
 
   say("planner: measuring one block's choices and the store's bandwidth")
   blk = block_fn(model, (batch, seq))
@@ -206,7 +207,8 @@ def table_rows(rows: list[Row], notes: dict) -> tuple[list[str], list[list[Any]]
   return header, body
 
 
-def markdown(rows: list[Row], notes: dict, command: str, size: dict, png: str = "rok.png") -> str:
+def markdown(rows: list[Row], notes: dict, command: str, size: dict,
+             png: str | None = "rok.png") -> str:
   hw = common.hardware()
   header, body = table_rows(rows, notes)
   text = ["# Recompute-offload-keep: GPT-style stack", "",
@@ -236,7 +238,7 @@ def markdown(rows: list[Row], notes: dict, command: str, size: dict, png: str = 
              "(the logits and one layer's working set while it is recomputed)."
              for f, b in notes.get("unfit", [])],
            "",
-           f"![step time against device memory]({png})", "",
+           *([f"![step time against device memory]({png})", ""] if png else []),
            "Per-block choices the planner measured (bytes on the device / offloaded, the block's "
            "input included; forward + backward seconds of one block; '+in': the input is "
            "offloaded too):", ""]
@@ -275,3 +277,58 @@ def plot(rows: list[Row], path: str) -> bool:
   plt.close(fig)
   return True
 
+
+
+# ----------------------------------------------------------------------------- the CLI
+_FLAGS = {"layers": "--layers", "hidden": "--hidden", "heads": "--heads", "seq": "--seq",
+          "batch": "--batch-size", "vocab": "--vocab"}
+
+
+def add_arguments(parser) -> None:
+  """`jaxdata rok` options."""
+  for key, flag in _FLAGS.items():
+    what = "sequences per step" if key == "batch" else key
+    parser.add_argument(flag, dest=key, type=command.positive_int,
+                        help=f"{what} (default {FULL[key]}; --quick {QUICK[key]})")
+  parser.add_argument("--fractions", type=command.listing(command.positive_float),
+                      default=list(FRACTIONS),
+                      help="budgets as fractions of keep-everything's device memory")
+  parser.add_argument("--ssd-dir", metavar="DIR", help="also run a plan on the SSD tier here")
+  parser.add_argument("--loss-chunk", type=command.natural_int, default=0, metavar="N",
+                      help="cross entropy in chunks of N positions, so the float32 logits of one "
+                           "chunk are live at a time (0: all at once)")
+  parser.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="parameter (and gradient) dtype; compute is bfloat16 either way "
+                           "(float32: master weights, cast per layer)")
+  parser.add_argument("--repeats", type=command.positive_int, default=5,
+                      help="timed steps per measurement")
+  parser.add_argument("--quick", action="store_true",
+                      help="a small model (flags given still apply)")
+  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
+                      help="write the table (and the plot beside it: PATH.png)")
+
+
+def main(args) -> int:
+  """`jaxdata rok`."""
+  if args.write and os.path.splitext(args.write)[1].lower() != ".md":
+    raise command.UsageError(f"argument --write: takes a .md path (the plot goes beside it as "
+                             f".png), got {args.write!r}")
+  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
+    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
+  size["loss_chunk"] = args.loss_chunk
+  size["param_dtype"] = args.param_dtype
+  console = command.console(width=200)
+  rows, notes = run(**size, fractions=args.fractions, ssd_dir=args.ssd_dir, repeats=args.repeats,
+                    say=lambda text: console.print(text, markup=False))
+  common.print_table(console, "recompute-offload-keep: step time against device memory",
+                     *table_rows(rows, notes), left=("policy", "plan"))
+  if args.write:
+    png = os.path.splitext(args.write)[0] + ".png"  # rok.md -> rok.png beside it
+    drawn = plot(rows, png)
+    common.write(console, args.write, markdown(rows, notes, common.command_line(), size,
+                                               png=os.path.basename(png) if drawn else None))
+    console.print(f"wrote {png}" if drawn else
+                  "[yellow]no plot: matplotlib is not installed (pip install matplotlib)")
+  return 0

@@ -168,7 +168,8 @@ def load_entities(path: str | os.PathLike) -> EntityDataset:
   try:
     archive = tarfile.open(path, "r:*")
   except tarfile.TarError as e:
-    raise ValueError(f"load_entities: {path} is not a (compressed) tar archive: {e}") from e
+    first = str(e).splitlines()[0].rstrip(":") if str(e) else type(e).__name__
+    raise ValueError(f"load_entities: {path} is not a (compressed) tar archive ({first})") from e
   with archive:
     members = _members(archive, path)
     data = {role: archive.extractfile(member).read() for role, member in members.items()}

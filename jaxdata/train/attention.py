@@ -29,9 +29,10 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxdata import command
 from jaxdata.data.mag import NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
-from jaxdata.hector.passes import select as select_passes
+from jaxdata.hector.passes import PASSES, select as select_passes
 from jaxdata.nn import HGT, RGAT
 from jaxdata.train.rgcn import accuracy as fraction_correct
 
@@ -167,24 +168,40 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
 def add_arguments(parser, model: str):
   """`jaxdata train rgat|hgt` options."""
   parser.set_defaults(attention_model=model)
-  parser.add_argument("--scale", type=float, default=0.005,
+  parser.add_argument("--scale", type=command.positive_float, default=0.005,
                       help="synthetic_mag's share of ogbn-mag's size (default 0.005: about 9,700 "
                            "nodes and 211,000 edges, a minute on a 2-core CPU; 1.0: full size, "
                            "for a GPU)")
-  parser.add_argument("--classes", type=int, default=None,
+  parser.add_argument("--classes", type=command.positive_int, default=None,
                       help="paper classes (default: ogbn-mag's 349, or fewer at small scales "
                            "so that every class has about 100 papers)")
-  parser.add_argument("--epochs", type=int, default=40)
-  parser.add_argument("--hidden", type=int, default=64)
-  parser.add_argument("--heads", type=int, default=4)
-  parser.add_argument("--lr", type=float, default=0.005)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  parser.add_argument("--passes", default=None,
+  parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
+  parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
+  parser.add_argument("--heads", type=command.positive_int, default=4,
+                      help="attention heads (--hidden must be a multiple)")
+  parser.add_argument("--lr", type=command.positive_float, default=0.005,
+                      help="Adam's learning rate")
+  parser.add_argument("--seed", type=command.natural_int, default=0, help="seed of data and model")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="compute dtype (parameters stay float32)")
+  parser.add_argument("--passes", default=None, type=_passes,
                       help="hector passes, comma-separated (reorder,compact; 'none' for none; "
                            "default all)")
-  parser.add_argument("--out", default=f"{model}-params.msgpack",
+  parser.add_argument("--out", default=f"{model}-params.msgpack", type=command.output_path,
                       help="where to save the parameters")
+
+
+def _passes(text: str) -> tuple[str, ...]:
+  """--passes: 'none', or hector pass names, comma-separated."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  if text == "none":
+    return ()
+  names = tuple(p.strip() for p in text.split(","))
+  unknown = [p for p in names if p not in PASSES]
+  if unknown or not all(names):
+    raise argparse.ArgumentTypeError(f"unknown pass(es) {', '.join(unknown) or repr(text)}; "
+                                     f"choose from {', '.join(PASSES)}, or 'none'")
+  return names
 
 
 def default_classes(scale: float) -> int:
@@ -194,15 +211,16 @@ def default_classes(scale: float) -> int:
 
 def main(args) -> int:
   # pylint: disable=g-import-not-at-top
-  from rich.console import Console
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
   from jaxdata.data import synthetic_mag
   from jaxdata.train.rgcn import save_params
 
-  console = Console()
-  passes = None if args.passes is None else (
-      () if args.passes == "none" else tuple(p for p in args.passes.split(",") if p))
+  console = command.console()
+  if args.hidden % args.heads:
+    raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
+                             f"{args.heads}")
+  passes = args.passes
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
                        passes=passes)

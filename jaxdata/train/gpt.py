@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import time
 from typing import Any, Callable, Hashable, Sequence
 
@@ -24,6 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxdata import command
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
@@ -163,24 +165,28 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | N
 
 def add_arguments(parser):
   """`jaxdata train gpt` options."""
-  from jaxdata.sizes import parse_bytes  # pylint: disable=g-import-not-at-top
   d = GPTTrainConfig()
-  parser.add_argument("--layers", type=int, default=d.layers)
-  parser.add_argument("--hidden", type=int, default=d.hidden)
-  parser.add_argument("--heads", type=int, default=d.heads)
-  parser.add_argument("--seq", type=int, default=d.seq, help="tokens per sequence")
-  parser.add_argument("--batch", type=int, default=d.batch, help="sequences per step")
-  parser.add_argument("--vocab", type=int, default=d.vocab)
-  parser.add_argument("--steps", type=int, default=d.steps)
-  parser.add_argument("--lr", type=float, default=d.learning_rate, help="peak learning rate")
-  parser.add_argument("--seed", type=int, default=d.seed)
+  parser.add_argument("--layers", type=command.positive_int, default=d.layers, help="layers")
+  parser.add_argument("--hidden", type=command.positive_int, default=d.hidden, help="model width")
+  parser.add_argument("--heads", type=command.positive_int, default=d.heads,
+                      help="attention heads (--hidden must be a multiple)")
+  parser.add_argument("--seq", type=command.positive_int, default=d.seq,
+                      help="tokens per sequence")
+  parser.add_argument("--batch-size", type=command.positive_int, default=d.batch,
+                      help="sequences per step")
+  parser.add_argument("--vocab", type=command.positive_int, default=d.vocab, help="vocabulary")
+  parser.add_argument("--steps", type=command.positive_int, default=d.steps, help="training steps")
+  parser.add_argument("--lr", type=command.positive_float, default=d.learning_rate,
+                      help="peak learning rate")
+  parser.add_argument("--seed", type=command.natural_int, default=d.seed,
+                      help="seed of data and model")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype,
                       help="compute dtype (parameters stay float32)")
-  parser.add_argument("--loss-chunk", type=int, default=d.loss_chunk, metavar="N",
+  parser.add_argument("--loss-chunk", type=command.natural_int, default=d.loss_chunk, metavar="N",
                       help="cross entropy in chunks of N positions: the float32 logits of one "
-                           "chunk are live at a time, recomputed in the backward pass (default 0: "
-                           "all at once)")
-  parser.add_argument("--log-every", type=int, default=None,
+                           "chunk are live at a time, recomputed in the backward pass (0: all at "
+                           "once)")
+  parser.add_argument("--log-every", type=command.positive_int, default=None,
                       help="steps between printed records (default steps / 10)")
   parser.add_argument("--offload", action="store_true",
                       help="plan keep / offload / recompute per layer under --budget "
@@ -189,12 +195,12 @@ def add_arguments(parser):
                       help="--offload: 'auto' (the planner, under --budget) or one policy for "
                            "every layer, as plans print them: recompute, keep[dots], "
                            "offload[attn], offload[mlp]+in, offload[in], ...")
-  parser.add_argument("--budget", type=parse_bytes, default=None,
+  parser.add_argument("--budget", type=command.size, default=None,
                       help="--offload: device memory for activations, e.g. 2GiB")
-  parser.add_argument("--ram", type=parse_bytes, default=None,
+  parser.add_argument("--ram", type=command.size, default=None,
                       help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
                            "(default: the TensorStore's)")
-  parser.add_argument("--ssd-dir", default=None,
+  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
                       help="--offload: a folder on local SSD for what does not fit in --ram")
 
 
@@ -221,14 +227,22 @@ def _describe_plan(plan: Plan) -> str:
 
 
 def main(args) -> int:
-  from rich.console import Console
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-  console = Console()
-  config = GPTTrainConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
-                          batch=args.batch, vocab=args.vocab, steps=args.steps,
-                          learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
-                          log_every=args.log_every, loss_chunk=args.loss_chunk)
+  if args.offload and args.plan == "auto" and args.budget is None:
+    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
+                             "planner, or --plan POLICY")
+  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
+    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
+  console = command.console()
+  try:
+    config = GPTTrainConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                            seq=args.seq, batch=args.batch_size, vocab=args.vocab,
+                            steps=args.steps, learning_rate=args.lr, seed=args.seed,
+                            dtype=args.dtype, log_every=args.log_every,
+                            loss_chunk=args.loss_chunk)
+  except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
+    raise command.UsageError(str(e)) from None
   console.print(f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
                 f"heads, seq {config.seq}, vocab {config.vocab} | batch {config.batch}, "
                 f"{config.steps} steps, {config.dtype} on {jax.devices()[0].platform}"
@@ -251,15 +265,8 @@ def main(args) -> int:
       return train(config, plan=plan, on_step=on_step, on_log=on_log)
 
   if args.offload:
-    if args.plan == "auto" and args.budget is None:
-      raise SystemExit("jaxdata train gpt: --offload needs --budget (e.g. --budget 2GiB) for "
-                       "the planner, or --plan POLICY")
-    try:
-      from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top
-      from jaxdata.offload import TensorStore  # pylint: disable=g-import-not-at-top
-    except (ImportError, AttributeError) as e:
-      raise SystemExit(f"jaxdata train gpt --offload: jaxdata.offload.TensorStore and "
-                       f"plan_for_model are not available ({e})") from e
+    from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top
+    from jaxdata.offload import TensorStore  # pylint: disable=g-import-not-at-top
     store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
                   if v is not None}
     with TensorStore(**store_args) as store:
@@ -275,7 +282,7 @@ def main(args) -> int:
         try:
           policy = policy_named(args.plan, store)
         except ValueError as e:
-          raise SystemExit(f"jaxdata train gpt --plan: {e}") from e
+          raise command.UsageError(f"argument --plan: {e}") from None
         planner = [policy] * config.layers
       result = run(planner)
       console.print(_store_summary(store.stats(), probed), markup=False)

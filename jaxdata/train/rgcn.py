@@ -25,6 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxdata import command
 from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
@@ -159,36 +160,42 @@ def load_params(model: nnx.Module, path: str | os.PathLike):
 # ----------------------------------------------------------------------------- the CLI
 def add_arguments(parser):
   """`jaxdata train rgcn` options."""
-  parser.add_argument("--data", metavar="PATH.tgz",
+  parser.add_argument("--data", metavar="PATH.tgz", type=command.existing_file,
                       help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
                            "the built-in synthetic graph")
-  parser.add_argument("--epochs", type=int, default=50)
-  parser.add_argument("--hidden", type=int, default=16)
-  parser.add_argument("--bases", type=int, default=None,
+  parser.add_argument("--epochs", type=command.positive_int, default=50, help="training epochs")
+  parser.add_argument("--hidden", type=command.positive_int, default=16, help="hidden features")
+  parser.add_argument("--bases", type=command.positive_int, default=None,
                       help="basis decomposition (default: the paper's setting for the archive)")
-  parser.add_argument("--l2", type=float, default=None,
+  parser.add_argument("--l2", type=command.natural_float, default=None,
                       help="L2 penalty on the first layer (default: the paper's setting)")
-  parser.add_argument("--lr", type=float, default=0.01)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--seeds", type=int, default=1,
+  parser.add_argument("--lr", type=command.positive_float, default=0.01, help="Adam's learning rate")
+  parser.add_argument("--seed", type=command.natural_int, default=0, help="the first seed")
+  parser.add_argument("--seeds", type=command.positive_int, default=1,
                       help="train this many times (seeds seed, seed+1, ...) and report the mean")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  parser.add_argument("--nodes", type=int, default=20_000, help="synthetic graph: nodes")
-  parser.add_argument("--edges", type=int, default=200_000, help="synthetic graph: edges")
-  parser.add_argument("--relations", type=int, default=50, help="synthetic graph: relations")
-  parser.add_argument("--out", default="rgcn-params.msgpack",
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="compute dtype (parameters stay float32)")
+  parser.add_argument("--nodes", type=command.positive_int, default=20_000,
+                      help="synthetic graph: nodes")
+  parser.add_argument("--edges", type=command.positive_int, default=200_000,
+                      help="synthetic graph: edges")
+  parser.add_argument("--relations", type=command.positive_int, default=50,
+                      help="synthetic graph: relations")
+  parser.add_argument("--out", default="rgcn-params.msgpack", type=command.output_path,
                       help="where to save the (last seed's) parameters")
 
 
 def main(args) -> int:
-  from rich.console import Console
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
   from jaxdata.data import HeteroGraph, load_entities, synthetic_entities
 
-  console = Console()
+  console = command.console()
   if args.data:
-    dataset = load_entities(args.data)
+    try:
+      dataset = load_entities(args.data)
+    except (OSError, ValueError, EOFError) as e:
+      raise command.UsageError(f"argument --data: {e}") from None
     setup = PAPER_SETUP.get(dataset.name.lower(), {})
   else:
     ds = synthetic_entities(num_nodes=args.nodes, num_edges=args.edges,

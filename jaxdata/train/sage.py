@@ -35,6 +35,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jaxdata import command
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
 
@@ -381,32 +382,39 @@ def add_arguments(parser):
   parser.add_argument("--pipeline", choices=PIPELINES, default="host",
                       help="host: GPU samples and gathers from host memory (jaxdata); device: "
                            "all in device memory; cpu: CPU samples and gathers, device_put")
-  parser.add_argument("--nodes", type=int, default=100_000, help="synthetic graph: nodes")
-  parser.add_argument("--edges", type=int, default=2_000_000, help="synthetic graph: edges")
-  parser.add_argument("--features", type=int, default=64, help="synthetic graph: feature size")
-  parser.add_argument("--classes", type=int, default=8, help="synthetic graph: classes")
-  parser.add_argument("--fanouts", default="15,10", help="neighbours per hop, comma-separated")
-  parser.add_argument("--batch-size", type=int, default=1024, help="seeds per device per step")
-  parser.add_argument("--hidden", type=int, default=256)
-  parser.add_argument("--lr", type=float, default=3e-3)
-  parser.add_argument("--epochs", type=int, default=5)
-  parser.add_argument("--devices", type=int, default=1,
+  parser.add_argument("--nodes", type=command.positive_int, default=100_000,
+                      help="synthetic graph: nodes")
+  parser.add_argument("--edges", type=command.positive_int, default=2_000_000,
+                      help="synthetic graph: edges")
+  parser.add_argument("--features", type=command.positive_int, default=64,
+                      help="synthetic graph: feature size")
+  parser.add_argument("--classes", type=command.positive_int, default=8,
+                      help="synthetic graph: classes")
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[15, 10],
+                      help="neighbours sampled per hop, comma-separated")
+  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
+                      help="seeds per device per step")
+  parser.add_argument("--hidden", type=command.positive_int, default=256, help="hidden features")
+  parser.add_argument("--lr", type=command.positive_float, default=3e-3,
+                      help="Adam's learning rate")
+  parser.add_argument("--epochs", type=command.positive_int, default=5, help="training epochs")
+  parser.add_argument("--devices", type=command.natural_int, default=1,
                       help="data-parallel over this many local devices (0: all)")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--cache", type=float, default=0.0,
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="compute dtype (parameters stay float32)")
+  parser.add_argument("--seed", type=command.natural_int, default=0, help="seed of data and model")
+  parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="host pipeline: keep this fraction of the feature rows (the most "
                            "sampled) in device memory")
 
 
 def main(args) -> int:
-  from rich.console import Console
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
   from jaxdata.data.powerlaw import powerlaw_graph
 
-  console = Console()
-  config = SageConfig(pipeline=args.pipeline, fanouts=tuple(int(f) for f in args.fanouts.split(",")),
+  console = command.console()
+  config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
                       batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
                       epochs=args.epochs, seed=args.seed, dtype=args.dtype,
                       devices=None if args.devices == 0 else args.devices, cache=args.cache)

@@ -1,0 +1,127 @@
+"""What every `jaxdata` command shares: its argument parser, argument types that check values,
+one-line errors, and the console it prints to.
+
+A mistake (a bad number, a missing file, an output folder that does not exist) is reported as
+one line naming the flag, with exit code 2 and no traceback, before any work starts:
+
+    $ jaxdata train rgcn --seeds 0
+    jaxdata train rgcn: error: argument --seeds: must be at least 1, got 0 (see --help)
+
+Every `--help` shows each option's default. Commands raise `UsageError` for mistakes they can
+only see later (a corrupt data file); `jaxdata.cli.main` prints it the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable
+
+from jaxdata.sizes import parse_bytes
+
+
+class UsageError(Exception):
+  """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows "(default: X)" where there is a default to show and the help does not give it."""
+
+  def _get_help_string(self, action: argparse.Action) -> str:
+    text = action.help or ""
+    if (action.default in (None, False, argparse.SUPPRESS) or "default" in text
+        or not action.option_strings):
+      return text
+    default = action.default
+    if isinstance(default, (list, tuple)):
+      default = ",".join(str(d) for d in default)
+    return f"{text} (default: {default})".strip()
+
+
+class Parser(argparse.ArgumentParser):
+  """An ArgumentParser whose errors are one line (exit code 2) and whose help shows defaults.
+
+  Subcommand parsers made from it are Parsers too."""
+
+  def __init__(self, *args: Any, **kwargs: Any):
+    kwargs.setdefault("formatter_class", _Formatter)
+    super().__init__(*args, **kwargs)
+
+  def error(self, message: str):  # argparse's own: usage + message; ours: one line
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def fail(prog: str, error: BaseException) -> int:
+  """Prints `error` as the one line a mistake gets; returns the exit code 2."""
+  print(f"{prog}: error: {error}", file=sys.stderr)
+  return 2
+
+
+def _checked(kind: Callable[[str], Any], test: Callable[[Any], bool], need: str):
+  def parse(text: str):
+    try:
+      value = kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not {need}") from None
+    if not test(value):
+      raise argparse.ArgumentTypeError(f"must be {need}, got {text}")
+    return value
+  parse.__name__ = need
+  return parse
+
+
+positive_int = _checked(int, lambda v: v >= 1, "an integer of at least 1")
+natural_int = _checked(int, lambda v: v >= 0, "an integer of at least 0")
+positive_float = _checked(float, lambda v: v > 0 and v != float("inf"), "a positive number")
+natural_float = _checked(float, lambda v: 0 <= v < float("inf"), "a number of at least 0")
+fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction between 0 and 1")
+
+
+def listing(kind: Callable[[str], Any]) -> Callable[[str], list]:
+  """Comma-separated values of `kind` (one of the checked types above, or str): "15,10"."""
+  def parse(text: str) -> list:
+    items = text.split(",")
+    if not text.strip() or any(not i.strip() for i in items):
+      raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list (e.g. 15,10)")
+    return [kind(i.strip()) for i in items]
+  parse.__name__ = "list"
+  return parse
+
+
+def size(text: str) -> int:
+  """Bytes, with units: 512MiB, 2GiB (binary), 2GB (decimal); see `jaxdata.sizes`."""
+  try:
+    return parse_bytes(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def existing_file(text: str) -> str:
+  """A path to a file that exists and can be read."""
+  if not os.path.isfile(text):
+    raise argparse.ArgumentTypeError(f"{text!r} is not a file" if os.path.exists(text)
+                                     else f"{text!r} does not exist")
+  if not os.access(text, os.R_OK):
+    raise argparse.ArgumentTypeError(f"{text!r} cannot be read")
+  return text
+
+
+def output_path(text: str) -> str:
+  """A path to write: its folder must exist and be writable now, not after hours of training."""
+  folder = os.path.dirname(os.path.abspath(text))
+  if not os.path.isdir(folder):
+    raise argparse.ArgumentTypeError(f"the folder {os.path.dirname(text) or '.'!r} of "
+                                     f"{text!r} does not exist")
+  if not os.access(folder, os.W_OK):
+    raise argparse.ArgumentTypeError(f"cannot write into {os.path.dirname(text) or '.'!r}")
+  if os.path.isdir(text) and not text.endswith(os.sep):
+    raise argparse.ArgumentTypeError(f"{text!r} is a folder")
+  return text
+
+
+def console(width: int = 160):
+  """A rich console; when printing to a log rather than a terminal, `width` columns wide so
+  tables keep their columns whole."""
+  import rich.console  # pylint: disable=g-import-not-at-top
+  out = rich.console.Console()
+  return out if out.is_terminal else rich.console.Console(width=width)

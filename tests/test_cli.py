@@ -1,0 +1,126 @@
+"""The `jaxdata` command line: help, version, defaults in --help, and every documented mistake
+answered by one line naming the flag, exit code 2, no traceback, before any work starts."""
+import gzip
+import io
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from jaxdata import cli, command
+from jaxdata.bench import gather
+
+
+def _run(argv, capsys):
+  """(exit code, stdout, stderr) of `jaxdata argv` run in this process."""
+  try:
+    code = cli.main(argv)
+  except SystemExit as e:  # argparse's own exits (help, version, errors)
+    code = e.code
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_jaxdata_alone_prints_help(capsys):
+  code, out, _ = _run([], capsys)
+  assert code == 0
+  for name in ("train", "bench", "rok", "info"):
+    assert name in out
+
+
+def test_version(capsys):
+  import jaxdata
+  code, out, _ = _run(["--version"], capsys)
+  assert code == 0 and out.strip() == f"jaxdata {jaxdata.__version__}"
+
+
+@pytest.mark.parametrize("argv,shown", [
+    (["train", "rgcn", "--help"], ["(default: 50)", "(default: rgcn-params.msgpack)"]),
+    (["train", "sage", "--help"], ["(default: 15,10)", "(default: 1024)"]),
+    (["train", "gpt", "--help"], ["(default: 200)"]),
+    (["bench", "minibatch", "--help"], ["(default: 1,2)"]),
+    (["rok", "--help"], ["(default: 1.0,0.5,0.3,0.2,0.1)"]),
+])
+def test_every_help_shows_defaults(argv, shown, capsys):
+  code, out, _ = _run(argv, capsys)
+  assert code == 0
+  flat = " ".join(out.split())
+  for s in shown:
+    assert s in flat
+
+
+def _archive(path, members: dict[str, bytes]) -> str:
+  with tarfile.open(path, "w:gz") as tar:
+    for name, data in members.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, io.BytesIO(data))
+  return str(path)
+
+
+MISTAKES = [
+    (["train", "rgcn", "--seeds", "0"], "--seeds"),
+    (["train", "rgcn", "--epochs", "-3"], "--epochs"),
+    (["train", "rgcn", "--lr", "fast"], "--lr"),
+    (["train", "rgcn", "--data", "{tmp}/missing.tgz"], "--data"),
+    (["train", "rgcn", "--data", "{garbage}"], "--data"),
+    (["train", "rgcn", "--data", "{wrong_archive}"], "--data"),
+    (["train", "rgcn", "--out", "{tmp}/no/such/folder/params.msgpack"], "--out"),
+    (["train", "sage", "--fanouts", "15,,10"], "--fanouts"),
+    (["train", "sage", "--fanouts", "0,5"], "--fanouts"),
+    (["train", "sage", "--cache", "1.5"], "--cache"),
+    (["train", "gpt", "--offload"], "--offload"),
+    (["train", "gpt", "--offload", "--budget", "2XB"], "--budget"),
+    (["train", "gpt", "--offload", "--plan", "offload[nope]"], "--plan"),
+    (["train", "gpt", "--ssd-dir", "{tmp}/no-such-dir"], "--ssd-dir"),
+    (["train", "hgt", "--passes", "reorder,bogus"], "--passes"),
+    (["train", "rgat", "--hidden", "10", "--heads", "4"], "--hidden"),
+    (["bench", "gather", "--tables", "1Q"], "--tables"),
+    (["bench", "rgnn", "--graphs", "nope"], "--graphs"),
+    (["bench", "rgnn", "--data-dir", "{tmp}/nowhere"], "--data-dir"),
+    (["bench", "rgnn", "--formulations", "jaxdata"], "--formulations"),
+    (["rok", "--write", "{tmp}/curve.png"], "--write"),
+    (["train", "nosuchmodel"], "nosuchmodel"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", MISTAKES, ids=[" ".join(a) for a, _ in MISTAKES])
+def test_a_mistake_is_one_line_naming_the_flag_with_exit_code_2(argv, flag, tmp_path, capsys):
+  garbage = tmp_path / "garbage.tgz"
+  garbage.write_bytes(gzip.compress(b"not a tar archive"))
+  wrong = _archive(tmp_path / "wrong.tgz", {"readme.txt": b"hello"})
+  argv = [a.format(tmp=tmp_path, garbage=garbage, wrong_archive=wrong) for a in argv]
+  code, _, err = _run(argv, capsys)
+  assert code == 2
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert lines[0].startswith("jaxdata") and "error:" in lines[0] and flag in lines[0]
+  assert "Traceback" not in err
+
+
+def test_a_mistake_in_a_fresh_process_prints_no_traceback():
+  proc = subprocess.run([sys.executable, "-m", "jaxdata.cli", "train", "rgcn", "--seeds", "0"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      "jaxdata train rgcn: error: argument --seeds: must be an integer of at least 1, got 0 "
+      "(see jaxdata train rgcn --help)"]
+
+
+def test_quick_never_overrides_flags_the_user_gave(monkeypatch, tmp_path, capsys):
+  seen = {}
+
+  def fake_run(tables, rows, *, batch_bytes, cpu_batch_bytes, repeats, console):
+    seen.update(tables=tables, rows=rows, batch=batch_bytes, repeats=repeats)
+    return [], []
+  monkeypatch.setattr(gather, "run", fake_run)
+  assert _run(["bench", "gather", "--quick", "--rows", "128", "--repeats", "9"], capsys)[0] == 0
+  assert seen == dict(tables=["64M"], rows=[128], batch=32 << 20, repeats=9)
+  assert _run(["bench", "gather", "--quick", "--batch-bytes", "1MiB"], capsys)[0] == 0
+  assert seen["batch"] == 1 << 20 and seen["repeats"] == 3
+
+
+@pytest.mark.parametrize("text,want", [("2GiB", 2 << 30), ("2GB", 2 * 10**9), ("512M", 512 << 20)])
+def test_size_flags_tell_decimal_from_binary_units(text, want):
+  assert command.size(text) == want
