@@ -2,9 +2,20 @@
 
 Parts:
   jaxdata.host     host tables the GPU reads directly (zero-copy gathers from pinned memory)
+  jaxdata.hector   relational GNN layers compiled to fused kernels
+  jaxdata.offload  activations offloaded to host RAM and SSD under remat policies
+  jaxdata.nn       Flax NNX models built from them
+
+`jaxdata.load_model(path)` rebuilds a model that `jaxdata train ... --out DIR` saved.
 """
 from jaxdata import host
 from jaxdata.host import HostTable, host_gather, host_slice
 
 __version__ = "0.1.0"
-__all__ = ["host", "HostTable", "host_gather", "host_slice", "__version__"]
+__all__ = ["host", "HostTable", "host_gather", "host_slice", "load_model", "__version__"]
+
+
+def load_model(path, **data_overrides):
+  """Rebuilds a saved model, ready to evaluate or predict (`jaxdata.train.checkpoint.load_model`)."""
+  from jaxdata.train.checkpoint import load_model as load  # pylint: disable=g-import-not-at-top
+  return load(path, **data_overrides)

@@ -35,6 +35,7 @@ BENCH = {
                   "GPU-centric pipeline"),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
+EVAL = ("jaxdata.train.checkpoint", "rebuild a saved model (train --out DIR) and measure it again")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -123,6 +124,7 @@ def parser() -> command.Parser:
       dest="bench", metavar="BENCHMARK", required=True)
   for name, (module, text) in BENCH.items():
     _add(bench, name, module, text)
+  _add(sub, "eval", *EVAL)
   _add(sub, "rok", *ROK)
   return top
 

@@ -106,16 +106,31 @@ def existing_file(text: str) -> str:
   return text
 
 
-def output_path(text: str) -> str:
-  """A path to write: its folder must exist and be writable now, not after hours of training."""
+def _parent_writable(text: str) -> None:
   folder = os.path.dirname(os.path.abspath(text))
   if not os.path.isdir(folder):
     raise argparse.ArgumentTypeError(f"the folder {os.path.dirname(text) or '.'!r} of "
                                      f"{text!r} does not exist")
   if not os.access(folder, os.W_OK):
     raise argparse.ArgumentTypeError(f"cannot write into {os.path.dirname(text) or '.'!r}")
-  if os.path.isdir(text) and not text.endswith(os.sep):
+
+
+def output_path(text: str) -> str:
+  """A file to write: its folder must exist and be writable now, not after hours of training."""
+  _parent_writable(text)
+  if os.path.isdir(text):
     raise argparse.ArgumentTypeError(f"{text!r} is a folder")
+  return text
+
+
+def checkpoint_dir(text: str) -> str:
+  """A checkpoint folder to write: its parent must exist and be writable; if it exists it must be
+  empty or a checkpoint already (which is replaced), never some other folder."""
+  from jaxdata.train.checkpoint import is_replaceable  # pylint: disable=g-import-not-at-top
+  _parent_writable(text.rstrip(os.sep) or text)
+  if os.path.exists(text) and not is_replaceable(text):
+    raise argparse.ArgumentTypeError(f"{text!r} exists and is not a checkpoint folder: choose a "
+                                     f"new or empty folder")
   return text
 
 

@@ -194,12 +194,12 @@ def test_training_learns():
 def test_cli_train(tmp_path, capsys):
   """`jaxdata train hgt` on the same tiny graph learns too."""
   from jaxdata import cli
-  out = tmp_path / "hgt.msgpack"
+  out = tmp_path / "hgt-checkpoint"
   assert cli.main(["train", "hgt", "--scale", "2e-4", "--classes", "4", "--epochs", "15",
                    "--hidden", "16", "--heads", "2", "--lr", "0.01", "--seed", "1", "--out",
                    str(out)]) == 0
   text = " ".join(capsys.readouterr().out.split())
-  assert "epoch 15" in text and "chance 0.2500" in text and out.stat().st_size > 0
+  assert "epoch 15" in text and "chance 0.2500" in text and (out / "history.json").exists()
   val = float(text.split("validation accuracy ")[1].split(",")[0])
   test = float(text.split("test accuracy ")[1].split()[0])
   assert val + test > 2 * 0.6, (val, test)

@@ -36,7 +36,7 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("argv,shown", [
-    (["train", "rgcn", "--help"], ["(default: 50)", "(default: rgcn-params.msgpack)"]),
+    (["train", "rgcn", "--help"], ["(default: 50)", "(default: rgcn-checkpoint)"]),
     (["train", "sage", "--help"], ["(default: 15,10)", "(default: 1024)"]),
     (["train", "gpt", "--help"], ["(default: 200)"]),
     (["bench", "minibatch", "--help"], ["(default: 1,2)"]),

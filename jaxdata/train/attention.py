@@ -21,11 +21,13 @@ Full-graph training with Adam; the loss is the cross entropy of the training pap
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -105,8 +107,9 @@ class TrainResult:
   model: nnx.Module
   val_accuracy: float
   test_accuracy: float
-  history: list[dict]      # per epoch: epoch, loss, train_accuracy, seconds
+  history: list[dict]      # per epoch: epoch, loss, train_accuracy, val_accuracy, seconds
   seconds: float
+  optimizer: nnx.Optimizer | None = None
 
 
 def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
@@ -140,10 +143,6 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
     optimizer.update(model, grads)
     return loss, fraction_correct(logits, train_y)
 
-  @nnx.jit
-  def predict(model, graph, xs):
-    return jnp.argmax(model(graph, xs, papers), -1)
-
   history = []
   start = time.perf_counter()
   for epoch in range(1, config.epochs + 1):
@@ -151,17 +150,69 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
     loss, acc = step(model, optimizer, graph, xs)
     record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(acc),
                   seconds=time.perf_counter() - t0)
+    record["val_accuracy"] = evaluate(model, dataset, graph, xs)["val_accuracy"]
     history.append(record)
     if on_epoch is not None:
       on_epoch(record)
-  predicted = predict(model, graph, xs)
+  final = evaluate(model, dataset, graph, xs)
+  return TrainResult(model, final["val_accuracy"], final["test_accuracy"], history,
+                     time.perf_counter() - start, optimizer)
+
+
+@functools.partial(nnx.jit, static_argnums=3)
+def _predict(model, graph, xs, papers):
+  return jnp.argmax(model(graph, xs, papers), -1)
+
+
+def predict(model: nnx.Module, dataset: MagDataset, graph: GraphArrays | None = None,
+            xs: Sequence[jax.Array] | None = None) -> jax.Array:
+  """The predicted class of every paper."""
+  graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
+  xs = [jnp.asarray(x) for x in dataset.features] if xs is None else xs
+  return _predict(model, graph, xs, dataset.node_range("paper")[1])
+
+
+def evaluate(model: nnx.Module, dataset: MagDataset, graph: GraphArrays | None = None,
+             xs: Sequence[jax.Array] | None = None) -> dict:
+  """{"val_accuracy", "test_accuracy"} of `model` on `dataset`'s papers (NaN for an empty split)."""
+  predicted = np.asarray(predict(model, dataset, graph, xs))
 
   def accuracy(papers) -> float:
-    idx = jnp.asarray(papers)
-    return float(jnp.mean(predicted[idx] == labels[idx])) if len(idx) else float("nan")
+    idx = np.asarray(papers)
+    return float(np.mean(predicted[idx] == dataset.labels[idx])) if len(idx) else float("nan")
+  return {"val_accuracy": accuracy(dataset.val_papers),
+          "test_accuracy": accuracy(dataset.test_papers)}
 
-  return TrainResult(model, accuracy(dataset.val_papers), accuracy(dataset.test_papers), history,
-                     time.perf_counter() - start)
+
+def load_dataset(data: dict) -> MagDataset:
+  """The synthetic ogbn-mag a data description names ({"scale", "seed", "classes"})."""
+  from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
+  return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
+
+
+def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
+  """Saves a trained RGAT / HGT classifier as a checkpoint (`jaxdata.train.checkpoint`)."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.save_nnx(
+      path, kind=config.model, model=result.model, optimizer=result.optimizer, config=config,
+      data=data, step=len(result.history), history=result.history,
+      metrics={"val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy})
+
+
+def restore(path: str, meta: dict):
+  """Rebuilds a saved RGAT / HGT classifier and its data (`checkpoint.load_model`)."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  saved = dict(meta["config"])
+  if saved.get("passes") is not None:
+    saved["passes"] = tuple(saved["passes"])
+  config = TrainConfig(**saved)
+  dataset = load_dataset(meta["data"])
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
+  return checkpoint.Loaded(config.model, model, meta, evaluate=lambda: evaluate(model, dataset),
+                           predict=lambda: predict(model, dataset),
+                           optimizer_state=optimizer if has_optimizer else None)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -187,8 +238,9 @@ def add_arguments(parser, model: str):
   parser.add_argument("--passes", default=None, type=_passes,
                       help="hector passes, comma-separated (reorder,compact; 'none' for none; "
                            "default all)")
-  parser.add_argument("--out", default=f"{model}-params.msgpack", type=command.output_path,
-                      help="where to save the parameters")
+  parser.add_argument("--out", default=f"{model}-checkpoint", type=command.checkpoint_dir,
+                      metavar="DIR", help="checkpoint folder for the trained model "
+                                          "(`jaxdata eval DIR` measures it again)")
 
 
 def _passes(text: str) -> tuple[str, ...]:
@@ -213,9 +265,6 @@ def main(args) -> int:
   # pylint: disable=g-import-not-at-top
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-  from jaxdata.data import synthetic_mag
-  from jaxdata.train.rgcn import save_params
-
   console = command.console()
   if args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
@@ -226,7 +275,8 @@ def main(args) -> int:
                        passes=passes)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
-  dataset = synthetic_mag(scale=args.scale, seed=args.seed, num_classes=classes)
+  data = {"scale": args.scale, "seed": args.seed, "classes": classes}
+  dataset = load_dataset(data)
   g = dataset.graph
   console.print(f"[bold]{dataset.name}[/] (scale {args.scale:g}, drawn in "
                 f"{time.perf_counter() - t0:.1f} s): "
@@ -245,15 +295,16 @@ def main(args) -> int:
 
     def on_epoch(r):
       progress.update(task, advance=1, metrics=(f"loss {r['loss']:.4f}  "
-                                                f"train acc {r['train_accuracy']:.3f}"))
+                                                f"val acc {r['val_accuracy']:.3f}"))
       progress.console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
                              f"train acc {r['train_accuracy']:.4f}  "
-                             f"{1e3 * r['seconds']:.1f} ms")
+                             f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
     result = train(dataset, config, on_epoch=on_epoch)
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
                 f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")
-  save_params(result.model, args.out)
-  console.print(f"parameters saved to {args.out}")
+  save(args.out, result, config, data)
+  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
+                f"`jaxdata eval {args.out}` measures it again)")
   return 0

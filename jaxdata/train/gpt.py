@@ -74,6 +74,7 @@ class TrainResult:
   plan: Plan | None
   history: list[dict[str, float]]  # per logged window: step, loss, seconds, tokens_per_second
   metrics: dict[str, Any]          # start/final (held-out) loss, entropy floor, timings
+  optimizer: nnx.Optimizer | None = None
 
 
 def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
@@ -111,12 +112,9 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | N
     on_step: on_step(done, total) after each dispatched step (progress bars).
     on_log: called with each logged record (every `log_every` steps and at the last).
   """
-  chain = markov_tokens(config.vocab, order=config.order, branching=config.branching,
-                        seed=config.seed)
+  chain = _chain(config)
   data = chain.batches(config.batch, config.seq, seed=config.seed + 1)
-  held_out = jnp.asarray(np.stack([next(chain.batches(config.batch, config.seq,
-                                                      seed=config.seed + 1000 + i))
-                                   for i in range(config.eval_batches)]))
+  held_out = _held_out(config, chain)
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   if callable(plan):
     plan = plan(model, (config.batch, config.seq))
@@ -157,7 +155,52 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | N
                  steps=config.steps, seconds=total, compile_seconds=compile_seconds,
                  step_ms=1e3 * rest / max(config.steps - 1, 1),
                  tokens_per_second=max(config.steps - 1, 1) * tokens_per_step / rest)
-  return TrainResult(model, plan, history, metrics)
+  return TrainResult(model, plan, history, metrics, optimizer)
+
+
+def _chain(config: GPTTrainConfig):
+  return markov_tokens(config.vocab, order=config.order, branching=config.branching,
+                       seed=config.seed)
+
+
+def _held_out(config: GPTTrainConfig, chain=None) -> jax.Array:
+  """The held-out batches (eval_batches, batch, seq + 1) the start and final losses are over."""
+  chain = _chain(config) if chain is None else chain
+  return jnp.asarray(np.stack([next(chain.batches(config.batch, config.seq,
+                                                  seed=config.seed + 1000 + i))
+                               for i in range(config.eval_batches)]))
+
+
+def evaluate(model: GPT, config: GPTTrainConfig) -> dict:
+  """{"final_loss": the mean next-token loss over the run's held-out batches}."""
+  return {"final_loss": float(_evaluate(model, _held_out(config)))}
+
+
+def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
+  """Saves a trained GPT as a checkpoint (`jaxdata.train.checkpoint`): layers split for a plan
+  are joined first; the optimizer state goes with it where the layers were never split."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  model, opt = result.model, result.optimizer
+  split = isinstance(model.blocks, nnx.List)
+  if split:
+    model.split_layers(None)
+  return checkpoint.save_nnx(
+      path, kind="gpt", model=model, optimizer=None if split else opt, config=config,
+      data={"source": "markov", "seed": config.seed}, step=config.steps, history=result.history,
+      metrics=result.metrics)
+
+
+def restore(path: str, meta: dict):
+  """Rebuilds a saved GPT (`jaxdata.train.checkpoint.load_model`); its data is the run's own
+  synthetic chain, rebuilt from the configuration."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = GPTTrainConfig(**meta["config"])
+  model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
+  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
+  return checkpoint.Loaded("gpt", model, meta, evaluate=lambda: evaluate(model, config),
+                           predict=lambda tokens: model(jnp.asarray(tokens)),
+                           optimizer_state=optimizer if has_optimizer else None)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -200,6 +243,9 @@ def add_arguments(parser):
   parser.add_argument("--ram", type=command.size, default=None,
                       help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
                            "(default: the TensorStore's)")
+  parser.add_argument("--out", default="gpt-checkpoint", type=command.checkpoint_dir,
+                      metavar="DIR", help="checkpoint folder for the trained model "
+                                          "(`jaxdata eval DIR` measures it again)")
   parser.add_argument("--ssd-dir", default=None, metavar="DIR",
                       help="--offload: a folder on local SSD for what does not fit in --ram")
 
@@ -293,4 +339,7 @@ def main(args) -> int:
                 f"(entropy floor {m['entropy']:.4f}, uniform {m['uniform_loss']:.4f}) | "
                 f"{m['seconds']:.1f} s, compile {m['compile_seconds']:.1f} s, "
                 f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s")
+  save(args.out, result, config)
+  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
+                f"`jaxdata eval {args.out}` measures it again)")
   return 0

@@ -18,7 +18,6 @@ import os
 import time
 from typing import Callable
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,6 +78,7 @@ class TrainResult:
   test_accuracy: float
   history: list[dict]      # per epoch: epoch, loss, train_accuracy, seconds
   seconds: float
+  optimizer: nnx.Optimizer | None = None
 
 
 def accuracy(logits, labels) -> jax.Array:
@@ -115,10 +115,6 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
     optimizer.update(model, grads)
     return loss, accuracy(logits[train_idx], train_y)
 
-  @nnx.jit
-  def evaluate(model, graph):
-    return accuracy(model(graph, features())[test_idx], test_y)
-
   history = []
   start = time.perf_counter()
   try:
@@ -130,31 +126,78 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
       history.append(record)
       if on_epoch is not None:
         on_epoch(record)
-    test_accuracy = float(evaluate(model, graph))
   finally:
     if table is not None:
       jax.effects_barrier()
       table.close()
-  return TrainResult(model, test_accuracy, history, time.perf_counter() - start)
+  test_accuracy = evaluate(model, dataset, graph)["test_accuracy"]
+  return TrainResult(model, test_accuracy, history, time.perf_counter() - start, optimizer)
 
 
-def save_params(model: nnx.Module, path: str | os.PathLike):
-  """Writes the model's parameters as msgpack (flax.serialization), atomically."""
-  state = nnx.state(model, nnx.Param)
-  data = flax.serialization.msgpack_serialize(jax.tree.map(np.asarray, state.to_pure_dict()))
-  tmp = f"{path}.tmp"
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, path)
+@nnx.jit
+def _logits(model, graph, x):
+  return model(graph, x)
 
 
-def load_params(model: nnx.Module, path: str | os.PathLike):
-  """Restores parameters written by `save_params` into a model of the same structure."""
-  with open(path, "rb") as f:
-    restored = flax.serialization.msgpack_restore(f.read())
-  state = nnx.state(model, nnx.Param)
-  state.replace_by_pure_dict(restored)
-  nnx.update(model, state)
+def predict(model: EntityClassifier, dataset: EntityDataset,
+            graph: GraphArrays | None = None) -> jax.Array:
+  """Class logits for every node of `dataset`'s graph (features gathered from host memory)."""
+  graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
+  if dataset.features is None:
+    return _logits(model, graph, None)
+  with HostTable(dataset.features) as table:
+    logits = _logits(model, graph, host_gather(
+        table, jnp.arange(dataset.graph.num_nodes, dtype=jnp.int32)))
+    return jax.block_until_ready(logits)
+
+
+def evaluate(model: EntityClassifier, dataset: EntityDataset,
+             graph: GraphArrays | None = None) -> dict:
+  """{"test_accuracy": ...} of `model` on `dataset`'s test nodes."""
+  logits = predict(model, dataset, graph)
+  test_idx, test_y = jnp.asarray(dataset.test_idx), jnp.asarray(dataset.test_y)
+  return {"test_accuracy": float(accuracy(logits[test_idx], test_y))}
+
+
+def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
+  """The dataset a data description names, and its paper setup (bases, L2): an RDF archive
+  ({"source": "rdf", "path": ...}) or the synthetic graph ({"source": "synthetic", "nodes",
+  "edges", "relations", "seed"}), with inverse relations as the RDF graphs have them."""
+  from jaxdata.data import HeteroGraph, load_entities, synthetic_entities
+  if data["source"] == "rdf":
+    dataset = load_entities(data["path"])
+    return dataset, PAPER_SETUP.get(dataset.name.lower(), {})
+  if data["source"] != "synthetic":
+    raise ValueError(f"rgcn: unknown data source {data['source']!r}")
+  ds = synthetic_entities(num_nodes=data["nodes"], num_edges=data["edges"],
+                          num_relations=data["relations"], seed=data["seed"])
+  g = ds.graph  # messages flow both ways, as on the RDF graphs: add inverse relations
+  dataset = dataclasses.replace(ds, graph=HeteroGraph.from_edges(
+      g.src, g.dst, g.etype, num_nodes=g.num_nodes, relation_names=g.relation_names,
+      add_inverse=True))
+  return dataset, SYNTHETIC_SETUP
+
+
+def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
+  """Saves a trained RGCN as a checkpoint (`jaxdata.train.checkpoint`)."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.save_nnx(
+      path, kind="rgcn", model=result.model, optimizer=result.optimizer, config=config,
+      data=data, step=len(result.history), history=result.history,
+      metrics={"test_accuracy": result.test_accuracy})
+
+
+def restore(path: str, meta: dict):
+  """Rebuilds a saved RGCN and its data (`jaxdata.train.checkpoint.load_model`)."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = TrainConfig(**meta["config"])
+  dataset, _ = load_dataset(meta["data"])
+  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
+  return checkpoint.Loaded("rgcn", model, meta, evaluate=lambda: evaluate(model, dataset),
+                           predict=lambda: predict(model, dataset),
+                           optimizer_state=optimizer if has_optimizer else None)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -181,30 +224,24 @@ def add_arguments(parser):
                       help="synthetic graph: edges")
   parser.add_argument("--relations", type=command.positive_int, default=50,
                       help="synthetic graph: relations")
-  parser.add_argument("--out", default="rgcn-params.msgpack", type=command.output_path,
-                      help="where to save the (last seed's) parameters")
+  parser.add_argument("--out", default="rgcn-checkpoint", type=command.checkpoint_dir,
+                      metavar="DIR", help="checkpoint folder for the (last seed's) model "
+                                          "(`jaxdata eval DIR` measures it again)")
 
 
 def main(args) -> int:
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-  from jaxdata.data import HeteroGraph, load_entities, synthetic_entities
-
   console = command.console()
   if args.data:
-    try:
-      dataset = load_entities(args.data)
-    except (OSError, ValueError, EOFError) as e:
-      raise command.UsageError(f"argument --data: {e}") from None
-    setup = PAPER_SETUP.get(dataset.name.lower(), {})
+    data = {"source": "rdf", "path": os.path.abspath(args.data)}
   else:
-    ds = synthetic_entities(num_nodes=args.nodes, num_edges=args.edges,
-                            num_relations=args.relations, seed=args.seed)
-    g = ds.graph  # messages flow both ways, as on the RDF graphs: add inverse relations
-    dataset = dataclasses.replace(ds, graph=HeteroGraph.from_edges(
-        g.src, g.dst, g.etype, num_nodes=g.num_nodes, relation_names=g.relation_names,
-        add_inverse=True))
-    setup = SYNTHETIC_SETUP
+    data = {"source": "synthetic", "nodes": args.nodes, "edges": args.edges,
+            "relations": args.relations, "seed": args.seed}
+  try:
+    dataset, setup = load_dataset(data)
+  except (OSError, ValueError, EOFError) as e:
+    raise command.UsageError(f"argument --data: {e}") from None
   num_bases = args.bases if args.bases is not None else setup.get("num_bases")
   l2 = args.l2 if args.l2 is not None else setup.get("l2", 0.0)
   g = dataset.graph
@@ -235,10 +272,11 @@ def main(args) -> int:
     accuracies.append(result.test_accuracy)
     console.print(f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
                   f"({result.seconds:.1f} s; last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")
-  save_params(result.model, args.out)
+  save(args.out, result, config, data)
   if args.seeds > 1:
     console.print(f"[bold]test accuracy over {args.seeds} seeds: {np.mean(accuracies):.4f} "
                   f"± {np.std(accuracies):.4f}[/] (min {min(accuracies):.4f}, "
                   f"max {max(accuracies):.4f})")
-  console.print(f"parameters saved to {args.out}")
+  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
+                f"`jaxdata eval {args.out}` measures it again)")
   return 0

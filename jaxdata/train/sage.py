@@ -85,6 +85,7 @@ class TrainResult:
   history: list[dict[str, float]]  # per epoch: loss, train_accuracy, val_accuracy, seconds, ...
   test_accuracy: float
   seconds: float
+  opt_state: Any = None            # the optimizer's (optax) state at the end
 
 
 # ----------------------------------------------------------------------------- the model step
@@ -159,7 +160,8 @@ def _batches(nodes: np.ndarray, batch: int, rng: np.random.Generator | None,
 
 def train(dataset: Any, config: SageConfig = SageConfig(), *, graph: HostGraph | None = None,
           on_epoch: Callable[[dict], None] | None = None,
-          on_batch: Callable[[int, int], None] | None = None) -> TrainResult:
+          on_batch: Callable[[int, int], None] | None = None,
+          init: Any = None) -> TrainResult:
   """Trains GraphSAGE on a node-classification dataset with mini-batches of sampled blocks.
 
   Args:
@@ -170,18 +172,20 @@ def train(dataset: Any, config: SageConfig = SageConfig(), *, graph: HostGraph |
       at the end).
     on_epoch: called with each epoch's metrics.
     on_batch: called as on_batch(done, total) after each dispatched batch (progress bars).
+    init: parameters to start from (`nnx.state(model, nnx.Param)` of a trained GraphSAGE of this
+      configuration) instead of fresh ones; with `epochs=0`, `train` only evaluates them.
   """
   own_graph = graph is None
   if own_graph:
     graph = HostGraph(dataset.indptr, dataset.indices, features=dataset.features)
   try:
-    return _train(dataset, config, graph, on_epoch, on_batch)
+    return _train(dataset, config, graph, on_epoch, on_batch, init)
   finally:
     if own_graph:
       graph.close()
 
 
-def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
+def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
   if graph.features is None:
     raise ValueError("train: the graph has no node features")
   if graph.num_nodes != len(dataset.labels):
@@ -194,6 +198,8 @@ def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
   model = GraphSAGE(graph.features.shape[1], config.hidden, dataset.num_classes,
                     num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
   graphdef, params = nnx.split(model, nnx.Param)
+  if init is not None:
+    params = init
   tx = optax.adam(config.learning_rate)
   opt_state = tx.init(params)
   fanouts = tuple(int(f) for f in config.fanouts)
@@ -311,7 +317,55 @@ def _train(dataset, config, graph, on_epoch, on_batch) -> TrainResult:
   test = accuracy(dataset.test_nodes, test_key) if config.evaluate and len(
       dataset.test_nodes) else float("nan")
   model = nnx.merge(graphdef, jax.device_get(params))
-  return TrainResult(model, history, test, time.perf_counter() - start)
+  return TrainResult(model, history, test, time.perf_counter() - start,
+                     jax.device_get(opt_state))
+
+
+def load_dataset(data: dict, features_out: np.ndarray | None = None):
+  """The synthetic power-law graph a data description names ({"nodes", "edges", "features",
+  "classes", "seed"}); features written into `features_out` where given (a HostTable's memory)."""
+  from jaxdata.data.powerlaw import powerlaw_graph  # pylint: disable=g-import-not-at-top
+  return powerlaw_graph(num_nodes=data["nodes"], num_edges=data["edges"],
+                        feature_dim=data["features"], num_classes=data["classes"],
+                        seed=data["seed"], features_out=features_out)
+
+
+def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
+  """Saves a trained GraphSAGE as a checkpoint (`jaxdata.train.checkpoint`)."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  return checkpoint.save(
+      path, kind="sage", params=nnx.to_pure_dict(nnx.state(result.model, nnx.Param)),
+      optimizer_state=result.opt_state, config=config, data=data,
+      step=sum(r["batches"] for r in result.history), history=result.history,
+      metrics={"test_accuracy": result.test_accuracy})
+
+
+def restore(path: str, meta: dict):
+  """Rebuilds a saved GraphSAGE and its graph (`jaxdata.train.checkpoint.load_model`).
+  `evaluate()` samples the test seeds' neighbourhoods with the run's own keys, so it measures
+  the test accuracy training measured."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  saved = dict(meta["config"], fanouts=tuple(meta["config"]["fanouts"]))
+  config = SageConfig(**saved)
+  dataset = load_dataset(meta["data"])
+  dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
+  model = GraphSAGE(dataset.features.shape[1], config.hidden, dataset.num_classes,
+                    num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
+  params = nnx.state(model, nnx.Param)
+  target = {"params": nnx.to_pure_dict(params)}
+  if meta.get("has_optimizer"):
+    target["optimizer"] = optax.adam(config.learning_rate).init(params)
+  state = checkpoint.restore_state(path, target)
+  nnx.replace_by_pure_dict(params, state["params"])
+  nnx.update(model, params)
+
+  def evaluate() -> dict:
+    result = train(dataset, dataclasses.replace(config, epochs=0),
+                   init=nnx.state(model, nnx.Param))
+    return {"test_accuracy": result.test_accuracy}
+
+  return checkpoint.Loaded("sage", model, meta, evaluate=evaluate, predict=None,
+                           optimizer_state=state.get("optimizer"))
 
 
 class _CpuBatches:
@@ -403,6 +457,9 @@ def add_arguments(parser):
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype (parameters stay float32)")
   parser.add_argument("--seed", type=command.natural_int, default=0, help="seed of data and model")
+  parser.add_argument("--out", default="sage-checkpoint", type=command.checkpoint_dir,
+                      metavar="DIR", help="checkpoint folder for the trained model "
+                                          "(`jaxdata eval DIR` measures it again)")
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="host pipeline: keep this fraction of the feature rows (the most "
                            "sampled) in device memory")
@@ -411,18 +468,16 @@ def add_arguments(parser):
 def main(args) -> int:
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-  from jaxdata.data.powerlaw import powerlaw_graph
-
   console = command.console()
   config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
                       batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
                       epochs=args.epochs, seed=args.seed, dtype=args.dtype,
                       devices=None if args.devices == 0 else args.devices, cache=args.cache)
   with console.status("generating the synthetic graph"):
+    data = {"source": "powerlaw", "nodes": args.nodes, "edges": args.edges,
+            "features": args.features, "classes": args.classes, "seed": args.seed}
     table = HostTable.empty((args.nodes, args.features), np.float32)
-    dataset = powerlaw_graph(num_nodes=args.nodes, num_edges=args.edges,
-                             feature_dim=args.features, num_classes=args.classes, seed=args.seed,
-                             features_out=table.as_numpy())
+    dataset = load_dataset(data, features_out=table.as_numpy())
   console.print(f"[bold]{dataset.name}[/]: {dataset.num_nodes:,} nodes, {dataset.num_edges:,} "
                 f"edges, {args.features} features, {dataset.num_classes} classes, "
                 f"{len(dataset.train_nodes):,} train seeds | pipeline {config.pipeline}, "
@@ -447,4 +502,7 @@ def main(args) -> int:
 
       result = train(dataset, config, graph=graph, on_epoch=on_epoch, on_batch=on_batch)
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
+  save(args.out, result, config, data)
+  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
+                f"`jaxdata eval {args.out}` measures it again)")
   return 0
