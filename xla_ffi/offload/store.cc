@@ -93,6 +93,10 @@ int64_t ReadAll(int fd, char* dst, int64_t n, int64_t offset, std::string* error
   return done;
 }
 
+// Ticket numbers are unique in the process, not only in a store: store ids are reused (see
+// RegisterStore), and a ticket of a closed store must never name an entry of a later one.
+std::atomic<int64_t> next_seq{1};
+
 }  // namespace
 
 uint64_t Checksum(const char* data, int64_t nbytes, int64_t first_word) {
@@ -296,7 +300,7 @@ ffi::ErrorOr<std::shared_ptr<Entry>> TensorStore::Begin(int64_t site, int device
   for (int64_t p : parts) e->nbytes += p;
   e->parts = std::move(parts);
   std::lock_guard<std::mutex> lock(mu_);
-  e->seq = next_seq_++;
+  e->seq = next_seq.fetch_add(1);
   if (tier != Tier::kSsd) e->ram_offset = AllocateRam(e->nbytes);
   if (e->ram_offset >= 0) {
     e->tier = Tier::kRam;
@@ -662,12 +666,16 @@ std::unordered_map<int64_t, std::shared_ptr<TensorStore>>& Registry() {
   static auto* r = new std::unordered_map<int64_t, std::shared_ptr<TensorStore>>();
   return *r;
 }
-int64_t next_store_id = 1;
 }  // namespace
 
+// The smallest id no open store has. The id is an attribute of every compiled spill and load,
+// so reusing ids keeps a loop of create / use / close from compiling (and caching) new
+// executables for every store; a ticket from a closed store still fails (ticket numbers are
+// unique in the process).
 int64_t RegisterStore(std::shared_ptr<TensorStore> store) {
   std::lock_guard<std::mutex> lock(registry_mu);
-  const int64_t id = next_store_id++;
+  int64_t id = 1;
+  while (Registry().count(id)) ++id;
   Registry()[id] = std::move(store);
   return id;
 }

@@ -70,7 +70,7 @@ struct Chunk {
 };
 
 struct Entry {
-  int64_t seq = 0;       // the ticket number: unique in the store, in spill order
+  int64_t seq = 0;       // the ticket number: unique in the process, in spill order
   int64_t site = 0;
   int device = 0;
   int64_t nbytes = 0;
@@ -209,7 +209,6 @@ class TensorStore {
   std::map<int64_t, std::shared_ptr<Entry>> live_;  // seq -> entry, not yet popped
   std::map<int64_t, std::shared_ptr<Entry>> owned_;  // seq -> entry, not yet freed
   int holds_ = 0;                              // FFI calls in flight (Enter / Leave)
-  int64_t next_seq_ = 1;
   StoreStats stats_;
   int writes_in_flight_ = 0, reads_in_flight_ = 0;
   std::chrono::steady_clock::time_point write_start_, read_start_;
@@ -224,7 +223,8 @@ class TensorStore {
   std::vector<std::thread> threads_;
 };
 
-// The registry: Python holds a store's id, handlers receive it as an attribute.
+// The registry: Python holds a store's id, handlers receive it as an attribute. Ids of closed
+// stores are given to new ones (the smallest free id), so that compiled programs are reused.
 int64_t RegisterStore(std::shared_ptr<TensorStore> store);
 std::shared_ptr<TensorStore> FindStore(int64_t id);  // nullptr when unknown
 void CloseStore(int64_t id);
