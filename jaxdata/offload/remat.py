@@ -95,7 +95,9 @@ def remat(fn: Callable[..., Any], policy: Policy | None) -> Callable[..., Any]:
   `jax.checkpoint(policy=inner)` when given) with `jax.vjp`, spills every residual of at least
   `min_bytes` that is not one of `fn`'s own inputs (unless `policy.inputs` names its argument)
   in one call, and returns a ticket; backward loads them (after its cotangent exists, so not
-  earlier than needed) and applies the VJP.
+  earlier than needed) and applies the VJP. `fn` may close over arrays (an `nnx.Module`'s
+  parameters, a weight under `jax.grad`): they are passed to the custom_vjp as arguments, so they
+  get their gradients and are not spilled.
   Spill and load have side effects, which `jax.checkpoint` rejects: use this transform outside
   checkpointed regions (its `inner` policy is the checkpoint inside it). It works under `jit`,
   `grad`, `vmap` and inside `lax.scan` / `nnx.scan`: a scan's backward consumes its iterations'
