@@ -161,7 +161,7 @@ def test_spill_file_faults_end_in_the_right_data_or_a_clear_error(device, tmp_pa
   assert os.listdir(tmp_path / "ssd") == []
 
 
-def test_truncation_inside_the_data_is_always_an_error(tmp_path):
+def test_truncation_inside_the_data_is_always_an_error(device, tmp_path):
   """A file cut anywhere before its last data byte must fail as truncated (in-process: the
   fault cases above showed it does not crash)."""
   ssd = str(tmp_path / "ssd")
@@ -264,7 +264,7 @@ def test_close_mid_flight_ends_in_the_right_data_or_closed(device, tmp_path):
 @settings(max_examples=25, **_SETTINGS)
 @given(cap_chunks=st.integers(1, 8), sizes=st.lists(st.sampled_from(_SHAPES), min_size=1,
                                                      max_size=4))
-def test_ssd_cap_gives_full_errors_and_keeps_what_fits(cap_chunks, sizes):
+def test_ssd_cap_gives_full_errors_and_keeps_what_fits(device, cap_chunks, sizes):
   import tempfile
   with tempfile.TemporaryDirectory() as parent, \
       _store(parent, ssd_bytes=cap_chunks * CHUNK) as store:
@@ -344,7 +344,8 @@ def test_file_size_limit_fails_spills_cleanly(device, tmp_path):
 @given(ram_chunks=st.integers(0, 12), ssd=st.booleans(),
        plan=st.lists(st.tuples(st.sampled_from(_SHAPES), st.sampled_from(["auto", "ram", "ssd"])),
                      min_size=1, max_size=5))
-def test_ram_pressure_spills_to_the_right_tier_or_says_what_is_full(ram_chunks, ssd, plan):
+def test_ram_pressure_spills_to_the_right_tier_or_says_what_is_full(device, ram_chunks, ssd,
+                                                                   plan):
   import tempfile
   with tempfile.TemporaryDirectory() as parent, \
       _store(parent if ssd else None, ram_bytes=ram_chunks * CHUNK) as store:
