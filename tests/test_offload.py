@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -1071,7 +1072,6 @@ def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd
   """A load in flight on another thread when close() is called ends with the right data or
   with a "closed" error (never a disk error such as "truncated"); close() waits for it, and
   afterwards no descriptor, file, directory or thread of the store remains."""
-  import threading
   x = jnp.arange(8 << 20, dtype=jnp.float32)  # 32 MiB: 8192 chunks to read back
   site = offload.new_site()
   threads_before = len(os.listdir("/proc/self/task"))
