@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -629,7 +630,7 @@ def test_ram_tier_full_with_ssd_when_ram_asked_for(device, ssd_dir):
 
 def test_ssd_tier_asked_for_without_ssd_dir(device):
   with make_store(None) as store:
-    with pytest.raises(RuntimeErrors, match="no SSD directory"):
+    with pytest.raises(ValueError, match="no SSD tier"):
       jax.block_until_ready(spill_fn(store, offload.new_site(), "ssd")([jnp.ones(10)]))
     assert_drained(store)
 
@@ -1047,3 +1048,178 @@ def test_load_bytes_cap_is_settable():
       store.load_bytes = -1
   with pytest.raises(ValueError, match="closed"):
     store.load_bytes = 1
+
+
+# --------------------------------------------------------------------------------------------
+# close() while I/O is in flight (issue 20, defect 3)
+
+
+def _store_descriptors(directory):
+  """Open descriptors of this process that point into `directory` (deleted files included)."""
+  found = []
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+      continue
+    if target.startswith(directory):
+      found.append(target)
+  return found
+
+
+@pytest.mark.parametrize("tier", ["ssd", "ram"])
+def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd_dir, tier):
+  """A load in flight on another thread when close() is called ends with the right data or
+  with a "closed" error (never a disk error such as "truncated"); close() waits for it, and
+  afterwards no descriptor, file, directory or thread of the store remains."""
+  x = jnp.arange(8 << 20, dtype=jnp.float32)  # 32 MiB: 8192 chunks to read back
+  site = offload.new_site()
+  threads_before = len(os.listdir("/proc/self/task"))
+  outcomes = []
+  for delay in (0.0, 0.001, 0.004):
+    store = make_store(ssd_dir, ram_bytes=(64 << 20) if tier == "ram" else 0, io_threads=1)
+    directory = store.directory
+    ticket = spill_fn(store, site, tier)([x])
+    if tier == "ssd":
+      wait_written(store, padded(x.nbytes))
+    load = jax.jit(lambda t: offload.load(t, [x], store, site=site)).lower(ticket).compile()
+    result = {}
+
+    def run():
+      try:
+        result["value"] = np.asarray(jax.block_until_ready(load(ticket))[0])
+      except Exception as e:  # noqa: BLE001 - the test inspects it
+        result["error"] = e
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while tier == "ssd" and store.stats()["ssd_read"] == 0 and time.monotonic() < deadline:
+      time.sleep(0.0002)
+    time.sleep(delay)
+    store.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the load did not finish after close()"
+    if "error" in result:
+      msg = str(result["error"])
+      assert "closed" in msg and "truncated" not in msg and "corrupt" not in msg, msg
+      outcomes.append("closed")
+    else:
+      np.testing.assert_array_equal(result["value"], np.asarray(x))
+      outcomes.append("loaded")
+    assert _store_descriptors(directory) == [], _store_descriptors(directory)
+    assert not os.path.exists(directory)
+  deadline = time.monotonic() + 5
+  while len(os.listdir("/proc/self/task")) > threads_before and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert len(os.listdir("/proc/self/task")) <= threads_before
+  if tier == "ssd":
+    assert "closed" in outcomes, outcomes  # at least one close landed mid-read
+
+
+def test_close_with_outstanding_spills_frees_their_files(device, ssd_dir):
+  x = jnp.arange(3001, dtype=jnp.float32)
+  store = make_store(ssd_dir, ram_bytes=0)
+  site = offload.new_site()
+  for _ in range(3):
+    spill_fn(store, site, "ssd")([x])
+  directory = store.directory
+  store.close()
+  assert _store_descriptors(directory) == []
+  assert not os.path.exists(directory)
+
+
+# --------------------------------------------------------------------------------------------
+# remat over closures (issue 20, defect 6)
+
+
+@pytest.mark.parametrize("tier", ["ram", "ssd"])
+def test_remat_offload_of_a_closure_over_weights_has_the_plain_gradient(device, highest,
+                                                                       ssd_dir, tier):
+  ws, x = params(4)
+  w = jax.tree.map(lambda a: a[0], ws)
+
+  def loss(w, x, blk):
+    return jnp.sum(blk(lambda h: block(w, h), x) ** 2)
+
+  plain = lambda f, x: f(x)  # noqa: E731
+  want = jax.grad(loss, argnums=(0, 1))(w, x, plain)
+  with make_store(ssd_dir) as store:
+    policy = offload.offload(store, tier, min_bytes=0)
+    rematted = lambda f, x: offload.remat(f, policy)(x)  # noqa: E731
+    got = jax.grad(loss, argnums=(0, 1))(w, x, rematted)
+    assert_tree_close(got, want, device)
+    got = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(w, x, rematted)
+    assert_tree_close(got, want, device)
+    assert store.stats()["spills"] == 2
+    assert_drained(store)
+
+
+@pytest.mark.parametrize("tier", ["ram", "ssd"])
+def test_remat_offload_of_an_nnx_module_closure_has_the_plain_gradient(device, highest,
+                                                                      ssd_dir, tier):
+  from flax import nnx
+
+  class Block(nnx.Module):
+    def __init__(self, rngs):
+      self.a = nnx.Linear(D, D, rngs=rngs)
+      self.b = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+      return x + self.b(jnp.tanh(self.a(x)))
+
+  class Model(nnx.Module):
+    def __init__(self, policy, rngs):
+      self.blocks = nnx.List([Block(rngs) for _ in range(2)])
+      self.policy = policy
+
+    def __call__(self, x):
+      for blk in self.blocks:
+        x = offload.remat(lambda h, blk=blk: blk(h), self.policy)(x)
+      return x
+
+  x = jax.random.normal(jax.random.key(5), (N, D), jnp.float32)
+  loss = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
+  with make_store(ssd_dir) as store:
+    for policy in (offload.offload(store, tier, min_bytes=0), offload.offload(
+        store, tier, inner=jax.checkpoint_policies.dots_saveable, min_bytes=0)):
+      plain = Model(None, nnx.Rngs(0))
+      model = Model(policy, nnx.Rngs(0))
+      want = nnx.grad(loss, argnums=(0, 1))(plain, x)
+      want = (nnx.state(want[0], nnx.Param), want[1])
+      for grad in (nnx.grad(loss, argnums=(0, 1)), nnx.jit(nnx.grad(loss, argnums=(0, 1)))):
+        got = grad(model, x)
+        got = (nnx.state(got[0], nnx.Param), got[1])
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):  # entries up to ~30
+          np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-4)
+    assert store.stats()["spills"] > 0
+    assert_drained(store)
+
+
+# --------------------------------------------------------------------------------------------
+# error messages (issue 20, defect 8)
+
+
+def test_ram_tier_full_message_shows_sizes_and_the_limit_to_raise(device):
+  x = jnp.arange(10001, dtype=jnp.float32)  # 40004 bytes
+  with make_store(None, ram_bytes=8192) as store:
+    with pytest.raises(RuntimeErrors) as info:
+      spill_fn(store, offload.new_site(), "ram")([x])
+  msg = str(info.value)
+  assert "0.00 GiB" not in msg, msg
+  assert "39.1 KiB" in msg and "8.0 KiB" in msg and "ram_bytes" in msg, msg
+
+
+def test_ram_full_on_a_store_without_ssd_says_how_to_add_an_ssd_tier(device):
+  x = jnp.arange(10001, dtype=jnp.float32)
+  with make_store(None, ram_bytes=8192) as store:
+    with pytest.raises(RuntimeErrors, match=r"no SSD tier.*ssd_dir="):
+      spill_fn(store, offload.new_site(), "auto")([x])
+
+
+def test_ssd_spill_on_a_store_without_ssd_dir_says_no_ssd_tier_is_configured(device):
+  with make_store(None) as store:
+    with pytest.raises(ValueError, match=r"spill.*tier.*no SSD tier.*ssd_dir="):
+      offload.spill([jnp.ones(10)], store, site=offload.new_site(), tier="ssd")
+    with pytest.raises(ValueError, match=r"no SSD tier.*ssd_dir="):
+      offload.offload(store, "ssd")

@@ -6,6 +6,7 @@ import functools
 from typing import Any, Callable
 
 import jax
+import jax.extend  # noqa: F401  (jax.extend.core: the closure conversion)
 import numpy as np
 
 from jaxdata.offload import spill as _spill
@@ -50,7 +51,7 @@ class Policy:
     object.__setattr__(self, "inputs", inputs)
     if self.mode == "offload" and not isinstance(self.store, TensorStore):
       raise TypeError("an offload policy needs store=jaxdata.offload.TensorStore(...)")
-    _spill._tier(self.tier)
+    _spill._tier(self.tier, self.store, what="offload policy")
 
   def __str__(self) -> str:
     if self.name:
@@ -94,7 +95,9 @@ def remat(fn: Callable[..., Any], policy: Policy | None) -> Callable[..., Any]:
   `jax.checkpoint(policy=inner)` when given) with `jax.vjp`, spills every residual of at least
   `min_bytes` that is not one of `fn`'s own inputs (unless `policy.inputs` names its argument)
   in one call, and returns a ticket; backward loads them (after its cotangent exists, so not
-  earlier than needed) and applies the VJP.
+  earlier than needed) and applies the VJP. `fn` may close over arrays (an `nnx.Module`'s
+  parameters, a weight under `jax.grad`): they are passed to the custom_vjp as arguments, so they
+  get their gradients and are not spilled.
   Spill and load have side effects, which `jax.checkpoint` rejects: use this transform outside
   checkpointed regions (its `inner` policy is the checkpoint inside it). It works under `jit`,
   `grad`, `vmap` and inside `lax.scan` / `nnx.scan`: a scan's backward consumes its iterations'
@@ -114,26 +117,49 @@ def remat(fn: Callable[..., Any], policy: Policy | None) -> Callable[..., Any]:
   inner = jax.checkpoint(fn, policy=policy.inner) if policy.inner is not None else fn
   if policy.mode == "keep":
     return inner
-  # custom_vjp takes positional arguments only: keywords travel as one dict argument.
-  offloaded = _offloaded(lambda args, kwargs: inner(*args, **kwargs), policy)
+  offloaded = _offloaded(policy)
 
   @functools.wraps(fn)
   def wrapped(*args, **kwargs):
-    return offloaded(args, kwargs)
+    # custom_vjp takes positional arguments only: keywords travel as one dict argument. What
+    # the block closes over (a weight under jax.grad, an NNX module's parameters) becomes an
+    # explicit argument too, so that it gets its gradient: a custom_vjp cannot close over
+    # tracers.
+    converted, consts = _closure_convert(lambda a, k: inner(*a, **k), args, kwargs)
+    return offloaded(converted, args, kwargs, *consts)
   return wrapped
 
 
-def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
+def _closure_convert(fn: Callable[..., Any], *args: Any) -> tuple[Callable[..., Any], list]:
+  """(g, consts) with g(*args, *consts) == fn(*args), and every array fn closes over among
+  consts: `jax.closure_convert`, without its cache. That cache is keyed on fn and the argument
+  types, so the same block called on new closed-over values (an NNX module under a new trace)
+  would get the old trace's values back, and it would keep closed-over arrays alive."""
+  closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+  out_tree = jax.tree_util.tree_structure(out_shape)
+  jaxpr = closed.jaxpr
+
+  def converted(*args_and_consts):
+    flat = jax.tree_util.tree_leaves(args_and_consts[:len(args)])
+    consts = list(args_and_consts[len(args):])
+    out = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, consts))(*flat)
+    return jax.tree_util.tree_unflatten(out_tree, out)
+  return converted, list(closed.consts)
+
+
+def _offloaded(policy: Policy) -> Callable[..., Any]:
+  """custom_vjp(fn, args, kwargs, *consts): fn(args, kwargs, *consts) with its residuals
+  spilled to the policy's store in the forward pass and loaded back in the backward pass."""
   site = _spill.new_site()
 
-  @jax.custom_vjp
-  def call(*args):
+  @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+  def call(fn, *args):
     return fn(*args)
 
-  def fwd(*args):
+  def fwd(fn, *args):
     out, vjp = jax.vjp(fn, *args)
     leaves, treedef = jax.tree_util.tree_flatten(vjp)
-    positional = args[0]  # fn takes (positional arguments, keyword arguments)
+    positional = args[0]  # fn takes (positional arguments, keyword arguments, *consts)
     if policy.inputs and max(policy.inputs) >= len(positional):
       raise ValueError(f"remat: the policy offloads argument {max(policy.inputs)}, but the block "
                        f"was called with {len(positional)} positional arguments")
@@ -156,7 +182,8 @@ def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
     out, ticket = jax.lax.optimization_barrier((out, ticket))
     return out, (jax.tree_util.tree_unflatten(treedef, leaves), ticket)
 
-  def bwd(res, g):
+  def bwd(fn, res, g):
+    del fn  # the VJP closure has what it needs
     vjp, ticket = res
     if ticket is not None:
       leaves, treedef = jax.tree_util.tree_flatten(vjp, is_leaf=lambda l: isinstance(l, _Spilled))
@@ -169,5 +196,4 @@ def _offloaded(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
     return vjp(g)
 
   call.defvjp(fwd, bwd)
-
-  return functools.wraps(fn)(call)
+  return call

@@ -19,9 +19,14 @@ def new_site() -> int:
   return next(_sites)
 
 
-def _tier(tier: str) -> int:
+def _tier(tier: str, store: TensorStore | None = None, what: str = "spill") -> int:
+  """The tier's number for the FFI call; ValueError for an unknown tier, or for "ssd" on a
+  store that has no SSD tier (said here, before anything runs)."""
   if tier not in _TIERS:
-    raise ValueError(f"tier must be one of {sorted(_TIERS)}, got {tier!r}")
+    raise ValueError(f"{what}: tier must be one of {sorted(_TIERS)}, got {tier!r}")
+  if tier == "ssd" and store is not None and store.ssd_dir is None:
+    raise ValueError(f"{what}: tier 'ssd' was asked for, but {store!r} has no SSD tier; "
+                     "configure one with TensorStore(ssd_dir=<a directory on local disk>)")
   return _TIERS[tier]
 
 
@@ -35,13 +40,14 @@ def spill(arrays: Sequence[jax.Array], store: TensorStore, *, site: int, tier: s
   """
   if not isinstance(store, TensorStore):
     raise TypeError(f"store must be a jaxdata.offload.TensorStore, got {type(store).__name__}")
+  tier_id = _tier(tier, store)
   arrays = [jnp.asarray(a) for a in arrays]
   if not arrays:
     raise ValueError("spill needs at least one array")
   return jax.ffi.ffi_call("jaxdata_offload_spill", jax.ShapeDtypeStruct((2,), jnp.int32),
                           has_side_effect=True, vmap_method="broadcast_all")(
                               *arrays, store=np.int64(store.store_id), site=np.int64(site),
-                              tier=np.int64(_tier(tier)))
+                              tier=np.int64(tier_id))
 
 
 def load(ticket: jax.Array, like: Sequence[jax.ShapeDtypeStruct], store: TensorStore, *,

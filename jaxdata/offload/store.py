@@ -48,7 +48,9 @@ class TensorStore:
 
   `jaxdata.offload.spill` / `load` and the `offload` remat policy use a store; it must stay open
   until every computation that spills to or loads from it has finished (wait for results before
-  `close()`). Loads after close fail with an error naming the store, never with wrong data.
+  `close()`). A spill or load still running when `close()` is called fails with "the
+  TensorStore was closed" (close waits for it to return, then frees everything); loads after
+  close fail with an error naming the store; never with wrong data.
 
       >>> with TensorStore(ram_bytes="8GiB", ssd_dir="/local/ssd") as store:
       ...   step = jax.jit(jax.grad(loss))   # loss uses offload.remat(..., offload(store))
@@ -134,7 +136,9 @@ class TensorStore:
     return s
 
   def close(self) -> None:
-    """Waits for I/O in flight, frees every tier, removes the spill directory. Idempotent."""
+    """Stops I/O in flight (spills and loads still running fail with "the TensorStore was
+    closed"), waits for those calls to return, frees every tier (files and descriptors, pinned
+    RAM, staging, GPU staging), removes the spill directory. Idempotent."""
     self._finalizer()
 
   def __enter__(self) -> "TensorStore":

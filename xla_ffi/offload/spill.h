@@ -85,7 +85,8 @@ JAXDATA_HOST_DEVICE inline int64_t DecodeTicket(const int32_t* pair) {
   return int64_t(pair[0]) | (int64_t(pair[1]) << 31);
 }
 
-// The store a handler names, or its error; also the failure an earlier GPU call of this store
+// The store a handler names, held for as long as the handler keeps the pointer (close() waits
+// for it: see LookupStore), or its error; also the failure an earlier GPU call of this store
 // could only see after it had returned.
 inline xla::ffi::ErrorOr<std::shared_ptr<TensorStore>> OpenStore(int64_t id) {
   auto store = LookupStore(id);

@@ -224,6 +224,8 @@ class Gpu {
     return ffi::Error::Success();
   }
 
+  // Called by the store's Close() once no FFI call holds it (so no handler is inside Spill or
+  // Load): stops the threads, waits for the streams and frees the device staging.
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -364,9 +366,12 @@ class Gpu {
       cv_.notify_all();
       cv_.wait(lock, [&] { return g.state == EntryGpu::kReady || g.state == EntryGpu::kFailed ||
                                   stopping_; });
-      if (g.state != EntryGpu::kReady) {
-        return ffi::Error(ffi::ErrorCode::kDataLoss,
-                          g.error.empty() ? "offload: the TensorStore was closed" : g.error);
+      if (g.state != EntryGpu::kReady) {  // as on the CPU: a close is not a disk error
+        return ffi::Error(store_->closed() ? ffi::ErrorCode::kFailedPrecondition
+                                           : ffi::ErrorCode::kDataLoss,
+                          g.error.empty() ? "offload: the TensorStore was closed while loading "
+                                            "ticket " + std::to_string(e->seq)
+                                          : g.error);
       }
       if (auto it = std::find(held_.begin(), held_.end(), e); it != held_.end()) held_.erase(it);
     }
@@ -484,13 +489,15 @@ class Gpu {
     cv_.notify_all();
   }
 
-  // The SSD writer: runs queued jobs in order.
+  // The SSD writer: runs queued jobs in order. Stop() lets it finish the queue: a job waits
+  // for its spill's copy into the staging on XLA's stream before it gives the staging back, and
+  // once the store is closed it writes nothing (WriteSsd fails it as closed at once).
   void WriterLoop() {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stopping_ || !writes_.empty(); });
-      if (stopping_) return;
+      if (writes_.empty()) return;  // stopping, nothing left
       auto job = std::move(writes_.front());
       writes_.pop_front();
       lock.unlock();

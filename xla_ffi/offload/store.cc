@@ -26,10 +26,22 @@ int64_t RoundUp(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-std::string Gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f GiB", bytes / double(1ll << 30));
+// A byte count in the largest unit that keeps it at least 1 ("512 bytes", "39.1 KiB",
+// "1.5 GiB"), so that small stores' sizes do not all read "0.00 GiB".
+std::string Size(int64_t bytes) {
+  if (bytes < 1024 && bytes > -1024) return std::to_string(bytes) + " bytes";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = double(bytes) / 1024;
+  int u = 0;
+  while (u < 4 && (v >= 1024 || v <= -1024)) v /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[u]);
   return buf;
+}
+
+ffi::Error ClosedError(const std::string& what) {
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    "offload: the TensorStore was closed " + what);
 }
 
 // Directories of earlier processes that died without cleaning up (their pid no longer runs).
@@ -80,6 +92,10 @@ int64_t ReadAll(int fd, char* dst, int64_t n, int64_t offset, std::string* error
   }
   return done;
 }
+
+// Ticket numbers are unique in the process, not only in a store: store ids are reused (see
+// RegisterStore), and a ticket of a closed store must never name an entry of a later one.
+std::atomic<int64_t> next_seq{1};
 
 }  // namespace
 
@@ -158,13 +174,17 @@ TensorStore::TensorStore(const StoreOptions& options)
 TensorStore::~TensorStore() { Close(); }
 
 void TensorStore::Close() {
-  if (closed_.exchange(true)) return;
   std::vector<std::function<void()>> hooks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    // Every wait of a call in flight (slots, stored entries, reads) sees closed_ and ends, and
+    // every I/O task not yet started fails as closed; then nothing uses the tiers any more.
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return holds_ == 0; });
     hooks.swap(on_close_);
   }
-  cv_.notify_all();  // wake waiters: they see closed_
   for (auto& hook : hooks) hook();
   WaitIdle();
   {
@@ -175,21 +195,35 @@ void TensorStore::Close() {
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [seq, e] : live_) {
+  for (auto& [seq, e] : owned_) {  // loaded or not: popped entries are here too
     if (e->fd >= 0) close(e->fd), e->fd = -1;
+    if (!e->path.empty()) unlink(e->path.c_str());
+    e->ram_offset = -1;
   }
-  for (auto& [site, stack] : sites_) {
-    for (auto& e : stack) {
-      if (e->fd >= 0) close(e->fd), e->fd = -1;
-    }
-  }
+  owned_.clear();
   live_.clear();
   sites_.clear();
-  stats_.outstanding = 0;
+  free_.clear();
+  slots_.clear();
+  arena_.reset();
+  staging_.reset();
+  stats_.outstanding = stats_.ram_in_use = stats_.ssd_in_use = 0;
   if (!dir_.empty()) {
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
+}
+
+bool TensorStore::Enter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return false;
+  ++holds_;
+  return true;
+}
+
+void TensorStore::Leave() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--holds_ == 0) cv_.notify_all();
 }
 
 void TensorStore::Post(std::function<void()> task, bool write) {
@@ -259,31 +293,42 @@ void TensorStore::ReleaseRam(int64_t offset, int64_t nbytes) {
 
 ffi::ErrorOr<std::shared_ptr<Entry>> TensorStore::Begin(int64_t site, int device,
                                                          std::vector<int64_t> parts, Tier tier) {
-  if (closed_) return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore is closed"));
+  if (closed_) return ffi::Unexpected(ClosedError("before this spill"));
   auto e = std::make_shared<Entry>();
   e->site = site;
   e->device = device;
   for (int64_t p : parts) e->nbytes += p;
   e->parts = std::move(parts);
   std::lock_guard<std::mutex> lock(mu_);
-  e->seq = next_seq_++;
+  e->seq = next_seq.fetch_add(1);
   if (tier != Tier::kSsd) e->ram_offset = AllocateRam(e->nbytes);
   if (e->ram_offset >= 0) {
     e->tier = Tier::kRam;
+  } else if (tier == Tier::kSsd && dir_.empty()) {
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        "offload spill: tier 'ssd' was asked for, but this TensorStore has no SSD tier; "
+        "configure one with TensorStore(ssd_dir=<a directory on local disk>)"));
   } else if (tier == Tier::kRam || dir_.empty()) {
-    return ffi::Unexpected(ffi::Error(
-        ffi::ErrorCode::kResourceExhausted,
-        "offload: the RAM tier is full (" + Gib(stats_.ram_in_use) + " of " +
-            Gib(options_.ram_bytes) + " in use, " + Gib(e->nbytes) + " asked for)" +
-            (dir_.empty() ? " and the store has no SSD directory (TensorStore(ssd_dir=...))"
-                          : "")));
+    const int64_t need = RoundUp(e->nbytes, kRamAlign) + kTailBytes;
+    std::string msg = "offload spill: the RAM tier is full: " + Size(e->nbytes) +
+                      " asked for, " + Size(stats_.ram_in_use) + " of its " +
+                      Size(options_.ram_bytes) + " limit in use";
+    if (need > options_.ram_bytes) msg += " (a spill this size never fits in it)";
+    msg += "; raise the limit with TensorStore(ram_bytes=...)";
+    msg += dir_.empty() ? ", or add an SSD tier for what does not fit: this store has no SSD "
+                          "tier (TensorStore(ssd_dir=<a directory on local disk>))"
+                        : ", or spill with tier 'auto' or 'ssd' to use the store's SSD tier";
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted, msg));
   } else {
     e->tier = Tier::kSsd;
     const int64_t padded = RoundUp(e->nbytes, kAlign);
     if (options_.ssd_bytes > 0 && stats_.ssd_in_use + padded > options_.ssd_bytes) {
-      return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "offload: the SSD tier is full (" + Gib(stats_.ssd_in_use) + " of " +
-                            Gib(options_.ssd_bytes) + " in use, " + Gib(padded) + " asked for)"));
+      return ffi::Unexpected(ffi::Error(
+          ffi::ErrorCode::kResourceExhausted,
+          "offload spill: the SSD tier is full: " + Size(padded) + " asked for, " +
+              Size(stats_.ssd_in_use) + " of its " + Size(options_.ssd_bytes) +
+              " limit in use; raise the limit with TensorStore(ssd_bytes=...) (0: as much as "
+              "the disk holds)"));
     }
     e->path = dir_ + "/t" + std::to_string(e->seq) + ".bin";
     bool direct = direct_io_;
@@ -297,6 +342,7 @@ ffi::ErrorOr<std::shared_ptr<Entry>> TensorStore::Begin(int64_t site, int device
   }
   sites_[{site, device}].push_back(e);
   live_[e->seq] = e;
+  owned_[e->seq] = e;
   stats_.spills += 1;
   stats_.spilled += e->nbytes;
   stats_.outstanding += 1;
@@ -405,8 +451,8 @@ void TensorStore::WriteSsd(const std::shared_ptr<Entry>& e,
 }
 
 ffi::ErrorOr<std::shared_ptr<Entry>> TensorStore::Pop(int64_t site, int device, int64_t seq) {
-  if (closed_) return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore is closed"));
   std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return ffi::Unexpected(ClosedError("before this load"));
   std::shared_ptr<Entry> e;
   if (seq >= 0) {
     auto it = live_.find(seq);
@@ -434,7 +480,7 @@ ffi::ErrorOr<std::shared_ptr<Entry>> TensorStore::Pop(int64_t site, int device, 
 ffi::Error TensorStore::WaitStored(const Entry& e) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return e.stored || closed_; });
-  if (!e.stored) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: the TensorStore is closed");
+  if (closed_) return ClosedError("while loading ticket " + std::to_string(e.seq));
   if (!e.error.empty()) return ffi::Error(ffi::ErrorCode::kDataLoss, e.error);
   return ffi::Error::Success();
 }
@@ -486,19 +532,26 @@ ffi::Error TensorStore::ReadSsd(const Entry& e,
     Read& r = reads[size_t(issued)];
     r.slot = AcquireSlot();
     const int64_t i = issued++;
+    const std::string closed =
+        "offload: the TensorStore was closed while loading ticket " + std::to_string(e.seq);
     if (!r.slot) {
       std::lock_guard<std::mutex> lock(mu_);
-      r.error = "offload: the TensorStore is closed", r.done = true;
+      r.error = closed, r.done = true;
       return;
     }
-    Post([this, &e, &r, i] {
+    Post([this, &e, &r, i, closed] {
       const Chunk& c = e.chunks[size_t(i)];
       const int64_t padded = RoundUp(c.bytes, kAlign);
       std::string error;
-      EnterIo(false);
-      const int64_t got = closed_ ? 0 : ReadAll(e.fd, r.slot, padded, c.offset, &error);
-      LeaveIo(false, got);
-      if (!error.empty()) {
+      int64_t got = 0;
+      if (!closed_) {  // Close() frees the file only after this call returns
+        EnterIo(false);
+        got = ReadAll(e.fd, r.slot, padded, c.offset, &error);
+        LeaveIo(false, got);
+      }
+      if (closed_) {
+        error = closed;
+      } else if (!error.empty()) {
         error = "offload: reading " + e.path + " failed: " + error;
       } else if (got < c.bytes) {
         error = "offload: spill file " + e.path + " is truncated (chunk " + std::to_string(i) +
@@ -535,13 +588,16 @@ ffi::Error TensorStore::ReadSsd(const Entry& e,
     }
     if (r.slot) ReleaseSlot(r.slot);
   }
-  if (!error.empty()) return ffi::Error(ffi::ErrorCode::kDataLoss, error);
+  if (!error.empty()) {
+    return ffi::Error(closed_ ? ffi::ErrorCode::kFailedPrecondition : ffi::ErrorCode::kDataLoss,
+                      error);
+  }
   return ffi::Error::Success();
 }
 
 void TensorStore::Free(const std::shared_ptr<Entry>& e) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return;  // Close() released everything
+  if (owned_.erase(e->seq) == 0) return;  // freed already (or by Close())
   if (e->tier == Tier::kRam && e->ram_offset >= 0) {
     ReleaseRam(e->ram_offset, e->nbytes);
     e->ram_offset = -1;
@@ -610,12 +666,16 @@ std::unordered_map<int64_t, std::shared_ptr<TensorStore>>& Registry() {
   static auto* r = new std::unordered_map<int64_t, std::shared_ptr<TensorStore>>();
   return *r;
 }
-int64_t next_store_id = 1;
 }  // namespace
 
+// The smallest id no open store has. The id is an attribute of every compiled spill and load,
+// so reusing ids keeps a loop of create / use / close from compiling (and caching) new
+// executables for every store; a ticket from a closed store still fails (ticket numbers are
+// unique in the process).
 int64_t RegisterStore(std::shared_ptr<TensorStore> store) {
   std::lock_guard<std::mutex> lock(registry_mu);
-  const int64_t id = next_store_id++;
+  int64_t id = 1;
+  while (Registry().count(id)) ++id;
   Registry()[id] = std::move(store);
   return id;
 }
@@ -640,11 +700,16 @@ void CloseStore(int64_t id) {
 
 ffi::ErrorOr<std::shared_ptr<TensorStore>> LookupStore(int64_t id) {
   auto store = FindStore(id);
-  if (!store || store->closed()) {
-    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, "offload: TensorStore #" + std::to_string(id) +
+  if (!store || !store->Enter()) {
+    return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                                      "offload: TensorStore #" + std::to_string(id) +
                                           " is closed (its tickets cannot be loaded any more)"));
   }
-  return store;
+  // Shares ownership with `store`; its "deleter" gives the hold back.
+  TensorStore* raw = store.get();
+  return std::shared_ptr<TensorStore>(raw, [owner = std::move(store)](TensorStore* s) {
+    s->Leave();
+  });
 }
 
 double MeasureDiskWrite(const std::string& dir, int64_t nbytes, int threads, int64_t chunk_bytes) {

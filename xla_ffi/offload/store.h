@@ -70,7 +70,7 @@ struct Chunk {
 };
 
 struct Entry {
-  int64_t seq = 0;       // the ticket number: unique in the store, in spill order
+  int64_t seq = 0;       // the ticket number: unique in the process, in spill order
   int64_t site = 0;
   int device = 0;
   int64_t nbytes = 0;
@@ -105,8 +105,17 @@ class TensorStore {
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;
 
-  // Waits for I/O in flight, frees every entry, removes the directory. Idempotent.
+  // Marks the store closed, so that every wait and every I/O task of an FFI call in flight ends
+  // with a "the TensorStore was closed" error; waits until every such call has returned (see
+  // Enter), stops the GPU handlers' work (OnClose) and the I/O threads, then frees every tier:
+  // entries' files and descriptors (loaded or not), the RAM arena, the staging slots, the
+  // directory. Idempotent.
   void Close();
+  // An FFI call's hold on the store: false once it is closed. Close() waits until every hold is
+  // given back (Leave), so nothing it frees is still in use. LookupStore takes and gives back
+  // holds for the handlers.
+  bool Enter();
+  void Leave();
   bool closed() const { return closed_.load(); }
   const StoreOptions& options() const { return options_; }
   // The cap on GPU spill staging (StoreOptions::device_bytes), adjustable while open.
@@ -151,7 +160,7 @@ class TensorStore {
   // them in order to `consume(chunk, host_bytes)` on the calling thread.
   xla::ffi::Error ReadSsd(const Entry& e,
                           const std::function<void(const Chunk&, const char*)>& consume);
-  // Releases the entry's region or file.
+  // Releases the entry's region or file (once; later calls do nothing).
   void Free(const std::shared_ptr<Entry>& e);
   // Entries spilled before `e` that are still waiting to be loaded, nearest first.
   std::vector<std::shared_ptr<Entry>> Preceding(const Entry& e, int n);
@@ -160,7 +169,8 @@ class TensorStore {
   // spills in flight and loads held.
   void NoteDevice(int64_t in_use, int64_t peak, int64_t spill_peak, int64_t load_peak);
   StoreStats Stats();
-  // Runs at the start of Close(), before the I/O threads stop (the GPU handlers stop theirs).
+  // Runs in Close() once no FFI call holds the store, before the I/O threads stop and the tiers
+  // are freed (the GPU handlers stop their threads and streams and free their device staging).
   void OnClose(std::function<void()> hook);
   // Per-store state of the GPU handlers, made once by `make`.
   std::shared_ptr<void> GpuState(const std::function<std::shared_ptr<void>()>& make);
@@ -197,7 +207,8 @@ class TensorStore {
   std::vector<char*> slots_;
   std::map<std::pair<int64_t, int>, std::vector<std::shared_ptr<Entry>>> sites_;
   std::map<int64_t, std::shared_ptr<Entry>> live_;  // seq -> entry, not yet popped
-  int64_t next_seq_ = 1;
+  std::map<int64_t, std::shared_ptr<Entry>> owned_;  // seq -> entry, not yet freed
+  int holds_ = 0;                              // FFI calls in flight (Enter / Leave)
   StoreStats stats_;
   int writes_in_flight_ = 0, reads_in_flight_ = 0;
   std::chrono::steady_clock::time_point write_start_, read_start_;
@@ -212,10 +223,13 @@ class TensorStore {
   std::vector<std::thread> threads_;
 };
 
-// The registry: Python holds a store's id, handlers receive it as an attribute.
+// The registry: Python holds a store's id, handlers receive it as an attribute. Ids of closed
+// stores are given to new ones (the smallest free id), so that compiled programs are reused.
 int64_t RegisterStore(std::shared_ptr<TensorStore> store);
 std::shared_ptr<TensorStore> FindStore(int64_t id);  // nullptr when unknown
 void CloseStore(int64_t id);
+// The open store `id`, held (Enter) for as long as the returned pointer or a copy of it lives:
+// a handler keeps it for its whole call, and Close() waits for it. An error once closed.
 xla::ffi::ErrorOr<std::shared_ptr<TensorStore>> LookupStore(int64_t id);
 
 // Writes `nbytes` to a fresh file in `dir` with direct I/O, `threads` writers of `chunk_bytes`,
