@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jaxdata.host import Blocks, HostGraph, HostTable, sample_neighbors
+from jaxdata.host import Blocks, DeviceGraph, HostGraph, HostTable, sample_neighbors
 
 P_MIN = 1e-3  # chi-square p-value threshold; every statistical test below uses a fixed seed
 
@@ -545,8 +545,6 @@ def test_bad_graphs():
     HostGraph.from_edges([], [], num_nodes=0)
   with pytest.raises(ValueError, match="no nodes"):
     HostGraph.from_edges(np.array([], np.int64), np.array([], np.int64))
-  with pytest.raises(ValueError, match="no edges"):
-    HostGraph.from_edges(np.array([], np.int64), np.array([], np.int64), num_nodes=4)
   with pytest.raises(ValueError, match="no nodes"):
     HostGraph(np.array([0]), np.array([], np.int32))
   with pytest.raises(ValueError, match="outside"):
@@ -563,6 +561,24 @@ def test_bad_graphs():
     HostGraph(np.array([0, 1, 2]), np.array([0, 1, 1]))
   with pytest.raises(ValueError, match="outside"):
     HostGraph(np.array([0, 1, 2]), np.array([0, 2]))
+
+
+@pytest.mark.parametrize("edges", [([], []), (np.array([], np.int64), np.array([], np.int32))],
+                         ids=["lists", "arrays"])
+def test_a_graph_without_edges_samples_only_padding(device, edges):
+  # Empty Python lists are float64 to NumPy: they must still mean "no edges", not a cast error.
+  with HostGraph.from_edges(*edges, num_nodes=5, features=np.eye(5, dtype=np.float32)) as g:
+    assert g.num_nodes == 5 and g.num_edges == 0
+    np.testing.assert_array_equal(g.in_degrees(), np.zeros(5))
+    blocks = sample_neighbors(g, jnp.array([0, 4, -1]), (3,), jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(blocks.nodes[1]), np.full(9, -1))
+    assert not np.asarray(blocks.masks[1]).any()
+    feats = jax.block_until_ready(blocks.gather(g.features))
+    np.testing.assert_array_equal(np.asarray(feats[0]), np.eye(5, dtype=np.float32)[[0, 4, 0]] *
+                                  np.array([[1], [1], [0]], np.float32))
+    dg = DeviceGraph.from_host(g)
+    same = sample_neighbors(dg, jnp.array([0, 4, -1]), (3,), jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(same.nodes[1]), np.asarray(blocks.nodes[1]))
 
 
 def test_features_of_the_wrong_row_count():

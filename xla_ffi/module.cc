@@ -154,6 +154,7 @@ NB_MODULE(_xla_ffi, m) {
       },
       nb::arg("buffer"), nb::arg("rows"), nb::arg("row_bytes"));
   m.def("close_table", &CloseTable, nb::arg("table_id"), nb::call_guard<nb::gil_scoped_release>());
+  m.def("open_table_count", &OpenTableCount, "How many host tables are open (for leak checks).");
 
   m.def("hector_load_cpu_kernel", &hector::LoadCpuKernel, nb::arg("kernel"), nb::arg("path"),
         nb::arg("symbol"), "Loads a generated CPU kernel from a shared library under an id.");

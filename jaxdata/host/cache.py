@@ -50,7 +50,7 @@ class DeviceCache(NamedTuple):
     if not 1 <= capacity <= graph.num_nodes:
       raise ValueError(f"DeviceCache.build: capacity must be in [1, {graph.num_nodes}], "
                        f"got {capacity}")
-    counts = np.bincount(graph.indices.as_numpy()[:, 0], minlength=graph.num_nodes)
+    counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
     chosen = np.sort(np.argpartition(-counts, capacity - 1)[:capacity]) if capacity < len(
         counts) else np.arange(len(counts))
     slots = np.full(graph.num_nodes, -1, np.int32)
