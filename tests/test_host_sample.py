@@ -603,3 +603,22 @@ def test_not_a_graph_and_closed_graph():
     g.indptr  # noqa: B018
   with pytest.raises(Exception, match="is closed"):
     jax.block_until_ready(compiled(jnp.array([0]), jax.random.key(0)))
+
+
+def test_gathering_from_a_table_smaller_than_the_graph_is_an_error(device):
+  # Node 9 is a real neighbour; a 5-row table would silently give it a row of zeros.
+  with HostGraph.from_edges([9, 9, 1], [0, 1, 9], 10) as g, \
+       HostTable(np.ones((5, 2), np.float32)) as small, \
+       HostTable(np.arange(20, dtype=np.float32).reshape(10, 2)) as full:
+    blocks = sample_neighbors(g, jnp.array([0, 1]), (2,), jax.random.key(0))
+    for unique in (False, True):
+      with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows.* 10 nodes"):
+        blocks.gather(small, unique=unique)
+      with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows"):
+        jax.jit(lambda b: b.gather(small, unique=unique))(blocks)
+    got = jax.block_until_ready(blocks.gather(full))
+    want = [np.where(np.asarray(m)[:, None], np.take(full.as_numpy(), np.maximum(n, 0), axis=0), 0)
+            for n, m in zip(blocks.nodes, blocks.masks)]
+    for x, y in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(x), y)
+    assert 9 in np.asarray(blocks.nodes[1])

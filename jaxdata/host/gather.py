@@ -151,24 +151,33 @@ def _check_int(value: Any, what: str) -> int:
 def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:
   """The fill element's bit pattern, as jnp.take writes it, in an int64 attribute.
 
-  jnp.take itself converts the value (a float for an integer table, an integer too large for
-  int32 with x64 off, inf or NaN for integers...), so every case means what it means there.
+  jnp.take converts a scalar fill value with NumPy (`np.asarray(v).astype(dtype)`), never
+  through a 32-bit JAX array first: 2**40 fills a float32 table with 1.0995e12 also with x64
+  off, 300 wraps to 44 in int8, -1 is 255 in uint8. A non-finite value for an integer table
+  (inf on int8) has no defined integer; jnp.take then gives what this machine's conversion
+  gives (on x86: 0 for int8, the minimum for int32), and so does host_gather, on every device.
   """
   if isinstance(fill_value, jax.core.Tracer):
     raise TypeError("host_gather: fill_value must be a concrete scalar, not a traced value")
+  if fill_value is None:  # jnp.take's defaults
+    if jnp.issubdtype(dtype, jnp.inexact):
+      fill_value = np.nan
+    elif jnp.issubdtype(dtype, jnp.signedinteger):
+      fill_value = np.iinfo(dtype).min
+    else:
+      fill_value = np.iinfo(dtype).max
   if np.shape(fill_value) != ():
     raise ValueError(f"host_gather: fill_value must be a scalar, got shape {np.shape(fill_value)}")
-  if fill_value is not None and not isinstance(fill_value, (int, float, bool, np.generic,
-                                                            np.ndarray, jax.Array)):
+  value = np.asarray(fill_value)
+  if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_ or value.dtype == object
+          or value.dtype == np.dtype(jnp.bfloat16)):
     raise TypeError(f"host_gather: fill_value must be a number, got {fill_value!r}")
   try:
-    with jax.ensure_compile_time_eval():  # JAX's own conversion, also while tracing
-      row = jnp.take(jnp.zeros((1, 1), dtype), jnp.array([1], np.int32), axis=0, mode="fill",
-                     fill_value=fill_value)
+    with np.errstate(invalid="ignore", over="ignore"):
+      raw = value.astype(dtype).tobytes()
   except (TypeError, ValueError, OverflowError) as e:
     raise ValueError(f"host_gather: fill_value {fill_value!r} cannot fill a {dtype} table: "
                      f"{e}") from e
-  raw = np.asarray(row).tobytes()
   return np.int64(int.from_bytes(raw.ljust(8, b"\0"), "little", signed=True))
 
 
