@@ -33,8 +33,8 @@ void SampleRows(ffi::ThreadPool& pool, const int32_t* in, int64_t n, const uint3
 }
 
 ffi::Error HostSampleCpu(ffi::ThreadPool pool, Handle indptr_handle, Handle indices_handle,
-                         ffi::Buffer<ffi::S32> nodes,
-                         ffi::Buffer<ffi::U32> key, ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
+                         ffi::Buffer<ffi::S32> nodes, ffi::Buffer<ffi::U32> key,
+                         ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
                          ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t num_nodes,
                          int64_t num_edges, int64_t fanout, int32_t replace) {
   auto indptr_id = HandleValue(indptr_handle);

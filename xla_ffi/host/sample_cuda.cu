@@ -56,8 +56,8 @@ ffi::Error Launch(cudaStream_t stream, const int32_t* nodes, int64_t n, const ui
 }
 
 ffi::Error HostSampleCuda(cudaStream_t stream, Handle indptr_handle, Handle indices_handle,
-                         ffi::Buffer<ffi::S32> nodes,
-                          ffi::Buffer<ffi::U32> key, ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
+                          ffi::Buffer<ffi::S32> nodes, ffi::Buffer<ffi::U32> key,
+                          ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
                           ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t num_nodes,
                           int64_t num_edges, int64_t fanout, int32_t replace) {
   int64_t ids[2] = {0, 0};
