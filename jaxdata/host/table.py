@@ -375,7 +375,9 @@ def _flatten(table: HostTable) -> tuple[tuple[Any], tuple[Any, ...]]:
 def _unflatten(aux: tuple[Any, ...], leaves: tuple[Any]) -> HostTable:
   (handle,) = leaves
   shape, dtype, closed = aux
-  if isinstance(handle, (int, np.integer, np.ndarray)) and np.ndim(handle) == 0:
+  concrete = isinstance(handle, (int, np.integer, np.ndarray)) or (
+      isinstance(handle, jax.Array) and not isinstance(handle, jax.core.Tracer))
+  if concrete and np.ndim(handle) == 0 and np.issubdtype(np.asarray(handle).dtype, np.integer):
     live = _LIVE.get(int(handle))
     if live is not None and live.shape == shape and live.dtype == dtype and not live.closed:
       return live
