@@ -622,3 +622,22 @@ def test_gathering_from_a_table_smaller_than_the_graph_is_an_error(device):
     for x, y in zip(got, want):
       np.testing.assert_array_equal(np.asarray(x), y)
     assert 9 in np.asarray(blocks.nodes[1])
+
+
+def test_device_cache_serves_the_same_rows_and_refuses_bad_sizes(device):
+  from jaxdata.host import DeviceCache
+  rng = np.random.default_rng(3)
+  feats = rng.standard_normal((30, 3)).astype(np.float32)
+  with HostGraph.from_edges(rng.integers(0, 30, 120), rng.integers(0, 30, 120), 30,
+                            features=feats) as g:
+    blocks = sample_neighbors(g, jnp.arange(8), (4, 2), jax.random.key(1))
+    plain = blocks.gather(g.features)
+    for size in (dict(fraction=0.2), dict(capacity=7), dict(capacity=30)):
+      cache = DeviceCache.build(g, g.features, **size)
+      for x, y in zip(blocks.gather(g.features, cache=cache), plain):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for bad, error in ((dict(capacity=2.5), TypeError), (dict(capacity=True), TypeError),
+                       (dict(fraction="half"), TypeError), (dict(capacity=0), ValueError),
+                       (dict(fraction=1.5), ValueError), (dict(), ValueError)):
+      with pytest.raises(error, match="DeviceCache.build"):
+        DeviceCache.build(g, g.features, **bad)

@@ -43,7 +43,13 @@ class DeviceCache(NamedTuple):
     if table.shape[0] != graph.num_nodes:
       raise ValueError(f"DeviceCache.build: the table has {table.shape[0]} rows, the graph "
                        f"{graph.num_nodes} nodes")
+    if capacity is not None and (isinstance(capacity, (bool, np.bool_))
+                                 or not isinstance(capacity, (int, np.integer))):
+      raise TypeError(f"DeviceCache.build: capacity must be an integer, got {capacity!r}")
     if fraction is not None:
+      if not isinstance(fraction, (int, float, np.integer, np.floating)) or isinstance(
+          fraction, (bool, np.bool_)):
+        raise TypeError(f"DeviceCache.build: fraction must be a number, got {fraction!r}")
       if not 0 < fraction <= 1:
         raise ValueError(f"DeviceCache.build: fraction must be in (0, 1], got {fraction}")
       capacity = max(1, int(round(fraction * graph.num_nodes)))
