@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata import _ffi  # registers the FFI targets
-from jaxdata.host.table import HostTable
+from jaxdata.host.table import HostTable, _check_int
 
 _MODES = {"fill": 0, "clip": 1}
 
@@ -140,12 +140,6 @@ def _canonical_indices(idx: jax.Array, rows: int) -> jax.Array:
     raise TypeError("host_gather: uint32 indices into a table of more than 2**31 - 2 rows need "
                     "jax_enable_x64")
   return jnp.minimum(idx, np.array(np.iinfo(signed).max, dtype)).astype(signed)
-
-
-def _check_int(value: Any, what: str) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{what} must be a Python integer, got {value!r}")
-  return int(value)
 
 
 def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:

@@ -375,12 +375,15 @@ def _flatten(table: HostTable) -> tuple[tuple[Any], tuple[Any, ...]]:
 def _unflatten(aux: tuple[Any, ...], leaves: tuple[Any]) -> HostTable:
   (handle,) = leaves
   shape, dtype, closed = aux
-  concrete = isinstance(handle, (int, np.integer, np.ndarray)) or (
-      isinstance(handle, jax.Array) and not isinstance(handle, jax.core.Tracer))
-  if concrete and np.ndim(handle) == 0 and np.issubdtype(np.asarray(handle).dtype, np.integer):
-    live = _LIVE.get(int(handle))
-    if live is not None and live.shape == shape and live.dtype == dtype and not live.closed:
-      return live
+  live = None
+  if not isinstance(handle, jax.core.Tracer) and isinstance(
+      handle, (int, np.integer, np.ndarray, jax.Array)) and np.ndim(handle) == 0:
+    try:  # a concrete handle (tree_map, device_put, a jit output): the live table itself
+      live = _LIVE.get(int(handle))
+    except (TypeError, ValueError, RuntimeError):
+      live = None
+  if live is not None and live.shape == shape and live.dtype == dtype and not live.closed:
+    return live
   return HostTable._placeholder(handle, shape, dtype, closed)
 
 
