@@ -36,7 +36,9 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
   - mode="clip": indices are clamped to [0, rows - 1].
 
   Works under `jax.jit`, `jax.vmap` and `jax.grad` (the table is a constant and the indices are
-  integers, so the cotangent of `indices` is zero).
+  integers, so the cotangent of `indices` is zero). The table may be closed over or passed as an
+  argument (with `in_axes=None` under vmap); either way the compiled program takes the table's
+  handle as an operand, so tables of one shape and dtype share it and none is kept alive by it.
 
   Example:
     >>> with HostTable(np.eye(4, dtype=np.float32)) as t:
