@@ -286,7 +286,8 @@ class HostTable:
     """Copies `values` (rows, columns) into rows `start`, `start + 1`, ... of the table.
 
     As NumPy's `a[start:start + n] = values`, also when `values` is a view of this table's own
-    memory (overlapping rows are read before they are overwritten).
+    memory (overlapping rows are read before they are overwritten). Each chunk is written under
+    the memory's update lock, so it never interleaves with a running `host_scatter_add`.
     """
     self._check_open("write")
     start = _check_int(start, "HostTable.write: start")
