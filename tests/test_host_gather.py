@@ -266,9 +266,10 @@ def _no_x64():
 def test_fill_values_convert_as_jnp_take_converts_them(device, dtype, fill, x64):
   data = random_table(np.random.default_rng(1), 6, 3, dtype)
   idx = np.array([0, 6, -7, 2, 100], np.int32)
-  # A non-finite fill of an integer table has no defined integer: jnp.take gives the CPU's
-  # conversion, and host_gather gives that on every device.
-  undefined = np.issubdtype(dtype, np.integer) and not np.isfinite(fill)
+  # A float fill an integer table cannot hold (inf, NaN, past the dtype's range) has no defined
+  # integer: jnp.take gives each device's conversion, host_gather the CPU's on every device.
+  undefined = (np.issubdtype(dtype, np.integer) and isinstance(fill, (float, np.floating))
+               and not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max)
   where = jax.devices("cpu")[0] if undefined else device
   with HostTable(data) as table, (_no_x64() if not x64 else jax.default_device(device)):
     try:

@@ -149,9 +149,10 @@ def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:
 
   jnp.take converts a scalar fill value with NumPy (`np.asarray(v).astype(dtype)`), never
   through a 32-bit JAX array first: 2**40 fills a float32 table with 1.0995e12 also with x64
-  off, 300 wraps to 44 in int8, -1 is 255 in uint8. A non-finite value for an integer table
-  (inf on int8) has no defined integer; jnp.take then gives what this machine's conversion
-  gives (on x86: 0 for int8, the minimum for int32), and so does host_gather, on every device.
+  off, 300 wraps to 44 in int8, -1 is 255 in uint8. A float an integer table cannot hold (inf,
+  NaN, 1e10 for int32) has no defined integer: jnp.take gives whatever the device's conversion
+  gives (the CPU's: 0 for inf on int8, the minimum for 1e10 on int32; a GPU may saturate);
+  host_gather gives the CPU's value on every device.
   """
   if isinstance(fill_value, jax.core.Tracer):
     raise TypeError("host_gather: fill_value must be a concrete scalar, not a traced value")
