@@ -248,3 +248,58 @@ def test_64_bit_tables_need_x64():
     with jax.enable_x64(False) if hasattr(jax, "enable_x64") else jax.experimental.disable_x64():
       with pytest.raises(TypeError, match="jax_enable_x64"):
         host_gather(table, jnp.array([0]))
+
+
+# -- fill values and 64-bit indices, as jnp.take has them ----------------------------------------
+
+
+def _no_x64():
+  return jax.enable_x64(False) if hasattr(jax, "enable_x64") else jax.experimental.disable_x64()
+
+
+@pytest.mark.parametrize("dtype,fill", [
+    (np.float32, 2**40), (np.float32, -(2**62)), (ml_dtypes.bfloat16, 2**40), (np.int8, np.inf),
+    (np.int8, -np.inf), (np.int8, np.nan), (np.int8, 300), (np.int8, -129), (np.uint8, -1),
+    (np.uint8, 2.7), (np.int32, 1e10), (np.int32, np.float32(-3.5)), (np.uint32, np.inf),
+    (np.int16, True), (np.float32, np.int64(2**40)), (np.float32, np.uint64(2**64 - 1))])
+@pytest.mark.parametrize("x64", [True, False], ids=["x64", "no_x64"])
+def test_fill_values_convert_as_jnp_take_converts_them(device, dtype, fill, x64):
+  data = random_table(np.random.default_rng(1), 6, 3, dtype)
+  idx = np.array([0, 6, -7, 2, 100], np.int32)
+  # A float fill an integer table cannot hold (inf, NaN, past the dtype's range) has no defined
+  # integer: jnp.take gives each device's conversion, host_gather the CPU's on every device.
+  undefined = (np.issubdtype(dtype, np.integer) and isinstance(fill, (float, np.floating))
+               and not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max)
+  where = jax.devices("cpu")[0] if undefined else device
+  with HostTable(data) as table, (_no_x64() if not x64 else jax.default_device(device)):
+    try:
+      with jax.default_device(where):
+        want = jnp.take(jnp.asarray(data), jnp.asarray(idx), axis=0, mode="fill",
+                        fill_value=fill)
+    except (TypeError, ValueError, OverflowError) as e:  # jnp.take refuses it: so must we
+      with pytest.raises(ValueError, match="host_gather: fill_value"):
+        host_gather(table, jnp.asarray(idx), fill_value=fill)
+      return e
+    got = jax.block_until_ready(host_gather(table, jnp.asarray(idx), fill_value=fill))
+    jitted = jax.jit(lambda i: host_gather(table, i, fill_value=fill))(jnp.asarray(idx))
+  assert_same(got, want)
+  assert_same(jitted, want)
+
+
+@pytest.mark.parametrize("mode", ["fill", "clip"])
+def test_concrete_64_bit_indices_with_x64_off_keep_their_meaning(device, mode):
+  data = np.arange(20, dtype=np.float32).reshape(10, 2)
+  idx_u = np.array([0, 9, 10, 2**32, 2**32 + 1, 2**33 + 3, 2**63, 2**64 - 1], np.uint64)
+  idx_s = np.array([0, -1, -10, -11, 2**32 + 1, -(2**32) + 1, 2**62, -(2**62)], np.int64)
+  with HostTable(data) as table, _no_x64():
+    for idx in (idx_u, idx_s):
+      got = np.asarray(host_gather(table, idx, mode=mode))
+      # NumPy's meaning of every index, exact: in [-rows, rows) a row, else fill or clamp.
+      big = idx.astype(object)
+      rows = [i + 10 if -10 <= i < 0 else i for i in big]
+      if mode == "fill":
+        want = np.stack([data[r] if 0 <= r < 10 else np.full(2, np.nan, np.float32)
+                         for r in rows])
+      else:
+        want = np.stack([data[min(max(i, 0), 9)] for i in big])
+      assert_same(got, want)

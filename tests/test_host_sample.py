@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jaxdata.host import Blocks, HostGraph, HostTable, sample_neighbors
+from jaxdata.host import Blocks, DeviceGraph, HostGraph, HostTable, sample_neighbors
 
 P_MIN = 1e-3  # chi-square p-value threshold; every statistical test below uses a fixed seed
 
@@ -545,8 +545,6 @@ def test_bad_graphs():
     HostGraph.from_edges([], [], num_nodes=0)
   with pytest.raises(ValueError, match="no nodes"):
     HostGraph.from_edges(np.array([], np.int64), np.array([], np.int64))
-  with pytest.raises(ValueError, match="no edges"):
-    HostGraph.from_edges(np.array([], np.int64), np.array([], np.int64), num_nodes=4)
   with pytest.raises(ValueError, match="no nodes"):
     HostGraph(np.array([0]), np.array([], np.int32))
   with pytest.raises(ValueError, match="outside"):
@@ -563,6 +561,24 @@ def test_bad_graphs():
     HostGraph(np.array([0, 1, 2]), np.array([0, 1, 1]))
   with pytest.raises(ValueError, match="outside"):
     HostGraph(np.array([0, 1, 2]), np.array([0, 2]))
+
+
+@pytest.mark.parametrize("edges", [([], []), (np.array([], np.int64), np.array([], np.int32))],
+                         ids=["lists", "arrays"])
+def test_a_graph_without_edges_samples_only_padding(device, edges):
+  # Empty Python lists are float64 to NumPy: they must still mean "no edges", not a cast error.
+  with HostGraph.from_edges(*edges, num_nodes=5, features=np.eye(5, dtype=np.float32)) as g:
+    assert g.num_nodes == 5 and g.num_edges == 0
+    np.testing.assert_array_equal(g.in_degrees(), np.zeros(5))
+    blocks = sample_neighbors(g, jnp.array([0, 4, -1]), (3,), jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(blocks.nodes[1]), np.full(9, -1))
+    assert not np.asarray(blocks.masks[1]).any()
+    feats = jax.block_until_ready(blocks.gather(g.features))
+    np.testing.assert_array_equal(np.asarray(feats[0]), np.eye(5, dtype=np.float32)[[0, 4, 0]] *
+                                  np.array([[1], [1], [0]], np.float32))
+    dg = DeviceGraph.from_host(g)
+    same = sample_neighbors(dg, jnp.array([0, 4, -1]), (3,), jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(same.nodes[1]), np.asarray(blocks.nodes[1]))
 
 
 def test_features_of_the_wrong_row_count():
@@ -587,3 +603,41 @@ def test_not_a_graph_and_closed_graph():
     g.indptr  # noqa: B018
   with pytest.raises(Exception, match="is closed"):
     jax.block_until_ready(compiled(jnp.array([0]), jax.random.key(0)))
+
+
+def test_gathering_from_a_table_smaller_than_the_graph_is_an_error(device):
+  # Node 9 is a real neighbour; a 5-row table would silently give it a row of zeros.
+  with HostGraph.from_edges([9, 9, 1], [0, 1, 9], 10) as g, \
+       HostTable(np.ones((5, 2), np.float32)) as small, \
+       HostTable(np.arange(20, dtype=np.float32).reshape(10, 2)) as full:
+    blocks = sample_neighbors(g, jnp.array([0, 1]), (2,), jax.random.key(0))
+    for unique in (False, True):
+      with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows.* 10 nodes"):
+        blocks.gather(small, unique=unique)
+      with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows"):
+        jax.jit(lambda b: b.gather(small, unique=unique))(blocks)
+    got = jax.block_until_ready(blocks.gather(full))
+    want = [np.where(np.asarray(m)[:, None], np.take(full.as_numpy(), np.maximum(n, 0), axis=0), 0)
+            for n, m in zip(blocks.nodes, blocks.masks)]
+    for x, y in zip(got, want):
+      np.testing.assert_array_equal(np.asarray(x), y)
+    assert 9 in np.asarray(blocks.nodes[1])
+
+
+def test_device_cache_serves_the_same_rows_and_refuses_bad_sizes(device):
+  from jaxdata.host import DeviceCache
+  rng = np.random.default_rng(3)
+  feats = rng.standard_normal((30, 3)).astype(np.float32)
+  with HostGraph.from_edges(rng.integers(0, 30, 120), rng.integers(0, 30, 120), 30,
+                            features=feats) as g:
+    blocks = sample_neighbors(g, jnp.arange(8), (4, 2), jax.random.key(1))
+    plain = blocks.gather(g.features)
+    for size in (dict(fraction=0.2), dict(capacity=7), dict(capacity=30)):
+      cache = DeviceCache.build(g, g.features, **size)
+      for x, y in zip(blocks.gather(g.features, cache=cache), plain):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    for bad, error in ((dict(capacity=2.5), TypeError), (dict(capacity=True), TypeError),
+                       (dict(fraction="half"), TypeError), (dict(capacity=0), ValueError),
+                       (dict(fraction=1.5), ValueError), (dict(), ValueError)):
+      with pytest.raises(error, match="DeviceCache.build"):
+        DeviceCache.build(g, g.features, **bad)

@@ -1,13 +1,15 @@
 """HostTable: construction, contents, files, lifetime, bad input."""
 import gc
+import weakref
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
 from jaxdata import _ffi
-from jaxdata.host import HostTable, host_gather
+from jaxdata.host import HostTable, host_gather, host_scatter_add, host_slice
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.int64])
@@ -142,3 +144,187 @@ def test_context_manager_and_repr():
   assert t.closed and "closed" in repr(t)
   with pytest.raises(ValueError, match="closed"):
     t.write(0, np.ones((1, 2), np.float32))
+
+
+# -- lifetime through JAX's caches ---------------------------------------------------------------
+
+
+def test_tables_of_one_shape_and_dtype_share_one_executable():
+  f = jax.jit(lambda t, i: host_gather(t, i))  # its own cache (jit shares a function's)
+  idx = jnp.array([0, 2, -1, 5])
+  data = np.random.default_rng(0).standard_normal((8, 3, 4)).astype(np.float32)
+  for k in range(8):
+    with HostTable(data[k]) as t:
+      got = jax.block_until_ready(f(t, idx))
+    np.testing.assert_array_equal(got, jnp.take(jnp.asarray(data[k]), idx, axis=0))
+  assert f._cache_size() == 1
+  with HostTable(np.zeros((5, 4), np.float32)) as other:  # another shape: its own executable
+    jax.block_until_ready(f(other, idx))
+  assert f._cache_size() == 2
+
+
+def _gather_and_drop(f, shape, dtype=np.float32):
+  t = HostTable(np.ones(shape, dtype))
+  jax.block_until_ready(f(t, jnp.array([0])))
+  return weakref.ref(t)
+
+
+def test_a_dropped_table_passed_through_jit_is_collected():
+  f = jax.jit(host_gather)
+  refs = [_gather_and_drop(f, (1024, 16)) for _ in range(20)]
+  gc.collect()
+  assert all(r() is None for r in refs), f"{sum(r() is not None for r in refs)} of 20 alive"
+
+
+def test_a_dropped_adagrad_state_and_graph_passed_through_jit_are_collected():
+  from jaxdata.host import HostGraph, sample_neighbors, sparse_adagrad
+  opt = sparse_adagrad(0.1)
+  update = jax.jit(lambda *a: opt.update(*a))
+  sample = jax.jit(lambda g, s, k: sample_neighbors(g, s, (2,), k))
+  refs = []
+  for _ in range(5):
+    table = HostTable(np.ones((64, 4), np.float32))
+    state = opt.init(table)
+    jax.block_until_ready(update(table, state, jnp.array([1, 2]), jnp.ones((2, 4))))
+    graph = HostGraph.from_edges([0, 1, 2], [1, 2, 0], 3)
+    jax.block_until_ready(sample(graph, jnp.array([0, 1]), jax.random.key(0)))
+    refs += [weakref.ref(table), weakref.ref(state.sum_of_squares), weakref.ref(graph)]
+    del table, state, graph
+  gc.collect()
+  assert all(r() is None for r in refs), f"{sum(r() is not None for r in refs)} alive"
+  assert update._cache_size() == 1 and sample._cache_size() == 1
+
+
+def test_a_closed_table_passed_to_a_function_compiled_for_a_live_one_raises_a_clear_error():
+  f = jax.jit(host_gather)
+  with HostTable(np.ones((4, 2), np.float32)) as live:
+    jax.block_until_ready(f(live, jnp.array([1])))
+  closed = HostTable(np.ones((4, 2), np.float32))
+  closed.close()
+  with pytest.raises(ValueError, match=r"host_gather: HostTable\(shape=\(4, 2\).* is closed"):
+    f(closed, jnp.array([1]))
+  with pytest.raises(ValueError, match="is closed"):
+    jax.jit(lambda t, i, u: host_scatter_add(t, i, u))(closed, jnp.array([1]), jnp.ones((1, 2)))
+
+
+def test_a_stale_or_foreign_handle_is_refused_by_the_native_side():
+  # A program built for one table's shape, fed the handle of a closed table or of a table of
+  # another shape: the FFI call fails with an error, it never reads the wrong memory.
+  f = jax.jit(host_gather)
+  with HostTable(np.ones((4, 2), np.float32)) as a, HostTable(np.ones((6, 2), np.float32)) as b:
+    treedef = jax.tree.structure(a)
+    foreign = jax.tree.unflatten(treedef, [b.handle])
+    with pytest.raises(Exception, match=r"has 6 rows .* built for 4 rows"):
+      jax.block_until_ready(f(foreign, jnp.array([1])))
+    never = jax.tree.unflatten(treedef, [np.int32(2**31 - 1)])
+    with pytest.raises(Exception, match="is closed"):
+      jax.block_until_ready(f(never, jnp.array([1])))
+    gone = HostTable(np.ones((4, 2), np.float32))
+    stale = jax.tree.unflatten(treedef, [gone.handle])
+    gone.close()
+    with pytest.raises(Exception, match="is closed"):
+      jax.block_until_ready(f(stale, jnp.array([1])))
+
+
+def test_tree_map_over_a_table_gives_the_table_back_and_placeholders_refuse_host_access():
+  with HostTable(np.ones((4, 2), np.float32)) as t:
+    assert jax.tree.map(lambda x: x, t) is t
+    assert jax.device_put(t) is t and jax.jit(lambda x: x)(t) is t
+
+    @jax.jit
+    def f(table):
+      with pytest.raises(TypeError, match="inside a JAX transformation"):
+        table.as_numpy()
+      return host_gather(table, jnp.array([0]))
+
+    jax.block_until_ready(f(t))
+
+
+# -- edge semantics and bad input -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shift", [1, -1, 3, -5])
+def test_write_from_an_overlapping_view_has_numpy_semantics(shift):
+  rng = np.random.default_rng(1)
+  data = rng.standard_normal((2000, 33)).astype(np.float32)
+  want = data.copy()
+  if shift > 0:
+    want[shift:] = want[:-shift]
+  else:
+    want[:shift] = want[-shift:]
+  with HostTable(data) as t:
+    view = t.as_numpy()
+    if shift > 0:
+      t.write(shift, view[:-shift])
+    else:
+      t.write(0, view[-shift:])
+    np.testing.assert_array_equal(t.as_numpy(), want)
+    t.write(0, view[::-1])  # reversed, non-contiguous, the whole table
+    np.testing.assert_array_equal(t.as_numpy(), want[::-1])
+
+
+def test_copy_and_deepcopy_give_an_independent_table():
+  import copy
+  data = np.arange(12, dtype=np.float32).reshape(4, 3)
+  with HostTable(data) as t:
+    for c in (copy.copy(t), copy.deepcopy(t)):
+      assert c is not t and c.shape == t.shape and c.dtype == t.dtype
+      np.testing.assert_array_equal(c.as_numpy(), data)
+      c.as_numpy()[0] = -1
+      c.close()
+      assert not t.closed
+      np.testing.assert_array_equal(t.as_numpy(), data)
+      np.testing.assert_array_equal(host_gather(t, jnp.array([0])), data[:1])
+
+
+def test_copying_a_graph_is_refused_with_advice():
+  import copy
+  from jaxdata.host import HostGraph
+  with HostGraph.from_edges([0, 1], [1, 0], 2) as g:
+    with pytest.raises(TypeError, match="build another HostGraph"):
+      copy.copy(g)
+    with pytest.raises(TypeError, match="build another HostGraph"):
+      copy.deepcopy(g)
+    assert not g.closed
+
+
+def test_from_npy_garbled_header_is_a_value_error_naming_the_file(tmp_path):
+  good = tmp_path / "good.npy"
+  np.save(good, np.ones((3, 2), np.float32))
+  raw = good.read_bytes()
+  header_end = raw.index(b"}")
+  for k, garble in enumerate([b"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2",
+                              b"{'descr': '<f4' 'fortran_order'", b"{(((((", b"\x00\xff{"]):
+    bad = tmp_path / f"bad{k}.npy"
+    bad.write_bytes(raw[:10] + garble.ljust(header_end - 10, b" ") + raw[header_end:])
+    with pytest.raises(ValueError, match=f"HostTable.from_npy: .*bad{k}.npy is not a readable"):
+      HostTable.from_npy(bad)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: HostTable.empty((2.5, 3), np.float32), TypeError, r"HostTable.empty: shape"),
+    (lambda: HostTable.empty(("a", 3), np.float32), TypeError, r"HostTable.empty: shape"),
+    (lambda: HostTable.empty(7, np.float32), TypeError, r"HostTable.empty: shape"),
+    (lambda: HostTable.empty((2**40, 2**40), np.float32), ValueError, "too large"),
+    (lambda: _open().write(1.5, np.ones((1, 3), np.float32)), TypeError, "HostTable.write: start"),
+    (lambda: _open().write(True, np.ones((1, 3), np.float32)), TypeError, "HostTable.write: start"),
+    (lambda: _open().write(2**70, np.ones((1, 3), np.float32)), ValueError, "outside"),
+    (lambda: _open().view(np.float32, columns=1.5), TypeError, "HostTable.view: columns"),
+    (lambda: _open().view(np.float32, columns=-3), ValueError, "do not divide"),
+    (lambda: host_slice(_open(), 1.0, 2), TypeError, "host_slice: start"),
+    (lambda: host_slice(_open(), 0, None), TypeError, "host_slice: size"),
+    (lambda: host_slice(_open(), 2**70, 1), ValueError, "outside"),
+])
+def test_bad_shapes_and_offsets_give_errors_naming_the_function(call, error, match):
+  with pytest.raises(error, match=match) as info:
+    call()
+  assert "incompatible function arguments" not in str(info.value)
+
+
+_KEEP = []
+
+
+def _open():
+  t = HostTable(np.ones((4, 3), np.float32))
+  _KEEP.append(t)
+  return t

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -115,10 +116,13 @@ NB_MODULE(_xla_ffi, m) {
           [](HostBuffer& b, int64_t offset, AnyContig src) {
             const int64_t nbytes = int64_t(src.nbytes());
             CheckRange(b, offset, nbytes);
-            nb::gil_scoped_release release;
+            nb::gil_scoped_release release;  // before the lock: a scatter holding it never waits
+            std::lock_guard<std::mutex> lock(b.update_mutex());  // on Python
             ParallelMemcpy(b.data() + offset, src.data(), size_t(nbytes));
           },
-          nb::arg("offset"), nb::arg("src"), "Copies a C-contiguous array's bytes in at `offset`.")
+          nb::arg("offset"), nb::arg("src"),
+          "Copies a C-contiguous array's bytes in at `offset`, serialized with in-place updates "
+          "(host_scatter_add) of the same memory.")
       .def(
           "view",
           [](nb::handle self) {
@@ -154,6 +158,7 @@ NB_MODULE(_xla_ffi, m) {
       },
       nb::arg("buffer"), nb::arg("rows"), nb::arg("row_bytes"));
   m.def("close_table", &CloseTable, nb::arg("table_id"), nb::call_guard<nb::gil_scoped_release>());
+  m.def("open_table_count", &OpenTableCount, "How many host tables are open (for leak checks).");
 
   m.def("hector_load_cpu_kernel", &hector::LoadCpuKernel, nb::arg("kernel"), nb::arg("path"),
         nb::arg("symbol"), "Loads a generated CPU kernel from a shared library under an id.");

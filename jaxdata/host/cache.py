@@ -43,14 +43,20 @@ class DeviceCache(NamedTuple):
     if table.shape[0] != graph.num_nodes:
       raise ValueError(f"DeviceCache.build: the table has {table.shape[0]} rows, the graph "
                        f"{graph.num_nodes} nodes")
+    if capacity is not None and (isinstance(capacity, (bool, np.bool_))
+                                 or not isinstance(capacity, (int, np.integer))):
+      raise TypeError(f"DeviceCache.build: capacity must be an integer, got {capacity!r}")
     if fraction is not None:
+      if not isinstance(fraction, (int, float, np.integer, np.floating)) or isinstance(
+          fraction, (bool, np.bool_)):
+        raise TypeError(f"DeviceCache.build: fraction must be a number, got {fraction!r}")
       if not 0 < fraction <= 1:
         raise ValueError(f"DeviceCache.build: fraction must be in (0, 1], got {fraction}")
       capacity = max(1, int(round(fraction * graph.num_nodes)))
     if not 1 <= capacity <= graph.num_nodes:
       raise ValueError(f"DeviceCache.build: capacity must be in [1, {graph.num_nodes}], "
                        f"got {capacity}")
-    counts = np.bincount(graph.indices.as_numpy()[:, 0], minlength=graph.num_nodes)
+    counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
     chosen = np.sort(np.argpartition(-counts, capacity - 1)[:capacity]) if capacity < len(
         counts) else np.arange(len(counts))
     slots = np.full(graph.num_nodes, -1, np.int32)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata import _ffi  # registers the FFI targets
-from jaxdata.host.table import HostTable
+from jaxdata.host.table import HostTable, _check_int
 
 _MODES = {"fill": 0, "clip": 1}
 
@@ -36,7 +36,9 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
   - mode="clip": indices are clamped to [0, rows - 1].
 
   Works under `jax.jit`, `jax.vmap` and `jax.grad` (the table is a constant and the indices are
-  integers, so the cotangent of `indices` is zero).
+  integers, so the cotangent of `indices` is zero). The table may be closed over or passed as an
+  argument (with `in_axes=None` under vmap); either way the compiled program takes the table's
+  handle as an operand, so tables of one shape and dtype share it and none is kept alive by it.
 
   Example:
     >>> with HostTable(np.eye(4, dtype=np.float32)) as t:
@@ -56,11 +58,11 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
   _check_table(table, "host_gather")
   if mode not in _MODES:
     raise ValueError(f"host_gather: mode must be 'fill' or 'clip', got {mode!r}")
-  indices = _check_indices(indices)
-  fill_bits = _fill_bits(table.dtype, fill_value) if mode == "fill" else 0
+  indices = as_indices(indices, "host_gather")
+  fill_bits = _fill_bits(table.dtype, fill_value) if mode == "fill" else np.int64(0)
   if sort is None:
     sort = sorts_by_default(table)
-  return _gather(table, _MODES[mode], fill_bits, bool(sort),
+  return _gather(table.shape, table.dtype, _MODES[mode], fill_bits, bool(sort), table.handle,
                  _canonical_indices(indices, table.shape[0]))
 
 
@@ -78,13 +80,14 @@ def host_slice(table: HostTable, start: int, size: int) -> jax.Array:
   `start` and `size` are static Python integers; for rows chosen at run time use `host_gather`.
   """
   _check_table(table, "host_slice")
-  start, size = int(start), int(size)
+  start = _check_int(start, "host_slice: start")
+  size = _check_int(size, "host_slice: size")
   if size < 0 or start < 0 or start + size > table.shape[0]:
     raise ValueError(f"host_slice: rows [{start}, {start + size}) are outside the table's "
                      f"{table.shape[0]} rows")
   return jax.ffi.ffi_call(
       "jaxdata_host_slice", jax.ShapeDtypeStruct((size, table.shape[1]), table.dtype))(
-          table_id=np.int64(table.table_id), start=np.int64(start))
+          table.handle, rows=np.int64(table.shape[0]), start=np.int64(start))
 
 
 # -- checks and conversions --------------------------------------------------------------------
@@ -100,12 +103,26 @@ def _check_table(table: Any, what: str) -> None:
                     "jax_enable_x64 on (jax.config.update('jax_enable_x64', True))")
 
 
-def _check_indices(indices: Any) -> jax.Array:
+def as_indices(indices: Any, what: str) -> jax.Array:
+  """`indices` as a JAX integer array with its meaning kept, or a TypeError naming `what`.
+
+  With jax_enable_x64 off, JAX turns 64-bit NumPy integers into 32-bit ones by wrapping them
+  (uint64 2**32 + 5 would become row 5). Concrete 64-bit indices are therefore saturated to the
+  32-bit range first: a value past it is out of range for any table JAX can index then, and
+  stays out of range ("fill", dropped) or clamps to the same end ("clip").
+  """
   dtype = getattr(indices, "dtype", None)
   if dtype is None:
-    dtype = np.asarray(indices).dtype
+    indices = np.asarray(indices)
+    dtype = indices.dtype
   if not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(f"host_gather: indices must be integers, got dtype {dtype}")
+    raise TypeError(f"{what}: indices must be integers, got dtype {dtype}")
+  dtype = np.dtype(dtype)
+  if (dtype.itemsize == 8 and not jax.config.jax_enable_x64
+      and not isinstance(indices, jax.Array)):
+    narrow = np.dtype(np.uint32 if dtype.kind == "u" else np.int32)
+    info = np.iinfo(narrow)
+    indices = np.clip(np.asarray(indices), info.min, info.max).astype(narrow)
   return jnp.asarray(indices)
 
 
@@ -128,21 +145,36 @@ def _canonical_indices(idx: jax.Array, rows: int) -> jax.Array:
 
 
 def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:
-  """The fill element's bit pattern, as jnp.take would write it, in an int64 attribute."""
-  if fill_value is None:
+  """The fill element's bit pattern, as jnp.take writes it, in an int64 attribute.
+
+  jnp.take converts a scalar fill value with NumPy (`np.asarray(v).astype(dtype)`), never
+  through a 32-bit JAX array first: 2**40 fills a float32 table with 1.0995e12 also with x64
+  off, 300 wraps to 44 in int8, -1 is 255 in uint8. A float an integer table cannot hold (inf,
+  NaN, 1e10 for int32) has no defined integer: jnp.take gives whatever the device's conversion
+  gives (the CPU's: 0 for inf on int8, the minimum for 1e10 on int32; a GPU may saturate);
+  host_gather gives the CPU's value on every device.
+  """
+  if isinstance(fill_value, jax.core.Tracer):
+    raise TypeError("host_gather: fill_value must be a concrete scalar, not a traced value")
+  if fill_value is None:  # jnp.take's defaults
     if jnp.issubdtype(dtype, jnp.inexact):
       fill_value = np.nan
     elif jnp.issubdtype(dtype, jnp.signedinteger):
       fill_value = np.iinfo(dtype).min
     else:
       fill_value = np.iinfo(dtype).max
-  if isinstance(fill_value, jax.core.Tracer):
-    raise TypeError("host_gather: fill_value must be a concrete scalar, not a traced value")
+  if np.shape(fill_value) != ():
+    raise ValueError(f"host_gather: fill_value must be a scalar, got shape {np.shape(fill_value)}")
   value = np.asarray(fill_value)
-  if value.shape != ():
-    raise ValueError(f"host_gather: fill_value must be a scalar, got shape {value.shape}")
-  with jax.ensure_compile_time_eval():  # JAX's own conversion rules, also while tracing
-    raw = np.asarray(jnp.asarray(value).astype(dtype)).tobytes()
+  if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_ or value.dtype == object
+          or value.dtype == np.dtype(jnp.bfloat16)):
+    raise TypeError(f"host_gather: fill_value must be a number, got {fill_value!r}")
+  try:
+    with np.errstate(invalid="ignore", over="ignore"):
+      raw = value.astype(dtype).tobytes()
+  except (TypeError, ValueError, OverflowError) as e:
+    raise ValueError(f"host_gather: fill_value {fill_value!r} cannot fill a {dtype} table: "
+                     f"{e}") from e
   return np.int64(int.from_bytes(raw.ljust(8, b"\0"), "little", signed=True))
 
 
@@ -154,33 +186,35 @@ def _sort_scratch_bytes(n: int, rows: int) -> int:
   return _ffi.ext.sort_scratch_bytes(n, rows)  # 0 without CUDA or a GPU
 
 
-def _gather_call(table: HostTable, mode: int, fill_bits: np.int64, sort: bool,
-                 idx: jax.Array) -> jax.Array:
-  out = jax.ShapeDtypeStruct(idx.shape + (table.shape[1],), table.dtype)
+def _gather_call(shape, dtype, mode, fill_bits, sort, handle, idx):
+  out = jax.ShapeDtypeStruct(idx.shape + (shape[1],), dtype)
   # The GPU sorts in a second output that XLA allocates (empty when not sorting; the CPU ignores
   # it). Under vmap it grows with the batch; if that is ever short, the kernel reads unsorted.
-  scratch = _sort_scratch_bytes(int(np.prod(idx.shape)), table.shape[0]) if sort else 0
-  # A batch of index arrays is one larger index array: the kernel reads indices flat.
+  scratch = _sort_scratch_bytes(int(np.prod(idx.shape)), shape[0]) if sort else 0
+  # A batch of index arrays is one larger index array: the kernel reads indices flat. The
+  # handle is not batched (one table serves the batch): "expand_dims" gives it size-1 axes only.
   result, _ = jax.ffi.ffi_call(
       "jaxdata_host_gather", (out, jax.ShapeDtypeStruct((scratch,), np.uint8)),
-      vmap_method="broadcast_all")(
-          idx, table_id=np.int64(table.table_id), mode=np.int32(mode), fill_bits=fill_bits,
+      vmap_method="expand_dims")(
+          handle, idx, rows=np.int64(shape[0]), mode=np.int32(mode), fill_bits=fill_bits,
           sort=np.int32(sort))
   return result
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _gather(table, mode, fill_bits, sort, idx):
-  return _gather_call(table, mode, fill_bits, sort, idx)
+# The table enters as its handle (an operand) plus its static shape and dtype, so the compiled
+# program does not depend on which table it reads.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _gather(shape, dtype, mode, fill_bits, sort, handle, idx):
+  return _gather_call(shape, dtype, mode, fill_bits, sort, handle, idx)
 
 
-def _gather_fwd(table, mode, fill_bits, sort, idx):
-  return _gather_call(table, mode, fill_bits, sort, idx), None
+def _gather_fwd(shape, dtype, mode, fill_bits, sort, handle, idx):
+  return _gather_call(shape, dtype, mode, fill_bits, sort, handle, idx), None
 
 
-def _gather_bwd(table, mode, fill_bits, sort, _, g):
-  del table, mode, fill_bits, sort, g
-  return (None,)  # integer indices: zero cotangent
+def _gather_bwd(shape, dtype, mode, fill_bits, sort, _, g):
+  del shape, dtype, mode, fill_bits, sort, g
+  return (None, None)  # an integer handle and integer indices: zero cotangents
 
 
 _gather.defvjp(_gather_fwd, _gather_bwd)

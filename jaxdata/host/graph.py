@@ -17,9 +17,13 @@ class HostGraph:
   num_edges) live in two `HostTable`s, so with a GPU the sampling kernel reads them straight over
   PCIe (zero-copy) and the graph may be far larger than GPU memory.
 
-  A HostGraph is a pytree with no leaves (static under `jit`, like `HostTable`). It owns its
-  structure tables and the feature table it made from an array; a `HostTable` passed in as
-  `features` stays the caller's to close. `close()` (or a `with` block) releases what it owns.
+  A HostGraph is a pytree of its tables (their handles are its leaves, their shapes and dtypes
+  its static part, like `HostTable`): pass it to `jit` or close over it; graphs of one size
+  share an executable and none is held alive by one. It owns its structure tables and the
+  feature table it made from an array; a `HostTable` passed in as `features` stays the caller's
+  to close. `close()` (or a `with` block) releases what it owns. A graph with no edges is
+  allowed (every node has no neighbours). Copying a HostGraph (`copy.copy`) is refused: build
+  another one from the same arrays.
 
   Example:
     >>> with HostGraph.from_edges(senders=[0, 1, 2], receivers=[1, 2, 0], num_nodes=3,
@@ -28,7 +32,7 @@ class HostGraph:
 
   Args:
     indptr: int array [num_nodes + 1], non-decreasing from 0 to num_edges.
-    indices: int array [num_edges] of node ids in [0, num_nodes).
+    indices: int array [num_edges] of node ids in [0, num_nodes) (may be empty).
     features: node features, [num_nodes, dim]: a HostTable (not owned) or an array (copied
       into a new, owned HostTable).
     pinned: as for `HostTable` (default: when a GPU is visible).
@@ -38,11 +42,13 @@ class HostGraph:
                pinned: bool | None = None):
     self._owned: list[HostTable] = []
     self._indptr = self._indices = self._features = None
-    indptr = np.asarray(indptr)
-    indices = np.asarray(indices)
+    indptr = _as_int_array(indptr, "indptr")
+    indices = _as_int_array(indices, "indices")
     _check_csr(indptr, indices)
     self._num_nodes = len(indptr) - 1
     self._num_edges = len(indices)
+    if not len(indices):
+      indices = np.zeros(1, np.int32)  # a table has at least one row; indptr never reaches it
     try:
       self._indptr = self._own(HostTable(indptr.astype(np.int64, copy=False).reshape(-1, 1),
                                          pinned=pinned))
@@ -75,16 +81,15 @@ class HostGraph:
 
     Neighbour lists keep the edges' order within each receiver (a stable counting sort).
     """
-    senders = np.asarray(senders)
-    receivers = np.asarray(receivers)
+    senders = _as_int_array(senders, "senders", "HostGraph.from_edges")
+    receivers = _as_int_array(receivers, "receivers", "HostGraph.from_edges")
     if senders.shape != receivers.shape or senders.ndim != 1:
       raise ValueError(f"HostGraph.from_edges: senders {senders.shape} and receivers "
                        f"{receivers.shape} must be 1-D arrays of one length")
-    for name, a in (("senders", senders), ("receivers", receivers)):
-      if a.size and not np.issubdtype(a.dtype, np.integer):
-        raise TypeError(f"HostGraph.from_edges: {name} must be integers, got {a.dtype}")
     if num_nodes is None:
       num_nodes = max([int(a.max()) for a in (senders, receivers) if a.size] + [-1]) + 1
+    if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes, (int, np.integer)):
+      raise TypeError(f"HostGraph.from_edges: num_nodes must be an integer, got {num_nodes!r}")
     num_nodes = int(num_nodes)
     if num_nodes < 1:
       raise ValueError("HostGraph.from_edges: the graph is empty (no nodes)")
@@ -127,7 +132,8 @@ class HostGraph:
 
   @property
   def indices(self) -> HostTable:
-    """The CSR's neighbour ids: a HostTable of shape (num_edges, 1), int32."""
+    """The CSR's neighbour ids: a HostTable of shape (max(num_edges, 1), 1), int32 (a graph
+    with no edges has one unused row)."""
     self._check_open("indices")
     return self._indices
 
@@ -138,7 +144,7 @@ class HostGraph:
 
   @property
   def closed(self) -> bool:
-    return self._indices is None
+    return self._indices is None or self._indices.closed
 
   def in_degrees(self) -> np.ndarray:
     """Number of neighbours of every node (int64 [num_nodes])."""
@@ -151,6 +157,14 @@ class HostGraph:
     return f"HostGraph(nodes={self._num_nodes}, edges={self._num_edges}{feats}, {state})"
 
   # -- lifetime -----------------------------------------------------------------------------
+
+  def __copy__(self) -> HostGraph:
+    raise TypeError("HostGraph cannot be copied (a copy would share the tables it owns and "
+                    "closing one would close the other): build another HostGraph from the same "
+                    "arrays, e.g. HostGraph(g.indptr.as_numpy()[:, 0], ...)")
+
+  def __deepcopy__(self, memo: dict) -> HostGraph:
+    return self.__copy__()
 
   def close(self) -> None:
     """Releases the tables this graph owns. Safe to call twice."""
@@ -170,24 +184,43 @@ class HostGraph:
       raise ValueError(f"{what}: {self!r} is closed")
 
 
+def _as_int_array(a: Any, name: str, what: str = "HostGraph") -> np.ndarray:
+  """An integer NumPy array; an empty list (NumPy's float64) counts as an empty int64 one."""
+  a = np.asarray(a)
+  if a.size == 0 and not np.issubdtype(a.dtype, np.integer):
+    return a.astype(np.int64)
+  if not np.issubdtype(a.dtype, np.integer):
+    raise TypeError(f"{what}: {name} must be integers, got {a.dtype}")
+  return a
+
+
 def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
   if indptr.ndim != 1 or indices.ndim != 1:
     raise ValueError(f"HostGraph: indptr {indptr.shape} and indices {indices.shape} must be 1-D")
-  for name, a in (("indptr", indptr), ("indices", indices)):
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-      raise TypeError(f"HostGraph: {name} must be integers, got {a.dtype}")
   if len(indptr) < 2:
     raise ValueError("HostGraph: the graph is empty (no nodes)")
-  if len(indices) == 0:
-    raise ValueError("HostGraph: the graph has no edges, so there is nothing to sample")
   num_nodes = len(indptr) - 1
   if num_nodes > np.iinfo(np.int32).max:
     raise ValueError(f"HostGraph: {num_nodes} nodes do not fit int32 node ids")
   if indptr[0] != 0 or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0):
     raise ValueError("HostGraph: indptr must rise from 0 to len(indices) without decreasing")
-  if indices.min() < 0 or indices.max() >= num_nodes:
+  if len(indices) and (indices.min() < 0 or indices.max() >= num_nodes):
     raise ValueError(f"HostGraph: indices holds node ids outside [0, {num_nodes})")
 
 
-# Static under jit, keyed by identity, like HostTable.
-jax.tree_util.register_pytree_node(HostGraph, lambda g: ((), g), lambda g, _: g)
+def _flatten(g: HostGraph) -> tuple[tuple[Any, ...], tuple[int, int]]:
+  # The tables are the children (each a handle leaf with its shape and dtype static); nothing
+  # that names this graph is static, so a jitted function does not keep it alive.
+  return (g._indptr, g._indices, g._features), (g._num_nodes, g._num_edges)
+
+
+def _unflatten(aux: tuple[int, int], children: tuple[Any, ...]) -> HostGraph:
+  """A view of a graph's tables that owns none of them (inside jit: placeholders)."""
+  g = HostGraph.__new__(HostGraph)
+  g._owned = []
+  g._indptr, g._indices, g._features = children
+  g._num_nodes, g._num_edges = aux
+  return g
+
+
+jax.tree_util.register_pytree_node(HostGraph, _flatten, _unflatten)

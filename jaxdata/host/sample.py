@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata import _ffi  # registers the FFI targets  # noqa: F401
-from jaxdata.host.gather import _canonical_indices, host_gather
+from jaxdata.host.gather import _canonical_indices, as_indices, host_gather
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.table import HostTable
 
@@ -29,10 +29,13 @@ class Blocks:
     nodes: hop 0 is the seeds [B]; hop l is int32 [B * fanouts[0] * ... * fanouts[l - 1]].
     masks: bool arrays of the same shapes; False marks padding.
     fanouts: the fanout of every hop (static).
+    num_nodes: the number of nodes of the graph sampled from (static; None: unknown), which a
+      table gathered for these blocks must have at least as rows.
   """
   nodes: tuple[jax.Array, ...]
   masks: tuple[jax.Array, ...]
   fanouts: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  num_nodes: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
   @property
   def num_hops(self) -> int:
@@ -52,8 +55,19 @@ class Blocks:
     fewer bytes over PCIe, at the price of a sort of the batch's node ids. With a `cache`
     (`DeviceCache` of this table), cached rows come from device memory and only the others
     are read from the host.
+
+    Raises ValueError when the table has fewer rows than the graph has nodes (a real neighbour
+    would otherwise read as padding).
     """
+    if not isinstance(table, HostTable):
+      raise TypeError(f"Blocks.gather: table must be a HostTable, got {type(table).__name__}")
     rows = table.shape[0]
+    if self.num_nodes is not None and rows < self.num_nodes:
+      raise ValueError(f"Blocks.gather: the table has {rows} rows, but the blocks were sampled "
+                       f"from a graph of {self.num_nodes} nodes")
+    if cache is not None and cache.slots.shape[0] != rows:
+      raise ValueError(f"Blocks.gather: the cache was built for a table of "
+                       f"{cache.slots.shape[0]} rows, this table has {rows}")
     ids = [jnp.where(m, n, rows) for n, m in zip(self.nodes, self.masks)]
     slots = None
     if cache is not None:
@@ -112,7 +126,7 @@ class DeviceGraph(NamedTuple):
     # Copies, so the arrays never keep the host tables' memory alive.
     indptr = graph.indptr.as_numpy()[:, 0]
     indptr = indptr.astype(np.int32 if indptr[-1] < np.iinfo(np.int32).max else np.int64)
-    indices = graph.indices.as_numpy()[:, 0].copy()
+    indices = graph.indices.as_numpy()[:graph.num_edges, 0].copy()
     return cls(jax.device_put(indptr, device), jax.device_put(indices, device))
 
   @property
@@ -150,9 +164,10 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
   if isinstance(graph, HostGraph):
     if graph.closed:
       raise ValueError(f"sample_neighbors: {graph!r} is closed")
-    operands = ()
-    target, attrs = "jaxdata_host_sample", dict(indptr_id=np.int64(graph.indptr.table_id),
-                                                 indices_id=np.int64(graph.indices.table_id))
+    # The tables enter as handles (operands) and sizes, not as identities baked into the program.
+    operands = (graph.indptr.handle, graph.indices.handle)
+    target, attrs = "jaxdata_host_sample", dict(num_nodes=np.int64(graph.indptr.shape[0] - 1),
+                                                 num_edges=np.int64(graph.indices.shape[0]))
   elif isinstance(graph, DeviceGraph):
     operands = (graph.indptr, graph.indices.astype(jnp.int32))
     target, attrs = "jaxdata_sample", {}
@@ -175,7 +190,7 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
             **attrs)
     nodes.append(neighbours.reshape(-1))
     masks.append(mask.reshape(-1))
-  return Blocks(tuple(nodes), tuple(masks), fanouts)
+  return Blocks(tuple(nodes), tuple(masks), fanouts, graph.num_nodes)
 
 
 def _check_fanouts(fanouts: Any) -> tuple[int, ...]:
@@ -202,6 +217,8 @@ def _check_seeds(seeds: Any, num_nodes: int) -> jax.Array:
     dtype = seeds.dtype
   if not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(f"sample_neighbors: seeds must be integers, got dtype {dtype}")
+  if not isinstance(seeds, jax.core.Tracer):
+    seeds = as_indices(seeds, "sample_neighbors")
   if np.ndim(seeds) != 1:
     raise ValueError(f"sample_neighbors: seeds must be 1-D, got shape {np.shape(seeds)}")
   if not isinstance(seeds, jax.core.Tracer):

@@ -9,6 +9,16 @@ a zero gradient changes nothing; Adam-like rules would, which is why they are no
     >>> opt = sparse_adagrad(0.1)
     >>> state = opt.init(table)                          # accumulators: a HostTable like `table`
     >>> token = opt.update(table, state, ids, row_grads)  # inside or outside jit
+
+Data parallelism: under `shard_map` (or `pmap`) every device holds a share of the batch. Give
+`update` the mesh axis name (`axis_name="data"`): the devices then combine their indices and
+gradients first (an all-gather over the axis) and each writes a disjoint share of the touched
+rows, so the step equals the dense optax step on the whole batch, whatever the number of
+devices. Without it each device's call is a separate update of the same table (no update is
+lost, `host_scatter_add` serializes them): for SGD that is the same step up to rounding, for
+Adagrad it is not (each device would read the accumulators before the others' additions).
+Separate processes have separate host memory: there `axis_name` is the only way to keep their
+tables equal.
 """
 from __future__ import annotations
 
@@ -18,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdata.host.gather import host_gather
+from jaxdata.host.gather import as_indices, host_gather
 from jaxdata.host.scatter import host_scatter_add, resolve_rows
 from jaxdata.host.table import HostTable
 
@@ -28,33 +38,46 @@ class SparseOptimizer(NamedTuple):
 
   init(table) -> state: allocates what the rule keeps per row (host tables, closed with
     `close(state)` or left to the garbage collector).
-  update(table, state, indices, grads) -> token: applies the rule to rows `indices` of `table`
-    given their gradients `grads` (shape indices.shape + (columns,)); repeated indices have their
-    gradients summed first, as the dense gradient of a gather would.
+  update(table, state, indices, grads, *, axis_name=None) -> token: applies the rule to rows
+    `indices` of `table` given their gradients `grads` (shape indices.shape + (columns,));
+    repeated indices have their gradients summed first, as the dense gradient of a gather
+    would. Under shard_map, `axis_name` names the data-parallel axis (see the module docstring).
   """
   init: Callable[[HostTable], Any]
-  update: Callable[[HostTable, Any, Any, Any], jax.Array]
+  update: Callable[..., jax.Array]
 
 
 class AdagradState(NamedTuple):
+  """Adagrad's per-row accumulators (a pytree: jit sees the table's handle, not the table)."""
   sum_of_squares: HostTable
 
 
-def _unique_rows(table: HostTable, indices: Any, grads: Any) -> tuple[jax.Array, jax.Array]:
-  """(unique resolved rows padded with `rows`, their summed gradients)."""
+def _unique_rows(table: HostTable, indices: Any, grads: Any,
+                 axis_name: Any = None) -> tuple[jax.Array, jax.Array]:
+  """(unique resolved rows padded with `rows`, their summed gradients).
+
+  With `axis_name`, over the whole batch of every device along that axis, and each device
+  keeps only its share of the rows (row % devices == its index; the others become `rows`,
+  which the scatter drops), so that the devices write disjoint rows.
+  """
   rows, cols = table.shape
-  dtype = getattr(indices, "dtype", None) or np.asarray(indices).dtype
-  if not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(f"sparse optimizer: indices must be integers, got dtype {dtype}")
-  indices, grads = jnp.asarray(indices), jnp.asarray(grads)
+  indices = as_indices(indices, "sparse optimizer")
+  grads = jnp.asarray(grads)
   if grads.shape != indices.shape + (cols,):
     raise ValueError(f"sparse optimizer: grads must have shape {indices.shape + (cols,)} "
                      f"(indices' shape plus the table's {cols} columns), got {grads.shape}")
   idx = resolve_rows(indices, rows)
   grads = grads.reshape(-1, cols).astype(jnp.float32)
+  if axis_name is not None:
+    idx = jax.lax.all_gather(idx, axis_name, tiled=True)
+    grads = jax.lax.all_gather(grads, axis_name, tiled=True)
   n = idx.shape[0]
   uniq, inverse = jnp.unique(idx, size=n, fill_value=rows, return_inverse=True)
   summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=n)
+  if axis_name is not None:
+    devices = jax.lax.psum(1, axis_name)
+    mine = uniq % devices == jax.lax.axis_index(axis_name)
+    uniq = jnp.where(mine, uniq, rows)
   return uniq, summed
 
 
@@ -66,9 +89,10 @@ def sparse_sgd(learning_rate: float) -> SparseOptimizer:
     del table
     return ()
 
-  def update(table: HostTable, state: Any, indices: Any, grads: Any) -> jax.Array:
+  def update(table: HostTable, state: Any, indices: Any, grads: Any, *,
+             axis_name: Any = None) -> jax.Array:
     del state
-    rows, summed = _unique_rows(table, indices, grads)
+    rows, summed = _unique_rows(table, indices, grads, axis_name)
     return host_scatter_add(table, rows, (-lr * summed).astype(table.dtype))
 
   return SparseOptimizer(init, update)
@@ -89,8 +113,9 @@ def sparse_adagrad(learning_rate: float, initial_accumulator_value: float = 0.1,
     acc.as_numpy()[...] = init_value
     return AdagradState(acc)
 
-  def update(table: HostTable, state: AdagradState, indices: Any, grads: Any) -> jax.Array:
-    rows, g = _unique_rows(table, indices, grads)
+  def update(table: HostTable, state: AdagradState, indices: Any, grads: Any, *,
+             axis_name: Any = None) -> jax.Array:
+    rows, g = _unique_rows(table, indices, grads, axis_name)
     acc = host_gather(state.sum_of_squares, rows, mode="fill", fill_value=0)
     squares = g * g
     # The accumulator rows must be read before they are written: make the write depend on them.

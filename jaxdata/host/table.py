@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import operator
 import os
 import weakref
 from typing import Any
@@ -36,13 +37,34 @@ def _check_dtype(dtype: Any, what: str) -> np.dtype:
   return dtype
 
 
+def _check_int(value: Any, what: str) -> int:
+  """`value` as a Python int, or a TypeError naming `what` (floats and bools are refused)."""
+  if isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{what} must be an integer, got {value!r}")
+  try:
+    return operator.index(value)
+  except TypeError:
+    raise TypeError(f"{what} must be an integer, got {value!r}") from None
+
+
 def _check_shape(shape: Any, what: str) -> tuple[int, int]:
-  shape = tuple(int(s) for s in shape)
+  try:
+    shape = tuple(shape)
+  except TypeError:
+    raise TypeError(f"{what}: shape must be a (rows, columns) tuple, got {shape!r}") from None
+  shape = tuple(_check_int(s, f"{what}: shape {shape}") for s in shape)
   if len(shape) != 2:
     raise ValueError(f"{what}: a HostTable is 2-D (rows, columns); got shape {shape}")
   if shape[0] < 1 or shape[1] < 1:
     raise ValueError(f"{what}: a HostTable needs at least one row and one column; got {shape}")
+  if shape[0] * shape[1] > 1 << 60:
+    raise ValueError(f"{what}: shape {shape} is too large for host memory")
   return shape
+
+
+# Open tables by id, so that a pytree of tables rebuilt from concrete handles (jax.tree.map, the
+# outputs of jax.jit) gives back the tables themselves.
+_LIVE: weakref.WeakValueDictionary[int, HostTable] = weakref.WeakValueDictionary()
 
 
 class HostTable:
@@ -57,8 +79,16 @@ class HostTable:
   was compiled for it fails with an error naming the table. NumPy views from `as_numpy()` keep
   the memory alive on their own, so they never dangle.
 
-  A HostTable is a pytree with no leaves: pass it to a jitted function like any argument and it
-  is treated as static (each table compiles its own executable).
+  A HostTable is a pytree whose one leaf is its handle (an int32 scalar naming the table to the
+  native code) and whose static part is its shape and dtype: pass it to a jitted function like
+  any argument, and every table of one shape and dtype shares one compiled executable, which
+  holds no table alive. Inside the function the table is a placeholder that `host_gather` and
+  friends accept but whose memory cannot be read from Python (`as_numpy`, `write`). Closing
+  over a table works too (its handle becomes a constant of the program). Under `vmap`, give a
+  table `in_axes=None`.
+
+  `copy.copy` and `copy.deepcopy` give an independent table: new memory holding the same
+  contents, which the caller owns and closes.
 
   Example:
     >>> table = HostTable(np.random.rand(1000, 64).astype(np.float32))
@@ -109,6 +139,7 @@ class HostTable:
       threads: reads in flight at once.
     """
     path = os.fspath(path)
+    threads = _check_int(threads, "HostTable.from_npy: threads")
     with open(path, "rb") as f:
       try:
         version = np.lib.format.read_magic(f)
@@ -118,8 +149,11 @@ class HostTable:
           shape, fortran_order, file_dtype = np.lib.format.read_array_header_2_0(f)
         else:
           raise ValueError(f".npy format version {version} is not supported")
-      except ValueError as e:
-        raise ValueError(f"HostTable.from_npy: {path} is not a readable .npy file: {e}") from e
+      except OSError:
+        raise
+      except Exception as e:  # NumPy's header parser raises ValueError, SyntaxError, TokenError...
+        raise ValueError(f"HostTable.from_npy: {path} is not a readable .npy file "
+                         f"({type(e).__name__}: {e})") from e
       data_offset = f.tell()
       file_size = os.fstat(f.fileno()).st_size
       if dtype is not None:
@@ -159,8 +193,21 @@ class HostTable:
     self._buffer = buffer
     self._shape = shape
     self._dtype = dtype
+    self._closed = False
     self._id = _ffi.ext.register_table(buffer, shape[0], shape[1] * dtype.itemsize)
+    self._handle = np.asarray(self._id, np.int32)
     self._finalizer = weakref.finalize(self, _ffi.ext.close_table, self._id)
+    _LIVE[self._id] = self
+
+  @classmethod
+  def _placeholder(cls, handle: Any, shape: tuple[int, int], dtype: np.dtype,
+                   closed: bool) -> HostTable:
+    """What a table is inside a transformation: its handle (a tracer), shape and dtype only."""
+    table = cls.__new__(cls)
+    table._buffer = None
+    table._shape, table._dtype, table._closed = shape, dtype, closed
+    table._handle, table._id, table._finalizer = handle, None, None
+    return table
 
   def _read_file(self, fd: int, offset: int, nbytes: int, name: str, progress: bool | None,
                  threads: int) -> None:
@@ -205,7 +252,7 @@ class HostTable:
 
   @property
   def closed(self) -> bool:
-    return self._buffer is None
+    return self._closed
 
   @property
   def table_id(self) -> int:
@@ -213,15 +260,37 @@ class HostTable:
     self._check_open("table_id")
     return self._id
 
+  @property
+  def handle(self) -> Any:
+    """The table's id as an int32 scalar: the operand FFI calls take (a tracer inside jit)."""
+    return self._handle
+
   def __repr__(self) -> str:
+    if self._id is None:
+      state = "closed" if self._closed else "traced"
+      return f"HostTable(shape={self._shape}, dtype={self._dtype.name}, {state})"
     state = "closed" if self.closed else ("pinned" if self.pinned else "unpinned")
     return f"HostTable(shape={self._shape}, dtype={self._dtype.name}, {state}, id={self._id})"
+
+  def __copy__(self) -> HostTable:
+    """An independent table with the same contents (new memory, the caller's to close)."""
+    self._check_open("copy.copy(HostTable)")
+    return HostTable(self.as_numpy(), pinned=self.pinned)
+
+  def __deepcopy__(self, memo: dict) -> HostTable:
+    return self.__copy__()
 
   # -- contents -----------------------------------------------------------------------------
 
   def write(self, start: int, values: Any) -> None:
-    """Copies `values` (rows, columns) into rows `start`, `start + 1`, ... of the table."""
+    """Copies `values` (rows, columns) into rows `start`, `start + 1`, ... of the table.
+
+    As NumPy's `a[start:start + n] = values`, also when `values` is a view of this table's own
+    memory (overlapping rows are read before they are overwritten). Each chunk is written under
+    the memory's update lock, so it never interleaves with a running `host_scatter_add`.
+    """
     self._check_open("write")
+    start = _check_int(start, "HostTable.write: start")
     values = np.asarray(values)
     if values.ndim != 2 or values.shape[1] != self._shape[1]:
       raise ValueError(f"HostTable.write: values of shape {values.shape} do not fit rows of "
@@ -233,6 +302,8 @@ class HostTable:
       if not np.can_cast(values.dtype, self._dtype, "same_kind"):
         raise TypeError(f"HostTable.write: cannot cast {values.dtype} to {self._dtype}")
       values = values.astype(self._dtype)
+    elif np.may_share_memory(values, self._buffer.view()):
+      values = values.copy()  # the chunks below would overwrite rows before reading them
     row_bytes = self._shape[1] * self._dtype.itemsize
     step = max(1, (256 << 20) // row_bytes)  # strided input is made contiguous a chunk at a time
     for i in range(0, values.shape[0], step):
@@ -256,8 +327,9 @@ class HostTable:
     """
     self._check_open("view")
     dtype = self._dtype if dtype is None else _check_dtype(dtype, "HostTable.view")
-    columns = self._shape[1] * self._dtype.itemsize // dtype.itemsize if columns is None else columns
-    row_bytes = int(columns) * dtype.itemsize
+    columns = (self._shape[1] * self._dtype.itemsize // dtype.itemsize if columns is None else
+               _check_int(columns, "HostTable.view: columns"))
+    row_bytes = columns * dtype.itemsize
     if row_bytes <= 0 or self.nbytes % row_bytes:
       raise ValueError(f"HostTable.view: {self.nbytes} bytes do not divide into rows of "
                        f"{columns} x {dtype}")
@@ -273,10 +345,11 @@ class HostTable:
     A computation dispatched earlier but not yet running (JAX dispatch is asynchronous) fails
     with an error naming the table: wait for results that read it before closing.
     """
-    if self._buffer is None:
-      return
+    if self._closed or self._finalizer is None:
+      return  # a placeholder owns nothing
     self._finalizer()  # unregisters the id
     self._buffer = None
+    self._closed = True
 
   def __enter__(self) -> HostTable:
     return self
@@ -285,10 +358,34 @@ class HostTable:
     self.close()
 
   def _check_open(self, what: str) -> None:
-    if self._buffer is None:
+    if self._closed:
       raise ValueError(f"{what}: {self!r} is closed")
+    if self._buffer is None and self._id is None:
+      raise TypeError(f"{what}: {self!r} stands for a table inside a JAX transformation (jit, "
+                      "vmap, ...), where its memory cannot be used from Python; use the table "
+                      "outside the transformation, or pass what you need as an array")
 
 
-# A HostTable is a pytree with no leaves whose static part is the table itself: jit treats it
-# as a compile-time constant, keyed by identity.
-jax.tree_util.register_pytree_node(HostTable, lambda t: ((), t), lambda t, _: t)
+def _flatten(table: HostTable) -> tuple[tuple[Any], tuple[Any, ...]]:
+  # Only the shape, dtype and whether it is closed are static: tables of one shape and dtype
+  # share an executable, and the jit cache never holds a table. (A closed table retraces, so
+  # host_gather and friends refuse it with a Python error before anything runs.)
+  return (table.handle,), (table.shape, table.dtype, table.closed)
+
+
+def _unflatten(aux: tuple[Any, ...], leaves: tuple[Any]) -> HostTable:
+  (handle,) = leaves
+  shape, dtype, closed = aux
+  live = None
+  if not isinstance(handle, jax.core.Tracer) and isinstance(
+      handle, (int, np.integer, np.ndarray, jax.Array)) and np.ndim(handle) == 0:
+    try:  # a concrete handle (tree_map, device_put, a jit output): the live table itself
+      live = _LIVE.get(int(handle))
+    except (TypeError, ValueError, RuntimeError):
+      live = None
+  if live is not None and live.shape == shape and live.dtype == dtype and not live.closed:
+    return live
+  return HostTable._placeholder(handle, shape, dtype, closed)
+
+
+jax.tree_util.register_pytree_node(HostTable, _flatten, _unflatten)

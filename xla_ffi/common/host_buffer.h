@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 namespace jaxdata {
 
@@ -24,6 +25,9 @@ class HostBuffer {
   const char* device_data() const { return device_data_; }
   size_t size() const { return size_; }
   bool pinned() const { return pinned_; }
+  // Held by every in-place update of this memory (host_scatter_add), on any device: concurrent
+  // updates of one buffer, through any table viewing it, run one after another, never interleaved.
+  std::mutex& update_mutex() const { return update_mutex_; }
 
  private:
   HostBuffer() = default;
@@ -31,6 +35,7 @@ class HostBuffer {
   char* device_data_ = nullptr;
   size_t size_ = 0;
   bool pinned_ = false;
+  mutable std::mutex update_mutex_;
 };
 
 // Physical memory of this machine in bytes (what can be pinned at the very most).

@@ -31,11 +31,13 @@ void GatherRows(ffi::ThreadPool& pool, const I* idx, int64_t n, const TableView&
 }
 
 // `scratch` and `sort` matter only on the GPU; the CPU reads rows in the order given.
-ffi::Error HostGatherCpu(ffi::ThreadPool pool, ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out,
-                         ffi::Result<ffi::AnyBuffer> /*scratch*/, int64_t table_id, int32_t mode,
-                         int64_t fill_bits, int32_t /*sort*/) {
+ffi::Error HostGatherCpu(ffi::ThreadPool pool, Handle handle, ffi::AnyBuffer idx,
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> /*scratch*/,
+                         int64_t rows, int32_t mode, int64_t fill_bits, int32_t /*sort*/) {
+  auto id = HandleValue(handle);
+  if (id.has_error()) return id.error();
   const int64_t rb = OutputRowBytes(*out);
-  auto table = LookupTable(table_id, rb);
+  auto table = LookupTable(*id, rows, rb);
   if (table.has_error()) return table.error();
   const int64_t n = idx.element_count();
   if (n == 0) return ffi::Error::Success();
@@ -54,10 +56,12 @@ ffi::Error HostGatherCpu(ffi::ThreadPool pool, ffi::AnyBuffer idx, ffi::Result<f
   }
 }
 
-ffi::Error HostSliceCpu(ffi::ThreadPool pool, ffi::Result<ffi::AnyBuffer> out, int64_t table_id,
-                        int64_t start) {
+ffi::Error HostSliceCpu(ffi::ThreadPool pool, Handle handle, ffi::Result<ffi::AnyBuffer> out,
+                        int64_t rows, int64_t start) {
+  auto id = HandleValue(handle);
+  if (id.has_error()) return id.error();
   const int64_t rb = OutputRowBytes(*out);
-  auto table = LookupTable(table_id, rb);
+  auto table = LookupTable(*id, rows, rb);
   if (table.has_error()) return table.error();
   const int64_t bytes = out->size_bytes();
   if (start < 0 || start * rb + bytes > table->rows * rb) {
@@ -77,10 +81,11 @@ ffi::Error HostSliceCpu(ffi::ThreadPool pool, ffi::Result<ffi::AnyBuffer> out, i
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cpu, jaxdata::HostGatherCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<jaxdata::Handle>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("table_id")
+                                  .Attr<int64_t>("rows")
                                   .Attr<int32_t>("mode")
                                   .Attr<int64_t>("fill_bits")
                                   .Attr<int32_t>("sort"));
@@ -88,6 +93,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cpu, jaxdata::HostGatherCpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_slice_cpu, jaxdata::HostSliceCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<jaxdata::Handle>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("table_id")
+                                  .Attr<int64_t>("rows")
                                   .Attr<int64_t>("start"));

@@ -239,11 +239,13 @@ ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* id
   return ffi::Error::Success();
 }
 
-ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<ffi::AnyBuffer> out,
-                          ffi::Result<ffi::AnyBuffer> scratch, int64_t table_id, int32_t mode,
-                          int64_t fill_bits, int32_t sort) {
+ffi::Error HostGatherCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer idx,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> scratch,
+                          int64_t rows, int32_t mode, int64_t fill_bits, int32_t sort) {
+  int64_t id = 0;
+  if (auto err = DeviceHandleValues(stream, {&handle}, &id); !err.success()) return err;
   const int64_t rb = OutputRowBytes(*out);
-  auto table = LookupMappedTable(table_id, rb);
+  auto table = LookupMappedTable(id, rows, rb);
   if (table.has_error()) return table.error();
   const int64_t n = idx.element_count();
   if (n == 0) return ffi::Error::Success();
@@ -262,10 +264,12 @@ ffi::Error HostGatherCuda(cudaStream_t stream, ffi::AnyBuffer idx, ffi::Result<f
   }
 }
 
-ffi::Error HostSliceCuda(cudaStream_t stream, ffi::Result<ffi::AnyBuffer> out, int64_t table_id,
-                         int64_t start) {
+ffi::Error HostSliceCuda(cudaStream_t stream, Handle handle, ffi::Result<ffi::AnyBuffer> out,
+                         int64_t rows, int64_t start) {
+  int64_t id = 0;
+  if (auto err = DeviceHandleValues(stream, {&handle}, &id); !err.success()) return err;
   const int64_t rb = OutputRowBytes(*out);
-  auto table = LookupMappedTable(table_id, rb);
+  auto table = LookupMappedTable(id, rows, rb);
   if (table.has_error()) return table.error();
   const int64_t bytes = out->size_bytes();
   if (start < 0 || start * rb + bytes > table->rows * rb) {
@@ -292,10 +296,11 @@ size_t HostGatherSortScratchBytes(int64_t n, int64_t rows) {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cuda, jaxdata::HostGatherCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<jaxdata::Handle>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("table_id")
+                                  .Attr<int64_t>("rows")
                                   .Attr<int32_t>("mode")
                                   .Attr<int64_t>("fill_bits")
                                   .Attr<int32_t>("sort"));
@@ -303,6 +308,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cuda, jaxdata::HostGatherCuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_slice_cuda, jaxdata::HostSliceCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<jaxdata::Handle>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("table_id")
+                                  .Attr<int64_t>("rows")
                                   .Attr<int64_t>("start"));

@@ -32,11 +32,16 @@ void SampleRows(ffi::ThreadPool& pool, const int32_t* in, int64_t n, const uint3
   });
 }
 
-ffi::Error HostSampleCpu(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> nodes,
-                         ffi::Buffer<ffi::U32> key, ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
-                         ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t indptr_id,
-                         int64_t indices_id, int64_t fanout, int32_t replace) {
-  auto graph = LookupGraph(indptr_id, indices_id);
+ffi::Error HostSampleCpu(ffi::ThreadPool pool, Handle indptr_handle, Handle indices_handle,
+                         ffi::Buffer<ffi::S32> nodes, ffi::Buffer<ffi::U32> key,
+                         ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
+                         ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t num_nodes,
+                         int64_t num_edges, int64_t fanout, int32_t replace) {
+  auto indptr_id = HandleValue(indptr_handle);
+  if (indptr_id.has_error()) return indptr_id.error();
+  auto indices_id = HandleValue(indices_handle);
+  if (indices_id.has_error()) return indices_id.error();
+  auto graph = LookupGraph(*indptr_id, *indices_id, num_nodes, num_edges);
   if (graph.has_error()) return graph.error();
   const int64_t n = nodes.element_count();
   if (auto err = CheckSampleShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
@@ -76,12 +81,14 @@ ffi::Error SampleCpu(ffi::ThreadPool pool, ffi::AnyBuffer indptr, ffi::Buffer<ff
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_sample_cpu, jaxdata::HostSampleCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<jaxdata::Handle>()
+                                  .Arg<jaxdata::Handle>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("indptr_id")
-                                  .Attr<int64_t>("indices_id")
+                                  .Attr<int64_t>("num_nodes")
+                                  .Attr<int64_t>("num_edges")
                                   .Attr<int64_t>("fanout")
                                   .Attr<int32_t>("replace"));
 

@@ -55,11 +55,17 @@ ffi::Error Launch(cudaStream_t stream, const int32_t* nodes, int64_t n, const ui
   return ffi::Error::Success();
 }
 
-ffi::Error HostSampleCuda(cudaStream_t stream, ffi::Buffer<ffi::S32> nodes,
-                          ffi::Buffer<ffi::U32> key, ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
-                          ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t indptr_id,
-                          int64_t indices_id, int64_t fanout, int32_t replace) {
-  auto graph = LookupGraph(indptr_id, indices_id, /*mapped=*/true);
+ffi::Error HostSampleCuda(cudaStream_t stream, Handle indptr_handle, Handle indices_handle,
+                          ffi::Buffer<ffi::S32> nodes, ffi::Buffer<ffi::U32> key,
+                          ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
+                          ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t num_nodes,
+                          int64_t num_edges, int64_t fanout, int32_t replace) {
+  int64_t ids[2] = {0, 0};
+  if (auto err = DeviceHandleValues(stream, {&indptr_handle, &indices_handle}, ids);
+      !err.success()) {
+    return err;
+  }
+  auto graph = LookupGraph(ids[0], ids[1], num_nodes, num_edges, /*mapped=*/true);
   if (graph.has_error()) return graph.error();
   const int64_t n = nodes.element_count();
   if (auto err = CheckSampleShapes(n, fanout, key, *neighbours, *mask); !err.success()) return err;
@@ -96,12 +102,14 @@ ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::Buffer<ff
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_sample_cuda, jaxdata::HostSampleCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<jaxdata::Handle>()
+                                  .Arg<jaxdata::Handle>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("indptr_id")
-                                  .Attr<int64_t>("indices_id")
+                                  .Attr<int64_t>("num_nodes")
+                                  .Attr<int64_t>("num_edges")
                                   .Attr<int64_t>("fanout")
                                   .Attr<int32_t>("replace"));
 

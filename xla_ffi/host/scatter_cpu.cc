@@ -4,8 +4,16 @@
 // came from (perm). A run of equal rows belongs to the task that holds its first position, which
 // adds the run's updates to the table row one after another, in their original order: the result
 // is exactly NumPy's np.add.at(table, indices, updates), rounding after every addition.
+//
+// Concurrency: a call holds its table memory's update lock (HostBuffer::update_mutex) from its
+// first addition to its last, so calls from several threads or devices on one table run one
+// after another, each as a whole: no addition is lost, and each call's result is that of
+// np.add.at applied to the table as the previous call left it. An uncontended lock costs one
+// atomic operation per call, nothing per addition (atomic float adds would cost one CAS loop per
+// element and would let two calls' additions of a row interleave).
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #include "../common/parallel.h"
 #include "handlers.h"
@@ -101,17 +109,21 @@ ffi::Error ScatterTyped(ffi::ThreadPool& pool, const R* rows, const int32_t* per
   }
 }
 
-ffi::Error HostScatterAddCpu(ffi::ThreadPool pool, ffi::AnyBuffer rows,
+ffi::Error HostScatterAddCpu(ffi::ThreadPool pool, Handle handle, ffi::AnyBuffer rows,
                              ffi::Buffer<ffi::S32> perm, ffi::AnyBuffer updates,
-                             ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_id) {
+                             ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_rows) {
   const int64_t n = rows.element_count();
   auto columns = ScatterColumns(rows, perm, updates);
   if (columns.has_error()) return columns.error();
   const int64_t cols = *columns;
-  auto table = LookupTable(table_id, cols * int64_t(ffi::ByteWidth(updates.element_type())));
+  auto id = HandleValue(handle);
+  if (id.has_error()) return id.error();
+  auto table =
+      LookupTable(*id, table_rows, cols * int64_t(ffi::ByteWidth(updates.element_type())));
   if (table.has_error()) return table.error();
   for (int64_t i = 0; i < token->element_count(); ++i) token->typed_data()[i] = 0;
   if (n == 0) return ffi::Error::Success();
+  std::lock_guard<std::mutex> lock(table->buffer->update_mutex());
   char* t = table->buffer->data();
   switch (rows.element_type()) {
     case ffi::S32:
@@ -131,8 +143,9 @@ ffi::Error HostScatterAddCpu(ffi::ThreadPool pool, ffi::AnyBuffer rows,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cpu, jaxdata::HostScatterAddCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
+                                  .Arg<jaxdata::Handle>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("table_id"));
+                                  .Attr<int64_t>("rows"));

@@ -5,12 +5,24 @@
 // thread (j, c) with j a run start adds the run's updates to column c of the row one after
 // another, in their original order, rounding after each addition. No atomics, so the result is
 // deterministic and bit-identical to the CPU's and to np.add.at.
+//
+// Concurrency: the same contract as on the CPU (calls on one table's memory run one after
+// another, each as a whole), kept with the same lock. Atomics cannot keep it here: a device-scope
+// atomicAdd on mapped host memory is atomic only among the threads of one GPU, not with respect
+// to another GPU or the CPU updating the same table, and system-scope atomics over PCIe need
+// cudaDevAttrHostNativeAtomicSupported, which x86 hosts do not offer. So the handler waits for
+// its operands (the handle read does), takes the table memory's update lock, launches the
+// kernel, and releases the lock only once the stream has finished it: a scatter on another
+// device or thread starts after this one's writes have reached host memory. The price is two
+// stream synchronizations per call; concurrent calls on one table are serialized, each still
+// using the whole GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 
 #include "../common/cuda_check.h"
 #include "handlers.h"
@@ -98,29 +110,35 @@ ffi::Error ScatterTyped(cudaStream_t stream, const R* rows, const int32_t* perm,
   }
 }
 
-ffi::Error HostScatterAddCuda(cudaStream_t stream, ffi::AnyBuffer rows,
+ffi::Error HostScatterAddCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer rows,
                               ffi::Buffer<ffi::S32> perm, ffi::AnyBuffer updates,
-                              ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_id) {
+                              ffi::Result<ffi::Buffer<ffi::S32>> token, int64_t table_rows) {
   const int64_t n = rows.element_count();
   auto columns = ScatterColumns(rows, perm, updates);
   if (columns.has_error()) return columns.error();
   const int64_t cols = *columns;
-  auto table = LookupMappedTable(table_id, cols * int64_t(ffi::ByteWidth(updates.element_type())));
+  if (rows.element_type() != ffi::S32 && rows.element_type() != ffi::S64) {
+    return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: rows must be int32 or int64");
+  }
+  int64_t id = 0;  // also waits for the stream: the operands are ready from here on
+  if (auto err = DeviceHandleValues(stream, {&handle}, &id); !err.success()) return err;
+  auto table =
+      LookupMappedTable(id, table_rows, cols * int64_t(ffi::ByteWidth(updates.element_type())));
   if (table.has_error()) return table.error();
   JAXDATA_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(token->typed_data(), 0, token->size_bytes(), stream));
   if (n == 0) return ffi::Error::Success();
   const char* t = table->buffer->device_data();
-  switch (rows.element_type()) {
-    case ffi::S32:
-      return ScatterTyped(stream, rows.typed_data<int32_t>(), perm.typed_data(), n, updates, cols,
-                          t, table->rows);
-    case ffi::S64:
-      return ScatterTyped(stream, rows.typed_data<int64_t>(), perm.typed_data(), n, updates, cols,
-                          t, table->rows);
-    default:
-      return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: rows must be int32 or int64");
-  }
+  std::lock_guard<std::mutex> lock(table->buffer->update_mutex());
+  ffi::Error launched =
+      rows.element_type() == ffi::S32
+          ? ScatterTyped(stream, rows.typed_data<int32_t>(), perm.typed_data(), n, updates, cols,
+                         t, table->rows)
+          : ScatterTyped(stream, rows.typed_data<int64_t>(), perm.typed_data(), n, updates, cols,
+                         t, table->rows);
+  if (!launched.success()) return launched;
+  JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // written before unlocking
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -129,8 +147,9 @@ ffi::Error HostScatterAddCuda(cudaStream_t stream, ffi::AnyBuffer rows,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cuda, jaxdata::HostScatterAddCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<jaxdata::Handle>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("table_id"));
+                                  .Attr<int64_t>("rows"));
