@@ -372,13 +372,14 @@ def _lower(ctx, *operands, spec: KernelSpec, target: str):
   num_pairs = ctx.avals_in[11].shape[0] - 1
   grid, block, max_tiles = 0, 0, 0
   if target == "cpu":
-    ext.hector_load_cpu_kernel(kid, str(compiler.compile_cpu(src)), "jaxdata_hector_kernel")
+    compiler.compile_cpu(src, load=lambda path: ext.hector_load_cpu_kernel(
+        kid, str(path), "jaxdata_hector_kernel"))
   else:
     arch = ext.cuda_compute_capability()
     if arch == 0:
       raise RuntimeError("hector: lowering for CUDA but the extension sees no CUDA device")
-    cubin = compiler.compile_cuda(src, arch).read_bytes()
-    ext.hector_load_cuda_kernel(kid, cubin, "jaxdata_hector_kernel")
+    compiler.compile_cuda(src, arch, load=lambda path: ext.hector_load_cuda_kernel(
+        kid, path.read_bytes(), "jaxdata_hector_kernel"))
     rows = codegen.tile_rows(spec.kernel)
     max_tiles = -(-num_edges // rows) + num_relations if rows else 0
     grid, block = codegen.launch(spec.kernel, max_tiles, num_edges, num_nodes)
