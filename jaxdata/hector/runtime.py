@@ -150,9 +150,8 @@ class GraphArrays:
     """ValueError unless every array has its dtype and length (works on tracers: shapes and
     dtypes only). Run before every kernel, since fields can be replaced behind the dataclass's
     back; the kernels rely on it to bound their loops."""
-    sizes = {"E": self.src.shape[0] if np.ndim(self.src) else -1, "N": self.num_nodes,
-             "R": self.num_relations, "P": self.pair_src.shape[0] if np.ndim(self.pair_src)
-             else -1}
+    sizes = {"E": _common_length(self, "E"), "N": self.num_nodes, "R": self.num_relations,
+             "P": _common_length(self, "P")}
     for f in _EDGE_FIELDS + _PAIR_FIELDS:
       a = getattr(self, f)
       want_dtype = np.float32 if f == "norm" else np.int32
@@ -184,6 +183,16 @@ class GraphArrays:
               self.pair_csr_offsets, self.pair_csr_edges, self.pair_csr_offsets,
               self.pair_csr_edges]
     return [getattr(self, f) for f in _EDGE_FIELDS]
+
+
+def _common_length(ga: GraphArrays, size: str) -> int:
+  """E or P as most of the arrays sized by it say (so that an error names the odd one out)."""
+  lengths = []
+  for f, spec in _LENGTHS.items():
+    shape = tuple(np.shape(getattr(ga, f)))
+    if spec[0] == size and len(shape) == 1:
+      lengths.append(shape[0] - (1 if spec.endswith("+1") else 0))
+  return max(set(lengths), key=lengths.count) if lengths else -1
 
 
 def _check_sizes(ga: GraphArrays) -> None:
