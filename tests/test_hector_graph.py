@@ -83,6 +83,8 @@ def test_sizes_smaller_than_the_ids_or_bad_type_offsets_raise():
     dataclasses.replace(ga, node_type_offsets=(0, 7, N + 1))
   with pytest.raises(ValueError, match="GraphArrays: src must be a int32"):
     dataclasses.replace(ga, src=np.asarray(ga.src, np.float32))
+  with pytest.raises(ValueError, match="GraphArrays: dst must be a int32 array, got list"):
+    dataclasses.replace(ga, dst=np.asarray(ga.dst).tolist())
 
 
 def test_unflattening_with_tracers_and_placeholders_works_and_checks_once(monkeypatch):

@@ -167,9 +167,13 @@ class GraphArrays:
 
   def _arrays_are_values(self) -> bool:
     """Whether the fields hold arrays of this graph (not a pytree of cotangents, specs or
-    placeholders that JAX builds by unflattening, e.g. float0 zeros or None)."""
-    for f in _EDGE_FIELDS + _PAIR_FIELDS:
-      dtype = getattr(getattr(self, f), "dtype", None)
+    placeholders that JAX builds by unflattening, e.g. float0 zeros or None). Python
+    sequences count as values, so that they are rejected rather than let through."""
+    fields = [getattr(self, f) for f in _EDGE_FIELDS + _PAIR_FIELDS]
+    if any(isinstance(a, (list, tuple)) for a in fields):
+      return True
+    for a in fields:
+      dtype = getattr(a, "dtype", None)
       if dtype is None or dtype == jax.dtypes.float0:
         return False
     return True
