@@ -84,7 +84,7 @@ def test_rebuilt_entry_that_still_cannot_load_raises_compile_error(tmp_path, mon
   monkeypatch.setenv("CXX", fake)
   kid = int.from_bytes(os.urandom(7), "little")
   load = lambda path: ext.hector_load_cpu_kernel(kid, str(path), "jaxdata_hector_kernel")  # noqa
-  with pytest.raises(compiler.CompileError, match=f"cannot be loaded.*{re.escape(fake)}|{re.escape(fake)}.*cannot"):
+  with pytest.raises(compiler.CompileError, match=f"{re.escape(fake)}.*cannot be loaded"):
     compiler.compile_cpu(_unique_source(str(tmp_path)), load=load)
   # and through a layer: the lowering reports it as a CompileError, not a dlopen error
   g = random_graph(np.random.default_rng(3), n=9, e=20, r=2, empty_relations=())

@@ -630,7 +630,8 @@ def _cuda_wgrad(w: WeightGrad) -> str:
     for (int t = 0; t < {bk * bn // threads}; ++t) {{
       const int idx = tid + t * {threads}, n = nb * {bn} + idx % {bn};
       const int64_t e = c + idx / {bn};
-      rr[t] = (e < e1 && n < {w.n} && ok(e)) ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
+      rr[t] = (e < e1 && n < {w.n} && ok(e))
+          ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
     }}
   }};
   fetch(e0);
