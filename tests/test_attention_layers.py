@@ -1,6 +1,12 @@
 """jaxdata.nn.RGAT and jaxdata.nn.HGT against attention_peers' plain-JAX layers given the same
 weights (HGT: PyG's HGTConv semantics), and `jaxdata train rgat|hgt` learning on a tiny
-synthetic ogbn-mag."""
+synthetic ogbn-mag.
+
+Precision: the layers' dense terms (HGT's projections, RGAT's self loop) are `jnp.dot`s that
+follow `jax.default_matmul_precision` (TF32 by default on NVIDIA GPUs) while the references ask
+for "highest", so comparisons run the layers under ``highest()``. The HGT references run in
+float64 through the per-edge formulation: `jax.lax.ragged_dot_general` in float64 fails XLA's
+GPU verifier ("A dimension number is not unique in Dot", jax 0.11.2)."""
 import functools
 
 import jax
@@ -16,6 +22,13 @@ from jaxdata.nn import HGT, RGAT
 from jaxdata.train import attention
 
 HI = jax.lax.Precision.HIGHEST
+#: the plain-JAX HGT reference: float64-safe on every platform (no ragged_dot_general)
+HGT_REFERENCE = peers.HGT["per-edge weights"]
+
+
+def highest():
+  """Matmuls at full float32 inside: the layers' precision, matched to the references'."""
+  return jax.default_matmul_precision("highest")
 
 
 @nnx.jit
@@ -63,8 +76,9 @@ def test_hgt_layer_matches_reference(device):
   # the reference in float64 from the same weights
   wide = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)  # noqa: E731
   xs64, params = wide(xs), wide(hgt_params(layer))
-  reference = jax.jit(functools.partial(peers.HGT["ragged_dot"], *edges, precision=HI))
-  got = apply(layer, ga, xs)
+  reference = jax.jit(functools.partial(HGT_REFERENCE, *edges, precision=HI))
+  with highest():
+    got = apply(layer, ga, xs)
   want = reference(xs64, params)
   for t, (a, b) in enumerate(zip(got, want)):
     assert a.shape == b.shape and a.dtype == jnp.float32
@@ -72,7 +86,8 @@ def test_hgt_layer_matches_reference(device):
 
   cts = [np.random.default_rng(t).standard_normal(o.shape) for t, o in enumerate(want)]
   loss = lambda outs: sum(jnp.vdot(o, c.astype(o.dtype)) for o, c in zip(outs, cts))  # noqa
-  grads = nnx.jit(nnx.grad(lambda m, xs: loss(m(ga, xs))))(layer, xs)
+  with highest():
+    grads = nnx.jit(nnx.grad(lambda m, xs: loss(m(ga, xs))))(layer, xs)
   want_grads = jax.jit(jax.grad(lambda p: loss(reference(xs64, p))))(params)
   # sums over 4,200 edges of terms up to ~10 in float32
   close = functools.partial(np.testing.assert_allclose, rtol=1e-3, atol=1e-3)
@@ -120,8 +135,7 @@ def test_hgt_layer_bfloat16_and_checks(device):
               passes=["compact"], dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   assert layer.passes == ("compact",)
   got = apply(layer, ga, xs)
-  want = jax.jit(functools.partial(peers.HGT["ragged_dot"], precision=HI))(
-      *edges, xs, hgt_params(layer))
+  want = jax.jit(functools.partial(HGT_REFERENCE, precision=HI))(*edges, xs, hgt_params(layer))
   for a, b in zip(got, want):
     assert a.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=5e-2, atol=5e-2)
@@ -154,10 +168,13 @@ def test_rgat_layer_matches_reference(device, passes):
   ref = lambda x, p, root, bias: (  # noqa: E731
       (peers.RGAT["ragged_dot"](*edges, x, p, precision=HI)
        + jnp.dot(x, root, precision=HI)).reshape(-1, 3, 8).mean(1) + bias)
-  np.testing.assert_allclose(apply(full, ga, x),
-                             ref(x, params, full.root[...], full.bias[...]), rtol=2e-5, atol=2e-5)
+  with highest():  # the self loop is a jnp.dot at the default precision
+    got = apply(full, ga, x)
+  np.testing.assert_allclose(got, ref(x, params, full.root[...], full.bias[...]), rtol=2e-5,
+                             atol=2e-5)
   ct = jnp.asarray(rng.standard_normal((ga.num_nodes, 8)), jnp.float32)
-  grads = nnx.jit(nnx.grad(lambda m, x: jnp.vdot(m(ga, x), ct)))(full, x)
+  with highest():
+    grads = nnx.jit(nnx.grad(lambda m, x: jnp.vdot(m(ga, x), ct)))(full, x)
   want = jax.jit(jax.grad(lambda *a: jnp.vdot(ref(x, *a), ct), argnums=(0, 1, 2)))(
       params, full.root[...], full.bias[...])
   for name, w in (("weight", want[0].w), ("a_src", want[0].a_src), ("a_dst", want[0].a_dst),

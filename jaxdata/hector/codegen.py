@@ -63,7 +63,7 @@ def zero_output(k) -> bool:
   if isinstance(k, Gemm):
     return k.out != "edge"
   if isinstance(k, Traversal):
-    return k.sink not in ("store", "softmax")
+    return k.sink != "store"  # the softmax leaves the edges it skips at 0
   return True
 
 
@@ -73,7 +73,7 @@ def generate(k, dtypes: tuple[str, ...], target: str, label: str = "") -> str:
   gen = {("cpu", Gemm): _cpu_gemm, ("cpu", WeightGrad): _cpu_wgrad,
          ("cpu", Traversal): _cpu_traversal, ("cuda", Gemm): _cuda_gemm,
          ("cuda", WeightGrad): _cuda_wgrad, ("cuda", Traversal): _cuda_traversal}
-  body = gen[(target, type(k))](k)
+  body = _guard(k) + gen[(target, type(k))](k)
   head = _prologue(k, dtypes, target, body)
   return f"// jaxdata.hector {k.template}: {label or k}\n" + head + body
 
@@ -94,6 +94,8 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
         "static inline float ldf(const unsigned short* p) {",
         "  uint32_t bits = uint32_t(*p) << 16; float f; std::memcpy(&f, &bits, 4); return f; }",
         "static inline float leaky_relu(float x, float s) { return x > 0.0f ? x : s * x; }",
+        "static inline int64_t span(int64_t x, int64_t lo, int64_t hi) {",
+        "  return x < lo ? lo : x > hi ? hi : x; }",
         "static inline float leaky_relu_grad(float x, float g, float s) {",
         "  return x > 0.0f ? g : s * g; }",
         "template <class F> static void parallel_for(const jaxdata_cpu_runtime* rt, int64_t n,",
@@ -116,6 +118,8 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
         "__device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }",
         "__device__ __forceinline__ float ldf(const unsigned short* p) {",
         "  return __uint_as_float(((unsigned)__ldg(p)) << 16); }",
+        "__device__ __forceinline__ int64_t span(int64_t x, int64_t lo, int64_t hi) {",
+        "  return x < lo ? lo : x > hi ? hi : x; }",
         "__device__ __forceinline__ float leaky_relu(float x, float s) {",
         "  return x > 0.0f ? x : s * x; }",
         "__device__ __forceinline__ float leaky_relu_grad(float x, float g, float s) {",
@@ -142,6 +146,22 @@ def _prologue(k, dtypes: tuple[str, ...], target: str, body: str) -> str:
     if used(name):
       lines.append(f"  const int64_t {name} = {scalar(i)};")
   return "\n".join(lines) + "\n"
+
+
+def _guard(k) -> str:
+  """`ok(e)`: whether row e of the domain may be used. Out-of-range ids cannot be told apart
+  from real ones before the kernel runs (they may be computed under jit), so every kernel skips
+  a row whose ids are out of range: it contributes nothing (docs/hector.md, "Ids out of
+  range"). On the pairs, `src`/`dst` are the pair's source and `etype` its relation; on the
+  edges, the edge's pair must be in range too. Offsets read from the graph are clamped with
+  `span(x, lo, hi)`."""
+  u = "(unsigned long long)"
+  pair = f" && {u}pair[e] < {u}P" if k.domain != "compact" else ""
+  return (f"  // a row whose ids are out of range contributes nothing\n"
+          f"  auto ok = [&](int64_t e) -> bool {{\n"
+          f"    return {u}e < {u}E && {u}src[e] < {u}N && {u}dst[e] < {u}N &&\n"
+          f"           {u}etype[e] < {u}R{pair};\n"
+          f"  }};\n")
 
 
 def _load(ld: Load, f: str) -> str:
@@ -235,18 +255,22 @@ def _cpu_gemm(g: Gemm) -> str:
     return (f"  parallel_for(rt, E, 256, [&](int64_t lo, int64_t hi) {{\n"
             f"    for (int64_t e = lo; e < hi; ++e) {{\n"
             f"      float acc[{width}] = {{0}};\n"
+            f"      if (ok(e)) {{\n"
             f"      const int64_t r = etype[e];\n"
             f"      const float sc = {_scale(g.scales)};\n"
             f"      const auto a = in{rows.slot} + {_row(rows)};\n"
             f"{madd}"
+            f"      }}\n"
             f"      for (int n = 0; n < {width}; ++n) out[e * {width} + n] = acc[n];\n"
             f"    }}\n  }});\n  return 0;\n}}\n")
   off, eids = _groups(g.out)
   return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
           f"    for (int64_t i = lo; i < hi; ++i) {{\n"
           f"      float acc[{width}] = {{0}};\n"
-          f"      for (int64_t q = {off}[i]; q < {off}[i + 1]; ++q) {{\n"
+          f"      const int64_t q0 = span({off}[i], 0, E), q1 = span({off}[i + 1], q0, E);\n"
+          f"      for (int64_t q = q0; q < q1; ++q) {{\n"
           f"      const int64_t e = {eids}[q];\n"
+          f"      if (!ok(e)) continue;\n"
           f"      const int64_t r = etype[e];\n"
           f"      const float sc = {_scale(g.scales)};\n"
           f"      const auto a = in{rows.slot} + {_row(rows)};\n"
@@ -273,7 +297,10 @@ def _cpu_wgrad(w: WeightGrad) -> str:
           f"{where}"
           f"      const int k0 = int(task % {blocks}) * {kb};\n"
           f"      const int k1 = std::min(k0 + {kb}, {w.k});\n"
-          f"      for (int64_t e = rel_offsets[r]; e < rel_offsets[r + 1]; ++e) {{\n"
+          f"      const int64_t e0 = span(rel_offsets[r], 0, E);\n"
+          f"      const int64_t e1 = span(rel_offsets[r + 1], e0, E);\n"
+          f"      for (int64_t e = e0; e < e1; ++e) {{\n"
+          f"        if (!ok(e)) continue;\n"
           f"        const float sc = {_scale(w.scales)};\n"
           f"        const auto l = in{w.left.slot} + {_row(w.left)}{_plus_head(w.heads, w.k)};\n"
           f"        const auto rr = in{w.right.slot} + {_row(w.right)}{_plus_head(w.heads, w.n)};\n"
@@ -292,8 +319,10 @@ def _cpu_traversal(t: Traversal) -> str:
   value = _expr(t.expr, "f")
   if t.sink == "store":
     return (f"  parallel_for(rt, E, 1024, [&](int64_t lo, int64_t hi) {{\n"
-            f"    for (int64_t e = lo; e < hi; ++e)\n"
-            f"      for (int f = 0; f < {w}; ++f) out[e * {w} + f] = {value};\n"
+            f"    for (int64_t e = lo; e < hi; ++e) {{\n"
+            f"      const bool use = ok(e);\n"
+            f"      for (int f = 0; f < {w}; ++f) out[e * {w} + f] = use ? {value} : 0.0f;\n"
+            f"    }}\n"
             f"  }});\n  return 0;\n}}\n")
   if t.sink == "softmax":
     return _cpu_softmax(t, w, value)
@@ -308,8 +337,10 @@ def _cpu_traversal(t: Traversal) -> str:
               f"out + ((int64_t)etype[e] * N + i) * {w}")
   return (f"  parallel_for(rt, {count}, 64, [&](int64_t lo, int64_t hi) {{\n"
           f"    for (int64_t i = lo; i < hi; ++i) {{\n"
-          f"      for (int64_t q = {off}[i]; q < {off}[i + 1]; ++q) {{\n"
+          f"      const int64_t q0 = span({off}[i], 0, E), q1 = span({off}[i + 1], q0, E);\n"
+          f"      for (int64_t q = q0; q < q1; ++q) {{\n"
           f"        const int64_t e = {eids}[q];\n"
+          f"        if (!ok(e)) continue;\n"
           f"        float* __restrict__ o = {target};\n"
           f"        for (int f = 0; f < {w}; ++f) o[f] += {value};\n"
           f"      }}\n"
@@ -322,21 +353,24 @@ def _cpu_softmax(t: Traversal, w: int, value: str) -> str:
   off, eids = _groups(t.end)
   return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
           f"    for (int64_t i = lo; i < hi; ++i) {{\n"
-          f"      const int64_t q0 = {off}[i], q1 = {off}[i + 1];\n"
+          f"      const int64_t q0 = span({off}[i], 0, E), q1 = span({off}[i + 1], q0, E);\n"
           f"      for (int f = 0; f < {w}; ++f) {{\n"
           f"        float m = {_LOWEST};\n"
           f"        for (int64_t q = q0; q < q1; ++q) {{\n"
           f"          const int64_t e = {eids}[q];\n"
+          f"          if (!ok(e)) continue;\n"
           f"          m = std::max(m, {value});\n"
           f"        }}\n"
           f"        float sum = 0.0f;\n"
           f"        for (int64_t q = q0; q < q1; ++q) {{\n"
           f"          const int64_t e = {eids}[q];\n"
+          f"          if (!ok(e)) continue;\n"
           f"          const float x = expf({value} - m);\n"
           f"          out[e * {w} + f] = x;\n"
           f"          sum += x;\n"
           f"        }}\n"
-          f"        for (int64_t q = q0; q < q1; ++q) out[(int64_t){eids}[q] * {w} + f] /= sum;\n"
+          f"        for (int64_t q = q0; q < q1; ++q)\n"
+          f"          if (ok({eids}[q])) out[(int64_t){eids}[q] * {w} + f] /= sum;\n"
           f"      }}\n"
           f"    }}\n  }});\n  return 0;\n}}\n")
 
@@ -350,8 +384,11 @@ def _cpu_relation_sum(w: int, value: str) -> str:
           f"      const int64_t r = task / {blocks};\n"
           f"      const int f0 = int(task % {blocks}) * {fb}, f1 = std::min(f0 + {fb}, {w});\n"
           f"      float* __restrict__ o = out + r * {w};\n"
-          f"      for (int64_t e = rel_offsets[r]; e < rel_offsets[r + 1]; ++e)\n"
-          f"        for (int f = f0; f < f1; ++f) o[f] += {value};\n"
+          f"      const int64_t e0 = span(rel_offsets[r], 0, E);\n"
+          f"      const int64_t e1 = span(rel_offsets[r + 1], e0, E);\n"
+          f"      for (int64_t e = e0; e < e1; ++e)\n"
+          f"        if (ok(e))\n"
+          f"          for (int f = f0; f < f1; ++f) o[f] += {value};\n"
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
@@ -452,8 +489,8 @@ def _cuda_gemm(g: Gemm) -> str:
 #pragma unroll
   for (int i = 0; i < 4; ++i) {{
     const int64_t e = e0 + ty * 4 + i;
-    if (e >= e1) continue;
-    const float sc = {_scale(g.scales)};
+    if (e < 0 || e >= e1) continue;
+    const float sc = arow[ty * 4 + i] >= 0 ? {_scale(g.scales)} : 0.0f;
 #pragma unroll
     for (int j = 0; j < {tn}; ++j) {{
       const int n = cb * {bn} + tx * {tn} + j;
@@ -471,7 +508,7 @@ def _cuda_gemm(g: Gemm) -> str:
   for (int i = 0; i < 4; ++i) {{
     const int row = ty * 4 + i;
     const int64_t e = e0 + row;
-    const float sc = e < e1 ? {_scale(g.scales)} : 0.0f;
+    const float sc = arow[row] >= 0 ? {_scale(g.scales)} : 0.0f;
 #pragma unroll
     for (int j = 0; j < {tn}; ++j) Cs[row][tx * {tn} + j] = acc[i][j] * sc;
   }}
@@ -504,7 +541,7 @@ def _cuda_gemm(g: Gemm) -> str:
   if (tile >= tiles[R]) return;
 {_FIND_RELATION}\
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {bm};
-  const int64_t e1 = rel_offsets[r + 1];
+  const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
   __shared__ __align__(16) float smem[{max(ab_floats, c_floats)}];
   float (*As)[{bm} + 4] = reinterpret_cast<float (*)[{bm} + 4]>(smem);
   float (*Bs)[{bn} + 4] = reinterpret_cast<float (*)[{bn} + 4]>(smem + {bk * (bm + 4)});
@@ -512,7 +549,7 @@ def _cuda_gemm(g: Gemm) -> str:
   const int tid = threadIdx.x;
   for (int i = tid; i < {bm}; i += {threads}) {{
     const int64_t e = e0 + i;
-    arow[i] = e < e1 ? {a_base} : -1;
+    arow[i] = e < e1 && ok(e) ? {a_base} : -1;
   }}
   const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
   float acc[4][{tn}] = {{{{0}}}};
@@ -574,7 +611,7 @@ def _cuda_wgrad(w: WeightGrad) -> str:
   if (tile >= tiles[R]) return;
 {_FIND_RELATION}\
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {be};
-  const int64_t e1 = min(e0 + {be}, (int64_t)rel_offsets[r + 1]);
+  const int64_t e1 = min(min(e0 + {be}, (int64_t)rel_offsets[r + 1]), E);
   __shared__ float Ls[{bk}][{bm} + 4];
   __shared__ float Rs[{bk}][{bn} + 4];
   const int tid = threadIdx.x;
@@ -587,13 +624,14 @@ def _cuda_wgrad(w: WeightGrad) -> str:
     for (int t = 0; t < {bk * bm // threads}; ++t) {{
       const int idx = tid + t * {threads}, k = kb * {bm} + idx % {bm};
       const int64_t e = c + idx / {bm};
-      rl[t] = (e < e1 && k < {w.k}) ? ldf(in{w.left.slot} + {lrow} + k) : 0.0f;
+      rl[t] = (e < e1 && k < {w.k} && ok(e)) ? ldf(in{w.left.slot} + {lrow} + k) : 0.0f;
     }}
 #pragma unroll
     for (int t = 0; t < {bk * bn // threads}; ++t) {{
       const int idx = tid + t * {threads}, n = nb * {bn} + idx % {bn};
       const int64_t e = c + idx / {bn};
-      rr[t] = (e < e1 && n < {w.n}) ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
+      rr[t] = (e < e1 && n < {w.n} && ok(e))
+          ? ldf(in{w.right.slot} + {rrow} + n) * ({_scale(w.scales)}) : 0.0f;
     }}
   }};
   fetch(e0);
@@ -637,12 +675,15 @@ def _cuda_traversal(t: Traversal) -> str:
     return _cuda_relation_sum(w, value)
   if t.sink == "store":
     write = f"out[e * {w} + f] = v;"
+    skip = f"{{ out[e * {w} + f] = 0.0f; continue; }}"
   elif t.sink == "aggregate":
     write = f"atomicAdd(out + (int64_t){t.end}[e] * {w} + f, v);"
   elif t.sink == "pair":
     write = f"atomicAdd(out + (int64_t)pair[e] * {w} + f, v);"
   else:
     write = f"atomicAdd(out + ((int64_t)etype[e] * N + {t.end}[e]) * {w} + f, v);"
+  if t.sink != "store":
+    skip = "continue;"
   return f"""\
   const int64_t total = E * {w};
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
@@ -650,6 +691,7 @@ def _cuda_traversal(t: Traversal) -> str:
     const int64_t e = t / {w};
     const int f = int(t % {w});
     (void)f;
+    if (!ok(e)) {skip}
     const float v = {value};
     {write}
   }}
@@ -681,7 +723,8 @@ def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
 
   def walk(first: str, step: str, reduce: str) -> str:
     """The three passes over a node's edges q0 <= q < q1, lanes from `first` by `step`."""
-    loop = f"for (int64_t q = q0 + {first}; q < q1; q += {step}) {{\n  const int64_t e = {eids}[q];"
+    loop = (f"for (int64_t q = q0 + {first}; q < q1; q += {step}) {{\n"
+            f"  const int64_t e = {eids}[q];\n  if (!ok(e)) continue;")
     return f"""\
 {each(f"{{ m[f] = {_LOWEST}; s[f] = 0.0f; }}")}
 {loop}
@@ -716,13 +759,14 @@ __syncthreads();  // every warp has read red before the next node writes it"""
   float m[{w}], s[{w}];
   for (int64_t base = blockIdx.x * {warps}ll; base < N; base += gridDim.x * {warps}ll) {{
     if (base + warp < N) {{  // a warp per light node
-      const int64_t i = base + warp, q0 = {off}[i], q1 = {off}[i + 1];
+      const int64_t i = base + warp;
+      const int64_t q0 = span({off}[i], 0, E), q1 = span({off}[i + 1], q0, E);
       if (q1 - q0 <= {SOFTMAX_BLOCK_DEGREE}) {{
 {textwrap.indent(walk("lane", "32", warp_reduce), " " * 8)}\
       }}
     }}
     for (int64_t i = base; i < base + {warps} && i < N; ++i) {{  // the block per heavy node
-      const int64_t q0 = {off}[i], q1 = {off}[i + 1];
+      const int64_t q0 = span({off}[i], 0, E), q1 = span({off}[i + 1], q0, E);
       if (q1 - q0 <= {SOFTMAX_BLOCK_DEGREE}) continue;
 {textwrap.indent(walk("threadIdx.x", str(threads), block_reduce), " " * 6)}\
     }}
@@ -746,6 +790,7 @@ def _cuda_relation_sum(w: int, value: str) -> str:
   int64_t run = -1;
   float sum = 0.0f;
   for (int64_t e = lo; e < hi; ++e) {{
+    if (!ok(e)) continue;
     const int64_t r = etype[e];
     if (r != run) {{
       if (run >= 0) atomicAdd(out + run * {w} + f, sum);

@@ -133,6 +133,7 @@ class Layer:
   def _check(self, graph, inputs):
     if not isinstance(graph, GraphArrays):
       raise TypeError(f"graph must be a hector.GraphArrays, got {type(graph).__name__}")
+    graph.check_structure()
     missing = set(self.kinds) - set(inputs)
     extra = set(inputs) - set(self.kinds)
     if missing or extra:

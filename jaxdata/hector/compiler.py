@@ -7,8 +7,14 @@ CPU kernels are built into shared libraries by the system C++ compiler (``$CXX``
 The cache lives in ``$JAXDATA_CACHE_DIR`` (default ``~/.cache/jaxdata``), under ``hector/``. An
 entry is ``<key>.so`` or ``<key>.cubin`` with the source beside it (``<key>.cc`` / ``<key>.cu``,
 for reading) and ``<key>.sha256``, the digest of the binary: an entry whose binary does not match
-its digest (a torn write, a corrupted disk) is rebuilt, never loaded. Entries are written to a
-temporary name and renamed into place, so concurrent processes never see half a file.
+its digest (a torn write, a corrupted disk) is rebuilt, never loaded; so is an entry that
+matches its digest but cannot be loaded (`load` fails: a foreign or truncated binary with a
+digest written for it), once: if the rebuilt binary cannot be loaded either, `CompileError`
+says why. Entries are written to a temporary name and renamed into place, so concurrent
+processes never see half a file.
+
+A compiler that fails, cannot be run (``CXX=/nonexistent``) or reports success without writing
+its output (``CXX=/bin/true``) raises `CompileError` naming it.
 """
 from __future__ import annotations
 
@@ -32,7 +38,8 @@ class CompilerNotFoundError(RuntimeError):
 
 
 class CompileError(RuntimeError):
-  """A generated kernel did not compile (a bug in jaxdata: the message holds the log)."""
+  """A generated kernel did not compile or load: the message names the compiler and holds its
+  log (with a working compiler, a bug in jaxdata)."""
 
 
 def cache_dir() -> Path:
@@ -58,9 +65,11 @@ def _write_atomic(path: Path, data: bytes):
     raise
 
 
-def cached(key_parts: tuple[str, ...], suffix: str, source: str, build) -> Path:
+def cached(key_parts: tuple[str, ...], suffix: str, source: str, build, load=None) -> Path:
   """The cached binary for `source`, building it with `build(source_path, out_path)` if absent or
   corrupt. `key_parts` identify everything else that shapes the binary (compiler, flags, arch).
+  `load(path)`, if given, loads the binary; an entry found on disk that fails to load is rebuilt
+  once, and a fresh build that fails to load raises `CompileError`.
 
   The key leaves out a leading ``//`` comment line: generated kernels name their instance there
   with IR value ids (``%98``), which depend on the order a process traced its layers in, so the
@@ -71,22 +80,60 @@ def cached(key_parts: tuple[str, ...], suffix: str, source: str, build) -> Path:
   binary, digest = d / f"{key}{suffix}", d / f"{key}.sha256"
   if binary.exists() and digest.exists():
     if _digest(binary.read_bytes()) == digest.read_text().strip():
-      return binary
-    warnings.warn(f"jaxdata.hector: cache entry {binary} is corrupt; rebuilding it", stacklevel=3)
+      try:
+        if load is not None:
+          load(binary)
+        return binary
+      except (OSError, RuntimeError) as e:
+        warnings.warn(f"jaxdata.hector: cache entry {binary} cannot be loaded ({e}); rebuilding "
+                      "it", stacklevel=3)
+    else:
+      warnings.warn(f"jaxdata.hector: cache entry {binary} is corrupt; rebuilding it",
+                    stacklevel=3)
   src_path = d / f"{key}{'.cu' if suffix == '.cubin' else '.cc'}"
   _write_atomic(src_path, source.encode())
   with tempfile.TemporaryDirectory(dir=d) as tmp:
     out = Path(tmp) / f"kernel{suffix}"
     build(src_path, out)
+    if not out.is_file() or out.stat().st_size == 0:
+      raise CompileError(f"jaxdata.hector: the compiler reported success on {src_path} but wrote "
+                         f"no {suffix} file ({getattr(build, 'compiler', 'the compiler')})")
     data = out.read_bytes()
   _write_atomic(binary, data)
   _write_atomic(digest, _digest(data).encode())
+  if load is not None:
+    try:
+      load(binary)
+    except (OSError, RuntimeError) as e:
+      raise CompileError(f"jaxdata.hector: {binary}, freshly built from {src_path} by "
+                         f"{getattr(build, 'compiler', 'the compiler')}, cannot be loaded: {e}"
+                         ) from e
   return binary
+
+
+def _run_compiler(cmd: list[str], src: Path):
+  """Runs a compiler command; CompileError naming the compiler if it cannot run or fails."""
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+  except OSError as e:
+    raise CompileError(f"jaxdata.hector: cannot run the compiler {cmd[0]!r}: {e}") from e
+  if proc.returncode != 0:
+    raise CompileError(f"generated kernel {src} failed to compile with {cmd[0]}:\n"
+                       f"{' '.join(cmd)}\n{proc.stderr[-4000:]}")
 
 
 # ----------------------------------------------------------------------------- CPU
 def cxx() -> str:
-  for name in filter(None, (os.environ.get("CXX"), "c++", "g++", "clang++")):
+  """The C++ compiler: ``$CXX`` when set (CompileError if it is not an executable), else the
+  first of c++, g++, clang++ on PATH."""
+  named = os.environ.get("CXX")
+  if named:
+    found = shutil.which(named)
+    if found is None:
+      raise CompileError(f"jaxdata.hector: $CXX={named!r} is not an executable C++ compiler; "
+                         "point $CXX at one, or unset it to use c++, g++ or clang++ from PATH")
+    return found
+  for name in ("c++", "g++", "clang++"):
     found = shutil.which(name)
     if found:
       return found
@@ -107,17 +154,14 @@ def _cpu_identity() -> tuple[str, ...]:
   return (cpu,) + CPU_FLAGS
 
 
-def compile_cpu(source: str) -> Path:
-  """Path of a shared library built from `source` (cached)."""
+def compile_cpu(source: str, load=None) -> Path:
+  """Path of a shared library built from `source` (cached; `load` as in `cached`)."""
 
   def build(src: Path, out: Path):
-    cmd = [cxx(), *CPU_FLAGS, str(src), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-      raise CompileError(f"generated kernel {src} failed to compile:\n{' '.join(cmd)}\n"
-                         f"{proc.stderr[-4000:]}")
+    build.compiler = cxx()
+    _run_compiler([build.compiler, *CPU_FLAGS, str(src), "-o", str(out)], src)
 
-  return cached(_cpu_identity(), ".so", source, build)
+  return cached(_cpu_identity(), ".so", source, build, load)
 
 
 # ----------------------------------------------------------------------------- CUDA
@@ -160,6 +204,7 @@ def _nvrtc_build(lib, arch: int):
 
   def build(src: Path, out: Path):
     prog = ctypes.c_void_p()
+    build.compiler = "NVRTC"
 
     def check(status, what):
       if status != 0:
@@ -191,25 +236,23 @@ def _nvrtc_build(lib, arch: int):
 def _nvcc_build(nvcc: str, arch: int):
 
   def build(src: Path, out: Path):
-    cmd = [nvcc, "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", str(src), "-o",
-           str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-      raise CompileError(f"generated kernel {src} failed to compile:\n{' '.join(cmd)}\n"
-                         f"{proc.stderr[-4000:]}")
+    build.compiler = nvcc
+    _run_compiler([nvcc, "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", str(src),
+                   "-o", str(out)], src)
 
   return build
 
 
-def compile_cuda(source: str, arch: int) -> Path:
-  """Path of a cubin for compute capability `arch` (e.g. 90) built from `source` (cached)."""
+def compile_cuda(source: str, arch: int, load=None) -> Path:
+  """Path of a cubin for compute capability `arch` (e.g. 90) built from `source` (cached;
+  `load` as in `cached`)."""
   lib = nvrtc()
   if lib is not None:
     return cached(("nvrtc", _nvrtc_version(lib), str(arch)), ".cubin", source,
-                  _nvrtc_build(lib, arch))
+                  _nvrtc_build(lib, arch), load)
   nvcc = shutil.which("nvcc")
   if nvcc is not None:
-    return cached(("nvcc", nvcc, str(arch)), ".cubin", source, _nvcc_build(nvcc, arch))
+    return cached(("nvcc", nvcc, str(arch)), ".cubin", source, _nvcc_build(nvcc, arch), load)
   raise CompilerNotFoundError(
       "jaxdata.hector compiles its CUDA kernels at run time and found neither NVRTC nor nvcc: "
       "install the NVRTC wheel (`pip install nvidia-cuda-nvrtc`, which `jax[cuda13]` brings) or "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +32,17 @@ _PAIR_FIELDS = ["pair", "pair_offsets", "pair_edges", "pair_src", "pair_etype",
                 "pair_rel_offsets", "pair_csr_offsets", "pair_csr_edges"]
 
 
+_INDEX_FIELDS = [f for f in _EDGE_FIELDS + _PAIR_FIELDS if f != "norm"]
+#: each array's length, from the graph's sizes (E edges, N nodes, R relations, P pairs)
+_LENGTHS = {"src": "E", "dst": "E", "etype": "E", "norm": "E", "rel_offsets": "R+1",
+            "csr_offsets": "N+1", "csr_edges": "E", "csc_offsets": "N+1", "csc_edges": "E",
+            "pair": "E", "pair_offsets": "P+1", "pair_edges": "E", "pair_src": "P",
+            "pair_etype": "P", "pair_rel_offsets": "R+1", "pair_csr_offsets": "N+1",
+            "pair_csr_edges": "P"}
+
+
 @functools.partial(jax.tree_util.register_dataclass, data_fields=_EDGE_FIELDS + _PAIR_FIELDS,
-                   meta_fields=["num_nodes", "num_relations"])
+                   meta_fields=["num_nodes", "num_relations", "node_type_offsets"])
 @dataclasses.dataclass(frozen=True)
 class GraphArrays:
   """A relational graph as the generated kernels read it: device arrays plus static sizes.
@@ -46,6 +56,25 @@ class GraphArrays:
   (`pair_rel_offsets`), with a CSR view by source (`pair_csr_offsets`, `pair_csr_edges`: pair
   ids per node); edge e belongs to pair ``pair[e]`` and the edges of pair u are
   ``pair_edges[pair_offsets[u]:pair_offsets[u + 1]]``.
+
+  `node_type_offsets` (static, a tuple, or None for one node type): node type t owns the ids
+  ``node_type_offsets[t]:node_type_offsets[t + 1]``; layers that take features per node type
+  check their rows against it.
+
+  Validated on construction (so also by `dataclasses.replace` and pytree unflattening): the
+  index arrays must be int32 and `norm` float32, each of its length (always checked, also on
+  tracers); when the arrays are concrete, every id must be in range (``src``/``dst`` in
+  ``[0, num_nodes)``, ``etype`` in ``[0, num_relations)``, ...), every offsets array must rise
+  from 0 to its total, and the views must agree with the edges. A ValueError names the field.
+  A concrete set of arrays is checked once (repeated unflattening of the same arrays is free).
+
+  Out-of-range ids that reach a kernel without this check (arrays computed under `jax.jit`, or
+  fields set behind the dataclass's back) are safe: **an edge whose ``src`` or ``dst`` is
+  outside ``[0, num_nodes)``, whose ``etype`` is outside ``[0, num_relations)`` or whose
+  ``pair`` is outside ``[0, num_pairs)`` contributes nothing** (no message, no attention
+  weight, no gradient; its edge-wise values are 0), and offsets are clamped to their arrays.
+  Views that disagree with the edges give unspecified values but never read or write out of
+  bounds.
   """
   src: jax.Array
   dst: jax.Array
@@ -66,6 +95,13 @@ class GraphArrays:
   pair_csr_edges: jax.Array
   num_nodes: int
   num_relations: int
+  node_type_offsets: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    _check_sizes(self)
+    if self._arrays_are_values():
+      self.check_structure()
+      _check_values_once(self)
 
   @classmethod
   def from_graph(cls, graph, *, norm: str | np.ndarray = "mean", device=None) -> GraphArrays:
@@ -79,10 +115,12 @@ class GraphArrays:
     csc_off, csc_e = graph.csc()
     pairs = unique_pairs(graph.src, graph.etype, graph.num_nodes, graph.num_relations)
     i32 = lambda a: jax.device_put(np.asarray(a, np.int32), device)  # noqa: E731
+    types = graph.node_type_offsets
     return cls(i32(graph.src), i32(graph.dst), i32(graph.etype),
                jax.device_put(n.astype(np.float32), device), i32(graph.relation_offsets),
                i32(csr_off), i32(csr_e), i32(csc_off), i32(csc_e), *map(i32, pairs),
-               int(graph.num_nodes), int(graph.num_relations))
+               int(graph.num_nodes), int(graph.num_relations),
+               None if types is None else tuple(int(t) for t in types))
 
   @property
   def num_edges(self) -> int:
@@ -93,6 +131,53 @@ class GraphArrays:
     """The number of unique (source node, relation) pairs: the rows of a compact value."""
     return self.pair_src.shape[0]
 
+  def node_type_rows(self) -> tuple[int, ...] | None:
+    """The number of nodes of each type (None when the graph does not say)."""
+    t = self.node_type_offsets
+    return None if t is None else tuple(b - a for a, b in zip(t[:-1], t[1:]))
+
+  def check_node_type_rows(self, rows, who: str) -> None:
+    """ValueError (from `who`) unless `rows[t]`, the feature rows given for node type t, is the
+    graph's number of nodes of type t (checked only when the graph has node-type offsets)."""
+    want = self.node_type_rows()
+    rows = tuple(int(r) for r in rows)
+    if want is not None and rows != want:
+      raise ValueError(f"{who}: feature rows per node type {list(rows)} do not match the "
+                       f"graph's node types {list(want)} (node_type_offsets="
+                       f"{list(self.node_type_offsets)})")
+
+  def check_structure(self) -> None:
+    """ValueError unless every array has its dtype and length (works on tracers: shapes and
+    dtypes only). Run before every kernel, since fields can be replaced behind the dataclass's
+    back; the kernels rely on it to bound their loops."""
+    sizes = {"E": _common_length(self, "E"), "N": self.num_nodes, "R": self.num_relations,
+             "P": _common_length(self, "P")}
+    for f in _EDGE_FIELDS + _PAIR_FIELDS:
+      a = getattr(self, f)
+      want_dtype = np.float32 if f == "norm" else np.int32
+      dtype = getattr(a, "dtype", None)
+      if dtype is None or np.dtype(dtype) != want_dtype:
+        raise ValueError(f"hector.GraphArrays: {f} must be a {np.dtype(want_dtype)} array, got "
+                         f"{type(a).__name__} of dtype {dtype}")
+      spec = _LENGTHS[f]
+      n = sizes[spec[0]] + (1 if spec.endswith("+1") else 0)
+      if tuple(np.shape(a)) != (n,):
+        raise ValueError(f"hector.GraphArrays: {f} must have shape ({spec} = {n},), got "
+                         f"{tuple(np.shape(a))}")
+
+  def _arrays_are_values(self) -> bool:
+    """Whether the fields hold arrays of this graph (not a pytree of cotangents, specs or
+    placeholders that JAX builds by unflattening, e.g. float0 zeros or None). Python
+    sequences count as values, so that they are rejected rather than let through."""
+    fields = [getattr(self, f) for f in _EDGE_FIELDS + _PAIR_FIELDS]
+    if any(isinstance(a, (list, tuple)) for a in fields):
+      return True
+    for a in fields:
+      dtype = getattr(a, "dtype", None)
+      if dtype is None or dtype == jax.dtypes.float0:
+        return False
+    return True
+
   def view(self, domain: str) -> list[jax.Array]:
     """The first nine graph operands of a kernel over `domain` ("edge", or "compact": the pairs
     stand in for the edges; they have no destination, so `dst` and the CSC view repeat the
@@ -102,6 +187,118 @@ class GraphArrays:
               self.pair_csr_offsets, self.pair_csr_edges, self.pair_csr_offsets,
               self.pair_csr_edges]
     return [getattr(self, f) for f in _EDGE_FIELDS]
+
+
+def _common_length(ga: GraphArrays, size: str) -> int:
+  """E or P as most of the arrays sized by it say (so that an error names the odd one out)."""
+  lengths = []
+  for f, spec in _LENGTHS.items():
+    shape = tuple(np.shape(getattr(ga, f)))
+    if spec[0] == size and len(shape) == 1:
+      lengths.append(shape[0] - (1 if spec.endswith("+1") else 0))
+  return max(set(lengths), key=lengths.count) if lengths else -1
+
+
+def _check_sizes(ga: GraphArrays) -> None:
+  """The static fields: sizes are ints in range, node-type offsets rise from 0 to num_nodes."""
+  for f in ("num_nodes", "num_relations"):
+    v = getattr(ga, f)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 2**31:
+      raise ValueError(f"hector.GraphArrays: {f} must be an int in [0, 2**31), got {v!r}")
+    object.__setattr__(ga, f, int(v))
+  t = ga.node_type_offsets
+  if t is not None:
+    t = tuple(int(x) for x in t)
+    if len(t) < 2 or t[0] != 0 or t[-1] != ga.num_nodes or any(b < a for a, b in zip(t, t[1:])):
+      raise ValueError(f"hector.GraphArrays: node_type_offsets must rise from 0 to num_nodes="
+                       f"{ga.num_nodes}, got {list(t)}")
+    object.__setattr__(ga, "node_type_offsets", t)
+
+
+def _is_concrete(a) -> bool:
+  return isinstance(a, np.ndarray) or (isinstance(a, jax.Array) and
+                                       not isinstance(a, jax.core.Tracer))
+
+
+#: arrays already checked: key -> weak references to them (a hit needs the same live objects)
+_CHECKED: dict[tuple, tuple] = {}
+_CHECKED_MAX = 64
+
+
+def _check_values_once(ga: GraphArrays) -> None:
+  """`_check_values` when the arrays are concrete and this set of arrays was not checked yet."""
+  arrays = [getattr(ga, f) for f in _EDGE_FIELDS + _PAIR_FIELDS]
+  if not all(_is_concrete(a) for a in arrays):
+    return  # traced: shapes and dtypes were checked; values are the kernels' to survive
+  key = (ga.num_nodes, ga.num_relations) + tuple(id(a) for a in arrays)
+  refs = _CHECKED.get(key)
+  if refs is not None and all(r() is a for r, a in zip(refs, arrays)):
+    return
+  _check_values(ga)
+  try:
+    refs = tuple(weakref.ref(a) for a in arrays)
+  except TypeError:  # NumPy arrays of some kinds cannot be weakly referenced: check each time
+    return
+  if len(_CHECKED) >= _CHECKED_MAX:
+    _CHECKED.pop(next(iter(_CHECKED)))
+  _CHECKED[key] = refs
+
+
+def _check_values(ga: GraphArrays) -> None:
+  """ValueError naming the field unless every id is in range and the views agree."""
+  a = {f: np.asarray(getattr(ga, f)) for f in _INDEX_FIELDS}
+  n, r, e, p = ga.num_nodes, ga.num_relations, len(a["src"]), len(a["pair_src"])
+
+  def ids(f, bound, what):
+    x = a[f]
+    bad = np.flatnonzero((x < 0) | (x >= bound))
+    if bad.size:
+      raise ValueError(f"hector.GraphArrays: {f} holds ids outside [0, {what}={bound}): "
+                       f"{f}[{bad[0]}] = {x[bad[0]]} ({bad.size} such)")
+
+  def offsets(f, total, what):
+    x = a[f]
+    if x[0] != 0 or x[-1] != total or np.any(np.diff(x) < 0):
+      raise ValueError(f"hector.GraphArrays: {f} must rise from 0 to {what}={total}, got "
+                       f"{x[:4].tolist()}...{x[-2:].tolist()}")
+
+  def sorted_by(key_f, off_f, groups, members=None):
+    """The members (the rows themselves, or the ids listed in `members`) of group g are
+    `off_f[g]:off_f[g + 1]` and have key g."""
+    key = a[key_f] if members is None else a[key_f][a[members]]
+    if not np.array_equal(key, np.repeat(np.arange(groups), np.diff(a[off_f]))):
+      raise ValueError(f"hector.GraphArrays: {members or key_f} disagrees with {off_f} (the "
+                       f"{key_f} of its rows)")
+
+  def permutation(f, total):
+    ids(f, total, "its length")
+    if np.any(np.bincount(a[f], minlength=total) != 1):
+      raise ValueError(f"hector.GraphArrays: {f} must list each id exactly once")
+
+  ids("src", n, "num_nodes")
+  ids("dst", n, "num_nodes")
+  ids("etype", r, "num_relations")
+  offsets("rel_offsets", e, "num_edges")
+  sorted_by("etype", "rel_offsets", r)
+  for off, members, end in (("csr_offsets", "csr_edges", "src"),
+                            ("csc_offsets", "csc_edges", "dst")):
+    offsets(off, e, "num_edges")
+    permutation(members, e)
+    sorted_by(end, off, n, members)
+  ids("pair", p, "num_pairs")
+  ids("pair_src", n, "num_nodes")
+  ids("pair_etype", r, "num_relations")
+  offsets("pair_offsets", e, "num_edges")
+  permutation("pair_edges", e)
+  sorted_by("pair", "pair_offsets", p, "pair_edges")
+  for f, edge_f in (("pair_src", "src"), ("pair_etype", "etype")):
+    if not np.array_equal(a[f][a["pair"]], a[edge_f]):
+      raise ValueError(f"hector.GraphArrays: {f}[pair] disagrees with {edge_f}")
+  offsets("pair_rel_offsets", p, "num_pairs")
+  sorted_by("pair_etype", "pair_rel_offsets", r)
+  offsets("pair_csr_offsets", p, "num_pairs")
+  permutation("pair_csr_edges", p)
+  sorted_by("pair_src", "pair_csr_offsets", n, "pair_csr_edges")
 
 
 def _grouped(keys: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,6 +346,7 @@ kernel_p = Primitive("jaxdata_hector_kernel")
 
 def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) -> jax.Array:
   """Runs one generated kernel over its domain's view of the graph; returns its float32 output."""
+  graph.check_structure()  # the kernels bound their loops by these lengths
   rows = codegen.tile_rows(spec.kernel)
   ops = graph.view(spec.kernel.domain)
   # Only the CUDA GEMMs read row tiles; the others get a placeholder of the same dtype.
@@ -187,13 +385,14 @@ def _lower(ctx, *operands, spec: KernelSpec, target: str):
   num_pairs = ctx.avals_in[11].shape[0] - 1
   grid, block, max_tiles = 0, 0, 0
   if target == "cpu":
-    ext.hector_load_cpu_kernel(kid, str(compiler.compile_cpu(src)), "jaxdata_hector_kernel")
+    compiler.compile_cpu(src, load=lambda path: ext.hector_load_cpu_kernel(
+        kid, str(path), "jaxdata_hector_kernel"))
   else:
     arch = ext.cuda_compute_capability()
     if arch == 0:
       raise RuntimeError("hector: lowering for CUDA but the extension sees no CUDA device")
-    cubin = compiler.compile_cuda(src, arch).read_bytes()
-    ext.hector_load_cuda_kernel(kid, cubin, "jaxdata_hector_kernel")
+    compiler.compile_cuda(src, arch, load=lambda path: ext.hector_load_cuda_kernel(
+        kid, path.read_bytes(), "jaxdata_hector_kernel"))
     rows = codegen.tile_rows(spec.kernel)
     max_tiles = -(-num_edges // rows) + num_relations if rows else 0
     grid, block = codegen.launch(spec.kernel, max_tiles, num_edges, num_nodes)

@@ -76,7 +76,8 @@ class HGT(nnx.Module):
     self.passes = select_passes(passes)
 
   def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array]) -> list[jax.Array]:
-    """xs[t]: ``[N_t, d_t]``, types in id order (sum of N_t = the graph's nodes). Returns one
+    """xs[t]: ``[N_t, d_t]``, types in id order (sum of N_t = the graph's nodes; when the graph
+    has node types, N_t must be its type t's count: ValueError otherwise). Returns one
     ``[N_t, out_features]`` array per type."""
     if len(xs) != len(self.in_features):
       raise ValueError(f"HGT: {len(xs)} feature arrays for {len(self.in_features)} node types")
@@ -84,6 +85,7 @@ class HGT(nnx.Module):
     if widths != self.in_features:
       raise ValueError(f"HGT: feature widths {widths}, expected {self.in_features}")
     rows = [x.shape[0] for x in xs]
+    graph.check_node_type_rows(rows, "HGT")  # a wrong split would mix up the types' weights
     if sum(rows) != graph.num_nodes:
       raise ValueError(f"HGT: {sum(rows)} feature rows for a graph of {graph.num_nodes} nodes")
     xs = [x.astype(self.dtype) for x in xs]

@@ -78,6 +78,7 @@ class RGATClassifier(nnx.Module):
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
 
   def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
+    graph.check_node_type_rows([x.shape[0] for x in xs], "RGATClassifier")
     x = jnp.concatenate([lin(x) for lin, x in zip(self.embed, xs)])
     x = jax.nn.relu(self.conv1(graph, x))
     x = jax.nn.relu(self.conv2(graph, x))

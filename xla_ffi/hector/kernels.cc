@@ -34,7 +34,11 @@ void LoadCpuKernel(int64_t id, const std::string& path, const std::string& symbo
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) throw std::runtime_error("cannot load " + path + ": " + dlerror());
   void* fn = dlsym(lib, symbol.c_str());
-  if (fn == nullptr) throw std::runtime_error(path + " has no symbol " + symbol);
+  if (fn == nullptr) {
+    // Unloaded again, so that a rebuilt library at the same path is really opened next time.
+    dlclose(lib);
+    throw std::runtime_error(path + " has no symbol " + symbol);
+  }
   r.cpu[id] = reinterpret_cast<jaxdata_cpu_kernel>(fn);
 }
 
@@ -59,6 +63,7 @@ void LoadCudaKernel(int64_t id, const std::string& image, const std::string& nam
   cudaKernel_t kernel;
   err = cudaLibraryGetKernel(&kernel, lib, name.c_str());
   if (err != cudaSuccess) {
+    cudaLibraryUnload(lib);
     throw std::runtime_error("kernel " + name + ": " + cudaGetErrorString(err));
   }
   r.cuda[id] = reinterpret_cast<const void*>(kernel);
