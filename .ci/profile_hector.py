@@ -15,7 +15,11 @@ import sys
 
 import jax
 
-from jaxdata.bench import rgnn, rgnn_attention, rgnn_peers as peers
+from jaxdata.bench import rgnn, rgnn_attention
+
+from jaxdata.bench import rgnn_peers as peers
+
+from jaxdata.reference import rgcn as rgcn_ref
 
 
 def main(model: str, graph: str, dim: int) -> None:
@@ -71,7 +75,7 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
   from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
   g, why = rgnn.load_graph(graph, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
   assert g is not None, why
-  edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+  edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
                                  num_relations=g.num_relations, norm=g.norm)
   for dim in map(int, dims.split(",")):
     x, w, ct = jax.device_put(rgnn.case_arrays(g, dim), jax.devices()[0])

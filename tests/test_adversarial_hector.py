@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from isolation import run_isolated
 from jaxdata import hector
-from jaxdata.bench import attention_peers, rgnn_peers
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph
 
 N, R, MAX_E = 16, 4, 48
@@ -98,17 +98,17 @@ def hector_outputs(ga):
 
 @jax.jit
 def reference_outputs(src, dst, etype, norm):
-  """The same in float64 plain JAX (attention_peers / rgnn_peers, per-edge formulations)."""
+  """The same in float64 plain JAX (jaxdata.reference, per-edge formulations)."""
   src, dst, etype = (a.astype(jnp.int32) for a in (src, dst, etype))
   norm = jnp.asarray(norm, jnp.float64)
   p = {k: jnp.asarray(v, jnp.float64) for k, v in P.items()}
 
   def rgcn(x, w):
-    return rgnn_peers.per_edge_weights(src, dst, etype, norm, N_ALL, x, w)
+    return rgcn_ref.per_edge_weights(src, dst, etype, norm, N_ALL, x, w)
 
   def rgat(x, w, a_src, a_dst):
-    return attention_peers.RGAT["per-edge weights"](src, dst, etype, x,
-                                                    attention_peers.RGATParams(w, a_src, a_dst))
+    return attention_ref.RGAT["per-edge weights"](src, dst, etype, x,
+                                                    attention_ref.RGATParams(w, a_src, a_dst))
 
   return ([rgcn(p["x"], p["w"]), rgat(p["x"], p["wa"], p["a_src"], p["a_dst"])]
           + list(jax.grad(lambda *a: jnp.vdot(rgcn(*a), p["ct"]), argnums=(0, 1))(p["x"], p["w"]))

@@ -1,4 +1,4 @@
-"""jaxdata.nn.RGAT and jaxdata.nn.HGT against attention_peers' plain-JAX layers given the same
+"""jaxdata.nn.RGAT and jaxdata.nn.HGT against jaxdata.reference.attention's plain-JAX layers given the same
 weights (HGT: PyG's HGTConv semantics), and `jaxdata train rgat|hgt` learning on a tiny
 synthetic ogbn-mag.
 
@@ -16,14 +16,14 @@ import pytest
 from flax import nnx
 
 from jaxdata import hector
-from jaxdata.bench import attention_peers as peers
+from jaxdata.reference import attention as attention_ref
 from jaxdata.data import synthetic_mag
 from jaxdata.nn import HGT, RGAT
 from jaxdata.train import attention
 
 HI = jax.lax.Precision.HIGHEST
 #: the plain-JAX HGT reference: float64-safe on every platform (no ragged_dot_general)
-HGT_REFERENCE = peers.HGT["per-edge weights"]
+HGT_REFERENCE = attention_ref.HGT["per-edge weights"]
 
 
 def highest():
@@ -41,16 +41,16 @@ def apply(layer, graph, x):
 def mag():
   """About 200 nodes of four types, 4,200 edges of eight relations, 4 classes."""
   ds = synthetic_mag(scale=1e-4, seed=0, num_classes=4)
-  return ds, hector.GraphArrays.from_graph(ds.graph), peers.Edges.from_graph(ds.graph)
+  return ds, hector.GraphArrays.from_graph(ds.graph), attention_ref.Edges.from_graph(ds.graph)
 
 
-def hgt_params(layer: HGT) -> peers.HGTParams:
-  """The layer's weights in attention_peers' layout (PyG's kqv_lin splits the same way)."""
+def hgt_params(layer: HGT) -> attention_ref.HGTParams:
+  """The layer's weights in jaxdata.reference.attention's layout (PyG's kqv_lin splits the same way)."""
   f = layer.heads * layer.head_features
   kernels = [lin.kernel[...] for lin in layer.kqv]
   biases = [lin.bias[...] for lin in layer.kqv]
   part = lambda arrays, i: tuple(a[..., i * f:(i + 1) * f] for a in arrays)  # noqa: E731
-  return peers.HGTParams(
+  return attention_ref.HGTParams(
       part(kernels, 0), part(biases, 0), part(kernels, 1), part(biases, 1), part(kernels, 2),
       part(biases, 2), tuple(lin.kernel[...] for lin in layer.out),
       tuple(lin.bias[...] for lin in layer.out), layer.w_att[...], layer.w_msg[...],
@@ -112,9 +112,9 @@ def test_hgt_layer_matches_pyg_hgtconv():
   layer = HGT([x.shape[1] for x in ds.features], 32, num_relations=ga.num_relations, heads=4,
               rngs=nnx.Rngs(2))
   randomize(layer, 5)
-  conv = peers.pyg_hgt_conv(jax.tree.map(np.asarray, hgt_params(layer)), types, relations,
+  conv = attention_ref.pyg_hgt_conv(jax.tree.map(np.asarray, hgt_params(layer)), types, relations,
                             device=torch.device("cpu"), dtype=torch.float64)
-  x_dict, edge_index_dict = peers.pyg_hetero_inputs(
+  x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(
       ds.graph.src, ds.graph.dst, ds.graph.etype,
       [torch.from_numpy(x.astype(np.float64)) for x in ds.features], types, relations,
       device=torch.device("cpu"))
@@ -154,8 +154,8 @@ def test_rgat_layer_matches_reference(device, passes):
   x = jnp.asarray(rng.standard_normal((ga.num_nodes, 12)), jnp.float32)
   plain = RGAT(12, 8, num_relations=ga.num_relations, heads=3, use_bias=False, passes=passes,
                rngs=nnx.Rngs(1))
-  params = peers.RGATParams(plain.weight[...], plain.a_src[...], plain.a_dst[...])
-  want = peers.RGAT["ragged_dot"](*edges, x, params, precision=HI)
+  params = attention_ref.RGATParams(plain.weight[...], plain.a_src[...], plain.a_dst[...])
+  want = attention_ref.RGAT["ragged_dot"](*edges, x, params, precision=HI)
   got = apply(plain, ga, x)
   assert got.shape == (ga.num_nodes, 24)
   np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
@@ -164,9 +164,9 @@ def test_rgat_layer_matches_reference(device, passes):
   full = RGAT(12, 8, num_relations=ga.num_relations, heads=3, concat=False, self_loop=True,
               passes=passes, rngs=nnx.Rngs(1))
   randomize(full, 3)
-  params = peers.RGATParams(full.weight[...], full.a_src[...], full.a_dst[...])
+  params = attention_ref.RGATParams(full.weight[...], full.a_src[...], full.a_dst[...])
   ref = lambda x, p, root, bias: (  # noqa: E731
-      (peers.RGAT["ragged_dot"](*edges, x, p, precision=HI)
+      (attention_ref.RGAT["ragged_dot"](*edges, x, p, precision=HI)
        + jnp.dot(x, root, precision=HI)).reshape(-1, 3, 8).mean(1) + bias)
   with highest():  # the self loop is a jnp.dot at the default precision
     got = apply(full, ga, x)
@@ -189,8 +189,8 @@ def test_rgat_layer_bfloat16(device):
                dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
   got = apply(layer, ga, x)
   assert got.dtype == jnp.bfloat16
-  params = peers.RGATParams(layer.weight[...], layer.a_src[...], layer.a_dst[...])
-  want = jax.jit(functools.partial(peers.RGAT["ragged_dot"], precision=HI))(
+  params = attention_ref.RGATParams(layer.weight[...], layer.a_src[...], layer.a_dst[...])
+  want = jax.jit(functools.partial(attention_ref.RGAT["ragged_dot"], precision=HI))(
       *edges, x.astype(jnp.float32), params)
   np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=3e-2, atol=3e-2)
 

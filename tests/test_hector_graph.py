@@ -14,7 +14,7 @@ from flax import nnx
 
 from isolation import run_isolated
 from jaxdata import hector
-from jaxdata.bench import attention_peers, rgnn_peers
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph
 from jaxdata.nn import HGT
 
@@ -177,11 +177,11 @@ def reference_without(g: HeteroGraph, drop: int):
   p = {k: jnp.asarray(v, jnp.float64) for k, v in _inputs().items()}
 
   def rgcn(x, w):
-    return rgnn_peers.per_edge_weights(src, dst, et, norm, N, x, w)
+    return rgcn_ref.per_edge_weights(src, dst, et, norm, N, x, w)
 
   def rgat(x, w, a_src, a_dst):
-    params = attention_peers.RGATParams(w, a_src, a_dst)
-    return attention_peers.RGAT["per-edge weights"](src, dst, et, x, params)
+    params = attention_ref.RGATParams(w, a_src, a_dst)
+    return attention_ref.RGAT["per-edge weights"](src, dst, et, x, params)
 
   out = [rgcn(p["x"], p["w"]), rgat(p["x"], p["wa"], p["a_src"], p["a_dst"])]
   out += jax.grad(lambda *a: jnp.vdot(rgcn(*a), p["ct"]), argnums=(0, 1))(p["x"], p["w"])

@@ -1,7 +1,7 @@
-"""jaxdata.hector HGT: generated kernels against the plain-JAX HGT of attention_peers, with every
+"""jaxdata.hector HGT: generated kernels against the plain-JAX HGT of jaxdata.reference.attention, with every
 pass on or off.
 
-attention_peers' HGT matches PyG's HGTConv (tests/test_attention_peers.py checks it against the
+jaxdata.reference.attention's HGT matches PyG's HGTConv (tests/test_reference_attention.py checks it against the
 real HGTConv). Here the same layer is built around `hector.hgt_message`: the per-type K/Q/V
 projections, the GELU, the output projection and the skip gate in plain JAX, the edge part
 (per-head relation matrices, prior, edge softmax, messages) in generated kernels, and outputs
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from jaxdata import hector
-from jaxdata.bench import attention_peers as peers
+from jaxdata.reference import attention as attention_ref
 from jaxdata.hector import compiler
 from jaxdata.hector.compiled import execute
 
@@ -34,10 +34,10 @@ TYPES = ((10, 6), (15, 7), (15, 3))
 HEADS, DK = 2, 3                     # d_out = H * d_k = 6: type 0 goes through the skip gate
 
 
-def random_params(rng, num_relations, dtype=jnp.float32) -> peers.HGTParams:
+def random_params(rng, num_relations, dtype=jnp.float32) -> attention_ref.HGTParams:
   """Random weights, biases, priors and skip logits (init_hgt's biases are zero, mu = skip = 1)."""
   f = HEADS * DK
-  p = peers.init_hgt(int(rng.integers(1 << 30)), in_features=[d for _, d in TYPES],
+  p = attention_ref.init_hgt(int(rng.integers(1 << 30)), in_features=[d for _, d in TYPES],
                      num_relations=num_relations, head_features=DK, heads=HEADS, dtype=dtype)
   noise = lambda shape: jnp.asarray(rng.standard_normal(shape) * 0.5, dtype)  # noqa: E731
   return p._replace(k_b=tuple(noise(f) for _ in TYPES), q_b=tuple(noise(f) for _ in TYPES),
@@ -51,7 +51,7 @@ def random_features(rng, dtype=jnp.float32):
   return [jnp.asarray(rng.standard_normal((n, d)), dtype) for n, d in TYPES]
 
 
-def hector_hgt(ga, xs, params: peers.HGTParams, passes):
+def hector_hgt(ga, xs, params: attention_ref.HGTParams, passes):
   """The HGT layer with its edge part in hector's kernels, node-level work in plain JAX."""
   dtype = xs[0].dtype
   proj = lambda ws, bs: jnp.concatenate(  # noqa: E731
@@ -72,7 +72,7 @@ def hector_hgt(ga, xs, params: peers.HGTParams, passes):
 
 
 def reference(edges, xs, params):
-  return peers.HGT["transform-all-then-gather"](*edges, xs, params, precision=HI)
+  return attention_ref.HGT["transform-all-then-gather"](*edges, xs, params, precision=HI)
 
 
 def value_and_grads(fn, xs, params, cts):
@@ -96,7 +96,7 @@ def assert_tree_close(got, want, what, **tol):
 def setup(seed=5):
   g = corner_case_graph(seed)
   assert g.num_nodes == sum(n for n, _ in TYPES)
-  return g, hector.GraphArrays.from_graph(g), peers.Edges.from_graph(g)
+  return g, hector.GraphArrays.from_graph(g), attention_ref.Edges.from_graph(g)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) -> libraries
-(host, hector, offload) -> ground (data, _ffi, sizes, timing). Every import in a module, at
+(host, hector, offload) -> ground (data, reference, _ffi, sizes, timing). Every import in a module, at
 top level or inside a function, is checked against its layer."""
 import ast
 import pathlib
@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxdata"
 APPS = ("jaxdata.cli", "jaxdata.command", "jaxdata.train", "jaxdata.bench")
 MODELS = ("jaxdata.nn",)
 LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload")
-GROUND = ("jaxdata.data", "jaxdata._ffi", "jaxdata.sizes", "jaxdata.timing")
+GROUND = ("jaxdata.data", "jaxdata.reference", "jaxdata._ffi", "jaxdata.sizes", "jaxdata.timing")
 #: What each layer may not import.
 FORBIDDEN = {MODELS: APPS, LIBRARIES: APPS + MODELS, GROUND: APPS + MODELS + LIBRARIES}
 

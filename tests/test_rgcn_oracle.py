@@ -11,6 +11,8 @@ import pytest
 
 from jaxdata.bench import rgnn_peers as peers
 
+from jaxdata.reference import rgcn as rgcn_ref
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch_geometric")
 
@@ -46,23 +48,23 @@ def jaxdata_formulation_or_skip(src, dst, etype, num_nodes, num_relations):
     pytest.skip(str(e))
 
 
-FORMULATIONS = [*peers.PLAIN_JAX, "jaxdata"]
+FORMULATIONS = [*rgcn_ref.PLAIN_JAX, "jaxdata"]
 
 
 def formulation(name, src, dst, etype, num_nodes, num_relations):
   if name == "jaxdata":
     return jaxdata_formulation_or_skip(src, dst, etype, num_nodes, num_relations)
-  edges = peers.EdgeArrays.build(src, dst, etype, num_nodes=num_nodes,
+  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=num_nodes,
                                  num_relations=num_relations, dtype=np.float64)
   return peers.plain_jax(name, edges, num_nodes)
 
 
 def pyg_reference(src, dst, etype, x, w, ct, **layer):
   """RGCNConv's output and gradients (x, W, and root/bias when given) as NumPy."""
-  conv = peers.pyg_conv(w, device=CPU, dtype=torch.float64, **layer)
-  edge_index, edge_type = peers.pyg_graph(src, dst, etype, CPU)
+  conv = rgcn_ref.pyg_conv(w, device=CPU, dtype=torch.float64, **layer)
+  edge_index, edge_type = rgcn_ref.pyg_graph(src, dst, etype, CPU)
   xt = None if x is None else torch.from_numpy(x).requires_grad_(True)
-  with peers.pyg_per_relation_mean():
+  with rgcn_ref.pyg_per_relation_mean():
     out = conv(xt, edge_index, edge_type)
   (out * torch.from_numpy(ct)).sum().backward()
   grads = {"w": conv.weight.grad.numpy()}
@@ -109,9 +111,9 @@ def test_featureless_matches_pyg(name):
   if name == "jaxdata":
     form, dtype, tol = formulation(name, src, dst, etype, n, r), np.float32, TOL32
   else:
-    edges = peers.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r,
+    edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r,
                                    dtype=np.float64)
-    form = peers.Formulation(name, lambda g, x, w: peers.featureless(*g, n, x, w), edges)
+    form = peers.Formulation(name, lambda g, x, w: rgcn_ref.featureless(*g, n, x, w), edges)
     dtype, tol = np.float64, TOL
   w, ct = jnp.asarray(w, dtype), jnp.asarray(ct, dtype)
   np.testing.assert_allclose(form.message(form.graph_args, None, w), want, **tol)
@@ -126,7 +128,7 @@ def test_full_layer_matches_pyg(featureless):
   """Self loop and bias (root_weight=True, bias=True) on top of the relational message."""
   rng, src, dst, etype = random_graph(4)
   n, r, d_in, d_out = 30, 6, 7, 5
-  edges = peers.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r, dtype=np.float64)
+  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r, dtype=np.float64)
   x = None if featureless else rng.standard_normal((n, d_in))
   w = rng.standard_normal((r, n if featureless else d_in, d_out))
   w_self = rng.standard_normal((n if featureless else d_in, d_out))
@@ -134,11 +136,11 @@ def test_full_layer_matches_pyg(featureless):
   ct = rng.standard_normal((n, d_out))
   want, want_grads = pyg_reference(src, dst, etype, x, w, ct, w_self=w_self, bias=bias)
 
-  message = peers.featureless if featureless else peers.transform_all_then_gather
+  message = rgcn_ref.featureless if featureless else rgcn_ref.transform_all_then_gather
   xj = None if x is None else jnp.asarray(x)
 
   def loss(w, w_self, bias, x):
-    out = peers.full_layer(message, *edges, n, x, w, w_self, bias)
+    out = rgcn_ref.full_layer(message, *edges, n, x, w, w_self, bias)
     return jnp.vdot(out, ct), out
 
   argnums = (0, 1, 2) if featureless else (0, 1, 2, 3)
@@ -158,7 +160,7 @@ def test_per_relation_mean_even_with_segment_matmul_requested():
   rng, src, dst, etype = random_graph(5)
   n, r = 30, 6
   x, w = rng.standard_normal((n, 3)), rng.standard_normal((r, 3, 2))
-  edges = peers.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r, dtype=np.float64)
+  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r, dtype=np.float64)
   saved = torch_geometric.backend.use_segment_matmul
   torch_geometric.backend.use_segment_matmul = True
   try:
@@ -166,5 +168,5 @@ def test_per_relation_mean_even_with_segment_matmul_requested():
     assert torch_geometric.backend.use_segment_matmul is True  # restored after the context
   finally:
     torch_geometric.backend.use_segment_matmul = saved
-  np.testing.assert_allclose(peers.ragged_dot(*edges, n, jnp.asarray(x), jnp.asarray(w)), want,
+  np.testing.assert_allclose(rgcn_ref.ragged_dot(*edges, n, jnp.asarray(x), jnp.asarray(w)), want,
                              **TOL)

@@ -18,7 +18,7 @@ formulation alike, so a sub-millisecond step is not dominated by the host's roun
 (memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise of the
 allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that does
 not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
-it cannot fit), never a crash. Formulations are in jaxdata/bench/rgnn_peers.py.
+it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py.
 """
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ import numpy as np
 from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.bench import rgnn_peers as peers
+from jaxdata.reference import rgcn as rgcn_ref
 
 DIMS = (32, 64, 128)
 GRAPHS = ("aifb", "mutag", "synthetic")
-JAX_FORMULATIONS = ("jaxdata", *peers.PLAIN_JAX)
+JAX_FORMULATIONS = ("jaxdata", *rgcn_ref.PLAIN_JAX)
 FORMULATIONS = (*JAX_FORMULATIONS, "PyG")
 #: The synthetic knowledge graph: at least 500 relations and 2 million edges, heavy-tailed.
 SYNTHETIC = dict(num_nodes=200_000, num_edges=2_000_000, num_relations=500)
@@ -168,7 +169,7 @@ def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0,
       hetero = None
     if hetero is not None:
       return Graph.from_hetero(name, hetero, "local NumPy generator (rgnn.synthetic_graph)"), None
-    norm = peers.mean_norm(dst, etype, n, r).astype(np.float32)
+    norm = rgcn_ref.mean_norm(dst, etype, n, r).astype(np.float32)
     return Graph(name, n, r, src, dst, etype, norm,
                  "local NumPy generator (rgnn.synthetic_graph)"), None
   raise ValueError(f"unknown graph {name!r}; choose from {', '.join(GRAPHS)}")
@@ -320,7 +321,7 @@ def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, p
       build = lambda: peers.plain_jax(  # noqa: E731
           name, edges, graph.num_nodes, precision=_precision(precision))
     # No analysis from this backend: assume per-edge weights builds its [E, d_in, d_out] tensor.
-    fallback = ((lambda: peers.per_edge_weight_bytes(graph.num_edges, dim, dim))
+    fallback = ((lambda: rgcn_ref.per_edge_weight_bytes(graph.num_edges, dim, dim))
                 if name == "per-edge weights" else None)
     try:
       measure_step(r, build, x, w, ct, repeats=repeats, notes=notes, fallback_need=fallback)
@@ -339,7 +340,7 @@ def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: 
     r.status = "skipped"
     _note(notes, f"PyG row skipped: torch_geometric is not importable ({e})")
     return r
-  device = peers.torch_device()
+  device = rgcn_ref.torch_device()
   x, w, ct = case_arrays(graph, dim)
   saved_tf32 = torch.backends.cuda.matmul.allow_tf32
   torch.backends.cuda.matmul.allow_tf32 = precision == "default"
@@ -414,7 +415,7 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
     if jax_names:
       import jax  # pylint: disable=g-import-not-at-top
       for g in loaded:
-        edges = peers.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+        edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
                                        num_relations=g.num_relations, norm=g.norm)
         for d in dims:
           bar.update(task, description=f"{g.name}, dim {d}, JAX")
@@ -460,7 +461,7 @@ def speedups(results: list[Result], graph: str, dim: int) -> tuple[str, str]:
   mine = next((r for r in case if r.formulation == "jaxdata"), None)
   if mine is None:
     return "", ""
-  plain = [r.seconds for r in case if r.formulation in peers.PLAIN_JAX]
+  plain = [r.seconds for r in case if r.formulation in rgcn_ref.PLAIN_JAX]
   pyg = [r.seconds for r in case if r.formulation == "PyG"]
   fmt = lambda others: f"{min(others) / mine.seconds:.2f}x" if others else "n/a"  # noqa: E731
   return fmt(plain), fmt(pyg)
@@ -489,7 +490,7 @@ def software_line() -> str:
     import torch_geometric  # pylint: disable=g-import-not-at-top
   except ImportError:
     return "PyG: not installed"
-  dev = peers.torch_device()
+  dev = rgcn_ref.torch_device()
   where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
   return f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__} on {where}"
 
@@ -511,7 +512,7 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
       "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
       "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
       "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "
-      "weights* are plain JAX (jaxdata/bench/rgnn_peers.py); *PyG* is "
+      "weights* are plain JAX (jaxdata/reference/rgcn.py); *PyG* is "
       "`torch_geometric.nn.RGCNConv(aggr=\"mean\")` kept on its per-relation loop (its "
       "segment_matmul path averages over all relations at once). Matmul precision: "
       f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",

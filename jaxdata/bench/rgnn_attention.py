@@ -1,7 +1,7 @@
 """`jaxdata bench rgnn --model rgat|hgt`: one attention layer, forward + backward, side by side.
 
 RGAT (relational graph attention, H heads of dim / H features, concatenated; see
-jaxdata/bench/attention_peers.py for the definition) on AIFB, MUTAG and a synthetic knowledge
+jaxdata/reference/attention.py for the definition) on AIFB, MUTAG and a synthetic knowledge
 graph of 2 million edges and 535 relations; HGT (the heterogeneous graph transformer as PyG's
 HGTConv computes it) on `synthetic_mag`, an ogbn-mag-shaped graph (full scale: 1.9 million
 nodes, 42 million edges, 8 relations). Hidden sizes d_in = d_out = dim (HGT: d_out = dim, its
@@ -42,10 +42,12 @@ from typing import Callable, Sequence
 import numpy as np
 
 from jaxdata import command
-from jaxdata.bench import attention_peers as att
+from jaxdata.bench import rgnn_peers as peers
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.bench import common
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_peers as peers
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.timing import step_seconds
 
 MODELS = ("rgat", "hgt")
@@ -68,7 +70,7 @@ VARIANTS = {
     "jaxdata (compact only)": ("compact",),
     "jaxdata (reorder only)": ("reorder",),
 }
-PLAIN_JAX = tuple(att.RGAT)  # the same three names for HGT
+PLAIN_JAX = tuple(attention_ref.RGAT)  # the same three names for HGT
 FORMULATIONS = (*VARIANTS, *PLAIN_JAX, "PyG")
 TITLES = {"rgat": "one RGAT layer: forward + backward",
           "hgt": "one HGT layer: forward + backward"}
@@ -138,11 +140,11 @@ def case_arrays(model: str, case: Case, dim: int, heads: int, seed: int = 0):
   to_np = lambda tree: _tree_map(lambda a: np.asarray(a, np.float32), tree)  # noqa: E731
   if model == "rgat":
     x = rng.standard_normal((g.num_nodes, dim), dtype=np.float32)
-    p = att.init_rgat(seed, num_relations=g.num_relations, in_features=dim, head_features=d,
+    p = attention_ref.init_rgat(seed, num_relations=g.num_relations, in_features=dim, head_features=d,
                       heads=heads)
     shared = lambda a: np.broadcast_to(np.asarray(a)[:1], a.shape).copy()  # noqa: E731
     return x, to_np(p._replace(a_src=shared(p.a_src), a_dst=shared(p.a_dst))), ct
-  p = att.init_hgt(seed, in_features=[x.shape[1] for x in case.features],
+  p = attention_ref.init_hgt(seed, in_features=[x.shape[1] for x in case.features],
                    num_relations=g.num_relations, head_features=d, heads=heads)
   return case.features, to_np(p), ct
 
@@ -184,10 +186,10 @@ def hgt_jaxdata_formulation(arrays, passes, name: str = "jaxdata", *,
   """HGT with `jaxdata.hector.hgt_message` as message(graph, xs, HGTParams) -> [N, dim].
 
   hgt_message(graph, k, q, v, w_att, w_msg, mu, *, passes=None) is the relational part: K, Q, V
-  of every node [N, H*d_k] in (`attention_peers.hgt_projections`, flattened), w_att, w_msg
+  of every node [N, H*d_k] in (`jaxdata.reference.attention.hgt_projections`, flattened), w_att, w_msg
   [R, H, d_k, d_k], mu [R, H]; the aggregated messages [N, H*d_k] out. The per-type
   projections before it and A_t(gelu(.)) with the skip gate after it
-  (`attention_peers.hgt_output`) run in plain JAX, as `jaxdata.nn.HGT` runs them around the
+  (`jaxdata.reference.attention.hgt_output`) run in plain JAX, as `jaxdata.nn.HGT` runs them around the
   kernel; the outputs of the node types are concatenated in id order. Raises
   `peers.Unavailable` while hgt_message does not exist or has another signature (then adapt
   this function).
@@ -205,18 +207,18 @@ def hgt_jaxdata_formulation(arrays, passes, name: str = "jaxdata", *,
 
   def message(g, xs, p):
     k, q, v = (a.reshape(a.shape[0], -1)
-               for a in att.hgt_projections(xs, p, precision=precision))
+               for a in attention_ref.hgt_projections(xs, p, precision=precision))
     agg = fn(g, k, q, v, p.w_att, p.w_msg, p.mu, passes=passes)
     agg = agg.astype(jnp.promote_types(agg.dtype, jnp.float32))
-    return jnp.concatenate(att.hgt_output(agg, xs, p, precision=precision))
+    return jnp.concatenate(attention_ref.hgt_output(agg, xs, p, precision=precision))
   return peers.Formulation(name, message, arrays)
 
 
-def plain_formulation(model: str, name: str, edges: att.Edges, *,
+def plain_formulation(model: str, name: str, edges: attention_ref.Edges, *,
                       precision=None) -> peers.Formulation:
   if model == "rgat":
-    return att.rgat_formulation(name, edges, precision=precision)
-  return att.hgt_formulation(name, edges, precision=precision)
+    return peers.rgat_formulation(name, edges, precision=precision)
+  return peers.hgt_formulation(name, edges, precision=precision)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -242,18 +244,18 @@ def _pyg_step(model: str, case: Case, x, params, ct, device):
   g = case.graph
   ctt = torch.from_numpy(ct).to(device)
   if model == "rgat":
-    conv = att.pyg_rgat_conv(params, device=device, dtype=torch.float32)
-    edge_index, edge_type = peers.pyg_graph(g.src, g.dst, g.etype, device)
+    conv = attention_ref.pyg_rgat_conv(params, device=device, dtype=torch.float32)
+    edge_index, edge_type = rgcn_ref.pyg_graph(g.src, g.dst, g.etype, device)
     xt = torch.from_numpy(x).to(device).requires_grad_(True)
     xts = [xt]
 
     def forward():
       return (conv(xt, edge_index, edge_type) * ctt).sum()
   else:
-    conv = att.pyg_hgt_conv(params, case.node_types, case.relation_types, device=device,
+    conv = attention_ref.pyg_hgt_conv(params, case.node_types, case.relation_types, device=device,
                             dtype=torch.float32)
     xts = [torch.from_numpy(a).to(device).requires_grad_(True) for a in x]
-    x_dict, edge_index_dict = att.pyg_hetero_inputs(g.src, g.dst, g.etype, xts, case.node_types,
+    x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(g.src, g.dst, g.etype, xts, case.node_types,
                                                      case.relation_types, device=device)
     bounds = np.cumsum([0] + [len(a) for a in x])
     cts = {t: ctt[a:b] for t, a, b in zip(case.node_types, bounds[:-1], bounds[1:])}
@@ -282,7 +284,7 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
     r.status = "skipped"
     rgnn._note(notes, f"PyG row skipped: torch_geometric is not importable ({e})")
     return r
-  device = peers.torch_device()
+  device = rgcn_ref.torch_device()
   x, params, ct = case_arrays(model, case, dim, heads)
   where = f"{case.name}, dim {dim}, PyG"
   if device.type != "cuda":
@@ -327,7 +329,7 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
 
 
 def measure_jax(model: str, case: Case, dim: int, heads: int, names: Sequence[str], *,
-                repeats: int, precision: str, edges: att.Edges, arrays,
+                repeats: int, precision: str, edges: attention_ref.Edges, arrays,
                 notes: list[str], advance: Callable[[], None]) -> list[rgnn.Result]:
   """Every JAX formulation on one (graph, dim); `arrays` is hector's GraphArrays (or the
   `peers.Unavailable` that building it raised)."""
@@ -420,7 +422,7 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
       import jax  # pylint: disable=g-import-not-at-top
       for c in loaded:
         g = c.graph
-        edges = att.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+        edges = attention_ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
                                 num_relations=g.num_relations)
         arrays = None
         if any(n in VARIANTS for n in jax_names):
@@ -601,7 +603,7 @@ def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: li
       f"training loop runs them, for every formulation alike; *one step alone*: the median of single "
       f"steps, each waited for, so the host's round trip is in it), float32, the whole graph, {heads} heads. " + DEFINITIONS[model] + " "
       "*transform-all-then-gather*, *ragged_dot* and *per-edge weights* are plain JAX "
-      "(jaxdata/bench/attention_peers.py). Matmul precision: "
+      "(jaxdata/reference/attention.py). Matmul precision: "
       f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",
       "",
       "*Peak memory*, *measured peak* and *OOM* as in the RGCN table (rgnn.md): for JAX, what "

@@ -1,4 +1,4 @@
-"""The plain-JAX RGCN formulations (jaxdata/bench/rgnn_peers.py) against a loop over edges."""
+"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py) against a loop over edges."""
 import functools
 
 import jax
@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from jaxdata.bench import rgnn_peers as peers
+
+from jaxdata.reference import rgcn as rgcn_ref
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +74,7 @@ def build(name, seed=0, d_in=5, d_out=4, featureless=False):
   rng = np.random.default_rng(seed)
   src, dst, etype = random_graph(rng, num_nodes, num_edges, num_relations, used_relations=used,
                                  dst_nodes=targets)
-  edges = peers.EdgeArrays.build(src, dst, etype, num_nodes=num_nodes,
+  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=num_nodes,
                                  num_relations=num_relations, dtype=np.float64)
   x = None if featureless else rng.standard_normal((num_nodes, d_in))
   w = rng.standard_normal((num_relations, num_nodes if featureless else d_in, d_out))
@@ -87,7 +89,7 @@ def as_numpy(edges):
 def test_norm_is_per_relation_mean():
   rng = np.random.default_rng(3)
   src, dst, etype = random_graph(rng, 8, 100, 3)
-  got = peers.mean_norm(dst, etype, 8, 3)
+  got = rgcn_ref.mean_norm(dst, etype, 8, 3)
   np.testing.assert_allclose(got, loop_norm(dst, etype), rtol=1e-6)
   # Summing norm over the edges of one (dst, relation) pair gives one.
   sums = {}
@@ -99,7 +101,7 @@ def test_norm_is_per_relation_mean():
 def test_edges_sorted_by_relation():
   rng = np.random.default_rng(4)
   src, dst, etype = random_graph(rng, 10, 60, 6)
-  edges = peers.EdgeArrays.build(src, dst, etype, num_nodes=10, num_relations=6)
+  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=10, num_relations=6)
   e = np.asarray(edges.etype)
   assert np.all(e[1:] >= e[:-1])
   # The same multiset of edges, each with its norm.
@@ -116,24 +118,24 @@ def test_edges_sorted_by_relation():
 ])
 def test_build_rejects_bad_edges(bad):
   with pytest.raises(ValueError):
-    peers.EdgeArrays.build(**bad, num_nodes=10, num_relations=3)
+    rgcn_ref.EdgeArrays.build(**bad, num_nodes=10, num_relations=3)
 
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
-@pytest.mark.parametrize("name", list(peers.PLAIN_JAX))
+@pytest.mark.parametrize("name", list(rgcn_ref.PLAIN_JAX))
 def test_formulation_matches_loop(name, graph):
   edges, n, x, w, ct = build(graph)
-  fn = jax.jit(peers.PLAIN_JAX[name], static_argnums=4)
+  fn = jax.jit(rgcn_ref.PLAIN_JAX[name], static_argnums=4)
   got = fn(*edges, n, jnp.asarray(x), jnp.asarray(w))
   assert got.shape == (n, w.shape[-1]) and got.dtype == jnp.float64
   np.testing.assert_allclose(got, loop_message(*as_numpy(edges), n, x, w), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("graph", list(GRAPHS))
-@pytest.mark.parametrize("name", list(peers.PLAIN_JAX))
+@pytest.mark.parametrize("name", list(rgcn_ref.PLAIN_JAX))
 def test_gradients_match_loop(name, graph):
   edges, n, x, w, ct = build(graph, seed=1)
-  fn = peers.PLAIN_JAX[name]
+  fn = rgcn_ref.PLAIN_JAX[name]
   loss = lambda x, w: jnp.vdot(fn(*edges, n, x, w), ct)  # noqa: E731
   dx, dw = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x), jnp.asarray(w))
   want_dx, want_dw = loop_grads(*as_numpy(edges), x, w, ct)
@@ -143,7 +145,7 @@ def test_gradients_match_loop(name, graph):
 
 @pytest.mark.parametrize("graph", ["three relations", "empty relations", "isolated targets",
                                    "no edges"])
-@pytest.mark.parametrize("fn", [peers.featureless, peers.transform_all_then_gather],
+@pytest.mark.parametrize("fn", [rgcn_ref.featureless, rgcn_ref.transform_all_then_gather],
                          ids=["featureless", "transform-all-then-gather"])
 def test_featureless_matches_loop(fn, graph):
   edges, n, _, w, ct = build(graph, seed=2, featureless=True)
@@ -158,32 +160,32 @@ def test_featureless_matches_loop(fn, graph):
 def test_featureless_is_the_identity_feature_layer():
   """x = one-hot node ids through any formulation equals the featureless layer."""
   edges, n, _, w, _ = build("empty relations", seed=5, featureless=True)
-  want = peers.featureless(*edges, n, None, jnp.asarray(w))
-  for fn in peers.PLAIN_JAX.values():
+  want = rgcn_ref.featureless(*edges, n, None, jnp.asarray(w))
+  for fn in rgcn_ref.PLAIN_JAX.values():
     np.testing.assert_allclose(fn(*edges, n, jnp.eye(n), jnp.asarray(w)), want, rtol=1e-10,
                                atol=1e-12)
 
 
-@pytest.mark.parametrize("fn", [peers.ragged_dot, peers.per_edge_weights])
+@pytest.mark.parametrize("fn", [rgcn_ref.ragged_dot, rgcn_ref.per_edge_weights])
 def test_needs_features(fn):
   edges, n, _, w, _ = build("three relations", featureless=True)
   with pytest.raises(ValueError, match="featureless"):
     fn(*edges, n, None, jnp.asarray(w))
   with pytest.raises(ValueError, match="x=None"):
-    peers.featureless(*edges, n, jnp.ones((n, 2)), jnp.asarray(w))
+    rgcn_ref.featureless(*edges, n, jnp.ones((n, 2)), jnp.asarray(w))
 
 
 def test_full_layer_adds_self_loop_and_bias():
   edges, n, x, w, _ = build("three relations", seed=6)
   rng = np.random.default_rng(6)
   w_self, bias = rng.standard_normal((x.shape[1], w.shape[2])), rng.standard_normal(w.shape[2])
-  got = peers.full_layer(peers.ragged_dot, *edges, n, jnp.asarray(x), jnp.asarray(w),
+  got = rgcn_ref.full_layer(rgcn_ref.ragged_dot, *edges, n, jnp.asarray(x), jnp.asarray(w),
                          jnp.asarray(w_self), jnp.asarray(bias))
   want = loop_message(*as_numpy(edges), n, x, w) + x @ w_self + bias
   np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", list(peers.PLAIN_JAX))
+@pytest.mark.parametrize("name", list(rgcn_ref.PLAIN_JAX))
 def test_float32_step_compiles_with_memory_analysis(name):
   """The benchmark's path: a Formulation, compiled ahead of time, timed once."""
   edges, n, x, w, ct = build("empty relations", seed=7)

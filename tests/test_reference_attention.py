@@ -1,4 +1,4 @@
-"""The plain-JAX RGAT and HGT layers (jaxdata/bench/attention_peers.py) and the ogbn-mag-like
+"""The plain-JAX RGAT and HGT layers (jaxdata/reference/attention.py) and the ogbn-mag-like
 generator (jaxdata/data/mag.py).
 
 Every formulation is checked against a loop over nodes written from the semantics in the
@@ -19,8 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdata.bench import attention_peers as peers
-from jaxdata.bench import rgnn_peers
+from jaxdata.bench import rgnn_peers as peers
+
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
+from jaxdata.bench import rgnn_peers as peers
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph, mag
 
 TOL = dict(rtol=1e-9, atol=1e-11)
@@ -54,7 +57,7 @@ def tree_allclose(got, want, **tol):
 def rgat_step(name, edges, x, params, ct, precision=None):
   """RGAT[name]'s output and the gradients of sum(out * ct) in x and params."""
   def loss(x, params):
-    out = peers.RGAT[name](*edges, x, params, precision=precision)
+    out = attention_ref.RGAT[name](*edges, x, params, precision=precision)
     return jnp.vdot(out, ct.astype(out.dtype)), out
   (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, params)
   return out, grads
@@ -64,7 +67,7 @@ def rgat_step(name, edges, x, params, ct, precision=None):
 def hgt_step(name, edges, xs, params, cts, precision=None):
   """HGT[name]'s per-type outputs and the gradients of sum_t sum(out_t * ct_t)."""
   def loss(xs, params):
-    outs = peers.HGT[name](*edges, xs, params, precision=precision)
+    outs = attention_ref.HGT[name](*edges, xs, params, precision=precision)
     return sum(jnp.vdot(o, c.astype(o.dtype)) for o, c in zip(outs, cts)), outs
   (_, outs), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(xs, params)
   return outs, grads
@@ -73,7 +76,7 @@ def hgt_step(name, edges, xs, params, cts, precision=None):
 @functools.partial(jit, static_argnames=("name", "precision"))
 def hgt_forward(name, edges, xs, params, precision=None):
   """HGT[name]'s per-type outputs (a forward compiles in a third of a step's time)."""
-  return peers.HGT[name](*edges, xs, params, precision=precision)
+  return attention_ref.HGT[name](*edges, xs, params, precision=precision)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -108,9 +111,9 @@ def rgat_case(graph="mixed", seed=0, d_in=5, d=3, heads=2, dtype=np.float64):
   rng = np.random.default_rng(seed)
   src, dst, etype = random_edges(rng, num_nodes, num_edges, num_relations, used_relations=used,
                                  dst_nodes=targets)
-  edges = peers.Edges.build(src, dst, etype, num_nodes=num_nodes, num_relations=num_relations)
+  edges = attention_ref.Edges.build(src, dst, etype, num_nodes=num_nodes, num_relations=num_relations)
   x = rng.standard_normal((num_nodes, d_in))
-  params = peers.RGATParams(rng.standard_normal((num_relations, d_in, heads * d)),
+  params = attention_ref.RGATParams(rng.standard_normal((num_relations, d_in, heads * d)),
                             rng.standard_normal((num_relations, heads, d)),
                             rng.standard_normal((num_relations, heads, d)))
   ct = rng.standard_normal((num_nodes, heads * d))
@@ -140,7 +143,7 @@ def typed_graph(seed=0, sizes=(6, 4, 3), widths=(5, 4, 6), num_edges=40):
 def random_hgt_params(rng, widths, num_relations, heads, d, d_out):
   f = heads * d
   per_type = lambda shapes: tuple(rng.standard_normal(s) * 0.5 for s in shapes)  # noqa: E731
-  return peers.HGTParams(
+  return attention_ref.HGTParams(
       k_w=per_type([(w, f) for w in widths]), k_b=per_type([(f,)] * len(widths)),
       q_w=per_type([(w, f) for w in widths]), q_b=per_type([(f,)] * len(widths)),
       v_w=per_type([(w, f) for w in widths]), v_b=per_type([(f,)] * len(widths)),
@@ -155,7 +158,7 @@ def hgt_case(seed=0, heads=2, d=3, d_out=4, dtype=np.float64):
   src, dst, etype, xs, num_relations = typed_graph(seed)
   rng = np.random.default_rng(seed + 100)
   params = random_hgt_params(rng, [x.shape[1] for x in xs], num_relations, heads, d, d_out)
-  edges = peers.Edges.build(src, dst, etype, num_nodes=sum(len(x) for x in xs),
+  edges = attention_ref.Edges.build(src, dst, etype, num_nodes=sum(len(x) for x in xs),
                             num_relations=num_relations)
   cts = [rng.standard_normal((len(x), d_out)) for x in xs]
   cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
@@ -312,7 +315,7 @@ def test_edge_softmax_sums_to_one_and_survives_large_scores():
   rng = np.random.default_rng(0)
   dst = jnp.asarray(rng.integers(0, 6, 40))
   scores = jnp.asarray(rng.standard_normal((40, 3)) * 50 + 1000)  # exp(1000) overflows
-  softmax_sums = jax.jit(lambda s: jax.ops.segment_sum(peers.edge_softmax(s, dst, 8), dst,
+  softmax_sums = jax.jit(lambda s: jax.ops.segment_sum(attention_ref.edge_softmax(s, dst, 8), dst,
                                                        num_segments=8))
   sums = softmax_sums(scores)
   want = np.where(np.bincount(np.asarray(dst), minlength=8) > 0, 1.0, 0.0)[:, None]
@@ -323,13 +326,13 @@ def test_edge_softmax_sums_to_one_and_survives_large_scores():
 
 
 def test_edges_build_sorts_and_checks():
-  edges = peers.Edges.build([0, 1, 2], [1, 2, 0], [2, 0, 1], num_nodes=3, num_relations=3)
+  edges = attention_ref.Edges.build([0, 1, 2], [1, 2, 0], [2, 0, 1], num_nodes=3, num_relations=3)
   np.testing.assert_array_equal(edges.etype, [0, 1, 2])
   np.testing.assert_array_equal(edges.src, [1, 2, 0])
   with pytest.raises(ValueError, match="num_nodes"):
-    peers.Edges.build([0, 3], [1, 2], [0, 0], num_nodes=3, num_relations=1)
+    attention_ref.Edges.build([0, 3], [1, 2], [0, 0], num_nodes=3, num_relations=1)
   with pytest.raises(ValueError, match="num_relations"):
-    peers.Edges.build([0, 1], [1, 2], [0, 1], num_nodes=3, num_relations=1)
+    attention_ref.Edges.build([0, 1], [1, 2], [0, 1], num_nodes=3, num_relations=1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -345,7 +348,7 @@ def test_rgat_dense_reference_matches_loop(graph):
 
 
 @pytest.mark.parametrize("graph", list(RGAT_GRAPHS))
-@pytest.mark.parametrize("name", list(peers.RGAT))
+@pytest.mark.parametrize("name", list(attention_ref.RGAT))
 def test_rgat_matches_references(name, graph):
   """Values against the loop, gradients (x and every weight) against the dense reference."""
   edges, x, params, ct = rgat_case(graph)
@@ -372,7 +375,7 @@ def test_rgat_gradient_matches_finite_differences():
   np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
 
 
-@pytest.mark.parametrize("name", list(peers.RGAT))
+@pytest.mark.parametrize("name", list(attention_ref.RGAT))
 def test_rgat_bfloat16(name):
   """bfloat16 in and out, float32 inside: within bfloat16's rounding of the float64 result."""
   edges, x64, params64, ct64 = rgat_case()
@@ -394,7 +397,7 @@ def test_rgat_float32_step_through_rgnn_peers():
   edges, x64, params64, ct64 = rgat_case()
   x, params, ct = jax.tree.map(lambda a: a.astype(jnp.float32), (x64, params64, ct64))
   form = peers.rgat_formulation("ragged_dot", edges, precision=HIGHEST)
-  compiled = rgnn_peers.compile_step(form, x, params, ct)
+  compiled = peers.compile_step(form, x, params, ct)
   assert compiled.bytes is None or compiled.bytes > 0
   loss, grads = compiled.run()
   want = loop_rgat(*numpy_edges(edges), as_numpy(x64), as_numpy(params64))
@@ -404,12 +407,12 @@ def test_rgat_float32_step_through_rgnn_peers():
 
 
 def test_init_rgat_shapes_and_seed():
-  p = peers.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2)
+  p = attention_ref.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2)
   assert p.w.shape == (3, 5, 8) and p.a_src.shape == p.a_dst.shape == (3, 2, 4)
   assert p.w.dtype == jnp.float32 and p.heads == 2
-  tree_allclose(p, peers.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2),
+  tree_allclose(p, attention_ref.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2),
                 rtol=0, atol=0)
-  assert not np.allclose(p.w, peers.init_rgat(1, num_relations=3, in_features=5,
+  assert not np.allclose(p.w, attention_ref.init_rgat(1, num_relations=3, in_features=5,
                                               head_features=4, heads=2).w)
 
 
@@ -431,7 +434,7 @@ def test_hgt_dense_reference_matches_loop():
   tree_allclose(outs, loop_hgt(*numpy_edges(edges), as_numpy(xs), as_numpy(params)), **TOL)
 
 
-@pytest.mark.parametrize("name", list(peers.HGT))
+@pytest.mark.parametrize("name", list(attention_ref.HGT))
 def test_hgt_matches_references(name):
   edges, xs, params, cts = hgt_case()
   outs, grads = hgt_step(name, edges, xs, params, cts)
@@ -442,7 +445,7 @@ def test_hgt_matches_references(name):
   tree_allclose(grads, want_grads, **TOL)
 
 
-@pytest.mark.parametrize("name", list(peers.HGT))
+@pytest.mark.parametrize("name", list(attention_ref.HGT))
 def test_hgt_bfloat16(name):
   """Forward only (the gradients' dtypes are checked for RGAT; compiles are what costs here)."""
   edges, xs64, params64, _ = hgt_case()
@@ -460,7 +463,7 @@ def test_hgt_float32_step_through_rgnn_peers():
   edges, xs64, params64, cts64 = hgt_case()
   xs, params, cts = jax.tree.map(lambda a: a.astype(jnp.float32), (xs64, params64, cts64))
   form = peers.hgt_formulation("ragged_dot", edges, precision=HIGHEST)
-  loss, grads = rgnn_peers.compile_step(form, xs, params, jnp.concatenate(cts)).run()
+  loss, grads = peers.compile_step(form, xs, params, jnp.concatenate(cts)).run()
   want = loop_hgt(*numpy_edges(edges), as_numpy(xs64), as_numpy(params64))
   np.testing.assert_allclose(loss, sum(np.vdot(w, c) for w, c in zip(want, cts64)), rtol=1e-5)
   _, want_grads = dense_hgt_step(edge_counts(edges, 4, 13), xs64, params64, cts64)
@@ -469,23 +472,23 @@ def test_hgt_float32_step_through_rgnn_peers():
 
 def test_check_node_types():
   ds = mag.synthetic_mag(scale=1e-4, num_classes=3)
-  peers.check_node_types(ds.graph, ds.features)
+  attention_ref.check_node_types(ds.graph, ds.features)
   with pytest.raises(ValueError, match="do not match"):
-    peers.check_node_types(ds.graph, [ds.features[0][1:], *ds.features[1:]])
+    attention_ref.check_node_types(ds.graph, [ds.features[0][1:], *ds.features[1:]])
   with pytest.raises(ValueError, match="do not match"):
-    peers.check_node_types(ds.graph, ds.features[:3])
+    attention_ref.check_node_types(ds.graph, ds.features[:3])
 
 
 def test_hgt_rejects_mismatched_types():
   edges, xs, params, _ = hgt_case()
   with pytest.raises(ValueError, match="node types"):
-    peers.hgt_ragged_dot(*edges, xs[:2], params)
+    attention_ref.hgt_ragged_dot(*edges, xs[:2], params)
   with pytest.raises(ValueError, match="dtype"):
-    peers.hgt_ragged_dot(*edges, [xs[0].astype(jnp.float32), *xs[1:]], params)
+    attention_ref.hgt_ragged_dot(*edges, [xs[0].astype(jnp.float32), *xs[1:]], params)
 
 
 def test_init_hgt_shapes():
-  p = peers.init_hgt(0, in_features=[5, 7], num_relations=3, head_features=4, heads=2,
+  p = attention_ref.init_hgt(0, in_features=[5, 7], num_relations=3, head_features=4, heads=2,
                      out_features=6)
   assert [w.shape for w in p.k_w] == [(5, 8), (7, 8)] and p.a_w[1].shape == (8, 6)
   assert p.w_att.shape == p.w_msg.shape == (3, 2, 4, 4) and p.mu.shape == (3, 2)
@@ -507,7 +510,7 @@ def pyg_rgat(torch, heads, d_in=5, d=3, num_relations=5, seed=0):
                   attention_mechanism="across-relation").double()
   if heads > 1:
     with pytest.raises(ValueError, match="mixes heads"):
-      peers.rgat_params_from_pyg(conv)
+      attention_ref.rgat_params_from_pyg(conv)
     with torch.no_grad():
       mask = torch.zeros(heads * d, heads, dtype=torch.float64)
       for h in range(heads):
@@ -516,16 +519,16 @@ def pyg_rgat(torch, heads, d_in=5, d=3, num_relations=5, seed=0):
   return conv
 
 
-@pytest.mark.parametrize("heads,names", [(1, ["ragged_dot"]), (2, list(peers.RGAT))])
+@pytest.mark.parametrize("heads,names", [(1, ["ragged_dot"]), (2, list(attention_ref.RGAT))])
 def test_rgat_matches_pyg(torch, heads, names):
   """PyG's q, k become our attention vectors: outputs and gradients in x and W agree."""
   edges, x, _, _ = rgat_case(d=3, heads=heads)
   conv = pyg_rgat(torch, heads)
-  params = jax.tree.map(jnp.asarray, peers.rgat_params_from_pyg(conv))
+  params = jax.tree.map(jnp.asarray, attention_ref.rgat_params_from_pyg(conv))
   ct = np.random.default_rng(1).standard_normal((len(x), 3 * heads))
   xt = torch.tensor(np.asarray(x)).requires_grad_(True)
   cpu = torch.device("cpu")
-  want = conv(xt, *rgnn_peers.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
+  want = conv(xt, *rgcn_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
   (want * torch.from_numpy(ct)).sum().backward()
   for name in names:
     out, (dx, dparams) = rgat_step(name, edges, x, params, jnp.asarray(ct))
@@ -538,12 +541,12 @@ def test_pyg_rgat_conv_holds_our_weights(torch):
   edges, x, params, ct = rgat_case()
   cpu = torch.device("cpu")
   with pytest.raises(ValueError, match="differ between relations"):
-    peers.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
+    attention_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
   params = params._replace(a_src=jnp.broadcast_to(params.a_src[:1], params.a_src.shape),
                            a_dst=jnp.broadcast_to(params.a_dst[:1], params.a_dst.shape))
-  conv = peers.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
+  conv = attention_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
   want = conv(torch.tensor(np.asarray(x)),
-              *rgnn_peers.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
+              *rgcn_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
   out, _ = rgat_step("ragged_dot", edges, x, params, ct)
   np.testing.assert_allclose(out, want.detach().numpy(), **TOL)
 
@@ -577,7 +580,7 @@ def pyg_hgt(torch, types, metadata, in_channels, seed=0):
 def pyg_hgt_outputs(torch, conv, graph, xs, cts, types, relations, metadata):
   """conv's outputs and input gradients as NumPy lists in our type order."""
   xts = [torch.from_numpy(x).requires_grad_(True) for x in xs]
-  x_dict, edge_index_dict = peers.pyg_hetero_inputs(graph.src, graph.dst, graph.etype, xts,
+  x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(graph.src, graph.dst, graph.etype, xts,
                                                     types, relations, device=torch.device("cpu"))
   # HGTConv's k_rel assumes edge_index_dict iterates in metadata order (is_sorted=True).
   out = conv(x_dict, {rel: edge_index_dict[rel] for rel in metadata})
@@ -596,10 +599,10 @@ def test_hgt_matches_pyg(torch, shuffle_metadata):
     metadata = [metadata[i] for i in np.random.default_rng(1).permutation(len(metadata))]
   conv = pyg_hgt(torch, types, metadata, {t: x.shape[1] for t, x in zip(types, xs)})
   want, want_dxs = pyg_hgt_outputs(torch, conv, ds.graph, xs, cts, types, relations, metadata)
-  params = jax.tree.map(jnp.asarray, peers.hgt_params_from_pyg(conv, types, relations))
-  edges = peers.Edges.from_graph(ds.graph)
+  params = jax.tree.map(jnp.asarray, attention_ref.hgt_params_from_pyg(conv, types, relations))
+  edges = attention_ref.Edges.from_graph(ds.graph)
   xs, cts = jax.tree.map(jnp.asarray, (xs, cts))
-  for name in peers.HGT:
+  for name in attention_ref.HGT:
     for t, o, w in zip(types, hgt_forward(name, edges, xs, params), want):
       np.testing.assert_allclose(o, w, **TOL, err_msg=f"{name} {t}")
   _, (dxs, _) = hgt_step("ragged_dot", edges, xs, params, cts)
@@ -612,14 +615,14 @@ def test_pyg_hgt_conv_holds_our_weights(torch):
   types, relations = ds.graph.node_type_names, ds.relation_types
   params = random_hgt_params(np.random.default_rng(1), [x.shape[1] for x in xs], len(relations),
                              MAG_HEADS, MAG_HEAD_FEATURES, MAG_HEADS * MAG_HEAD_FEATURES)
-  conv = peers.pyg_hgt_conv(params, types, relations, device=torch.device("cpu"),
+  conv = attention_ref.pyg_hgt_conv(params, types, relations, device=torch.device("cpu"),
                             dtype=torch.float64)
   want, _ = pyg_hgt_outputs(torch, conv, ds.graph, xs, cts, types, relations, relations)
-  outs = hgt_forward("transform-all-then-gather", peers.Edges.from_graph(ds.graph),
+  outs = hgt_forward("transform-all-then-gather", attention_ref.Edges.from_graph(ds.graph),
                      jax.tree.map(jnp.asarray, xs), jax.tree.map(jnp.asarray, params))
   tree_allclose(outs, want, **TOL)
   with pytest.raises(ValueError, match="d_out"):
-    peers.pyg_hgt_conv(params._replace(a_w=tuple(w[:, :5] for w in params.a_w)), types,
+    attention_ref.pyg_hgt_conv(params._replace(a_w=tuple(w[:, :5] for w in params.a_w)), types,
                        relations)
 
 

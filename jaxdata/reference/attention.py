@@ -1,4 +1,5 @@
-"""Plain-JAX references for one RGAT layer and one HGT layer: the peers of jaxdata's kernels.
+"""Reference formulations of one RGAT layer and one HGT layer (plain JAX, and PyG's from the same
+weights): ground truth for tests, peers for benchmarks.
 
 Edges e = (src[e] -> dst[e]) carry a relation etype[e] in [0, R); nodes are numbered globally.
 softmax_i below is a softmax over all edges into node i, across relations, per head; a node
@@ -72,7 +73,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdata.bench import rgnn_peers
+from jaxdata.reference.rgcn import checked_edges, torch_device
 
 #: RGAT's leaky-ReLU slope (GAT's, DGL's and PyG's default).
 NEGATIVE_SLOPE = 0.2
@@ -92,7 +93,7 @@ class Edges(NamedTuple):
   def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int,
             device=None) -> "Edges":
     """Checks ranges and lengths (ValueError), sorts by relation."""
-    src, dst, etype = rgnn_peers.checked_edges(src, dst, etype, num_nodes, num_relations)
+    src, dst, etype = checked_edges(src, dst, etype, num_nodes, num_relations)
     order = np.argsort(etype, kind="stable")
     put = functools.partial(jax.device_put, device=device)
     return cls(put(src[order]), put(dst[order]), put(etype[order]))
@@ -416,24 +417,6 @@ HGT = {
 
 
 # ------------------------------------------------------------------------------------------------
-# As `rgnn_peers.Formulation`s, for its compile_step / time_jax
-
-
-def rgat_formulation(name: str, edges: Edges, *, precision=None) -> rgnn_peers.Formulation:
-  """`message(edges, x, params) -> [N, H*d]`."""
-  fn = RGAT[name]
-  return rgnn_peers.Formulation(
-      name, lambda g, x, p: fn(*g, x, p, precision=precision), edges)
-
-
-def hgt_formulation(name: str, edges: Edges, *, precision=None) -> rgnn_peers.Formulation:
-  """`message(edges, xs, params) -> [N, d_out]`: the per-type outputs concatenated in id order."""
-  fn = HGT[name]
-  return rgnn_peers.Formulation(
-      name, lambda g, xs, p: jnp.concatenate(fn(*g, xs, p, precision=precision)), edges)
-
-
-# ------------------------------------------------------------------------------------------------
 # PyTorch Geometric: the same layers from the same weights
 
 
@@ -488,7 +471,7 @@ def pyg_rgat_conv(params: RGATParams, *, device=None, dtype=None):
   for h in range(heads):
     q[h * d:(h + 1) * d, h] = a_dst[0, h]
     k[h * d:(h + 1) * d, h] = a_src[0, h]
-  conv = conv.to(device=device or rgnn_peers.torch_device(), dtype=dtype or torch.float32)
+  conv = conv.to(device=device or torch_device(), dtype=dtype or torch.float32)
   with torch.no_grad():
     for param, value in ((conv.weight, w), (conv.q, q), (conv.k, k)):
       param.copy_(torch.tensor(value))
@@ -541,7 +524,7 @@ def pyg_hgt_conv(params: HGTParams, node_types: Sequence[str],
   relation_types = [tuple(rel) for rel in relation_types]
   in_channels = {t: int(np.shape(w)[0]) for t, w in zip(node_types, params.k_w)}
   conv = HGTConv(in_channels, f, (list(node_types), relation_types), heads=heads)
-  conv = conv.to(device=device or rgnn_peers.torch_device(), dtype=dtype or torch.float32)
+  conv = conv.to(device=device or torch_device(), dtype=dtype or torch.float32)
   arr = lambda a: torch.tensor(np.asarray(a, np.float64))  # noqa: E731  (copies)
   num = len(relation_types)
   with torch.no_grad():
@@ -570,7 +553,7 @@ def pyg_hetero_inputs(src, dst, etype, xs, node_types: Sequence[str],
   build the conv with `relation_types` as its metadata (`pyg_hgt_conv` does) or reorder.
   """
   import torch  # pylint: disable=g-import-not-at-top
-  device = device or rgnn_peers.torch_device()
+  device = device or torch_device()
   offsets = dict(zip(node_types, np.cumsum([0] + [len(x) for x in xs])))
   src, dst, etype = (np.asarray(a, np.int64) for a in (src, dst, etype))
   x_dict = {t: x for t, x in zip(node_types, xs)}
