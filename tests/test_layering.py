@@ -58,3 +58,18 @@ def test_every_module_has_a_layer():
   every = APPS + MODELS + LIBRARIES + GROUND + ("jaxdata",)
   stray = [_module_name(p) for p in PACKAGE.rglob("*.py") if not _within(_module_name(p), every)]
   assert not stray, f"modules outside every layer (add them to one): {stray}"
+
+
+def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
+  """Within the apps: cli -> bench -> train. A trainer shares with other trainers only through
+  jaxdata.train.common (and the checkpoint registry, which rebuilds any of them)."""
+  shared = ("jaxdata.train.common", "jaxdata.train.checkpoint")
+  for path in sorted((PACKAGE / "train").glob("*.py")):
+    name = _module_name(path)
+    if name in shared or name == "jaxdata.train":
+      continue
+    wrong = sorted({f"line {line}: {mod}" for line, mod in _imports(path)
+                    if _within(mod, ("jaxdata.bench", "jaxdata.cli"))
+                    or (_within(mod, ("jaxdata.train",)) and not _within(mod, shared)
+                        and mod not in ("jaxdata.train", name) and not mod.startswith(name + "."))})
+    assert not wrong, f"{path.relative_to(PACKAGE.parent)} imports sideways: {wrong}"

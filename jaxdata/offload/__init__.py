@@ -11,11 +11,12 @@ its policies (`keep`, `offload`, `recompute`) wrap a block; the planner (`plan`)
 policy per block for a memory budget from measured costs; `run_layers` runs a stack of layers
 under a plan (one policy per layer).
 """
-from jaxdata.offload.planner import Choice, Plan, plan
+from jaxdata.offload.planner import Choice, OffloadPlan, plan
 from jaxdata.offload.remat import Policy, keep, offload, recompute, remat
 from jaxdata.offload.spill import load, new_site, spill
 from jaxdata.offload.stack import run_layers, segments
 from jaxdata.offload.store import TensorStore, measure_disk_write
 
 __all__ = ["TensorStore", "measure_disk_write", "spill", "load", "new_site", "Policy", "keep",
-           "offload", "recompute", "remat", "Choice", "Plan", "plan", "run_layers", "segments"]
+           "offload", "recompute", "remat", "Choice", "OffloadPlan", "plan", "run_layers",
+           "segments"]

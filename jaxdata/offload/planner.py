@@ -114,7 +114,7 @@ class Choice:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class OffloadPlan:
   """A policy per block, and what the model predicts for it."""
   policies: tuple[_remat.Policy, ...]
   device_bytes: int         # peak of kept residuals + peak of the store's staging
@@ -275,7 +275,7 @@ def _orders(picks: list[Choice]) -> list[list[Choice]]:
 
 
 def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandwidth: float, *,
-         max_kinds: int = 3) -> Plan:
+         max_kinds: int = 3) -> OffloadPlan:
   """The fastest predicted mix of `candidates` over `num_blocks` identical blocks whose peak
   device bytes fit `budget_bytes` (mixes of up to `max_kinds` different choices, in the orders
   `_orders` tries). Raises ValueError when not even recomputing every block fits."""
@@ -299,8 +299,8 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
           for cap in caps:
             p = predict(order, bandwidth, spill_cap=cap)
             if p.device_bytes <= budget_bytes and (best is None or p.seconds < best.seconds):
-              best = Plan(tuple(c.policy for c in order), p.device_bytes, p.offload_bytes,
-                          p.seconds, cap or 0)
+              best = OffloadPlan(tuple(c.policy for c in order), p.device_bytes,
+                                 p.offload_bytes, p.seconds, cap or 0)
   if best is None:
     raise ValueError(f"no plan fits a budget of {budget_bytes} bytes for the residuals")
   return best

@@ -36,7 +36,7 @@ from jaxdata.data.mag import NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
 from jaxdata.nn import HGT, RGAT
-from jaxdata.train.rgcn import accuracy as fraction_correct
+from jaxdata.train.common import TrainResult, accuracy, progress
 
 MODELS = ("rgat", "hgt")
 
@@ -103,16 +103,6 @@ class HGTClassifier(nnx.Module):
     return self.classify(hs[0]).astype(jnp.float32)
 
 
-@dataclasses.dataclass
-class TrainResult:
-  model: nnx.Module
-  val_accuracy: float
-  test_accuracy: float
-  history: list[dict]      # per epoch: epoch, loss, train_accuracy, val_accuracy, seconds
-  seconds: float
-  optimizer: nnx.Optimizer | None = None
-
-
 def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
   if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
     raise ValueError("train: papers must be node type 0 (as synthetic_mag makes them)")
@@ -142,7 +132,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
 
     (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
     optimizer.update(model, grads)
-    return loss, fraction_correct(logits, train_y)
+    return loss, accuracy(logits, train_y)
 
   history = []
   start = time.perf_counter()
@@ -156,8 +146,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
     if on_epoch is not None:
       on_epoch(record)
   final = evaluate(model, dataset, graph, xs)
-  return TrainResult(model, final["val_accuracy"], final["test_accuracy"], history,
-                     time.perf_counter() - start, optimizer)
+  return TrainResult(model, history, final, time.perf_counter() - start, optimizer)
 
 
 @functools.partial(nnx.jit, static_argnums=3)
@@ -197,7 +186,7 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
   return checkpoint.save_nnx(
       path, kind=config.model, model=result.model, optimizer=result.optimizer, config=config,
       data=data, step=len(result.history), history=result.history,
-      metrics={"val_accuracy": result.val_accuracy, "test_accuracy": result.test_accuracy})
+      metrics=result.metrics)
 
 
 def restore(path: str, meta: dict):
@@ -264,7 +253,6 @@ def default_classes(scale: float) -> int:
 
 def main(args) -> int:
   # pylint: disable=g-import-not-at-top
-  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
   console = command.console()
   if args.hidden % args.heads:
@@ -289,17 +277,13 @@ def main(args) -> int:
   console.print(f"{config.model.upper()}: hidden {config.hidden}, {config.heads} heads, "
                 f"{config.dtype}, passes {select_passes(config.passes) or 'none'}, on "
                 f"{jax.devices()[0].platform} (the first epoch compiles the kernels)")
-  columns = (TextColumn(config.model), BarColumn(), MofNCompleteColumn(),
-             TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
-  with Progress(*columns, console=console) as progress:
-    task = progress.add_task("train", total=config.epochs, metrics="")
+  with progress(console, config.model, config.epochs) as update:
 
     def on_epoch(r):
-      progress.update(task, advance=1, metrics=(f"loss {r['loss']:.4f}  "
-                                                f"val acc {r['val_accuracy']:.3f}"))
-      progress.console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
-                             f"train acc {r['train_accuracy']:.4f}  "
-                             f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
+      update(advance=1, metrics=f"loss {r['loss']:.4f}  val acc {r['val_accuracy']:.3f}")
+      console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
+                    f"train acc {r['train_accuracy']:.4f}  "
+                    f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
     result = train(dataset, config, on_epoch=on_epoch)
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "

@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import time
-from typing import Any, Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,10 +29,11 @@ from jaxdata import command
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
+from jaxdata.train.common import TrainResult, progress
 
-Plan = Sequence[Hashable]
+LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
-Planner = Callable[[GPT, tuple[int, int]], Plan]
+Planner = Callable[[GPT, tuple[int, int]], LayerPlan]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +69,6 @@ class GPTTrainConfig:
                      seq=self.seq, dtype=jnp.dtype(self.dtype), loss_chunk=self.loss_chunk)
 
 
-@dataclasses.dataclass
-class TrainResult:
-  model: GPT
-  plan: Plan | None
-  history: list[dict[str, float]]  # per logged window: step, loss, seconds, tokens_per_second
-  metrics: dict[str, Any]          # start/final (held-out) loss, entropy floor, timings
-  optimizer: nnx.Optimizer | None = None
-
-
 def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, config.learning_rate, warmup_steps=min(config.warmup, config.steps // 2),
@@ -100,8 +92,8 @@ def _evaluate(model: GPT, batches: jax.Array) -> jax.Array:
   return jnp.mean(jax.lax.map(model.loss, batches))
 
 
-def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | None = None,
-          on_step: Callable[[int, int], None] | None = None,
+def train(config: GPTTrainConfig = GPTTrainConfig(), *,
+          plan: LayerPlan | Planner | None = None, on_step: Callable[[int, int], None] | None = None,
           on_log: Callable[[dict], None] | None = None) -> TrainResult:
   """Trains a GPT on next-token prediction over a synthetic Markov chain.
 
@@ -155,7 +147,7 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *, plan: Plan | Planner | N
                  steps=config.steps, seconds=total, compile_seconds=compile_seconds,
                  step_ms=1e3 * rest / max(config.steps - 1, 1),
                  tokens_per_second=max(config.steps - 1, 1) * tokens_per_step / rest)
-  return TrainResult(model, plan, history, metrics, optimizer)
+  return TrainResult(model, history, metrics, total, optimizer, plan)
 
 
 def _chain(config: GPTTrainConfig):
@@ -267,14 +259,12 @@ def _store_summary(s: dict, before: dict | None = None) -> str:
   return line
 
 
-def _describe_plan(plan: Plan) -> str:
+def _describe_plan(plan: LayerPlan) -> str:
   return ", ".join(f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
                    for a, b, p in segments(plan, len(plan)))
 
 
 def main(args) -> int:
-  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
   if args.offload and args.plan == "auto" and args.budget is None:
     raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
                              "planner, or --plan POLICY")
@@ -295,18 +285,15 @@ def main(args) -> int:
                 + (" | offload" if args.offload else ""))
 
   def run(plan):
-    columns = (TextColumn("step"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-      task = progress.add_task("train", total=config.steps, metrics="")
+    with progress(console, "step", config.steps) as update:
 
       def on_step(done, total):
-        progress.update(task, completed=done, total=total)
+        update(completed=done, total=total)
 
       def on_log(r):
-        progress.update(task, metrics=f"loss {r['loss']:.4f}")
-        progress.console.print(f"step {r['step']:5d}  loss {r['loss']:.4f}  "
-                               f"{r['tokens_per_second']:,.0f} tokens/s")
+        update(metrics=f"loss {r['loss']:.4f}")
+        console.print(f"step {r['step']:5d}  loss {r['loss']:.4f}  "
+                      f"{r['tokens_per_second']:,.0f} tokens/s")
 
       return train(config, plan=plan, on_step=on_step, on_log=on_log)
 

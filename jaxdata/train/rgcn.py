@@ -29,6 +29,7 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
+from jaxdata.train.common import TrainResult, accuracy, progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +73,6 @@ class EntityClassifier(nnx.Module):
     return self.conv2(graph, h).astype(jnp.float32)
 
 
-@dataclasses.dataclass
-class TrainResult:
-  model: EntityClassifier
-  test_accuracy: float
-  history: list[dict]      # per epoch: epoch, loss, train_accuracy, seconds
-  seconds: float
-  optimizer: nnx.Optimizer | None = None
-
-
-def accuracy(logits, labels) -> jax.Array:
-  """The fraction of rows whose largest logit is at their label."""
-  return jnp.mean(jnp.argmax(logits, -1) == labels)
 
 
 def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
@@ -93,7 +82,6 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   train_idx, train_y = jnp.asarray(dataset.train_idx), jnp.asarray(dataset.train_y)
-  test_idx, test_y = jnp.asarray(dataset.test_idx), jnp.asarray(dataset.test_y)
   table = None if dataset.features is None else HostTable(dataset.features)
   node_ids = jnp.arange(dataset.graph.num_nodes, dtype=jnp.int32)
 
@@ -131,7 +119,8 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
       jax.effects_barrier()
       table.close()
   test_accuracy = evaluate(model, dataset, graph)["test_accuracy"]
-  return TrainResult(model, test_accuracy, history, time.perf_counter() - start, optimizer)
+  return TrainResult(model, history, {"test_accuracy": test_accuracy},
+                     time.perf_counter() - start, optimizer)
 
 
 @nnx.jit
@@ -230,8 +219,6 @@ def add_arguments(parser):
 
 
 def main(args) -> int:
-  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
   console = command.console()
   if args.data:
     data = {"source": "rdf", "path": os.path.abspath(args.data)}
@@ -255,18 +242,13 @@ def main(args) -> int:
   for seed in range(args.seed, args.seed + args.seeds):
     config = TrainConfig(epochs=args.epochs, hidden=args.hidden, num_bases=num_bases, l2=l2,
                          learning_rate=args.lr, seed=seed, dtype=args.dtype)
-    columns = (TextColumn(f"seed {seed}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=args.seeds > 1) as progress:
-      task = progress.add_task("train", total=config.epochs, metrics="")
+    with progress(console, f"seed {seed}", config.epochs, transient=args.seeds > 1) as update:
 
       def on_epoch(r):
-        progress.update(task, advance=1, metrics=(f"loss {r['loss']:.4f}  "
-                                                  f"train acc {r['train_accuracy']:.3f}"))
+        update(advance=1, metrics=f"loss {r['loss']:.4f}  train acc {r['train_accuracy']:.3f}")
         if args.seeds == 1:
-          progress.console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
-                                 f"train acc {r['train_accuracy']:.4f}  "
-                                 f"{1e3 * r['seconds']:.1f} ms")
+          console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
+                        f"train acc {r['train_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
       result = train(dataset, config, on_epoch=on_epoch)
     accuracies.append(result.test_accuracy)

@@ -38,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxdata import command
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
+from jaxdata.train.common import TrainResult, progress
 
 PIPELINES = ("host", "device", "cpu")
 
@@ -77,15 +78,6 @@ class SageConfig:
       raise ValueError(f"SageConfig: cache must be a fraction in [0, 1], got {self.cache}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"SageConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
-
-
-@dataclasses.dataclass
-class TrainResult:
-  model: GraphSAGE
-  history: list[dict[str, float]]  # per epoch: loss, train_accuracy, val_accuracy, seconds, ...
-  test_accuracy: float
-  seconds: float
-  opt_state: Any = None            # the optimizer's (optax) state at the end
 
 
 # ----------------------------------------------------------------------------- the model step
@@ -317,7 +309,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
   test = accuracy(dataset.test_nodes, test_key) if config.evaluate and len(
       dataset.test_nodes) else float("nan")
   model = nnx.merge(graphdef, jax.device_get(params))
-  return TrainResult(model, history, test, time.perf_counter() - start,
+  return TrainResult(model, history, {"test_accuracy": test}, time.perf_counter() - start,
                      jax.device_get(opt_state))
 
 
@@ -335,7 +327,7 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   return checkpoint.save(
       path, kind="sage", params=nnx.to_pure_dict(nnx.state(result.model, nnx.Param)),
-      optimizer_state=result.opt_state, config=config, data=data,
+      optimizer_state=result.optimizer, config=config, data=data,
       step=sum(r["batches"] for r in result.history), history=result.history,
       metrics={"test_accuracy": result.test_accuracy})
 
@@ -466,8 +458,6 @@ def add_arguments(parser):
 
 
 def main(args) -> int:
-  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
   console = command.console()
   config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
                       batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
@@ -484,18 +474,15 @@ def main(args) -> int:
                 f"fanouts {config.fanouts}, {jax.devices()[0].platform} x "
                 f"{len(jax.devices()) if config.devices is None else config.devices}")
   with HostGraph(dataset.indptr, dataset.indices, features=table) as graph, table:
-    columns = (TextColumn("epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-      task = progress.add_task("train", total=None, epoch=1, metrics="")
+    with progress(console, "epoch {task.fields[epoch]}", None, epoch=1) as update:
 
       def on_batch(done, total):
-        progress.update(task, completed=done, total=total)
+        update(completed=done, total=total)
 
       def on_epoch(r):
-        progress.update(task, epoch=r["epoch"] + 1, completed=0,
-                        metrics=f"loss {r['loss']:.4f}  val acc {r.get('val_accuracy', 0):.3f}")
-        progress.console.print(
+        update(epoch=r["epoch"] + 1, completed=0,
+               metrics=f"loss {r['loss']:.4f}  val acc {r.get('val_accuracy', 0):.3f}")
+        console.print(
             f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  train acc {r['train_accuracy']:.4f}  "
             f"val acc {r.get('val_accuracy', float('nan')):.4f}  {r['seconds']:.2f} s  "
             f"({r['seeds_per_second']:,.0f} seeds/s)")
