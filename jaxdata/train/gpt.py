@@ -122,7 +122,7 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   start_loss = float(_evaluate(model, held_out))
   history, window = [], []
   start = t0 = time.perf_counter()
-  compile_seconds = 0.0
+  compile_seconds = evaluating = 0.0
   for i in range(1, config.steps + 1):
     window.append(step(model, optimizer, jnp.asarray(next(data))))
     if i == 1:
@@ -135,12 +135,15 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
       seconds = time.perf_counter() - t0
       record = dict(step=i, loss=float(losses.mean()), seconds=seconds,
                     tokens_per_second=len(losses) * tokens_per_step / seconds)
+      e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
+      record["val_loss"] = float(_evaluate(model, held_out))
+      evaluating += time.perf_counter() - e0
       history.append(record)
       if on_log:
         on_log(record)
       window, t0 = [], time.perf_counter()
-  total = time.perf_counter() - start
-  final_loss = float(_evaluate(model, held_out))
+  total = time.perf_counter() - start - evaluating
+  final_loss = history[-1]["val_loss"]  # the last step is always logged
   rest = max(total - compile_seconds, 1e-9)  # the steps after the first, which compiled
   metrics = dict(start_loss=start_loss, final_loss=final_loss, train_loss=history[-1]["loss"],
                  entropy=chain.entropy(), uniform_loss=math.log(config.vocab),
@@ -293,7 +296,7 @@ def main(args) -> int:
       def on_log(r):
         update(metrics=f"loss {r['loss']:.4f}")
         console.print(f"step {r['step']:5d}  loss {r['loss']:.4f}  "
-                      f"{r['tokens_per_second']:,.0f} tokens/s")
+                      f"held-out loss {r['val_loss']:.4f}  {r['tokens_per_second']:,.0f} tokens/s")
 
       return train(config, plan=plan, on_step=on_step, on_log=on_log)
 
