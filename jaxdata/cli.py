@@ -1,4 +1,4 @@
-"""The `jaxdata` command: `train ...`, `bench ...`, `rok` and `info`.
+"""The `jaxdata` command: `train ...`, `eval`, `bench ...`, `rok` and `info`.
 
 Each command's module owns its options (`add_arguments(parser)`) and its run (`main(args)`);
 this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`).
@@ -28,14 +28,13 @@ TRAIN = {
 BENCH = {
     "gather": ("jaxdata.bench.gather",
                "host_gather vs NumPy gather + device_put vs pinned memcpy"),
-    "rgnn": ("jaxdata.bench.rgnn",
+    "rgnn": ("jaxdata.bench.rgnn_command",
              "one RGCN, RGAT or HGT layer (fwd+bwd): jaxdata vs plain JAX vs PyG"),
     "minibatch": ("jaxdata.bench.minibatch",
                   "mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric vs jaxdata's "
                   "GPU-centric pipeline"),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
-EVAL = ("jaxdata.train.checkpoint", "rebuild a saved model (train --out DIR) and measure it again")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -100,6 +99,24 @@ def _info(args: argparse.Namespace) -> int:
   return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+  """`jaxdata eval DIR`: rebuilds a saved model and measures it again on its data."""
+  import os  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  overrides = {"path": os.path.abspath(args.data)} if args.data else {}
+  try:
+    loaded = checkpoint.load_model(args.checkpoint, **overrides)
+  except (FileNotFoundError, ValueError) as e:
+    raise command.UsageError(str(e)) from None
+  console = command.console()
+  console.print(f"[bold]{loaded.kind}[/] checkpoint {args.checkpoint}: step {loaded.meta['step']}")
+  for name, value in loaded.evaluate().items():
+    saved = loaded.metrics.get(name)
+    console.print(f"{name} {value:.4f}" + ("" if saved is None else f" (at save: {saved:.4f})"))
+  return 0
+
+
 def _add(sub, name: str, module_name: str, help_text: str, *extra) -> None:
   module = importlib.import_module(module_name)
   parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -124,7 +141,11 @@ def parser() -> command.Parser:
       dest="bench", metavar="BENCHMARK", required=True)
   for name, (module, text) in BENCH.items():
     _add(bench, name, module, text)
-  _add(sub, "eval", *EVAL)
+  ev = sub.add_parser("eval", help="rebuild a saved model (train --out DIR) and measure it again")
+  ev.add_argument("checkpoint", metavar="DIR", help="a checkpoint folder (train --out)")
+  ev.add_argument("--data", metavar="PATH", type=command.existing_file,
+                  help="the data file, where it has moved since training (RDF archives)")
+  ev.set_defaults(run=_eval, prog=ev.prog)
   _add(sub, "rok", *ROK)
   return top
 

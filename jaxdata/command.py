@@ -123,10 +123,20 @@ def output_path(text: str) -> str:
   return text
 
 
+def is_replaceable(path: str | os.PathLike) -> bool:
+  """Whether a checkpoint may be written at `path`: nothing there, an empty folder, or a checkpoint."""
+  path = os.fspath(path)
+  if not os.path.exists(path):
+    return True
+  if not os.path.isdir(path):
+    return False
+  entries = set(os.listdir(path))
+  return not entries or {"meta", "state"} <= entries
+
+
 def checkpoint_dir(text: str) -> str:
   """A checkpoint folder to write: its parent must exist and be writable; if it exists it must be
   empty or a checkpoint already (which is replaced), never some other folder."""
-  from jaxdata.train.checkpoint import is_replaceable  # pylint: disable=g-import-not-at-top
   _parent_writable(text.rstrip(os.sep) or text)
   if os.path.exists(text) and not is_replaceable(text):
     raise argparse.ArgumentTypeError(f"{text!r} exists and is not a checkpoint folder: choose a "

@@ -20,9 +20,6 @@ import numpy as np
 import pytest
 
 from jaxdata.bench import rgnn_peers as peers
-
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph, mag
 

@@ -42,10 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from jaxdata import command
-from jaxdata.bench import rgnn_peers as peers
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
-from jaxdata.bench import common
-from jaxdata.bench import rgnn
+from jaxdata.bench import common, rgnn
 from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.timing import step_seconds
@@ -662,7 +659,7 @@ def document(previous: str | None, model: str, section: str) -> str:
 
 # ----------------------------------------------------------------------------- the CLI
 def main(args) -> int:
-  """`jaxdata bench rgnn --model rgat|hgt` (its options: `rgnn.add_arguments`)."""
+  """`jaxdata bench rgnn --model rgat|hgt` (its options: `jaxdata.bench.rgnn_command`)."""
   import rich.markup  # pylint: disable=g-import-not-at-top
 
   model = args.model

@@ -3,7 +3,7 @@ takes to rebuild the model and its data (the training configuration and a descri
 data), the training history and the metrics measured at the end of training.
 
 Every `jaxdata train ...` saves one (`--out DIR`); `load_model` rebuilds a ready model from it in a
-fresh process, and `jaxdata eval DIR` measures it again on its data:
+fresh process, and `jaxdata eval DIR` (`jaxdata.cli`) measures it again on its data:
 
     from jaxdata import load_model
     loaded = load_model("rgcn-checkpoint")
@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from jaxdata import command
 
 FORMAT = 1
 #: kind -> the training module that builds and evaluates it (each defines `restore`).
@@ -73,17 +75,6 @@ def _jsonable(value: Any) -> Any:
   return value
 
 
-def is_replaceable(path: str | os.PathLike) -> bool:
-  """Whether `save` may write at `path`: nothing there, an empty folder, or a checkpoint."""
-  path = os.fspath(path)
-  if not os.path.exists(path):
-    return True
-  if not os.path.isdir(path):
-    return False
-  entries = set(os.listdir(path))
-  return not entries or {"meta", "state"} <= entries
-
-
 def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: dict,
          step: int, history: list[dict] = (), metrics: dict | None = None,
          optimizer_state: Any = None) -> str:
@@ -104,7 +95,7 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
     raise ValueError(f"checkpoint.save: kind must be one of {sorted(KINDS)}, got {kind!r}")
   import jaxdata  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(os.fspath(path))
-  if not is_replaceable(path):  # Orbax replaces the whole folder: never someone else's
+  if not command.is_replaceable(path):  # Orbax replaces the whole folder: never someone else's
     raise ValueError(f"checkpoint.save: {path} exists and is neither empty nor a checkpoint")
   state = {"params": jax.device_get(params)}
   if optimizer_state is not None:
@@ -195,29 +186,3 @@ def load_model(path: str | os.PathLike, **data_overrides: Any) -> Loaded:
   meta["data"] = {**meta["data"], **data_overrides}
   module = importlib.import_module(KINDS[meta["kind"]])
   return module.restore(os.path.abspath(os.fspath(path)), meta)
-
-
-# ----------------------------------------------------------------------------- the CLI
-def add_arguments(parser) -> None:
-  """`jaxdata eval` options."""
-  from jaxdata import command  # pylint: disable=g-import-not-at-top
-  parser.add_argument("checkpoint", metavar="DIR", help="a checkpoint folder (train --out)")
-  parser.add_argument("--data", metavar="PATH", type=command.existing_file,
-                      help="the data file, where it has moved since training (RDF archives)")
-
-
-def main(args) -> int:
-  """`jaxdata eval DIR`: rebuilds the model and measures it again on its data."""
-  from jaxdata import command  # pylint: disable=g-import-not-at-top
-  overrides = {"path": os.path.abspath(args.data)} if args.data else {}
-  try:
-    loaded = load_model(args.checkpoint, **overrides)
-  except (FileNotFoundError, ValueError) as e:
-    raise command.UsageError(str(e)) from None
-  console = command.console()
-  console.print(f"[bold]{loaded.kind}[/] checkpoint {args.checkpoint}: step {loaded.meta['step']}")
-  measured = loaded.evaluate()
-  for name, value in measured.items():
-    saved = loaded.metrics.get(name)
-    console.print(f"{name} {value:.4f}" + ("" if saved is None else f" (at save: {saved:.4f})"))
-  return 0
