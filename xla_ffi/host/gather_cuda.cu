@@ -262,7 +262,11 @@ ffi::Error HostGatherCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer idx
   const int64_t rb = OutputRowBytes(*out);
   const DeviceTableArg table = tables->Arg(handle, rows, rb, kOpGather);
   const int64_t n = idx.element_count();
-  if (n == 0) return ffi::Error::Success();
+  if (n == 0) {
+    CheckHandleKernel<<<1, 1, 0, stream>>>(table);
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
   unsigned char fill16[16];
   RepeatPattern(uint64_t(fill_bits), ffi::ByteWidth(out->element_type()), fill16, 16);
   char* dst = static_cast<char*>(out->untyped_data());

@@ -106,6 +106,12 @@ ffi::Error HostSampleCuda(cudaStream_t stream, Handle indptr_handle, Handle indi
   const TableCsr csr{tables->Arg(indptr_handle, num_nodes + 1, sizeof(int64_t), kOpSample),
                      tables->Arg(indices_handle, num_edges, sizeof(int32_t), kOpSample),
                      num_nodes};
+  if (n == 0) {
+    CheckHandleKernel<<<1, 1, 0, stream>>>(csr.indptr);
+    CheckHandleKernel<<<1, 1, 0, stream>>>(csr.indices);
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
   return Launch<int64_t>(stream, nodes.typed_data(), n, key.typed_data(), csr, num_edges, fanout,
                          replace != 0, neighbours->typed_data(), mask->typed_data());
 }

@@ -65,4 +65,8 @@ __device__ __forceinline__ const char* ResolveTableForBlock(const DeviceTableArg
   return base;
 }
 
+// Resolves a handle and reads nothing: for calls with no work, so that a bad handle is reported
+// as it is when there is work.
+static __global__ void CheckHandleKernel(DeviceTableArg t) { ResolveTable(t); }
+
 }  // namespace jaxdata
