@@ -255,7 +255,7 @@ ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* id
 ffi::Error HostGatherCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer idx,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> scratch,
                           int64_t rows, int32_t mode, int64_t fill_bits, int32_t sort) {
-  auto tables = CurrentDeviceTables();
+  auto tables = StreamDeviceTables(stream);
   if (tables.has_error()) return tables.error();
   if (auto err = TakeDeviceError(*tables); !err.success()) return err;
   if (auto err = CheckHandleShape(handle); !err.success()) return err;
@@ -287,7 +287,7 @@ ffi::Error HostGatherCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer idx
 // (the last owner's ~HostBuffer waits for the GPUs before freeing).
 ffi::Error HostSliceCuda(cudaStream_t stream, Handle handle, ffi::Result<ffi::AnyBuffer> out,
                          int64_t rows, int64_t start) {
-  auto tables = CurrentDeviceTables();
+  auto tables = StreamDeviceTables(stream);
   if (tables.has_error()) return tables.error();
   if (auto err = TakeDeviceError(*tables); !err.success()) return err;
   int64_t id = 0;

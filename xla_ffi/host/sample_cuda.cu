@@ -96,7 +96,7 @@ ffi::Error HostSampleCuda(cudaStream_t stream, Handle indptr_handle, Handle indi
                           ffi::Result<ffi::Buffer<ffi::S32>> neighbours,
                           ffi::Result<ffi::Buffer<ffi::PRED>> mask, int64_t num_nodes,
                           int64_t num_edges, int64_t fanout, int32_t replace) {
-  auto tables = CurrentDeviceTables();
+  auto tables = StreamDeviceTables(stream);
   if (tables.has_error()) return tables.error();
   if (auto err = TakeDeviceError(*tables); !err.success()) return err;
   if (auto err = CheckHandleShape(indptr_handle); !err.success()) return err;

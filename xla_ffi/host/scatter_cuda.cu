@@ -130,7 +130,7 @@ ffi::Error HostScatterAddCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer
   if (rows.element_type() != ffi::S32 && rows.element_type() != ffi::S64) {
     return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: rows must be int32 or int64");
   }
-  auto tables = CurrentDeviceTables();
+  auto tables = StreamDeviceTables(stream);
   if (tables.has_error()) return tables.error();
   if (auto err = TakeDeviceError(*tables); !err.success()) return err;
   const int64_t row_bytes = cols * int64_t(ffi::ByteWidth(updates.element_type()));

@@ -37,6 +37,7 @@ struct Registry {
   std::unordered_map<int64_t, TableView> tables;
   std::vector<DeviceSlot> slots = std::vector<DeviceSlot>(size_t(kTableSlots), DeviceSlot{});
   std::vector<bool> slot_used = std::vector<bool>(size_t(kTableSlots), false);
+  int64_t slots_in_use = 0;  // open tables, and closed ones whose slot is not free yet
 #ifdef JAXDATA_WITH_CUDA
   std::atomic<DeviceRegistry*> devices[kMaxDevices] = {};
 #endif
@@ -72,10 +73,15 @@ std::string NotMappedMessage(int64_t id) {
 // r.mu (so no registry appears meanwhile) when fn writes slots.
 template <typename Fn>
 void ForEachDevice(Registry& r, Fn fn) {
-  int current = -1;
-  if (cudaGetDevice(&current) != cudaSuccess) {
+  struct RestoreDevice {  // also when fn throws
+    int device = -1;
+    ~RestoreDevice() {
+      if (device >= 0) cudaSetDevice(device);
+    }
+  } restore;
+  if (cudaGetDevice(&restore.device) != cudaSuccess) {
     cudaGetLastError();
-    current = -1;
+    restore.device = -1;
   }
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceRegistry* dev = r.devices[d].load(std::memory_order_acquire);
@@ -86,7 +92,6 @@ void ForEachDevice(Registry& r, Fn fn) {
     }
     fn(*dev);
   }
-  if (current >= 0) cudaSetDevice(current);
 }
 
 // Copies `bytes` of host memory to `dst` on dev's device and waits for that copy alone.
@@ -124,7 +129,7 @@ int64_t RegisterTable(std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t 
   }
   Registry& r = GetRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  if (int64_t(r.tables.size()) >= kTableSlots) {
+  if (r.slots_in_use >= kTableSlots) {
     throw std::overflow_error("this process has " + std::to_string(kTableSlots) +
                               " host tables open, the most it may; close some first");
   }
@@ -151,6 +156,7 @@ int64_t RegisterTable(std::shared_ptr<HostBuffer> buffer, int64_t rows, int64_t 
   }
 #endif
   r.slot_used[size_t(s)] = true;
+  ++r.slots_in_use;
   r.next_id = id + 1;
   r.tables[id] = TableView{std::move(buffer), rows, row_bytes};
   return id;
@@ -187,6 +193,7 @@ void CloseTable(int64_t id) {
 #endif
   std::lock_guard<std::mutex> lock(r.mu);
   r.slot_used[size_t(s)] = false;  // only now may a new table take the slot
+  --r.slots_in_use;
 }
 
 int64_t OpenTableCount() {
@@ -223,11 +230,17 @@ ffi::Error DeviceHandleValues(cudaStream_t stream, std::initializer_list<const H
   return ffi::Error::Success();
 }
 
-ffi::ErrorOr<DeviceTables> CurrentDeviceTables() {
+ffi::ErrorOr<DeviceTables> StreamDeviceTables(cudaStream_t stream) {
+  // The stream's own device: a kernel must never get another device's registry address.
   int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
+#if CUDART_VERSION >= 12080
+  cudaError_t got = cudaStreamGetDevice(stream, &device);
+#else
+  cudaError_t got = cudaGetDevice(&device);
+#endif
+  if (got != cudaSuccess) {
     cudaGetLastError();
-    return ffi::Unexpected(ffi::Error::Internal(CudaMessage(err, "cudaGetDevice")));
+    return ffi::Unexpected(ffi::Error::Internal(CudaMessage(got, "cudaStreamGetDevice")));
   }
   if (device < 0 || device >= kMaxDevices) {
     return ffi::Unexpected(ffi::Error::Internal("jaxdata: GPU ordinal " + std::to_string(device) +
@@ -241,6 +254,15 @@ ffi::ErrorOr<DeviceTables> CurrentDeviceTables() {
     std::lock_guard<std::mutex> lock(r.mu);
     dev = r.devices[device].load(std::memory_order_acquire);
     if (dev == nullptr) {
+      int current = -1;  // XLA has made the stream's device current; if not, for this only
+      if (cudaGetDevice(&current) != cudaSuccess) cudaGetLastError(), current = -1;
+      if (current != device && cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
+      struct Restore {
+        int device;
+        ~Restore() {
+          if (device >= 0) cudaSetDevice(device);
+        }
+      } restore{current};
       auto made = std::make_unique<DeviceRegistry>();
       made->device = device;
       void* slots = nullptr;

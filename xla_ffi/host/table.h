@@ -116,8 +116,8 @@ xla::ffi::ErrorOr<int64_t> HandleValue(const Handle& handle);
 xla::ffi::Error DeviceHandleValues(cudaStream_t stream, std::initializer_list<const Handle*> handles,
                                    int64_t* ids);
 
-// The current device's registry, made on first use (device memory for the slots, filled with
-// every open table; mapped pinned memory for the error block).
+// The registry of the device that `stream` belongs to, made on first use (device memory for the
+// slots, filled with every open table; mapped pinned memory for the error block).
 struct DeviceTables {
   int device = 0;
   const DeviceSlot* slots = nullptr;
@@ -129,7 +129,7 @@ struct DeviceTables {
                           uint32_t(op)};
   }
 };
-xla::ffi::ErrorOr<DeviceTables> CurrentDeviceTables();
+xla::ffi::ErrorOr<DeviceTables> StreamDeviceTables(cudaStream_t stream);
 // Every GPU handler calls this first: the error an earlier kernel on this device recorded (and
 // clears it), or success. Reads host memory only; never waits for the GPU.
 xla::ffi::Error TakeDeviceError(const DeviceTables& tables);
