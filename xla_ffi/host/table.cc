@@ -310,7 +310,8 @@ ffi::Error TakeDeviceError(const DeviceTables& tables) {
   seen.want_rows = v->want_rows, seen.want_row_bytes = v->want_row_bytes;
   seen.got_rows = v->got_rows, seen.got_row_bytes = v->got_row_bytes;
   // Cleared only if no other error replaced it meanwhile (that one stays for the next call).
-  __atomic_compare_exchange_n(word_ptr, &word, uint64_t(0), false, __ATOMIC_ACQ_REL,
+  uint64_t expected = word;  // the exchange overwrites it when it fails; `word` stays ours
+  __atomic_compare_exchange_n(word_ptr, &expected, uint64_t(0), false, __ATOMIC_ACQ_REL,
                               __ATOMIC_ACQUIRE);
   const uint32_t code = uint32_t(word >> 32);
   const int64_t id = int32_t(uint32_t(word));
