@@ -223,8 +223,7 @@ template <typename I>
 ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* idx, int64_t n,
                        const DeviceTableArg& table, int32_t mode, bool sort,
                        const unsigned char* fill16, char* out) {
-  // Only the gather kernel reads the table (and resolves the handle); the sort needs its rows.
-  const DeviceTableArg& t = table;
+  const DeviceTableArg& t = table;  // only the gather kernel resolves it; the sort needs rows
   const size_t needed = sort ? HostGatherSortScratchBytes(n, t.rows) : 0;
   // Python sizes the scratch output for one call; under vmap the batch may need more than it
   // was given, and then the rows are read unsorted (the same result, only slower).

@@ -271,7 +271,8 @@ ffi::ErrorOr<DeviceTables> StreamDeviceTables(cudaStream_t stream) {
       cudaError_t err = cudaMalloc(&slots, sizeof(DeviceSlot) * size_t(kTableSlots));
       if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&made->stream, cudaStreamNonBlocking);
       if (err == cudaSuccess) {
-        err = cudaHostAlloc(&error, sizeof(DeviceError), cudaHostAllocPortable | cudaHostAllocMapped);
+        err = cudaHostAlloc(&error, sizeof(DeviceError),
+                            cudaHostAllocPortable | cudaHostAllocMapped);
       }
       if (err == cudaSuccess) err = cudaHostGetDevicePointer(&error_device, error, 0);
       if (err == cudaSuccess) {
