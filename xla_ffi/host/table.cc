@@ -235,6 +235,10 @@ ffi::ErrorOr<DeviceTables> StreamDeviceTables(cudaStream_t stream) {
   int device = 0;
 #if CUDART_VERSION >= 12080
   cudaError_t got = cudaStreamGetDevice(stream, &device);
+  if (got != cudaSuccess) {  // e.g. a driver older than the call: XLA made the device current
+    cudaGetLastError();
+    got = cudaGetDevice(&device);
+  }
 #else
   cudaError_t got = cudaGetDevice(&device);
 #endif
