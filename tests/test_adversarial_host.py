@@ -139,9 +139,16 @@ def _misuse_cases(seed):
   rng = np.random.default_rng(seed)
   out = []
 
+  probe = HostTable(np.zeros((1, 1), np.float32))
+
   def attempt(name, fn, check=None):
     try:
       result = jax.block_until_ready(fn())
+      if any(d.platform == "gpu" for leaf in jax.tree.leaves(result)
+             if isinstance(leaf, jax.Array) for d in leaf.devices()):
+        # A GPU kernel that met a bad handle read nothing and left the error for the next
+        # jaxdata host call on the device: make that call, and take its error as this one's.
+        jax.block_until_ready(host_gather(probe, jnp.zeros(1, jnp.int32)))
       ok = check is None or check(result)
       out.append((name, "ok" if ok else f"WRONG {np.asarray(result)!r}"[:300]))
     except Exception as e:  # noqa: BLE001 - every error is reported to the parent

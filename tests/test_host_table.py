@@ -8,8 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from handle_errors import all_nan, assert_handle_error
 from jaxdata import _ffi
 from jaxdata.host import HostTable, host_gather, host_scatter_add, host_slice
+from jaxdata.host.gather import _fill_bits
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.int32, np.int64])
@@ -149,7 +151,9 @@ def test_context_manager_and_repr():
 # -- lifetime through JAX's caches ---------------------------------------------------------------
 
 
-def test_tables_of_one_shape_and_dtype_share_one_executable():
+def test_tables_of_one_shape_and_dtype_share_one_executable(device):
+  # Each table is closed before the next opens: on a GPU the new one takes a registry slot the
+  # same executable resolves afresh.
   f = jax.jit(lambda t, i: host_gather(t, i))  # its own cache (jit shares a function's)
   idx = jnp.array([0, 2, -1, 5])
   data = np.random.default_rng(0).standard_normal((8, 3, 4)).astype(np.float32)
@@ -207,23 +211,120 @@ def test_a_closed_table_passed_to_a_function_compiled_for_a_live_one_raises_a_cl
     jax.jit(lambda t, i, u: host_scatter_add(t, i, u))(closed, jnp.array([1]), jnp.ones((1, 2)))
 
 
-def test_a_stale_or_foreign_handle_is_refused_by_the_native_side():
+def test_a_stale_or_foreign_handle_is_refused_by_the_native_side(device):
   # A program built for one table's shape, fed the handle of a closed table or of a table of
-  # another shape: the FFI call fails with an error, it never reads the wrong memory.
+  # another shape: the FFI call fails with an error (on a GPU, possibly the next host call on
+  # the device: handle_errors.py), it never reads the wrong memory.
   f = jax.jit(host_gather)
   with HostTable(np.ones((4, 2), np.float32)) as a, HostTable(np.ones((6, 2), np.float32)) as b:
+    probe = lambda: f(a, jnp.array([0]))  # noqa: E731
     treedef = jax.tree.structure(a)
     foreign = jax.tree.unflatten(treedef, [b.handle])
-    with pytest.raises(Exception, match=r"has 6 rows .* built for 4 rows"):
-      jax.block_until_ready(f(foreign, jnp.array([1])))
+    assert_handle_error(lambda: f(foreign, jnp.array([1])), r"has 6 rows .* built for 4 rows",
+                        then=probe, untouched=all_nan)
     never = jax.tree.unflatten(treedef, [np.int32(2**31 - 1)])
-    with pytest.raises(Exception, match="is closed"):
-      jax.block_until_ready(f(never, jnp.array([1])))
+    assert_handle_error(lambda: f(never, jnp.array([1])), "is closed", then=probe,
+                        untouched=all_nan)
     gone = HostTable(np.ones((4, 2), np.float32))
     stale = jax.tree.unflatten(treedef, [gone.handle])
     gone.close()
-    with pytest.raises(Exception, match="is closed"):
-      jax.block_until_ready(f(stale, jnp.array([1])))
+    assert_handle_error(lambda: f(stale, jnp.array([1])), "is closed", then=probe,
+                        untouched=all_nan)
+
+
+def _raw_gather(handle, idx, rows, cols):
+  """jaxdata_host_gather called directly, as a forged program would: float32, NaN fill."""
+  out = jax.ShapeDtypeStruct(idx.shape + (cols,), np.float32)
+  result, _ = jax.ffi.ffi_call("jaxdata_host_gather", (out, jax.ShapeDtypeStruct((0,), np.uint8)))(
+      jnp.asarray(handle, jnp.int32), idx, rows=np.int64(rows), mode=np.int32(0),
+      fill_bits=_fill_bits(np.dtype(np.float32), None), sort=np.int32(0))
+  return result
+
+
+def _raw_scatter(handle, rows, updates, table_rows):
+  return jax.ffi.ffi_call("jaxdata_host_scatter_add", jax.ShapeDtypeStruct((), jnp.int32),
+                          has_side_effect=True)(
+      jnp.asarray(handle, jnp.int32), rows, jnp.arange(rows.shape[0], dtype=jnp.int32), updates,
+      rows=np.int64(table_rows))
+
+
+def _raw_sample(indptr_handle, indices_handle, nodes, num_nodes, num_edges, fanout):
+  shape = (nodes.shape[0], fanout)
+  return jax.ffi.ffi_call(
+      "jaxdata_host_sample",
+      (jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, bool)))(
+          jnp.asarray(indptr_handle, jnp.int32), jnp.asarray(indices_handle, jnp.int32), nodes,
+          jnp.zeros(2, jnp.uint32), num_nodes=np.int64(num_nodes), num_edges=np.int64(num_edges),
+          fanout=np.int64(fanout), replace=np.int32(0))
+
+
+def test_forged_handles_through_the_raw_ffi_calls_read_and_write_nothing(device):
+  # Handles no public API makes: zero, negative, never issued, closed, of another geometry, and
+  # one that lands on a live table's registry slot (id + 2**16) but is not its id.
+  from jaxdata.host import HostGraph
+  data = np.arange(24, dtype=np.float32).reshape(8, 3)
+  with HostTable(data) as t, HostTable(np.ones((5, 3), np.float32)) as other, \
+      HostTable(np.ones((1, 1), np.float32)) as probe_table, \
+      HostGraph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], 4) as g:
+    gone = HostTable(data)
+    gone_id = gone.table_id
+    gone.close()
+    probe = lambda: host_gather(probe_table, jnp.array([0]))  # noqa: E731
+    idx = jnp.array([0, 3, 7, -1], jnp.int32)
+    forged = [(0, "is closed"), (-7, "is closed"), (2**31 - 1, "is closed"),
+              (gone_id, "is closed"), (t.table_id + 2**16, "is closed"),
+              (other.table_id, r"has 5 rows of 12 bytes; .* built for 8 rows of 12")]
+    for handle, match in forged:
+      assert_handle_error(lambda: _raw_gather(handle, idx, 8, 3), match, then=probe,
+                          untouched=all_nan)
+      # A scatter fails the call itself (it waits for its kernel) and adds nothing anywhere.
+      with pytest.raises(Exception, match=match):
+        jax.block_until_ready(_raw_scatter(handle, jnp.array([0, 7], jnp.int32),
+                                           jnp.ones((2, 3), jnp.float32), 8))
+      nodes = jnp.array([0, 1, 2, 3], jnp.int32)
+      for handles in ((handle, g.indices.handle), (g.indptr.handle, handle)):
+        assert_handle_error(lambda: _raw_sample(*handles, nodes, 4, 4, 2), "jaxdata: HostTable",
+                            then=probe, untouched=lambda r: not np.asarray(r[1]).any())
+    np.testing.assert_array_equal(t.as_numpy(), data)
+    np.testing.assert_array_equal(other.as_numpy(), np.ones((5, 3), np.float32))
+    # The real handle still works, through the same raw call.
+    np.testing.assert_array_equal(_raw_gather(t.table_id, idx, 8, 3), data[[0, 3, 7, 7]])
+    jax.block_until_ready(probe())
+
+
+def test_an_unmapped_table_is_refused_by_a_gpu_kernel(device):
+  if device.platform != "gpu":
+    pytest.skip("only a GPU needs mapped memory")
+  with HostTable(np.ones((4, 2), np.float32), pinned=False) as t, \
+      HostTable(np.ones((1, 1), np.float32)) as probe_table:
+    assert_handle_error(lambda: host_gather(t, jnp.array([0])), "not in pinned, device-mapped",
+                        then=lambda: host_gather(probe_table, jnp.array([0])), untouched=all_nan)
+
+
+@pytest.mark.gpu
+def test_gathers_are_queued_without_waiting_for_the_gpu():
+  # Each call's handler returns without waiting for the GPU, so fifty calls are queued long
+  # before they have run. With a wait per call, queuing took 49/50 of the time it took to run
+  # them all. JAX may itself cap the computations in flight (32 in its stream-executor client),
+  # after which queuing one more waits for one to finish: hence 3/4, not a small fraction.
+  try:
+    gpu = jax.devices("gpu")[0]
+  except RuntimeError:
+    pytest.skip("no GPU visible to JAX")
+  import time
+  rng = np.random.default_rng(0)
+  rows = 1 << 18
+  with jax.default_device(gpu), HostTable(rng.standard_normal((rows, 64), np.float32)) as t:
+    f = jax.jit(host_gather)
+    idx = jax.device_put(rng.integers(0, rows, 1 << 19).astype(np.int32), gpu)
+    jax.block_until_ready(f(t, idx))  # compiled and warm
+    start = time.perf_counter()
+    outs = [f(t, idx) for _ in range(50)]  # 128 MiB each, a few milliseconds of GPU time
+    queued = time.perf_counter() - start
+    jax.block_until_ready(outs)
+    total = time.perf_counter() - start
+    np.testing.assert_array_equal(outs[-1][:4], t.as_numpy()[np.asarray(idx[:4])])
+  assert queued < 0.75 * total, f"queuing took {queued:.4f} s of {total:.4f} s"
 
 
 def test_tree_map_over_a_table_gives_the_table_back_and_placeholders_refuse_host_access():

@@ -40,6 +40,12 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
   argument (with `in_axes=None` under vmap); either way the compiled program takes the table's
   handle as an operand, so tables of one shape and dtype share it and none is kept alive by it.
 
+  On a GPU the call never waits for the device: the kernel resolves the handle through the
+  GPU's copy of the table registry. A handle that names no open table of this shape (a
+  function that closed over a table, called after `close()`) reads nothing: the result is all
+  fill values and the next jaxdata host call on that GPU raises the error. On the CPU the call
+  itself raises it.
+
   Example:
     >>> with HostTable(np.eye(4, dtype=np.float32)) as t:
     ...   host_gather(t, jnp.array([[0, 3], [-1, 9]]))   # shape (2, 2, 4); row 9 is NaN

@@ -138,8 +138,10 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
                      replace: bool = False) -> Blocks:
   """Samples up to `fanouts[l]` neighbours of every node of hop l, for l = 0, 1, ...
 
-  On a GPU the kernel reads the graph's CSR straight from pinned host memory (zero-copy); on
-  the CPU, XLA's thread pool samples. Both draw exactly the same sample for the same key:
+  On a GPU the kernel reads the graph's CSR straight from pinned host memory (zero-copy) and
+  the call never waits for the device (a closed graph's handles, reaching it through a compiled
+  closure, give padding and an error from the next jaxdata host call on that GPU); on the CPU,
+  XLA's thread pool samples. Both draw exactly the same sample for the same key:
   uniform without replacement (a node of degree <= fanout keeps all its neighbours), or with
   replacement if `replace`. Without replacement the *set* of a node's samples is uniform, not
   the order of its slots: use all of a node's slots, not a prefix. Output shapes depend only on `len(seeds)` and `fanouts`, so a

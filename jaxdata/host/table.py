@@ -76,8 +76,10 @@ class HostTable:
 
   The table owns its memory: `close()` it (or use it as a context manager) to release it.
   A closed table cannot be gathered from: tracing raises `ValueError`, and an executable that
-  was compiled for it fails with an error naming the table. NumPy views from `as_numpy()` keep
-  the memory alive on their own, so they never dangle.
+  was compiled for it fails with an error naming the table (on a GPU, where `host_gather` and
+  `sample_neighbors` never wait for the device, the call reads nothing and the next jaxdata host
+  call on that GPU raises it: docs/host.md). NumPy views from `as_numpy()` keep the memory alive
+  on their own, so they never dangle.
 
   A HostTable is a pytree whose one leaf is its handle (an int32 scalar naming the table to the
   native code) and whose static part is its shape and dtype: pass it to a jitted function like
@@ -342,8 +344,11 @@ class HostTable:
   def close(self) -> None:
     """Releases the table. Safe to call twice; gathers already running on a GPU finish first.
 
-    A computation dispatched earlier but not yet running (JAX dispatch is asynchronous) fails
-    with an error naming the table: wait for results that read it before closing.
+    On a GPU this waits for the devices that have run jaxdata host kernels, so no kernel can
+    still be reading the table afterwards. A computation dispatched earlier but not yet running
+    (JAX dispatch is asynchronous) reads nothing from the table and fails with an error naming
+    it (on a GPU, raised by the next jaxdata host call there): wait for results that read it
+    before closing.
     """
     if self._closed or self._finalizer is None:
       return  # a placeholder owns nothing

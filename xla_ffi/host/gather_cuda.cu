@@ -1,6 +1,13 @@
 // host_gather and host_slice on NVIDIA GPUs: the kernel reads the table straight out of pinned,
 // device-mapped host memory (zero-copy over PCIe) on XLA's stream.
 //
+// No waiting: the handler passes the table's handle operand and the device's table registry to
+// the kernel, whose blocks resolve the handle themselves (table_device.cuh), so the host thread
+// that enqueues XLA's work runs ahead of the GPU. A handle that does not name an open, mapped
+// table of the program's geometry reads nothing: every output row is the fill value, and the
+// error reaches the next jaxdata host call on the device (table.h). host_slice (not a hot path)
+// copies the handle back and waits, because its DMA copy needs the table's address on the host.
+//
 // Mapping of work to threads. A row is handled by a group of `lanes` threads (a power of two, at
 // most a warp, so a group never straddles two warps); each thread moves one vector of V bytes,
 // V = 16 where the row size and output alignment allow. Rows wider than a warp's reach take
@@ -24,6 +31,7 @@
 #include "gather.h"
 #include "handlers.h"
 #include "table.h"
+#include "table_device.cuh"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -68,8 +76,10 @@ struct SortedRows {
 
 template <typename V, typename Src>
 __global__ void __launch_bounds__(kThreads)
-    GatherKernel(const char* __restrict__ table, char* __restrict__ out, int64_t n, Src src,
+    GatherKernel(DeviceTableArg handle, char* __restrict__ out, int64_t n, Src src,
                  int64_t row_bytes, int log2_lanes, int64_t segments, bool window, V fill) {
+  // nullptr for a bad handle: then every row is the fill value.
+  const char* __restrict__ table = ResolveTableForBlock(handle);
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t lane_offset = int64_t(tid & ((1 << log2_lanes) - 1)) * int64_t(sizeof(V));
   const int64_t segment_bytes = int64_t(sizeof(V)) << log2_lanes;
@@ -88,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t pos = (q - s * segments) * segment_bytes + lane_offset;
       int64_t row, d;
       src(s, row, d);
+      if (table == nullptr) row = -1;
       char* out_row = out + d * row_bytes;
       if (row >= 0) {
         const int64_t first = row * row_bytes;
@@ -159,7 +170,8 @@ Plan MakePlan(int64_t row_bytes, uintptr_t out_addr) {
 }
 
 template <typename V, typename Src>
-cudaError_t LaunchTyped(cudaStream_t stream, const char* table, char* out, int64_t n, Src src,
+cudaError_t LaunchTyped(cudaStream_t stream, const DeviceTableArg& table, char* out, int64_t n,
+                        Src src,
                         int64_t row_bytes, const Plan& p, const unsigned char* fill16) {
   V fill;
   memcpy(&fill, fill16, sizeof(V));
@@ -172,7 +184,7 @@ cudaError_t LaunchTyped(cudaStream_t stream, const char* table, char* out, int64
 }
 
 template <typename Src>
-cudaError_t Launch(cudaStream_t stream, const char* table, char* out, int64_t n, Src src,
+cudaError_t Launch(cudaStream_t stream, const DeviceTableArg& table, char* out, int64_t n, Src src,
                    int64_t row_bytes, const unsigned char* fill16) {
   const Plan p = MakePlan(row_bytes, reinterpret_cast<uintptr_t>(out));
   switch (p.vec_bytes) {
@@ -209,9 +221,9 @@ size_t CubTempBytes(int64_t n, int64_t rows) {
 
 template <typename I>
 ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* idx, int64_t n,
-                       const TableView& t, int32_t mode, bool sort, const unsigned char* fill16,
-                       char* out) {
-  const char* table = t.buffer->device_data();
+                       const DeviceTableArg& table, int32_t mode, bool sort,
+                       const unsigned char* fill16, char* out) {
+  const DeviceTableArg& t = table;  // only the gather kernel resolves it; the sort needs rows
   const size_t needed = sort ? HostGatherSortScratchBytes(n, t.rows) : 0;
   // Python sizes the scratch output for one call; under vmap the batch may need more than it
   // was given, and then the rows are read unsorted (the same result, only slower).
@@ -242,30 +254,41 @@ ffi::Error GatherTyped(cudaStream_t stream, ffi::AnyBuffer& scratch, const I* id
 ffi::Error HostGatherCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer idx,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> scratch,
                           int64_t rows, int32_t mode, int64_t fill_bits, int32_t sort) {
-  int64_t id = 0;
-  if (auto err = DeviceHandleValues(stream, {&handle}, &id); !err.success()) return err;
+  auto tables = StreamDeviceTables(stream);
+  if (tables.has_error()) return tables.error();
+  if (auto err = TakeDeviceError(*tables); !err.success()) return err;
+  if (auto err = CheckHandleShape(handle); !err.success()) return err;
   const int64_t rb = OutputRowBytes(*out);
-  auto table = LookupMappedTable(id, rows, rb);
-  if (table.has_error()) return table.error();
+  const DeviceTableArg table = tables->Arg(handle, rows, rb, kOpGather);
   const int64_t n = idx.element_count();
-  if (n == 0) return ffi::Error::Success();
+  if (n == 0) {
+    CheckHandleKernel<<<1, 1, 0, stream>>>(table);
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
   unsigned char fill16[16];
   RepeatPattern(uint64_t(fill_bits), ffi::ByteWidth(out->element_type()), fill16, 16);
   char* dst = static_cast<char*>(out->untyped_data());
   switch (idx.element_type()) {
     case ffi::S32:
-      return GatherTyped(stream, *scratch, idx.typed_data<int32_t>(), n, *table, mode, sort != 0,
+      return GatherTyped(stream, *scratch, idx.typed_data<int32_t>(), n, table, mode, sort != 0,
                          fill16, dst);
     case ffi::S64:
-      return GatherTyped(stream, *scratch, idx.typed_data<int64_t>(), n, *table, mode, sort != 0,
+      return GatherTyped(stream, *scratch, idx.typed_data<int64_t>(), n, table, mode, sort != 0,
                          fill16, dst);
     default:
       return ffi::Error::InvalidArgument("jaxdata_host_gather: indices must be int32 or int64");
   }
 }
 
+// Not a hot path: the handle is copied back (one wait) because the DMA copy needs the table's
+// host address. The table view held meanwhile keeps the memory alive while the copy is queued
+// (the last owner's ~HostBuffer waits for the GPUs before freeing).
 ffi::Error HostSliceCuda(cudaStream_t stream, Handle handle, ffi::Result<ffi::AnyBuffer> out,
                          int64_t rows, int64_t start) {
+  auto tables = StreamDeviceTables(stream);
+  if (tables.has_error()) return tables.error();
+  if (auto err = TakeDeviceError(*tables); !err.success()) return err;
   int64_t id = 0;
   if (auto err = DeviceHandleValues(stream, {&handle}, &id); !err.success()) return err;
   const int64_t rb = OutputRowBytes(*out);

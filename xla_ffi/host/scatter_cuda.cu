@@ -10,12 +10,18 @@
 // another, each as a whole), kept with the same lock. Atomics cannot keep it here: a device-scope
 // atomicAdd on mapped host memory is atomic only among the threads of one GPU, not with respect
 // to another GPU or the CPU updating the same table, and system-scope atomics over PCIe need
-// cudaDevAttrHostNativeAtomicSupported, which x86 hosts do not offer. So the handler waits for
-// its operands (the handle read does), takes the table memory's update lock, launches the
-// kernel, and releases the lock only once the stream has finished it: a scatter on another
-// device or thread starts after this one's writes have reached host memory. The price is two
-// stream synchronizations per call; concurrent calls on one table are serialized, each still
-// using the whole GPU.
+// cudaDevAttrHostNativeAtomicSupported, which x86 hosts do not offer. So the handler takes the
+// table memory's update lock, launches the kernel, and releases the lock only once the stream
+// has finished it: a scatter on another device or thread starts after this one's writes have
+// reached host memory. To know which lock, the handler needs the table on the host, so it
+// copies the handle back first; that wait is for the same preceding work the wait after the
+// kernel would wait for anyway (it keeps the lock from being held meanwhile), so the call costs
+// one extra round trip, not a second drain of the GPU. Concurrent calls on one table are
+// serialized, each still using the whole GPU.
+//
+// The kernel also resolves the handle through the device's table registry (table_device.cuh),
+// as host_gather's does: a table closed while the call is queued gets no addition, and since
+// the handler waits for its kernel it reports that error on this very call.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -28,6 +34,7 @@
 #include "handlers.h"
 #include "scatter.h"
 #include "table.h"
+#include "table_device.cuh"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -59,7 +66,10 @@ __device__ __forceinline__ __half AddRounded(__half a, __half b) {
 template <typename T, typename R>
 __global__ void __launch_bounds__(kThreads)
     ScatterAddKernel(const R* __restrict__ rows, const int32_t* __restrict__ perm, int64_t n,
-                     const T* __restrict__ updates, int64_t cols, T* table, int64_t table_rows) {
+                     const T* __restrict__ updates, int64_t cols, DeviceTableArg handle,
+                     int64_t table_rows) {
+  T* table = reinterpret_cast<T*>(const_cast<char*>(ResolveTableForBlock(handle)));
+  if (table == nullptr) return;  // a bad handle: add nothing
   const int64_t total = n * cols;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -77,17 +87,17 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, typename R>
 cudaError_t Launch(cudaStream_t stream, const R* rows, const int32_t* perm, int64_t n,
-                   const void* updates, int64_t cols, const char* table, int64_t table_rows) {
+                   const void* updates, int64_t cols, const DeviceTableArg& table,
+                   int64_t table_rows) {
   const int64_t blocks = std::min<int64_t>((n * cols + kThreads - 1) / kThreads, 1 << 16);
   ScatterAddKernel<T, R><<<unsigned(blocks), kThreads, 0, stream>>>(
-      rows, perm, n, static_cast<const T*>(updates), cols,
-      reinterpret_cast<T*>(const_cast<char*>(table)), table_rows);
+      rows, perm, n, static_cast<const T*>(updates), cols, table, table_rows);
   return cudaGetLastError();
 }
 
 template <typename R>
 ffi::Error ScatterTyped(cudaStream_t stream, const R* rows, const int32_t* perm, int64_t n,
-                        ffi::AnyBuffer& updates, int64_t cols, const char* table,
+                        ffi::AnyBuffer& updates, int64_t cols, const DeviceTableArg& table,
                         int64_t table_rows) {
   const void* u = updates.untyped_data();
   switch (updates.element_type()) {
@@ -120,15 +130,18 @@ ffi::Error HostScatterAddCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer
   if (rows.element_type() != ffi::S32 && rows.element_type() != ffi::S64) {
     return ffi::Error::InvalidArgument("jaxdata_host_scatter_add: rows must be int32 or int64");
   }
+  auto tables = StreamDeviceTables(stream);
+  if (tables.has_error()) return tables.error();
+  if (auto err = TakeDeviceError(*tables); !err.success()) return err;
+  const int64_t row_bytes = cols * int64_t(ffi::ByteWidth(updates.element_type()));
   int64_t id = 0;  // also waits for the stream: the operands are ready from here on
   if (auto err = DeviceHandleValues(stream, {&handle}, &id); !err.success()) return err;
-  auto table =
-      LookupMappedTable(id, table_rows, cols * int64_t(ffi::ByteWidth(updates.element_type())));
+  auto table = LookupMappedTable(id, table_rows, row_bytes);
   if (table.has_error()) return table.error();
   JAXDATA_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(token->typed_data(), 0, token->size_bytes(), stream));
   if (n == 0) return ffi::Error::Success();
-  const char* t = table->buffer->device_data();
+  const DeviceTableArg t = tables->Arg(handle, table_rows, row_bytes, kOpScatterAdd);
   std::lock_guard<std::mutex> lock(table->buffer->update_mutex());
   ffi::Error launched =
       rows.element_type() == ffi::S32
@@ -138,7 +151,7 @@ ffi::Error HostScatterAddCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer
                          t, table->rows);
   if (!launched.success()) return launched;
   JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));  // written before unlocking
-  return ffi::Error::Success();
+  return TakeDeviceError(*tables);  // this call's kernel found the table closed meanwhile?
 }
 
 }  // namespace
