@@ -20,13 +20,13 @@ extern "C" int jaxdata_hector_kernel(void* const* buf, const int64_t* scal,
 
 def generate(k, dtypes: tuple[str, ...]) -> str:
   """The C++ source of instance `k` (`dtypes`: each input slot's dtype), without its label."""
-  body = guard(k) + {Gemm: _cpu_gemm, WeightGrad: _cpu_wgrad, Traversal: _cpu_traversal}[
+  body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[
       type(k)](k)
   return (template("cpu.h") + template("common.h") + _SIGNATURE +
           pointers(body, dtypes, lambda i: f"buf[{i}]", lambda i: f"scal[{i}]") + body)
 
 
-def _cpu_gemm(g: Gemm) -> str:
+def _gemm(g: Gemm) -> str:
   rows = g.rows
   width = g.heads * g.n  # output features per row
   madd = (f"      for (int k = 0; k < {g.k}; ++k) {{\n"
@@ -65,7 +65,7 @@ def _cpu_gemm(g: Gemm) -> str:
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
-def _cpu_wgrad(w: WeightGrad) -> str:
+def _wgrad(w: WeightGrad) -> str:
   """One task per relation, head and block of 16 rows of dW, walking the relation's edges."""
   kb = 16
   blocks = (w.k + kb - 1) // kb
@@ -99,7 +99,7 @@ def _cpu_wgrad(w: WeightGrad) -> str:
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
-def _cpu_traversal(t: Traversal) -> str:
+def _traversal(t: Traversal) -> str:
   w = max(t.width, 1)
   value = expr(t.expr, "f")
   if t.sink == "store":
@@ -110,9 +110,9 @@ def _cpu_traversal(t: Traversal) -> str:
             f"    }}\n"
             f"  }});\n  return 0;\n}}\n")
   if t.sink == "softmax":
-    return _cpu_softmax(t, w, value)
+    return _softmax(t, w, value)
   if t.sink == "relation":
-    return _cpu_relation_sum(w, value)
+    return _relation_sum(w, value)
   if t.sink == "pair":  # each pair's row sums the rows of its edges
     off, eids, count = "pair_offsets", "pair_edges", "P"
     target = f"out + i * {w}"
@@ -132,7 +132,7 @@ def _cpu_traversal(t: Traversal) -> str:
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
-def _cpu_softmax(t: Traversal, w: int, value: str) -> str:
+def _softmax(t: Traversal, w: int, value: str) -> str:
   """Per node (its edges grouped at `end`) and head: the maximum score, then exp(score - max)
   stored per edge and summed, then the stored values divided by the sum."""
   off, eids = groups(t.end)
@@ -160,7 +160,7 @@ def _cpu_softmax(t: Traversal, w: int, value: str) -> str:
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 
-def _cpu_relation_sum(w: int, value: str) -> str:
+def _relation_sum(w: int, value: str) -> str:
   """out[r] sums the rows of relation r's edges: one task per relation and block of features."""
   fb = 16
   blocks = (w + fb - 1) // fb

@@ -23,11 +23,11 @@ WGRAD_TILE_ROWS = 256
 
 def generate(k, dtypes: tuple[str, ...]) -> str:
   """The CUDA source of instance `k` (`dtypes`: each input slot's dtype), without its label."""
-  body = guard(k) + {Gemm: _cuda_gemm, WeightGrad: _cuda_wgrad, Traversal: _cuda_traversal}[
+  body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[
       type(k)](k)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_cuda_threads(k)})\n'
+               f'extern "C" __global__ void __launch_bounds__({_threads(k)})\n'
                "jaxdata_hector_kernel(const Params p) {\n")
   return (template("cuda.cuh") + template("common.h") + signature +
           pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]") + body)
@@ -43,7 +43,7 @@ def _micro(bn: int) -> int:
   return 8 if bn == 128 else 4
 
 
-def _cuda_threads(k) -> int:
+def _threads(k) -> int:
   if isinstance(k, (Gemm, WeightGrad)):
     bn = _gemm_tile(k.n)
     return 16 * (bn // _micro(bn))
@@ -57,7 +57,7 @@ RELATION_RUN = 32
 def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0) -> tuple[int, int]:
   """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound; `num_edges`:
   the rows of the instance's domain)."""
-  threads = _cuda_threads(k)
+  threads = _threads(k)
   if isinstance(k, Gemm):
     return num_tiles * k.heads * -(-k.n // _gemm_tile(k.n)), threads
   if isinstance(k, WeightGrad):
@@ -75,7 +75,7 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0) -> tuple[int, 
   return max(0, min(-(-work // threads), 132 * 16)), threads
 
 
-def _cuda_gemm(g: Gemm) -> str:
+def _gemm(g: Gemm) -> str:
   """Rows of one relation in tiles of 64 edges x up to 128 output columns; 4 x (4|8) outputs per
   thread; per head (`heads` > 1), one block per tile, head and column block, reading the head's
   k features and writing its n. Scattered outputs are summed per run of equal targets inside the
@@ -206,7 +206,7 @@ def _cuda_gemm(g: Gemm) -> str:
 """
 
 
-def _cuda_wgrad(w: WeightGrad) -> str:
+def _wgrad(w: WeightGrad) -> str:
   be, bk, bm, bn = WGRAD_TILE_ROWS, 16, 64, _gemm_tile(w.n)  # bk: edges per step; bm: rows of dW
   tn = _micro(bn)
   threads = 16 * (bn // tn)
@@ -279,13 +279,13 @@ def _cuda_wgrad(w: WeightGrad) -> str:
 """
 
 
-def _cuda_traversal(t: Traversal) -> str:
+def _traversal(t: Traversal) -> str:
   w = max(t.width, 1)
   value = expr(t.expr, "f")
   if t.sink == "softmax":
-    return _cuda_softmax(t, w, value)
+    return _softmax(t, w, value)
   if t.sink == "relation":
-    return _cuda_relation_sum(w, value)
+    return _relation_sum(w, value)
   if t.sink == "store":
     write = f"out[e * {w} + f] = v;"
     skip = f"{{ out[e * {w} + f] = 0.0f; continue; }}"
@@ -318,7 +318,7 @@ SOFTMAX_BLOCK_DEGREE = 256
 SOFTMAX_MAX_WIDTH = 64
 
 
-def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
+def _softmax(t: Traversal, w: int, value: str) -> str:
   """A warp per node, or the whole block for a node of more than SOFTMAX_BLOCK_DEGREE edges
   (hubs): the lanes stride over the node's edges (grouped at `end` by the CSC or CSR view)
   three times, every head at once: the maximum, exp(score - max) stored and summed, the
@@ -330,7 +330,7 @@ def _cuda_softmax(t: Traversal, w: int, value: str) -> str:
                               f"{SOFTMAX_MAX_WIDTH}: one maximum and one sum per score are kept "
                               "in registers)")
   off, eids = groups(t.end)
-  threads = _cuda_threads(t)
+  threads = _threads(t)
   warps = threads // 32
   each = lambda body: f"for (int f = 0; f < {w}; ++f) {body}"  # noqa: E731
 
@@ -388,7 +388,7 @@ __syncthreads();  // every warp has read red before the next node writes it"""
 """
 
 
-def _cuda_relation_sum(w: int, value: str) -> str:
+def _relation_sum(w: int, value: str) -> str:
   """Each thread owns one feature and a run of consecutive edges; edges are sorted by relation,
   so it sums while the relation stays the same and adds one atomic per relation it crosses
   (rather than one per edge into the same R * width outputs)."""
