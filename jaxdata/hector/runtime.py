@@ -22,26 +22,21 @@ from jax.interpreters import batching, mlir
 
 from jaxdata import _ffi  # noqa: F401  (registers jaxdata_hector_launch)
 from jaxdata import _xla_ffi as ext
-from jaxdata.hector import codegen, compiler
+from jaxdata.hector import codegen, compiler, operands
 from jaxdata.hector.lowering import Template
 
 
-_EDGE_FIELDS = ["src", "dst", "etype", "norm", "rel_offsets", "csr_offsets", "csr_edges",
-                "csc_offsets", "csc_edges"]
-_PAIR_FIELDS = ["pair", "pair_offsets", "pair_edges", "pair_src", "pair_etype",
-                "pair_rel_offsets", "pair_csr_offsets", "pair_csr_edges"]
+#: GraphArrays' array fields and each one's length, from the graph's sizes (E edges, N nodes,
+#: R relations, P pairs); which of them a kernel reads, and in what order, is `operands.GRAPH`
+_FIELDS = {"src": "E", "dst": "E", "etype": "E", "norm": "E", "rel_offsets": "R+1",
+           "csr_offsets": "N+1", "csr_edges": "E", "csc_offsets": "N+1", "csc_edges": "E",
+           "pair": "E", "pair_offsets": "P+1", "pair_edges": "E", "pair_src": "P",
+           "pair_etype": "P", "pair_rel_offsets": "R+1", "pair_csr_offsets": "N+1",
+           "pair_csr_edges": "P"}
+_INDEX_FIELDS = [f for f in _FIELDS if f != "norm"]
 
 
-_INDEX_FIELDS = [f for f in _EDGE_FIELDS + _PAIR_FIELDS if f != "norm"]
-#: each array's length, from the graph's sizes (E edges, N nodes, R relations, P pairs)
-_LENGTHS = {"src": "E", "dst": "E", "etype": "E", "norm": "E", "rel_offsets": "R+1",
-            "csr_offsets": "N+1", "csr_edges": "E", "csc_offsets": "N+1", "csc_edges": "E",
-            "pair": "E", "pair_offsets": "P+1", "pair_edges": "E", "pair_src": "P",
-            "pair_etype": "P", "pair_rel_offsets": "R+1", "pair_csr_offsets": "N+1",
-            "pair_csr_edges": "P"}
-
-
-@functools.partial(jax.tree_util.register_dataclass, data_fields=_EDGE_FIELDS + _PAIR_FIELDS,
+@functools.partial(jax.tree_util.register_dataclass, data_fields=list(_FIELDS),
                    meta_fields=["num_nodes", "num_relations", "node_type_offsets"])
 @dataclasses.dataclass(frozen=True)
 class GraphArrays:
@@ -152,14 +147,14 @@ class GraphArrays:
     back; the kernels rely on it to bound their loops."""
     sizes = {"E": _common_length(self, "E"), "N": self.num_nodes, "R": self.num_relations,
              "P": _common_length(self, "P")}
-    for f in _EDGE_FIELDS + _PAIR_FIELDS:
+    for f in _FIELDS:
       a = getattr(self, f)
       want_dtype = np.float32 if f == "norm" else np.int32
       dtype = getattr(a, "dtype", None)
       if dtype is None or np.dtype(dtype) != want_dtype:
         raise ValueError(f"hector.GraphArrays: {f} must be a {np.dtype(want_dtype)} array, got "
                          f"{type(a).__name__} of dtype {dtype}")
-      spec = _LENGTHS[f]
+      spec = _FIELDS[f]
       n = sizes[spec[0]] + (1 if spec.endswith("+1") else 0)
       if tuple(np.shape(a)) != (n,):
         raise ValueError(f"hector.GraphArrays: {f} must have shape ({spec} = {n},), got "
@@ -169,7 +164,7 @@ class GraphArrays:
     """Whether the fields hold arrays of this graph (not a pytree of cotangents, specs or
     placeholders that JAX builds by unflattening, e.g. float0 zeros or None). Python
     sequences count as values, so that they are rejected rather than let through."""
-    fields = [getattr(self, f) for f in _EDGE_FIELDS + _PAIR_FIELDS]
+    fields = [getattr(self, f) for f in _FIELDS]
     if any(isinstance(a, (list, tuple)) for a in fields):
       return True
     for a in fields:
@@ -178,21 +173,11 @@ class GraphArrays:
         return False
     return True
 
-  def view(self, domain: str) -> list[jax.Array]:
-    """The first nine graph operands of a kernel over `domain` ("edge", or "compact": the pairs
-    stand in for the edges; they have no destination, so `dst` and the CSC view repeat the
-    source side and `norm` is not theirs)."""
-    if domain == "compact":
-      return [self.pair_src, self.pair_src, self.pair_etype, self.norm, self.pair_rel_offsets,
-              self.pair_csr_offsets, self.pair_csr_edges, self.pair_csr_offsets,
-              self.pair_csr_edges]
-    return [getattr(self, f) for f in _EDGE_FIELDS]
-
 
 def _common_length(ga: GraphArrays, size: str) -> int:
   """E or P as most of the arrays sized by it say (so that an error names the odd one out)."""
   lengths = []
-  for f, spec in _LENGTHS.items():
+  for f, spec in _FIELDS.items():
     shape = tuple(np.shape(getattr(ga, f)))
     if spec[0] == size and len(shape) == 1:
       lengths.append(shape[0] - (1 if spec.endswith("+1") else 0))
@@ -227,7 +212,7 @@ _CHECKED_MAX = 64
 
 def _check_values_once(ga: GraphArrays) -> None:
   """`_check_values` when the arrays are concrete and this set of arrays was not checked yet."""
-  arrays = [getattr(ga, f) for f in _EDGE_FIELDS + _PAIR_FIELDS]
+  arrays = [getattr(ga, f) for f in _FIELDS]
   if not all(_is_concrete(a) for a in arrays):
     return  # traced: shapes and dtypes were checked; values are the kernels' to survive
   key = (ga.num_nodes, ga.num_relations) + tuple(id(a) for a in arrays)
@@ -348,10 +333,9 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
   """Runs one generated kernel over its domain's view of the graph; returns its float32 output."""
   graph.check_structure()  # the kernels bound their loops by these lengths
   rows = codegen.tile_rows(spec.kernel)
-  ops = graph.view(spec.kernel.domain)
-  # Only the CUDA GEMMs read row tiles; the others get a placeholder of the same dtype.
-  t = tiles(ops[4], rows) if rows else ops[4]
-  ops += [t, graph.pair, graph.pair_offsets, graph.pair_edges]
+  # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
+  ops = operands.graph_operands(graph, spec.kernel.domain,
+                                lambda offsets: tiles(offsets, rows) if rows else offsets)
   return kernel_p.bind(*ops, *inputs, spec=spec)
 
 
@@ -376,13 +360,11 @@ def source(spec: KernelSpec, target: str) -> str:
   return codegen.generate(spec.kernel, spec.dtypes, target, spec.label)
 
 
-def _lower(ctx, *operands, spec: KernelSpec, target: str):
+def _lower(ctx, *args, spec: KernelSpec, target: str):
   src = source(spec, target)
   kid = kernel_id(src + target)
-  num_edges = ctx.avals_in[0].shape[0]  # the domain's rows: edges, or pairs
-  num_nodes = ctx.avals_in[5].shape[0] - 1
-  num_relations = ctx.avals_in[4].shape[0] - 1
-  num_pairs = ctx.avals_in[11].shape[0] - 1
+  operands.check(ctx.avals_in, len(spec.dtypes), "hector kernel " + (spec.label or "call"))
+  size = operands.sizes(ctx.avals_in)  # E: the domain's rows (edges, or pairs), N, R, P
   grid, block, max_tiles = 0, 0, 0
   if target == "cpu":
     compiler.compile_cpu(src, load=lambda path: ext.hector_load_cpu_kernel(
@@ -394,11 +376,11 @@ def _lower(ctx, *operands, spec: KernelSpec, target: str):
     compiler.compile_cuda(src, arch, load=lambda path: ext.hector_load_cuda_kernel(
         kid, path.read_bytes(), "jaxdata_hector_kernel"))
     rows = codegen.tile_rows(spec.kernel)
-    max_tiles = -(-num_edges // rows) + num_relations if rows else 0
-    grid, block = codegen.launch(spec.kernel, max_tiles, num_edges, num_nodes)
-  scalars = np.array([num_edges, num_nodes, num_relations, max_tiles, num_pairs], np.int64)
+    max_tiles = -(-size["E"] // rows) + size["R"] if rows else 0
+    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"])
+  scalars = operands.scalar_values(dict(size, T=max_tiles))
   return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
-      ctx, *operands, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
+      ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
       block=np.int64(block), shared_bytes=np.int64(0), zero_outputs=np.int32(spec.zero_output))
 
 

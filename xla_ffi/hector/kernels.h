@@ -9,10 +9,11 @@
 #include <cstdint>
 #include <string>
 
-// The ABI of a generated CPU kernel (the generator emits the same declarations):
+// The ABI of a generated CPU kernel (jaxdata/hector/templates/cpu.h declares the same):
 //   extern "C" int jaxdata_hector_kernel(void* const* buffers, const int64_t* scalars,
 //                                        const jaxdata_cpu_runtime* rt);
-// buffers: the call's operands then its results; returns 0, or nonzero on an error it detected.
+// buffers: the call's operands then its results, in jaxdata/hector/operands.py's order, passed
+// through as they come (this side counts nothing); returns 0, or nonzero on an error it detected.
 extern "C" {
 struct jaxdata_cpu_runtime {
   int64_t abi_version;  // kCpuAbiVersion

@@ -1,7 +1,8 @@
 // jaxdata_hector_launch on CUDA: launches a generated kernel on XLA's stream.
 //
 // Every generated CUDA kernel takes one parameter, a struct of the call's buffer pointers (operands
-// then results) followed by the int64 scalars; this file builds that struct and launches.
+// then results) followed by the int64 scalars, as jaxdata/hector/operands.py lays them out; this
+// file builds that struct from whatever the call passes (it counts nothing) and launches.
 #include <cuda_runtime.h>
 
 #include <cstring>

@@ -1,0 +1,46 @@
+"""Code generation: C++ (CPU, `codegen.cpu`) and CUDA (`codegen.cuda`) source for one kernel
+instance, from the fixed files in jaxdata/hector/templates/ and what varies per instance.
+
+Every generated kernel has the same interface, `jaxdata.hector.operands`: the graph's arrays
+(`operands.GRAPH`, in that order), then the instance's inputs (``in0``, ``in1``, ...), then its
+one output (float32); and the scalars ``E`` (rows of the domain), ``N`` (nodes), ``R``
+(relations), ``T`` (row tiles, GPU GEMMs) and ``P`` (unique (src, relation) pairs).
+
+An instance over the compact domain gets the pairs in place of the edges (``src``, ``etype``,
+``rel_offsets``, the CSR view and ``E`` describe pairs; ``dst`` and the CSC view are not
+meaningful there); ``pair``, ``pair_offsets`` and ``pair_edges`` link edges to pairs.
+
+Feature widths are compile-time constants, so every loop over features has a known trip count.
+The IR's expressions print as C the same way for both targets (`codegen.common`).
+"""
+from __future__ import annotations
+
+from jaxdata.hector.codegen import cpu, cuda
+from jaxdata.hector.codegen.cuda import (GEMM_TILE_ROWS, SOFTMAX_BLOCK_DEGREE, SOFTMAX_MAX_WIDTH,
+                                         WGRAD_TILE_ROWS, launch)
+from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
+
+__all__ = ["generate", "launch", "tile_rows", "zero_output", "GEMM_TILE_ROWS", "WGRAD_TILE_ROWS",
+           "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_MAX_WIDTH"]
+
+
+def tile_rows(k) -> int:
+  """Edges per row tile of a CUDA GEMM or weight-gradient kernel (0: the kernel has no tiles)."""
+  return GEMM_TILE_ROWS if isinstance(k, Gemm) else WGRAD_TILE_ROWS if isinstance(
+      k, WeightGrad) else 0
+
+
+def zero_output(k) -> bool:
+  """Whether the launcher zeroes the output first (the kernel sums into it)."""
+  if isinstance(k, Gemm):
+    return k.out != "edge"
+  if isinstance(k, Traversal):
+    return k.sink != "store"  # the softmax leaves the edges it skips at 0
+  return True
+
+
+def generate(k, dtypes: tuple[str, ...], target: str, label: str = "") -> str:
+  """The source of one kernel instance for "cpu" or "cuda"; `dtypes` gives each input slot's
+  dtype ("float32" or "bfloat16"); `label` goes into the first comment line."""
+  gen = {"cpu": cpu.generate, "cuda": cuda.generate}[target]
+  return f"// jaxdata.hector {k.template}: {label or k}\n" + gen(k, dtypes)

@@ -1,0 +1,151 @@
+"""What the CPU and CUDA generators share: the fixed source files, the operand pointers a
+kernel declares (from `operands`), the edge-range guard and the printing of IR expressions,
+loads and weight elements as C expressions (the same text compiles as C++ and as CUDA)."""
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+from jaxdata.hector import operands
+from jaxdata.hector.lowering import Expr, Gemm, Load
+
+_CTYPES = {"float32": "float", "bfloat16": "unsigned short"}
+
+
+@functools.cache
+def template(name: str) -> str:
+  """The text of a fixed source file in jaxdata/hector/templates/ (read once)."""
+  return resources.files("jaxdata.hector").joinpath("templates", name).read_text()
+
+
+def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar) -> str:
+  """The declarations of the operands `body` uses, as `operands` lays them out: the graph
+  arrays and the inputs (`dtypes`: each input slot's dtype) as typed pointers, the output,
+  and the scalars. `ptr(i)` / `scalar(i)` is the C expression of buffer / scalar i."""
+  used = lambda name: re.search(rf"\b{name}\b", body) is not None  # noqa: E731
+  lines = []
+  for op in operands.GRAPH:
+    if used(op.name):
+      i = operands.index(op.name)
+      lines.append(f"  const {op.ctype}* __restrict__ {op.name} = (const {op.ctype}*){ptr(i)};")
+  n = len(dtypes)
+  for s, dt in enumerate(dtypes):
+    name, t = f"in{s}", _CTYPES[dt]
+    if used(name):
+      lines.append(f"  const {t}* __restrict__ {name} = "
+                   f"(const {t}*){ptr(operands.index(name, n))};")
+  lines.append(f"  float* __restrict__ out = (float*){ptr(operands.index('out', n))};")
+  for name in operands.SCALAR_NAMES:
+    if used(name):
+      lines.append(f"  const int64_t {name} = {scalar(operands.scalar_index(name))};")
+  return "\n".join(lines) + "\n"
+
+
+_UNARY = {
+    "relu": "fmaxf({x}, 0.0f)",
+    "exp": "expf({x})",
+    "tanh": "tanhf({x})",
+    "sigmoid": "(1.0f / (1.0f + expf(-({x}))))",
+    "neg": "(-({x}))",
+    "leaky_relu": "leaky_relu({x}, {p})",
+}
+_UNARY_GRAD = {
+    "relu": "(({x}) > 0.0f ? ({g}) : 0.0f)",
+    "exp": "(({g}) * expf({x}))",
+    "tanh": "(({g}) * (1.0f - tanhf({x}) * tanhf({x})))",
+    "sigmoid": "(({g}) * (1.0f / (1.0f + expf(-({x})))) * (1.0f - 1.0f / (1.0f + expf(-({x})))))",
+    "neg": "(-({g}))",
+    "leaky_relu": "leaky_relu_grad({x}, {g}, {p})",
+}
+#: below every score (the softmax's running maximum starts here; scores are finite)
+LOWEST = "-3.402823466e+38f"
+
+
+def guard(k) -> str:
+  """`ok(e)`: whether row e of the domain may be used (`row_ok` in templates/common.h: a row
+  whose ids are out of range contributes nothing); on the edges, the edge's pair is checked
+  too. Offsets read from the graph are clamped with `span(x, lo, hi)`."""
+  pair = ", pair, P" if k.domain != "compact" else ""
+  return ("  // a row whose ids are out of range contributes nothing\n"
+          "  auto ok = [&](int64_t e) -> bool {\n"
+          f"    return row_ok(e, E, N, R, src, dst, etype{pair});\n"
+          "  };\n")
+
+
+def load(ld: Load, f: str) -> str:
+  if ld.kind == "norm":
+    return "norm[e]"
+  idx = f" + {f}" if ld.width else ""
+  w = max(ld.width, 1)
+  if ld.kind == "weight_row":
+    return f"ldf(in{ld.slot} + ((int64_t)etype[e] * N + {ld.end}[e]) * {w}{idx})"
+  return f"ldf(in{ld.slot} + {row(ld)}{idx})"
+
+
+def index(f: str, outer: int, inner: int) -> str:
+  """The index into an argument `inner` wide of feature `f` of an expression `outer` wide: the
+  same feature, the row's only value, or (a per-head argument) f's head."""
+  if inner == outer:
+    return f
+  if inner == 0:
+    return "0"
+  return f"({f}) / {outer // inner}"
+
+
+def expr(x: Expr, f: str, depth: int = 0) -> str:
+  """C expression for feature `f` of `x` (CPU and CUDA alike); `depth` names the loop variables
+  of nested dot products."""
+  if isinstance(x, Load):
+    return load(x, f if x.width else "0")
+  if x.op == "dot":  # per head: the sum over the head's d features, as an inlined lambda
+    d = x.args[0].width // max(x.width, 1)
+    q, acc = f"dq{depth}", f"dacc{depth}"
+    at = f"({f}) * {d} + {q}" if x.width else q
+    a, b = (expr(y, at, depth + 1) for y in x.args)
+    return (f"[&]() {{ float {acc} = 0.0f; for (int {q} = 0; {q} < {d}; ++{q}) "
+            f"{acc} += {a} * {b}; return {acc}; }}()")
+  a = [expr(y, index(f, x.width, y.width), depth) for y in x.args]
+  if x.op == "mul":
+    return f"({a[0]} * {a[1]})"
+  if x.op == "add":
+    return f"({a[0]} + {a[1]})"
+  p = f"{x.param!r}f"
+  if x.op == "unary":
+    return _UNARY[x.fn].format(x=a[0], p=p)
+  return _UNARY_GRAD[x.fn].format(x=a[0], g=a[1], p=p)
+
+
+def scale(scales: tuple[Load, ...]) -> str:
+  return " * ".join([load(s, "0") for s in scales]) or "1.0f"
+
+
+def weight(g: Gemm, k: str, n: str) -> str:
+  """Element (k, n) of the edge's relation's weight (of head `h`'s block, per head)."""
+  block = g.k * g.n
+  of_head = f" + (int64_t)h * {block}" if g.heads > 1 else ""
+  inner = f"({n}) * {g.k} + ({k})" if g.transpose else f"({k}) * {g.n} + ({n})"
+  return f"ldf(in{g.weight} + (int64_t)r * {g.heads * block}{of_head} + {inner})"
+
+
+def head(heads: int, width: int) -> str:
+  """The offset of head h's features in a row of `heads` heads of `width` ("" for one head)."""
+  return f"h * {width} + " if heads > 1 else ""
+
+
+def plus_head(heads: int, width: int) -> str:
+  return f" + h * {width}" if heads > 1 else ""
+
+
+def row(ld: Load) -> str:
+  """Element offset of the row a node, edge, pair or vector load reads for edge e."""
+  w = max(ld.width, 1)
+  where = {"node": f"{ld.end}[e]", "pair": "pair[e]", "vector": "etype[e]"}.get(ld.kind)
+  return f"(int64_t){where} * {w}" if where else f"e * {w}"
+
+
+def groups(end: str) -> tuple[str, str]:
+  """(offsets, edge ids) of the graph view that groups edges by their `end` node."""
+  return ("csc_offsets", "csc_edges") if end == "dst" else ("csr_offsets", "csr_edges")
+
+

@@ -1,0 +1,27 @@
+// jaxdata.hector: the fixed start of every generated CPU kernel. The generator appends
+// common.h, then the kernel: its signature, the operand pointers (jaxdata/hector/operands.py)
+// and the instance's loops.
+#include <math.h>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+
+// The runtime a kernel gets from xla_ffi/hector/launch_cpu.cc (declared there in kernels.h).
+extern "C" {
+struct jaxdata_cpu_runtime { int64_t abi_version; void* pool;
+  void (*parallel_for)(void*, int64_t, int64_t, void (*)(void*, int64_t, int64_t), void*); };
+}
+#define JAXDATA_CPU_ABI_VERSION 1
+#define JAXDATA_INLINE static inline
+
+static inline float ldf(const float* p) { return *p; }
+static inline float ldf(const unsigned short* p) {
+  uint32_t bits = uint32_t(*p) << 16; float f; std::memcpy(&f, &bits, 4); return f; }
+
+// f(begin, end) over chunks of [0, n) of about `grain`, on XLA's thread pool and the caller
+template <class F> static void parallel_for(const jaxdata_cpu_runtime* rt, int64_t n,
+                                            int64_t grain, F f) {
+  rt->parallel_for(rt->pool, n, grain, [](void* a, int64_t b, int64_t e) {
+    (*static_cast<F*>(a))(b, e); }, &f);
+}
+

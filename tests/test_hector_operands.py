@@ -1,0 +1,99 @@
+"""jaxdata.hector.operands: the one table of kernel operands, and everything that reads it."""
+import dataclasses
+import doctest
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdata import hector
+from jaxdata.data import HeteroGraph
+from jaxdata.hector import codegen, operands
+from jaxdata.hector.codegen import common
+
+
+def _graph():
+  rng = np.random.default_rng(0)
+  g = HeteroGraph.from_edges(rng.integers(0, 9, 40), rng.integers(0, 9, 40),
+                             rng.integers(0, 3, 40), num_nodes=9,
+                             relation_names=["a", "b", "c"])
+  return hector.GraphArrays.from_graph(g)
+
+
+def test_operands_doctest_holds():
+  assert doctest.testmod(operands).failed == 0
+
+
+def test_graph_operands_follow_the_table_over_edges_and_pairs():
+  ga = _graph()
+  for domain in ("edge", "compact"):
+    ops = operands.graph_operands(ga, domain, lambda offsets: offsets + 0)
+    assert len(ops) == len(operands.GRAPH)
+    for op, a in zip(operands.GRAPH, ops):
+      assert np.dtype(a.dtype) == op.dtype, op.name
+      field = op.edge if domain == "edge" else op.compact
+      if field is not None:
+        assert a is getattr(ga, field), (domain, op.name)
+    sizes = operands.sizes(ops)
+    rows = ga.num_edges if domain == "edge" else ga.num_pairs
+    assert sizes == {"E": rows, "N": ga.num_nodes, "R": ga.num_relations, "P": ga.num_pairs}
+
+
+def test_every_edge_field_of_the_table_is_a_graph_arrays_field():
+  fields = {f.name for f in dataclasses.fields(hector.GraphArrays)}
+  for op in operands.GRAPH:
+    assert op.edge is None or op.edge in fields
+    assert op.compact is None or op.compact in fields
+
+
+def test_check_names_a_wrong_operand_count_or_dtype():
+  ga = _graph()
+  avals = [jax.core.ShapedArray(a.shape, a.dtype)
+           for a in operands.graph_operands(ga, "edge", lambda o: o)]
+  x = jax.core.ShapedArray((9, 4), jnp.float32)
+  operands.check(avals + [x], 1, "k")
+  with pytest.raises(ValueError, match="takes 14 operands"):
+    operands.check(avals, 1, "k")
+  bad = list(avals)
+  bad[operands.index("norm")] = jax.core.ShapedArray((40,), jnp.int32)
+  with pytest.raises(ValueError, match="graph operand norm must be a 1-D float32"):
+    operands.check(bad + [x], 1, "k")
+
+
+def test_index_rejects_unknown_operands():
+  with pytest.raises(KeyError, match="in2"):
+    operands.index("in2", num_inputs=2)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_generated_source_reads_operands_where_the_table_puts_them(target):
+  """Every pointer and scalar a kernel declares comes from its position in the table."""
+  ga = _graph()
+  x, w = jnp.zeros((ga.num_nodes, 4)), jnp.zeros((ga.num_relations, 4, 3))
+  text = hector.rgcn_layer.sources(ga, target, x=x, W=w)
+  buf, scal = ("buf", "scal") if target == "cpu" else ("p.buf", "p.scal")
+  decl = re.compile(r"(\w+) = \([^)]*\)" + re.escape(buf) + r"\[(\d+)\];")
+  found = decl.findall(text)
+  assert found
+  for name, i in found:
+    num_inputs = 2  # every RGCN kernel has two inputs (rows and weights, or the cotangent)
+    assert int(i) == operands.index(name, num_inputs), name
+  for name, i in re.findall(r"const int64_t (\w) = " + re.escape(scal) + r"\[(\d+)\];", text):
+    assert operands.SCALAR_NAMES[int(i)] == name
+  if target == "cuda":
+    assert f"const void* buf[{operands.num_buffers(2)}]; int64_t scal[{len(operands.SCALARS)}]" \
+        in text
+
+
+@pytest.mark.parametrize("target,first", [("cpu", "cpu.h"), ("cuda", "cuda.cuh")])
+def test_fixed_parts_come_from_the_template_files(target, first):
+  ga = _graph()
+  text = hector.rgcn_layer.sources(ga, target, x=jnp.zeros((ga.num_nodes, 4)),
+                                   W=jnp.zeros((ga.num_relations, 4, 3)))
+  part = text.split("// ---- ")[1].split("\n", 1)[1]
+  body = part.split("\n", 1)[1]  # after the instance's label
+  assert body.startswith(common.template(first) + common.template("common.h"))
+  assert "row_ok(" in common.template("common.h")
+  assert codegen.generate  # the package keeps its entry point
