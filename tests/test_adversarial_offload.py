@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from isolation import run_isolated
+from isolation import own_threads, run_isolated
 from jaxdata import offload
 
 CHUNK = 4096
@@ -196,9 +196,6 @@ def _close_mid_flight_cases(ssd_dir, rounds):
     programs = _Programs(warm)
     for tier in ("ssd", "ram"):
       programs.load(programs.spill(x, tier), like)
-  # Threads are counted after the first round: JAX and the CUDA runtime start some lazily once
-  # several threads dispatch; a store that leaves threads behind adds more every round.
-  threads_before = None
   counts = {"ok": 0, "closed": 0}
   errors, lock = [], threading.Lock()
 
@@ -244,15 +241,10 @@ def _close_mid_flight_cases(ssd_dir, rounds):
     assert not errors, errors
     assert _store_descriptors(directory) == [], _store_descriptors(directory)
     assert not os.path.exists(directory)
-    if threads_before is None:
-      time.sleep(0.5)
-      threads_before = len(os.listdir("/proc/self/task"))
-  deadline = time.monotonic() + 10
-  while len(os.listdir("/proc/self/task")) > threads_before and time.monotonic() < deadline:
+  deadline = time.monotonic() + 10  # every store is closed: none of its threads may remain
+  while own_threads() and time.monotonic() < deadline:
     time.sleep(0.01)
-  assert len(os.listdir("/proc/self/task")) <= threads_before, (
-      "threads left running: a closed store's threads outlive it (more after the last round "
-      "than after the first)")
+  assert own_threads() == 0, "a closed store's threads outlive it"
   assert os.listdir(ssd_dir) == []
   return counts
 

@@ -16,6 +16,16 @@ from jaxdata.bench import rgnn_attention as ra
 
 pytest.importorskip("torch_geometric")
 
+
+@pytest.fixture(autouse=True)
+def torch_on_the_cpu(monkeypatch):
+  """These are CPU tests (tiny inputs, CPU memory rules): PyG runs on the CPU here as JAX does,
+  also on a machine with a GPU."""
+  import torch
+  from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
+  for module in (rgcn_ref, attention_ref):
+    monkeypatch.setattr(module, "torch_device", lambda: torch.device("cpu"))
+
 TINY_SYNTHETIC = dict(num_nodes=400, num_edges=3_000, num_relations=12)
 TINY_MAG = "0.0001"  # about 200 nodes and 4,000 edges
 

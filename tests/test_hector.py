@@ -197,6 +197,7 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, monkeypatch):
 
 def test_missing_compiler_says_what_to_install(tmp_path, monkeypatch):
   monkeypatch.setenv("JAXDATA_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("CXX", raising=False)  # no compiler named, none on PATH
   monkeypatch.setattr(shutil, "which", lambda name: None)
   with pytest.raises(compiler.CompilerNotFoundError, match="install"):
     compiler.compile_cpu('extern "C" int f() { return 0; }\n')

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../common/cuda_check.h"
+#include "../common/thread_name.h"
 #include "spill.h"
 #include "store.h"
 
@@ -219,8 +220,8 @@ class Gpu {
     *flag_ = 0;
     JAXDATA_CUDA_RETURN_IF_ERROR(
         cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev_), flag_, 0));
-    writer_ = std::thread([this] { WriterLoop(); });
-    prefetcher_ = std::thread([this] { PrefetchLoop(); });
+    writer_ = std::thread([this] { NameThisThread("jaxdata-writer"); WriterLoop(); });
+    prefetcher_ = std::thread([this] { NameThisThread("jaxdata-fetch"); PrefetchLoop(); });
     return ffi::Error::Success();
   }
 

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "../common/thread_name.h"
+
 namespace ffi = xla::ffi;
 namespace fs = std::filesystem;
 
@@ -165,9 +167,13 @@ TensorStore::TensorStore(const StoreOptions& options)
   }
   stats_.direct_io = direct_io_;
   stats_.dir = dir_;
-  for (int i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { IoLoop(&tasks_); });
+  for (int i = 0; i < options_.io_threads; ++i) {
+    threads_.emplace_back([this] { NameThisThread("jaxdata-io"); IoLoop(&tasks_); });
+  }
   if (!dir_.empty()) {
-    for (int i = 0; i < options_.io_threads; ++i) threads_.emplace_back([this] { IoLoop(&writes_); });
+    for (int i = 0; i < options_.io_threads; ++i) {
+      threads_.emplace_back([this] { NameThisThread("jaxdata-write"); IoLoop(&writes_); });
+    }
   }
 }
 
