@@ -29,8 +29,7 @@ class _Raised(Exception):
   """An exception from the child that could not be pickled as itself."""
 
 
-def _child(conn, fn, args, kwargs, env):
-  os.environ.update(env)
+def _child(conn, fn, args, kwargs):
   try:
     result = ("ok", fn(*args, **kwargs))
   except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
@@ -48,14 +47,24 @@ def run_isolated(fn: Callable[..., Any], *args: Any, timeout: float = 300.0,
   """Runs ``fn(*args, **kwargs)`` in a new process (spawned, so JAX starts fresh there).
 
   `fn` must be importable (a module-level function of a test module). The child inherits
-  XLA_FLAGS and the other environment variables, plus `env`. Returns fn's result; re-raises its
-  exception; fails the test if the child dies (signal or exit without a result) or runs past
-  `timeout` seconds.
+  XLA_FLAGS and the other environment variables, plus `env`, from its start: it has them before
+  it imports anything (JAX reads JAX_PLATFORMS when it is imported). Returns fn's result;
+  re-raises its exception; fails the test if the child dies (signal or exit without a result) or
+  runs past `timeout` seconds.
   """
   ctx = mp.get_context("spawn")
   parent, child = ctx.Pipe(duplex=False)
-  proc = ctx.Process(target=_child, args=(child, fn, args, kwargs, dict(env or {})))
-  proc.start()
+  proc = ctx.Process(target=_child, args=(child, fn, args, kwargs))
+  saved = {k: os.environ.get(k) for k in (env or {})}
+  os.environ.update(env or {})  # a spawned child takes the environment as it is at start()
+  try:
+    proc.start()
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
   child.close()
   try:
     if not parent.poll(timeout):

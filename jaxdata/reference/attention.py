@@ -48,7 +48,7 @@ differentiable in x and params; ragged_dot needs edges sorted by relation, `Edge
 
   transform-all-then-gather  every node through every relation's weights ([R, N, ...]), then one
                              gather per edge; O(R N F) memory, no per-edge matmul
-  ragged_dot                 per-edge rows grouped by relation, `jax.lax.ragged_dot(_general)`;
+  ragged_dot                 per-edge rows grouped by relation, `jax.lax.ragged_dot` (per head);
                              O(E F) memory (XLA's GPU lowering may expand it to [R, E, F])
   per-edge weights           W[etype] gathered per edge ([E, d_in, F]): memory-hungry on purpose
 
@@ -373,24 +373,22 @@ def hgt_transform_all_then_gather(src, dst, etype, xs, params: HGTParams, *, pre
 
 
 def hgt_ragged_dot(src, dst, etype, xs, params: HGTParams, *, precision=None):
-  """K[src] and V[src] grouped by relation, heads as a batch: `jax.lax.ragged_dot_general`.
+  """K[src] and V[src] grouped by relation: one `jax.lax.ragged_dot` per head.
 
-  Edges sorted by etype.
+  Edges sorted by etype. (Heads as a batch dimension of `ragged_dot_general` would be one call,
+  but XLA's verifier rejects that program on jax 0.11.2: "A dimension number is not unique in
+  Dot".)
   """
   _check_types(xs, params)
   dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
   k, q, v = _hgt_nodes(xs, params, precision, acc)
   sizes = _group_sizes(etype, params.mu.shape[0])
-  # lhs [H, E, d_k] (batch, ragged rows, contracted), rhs [H, R, d_k, d_k] (batch, group, ...).
-  numbers = jax.lax.RaggedDotDimensionNumbers(
-      dot_dimension_numbers=(([2], [2]), ([0], [0])), lhs_ragged_dimensions=[1],
-      rhs_group_dimensions=[1])
 
-  def through(a, w):
-    rows = jnp.swapaxes(a[src], 0, 1)
-    out = jax.lax.ragged_dot_general(rows, jnp.swapaxes(w, 0, 1).astype(dtype), sizes, numbers,
-                                     precision=precision, preferred_element_type=acc)
-    return jnp.swapaxes(out, 0, 1).astype(dtype)
+  def through(a, w):  # a: [N, H, d_k], w: [R, H, d_k, d_k] -> [E, H, d_k]
+    rows = a[src]
+    heads = [jax.lax.ragged_dot(rows[:, h], w[:, h].astype(dtype), sizes, precision=precision,
+                                preferred_element_type=acc) for h in range(w.shape[1])]
+    return jnp.stack(heads, axis=1).astype(dtype)
 
   return _hgt_finish(through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs,
                      params, precision)
