@@ -603,7 +603,11 @@ ffi::Error TensorStore::ReadSsd(const Entry& e,
 
 void TensorStore::Free(const std::shared_ptr<Entry>& e) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (owned_.erase(e->seq) == 0) return;  // freed already (or by Close())
+  // Once closed, a load that gave up (WaitStored returned "closed") may free an entry whose
+  // writes or checksums are still running on the I/O threads: its RAM range or file would go
+  // while they use it. Close() frees every entry itself, after those tasks have finished.
+  if (closed_) return;
+  if (owned_.erase(e->seq) == 0) return;  // freed already
   if (e->tier == Tier::kRam && e->ram_offset >= 0) {
     ReleaseRam(e->ram_offset, e->nbytes);
     e->ram_offset = -1;
