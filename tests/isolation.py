@@ -105,6 +105,19 @@ def own_threads() -> int:
   return count
 
 
+def descriptors_into(directory: str | None) -> list[str]:
+  """Open descriptors of this process pointing into `directory` (deleted files included)."""
+  found = []
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+      continue
+    if directory and target.startswith(directory):
+      found.append(target)
+  return found
+
+
 def _files_under(dirs: tuple[str, ...]) -> frozenset[str]:
   found = set()
   for d in dirs:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from isolation import own_threads, run_isolated
+from isolation import descriptors_into, own_threads, run_isolated
 from jaxdata import offload
 
 CHUNK = 4096
@@ -44,18 +44,6 @@ def _wait_written(store, at_least, timeout=20.0):
 
 def _padded(n):
   return -(-n // CHUNK) * CHUNK
-
-
-def _store_descriptors(directory):
-  found = []
-  for fd in os.listdir("/proc/self/fd"):
-    try:
-      target = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-      continue
-    if directory and target.startswith(directory):
-      found.append(target)
-  return found
 
 
 def _assert_clean(store):
@@ -150,7 +138,7 @@ def _file_fault_cases(ssd_dir, examples):
   case()
   directory = store.directory
   store.close()
-  assert not os.path.exists(directory) and _store_descriptors(directory) == []
+  assert not os.path.exists(directory) and descriptors_into(directory) == []
   return outcomes
 
 
@@ -239,7 +227,7 @@ def _close_mid_flight_cases(ssd_dir, rounds):
       w.join(timeout=120)
       assert not w.is_alive(), "a spill or load did not return after close()"
     assert not errors, errors
-    assert _store_descriptors(directory) == [], _store_descriptors(directory)
+    assert descriptors_into(directory) == [], descriptors_into(directory)
     assert not os.path.exists(directory)
   deadline = time.monotonic() + 10  # every store is closed: none of its threads may remain
   while own_threads() and time.monotonic() < deadline:
@@ -324,7 +312,7 @@ def _file_size_limit_cases(ssd_dir, examples):
   case()
   directory = store.directory
   store.close()
-  assert not os.path.exists(directory) and _store_descriptors(directory) == []
+  assert not os.path.exists(directory) and descriptors_into(directory) == []
   return outcomes
 
 

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from isolation import descriptors_into
 from jaxdata import offload
 from jaxdata.offload import TensorStore
 
@@ -1054,19 +1055,6 @@ def test_load_bytes_cap_is_settable():
 # close() while I/O is in flight (issue 20, defect 3)
 
 
-def _store_descriptors(directory):
-  """Open descriptors of this process that point into `directory` (deleted files included)."""
-  found = []
-  for fd in os.listdir("/proc/self/fd"):
-    try:
-      target = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-      continue
-    if target.startswith(directory):
-      found.append(target)
-  return found
-
-
 @pytest.mark.parametrize("tier", ["ssd", "ram"])
 def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd_dir, tier):
   """A load in flight on another thread when close() is called ends with the right data or
@@ -1106,7 +1094,7 @@ def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd
     else:
       np.testing.assert_array_equal(result["value"], np.asarray(x))
       outcomes.append("loaded")
-    assert _store_descriptors(directory) == [], _store_descriptors(directory)
+    assert descriptors_into(directory) == [], descriptors_into(directory)
     assert not os.path.exists(directory)
   deadline = time.monotonic() + 5
   while len(os.listdir("/proc/self/task")) > threads_before and time.monotonic() < deadline:
@@ -1124,7 +1112,7 @@ def test_close_with_outstanding_spills_frees_their_files(device, ssd_dir):
     spill_fn(store, site, "ssd")([x])
   directory = store.directory
   store.close()
-  assert _store_descriptors(directory) == []
+  assert descriptors_into(directory) == []
   assert not os.path.exists(directory)
 
 
