@@ -36,6 +36,7 @@ inline void RepeatPattern(uint64_t bits, int64_t itemsize, unsigned char* out, i
 // The FFI bindings of host_gather and host_slice, written once for both platforms: `Context` is
 // the platform's context (ffi::ThreadPool on the CPU, ffi::PlatformStream<cudaStream_t> on
 // CUDA), so the operands and attribute names jaxdata/host/gather.py passes cannot drift apart.
+// (`.template` because the chain's type depends on Context.)
 template <typename Context>
 auto BindHostGather() {
   return xla::ffi::Ffi::Bind()
