@@ -33,31 +33,46 @@ nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
+// One row per FFI target: its name, its CPU handler and its CUDA handler (null when the extension
+// is built without CUDA), so a target cannot be registered on one platform and forgotten on the
+// other.
+#ifdef JAXDATA_WITH_CUDA
+#define JAXDATA_CUDA_HANDLER(handler) handler
+#else
+#define JAXDATA_CUDA_HANDLER(handler) nullptr
+#endif
+struct Target {
+  const char* name;
+  XLA_FFI_Handler* cpu;
+  XLA_FFI_Handler* cuda;
+};
+constexpr Target kTargets[] = {
+    {"jaxdata_host_gather", jaxdata_host_gather_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_host_gather_cuda)},
+    {"jaxdata_host_slice", jaxdata_host_slice_cpu, JAXDATA_CUDA_HANDLER(jaxdata_host_slice_cuda)},
+    {"jaxdata_host_sample", jaxdata_host_sample_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_host_sample_cuda)},
+    {"jaxdata_sample", jaxdata_sample_cpu, JAXDATA_CUDA_HANDLER(jaxdata_sample_cuda)},
+    {"jaxdata_host_scatter_add", jaxdata_host_scatter_add_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_host_scatter_add_cuda)},
+    {"jaxdata_hector_launch", jaxdata_hector_launch_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_hector_launch_cuda)},
+    {"jaxdata_offload_spill", jaxdata_offload_spill_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_offload_spill_cuda)},
+    {"jaxdata_offload_load", jaxdata_offload_load_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_offload_load_cuda)},
+};
+#undef JAXDATA_CUDA_HANDLER
+
 // {target name: {platform: capsule}}
 nb::dict Registrations() {
   nb::dict all;
-  auto add = [&](const char* name, const char* platform, nb::capsule c) {
-    if (!all.contains(name)) all[name] = nb::dict();
-    nb::borrow<nb::dict>(all[name])[platform] = c;
-  };
-  add("jaxdata_host_gather", "cpu", Capsule(jaxdata_host_gather_cpu));
-  add("jaxdata_host_slice", "cpu", Capsule(jaxdata_host_slice_cpu));
-  add("jaxdata_host_sample", "cpu", Capsule(jaxdata_host_sample_cpu));
-  add("jaxdata_sample", "cpu", Capsule(jaxdata_sample_cpu));
-  add("jaxdata_host_scatter_add", "cpu", Capsule(jaxdata_host_scatter_add_cpu));
-  add("jaxdata_hector_launch", "cpu", Capsule(jaxdata_hector_launch_cpu));
-  add("jaxdata_offload_spill", "cpu", Capsule(jaxdata_offload_spill_cpu));
-  add("jaxdata_offload_load", "cpu", Capsule(jaxdata_offload_load_cpu));
-#ifdef JAXDATA_WITH_CUDA
-  add("jaxdata_host_gather", "CUDA", Capsule(jaxdata_host_gather_cuda));
-  add("jaxdata_host_slice", "CUDA", Capsule(jaxdata_host_slice_cuda));
-  add("jaxdata_host_sample", "CUDA", Capsule(jaxdata_host_sample_cuda));
-  add("jaxdata_sample", "CUDA", Capsule(jaxdata_sample_cuda));
-  add("jaxdata_host_scatter_add", "CUDA", Capsule(jaxdata_host_scatter_add_cuda));
-  add("jaxdata_hector_launch", "CUDA", Capsule(jaxdata_hector_launch_cuda));
-  add("jaxdata_offload_spill", "CUDA", Capsule(jaxdata_offload_spill_cuda));
-  add("jaxdata_offload_load", "CUDA", Capsule(jaxdata_offload_load_cuda));
-#endif
+  for (const Target& t : kTargets) {
+    nb::dict platforms;
+    platforms["cpu"] = Capsule(t.cpu);
+    if (t.cuda != nullptr) platforms["CUDA"] = Capsule(t.cuda);
+    all[t.name] = platforms;
+  }
   return all;
 }
 

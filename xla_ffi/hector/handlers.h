@@ -1,6 +1,31 @@
-// The FFI handlers of jaxdata.hector, as C symbols for module.cc's registrations().
+// The FFI handlers of jaxdata.hector: their binding, and their C symbols for module.cc's
+// registrations().
 #pragma once
+#include <cstdint>
+
 #include "xla/ffi/api/api.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxdata::hector {
+
+// The binding of jaxdata_hector_launch, written once for both platforms: `Context` is
+// ffi::ThreadPool on the CPU and ffi::PlatformStream<cudaStream_t> on CUDA. The buffers are
+// whatever the call passes (operands, then results), as jaxdata/hector/operands.py lays them out.
+template <typename Context>
+auto BindLaunch() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<Context>()
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<int64_t>("kernel")
+      .template Attr<xla::ffi::Span<const int64_t>>("scalars")
+      .template Attr<int64_t>("grid")
+      .template Attr<int64_t>("block")
+      .template Attr<int64_t>("shared_bytes")
+      .template Attr<int32_t>("zero_outputs");
+}
+
+}  // namespace jaxdata::hector
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_hector_launch_cpu);
 #ifdef JAXDATA_WITH_CUDA

@@ -53,13 +53,4 @@ ffi::Error LaunchCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remaini
 }  // namespace jaxdata::hector
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_hector_launch_cpu, jaxdata::hector::LaunchCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("kernel")
-                                  .Attr<ffi::Span<const int64_t>>("scalars")
-                                  .Attr<int64_t>("grid")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("shared_bytes")
-                                  .Attr<int32_t>("zero_outputs"));
+                              jaxdata::hector::BindLaunch<ffi::ThreadPool>());

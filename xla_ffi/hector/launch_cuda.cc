@@ -63,14 +63,6 @@ ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
 }  // namespace
 }  // namespace jaxdata::hector
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_hector_launch_cuda, jaxdata::hector::LaunchCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("kernel")
-                                  .Attr<ffi::Span<const int64_t>>("scalars")
-                                  .Attr<int64_t>("grid")
-                                  .Attr<int64_t>("block")
-                                  .Attr<int64_t>("shared_bytes")
-                                  .Attr<int32_t>("zero_outputs"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_hector_launch_cuda, jaxdata::hector::LaunchCuda,
+    jaxdata::hector::BindLaunch<ffi::PlatformStream<cudaStream_t>>());

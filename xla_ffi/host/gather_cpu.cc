@@ -79,21 +79,7 @@ ffi::Error HostSliceCpu(ffi::ThreadPool pool, Handle handle, ffi::Result<ffi::An
 }  // namespace jaxdata
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cpu, jaxdata::HostGatherCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("rows")
-                                  .Attr<int32_t>("mode")
-                                  .Attr<int64_t>("fill_bits")
-                                  .Attr<int32_t>("sort"));
+                              jaxdata::BindHostGather<ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_slice_cpu, jaxdata::HostSliceCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("rows")
-                                  .Attr<int64_t>("start"));
+                              jaxdata::BindHostSlice<ffi::ThreadPool>());

@@ -316,22 +316,10 @@ size_t HostGatherSortScratchBytes(int64_t n, int64_t rows) {
 
 }  // namespace jaxdata
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_gather_cuda, jaxdata::HostGatherCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("rows")
-                                  .Attr<int32_t>("mode")
-                                  .Attr<int64_t>("fill_bits")
-                                  .Attr<int32_t>("sort"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_host_gather_cuda, jaxdata::HostGatherCuda,
+    jaxdata::BindHostGather<ffi::PlatformStream<cudaStream_t>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_slice_cuda, jaxdata::HostSliceCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("rows")
-                                  .Attr<int64_t>("start"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_host_slice_cuda, jaxdata::HostSliceCuda,
+    jaxdata::BindHostSlice<ffi::PlatformStream<cudaStream_t>>());

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "gather.h"  // JAXDATA_HD
+#include "table.h"   // Handle
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxdata {
@@ -95,6 +96,39 @@ inline xla::ffi::Error CheckSampleShapes(int64_t n, int64_t fanout,
     return xla::ffi::Error::InvalidArgument("jaxdata sampling: operand shapes do not match");
   }
   return xla::ffi::Error::Success();
+}
+
+// The FFI bindings of host_sample (a HostGraph's CSR in host memory) and sample (a CSR in device
+// arrays), written once for both platforms: `Context` is ffi::ThreadPool on the CPU and
+// ffi::PlatformStream<cudaStream_t> on CUDA.
+template <typename Context>
+auto BindHostSample() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<Context>()
+      .template Arg<Handle>()                           // indptr
+      .template Arg<Handle>()                           // indices
+      .template Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // nodes
+      .template Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // key
+      .template Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // neighbours
+      .template Ret<xla::ffi::Buffer<xla::ffi::PRED>>()  // mask
+      .template Attr<int64_t>("num_nodes")
+      .template Attr<int64_t>("num_edges")
+      .template Attr<int64_t>("fanout")
+      .template Attr<int32_t>("replace");
+}
+
+template <typename Context>
+auto BindSample() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<Context>()
+      .template Arg<xla::ffi::AnyBuffer>()              // indptr (int32 or int64)
+      .template Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // indices
+      .template Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // nodes
+      .template Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // key
+      .template Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // neighbours
+      .template Ret<xla::ffi::Buffer<xla::ffi::PRED>>()  // mask
+      .template Attr<int64_t>("fanout")
+      .template Attr<int32_t>("replace");
 }
 
 }  // namespace jaxdata

@@ -79,27 +79,7 @@ ffi::Error SampleCpu(ffi::ThreadPool pool, ffi::AnyBuffer indptr, ffi::Buffer<ff
 }  // namespace jaxdata
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_sample_cpu, jaxdata::HostSampleCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("num_nodes")
-                                  .Attr<int64_t>("num_edges")
-                                  .Attr<int64_t>("fanout")
-                                  .Attr<int32_t>("replace"));
+                              jaxdata::BindHostSample<ffi::ThreadPool>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_sample_cpu, jaxdata::SampleCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("fanout")
-                                  .Attr<int32_t>("replace"));
+                              jaxdata::BindSample<ffi::ThreadPool>());

@@ -143,28 +143,10 @@ ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::Buffer<ff
 }  // namespace
 }  // namespace jaxdata
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_sample_cuda, jaxdata::HostSampleCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("num_nodes")
-                                  .Attr<int64_t>("num_edges")
-                                  .Attr<int64_t>("fanout")
-                                  .Attr<int32_t>("replace"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_host_sample_cuda, jaxdata::HostSampleCuda,
+    jaxdata::BindHostSample<ffi::PlatformStream<cudaStream_t>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_sample_cuda, jaxdata::SampleCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<int64_t>("fanout")
-                                  .Attr<int32_t>("replace"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_sample_cuda, jaxdata::SampleCuda,
+    jaxdata::BindSample<ffi::PlatformStream<cudaStream_t>>());

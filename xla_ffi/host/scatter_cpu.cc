@@ -141,11 +141,4 @@ ffi::Error HostScatterAddCpu(ffi::ThreadPool pool, Handle handle, ffi::AnyBuffer
 }  // namespace jaxdata
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cpu, jaxdata::HostScatterAddCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("rows"));
+                              jaxdata::BindHostScatterAdd<ffi::ThreadPool>());

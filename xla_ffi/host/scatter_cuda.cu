@@ -157,12 +157,6 @@ ffi::Error HostScatterAddCuda(cudaStream_t stream, Handle handle, ffi::AnyBuffer
 }  // namespace
 }  // namespace jaxdata
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_host_scatter_add_cuda, jaxdata::HostScatterAddCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<jaxdata::Handle>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("rows"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_host_scatter_add_cuda, jaxdata::HostScatterAddCuda,
+    jaxdata::BindHostScatterAdd<ffi::PlatformStream<cudaStream_t>>());

@@ -142,4 +142,28 @@ inline xla::ffi::Error CheckSameParts(const std::vector<int64_t>& spilled, const
                                           " but the spill had " + list(spilled));
 }
 
+// The bindings of spill and load, written once for both platforms: `Context` is ffi::ThreadPool
+// on the CPU and ffi::PlatformStream<cudaStream_t> on CUDA. spill takes the arrays and returns
+// the ticket; load takes the ticket and returns the arrays.
+template <typename Context>
+auto BindSpill() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<Context>()
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<int64_t>("store")
+      .template Attr<int64_t>("site")
+      .template Attr<int64_t>("tier");
+}
+
+template <typename Context>
+auto BindLoad() {
+  return xla::ffi::Ffi::Bind()
+      .Ctx<Context>()
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<int64_t>("store")
+      .template Attr<int64_t>("site");
+}
+
 }  // namespace jaxdata::offload

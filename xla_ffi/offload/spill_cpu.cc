@@ -72,17 +72,6 @@ ffi::Error LoadCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::Remaining
 }  // namespace jaxdata::offload
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_spill_cpu, jaxdata::offload::SpillCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("store")
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("tier"));
+                              jaxdata::offload::BindSpill<ffi::ThreadPool>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_load_cpu, jaxdata::offload::LoadCpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("store")
-                                  .Attr<int64_t>("site"));
+                              jaxdata::offload::BindLoad<ffi::ThreadPool>());

@@ -687,18 +687,9 @@ ffi::Error LoadCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaining
 }  // namespace
 }  // namespace jaxdata::offload
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_spill_cuda, jaxdata::offload::SpillCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("store")
-                                  .Attr<int64_t>("site")
-                                  .Attr<int64_t>("tier"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxdata_offload_load_cuda, jaxdata::offload::LoadCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<int64_t>("store")
-                                  .Attr<int64_t>("site"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_offload_spill_cuda, jaxdata::offload::SpillCuda,
+    jaxdata::offload::BindSpill<ffi::PlatformStream<cudaStream_t>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_offload_load_cuda, jaxdata::offload::LoadCuda,
+    jaxdata::offload::BindLoad<ffi::PlatformStream<cudaStream_t>>());
