@@ -36,7 +36,7 @@ from jaxdata.data.mag import NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
 from jaxdata.nn import HGT, RGAT
-from jaxdata.train.common import TrainResult, accuracy, progress
+from jaxdata.train.common import TrainResult, accuracy, add_out_argument, progress, say_saved
 
 MODELS = ("rgat", "hgt")
 
@@ -228,9 +228,7 @@ def add_arguments(parser, model: str):
   parser.add_argument("--passes", default=None, type=_passes,
                       help="hector passes, comma-separated (reorder,compact; 'none' for none; "
                            "default all)")
-  parser.add_argument("--out", default=f"{model}-checkpoint", type=command.checkpoint_dir,
-                      metavar="DIR", help="checkpoint folder for the trained model "
-                                          "(`jaxdata eval DIR` measures it again)")
+  add_out_argument(parser, model)
 
 
 def _passes(text: str) -> tuple[str, ...]:
@@ -290,6 +288,5 @@ def main(args) -> int:
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
                 f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")
   save(args.out, result, config, data)
-  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
-                f"`jaxdata eval {args.out}` measures it again)")
+  say_saved(console, args.out)
   return 0

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator
 import jax
 import jax.numpy as jnp
 
+from jaxdata import command
+
 
 @dataclasses.dataclass
 class TrainResult:
@@ -53,3 +55,16 @@ def progress(console, label: str, total: int | None, **fields: Any
   with Progress(*columns, console=console, transient=fields.pop("transient", False)) as bar:
     task = bar.add_task("run", total=total, **fields)
     yield lambda **kw: bar.update(task, **kw)
+
+
+def add_out_argument(parser, kind: str, model: str = "the trained model") -> None:
+  """Every trainer's `--out DIR`: where its checkpoint goes (checked before training starts)."""
+  parser.add_argument("--out", default=f"{kind}-checkpoint", type=command.checkpoint_dir,
+                      metavar="DIR", help=f"checkpoint folder for {model} (`jaxdata eval DIR` "
+                                          "measures it again)")
+
+
+def say_saved(console, path: str) -> None:
+  """The line every trainer ends with: where the checkpoint and its history went."""
+  console.print(f"checkpoint saved to {path} (history in {path}/history.json; "
+                f"`jaxdata eval {path}` measures it again)")

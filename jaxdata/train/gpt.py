@@ -29,7 +29,7 @@ from jaxdata import command
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
-from jaxdata.train.common import TrainResult, progress
+from jaxdata.train.common import TrainResult, add_out_argument, progress, say_saved
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -238,9 +238,7 @@ def add_arguments(parser):
   parser.add_argument("--ram", type=command.size, default=None,
                       help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
                            "(default: the TensorStore's)")
-  parser.add_argument("--out", default="gpt-checkpoint", type=command.checkpoint_dir,
-                      metavar="DIR", help="checkpoint folder for the trained model "
-                                          "(`jaxdata eval DIR` measures it again)")
+  add_out_argument(parser, "gpt")
   parser.add_argument("--ssd-dir", default=None, metavar="DIR",
                       help="--offload: a folder on local SSD for what does not fit in --ram")
 
@@ -330,6 +328,5 @@ def main(args) -> int:
                 f"{m['seconds']:.1f} s, compile {m['compile_seconds']:.1f} s, "
                 f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s")
   save(args.out, result, config)
-  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
-                f"`jaxdata eval {args.out}` measures it again)")
+  say_saved(console, args.out)
   return 0

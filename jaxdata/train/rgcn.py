@@ -29,7 +29,7 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
-from jaxdata.train.common import TrainResult, accuracy, progress
+from jaxdata.train.common import TrainResult, accuracy, add_out_argument, progress, say_saved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,9 +236,7 @@ def add_arguments(parser):
                       help="synthetic graph: edges")
   parser.add_argument("--relations", type=command.positive_int, default=50,
                       help="synthetic graph: relations")
-  parser.add_argument("--out", default="rgcn-checkpoint", type=command.checkpoint_dir,
-                      metavar="DIR", help="checkpoint folder for the (last seed's) model "
-                                          "(`jaxdata eval DIR` measures it again)")
+  add_out_argument(parser, "rgcn", "the (last seed's) model")
 
 
 def main(args) -> int:
@@ -289,6 +287,5 @@ def main(args) -> int:
     console.print(f"[bold]test accuracy over {args.seeds} seeds: {np.mean(accuracies):.4f} "
                   f"± {np.std(accuracies):.4f}[/] (min {min(accuracies):.4f}, "
                   f"max {max(accuracies):.4f})")
-  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
-                f"`jaxdata eval {args.out}` measures it again)")
+  say_saved(console, args.out)
   return 0

@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxdata import command
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
-from jaxdata.train.common import TrainResult, progress
+from jaxdata.train.common import TrainResult, add_out_argument, progress, say_saved
 
 PIPELINES = ("host", "device", "cpu")
 
@@ -449,9 +449,7 @@ def add_arguments(parser):
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype (parameters stay float32)")
   parser.add_argument("--seed", type=command.natural_int, default=0, help="seed of data and model")
-  parser.add_argument("--out", default="sage-checkpoint", type=command.checkpoint_dir,
-                      metavar="DIR", help="checkpoint folder for the trained model "
-                                          "(`jaxdata eval DIR` measures it again)")
+  add_out_argument(parser, "sage")
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="host pipeline: keep this fraction of the feature rows (the most "
                            "sampled) in device memory")
@@ -490,6 +488,5 @@ def main(args) -> int:
       result = train(dataset, config, graph=graph, on_epoch=on_epoch, on_batch=on_batch)
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
   save(args.out, result, config, data)
-  console.print(f"checkpoint saved to {args.out} (history in {args.out}/history.json; "
-                f"`jaxdata eval {args.out}` measures it again)")
+  say_saved(console, args.out)
   return 0
