@@ -82,6 +82,17 @@ def write(console, path: str, text: str) -> None:
   console.print(f"wrote {path}")
 
 
+def write_with_plot(console, path: str, markdown, plot) -> None:
+  """Writes a benchmark's Markdown to `path` and its plot beside it (PATH.png): `plot(png_path)`
+  draws and says whether it could (matplotlib present), `markdown(png_name or None)` gives the
+  text, linking the image only when there is one."""
+  png = os.path.splitext(path)[0] + ".png"
+  drawn = plot(png)
+  write(console, path, markdown(os.path.basename(png) if drawn else None))
+  console.print(f"wrote {png}" if drawn else
+                "[yellow]no plot: matplotlib is not installed (pip install matplotlib)")
+
+
 def pick(given, quick: bool, quick_value, full_value):
   """A setting: what the user gave, else the --quick value under --quick, else the full run's."""
   if given is not None:

@@ -232,10 +232,7 @@ def main(args) -> int:
   common.print_table(console, "random-row gather from a host table (GB/s of rows delivered)",
                      *table_rows(results), notes)
   if args.write:
-    png = os.path.splitext(args.write)[0] + ".png"
-    drawn = plot(results, png)
-    common.write(console, args.write, markdown(results, notes, common.command_line(),
-                                               png=os.path.basename(png) if drawn else None))
-    console.print(f"wrote {png}" if drawn else
-                  "[yellow]no plot: matplotlib is not installed (pip install matplotlib)")
+    common.write_with_plot(
+        console, args.write, lambda png: markdown(results, notes, common.command_line(), png=png),
+        lambda png: plot(results, png))
   return 0

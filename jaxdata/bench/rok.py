@@ -325,10 +325,8 @@ def main(args) -> int:
   common.print_table(console, "recompute-offload-keep: step time against device memory",
                      *table_rows(rows, notes), left=("policy", "plan"))
   if args.write:
-    png = os.path.splitext(args.write)[0] + ".png"  # rok.md -> rok.png beside it
-    drawn = plot(rows, png)
-    common.write(console, args.write, markdown(rows, notes, common.command_line(), size,
-                                               png=os.path.basename(png) if drawn else None))
-    console.print(f"wrote {png}" if drawn else
-                  "[yellow]no plot: matplotlib is not installed (pip install matplotlib)")
+    common.write_with_plot(  # rok.md, and rok.png beside it
+        console, args.write, lambda png: markdown(rows, notes, common.command_line(), size,
+                                                  png=png),
+        lambda png: plot(rows, png))
   return 0
