@@ -10,8 +10,8 @@ import collections
 import glob
 import os
 import sys
+import shutil
 import tempfile
-import time
 
 import jax
 import numpy as np
@@ -52,6 +52,10 @@ def summarize(path: str, top: int = 12) -> None:
           by[e.name[:90]][0] += 1
           by[e.name[:90]][1] += e.duration_ns
         rows = sorted(by.items(), key=lambda kv: -kv[1][1])[:6]
+        calls = sorted(e.duration_ns for e in line.events if e.name.startswith("PjitFunction"))
+        if calls:
+          print(f"host | {line.name}: {len(calls)} jitted calls, median "
+                f"{calls[len(calls) // 2] / 1e6:.3f} ms, max {calls[-1] / 1e6:.3f} ms")
         if rows and rows[0][1][1] > 1e6:
           print(f"host | {line.name}:")
           for name, (n, t) in rows:
@@ -71,20 +75,26 @@ def main() -> None:
                                  evaluate=False), graph=g)
         h = r.history[-1]
         print(pipe, ndev, f"{1e3 * h['seconds'] / h['batches']:.2f} ms/batch", flush=True)
-    for pipe in ("device",):
+    # A steady-state trace: steps 10 to 10 + steps of one epoch, compile excluded.
+    trace = tempfile.mkdtemp(prefix="sage-trace-")
+
+    def on_batch(done, total):
+      if done == 10:
+        jax.profiler.start_trace(trace)
+      elif done == 10 + steps:
+        jax.block_until_ready(jax.numpy.zeros(()))
+        jax.profiler.stop_trace()
+
+    for pipe in ("device", "host"):
       ndev = ndevs[-1]
-      config = SageConfig(pipeline=pipe, devices=ndev, epochs=1, max_batches=steps,
-                          evaluate=False)
-      train(ds, config, graph=g)  # compile
-      trace = tempfile.mkdtemp(prefix="sage-trace-")
-      jax.profiler.start_trace(trace)
-      t0 = time.perf_counter()
-      train(ds, config, graph=g)
-      print(f"profiled {pipe} x{ndev}: {steps} steps in {time.perf_counter() - t0:.3f} s "
-            "(with compile-cache lookups)")
-      jax.profiler.stop_trace()
+      train(ds, SageConfig(pipeline=pipe, devices=ndev, epochs=1, max_batches=steps + 20,
+                           evaluate=False), graph=g, on_batch=on_batch)
       for path in glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True):
+        print(f"=== trace of {pipe} x{ndev}, {steps} steady steps: {path}")
         summarize(path)
+        if os.environ.get("OUT"):
+          shutil.copy(path, os.path.join(os.environ["OUT"], f"sage-{pipe}-x{ndev}.xplane.pb"))
+        os.remove(path)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,11 @@ natural_float = _checked(float, lambda v: 0 <= v < float("inf"), "a number of at
 fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction between 0 and 1")
 
 
+def choice(names: tuple[str, ...]) -> Callable[[str], str]:
+  """One of `names` (for items of a `listing`; a single choice is argparse's `choices=`)."""
+  return _checked(str, lambda v: v in names, "one of " + ", ".join(names))
+
+
 def listing(kind: Callable[[str], Any]) -> Callable[[str], list]:
   """Comma-separated values of `kind` (one of the checked types above, or str): "15,10"."""
   def parse(text: str) -> list:

@@ -40,11 +40,14 @@ QUICK = dict(nodes=100_000, edges=2_000_000, features=64)
 #: The device cache of the cached GPU-centric row: this fraction of the feature rows.
 CACHE_FRACTION = 0.2
 
-#: (label, pipeline, dedup, cache fraction)
-PIPELINES = [("all-in-GPU", "device", False, 0.0), ("CPU-centric", "cpu", False, 0.0),
-             ("GPU-centric, no dedup", "host", False, 0.0),
-             ("GPU-centric (jaxdata)", "host", True, 0.0),
-             (f"GPU-centric + {CACHE_FRACTION:.0%} device cache", "host", True, CACHE_FRACTION)]
+#: name (for --pipelines): (label, pipeline, dedup, cache fraction)
+PIPELINES = {
+    "device": ("all-in-GPU", "device", False, 0.0),
+    "cpu": ("CPU-centric", "cpu", False, 0.0),
+    "host-nodedup": ("GPU-centric, no dedup", "host", False, 0.0),
+    "host": ("GPU-centric (jaxdata)", "host", True, 0.0),
+    "host-cache": (f"GPU-centric + {CACHE_FRACTION:.0%} device cache", "host", True,
+                   CACHE_FRACTION)}
 
 
 @dataclasses.dataclass
@@ -57,12 +60,16 @@ class Result:
   epoch_seconds: float | None
   loss: float | None
   note: str = ""
+  repeat: int = 1
 
 
 def run(*, nodes: int, edges: int, features: int, fanouts=(15, 10), batch_size: int = 1024,
         batches: int = 100, devices=(1,), classes: int = 8, seed: int = 0,
+        pipelines=tuple(PIPELINES), repeats: int = 1,
         console: Any = None) -> tuple[list[Result], list[str], Any]:
-  """Generates the graph, runs every pipeline on it; returns (results, notes, dataset)."""
+  """Generates the graph, runs the named pipelines (keys of PIPELINES) on it, the whole set
+  `repeats` times (device counts interleaved inside each repeat, so that a 1-vs-2-GPU ratio
+  compares runs made minutes apart at most); returns (results, notes, dataset)."""
   log = console.print if console is not None else print
   t0 = time.perf_counter()
   table = HostTable.empty((nodes, features), np.float32)
@@ -76,51 +83,55 @@ def run(*, nodes: int, edges: int, features: int, fanouts=(15, 10), batch_size: 
     for ndev in devices:
       if ndev > len(gpus):
         notes.append(f"{ndev} devices asked for, {len(gpus)} visible: skipped")
+    runs = [(repeat, ndev, name) for repeat in range(1, repeats + 1) for name in pipelines
+            for ndev in devices if ndev <= len(gpus)]
+    for repeat, ndev, name in runs:
+      label, pipeline, dedup, cache = PIPELINES[name]
+      if ndev > 1 and (pipeline != "host" or not dedup):
+        continue  # several devices: the GPU-centric path only (the issue's scaling bar)
+      config = SageConfig(pipeline=pipeline, fanouts=tuple(fanouts), batch_size=batch_size,
+                          epochs=2, max_batches=batches, devices=ndev, unique=dedup,
+                          cache=cache, seed=seed, evaluate=False)
+      per_epoch = math.ceil(len(dataset.train_nodes) / (batch_size * ndev))
+      log(f"{label} on {ndev} device(s): {batches} batches x 2 epochs ...")
+      try:
+        r = train(dataset, config, graph=graph)
+      except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run
+        message = str(e).splitlines()[0][:160]
+        results.append(Result(label, pipeline, ndev, None, None, None, None, message, repeat))
+        notes.append(f"{label} on {ndev} device(s) failed: {message}")
         continue
-      for label, pipeline, dedup, cache in PIPELINES:
-        if ndev > 1 and (pipeline != "host" or not dedup):
-          continue  # several devices: the GPU-centric path only (the issue's scaling bar)
-        config = SageConfig(pipeline=pipeline, fanouts=tuple(fanouts), batch_size=batch_size,
-                            epochs=2, max_batches=batches, devices=ndev, unique=dedup,
-                            cache=cache, seed=seed, evaluate=False)
-        per_epoch = math.ceil(len(dataset.train_nodes) / (batch_size * ndev))
-        log(f"{label} on {ndev} device(s): {batches} batches x 2 epochs ...")
-        try:
-          r = train(dataset, config, graph=graph)
-        except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run
-          message = str(e).splitlines()[0][:160]
-          results.append(Result(label, pipeline, ndev, None, None, None, None, message))
-          notes.append(f"{label} on {ndev} device(s) failed: {message}")
-          continue
-        timed = r.history[-1]
-        batch_s = timed["seconds"] / timed["batches"]
-        results.append(Result(label, pipeline, ndev, 1e3 * batch_s, timed["seeds_per_second"],
-                              per_epoch * batch_s, timed["loss"]))
-        log(f"  {1e3 * batch_s:.2f} ms/batch, {timed['seeds_per_second']:,.0f} seeds/s, "
-            f"loss {timed['loss']:.4f}")
+      timed = r.history[-1]
+      batch_s = timed["seconds"] / timed["batches"]
+      results.append(Result(label, pipeline, ndev, 1e3 * batch_s, timed["seeds_per_second"],
+                            per_epoch * batch_s, timed["loss"], repeat=repeat))
+      log(f"  {1e3 * batch_s:.2f} ms/batch, {timed['seeds_per_second']:,.0f} seeds/s, "
+          f"loss {timed['loss']:.4f}")
   return results, notes, dataset
 
 
-def _find(results, pipeline, devices=1, label=None):
+def _find(results, pipeline, devices=1, label=None, repeat=None):
   for r in results:
     if r.pipeline == pipeline and r.devices == devices and (label is None or r.label == label):
-      if r.batch_ms is not None:
+      if r.batch_ms is not None and (repeat is None or r.repeat == repeat):
         return r
   return None
 
 
 def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
+  repeated = len({r.repeat for r in results}) > 1
   header = ["pipeline", "GPUs", "ms / batch", "seeds / s", "epoch s (extrapolated)",
             "vs CPU-centric", "vs all-in-GPU", "vs 1 GPU", "loss (epoch 2)"]
-  cpu, dev = _find(results, "cpu"), _find(results, "device")
   rows = []
   for r in results:
+    cpu, dev = _find(results, "cpu", repeat=r.repeat), _find(results, "device", repeat=r.repeat)
+    label = f"{r.label}, run {r.repeat}" if repeated else r.label
     if r.batch_ms is None:
-      rows.append([r.label, str(r.devices), "failed", "", "", "", "", "", r.note])
+      rows.append([label, str(r.devices), "failed", "", "", "", "", "", r.note])
       continue
-    one = _find(results, r.pipeline, 1, r.label)
+    one = _find(results, r.pipeline, 1, r.label, r.repeat)
     rows.append([
-        r.label, str(r.devices), f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
+        label, str(r.devices), f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
         f"{r.epoch_seconds:.2f}",
         f"{cpu.epoch_seconds / r.epoch_seconds:.2f}x faster" if cpu else "",
         f"{r.epoch_seconds / dev.epoch_seconds:.2f}x the time" if dev else "",
@@ -173,6 +184,12 @@ def add_arguments(parser) -> None:
   parser.add_argument("--device-counts", type=command.listing(command.positive_int),
                       default=[1, 2], help="GPU counts to run the GPU-centric path on (counts "
                                            "above the visible GPUs are skipped)")
+  parser.add_argument("--pipelines", type=command.listing(command.choice(tuple(PIPELINES))),
+                      default=list(PIPELINES),
+                      help="pipelines to run, comma-separated, from: " + ", ".join(PIPELINES))
+  parser.add_argument("--repeats", type=command.positive_int, default=1,
+                      help="run the whole set this many times (each repeat's GPU counts side "
+                           "by side)")
   parser.add_argument("--quick", action="store_true",
                       help="a small graph and 10 batches (flags given still apply)")
   parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
@@ -186,7 +203,8 @@ def main(args) -> int:
   batches = common.pick(args.batches, args.quick, 10, 100)
   console = command.console(width=160)
   results, notes, dataset = run(**size, fanouts=args.fanouts, batch_size=args.batch_size,
-                                batches=batches, devices=args.device_counts, console=console)
+                                batches=batches, devices=args.device_counts,
+                                pipelines=args.pipelines, repeats=args.repeats, console=console)
   common.print_table(console, "mini-batch GraphSAGE: epoch through three pipelines",
                      *table_rows(results), notes, left=("pipeline",))
   if args.write:

@@ -83,6 +83,22 @@ class SageConfig:
 # ----------------------------------------------------------------------------- the model step
 
 
+def psum_flat(tree, axis_name: str):
+  """`jax.lax.psum(tree, axis_name)` as one all-reduce of one float32 vector.
+
+  Integer leaves go through float32 and back, exact below 2**24 (the counts of a batch).
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+  flat = jax.lax.psum(flat, axis_name)
+  out, start = [], 0
+  for x in leaves:
+    n = int(np.prod(np.shape(x)))
+    out.append(flat[start:start + n].reshape(np.shape(x)).astype(jnp.result_type(x)))
+    start += n
+  return jax.tree.unflatten(treedef, out)
+
+
 def _loss(model: GraphSAGE, feats, masks, labels) -> tuple[jax.Array, jax.Array]:
   """Summed cross-entropy and correct count over valid seeds (padding has mask False)."""
   logits = model(feats, masks).astype(jnp.float32)
@@ -204,8 +220,10 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
       return total, correct
     (total, correct), grads = jax.value_and_grad(f, has_aux=True)(params)
     count = masks[0].sum()
-    # Averages over the whole (global) batch: sums then one division.
-    total, correct, count, grads = jax.lax.psum((total, correct, count, grads), "data")
+    # Averages over the whole (global) batch: sums then one division. The sums travel as one
+    # flat float32 vector, so a step makes one all-reduce, not one per leaf and dtype: on two
+    # H200s each collective cost the step a host-side rendezvous (issue 18's profile).
+    total, correct, count, grads = psum_flat((total, correct, count, grads), "data")
     grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1), grads)
     return grads, total, correct, count
 
