@@ -6,7 +6,6 @@ every pass choice, float32 and bfloat16); `expand` must keep the frontier as a p
 deduplicate; and a two-layer model on blocks whose fanouts cover every in-edge must give the
 full-graph model's outputs and parameter gradients at the seeds.
 """
-import functools
 
 import jax
 import jax.numpy as jnp
