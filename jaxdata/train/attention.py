@@ -84,6 +84,16 @@ class RGATClassifier(nnx.Module):
     x = jax.nn.relu(self.conv2(graph, x))
     return self.classify(x[:papers]).astype(jnp.float32)
 
+  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
+    """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
+    type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
+    slot's node type. Returns logits for the slots of the seeds' frontier."""
+    x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
+            for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
+    x = jax.nn.relu(self.conv1(blocks.graphs[1], x))[:blocks.nodes[1].shape[0]]
+    x = jax.nn.relu(self.conv2(blocks.graphs[0], x))[:blocks.nodes[0].shape[0]]
+    return self.classify(x).astype(jnp.float32)
+
 
 class HGTClassifier(nnx.Module):
   """HGT (every type's own width in) -> HGT -> a linear classifier on papers."""

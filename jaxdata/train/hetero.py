@@ -1,0 +1,196 @@
+"""Mini-batch training of a relational GNN from host memory: `jaxdata train rgat --minibatch`.
+
+The three parts of jaxdata in one step. The graph (in-edges by destination, with relations)
+and every node type's features sit in pinned host memory (`HostGraph`, `HostTable`); inside
+the jitted step the GPU samples the seeds' neighbourhood hop by hop (`host.sample_blocks`,
+zero-copy), builds each hop's block as a hector graph on the device (`hector.block`), gathers the
+features of the sampled nodes straight from the host tables (`host_gather`), and runs the
+model's hector layers on the blocks. JAX's asynchronous dispatch queues step i + 1 (its
+sampling and gathers) behind step i, with no host work between them.
+
+The model is the full-graph trainer's (`train.attention.RGATClassifier`): the same parameters,
+so a checkpoint of either trains on or evaluates with the other. Validation accuracy is measured
+on mini-batches of validation papers after every epoch (same fanouts, another key); the final
+accuracies are measured full-graph when the graph fits (`evaluate="full"`), which is exact.
+
+    from jaxdata.data import synthetic_mag
+    from jaxdata.train.attention import TrainConfig
+    from jaxdata.train.hetero import MinibatchConfig, train
+    result = train(synthetic_mag(scale=0.002, num_classes=8), TrainConfig(model="rgat", epochs=2),
+                   MinibatchConfig(fanouts=(5, 5), batch_size=64))
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxdata.data.mag import MagDataset
+from jaxdata.host import HostGraph, HostTable
+from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.host.sample import DeviceGraph
+from jaxdata.train.attention import TrainConfig, build_model, evaluate
+from jaxdata.train.common import TrainResult
+
+PIPELINES = ("host", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class MinibatchConfig:
+  """How batches are drawn: `fanouts` per hop (one per layer), `batch_size` seed papers per
+  step; "host": graph and features in pinned host memory (GPU-centric), "device": in device
+  memory (all-in-GPU, where it fits); `max_batches` cuts epochs short (benchmarks)."""
+  fanouts: tuple[int, ...] = (10, 10)
+  batch_size: int = 1024
+  pipeline: str = "host"
+  max_batches: int | None = None
+
+  def __post_init__(self):
+    if self.pipeline not in PIPELINES:
+      raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
+                       f"{self.pipeline!r}")
+    if len(self.fanouts) != 2 or any(int(f) < 1 for f in self.fanouts):
+      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
+                       f"the two-layer model), got {self.fanouts}")
+    if self.batch_size < 1:
+      raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
+
+
+class HostData:
+  """The dataset's graph and features where `pipeline` wants them; a context manager that
+  frees the host tables."""
+
+  def __init__(self, dataset: MagDataset, pipeline: str):
+    g = dataset.graph
+    offsets, edge_ids = g.csc()  # in-edges by destination: the sampler's layout
+    self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
+    self.num_relations = g.num_relations
+    self.host = HostGraph(offsets, g.src[edge_ids], etypes=g.etype[edge_ids],
+                          num_relations=g.num_relations)
+    self.tables = [HostTable(np.ascontiguousarray(x, np.float32)) for x in dataset.features]
+    # "device": the step takes the device arrays as arguments (`consts`), not as constants
+    # baked into the program; "host": the host objects enter the step as handles.
+    self.consts = {}
+    if pipeline == "device":
+      self.consts = {"graph": DeviceGraph.from_host(self.host),
+                     "features": [jnp.asarray(x) for x in dataset.features]}
+
+  def where(self, consts):
+    """(graph, features) a step reads: its `consts` arguments, or the host objects."""
+    if consts:
+      return consts["graph"], consts["features"]
+    return self.host, self.tables
+
+  def close(self):
+    for t in self.tables:
+      t.close()
+    self.host.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def forward(model, data: HostData, consts, seeds, fanouts, key):
+  """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
+  graph, features = data.where(consts)
+  blocks = sample_blocks(graph, seeds, fanouts, key)
+  nodes, mask = blocks.nodes[-1], blocks.masks[-1]
+  xs = gather_typed(features, data.type_offsets, nodes, mask)
+  logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, nodes))
+  return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
+
+
+def _batches(ids: np.ndarray, size: int, rng, limit) -> np.ndarray:
+  order = rng.permutation(ids) if rng is not None else np.asarray(ids)
+  n = max(1, -(-len(order) // size))
+  if limit is not None:
+    n = min(n, limit)
+  rows = np.full(n * size, -1, np.int32)
+  take = min(len(order), n * size)
+  rows[:take] = order[:take]
+  return rows.reshape(n, size)
+
+
+def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
+          *, on_epoch: Callable[[dict], None] | None = None,
+          on_batch: Callable[[int, int], None] | None = None,
+          final_evaluation: str = "full") -> TrainResult:
+  """Trains `config.model` ("rgat") on mini-batches of training papers.
+
+  `final_evaluation`: "full" measures the final validation and test accuracy on the whole graph
+  (exact; needs the graph on the device), "minibatch" on sampled mini-batches.
+  """
+  if config.model != "rgat":
+    raise ValueError(f"train --minibatch: model {config.model!r} is not supported yet; use rgat")
+  if final_evaluation not in ("full", "minibatch"):
+    raise ValueError(f"final_evaluation must be 'full' or 'minibatch', got {final_evaluation!r}")
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  fanouts = tuple(int(f) for f in minibatch.fanouts)
+  papers = dataset.node_range("paper")
+  labels = jnp.asarray(dataset.labels)
+  with HostData(dataset, minibatch.pipeline) as data:
+
+    @nnx.jit
+    def step(model, optimizer, consts, seeds, key):
+      def loss_fn(model):
+        logits, valid = forward(model, data, consts, seeds, fanouts, key)
+        y = labels[jnp.maximum(seeds, 0)]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        count = jnp.maximum(valid.sum(), 1)
+        correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+        return jnp.sum(jnp.where(valid, ce, 0)) / count, (correct, valid.sum())
+      (loss, (correct, count)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+      optimizer.update(model, grads)
+      return loss * count, correct, count  # summed loss: epochs add them up
+
+    @nnx.jit
+    def predict(model, consts, seeds, key):
+      logits, valid = forward(model, data, consts, seeds, fanouts, key)
+      y = labels[jnp.maximum(seeds, 0)]
+      return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
+
+    def accuracy(ids, key) -> float:
+      correct = count = 0
+      for i, row in enumerate(_batches(np.asarray(ids) + papers[0], minibatch.batch_size, None,
+                                       None)):
+        c, n = predict(model, data.consts, jnp.asarray(row), jax.random.fold_in(key, i))
+        correct, count = correct + int(c), count + int(n)
+      return correct / count if count else float("nan")
+
+    rng = np.random.default_rng(config.seed)
+    key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
+    history, start = [], time.perf_counter()
+    for epoch in range(1, config.epochs + 1):
+      t0 = time.perf_counter()
+      rows = _batches(np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, rng,
+                      minibatch.max_batches)
+      sums = []
+      for i, row in enumerate(rows):
+        sums.append(step(model, optimizer, data.consts, jnp.asarray(row),
+                         jax.random.fold_in(jax.random.fold_in(key, epoch), i)))
+        if on_batch is not None:
+          on_batch(i + 1, len(rows))
+      loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
+      seconds = time.perf_counter() - t0
+      record = dict(epoch=epoch, loss=loss / max(count, 1), train_accuracy=correct / max(count, 1),
+                    seconds=seconds, batches=len(rows), seeds_per_second=count / seconds,
+                    val_accuracy=accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch)))
+      history.append(record)
+      if on_epoch is not None:
+        on_epoch(record)
+    if final_evaluation == "full":
+      final = evaluate(model, dataset)
+    else:
+      final = {"val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
+               "test_accuracy": accuracy(dataset.test_papers, test_key)}
+  return TrainResult(model, history, final, time.perf_counter() - start, optimizer)
