@@ -180,7 +180,8 @@ def test_typed_sample_equals_the_numpy_reference_draw(device, typed_data, kind, 
     got = jax.block_until_ready(sample_neighbors(graph, jnp.asarray(seeds), fanouts, key,
                                                  replace=replace))
     cpu = on_cpu(sample_neighbors, graph, jnp.asarray(seeds), fanouts, key, replace=replace)
-  assert got.etypes is not None and len(got.etypes) == len(fanouts) + 1
+  assert isinstance(got, Blocks) and got.etypes is not None
+  assert len(got.etypes) == len(fanouts) + 1
   for hop in range(len(fanouts) + 1):
     np.testing.assert_array_equal(np.asarray(got.nodes[hop]), want[0][hop], err_msg=f"hop {hop}")
     np.testing.assert_array_equal(np.asarray(got.masks[hop]), want[1][hop], err_msg=f"hop {hop}")
