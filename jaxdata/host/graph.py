@@ -1,4 +1,5 @@
-"""HostGraph: a graph's structure and node features in host memory that the GPU reads directly."""
+"""HostGraph: a graph's structure, edge relations and node features in host memory that the GPU
+reads directly."""
 from __future__ import annotations
 
 from typing import Any
@@ -17,6 +18,10 @@ class HostGraph:
   num_edges) live in two `HostTable`s, so with a GPU the sampling kernel reads them straight over
   PCIe (zero-copy) and the graph may be far larger than GPU memory.
 
+  A relational (heterogeneous) graph also has `etypes`: the relation of every edge, aligned with
+  `indices`, in a third (pinned) int32 table; `sample_neighbors` then reports the relation of
+  every edge it draws (`Blocks.etypes`). Relations are numbered 0 .. num_relations - 1.
+
   A HostGraph is a pytree of its tables (their handles are its leaves, their shapes and dtypes
   its static part, like `HostTable`): pass it to `jit` or close over it; graphs of one size
   share an executable and none is held alive by one. It owns its structure tables and the
@@ -29,32 +34,46 @@ class HostGraph:
     >>> with HostGraph.from_edges(senders=[0, 1, 2], receivers=[1, 2, 0], num_nodes=3,
     ...                           features=np.eye(3, dtype=np.float32)) as g:
     ...   blocks = sample_neighbors(g, jnp.array([0, 1]), fanouts=(2,), key=jax.random.key(0))
+    >>> # node 1 hears node 0 through relations 0 and 1 (two edges), node 2 through relation 0
+    >>> with HostGraph.from_edges([0, 0, 2], [1, 1, 1], etypes=[0, 1, 0]) as typed:
+    ...   blocks = sample_neighbors(typed, jnp.array([1]), (2,), jax.random.key(0))
+    ...   # blocks.etypes[1]: the relations of the two edges drawn for node 1
 
   Args:
     indptr: int array [num_nodes + 1], non-decreasing from 0 to num_edges.
     indices: int array [num_edges] of node ids in [0, num_nodes) (may be empty).
     features: node features, [num_nodes, dim]: a HostTable (not owned) or an array (copied
       into a new, owned HostTable).
+    etypes: the relation of every edge, int array [num_edges] aligned with `indices`, values
+      in [0, num_relations) (None: an untyped graph). Copied into a new, owned int32 table.
+    num_relations: how many relations there are (default: max(etypes) + 1; give it when the
+      last relations have no edges). Only with `etypes`.
     pinned: as for `HostTable` (default: when a GPU is visible).
   """
 
-  def __init__(self, indptr: Any, indices: Any, *, features: Any = None,
-               pinned: bool | None = None):
+  def __init__(self, indptr: Any, indices: Any, *, features: Any = None, etypes: Any = None,
+               num_relations: int | None = None, pinned: bool | None = None):
     self._owned: list[HostTable] = []
-    self._indptr = self._indices = self._features = None
+    self._indptr = self._indices = self._features = self._etypes = None
     indptr = _as_int_array(indptr, "indptr")
     indices = _as_int_array(indices, "indices")
     _check_csr(indptr, indices)
     self._num_nodes = len(indptr) - 1
     self._num_edges = len(indices)
+    etypes, self._num_relations = _check_etypes(etypes, num_relations, self._num_edges)
     if not len(indices):
       indices = np.zeros(1, np.int32)  # a table has at least one row; indptr never reaches it
+      if etypes is not None:
+        etypes = np.zeros(1, np.int32)  # one row per row of indices
     try:
       self._indptr = self._own(HostTable(indptr.astype(np.int64, copy=False).reshape(-1, 1),
                                          pinned=pinned))
       self._indices = self._own(HostTable(indices.astype(np.int32, copy=False).reshape(-1, 1),
                                           pinned=pinned))
       self._features = None
+      if etypes is not None:
+        self._etypes = self._own(HostTable(etypes.astype(np.int32, copy=False).reshape(-1, 1),
+                                           pinned=pinned))
       if features is not None:
         if not isinstance(features, HostTable):
           features = self._own(HostTable(features, pinned=pinned))
@@ -76,10 +95,13 @@ class HostGraph:
 
   @classmethod
   def from_edges(cls, senders: Any, receivers: Any, num_nodes: int | None = None, *,
-                 features: Any = None, pinned: bool | None = None) -> HostGraph:
-    """The graph with an edge senders[e] -> receivers[e] for every e (duplicates kept).
+                 features: Any = None, etypes: Any = None, num_relations: int | None = None,
+                 pinned: bool | None = None) -> HostGraph:
+    """The graph with an edge senders[e] -> receivers[e] for every e (duplicates kept), of
+    relation etypes[e] if given.
 
-    Neighbour lists keep the edges' order within each receiver (a stable counting sort).
+    Neighbour lists keep the edges' order within each receiver (a stable counting sort). Two
+    edges between the same nodes with different relations are two edges.
     """
     senders = _as_int_array(senders, "senders", "HostGraph.from_edges")
     receivers = _as_int_array(receivers, "receivers", "HostGraph.from_edges")
@@ -100,19 +122,28 @@ class HostGraph:
     indptr = np.zeros(num_nodes + 1, np.int64)
     np.cumsum(counts, out=indptr[1:])
     order = np.argsort(receivers, kind="stable")
-    return cls(indptr, senders[order].astype(np.int32), features=features, pinned=pinned)
+    if etypes is not None:
+      etypes = _as_int_array(etypes, "etypes", "HostGraph.from_edges")
+      if etypes.shape != senders.shape:
+        raise ValueError(f"HostGraph.from_edges: etypes {etypes.shape} must have one entry per "
+                         f"edge, {senders.shape}")
+      etypes = etypes[order]
+    return cls(indptr, senders[order].astype(np.int32), features=features, etypes=etypes,
+               num_relations=num_relations, pinned=pinned)
 
   @classmethod
-  def from_jraph(cls, graph: Any, *, features: Any = None,
-                 pinned: bool | None = None) -> HostGraph:
+  def from_jraph(cls, graph: Any, *, features: Any = None, etypes: Any = None,
+                 num_relations: int | None = None, pinned: bool | None = None) -> HostGraph:
     """From a `jraph.GraphsTuple` (all its graphs as one): edges senders -> receivers.
 
-    `features` defaults to `graph.nodes` when that is a 2-D array.
+    `features` defaults to `graph.nodes` when that is a 2-D array; `etypes`, if given, is the
+    relation of every edge in `graph.senders`' order.
     """
     if features is None and getattr(graph.nodes, "ndim", 0) == 2:
       features = np.asarray(graph.nodes)
     return cls.from_edges(np.asarray(graph.senders), np.asarray(graph.receivers),
-                          int(np.sum(graph.n_node)), features=features, pinned=pinned)
+                          int(np.sum(graph.n_node)), features=features, etypes=etypes,
+                          num_relations=num_relations, pinned=pinned)
 
   # -- properties ---------------------------------------------------------------------------
 
@@ -138,6 +169,18 @@ class HostGraph:
     return self._indices
 
   @property
+  def etypes(self) -> HostTable | None:
+    """The relation of every edge, aligned with `indices`: a HostTable of shape
+    (max(num_edges, 1), 1), int32; None for an untyped graph."""
+    self._check_open("etypes")
+    return self._etypes
+
+  @property
+  def num_relations(self) -> int | None:
+    """How many relations the edges are typed with (None: an untyped graph)."""
+    return self._num_relations
+
+  @property
   def features(self) -> HostTable | None:
     self._check_open("features")
     return self._features
@@ -154,7 +197,8 @@ class HostGraph:
     state = "closed" if self.closed else ("pinned" if self._indices.pinned else "unpinned")
     feats = "" if self.closed or self._features is None else (
         f", features={self._features.shape[1]}x{self._features.dtype.name}")
-    return f"HostGraph(nodes={self._num_nodes}, edges={self._num_edges}{feats}, {state})"
+    rels = "" if self._num_relations is None else f", relations={self._num_relations}"
+    return f"HostGraph(nodes={self._num_nodes}, edges={self._num_edges}{rels}{feats}, {state})"
 
   # -- lifetime -----------------------------------------------------------------------------
 
@@ -171,7 +215,7 @@ class HostGraph:
     for table in self._owned:
       table.close()
     self._owned = []
-    self._indptr = self._indices = self._features = None
+    self._indptr = self._indices = self._features = self._etypes = None
 
   def __enter__(self) -> HostGraph:
     return self
@@ -194,6 +238,33 @@ def _as_int_array(a: Any, name: str, what: str = "HostGraph") -> np.ndarray:
   return a
 
 
+def _check_etypes(etypes: Any, num_relations: Any,
+                  num_edges: int) -> tuple[np.ndarray | None, int | None]:
+  """The relations as an int array and their number, checked; (None, None) for no etypes."""
+  if etypes is None:
+    if num_relations is not None:
+      raise ValueError("HostGraph: num_relations given without etypes")
+    return None, None
+  etypes = _as_int_array(etypes, "etypes")
+  if etypes.shape != (num_edges,):
+    raise ValueError(f"HostGraph: etypes must have one entry per edge ({num_edges}), got shape "
+                     f"{etypes.shape}")
+  if etypes.size and int(etypes.min()) < 0:
+    raise ValueError(f"HostGraph: etypes must be >= 0, got {int(etypes.min())}")
+  if etypes.size and int(etypes.max()) > np.iinfo(np.int32).max:
+    raise ValueError(f"HostGraph: etypes {int(etypes.max())} does not fit int32")
+  found = int(etypes.max()) + 1 if etypes.size else 0
+  if num_relations is None:
+    return etypes, found
+  if isinstance(num_relations, (bool, np.bool_)) or not isinstance(num_relations,
+                                                                   (int, np.integer)):
+    raise TypeError(f"HostGraph: num_relations must be an integer, got {num_relations!r}")
+  if not found <= num_relations <= np.iinfo(np.int32).max:
+    raise ValueError(f"HostGraph: num_relations is {num_relations}, but etypes holds relation "
+                     f"{found - 1}")
+  return etypes, int(num_relations)
+
+
 def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
   if indptr.ndim != 1 or indices.ndim != 1:
     raise ValueError(f"HostGraph: indptr {indptr.shape} and indices {indices.shape} must be 1-D")
@@ -208,18 +279,19 @@ def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
     raise ValueError(f"HostGraph: indices holds node ids outside [0, {num_nodes})")
 
 
-def _flatten(g: HostGraph) -> tuple[tuple[Any, ...], tuple[int, int]]:
+def _flatten(g: HostGraph) -> tuple[tuple[Any, ...], tuple[int, int, int | None]]:
   # The tables are the children (each a handle leaf with its shape and dtype static); nothing
   # that names this graph is static, so a jitted function does not keep it alive.
-  return (g._indptr, g._indices, g._features), (g._num_nodes, g._num_edges)
+  return ((g._indptr, g._indices, g._features, g._etypes),
+          (g._num_nodes, g._num_edges, g._num_relations))
 
 
-def _unflatten(aux: tuple[int, int], children: tuple[Any, ...]) -> HostGraph:
+def _unflatten(aux: tuple[int, int, int | None], children: tuple[Any, ...]) -> HostGraph:
   """A view of a graph's tables that owns none of them (inside jit: placeholders)."""
   g = HostGraph.__new__(HostGraph)
   g._owned = []
-  g._indptr, g._indices, g._features = children
-  g._num_nodes, g._num_edges = aux
+  g._indptr, g._indices, g._features, g._etypes = children
+  g._num_nodes, g._num_edges, g._num_relations = aux
   return g
 
 

@@ -1,4 +1,5 @@
-"""sample_neighbors: fixed-shape, multi-hop uniform neighbour sampling from a HostGraph."""
+"""sample_neighbors: fixed-shape, multi-hop uniform neighbour sampling from a HostGraph, with the
+relation of every sampled edge when the graph is typed."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,17 +26,27 @@ class Blocks:
   may appear several times (each time with its own sample). Unused slots hold -1 with mask
   False, and so do all the slots below them.
 
+  Sampled from a typed (relational) graph, `etypes[l]` holds, for every entry of hop l >= 1,
+  the relation of the very edge that was drawn from that entry's node to its parent (entry
+  `i // fanouts[l - 1]` of hop l - 1): two nodes joined by edges of several relations show the
+  relation of the edge drawn, so each relation in proportion to its edges. A relational layer
+  splits its messages by it.
+
   Attributes:
     nodes: hop 0 is the seeds [B]; hop l is int32 [B * fanouts[0] * ... * fanouts[l - 1]].
     masks: bool arrays of the same shapes; False marks padding.
     fanouts: the fanout of every hop (static).
     num_nodes: the number of nodes of the graph sampled from (static; None: unknown), which a
       table gathered for these blocks must have at least as rows.
+    etypes: None for an untyped graph; else int32 arrays of the shapes of `nodes`: hop l >= 1
+      the relation of each entry's edge to its parent, -1 on padding; hop 0 (the seeds, which
+      have no parent) all -1.
   """
   nodes: tuple[jax.Array, ...]
   masks: tuple[jax.Array, ...]
   fanouts: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
   num_nodes: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+  etypes: tuple[jax.Array, ...] | None = None
 
   @property
   def num_hops(self) -> int:
@@ -45,6 +56,15 @@ class Blocks:
     """Hop `hop + 1`'s nodes and masks shaped [len(nodes[hop]), fanouts[hop]]."""
     f = self.fanouts[hop]
     return self.nodes[hop + 1].reshape(-1, f), self.masks[hop + 1].reshape(-1, f)
+
+  def relations(self, hop: int) -> jax.Array:
+    """Hop `hop + 1`'s edge relations shaped [len(nodes[hop]), fanouts[hop]] (as `neighbours`).
+
+    Raises ValueError for blocks sampled from an untyped graph.
+    """
+    if self.etypes is None:
+      raise ValueError("Blocks.relations: these blocks were sampled from a graph without etypes")
+    return self.etypes[hop + 1].reshape(-1, self.fanouts[hop])
 
   def gather(self, table: HostTable, *, unique: bool = False, cache: Any = None,
              **kwargs: Any) -> tuple[jax.Array, ...]:
@@ -94,8 +114,9 @@ class Blocks:
 
     Nodes are hop `hop`'s entries followed by hop `hop + 1`'s; there is an edge from every slot
     of hop `hop + 1` to the node it was sampled for, padding included: `edges["mask"]` tells
-    which are real. `nodes` holds `{"id", "mask"}` and, if given, `"features"` (the rows of
-    both hops, stacked the same way).
+    which are real, and for a typed graph `edges["etype"]` their relations (-1 on padding).
+    `nodes` holds `{"id", "mask"}` and, if given, `"features"` (the rows of both hops, stacked
+    the same way).
     """
     import jraph  # pylint: disable=g-import-not-at-top
     dst, src = self.nodes[hop], self.nodes[hop + 1]
@@ -104,8 +125,11 @@ class Blocks:
              "mask": jnp.concatenate([self.masks[hop], self.masks[hop + 1]])}
     if node_features is not None:
       nodes["features"] = node_features
+    edges = {"mask": self.masks[hop + 1]}
+    if self.etypes is not None:
+      edges["etype"] = self.etypes[hop + 1]
     return jraph.GraphsTuple(
-        nodes=nodes, edges={"mask": self.masks[hop + 1]},
+        nodes=nodes, edges=edges,
         senders=n_dst + jnp.arange(n_src, dtype=jnp.int32),
         receivers=jnp.repeat(jnp.arange(n_dst, dtype=jnp.int32), self.fanouts[hop],
                              total_repeat_length=n_src),
@@ -116,10 +140,12 @@ class DeviceGraph(NamedTuple):
   """An in-neighbour CSR held as JAX arrays: the in-device-memory counterpart of `HostGraph`.
 
   `sample_neighbors` draws exactly the same sample from it as from the HostGraph it was made
-  from; it exists for graphs that fit in device memory and as the all-in-GPU baseline.
+  from (relations included); it exists for graphs that fit in device memory and as the
+  all-in-GPU baseline.
   """
   indptr: jax.Array   # int32 or int64 [num_nodes + 1]
   indices: jax.Array  # int32 [num_edges]
+  etypes: jax.Array | None = None  # int32 [num_edges], the relation of every edge; None: untyped
 
   @classmethod
   def from_host(cls, graph: HostGraph, device: Any = None) -> DeviceGraph:
@@ -127,7 +153,10 @@ class DeviceGraph(NamedTuple):
     indptr = graph.indptr.as_numpy()[:, 0]
     indptr = indptr.astype(np.int32 if indptr[-1] < np.iinfo(np.int32).max else np.int64)
     indices = graph.indices.as_numpy()[:graph.num_edges, 0].copy()
-    return cls(jax.device_put(indptr, device), jax.device_put(indices, device))
+    etypes = None
+    if graph.etypes is not None:
+      etypes = jax.device_put(graph.etypes.as_numpy()[:graph.num_edges, 0].copy(), device)
+    return cls(jax.device_put(indptr, device), jax.device_put(indices, device), etypes)
 
   @property
   def num_nodes(self) -> int:
@@ -144,16 +173,21 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
   XLA's thread pool samples. Both draw exactly the same sample for the same key:
   uniform without replacement (a node of degree <= fanout keeps all its neighbours), or with
   replacement if `replace`. Without replacement the *set* of a node's samples is uniform, not
-  the order of its slots: use all of a node's slots, not a prefix. Output shapes depend only on `len(seeds)` and `fanouts`, so a
-  jitted training step compiles once.
+  the order of its slots: use all of a node's slots, not a prefix. Output shapes depend only on
+  `len(seeds)` and `fanouts`, so a jitted training step compiles once.
+
+  A typed graph (one with `etypes`) also gives the relation of every drawn edge
+  (`Blocks.etypes`), read by the same kernel beside the neighbour: the nodes and masks are
+  exactly those the same graph without etypes gives for the key.
 
   Example:
     >>> blocks = jax.jit(sample_neighbors, static_argnums=(2,))(
     ...     graph, jnp.array([3, 7, -1]), (10, 5), jax.random.key(0))   # -1: a padded seed
     >>> feats = blocks.gather(graph.features)   # hop 0: [3, d], hop 1: [30, d], hop 2: [150, d]
+    >>> blocks.etypes[1]   # with etypes: [30] int32, the relation of each hop-1 edge (-1: padding)
 
   Args:
-    graph: an open `HostGraph`, or a `DeviceGraph` (the CSR in device arrays).
+    graph: an open `HostGraph`, or a `DeviceGraph` (the CSR in device arrays), typed or not.
     seeds: 1-D integer node ids. A negative seed is padding (masked, nothing sampled). A seed
       >= num_nodes is an error when `seeds` is concrete; under `jit` it is treated as padding.
     fanouts: neighbours per node at each hop, positive Python ints.
@@ -161,17 +195,21 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
     replace: sample with replacement.
 
   Returns:
-    `Blocks` with hops 0 (the seeds) to len(fanouts).
+    `Blocks` with hops 0 (the seeds) to len(fanouts); `etypes` filled for a typed graph.
   """
+  # The relations enter as an optional last operand, and come back as an optional third
+  # output: an untyped call is the same FFI call as before and runs the untyped kernel.
   if isinstance(graph, HostGraph):
     if graph.closed:
       raise ValueError(f"sample_neighbors: {graph!r} is closed")
     # The tables enter as handles (operands) and sizes, not as identities baked into the program.
     operands = (graph.indptr.handle, graph.indices.handle)
+    typed = (graph.etypes.handle,) if graph.etypes is not None else ()
     target, attrs = "jaxdata_host_sample", dict(num_nodes=np.int64(graph.indptr.shape[0] - 1),
                                                  num_edges=np.int64(graph.indices.shape[0]))
   elif isinstance(graph, DeviceGraph):
     operands = (graph.indptr, graph.indices.astype(jnp.int32))
+    typed = () if graph.etypes is None else (_check_device_etypes(graph),)
     target, attrs = "jaxdata_sample", {}
   else:
     raise TypeError("sample_neighbors: graph must be a HostGraph or DeviceGraph, got "
@@ -181,18 +219,33 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
   valid = (seeds >= 0) & (seeds < graph.num_nodes)
   nodes = [jnp.where(valid, seeds, -1).astype(jnp.int32)]
   masks = [valid]
+  etypes = [jnp.full(seeds.shape, -1, jnp.int32)]  # the seeds have no parent edge
   for hop, fanout in enumerate(fanouts):
     words = jax.random.bits(jax.random.fold_in(key, hop), (2,), jnp.uint32)
     n = nodes[-1].shape[0]
-    neighbours, mask = jax.ffi.ffi_call(
-        target,
-        (jax.ShapeDtypeStruct((n, fanout), jnp.int32), jax.ShapeDtypeStruct((n, fanout), bool)),
-        vmap_method="sequential")(
-            *operands, nodes[-1], words, fanout=np.int64(fanout), replace=np.int32(bool(replace)),
-            **attrs)
-    nodes.append(neighbours.reshape(-1))
-    masks.append(mask.reshape(-1))
-  return Blocks(tuple(nodes), tuple(masks), fanouts, graph.num_nodes)
+    slots = jax.ShapeDtypeStruct((n, fanout), jnp.int32)
+    out = (slots, jax.ShapeDtypeStruct((n, fanout), bool)) + ((slots,) if typed else ())
+    got = jax.ffi.ffi_call(target, out, vmap_method="sequential")(
+        *operands, nodes[-1], words, *typed, fanout=np.int64(fanout),
+        replace=np.int32(bool(replace)), **attrs)
+    nodes.append(got[0].reshape(-1))
+    masks.append(got[1].reshape(-1))
+    if typed:
+      etypes.append(got[2].reshape(-1))
+  return Blocks(tuple(nodes), tuple(masks), fanouts, graph.num_nodes,
+                tuple(etypes) if typed else None)
+
+
+def _check_device_etypes(graph: DeviceGraph) -> jax.Array:
+  etypes = graph.etypes
+  dtype = getattr(etypes, "dtype", None)
+  if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
+    raise TypeError(f"sample_neighbors: DeviceGraph.etypes must be an integer array, got "
+                    f"{dtype if dtype is not None else type(etypes).__name__}")
+  if np.shape(etypes) != np.shape(graph.indices):
+    raise ValueError(f"sample_neighbors: DeviceGraph.etypes {np.shape(etypes)} must have one "
+                     f"entry per edge, like indices {np.shape(graph.indices)}")
+  return etypes.astype(jnp.int32)
 
 
 def _check_fanouts(fanouts: Any) -> tuple[int, ...]:

@@ -10,11 +10,25 @@
 // Unused slots hold -1 with mask false. An input node outside [0, num_nodes), such as the -1
 // padding of the previous hop, gets a row of padding: nothing is read for it.
 //
+// Typed (relational) graphs: when the call also passes a per-edge relation array `etypes`
+// (aligned with `indices`) and a third output, every used slot also gets the relation of the
+// edge it drew, etypes[indptr[v] + position], and every unused slot -1. Both are optional
+// operands (OptionalArg / OptionalRet), so a homogeneous call is exactly the call it always was
+// and runs the untyped kernel instantiation. The draws never depend on the relations: a typed
+// sample has the same neighbours as the untyped one for the same key.
+//
+// Why the relation and not the edge position: the kernel reads etypes[first + p] at the same
+// moment as indices[first + p], two independent loads in flight together over PCIe, and
+// writes 4 bytes per slot. Returning positions instead would need an int64 output on large
+// graphs and then a second zero-copy gather (another launch, another round of PCIe latency,
+// the positions written and read back) to reach the same 4 bytes.
+//
 // Randomness is counter-based: draw t of row i is a hash of (key, i, t) (SplitMix64's
 // finalizer), and a uniform integer below m is the high half of the 128-bit product of a
 // 64-bit draw and m, whose bias (at most m / 2**64) is far below any measurable level.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "gather.h"  // JAXDATA_HD
 #include "table.h"   // Handle
@@ -98,6 +112,24 @@ inline xla::ffi::Error CheckSampleShapes(int64_t n, int64_t fanout,
   return xla::ffi::Error::Success();
 }
 
+// For the handlers: etypes and the relations output come together or not at all, and the
+// relations output has the neighbours' shape.
+template <typename E>
+xla::ffi::Error CheckTypedOperands(const std::optional<E>& etypes,
+                                   std::optional<xla::ffi::Result<
+                                       xla::ffi::Buffer<xla::ffi::S32>>>& relations,
+                                   int64_t slots) {
+  if (etypes.has_value() != relations.has_value()) {
+    return xla::ffi::Error::InvalidArgument(
+        "jaxdata sampling: etypes and the relations output must be passed together");
+  }
+  if (relations.has_value() && (*relations)->element_count() != slots) {
+    return xla::ffi::Error::InvalidArgument(
+        "jaxdata sampling: the relations output does not match the neighbours' shape");
+  }
+  return xla::ffi::Error::Success();
+}
+
 // The FFI bindings of host_sample (a HostGraph's CSR in host memory) and sample (a CSR in device
 // arrays), written once for both platforms: `Context` is ffi::ThreadPool on the CPU and
 // ffi::PlatformStream<cudaStream_t> on CUDA.
@@ -109,8 +141,10 @@ auto BindHostSample() {
       .template Arg<Handle>()                           // indices
       .template Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // nodes
       .template Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // key
+      .template OptionalArg<Handle>()                   // etypes (typed graphs)
       .template Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // neighbours
       .template Ret<xla::ffi::Buffer<xla::ffi::PRED>>()  // mask
+      .template OptionalRet<xla::ffi::Buffer<xla::ffi::S32>>()  // relations (typed graphs)
       .template Attr<int64_t>("num_nodes")
       .template Attr<int64_t>("num_edges")
       .template Attr<int64_t>("fanout")
@@ -125,8 +159,10 @@ auto BindSample() {
       .template Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // indices
       .template Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // nodes
       .template Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // key
+      .template OptionalArg<xla::ffi::Buffer<xla::ffi::S32>>()  // etypes (typed graphs)
       .template Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // neighbours
       .template Ret<xla::ffi::Buffer<xla::ffi::PRED>>()  // mask
+      .template OptionalRet<xla::ffi::Buffer<xla::ffi::S32>>()  // relations (typed graphs)
       .template Attr<int64_t>("fanout")
       .template Attr<int32_t>("replace");
 }
