@@ -52,7 +52,8 @@ class RelationalBlocks:
 
 
 def sample_blocks(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[int],
-                  key: jax.Array, *, norm: str = "mean") -> RelationalBlocks:
+                  key: jax.Array, *, num_relations: int | None = None,
+                  norm: str = "mean") -> RelationalBlocks:
   """Samples `len(fanouts)` hops of in-edges (with their relations) around `seeds`.
 
   Args:
@@ -60,6 +61,8 @@ def sample_blocks(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[
     seeds: 1-D integer node ids; negative ids are padding.
     fanouts: in-edges drawn per node at each hop (positive ints), hop 0 next to the seeds.
     key: a JAX PRNG key; hop h uses ``fold_in(key, h)``.
+    num_relations: the relations of the blocks (default: the HostGraph's; needed for a
+      DeviceGraph, which does not record it).
     norm: the blocks' edge norm ("mean": 1 / sampled in-edges of the same relation; "none").
 
   Returns:
@@ -79,7 +82,11 @@ def sample_blocks(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[
   if not jnp.issubdtype(seeds.dtype, jnp.integer) or seeds.ndim != 1:
     raise TypeError(f"sample_blocks: seeds must be a 1-D integer array, got {seeds.dtype}"
                     f"{list(seeds.shape)}")
-  num_relations = int(graph.num_relations)
+  if num_relations is None:
+    if not isinstance(graph, HostGraph):
+      raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
+    num_relations = graph.num_relations
+  num_relations = int(num_relations)
   nodes, mask = frontier(seeds)
   all_nodes, all_masks, graphs = [nodes], [mask], []
   for hop, fanout in enumerate(fanouts):

@@ -238,6 +238,16 @@ def add_arguments(parser, model: str):
   parser.add_argument("--passes", default=None, type=_passes,
                       help="hector passes, comma-separated (reorder,compact; 'none' for none; "
                            "default all)")
+  parser.add_argument("--minibatch", action="store_true",
+                      help="train on sampled mini-batches, graph and features in host memory "
+                           "(rgat; see jaxdata.train.hetero)")
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
+                      help="--minibatch: in-edges sampled per node and hop, one per layer")
+  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
+                      help="--minibatch: seed papers per step")
+  parser.add_argument("--pipeline", choices=("host", "device"), default="host",
+                      help="--minibatch: graph and features in pinned host memory (GPU-centric) "
+                           "or in device memory")
   add_out_argument(parser, model)
 
 
@@ -270,6 +280,17 @@ def main(args) -> int:
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
                        passes=passes)
+  minibatch = None
+  if args.minibatch:
+    from jaxdata.train import hetero
+    if config.model != "rgat":
+      raise command.UsageError(f"argument --minibatch: {config.model} is not supported yet "
+                               "(rgat is)")
+    if len(args.fanouts) != 2:
+      raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
+                               f"{len(args.fanouts)}")
+    minibatch = hetero.MinibatchConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                                       pipeline=args.pipeline)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
@@ -293,7 +314,12 @@ def main(args) -> int:
                     f"train acc {r['train_accuracy']:.4f}  "
                     f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
-    result = train(dataset, config, on_epoch=on_epoch)
+    if minibatch is None:
+      result = train(dataset, config, on_epoch=on_epoch)
+    else:
+      console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
+                    f"per step, graph and features in {minibatch.pipeline} memory")
+      result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
                 f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")

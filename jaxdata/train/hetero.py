@@ -102,7 +102,7 @@ class HostData:
 def forward(model, data: HostData, consts, seeds, fanouts, key):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
   graph, features = data.where(consts)
-  blocks = sample_blocks(graph, seeds, fanouts, key)
+  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
   nodes, mask = blocks.nodes[-1], blocks.masks[-1]
   xs = gather_typed(features, data.type_offsets, nodes, mask)
   logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, nodes))
