@@ -1,4 +1,4 @@
-"""Mini-batch relational training from host memory (jaxdata.host.sample_blocks, train.hetero).
+"""Mini-batch relational training from host memory (jaxdata.host.sample_blocks, train.attention.minibatch).
 
 Through the real typed sampler: with fanouts that cover every in-edge, the RGAT classifier on
 sampled blocks gives the full-graph classifier's logits and gradients at the seeds (HostGraph
@@ -19,7 +19,7 @@ from flax import nnx
 from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
 from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
-from jaxdata.train import hetero
+from jaxdata.train.attention import minibatch as hetero
 from jaxdata.train.attention import TrainConfig, build_model
 
 

@@ -240,7 +240,7 @@ def add_arguments(parser, model: str):
                            "default all)")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
-                           "(rgat; see jaxdata.train.hetero)")
+                           "(rgat; see jaxdata.train.attention.minibatch)")
   parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
                       help="--minibatch: in-edges sampled per node and hop, one per layer")
   parser.add_argument("--batch-size", type=command.positive_int, default=1024,
@@ -282,7 +282,7 @@ def main(args) -> int:
                        passes=passes)
   minibatch = None
   if args.minibatch:
-    from jaxdata.train import hetero
+    from jaxdata.train.attention import minibatch as hetero
     if config.model != "rgat":
       raise command.UsageError(f"argument --minibatch: {config.model} is not supported yet "
                                "(rgat is)")

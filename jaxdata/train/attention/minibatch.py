@@ -15,7 +15,7 @@ accuracies are measured full-graph when the graph fits (`evaluate="full"`), whic
 
     from jaxdata.data import synthetic_mag
     from jaxdata.train.attention import TrainConfig
-    from jaxdata.train.hetero import MinibatchConfig, train
+    from jaxdata.train.attention.minibatch import MinibatchConfig, train
     result = train(synthetic_mag(scale=0.002, num_classes=8), TrainConfig(model="rgat", epochs=2),
                    MinibatchConfig(fanouts=(5, 5), batch_size=64))
 """
