@@ -1,0 +1,105 @@
+// A parallel, stable least-significant-digit radix sort of unsigned keys, optionally carrying a
+// uint32 payload (an index) along: the building block of edge sorting and grouping (data/).
+//
+// Each pass counts one digit per part of the array (one part per thread), turns the counts into
+// write positions (bucket-major, part-minor, which keeps equal digits in input order: stable) and
+// scatters. A digit that is the same for every key costs the counting read only. Digits are at
+// most kMaxDigitBits wide, as few passes as the key width needs.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "data/threads.h"
+
+namespace jaxdata::data {
+
+inline constexpr int kMaxDigitBits = 11;
+
+// The number of bits needed to write x (0 for x <= 0).
+inline int BitWidth(int64_t x) { return x <= 0 ? 0 : 64 - __builtin_clzll(uint64_t(x)); }
+
+template <typename K>
+struct SortedView {
+  K* keys;
+  uint32_t* values;  // null when no payload was sorted
+};
+
+// Sorts keys[0, n) stably by their low `bits` bits (higher bits must be zero), carrying values
+// along when `values` is not null. `identity_values`: values[i] is taken to be i on input (it
+// need not be written). The result lies in either the given buffers or the scratch ones
+// (`keys_tmp`, `values_tmp`, each also n long); the returned view says which.
+template <typename K>
+SortedView<K> RadixSort(K* keys, K* keys_tmp, uint32_t* values, uint32_t* values_tmp, int64_t n,
+                        int bits, bool identity_values, int requested_threads) {
+  const bool carry = values != nullptr;
+  SortedView<K> in{keys, values}, out{keys_tmp, values_tmp};
+  const int threads = ThreadsFor(n, requested_threads);
+  if (n > 1 && bits > 0) {
+    const int passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
+    const int width = (bits + passes - 1) / passes;
+    const int64_t buckets = int64_t(1) << width;
+    const K mask = K(buckets - 1);
+    std::vector<int64_t> position(size_t(threads * buckets));
+    for (int shift = 0; shift < bits; shift += width) {
+      RunThreads(threads, [&](int t) {
+        int64_t* count = position.data() + t * buckets;
+        std::fill(count, count + buckets, 0);
+        const K* k = in.keys;
+        for (int64_t i = PartBegin(n, threads, t), e = PartBegin(n, threads, t + 1); i < e; ++i) {
+          ++count[(k[i] >> shift) & mask];
+        }
+      });
+      bool trivial = false;
+      int64_t next = 0;
+      for (int64_t b = 0; b < buckets; ++b) {
+        int64_t total = 0;
+        for (int t = 0; t < threads; ++t) {
+          const int64_t c = position[t * buckets + b];
+          position[t * buckets + b] = next + total;
+          total += c;
+        }
+        trivial |= total == n;
+        next += total;
+      }
+      if (trivial) continue;  // every key has this digit: the order stays
+      const bool identity = carry && identity_values;
+      RunThreads(threads, [&](int t) {
+        int64_t* pos = position.data() + t * buckets;
+        const K* k = in.keys;
+        K* ko = out.keys;
+        const int64_t begin = PartBegin(n, threads, t), end = PartBegin(n, threads, t + 1);
+        if (!carry) {
+          for (int64_t i = begin; i < end; ++i) ko[pos[(k[i] >> shift) & mask]++] = k[i];
+        } else if (identity) {
+          uint32_t* vo = out.values;
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t p = pos[(k[i] >> shift) & mask]++;
+            ko[p] = k[i];
+            vo[p] = uint32_t(i);
+          }
+        } else {
+          const uint32_t* v = in.values;
+          uint32_t* vo = out.values;
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t p = pos[(k[i] >> shift) & mask]++;
+            ko[p] = k[i];
+            vo[p] = v[i];
+          }
+        }
+      });
+      identity_values = false;
+      std::swap(in, out);
+    }
+  }
+  if (carry && identity_values) {  // no pass moved anything: the payload is still 0, 1, 2, ...
+    ParallelRanges(n, threads, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) in.values[i] = uint32_t(i);
+    });
+  }
+  return in;
+}
+
+}  // namespace jaxdata::data
