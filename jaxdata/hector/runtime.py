@@ -22,6 +22,7 @@ from jax.interpreters import batching, mlir
 
 from jaxdata import _ffi  # noqa: F401  (registers jaxdata_hector_launch)
 from jaxdata import _xla_ffi as ext
+from jaxdata.data import graph_build
 from jaxdata.hector import codegen, compiler, operands
 from jaxdata.hector.lowering import Template
 
@@ -288,24 +289,19 @@ def _check_values(ga: GraphArrays) -> None:
 
 def _grouped(keys: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
   """(offsets[groups + 1], ids): the ids i with keys[i] == g are ids[offsets[g]:offsets[g+1]]."""
-  counts = np.bincount(keys, minlength=groups)
-  return np.concatenate([[0], np.cumsum(counts)]), np.argsort(keys, kind="stable")
+  return graph_build.group_by(keys, groups)
 
 
 def unique_pairs(src: np.ndarray, etype: np.ndarray, num_nodes: int, num_relations: int):
   """The unique (src, relation) pairs of edges and the maps between edges and pairs.
 
   Returns, in `GraphArrays`' order: pair[E], pair_offsets[P+1], pair_edges[E], pair_src[P],
-  pair_etype[P], pair_rel_offsets[R+1], pair_csr_offsets[N+1], pair_csr_edges[P].
+  pair_etype[P], pair_rel_offsets[R+1], pair_csr_offsets[N+1], pair_csr_edges[P] (offsets
+  int64, ids int32). Computed by parallel radix sorts in native code
+  (`jaxdata.data.graph_build.unique_pairs`); the values equal the NumPy formulation
+  `jaxdata.reference.graph.unique_pairs`.
   """
-  key = np.asarray(etype, np.int64) * max(num_nodes, 1) + np.asarray(src, np.int64)
-  uniq, pair = np.unique(key, return_inverse=True)  # sorted by (relation, source)
-  pair = pair.reshape(-1)
-  p_src, p_etype = uniq % max(num_nodes, 1), uniq // max(num_nodes, 1)
-  pair_offsets, pair_edges = _grouped(pair, len(uniq))
-  rel_offsets, _ = _grouped(p_etype, num_relations)
-  csr_offsets, csr_edges = _grouped(p_src, num_nodes)
-  return (pair, pair_offsets, pair_edges, p_src, p_etype, rel_offsets, csr_offsets, csr_edges)
+  return graph_build.unique_pairs(src, etype, num_nodes, num_relations)
 
 
 def tiles(rel_offsets: jax.Array, rows: int) -> jax.Array:
