@@ -58,7 +58,7 @@ def sort_edges(src: Any, dst: Any, etype: Any, num_nodes: int, num_relations: in
 
   Matches `jaxdata.reference.graph.sort_order`. One packed 64-bit key and an LSD radix sort
   over only its used bits when etype, dst and src fit in 64 bits together (a 4M-node,
-  500-relation graph needs 53: five passes of 11 bits); else a radix sort by (dst, src) and a
+  500-relation graph needs 53: seven passes of 8 bits); else a radix sort by (dst, src) and a
   stable one by etype.
   """
   return _ext.graph_sort_edges(_ids(src, "sort_edges: src"), _ids(dst, "sort_edges: dst"),

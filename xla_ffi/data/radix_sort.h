@@ -4,7 +4,9 @@
 // Each pass counts one digit per part of the array (one part per thread), turns the counts into
 // write positions (bucket-major, part-minor, which keeps equal digits in input order: stable) and
 // scatters. A digit that is the same for every key costs the counting read only. Digits are at
-// most kMaxDigitBits wide, as few passes as the key width needs.
+// most kMaxDigitBits wide, as few passes as the key width needs. 8 bits (256 buckets, whose
+// write positions stay in L1) beat 11 bits (fewer passes) by 1.3-1.5x on 32M keys of 22, 31
+// and 51 bits, one thread, on the 2-core development machine.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -16,7 +18,7 @@
 
 namespace jaxdata::data {
 
-inline constexpr int kMaxDigitBits = 11;
+inline constexpr int kMaxDigitBits = 8;
 
 // The number of bits needed to write x (0 for x <= 0).
 inline int BitWidth(int64_t x) { return x <= 0 ? 0 : 64 - __builtin_clzll(uint64_t(x)); }
