@@ -115,9 +115,12 @@ SortedEdges SortEdges(IntSpan src, IntSpan dst, IntSpan etype, int64_t num_nodes
       });
     });
   });
+  // Packed: by etype, then each relation's edges by (dst, src) while they sit in cache.
   SortedView<uint64_t> sorted =
-      RadixSort(keys.get(), keys_tmp.get(), values.get(), values_tmp.get(), n,
-                packed ? relation_bits + 2 * node_bits : 2 * node_bits, true, threads);
+      packed ? SegmentedRadixSort(keys.get(), keys_tmp.get(), values.get(), values_tmp.get(), n,
+                                  2 * node_bits, relation_bits, true, threads)
+             : RadixSort(keys.get(), keys_tmp.get(), values.get(), values_tmp.get(), n,
+                         2 * node_bits, true, threads);
   if (!packed) {
     // Then stably by etype: the key of position i becomes the etype of the edge now there.
     uint64_t* by_type = sorted.keys;
@@ -195,10 +198,13 @@ Pairs UniquePairs(IntSpan src, IntSpan etype, int64_t num_nodes, int64_t num_rel
   CheckSize(num_relations, "unique_pairs", "num_relations");
   CheckIds(src, num_nodes, "unique_pairs: src", "num_nodes", threads);
   CheckIds(etype, num_relations, "unique_pairs: etype", "num_relations", threads);
-  const uint64_t nodes = uint64_t(std::max<int64_t>(num_nodes, 1));
+  const int node_bits = BitWidth(num_nodes - 1), relation_bits = BitWidth(num_relations - 1);
+  const uint64_t node_mask = (uint64_t(1) << node_bits) - 1;
   const int parts = ThreadsFor(n, threads);
 
-  // Sort the edges by the key etype * nodes + src, i.e. by (relation, source), stably.
+  // Sort the edges by the key (etype << node_bits) | src, i.e. by (relation, source), stably:
+  // edges come sorted by relation from a HeteroGraph, and then only each relation's run is
+  // sorted, in cache.
   Buffer<uint64_t> keys = NewBuffer<uint64_t>(n), keys_tmp = NewBuffer<uint64_t>(n);
   Pairs out;
   out.pair_edges = NewBuffer<int32_t>(n);
@@ -206,15 +212,14 @@ Pairs UniquePairs(IntSpan src, IntSpan etype, int64_t num_nodes, int64_t num_rel
   Visit(src, [&](const auto* s) {
     return Visit(etype, [&](const auto* r) {
       ParallelRanges(n, parts, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) keys[i] = uint64_t(r[i]) * nodes + uint64_t(s[i]);
+        for (int64_t i = begin; i < end; ++i) keys[i] = (uint64_t(r[i]) << node_bits) | uint64_t(s[i]);
       });
       return 0;
     });
   });
   uint32_t* edges = reinterpret_cast<uint32_t*>(out.pair_edges.get());
-  const int bits = BitWidth(int64_t(uint64_t(std::max<int64_t>(num_relations, 1)) * nodes - 1));
-  SortedView<uint64_t> sorted =
-      RadixSort(keys.get(), keys_tmp.get(), edges, edges_tmp.get(), n, bits, true, threads);
+  SortedView<uint64_t> sorted = SegmentedRadixSort(keys.get(), keys_tmp.get(), edges, edges_tmp.get(),
+                                                   n, node_bits, relation_bits, true, threads);
   const uint64_t* k = sorted.keys;
   const uint32_t* e = sorted.values;
 
@@ -239,8 +244,8 @@ Pairs UniquePairs(IntSpan src, IntSpan etype, int64_t num_nodes, int64_t num_rel
       if (i == 0 || k[i] != k[i - 1]) {
         ++pair;
         out.pair_offsets[pair] = i;
-        out.pair_src[pair] = int32_t(k[i] % nodes);
-        out.pair_etype[pair] = int32_t(k[i] / nodes);
+        out.pair_src[pair] = int32_t(k[i] & node_mask);
+        out.pair_etype[pair] = int32_t(k[i] >> node_bits);
       }
       out.pair[e[i]] = int32_t(pair);
     }

@@ -9,6 +9,7 @@
 // and 51 bits, one thread, on the 2-core development machine.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <utility>
@@ -29,23 +30,23 @@ struct SortedView {
   uint32_t* values;  // null when no payload was sorted
 };
 
-// Sorts keys[0, n) stably by their low `bits` bits (higher bits must be zero), carrying values
-// along when `values` is not null. `identity_values`: values[i] is taken to be i on input (it
+// Sorts keys[0, n) stably by their bits [low_bit, bits) (bits from `bits` up must be zero),
+// carrying values along when `values` is not null. `identity_values`: values[i] is taken to be i on input (it
 // need not be written). The result lies in either the given buffers or the scratch ones
 // (`keys_tmp`, `values_tmp`, each also n long); the returned view says which.
 template <typename K>
 SortedView<K> RadixSort(K* keys, K* keys_tmp, uint32_t* values, uint32_t* values_tmp, int64_t n,
-                        int bits, bool identity_values, int requested_threads) {
+                        int bits, bool identity_values, int requested_threads, int low_bit = 0) {
   const bool carry = values != nullptr;
   SortedView<K> in{keys, values}, out{keys_tmp, values_tmp};
   const int threads = ThreadsFor(n, requested_threads);
-  if (n > 1 && bits > 0) {
-    const int passes = (bits + kMaxDigitBits - 1) / kMaxDigitBits;
-    const int width = (bits + passes - 1) / passes;
+  if (n > 1 && bits > low_bit) {
+    const int passes = (bits - low_bit + kMaxDigitBits - 1) / kMaxDigitBits;
+    const int width = (bits - low_bit + passes - 1) / passes;
     const int64_t buckets = int64_t(1) << width;
     const K mask = K(buckets - 1);
     std::vector<int64_t> position(size_t(threads * buckets));
-    for (int shift = 0; shift < bits; shift += width) {
+    for (int shift = low_bit; shift < bits; shift += width) {
       RunThreads(threads, [&](int t) {
         int64_t* count = position.data() + t * buckets;
         std::fill(count, count + buckets, 0);
@@ -101,6 +102,81 @@ SortedView<K> RadixSort(K* keys, K* keys_tmp, uint32_t* values, uint32_t* values
       for (int64_t i = begin; i < end; ++i) in.values[i] = uint32_t(i);
     });
   }
+  return in;
+}
+
+// Sorts keys[0, n) stably by their `high_bits + low_bits` bits, most significant part first: a
+// radix sort by the high part (skipped when the keys are already in that order), then each run
+// of one high value by the low part. Runs of a relation's edges are small enough to stay in
+// cache while they are sorted, and many are sorted at once, one per thread; a run larger than a
+// thread's share is sorted by all threads. Same result as RadixSort over all the bits.
+template <typename K>
+SortedView<K> SegmentedRadixSort(K* keys, K* keys_tmp, uint32_t* values, uint32_t* values_tmp,
+                                 int64_t n, int low_bits, int high_bits, bool identity_values,
+                                 int requested_threads) {
+  const int bits = low_bits + high_bits;
+  const int threads = ThreadsFor(n, requested_threads);
+  if (high_bits == 0 || n <= 1) {
+    return RadixSort(keys, keys_tmp, values, values_tmp, n, bits, identity_values, threads);
+  }
+  // 1. By the high part, unless already so ordered.
+  std::vector<char> ordered(size_t(threads), 1);
+  RunThreads(threads, [&](int t) {
+    for (int64_t i = std::max<int64_t>(PartBegin(n, threads, t), 1),
+                 e = PartBegin(n, threads, t + 1); i < e; ++i) {
+      if ((keys[i] >> low_bits) < (keys[i - 1] >> low_bits)) {
+        ordered[t] = 0;
+        return;
+      }
+    }
+  });
+  SortedView<K> in{keys, values};
+  if (std::find(ordered.begin(), ordered.end(), 0) != ordered.end()) {
+    in = RadixSort(keys, keys_tmp, values, values_tmp, n, bits, identity_values, threads,
+                   low_bits);
+  } else if (values != nullptr && identity_values) {
+    ParallelRanges(n, threads, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) values[i] = uint32_t(i);
+    });
+  }
+  SortedView<K> scratch{in.keys == keys ? keys_tmp : keys,
+                        values == nullptr ? nullptr : (in.values == values ? values_tmp : values)};
+  // 2. The runs of one high value: [starts[s], starts[s + 1]).
+  std::vector<std::vector<int64_t>> found(static_cast<size_t>(threads));
+  RunThreads(threads, [&](int t) {
+    for (int64_t i = PartBegin(n, threads, t), e = PartBegin(n, threads, t + 1); i < e; ++i) {
+      if (i == 0 || (in.keys[i] >> low_bits) != (in.keys[i - 1] >> low_bits)) found[t].push_back(i);
+    }
+  });
+  std::vector<int64_t> starts;
+  for (auto& f : found) starts.insert(starts.end(), f.begin(), f.end());
+  starts.push_back(n);
+  const int64_t runs = int64_t(starts.size()) - 1;
+  // 3. Each run by the low part, in place (a result left in the scratch buffers is copied back).
+  auto sort_run = [&](int64_t r, int run_threads) {
+    const int64_t b = starts[r], len = starts[r + 1] - b;
+    SortedView<K> out = RadixSort(in.keys + b, scratch.keys + b,
+                                  in.values ? in.values + b : nullptr,
+                                  scratch.values ? scratch.values + b : nullptr, len, low_bits,
+                                  false, run_threads);
+    if (out.keys != in.keys + b) {
+      std::copy(out.keys, out.keys + len, in.keys + b);
+      if (in.values) std::copy(out.values, out.values + len, in.values + b);
+    }
+  };
+  const int64_t large = std::max<int64_t>(n / (2 * threads), int64_t(1) << 16);
+  std::vector<int64_t> small;
+  for (int64_t r = 0; r < runs; ++r) {
+    if (threads > 1 && starts[r + 1] - starts[r] >= large) {
+      sort_run(r, threads);
+    } else {
+      small.push_back(r);
+    }
+  }
+  std::atomic<int64_t> next{0};
+  RunThreads(std::min<int64_t>(threads, int64_t(small.size())), [&](int) {
+    for (int64_t s; (s = next.fetch_add(1)) < int64_t(small.size());) sort_run(small[s], 1);
+  });
   return in;
 }
 
