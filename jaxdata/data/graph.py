@@ -198,7 +198,8 @@ class HeteroGraph:
   def relation_offsets(self) -> np.ndarray:
     """int64[R+1]: the edges of relation r are `[offsets[r], offsets[r + 1])`."""
     # Edges are sorted by etype: relation r starts at the first edge whose etype is >= r.
-    bounds = np.arange(self.num_relations + 1, dtype=np.int32)
+    bounds = np.arange(self.num_relations + 1,
+                       dtype=np.int32 if self.num_relations < _INT32_MAX else np.int64)
     return _read_only(np.searchsorted(self.etype, bounds, side="left").astype(np.int64))
 
   @functools.cached_property
