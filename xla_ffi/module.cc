@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/host_buffer.h"
+#include "data/bindings.h"
 #include "hector/handlers.h"
 #include "hector/kernels.h"
 #include "host/handlers.h"
@@ -100,6 +101,7 @@ NB_MODULE(_xla_ffi, m) {
   m.def("cuda_runtime_version", &CudaRuntimeVersion);
   m.def("cuda_driver_version", &CudaDriverVersion);
   m.def("physical_memory_bytes", &PhysicalMemoryBytes);
+  data::AddGraphBuildFunctions(m);  // graph construction on the host (xla_ffi/data/)
   m.def(
       "sort_scratch_bytes",
       [](int64_t n, int64_t rows) -> int64_t {
