@@ -102,7 +102,10 @@ def test_minibatch_training_learns_and_pipelines_agree():
                                                              pipeline=p), final_evaluation="minibatch")
           for p in ("host", "device")}
   losses = {p: [h["loss"] for h in r.history] for p, r in runs.items()}
-  np.testing.assert_allclose(losses["host"], losses["device"], rtol=1e-4)
+  # The same samples and features: the first epoch's losses agree to float rounding; later
+  # ones drift apart by the order of GPU atomics (scatter-adds) compounded over Adam steps.
+  np.testing.assert_allclose(losses["host"][0], losses["device"][0], rtol=1e-4)
+  np.testing.assert_allclose(losses["host"], losses["device"], rtol=3e-3)
   assert losses["host"][-1] < losses["host"][0]
   assert runs["host"].metrics["val_accuracy"] > 1.5 / ds.num_classes
 
