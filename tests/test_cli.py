@@ -36,7 +36,9 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("argv,shown", [
-    (["train", "rgcn", "--help"], ["(default: 50)", "(default: rgcn-checkpoint)"]),
+    (["train", "rgcn", "--help"], ["(default: 50)", "(default: rgcn-checkpoint)",
+                                   "(default: the paper's setting for the archive, 30 on MUTAG",
+                                   "(default: the paper's setting, none on AIFB and MUTAG"]),
     (["train", "sage", "--help"], ["(default: 15,10)", "(default: 1024)"]),
     (["train", "gpt", "--help"], ["(default: 200)"]),
     (["bench", "minibatch", "--help"], ["(default: 1,2)"]),
@@ -67,6 +69,9 @@ MISTAKES = [
     (["train", "rgcn", "--data", "{garbage}"], "--data"),
     (["train", "rgcn", "--data", "{wrong_archive}"], "--data"),
     (["train", "rgcn", "--out", "{tmp}/no/such/folder/params.msgpack"], "--out"),
+    (["train", "rgcn", "--bases", "-1"], "--bases"),
+    (["train", "rgcn", "--self-loop", "shared"], "--self-loop"),
+    (["train", "rgcn", "--self-loop", "basis", "--bases", "0"], "--self-loop"),
     (["train", "sage", "--fanouts", "15,,10"], "--fanouts"),
     (["train", "sage", "--fanouts", "0,5"], "--fanouts"),
     (["train", "sage", "--cache", "1.5"], "--cache"),
