@@ -27,16 +27,7 @@ def _index_array(values: Any, what: str) -> np.ndarray:
   int64 are kept, not copied); TypeError for non-integers, ValueError for other shapes."""
   if isinstance(values, _Owned):
     return values.array
-  array = np.asarray(values)
-  if array.size == 0 and array.dtype.kind in "f":  # np.asarray([]) is float64
-    array = array.astype(np.int64)
-  if array.dtype.kind not in "iu":
-    raise TypeError(f"{what}: expected integers, got dtype {array.dtype}")
-  if array.ndim != 1:
-    raise ValueError(f"{what}: expected a 1-D array, got shape {array.shape}")
-  if array.dtype not in (np.int32, np.int64):
-    array = array.astype(np.int64)
-  return array
+  return graph_build.index_array(values, what)
 
 
 def _check_range(array: np.ndarray, upper: int, what: str, bound: str) -> None:

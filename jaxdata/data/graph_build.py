@@ -31,7 +31,7 @@ import numpy as np
 from jaxdata import _xla_ffi as _ext
 
 
-def _ids(values: Any, what: str) -> np.ndarray:
+def index_array(values: Any, what: str) -> np.ndarray:
   """`values` as a C-contiguous 1-D int32 or int64 array (other integer types become int64)."""
   array = np.asarray(values)
   if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
@@ -61,8 +61,9 @@ def sort_edges(src: Any, dst: Any, etype: Any, num_nodes: int, num_relations: in
   500-relation graph needs 53: seven passes of 8 bits); else a radix sort by (dst, src) and a
   stable one by etype.
   """
-  return _ext.graph_sort_edges(_ids(src, "sort_edges: src"), _ids(dst, "sort_edges: dst"),
-                               _ids(etype, "sort_edges: etype"),
+  return _ext.graph_sort_edges(index_array(src, "sort_edges: src"),
+                               index_array(dst, "sort_edges: dst"),
+                               index_array(etype, "sort_edges: etype"),
                                _count(num_nodes, "sort_edges: num_nodes"),
                                _count(num_relations, "sort_edges: num_relations"),
                                bool(return_order), int(threads))
@@ -74,7 +75,7 @@ def group_by(keys: Any, num_groups: int, *, threads: int = 0) -> tuple[np.ndarra
 
   A CSR (keys = src) or CSC (keys = dst) of edges; matches `jaxdata.reference.graph.grouped`.
   """
-  return _ext.graph_group_by(_ids(keys, "group_by: keys"),
+  return _ext.graph_group_by(index_array(keys, "group_by: keys"),
                              _count(num_groups, "group_by: num_groups"), int(threads))
 
 
@@ -86,8 +87,8 @@ def unique_pairs(src: Any, etype: Any, num_nodes: int, num_relations: int, *, th
   pair_csr_edges int32[P]) with the values of `jaxdata.reference.graph.unique_pairs` (which
   returns int64 throughout): pairs sorted by (relation, source), edges ascending in a pair.
   """
-  return _ext.graph_unique_pairs(_ids(src, "unique_pairs: src"),
-                                 _ids(etype, "unique_pairs: etype"),
+  return _ext.graph_unique_pairs(index_array(src, "unique_pairs: src"),
+                                 index_array(etype, "unique_pairs: etype"),
                                  _count(num_nodes, "unique_pairs: num_nodes"),
                                  _count(num_relations, "unique_pairs: num_relations"), int(threads))
 
@@ -95,11 +96,12 @@ def unique_pairs(src: Any, etype: Any, num_nodes: int, num_relations: int, *, th
 def mean_edge_norm(dst: Any, etype: Any, *, threads: int = 0) -> np.ndarray:
   """float32[E]: 1 / (the number of edges of e's relation into e's destination), for edges
   sorted by (etype, dst) (ValueError otherwise). Matches `reference.graph.mean_edge_norm`."""
-  return _ext.graph_mean_edge_norm(_ids(dst, "mean_edge_norm: dst"),
-                                   _ids(etype, "mean_edge_norm: etype"), int(threads))
+  return _ext.graph_mean_edge_norm(index_array(dst, "mean_edge_norm: dst"),
+                                   index_array(etype, "mean_edge_norm: etype"), int(threads))
 
 
 def edges_sorted(src: Any, dst: Any, etype: Any, *, threads: int = 0) -> bool:
   """Whether the edges are sorted by (etype, dst, src) (one parallel pass, no temporaries)."""
-  return _ext.graph_edges_sorted(_ids(src, "edges_sorted: src"), _ids(dst, "edges_sorted: dst"),
-                                 _ids(etype, "edges_sorted: etype"), int(threads))
+  return _ext.graph_edges_sorted(index_array(src, "edges_sorted: src"),
+                                 index_array(dst, "edges_sorted: dst"),
+                                 index_array(etype, "edges_sorted: etype"), int(threads))

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxdata import command
 
@@ -40,6 +41,20 @@ class TrainResult:
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """The fraction of rows whose largest logit is at their label."""
   return jnp.mean(jnp.argmax(logits, -1) == labels)
+
+
+def seed_batches(ids: np.ndarray, size: int, rng: np.random.Generator | None = None,
+                 limit: int | None = None) -> np.ndarray:
+  """int32[num_batches, size]: `ids` (shuffled if `rng`) in batches, the last padded with -1;
+  at most `limit` batches."""
+  order = rng.permutation(ids) if rng is not None else np.asarray(ids)
+  n = -(-len(order) // size)
+  if limit is not None:
+    n = min(n, limit)
+  rows = np.full(n * size, -1, np.int32)
+  take = min(len(order), n * size)
+  rows[:take] = order[:take]
+  return rows.reshape(n, size)
 
 
 @contextlib.contextmanager

@@ -33,12 +33,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdata import command
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
-from jaxdata.train.common import TrainResult, add_out_argument, progress, say_saved
+from jaxdata.train.common import (TrainResult, add_out_argument, progress, say_saved,
+                                  seed_batches)
 
 PIPELINES = ("host", "device", "cpu")
 
@@ -88,15 +90,8 @@ def psum_flat(tree, axis_name: str):
 
   Integer leaves go through float32 and back, exact below 2**24 (the counts of a batch).
   """
-  leaves, treedef = jax.tree.flatten(tree)
-  flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
-  flat = jax.lax.psum(flat, axis_name)
-  out, start = [], 0
-  for x in leaves:
-    n = int(np.prod(np.shape(x)))
-    out.append(flat[start:start + n].reshape(np.shape(x)).astype(jnp.result_type(x)))
-    start += n
-  return jax.tree.unflatten(treedef, out)
+  flat, unravel = ravel_pytree(tree)
+  return unravel(jax.lax.psum(flat.astype(jnp.float32), axis_name).astype(flat.dtype))
 
 
 def _loss(model: GraphSAGE, feats, masks, labels) -> tuple[jax.Array, jax.Array]:
@@ -148,19 +143,6 @@ def _mesh(config: SageConfig) -> Mesh:
   if n < 1 or n > len(devices):
     raise ValueError(f"SageConfig: devices={config.devices}, but {len(devices)} are visible")
   return Mesh(np.array(devices[:n]), ("data",))
-
-
-def _batches(nodes: np.ndarray, batch: int, rng: np.random.Generator | None,
-             limit: int | None) -> np.ndarray:
-  """[num_batches, batch] seeds (shuffled if rng), the last batch padded with -1."""
-  order = rng.permutation(nodes) if rng is not None else np.asarray(nodes)
-  n = -(-len(order) // batch)
-  if limit is not None:
-    n = min(n, limit)
-  padded = np.full(n * batch, -1, np.int32)
-  take = min(len(order), n * batch)
-  padded[:take] = order[:take]
-  return padded.reshape(n, batch)
 
 
 # ----------------------------------------------------------------------------- training
@@ -305,7 +287,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
     return tuple(state), totals
 
   def accuracy(nodes: np.ndarray, epoch_key) -> float:
-    rows = _batches(nodes, batch, None, config.eval_batches)
+    rows = seed_batches(nodes, batch, None, config.eval_batches)
     _, (correct, count) = run_batches(rows, epoch_key, lambda *a: evaluate_batch(params, *a))
     return correct / max(count, 1)
 
@@ -313,7 +295,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
   start = time.perf_counter()
   for epoch in range(config.epochs):
     t0 = time.perf_counter()
-    rows = _batches(dataset.train_nodes, batch, rng, config.max_batches)
+    rows = seed_batches(dataset.train_nodes, batch, rng, config.max_batches)
     (params, opt_state), (total, correct, count) = run_batches(
         rows, jax.random.fold_in(key, epoch), step, params, opt_state)
     seconds = time.perf_counter() - t0

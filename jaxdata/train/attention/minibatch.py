@@ -36,7 +36,7 @@ from jaxdata.host import HostGraph, HostTable
 from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
 from jaxdata.host.sample import DeviceGraph
 from jaxdata.train.attention import TrainConfig, build_model, evaluate
-from jaxdata.train.common import TrainResult
+from jaxdata.train.common import TrainResult, seed_batches
 
 PIPELINES = ("host", "device")
 
@@ -109,16 +109,6 @@ def forward(model, data: HostData, consts, seeds, fanouts, key):
   return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
 
 
-def _batches(ids: np.ndarray, size: int, rng, limit) -> np.ndarray:
-  order = rng.permutation(ids) if rng is not None else np.asarray(ids)
-  n = max(1, -(-len(order) // size))
-  if limit is not None:
-    n = min(n, limit)
-  rows = np.full(n * size, -1, np.int32)
-  take = min(len(order), n * size)
-  rows[:take] = order[:take]
-  return rows.reshape(n, size)
-
 
 def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
           *, on_epoch: Callable[[dict], None] | None = None,
@@ -161,7 +151,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
 
     def accuracy(ids, key) -> float:
       correct = count = 0
-      for i, row in enumerate(_batches(np.asarray(ids) + papers[0], minibatch.batch_size, None,
+      for i, row in enumerate(seed_batches(np.asarray(ids) + papers[0], minibatch.batch_size, None,
                                        None)):
         c, n = predict(model, data.consts, jnp.asarray(row), jax.random.fold_in(key, i))
         correct, count = correct + int(c), count + int(n)
@@ -172,7 +162,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     history, start = [], time.perf_counter()
     for epoch in range(1, config.epochs + 1):
       t0 = time.perf_counter()
-      rows = _batches(np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, rng,
+      rows = seed_batches(np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, rng,
                       minibatch.max_batches)
       sums = []
       for i, row in enumerate(rows):
