@@ -7,11 +7,13 @@ import gzip
 import io
 import tarfile
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from jaxdata import cli
+from jaxdata import cli, offload
 from jaxdata.data import EntityDataset, HeteroGraph
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
@@ -186,3 +188,16 @@ def test_bases_flag_wires_into_the_layer_on_the_synthetic_graph(monkeypatch, tmp
   assert configs[0].num_bases == 30 and configs[0].self_loop == "basis"
   for conv in (results[0].model.conv1, results[0].model.conv2):
     assert conv.bases.shape[0] == 30 and conv.root is None and conv.bias is None
+
+
+def test_an_error_caught_earlier_does_not_fail_training(device, monkeypatch, tmp_path):
+  # On a GPU JAX keeps the status of each device's last effectful computation, and
+  # jax.effects_barrier() raises it again, even after the caller caught it. The trainer once
+  # called it before closing its HostTable and failed with this spill's error (H200, session 11).
+  with offload.TensorStore(ram_bytes=8192) as store:
+    spill = jax.jit(lambda xs: offload.spill(xs, store, site=offload.new_site(), tier="ram"))
+    with pytest.raises(Exception, match="RAM tier is full"):
+      jax.block_until_ready(spill([jnp.zeros(10001, jnp.float32)]))
+  _, results = _train_with(["--nodes", "300", "--edges", "2000", "--relations", "4"],
+                           monkeypatch, tmp_path)
+  assert len(results[0].history) == 2

@@ -147,7 +147,9 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
         on_epoch(record)
   finally:
     if table is not None:
-      jax.effects_barrier()
+      # close() waits for the kernels reading the table. Not jax.effects_barrier(): on a GPU it
+      # re-raises the last error of any effectful computation on the device, even one the user
+      # already caught (a failed offload spill, say).
       table.close()
   test_accuracy = evaluate(model, dataset, graph)["test_accuracy"]
   return TrainResult(model, history, {"test_accuracy": test_accuracy},
