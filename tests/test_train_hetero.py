@@ -28,10 +28,11 @@ def mag():
   return synthetic_mag(scale=5e-4, seed=1, num_classes=4)
 
 
+@pytest.mark.parametrize("model", ["rgat", "hgt"])
 @pytest.mark.parametrize("pipeline", ["host", "device"])
-def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pipeline):
+def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pipeline, model):
   ds = mag()
-  config = TrainConfig(model="rgat", hidden=16, heads=2)
+  config = TrainConfig(model=model, hidden=16, heads=2)
   model = build_model(ds, config, nnx.Rngs(3))
   width = int(ds.graph.in_degree().max())
   seeds = jnp.asarray(np.r_[np.arange(0, 40, 3), 6, -1].astype(np.int32))  # a repeat, padding
@@ -115,8 +116,6 @@ def test_bad_configs_and_inputs():
     hetero.MinibatchConfig(fanouts=(3, 0))
   with pytest.raises(ValueError, match="pipeline must be one of"):
     hetero.MinibatchConfig(pipeline="gpu")
-  with pytest.raises(ValueError, match="not supported yet"):
-    hetero.train(mag(), TrainConfig(model="hgt"))
   ds = mag()
   with hetero.HostData(ds, "host") as data:
     with pytest.raises(TypeError, match="seeds must be a 1-D integer array"):
@@ -136,7 +135,7 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   out = tmp_path / "ck"
   run = lambda *a: subprocess.run([sys.executable, "-m", "jaxdata.cli", *a], capture_output=True,  # noqa: E731
                                   text=True, timeout=600)
-  r = run("train", "rgat", "--minibatch", "--scale", "0.0005", "--epochs", "1", "--hidden", "8",
+  r = run("train", "hgt", "--minibatch", "--scale", "0.0005", "--epochs", "1", "--hidden", "8",
           "--heads", "2", "--fanouts", "3,3", "--batch-size", "32", "--out", str(out))
   assert r.returncode == 0, r.stderr[-2000:]
   assert "val acc" in r.stdout and (out / "history.json").exists()
@@ -145,5 +144,3 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
                         (("--pipeline", "gpu"), "--pipeline")):
     r = run("train", "rgat", "--minibatch", "--scale", "0.0005", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
-  r = run("train", "hgt", "--minibatch", "--scale", "0.0005")
-  assert r.returncode == 2 and "not supported yet" in r.stderr

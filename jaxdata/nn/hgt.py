@@ -90,16 +90,54 @@ class HGT(nnx.Module):
       raise ValueError(f"HGT: {sum(rows)} feature rows for a graph of {graph.num_nodes} nodes")
     xs = [x.astype(self.dtype) for x in xs]
     kqv = jnp.concatenate([lin(x) for lin, x in zip(self.kqv, xs)])
-    k, q, v = jnp.split(kqv, 3, axis=-1)
-    cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    agg = hgt_message(graph, k, q, v, cast(self.w_att), cast(self.w_msg), cast(self.mu),
-                      passes=self.passes)
+    agg = self._message(graph, kqv)
     outs, start = [], 0
     for t, x in enumerate(xs):
       y = self.out[t](jax.nn.gelu(agg[start:start + rows[t]], approximate=False))
       start += rows[t]
-      if y.shape[-1] == x.shape[-1]:
-        gate = jax.nn.sigmoid(self.skip[t].astype(jnp.float32))
-        y = (gate * y.astype(jnp.float32) + (1 - gate) * x.astype(jnp.float32)).astype(y.dtype)
-      outs.append(y)
+      outs.append(self._skip(t, y, x))
     return outs
+
+  def on_slots(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
+               types: jax.Array) -> jax.Array:
+    """The layer on nodes of mixed types in any order: a sampled block's slots.
+
+    `types[i]` is row i's node type (-1: an unused slot, whose output row is 0 before the
+    skip); `xs` is one ``[N, d_t]`` array per type (row i read only in its own type's array,
+    as `jaxdata.host.blocks.gather_typed` returns them) or one ``[N, d]`` array for every type.
+    Returns ``[N, out_features]``, row i as `__call__` computes it for that node.
+
+    Each per-type projection runs over all N rows and keeps its type's rows (T dense GEMMs
+    instead of one split by type): simple and exact; the edge part, which dominates, is shared.
+    """
+    if not isinstance(xs, (list, tuple)):
+      xs = [xs] * len(self.in_features)
+    if len(xs) != len(self.in_features):
+      raise ValueError(f"HGT.on_slots: {len(xs)} feature arrays for {len(self.in_features)} "
+                       "node types")
+    widths = tuple(x.shape[-1] for x in xs)
+    if widths != self.in_features:
+      raise ValueError(f"HGT.on_slots: feature widths {widths}, expected {self.in_features}")
+    if any(x.shape[0] != graph.num_nodes for x in xs) or types.shape != (graph.num_nodes,):
+      raise ValueError(f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
+                       f"slots), got {[x.shape[0] for x in xs]} and {types.shape}")
+    xs = [x.astype(self.dtype) for x in xs]
+    mine = [(types == t)[:, None] for t in range(len(xs))]
+    pick = lambda ys: sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))  # noqa: E731
+    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, xs)]))
+    h = jax.nn.gelu(agg, approximate=False)
+    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(xs)])
+
+  def _message(self, graph: GraphArrays, kqv: jax.Array) -> jax.Array:
+    """The edge part (hector): every node's aggregated messages from its keys/queries/values."""
+    k, q, v = jnp.split(kqv, 3, axis=-1)
+    cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
+    return hgt_message(graph, k, q, v, cast(self.w_att), cast(self.w_msg), cast(self.mu),
+                       passes=self.passes)
+
+  def _skip(self, t: int, y: jax.Array, x: jax.Array) -> jax.Array:
+    """Type t's gated skip connection, where its input width equals the output width."""
+    if y.shape[-1] != x.shape[-1]:
+      return y
+    gate = jax.nn.sigmoid(self.skip[t].astype(jnp.float32))
+    return (gate * y.astype(jnp.float32) + (1 - gate) * x.astype(jnp.float32)).astype(y.dtype)

@@ -112,6 +112,13 @@ class HGTClassifier(nnx.Module):
     hs = self.conv2(graph, self.conv1(graph, xs))
     return self.classify(hs[0]).astype(jnp.float32)
 
+  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
+    """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers)."""
+    n1, n0 = blocks.nodes[1].shape[0], blocks.nodes[0].shape[0]
+    h = self.conv1.on_slots(blocks.graphs[1], xs, types)[:n1]
+    h = self.conv2.on_slots(blocks.graphs[0], h, types[:n1])[:n0]
+    return self.classify(h).astype(jnp.float32)
+
 
 def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
   if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
@@ -240,7 +247,7 @@ def add_arguments(parser, model: str):
                            "default all)")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
-                           "(rgat; see jaxdata.train.attention.minibatch)")
+                           "(see jaxdata.train.attention.minibatch)")
   parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
                       help="--minibatch: in-edges sampled per node and hop, one per layer")
   parser.add_argument("--batch-size", type=command.positive_int, default=1024,
@@ -283,9 +290,6 @@ def main(args) -> int:
   minibatch = None
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
-    if config.model != "rgat":
-      raise command.UsageError(f"argument --minibatch: {config.model} is not supported yet "
-                               "(rgat is)")
     if len(args.fanouts) != 2:
       raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
                                f"{len(args.fanouts)}")

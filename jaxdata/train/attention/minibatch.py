@@ -1,4 +1,4 @@
-"""Mini-batch training of a relational GNN from host memory: `jaxdata train rgat --minibatch`.
+"""Mini-batch training of a relational GNN from host memory: `jaxdata train rgat|hgt --minibatch`.
 
 The three parts of jaxdata in one step. The graph (in-edges by destination, with relations)
 and every node type's features sit in pinned host memory (`HostGraph`, `HostTable`); inside
@@ -114,13 +114,11 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
           *, on_epoch: Callable[[dict], None] | None = None,
           on_batch: Callable[[int, int], None] | None = None,
           final_evaluation: str = "full") -> TrainResult:
-  """Trains `config.model` ("rgat") on mini-batches of training papers.
+  """Trains `config.model` (RGAT or HGT) on mini-batches of training papers.
 
   `final_evaluation`: "full" measures the final validation and test accuracy on the whole graph
   (exact; needs the graph on the device), "minibatch" on sampled mini-batches.
   """
-  if config.model != "rgat":
-    raise ValueError(f"train --minibatch: model {config.model!r} is not supported yet; use rgat")
   if final_evaluation not in ("full", "minibatch"):
     raise ValueError(f"final_evaluation must be 'full' or 'minibatch', got {final_evaluation!r}")
   model = build_model(dataset, config, nnx.Rngs(config.seed))
