@@ -33,6 +33,9 @@ BENCH = {
     "minibatch": ("jaxdata.bench.minibatch",
                   "mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric vs jaxdata's "
                   "GPU-centric pipeline"),
+    "hetero": ("jaxdata.bench.hetero",
+               "mini-batch RGAT/HGT epoch on a heterograph: jaxdata GPU-centric vs all-in-GPU "
+               "vs CPU-centric vs PyG"),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
 

@@ -1,0 +1,577 @@
+"""`jaxdata bench hetero`: mini-batch RGAT / HGT on a heterograph through four pipelines.
+
+One `synthetic_mag` graph (ogbn-mag's shape), one model of `jaxdata.train.attention` (same
+widths, same init seed, Adam), the same seed batches in the same order, the same fanouts;
+what differs is where the graph and features live and who samples and gathers:
+
+- "host" (GPU-centric, jaxdata): graph (with relations) and every node type's features in
+  pinned host memory; inside the jitted step the GPU samples the blocks
+  (`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs the
+  model on the blocks. This is `jaxdata train rgat|hgt --minibatch`'s step.
+- "device" (all-in-GPU, jaxdata): the same step with graph and features in device memory.
+- "cpu" (CPU-centric): `sample_blocks` + `gather_typed` jitted on the CPU (jaxdata's CPU
+  kernels: the same samples for the same key), `jax.device_put` of the blocks and features, a
+  jitted step that takes them; a prefetch thread keeps batches ahead, as `jaxdata.train.sage`'s
+  CPU-centric feed does.
+- "pyg": PyG's HGTConv (--model hgt) or RGATConv (--model rgat) of the same widths on CUDA
+  (the CPU where torch sees none), fed `HeteroData` mini-batches by
+  `jaxdata.bench.pyg_sampler`, a NumPy stand-in for NeighborLoader (whose sampler needs
+  pyg-lib or torch-sparse); sampling and batch building on a prefetch thread, `.to(device)`
+  and the step in the loop. NeighborLoader draws `fanout` in-edges per node *per edge type*,
+  jaxdata `fanout` per node over all relations: PyG's batches are larger (the table shows
+  the edges per batch of each).
+
+Each pipeline runs `warmup` batches (compiling), then times `batches` batches: wall time from
+the first dispatch to the last result, per batch. The epoch time is that times the batches of
+a full epoch over the training papers (extrapolated; the table says so).
+
+The link bound: the feature bytes a GPU-centric step reads from host memory (the valid slots
+of the outermost frontier times their type's row bytes; mean over the timed batches), divided
+by the pinned host-to-device memcpy bandwidth measured in the same run (`host_slice` of a
+pinned `HostTable`, one DMA copy). The GPU-centric step's ratio to it is what is left to win.
+
+    results, link, notes, dataset = run(scale=0.01, model="hgt", batches=5)
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import math
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxdata import command
+from jaxdata.bench import common
+from jaxdata.host import HostTable
+from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.host.gather import host_slice
+from jaxdata.timing import median_seconds
+from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
+from jaxdata.train.attention.minibatch import HostData
+from jaxdata.train.common import seed_batches
+
+#: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
+FULL = dict(scale=1.0, batches=50, warmup=5)
+QUICK = dict(scale=0.01, batches=10, warmup=2)
+#: name (for --pipelines): label
+PIPELINES = {"host": "GPU-centric (jaxdata)", "device": "all-in-GPU (jaxdata)",
+             "cpu": "CPU-centric (CPU sampling + device_put)",
+             "pyg": "PyG (NumPy NeighborLoader stand-in)"}
+#: Bytes copied to measure the pinned memcpy bandwidth (CPU: less).
+COPY_BYTES = 1 << 30
+CPU_COPY_BYTES = 64 << 20
+#: Batches a prefetch thread keeps ready (sage's CPU-centric feed keeps two).
+PREFETCH = 2
+#: The DESIGN.md figure: PyTorch's pinned copy_ on the H200 machine, timed with CUDA events.
+DESIGN_MEMCPY_GBPS = 55.5
+
+
+@dataclasses.dataclass
+class Result:
+  name: str
+  label: str
+  batch_ms: float | None = None  # None: skipped (see note)
+  seeds_per_second: float | None = None
+  epoch_seconds: float | None = None
+  loss: float | None = None  # mean over the timed batches
+  edges_per_batch: float | None = None  # sampled edges (valid), mean over the timed batches
+  feature_bytes: float | None = None  # jaxdata: feature bytes gathered per batch, mean
+  losses: list[float] = dataclasses.field(default_factory=list)
+  note: str = ""
+
+
+@dataclasses.dataclass
+class LinkBound:
+  feature_bytes: float  # per GPU-centric batch, mean
+  memcpy_gbps: float  # measured now
+  copy_bytes: int
+
+  @property
+  def batch_ms(self) -> float:
+    return 1e3 * self.feature_bytes / (self.memcpy_gbps * 1e9)
+
+
+# ----------------------------------------------------------------------------- jaxdata's steps
+def sample_and_gather(data: HostData, consts, seeds, fanouts, key):
+  """The blocks of `seeds` and the features of their outermost frontier, per node type
+  (`train.attention.minibatch.forward` without the model: the CPU-centric pipeline runs this
+  part on the CPU)."""
+  graph, features = data.where(consts)
+  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
+  xs = gather_typed(features, data.type_offsets, blocks.nodes[-1], blocks.masks[-1])
+  return blocks, xs
+
+
+def batch_loss(model, blocks, xs, type_offsets, seeds, labels) -> jax.Array:
+  """Mean cross entropy of the valid seeds (as `train.attention.minibatch.train`'s step)."""
+  logits = model.on_blocks(blocks, xs, node_types(type_offsets, blocks.nodes[-1]))
+  n = seeds.shape[0]
+  valid = blocks.masks[0][:n]
+  y = labels[jnp.maximum(seeds, 0)]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits[:n], y)
+  return jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(valid.sum(), 1)
+
+
+def batch_stats(blocks, type_offsets, row_bytes: Sequence[int]) -> tuple[jax.Array, jax.Array]:
+  """(sampled edges, feature bytes gathered) of a batch: the real edges of all blocks (padding
+  edges have norm 0), and the valid slots of the outermost frontier times their node type's
+  row bytes (what `gather_typed` reads; the link bound's numerator)."""
+  edges = sum((g.norm > 0).sum() for g in blocks.graphs)
+  types = node_types(type_offsets, blocks.nodes[-1])
+  valid = blocks.masks[-1] & (types >= 0)
+  per_type = jnp.asarray(np.asarray(row_bytes, np.float32))
+  return edges, jnp.sum(jnp.where(valid, per_type[jnp.maximum(types, 0)], 0))
+
+
+def _trainer(dataset, config: TrainConfig):
+  """(graphdef, state) of a fresh model and its Adam, and a function of them making a jitted
+  update from a loss `loss_of(model, *args)`."""
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  graphdef, state = nnx.split((model, optimizer))
+
+  def make(loss_of):
+    @functools.partial(jax.jit, donate_argnums=0)
+    def step(state, *args):
+      model, optimizer = nnx.merge(graphdef, state)
+      (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, *args)
+      optimizer.update(model, grads)
+      return nnx.state((model, optimizer)), loss, stats
+    return step
+  return state, make
+
+
+def prefetched(items: Iterable, depth: int = PREFETCH) -> Iterator:
+  """`items`, produced on a background thread `depth` ahead (exceptions re-raised here)."""
+  q: queue.Queue = queue.Queue(depth)
+  stop = threading.Event()
+  done = object()
+
+  def produce():
+    try:
+      for item in items:
+        if stop.is_set():
+          return
+        q.put(item)
+      q.put(done)
+    except BaseException as e:  # noqa: BLE001  surfaced in the consumer
+      q.put(e)
+
+  worker = threading.Thread(target=produce, daemon=True)
+  worker.start()
+  try:
+    while (item := q.get()) is not done:
+      if isinstance(item, BaseException):
+        raise item
+      yield item
+  finally:
+    stop.set()
+    while worker.is_alive():  # unblock a producer waiting on a full queue
+      try:
+        q.get_nowait()
+      except queue.Empty:
+        pass
+      worker.join(0.01)
+
+
+def _timed(run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray,
+           warmup: int) -> tuple[float, list]:
+  """Runs the warm-up rows, then times the rest; `run_batches(rows, first_index)` returns the
+  batches' outputs with every result ready. Returns (seconds, timed outputs)."""
+  if warmup:
+    run_batches(rows[:warmup], 0)
+  t0 = time.perf_counter()
+  out = run_batches(rows[warmup:], warmup)
+  return time.perf_counter() - t0, out
+
+
+def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key,
+             on_batch) -> tuple[float, list]:
+  fanouts = tuple(int(f) for f in fanouts)
+  labels = jnp.asarray(dataset.labels)
+  row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
+  state, make = _trainer(dataset, config)
+  with HostData(dataset, "device" if name == "device" else "host") as data:
+    offsets = data.type_offsets
+
+    def whole(model, consts, seeds, k):
+      blocks, xs = sample_and_gather(data, consts, seeds, fanouts, k)
+      return (batch_loss(model, blocks, xs, offsets, seeds, labels),
+              batch_stats(blocks, offsets, row_bytes))
+
+    def given(model, blocks, xs, seeds):
+      return (batch_loss(model, blocks, xs, offsets, seeds, labels),
+              batch_stats(blocks, offsets, row_bytes))
+
+    holder = {"state": state}
+    if name in ("host", "device"):
+      step = make(whole)
+
+      def run_batches(part, first):
+        out = []
+        for i, row in enumerate(part):
+          holder["state"], loss, stats = step(holder["state"], data.consts, jnp.asarray(row),
+                                              jax.random.fold_in(key, first + i))
+          out.append((loss, stats))
+          on_batch()
+        return jax.block_until_ready(out)
+    else:  # "cpu"
+      step = make(given)
+      cpu, gpu = jax.devices("cpu")[0], jax.devices()[0]
+      prepare = jax.jit(lambda seeds, k: sample_and_gather(data, {}, seeds, fanouts, k))
+      cpu_key = jax.device_put(key, cpu)
+
+      def batches(part, first):
+        for i, row in enumerate(part):
+          seeds = jax.device_put(row, cpu)
+          blocks, xs = prepare(seeds, jax.random.fold_in(cpu_key, first + i))
+          yield jax.device_put((blocks, xs, row), gpu)
+
+      def run_batches(part, first):
+        out = []
+        for blocks, xs, seeds in prefetched(batches(part, first)):
+          holder["state"], loss, stats = step(holder["state"], blocks, xs, seeds)
+          out.append((loss, stats))
+          on_batch()
+        return jax.block_until_ready(out)
+
+    seconds, out = _timed(run_batches, rows, warmup)
+  return seconds, [(float(loss), float(edges), float(nbytes)) for loss, (edges, nbytes) in out]
+
+
+def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
+         ) -> tuple[float, list]:
+  import torch  # pylint: disable=g-import-not-at-top
+  from jaxdata.bench import pyg_sampler  # pylint: disable=g-import-not-at-top
+  from jaxdata.reference.rgcn import torch_device  # pylint: disable=g-import-not-at-top
+  device = torch_device()
+  sampler = pyg_sampler.HeteroNeighborSampler(dataset)
+  model = pyg_sampler.pyg_model(config.model, dataset, config.hidden, config.heads,
+                                config.seed).to(device)
+  opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
+  rng = np.random.default_rng(seed)
+  paper0 = dataset.node_range("paper")[0]
+
+  def batches(part):
+    for row in part:
+      sampled = sampler.sample(row[row >= 0] - paper0, fanouts, rng)
+      yield pyg_sampler.hetero_data(sampled, dataset), sampled.num_edges
+
+  def run_batches(part, first):
+    del first
+    out = []
+    for data, edges in prefetched(batches(part)):
+      data = data.to(device)
+      opt.zero_grad(set_to_none=True)
+      n = data["paper"].batch_size
+      logits = model(data.x_dict, data.edge_index_dict)[:n]
+      loss = torch.nn.functional.cross_entropy(logits, data["paper"].y)
+      loss.backward()
+      opt.step()
+      out.append((loss.detach(), edges))
+      on_batch()
+    if device.type == "cuda":
+      torch.cuda.synchronize(device)
+    return out
+
+  seconds, out = _timed(run_batches, rows, warmup)
+  return seconds, [(float(loss.item()), float(edges), None) for loss, edges in out]
+
+
+# ----------------------------------------------------------------------------- the link bound
+def memcpy_gbps(nbytes: int, repeats: int = 7) -> float:
+  """Pinned host-to-device copy bandwidth, GB/s: `host_slice` (one DMA copy on a GPU) of a
+  pinned `HostTable` of `nbytes`, timed with copies queued back to back."""
+  cols = 1024
+  rows = max(1, nbytes // (cols * 4))
+  table = HostTable.empty((rows, cols), np.float32)
+  try:
+    table.as_numpy().fill(1.0)  # touch every page before timing
+    copy = jax.jit(lambda: host_slice(table, 0, rows))
+    seconds = median_seconds(copy, repeats=repeats, queued=4)
+  finally:
+    table.close()
+  return rows * cols * 4 / seconds / 1e9
+
+
+# ----------------------------------------------------------------------------- the run
+def _seed_rows(dataset, batch_size: int, count: int, seed: int) -> np.ndarray:
+  """`count` batches of training papers (global ids), shuffled epoch after epoch as needed."""
+  rng = np.random.default_rng(seed)
+  ids = np.asarray(dataset.train_papers) + dataset.node_range("paper")[0]
+  parts, have = [], 0
+  while have < count:
+    part = seed_batches(ids, batch_size, rng, count - have)
+    parts.append(part)
+    have += len(part)
+  return np.concatenate(parts)
+
+
+def _fits_on_device(dataset) -> str | None:
+  """Why the all-in-GPU copy cannot fit, or None (where the device reports its memory)."""
+  g = dataset.graph
+  need = sum(x.nbytes for x in dataset.features) + g.num_edges * 12 + g.num_nodes * 8
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # noqa: BLE001  not every backend has memory stats
+    stats = {}
+  limit = stats.get("bytes_limit")
+  if limit and need > 0.8 * (limit - stats.get("bytes_in_use", 0)):
+    return f"graph and features need {need / 2**30:.1f} GiB, the device has {limit / 2**30:.1f}"
+  return None
+
+
+def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int = 1024,
+        batches: int = 50, warmup: int = 5, pipelines: Sequence[str] = tuple(PIPELINES),
+        classes: int | None = None, hidden: int = 64, heads: int = 4, seed: int = 0,
+        copy_bytes: int | None = None, console: Any = None
+        ) -> tuple[list[Result], LinkBound | None, list[str], Any]:
+  """Generates the graph, runs the named pipelines on it in turn; returns (results, link bound
+  or None when "host" was not run, notes, dataset). A pipeline that cannot run gives a row
+  with its reason, never an exception."""
+  from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
+  log = console.print if console is not None else print
+  t0 = time.perf_counter()
+  classes = classes or default_classes(scale)
+  dataset = synthetic_mag(scale=scale, seed=seed, num_classes=classes)
+  log(f"graph generated in {time.perf_counter() - t0:.1f} s: {dataset!r}")
+  config = TrainConfig(model=model, hidden=hidden, heads=heads, seed=seed)
+  rows = _seed_rows(dataset, batch_size, warmup + batches, seed)
+  per_epoch = math.ceil(len(dataset.train_papers) / batch_size)
+  key = jax.random.key(seed)
+  results, notes = [], []
+  for name in pipelines:
+    label = PIPELINES[name]
+    r = Result(name, label)
+    results.append(r)
+    why = None
+    if name == "device":
+      why = _fits_on_device(dataset)
+    elif name == "pyg":
+      try:
+        importlib.import_module("torch")
+        importlib.import_module("torch_geometric.nn")
+      except ImportError as e:
+        why = f"torch_geometric is not importable ({e})"
+    if why:
+      r.note = f"skipped: {why}"
+      notes.append(f"{label}: {r.note}")
+      log(f"[yellow]{label}: {r.note}" if console is not None else f"{label}: {r.note}")
+      continue
+    try:
+      with _progress(console, label, warmup + batches) as on_batch:
+        if name == "pyg":
+          seconds, out = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed, on_batch)
+        else:
+          seconds, out = _jaxdata(name, dataset, config, fanouts, rows, warmup, key, on_batch)
+    except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run here
+      message = " ".join(str(e).split())[:200] or type(e).__name__
+      r.note = f"failed: {type(e).__name__}: {message}"
+      notes.append(f"{label}: {r.note}")
+      log(f"{label}: {r.note}")
+      continue
+    batch_s = seconds / batches
+    seeds = int((rows[warmup:] >= 0).sum())
+    r.batch_ms, r.seeds_per_second = 1e3 * batch_s, seeds / seconds
+    r.epoch_seconds = per_epoch * batch_s
+    r.losses = [loss for loss, _, _ in out]
+    r.loss = float(np.mean(r.losses))
+    r.edges_per_batch = float(np.mean([e for _, e, _ in out]))
+    if out[0][2] is not None:
+      r.feature_bytes = float(np.mean([b for _, _, b in out]))
+    log(f"  {label}: {r.batch_ms:.2f} ms/batch, {r.seeds_per_second:,.0f} seeds/s, "
+        f"loss {r.loss:.4f}")
+  link = None
+  host = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
+  if host is not None:
+    copy = copy_bytes or (COPY_BYTES if jax.default_backend() == "gpu" else CPU_COPY_BYTES)
+    link = LinkBound(host.feature_bytes, memcpy_gbps(copy), copy)
+    log(f"link bound: {link.feature_bytes / 2**20:.1f} MiB of features per batch at "
+        f"{link.memcpy_gbps:.1f} GB/s (pinned memcpy) = {link.batch_ms:.2f} ms; GPU-centric "
+        f"step {host.batch_ms / link.batch_ms:.2f}x that")
+  return results, link, notes, dataset
+
+
+def _progress(console, label: str, total: int):
+  """A progress bar over a pipeline's batches (none without a console)."""
+  import contextlib  # pylint: disable=g-import-not-at-top
+  if console is None:
+    return contextlib.nullcontext(lambda: None)
+  from jaxdata.train.common import progress  # pylint: disable=g-import-not-at-top
+
+  @contextlib.contextmanager
+  def bar():
+    with progress(console, f"{label:<44}", total, transient=True) as update:
+      yield lambda: update(advance=1)
+  return bar()
+
+
+# ----------------------------------------------------------------------------- tables
+def _ratio(r: Result, gpu: Result | None) -> str:
+  if gpu is None or r.epoch_seconds is None:
+    return ""
+  if r is gpu:
+    return "1.00x"
+  return f"{r.epoch_seconds / gpu.epoch_seconds:.2f}x the time"
+
+
+def table_rows(results: list[Result], link: LinkBound | None
+               ) -> tuple[list[str], list[list[str]]]:
+  header = ["pipeline", "ms / batch", "seeds / s", "epoch s (extrapolated)",
+            "vs GPU-centric (epoch)", "edges / batch", "loss (timed batches)"]
+  gpu = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
+  rows = []
+  for r in results:
+    if r.batch_ms is None:
+      rows.append([r.label, r.note or "not run", "", "", "", "", ""])
+      continue
+    rows.append([r.label, f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
+                 f"{r.epoch_seconds:.2f}", _ratio(r, gpu), f"{r.edges_per_batch:,.0f}",
+                 f"{r.loss:.4f}"])
+  if link is not None and gpu is not None:
+    rows.append(["link bound (features / pinned memcpy)", f"{link.batch_ms:.2f}", "", "",
+                 f"GPU-centric step: {gpu.batch_ms / link.batch_ms:.2f}x the bound", "", ""])
+  return header, rows
+
+
+def describe(model: str, fanouts, batch_size: int, batches: int, warmup: int, hidden: int,
+             heads: int) -> str:
+  """The paragraph every hetero.md starts with: what was run, how, what each row means."""
+  what = {"hgt": "HGT (two `jaxdata.nn.HGT` layers, PyG 2.8's HGTConv semantics, then a linear "
+                 "classifier on papers)",
+          "rgat": "RGAT (per-type linear maps to the hidden width, two `jaxdata.nn.RGAT` layers "
+                  "with self loop, bias and ReLU, then a linear classifier on papers)"}[model]
+  peer = {"hgt": "`torch_geometric.nn.HGTConv` twice and a `Linear`, the same widths",
+          "rgat": "per-type `Linear`s, twice `torch_geometric.nn.RGATConv` (additive "
+                  "self-attention across relations, heads concatenated, bias) plus a self-loop "
+                  "`Linear` and ReLU, then a `Linear`: the same layer as ours (RGATConv, not "
+                  "RGCNConv, because ours is an attention layer)"}[model]
+  return (
+      f"Mini-batch {what}, hidden {hidden}, {heads} heads, Adam, on `synthetic_mag` (ogbn-mag's "
+      f"shape). Fanouts {tuple(fanouts)}, {batch_size} seed papers per batch; every pipeline "
+      "trains a fresh model from the same init seed on the same seed batches in the same "
+      f"order: {warmup} warm-up batches (compiling), then {batches} timed batches, wall time "
+      "from the first dispatch to the last result. The epoch time is the timed per-batch time "
+      "times the batches of a full epoch over the training papers (extrapolated, not run).\n\n"
+      "- *GPU-centric (jaxdata)*: graph (CSR with relations) and every node type's features "
+      "in pinned host memory; inside the jitted step the GPU samples the blocks "
+      "(`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs "
+      "the model on the blocks: `jaxdata train rgat|hgt --minibatch`'s step.\n"
+      "- *all-in-GPU (jaxdata)*: the same step with graph and features in device memory "
+      "(skipped where they do not fit).\n"
+      "- *CPU-centric*: `sample_blocks` + `gather_typed` jitted on the CPU (jaxdata's CPU "
+      "kernels, the same samples for the same key, so the three jaxdata rows see the same "
+      "batches and report the same loss), `jax.device_put` of the blocks and features, a "
+      f"jitted step taking them; a prefetch thread keeps {PREFETCH} batches ahead.\n"
+      f"- *PyG*: {peer}, on CUDA, fed `HeteroData` mini-batches by "
+      "`jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in for PyG's "
+      "`NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU machine "
+      "lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node found "
+      "by the previous hop and each edge type into its type, up to fanout in-edges uniformly "
+      "without replacement; relabelled per-type node ids, `edge_index` per edge type, "
+      "features gathered with NumPy indexing. Sampling and batch building run on a prefetch "
+      f"thread ({PREFETCH} ahead, like NeighborLoader with a worker), `.to(device)` and the "
+      "step in the loop; all of it is timed. NeighborLoader draws the fanout *per edge type*, "
+      "jaxdata's sampler the fanout per node over all relations, so PyG's batches hold more "
+      "edges (see *edges / batch*); its loss is of another sample and another init.\n"
+      "- *link bound*: the feature bytes a GPU-centric step reads from host memory (the valid "
+      "slots of the outermost frontier times their type's row bytes, mean over the timed "
+      "batches; graph reads by the sampler are not counted) divided by the pinned "
+      "host-to-device memcpy bandwidth measured in the same run (`host_slice` of a pinned "
+      f"`HostTable`, one DMA copy; DESIGN.md records {DESIGN_MEMCPY_GBPS} GB/s for PyTorch's "
+      "pinned `copy_` on the H200 machine). The GPU-centric step's ratio to it is what is left "
+      "to win.")
+
+
+def markdown(results: list[Result], link: LinkBound | None, notes: list[str], dataset: Any,
+             command_line: str, *, model: str, fanouts, batch_size: int, batches: int,
+             warmup: int, hidden: int, heads: int) -> str:
+  hw = common.hardware()
+  header, rows = table_rows(results, link)
+  g = dataset.graph
+  text = [
+      f"# Mini-batch {model.upper()} on a heterograph: four pipelines", "",
+      "Measured by `jaxdata bench hetero` (jaxdata/bench/hetero.py). "
+      + describe(model, fanouts, batch_size, batches, warmup, hidden, heads), "",
+      f"Command: `{command_line}`", "",
+      *[f"- {k}: {v}" for k, v in hw.items()], "",
+      "```", repr(dataset),
+      f"  {len(dataset.train_papers):,} training papers: "
+      f"{math.ceil(len(dataset.train_papers) / batch_size)} batches per epoch; "
+      f"{g.num_edges:,} edges", "```", "",
+      common.markdown_table(header, rows), ""]
+  if link is not None:
+    text += [f"Link bound: {link.feature_bytes / 2**20:.1f} MiB of features per GPU-centric "
+             f"batch / {link.memcpy_gbps:.1f} GB/s pinned memcpy (measured now, "
+             f"{link.copy_bytes / 2**20:.0f} MiB copies) = {link.batch_ms:.2f} ms per batch.", ""]
+  if notes:
+    text += [*(f"- {n}" for n in notes), ""]
+  return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------- the CLI
+def add_arguments(parser) -> None:
+  """`jaxdata bench hetero` options."""
+  parser.add_argument("--scale", type=command.positive_float,
+                      help=f"synthetic_mag's share of ogbn-mag (default {FULL['scale']}; "
+                           f"--quick {QUICK['scale']})")
+  parser.add_argument("--model", choices=MODELS, default="hgt", help="the model trained")
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
+                      help="in-edges sampled per node and hop, one per layer (two)")
+  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
+                      help="seed papers per batch")
+  parser.add_argument("--batches", type=command.positive_int,
+                      help=f"timed batches per pipeline (default {FULL['batches']}; --quick "
+                           f"{QUICK['batches']})")
+  parser.add_argument("--warmup", type=command.natural_int,
+                      help=f"untimed batches first (default {FULL['warmup']}; --quick "
+                           f"{QUICK['warmup']})")
+  parser.add_argument("--pipelines", type=command.listing(command.choice(tuple(PIPELINES))),
+                      default=list(PIPELINES),
+                      help="pipelines to run, comma-separated, from: " + ", ".join(PIPELINES))
+  parser.add_argument("--classes", type=command.positive_int, default=None,
+                      help="paper classes (default as `jaxdata train hgt`: 349, fewer at small "
+                           "scales)")
+  parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
+  parser.add_argument("--heads", type=command.positive_int, default=4, help="attention heads")
+  parser.add_argument("--seed", type=command.natural_int, default=0,
+                      help="seed of graph, batches, keys and init")
+  parser.add_argument("--quick", action="store_true",
+                      help="a small graph and few batches (flags given still apply)")
+  parser.add_argument("--out", metavar="PATH.md", type=command.output_path,
+                      help="write the Markdown table here (e.g. docs/benchmarks/hetero.md)")
+
+
+def main(args) -> int:
+  """`jaxdata bench hetero`."""
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if len(args.fanouts) != 2:
+    raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
+                             f"{len(args.fanouts)}")
+  if args.hidden % args.heads:
+    raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
+                             f"{args.heads}")
+  size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
+  console = command.console(width=160)
+  results, link, notes, dataset = run(
+      **size, model=args.model, fanouts=args.fanouts, batch_size=args.batch_size,
+      pipelines=args.pipelines, classes=args.classes, hidden=args.hidden, heads=args.heads,
+      seed=args.seed, console=console)
+  common.print_table(console, f"mini-batch {args.model.upper()}: four pipelines",
+                     *table_rows(results, link), notes, left=("pipeline",))
+  if args.out:
+    common.write(console, args.out, markdown(
+        results, link, notes, dataset, common.command_line(), model=args.model,
+        fanouts=args.fanouts, batch_size=args.batch_size, batches=size["batches"],
+        warmup=size["warmup"], hidden=args.hidden, heads=args.heads))
+  return 0
