@@ -134,19 +134,22 @@ def batch_stats(blocks, type_offsets, row_bytes: Sequence[int]) -> tuple[jax.Arr
 
 
 def _trainer(dataset, config: TrainConfig):
-  """(graphdef, state) of a fresh model and its Adam, and a function of them making a jitted
-  update from a loss `loss_of(model, *args)`."""
+  """The state of a fresh model and its Adam, and `make(loss_of)`: a jitted update
+  ``step(state, i, *args) -> (state, i + 1, loss, stats)`` from
+  ``loss_of(model, i, *args) -> (loss, stats)``. `i`, the batch counter, lives on the device
+  and comes back incremented, so that a step that picks its own seeds and key needs no other
+  dispatch (the lesson of docs/benchmarks/minibatch_notes.md)."""
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
 
   def make(loss_of):
     @functools.partial(jax.jit, donate_argnums=0)
-    def step(state, *args):
+    def step(state, i, *args):
       model, optimizer = nnx.merge(graphdef, state)
-      (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, *args)
+      (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, i, *args)
       optimizer.update(model, grads)
-      return nnx.state((model, optimizer)), loss, stats
+      return nnx.state((model, optimizer)), i + 1, loss, stats
     return step
   return state, make
 
@@ -204,24 +207,27 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
   with HostData(dataset, "device" if name == "device" else "host") as data:
     offsets = data.type_offsets
 
-    def whole(model, consts, seeds, k):
-      blocks, xs = sample_and_gather(data, consts, seeds, fanouts, k)
+    def whole(model, i, consts, all_rows, key):
+      # batch i: its seed row and key picked on the device (one dispatch per step)
+      seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
+      blocks, xs = sample_and_gather(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
       return (batch_loss(model, blocks, xs, offsets, seeds, labels),
               batch_stats(blocks, offsets, row_bytes))
 
-    def given(model, blocks, xs, seeds):
+    def given(model, i, blocks, xs, seeds):
+      del i
       return (batch_loss(model, blocks, xs, offsets, seeds, labels),
               batch_stats(blocks, offsets, row_bytes))
 
     holder = {"state": state}
     if name in ("host", "device"):
       step = make(whole)
+      all_rows = jnp.asarray(rows)
 
       def run_batches(part, first):
-        out = []
-        for i, row in enumerate(part):
-          holder["state"], loss, stats = step(holder["state"], data.consts, jnp.asarray(row),
-                                              jax.random.fold_in(key, first + i))
+        out, i = [], jnp.asarray(first, jnp.int32)
+        for _ in part:
+          holder["state"], i, loss, stats = step(holder["state"], i, data.consts, all_rows, key)
           out.append((loss, stats))
           on_batch()
         return jax.block_until_ready(out)
@@ -238,9 +244,9 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
           yield jax.device_put((blocks, xs, row), gpu)
 
       def run_batches(part, first):
-        out = []
+        out, i = [], jnp.asarray(first, jnp.int32)
         for blocks, xs, seeds in prefetched(batches(part, first)):
-          holder["state"], loss, stats = step(holder["state"], blocks, xs, seeds)
+          holder["state"], i, loss, stats = step(holder["state"], i, blocks, xs, seeds)
           out.append((loss, stats))
           on_batch()
         return jax.block_until_ready(out)
