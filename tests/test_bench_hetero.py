@@ -87,8 +87,23 @@ def test_markdown_states_command_hardware_rows_and_the_link_bound(tiny_run, tmp_
                "PyG", "NeighborLoader", "extrapolated", "link bound", "x the bound",
                "Link bound: "):
     assert want in text, want
-  table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+  table = text.split("## The bars")[0]
+  table = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
   assert len(table) == 1 + len(hetero.PIPELINES) + 1  # header, pipelines, link bound
+  assert "GPU-centric step within 1.3x of its link-bound time" in text
+
+
+def test_bars_are_judged_from_the_measured_ratios():
+  R = hetero.Result
+  results = [R("host", "g", batch_ms=10.0, epoch_seconds=1.0), R("cpu", "c", batch_ms=60.0,
+                                                                   epoch_seconds=6.0),
+             R("pyg", "p", batch_ms=40.0, epoch_seconds=4.0)]
+  link = hetero.LinkBound(feature_bytes=8e8, memcpy_gbps=100.0, copy_bytes=1)  # 8 ms
+  _, rows = hetero.bars(results, link)
+  assert [r[2] for r in rows] == ["**not met**", "met", "met"]
+  assert rows[0][1] == "4.00x" and rows[1][1] == "6.00x" and rows[2][1].endswith("1.25x")
+  _, rows = hetero.bars(results[:1], None)
+  assert [r[2] for r in rows] == ["open", "open", "open"]
 
 
 def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(tmp_path, capsys,

@@ -219,7 +219,7 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
       return (batch_loss(model, blocks, xs, offsets, seeds, labels),
               batch_stats(blocks, offsets, row_bytes))
 
-    holder = {"state": state}
+    holder, moved = {"state": state}, {}
     if name in ("host", "device"):
       step = make(whole)
       all_rows = jnp.asarray(rows)
@@ -241,6 +241,8 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
         for i, row in enumerate(part):
           seeds = jax.device_put(row, cpu)
           blocks, xs = prepare(seeds, jax.random.fold_in(cpu_key, first + i))
+          moved["blocks"] = sum(a.nbytes for a in jax.tree.leaves(blocks))
+          moved["features"] = sum(a.nbytes for a in xs)
           yield jax.device_put((blocks, xs, row), gpu)
 
       def run_batches(part, first):
@@ -252,7 +254,8 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
         return jax.block_until_ready(out)
 
     seconds, out = _timed(run_batches, rows, warmup)
-  return seconds, [(float(loss), float(edges), float(nbytes)) for loss, (edges, nbytes) in out]
+  return seconds, [(float(loss), float(edges), float(nbytes)) for loss, (edges, nbytes) in out], \
+      moved
 
 
 def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
@@ -291,7 +294,7 @@ def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
     return out
 
   seconds, out = _timed(run_batches, rows, warmup)
-  return seconds, [(float(loss.item()), float(edges), None) for loss, edges in out]
+  return seconds, [(float(loss.item()), float(edges), None) for loss, edges in out], {}
 
 
 # ----------------------------------------------------------------------------- the link bound
@@ -377,9 +380,11 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     try:
       with _progress(console, label, warmup + batches) as on_batch:
         if name == "pyg":
-          seconds, out = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed, on_batch)
+          seconds, out, moved = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed,
+                                     on_batch)
         else:
-          seconds, out = _jaxdata(name, dataset, config, fanouts, rows, warmup, key, on_batch)
+          seconds, out, moved = _jaxdata(name, dataset, config, fanouts, rows, warmup, key,
+                                         on_batch)
     except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run here
       message = " ".join(str(e).split())[:200] or type(e).__name__
       r.note = f"failed: {type(e).__name__}: {message}"
@@ -395,6 +400,12 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     r.edges_per_batch = float(np.mean([e for _, e, _ in out]))
     if out[0][2] is not None:
       r.feature_bytes = float(np.mean([b for _, _, b in out]))
+    if moved:
+      notes.append(
+          f"{label}: each batch moves {sum(moved.values()) / 2**20:.1f} MiB to the device: "
+          f"blocks {moved['blocks'] / 2**20:.1f} MiB, features {moved['features'] / 2**20:.1f} "
+          "MiB in gather_typed's layout (one array per node type over every slot of the "
+          "outermost frontier, zeros where the slot is of another type or unused)")
     log(f"  {label}: {r.batch_ms:.2f} ms/batch, {r.seeds_per_second:,.0f} seeds/s, "
         f"loss {r.loss:.4f}")
   link = None
@@ -448,6 +459,34 @@ def table_rows(results: list[Result], link: LinkBound | None
     rows.append(["link bound (features / pinned memcpy)", f"{link.batch_ms:.2f}", "", "",
                  f"GPU-centric step: {gpu.batch_ms / link.batch_ms:.2f}x the bound", "", ""])
   return header, rows
+
+
+#: (what, the pipeline compared, the least ratio) of the issue's speed bars.
+SPEEDUP_BARS = (("PyG pipeline", "pyg", 5.0), ("CPU-centric pipeline", "cpu", 5.0))
+#: The GPU-centric step's largest ratio to its link-bound time.
+LINK_BAR = 1.3
+
+
+def bars(results: list[Result], link: LinkBound | None) -> tuple[list[str], list[list[str]]]:
+  """The issue's bars, each with what this run measured and whether it is met."""
+  got = {r.name: r for r in results if r.batch_ms is not None}
+  gpu = got.get("host")
+  rows = []
+  for what, name, least in SPEEDUP_BARS:
+    bar = f"GPU-centric epoch >= {least:g}x faster than the {what}"
+    if gpu is None or name not in got:
+      rows.append([bar, "not measured in this run", "open"])
+      continue
+    ratio = got[name].epoch_seconds / gpu.epoch_seconds
+    rows.append([bar, f"{ratio:.2f}x", "met" if ratio >= least else "**not met**"])
+  bar = f"GPU-centric step within {LINK_BAR:g}x of its link-bound time"
+  if gpu is None or link is None:
+    rows.append([bar, "not measured in this run", "open"])
+  else:
+    ratio = gpu.batch_ms / link.batch_ms
+    rows.append([bar, f"{gpu.batch_ms:.2f} ms vs {link.batch_ms:.2f} ms: {ratio:.2f}x",
+                 "met" if ratio <= LINK_BAR else "**not met**"])
+  return ["bar", "measured", "verdict"], rows
 
 
 def describe(model: str, fanouts, batch_size: int, batches: int, warmup: int, hidden: int,
@@ -516,6 +555,7 @@ def markdown(results: list[Result], link: LinkBound | None, notes: list[str], da
       f"{math.ceil(len(dataset.train_papers) / batch_size)} batches per epoch; "
       f"{g.num_edges:,} edges", "```", "",
       common.markdown_table(header, rows), ""]
+  text += ["## The bars (issue 16)", "", common.markdown_table(*bars(results, link)), ""]
   if link is not None:
     text += [f"Link bound: {link.feature_bytes / 2**20:.1f} MiB of features per GPU-centric "
              f"batch / {link.memcpy_gbps:.1f} GB/s pinned memcpy (measured now, "
