@@ -2,6 +2,7 @@
 (jaxdata/bench/pyg_sampler.py), at a tiny scale on the CPU."""
 import collections
 import importlib.util
+import logging
 
 import jax
 import numpy as np
@@ -16,9 +17,26 @@ TINY = dict(scale=0.002, batch_size=32, batches=2, warmup=1, fanouts=(4, 3), cla
             hidden=16, heads=2)
 
 
+class _Compiles(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.DEBUG)
+    self.steps = 0
+
+  def emit(self, record):
+    self.steps += record.getMessage().startswith("Compiling jit(step)")
+
+
 @pytest.fixture(scope="module")
 def tiny_run():
-  return hetero.run(model="hgt", **TINY)
+  """The run, and how many times a training step was compiled during it."""
+  handler, logger = _Compiles(), logging.getLogger("jax")
+  logger.addHandler(handler)
+  try:
+    with jax.log_compiles(True):
+      out = hetero.run(model="hgt", **TINY)
+  finally:
+    logger.removeHandler(handler)
+  return out + (handler.steps,)
 
 
 def _by_name(results):
@@ -26,7 +44,7 @@ def _by_name(results):
 
 
 def test_every_pipeline_runs_and_reports_time_loss_and_edges(tiny_run):
-  results, link, notes, _ = tiny_run
+  results, link, notes, _, _ = tiny_run
   got = _by_name(results)
   assert list(got) == list(hetero.PIPELINES)
   ran = ["host", "device", "cpu"] + (["pyg"] if HAS_PYG else [])
@@ -77,8 +95,12 @@ def test_link_bound_counts_the_gathered_rows_of_the_outermost_frontier():
   assert 0 < int(edges) <= 16 * 4 + 16 * 5 * 3
 
 
+def test_each_jaxdata_step_compiles_once_so_the_timed_batches_compile_nothing(tiny_run):
+  assert tiny_run[-1] == 3  # host, device, cpu: one each (a second would be timed)
+
+
 def test_markdown_states_command_hardware_rows_and_the_link_bound(tiny_run, tmp_path):
-  results, link, notes, dataset = tiny_run
+  results, link, notes, dataset, _ = tiny_run
   text = hetero.markdown(results, link, notes, dataset, "jaxdata bench hetero --quick",
                          model="hgt", fanouts=TINY["fanouts"], batch_size=TINY["batch_size"],
                          batches=TINY["batches"], warmup=TINY["warmup"], hidden=16, heads=2)
