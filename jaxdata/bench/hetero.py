@@ -199,7 +199,9 @@ def _timed(run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray,
 
 
 def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key,
-             on_batch) -> tuple[float, list]:
+             on_batch) -> tuple[float, list, dict]:
+  """Pipeline `name` ("host", "device", "cpu"): (timed seconds, (loss, edges, feature bytes)
+  per timed batch, {"blocks", "features"}: bytes each batch moves to the device ("cpu"))."""
   fanouts = tuple(int(f) for f in fanouts)
   labels = jnp.asarray(dataset.labels)
   row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
@@ -264,7 +266,8 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
 
 
 def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
-         ) -> tuple[float, list]:
+         ) -> tuple[float, list, dict]:
+  """The PyG pipeline: (timed seconds, (loss, edges, None) per timed batch, {"ran on"})."""
   import torch  # pylint: disable=g-import-not-at-top
   from jaxdata.bench import pyg_sampler  # pylint: disable=g-import-not-at-top
   from jaxdata.reference.rgcn import torch_device  # pylint: disable=g-import-not-at-top
@@ -299,7 +302,12 @@ def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
     return out
 
   seconds, out = _timed(run_batches, rows, warmup)
-  return seconds, [(float(loss.item()), float(edges), None) for loss, edges in out], {}
+  import torch_geometric  # pylint: disable=g-import-not-at-top
+  where = f"{device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda"
+                         else "")
+  return seconds, [(float(loss.item()), float(edges), None) for loss, edges in out], \
+      {"ran on": f"{where}, torch {torch.__version__}, torch_geometric "
+                 f"{torch_geometric.__version__}"}
 
 
 # ----------------------------------------------------------------------------- the link bound
@@ -385,10 +393,10 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     try:
       with _progress(console, label, warmup + batches) as on_batch:
         if name == "pyg":
-          seconds, out, moved = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed,
+          seconds, out, extra = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed,
                                      on_batch)
         else:
-          seconds, out, moved = _jaxdata(name, dataset, config, fanouts, rows, warmup, key,
+          seconds, out, extra = _jaxdata(name, dataset, config, fanouts, rows, warmup, key,
                                          on_batch)
     except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run here
       message = " ".join(str(e).split())[:200] or type(e).__name__
@@ -405,10 +413,12 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     r.edges_per_batch = float(np.mean([e for _, e, _ in out]))
     if out[0][2] is not None:
       r.feature_bytes = float(np.mean([b for _, _, b in out]))
-    if moved:
+    if "ran on" in extra:  # PyG: where
+      notes.append(f"{label}: ran on {extra['ran on']}")
+    elif extra:  # CPU-centric: what each batch moves
       notes.append(
-          f"{label}: each batch moves {sum(moved.values()) / 2**20:.1f} MiB to the device: "
-          f"blocks {moved['blocks'] / 2**20:.1f} MiB, features {moved['features'] / 2**20:.1f} "
+          f"{label}: each batch moves {sum(extra.values()) / 2**20:.1f} MiB to the device: "
+          f"blocks {extra['blocks'] / 2**20:.1f} MiB, features {extra['features'] / 2**20:.1f} "
           "MiB in gather_typed's layout (one array per node type over every slot of the "
           "outermost frontier, zeros where the slot is of another type or unused)")
     log(f"  {label}: {r.batch_ms:.2f} ms/batch, {r.seeds_per_second:,.0f} seeds/s, "
@@ -523,7 +533,7 @@ def describe(model: str, fanouts, batch_size: int, batches: int, warmup: int, hi
       "kernels, the same samples for the same key, so the three jaxdata rows see the same "
       "batches and report the same loss), `jax.device_put` of the blocks and features, a "
       f"jitted step taking them; a prefetch thread keeps {PREFETCH} batches ahead.\n"
-      f"- *PyG*: {peer}, on CUDA, fed `HeteroData` mini-batches by "
+      f"- *PyG*: {peer}, on CUDA where torch sees a GPU (the notes say where it ran), fed `HeteroData` mini-batches by "
       "`jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in for PyG's "
       "`NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU machine "
       "lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node found "
