@@ -235,3 +235,8 @@ def close(state: Any) -> None:
   for leaf in jax.tree_util.tree_leaves(state, is_leaf=lambda x: isinstance(x, HostTable)):
     if isinstance(leaf, HostTable):
       leaf.close()
+
+
+#: The sparse optimizers by name (for command-line flags): name -> factory(learning_rate).
+BY_NAME: dict[str, Callable[[float], SparseOptimizer]] = {
+    "adam": sparse_adam, "adagrad": sparse_adagrad, "sgd": sparse_sgd}

@@ -39,16 +39,13 @@ import optax
 from flax import nnx
 
 from jaxdata.data import EntityDataset
-from jaxdata.host import HostGraph, HostTable, host_gather, sparse_adagrad, sparse_adam, sparse_sgd
-from jaxdata.host import sparse
+from jaxdata.host import HostGraph, HostTable, host_gather, sparse
 from jaxdata.host.blocks import sample_blocks
 from jaxdata.host.sample import DeviceGraph
 from jaxdata.train.common import TrainResult, seed_batches
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
 
 PIPELINES = ("host", "device")
-#: Sparse optimizers for the first layer's node rows (featureless data).
-TABLE_OPTIMIZERS = {"adam": sparse_adam, "adagrad": sparse_adagrad, "sgd": sparse_sgd}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +70,9 @@ class MinibatchConfig:
                        f"the two-layer model), got {self.fanouts}")
     if self.batch_size < 1:
       raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
-    if self.table_optimizer not in TABLE_OPTIMIZERS:
+    if self.table_optimizer not in sparse.BY_NAME:
       raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
-                       f"{tuple(TABLE_OPTIMIZERS)}, got {self.table_optimizer!r}")
+                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
 
 
 def _is_row_param(path, value) -> bool:
@@ -172,7 +169,7 @@ def train(dataset: EntityDataset, config: TrainConfig,
   labels = np.zeros(dataset.graph.num_nodes, np.int32)
   labels[dataset.train_idx] = dataset.train_y
   labels = jnp.asarray(labels)
-  table_opt = TABLE_OPTIMIZERS[minibatch.table_optimizer](config.learning_rate)
+  table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   start = time.perf_counter()
   with EntityData(dataset, model, minibatch.pipeline) as data:
     opt_state = table_opt.init(data.rows) if data.rows is not None else ()
