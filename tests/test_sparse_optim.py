@@ -1,9 +1,11 @@
-"""sparse_sgd and sparse_adagrad against dense optax, on every platform available.
+"""sparse_sgd, sparse_adagrad and sparse_adam against dense optax, on every platform available.
 
 The dense reference: the parameters are an ordinary array, the gradient of a step is the
 scatter-add of the row gradients (`zeros.at[indices].add(grads)`, what jax.grad of a gather
 gives), and optax.sgd / optax.adagrad with the same hyperparameters update every row. The sparse
 optimizers must agree on the rows a step touches and leave every other row bit-identical.
+Lazy Adam equals dense optax.adam only when every row is touched at every step; otherwise its
+reference is `lazy_adam_reference` below, plain NumPy in float64.
 """
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdata.host import HostTable, sparse_adagrad, sparse_sgd
+from jaxdata.host import HostTable, sparse_adagrad, sparse_adam, sparse_sgd
 from jaxdata.host import sparse
 
 ROWS, COLS = 50, 6
@@ -255,3 +257,225 @@ def test_sgd_under_shard_map_without_axis_name_loses_no_update():
       jax.block_until_ready(f(jax.device_put(idx, sharding), jax.device_put(g, sharding)))
       np.subtract.at(want, idx, g)
     np.testing.assert_array_equal(table.as_numpy(), want)
+
+
+# -- lazy Adam -------------------------------------------------------------------------------------
+
+
+def lazy_adam_reference(init, steps, lr, b1=0.9, b2=0.999, eps=1e-8, round_to=None):
+  """torch.optim.SparseAdam's rule in float64 with plain loops: [(table, mu, nu) after each step].
+
+  `steps` is a list of (indices, grads). A row is touched when an in-range index names it
+  (negative ones from the end); only touched rows change. `round_to`: the table's dtype, whose
+  rounding of each step's update and of the sum is applied as host_scatter_add does.
+  """
+  rows, cols = init.shape
+  p = init.astype(np.float64)
+  m, v = np.zeros((rows, cols)), np.zeros((rows, cols))
+  out = []
+  for t, (idx, grads) in enumerate(steps, start=1):
+    g = {}
+    for i, row_grad in zip(np.asarray(idx).reshape(-1).tolist(),
+                           np.asarray(grads, np.float64).reshape(-1, cols)):
+      r = i + rows if i < 0 else i
+      if 0 <= r < rows:
+        g[r] = g.get(r, 0.0) + row_grad
+    for r, gr in g.items():
+      m[r] = b1 * m[r] + (1 - b1) * gr
+      v[r] = b2 * v[r] + (1 - b2) * gr * gr
+      delta = -lr * (m[r] / (1 - b1 ** t)) / (np.sqrt(v[r] / (1 - b2 ** t)) + eps)
+      if round_to is None:
+        p[r] = p[r] + delta
+      else:
+        p[r] = (p[r].astype(round_to) + delta.astype(round_to)).astype(np.float64)
+    out.append((p.copy(), m.copy(), v.copy()))
+  return out
+
+
+def run_adam(opt, init, steps, use_jit):
+  """Applies `opt` to a HostTable of `init`: [(table, mu, nu)] after each step, and the count."""
+  out = []
+  with HostTable(init) as table:
+    state = opt.init(table)
+    update = jax.jit(opt.update) if use_jit else opt.update
+    for idx, g in steps:
+      jax.block_until_ready(update(table, state, jnp.asarray(idx), jnp.asarray(g)))
+      out.append((table.as_numpy().copy(), state.mu.as_numpy().copy(),
+                   state.nu.as_numpy().copy()))
+    count = state.count.as_numpy().copy()
+    sparse.close(state)
+  assert state.mu.closed and state.nu.closed and state.count.closed
+  return out, count
+
+
+def every_row_batches(seed, steps, rows=ROWS, cols=COLS):
+  """Each batch names every row at least once (a permutation, some as negative indices) plus
+  repeats of random rows."""
+  rng = np.random.default_rng(seed)
+  for _ in range(steps):
+    idx = np.concatenate([rng.permutation(rows), rng.integers(0, rows, size=20)])
+    idx = np.where(rng.random(idx.shape) < 0.3, idx - rows, idx)
+    yield idx, rng.standard_normal(idx.shape + (cols,)).astype(np.float32)
+
+
+@pytest.mark.parametrize("lr,b1,b2,eps", [(0.1, 0.9, 0.999, 1e-8), (0.01, 0.5, 0.9, 1e-3)])
+def test_adam_equals_dense_optax_adam_when_every_row_is_touched_every_step(device, lr, b1, b2,
+                                                                           eps):
+  init = np.random.default_rng(30).standard_normal((ROWS, COLS)).astype(np.float32)
+  steps = list(every_row_batches(31, 4))
+  out, count = run_adam(sparse_adam(lr, b1, b2, eps), init, steps, use_jit=True)
+  dense = optax.adam(lr, b1, b2, eps)
+  params = jnp.asarray(init)
+  dense_state = dense.init(params)
+  for (idx, g), (got, mu, nu) in zip(steps, out):
+    updates, dense_state = dense.update(dense_gradient(idx, g), dense_state, params)
+    params = optax.apply_updates(params, updates)
+    # Not bit-equal: the moments are written as deltas (mu + (new - mu) may round differently
+    # from new in the last bit), and the bias corrections are computed as -expm1(t log b) in
+    # float32 where optax (jax_enable_x64 on) takes 1 - b**t in float64.
+    np.testing.assert_allclose(mu, np.asarray(dense_state[0].mu), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(nu, np.asarray(dense_state[0].nu), rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(got, np.asarray(params), rtol=1e-5, atol=1e-6)
+  assert count.tolist() == [[4]] and int(dense_state[0].count) == 4
+
+
+def test_adam_equals_lazy_reference_on_subsets_and_leaves_untouched_rows_bit_identical(device):
+  init = np.random.default_rng(32).standard_normal((ROWS, COLS)).astype(np.float32)
+  steps = list(batches(33, 5, shape=(24,)))  # few rows a step: most are untouched each time
+  out, count = run_adam(sparse_adam(0.05), init, steps, use_jit=True)
+  want = lazy_adam_reference(init, steps, 0.05)
+  before = (init, np.zeros_like(init), np.zeros_like(init))
+  for (idx, _), got, ref in zip(steps, out, want):
+    touched = touched_rows(idx)
+    assert 5 < touched.sum() < ROWS - 20
+    for now, prev in zip(got, before):  # table, mu, nu: untouched rows not a bit changed
+      np.testing.assert_array_equal(now[~touched].view(np.uint32), prev[~touched].view(np.uint32))
+    for now, r in zip(got, ref):
+      np.testing.assert_allclose(now, r, rtol=1e-5, atol=1e-6)
+    before = got
+  assert count.tolist() == [[5]]
+
+
+def test_adam_touched_row_with_zero_summed_gradient_still_moves(device):
+  # Lazy Adam updates every row the batch names, as torch.optim.SparseAdam does: a row whose
+  # gradients cancel decays its moments and keeps moving on its momentum.
+  init = np.zeros((4, 2), np.float32)
+  g1 = np.array([[1.0, -2.0]], np.float32)
+  g2 = np.array([[3.0, 1.0], [-3.0, -1.0]], np.float32)
+  steps = [(np.array([2]), g1), (np.array([2, 2]), g2)]
+  out, _ = run_adam(sparse_adam(0.1), init, steps, use_jit=True)
+  want = lazy_adam_reference(init, steps, 0.1)
+  assert not np.array_equal(out[1][0][2], out[0][0][2])
+  for got, ref in zip(out[1], want[1]):
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_adam_inside_and_outside_jit_give_the_same_result(device):
+  init = np.random.default_rng(34).standard_normal((ROWS, COLS)).astype(np.float32)
+  steps = list(batches(35, 4, shape=(4, 8)))
+  jitted, count_jit = run_adam(sparse_adam(0.1), init, steps, use_jit=True)
+  eager, count_eager = run_adam(sparse_adam(0.1), init, steps, use_jit=False)
+  want = lazy_adam_reference(init, steps, 0.1)
+  # Not bit-equal: op by op, XLA rounds a few moments 1 ulp differently from the fused program.
+  for a, b, ref in zip(jitted, eager, want):
+    for x, y, r in zip(a, b, ref):
+      np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(x, r, rtol=1e-5, atol=1e-6)
+  assert count_jit.tolist() == count_eager.tolist() == [[4]]
+
+
+def test_adam_bfloat16_table_keeps_float32_moments(device):
+  import ml_dtypes
+  bf16 = ml_dtypes.bfloat16
+  init = np.random.default_rng(36).standard_normal((ROWS, COLS)).astype(bf16)
+  steps = list(batches(37, 4))
+  out, count = run_adam(sparse_adam(0.1), init, steps, use_jit=True)
+  want = lazy_adam_reference(init.astype(np.float64), steps, 0.1, round_to=bf16)
+  for (table, mu, nu), (ref, ref_mu, ref_nu) in zip(out, want):
+    assert table.dtype == bf16 and mu.dtype == nu.dtype == np.float32
+    # The moments depend only on the gradients: float32 accuracy.
+    np.testing.assert_allclose(mu, ref_mu, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(nu, ref_nu, rtol=1e-5, atol=1e-9)
+    # The table: within a bfloat16 rounding (2**-8 relative) of the reference's own rounding.
+    np.testing.assert_allclose(table.astype(np.float64), ref, rtol=2 ** -7, atol=1e-2)
+  assert count.tolist() == [[4]]
+  ever = np.zeros(ROWS, bool)
+  for idx, _ in steps:
+    ever |= touched_rows(idx)
+  np.testing.assert_array_equal(out[-1][0][~ever].view(np.uint16), init[~ever].view(np.uint16))
+
+
+def test_adam_bad_input_and_closed_tables():
+  with HostTable(np.zeros((6, 2), np.float32)) as table:
+    opt = sparse_adam(0.1)
+    state = opt.init(table)
+    assert state.mu.shape == state.nu.shape == (6, 2) and state.count.shape == (1, 1)
+    assert state.mu.dtype == state.nu.dtype == np.float32 and state.count.dtype == np.int32
+    with pytest.raises(ValueError, match="sparse_adam: grads must have shape"):
+      opt.update(table, state, jnp.array([1]), jnp.ones((1, 3)))
+    with pytest.raises(ValueError, match="sparse_adam: grads must have shape"):
+      opt.update(table, state, jnp.array([1, 2, 3]), jnp.ones((2, 2)))
+    with pytest.raises(TypeError, match="sparse_adam: indices must be integers"):
+      opt.update(table, state, jnp.array([1.0]), jnp.ones((1, 2)))
+    np.testing.assert_array_equal(table.as_numpy(), np.zeros((6, 2)))
+    assert state.count.as_numpy().tolist() == [[0]]
+    state.nu.close()
+    for update in (opt.update, jax.jit(opt.update)):
+      with pytest.raises(ValueError, match=r"sparse_adam: state\.nu is closed"):
+        update(table, state, jnp.array([1]), jnp.ones((1, 2)))
+    sparse.close(state)
+    assert state.mu.closed and state.count.closed
+  state = opt.init(table := HostTable(np.zeros((6, 2), np.float32)))
+  table.close()
+  with pytest.raises(ValueError, match="sparse_adam: table is closed"):
+    opt.update(table, state, jnp.array([1]), jnp.ones((1, 2)))
+  sparse.close(state)
+
+
+def test_adam_under_shard_map_with_axis_name_equals_one_device_and_counts_once():
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = _two_device_mesh()
+  opt = sparse_adam(0.05)
+  init = np.random.default_rng(38).standard_normal((ROWS, COLS)).astype(np.float32)
+  steps = list(batches(39, 5, shape=(64,)))
+  sharding = NamedSharding(mesh, P("data"))
+  out = []
+  with HostTable(init) as table:
+    state = opt.init(table)
+
+    def step(idx, g):  # every device's share of the batch; the two share hot rows
+      return opt.update(table, state, idx, g, axis_name="data")[None]
+
+    f = jax.jit(_shard_map()(step, mesh=mesh, in_specs=(P("data"), P("data")),
+                             out_specs=P("data")))
+    for idx, g in steps:
+      jax.block_until_ready(f(jax.device_put(idx, sharding), jax.device_put(g, sharding)))
+      out.append((table.as_numpy().copy(), state.mu.as_numpy().copy(),
+                  state.nu.as_numpy().copy()))
+    count = state.count.as_numpy().copy()
+    sparse.close(state)
+  assert count.tolist() == [[5]]  # once per step, not once per device
+  with jax.default_device(jax.devices("cpu")[0]):
+    single, _ = run_adam(opt, init, steps, use_jit=True)
+  want = lazy_adam_reference(init, steps, 0.05)
+  for got, one, ref in zip(out, single, want):
+    for x, y, r in zip(got, one, ref):
+      np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+      np.testing.assert_allclose(x, r, rtol=1e-5, atol=1e-6)
+
+
+def test_adam_state_passed_through_jit_is_collected_and_compiled_once():
+  import gc
+  import weakref
+  opt = sparse_adam(0.1)
+  update = jax.jit(opt.update)
+  refs = []
+  for _ in range(3):
+    table = HostTable(np.ones((16, 4), np.float32))
+    state = opt.init(table)
+    jax.block_until_ready(update(table, state, jnp.array([1, 2]), jnp.ones((2, 4))))
+    refs += [weakref.ref(t) for t in (table, *state)]
+    del table, state
+  gc.collect()
+  assert all(r() is None for r in refs), f"{sum(r() is not None for r in refs)} alive"
+  assert update._cache_size() == 1

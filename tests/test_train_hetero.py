@@ -19,6 +19,7 @@ from flax import nnx
 from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
 from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.train import attention
 from jaxdata.train.attention import minibatch as hetero
 from jaxdata.train.attention import TrainConfig, build_model
 
@@ -136,11 +137,100 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   run = lambda *a: subprocess.run([sys.executable, "-m", "jaxdata.cli", *a], capture_output=True,  # noqa: E731
                                   text=True, timeout=600)
   r = run("train", "hgt", "--minibatch", "--scale", "0.0005", "--epochs", "1", "--hidden", "8",
-          "--heads", "2", "--fanouts", "3,3", "--batch-size", "32", "--out", str(out))
+          "--heads", "2", "--fanouts", "3,3", "--batch-size", "32", "--embed", "author,institution",
+          "--embed-dim", "8", "--out", str(out))
   assert r.returncode == 0, r.stderr[-2000:]
   assert "val acc" in r.stdout and (out / "history.json").exists()
+  assert "learnable 8-wide embeddings for author, institution" in " ".join(r.stdout.split())
   for args, message in ((("--fanouts", "3"), "give two fanouts"),
                         (("--fanouts", "3,0"), "--fanouts"),
-                        (("--pipeline", "gpu"), "--pipeline")):
+                        (("--pipeline", "gpu"), "--pipeline"),
+                        (("--embed", "paper"), "--embed")):
     r = run("train", "rgat", "--minibatch", "--scale", "0.0005", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+EMBED = ("author", "field_of_study")
+
+
+@pytest.mark.parametrize("model", ["rgat", "hgt"])
+def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device, model):
+  # Featureless types (TrainConfig.embed) read learnable embeddings: in full-graph training a
+  # dense parameter, on blocks the rows of a host table. With full fanouts the gradient of a
+  # sampled node's row equals the full-graph gradient of the parameter's row for that node.
+  ds = mag()
+  config = TrainConfig(model=model, hidden=16, heads=2, embed=EMBED, embed_dim=6)
+  model = build_model(ds, config, nnx.Rngs(3))
+  assert model.embedded == (1, 3) and [t.embedding.shape for t in model.tables] == [
+      (len(ds.features[1]), 6), (len(ds.features[3]), 6)]
+  width = int(ds.graph.in_degree().max())
+  seeds = jnp.arange(0, 30, 2, dtype=jnp.int32)
+  labels = jnp.asarray(ds.labels)[seeds]
+  full = GraphArrays.from_graph(ds.graph)
+  xs_full = attention.device_features(ds, model)
+  assert xs_full[1] is None and xs_full[3] is None
+  papers = ds.node_range("paper")[1]
+  dense = nnx.All(nnx.Param, nnx.Not(attention.is_table))
+
+  with hetero.HostData(ds, "host", model) as data:
+    np.testing.assert_array_equal(data.tables[1].as_numpy(), model.tables[0].embedding[...])
+
+    @nnx.jit
+    def on_blocks(model):
+      blocks, xs = hetero.sample(data, data.consts, seeds, (width, width), jax.random.key(0))
+
+      def loss(model, learned):
+        inputs = list(xs)
+        inputs[1], inputs[3] = learned
+        logits, _ = hetero.logits_of(model, data, blocks, inputs, seeds)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+      grads = nnx.grad(loss, argnums=(nnx.DiffState(0, dense), 1))(model, [xs[1], xs[3]])
+      return grads, data.embedding_ids(blocks.nodes[-1], blocks.masks[-1])
+
+    def loss_full(model):
+      logits = model(full, xs_full, papers)[seeds]
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+
+    with jax.default_matmul_precision("highest"):
+      (g_dense, g_rows), ids = jax.block_until_ready(on_blocks(model))
+      g_full = nnx.jit(nnx.grad(loss_full))(model)
+  for a, b in zip(jax.tree.leaves(g_dense), jax.tree.leaves(nnx.state(g_full, dense))):
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+  for k, t in enumerate((1, 3)):
+    rows, n = np.asarray(ids[k]), len(ds.features[t])
+    mine = rows < n
+    want = np.asarray(g_full.tables[k].embedding[...])
+    np.testing.assert_allclose(np.asarray(g_rows[k])[mine], want[rows[mine]], rtol=1e-3,
+                               atol=1e-5)
+    assert not np.asarray(g_rows[k])[~mine].any()
+    assert not np.delete(want, rows[mine], axis=0).any()  # nothing outside the blocks matters
+
+
+def test_embedded_types_train_in_host_memory_and_the_checkpoint_evaluates(tmp_path):
+  ds = mag()
+  config = TrainConfig(model="rgat", epochs=2, hidden=16, heads=2, learning_rate=0.01,
+                       embed=EMBED, embed_dim=8)
+  before = [np.asarray(t.embedding[...]) for t in build_model(ds, config, nnx.Rngs(0)).tables]
+  result = hetero.train(ds, config, hetero.MinibatchConfig(fanouts=(3, 3), batch_size=32))
+  assert result.history[-1]["loss"] < result.history[0]["loss"]
+  for b, t in zip(before, result.model.tables):
+    moved = np.any(np.asarray(t.embedding[...]) != b, axis=1)
+    assert moved.any()  # rows the batches reached were trained, in host memory
+  assert attention.evaluate(result.model, ds)["val_accuracy"] == pytest.approx(
+      result.val_accuracy)
+  attention.save(str(tmp_path / "ck"), result, config,
+                 {"scale": 5e-4, "seed": 1, "classes": 4})
+  from jaxdata.train import checkpoint
+  loaded = checkpoint.load_model(str(tmp_path / "ck"))
+  np.testing.assert_array_equal(loaded.model.tables[1].embedding[...],
+                                result.model.tables[1].embedding[...])
+  assert loaded.evaluate()["val_accuracy"] == pytest.approx(result.val_accuracy)
+
+
+def test_embed_errors():
+  with pytest.raises(ValueError, match="no node type 'venue'"):
+    build_model(mag(), TrainConfig(embed=("venue",)), nnx.Rngs(0))
+  with pytest.raises(ValueError, match="papers keep their features"):
+    build_model(mag(), TrainConfig(embed=("paper",)), nnx.Rngs(0))
+  with pytest.raises(ValueError, match="table_optimizer must be one of"):
+    hetero.MinibatchConfig(table_optimizer="lamb")

@@ -53,11 +53,11 @@ from flax import nnx
 from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.host import HostTable
-from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.host.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
-from jaxdata.train.attention.minibatch import HostData
+from jaxdata.train.attention.minibatch import HostData, logits_of, sample
 from jaxdata.train.common import seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -102,23 +102,11 @@ class LinkBound:
 
 
 # ----------------------------------------------------------------------------- jaxdata's steps
-def sample_and_gather(data: HostData, consts, seeds, fanouts, key):
-  """The blocks of `seeds` and the features of their outermost frontier, per node type
-  (`train.attention.minibatch.forward` without the model: the CPU-centric pipeline runs this
-  part on the CPU)."""
-  graph, features = data.where(consts)
-  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
-  xs = gather_typed(features, data.type_offsets, blocks.nodes[-1], blocks.masks[-1])
-  return blocks, xs
-
-
-def batch_loss(model, blocks, xs, type_offsets, seeds, labels) -> jax.Array:
+def batch_loss(model, data: HostData, blocks, xs, seeds, labels) -> jax.Array:
   """Mean cross entropy of the valid seeds (as `train.attention.minibatch.train`'s step)."""
-  logits = model.on_blocks(blocks, xs, node_types(type_offsets, blocks.nodes[-1]))
-  n = seeds.shape[0]
-  valid = blocks.masks[0][:n]
+  logits, valid = logits_of(model, data, blocks, xs, seeds)
   y = labels[jnp.maximum(seeds, 0)]
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits[:n], y)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   return jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(valid.sum(), 1)
 
 
@@ -217,13 +205,13 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
     def whole(model, i, consts, all_rows, key):
       # batch i: its seed row and key picked on the device (one dispatch per step)
       seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
-      blocks, xs = sample_and_gather(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
-      return (batch_loss(model, blocks, xs, offsets, seeds, labels),
+      blocks, xs = sample(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
+      return (batch_loss(model, data, blocks, xs, seeds, labels),
               batch_stats(blocks, offsets, row_bytes))
 
     def given(model, i, blocks, xs, seeds):
       del i
-      return (batch_loss(model, blocks, xs, offsets, seeds, labels),
+      return (batch_loss(model, data, blocks, xs, seeds, labels),
               batch_stats(blocks, offsets, row_bytes))
 
     holder, moved = {"state": state}, {}
@@ -241,7 +229,7 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
     else:  # "cpu"
       step = make(given)
       cpu = jax.devices("cpu")[0]
-      prepare = jax.jit(lambda seeds, k: sample_and_gather(data, {}, seeds, fanouts, k))
+      prepare = jax.jit(lambda seeds, k: sample(data, {}, seeds, fanouts, k))
       cpu_key = jax.device_put(key, cpu)
 
       def batches(part, first):

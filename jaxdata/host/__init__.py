@@ -14,9 +14,9 @@ from jaxdata.host.gather import host_gather, host_slice
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import Blocks, DeviceGraph, sample_neighbors
 from jaxdata.host.scatter import host_scatter_add
-from jaxdata.host.sparse import SparseOptimizer, sparse_adagrad, sparse_sgd
+from jaxdata.host.sparse import AdamState, SparseOptimizer, sparse_adagrad, sparse_adam, sparse_sgd
 from jaxdata.host.table import HostTable, SUPPORTED_DTYPES
 
 __all__ = ["HostTable", "host_gather", "host_slice", "SUPPORTED_DTYPES", "HostGraph",
            "sample_neighbors", "Blocks", "DeviceGraph", "DeviceCache", "host_scatter_add", "SparseOptimizer", "sparse_sgd",
-           "sparse_adagrad"]
+           "sparse_adagrad", "sparse_adam", "AdamState"]

@@ -87,6 +87,77 @@ class RGCN(nnx.Module):
       return jnp.einsum("b,bio->io", self.coefficients[...][self.num_relations], self.bases[...])
     return None if self.root is None else self.root[...]
 
+  # --- featureless input on sampled blocks: the per-node parameters as rows of a table ---------
+  # With one-hot input every parameter with a row per node (each basis V_b or relation weight
+  # W_r, and a separate W_0) holds node n's part of the layer in its row n. Laid side by side,
+  # they make one [num_nodes, row_width] table: a mini-batch reads the rows of its sampled nodes
+  # (a HostTable when the table is too large for the device) and trains them sparsely.
+
+  def _row_params(self) -> list[nnx.Param]:
+    if not self.featureless:
+      raise ValueError("RGCN: node rows exist only for featureless input (in_features=None)")
+    params = [self.weight if self.bases is None else self.bases]
+    return params + ([self.root] if self.root is not None else [])
+
+  @property
+  def row_width(self) -> int:
+    """Columns of `node_rows()`: K * out (+ out with a separate self-loop weight), K the bases
+    or the relations."""
+    return sum(p.shape[0] * p.shape[-1] if p.ndim == 3 else p.shape[-1]
+               for p in self._row_params())
+
+  def node_rows(self) -> jax.Array:
+    """``[num_nodes, row_width]``: row n holds every per-node parameter's row n (each basis or
+    relation weight in order, then the separate self-loop weight)."""
+    parts = [p[...].transpose(1, 0, 2).reshape(p.shape[1], -1) if p.ndim == 3 else p[...]
+             for p in self._row_params()]
+    return jnp.concatenate(parts, axis=1)
+
+  def set_node_rows(self, rows: jax.Array) -> None:
+    """The inverse of `node_rows`: writes a ``[num_nodes, row_width]`` array into the
+    parameters (after mini-batch training kept them in a table)."""
+    rows = jnp.asarray(rows)
+    params, start = self._row_params(), 0
+    want = (params[0].shape[1], self.row_width)
+    if rows.shape != want:
+      raise ValueError(f"RGCN.set_node_rows: rows must have shape {want}, got {rows.shape}")
+    for p in params:
+      if p.ndim == 3:
+        k, n, o = p.shape
+        p[...] = rows[:, start:start + k * o].reshape(n, k, o).transpose(1, 0, 2).astype(p.dtype)
+        start += k * o
+      else:
+        p[...] = rows[:, start:start + p.shape[-1]].astype(p.dtype)
+        start += p.shape[-1]
+
+  def on_rows(self, graph: GraphArrays, rows: jax.Array) -> jax.Array:
+    """The featureless layer on a graph whose node i is global node n_i, given ``rows[i] =
+    node_rows()[n_i]``: equal to `__call__` on the whole graph at those nodes, when the graph
+    holds their in-edges. A sampled block's slots are such nodes (`jaxdata.host.sample_blocks`).
+    Gradients reach `rows` (to train a table of rows sparsely) and the coefficients.
+    """
+    s = graph.num_nodes
+    if rows.shape != (s, self.row_width):
+      raise ValueError(f"RGCN.on_rows: rows must have shape {(s, self.row_width)} (the graph's "
+                       f"nodes by row_width), got {rows.shape}")
+    first = self._row_params()[0]
+    k, o = first.shape[0], first.shape[-1]
+    per = rows[:, :k * o].reshape(s, k, o).astype(first.dtype)  # [S, K, out]
+    if self.bases is None:
+      w = per.transpose(1, 0, 2)  # each slot's row of every W_r
+      w0 = rows[:, k * o:] if self.root is not None else None
+    else:
+      a = self.coefficients[...]
+      w = jnp.einsum("rb,sbo->rso", a[:self.num_relations], per)
+      w0 = (jnp.einsum("b,sbo->so", a[self.num_relations], per) if self.self_loop_in_bases
+            else rows[:, k * o:] if self.root is not None else None)
+    h = rgcn_message(graph, None, w.astype(self.dtype))
+    if w0 is not None:
+      h = h + w0.astype(self.dtype)
+    if self.bias is not None:
+      h = h + self.bias[...].astype(self.dtype)
+    return h
+
   def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
     if self.featureless != (x is None):
       raise ValueError("RGCN: pass x exactly when the layer was built with in_features")

@@ -32,7 +32,7 @@ import optax
 from flax import nnx
 
 from jaxdata import command
-from jaxdata.data.mag import NUM_CLASSES, NUM_NODES, MagDataset
+from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
 from jaxdata.nn import HGT, RGAT
@@ -51,6 +51,8 @@ class TrainConfig:
   seed: int = 0
   dtype: str = "float32"   # or "bfloat16" (parameters stay float32)
   passes: tuple[str, ...] | None = None  # hector's optimizing passes (None: all)
+  embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
+  embed_dim: int = 64      # the width of those embeddings
 
   def __post_init__(self):
     if self.model not in MODELS:
@@ -62,13 +64,45 @@ class TrainConfig:
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
     select_passes(self.passes)  # validates the names
+    if self.embed_dim < 1:
+      raise ValueError(f"embed_dim must be >= 1, got {self.embed_dim}")
 
 
-class RGATClassifier(nnx.Module):
+class _Classifier(nnx.Module):
+  """What both classifiers share: learnable embeddings in place of some types' features.
+
+  ogbn-mag gives features to papers only; its authors, institutions and fields of study are
+  featureless, and models learn an embedding per node (`TrainConfig.embed`). Type t's embedding
+  is ``tables[embedded.index(t)].embedding``, ``[N_t, embed_dim]``: a dense parameter in
+  full-graph training; mini-batch training keeps it in a host table and trains it sparsely.
+  """
+
+  def _init_tables(self, rows: Sequence[int], embedded: Sequence[int], dim: int,
+                   rngs: nnx.Rngs):
+    self.embedded = tuple(embedded)
+    self.tables = nnx.List([nnx.Embed(rows[t], dim, rngs=rngs) for t in self.embedded])
+
+  def inputs(self, xs: Sequence[jax.Array | None]) -> list[jax.Array]:
+    """`xs` with each embedded type's features (None or anything) replaced by its embedding."""
+    xs = list(xs)
+    for table, t in zip(self.tables, self.embedded):
+      xs[t] = table.embedding[...]
+    return xs
+
+
+def is_table(path, value) -> bool:
+  """An `nnx` filter: the embedding tables (`_Classifier.tables`)."""
+  del value
+  return bool(path) and path[0] == "tables"
+
+
+class RGATClassifier(_Classifier):
   """Per-type linear maps to `hidden`, RGAT -> ReLU -> RGAT -> ReLU, a linear classifier."""
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
-               config: TrainConfig, *, rngs: nnx.Rngs):
+               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
+               embedded: Sequence[int] = ()):
+    self._init_tables(rows, embedded, config.embed_dim, rngs)
     dtype = jnp.dtype(config.dtype)
     h, heads = config.hidden, config.heads
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
@@ -78,6 +112,7 @@ class RGATClassifier(nnx.Module):
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
 
   def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
+    xs = self.inputs(xs)
     graph.check_node_type_rows([x.shape[0] for x in xs], "RGATClassifier")
     x = jnp.concatenate([lin(x) for lin, x in zip(self.embed, xs)])
     x = jax.nn.relu(self.conv1(graph, x))
@@ -95,11 +130,13 @@ class RGATClassifier(nnx.Module):
     return self.classify(x).astype(jnp.float32)
 
 
-class HGTClassifier(nnx.Module):
+class HGTClassifier(_Classifier):
   """HGT (every type's own width in) -> HGT -> a linear classifier on papers."""
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
-               config: TrainConfig, *, rngs: nnx.Rngs):
+               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
+               embedded: Sequence[int] = ()):
+    self._init_tables(rows, embedded, config.embed_dim, rngs)
     dtype = jnp.dtype(config.dtype)
     common = dict(num_relations=num_relations, heads=config.heads, passes=config.passes,
                   dtype=dtype, rngs=rngs)
@@ -109,7 +146,7 @@ class HGTClassifier(nnx.Module):
 
   def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
     del papers  # type 0 is the paper type: its rows are the first output
-    hs = self.conv2(graph, self.conv1(graph, xs))
+    hs = self.conv2(graph, self.conv1(graph, self.inputs(xs)))
     return self.classify(hs[0]).astype(jnp.float32)
 
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
@@ -123,9 +160,25 @@ class HGTClassifier(nnx.Module):
 def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
   if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
     raise ValueError("train: papers must be node type 0 (as synthetic_mag makes them)")
+  names = dataset.graph.node_type_names
+  unknown = [t for t in config.embed if t not in names]
+  if unknown:
+    raise ValueError(f"embed: no node type {', '.join(map(repr, unknown))} (the types are "
+                     f"{', '.join(names)})")
+  embedded = tuple(names.index(t) for t in config.embed)
+  if 0 in embedded:
+    raise ValueError("embed: papers keep their features (the classifier reads them)")
+  widths = tuple(config.embed_dim if t in embedded else x.shape[1]
+                 for t, x in enumerate(dataset.features))
   cls = HGTClassifier if config.model == "hgt" else RGATClassifier
-  return cls(tuple(x.shape[1] for x in dataset.features), dataset.graph.num_relations,
-             dataset.num_classes, config, rngs=rngs)
+  return cls(widths, dataset.graph.num_relations, dataset.num_classes, config, rngs=rngs,
+             rows=tuple(len(x) for x in dataset.features), embedded=embedded)
+
+
+def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array | None]:
+  """Every node type's features on the device; None for embedded types (the model has them)."""
+  return [None if t in model.embedded else jnp.asarray(x)
+          for t, x in enumerate(dataset.features)]
 
 
 def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
@@ -134,7 +187,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
-  xs = [jnp.asarray(x) for x in dataset.features]
+  xs = device_features(dataset, model)
   papers = dataset.node_range("paper")[1]
   labels = jnp.asarray(dataset.labels)
   train_idx = jnp.asarray(dataset.train_papers)
@@ -175,7 +228,7 @@ def predict(model: nnx.Module, dataset: MagDataset, graph: GraphArrays | None = 
             xs: Sequence[jax.Array] | None = None) -> jax.Array:
   """The predicted class of every paper."""
   graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
-  xs = [jnp.asarray(x) for x in dataset.features] if xs is None else xs
+  xs = device_features(dataset, model) if xs is None else xs
   return _predict(model, graph, xs, dataset.node_range("paper")[1])
 
 
@@ -212,6 +265,7 @@ def restore(path: str, meta: dict):
   saved = dict(meta["config"])
   if saved.get("passes") is not None:
     saved["passes"] = tuple(saved["passes"])
+  saved["embed"] = tuple(saved.get("embed", ()))
   config = TrainConfig(**saved)
   dataset = load_dataset(meta["data"])
   model = build_model(dataset, config, nnx.Rngs(config.seed))
@@ -245,6 +299,16 @@ def add_arguments(parser, model: str):
   parser.add_argument("--passes", default=None, type=_passes,
                       help="hector passes, comma-separated (reorder,compact; 'none' for none; "
                            "default all)")
+  parser.add_argument("--embed", type=command.listing(str), default=[],
+                      help="node types whose input is a learnable embedding instead of their "
+                           "features, comma-separated (ogbn-mag's featureless types: author,"
+                           "institution,field_of_study); with --minibatch they train in host "
+                           "memory with a sparse optimizer")
+  parser.add_argument("--embed-dim", type=command.positive_int, default=64,
+                      help="--embed: the embeddings' width")
+  parser.add_argument("--table-optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
+                      help="--minibatch --embed: the sparse optimizer of the embedding tables "
+                           "(lazy Adam by default; the learning rate is --lr)")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
                            "(see jaxdata.train.attention.minibatch)")
@@ -283,10 +347,15 @@ def main(args) -> int:
   if args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
                              f"{args.heads}")
+  bad = [t for t in args.embed if t not in NODE_TYPES[1:]]
+  if bad:
+    raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "
+                             f"featureless-able node type; choose from "
+                             f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
   passes = args.passes
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
-                       passes=passes)
+                       passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim)
   minibatch = None
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
@@ -294,7 +363,8 @@ def main(args) -> int:
       raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
                                f"{len(args.fanouts)}")
     minibatch = hetero.MinibatchConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                       pipeline=args.pipeline)
+                                       pipeline=args.pipeline,
+                                       table_optimizer=args.table_optimizer)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
@@ -309,7 +379,9 @@ def main(args) -> int:
                 f"{len(dataset.test_papers):,} test papers")
   console.print(f"{config.model.upper()}: hidden {config.hidden}, {config.heads} heads, "
                 f"{config.dtype}, passes {select_passes(config.passes) or 'none'}, on "
-                f"{jax.devices()[0].platform} (the first epoch compiles the kernels)")
+                f"{jax.devices()[0].platform} (the first epoch compiles the kernels)"
+                + (f"; learnable {config.embed_dim}-wide embeddings for {', '.join(config.embed)}"
+                   if config.embed else ""))
   with progress(console, config.model, config.epochs) as update:
 
     def on_epoch(r):

@@ -32,10 +32,10 @@ import optax
 from flax import nnx
 
 from jaxdata.data.mag import MagDataset
-from jaxdata.host import HostGraph, HostTable
+from jaxdata.host import HostGraph, HostTable, sparse
 from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
 from jaxdata.host.sample import DeviceGraph
-from jaxdata.train.attention import TrainConfig, build_model, evaluate
+from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
 from jaxdata.train.common import TrainResult, seed_batches
 
 PIPELINES = ("host", "device")
@@ -49,6 +49,7 @@ class MinibatchConfig:
   fanouts: tuple[int, ...] = (10, 10)
   batch_size: int = 1024
   pipeline: str = "host"
+  table_optimizer: str = "adam"  # trains the embedding tables (TrainConfig.embed)
   max_batches: int | None = None
 
   def __post_init__(self):
@@ -60,32 +61,53 @@ class MinibatchConfig:
                        f"the two-layer model), got {self.fanouts}")
     if self.batch_size < 1:
       raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
+    if self.table_optimizer not in sparse.BY_NAME:
+      raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
+                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
 
 
 class HostData:
-  """The dataset's graph and features where `pipeline` wants them; a context manager that
-  frees the host tables."""
+  """The dataset's graph and features where `pipeline` wants them, and the model's embedding
+  tables (`TrainConfig.embed`) in host memory; a context manager that frees the host tables."""
 
-  def __init__(self, dataset: MagDataset, pipeline: str):
+  def __init__(self, dataset: MagDataset, pipeline: str, model=None):
     g = dataset.graph
     offsets, edge_ids = g.csc()  # in-edges by destination: the sampler's layout
     self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
     self.num_relations = g.num_relations
     self.host = HostGraph(offsets, g.src[edge_ids], etypes=g.etype[edge_ids],
                           num_relations=g.num_relations)
-    self.tables = [HostTable(np.ascontiguousarray(x, np.float32)) for x in dataset.features]
+    self.embedded = () if model is None else model.embedded
+    # Embedded types: the model's initial embedding, trained in place by a sparse optimizer.
+    embeddings = {t: np.asarray(table.embedding[...], np.float32)
+                  for t, table in zip(self.embedded, () if model is None else model.tables)}
+    self.tables = [HostTable(embeddings[t] if t in embeddings else
+                             np.ascontiguousarray(x, np.float32))
+                   for t, x in enumerate(dataset.features)]
     # "device": the step takes the device arrays as arguments (`consts`), not as constants
     # baked into the program; "host": the host objects enter the step as handles.
     self.consts = {}
     if pipeline == "device":
       self.consts = {"graph": DeviceGraph.from_host(self.host),
-                     "features": [jnp.asarray(x) for x in dataset.features]}
+                     "features": [None if t in self.embedded else jnp.asarray(x)
+                                  for t, x in enumerate(dataset.features)]}
 
   def where(self, consts):
-    """(graph, features) a step reads: its `consts` arguments, or the host objects."""
+    """(graph, tables) a step reads: its `consts` arguments, or the host objects (embedding
+    tables stay in host memory either way)."""
     if consts:
-      return consts["graph"], consts["features"]
+      return consts["graph"], [self.tables[t] if x is None else x
+                               for t, x in enumerate(consts["features"])]
     return self.host, self.tables
+
+  def embedding_ids(self, nodes: jax.Array, mask: jax.Array) -> list[jax.Array]:
+    """Per embedded type, each slot's row of its table (the table's row count, out of range,
+    for slots of other types and unused slots: dropped by a scatter)."""
+    out = []
+    for t in self.embedded:
+      lo, hi = self.type_offsets[t], self.type_offsets[t + 1]
+      out.append(jnp.where(mask & (nodes >= lo) & (nodes < hi), nodes - lo, hi - lo))
+    return out
 
   def close(self):
     for t in self.tables:
@@ -99,14 +121,23 @@ class HostData:
     self.close()
 
 
+def sample(data: HostData, consts, seeds, fanouts, key):
+  """(blocks, every type's input rows for the outermost frontier's slots)."""
+  graph, tables = data.where(consts)
+  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
+  return blocks, gather_typed(tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1])
+
+
+def logits_of(model, data: HostData, blocks, xs, seeds):
+  """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
+  logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, blocks.nodes[-1]))
+  return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
+
+
 def forward(model, data: HostData, consts, seeds, fanouts, key):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
-  graph, features = data.where(consts)
-  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
-  nodes, mask = blocks.nodes[-1], blocks.masks[-1]
-  xs = gather_typed(features, data.type_offsets, nodes, mask)
-  logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, nodes))
-  return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
+  blocks, xs = sample(data, consts, seeds, fanouts, key)
+  return logits_of(model, data, blocks, xs, seeds)
 
 
 
@@ -122,24 +153,40 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   if final_evaluation not in ("full", "minibatch"):
     raise ValueError(f"final_evaluation must be 'full' or 'minibatch', got {final_evaluation!r}")
   model = build_model(dataset, config, nnx.Rngs(config.seed))
-  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  # Embedding tables train in host memory (a sparse optimizer), the rest with optax Adam.
+  dense = nnx.All(nnx.Param, nnx.Not(is_table))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
+  table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   papers = dataset.node_range("paper")
   labels = jnp.asarray(dataset.labels)
-  with HostData(dataset, minibatch.pipeline) as data:
+  with HostData(dataset, minibatch.pipeline, model) as data:
+    table_states = [table_opt.init(data.tables[t]) for t in data.embedded]
 
     @nnx.jit
-    def step(model, optimizer, consts, seeds, key):
-      def loss_fn(model):
-        logits, valid = forward(model, data, consts, seeds, fanouts, key)
+    def step(model, optimizer, table_states, consts, seeds, key):
+      blocks, xs = sample(data, consts, seeds, fanouts, key)
+
+      def loss_fn(model, learned):
+        inputs = list(xs)
+        for t, x in zip(data.embedded, learned):
+          inputs[t] = x
+        logits, valid = logits_of(model, data, blocks, inputs, seeds)
         y = labels[jnp.maximum(seeds, 0)]
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         count = jnp.maximum(valid.sum(), 1)
         correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
         return jnp.sum(jnp.where(valid, ce, 0)) / count, (correct, valid.sum())
-      (loss, (correct, count)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+      grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
+      (loss, (correct, count)), (grads, row_grads) = grad_fn(
+          model, [xs[t] for t in data.embedded])
       optimizer.update(model, grads)
-      return loss * count, correct, count  # summed loss: epochs add them up
+      token = jnp.int32(0)
+      for t, state, ids, g in zip(data.embedded, table_states,
+                                  data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
+                                  row_grads):
+        token = token + table_opt.update(data.tables[t], state, ids, g)
+      return loss * count, correct, count, token  # summed loss: epochs add them up
 
     @nnx.jit
     def predict(model, consts, seeds, key):
@@ -164,11 +211,12 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
                       minibatch.max_batches)
       sums = []
       for i, row in enumerate(rows):
-        sums.append(step(model, optimizer, data.consts, jnp.asarray(row),
+        sums.append(step(model, optimizer, table_states, data.consts, jnp.asarray(row),
                          jax.random.fold_in(jax.random.fold_in(key, epoch), i)))
         if on_batch is not None:
           on_batch(i + 1, len(rows))
       loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
+      jax.block_until_ready([s[3] for s in sums])  # every table update has landed
       seconds = time.perf_counter() - t0
       record = dict(epoch=epoch, loss=loss / max(count, 1), train_accuracy=correct / max(count, 1),
                     seconds=seconds, batches=len(rows), seeds_per_second=count / seconds,
@@ -176,9 +224,16 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
       history.append(record)
       if on_epoch is not None:
         on_epoch(record)
+    # The trained embeddings back into the model: its checkpoint is a full-graph one.
+    for table, t in zip(model.tables, data.embedded):
+      table.embedding[...] = jnp.asarray(data.tables[t].as_numpy())
+    for state in table_states:
+      sparse.close(state)
     if final_evaluation == "full":
       final = evaluate(model, dataset)
     else:
       final = {"val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
                "test_accuracy": accuracy(dataset.test_papers, test_key)}
-  return TrainResult(model, history, final, time.perf_counter() - start, optimizer)
+  # With embedding tables the optimizer state is partial (their moments lived in host memory).
+  return TrainResult(model, history, final, time.perf_counter() - start,
+                     None if data.embedded else optimizer)

@@ -94,6 +94,15 @@ class EntityClassifier(nnx.Module):
     h = jax.nn.relu(self.conv1(graph, x))
     return self.conv2(graph, h).astype(jnp.float32)
 
+  def on_blocks(self, blocks, inputs: jax.Array) -> jax.Array:
+    """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `inputs` holds, for
+    the slots of the outermost frontier, their features, or without features their rows of
+    ``conv1.node_rows()``. Returns logits for the slots of the seeds' frontier."""
+    g1, g0 = blocks.graphs[1], blocks.graphs[0]
+    h = self.conv1.on_rows(g1, inputs) if self.conv1.featureless else self.conv1(g1, inputs)
+    h = jax.nn.relu(h)[:blocks.nodes[1].shape[0]]
+    return self.conv2(g0, h)[:blocks.nodes[0].shape[0]].astype(jnp.float32)
+
 
 def l2_penalty(model: EntityClassifier) -> jax.Array:
   """The sum of squares of every parameter of the first layer (bases and coefficients, or
@@ -270,6 +279,20 @@ def add_arguments(parser):
                       help="synthetic graph: edges")
   parser.add_argument("--relations", type=command.positive_int, default=50,
                       help="synthetic graph: relations")
+  parser.add_argument("--minibatch", action="store_true",
+                      help="train on sampled mini-batches, the graph, features and (featureless "
+                           "data) the first layer's node rows in host memory "
+                           "(see jaxdata.train.rgcn.minibatch)")
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
+                      help="--minibatch: in-edges sampled per node and hop, one per layer")
+  parser.add_argument("--batch-size", type=command.positive_int, default=256,
+                      help="--minibatch: seed nodes per step")
+  parser.add_argument("--pipeline", choices=("host", "device"), default="host",
+                      help="--minibatch: graph and features in pinned host memory (GPU-centric) "
+                           "or in device memory")
+  parser.add_argument("--table-optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
+                      help="--minibatch, featureless data: the sparse optimizer of the node rows "
+                           "(lazy Adam by default; the learning rate is --lr)")
   add_out_argument(parser, "rgcn", "the (last seed's) model")
 
 
@@ -297,6 +320,15 @@ def main(args) -> int:
       raise command.UsageError("argument --self-loop: 'basis' combines W_0 from the bases; it "
                                "needs --bases of at least 1")
     self_loop = "separate"  # no bases: the paper's identity relation has a full weight, W_0
+  minibatch = None
+  if args.minibatch:
+    from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
+    if len(args.fanouts) != 2:
+      raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
+                               f"{len(args.fanouts)}")
+    minibatch = sampled.MinibatchConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
+                                        pipeline=args.pipeline,
+                                        table_optimizer=args.table_optimizer)
   val_fraction = (args.val_fraction if args.val_fraction is not None
                   else setup.get("val_fraction", 0.0))
   if val_fraction >= 1:
@@ -310,6 +342,11 @@ def main(args) -> int:
                 + f" | bases={num_bases} l2={l2:g} self-loop={self_loop} "
                 f"bias={'yes' if bias else 'no'} val={val_fraction:g} "
                 f"on {jax.devices()[0].platform}")
+  if minibatch is not None:
+    console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} nodes per "
+                  f"step, graph in {minibatch.pipeline} memory"
+                  + ("" if dataset.features is not None else
+                     f", node rows in host memory ({minibatch.table_optimizer})"))
   accuracies = []
   for seed in range(args.seed, args.seed + args.seeds):
     config = TrainConfig(epochs=args.epochs, hidden=args.hidden, num_bases=num_bases, l2=l2,
@@ -324,7 +361,10 @@ def main(args) -> int:
           console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
                         f"train acc {r['train_accuracy']:.4f}{val}  {1e3 * r['seconds']:.1f} ms")
 
-      result = train(dataset, config, on_epoch=on_epoch)
+      if minibatch is None:
+        result = train(dataset, config, on_epoch=on_epoch)
+      else:
+        result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
     accuracies.append(result.test_accuracy)
     console.print(f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
                   f"({result.seconds:.1f} s; last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")

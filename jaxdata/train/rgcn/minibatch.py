@@ -1,0 +1,236 @@
+"""Mini-batch RGCN entity classification from host memory: `jaxdata train rgcn --minibatch`.
+
+The graph (in-edges by destination, with relations) sits in pinned host memory as a `HostGraph`;
+inside the jitted step the GPU samples the seeds' neighbourhood hop by hop
+(`host.sample_blocks`), builds each hop's block on the device, reads its inputs from host memory
+and runs the two RGCN layers on the blocks.
+
+The inputs are the nodes' features where the dataset has them (a `HostTable`, gathered with
+`host_gather`). The RDF graphs are featureless: there the first layer's input is a node's
+one-hot id, so every parameter of that layer with a row per node (each basis V_b, or each
+relation's W_r, and a separate self-loop W_0) is in effect a learnable embedding of the node.
+Those rows live side by side in one host table (`RGCN.node_rows`, ``[nodes, row_width]``); a
+step gathers the rows of its sampled nodes, and a sparse optimizer (`host.sparse_adam`, lazy
+Adam, by default) writes their update back with `host_scatter_add`. Only the touched rows
+change, as in PyTorch's SparseAdam. The layer computes on those rows exactly what the full-graph
+layer computes (`RGCN.on_rows`), so with fanouts that cover every in-edge a step gives the
+full-graph step's loss and gradients at its seeds, and at the end the rows go back into the
+model: the checkpoint is a full-graph one (`jaxdata eval` evaluates it on the whole graph).
+
+The paper's L2 term covers the first layer's parameters; here it covers its dense parameters
+and the rows a step reads (each sampled node once), the lazy counterpart of the full penalty.
+
+    from jaxdata.data import load_entities
+    from jaxdata.train.rgcn import TrainConfig
+    from jaxdata.train.rgcn.minibatch import MinibatchConfig, train
+    result = train(load_entities("aifb.tgz"), TrainConfig(epochs=50),
+                   MinibatchConfig(fanouts=(20, 20), batch_size=64))
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxdata.data import EntityDataset
+from jaxdata.host import HostGraph, HostTable, host_gather, sparse
+from jaxdata.host.blocks import sample_blocks
+from jaxdata.host.sample import DeviceGraph
+from jaxdata.train.common import TrainResult, seed_batches
+from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
+
+PIPELINES = ("host", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class MinibatchConfig:
+  """How batches are drawn: `fanouts` per hop (one per layer), `batch_size` seed nodes per
+  step; "host": graph and features in pinned host memory (GPU-centric), "device": in device
+  memory (the node rows of featureless data stay in host memory either way);
+  `table_optimizer` trains those rows (learning rate: the model's); `max_batches` cuts epochs
+  short (benchmarks)."""
+  fanouts: tuple[int, ...] = (10, 10)
+  batch_size: int = 256
+  pipeline: str = "host"
+  table_optimizer: str = "adam"
+  max_batches: int | None = None
+
+  def __post_init__(self):
+    if self.pipeline not in PIPELINES:
+      raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
+                       f"{self.pipeline!r}")
+    if len(self.fanouts) != 2 or any(int(f) < 1 for f in self.fanouts):
+      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
+                       f"the two-layer model), got {self.fanouts}")
+    if self.batch_size < 1:
+      raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
+    if self.table_optimizer not in sparse.BY_NAME:
+      raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
+                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
+
+
+def _is_row_param(path, value) -> bool:
+  """The first layer's parameters with a row per node (featureless input): they train in a
+  host table, not through the dense optimizer."""
+  del value
+  return len(path) >= 2 and path[0] == "conv1" and path[1] in ("weight", "bases", "root")
+
+
+class EntityData:
+  """The dataset's graph, features and (featureless) the model's node rows where `pipeline`
+  wants them; a context manager that frees the host memory."""
+
+  def __init__(self, dataset: EntityDataset, model: EntityClassifier, pipeline: str):
+    g = dataset.graph
+    offsets, edge_ids = g.csc()  # in-edges by destination: the sampler's layout
+    self.num_nodes, self.num_relations = g.num_nodes, g.num_relations
+    self.host = HostGraph(offsets, g.src[edge_ids], etypes=g.etype[edge_ids],
+                          num_relations=g.num_relations)
+    self.features = None if dataset.features is None else HostTable(dataset.features)
+    self.rows = None
+    if model.conv1.featureless:
+      self.rows = HostTable(np.asarray(model.conv1.node_rows(), np.float32))
+    self.consts = {}
+    if pipeline == "device":
+      self.consts = {"graph": DeviceGraph.from_host(self.host)}
+      if dataset.features is not None:
+        self.consts["features"] = jnp.asarray(dataset.features)
+
+  def graph(self, consts):
+    return consts.get("graph", self.host)
+
+  def inputs(self, consts, nodes: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the slots' inputs, their table rows): features or node rows, 0 for unused slots; the
+    rows index `num_nodes` (out of range: not read, and dropped by a scatter) there."""
+    ids = jnp.where(mask, nodes, self.num_nodes)
+    if self.rows is not None:
+      return host_gather(self.rows, ids, mode="fill", fill_value=0), ids
+    if "features" in consts:
+      return jnp.take(consts["features"], ids, axis=0, mode="fill", fill_value=0), ids
+    return host_gather(self.features, ids, mode="fill", fill_value=0), ids
+
+  def close(self):
+    for t in (self.features, self.rows):
+      if t is not None:
+        t.close()
+    self.host.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def forward(model: EntityClassifier, data: EntityData, consts, seeds, fanouts, key):
+  """(the blocks, the slots' inputs, their table rows): what a step's loss reads."""
+  blocks = sample_blocks(data.graph(consts), seeds, fanouts, key,
+                         num_relations=data.num_relations)
+  inputs, ids = data.inputs(consts, blocks.nodes[-1], blocks.masks[-1])
+  return blocks, inputs, ids
+
+
+def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float):
+  """(mean cross entropy of the valid seeds + the L2 term, (correct, count))."""
+  n = seeds.shape[0]
+  logits = model.on_blocks(blocks, inputs)[:n]
+  valid = blocks.masks[0][:n]
+  y = labels[jnp.maximum(seeds, 0)]
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  count = valid.sum()
+  loss = jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(count, 1)
+  if l2:
+    dense = sum(jnp.sum(p[...].astype(jnp.float32)**2)
+                for path, p in nnx.iter_graph(model.conv1)
+                if isinstance(p, nnx.Param) and not _is_row_param(("conv1",) + path, p))
+    rows = jnp.sum(inputs.astype(jnp.float32)**2) if model.conv1.featureless else 0.0
+    loss = loss + l2 * (dense + rows)
+  correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+  return loss, (correct, count)
+
+
+def train(dataset: EntityDataset, config: TrainConfig,
+          minibatch: MinibatchConfig = MinibatchConfig(), *,
+          on_epoch: Callable[[dict], None] | None = None,
+          on_batch: Callable[[int, int], None] | None = None) -> TrainResult:
+  """Trains the 2-layer RGCN on mini-batches of `dataset`'s training nodes; the final test
+  accuracy is measured on the whole graph."""
+  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  dense = nnx.All(nnx.Param, nnx.Not(_is_row_param))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
+  fanouts = tuple(int(f) for f in minibatch.fanouts)
+  fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
+  labels = np.zeros(dataset.graph.num_nodes, np.int32)
+  labels[dataset.train_idx] = dataset.train_y
+  labels = jnp.asarray(labels)
+  table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
+  start = time.perf_counter()
+  with EntityData(dataset, model, minibatch.pipeline) as data:
+    opt_state = table_opt.init(data.rows) if data.rows is not None else ()
+
+    @nnx.jit
+    def step(model, optimizer, opt_state, consts, seeds, key):
+      blocks, inputs, ids = forward(model, data, consts, seeds, fanouts, key)
+      grad_fn = nnx.value_and_grad(batch_loss, argnums=(nnx.DiffState(0, dense), 2),
+                                   has_aux=True)
+      (loss, (correct, count)), (grads, row_grads) = grad_fn(model, blocks, inputs, seeds,
+                                                             labels, config.l2)
+      optimizer.update(model, grads)
+      token = jnp.int32(0)
+      if data.rows is not None:
+        token = table_opt.update(data.rows, opt_state, ids, row_grads)
+      return loss * count, correct, count, token
+
+    @nnx.jit
+    def predict(model, consts, seeds, key):
+      blocks, inputs, _ = forward(model, data, consts, seeds, fanouts, key)
+      _, (correct, count) = batch_loss(model, blocks, inputs, seeds, labels, 0.0)
+      return correct, count
+
+    def accuracy(ids, key) -> float:
+      correct = count = 0
+      for i, row in enumerate(seed_batches(ids, minibatch.batch_size)):
+        c, n = predict(model, data.consts, jnp.asarray(row), jax.random.fold_in(key, i))
+        correct, count = correct + int(c), count + int(n)
+      return correct / count if count else float("nan")
+
+    rng = np.random.default_rng(config.seed)
+    key, val_key = jax.random.split(jax.random.key(config.seed))
+    history = []
+    try:
+      for epoch in range(1, config.epochs + 1):
+        t0 = time.perf_counter()
+        rows = seed_batches(dataset.train_idx[fit], minibatch.batch_size, rng,
+                            minibatch.max_batches)
+        sums = []
+        for i, row in enumerate(rows):
+          sums.append(step(model, optimizer, opt_state, data.consts, jnp.asarray(row),
+                           jax.random.fold_in(jax.random.fold_in(key, epoch), i)))
+          if on_batch is not None:
+            on_batch(i + 1, len(rows))
+        loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
+        jax.block_until_ready([s[3] for s in sums])  # every row update has landed
+        seconds = time.perf_counter() - t0
+        record = dict(epoch=epoch, loss=loss / max(count, 1),
+                      train_accuracy=correct / max(count, 1), seconds=seconds,
+                      batches=len(rows), seeds_per_second=count / seconds)
+        if len(val):
+          record["val_accuracy"] = accuracy(dataset.train_idx[val],
+                                            jax.random.fold_in(val_key, epoch))
+        history.append(record)
+        if on_epoch is not None:
+          on_epoch(record)
+    finally:
+      if data.rows is not None:  # the trained rows back into the model: a full-graph checkpoint
+        model.conv1.set_node_rows(jnp.asarray(data.rows.as_numpy()))
+      sparse.close(opt_state)
+  test_accuracy = evaluate(model, dataset)["test_accuracy"]
+  # No optimizer state in the result: the node rows' moments lived in host tables.
+  return TrainResult(model, history, {"test_accuracy": test_accuracy},
+                     time.perf_counter() - start, None)
