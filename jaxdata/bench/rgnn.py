@@ -240,7 +240,7 @@ def is_oom(exc: BaseException) -> bool:
     pass
   text = str(exc)
   return ("RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-          or "can't allocate memory" in text)
+          or "can't allocate memory" in text or "not enough memory" in text)
 
 
 def available_bytes(device) -> int:
@@ -652,12 +652,12 @@ def precision_text(precision: str) -> str:
 def mode_text(mode: str) -> str:
   """What one timed step is, in this mode."""
   if mode == "inference":
-    return ("one forward pass, inference alone: the layer under `jax.jit` without `jax.grad` "
-            "(nothing kept for a backward pass), PyG's layer in eval mode under "
+    return ("one forward pass (inference: the layer under `jax.jit` without `jax.grad`, so "
+            "nothing is kept for a backward pass; PyG's layer in eval mode under "
             "`torch.inference_mode()`; per forward, median over repeats of rounds of up to 20 "
             "forwards queued back to back and waited for once, for every formulation alike; "
             "*one forward alone*: the median of single forwards, each waited for, so the host's "
-            "round trip is in it")
+            "round trip is in it)")
   return ("one step (loss = sum(out * ct) with a fixed random ct, gradients for the inputs and "
           "weights; per step, median over repeats of rounds of up to 20 steps queued back to "
           "back and waited for once, as a training loop runs them, for every formulation alike; "
