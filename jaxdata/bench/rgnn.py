@@ -451,8 +451,11 @@ def _check_losses(results: list[Result], precision: str, notes: list[str]) -> No
 
 def label(r: Result, results: Sequence[Result] | None = None) -> str:
   """The row's name: the formulation, with its precision in brackets for a plain-JAX row where
-  the run has it at more than one (`results`; always when `results` is None and it has one)."""
+  the run has it at more than one (`results`); without `results` (notes, written while the run
+  goes), in brackets only when "default"."""
   if r.precision is None or r.formulation.startswith("jaxdata"):
+    return r.formulation
+  if results is None and r.precision != "default":
     return r.formulation
   if results is not None and len({x.precision for x in results
                                   if x.formulation == r.formulation}) < 2:
