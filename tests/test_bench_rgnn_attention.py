@@ -64,7 +64,11 @@ def test_rgat_quick_through_cli(captured, tmp_path):
                    "--dims", "16", "--write", str(path)]) == 0
   results, notes, cases = captured["out"]
   assert [c.graph.num_relations for c in cases] == [12]
-  assert [r.formulation for r in results] == list(ra.FORMULATIONS)
+  assert list(dict.fromkeys(r.formulation for r in results)) == list(ra.FORMULATIONS)
+  # --precision both (the CLI's default): plain JAX at both precisions, the rest once.
+  assert [r.precision for r in results if r.formulation in ra.PLAIN_JAX] == [
+      "highest", "default"] * len(ra.PLAIN_JAX)
+  assert len(results) == len(ra.FORMULATIONS) + len(ra.PLAIN_JAX)
   assert all(r.ok and r.seconds > 0 and r.loss is not None for r in results), notes
   assert_losses_agree(results, notes)
   header, rows = ra.table_rows(results)
@@ -75,7 +79,9 @@ def test_rgat_quick_through_cli(captured, tmp_path):
   assert text.startswith(ra.TITLE)
   assert "## One RGAT layer" in text and "### RGAT: what each pass buys" in text
   for name in ra.FORMULATIONS:
-    assert f"| {name} |" in text
+    assert (f"| {name} |" in text) != (name in ra.PLAIN_JAX)
+  for name in ra.PLAIN_JAX:
+    assert f"| {name} (highest) |" in text and f"| {name} (default) |" in text
   _, ablation_rows, summary = ra.ablation(results)
   assert [r[2] for r in ablation_rows] == ["no passes", "compact only", "reorder only", "all"]
   assert [s.split(":")[0] for s in summary] == ["compact only", "reorder only", "all"]
@@ -89,7 +95,7 @@ def test_hgt_quick_through_cli(captured, tmp_path):
                    "--write", str(path)]) == 0
   results, notes, cases = captured["out"]
   assert [c.node_types for c in cases] == [("paper", "author", "institution", "field_of_study")]
-  names = [r.formulation for r in results]
+  names = list(dict.fromkeys(r.formulation for r in results))
   if ra.hgt_message_fn() is None:
     assert names == [*ra.PLAIN_JAX, "PyG"]
     assert any("hgt_message" in n and "not built yet" in n for n in notes)

@@ -1,4 +1,5 @@
-"""`jaxdata bench rgnn`: one RGCN layer's relational part, forward + backward, side by side.
+"""`jaxdata bench rgnn`: one RGCN layer's relational part, side by side, per training step
+(forward + backward) or, with `--mode inference`, per forward pass alone.
 
     out[i] = sum_{e : dst[e] == i} norm[e] * (x[src[e]] @ W[etype[e]]),   norm = per-relation mean
 
@@ -9,9 +10,15 @@ heavy-tailed degrees), hidden sizes d_in = d_out = dim. In one run, for each gra
   transform-all-then-gather  plain JAX: x @ W_r for every node and relation, gather per edge
   ragged_dot                 plain JAX: `jax.lax.ragged_dot` over edges grouped by relation
   per-edge weights           plain JAX: W[etype] per edge (PyG FastRGCNConv's formulation)
-  PyG                        torch_geometric.nn.RGCNConv(aggr="mean"), on CUDA when torch sees one
+  PyG RGCNConv               torch_geometric.nn.RGCNConv(aggr="mean"), on CUDA when torch sees one
+  PyG FastRGCNConv           torch_geometric.nn.FastRGCNConv(aggr="mean"): the same layer through a
+                             per-edge W[etype] and a batched matmul (PyG's other formulation;
+                             "jaxdata vs PyG" takes the faster of the two)
 
-Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W. Time is per
+Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W (mode
+"train"), or the forward pass alone (mode "inference": `rgnn_peers.forward_only`; PyG in eval
+mode under torch.inference_mode()). Precision "both" (the CLI's default) runs the plain-JAX rows
+at "highest" and at "default" and compares jaxdata with each. Time is per
 step, median over repeats of a round of steps queued back to back and waited for once (enough to
 fill ~20 ms, at most 20: `jaxdata.timing.queue_depth`), as a training loop dispatches them; for every
 formulation alike, so a sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled executable needs
@@ -23,6 +30,7 @@ it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, ti
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import pathlib
 from typing import Callable, Sequence
@@ -37,12 +45,43 @@ from jaxdata.reference import rgcn as rgcn_ref
 DIMS = (32, 64, 128)
 GRAPHS = ("aifb", "mutag", "synthetic")
 JAX_FORMULATIONS = ("jaxdata", *rgcn_ref.PLAIN_JAX)
-FORMULATIONS = (*JAX_FORMULATIONS, "PyG")
+#: PyG's rows: name -> its layer (`rgnn_peers.PYG_RGCN`).
+PYG = {"PyG RGCNConv": "RGCNConv", "PyG FastRGCNConv": "FastRGCNConv"}
+FORMULATIONS = (*JAX_FORMULATIONS, *PYG)
 #: The synthetic knowledge graph: at least 500 relations and 2 million edges, heavy-tailed.
 SYNTHETIC = dict(num_nodes=200_000, num_edges=2_000_000, num_relations=500)
 QUICK_SYNTHETIC = dict(num_nodes=2_000, num_edges=20_000, num_relations=50)
 QUICK = dict(graphs=("aifb", "synthetic"), dims=(32,), repeats=3)
 PRECISIONS = ("highest", "default")
+#: --precision: one of PRECISIONS for every row, or "both" (`plain_precisions`,
+#: `jaxdata_precision`, `pyg_tf32` say what runs at which).
+PRECISION_CHOICES = ("both", *PRECISIONS)
+MODES = peers.MODES
+
+
+def plain_precisions(precision: str) -> tuple[str, ...]:
+  """The precisions the plain-JAX rows run at: both for "both", else the one given."""
+  return PRECISIONS if precision == "both" else (precision,)
+
+
+def jaxdata_precision(precision: str) -> str:
+  """jaxdata's rows run once: at "highest" under "both". (hector's RGCN and RGAT kernels compute
+  in float32 on CUDA cores whatever the precision; only HGT's plain-JAX projections around its
+  kernel take it.)"""
+  return "highest" if precision == "both" else precision
+
+
+def pyg_tf32(precision: str) -> bool:
+  """PyG's matmuls in TF32 under "default" and "both" (PyG at its fastest), float32 under
+  "highest"."""
+  return precision != "highest"
+
+
+def check_mode_precision(mode: str, precision: str) -> None:
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+  if precision not in PRECISION_CHOICES:
+    raise ValueError(f"precision must be one of {PRECISION_CHOICES}, got {precision!r}")
 
 
 @dataclasses.dataclass
@@ -88,6 +127,7 @@ class Result:
   status: str = "ok"  # "ok", "OOM", "OOM (est. X GiB)", "skipped", "error"
   loss: float | None = None
   alone_seconds: float | None = None  # one step waited for on its own (host round trip in it)
+  precision: str | None = None  # JAX rows: "highest" or "default"; PyG: None (TF32 per run)
 
   @property
   def ok(self) -> bool:
@@ -200,7 +240,7 @@ def is_oom(exc: BaseException) -> bool:
     pass
   text = str(exc)
   return ("RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-          or "can't allocate memory" in text)
+          or "can't allocate memory" in text or "not enough memory" in text)
 
 
 def available_bytes(device) -> int:
@@ -258,9 +298,11 @@ def _precision(name: str):
 
 
 def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *, repeats: int,
-                 notes: list[str], fallback_need: Callable[[], int] | None = None) -> None:
-  """Builds, compiles and times one JAX formulation into `r` (loss = sum(out * ct), gradients
-  for x and w, any pytrees); failures become r.status and notes.
+                 notes: list[str], fallback_need: Callable[[], int] | None = None,
+                 mode: str = "train") -> None:
+  """Builds, compiles and times one JAX formulation into `r` (mode "train": loss = sum(out * ct),
+  gradients for x and w, any pytrees; "inference": the forward alone, sum(out * ct) as a
+  checksum); failures become r.status and notes.
 
   Not run, and reported as "OOM (est. ...)", when XLA's analysis of the compiled step says it
   cannot fit in what `available_bytes` says is free; `fallback_need` gives the bytes beyond the
@@ -268,7 +310,7 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
   """
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
-  where = f"{r.graph}, dim {r.dim}, {r.formulation}"
+  where = f"{r.graph}, dim {r.dim}, {label(r)}"
   phase = "building"
   try:
     form = build()
@@ -277,7 +319,7 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
     # compiled step then says whether running it can fit.
     baseline = peers.device_memory_stats(device)
     phase = "compiling"
-    compiled = peers.compile_step(form, x, w, ct)
+    compiled = peers.compile_step(form, x, w, ct, mode=mode)
     r.bytes = compiled.bytes
     args = int(getattr(compiled.analysis, "argument_size_in_bytes", 0) or 0)
     if compiled.bytes is None and fallback_need is not None:
@@ -304,55 +346,74 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
 
 
 def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, precision: str,
-                edges, notes: list[str], advance) -> list[Result]:
-  """Every JAX formulation on one (graph, dim); failures become statuses and notes."""
+                edges, notes: list[str], advance, mode: str = "train") -> list[Result]:
+  """Every JAX formulation on one (graph, dim): jaxdata at `jaxdata_precision`, each plain-JAX
+  one at each of `plain_precisions`; failures become statuses and notes. `advance()` after each
+  name."""
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   x_np, w_np, ct_np = case_arrays(graph, dim)
   x, w, ct = (jax.device_put(a, device) for a in (x_np, w_np, ct_np))
   results = []
   for name in names:
-    r = Result(graph.name, dim, name)
-    results.append(r)
-    if name == "jaxdata":
-      build = lambda: peers.jaxdata_formulation(  # noqa: E731
-          graph.hetero, precision=_precision(precision))
-    else:
-      build = lambda: peers.plain_jax(  # noqa: E731
-          name, edges, graph.num_nodes, precision=_precision(precision))
-    # No analysis from this backend: assume per-edge weights builds its [E, d_in, d_out] tensor.
-    fallback = ((lambda: rgcn_ref.per_edge_weight_bytes(graph.num_edges, dim, dim))
-                if name == "per-edge weights" else None)
     try:
-      measure_step(r, build, x, w, ct, repeats=repeats, notes=notes, fallback_need=fallback)
+      runs = ((jaxdata_precision(precision),) if name == "jaxdata"
+              else plain_precisions(precision))
+      for prec in runs:
+        r = Result(graph.name, dim, name, precision=prec)
+        results.append(r)
+        if name == "jaxdata":
+          build = lambda prec=prec: peers.jaxdata_formulation(  # noqa: E731
+              graph.hetero, precision=_precision(prec))
+        else:
+          build = lambda prec=prec, name=name: peers.plain_jax(  # noqa: E731
+              name, edges, graph.num_nodes, precision=_precision(prec))
+        # No analysis from this backend: assume per-edge weights builds its [E, d_in, d_out].
+        fallback = ((lambda: rgcn_ref.per_edge_weight_bytes(graph.num_edges, dim, dim))
+                    if name == "per-edge weights" else None)
+        measure_step(r, build, x, w, ct, repeats=repeats, notes=notes, fallback_need=fallback,
+                     mode=mode)
     finally:
       advance()
   return results
 
 
-def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: list[str]
-                ) -> Result:
-  r = Result(graph.name, dim, "PyG")
+def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: list[str],
+                formulation: str = "PyG RGCNConv", mode: str = "train") -> Result:
+  """PyG's RGCNConv or FastRGCNConv (`formulation`, a key of `PYG`) on one case; an OOM (or any
+  failure) is the row's status and a note, never raised. On the CPU, FastRGCNConv is not started
+  where its per-edge weights alone cannot fit in free RAM (the OOM killer does not raise)."""
+  r = Result(graph.name, dim, formulation)
   try:
     import torch  # pylint: disable=g-import-not-at-top
-    import torch_geometric  # pylint: disable=g-import-not-at-top,unused-import
+    importlib.import_module("torch_geometric")
   except ImportError as e:
     r.status = "skipped"
-    _note(notes, f"PyG row skipped: torch_geometric is not importable ({e})")
+    _note(notes, f"PyG rows skipped: torch_geometric is not importable ({e})")
     return r
   device = rgcn_ref.torch_device()
+  where = f"{graph.name}, dim {dim}, {formulation}"
+  layer = PYG[formulation]
+  if device.type != "cuda" and layer == "FastRGCNConv":
+    import jax  # pylint: disable=g-import-not-at-top
+    need = rgcn_ref.pyg_fast_bytes(graph.num_edges, dim, dim, train=mode == "train")
+    free = available_bytes(jax.devices("cpu")[0])
+    if need > free:
+      r.status = f"OOM (est. {gib(need)})"
+      _note(notes, f"{where}: not run, its per-edge weights alone need {gib(need)} and "
+                   f"{gib(free)} are free")
+      return r
   x, w, ct = case_arrays(graph, dim)
   saved_tf32 = torch.backends.cuda.matmul.allow_tf32
-  torch.backends.cuda.matmul.allow_tf32 = precision == "default"
+  torch.backends.cuda.matmul.allow_tf32 = pyg_tf32(precision)
   try:
     timing = peers.time_pyg(graph.src, graph.dst, graph.etype, x, w, ct, repeats=repeats,
-                            warmup=2, device=device)
+                            warmup=2, device=device, mode=mode, layer=layer)
     r.seconds, r.bytes, r.loss = timing.seconds, timing.bytes, timing.loss
     r.alone_seconds = timing.alone_seconds
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if is_oom(e) else "error"
-    _note(notes, f"{graph.name}, dim {dim}, PyG: {'out of memory' if is_oom(e) else 'failed'} "
-                 f"({_short(e)})")
+    _note(notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} ({_short(e)})")
   finally:
     torch.backends.cuda.matmul.allow_tf32 = saved_tf32
     if device.type == "cuda":
@@ -366,33 +427,63 @@ def _note(notes: list[str], text: str) -> None:
 
 
 def _check_losses(results: list[Result], precision: str, notes: list[str]) -> None:
-  """Every formulation of one case must compute the same loss (up to float32 rounding)."""
-  tol = 1e-3 if precision == "highest" else 3e-2
+  """Every formulation of one case must compute the same loss (up to float32 rounding; TF32
+  rounding where either side may use it: a row at "default", or PyG when `pyg_tf32`)."""
   cases = {}
   for r in results:
     if r.ok and r.loss is not None:
       cases.setdefault((r.graph, r.dim), []).append(r)
+
+  def loose(r: Result) -> bool:
+    return r.precision == "default" or (r.precision is None and pyg_tf32(precision))
+
   for (g, d), rs in cases.items():
-    ref = next((r for r in rs if r.formulation == "transform-all-then-gather"), rs[0])
+    ref = next((r for r in rs if r.formulation == "transform-all-then-gather"
+                and r.precision != "default"), None)
+    ref = ref or next((r for r in rs if r.formulation == "transform-all-then-gather"), rs[0])
     scale = max(abs(ref.loss), 1.0)
     for r in rs:
+      tol = 3e-2 if loose(r) or loose(ref) else 1e-3
       if abs(r.loss - ref.loss) > tol * scale:
-        _note(notes, f"{g}, dim {d}: {r.formulation}'s loss {r.loss:.6g} differs from "
-                     f"{ref.formulation}'s {ref.loss:.6g}")
+        _note(notes, f"{g}, dim {d}: {label(r)}'s loss {r.loss:.6g} differs from "
+                     f"{label(ref)}'s {ref.loss:.6g}")
+
+
+def label(r: Result, results: Sequence[Result] | None = None) -> str:
+  """The row's name: the formulation, with its precision in brackets for a plain-JAX row where
+  the run has it at more than one (`results`); without `results` (notes, written while the run
+  goes), in brackets only when "default"."""
+  if r.precision is None or r.formulation.startswith("jaxdata"):
+    return r.formulation
+  if results is None and r.precision != "default":
+    return r.formulation
+  if results is not None and len({x.precision for x in results
+                                  if x.formulation == r.formulation}) < 2:
+    return r.formulation
+  return f"{r.formulation} ({r.precision})"
+
+
+def sort_key(formulations: Sequence[str], graphs: Sequence[str]):
+  """Results in table order: graph, dim, formulation, then precision (highest first)."""
+  order = {f: i for i, f in enumerate(formulations)}
+  return lambda r: (list(graphs).index(r.graph), r.dim, order[r.formulation],
+                    PRECISIONS.index(r.precision) if r.precision in PRECISIONS else 0)
 
 
 def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
         formulations: Sequence[str] = FORMULATIONS, data_dir: str | None = None,
         quick: bool = False, repeats: int = 7, precision: str = "highest", seed: int = 0,
-        console=None) -> tuple[list[Result], list[str], list[Graph]]:
+        mode: str = "train", console=None) -> tuple[list[Result], list[str], list[Graph]]:
   """Runs the benchmark; returns the results, notes on what was skipped and why, the graphs.
+
+  mode: "train" (forward + backward per step) or "inference" (forward only). precision: one of
+  `PRECISION_CHOICES` ("both": plain JAX at both precisions, jaxdata at highest, PyG in TF32).
 
   PyG runs first, for every case, before JAX touches the device: JAX's allocator keeps what it
   grows to, torch's cache is emptied after each case, so each side finds the device free.
   """
   import rich.progress  # pylint: disable=g-import-not-at-top
-  if precision not in PRECISIONS:
-    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+  check_mode_precision(mode, precision)
   for d in dims:
     if d <= 0:
       raise ValueError(f"dims must be positive, got {d}")
@@ -403,14 +494,16 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
   loaded = load_each(graphs, lambda name: load_graph(name, data_dir=data_dir, quick=quick,
                                                      seed=seed), notes)
   jax_names = [f for f in JAX_FORMULATIONS if f in formulations]
+  pyg_names = [f for f in PYG if f in formulations]
   results: list[Result] = []
   with rich.progress.Progress(console=console, transient=True) as bar:
     task = bar.add_task("bench rgnn", total=len(loaded) * len(dims) * len(formulations))
-    if "PyG" in formulations:
-      for g in loaded:
-        for d in dims:
-          bar.update(task, description=f"{g.name}, dim {d}, PyG")
-          results.append(measure_pyg(g, d, repeats=repeats, precision=precision, notes=notes))
+    for g in loaded:
+      for d in dims:
+        for name in pyg_names:
+          bar.update(task, description=f"{g.name}, dim {d}, {name}")
+          results.append(measure_pyg(g, d, repeats=repeats, precision=precision, notes=notes,
+                                     formulation=name, mode=mode))
           bar.advance(task)
     if jax_names:
       import jax  # pylint: disable=g-import-not-at-top
@@ -420,12 +513,11 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
         for d in dims:
           bar.update(task, description=f"{g.name}, dim {d}, JAX")
           results += measure_jax(g, d, jax_names, repeats=repeats, precision=precision,
-                                 edges=edges, notes=notes, advance=lambda: bar.advance(task))
+                                 edges=edges, notes=notes, advance=lambda: bar.advance(task),
+                                 mode=mode)
         del edges
         jax.clear_caches()
-  order = {f: i for i, f in enumerate(FORMULATIONS)}
-  results.sort(key=lambda r: ([x.name for x in loaded].index(r.graph), r.dim,
-                              order[r.formulation]))
+  results.sort(key=sort_key(FORMULATIONS, [x.name for x in loaded]))
   _check_losses(results, precision, notes)
   return results, notes, loaded
 
@@ -455,30 +547,82 @@ def _mem(n: int | None, r: Result | None = None) -> str:
   return "n/a" if n is None else gib(n)
 
 
-def speedups(results: list[Result], graph: str, dim: int) -> tuple[str, str]:
-  """(jaxdata vs the fastest plain-JAX formulation, jaxdata vs PyG) for one case."""
-  case = [r for r in results if r.graph == graph and r.dim == dim and r.ok]
-  mine = next((r for r in case if r.formulation == "jaxdata"), None)
+def time_header(mode: str) -> tuple[str, str]:
+  """(the time column, the waited-alone column) of a table in this mode."""
+  if mode == "inference":
+    return "forward ms", "one forward alone ms"
+  return "fwd+bwd ms", "one step alone ms"
+
+
+def plain_precisions_in(results: Sequence[Result], plain: Sequence[str]) -> list[str]:
+  """The precisions the plain-JAX rows of `results` ran at, in `PRECISIONS` order."""
+  seen = {r.precision for r in results if r.formulation in plain}
+  return [p for p in PRECISIONS if p in seen]
+
+
+def _ratio(x: float) -> str:
+  return f"{x:.2f}x"
+
+
+def comparisons(results: Sequence[Result], graph: str, dim: int, *, plain: Sequence[str],
+                pyg: Sequence[str]) -> tuple[str, ...]:
+  """For one case: jaxdata against the fastest plain-JAX formulation at each precision the run
+  has (`plain_precisions_in`), against PyG's fastest formulation, and jaxdata's memory / that
+  PyG formulation's; empty strings where jaxdata did not run. Speedups divide the peer's time by
+  jaxdata's. Where PyG has more than one formulation, its cell names the one compared with."""
+  precisions = plain_precisions_in(results, plain)
+  case = [r for r in results if r.graph == graph and r.dim == dim]
+  mine = next((r for r in case if r.formulation == "jaxdata" and r.ok), None)
   if mine is None:
-    return "", ""
-  plain = [r.seconds for r in case if r.formulation in rgcn_ref.PLAIN_JAX]
-  pyg = [r.seconds for r in case if r.formulation == "PyG"]
-  fmt = lambda others: f"{min(others) / mine.seconds:.2f}x" if others else "n/a"  # noqa: E731
-  return fmt(plain), fmt(pyg)
+    return ("",) * (len(precisions) + 2)
+  cells = []
+  for p in precisions:
+    rows = [r for r in case if r.formulation in plain and r.precision == p]
+    fast = [r.seconds for r in rows if r.ok]
+    if fast:
+      cells.append(_ratio(min(fast) / mine.seconds))
+    elif rows and all(r.status.startswith("OOM") for r in rows):
+      cells.append("all OOM")
+    else:
+      cells.append("n/a")
+  peers_ = [r for r in case if r.formulation in pyg]
+  ran = [r for r in peers_ if r.ok]
+  if ran:
+    best = min(ran, key=lambda r: r.seconds)
+    which = f" ({best.formulation.removeprefix('PyG ')})" if len(pyg) > 1 else ""
+    memory = (_ratio(mine.bytes / best.bytes) if mine.bytes is not None and best.bytes
+              else "n/a")
+    return (*cells, _ratio(best.seconds / mine.seconds) + which, memory)
+  if peers_ and any(r.status.startswith("OOM") for r in peers_):
+    return (*cells, "PyG OOM", "PyG OOM")
+  return (*cells, "n/a", "n/a")
 
 
-def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
+def comparison_header(results: Sequence[Result], plain: Sequence[str]) -> list[str]:
+  precisions = plain_precisions_in(results, plain)
+  if len(precisions) > 1:
+    vs_plain = [f"jaxdata vs best plain JAX ({p})" for p in precisions]
+  else:
+    vs_plain = ["jaxdata vs best plain JAX"] * len(precisions)
+  return [*vs_plain, "jaxdata vs PyG", "memory / PyG's"]
+
+
+def table_rows(results: list[Result], *, mode: str = "train", plain: Sequence[str] = tuple(
+    rgcn_ref.PLAIN_JAX), pyg: Sequence[str] = tuple(PYG)) -> tuple[list[str], list[list[str]]]:
+  """The table of a run (RGCN's, or the attention layers' with their `plain` and `pyg` rows)."""
   measured = any(r.measured_bytes is not None for r in results)
-  header = ["graph", "dim", "formulation", "fwd+bwd ms", "one step alone ms", "peak memory"]
+  header = ["graph", "dim", "formulation", *time_header(mode), "peak memory"]
   if measured:
     header.append("measured peak")
-  header += ["jaxdata vs best plain JAX", "jaxdata vs PyG"]
+  compared = comparison_header(results, plain)
+  header += compared
   rows = []
   for r in results:
-    row = [r.graph, str(r.dim), r.formulation, _ms(r), _alone_ms(r), _mem(r.bytes, r)]
+    row = [r.graph, str(r.dim), label(r, results), _ms(r), _alone_ms(r), _mem(r.bytes, r)]
     if measured:
       row.append(gib(r.measured_bytes) if r.measured_bytes is not None else "")
-    row += list(speedups(results, r.graph, r.dim)) if r.formulation == "jaxdata" else ["", ""]
+    row += (list(comparisons(results, r.graph, r.dim, plain=plain, pyg=pyg))
+            if r.formulation == "jaxdata" else [""] * len(compared))
     rows.append(row)
   return header, rows
 
@@ -495,27 +639,115 @@ def software_line() -> str:
   return f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__} on {where}"
 
 
+def precision_text(precision: str) -> str:
+  """The table's sentence on matmul precision."""
+  if precision == "both":
+    return ("Matmul precision: the plain-JAX rows at `highest` (float32) and at XLA's `default` "
+            "(what a JAX user gets: TF32 on the tensor cores of a recent NVIDIA GPU), marked in "
+            "brackets, and jaxdata is compared with the fastest at each; jaxdata at `highest` "
+            "(hector's RGCN and RGAT kernels compute in float32 whatever the precision; for HGT "
+            "it sets the plain-JAX projections around the kernel); PyG with TF32 on "
+            "(`torch.backends.cuda.matmul.allow_tf32`), its fastest setting.")
+  return (f"Matmul precision: `{precision}` on every side (PyG: TF32 "
+          f"{'on' if pyg_tf32(precision) else 'off'}).")
+
+
+def mode_text(mode: str) -> str:
+  """What one timed step is, in this mode."""
+  if mode == "inference":
+    return ("one forward pass (inference: the layer under `jax.jit` without `jax.grad`, so "
+            "nothing is kept for a backward pass; PyG's layer in eval mode under "
+            "`torch.inference_mode()`; per forward, median over repeats of rounds of up to 20 "
+            "forwards queued back to back and waited for once, for every formulation alike; "
+            "*one forward alone*: the median of single forwards, each waited for, so the host's "
+            "round trip is in it)")
+  return ("one step (loss = sum(out * ct) with a fixed random ct, gradients for the inputs and "
+          "weights; per step, median over repeats of rounds of up to 20 steps queued back to "
+          "back and waited for once, as a training loop runs them, for every formulation alike; "
+          "*one step alone*: the median of single steps, each waited for, so the host's round "
+          "trip is in it)")
+
+
+INFERENCE_TITLE = "# Inference (forward only): RGCN, RGAT, HGT"
+INFERENCE_MODELS = ("rgcn", "rgat", "hgt")
+
+
+def section_begin(model: str) -> str:
+  return f"<!-- section {model}: written by jaxdata bench rgnn --model {model} -->"
+
+
+def section_end(model: str) -> str:
+  return f"<!-- end of section {model} -->"
+
+
+def sectioned(previous: str | None, model: str, section: str, *, title: str,
+              models: Sequence[str], intro: str) -> str:
+  """A document of one section per model: `model`'s replaced by `section` (which carries its
+  `section_begin` / `section_end` markers), the others kept from `previous` (the file as it was,
+  or None), so that models run separately land in one file."""
+  sections = {}
+  for m in models:
+    if previous and section_begin(m) in previous and section_end(m) in previous:
+      first = previous.index(section_begin(m))
+      sections[m] = previous[first:previous.index(section_end(m), first) + len(section_end(m))]
+  sections[model] = section.rstrip("\n")
+  body = [sections[m] for m in models if m in sections]
+  return "\n\n".join([title, intro, *body]) + "\n"
+
+
+def inference_document(previous: str | None, model: str, section: str) -> str:
+  """docs/benchmarks/rgnn_inference.md: one section per model, each from its own run."""
+  return sectioned(previous, model, section, title=INFERENCE_TITLE, models=INFERENCE_MODELS,
+                   intro="Written by `jaxdata bench rgnn --mode inference --model rgcn|rgat|hgt "
+                         "--write <this file>`: each run replaces its model's section and keeps "
+                         "the others'. Training steps (forward + backward): rgnn.md and "
+                         "rgnn_attention.md; notes: rgnn_notes.md.")
+
+
+def write_markdown(console, path: str, model: str, section: str, mode: str, document) -> None:
+  """Writes a run's markdown: in inference mode (or where `document` is given: the attention
+  file), `model`'s section of a sectioned file, keeping the other models' sections."""
+  if mode == "inference":
+    document = inference_document
+  if document is None:
+    common.write(console, path, section)
+    return
+  previous = None
+  if os.path.exists(path):
+    with open(path) as f:
+      previous = f.read()
+  common.write(console, path, document(previous, model, section))
+
+
 def markdown(results: list[Result], notes: list[str], graphs: list[Graph], command: str, *,
-             precision: str = "highest") -> str:
+             precision: str = "highest", mode: str = "train") -> str:
+  """The RGCN table as a document (mode "train"), or as the RGCN section of the inference
+  document (mode "inference")."""
   hw = common.hardware()
-  header, rows = table_rows(results)
+  header, rows = table_rows(results, mode=mode)
+  if mode == "inference":
+    head = [section_begin("rgcn"), "## One RGCN layer: inference (forward only)", ""]
+  else:
+    head = ["# One RGCN layer: relational message, forward + backward", "",
+            "RGAT and HGT, with the ablation of hector's passes: "
+            "[rgnn_attention.md](rgnn_attention.md) (`jaxdata bench rgnn --model rgat|hgt`); "
+            "inference (forward only): [rgnn_inference.md](rgnn_inference.md). Notes: "
+            "[rgnn_notes.md](rgnn_notes.md), [rgnn_attention_notes.md](rgnn_attention_notes.md).",
+            ""]
   text = [
-      "# One RGCN layer: relational message, forward + backward", "",
-      "RGAT and HGT, with the ablation of hector's passes: [rgnn_attention.md](rgnn_attention.md) "
-      "(`jaxdata bench rgnn --model rgat|hgt`). Notes on both: [rgnn_notes.md](rgnn_notes.md), "
-      "[rgnn_attention_notes.md](rgnn_attention_notes.md).", "",
-      "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of one step "
-      "(loss = sum(out * ct) with a fixed random ct, gradients for x and W; per step, median over "
-      "repeats of rounds of up to 20 steps queued back to back and waited for once, as a training "
-      "loop runs them, for every formulation alike; *one step alone*: the median of single steps, "
-      "each waited for, so the host's round trip is in it), "
+      *head,
+      "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of "
+      f"{mode_text(mode)}, "
       "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
       "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
       "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "
-      "weights* are plain JAX (jaxdata/reference/rgcn.py); *PyG* is "
+      "weights* are plain JAX (jaxdata/reference/rgcn.py); *PyG RGCNConv* is "
       "`torch_geometric.nn.RGCNConv(aggr=\"mean\")` kept on its per-relation loop (its "
-      "segment_matmul path averages over all relations at once). Matmul precision: "
-      f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",
+      "segment_matmul path averages over all relations at once), *PyG FastRGCNConv* is "
+      "`torch_geometric.nn.FastRGCNConv(aggr=\"mean\")`, the same layer through per-edge "
+      "weights W[etype] ([E, d_in, d_out]) and a batched matmul; *jaxdata vs PyG* is against the "
+      "faster of the two, named in brackets (which code paths PyG takes without pyg-lib and "
+      "torch-sparse: rgnn_notes.md). " + precision_text(precision),
       "",
       "*Peak memory*: for JAX, what XLA's compiled executable needs (`memory_analysis()`: "
       "arguments + outputs + temporaries); for PyG, `torch.cuda.max_memory_allocated` over the "
@@ -525,10 +757,13 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
       "`peak_bytes_in_use`, plus the step's arguments (XLA's autotuner allocates operand-sized "
       "buffers while compiling, so this bounds the run from above); blank where an earlier "
       "case's peak hides it (JAX cannot reset the peak). *OOM (est.)*: not run because XLA's analysis of the compiled step says it "
-      "cannot fit in the free device memory; *OOM*: the run failed for memory. (*per-edge "
+      "cannot fit in the free device memory (for FastRGCNConv on the CPU: its per-edge "
+      "weights cannot fit in free RAM); *OOM*: the run failed for memory. (*per-edge "
       "weights* builds its [E, d_in, d_out] tensor on the CPU; XLA on the GPU fuses the gather "
       "W[etype] into the contraction and does not. *ragged_dot* is expanded densely, [R, E, "
-      "d_in] masked, on both: its memory grows with the number of relations.) Speedups divide the faster peer's time by jaxdata's.",
+      "d_in] masked, on both: its memory grows with the number of relations.) Speedups divide "
+      "the faster peer's time by jaxdata's; *memory / PyG's* divides jaxdata's peak memory by "
+      "that PyG formulation's.",
       "", f"Command: `{command}`", "",
       *[f"- {k}: {v}" for k, v in hw.items()],
       f"- PyG: {software_line()}", "",
@@ -536,6 +771,8 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
       common.markdown_table(header, rows), ""]
   if notes:
     text += ["Skipped or unexpected:", "", *(f"- {n}" for n in notes), ""]
+  if mode == "inference":
+    text.append(section_end("rgcn"))
   return "\n".join(text)
 
 
@@ -554,12 +791,16 @@ def main(args) -> int:
   data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
   console = command.console(width=160)
   results, notes, loaded = run(graphs, dims, data_dir=data_dir, quick=args.quick,
-                               repeats=repeats, precision=args.precision, console=console)
+                               repeats=repeats, precision=args.precision, mode=args.mode,
+                               console=console)
   for g in loaded:
     console.print(g.describe())
-  common.print_table(console, "one RGCN layer, relational part: forward + backward",
-                     *table_rows(results), notes, left=("graph", "formulation"))
+  what = "inference (forward only)" if args.mode == "inference" else "forward + backward"
+  common.print_table(console, f"one RGCN layer, relational part: {what}",
+                     *table_rows(results, mode=args.mode), notes,
+                     left=("graph", "formulation"))
   if args.write:
-    common.write(console, args.write, markdown(results, notes, loaded, common.command_line(),
-                                               precision=args.precision))
+    write_markdown(console, args.write, "rgcn",
+                   markdown(results, notes, loaded, common.command_line(),
+                            precision=args.precision, mode=args.mode), args.mode, None)
   return 0

@@ -1,4 +1,5 @@
-"""`jaxdata bench rgnn --model rgat|hgt`: one attention layer, forward + backward, side by side.
+"""`jaxdata bench rgnn --model rgat|hgt`: one attention layer, side by side, per training step
+(forward + backward) or, with `--mode inference`, per forward pass alone.
 
 RGAT (relational graph attention, H heads of dim / H features, concatenated; see
 jaxdata/reference/attention.py for the definition) on AIFB, MUTAG and a synthetic knowledge
@@ -19,7 +20,9 @@ inputs are the per-type features of the graph). In one run, for each graph and d
                              CUDA when torch sees one
 
 Each step is loss = sum(out * ct) for a fixed random ct, with gradients for the inputs and every
-weight. Time and memory are measured as `jaxdata bench rgnn` (RGCN) measures them
+weight (mode "train"), or the forward pass alone (mode "inference"; PyG in eval mode under
+torch.inference_mode()). Precision "both" runs the plain-JAX rows at "highest" and "default"
+(`rgnn.plain_precisions`). Time and memory are measured as `jaxdata bench rgnn` (RGCN) measures them
 (jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the compiled step for
 JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is reported as OOM,
 never a crash. Every formulation of a case must compute the same loss; a difference is a note.
@@ -35,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import os
 import statistics
 from typing import Callable, Sequence
 
@@ -222,57 +224,76 @@ def plain_formulation(model: str, name: str, edges: attention_ref.Edges, *,
 # PyG
 
 
-def pyg_bytes_model(model: str, num_edges: int, d_in: int, dim: int) -> int:
+def pyg_bytes_model(model: str, num_edges: int, d_in: int, dim: int, mode: str = "train") -> int:
   """A lower bound on PyG's memory for one step where torch cannot tell (the CPU), used only to
   avoid starting what cannot fit (the kernel's OOM killer does not raise).
 
   RGATConv gathers W[etype] per edge, [E, d_in, H*d], and its backward builds a gradient of the
   same shape; HGTConv keeps a handful of [E, H*d] tensors (keys, values, messages, their
-  gradients): counted as eight.
+  gradients): counted as eight. Inference (no backward, nothing saved): half of each.
   """
+  share = 2 if mode == "inference" else 1
   if model == "rgat":
-    return 2 * num_edges * d_in * dim * 4
-  return 8 * num_edges * dim * 4
+    return 2 * num_edges * d_in * dim * 4 // share
+  return 8 * num_edges * dim * 4 // share
 
 
-def _pyg_step(model: str, case: Case, x, params, ct, device):
-  """Builds PyG's layer and inputs on `device`; returns step() -> loss tensor (fwd + bwd)."""
+def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"):
+  """Builds PyG's layer and inputs on `device`; returns step() -> loss tensor: forward + backward
+  (mode "train"), or the forward alone in eval mode under `torch.inference_mode()` with
+  sum(out * ct) taken outside the timed forward's autograd (mode "inference": step(checksum=True)
+  returns it, step() only runs the layer)."""
   import torch  # pylint: disable=g-import-not-at-top
+  train = mode == "train"
   g = case.graph
   ctt = torch.from_numpy(ct).to(device)
   if model == "rgat":
     conv = attention_ref.pyg_rgat_conv(params, device=device, dtype=torch.float32)
     edge_index, edge_type = rgcn_ref.pyg_graph(g.src, g.dst, g.etype, device)
-    xt = torch.from_numpy(x).to(device).requires_grad_(True)
+    xt = torch.from_numpy(x).to(device).requires_grad_(train)
     xts = [xt]
 
-    def forward():
-      return (conv(xt, edge_index, edge_type) * ctt).sum()
+    def layer():
+      return conv(xt, edge_index, edge_type)
+
+    def loss(out):
+      return (out * ctt).sum()
   else:
     conv = attention_ref.pyg_hgt_conv(params, case.node_types, case.relation_types, device=device,
                             dtype=torch.float32)
-    xts = [torch.from_numpy(a).to(device).requires_grad_(True) for a in x]
+    xts = [torch.from_numpy(a).to(device).requires_grad_(train) for a in x]
     x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(g.src, g.dst, g.etype, xts, case.node_types,
                                                      case.relation_types, device=device)
     bounds = np.cumsum([0] + [len(a) for a in x])
     cts = {t: ctt[a:b] for t, a, b in zip(case.node_types, bounds[:-1], bounds[1:])}
 
-    def forward():
-      out = conv(x_dict, edge_index_dict)
+    def layer():
+      return conv(x_dict, edge_index_dict)
+
+    def loss(out):
       return sum((out[t] * cts[t]).sum() for t in case.node_types)
+
+  if not train:
+    conv.eval()
+
+    def forward(checksum: bool = False):
+      with torch.inference_mode():
+        out = layer()
+        return loss(out) if checksum else out
+    return forward
 
   def step():
     conv.zero_grad(set_to_none=True)
     for a in xts:
       a.grad = None
-    loss = forward()
-    loss.backward()
-    return loss
+    value = loss(layer())
+    value.backward()
+    return value
   return step
 
 
 def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, precision: str,
-                notes: list[str]) -> rgnn.Result:
+                notes: list[str], mode: str = "train") -> rgnn.Result:
   r = rgnn.Result(case.name, dim, "PyG")
   try:
     import torch  # pylint: disable=g-import-not-at-top
@@ -287,7 +308,7 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
   if device.type != "cuda":
     import jax  # pylint: disable=g-import-not-at-top
     d_in = dim if model == "rgat" else max(a.shape[1] for a in x)
-    need = pyg_bytes_model(model, case.graph.num_edges, d_in, dim)
+    need = pyg_bytes_model(model, case.graph.num_edges, d_in, dim, mode)
     free = rgnn.available_bytes(jax.devices("cpu")[0])
     if need > free:
       r.status = f"OOM (est. {rgnn.gib(need)})"
@@ -295,16 +316,15 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
                         f"and {rgnn.gib(free)} are free")
       return r
   saved_tf32 = torch.backends.cuda.matmul.allow_tf32
-  torch.backends.cuda.matmul.allow_tf32 = precision == "default"
+  torch.backends.cuda.matmul.allow_tf32 = rgnn.pyg_tf32(precision)
   cuda = device.type == "cuda"
   try:
     if cuda:
       torch.cuda.synchronize(device)
       torch.cuda.reset_peak_memory_stats(device)
       base = torch.cuda.memory_allocated(device)
-    step = _pyg_step(model, case, x, params, ct, device)
-
-    r.loss = float(step().detach().item())
+    step = _pyg_step(model, case, x, params, ct, device, mode)
+    r.loss = float((step(checksum=True) if mode == "inference" else step()).detach().item())
     r.seconds, r.alone_seconds = step_seconds(step, repeats=repeats,
                                                      wait=peers.pyg_wait(device))
     r.bytes = torch.cuda.max_memory_allocated(device) - base if cuda else None
@@ -327,29 +347,34 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
 
 def measure_jax(model: str, case: Case, dim: int, heads: int, names: Sequence[str], *,
                 repeats: int, precision: str, edges: attention_ref.Edges, arrays,
-                notes: list[str], advance: Callable[[], None]) -> list[rgnn.Result]:
-  """Every JAX formulation on one (graph, dim); `arrays` is hector's GraphArrays (or the
-  `peers.Unavailable` that building it raised)."""
+                notes: list[str], advance: Callable[[], None],
+                mode: str = "train") -> list[rgnn.Result]:
+  """Every JAX formulation on one (graph, dim): jaxdata's variants at `rgnn.jaxdata_precision`,
+  the plain-JAX ones at each of `rgnn.plain_precisions`; `arrays` is hector's GraphArrays (or
+  the `peers.Unavailable` that building it raised). `advance()` after each name."""
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   x, params, ct = jax.device_put(case_arrays(model, case, dim, heads), device)
-  prec = rgnn._precision(precision)
   results = []
   for name in names:
-    r = rgnn.Result(case.name, dim, name)
-    results.append(r)
-
-    def build(name=name):
-      if name in PLAIN_JAX:
-        return plain_formulation(model, name, edges, precision=prec)
-      if isinstance(arrays, Exception):
-        raise arrays
-      if model == "rgat":
-        return rgat_jaxdata_formulation(arrays, VARIANTS[name], name)
-      return hgt_jaxdata_formulation(arrays, VARIANTS[name], name, precision=prec)
-
+    runs = (rgnn.plain_precisions(precision) if name in PLAIN_JAX
+            else (rgnn.jaxdata_precision(precision),))
     try:
-      rgnn.measure_step(r, build, x, params, ct, repeats=repeats, notes=notes)
+      for p in runs:
+        r = rgnn.Result(case.name, dim, name, precision=p)
+        results.append(r)
+        prec = rgnn._precision(p)
+
+        def build(name=name, prec=prec):
+          if name in PLAIN_JAX:
+            return plain_formulation(model, name, edges, precision=prec)
+          if isinstance(arrays, Exception):
+            raise arrays
+          if model == "rgat":
+            return rgat_jaxdata_formulation(arrays, VARIANTS[name], name)
+          return hgt_jaxdata_formulation(arrays, VARIANTS[name], name, precision=prec)
+
+        rgnn.measure_step(r, build, x, params, ct, repeats=repeats, notes=notes, mode=mode)
     finally:
       advance()
   return results
@@ -373,9 +398,11 @@ def graph_arrays(case: Case):
 def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = DIMS, *,
         heads: int = HEADS, formulations: Sequence[str] = FORMULATIONS,
         data_dir: str | None = None, quick: bool = False, mag_scale: float | None = None,
-        repeats: int = 7, precision: str = "highest", seed: int = 0,
+        repeats: int = 7, precision: str = "highest", seed: int = 0, mode: str = "train",
         console=None) -> tuple[list[rgnn.Result], list[str], list[Case]]:
   """Runs the benchmark of `model` ("rgat" or "hgt"); returns results, notes, the cases.
+
+  mode: "train" or "inference" (forward only); precision: one of `rgnn.PRECISION_CHOICES`.
 
   As for RGCN, PyG runs first for every case, before JAX touches the device. HGT gets jaxdata
   rows only where `jaxdata.hector.hgt_message` exists (a note says so otherwise).
@@ -383,8 +410,7 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
   import rich.progress  # pylint: disable=g-import-not-at-top
   if model not in MODELS:
     raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-  if precision not in rgnn.PRECISIONS:
-    raise ValueError(f"precision must be one of {rgnn.PRECISIONS}, got {precision!r}")
+  rgnn.check_mode_precision(mode, precision)
   if heads <= 0:
     raise ValueError(f"heads must be positive, got {heads}")
   for d in dims:
@@ -413,7 +439,7 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
         for d in dims:
           bar.update(task, description=f"{c.name}, dim {d}, PyG")
           results.append(measure_pyg(model, c, d, heads, repeats=repeats, precision=precision,
-                                     notes=notes))
+                                     notes=notes, mode=mode))
           bar.advance(task)
     if jax_names:
       import jax  # pylint: disable=g-import-not-at-top
@@ -431,12 +457,10 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
           bar.update(task, description=f"{c.name}, dim {d}, JAX")
           results += measure_jax(model, c, d, heads, jax_names, repeats=repeats,
                                  precision=precision, edges=edges, arrays=arrays, notes=notes,
-                                 advance=lambda: bar.advance(task))
+                                 advance=lambda: bar.advance(task), mode=mode)
         del edges, arrays
         jax.clear_caches()
-  order = {f: i for i, f in enumerate(FORMULATIONS)}
-  names = [c.name for c in loaded]
-  results.sort(key=lambda r: (names.index(r.graph), r.dim, order[r.formulation]))
+  results.sort(key=rgnn.sort_key(FORMULATIONS, [c.name for c in loaded]))
   rgnn._check_losses(results, precision, notes)
   return results, notes, loaded
 
@@ -449,59 +473,28 @@ def _ratio(x: float) -> str:
   return f"{x:.2f}x"
 
 
-def comparisons(results: list[rgnn.Result], graph: str, dim: int) -> tuple[str, str, str]:
-  """(jaxdata vs the fastest plain-JAX formulation, vs PyG, jaxdata's memory / PyG's) for one
-  case; speedups divide the peer's time by jaxdata's."""
-  case = [r for r in results if r.graph == graph and r.dim == dim]
-  mine = next((r for r in case if r.formulation == "jaxdata" and r.ok), None)
-  if mine is None:
-    return "", "", ""
-  plain = [r for r in case if r.formulation in PLAIN_JAX]
-  fast = [r.seconds for r in plain if r.ok]
-  if fast:
-    vs_plain = _ratio(min(fast) / mine.seconds)
-  elif plain and all(r.status.startswith("OOM") for r in plain):
-    vs_plain = "all OOM"
-  else:
-    vs_plain = "n/a"
-  pyg = next((r for r in case if r.formulation == "PyG"), None)
-  if pyg is None or pyg.status == "skipped":
-    return vs_plain, "n/a", "n/a"
-  if pyg.status.startswith("OOM"):
-    return vs_plain, "PyG OOM", "PyG OOM"
-  if not pyg.ok:
-    return vs_plain, "n/a", "n/a"
-  memory = (_ratio(mine.bytes / pyg.bytes) if mine.bytes is not None and pyg.bytes else "n/a")
-  return vs_plain, _ratio(pyg.seconds / mine.seconds), memory
+def comparisons(results: list[rgnn.Result], graph: str, dim: int) -> tuple[str, ...]:
+  """(jaxdata vs the fastest plain-JAX formulation, at each precision the run has; vs PyG;
+  jaxdata's memory / PyG's) for one case (`rgnn.comparisons`); speedups divide the peer's time
+  by jaxdata's."""
+  return rgnn.comparisons(results, graph, dim, plain=PLAIN_JAX, pyg=("PyG",))
 
 
-def table_rows(results: list[rgnn.Result]) -> tuple[list[str], list[list[str]]]:
-  measured = any(r.measured_bytes is not None for r in results)
-  header = ["graph", "dim", "formulation", "fwd+bwd ms", "one step alone ms", "peak memory"]
-  if measured:
-    header.append("measured peak")
-  header += ["jaxdata vs best plain JAX", "jaxdata vs PyG", "memory / PyG's"]
-  rows = []
-  for r in results:
-    row = [r.graph, str(r.dim), r.formulation, rgnn._ms(r), rgnn._alone_ms(r),
-           rgnn._mem(r.bytes, r)]
-    if measured:
-      row.append(rgnn.gib(r.measured_bytes) if r.measured_bytes is not None else "")
-    row += (list(comparisons(results, r.graph, r.dim)) if r.formulation == "jaxdata"
-            else ["", "", ""])
-    rows.append(row)
-  return header, rows
+def table_rows(results: list[rgnn.Result], mode: str = "train"
+               ) -> tuple[list[str], list[list[str]]]:
+  return rgnn.table_rows(results, mode=mode, plain=PLAIN_JAX, pyg=("PyG",))
 
 
-def ablation(results: list[rgnn.Result]) -> tuple[list[str], list[list[str]], list[str]]:
+def ablation(results: list[rgnn.Result], mode: str = "train"
+             ) -> tuple[list[str], list[list[str]], list[str]]:
   """(header, rows, summary lines): each jaxdata variant against jaxdata with no passes.
 
   Per case: time and memory of every variant, its speedup over no passes and its memory as a
   share of no passes'. The summary gives, per variant, the range and median of both over the
   cases where both ran.
   """
-  header = ["graph", "dim", "passes", "fwd+bwd ms", "peak memory", "speedup over no passes",
-            "memory / no passes'"]
+  header = ["graph", "dim", "passes", rgnn.time_header(mode)[0], "peak memory",
+            "speedup over no passes", "memory / no passes'"]
   rows, speed, memory = [], {}, {}
   cases = []
   for r in results:
@@ -587,21 +580,21 @@ TITLE = "# Attention layers (RGAT, HGT): one layer, forward + backward"
 
 
 def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: list[Case],
-             command: str, *, heads: int = HEADS, precision: str = "highest") -> str:
-  """One model's section of the document (`document` puts the sections together)."""
+             command: str, *, heads: int = HEADS, precision: str = "highest",
+             mode: str = "train") -> str:
+  """One model's section of the document (`document`, or `rgnn.inference_document` for mode
+  "inference", puts the sections together)."""
   hw = common.hardware()
-  header, rows = table_rows(results)
+  header, rows = table_rows(results, mode)
+  what = "inference (forward only)" if mode == "inference" else "forward + backward"
   text = [
       _begin(model),
-      f"## One {model.upper()} layer: forward + backward", "",
+      f"## One {model.upper()} layer: {what}", "",
       f"Measured by `jaxdata bench rgnn --model {model}` (jaxdata/bench/rgnn_attention.py): "
-      "milliseconds of one step (loss = sum(out * ct) with a fixed random ct; per step, median "
-      "over repeats of rounds of up to 20 steps queued back to back and waited for once, as a "
-      f"training loop runs them, for every formulation alike; *one step alone*: the median of single "
-      f"steps, each waited for, so the host's round trip is in it), float32, the whole graph, {heads} heads. " + DEFINITIONS[model] + " "
+      f"milliseconds of {rgnn.mode_text(mode)}, float32, the whole graph, {heads} heads. "
+      + DEFINITIONS[model] + " "
       "*transform-all-then-gather*, *ragged_dot* and *per-edge weights* are plain JAX "
-      "(jaxdata/reference/attention.py). Matmul precision: "
-      f"`{precision}` (PyG: TF32 {'on' if precision == 'default' else 'off'}).",
+      "(jaxdata/reference/attention.py). " + rgnn.precision_text(precision),
       "",
       "*Peak memory*, *measured peak* and *OOM* as in the RGCN table (rgnn.md): for JAX, what "
       "XLA's compiled executable needs (`memory_analysis()`: arguments + outputs + "
@@ -618,7 +611,7 @@ def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: li
       f"- PyG: {rgnn.software_line()}", "",
       "Graphs:", "", *[f"- {c.describe()}" for c in cases], "",
       common.markdown_table(header, rows), ""]
-  ab_header, ab_rows, summary = ablation(results)
+  ab_header, ab_rows, summary = ablation(results, mode)
   if ab_rows:
     text += [f"### {model.upper()}: what each pass buys", "",
              "jaxdata's rows again, each against the same kernels with no optimizing pass "
@@ -633,28 +626,22 @@ def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: li
 
 
 def _begin(model: str) -> str:
-  return f"<!-- section {model}: written by jaxdata bench rgnn --model {model} -->"
+  return rgnn.section_begin(model)
 
 
 def _end(model: str) -> str:
-  return f"<!-- end of section {model} -->"
+  return rgnn.section_end(model)
 
 
 def document(previous: str | None, model: str, section: str) -> str:
   """The whole document with `model`'s section replaced by `section`, the other model's section
   kept from `previous` (the file as it was, or None), so that RGAT and HGT, run separately,
   land in one file."""
-  sections = {}
-  for m in MODELS:
-    if previous and _begin(m) in previous and _end(m) in previous:
-      first = previous.index(_begin(m))
-      sections[m] = previous[first:previous.index(_end(m), first) + len(_end(m))]
-  sections[model] = section.rstrip("\n")
-  body = [sections[m] for m in MODELS if m in sections]
-  return "\n\n".join([
-      TITLE, "Written by `jaxdata bench rgnn --model rgat|hgt --write <this file>`: each run "
-      "replaces its model's section and keeps the other's. The RGCN figures are in rgnn.md.",
-      *body]) + "\n"
+  return rgnn.sectioned(
+      previous, model, section, title=TITLE, models=MODELS,
+      intro="Written by `jaxdata bench rgnn --model rgat|hgt --write <this file>`: each run "
+            "replaces its model's section and keeps the other's. The RGCN figures are in "
+            "rgnn.md.")
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -684,22 +671,21 @@ def main(args) -> int:
   results, notes, cases = run(
       model, graphs, dims, heads=args.heads, formulations=formulations, data_dir=data_dir,
       quick=args.quick, mag_scale=args.mag_scale, repeats=repeats, precision=args.precision,
-      console=console)
+      mode=args.mode, console=console)
   for c in cases:
     console.print(c.describe())
-  common.print_table(console, TITLES[model], *table_rows(results), left=("graph", "formulation"))
-  header, rows, summary = ablation(results)
+  title = TITLES[model].replace("forward + backward", "inference (forward only)"
+                                ) if args.mode == "inference" else TITLES[model]
+  common.print_table(console, title, *table_rows(results, args.mode),
+                     left=("graph", "formulation"))
+  header, rows, summary = ablation(results, args.mode)
   if rows:
     common.print_table(console, "what each pass buys (jaxdata against itself with no passes)",
                        header, rows, summary, left=("graph", "passes"))
   for n in notes:
     console.print(f"[yellow]{rich.markup.escape(n)}")
   if args.write:
-    previous = None
-    if os.path.exists(args.write):
-      with open(args.write) as f:
-        previous = f.read()
     section = markdown(model, results, notes, cases, common.command_line(), heads=args.heads,
-                       precision=args.precision)
-    common.write(console, args.write, document(previous, model, section))
+                       precision=args.precision, mode=args.mode)
+    rgnn.write_markdown(console, args.write, model, section, args.mode, document)
   return 0

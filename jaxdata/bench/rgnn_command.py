@@ -31,9 +31,15 @@ def add_arguments(parser) -> None:
                            "the shared data folder)")
   parser.add_argument("--repeats", type=command.positive_int,
                       help="timed steps per measurement, median (default 7; --quick 3)")
-  parser.add_argument("--precision", choices=("highest", "default"), default="highest",
-                      help="matmul precision: highest = full float32 on both sides; default = "
-                           "XLA's default and TF32 in torch")
+  parser.add_argument("--mode", choices=rgnn.MODES, default="train",
+                      help="train: one forward + backward step per measurement; inference: the "
+                           "forward pass alone (nothing kept for a backward pass; PyG in eval "
+                           "mode under torch.inference_mode()), --write keeps a section per "
+                           "model in one file (docs/benchmarks/rgnn_inference.md)")
+  parser.add_argument("--precision", choices=rgnn.PRECISION_CHOICES, default="both",
+                      help="matmul precision: both (default) = plain JAX at highest and at "
+                           "default, jaxdata at highest, PyG with TF32 on; highest = full "
+                           "float32 on every side; default = XLA's default and TF32 in torch")
   parser.add_argument("--quick", action="store_true",
                       help="a small run: AIFB and a small synthetic graph, dim 32, 3 repeats; hgt: "
                            "synthetic_mag at scale 0.001 (flags given still apply)")

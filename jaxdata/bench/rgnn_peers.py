@@ -5,6 +5,12 @@ and timed side by side, with the device memory each needs.
     >>> edges = rgcn.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r)
     >>> step = compile_step(plain_jax("ragged_dot", edges, n), x, w, ct)
     >>> timing = time_jax(step)
+
+Two modes (`MODES`): "train", one forward + backward step (loss = sum(out * ct), gradients for
+the inputs and weights), and "inference", one forward pass alone: the message under `jax.jit`
+without `jax.grad` (JAX then lowers a `jax.custom_vjp` function, as hector's kernels are, through
+its primal function, never its forward rule, so nothing is kept for a backward pass), PyG's layer
+in eval mode under `torch.inference_mode()`.
 """
 from __future__ import annotations
 
@@ -17,6 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata.reference import attention, rgcn
+
+
+#: "train": forward + backward per step; "inference": forward only.
+MODES = ("train", "inference")
 
 
 class Unavailable(Exception):
@@ -84,21 +94,50 @@ def loss_and_grads(formulation: Formulation) -> Callable:
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
+def forward_only(formulation: Formulation) -> Callable:
+  """jit(x, w, graph_args -> out): one forward pass, as inference runs it.
+
+  No `jax.grad` around it, so a `jax.custom_vjp` inside (hector's `_apply`) is lowered through
+  its primal function: its forward rule, which returns residuals for the backward pass, is never
+  traced, and what the kernels compute on the way is a temporary of the executable, freed once
+  used, not an output kept alive.
+  """
+  return jax.jit(lambda x, w, g: formulation.message(g, x, w))
+
+
+@jax.jit
+def _checksum(out, ct):
+  """sum(out * ct) elementwise in float32 (no dot, so no TF32 on any backend)."""
+  return jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32))
+
+
 @dataclasses.dataclass
 class Compiled:
-  """A compiled forward+backward step and what XLA says it needs."""
+  """A compiled step (forward+backward, or forward only) and what XLA says it needs."""
   run: Callable[[], Any]  # one step on the bound arguments, results not waited for
   bytes: int | None  # arguments + outputs + temporaries - aliased, from memory_analysis()
   analysis: Any
+  #: sum(out * ct) from what `run` returned: the loss of a train step, a checksum of inference.
+  loss: Callable[[Any], float] = lambda result: float(result[0])
 
 
-def compile_step(formulation: Formulation, x, w, ct) -> Compiled:
-  """Lowers and compiles the step ahead of time, so its memory is known before it runs."""
-  step = loss_and_grads(formulation)
-  compiled = step.lower(x, w, formulation.graph_args, ct).compile()
+def compile_step(formulation: Formulation, x, w, ct, *, mode: str = "train") -> Compiled:
+  """Lowers and compiles the step ahead of time, so its memory is known before it runs.
+
+  mode "train": `loss_and_grads`; "inference": `forward_only` (ct is then used only for the
+  checksum that `Compiled.loss` computes outside the timed program).
+  """
+  g = formulation.graph_args
+  if mode == "train":
+    compiled = loss_and_grads(formulation).lower(x, w, g, ct).compile()
+    run, loss = (lambda: compiled(x, w, g, ct)), (lambda result: float(result[0]))
+  elif mode == "inference":
+    compiled = forward_only(formulation).lower(x, w, g).compile()
+    run, loss = (lambda: compiled(x, w, g)), (lambda out: float(_checksum(out, ct)))
+  else:
+    raise ValueError(f"compile_step: mode must be one of {MODES}, got {mode!r}")
   analysis = compiled.memory_analysis()
-  return Compiled(lambda: compiled(x, w, formulation.graph_args, ct),
-                  compiled_bytes(analysis), analysis)
+  return Compiled(run, compiled_bytes(analysis), analysis, loss)
 
 
 def compiled_bytes(analysis) -> int | None:
@@ -130,10 +169,11 @@ def device_memory_stats(device=None) -> dict[str, int]:
 
 @dataclasses.dataclass
 class Timing:
-  seconds: float  # median wall time of one forward+backward step
+  seconds: float  # median wall time of one step (forward+backward, or forward only)
   bytes: int | None  # model of the step's device memory (compiled analysis; torch's peak for PyG)
   measured_bytes: int | None = None  # rise of the device's peak_bytes_in_use, where it rose
   loss: float | None = None  # sum(out * ct) of the first step, to check formulations agree
+  output: Any = None  # inference: the first forward's output (for tests), else None
   alone_seconds: float | None = None  # median of one step waited for on its own (latency)
 
 
@@ -153,7 +193,7 @@ def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
   """
   from jaxdata.timing import step_seconds  # pylint: disable=g-import-not-at-top
   before = device_memory_stats() if baseline is None else baseline
-  loss = float(compiled.run()[0])
+  loss = compiled.loss(compiled.run())
   seconds, alone = step_seconds(compiled.run, warmup=max(warmup - 1, 0),
                                        repeats=repeats)
   after = device_memory_stats()
@@ -173,36 +213,62 @@ def pyg_wait(device) -> Callable[[Any], None]:
   return lambda _: None
 
 
-def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, repeats: int = 7,
-             warmup: int = 2, device=None) -> Timing:
-  """Median fwd+bwd time of PyG's RGCNConv on `device`, and on CUDA its peak allocated bytes.
+#: PyG's RGCN layers: name -> `jaxdata.reference.rgcn.pyg_conv`'s `fast`.
+PYG_RGCN = {"RGCNConv": False, "FastRGCNConv": True}
 
-  The peak counts what this case allocated, inputs and weights included (memory allocated before
-  it is subtracted), as the compiled figure of a JAX step counts its arguments.
+
+def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, repeats: int = 7,
+             warmup: int = 2, device=None, mode: str = "train", layer: str = "RGCNConv",
+             keep_output: bool = False) -> Timing:
+  """Median step time of PyG's RGCNConv (or FastRGCNConv: `layer`) on `device`, and on CUDA its
+  peak allocated bytes.
+
+  mode "train": forward + backward of sum(conv(x) * ct); "inference": the forward alone, the
+  layer in eval mode under `torch.inference_mode()` (`rgcn.pyg_forward`). The peak counts what
+  this case allocated, inputs and weights included (memory allocated before it is subtracted),
+  as the compiled figure of a JAX step counts its arguments. `keep_output`: inference's first
+  output, as NumPy, in `Timing.output`.
   """
   import torch  # pylint: disable=g-import-not-at-top
+  if mode not in MODES:
+    raise ValueError(f"time_pyg: mode must be one of {MODES}, got {mode!r}")
+  if layer not in PYG_RGCN:
+    raise ValueError(f"time_pyg: layer must be one of {tuple(PYG_RGCN)}, got {layer!r}")
   device = device or rgcn.torch_device()
   cuda = device.type == "cuda"
   if cuda:
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-  conv = rgcn.pyg_conv(w, device=device)
+  conv = rgcn.pyg_conv(w, device=device, fast=PYG_RGCN[layer])
   edge_index, edge_type = rgcn.pyg_graph(src, dst, etype, device)
-  xt = torch.from_numpy(np.asarray(x)).to(device).requires_grad_(True)
+  xt = torch.from_numpy(np.asarray(x)).to(device).requires_grad_(mode == "train")
   ctt = torch.from_numpy(np.asarray(ct)).to(device)
+  output = None
+  if mode == "train":
+    def step():
+      return rgcn.pyg_loss_and_grads(conv, xt, edge_index, edge_type, ctt)
 
-  def step():
-    return rgcn.pyg_loss_and_grads(conv, xt, edge_index, edge_type, ctt)
+    loss = step()[0].detach().item()
+  else:
+    conv.eval()
+
+    def step():
+      return rgcn.pyg_forward(conv, xt, edge_index, edge_type)
+
+    first = step()
+    loss = float((first * ctt).sum().item())
+    if keep_output:
+      output = first.cpu().numpy()
+    del first
 
   from jaxdata.timing import step_seconds  # pylint: disable=g-import-not-at-top
   wait = pyg_wait(device)
-  loss = step()[0].detach().item()
   seconds, alone = step_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
                                        wait=wait)
   peak = torch.cuda.max_memory_allocated(device) - base if cuda else None
-  del conv, edge_index, edge_type, xt, ctt
-  return Timing(seconds, peak, loss=loss, alone_seconds=alone)
+  conv = edge_index = edge_type = xt = ctt = step = None  # free the case's tensors (and cells)
+  return Timing(seconds, peak, loss=loss, alone_seconds=alone, output=output)
 
 
 # ------------------------------------------------------------------------------------------------

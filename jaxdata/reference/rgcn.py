@@ -20,8 +20,9 @@ jit-able with `num_nodes` static; edges must be sorted by relation (`ragged_dot`
                              FastRGCNConv: memory-hungry on purpose
   featureless                the x-is-None layer
 
-The PyTorch Geometric formulation is `torch_geometric.nn.RGCNConv(aggr="mean")` given the same
-weights (`pyg_conv`; torch is imported only by the functions that need it).
+The PyTorch Geometric formulations are `torch_geometric.nn.RGCNConv(aggr="mean")` and its
+per-edge-weight twin `FastRGCNConv` given the same weights (`pyg_conv`; torch is imported only
+by the functions that need it).
 
     >>> edges = EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r)
     >>> out = jax.jit(ragged_dot, static_argnums=4)(*edges, n, x, w)
@@ -186,17 +187,19 @@ def torch_device():
 
 
 def pyg_conv(w: np.ndarray, *, w_self: np.ndarray | None = None, bias: np.ndarray | None = None,
-             device=None, dtype=None):
+             device=None, dtype=None, fast: bool = False):
   """RGCNConv(aggr="mean") holding the given weights; root/bias only when given.
 
   `w` is [R, d_in, d_out], or [R, N, d_out] for the featureless layer (then in_channels = N).
+  `fast`: PyG's FastRGCNConv instead, the same layer (same parameters, same per-relation mean)
+  computed with the per-edge weight W[etype] as one [E, d_in, d_out] tensor and a batched matmul.
   """
   import torch  # pylint: disable=g-import-not-at-top
-  from torch_geometric.nn import RGCNConv  # pylint: disable=g-import-not-at-top
+  from torch_geometric.nn import FastRGCNConv, RGCNConv  # pylint: disable=g-import-not-at-top
   w = np.asarray(w)
   num_relations, d_in, d_out = w.shape
   dtype = dtype or getattr(torch, np.dtype(w.dtype).name)
-  conv = RGCNConv(d_in, d_out, num_relations=num_relations, aggr="mean",
+  conv = (FastRGCNConv if fast else RGCNConv)(d_in, d_out, num_relations=num_relations, aggr="mean",
                   root_weight=w_self is not None, bias=bias is not None, is_sorted=False)
   conv = conv.to(device=device or torch_device(), dtype=dtype)
   with torch.no_grad():
@@ -215,6 +218,22 @@ def pyg_graph(src, dst, etype, device=None):
   edge_index = torch.from_numpy(np.stack([np.asarray(src), np.asarray(dst)]).astype(np.int64))
   edge_type = torch.from_numpy(np.asarray(etype).astype(np.int64))
   return edge_index.to(device), edge_type.to(device)
+
+
+def pyg_forward(conv, x, edge_index, edge_type):
+  """conv(x) for inference: under `torch.inference_mode()` (no autograd graph, nothing saved for a
+  backward pass), RGCNConv kept on its per-relation loop. Put `conv` in eval mode first."""
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.inference_mode(), pyg_per_relation_mean():
+    return conv(x, edge_index, edge_type)
+
+
+def pyg_fast_bytes(num_edges: int, d_in: int, d_out: int, *, train: bool,
+                   itemsize: int = 4) -> int:
+  """A lower bound on FastRGCNConv's memory: its per-edge W[etype], [E, d_in, d_out]; training
+  also builds that tensor's gradient (and autograd keeps the gather's index), counted twice more.
+  Used only on the CPU, where torch keeps no peak and the kernel's OOM killer does not raise."""
+  return per_edge_weight_bytes(num_edges, d_in, d_out, itemsize) * (3 if train else 1)
 
 
 def pyg_loss_and_grads(conv, x, edge_index, edge_type, ct):
