@@ -144,14 +144,20 @@ class RGCN(nnx.Module):
     k, o = first.shape[0], first.shape[-1]
     per = rows[:, :k * o].reshape(s, k, o).astype(first.dtype)  # [S, K, out]
     if self.bases is None:
-      w = per.transpose(1, 0, 2)  # each slot's row of every W_r
+      # Node j's message through relation r is W_r[j]: the rows, transposed, are the one-hot
+      # layer's weight over the graph's nodes.
+      h = rgcn_message(graph, None, per.transpose(1, 0, 2).astype(self.dtype))
       w0 = rows[:, k * o:] if self.root is not None else None
     else:
+      # Through relation r: sum_b a_rb V_b[j], row j times a [B * out, out] weight holding
+      # a_rb * I: one hector GEMM per unique (source, relation) pair, where combining the
+      # bases per slot would make an [R, S, out] array (R / B times the rows).
       a = self.coefficients[...]
-      w = jnp.einsum("rb,sbo->rso", a[:self.num_relations], per)
+      w = jnp.einsum("rb,io->rbio", a[:self.num_relations], jnp.eye(o, dtype=first.dtype))
+      h = rgcn_message(graph, rows[:, :k * o].astype(self.dtype),
+                       w.reshape(self.num_relations, k * o, o).astype(self.dtype))
       w0 = (jnp.einsum("b,sbo->so", a[self.num_relations], per) if self.self_loop_in_bases
             else rows[:, k * o:] if self.root is not None else None)
-    h = rgcn_message(graph, None, w.astype(self.dtype))
     if w0 is not None:
       h = h + w0.astype(self.dtype)
     if self.bias is not None:
