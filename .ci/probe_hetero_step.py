@@ -4,9 +4,9 @@ On synthetic_mag (default scale 1, as `jaxdata bench hetero`), fanouts 10,10, 10
 GPU-centric pipeline: times, each as its own jitted program queued `steps` times back to back,
 (1) sampling the blocks (`sample_blocks`), (2) sampling + the feature gathers (`gather_typed`),
 (3) the model's forward + backward + Adam update on blocks and features computed beforehand,
-(4) the whole step. The data path is (2); if the whole step took (2) + (3), nothing of it is
-hidden; (2) + (3) - (4) is what XLA overlaps inside one program. Then a profile of a few whole
-steps lists the GPU kernels that take the time.
+(4) the whole step: wall time per call (host dispatch included) and GPU kernel time per call
+(from JAX's profiler; on one stream a step's kernels run one after another, so the kernel time
+of (4) against (2) + (3) says what, if anything, overlaps). Then the whole step's kernels.
 
     python3 .ci/probe_hetero_step.py [scale] [steps]
 """
@@ -31,12 +31,33 @@ from jaxdata.train.attention import minibatch as hetero
 
 
 def timed(fn, args, steps):
-  """Wall time per call, ms, of `steps` calls queued back to back (after a warm-up)."""
+  """Wall time per call, ms, of `steps` calls queued back to back (after a warm-up). Includes
+  the host's dispatch (nnx.jit walks the model and optimizer on every call)."""
   jax.block_until_ready(fn(*args(0)))
   t0 = time.perf_counter()
   out = [fn(*args(i)) for i in range(1, steps + 1)]
   jax.block_until_ready(out)
   return (time.perf_counter() - t0) / steps * 1e3
+
+
+def kernels(fn, args, runs=5):
+  """(GPU kernel ms per call, {kernel name: [launches, ns]}) from a profile of `runs` calls."""
+  jax.block_until_ready(fn(*args(0)))
+  trace = tempfile.mkdtemp()
+  jax.profiler.start_trace(trace)
+  jax.block_until_ready([fn(*args(i)) for i in range(runs)])
+  jax.profiler.stop_trace()
+  by, total = collections.defaultdict(lambda: [0, 0]), 0
+  for path in glob.glob(f"{trace}/**/*.xplane.pb", recursive=True):
+    for plane in ProfileData.from_file(path).planes:
+      if plane.name.startswith("/device:GPU"):
+        for line in plane.lines:
+          for e in line.events:
+            by[e.name[:80]][0] += 1
+            by[e.name[:80]][1] += e.duration_ns
+            total += e.duration_ns
+  shutil.rmtree(trace, ignore_errors=True)
+  return total / runs / 1e6, by
 
 
 def main():
@@ -82,43 +103,27 @@ def main():
 
     prepared = [data_path(seeds[i], keys[i]) for i in range(steps + 1)]
     jax.block_until_ready(prepared)
-    t_sample = timed(sample_only, lambda i: (seeds[i], keys[i]), steps)
-    t_data = timed(data_path, lambda i: (seeds[i], keys[i]), steps)
-    t_compute = timed(compute, lambda i: (model, optimizer, *prepared[i], seeds[i]), steps)
-    t_whole = timed(whole, lambda i: (model, optimizer, seeds[i], keys[i]), steps)
+    phases = {"sample only": (sample_only, lambda i: (seeds[i], keys[i])),
+              "sample + gathers (the data path)": (data_path, lambda i: (seeds[i], keys[i])),
+              "model fwd+bwd+Adam on prepared inputs": (
+                  compute, lambda i: (model, optimizer, *prepared[i], seeds[i])),
+              "whole step": (whole, lambda i: (model, optimizer, seeds[i], keys[i]))}
     blocks = prepared[0][0]
     slots = [int(m.sum()) for m in blocks.masks]
     edges = [int((np.asarray(g.norm) > 0).sum()) for g in blocks.graphs]
     print(f"synthetic_mag scale {scale}: fanouts {fanouts}, {batch} seeds; frontier slots used "
           f"{slots} of {[m.shape[0] for m in blocks.masks]}; sampled edges per hop {edges}")
-    print(f"sample only        {t_sample:7.2f} ms")
-    print(f"sample + gathers   {t_data:7.2f} ms   (the data path)")
-    print(f"model fwd+bwd+Adam {t_compute:7.2f} ms   (on prepared blocks and features)")
-    print(f"whole step         {t_whole:7.2f} ms")
-    hidden = t_data + t_compute - t_whole
-    print(f"data path + model - whole = {hidden:.2f} ms hidden "
-          f"({100 * hidden / t_data:.0f}% of the data path)")
-
-    trace = tempfile.mkdtemp()
-    jax.profiler.start_trace(trace)
+    print(f"{'':40s} {'wall ms/call':>12s} {'GPU kernel ms/call':>19s}")
+    profiles = {}
+    for name, (fn, args) in phases.items():
+      wall = timed(fn, args, steps)
+      gpu, by = kernels(fn, args, min(5, steps + 1))
+      profiles[name] = by
+      print(f"{name:40s} {wall:12.2f} {gpu:19.2f}")
     runs = min(5, steps + 1)
-    jax.block_until_ready([whole(model, optimizer, seeds[i], keys[i]) for i in range(runs)])
-    jax.profiler.stop_trace()
-    for path in glob.glob(f"{trace}/**/*.xplane.pb", recursive=True):
-      for plane in ProfileData.from_file(path).planes:
-        if not plane.name.startswith("/device:GPU"):
-          continue
-        by = collections.defaultdict(lambda: [0, 0.0])
-        total = 0
-        for line in plane.lines:
-          for e in line.events:
-            by[e.name[:80]][0] += 1
-            by[e.name[:80]][1] += e.duration_ns
-            total += e.duration_ns
-        print(f"{plane.name}: {total / runs / 1e6:.2f} ms of kernels per step (all streams)")
-        for name, (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
-          print(f"  {t / runs / 1e6:7.3f} ms/step  x{n // runs:<4d} {name}")
-    shutil.rmtree(trace, ignore_errors=True)
+    print("whole step, GPU kernels by time (all streams):")
+    for name, (n, t) in sorted(profiles["whole step"].items(), key=lambda kv: -kv[1][1])[:25]:
+      print(f"  {t / runs / 1e6:7.3f} ms/step  x{n // runs:<4d} {name}")
 
 
 if __name__ == "__main__":
