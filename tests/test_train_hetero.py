@@ -18,7 +18,7 @@ from flax import nnx
 
 from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
-from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.host.blocks import gather_typed, node_types, sample_blocks, type_caches
 from jaxdata.train import attention
 from jaxdata.train.attention import minibatch as hetero
 from jaxdata.train.attention import TrainConfig, build_model
@@ -95,6 +95,20 @@ def test_blocks_hold_sampled_edges_of_the_graph(device):
       np.testing.assert_array_equal(np.asarray(x)[mine],
                                     ds.features[t][nodes[mine] - data.type_offsets[t]])
       assert not np.asarray(x)[~mine].any()
+    # with a device cache of each type's most sampled rows: the same rows, fewer read from host
+    caches = type_caches(data.host, data.tables, data.type_offsets, 0.3)
+    cached = jax.block_until_ready(gather_typed(data.tables, data.type_offsets, blocks.nodes[-1],
+                                                blocks.masks[-1], caches))
+    for a, b in zip(cached, xs):
+      np.testing.assert_array_equal(a, b)
+    degree = np.bincount(ds.graph.src, minlength=ds.graph.num_nodes)
+    for t, cache in enumerate(caches):
+      lo, hi = data.type_offsets[t], data.type_offsets[t + 1]
+      held = np.flatnonzero(np.asarray(cache.slots) >= 0)
+      assert len(held) == max(1, round(0.3 * (hi - lo)))
+      # the rows held are those of the type's nodes with the most out-edges
+      assert degree[lo:hi][held].min() >= np.delete(degree[lo:hi], held).max(initial=0)
+      np.testing.assert_array_equal(np.asarray(cache.rows), ds.features[t][held])
 
 
 def test_minibatch_training_learns_and_pipelines_agree():
@@ -103,11 +117,14 @@ def test_minibatch_training_learns_and_pipelines_agree():
   runs = {p: hetero.train(ds, config, hetero.MinibatchConfig(fanouts=(4, 4), batch_size=32,
                                                              pipeline=p), final_evaluation="minibatch")
           for p in ("host", "device")}
+  runs["host-cache"] = hetero.train(ds, config, hetero.MinibatchConfig(
+      fanouts=(4, 4), batch_size=32, cache=0.25), final_evaluation="minibatch")
   losses = {p: [h["loss"] for h in r.history] for p, r in runs.items()}
   # The same samples and features: the first epoch's losses agree to float rounding; later
   # ones drift apart by the order of GPU atomics (scatter-adds) compounded over Adam steps.
   np.testing.assert_allclose(losses["host"][0], losses["device"][0], rtol=1e-4)
   np.testing.assert_allclose(losses["host"], losses["device"], rtol=3e-3)
+  np.testing.assert_allclose(losses["host"], losses["host-cache"], rtol=3e-3)
   assert losses["host"][-1] < losses["host"][0]
   assert runs["host"].metrics["val_accuracy"] > 1.5 / ds.num_classes
 
@@ -117,6 +134,10 @@ def test_bad_configs_and_inputs():
     hetero.MinibatchConfig(fanouts=(3, 0))
   with pytest.raises(ValueError, match="pipeline must be one of"):
     hetero.MinibatchConfig(pipeline="gpu")
+  with pytest.raises(ValueError, match="cache must be a fraction"):
+    hetero.MinibatchConfig(cache=1.5)
+  with pytest.raises(ValueError, match="device cache is for the host pipeline"):
+    hetero.MinibatchConfig(cache=0.2, pipeline="device")
   ds = mag()
   with hetero.HostData(ds, "host") as data:
     with pytest.raises(TypeError, match="seeds must be a 1-D integer array"):
@@ -145,7 +166,8 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   for args, message in ((("--fanouts", "3"), "give two fanouts"),
                         (("--fanouts", "3,0"), "--fanouts"),
                         (("--pipeline", "gpu"), "--pipeline"),
-                        (("--embed", "paper"), "--embed")):
+                        (("--embed", "paper"), "--embed"),
+                        (("--cache", "0.2", "--pipeline", "device"), "--cache")):
     r = run("train", "rgat", "--minibatch", "--scale", "0.0005", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxdata.hector.block import block_graph, expand, frontier
 from jaxdata.hector.runtime import GraphArrays
+from jaxdata.host.cache import DeviceCache
 from jaxdata.host.gather import host_gather
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import DeviceGraph, sample_neighbors
@@ -103,31 +104,59 @@ def sample_blocks(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[
 
 
 def gather_typed(tables: Sequence[HostTable | jax.Array], type_offsets: Sequence[int],
-                 nodes: jax.Array, mask: jax.Array) -> list[jax.Array]:
+                 nodes: jax.Array, mask: jax.Array,
+                 caches: Sequence[DeviceCache | None] | None = None) -> list[jax.Array]:
   """The rows of each node type's table for the slots of one frontier.
 
   Node type t owns the global ids ``[type_offsets[t], type_offsets[t + 1])`` and its rows are
   ``tables[t]`` (a `HostTable`, read with `host_gather`, or a device array). Returns one array
   per type, ``[len(nodes), d_t]``: a slot's row in its own type's array, zeros elsewhere and in
-  unused slots; nothing is read for those.
+  unused slots; nothing is read for those. With `caches` (`type_caches`), a row that type t's
+  `DeviceCache` holds comes from device memory and only the others are read from the host.
   """
   offsets = tuple(int(o) for o in type_offsets)
   if len(offsets) != len(tables) + 1:
     raise ValueError(f"gather_typed: {len(tables)} tables need {len(tables) + 1} type offsets, "
                      f"got {len(offsets)}")
+  caches = [None] * len(tables) if caches is None else list(caches)
+  if len(caches) != len(tables):
+    raise ValueError(f"gather_typed: {len(caches)} caches for {len(tables)} tables")
   out = []
-  for t, table in enumerate(tables):
+  for t, (table, cache) in enumerate(zip(tables, caches)):
     rows = offsets[t + 1] - offsets[t]
     if table.shape[0] != rows:
       raise ValueError(f"gather_typed: the table of node type {t} has {table.shape[0]} rows, "
                        f"the type has {rows} nodes")
+    if cache is not None and cache.slots.shape[0] != rows:
+      raise ValueError(f"gather_typed: the cache of node type {t} was built for "
+                       f"{cache.slots.shape[0]} rows, the type has {rows} nodes")
     mine = mask & (nodes >= offsets[t]) & (nodes < offsets[t + 1])
     local = jnp.where(mine, nodes - offsets[t], rows)  # rows: out of range, filled, not read
+    slot = None
+    if cache is not None:
+      slot = jnp.where(mine, jnp.take(cache.slots, jnp.minimum(local, rows - 1)), -1)
+      local = jnp.where(slot >= 0, rows, local)  # a hit: nothing to read from the host
     if isinstance(table, HostTable):
-      out.append(host_gather(table, local, mode="fill", fill_value=0))
+      x = host_gather(table, local, mode="fill", fill_value=0)
     else:
-      out.append(jnp.take(table, local, axis=0, mode="fill", fill_value=0))
+      x = jnp.take(table, local, axis=0, mode="fill", fill_value=0)
+    if slot is not None:
+      x = jnp.where((slot >= 0)[:, None], jnp.take(cache.rows, jnp.maximum(slot, 0), axis=0), x)
+    out.append(x)
   return out
+
+
+def type_caches(graph: HostGraph, tables: Sequence[HostTable | None],
+                type_offsets: Sequence[int], fraction: float) -> list[DeviceCache | None]:
+  """A `DeviceCache` per node type: `fraction` of each type's rows, those of its nodes with the
+  most out-edges in `graph` (the most often sampled). None where `tables[t]` is None (a table
+  that changes during training, such as a learnable embedding, must not be cached)."""
+  offsets = tuple(int(o) for o in type_offsets)
+  counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=offsets[-1])
+  return [None if table is None else
+          DeviceCache.from_counts(counts[offsets[t]:offsets[t + 1]], table, fraction=fraction,
+                                  what="type_caches")
+          for t, table in enumerate(tables)]
 
 
 def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:

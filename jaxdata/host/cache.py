@@ -38,28 +38,44 @@ class DeviceCache(NamedTuple):
 
     Give the size as a `fraction` of the table's rows or as a row `capacity`.
     """
-    if (fraction is None) == (capacity is None):
-      raise ValueError("DeviceCache.build: give exactly one of fraction and capacity")
     if table.shape[0] != graph.num_nodes:
       raise ValueError(f"DeviceCache.build: the table has {table.shape[0]} rows, the graph "
                        f"{graph.num_nodes} nodes")
+    counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
+    return cls.from_counts(counts, table, fraction=fraction, capacity=capacity, device=device,
+                           what="DeviceCache.build")
+
+  @classmethod
+  def from_counts(cls, counts: Any, table: HostTable, *, fraction: float | None = None,
+                  capacity: int | None = None, device: Any = None,
+                  what: str = "DeviceCache.from_counts") -> DeviceCache:
+    """Caches the rows with the highest `counts` (how often each row is expected to be read:
+    a node's out-degree for neighbour sampling), `fraction` of the rows or `capacity` rows.
+
+    For a typed graph, one cache per node type's table: `counts` are that type's nodes'
+    out-degrees (`jaxdata.host.blocks.type_caches` builds them all).
+    """
+    counts = np.asarray(counts)
+    if (fraction is None) == (capacity is None):
+      raise ValueError(f"{what}: give exactly one of fraction and capacity")
+    if counts.shape != (table.shape[0],):
+      raise ValueError(f"{what}: {counts.shape[0] if counts.ndim == 1 else counts.shape} "
+                       f"counts for a table of {table.shape[0]} rows")
     if capacity is not None and (isinstance(capacity, (bool, np.bool_))
                                  or not isinstance(capacity, (int, np.integer))):
-      raise TypeError(f"DeviceCache.build: capacity must be an integer, got {capacity!r}")
+      raise TypeError(f"{what}: capacity must be an integer, got {capacity!r}")
     if fraction is not None:
       if not isinstance(fraction, (int, float, np.integer, np.floating)) or isinstance(
           fraction, (bool, np.bool_)):
-        raise TypeError(f"DeviceCache.build: fraction must be a number, got {fraction!r}")
+        raise TypeError(f"{what}: fraction must be a number, got {fraction!r}")
       if not 0 < fraction <= 1:
-        raise ValueError(f"DeviceCache.build: fraction must be in (0, 1], got {fraction}")
-      capacity = max(1, int(round(fraction * graph.num_nodes)))
-    if not 1 <= capacity <= graph.num_nodes:
-      raise ValueError(f"DeviceCache.build: capacity must be in [1, {graph.num_nodes}], "
-                       f"got {capacity}")
-    counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
+        raise ValueError(f"{what}: fraction must be in (0, 1], got {fraction}")
+      capacity = max(1, int(round(fraction * len(counts))))
+    if not 1 <= capacity <= len(counts):
+      raise ValueError(f"{what}: capacity must be in [1, {len(counts)}], got {capacity}")
     chosen = np.sort(np.argpartition(-counts, capacity - 1)[:capacity]) if capacity < len(
         counts) else np.arange(len(counts))
-    slots = np.full(graph.num_nodes, -1, np.int32)
+    slots = np.full(len(counts), -1, np.int32)
     slots[chosen] = np.arange(capacity, dtype=np.int32)
     rows = table.as_numpy()[chosen]  # a copy, ascending rows
     return cls(jax.device_put(slots, device), jax.device_put(rows, device))

@@ -316,6 +316,9 @@ def add_arguments(parser, model: str):
                       help="--minibatch: in-edges sampled per node and hop, one per layer")
   parser.add_argument("--batch-size", type=command.positive_int, default=1024,
                       help="--minibatch: seed papers per step")
+  parser.add_argument("--cache", type=command.fraction, default=0.0,
+                      help="--minibatch, host pipeline: keep this fraction of each feature "
+                           "table's rows (its most sampled nodes) in device memory")
   parser.add_argument("--pipeline", choices=("host", "device"), default="host",
                       help="--minibatch: graph and features in pinned host memory (GPU-centric) "
                            "or in device memory")
@@ -362,8 +365,11 @@ def main(args) -> int:
     if len(args.fanouts) != 2:
       raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
                                f"{len(args.fanouts)}")
+    if args.cache and args.pipeline != "host":
+      raise command.UsageError("argument --cache: a device cache is for --pipeline host (the "
+                               "device pipeline has every row on the device)")
     minibatch = hetero.MinibatchConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                       pipeline=args.pipeline,
+                                       pipeline=args.pipeline, cache=args.cache,
                                        table_optimizer=args.table_optimizer)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()

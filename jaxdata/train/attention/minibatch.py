@@ -33,7 +33,7 @@ from flax import nnx
 
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import HostGraph, HostTable, sparse
-from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.host.blocks import gather_typed, node_types, sample_blocks, type_caches
 from jaxdata.host.sample import DeviceGraph
 from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
 from jaxdata.train.common import TrainResult, seed_batches
@@ -50,6 +50,7 @@ class MinibatchConfig:
   batch_size: int = 1024
   pipeline: str = "host"
   table_optimizer: str = "adam"  # trains the embedding tables (TrainConfig.embed)
+  cache: float = 0.0  # "host": keep this fraction of each feature table's rows on the device
   max_batches: int | None = None
 
   def __post_init__(self):
@@ -61,6 +62,11 @@ class MinibatchConfig:
                        f"the two-layer model), got {self.fanouts}")
     if self.batch_size < 1:
       raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
+    if not 0 <= self.cache <= 1:
+      raise ValueError(f"MinibatchConfig: cache must be a fraction in [0, 1], got {self.cache}")
+    if self.cache and self.pipeline != "host":
+      raise ValueError("MinibatchConfig: a device cache is for the host pipeline (the device "
+                       "pipeline has every row on the device)")
     if self.table_optimizer not in sparse.BY_NAME:
       raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
                        f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
@@ -70,7 +76,7 @@ class HostData:
   """The dataset's graph and features where `pipeline` wants them, and the model's embedding
   tables (`TrainConfig.embed`) in host memory; a context manager that frees the host tables."""
 
-  def __init__(self, dataset: MagDataset, pipeline: str, model=None):
+  def __init__(self, dataset: MagDataset, pipeline: str, model=None, cache: float = 0.0):
     g = dataset.graph
     offsets, edge_ids = g.csc()  # in-edges by destination: the sampler's layout
     self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
@@ -87,6 +93,10 @@ class HostData:
     # "device": the step takes the device arrays as arguments (`consts`), not as constants
     # baked into the program; "host": the host objects enter the step as handles.
     self.consts = {}
+    if cache:  # the most sampled rows of each feature table (not of the embeddings: they train)
+      self.consts["caches"] = type_caches(
+          self.host, [None if t in self.embedded else x for t, x in enumerate(self.tables)],
+          self.type_offsets, cache)
     if pipeline == "device":
       self.consts = {"graph": DeviceGraph.from_host(self.host),
                      "features": [None if t in self.embedded else jnp.asarray(x)
@@ -95,7 +105,7 @@ class HostData:
   def where(self, consts):
     """(graph, tables) a step reads: its `consts` arguments, or the host objects (embedding
     tables stay in host memory either way)."""
-    if consts:
+    if "graph" in consts:
       return consts["graph"], [self.tables[t] if x is None else x
                                for t, x in enumerate(consts["features"])]
     return self.host, self.tables
@@ -125,7 +135,8 @@ def sample(data: HostData, consts, seeds, fanouts, key):
   """(blocks, every type's input rows for the outermost frontier's slots)."""
   graph, tables = data.where(consts)
   blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
-  return blocks, gather_typed(tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1])
+  return blocks, gather_typed(tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1],
+                              consts.get("caches"))
 
 
 def logits_of(model, data: HostData, blocks, xs, seeds):
@@ -160,7 +171,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   papers = dataset.node_range("paper")
   labels = jnp.asarray(dataset.labels)
-  with HostData(dataset, minibatch.pipeline, model) as data:
+  with HostData(dataset, minibatch.pipeline, model, minibatch.cache) as data:
     table_states = [table_opt.init(data.tables[t]) for t in data.embedded]
 
     @nnx.jit
