@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import socket
+import sys
+import time
 from typing import Any
 
 from jaxdata import command
@@ -121,6 +124,21 @@ def setup_from(args: Any) -> Setup:
                timeout=timeout)
 
 
+def _wait_for(address: str, timeout: float) -> None:
+  """Returns once something accepts TCP connections at `address`; UsageError after `timeout`."""
+  host, _, port = address.rpartition(":")
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise command.UsageError(f"cannot reach the coordinator {address} within {timeout} s "
+                                 f"({e.strerror or e}); is process 0 running there?") from None
+      time.sleep(0.2)
+
+
 def initialize(setup: Setup) -> Setup:
   """Joins the job `setup` describes (`jax.distributed.initialize`); nothing for a plain run.
 
@@ -140,6 +158,12 @@ def initialize(setup: Setup) -> Setup:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kwargs = dict(initialization_timeout=setup.timeout, heartbeat_timeout_seconds=setup.timeout)
   if setup.mode == "explicit":
+    # JAX aborts the process (a fatal log, no exception) when it cannot reach the coordinator;
+    # the peers look for it first, so that an unreachable address is a one-line error.
+    if setup.process_id != 0:
+      _wait_for(setup.coordinator, setup.timeout)
+    print(f"jaxdata: process {setup.process_id} of {setup.num_processes} joining the job at "
+          f"{setup.coordinator} (timeout {setup.timeout} s)", file=sys.stderr, flush=True)
     kwargs.update(coordinator_address=setup.coordinator, num_processes=setup.num_processes,
                   process_id=setup.process_id)
   try:

@@ -99,6 +99,8 @@ def run(argv: list[str], num_processes: int, devices_per_process: int | None = N
       p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, errors="replace")
       procs.append(p)
+      with lock:
+        print(f"jaxdata launch: process {i} is pid {p.pid}", file=sys.stderr, flush=True)
       pumps.append(threading.Thread(target=_pump, args=(i, p.stdout, lock), daemon=True))
       pumps[-1].start()
     code = 0
