@@ -156,7 +156,8 @@ def initialize(setup: Setup) -> Setup:
                        "initialize must run before any computation or jax.devices()")
   # CPU collectives across processes: gloo (the CPU backend has none across processes without).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  kwargs = dict(initialization_timeout=setup.timeout, heartbeat_timeout_seconds=setup.timeout)
+  kwargs = dict(initialization_timeout=setup.timeout, heartbeat_timeout_seconds=setup.timeout,
+                shutdown_timeout_seconds=setup.timeout)
   if setup.mode == "explicit":
     # JAX aborts the process (a fatal log, no exception) when it cannot reach the coordinator;
     # the peers look for it first, so that an unreachable address is a one-line error.

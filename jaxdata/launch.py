@@ -104,17 +104,18 @@ def run(argv: list[str], num_processes: int, devices_per_process: int | None = N
       pumps.append(threading.Thread(target=_pump, args=(i, p.stdout, lock), daemon=True))
       pumps[-1].start()
     code = 0
-    while code == 0 and any(p.poll() is None for p in procs):
-      time.sleep(0.05)
-      failed = [(i, p.returncode) for i, p in enumerate(procs)
-                if p.returncode is not None and p.returncode != 0]
+    while code == 0:
+      codes = [p.poll() for p in procs]  # every process, every time (not any(): it stops early)
+      failed = [(i, c) for i, c in enumerate(codes) if c]
+      if not failed and all(c == 0 for c in codes):
+        break
       if failed:
         i, code = failed[0]
         with lock:
           print(f"jaxdata launch: process {i} exited with code {code}; stopping the others",
                 file=sys.stderr, flush=True)
-    if code == 0:  # all ended: the first failure, if any
-      code = next((p.returncode for p in procs if p.returncode), 0)
+      else:
+        time.sleep(0.05)
   except KeyboardInterrupt:
     code = 130
   finally:
