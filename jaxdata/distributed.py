@@ -155,7 +155,10 @@ def initialize(setup: Setup) -> Setup:
     raise RuntimeError("jaxdata.distributed.initialize: a JAX backend already exists; "
                        "initialize must run before any computation or jax.devices()")
   # CPU collectives across processes: gloo (the CPU backend has none across processes without).
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  except (AttributeError, KeyError, ValueError):  # a JAX without the option (or without gloo)
+    pass
   kwargs = dict(initialization_timeout=setup.timeout, heartbeat_timeout_seconds=setup.timeout,
                 shutdown_timeout_seconds=setup.timeout)
   if setup.mode == "explicit":

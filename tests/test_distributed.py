@@ -89,6 +89,40 @@ def test_a_process_killed_mid_run_stops_the_launcher(tmp_path):
   assert "process 1 exited with code -9; stopping the others" in rest
 
 
+@pytest.mark.slow
+def test_without_the_launcher_a_dead_peer_ends_the_others_within_the_timeout(tmp_path):
+  """No launcher: kill process 1; process 0 fails (collective error, then JAX's heartbeat
+  timeout of --distributed-timeout seconds) instead of hanging."""
+  port = launch.free_port()
+  common = [sys.executable, "-m", "jaxdata.cli", *SAGE, "--epochs", "100000",
+            "--coordinator", f"localhost:{port}", "--num-processes", "2",
+            "--distributed-timeout", "5"]
+  env = _env(2)
+  zero = subprocess.Popen(common + ["--process-id", "0", "--out", str(tmp_path / "a")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  one = subprocess.Popen(common + ["--process-id", "1", "--out", str(tmp_path / "b")], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    lines = []
+    for line in zero.stdout:
+      lines.append(line)
+      if line.startswith("epoch   1"):
+        break
+    else:
+      pytest.fail("process 0 ended before its first epoch:\n" + "".join(lines))
+    one.kill()
+    one.wait()
+    killed = time.monotonic()
+    zero.communicate(timeout=60)
+    assert time.monotonic() - killed < 40
+    assert zero.returncode != 0
+  finally:
+    for p in (zero, one):
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def test_a_failing_command_fails_the_launch_with_its_exit_code():
   """Both processes refuse a bad flag value: the launcher returns their exit code 2."""
   out = _jaxdata(["launch", "-n", "2", "--", "train", "sage", "--fanouts", "0"], _env(), 60)
