@@ -14,7 +14,10 @@ Three pipelines feed the same model and the same jitted update, so they can be c
 
 Several local devices train data-parallel (`shard_map` over a 1-D mesh): the batch is split
 across devices, each samples and gathers its part from the same host graph and tables with its
-own key, and gradients are averaged.
+own key, and gradients are averaged. With several processes (`jaxdata.distributed`, e.g.
+`jaxdata launch -n 2 -- train sage --devices 0`) the mesh spans every process's devices: each
+process holds its own graph and tables, draws the same global batches, samples only its own
+devices' shares, and process 0 reports and saves (docs/distributed.md).
 
     from jaxdata.data.powerlaw import powerlaw_graph
     from jaxdata.train.sage import SageConfig, train
@@ -63,7 +66,7 @@ class SageConfig:
   epochs: int = 5
   seed: int = 0
   dtype: str = "float32"
-  devices: int | None = 1  # None: every local device of the platform
+  devices: int | None = 1  # per process; None: every local device of the platform
   platform: str | None = None  # "gpu", "cpu", ...; None: JAX's default backend
   max_batches: int | None = None
   eval_batches: int | None = None  # cap on evaluation batches (None: all)
