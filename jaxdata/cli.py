@@ -1,7 +1,10 @@
-"""The `jaxdata` command: `train ...`, `eval`, `bench ...`, `rok` and `info`.
+"""The `jaxdata` command: `train ...`, `launch`, `eval`, `bench ...`, `rok` and `info`.
 
 Each command's module owns its options (`add_arguments(parser)`) and its run (`main(args)`);
 this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`).
+Every `train` command also takes the multi-process flags of `jaxdata.distributed`, and joins
+its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
+processes, the others refuse to.
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from jaxdata import command
+from jaxdata import command, distributed
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
 #: add_arguments(parser) and main(args).
@@ -38,6 +41,7 @@ BENCH = {
                "vs CPU-centric vs PyG"),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
+LAUNCH = ("jaxdata.launch", "run a train command as N local processes of one jax.distributed job")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -120,11 +124,27 @@ def _eval(args: argparse.Namespace) -> int:
   return 0
 
 
-def _add(sub, name: str, module_name: str, help_text: str, *extra) -> None:
+def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool = False) -> None:
   module = importlib.import_module(module_name)
   parser = sub.add_parser(name, help=help_text, description=help_text)
   module.add_arguments(parser, *extra)
   parser.set_defaults(run=module.main, prog=parser.prog)
+  if train:  # every trainer: the multi-process flags, and whether it can use them
+    distributed.add_arguments(parser)
+    parser.set_defaults(multi_process=getattr(module, "MULTI_PROCESS", False))
+
+
+def _join(args: argparse.Namespace) -> None:
+  """Before a trainer runs: joins its multi-process job, if the flags ask for one."""
+  setup = distributed.setup_from(args)
+  what = f"jaxdata train {args.model}"
+  if setup.num_processes > 1 and not args.multi_process:
+    raise command.UsageError(f"{what} does not support multi-process runs yet (--num-processes "
+                             f"{setup.num_processes}); of the trainers, only sage does")
+  setup = distributed.initialize(setup)
+  if setup.num_processes > 1 and not args.multi_process:  # found by --distributed auto
+    raise command.UsageError(f"{what} does not support multi-process runs yet ({setup.num_processes}"
+                             f" processes detected); of the trainers, only sage does")
 
 
 def parser() -> command.Parser:
@@ -139,7 +159,8 @@ def parser() -> command.Parser:
   train = sub.add_parser("train", help="train a model").add_subparsers(
       dest="model", metavar="MODEL", required=True)
   for name, (module, text) in TRAIN.items():
-    _add(train, name, module, text, *((name,) if module.endswith("attention") else ()))
+    _add(train, name, module, text, *((name,) if module.endswith("attention") else ()),
+         train=True)
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
       dest="bench", metavar="BENCHMARK", required=True)
   for name, (module, text) in BENCH.items():
@@ -150,6 +171,7 @@ def parser() -> command.Parser:
                   help="the data file, where it has moved since training (RDF archives)")
   ev.set_defaults(run=_eval, prog=ev.prog)
   _add(sub, "rok", *ROK)
+  _add(sub, "launch", *LAUNCH)
   return top
 
 
@@ -160,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     top.print_help()
     return 0
   try:
+    if getattr(args, "command", None) == "train":
+      _join(args)
     return args.run(args)
   except command.UsageError as e:
     return command.fail(args.prog, e)

@@ -90,12 +90,17 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
     history: per-epoch (or logged step) records, also written to `history.json`.
     metrics: what training measured at its end (`load_model(...).evaluate()` measures it again).
     optimizer_state: the optimizer's state pytree, if the run is to be resumable.
+
+  In a multi-process job (`jaxdata.distributed`) every process calls `save` with the same
+  host values; Orbax writes them once, from process 0, and the others wait at its barriers.
   """
   if kind not in KINDS:
     raise ValueError(f"checkpoint.save: kind must be one of {sorted(KINDS)}, got {kind!r}")
   import jaxdata  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(os.fspath(path))
-  if not command.is_replaceable(path):  # Orbax replaces the whole folder: never someone else's
+  # Orbax replaces the whole folder: never someone else's. Process 0 checks (the others could
+  # look while it writes); the CLI checked --out in every process before training.
+  if jax.process_index() == 0 and not command.is_replaceable(path):
     raise ValueError(f"checkpoint.save: {path} exists and is neither empty nor a checkpoint")
   state = {"params": jax.device_get(params)}
   if optimizer_state is not None:
@@ -106,8 +111,9 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
   ocp, checkpointer = _checkpointer()
   checkpointer.save(path, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                   meta=ocp.args.JsonSave(meta)), force=True)
-  with open(os.path.join(path, "history.json"), "w") as f:
-    json.dump(meta["history"], f, indent=1)
+  if jax.process_index() == 0:  # in a multi-process job every process calls save; one writes
+    with open(os.path.join(path, "history.json"), "w") as f:
+      json.dump(meta["history"], f, indent=1)
   return path
 
 

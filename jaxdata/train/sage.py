@@ -14,7 +14,10 @@ Three pipelines feed the same model and the same jitted update, so they can be c
 
 Several local devices train data-parallel (`shard_map` over a 1-D mesh): the batch is split
 across devices, each samples and gathers its part from the same host graph and tables with its
-own key, and gradients are averaged.
+own key, and gradients are averaged. With several processes (`jaxdata.distributed`, e.g.
+`jaxdata launch -n 2 -- train sage --devices 0`) the mesh spans every process's devices: each
+process holds its own graph and tables, draws the same global batches, samples only its own
+devices' shares, and process 0 reports and saves (docs/distributed.md).
 
     from jaxdata.data.powerlaw import powerlaw_graph
     from jaxdata.train.sage import SageConfig, train
@@ -36,13 +39,15 @@ from flax import nnx
 from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdata import command
+from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (TrainResult, add_out_argument, progress, say_saved,
                                   seed_batches)
 
 PIPELINES = ("host", "device", "cpu")
+#: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
+MULTI_PROCESS = True
 
 try:
   _shard_map = jax.shard_map
@@ -61,7 +66,7 @@ class SageConfig:
   epochs: int = 5
   seed: int = 0
   dtype: str = "float32"
-  devices: int | None = 1  # None: every local device of the platform
+  devices: int | None = 1  # per process; None: every local device of the platform
   platform: str | None = None  # "gpu", "cpu", ...; None: JAX's default backend
   max_batches: int | None = None
   eval_batches: int | None = None  # cap on evaluation batches (None: all)
@@ -122,7 +127,7 @@ class _Pipeline:
     if kind == "device":
       consts["graph"] = DeviceGraph.from_host(graph)
       consts["features"] = np.array(graph.features.as_numpy())
-    self.consts = jax.device_put(consts, NamedSharding(mesh, P()))
+    self.consts = distributed.put(consts, NamedSharding(mesh, P()))
 
   def blocks_and_features(self, consts, seeds, fanouts, key):
     """Inside a jitted step (pipelines "host" and "device")."""
@@ -138,11 +143,18 @@ class _Pipeline:
 
 
 def _mesh(config: SageConfig) -> Mesh:
+  """The 1-D "data" mesh: `config.devices` devices (None: all) of the platform in each process,
+  process by process, so that with several processes it spans every process's devices."""
   devices = jax.devices(config.platform)
-  n = len(devices) if config.devices is None else config.devices
-  if n < 1 or n > len(devices):
-    raise ValueError(f"SageConfig: devices={config.devices}, but {len(devices)} are visible")
-  return Mesh(np.array(devices[:n]), ("data",))
+  per_process: dict[int, list] = {}
+  for d in devices:
+    per_process.setdefault(d.process_index, []).append(d)
+  local = per_process.get(jax.process_index(), [])
+  n = len(local) if config.devices is None else config.devices
+  if n < 1 or n > len(local):
+    raise ValueError(f"SageConfig: devices={config.devices}, but {len(local)} are visible"
+                     + (" to this process" if len(per_process) > 1 else ""))
+  return Mesh(np.array([d for p in sorted(per_process) for d in per_process[p][:n]]), ("data",))
 
 
 # ----------------------------------------------------------------------------- training
@@ -182,6 +194,9 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
     raise ValueError(f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes")
   mesh = _mesh(config)
   ndev = mesh.devices.size
+  if config.pipeline == "cpu" and jax.process_count() > 1:
+    raise ValueError("train: the cpu pipeline runs in one process only; use pipeline host or "
+                     "device with several processes")
   pipe = _Pipeline(config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique,
                    config.cache)
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
@@ -194,7 +209,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
   opt_state = tx.init(params)
   fanouts = tuple(int(f) for f in config.fanouts)
   replicated = NamedSharding(mesh, P())
-  params, opt_state = jax.device_put((params, opt_state), replicated)
+  params, opt_state = distributed.put((params, opt_state), replicated)
 
   def grads_of(params, feats, masks, labels):
     def f(p):
@@ -275,9 +290,9 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
     else:
       # Everything a step takes already placed as the step wants it: an argument on the wrong
       # devices is resharded at every call, off JAX's fast dispatch path.
-      rows = jax.device_put(seed_rows, seed_sharding)
-      i = jax.device_put(np.int32(0), replicated)
-      epoch_key = jax.device_put(epoch_key, replicated)
+      rows = distributed.put(seed_rows, seed_sharding)
+      i = distributed.put(np.int32(0), replicated)
+      epoch_key = distributed.put(epoch_key, replicated)
       for n in range(len(seed_rows)):
         *state, i, m = fn(*state, *step_consts, rows, i, epoch_key)
         sums.append(m)
@@ -308,9 +323,10 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
       on_epoch(record)
   test = accuracy(dataset.test_nodes, test_key) if config.evaluate and len(
       dataset.test_nodes) else float("nan")
-  model = nnx.merge(graphdef, jax.device_get(params))
+  # Replicated over the mesh: each process reads its own copy (no collective).
+  model = nnx.merge(graphdef, distributed.local_value(params))
   return TrainResult(model, history, {"test_accuracy": test}, time.perf_counter() - start,
-                     jax.device_get(opt_state))
+                     distributed.local_value(opt_state))
 
 
 def load_dataset(data: dict, features_out: np.ndarray | None = None):
@@ -457,6 +473,7 @@ def add_arguments(parser):
 
 def main(args) -> int:
   console = command.console()
+  console.quiet = not distributed.is_primary()  # one process reports for the job
   config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
                       batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
                       epochs=args.epochs, seed=args.seed, dtype=args.dtype,
@@ -487,6 +504,6 @@ def main(args) -> int:
 
       result = train(dataset, config, graph=graph, on_epoch=on_epoch, on_batch=on_batch)
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
-  save(args.out, result, config, data)
+  save(args.out, result, config, data)  # every process takes part; Orbax writes once
   say_saved(console, args.out)
   return 0

@@ -1,0 +1,129 @@
+"""`jaxdata launch -n N -- train sage ...`: one jax.distributed job of N processes on this machine.
+
+Starts N copies of `python -m jaxdata.cli train ... --coordinator localhost:PORT --num-processes
+N --process-id I` (a free port is picked), prefixes each output line with `[I]`, and waits. When
+one process fails, the others are stopped and the launcher returns that first non-zero exit
+code; when all succeed, 0. `--devices-per-process K` gives every process K CPU devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=K`), which is how CI tests multi-process
+training without GPUs:
+
+    jaxdata launch -n 2 --devices-per-process 2 -- train sage --devices 0 --epochs 1
+
+On several hosts, start one process per host with the same flags (or `--distributed auto` under
+SLURM, Open MPI or Kubernetes): see docs/distributed.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from jaxdata import command
+
+#: Seconds a stopped process gets between SIGTERM and SIGKILL.
+GRACE = 5.0
+
+
+def add_arguments(parser) -> None:
+  parser.add_argument("-n", "--num-processes", type=command.positive_int, required=True,
+                      metavar="N", help="processes to start")
+  parser.add_argument("--devices-per-process", type=command.positive_int, default=None,
+                      metavar="K", help="give each process K CPU devices (XLA_FLAGS=--xla_force_"
+                                        "host_platform_device_count=K; CPU testing)")
+  parser.add_argument("--port", type=command.natural_int, default=0,
+                      help="the coordinator's port on localhost (0: a free one)")
+  parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- train MODEL ...",
+                      help="the jaxdata command each process runs")
+
+
+def free_port() -> int:
+  """A TCP port on localhost that nothing listens on now."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _xla_flags(existing: str, k: int) -> str:
+  kept = [f for f in existing.split() if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join(kept + [f"--xla_force_host_platform_device_count={k}"])
+
+
+def _pump(i: int, stream, lock: threading.Lock) -> None:
+  for line in stream:
+    with lock:
+      sys.stdout.write(f"[{i}] {line if line.endswith(chr(10)) else line + chr(10)}")
+      sys.stdout.flush()
+  stream.close()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+  for p in procs:
+    if p.poll() is None:
+      p.send_signal(signal.SIGTERM)
+  deadline = time.monotonic() + GRACE
+  for p in procs:
+    try:
+      p.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      p.kill()
+      p.wait()
+
+
+def run(argv: list[str], num_processes: int, devices_per_process: int | None = None,
+        port: int = 0) -> int:
+  """Runs `jaxdata <argv>` as `num_processes` processes of one job; returns the exit code."""
+  if argv and argv[0] == "--":
+    argv = argv[1:]
+  if not argv or argv[0] != "train":
+    raise command.UsageError("give the command to run after --, e.g. "
+                             "`jaxdata launch -n 2 -- train sage`")
+  taken = {"--coordinator", "--num-processes", "--process-id", "--distributed"}
+  if clash := sorted(a.split("=")[0] for a in argv if a.split("=")[0] in taken):
+    raise command.UsageError(f"the launcher sets {', '.join(clash)} itself: leave it out")
+  address = f"localhost:{port or free_port()}"
+  env = dict(os.environ)
+  if devices_per_process:
+    env["XLA_FLAGS"] = _xla_flags(env.get("XLA_FLAGS", ""), devices_per_process)
+  env["PYTHONUNBUFFERED"] = "1"
+  lock = threading.Lock()
+  procs, pumps = [], []
+  try:
+    for i in range(num_processes):
+      cmd = [sys.executable, "-m", "jaxdata.cli", *argv, "--coordinator", address,
+             "--num-processes", str(num_processes), "--process-id", str(i)]
+      p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, errors="replace")
+      procs.append(p)
+      with lock:
+        print(f"jaxdata launch: process {i} is pid {p.pid}", file=sys.stderr, flush=True)
+      pumps.append(threading.Thread(target=_pump, args=(i, p.stdout, lock), daemon=True))
+      pumps[-1].start()
+    code = 0
+    while code == 0:
+      codes = [p.poll() for p in procs]  # every process, every time (not any(): it stops early)
+      failed = [(i, c) for i, c in enumerate(codes) if c]
+      if not failed and all(c == 0 for c in codes):
+        break
+      if failed:
+        i, code = failed[0]
+        with lock:
+          print(f"jaxdata launch: process {i} exited with code {code}; stopping the others",
+                file=sys.stderr, flush=True)
+      else:
+        time.sleep(0.05)
+  except KeyboardInterrupt:
+    code = 130
+  finally:
+    _stop(procs)
+    for t in pumps:
+      t.join(1.0)
+  return code if code >= 0 else 128 - code  # killed by signal S: 128 + S, as a shell reports
+
+
+def main(args) -> int:
+  return run(args.argv, args.num_processes, args.devices_per_process, args.port)

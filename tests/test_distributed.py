@@ -1,0 +1,194 @@
+"""Multi-process training on jax.distributed (`jaxdata.distributed`, `jaxdata launch`).
+
+The multi-process runs start real processes through the launcher: 2 processes x 2 CPU devices
+each (gloo collectives), compared with one process of 4 CPU devices on the same global batch.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxdata import cli, distributed, launch
+
+#: A small `train sage` run: 200 train seeds, batches of 4 x 16, four steps per epoch.
+SAGE = ["train", "sage", "--nodes", "2000", "--edges", "20000", "--features", "8", "--classes",
+        "4", "--fanouts", "5,5", "--batch-size", "16", "--hidden", "16", "--devices", "0"]
+
+
+def _env(devices: int | None = None) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  env.pop("JAX_COORDINATOR_ADDRESS", None)
+  if devices is not None:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  return env
+
+
+def _jaxdata(args, env, timeout=180):
+  return subprocess.run([sys.executable, "-m", "jaxdata.cli", *args], env=env, timeout=timeout,
+                        capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
+  """Same global batch, same per-device keys: the losses and accuracies of every epoch agree."""
+  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *SAGE,
+                    "--epochs", "2", "--out", str(tmp_path / "multi")], _env())
+  assert multi.returncode == 0, multi.stdout + multi.stderr
+  single = _jaxdata([*SAGE, "--epochs", "2", "--out", str(tmp_path / "single")], _env(4))
+  assert single.returncode == 0, single.stdout + single.stderr
+  assert "cpu x 4" in multi.stdout and "cpu x 4" in single.stdout  # one mesh of 4 devices
+  # Process 0 reports and writes the checkpoint; process 1 stays quiet.
+  assert "[0] test accuracy" in multi.stdout and "[1] test accuracy" not in multi.stdout
+  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  assert len(hist["multi"]) == len(hist["single"]) == 2
+  for m, s in zip(hist["multi"], hist["single"]):
+    assert m["batches"] == s["batches"] == 4
+    assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
+    assert m["train_accuracy"] == pytest.approx(s["train_accuracy"], abs=1e-9)
+    assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-9)
+  assert hist["multi"][1]["loss"] < hist["multi"][0]["loss"]
+  from jaxdata.train import checkpoint
+  metas = {k: checkpoint.read_meta(tmp_path / k) for k in ("multi", "single")}
+  assert metas["multi"]["step"] == metas["single"]["step"] == 8
+  assert metas["multi"]["metrics"]["test_accuracy"] == pytest.approx(
+      metas["single"]["metrics"]["test_accuracy"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_run_stops_the_launcher(tmp_path):
+  """Kill process 1 after its first epoch: the launcher stops process 0 and fails, promptly."""
+  args = [sys.executable, "-m", "jaxdata.cli", "launch", "-n", "2", "--devices-per-process", "2",
+          "--", *SAGE, "--epochs", "100000", "--out", str(tmp_path / "never")]
+  proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  try:
+    pids, lines = {}, []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+      lines.append(line)
+      if m := re.match(r"jaxdata launch: process (\d) is pid (\d+)", line):
+        pids[int(m[1])] = int(m[2])
+      if line.startswith("[0] epoch   1"):
+        break
+      assert time.monotonic() < deadline, "".join(lines)
+    else:
+      pytest.fail("the run ended before its first epoch:\n" + "".join(lines))
+    os.kill(pids[1], signal.SIGKILL)
+    killed = time.monotonic()
+    rest, _ = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert time.monotonic() - killed < 30
+  assert proc.returncode == 128 + signal.SIGKILL
+  assert "process 1 exited with code -9; stopping the others" in rest
+
+
+@pytest.mark.slow
+def test_without_the_launcher_a_dead_peer_ends_the_others_within_the_timeout(tmp_path):
+  """No launcher: kill process 1; process 0 fails (collective error, then JAX's heartbeat
+  timeout of --distributed-timeout seconds) instead of hanging."""
+  port = launch.free_port()
+  common = [sys.executable, "-m", "jaxdata.cli", *SAGE, "--epochs", "100000",
+            "--coordinator", f"localhost:{port}", "--num-processes", "2",
+            "--distributed-timeout", "5"]
+  env = _env(2)
+  zero = subprocess.Popen(common + ["--process-id", "0", "--out", str(tmp_path / "a")], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  one = subprocess.Popen(common + ["--process-id", "1", "--out", str(tmp_path / "b")], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    lines = []
+    for line in zero.stdout:
+      lines.append(line)
+      if line.startswith("epoch   1"):
+        break
+    else:
+      pytest.fail("process 0 ended before its first epoch:\n" + "".join(lines))
+    one.kill()
+    one.wait()
+    killed = time.monotonic()
+    zero.communicate(timeout=60)
+    assert time.monotonic() - killed < 40
+    assert zero.returncode != 0
+  finally:
+    for p in (zero, one):
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_a_failing_command_fails_the_launch_with_its_exit_code():
+  """Both processes refuse a bad flag value: the launcher returns their exit code 2."""
+  out = _jaxdata(["launch", "-n", "2", "--", "train", "sage", "--fanouts", "0"], _env(), 60)
+  assert out.returncode == 2
+  assert "[0] jaxdata train sage: error: argument --fanouts" in out.stdout
+
+
+def test_launch_needs_a_train_command_and_sets_the_process_flags_itself(capsys):
+  assert cli.main(["launch", "-n", "2", "--", "info"]) == 2
+  assert "give the command to run after --" in capsys.readouterr().err
+  assert cli.main(["launch", "-n", "2", "--", "train", "sage", "--process-id", "1"]) == 2
+  assert "the launcher sets --process-id itself" in capsys.readouterr().err
+
+
+def test_process_id_must_be_below_the_process_count(capsys):
+  code = cli.main(SAGE + ["--coordinator", "localhost:1234", "--num-processes", "2",
+                          "--process-id", "2"])
+  assert code == 2
+  assert "--process-id must be in 0..1 for --num-processes 2, got 2" in capsys.readouterr().err
+
+
+def test_multi_process_flags_come_together(capsys):
+  assert cli.main(SAGE + ["--num-processes", "2", "--process-id", "0"]) == 2
+  assert "missing --coordinator" in capsys.readouterr().err
+  assert cli.main(SAGE + ["--distributed", "auto", "--num-processes", "2"]) == 2
+  assert "--distributed auto detects the cluster" in capsys.readouterr().err
+  with pytest.raises(SystemExit, match="2"):  # argparse's own check: no port
+    cli.main(SAGE + ["--coordinator", "localhost"])
+  assert "is not HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["rgcn", "rgat", "hgt", "gpt"])
+def test_other_trainers_refuse_several_processes(model, capsys):
+  code = cli.main(["train", model, "--coordinator", "localhost:1234", "--num-processes", "2",
+                   "--process-id", "0"])
+  assert code == 2
+  assert (f"jaxdata train {model} does not support multi-process runs yet"
+          in capsys.readouterr().err)
+
+
+def test_no_flags_is_a_single_process_run_that_initializes_nothing(monkeypatch):
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  args = cli.parser().parse_args(SAGE)
+  setup = distributed.setup_from(args)
+  assert not setup.multi_process and setup.num_processes == 1
+  assert distributed.initialize(setup) is setup  # no jax.distributed.initialize
+
+
+def test_environment_supplies_the_flags(monkeypatch):
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "host0:999")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+  monkeypatch.setenv("JAX_PROCESS_ID", "3")
+  setup = distributed.setup_from(cli.parser().parse_args(SAGE))
+  assert (setup.mode, setup.coordinator, setup.num_processes, setup.process_id) == (
+      "explicit", "host0:999", 4, 3)
+  monkeypatch.setenv("JAX_PROCESS_ID", "x")
+  with pytest.raises(Exception, match="JAX_PROCESS_ID='x' is not an integer"):
+    distributed.setup_from(cli.parser().parse_args(SAGE))
+
+
+def test_an_unreachable_coordinator_is_a_clear_error():
+  port = launch.free_port()  # nothing listens there
+  start = time.monotonic()
+  out = _jaxdata([*SAGE, "--coordinator", f"localhost:{port}", "--num-processes", "2",
+                  "--process-id", "1", "--distributed-timeout", "2"], _env(2), 60)
+  assert out.returncode == 2, out.stderr
+  assert f"cannot reach the coordinator localhost:{port} within 2 s" in out.stderr
+  assert time.monotonic() - start < 30
