@@ -222,3 +222,40 @@ def test_cli_train(tmp_path, capsys):
   assert val + test > 2 * 0.6, (val, test)
   with pytest.raises(ValueError, match="unknown passes"):
     attention.TrainConfig(passes=("fuse",))
+
+
+def test_hgt_on_slots_equals_the_layer_on_nodes_in_any_order(device):
+  # A sampled block holds nodes of every type in sampling order: on_slots on a random order of
+  # the nodes (the graph relabelled to match) gives each node the row __call__ gives it, and
+  # with rows=k only the first k.
+  from jaxdata.data import HeteroGraph
+  ds, ga, _ = mag()
+  g = ds.graph
+  xs = [jnp.asarray(x) for x in ds.features]
+  layer = HGT([x.shape[1] for x in xs], 32, num_relations=ga.num_relations, heads=4,
+              rngs=nnx.Rngs(0))
+  randomize(layer, 2)
+  with highest():
+    want = np.concatenate([np.asarray(o) for o in apply(layer, ga, xs)])
+  perm = np.random.default_rng(5).permutation(g.num_nodes)  # node n sits in slot perm[n]
+  shuffled = hector.GraphArrays.from_graph(HeteroGraph.from_edges(
+      perm[g.src], perm[g.dst], g.etype, num_nodes=g.num_nodes, relation_names=g.relation_names))
+  types = np.empty(g.num_nodes, np.int32)
+  types[perm] = np.searchsorted(np.asarray(g.node_type_offsets[1:]), np.arange(g.num_nodes),
+                                side="right")
+  slot_xs = []
+  for t, x in enumerate(ds.features):
+    a = np.zeros((g.num_nodes, x.shape[1]), np.float32)
+    a[perm[g.node_type_offsets[t]:g.node_type_offsets[t + 1]]] = x
+    slot_xs.append(jnp.asarray(a))
+  with highest():
+    got = nnx.jit(lambda m, xs, ty: m.on_slots(shuffled, xs, ty))(layer, slot_xs,
+                                                                   jnp.asarray(types))
+    first = nnx.jit(lambda m, xs, ty: m.on_slots(shuffled, xs, ty, rows=50))(
+        layer, slot_xs, jnp.asarray(types))
+  np.testing.assert_allclose(np.asarray(got)[perm], want, rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(first, np.asarray(got)[:50], rtol=2e-5, atol=2e-5)  # two programs
+  with pytest.raises(ValueError, match="rows=-1"):
+    layer.on_slots(shuffled, slot_xs, jnp.asarray(types), rows=-1)
+  with pytest.raises(ValueError, match="feature widths"):
+    layer.on_slots(shuffled, slot_xs[::-1], jnp.asarray(types))

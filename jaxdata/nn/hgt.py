@@ -99,13 +99,15 @@ class HGT(nnx.Module):
     return outs
 
   def on_slots(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
-               types: jax.Array) -> jax.Array:
+               types: jax.Array, rows: int | None = None) -> jax.Array:
     """The layer on nodes of mixed types in any order: a sampled block's slots.
 
     `types[i]` is row i's node type (-1: an unused slot, whose output row is 0 before the
     skip); `xs` is one ``[N, d_t]`` array per type (row i read only in its own type's array,
     as `jaxdata.host.blocks.gather_typed` returns them) or one ``[N, d]`` array for every type.
-    Returns ``[N, out_features]``, row i as `__call__` computes it for that node.
+    Returns ``[N, out_features]``, row i as `__call__` computes it for that node; with `rows`,
+    only the first `rows` of them (a block's destinations come first: the other slots are
+    sources only, and their outputs need not be computed).
 
     Each per-type projection runs over all N rows and keeps its type's rows (T dense GEMMs
     instead of one split by type): simple and exact; the edge part, which dominates, is shared.
@@ -121,12 +123,15 @@ class HGT(nnx.Module):
     if any(x.shape[0] != graph.num_nodes for x in xs) or types.shape != (graph.num_nodes,):
       raise ValueError(f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
                        f"slots), got {[x.shape[0] for x in xs]} and {types.shape}")
+    rows = graph.num_nodes if rows is None else int(rows)
+    if not 0 <= rows <= graph.num_nodes:
+      raise ValueError(f"HGT.on_slots: rows={rows} is not in [0, {graph.num_nodes}]")
     xs = [x.astype(self.dtype) for x in xs]
     mine = [(types == t)[:, None] for t in range(len(xs))]
-    pick = lambda ys: sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))  # noqa: E731
-    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, xs)]))
-    h = jax.nn.gelu(agg, approximate=False)
-    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(xs)])
+    pick = lambda ys, n: sum(jnp.where(m[:n], y, 0) for m, y in zip(mine, ys))  # noqa: E731
+    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, xs)], graph.num_nodes))
+    h = jax.nn.gelu(agg[:rows], approximate=False)
+    return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(xs)], rows)
 
   def _message(self, graph: GraphArrays, kqv: jax.Array) -> jax.Array:
     """The edge part (hector): every node's aggregated messages from its keys/queries/values."""

@@ -152,8 +152,8 @@ class HGTClassifier(_Classifier):
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers)."""
     n1, n0 = blocks.nodes[1].shape[0], blocks.nodes[0].shape[0]
-    h = self.conv1.on_slots(blocks.graphs[1], xs, types)[:n1]
-    h = self.conv2.on_slots(blocks.graphs[0], h, types[:n1])[:n0]
+    h = self.conv1.on_slots(blocks.graphs[1], xs, types, rows=n1)
+    h = self.conv2.on_slots(blocks.graphs[0], h, types[:n1], rows=n0)
     return self.classify(h).astype(jnp.float32)
 
 
