@@ -238,8 +238,6 @@ def test_embedded_types_train_in_host_memory_and_the_checkpoint_evaluates(tmp_pa
   for b, t in zip(before, result.model.tables):
     moved = np.any(np.asarray(t.embedding[...]) != b, axis=1)
     assert moved.any()  # rows the batches reached were trained, in host memory
-  assert attention.evaluate(result.model, ds)["val_accuracy"] == pytest.approx(
-      result.val_accuracy)
   attention.save(str(tmp_path / "ck"), result, config,
                  {"scale": 5e-4, "seed": 1, "classes": 4})
   from jaxdata.train import checkpoint
@@ -250,6 +248,8 @@ def test_embedded_types_train_in_host_memory_and_the_checkpoint_evaluates(tmp_pa
 
 
 def test_embed_errors():
+  with pytest.raises(ValueError, match="named twice"):
+    build_model(mag(), TrainConfig(embed=("author", "author")), nnx.Rngs(0))
   with pytest.raises(ValueError, match="no node type 'venue'"):
     build_model(mag(), TrainConfig(embed=("venue",)), nnx.Rngs(0))
   with pytest.raises(ValueError, match="papers keep their features"):

@@ -150,10 +150,11 @@ def type_caches(graph: HostGraph, tables: Sequence[HostTable | None],
                 type_offsets: Sequence[int], fraction: float) -> list[DeviceCache | None]:
   """A `DeviceCache` per node type: `fraction` of each type's rows, those of its nodes with the
   most out-edges in `graph` (the most often sampled). None where `tables[t]` is None (a table
-  that changes during training, such as a learnable embedding, must not be cached)."""
+  that changes during training, such as a learnable embedding, must not be cached) and for a
+  type without nodes."""
   offsets = tuple(int(o) for o in type_offsets)
   counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=offsets[-1])
-  return [None if table is None else
+  return [None if table is None or offsets[t + 1] == offsets[t] else
           DeviceCache.from_counts(counts[offsets[t]:offsets[t + 1]], table, fraction=fraction,
                                   what="type_caches")
           for t, table in enumerate(tables)]

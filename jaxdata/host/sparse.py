@@ -28,8 +28,11 @@ the whole batch, with the step count advanced once), whatever the number of devi
 each device's call is a separate update of the same table (no update is lost,
 `host_scatter_add` serializes them): for SGD that is the same step up to rounding, for Adagrad
 and Adam it is not (each device would read the per-row state before the others' additions, and
-Adam's count would advance once per device). Separate processes have separate host memory:
-there `axis_name` is the only way to keep their tables equal.
+Adam's count would advance once per device). Separate processes have separate host memory, and this is not built for them yet: with
+`axis_name` each device writes only its share of the rows into its own process's table, so a
+process's copy would receive its own devices' rows only (and `sparse_adam`'s count would advance
+only where device 0 lives). Every process writing every touched row into its copy (one device
+per process) is issue 17's work.
 """
 from __future__ import annotations
 

@@ -161,6 +161,8 @@ def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx
   if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
     raise ValueError("train: papers must be node type 0 (as synthetic_mag makes them)")
   names = dataset.graph.node_type_names
+  if len(set(config.embed)) != len(config.embed):
+    raise ValueError(f"embed: a node type is named twice in {config.embed}")
   unknown = [t for t in config.embed if t not in names]
   if unknown:
     raise ValueError(f"embed: no node type {', '.join(map(repr, unknown))} (the types are "
@@ -350,6 +352,9 @@ def main(args) -> int:
   if args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
                              f"{args.heads}")
+  if len(set(args.embed)) != len(args.embed):
+    raise command.UsageError(f"argument --embed: a node type is named twice in "
+                             f"{','.join(args.embed)}")
   bad = [t for t in args.embed if t not in NODE_TYPES[1:]]
   if bad:
     raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "

@@ -77,9 +77,15 @@ class MinibatchConfig:
 
 def _is_row_param(path, value) -> bool:
   """The first layer's parameters with a row per node (featureless input): they train in a
-  host table, not through the dense optimizer."""
+  host table, not through the dense optimizer. Only for a featureless model (`dense_filter`)."""
   del value
   return len(path) >= 2 and path[0] == "conv1" and path[1] in ("weight", "bases", "root")
+
+
+def dense_filter(model: EntityClassifier):
+  """The parameters the dense optimizer trains: all of them with input features; without, all
+  but the first layer's node rows."""
+  return nnx.All(nnx.Param, nnx.Not(_is_row_param)) if model.conv1.featureless else nnx.Param
 
 
 class EntityData:
@@ -146,10 +152,12 @@ def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float
   count = valid.sum()
   loss = jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(count, 1)
   if l2:
+    featureless = model.conv1.featureless
     dense = sum(jnp.sum(p[...].astype(jnp.float32)**2)
                 for path, p in nnx.iter_graph(model.conv1)
-                if isinstance(p, nnx.Param) and not _is_row_param(("conv1",) + path, p))
-    rows = jnp.sum(inputs.astype(jnp.float32)**2) if model.conv1.featureless else 0.0
+                if isinstance(p, nnx.Param)
+                and not (featureless and _is_row_param(("conv1",) + path, p)))
+    rows = jnp.sum(inputs.astype(jnp.float32)**2) if featureless else 0.0
     loss = loss + l2 * (dense + rows)
   correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
   return loss, (correct, count)
@@ -162,7 +170,7 @@ def train(dataset: EntityDataset, config: TrainConfig,
   """Trains the 2-layer RGCN on mini-batches of `dataset`'s training nodes; the final test
   accuracy is measured on the whole graph."""
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
-  dense = nnx.All(nnx.Param, nnx.Not(_is_row_param))
+  dense = dense_filter(model)
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
