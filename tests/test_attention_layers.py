@@ -253,8 +253,10 @@ def test_hgt_on_slots_equals_the_layer_on_nodes_in_any_order(device):
                                                                    jnp.asarray(types))
     first = nnx.jit(lambda m, xs, ty: m.on_slots(shuffled, xs, ty, rows=50))(
         layer, slot_xs, jnp.asarray(types))
-  np.testing.assert_allclose(np.asarray(got)[perm], want, rtol=2e-5, atol=2e-5)
-  np.testing.assert_allclose(first, np.asarray(got)[:50], rtol=2e-5, atol=2e-5)  # two programs
+  # Two float32 programs, each within 2e-5 of float64 (test_hgt_layer_matches_reference), and
+  # on a GPU the kernels' float atomics add in any order: within 5e-5 of each other.
+  np.testing.assert_allclose(np.asarray(got)[perm], want, rtol=5e-5, atol=5e-5)
+  np.testing.assert_allclose(first, np.asarray(got)[:50], rtol=5e-5, atol=5e-5)
   with pytest.raises(ValueError, match="rows=-1"):
     layer.on_slots(shuffled, slot_xs, jnp.asarray(types), rows=-1)
   with pytest.raises(ValueError, match="feature widths"):
