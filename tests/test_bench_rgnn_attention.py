@@ -4,7 +4,6 @@ Through the CLI: every row is there, every formulation computes the same loss, t
 the ablation are written. Then out-of-memory reported as a result, and the HGT adapter's
 refusal of a signature it does not know.
 """
-import math
 
 import jax
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 from jaxdata import cli
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_attention as ra
+from bench_checks import assert_losses_agree
 
 pytest.importorskip("torch_geometric")
 
@@ -44,18 +44,6 @@ def captured(monkeypatch):
   monkeypatch.setattr(ra, "run", keep)
   with jax.default_device(jax.devices("cpu")[0]):
     yield seen
-
-
-def assert_losses_agree(results, notes):
-  assert not [n for n in notes if "differs" in n]
-  by_case = {}
-  for r in results:
-    if r.ok:
-      by_case.setdefault((r.graph, r.dim), []).append(r)
-  for rs in by_case.values():
-    ref = rs[0].loss
-    for r in rs:
-      assert math.isclose(r.loss, ref, rel_tol=1e-3, abs_tol=1e-3), (r.formulation, r.loss, ref)
 
 
 def test_rgat_quick_through_cli(captured, tmp_path):

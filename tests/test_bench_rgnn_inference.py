@@ -17,6 +17,7 @@ from jaxdata.bench import rgnn_attention as ra
 from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import attention as attention_ref
 from jaxdata.reference import rgcn as rgcn_ref
+from bench_checks import assert_losses_agree
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch_geometric")
@@ -49,18 +50,6 @@ def captured(monkeypatch):
   return seen
 
 
-def assert_losses_agree(results, notes, rel_tol):
-  assert not [n for n in notes if "differs" in n], notes
-  by_case = {}
-  for r in results:
-    if r.ok:
-      by_case.setdefault((r.graph, r.dim), []).append(r)
-  for rs in by_case.values():
-    ref = rs[0].loss
-    for r in rs:
-      assert math.isclose(r.loss, ref, rel_tol=rel_tol, abs_tol=1e-3), (r.formulation, r.loss)
-
-
 def tiny_graph() -> rgnn.Graph:
   graph, why = rgnn.load_graph("synthetic", data_dir=None, quick=True)
   assert graph is not None, why
@@ -81,7 +70,7 @@ def test_inference_of_all_three_models_lands_in_one_document(captured, tmp_path)
                    *(f"{f} ({p})" for f in rgcn_ref.PLAIN_JAX for p in rgnn.PRECISIONS),
                    "PyG RGCNConv", "PyG FastRGCNConv"]
   assert all(r.ok and r.seconds > 0 for r in results), notes
-  assert_losses_agree(results, notes, rel_tol=1e-3)  # on the CPU "default" is float32 too
+  assert_losses_agree(results, notes)  # on the CPU "default" is float32 too
   header, rows = rgnn.table_rows(results, mode="inference")
   assert header[3:5] == ["forward ms", "one forward alone ms"]
   assert header[-4:] == ["jaxdata vs best plain JAX (highest)",
@@ -98,7 +87,7 @@ def test_inference_of_all_three_models_lands_in_one_document(captured, tmp_path)
                      "--write", str(path)]) == 0
     results, notes, _ = captured["out"]
     assert all(r.ok and r.seconds > 0 for r in results), notes
-    assert_losses_agree(results, notes, rel_tol=1e-3)
+    assert_losses_agree(results, notes)
     assert [r.formulation for r in results][-1] == "PyG"
 
   text = path.read_text()

@@ -41,10 +41,8 @@ import functools
 import importlib
 import math
 import os
-import queue
-import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +58,7 @@ from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
 from jaxdata.train.attention.minibatch import HostData, logits_of, sample
-from jaxdata.train.common import seed_batches
+from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
 FULL = dict(scale=1.0, batches=50, warmup=5)
@@ -128,9 +126,7 @@ def batch_stats(blocks, type_offsets, row_bytes: Sequence[int],
   valid = blocks.masks[-1] & (types >= 0)
   for t, cache in enumerate(caches or ()):
     if cache is not None:
-      mine = valid & (types == t)
-      local = jnp.clip(nodes - type_offsets[t], 0, cache.slots.shape[0] - 1)
-      valid = valid & ~(mine & (jnp.take(cache.slots, local) >= 0))
+      valid = valid & ~(cache.lookup(nodes - type_offsets[t], valid & (types == t)) >= 0)
   per_type = jnp.asarray(np.asarray(row_bytes, np.float32))
   return edges, jnp.sum(jnp.where(valid, per_type[jnp.maximum(types, 0)], 0))
 
@@ -154,39 +150,6 @@ def _trainer(dataset, config: TrainConfig):
       return nnx.state((model, optimizer)), i + 1, loss, stats
     return step
   return state, make
-
-
-def prefetched(items: Iterable, depth: int = PREFETCH) -> Iterator:
-  """`items`, produced on a background thread `depth` ahead (exceptions re-raised here)."""
-  q: queue.Queue = queue.Queue(depth)
-  stop = threading.Event()
-  done = object()
-
-  def produce():
-    try:
-      for item in items:
-        if stop.is_set():
-          return
-        q.put(item)
-      q.put(done)
-    except BaseException as e:  # noqa: BLE001  surfaced in the consumer
-      q.put(e)
-
-  worker = threading.Thread(target=produce, daemon=True)
-  worker.start()
-  try:
-    while (item := q.get()) is not done:
-      if isinstance(item, BaseException):
-        raise item
-      yield item
-  finally:
-    stop.set()
-    while worker.is_alive():  # unblock a producer waiting on a full queue
-      try:
-        q.get_nowait()
-      except queue.Empty:
-        pass
-      worker.join(0.01)
 
 
 def _timed(run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray,
@@ -257,7 +220,7 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
 
       def run_batches(part, first):
         out, i = [], counter(first)
-        for blocks, xs, seeds in prefetched(batches(part, first)):
+        for blocks, xs, seeds in prefetched(batches(part, first), PREFETCH):
           holder["state"], i, loss, stats = step(holder["state"], i, blocks, xs, seeds)
           out.append((loss, stats))
           on_batch()
@@ -290,7 +253,7 @@ def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
   def run_batches(part, first):
     del first
     out = []
-    for data, edges in prefetched(batches(part)):
+    for data, edges in prefetched(batches(part), PREFETCH):
       data = data.to(device)
       opt.zero_grad(set_to_none=True)
       n = data["paper"].batch_size

@@ -132,17 +132,14 @@ def gather_typed(tables: Sequence[HostTable | jax.Array], type_offsets: Sequence
                        f"{cache.slots.shape[0]} rows, the type has {rows} nodes")
     mine = mask & (nodes >= offsets[t]) & (nodes < offsets[t + 1])
     local = jnp.where(mine, nodes - offsets[t], rows)  # rows: out of range, filled, not read
-    slot = None
     if cache is not None:
-      slot = jnp.where(mine, jnp.take(cache.slots, jnp.minimum(local, rows - 1)), -1)
+      slot = cache.lookup(local, mine)
       local = jnp.where(slot >= 0, rows, local)  # a hit: nothing to read from the host
     if isinstance(table, HostTable):
       x = host_gather(table, local, mode="fill", fill_value=0)
     else:
       x = jnp.take(table, local, axis=0, mode="fill", fill_value=0)
-    if slot is not None:
-      x = jnp.where((slot >= 0)[:, None], jnp.take(cache.rows, jnp.maximum(slot, 0), axis=0), x)
-    out.append(x)
+    out.append(x if cache is None else cache.fill(slot, x))
   return out
 
 
@@ -153,7 +150,7 @@ def type_caches(graph: HostGraph, tables: Sequence[HostTable | None],
   that changes during training, such as a learnable embedding, must not be cached) and for a
   type without nodes."""
   offsets = tuple(int(o) for o in type_offsets)
-  counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=offsets[-1])
+  counts = DeviceCache.sampling_counts(graph)
   return [None if table is None or offsets[t + 1] == offsets[t] else
           DeviceCache.from_counts(counts[offsets[t]:offsets[t + 1]], table, fraction=fraction,
                                   what="type_caches")

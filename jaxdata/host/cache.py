@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdata.host.graph import HostGraph
@@ -41,9 +42,14 @@ class DeviceCache(NamedTuple):
     if table.shape[0] != graph.num_nodes:
       raise ValueError(f"DeviceCache.build: the table has {table.shape[0]} rows, the graph "
                        f"{graph.num_nodes} nodes")
-    counts = np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
-    return cls.from_counts(counts, table, fraction=fraction, capacity=capacity, device=device,
+    return cls.from_counts(cls.sampling_counts(graph), table, fraction=fraction, capacity=capacity, device=device,
                            what="DeviceCache.build")
+
+  @staticmethod
+  def sampling_counts(graph: HostGraph) -> np.ndarray:
+    """How often neighbour sampling reads each node: its number of out-edges, i.e. its
+    entries in the graph's neighbour lists."""
+    return np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
 
   @classmethod
   def from_counts(cls, counts: Any, table: HostTable, *, fraction: float | None = None,
@@ -79,6 +85,18 @@ class DeviceCache(NamedTuple):
     slots[chosen] = np.arange(capacity, dtype=np.int32)
     rows = table.as_numpy()[chosen]  # a copy, ascending rows
     return cls(jax.device_put(slots, device), jax.device_put(rows, device))
+
+  def lookup(self, rows: jax.Array, valid: jax.Array) -> jax.Array:
+    """Where each of `rows` (table rows) sits in the cache: its row of `rows`, -1 where it is
+    not cached or not `valid`."""
+    n = self.slots.shape[0]
+    return jnp.where(valid, jnp.take(self.slots, jnp.clip(rows, 0, n - 1)), -1)
+
+  def fill(self, slots: jax.Array, read: jax.Array) -> jax.Array:
+    """`read` (rows gathered elsewhere) with the rows whose `slots` (from `lookup`) hold one
+    replaced by the cached row."""
+    return jnp.where((slots >= 0)[:, None], jnp.take(self.rows, jnp.maximum(slots, 0), axis=0),
+                     read)
 
   @property
   def capacity(self) -> int:

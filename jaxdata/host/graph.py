@@ -132,6 +132,15 @@ class HostGraph:
                num_relations=num_relations, pinned=pinned)
 
   @classmethod
+  def from_hetero(cls, graph: Any, *, pinned: bool | None = None) -> HostGraph:
+    """A `jaxdata.data.HeteroGraph`'s in-edges grouped by destination, with their relations:
+    the layout relational sampling reads (`jaxdata.host.sample_blocks`). The grouping is the
+    graph's own CSC (native, multithreaded)."""
+    offsets, edge_ids = graph.csc()
+    return cls(offsets, graph.src[edge_ids], etypes=graph.etype[edge_ids],
+               num_relations=graph.num_relations, pinned=pinned)
+
+  @classmethod
   def from_jraph(cls, graph: Any, *, features: Any = None, etypes: Any = None,
                  num_relations: int | None = None, pinned: bool | None = None) -> HostGraph:
     """From a `jraph.GraphsTuple` (all its graphs as one): edges senders -> receivers.

@@ -91,8 +91,7 @@ class Blocks:
     ids = [jnp.where(m, n, rows) for n, m in zip(self.nodes, self.masks)]
     slots = None
     if cache is not None:
-      slots = [jnp.where(m, jnp.take(cache.slots, jnp.maximum(n, 0)), -1)
-               for n, m in zip(self.nodes, self.masks)]
+      slots = [cache.lookup(n, m) for n, m in zip(self.nodes, self.masks)]
       ids = [jnp.where(s >= 0, rows, i) for i, s in zip(ids, slots)]  # hits: nothing to read
     if not unique:
       out = [host_gather(table, i, mode="fill", fill_value=0, **kwargs) for i in ids]
@@ -105,8 +104,7 @@ class Blocks:
       out = jnp.split(jnp.take(read, inverse.reshape(-1), axis=0),
                       np.cumsum([i.shape[0] for i in ids])[:-1])
     if cache is not None:
-      out = [jnp.where((s >= 0)[:, None], jnp.take(cache.rows, jnp.maximum(s, 0), axis=0), o)
-             for o, s in zip(out, slots)]
+      out = [cache.fill(s, o) for o, s in zip(out, slots)]
     return tuple(out)
 
   def to_jraph(self, hop: int = 0, node_features: jax.Array | None = None):

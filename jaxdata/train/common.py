@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxdata import command
+from jaxdata.host import sparse
 
 
 @dataclasses.dataclass
@@ -55,6 +59,132 @@ def seed_batches(ids: np.ndarray, size: int, rng: np.random.Generator | None = N
   take = min(len(order), n * size)
   rows[:take] = order[:take]
   return rows.reshape(n, size)
+
+
+def prefetched(items: Iterable, depth: int = 2) -> Iterator:
+  """`items`, produced on a background thread `depth` ahead (exceptions re-raised here).
+
+  Closing the iterator early stops the producer (a producer blocked on a full queue is
+  unblocked), so nothing keeps running behind an abandoned epoch.
+  """
+  q: queue.Queue = queue.Queue(depth)
+  stop = threading.Event()
+  done = object()
+
+  def produce():
+    try:
+      for item in items:
+        if stop.is_set():
+          return
+        q.put(item)
+      q.put(done)
+    except BaseException as e:  # noqa: BLE001  surfaced in the consumer
+      q.put(e)
+
+  worker = threading.Thread(target=produce, daemon=True)
+  worker.start()
+  try:
+    while (item := q.get()) is not done:
+      if isinstance(item, BaseException):
+        raise item
+      yield item
+  finally:
+    stop.set()
+    while worker.is_alive():  # unblock a producer waiting on a full queue
+      try:
+        q.get_nowait()
+      except queue.Empty:
+        pass
+      worker.join(0.01)
+
+
+# ----------------------------------------------------------------------------- mini-batches
+#: The relational mini-batch trainers' data pipelines: "host" (GPU-centric: graph and features
+#: in pinned host memory) or "device" (all in device memory).
+PIPELINES = ("host", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class MinibatchConfig:
+  """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the
+  two-layer models), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of the
+  tables trained in host memory (`table_optimizer`; learning rate: the model's), and
+  `max_batches` to cut epochs short (benchmarks). Each trainer subclasses it."""
+  fanouts: tuple[int, ...] = (10, 10)
+  batch_size: int = 256
+  pipeline: str = "host"
+  table_optimizer: str = "adam"
+  max_batches: int | None = None
+
+  def __post_init__(self):
+    if self.pipeline not in PIPELINES:
+      raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
+                       f"{self.pipeline!r}")
+    if len(self.fanouts) != 2 or any(int(f) < 1 for f in self.fanouts):
+      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
+                       f"the two-layer model), got {self.fanouts}")
+    if self.batch_size < 1:
+      raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
+    if self.table_optimizer not in sparse.BY_NAME:
+      raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
+                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
+
+
+def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
+                            pipeline: str = "graph and features") -> None:
+  """The `--fanouts`, `--batch-size`, `--pipeline` and `--table-optimizer` options of a
+  relational trainer's `--minibatch` (`seeds`: what a seed is; `tables`: what the sparse
+  optimizer trains)."""
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
+                      help="--minibatch: in-edges sampled per node and hop, one per layer")
+  parser.add_argument("--batch-size", type=command.positive_int, default=batch_size,
+                      help=f"--minibatch: seed {seeds} per step")
+  parser.add_argument("--pipeline", choices=PIPELINES, default="host",
+                      help=f"--minibatch: {pipeline} in pinned host memory (GPU-centric) or in "
+                           "device memory")
+  parser.add_argument("--table-optimizer", choices=tuple(sparse.BY_NAME), default="adam",
+                      help=f"--minibatch: the sparse optimizer of {tables} (lazy Adam by "
+                           "default; the learning rate is --lr)")
+
+
+def minibatch_options(args) -> dict:
+  """The `MinibatchConfig` fields the common `--minibatch` options give (UsageError for a
+  fanout count other than the models' two layers)."""
+  if len(args.fanouts) != 2:
+    raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
+                             f"{len(args.fanouts)}")
+  return dict(fanouts=tuple(args.fanouts), batch_size=args.batch_size, pipeline=args.pipeline,
+              table_optimizer=args.table_optimizer)
+
+
+def run_epoch(step: Callable[[jax.Array, jax.Array], tuple], rows: np.ndarray, key: jax.Array,
+              on_batch: Callable[[int, int], None] | None = None) -> dict:
+  """One epoch of mini-batch steps: `step(seeds, key)` for every row of `rows` (batch i's key
+  folded in from `key`), each returning (summed loss, correct, count, token of its table
+  updates). Waits for every update, then returns the epoch's record: mean loss, train
+  accuracy, seconds, batches, seeds per second."""
+  t0 = time.perf_counter()
+  sums = []
+  for i, row in enumerate(rows):
+    sums.append(step(jnp.asarray(row), jax.random.fold_in(key, i)))
+    if on_batch is not None:
+      on_batch(i + 1, len(rows))
+  loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
+  jax.block_until_ready([s[3] for s in sums])  # every table update has landed
+  seconds = time.perf_counter() - t0
+  return dict(loss=loss / max(count, 1), train_accuracy=correct / max(count, 1),
+              seconds=seconds, batches=len(rows), seeds_per_second=count / seconds)
+
+
+def sampled_accuracy(predict: Callable[[jax.Array, jax.Array], tuple], ids: np.ndarray,
+                     batch_size: int, key: jax.Array) -> float:
+  """The accuracy on `ids` measured on mini-batches: `predict(seeds, key)` returns (correct,
+  count) of one batch; NaN without ids."""
+  correct = count = 0
+  for i, row in enumerate(seed_batches(ids, batch_size)):
+    c, n = predict(jnp.asarray(row), jax.random.fold_in(key, i))
+    correct, count = correct + int(c), count + int(n)
+  return correct / count if count else float("nan")
 
 
 @contextlib.contextmanager

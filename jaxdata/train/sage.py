@@ -26,8 +26,6 @@ devices' shares, and process 0 reports and saves (docs/distributed.md).
 from __future__ import annotations
 
 import dataclasses
-import queue
-import threading
 import time
 from typing import Any, Callable, Iterator
 
@@ -42,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
 from jaxdata.nn import GraphSAGE
-from jaxdata.train.common import (TrainResult, add_out_argument, progress, say_saved,
+from jaxdata.train.common import (TrainResult, add_out_argument, prefetched, progress, say_saved,
                                   seed_batches)
 
 PIPELINES = ("host", "device", "cpu")
@@ -406,34 +404,8 @@ class _CpuBatches:
 
   def stream(self, rows: np.ndarray, epoch_key) -> Iterator[tuple]:
     cpu_key = jax.device_put(epoch_key, self.cpu)
-    q: queue.Queue = queue.Queue(self.depth)
-    stop = threading.Event()
-
-    def produce():
-      try:
-        for i, seeds in enumerate(rows):
-          if stop.is_set():
-            return
-          q.put(self.one(seeds, jax.random.fold_in(cpu_key, i)))
-        q.put(None)
-      except BaseException as e:  # surfaced in the consumer
-        q.put(e)
-
-    worker = threading.Thread(target=produce, daemon=True)
-    worker.start()
-    try:
-      while (item := q.get()) is not None:
-        if isinstance(item, BaseException):
-          raise item
-        yield item
-    finally:
-      stop.set()
-      while worker.is_alive():  # unblock a producer waiting on a full queue
-        try:
-          q.get_nowait()
-        except queue.Empty:
-          pass
-        worker.join(0.01)
+    return prefetched((self.one(seeds, jax.random.fold_in(cpu_key, i))
+                       for i, seeds in enumerate(rows)), self.depth)
 
 
 # ----------------------------------------------------------------------------- the CLI

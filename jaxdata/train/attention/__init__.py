@@ -36,7 +36,8 @@ from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
 from jaxdata.nn import HGT, RGAT
-from jaxdata.train.common import TrainResult, accuracy, add_out_argument, progress, say_saved
+from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
+                                  add_out_argument, minibatch_options, progress, say_saved)
 
 MODELS = ("rgat", "hgt")
 
@@ -308,22 +309,14 @@ def add_arguments(parser, model: str):
                            "memory with a sparse optimizer")
   parser.add_argument("--embed-dim", type=command.positive_int, default=64,
                       help="--embed: the embeddings' width")
-  parser.add_argument("--table-optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
-                      help="--minibatch --embed: the sparse optimizer of the embedding tables "
-                           "(lazy Adam by default; the learning rate is --lr)")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
                            "(see jaxdata.train.attention.minibatch)")
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
-                      help="--minibatch: in-edges sampled per node and hop, one per layer")
-  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
-                      help="--minibatch: seed papers per step")
+  add_minibatch_arguments(parser, batch_size=1024, seeds="papers",
+                          tables="the embedding tables (--embed)")
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="--minibatch, host pipeline: keep this fraction of each feature "
                            "table's rows (its most sampled nodes) in device memory")
-  parser.add_argument("--pipeline", choices=("host", "device"), default="host",
-                      help="--minibatch: graph and features in pinned host memory (GPU-centric) "
-                           "or in device memory")
   add_out_argument(parser, model)
 
 
@@ -367,15 +360,11 @@ def main(args) -> int:
   minibatch = None
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
-    if len(args.fanouts) != 2:
-      raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
-                               f"{len(args.fanouts)}")
+    options = minibatch_options(args)
     if args.cache and args.pipeline != "host":
       raise command.UsageError("argument --cache: a device cache is for --pipeline host (the "
                                "device pipeline has every row on the device)")
-    minibatch = hetero.MinibatchConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                       pipeline=args.pipeline, cache=args.cache,
-                                       table_optimizer=args.table_optimizer)
+    minibatch = hetero.MinibatchConfig(cache=args.cache, **options)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}

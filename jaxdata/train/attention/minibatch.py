@@ -36,40 +36,25 @@ from jaxdata.host import HostGraph, HostTable, sparse
 from jaxdata.host.blocks import gather_typed, node_types, sample_blocks, type_caches
 from jaxdata.host.sample import DeviceGraph
 from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
-from jaxdata.train.common import TrainResult, seed_batches
-
-PIPELINES = ("host", "device")
-
+from jaxdata.train import common
+from jaxdata.train.common import TrainResult
 
 @dataclasses.dataclass(frozen=True)
-class MinibatchConfig:
-  """How batches are drawn: `fanouts` per hop (one per layer), `batch_size` seed papers per
-  step; "host": graph and features in pinned host memory (GPU-centric), "device": in device
-  memory (all-in-GPU, where it fits); `max_batches` cuts epochs short (benchmarks)."""
-  fanouts: tuple[int, ...] = (10, 10)
+class MinibatchConfig(common.MinibatchConfig):
+  """`common.MinibatchConfig` for RGAT / HGT: `batch_size` seed papers per step, "device": graph
+  and features in device memory (where they fit; embedding tables stay in host memory),
+  `table_optimizer` trains the embedding tables (`TrainConfig.embed`), and `cache`: with
+  "host", keep this fraction of each feature table's rows on the device."""
   batch_size: int = 1024
-  pipeline: str = "host"
-  table_optimizer: str = "adam"  # trains the embedding tables (TrainConfig.embed)
-  cache: float = 0.0  # "host": keep this fraction of each feature table's rows on the device
-  max_batches: int | None = None
+  cache: float = 0.0
 
   def __post_init__(self):
-    if self.pipeline not in PIPELINES:
-      raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
-                       f"{self.pipeline!r}")
-    if len(self.fanouts) != 2 or any(int(f) < 1 for f in self.fanouts):
-      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
-                       f"the two-layer model), got {self.fanouts}")
-    if self.batch_size < 1:
-      raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
+    super().__post_init__()
     if not 0 <= self.cache <= 1:
       raise ValueError(f"MinibatchConfig: cache must be a fraction in [0, 1], got {self.cache}")
     if self.cache and self.pipeline != "host":
       raise ValueError("MinibatchConfig: a device cache is for the host pipeline (the device "
                        "pipeline has every row on the device)")
-    if self.table_optimizer not in sparse.BY_NAME:
-      raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
-                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
 
 
 class HostData:
@@ -78,11 +63,9 @@ class HostData:
 
   def __init__(self, dataset: MagDataset, pipeline: str, model=None, cache: float = 0.0):
     g = dataset.graph
-    offsets, edge_ids = g.csc()  # in-edges by destination: the sampler's layout
     self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
     self.num_relations = g.num_relations
-    self.host = HostGraph(offsets, g.src[edge_ids], etypes=g.etype[edge_ids],
-                          num_relations=g.num_relations)
+    self.host = HostGraph.from_hetero(g)
     self.embedded = () if model is None else model.embedded
     # Embedded types: the model's initial embedding, trained in place by a sparse optimizer.
     embeddings = {t: np.asarray(table.embedding[...], np.float32)
@@ -206,32 +189,19 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
       return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
 
     def accuracy(ids, key) -> float:
-      correct = count = 0
-      for i, row in enumerate(seed_batches(np.asarray(ids) + papers[0], minibatch.batch_size, None,
-                                       None)):
-        c, n = predict(model, data.consts, jnp.asarray(row), jax.random.fold_in(key, i))
-        correct, count = correct + int(c), count + int(n)
-      return correct / count if count else float("nan")
+      return common.sampled_accuracy(lambda s, k: predict(model, data.consts, s, k),
+                                     np.asarray(ids) + papers[0], minibatch.batch_size, key)
 
     rng = np.random.default_rng(config.seed)
     key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
     history, start = [], time.perf_counter()
     for epoch in range(1, config.epochs + 1):
-      t0 = time.perf_counter()
-      rows = seed_batches(np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, rng,
-                      minibatch.max_batches)
-      sums = []
-      for i, row in enumerate(rows):
-        sums.append(step(model, optimizer, table_states, data.consts, jnp.asarray(row),
-                         jax.random.fold_in(jax.random.fold_in(key, epoch), i)))
-        if on_batch is not None:
-          on_batch(i + 1, len(rows))
-      loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
-      jax.block_until_ready([s[3] for s in sums])  # every table update has landed
-      seconds = time.perf_counter() - t0
-      record = dict(epoch=epoch, loss=loss / max(count, 1), train_accuracy=correct / max(count, 1),
-                    seconds=seconds, batches=len(rows), seeds_per_second=count / seconds,
-                    val_accuracy=accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch)))
+      rows = common.seed_batches(np.asarray(dataset.train_papers) + papers[0],
+                                 minibatch.batch_size, rng, minibatch.max_batches)
+      record = dict(epoch=epoch, **common.run_epoch(
+          lambda s, k: step(model, optimizer, table_states, data.consts, s, k), rows,
+          jax.random.fold_in(key, epoch), on_batch))
+      record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
       history.append(record)
       if on_epoch is not None:
         on_epoch(record)

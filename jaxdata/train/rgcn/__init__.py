@@ -33,7 +33,8 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
-from jaxdata.train.common import TrainResult, accuracy, add_out_argument, progress, say_saved
+from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
+                                  add_out_argument, minibatch_options, progress, say_saved)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,16 +284,8 @@ def add_arguments(parser):
                       help="train on sampled mini-batches, the graph, features and (featureless "
                            "data) the first layer's node rows in host memory "
                            "(see jaxdata.train.rgcn.minibatch)")
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
-                      help="--minibatch: in-edges sampled per node and hop, one per layer")
-  parser.add_argument("--batch-size", type=command.positive_int, default=256,
-                      help="--minibatch: seed nodes per step")
-  parser.add_argument("--pipeline", choices=("host", "device"), default="host",
-                      help="--minibatch: graph and features in pinned host memory (GPU-centric) "
-                           "or in device memory")
-  parser.add_argument("--table-optimizer", choices=("adam", "adagrad", "sgd"), default="adam",
-                      help="--minibatch, featureless data: the sparse optimizer of the node rows "
-                           "(lazy Adam by default; the learning rate is --lr)")
+  add_minibatch_arguments(parser, batch_size=256, seeds="nodes",
+                          tables="the node rows (featureless data)")
   add_out_argument(parser, "rgcn", "the (last seed's) model")
 
 
@@ -323,12 +316,7 @@ def main(args) -> int:
   minibatch = None
   if args.minibatch:
     from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
-    if len(args.fanouts) != 2:
-      raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
-                               f"{len(args.fanouts)}")
-    minibatch = sampled.MinibatchConfig(fanouts=tuple(args.fanouts), batch_size=args.batch_size,
-                                        pipeline=args.pipeline,
-                                        table_optimizer=args.table_optimizer)
+    minibatch = sampled.MinibatchConfig(**minibatch_options(args))
   val_fraction = (args.val_fraction if args.val_fraction is not None
                   else setup.get("val_fraction", 0.0))
   if val_fraction >= 1:

@@ -42,37 +42,15 @@ from jaxdata.data import EntityDataset
 from jaxdata.host import HostGraph, HostTable, host_gather, sparse
 from jaxdata.host.blocks import sample_blocks
 from jaxdata.host.sample import DeviceGraph
-from jaxdata.train.common import TrainResult, seed_batches
+from jaxdata.train import common
+from jaxdata.train.common import TrainResult
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
 
-PIPELINES = ("host", "device")
-
-
 @dataclasses.dataclass(frozen=True)
-class MinibatchConfig:
-  """How batches are drawn: `fanouts` per hop (one per layer), `batch_size` seed nodes per
-  step; "host": graph and features in pinned host memory (GPU-centric), "device": in device
-  memory (the node rows of featureless data stay in host memory either way);
-  `table_optimizer` trains those rows (learning rate: the model's); `max_batches` cuts epochs
-  short (benchmarks)."""
-  fanouts: tuple[int, ...] = (10, 10)
-  batch_size: int = 256
-  pipeline: str = "host"
-  table_optimizer: str = "adam"
-  max_batches: int | None = None
-
-  def __post_init__(self):
-    if self.pipeline not in PIPELINES:
-      raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
-                       f"{self.pipeline!r}")
-    if len(self.fanouts) != 2 or any(int(f) < 1 for f in self.fanouts):
-      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
-                       f"the two-layer model), got {self.fanouts}")
-    if self.batch_size < 1:
-      raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
-    if self.table_optimizer not in sparse.BY_NAME:
-      raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
-                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
+class MinibatchConfig(common.MinibatchConfig):
+  """`common.MinibatchConfig` for RGCN: `batch_size` seed nodes per step; "device": graph and
+  features in device memory (the node rows of featureless data stay in host memory either
+  way); `table_optimizer` trains those rows."""
 
 
 def _is_row_param(path, value) -> bool:
@@ -94,10 +72,8 @@ class EntityData:
 
   def __init__(self, dataset: EntityDataset, model: EntityClassifier, pipeline: str):
     g = dataset.graph
-    offsets, edge_ids = g.csc()  # in-edges by destination: the sampler's layout
     self.num_nodes, self.num_relations = g.num_nodes, g.num_relations
-    self.host = HostGraph(offsets, g.src[edge_ids], etypes=g.etype[edge_ids],
-                          num_relations=g.num_relations)
+    self.host = HostGraph.from_hetero(g)
     self.features = None if dataset.features is None else HostTable(dataset.features)
     self.rows = None
     if model.conv1.featureless:
@@ -201,36 +177,20 @@ def train(dataset: EntityDataset, config: TrainConfig,
       _, (correct, count) = batch_loss(model, blocks, inputs, seeds, labels, 0.0)
       return correct, count
 
-    def accuracy(ids, key) -> float:
-      correct = count = 0
-      for i, row in enumerate(seed_batches(ids, minibatch.batch_size)):
-        c, n = predict(model, data.consts, jnp.asarray(row), jax.random.fold_in(key, i))
-        correct, count = correct + int(c), count + int(n)
-      return correct / count if count else float("nan")
-
     rng = np.random.default_rng(config.seed)
     key, val_key = jax.random.split(jax.random.key(config.seed))
     history = []
     try:
       for epoch in range(1, config.epochs + 1):
-        t0 = time.perf_counter()
-        rows = seed_batches(dataset.train_idx[fit], minibatch.batch_size, rng,
-                            minibatch.max_batches)
-        sums = []
-        for i, row in enumerate(rows):
-          sums.append(step(model, optimizer, opt_state, data.consts, jnp.asarray(row),
-                           jax.random.fold_in(jax.random.fold_in(key, epoch), i)))
-          if on_batch is not None:
-            on_batch(i + 1, len(rows))
-        loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
-        jax.block_until_ready([s[3] for s in sums])  # every row update has landed
-        seconds = time.perf_counter() - t0
-        record = dict(epoch=epoch, loss=loss / max(count, 1),
-                      train_accuracy=correct / max(count, 1), seconds=seconds,
-                      batches=len(rows), seeds_per_second=count / seconds)
+        rows = common.seed_batches(dataset.train_idx[fit], minibatch.batch_size, rng,
+                                   minibatch.max_batches)
+        record = dict(epoch=epoch, **common.run_epoch(
+            lambda s, k: step(model, optimizer, opt_state, data.consts, s, k), rows,
+            jax.random.fold_in(key, epoch), on_batch))
         if len(val):
-          record["val_accuracy"] = accuracy(dataset.train_idx[val],
-                                            jax.random.fold_in(val_key, epoch))
+          record["val_accuracy"] = common.sampled_accuracy(
+              lambda s, k: predict(model, data.consts, s, k), dataset.train_idx[val],
+              minibatch.batch_size, jax.random.fold_in(val_key, epoch))
         history.append(record)
         if on_epoch is not None:
           on_epoch(record)
