@@ -192,3 +192,53 @@ def test_an_unreachable_coordinator_is_a_clear_error():
   assert out.returncode == 2, out.stderr
   assert f"cannot reach the coordinator localhost:{port} within 2 s" in out.stderr
   assert time.monotonic() - start < 30
+
+
+def _sparse_worker(out, processes: int, devices: int) -> list:
+  """Runs tests/sparse_worker.py as `processes` processes of `devices` CPU devices each; returns
+  each process's saved tables."""
+  out.mkdir()
+  script = os.path.join(os.path.dirname(__file__), "sparse_worker.py")
+  env = _env(devices)
+  if processes > 1:
+    env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{launch.free_port()}",
+               JAX_NUM_PROCESSES=str(processes))
+  procs = [subprocess.Popen([sys.executable, script, str(out)],
+                            env=dict(env, JAX_PROCESS_ID=str(i)) if processes > 1 else env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(processes)]
+  try:
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log
+  import numpy as np
+  return [dict(np.load(out / f"process{i}.npz")) for i in range(processes)]
+
+
+@pytest.mark.slow
+def test_sparse_updates_reach_every_process_copy_exactly(tmp_path):
+  """2 processes x 2 devices, rows repeating within and across devices and processes: every
+  copy's SGD table is minus np.add.at's counts of the whole global batches (none lost, none
+  doubled), and lazy Adam leaves every copy equal to a one-process run over 4 devices."""
+  import numpy as np
+  sys.path.insert(0, os.path.dirname(__file__))
+  import sparse_worker as w
+  multi = _sparse_worker(tmp_path / "multi", 2, 2)
+  single = _sparse_worker(tmp_path / "single", 1, 4)
+  expected = np.zeros((w.ROWS, w.COLS), np.float32)
+  for ids, _ in w.global_batches(4):
+    kept = ids[ids < w.ROWS]  # ROWS is out of range: dropped; negatives count from the end
+    assert len(kept) < len(ids) and (kept < 0).any()  # the batches do exercise both
+    np.add.at(expected, kept, -1.0)
+  assert len(np.unique(expected)) > 3  # rows repeat unevenly
+  for tables in multi + single:
+    np.testing.assert_array_equal(tables["counts"], expected)
+    assert tables["adam_count"].item() == w.STEPS
+  np.testing.assert_array_equal(multi[0]["weights"], multi[1]["weights"])
+  np.testing.assert_allclose(multi[0]["weights"], single[0]["weights"], rtol=1e-6, atol=1e-7)
+  assert not np.allclose(single[0]["weights"],
+                         np.linspace(-1, 1, w.ROWS * w.COLS).reshape(w.ROWS, w.COLS))
