@@ -242,3 +242,37 @@ def test_sparse_updates_reach_every_process_copy_exactly(tmp_path):
   np.testing.assert_allclose(multi[0]["weights"], single[0]["weights"], rtol=1e-6, atol=1e-7)
   assert not np.allclose(single[0]["weights"],
                          np.linspace(-1, 1, w.ROWS * w.COLS).reshape(w.ROWS, w.COLS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adam"])
+def test_learned_host_embeddings_train_across_processes_like_one_process(tmp_path, optimizer):
+  """`--embed-dim` with a sparse optimizer, 2 processes x 2 devices (launcher) against one
+  process of 4: the same losses, and the same trained table (each process checks at the end
+  that its copy equals every other's; process 0's is in the checkpoint). The checkpoint of the
+  two processes is then measured again by `jaxdata eval` in one process of 4 devices."""
+  import numpy as np
+  import jaxdata
+  run = [*SAGE, "--epochs", "2", "--embed-dim", "4", "--table-optimizer", optimizer]
+  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *run,
+                    "--out", str(tmp_path / "multi")], _env())
+  assert multi.returncode == 0, multi.stdout + multi.stderr
+  single = _jaxdata([*run, "--out", str(tmp_path / "single")], _env(4))
+  assert single.returncode == 0, single.stdout + single.stderr
+  assert "4-wide node embeddings in host memory" in multi.stdout
+  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  for m, s in zip(hist["multi"], hist["single"], strict=True):
+    assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
+  tables = {k: jaxdata.load_model(tmp_path / k).tables["embedding"] for k in ("multi", "single")}
+  from jaxdata.train.sage import SageConfig, initial_embedding
+  start = initial_embedding(2000, SageConfig(embed_dim=4))
+  moved = np.any(tables["single"] != start, axis=1)
+  assert 0 < moved.sum() < len(moved)  # trained the rows the batches touched, only those
+  np.testing.assert_allclose(tables["multi"], tables["single"], rtol=1e-5, atol=1e-6)
+  again = _jaxdata(["eval", str(tmp_path / "multi")], _env(4))
+  assert again.returncode == 0, again.stderr
+  line = next(l for l in again.stdout.splitlines() if l.startswith("test_accuracy"))
+  assert line.split()[1] == line.split("at save: ")[1].rstrip(")")
+  too_few = _jaxdata(["eval", str(tmp_path / "multi")], _env(2))
+  assert too_few.returncode == 2
+  assert "trained and measured on a mesh of 4 devices (2 process(es) x 2)" in too_few.stderr
