@@ -276,3 +276,27 @@ def test_learned_host_embeddings_train_across_processes_like_one_process(tmp_pat
   too_few = _jaxdata(["eval", str(tmp_path / "multi")], _env(2))
   assert too_few.returncode == 2
   assert "trained and measured on a mesh of 4 devices (2 process(es) x 2)" in too_few.stderr
+
+
+@pytest.mark.slow
+def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tmp_path):
+  """JAX itself takes process 0's count and lets a process told 3 train as one of 2; jaxdata
+  compares the counts once the job has formed and stops every process."""
+  port = launch.free_port()
+  common = [sys.executable, "-m", "jaxdata.cli", *SAGE, "--epochs", "1", "--coordinator",
+            f"localhost:{port}", "--distributed-timeout", "20"]
+  procs = [subprocess.Popen(common + ["--num-processes", n, "--process-id", str(i), "--out",
+                                      str(tmp_path / str(i))], env=_env(2),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i, n in enumerate(["2", "3"])]
+  try:
+    outs = [p.communicate(timeout=90) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 2, err
+    assert ("--num-processes differs between the processes (process 0: 2, process 1: 3); the "
+            f"job at localhost:{port} has 2 processes") in err
+  assert not (tmp_path / "0").exists()
