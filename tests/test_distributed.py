@@ -300,3 +300,30 @@ def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tm
     assert ("--num-processes differs between the processes (process 0: 2, process 1: 3); the "
             f"job at localhost:{port} has 2 processes") in err
   assert not (tmp_path / "0").exists()
+
+
+def test_sparse_update_copies_must_divide_the_axis_and_need_it():
+  """`copies` names how many table copies (processes) the axis spans: a count that does not
+  divide the axis, or one given without an axis, is refused naming the argument."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+  from jaxdata.host import HostTable, sparse
+  from jaxdata.train.sage import _shard_map
+  sgd = sparse.sparse_sgd(1.0)
+  mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+  with HostTable(np.zeros((4, 2), np.float32)) as table:
+    def update(copies):
+      return jax.jit(_shard_map(
+          lambda i, g: sgd.update(table, (), i, g, axis_name="data", copies=copies)[None],
+          mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data")))(
+              jnp.arange(4), jnp.ones((4, 2)))
+    with pytest.raises(ValueError, match="has 2 devices, not a multiple of copies=3"):
+      update(3)
+    with pytest.raises(ValueError, match="copies must be a positive int, got 0"):
+      update(0)
+    with pytest.raises(ValueError, match="copies=2 needs axis_name"):
+      sgd.update(table, (), jnp.arange(2), jnp.ones((2, 2)), copies=2)
+    jax.block_until_ready(update(2))  # two copies of one device each: each writes every row
+    np.testing.assert_array_equal(table.as_numpy(), -2 * np.ones((4, 2)))
