@@ -118,7 +118,11 @@ def _eval(args: argparse.Namespace) -> int:
     raise command.UsageError(str(e)) from None
   console = command.console()
   console.print(f"[bold]{loaded.kind}[/] checkpoint {args.checkpoint}: step {loaded.meta['step']}")
-  for name, value in loaded.evaluate().items():
+  try:
+    measured = loaded.evaluate()
+  except ValueError as e:  # e.g. a sampled evaluation that needs more devices than are here
+    raise command.UsageError(str(e)) from None
+  for name, value in measured.items():
     saved = loaded.metrics.get(name)
     console.print(f"{name} {value:.4f}" + ("" if saved is None else f" (at save: {saved:.4f})"))
   return 0

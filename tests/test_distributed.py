@@ -192,3 +192,138 @@ def test_an_unreachable_coordinator_is_a_clear_error():
   assert out.returncode == 2, out.stderr
   assert f"cannot reach the coordinator localhost:{port} within 2 s" in out.stderr
   assert time.monotonic() - start < 30
+
+
+def _sparse_worker(out, processes: int, devices: int) -> list:
+  """Runs tests/sparse_worker.py as `processes` processes of `devices` CPU devices each; returns
+  each process's saved tables."""
+  out.mkdir()
+  script = os.path.join(os.path.dirname(__file__), "sparse_worker.py")
+  env = _env(devices)
+  if processes > 1:
+    env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{launch.free_port()}",
+               JAX_NUM_PROCESSES=str(processes))
+  procs = [subprocess.Popen([sys.executable, script, str(out)],
+                            env=dict(env, JAX_PROCESS_ID=str(i)) if processes > 1 else env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(processes)]
+  try:
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log
+  import numpy as np
+  return [dict(np.load(out / f"process{i}.npz")) for i in range(processes)]
+
+
+@pytest.mark.slow
+def test_sparse_updates_reach_every_process_copy_exactly(tmp_path):
+  """2 processes x 2 devices, rows repeating within and across devices and processes: every
+  copy's SGD table is minus np.add.at's counts of the whole global batches (none lost, none
+  doubled), and lazy Adam leaves every copy equal to a one-process run over 4 devices."""
+  import numpy as np
+  sys.path.insert(0, os.path.dirname(__file__))
+  import sparse_worker as w
+  multi = _sparse_worker(tmp_path / "multi", 2, 2)
+  single = _sparse_worker(tmp_path / "single", 1, 4)
+  expected = np.zeros((w.ROWS, w.COLS), np.float32)
+  for ids, _ in w.global_batches(4):
+    kept = ids[ids < w.ROWS]  # ROWS is out of range: dropped; negatives count from the end
+    assert len(kept) < len(ids) and (kept < 0).any()  # the batches do exercise both
+    np.add.at(expected, kept, -1.0)
+  assert len(np.unique(expected)) > 3  # rows repeat unevenly
+  for tables in multi + single:
+    np.testing.assert_array_equal(tables["counts"], expected)
+    assert tables["adam_count"].item() == w.STEPS
+  np.testing.assert_array_equal(multi[0]["weights"], multi[1]["weights"])
+  np.testing.assert_allclose(multi[0]["weights"], single[0]["weights"], rtol=1e-6, atol=1e-7)
+  assert not np.allclose(single[0]["weights"],
+                         np.linspace(-1, 1, w.ROWS * w.COLS).reshape(w.ROWS, w.COLS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["adam"])
+def test_learned_host_embeddings_train_across_processes_like_one_process(tmp_path, optimizer):
+  """`--embed-dim` with a sparse optimizer, 2 processes x 2 devices (launcher) against one
+  process of 4: the same losses, and the same trained table (each process checks at the end
+  that its copy equals every other's; process 0's is in the checkpoint). The checkpoint of the
+  two processes is then measured again by `jaxdata eval` in one process of 4 devices."""
+  import numpy as np
+  import jaxdata
+  run = [*SAGE, "--epochs", "2", "--embed-dim", "4", "--table-optimizer", optimizer]
+  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *run,
+                    "--out", str(tmp_path / "multi")], _env())
+  assert multi.returncode == 0, multi.stdout + multi.stderr
+  single = _jaxdata([*run, "--out", str(tmp_path / "single")], _env(4))
+  assert single.returncode == 0, single.stdout + single.stderr
+  assert "4-wide node embeddings in host memory" in multi.stdout
+  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  for m, s in zip(hist["multi"], hist["single"], strict=True):
+    assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
+  tables = {k: jaxdata.load_model(tmp_path / k).tables["embedding"] for k in ("multi", "single")}
+  from jaxdata.train.sage import SageConfig, initial_embedding
+  start = initial_embedding(2000, SageConfig(embed_dim=4))
+  moved = np.any(tables["single"] != start, axis=1)
+  assert 0 < moved.sum() < len(moved)  # trained the rows the batches touched, only those
+  np.testing.assert_allclose(tables["multi"], tables["single"], rtol=1e-5, atol=1e-6)
+  again = _jaxdata(["eval", str(tmp_path / "multi")], _env(4))
+  assert again.returncode == 0, again.stderr
+  line = next(l for l in again.stdout.splitlines() if l.startswith("test_accuracy"))
+  assert line.split()[1] == line.split("at save: ")[1].rstrip(")")
+  too_few = _jaxdata(["eval", str(tmp_path / "multi")], _env(2))
+  assert too_few.returncode == 2
+  assert "trained and measured on a mesh of 4 devices (2 process(es) x 2)" in too_few.stderr
+
+
+@pytest.mark.slow
+def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tmp_path):
+  """JAX itself takes process 0's count and lets a process told 3 train as one of 2; jaxdata
+  compares the counts once the job has formed and stops every process."""
+  port = launch.free_port()
+  common = [sys.executable, "-m", "jaxdata.cli", *SAGE, "--epochs", "1", "--coordinator",
+            f"localhost:{port}", "--distributed-timeout", "20"]
+  procs = [subprocess.Popen(common + ["--num-processes", n, "--process-id", str(i), "--out",
+                                      str(tmp_path / str(i))], env=_env(2),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i, n in enumerate(["2", "3"])]
+  try:
+    outs = [p.communicate(timeout=90) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 2, err
+    assert ("--num-processes differs between the processes (process 0: 2, process 1: 3); the "
+            f"job at localhost:{port} has 2 processes") in err
+  assert not (tmp_path / "0").exists()
+
+
+def test_sparse_update_copies_must_divide_the_axis_and_need_it():
+  """`copies` names how many table copies (processes) the axis spans: a count that does not
+  divide the axis, or one given without an axis, is refused naming the argument."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+  from jaxdata.host import HostTable, sparse
+  from jaxdata.train.sage import _shard_map
+  sgd = sparse.sparse_sgd(1.0)
+  mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+  with HostTable(np.zeros((4, 2), np.float32)) as table:
+    def update(copies):
+      return jax.jit(_shard_map(
+          lambda i, g: sgd.update(table, (), i, g, axis_name="data", copies=copies)[None],
+          mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data")))(
+              jnp.arange(4), jnp.ones((4, 2)))
+    with pytest.raises(ValueError, match="has 2 devices, not a multiple of copies=3"):
+      update(3)
+    with pytest.raises(ValueError, match="copies must be a positive int, got 0"):
+      update(0)
+    with pytest.raises(ValueError, match="copies=2 needs axis_name"):
+      sgd.update(table, (), jnp.arange(2), jnp.ones((2, 2)), copies=2)
+    jax.block_until_ready(update(2))  # two copies of one device each: each writes every row
+    np.testing.assert_array_equal(table.as_numpy(), -2 * np.ones((4, 2)))

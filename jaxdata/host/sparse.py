@@ -28,11 +28,18 @@ the whole batch, with the step count advanced once), whatever the number of devi
 each device's call is a separate update of the same table (no update is lost,
 `host_scatter_add` serializes them): for SGD that is the same step up to rounding, for Adagrad
 and Adam it is not (each device would read the per-row state before the others' additions, and
-Adam's count would advance once per device). Separate processes have separate host memory, and this is not built for them yet: with
-`axis_name` each device writes only its share of the rows into its own process's table, so a
-process's copy would receive its own devices' rows only (and `sparse_adam`'s count would advance
-only where device 0 lives). Every process writing every touched row into its copy (one device
-per process) is issue 17's work.
+Adam's count would advance once per device).
+
+Several processes (`jax.distributed`): each process has its own copy of the table (and of the
+optimizer's state) in its own host memory, and the axis spans every process's devices. The
+all-gather then brings every process the whole global batch's (row, gradient) pairs, and the
+touched rows are shared out among each process's own devices only: every copy receives every
+row, from exactly one writer per copy, and Adam's count advances once in every copy. So the
+copies stay equal, bit for bit, to one another and to a one-process run over the same global
+batch. `copies` (default `jax.process_count()`) is how many copies the axis spans; the axis must
+list each copy's devices together, the same number per copy (a mesh built process by process,
+as jaxdata's trainers build theirs). Cost per step and device: the all-gather receives the whole
+batch's indices and float32 gradients, `batch x (4 + 4 x columns)` bytes (docs/distributed.md).
 """
 from __future__ import annotations
 
@@ -52,10 +59,11 @@ class SparseOptimizer(NamedTuple):
 
   init(table) -> state: allocates what the rule keeps per row (host tables, closed with
     `close(state)` or left to the garbage collector).
-  update(table, state, indices, grads, *, axis_name=None) -> token: applies the rule to rows
-    `indices` of `table` given their gradients `grads` (shape indices.shape + (columns,));
-    repeated indices have their gradients summed first, as the dense gradient of a gather
-    would. Under shard_map, `axis_name` names the data-parallel axis (see the module docstring).
+  update(table, state, indices, grads, *, axis_name=None, copies=None) -> token: applies the
+    rule to rows `indices` of `table` given their gradients `grads` (shape indices.shape +
+    (columns,)); repeated indices have their gradients summed first, as the dense gradient of a
+    gather would. Under shard_map, `axis_name` names the data-parallel axis and `copies` the
+    number of separate table copies (processes) along it (see the module docstring).
   """
   init: Callable[[HostTable], Any]
   update: Callable[..., jax.Array]
@@ -66,13 +74,37 @@ class AdagradState(NamedTuple):
   sum_of_squares: HostTable
 
 
+def _copies(axis_name: Any, copies: int | None, what: str) -> int:
+  """How many separate table copies (processes) the axis spans; checks the argument."""
+  if copies is None:
+    return 1 if axis_name is None else jax.process_count()
+  if isinstance(copies, bool) or not isinstance(copies, (int, np.integer)) or copies < 1:
+    raise ValueError(f"{what}: copies must be a positive int, got {copies!r}")
+  if axis_name is None and copies != 1:
+    raise ValueError(f"{what}: copies={copies} needs axis_name (the axis the copies lie along)")
+  return int(copies)
+
+
+def _writer(axis_name: Any, copies: int, what: str) -> tuple[jax.Array, int]:
+  """(this device's index among its copy's devices, the number of devices per copy)."""
+  devices = jax.lax.psum(1, axis_name)
+  if devices % copies:
+    raise ValueError(f"{what}: the axis {axis_name!r} has {devices} devices, not a multiple of "
+                     f"copies={copies} (one table copy per process: give copies= the number of "
+                     f"processes the axis spans)")
+  per_copy = devices // copies
+  return jax.lax.axis_index(axis_name) % per_copy, per_copy
+
+
 def _unique_rows(table: HostTable, indices: Any, grads: Any, axis_name: Any = None,
-                 what: str = "sparse optimizer") -> tuple[jax.Array, jax.Array]:
+                 what: str = "sparse optimizer", copies: int = 1
+                 ) -> tuple[jax.Array, jax.Array]:
   """(unique resolved rows padded with `rows`, their summed gradients).
 
   With `axis_name`, over the whole batch of every device along that axis, and each device
-  keeps only its share of the rows (row % devices == its index; the others become `rows`,
-  which the scatter drops), so that the devices write disjoint rows.
+  keeps only its share of the rows (row % per_copy == its index within its copy; the others
+  become `rows`, which the scatter drops), so that each copy's devices write disjoint rows and
+  together every row.
   """
   rows, cols = table.shape
   indices = as_indices(indices, what)
@@ -89,9 +121,8 @@ def _unique_rows(table: HostTable, indices: Any, grads: Any, axis_name: Any = No
   uniq, inverse = jnp.unique(idx, size=n, fill_value=rows, return_inverse=True)
   summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=n)
   if axis_name is not None:
-    devices = jax.lax.psum(1, axis_name)
-    mine = uniq % devices == jax.lax.axis_index(axis_name)
-    uniq = jnp.where(mine, uniq, rows)
+    local, per_copy = _writer(axis_name, copies, what)
+    uniq = jnp.where(uniq % per_copy == local, uniq, rows)
   return uniq, summed
 
 
@@ -104,9 +135,10 @@ def sparse_sgd(learning_rate: float) -> SparseOptimizer:
     return ()
 
   def update(table: HostTable, state: Any, indices: Any, grads: Any, *,
-             axis_name: Any = None) -> jax.Array:
+             axis_name: Any = None, copies: int | None = None) -> jax.Array:
     del state
-    rows, summed = _unique_rows(table, indices, grads, axis_name, "sparse_sgd")
+    copies = _copies(axis_name, copies, "sparse_sgd")
+    rows, summed = _unique_rows(table, indices, grads, axis_name, "sparse_sgd", copies)
     return host_scatter_add(table, rows, (-lr * summed).astype(table.dtype))
 
   return SparseOptimizer(init, update)
@@ -128,8 +160,9 @@ def sparse_adagrad(learning_rate: float, initial_accumulator_value: float = 0.1,
     return AdagradState(acc)
 
   def update(table: HostTable, state: AdagradState, indices: Any, grads: Any, *,
-             axis_name: Any = None) -> jax.Array:
-    rows, g = _unique_rows(table, indices, grads, axis_name, "sparse_adagrad")
+             axis_name: Any = None, copies: int | None = None) -> jax.Array:
+    copies = _copies(axis_name, copies, "sparse_adagrad")
+    rows, g = _unique_rows(table, indices, grads, axis_name, "sparse_adagrad", copies)
     acc = host_gather(state.sum_of_squares, rows, mode="fill", fill_value=0)
     squares = g * g
     # The accumulator rows must be read before they are written: make the write depend on them.
@@ -189,21 +222,24 @@ def sparse_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
     return AdamState(mu, nu, count)
 
   def update(table: HostTable, state: AdamState, indices: Any, grads: Any, *,
-             axis_name: Any = None) -> jax.Array:
+             axis_name: Any = None, copies: int | None = None) -> jax.Array:
     _check_open("sparse_adam", table=table, **{f"state.{k}": v for k, v in state._asdict().items()})
-    rows, g = _unique_rows(table, indices, grads, axis_name, "sparse_adam")
-    # One device reads and advances the count (row 0); on the others the index is 1, out of
-    # range: the gather gives the fill value 0 and the scatter drops the write. The reader's
-    # value reaches every device through psum, so no device can read the count after another
-    # one has advanced it (devices of one process share the table and run concurrently).
+    copies = _copies(axis_name, copies, "sparse_adam")
+    rows, g = _unique_rows(table, indices, grads, axis_name, "sparse_adam", copies)
+    # One device per copy reads and advances its copy's count (row 0); on the others the index
+    # is 1, out of range: the gather gives the fill value 0 and the scatter drops the write.
+    # The first copy's value reaches every device through psum (the copies' counts are equal),
+    # so no device can read the count after another one has advanced it (devices of one
+    # process share the table and run concurrently).
     count_row = jnp.zeros((1,), jnp.int32)
     if axis_name is not None:
-      count_row = jnp.where(jax.lax.axis_index(axis_name) == 0, 0, 1).astype(jnp.int32)[None]
+      local, _ = _writer(axis_name, copies, "sparse_adam")
+      count_row = jnp.where(local == 0, 0, 1).astype(jnp.int32)[None]
     mu = host_gather(state.mu, rows, mode="fill", fill_value=0)
     nu = host_gather(state.nu, rows, mode="fill", fill_value=0)
     count = host_gather(state.count, count_row, mode="fill", fill_value=0)[0, 0]
     if axis_name is not None:
-      count = jax.lax.psum(count, axis_name)
+      count = jax.lax.psum(jnp.where(jax.lax.axis_index(axis_name) == 0, count, 0), axis_name)
     # Every read precedes its write: each delta below is computed from what was read (and the
     # barrier keeps the reads together, before any write, as in sparse_adagrad).
     g, mu, nu, count = jax.lax.optimization_barrier((g, mu, nu, count))

@@ -49,6 +49,7 @@ class Loaded:
   evaluate: Callable[[], dict]
   predict: Callable[..., Any] | None
   optimizer_state: Any = None
+  tables: dict[str, Any] | None = None  # host tables trained in place (sage: "embedding")
 
   @property
   def metrics(self) -> dict:

@@ -32,6 +32,7 @@ class TrainResult:
   seconds: float = 0.0              # the run's wall time
   optimizer: Any = None             # nnx.Optimizer or optax state
   plan: Any = None                  # gpt: the per-layer remat plan it trained under
+  tables: dict[str, Any] | None = None  # host tables trained in place (sage: "embedding")
 
   @property
   def test_accuracy(self) -> float:

@@ -19,6 +19,17 @@ own key, and gradients are averaged. With several processes (`jaxdata.distribute
 process holds its own graph and tables, draws the same global batches, samples only its own
 devices' shares, and process 0 reports and saves (docs/distributed.md).
 
+Learnable node embeddings (`embed_dim`): a `HostTable` of one `embed_dim`-wide row per node,
+concatenated to the node's features at the model's input (concatenated rather than in place of
+them: the features keep their signal and the model's other inputs stay as they were; in place
+would only save a few columns). The table trains in host memory with a sparse optimizer
+(`table_optimizer`, `jaxdata.host.sparse`; the learning rate is the model's): a step gathers
+the rows its blocks touch, and the rows' gradients go back through `update(...,
+axis_name="data")`. Each process keeps its own copy of the table; the update all-gathers the
+global batch's (row, gradient) pairs over the whole mesh, so every copy applies every row, one
+writer per copy, and the copies stay equal to one another and to a one-process run
+(docs/distributed.md has the bytes this costs).
+
     from jaxdata.data.powerlaw import powerlaw_graph
     from jaxdata.train.sage import SageConfig, train
     result = train(powerlaw_graph(), SageConfig(pipeline="host", epochs=3))
@@ -38,7 +49,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdata import command, distributed
-from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors
+from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (TrainResult, add_out_argument, prefetched, progress, say_saved,
                                   seed_batches)
@@ -71,6 +82,8 @@ class SageConfig:
   unique: bool = True  # "host": read each distinct node's features once per batch
   cache: float = 0.0  # "host": keep this fraction of the feature rows (most sampled) on device
   evaluate: bool = True  # validation accuracy after every epoch and test accuracy at the end
+  embed_dim: int = 0  # learnable node embeddings this wide, concatenated to the features (0: none)
+  table_optimizer: str = "adam"  # the sparse optimizer of the embeddings (jaxdata.host.sparse)
 
   def __post_init__(self):
     if self.pipeline not in PIPELINES:
@@ -83,6 +96,14 @@ class SageConfig:
       raise ValueError(f"SageConfig: cache must be a fraction in [0, 1], got {self.cache}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"SageConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
+    if self.embed_dim < 0:
+      raise ValueError(f"SageConfig: embed_dim must be >= 0, got {self.embed_dim}")
+    if self.table_optimizer not in sparse.BY_NAME:
+      raise ValueError(f"SageConfig: table_optimizer must be one of {tuple(sparse.BY_NAME)}, "
+                       f"got {self.table_optimizer!r}")
+    if self.embed_dim and self.pipeline == "cpu":
+      raise ValueError("SageConfig: embed_dim needs pipeline host or device (the cpu pipeline "
+                       "gathers before the step, so its rows could not learn)")
 
 
 # ----------------------------------------------------------------------------- the model step
@@ -97,8 +118,11 @@ def psum_flat(tree, axis_name: str):
   return unravel(jax.lax.psum(flat.astype(jnp.float32), axis_name).astype(flat.dtype))
 
 
-def _loss(model: GraphSAGE, feats, masks, labels) -> tuple[jax.Array, jax.Array]:
-  """Summed cross-entropy and correct count over valid seeds (padding has mask False)."""
+def _loss(model: GraphSAGE, feats, masks, labels, embedded=None) -> tuple[jax.Array, jax.Array]:
+  """Summed cross-entropy and correct count over valid seeds (padding has mask False);
+  `embedded`: per hop, the nodes' embedding rows, concatenated to their features."""
+  if embedded is not None:
+    feats = tuple(jnp.concatenate([f, e.astype(f.dtype)], -1) for f, e in zip(feats, embedded))
   logits = model(feats, masks).astype(jnp.float32)
   valid = masks[0]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -161,7 +185,7 @@ def _mesh(config: SageConfig) -> Mesh:
 def train(dataset: Any, config: SageConfig = SageConfig(), *, graph: HostGraph | None = None,
           on_epoch: Callable[[dict], None] | None = None,
           on_batch: Callable[[int, int], None] | None = None,
-          init: Any = None) -> TrainResult:
+          init: Any = None, embedding: np.ndarray | None = None) -> TrainResult:
   """Trains GraphSAGE on a node-classification dataset with mini-batches of sampled blocks.
 
   Args:
@@ -174,18 +198,67 @@ def train(dataset: Any, config: SageConfig = SageConfig(), *, graph: HostGraph |
     on_batch: called as on_batch(done, total) after each dispatched batch (progress bars).
     init: parameters to start from (`nnx.state(model, nnx.Param)` of a trained GraphSAGE of this
       configuration) instead of fresh ones; with `epochs=0`, `train` only evaluates them.
+    embedding: with `config.embed_dim`, the embedding table to start from ([nodes, embed_dim]
+      float32) instead of a fresh one (normal, standard deviation 0.1, from `config.seed`).
+
+  With `config.embed_dim`, `result.tables["embedding"]` is the trained table (NumPy); with
+  several processes, `train` checks that every process's copy ended equal.
   """
   own_graph = graph is None
   if own_graph:
     graph = HostGraph(dataset.indptr, dataset.indices, features=dataset.features)
   try:
-    return _train(dataset, config, graph, on_epoch, on_batch, init)
+    return _train(dataset, config, graph, on_epoch, on_batch, init, embedding)
   finally:
     if own_graph:
       graph.close()
 
 
-def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
+def initial_embedding(num_nodes: int, config: SageConfig) -> np.ndarray:
+  """The embedding table a run starts from: normal, standard deviation 0.1, from the seed (the
+  same in every process)."""
+  rng = np.random.default_rng([config.seed, 1])
+  return (0.1 * rng.standard_normal((num_nodes, config.embed_dim))).astype(np.float32)
+
+
+def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> TrainResult:
+  if not config.embed_dim:
+    return _train_with(dataset, config, graph, on_epoch, on_batch, init, None, None)
+  if embedding is None:
+    embedding = initial_embedding(graph.num_nodes, config)
+  embedding = np.asarray(embedding)
+  if embedding.shape != (graph.num_nodes, config.embed_dim):
+    raise ValueError(f"train: embedding must have shape {(graph.num_nodes, config.embed_dim)} "
+                     f"(nodes, embed_dim), got {embedding.shape}")
+  table_opt = sparse.BY_NAME[config.table_optimizer](config.learning_rate)
+  with HostTable(embedding.astype(np.float32)) as table:
+    state = table_opt.init(table)
+    try:
+      result = _train_with(dataset, config, graph, on_epoch, on_batch, init, table,
+                           (table_opt, state))
+    finally:
+      sparse.close(state)
+    result.tables = {"embedding": np.array(table.as_numpy())}
+  _check_copies_agree(result.tables["embedding"], "embedding")
+  return result
+
+
+def _check_copies_agree(array: np.ndarray, name: str) -> None:
+  """Raises when the processes' copies of a host table differ (compares SHA-256 digests)."""
+  if jax.process_count() == 1:
+    return
+  import hashlib  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  digest = np.frombuffer(hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest(), np.uint8)
+  digests = np.asarray(multihost_utils.process_allgather(digest))
+  if not (digests == digests[0]).all():
+    differ = [p for p in range(len(digests)) if not (digests[p] == digests[0]).all()]
+    raise RuntimeError(f"train: the {name} table's copies differ between processes (process 0 "
+                       f"and {differ}): a row update did not reach every copy")
+
+
+def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_opt
+                ) -> TrainResult:
   if graph.features is None:
     raise ValueError("train: the graph has no node features")
   if graph.num_nodes != len(dataset.labels):
@@ -198,7 +271,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
   pipe = _Pipeline(config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique,
                    config.cache)
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-  model = GraphSAGE(graph.features.shape[1], config.hidden, dataset.num_classes,
+  model = GraphSAGE(graph.features.shape[1] + config.embed_dim, config.hidden, dataset.num_classes,
                     num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
   graphdef, params = nnx.split(model, nnx.Param)
   if init is not None:
@@ -209,18 +282,28 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
   replicated = NamedSharding(mesh, P())
   params, opt_state = distributed.put((params, opt_state), replicated)
 
-  def grads_of(params, feats, masks, labels):
-    def f(p):
-      total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels)
+  def grads_of(params, feats, masks, labels, embedded=None):
+    def f(p, e):
+      total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels, e)
       return total, correct
-    (total, correct), grads = jax.value_and_grad(f, has_aux=True)(params)
+    (total, correct), (grads, row_grads) = jax.value_and_grad(f, (0, 1), has_aux=True)(
+        params, embedded)
     count = masks[0].sum()
     # Averages over the whole (global) batch: sums then one division. The sums travel as one
     # flat float32 vector, so a step makes one all-reduce, not one per leaf and dtype: on two
     # H200s each collective cost the step a host-side rendezvous (issue 18's profile).
     total, correct, count, grads = psum_flat((total, correct, count, grads), "data")
-    grads = jax.tree.map(lambda g: g / jnp.maximum(count, 1), grads)
-    return grads, total, correct, count
+    scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
+    return jax.tree.map(scale, grads), jax.tree.map(scale, row_grads), total, correct, count
+
+  def update_table(blocks, row_grads):
+    """The embedding rows' update (every copy gets every row); returns its token, 0 once every
+    device's writes are done (so the next step's reads see them)."""
+    opt, state = table_opt
+    rows = table.shape[0]
+    ids = jnp.concatenate([jnp.where(m, n, rows) for n, m in zip(blocks.nodes, blocks.masks)])
+    token = opt.update(table, state, ids, jnp.concatenate(row_grads), axis_name="data")
+    return jax.lax.psum(token, "data")
 
   def apply(params, opt_state, grads):
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -238,25 +321,29 @@ def _train(dataset, config, graph, on_epoch, on_batch, init) -> TrainResult:
       seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
       key = jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index("data"))
       blocks, feats = pipe.blocks_and_features(consts, seeds, fanouts, key)
-      return blocks, feats, jnp.take(consts["labels"], jnp.maximum(seeds, 0))
+      embedded = None if table is None else blocks.gather(table, unique=config.unique)
+      return blocks, feats, embedded, jnp.take(consts["labels"], jnp.maximum(seeds, 0))
 
     def device_step(params, opt_state, consts, rows, i, key):
-      blocks, feats, labels = sampled(consts, rows, i, key)
-      grads, total, correct, count = grads_of(params, feats, blocks.masks, labels)
+      blocks, feats, embedded, labels = sampled(consts, rows, i, key)
+      grads, row_grads, total, correct, count = grads_of(params, feats, blocks.masks, labels,
+                                                         embedded)
       params, opt_state = apply(params, opt_state, grads)
+      if table is not None:  # the token is 0: the next step's counter waits for the writes
+        i = i + update_table(blocks, row_grads)
       return params, opt_state, i + 1, (total, correct, count)
     step = shard(device_step, (P(), P(), P(), P(None, "data"), P(), P()),
                  (P(), P(), P(), metrics_spec))
     step_consts = (pipe.consts,)
 
     def device_eval(params, consts, rows, i, key):
-      blocks, feats, labels = sampled(consts, rows, i, key)
-      _, correct = _loss(nnx.merge(graphdef, params), feats, blocks.masks, labels)
+      blocks, feats, embedded, labels = sampled(consts, rows, i, key)
+      _, correct = _loss(nnx.merge(graphdef, params), feats, blocks.masks, labels, embedded)
       return i + 1, jax.lax.psum((correct, blocks.masks[0].sum()), "data")
     evaluate_batch = shard(device_eval, (P(), P(), P(None, "data"), P(), P()), (P(), (P(), P())))
   else:
     def cpu_step(params, opt_state, feats, masks, labels):
-      grads, total, correct, count = grads_of(params, feats, masks, labels)
+      grads, _, total, correct, count = grads_of(params, feats, masks, labels)
       params, opt_state = apply(params, opt_state, grads)
       return params, opt_state, (total, correct, count)
     data = P("data")
@@ -336,42 +423,70 @@ def load_dataset(data: dict, features_out: np.ndarray | None = None):
                         seed=data["seed"], features_out=features_out)
 
 
+#: The checkpoint's key, beside the model's parameters, of a learned embedding table.
+EMBEDDING = "host_embedding"
+
+
 def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
-  """Saves a trained GraphSAGE as a checkpoint (`jaxdata.train.checkpoint`)."""
+  """Saves a trained GraphSAGE as a checkpoint (`jaxdata.train.checkpoint`); a learned
+  embedding table goes with the parameters (`EMBEDDING`), without its sparse optimizer's state
+  (so such a checkpoint is not resumable)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+  params = nnx.to_pure_dict(nnx.state(result.model, nnx.Param))
+  embedded = bool(result.tables and "embedding" in result.tables)
+  if embedded:
+    params = {**params, EMBEDDING: result.tables["embedding"]}
+  # The mesh it trained on: its sampled metrics split each batch over that many devices.
+  local = config.devices or len(jax.local_devices(backend=config.platform))
   return checkpoint.save(
-      path, kind="sage", params=nnx.to_pure_dict(nnx.state(result.model, nnx.Param)),
-      optimizer_state=result.optimizer, config=config, data=data,
+      path, kind="sage", params=params,
+      optimizer_state=None if embedded else result.optimizer,
+      config=dict(dataclasses.asdict(config), mesh=[jax.process_count(), local]), data=data,
       step=sum(r["batches"] for r in result.history), history=result.history,
       metrics={"test_accuracy": result.test_accuracy})
 
 
 def restore(path: str, meta: dict):
   """Rebuilds a saved GraphSAGE and its graph (`jaxdata.train.checkpoint.load_model`).
-  `evaluate()` samples the test seeds' neighbourhoods with the run's own keys, so it measures
-  the test accuracy training measured."""
+  `evaluate()` samples the test seeds' neighbourhoods with the run's own keys over a mesh of as
+  many devices as training had (whatever the processes were: a run of 2 processes x 2 devices
+  is measured again by one process of 4), so it measures the test accuracy training measured;
+  ValueError where this process has fewer devices than that."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   saved = dict(meta["config"], fanouts=tuple(meta["config"]["fanouts"]))
+  processes, per_process = saved.pop("mesh", None) or (1, saved.get("devices") or 1)
   config = SageConfig(**saved)
   dataset = load_dataset(meta["data"])
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-  model = GraphSAGE(dataset.features.shape[1], config.hidden, dataset.num_classes,
-                    num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
+  model = GraphSAGE(dataset.features.shape[1] + config.embed_dim, config.hidden,
+                    dataset.num_classes, num_layers=len(config.fanouts), dtype=dtype,
+                    rngs=nnx.Rngs(config.seed))
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
+  if config.embed_dim:
+    target["params"][EMBEDDING] = np.zeros((dataset.num_nodes, config.embed_dim), np.float32)
   if meta.get("has_optimizer"):
     target["optimizer"] = optax.adam(config.learning_rate).init(params)
   state = checkpoint.restore_state(path, target)
+  embedding = state["params"].pop(EMBEDDING, None)
   nnx.replace_by_pure_dict(params, state["params"])
   nnx.update(model, params)
 
   def evaluate() -> dict:
-    result = train(dataset, dataclasses.replace(config, epochs=0),
-                   init=nnx.state(model, nnx.Param))
+    total, visible = processes * per_process, len(jax.local_devices(backend=config.platform))
+    if total > visible:
+      raise ValueError(
+          f"load_model: {path}: this GraphSAGE was trained and measured on a mesh of {total} "
+          f"devices ({processes} process(es) x {per_process}); its sampled evaluation splits "
+          f"each batch over that many devices, but this process sees {visible} (on the CPU: "
+          f"XLA_FLAGS=--xla_force_host_platform_device_count={total})")
+    result = train(dataset, dataclasses.replace(config, epochs=0, devices=total),
+                   init=nnx.state(model, nnx.Param), embedding=embedding)
     return {"test_accuracy": result.test_accuracy}
 
   return checkpoint.Loaded("sage", model, meta, evaluate=evaluate, predict=None,
-                           optimizer_state=state.get("optimizer"))
+                           optimizer_state=state.get("optimizer"),
+                           tables=None if embedding is None else {"embedding": embedding})
 
 
 class _CpuBatches:
@@ -441,15 +556,25 @@ def add_arguments(parser):
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="host pipeline: keep this fraction of the feature rows (the most "
                            "sampled) in device memory")
+  parser.add_argument("--embed-dim", type=command.natural_int, default=0,
+                      help="learnable node embeddings this wide in host memory, concatenated to "
+                           "the features (0: none)")
+  parser.add_argument("--table-optimizer", choices=tuple(sparse.BY_NAME), default="adam",
+                      help="--embed-dim: the sparse optimizer of the embedding table (lazy Adam "
+                           "by default; the learning rate is --lr)")
 
 
 def main(args) -> int:
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
-  config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
-                      batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
-                      epochs=args.epochs, seed=args.seed, dtype=args.dtype,
-                      devices=None if args.devices == 0 else args.devices, cache=args.cache)
+  try:
+    config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
+                        batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
+                        epochs=args.epochs, seed=args.seed, dtype=args.dtype,
+                        devices=None if args.devices == 0 else args.devices, cache=args.cache,
+                        embed_dim=args.embed_dim, table_optimizer=args.table_optimizer)
+  except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
+    raise command.UsageError(str(e)) from None
   with console.status("generating the synthetic graph"):
     data = {"source": "powerlaw", "nodes": args.nodes, "edges": args.edges,
             "features": args.features, "classes": args.classes, "seed": args.seed}
@@ -459,7 +584,9 @@ def main(args) -> int:
                 f"edges, {args.features} features, {dataset.num_classes} classes, "
                 f"{len(dataset.train_nodes):,} train seeds | pipeline {config.pipeline}, "
                 f"fanouts {config.fanouts}, {jax.devices()[0].platform} x "
-                f"{len(jax.devices()) if config.devices is None else config.devices}")
+                f"{len(jax.devices()) if config.devices is None else config.devices}"
+                + (f" | {config.embed_dim}-wide node embeddings in host memory "
+                   f"({config.table_optimizer})" if config.embed_dim else ""))
   with HostGraph(dataset.indptr, dataset.indices, features=table) as graph, table:
     with progress(console, "epoch {task.fields[epoch]}", None, epoch=1) as update:
 
