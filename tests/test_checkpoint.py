@@ -21,7 +21,7 @@ RUNS = {
     "hgt": ["train", "hgt", "--scale", "2e-4", "--classes", "4", "--epochs", "3", "--hidden",
             "8", "--heads", "2"],
     "sage": ["train", "sage", "--nodes", "2000", "--edges", "16000", "--features", "8",
-             "--epochs", "2", "--batch-size", "256", "--hidden", "16"],
+             "--epochs", "10", "--batch-size", "128", "--hidden", "16", "--lr", "0.01"],
     "gpt": ["train", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16",
             "--vocab", "32", "--batch-size", "4", "--steps", "6"],
 }
@@ -73,6 +73,28 @@ def test_predict_gives_the_classes_evaluate_counts(trained):
   loaded = jaxdata.load_model(trained / "hgt")
   predicted = np.asarray(loaded.predict())
   assert predicted.ndim == 1 and predicted.dtype.kind == "i"
+
+
+def test_sage_predict_classifies_the_test_nodes_as_evaluate_measured(trained):
+  """sage's predict samples each node's neighbourhood like training did: on the test nodes its
+  accuracy (against the labels, computed here) is the saved test accuracy up to sampling noise,
+  far above chance; the same key gives the same classes; bad ids are refused."""
+  import jaxdata
+  loaded = jaxdata.load_model(trained / "sage")
+  from jaxdata.train.sage import load_dataset
+  ds = load_dataset(loaded.meta["data"])
+  test = np.asarray(ds.test_nodes)
+  predicted = loaded.predict(test, batch_size=100)  # several batches, the last one padded
+  assert predicted.shape == test.shape and predicted.dtype.kind == "i"
+  accuracy = float(np.mean(predicted == np.asarray(ds.labels)[test]))
+  saved = loaded.metrics["test_accuracy"]
+  assert saved > 2.0 / ds.num_classes  # the run learned, so the comparison means something
+  assert abs(accuracy - saved) < 0.08, (accuracy, saved)
+  np.testing.assert_array_equal(loaded.predict(test[:50]), predicted[:50])  # the default key
+  with pytest.raises(ValueError, match="node ids must be in"):
+    loaded.predict(np.array([ds.num_nodes]))
+  with pytest.raises(TypeError, match="integer node ids"):
+    loaded.predict(np.array([0.5]))
 
 
 def test_bad_checkpoints_are_named(trained, tmp_path, capsys):

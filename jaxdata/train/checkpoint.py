@@ -40,8 +40,8 @@ class Loaded:
 
   `evaluate()` measures what training measured at its end (test accuracy, held-out loss) on the
   same data; `predict` runs the model on its data: class logits (rgcn) or predicted classes
-  (rgat, hgt) for every node, `predict(tokens)` next-token logits (gpt); None for sage, whose
-  predictions need sampled blocks (`jaxdata.train.sage.train(..., init=params, epochs=0)`).
+  (rgat, hgt) for every node, `predict(tokens)` next-token logits (gpt), `predict(nodes)`
+  predicted classes from sampled neighbourhoods (sage).
   """
   kind: str
   model: Any

@@ -484,7 +484,44 @@ def restore(path: str, meta: dict):
                    init=nnx.state(model, nnx.Param), embedding=embedding)
     return {"test_accuracy": result.test_accuracy}
 
-  return checkpoint.Loaded("sage", model, meta, evaluate=evaluate, predict=None,
+  def predict(nodes=None, *, key=None, batch_size: int = 1024) -> np.ndarray:
+    """Predicted classes of `nodes` (default: every node), each node's neighbourhood sampled
+    with the run's fanouts (without replacement: a node of degree <= fanout keeps all of its
+    neighbours) from `key` (default: the run's seed), on the CPU, `batch_size` seeds at a time."""
+    n = dataset.num_nodes
+    nodes = np.arange(n) if nodes is None else np.asarray(nodes)
+    if nodes.ndim != 1 or nodes.dtype.kind not in "iu":
+      raise TypeError(f"predict: nodes must be a 1-D array of integer node ids, got "
+                      f"{nodes.dtype} of shape {nodes.shape}")
+    if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
+      raise ValueError(f"predict: node ids must be in [0, {n}), got {nodes.min()}..{nodes.max()}")
+    if batch_size < 1:
+      raise ValueError(f"predict: batch_size must be >= 1, got {batch_size}")
+    features = np.asarray(dataset.features)
+    if embedding is not None:
+      features = np.concatenate([features, embedding.astype(features.dtype)], axis=1)
+    cpu = jax.devices("cpu")[0]
+    graphdef, state = nnx.split(model)
+    key = jax.random.key(config.seed) if key is None else key
+    out = np.empty(len(nodes), np.int32)
+    with jax.default_device(cpu), HostGraph(dataset.indptr, dataset.indices,
+                                            features=features) as graph:
+      @jax.jit
+      def batch(state, seeds, key):
+        blocks = sample_neighbors(graph, seeds, config.fanouts, key)
+        logits = nnx.merge(graphdef, state)(blocks.gather(graph.features), blocks.masks)
+        return jnp.argmax(logits, -1)
+
+      state = jax.device_put(state, cpu)
+      for i, start in enumerate(range(0, len(nodes), batch_size)):
+        part = nodes[start:start + batch_size]
+        seeds = np.full(batch_size, -1, np.int32)
+        seeds[:len(part)] = part
+        out[start:start + len(part)] = np.asarray(
+            batch(state, seeds, jax.random.fold_in(key, i)))[:len(part)]
+    return out
+
+  return checkpoint.Loaded("sage", model, meta, evaluate=evaluate, predict=predict,
                            optimizer_state=state.get("optimizer"),
                            tables=None if embedding is None else {"embedding": embedding})
 
