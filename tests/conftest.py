@@ -19,7 +19,12 @@ def _gpus():
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def device(request):
-  """Each test using this runs once per platform; the GPU run is skipped without a GPU."""
+  """Each test using this runs once per platform; the GPU run is skipped without a GPU.
+
+  Matmuls run at ``jax.default_matmul_precision("highest")`` inside it: these tests hold
+  results (hector's kernels and their plain-JAX references alike) to float32-exact tolerances,
+  while JAX's and hector's default on a GPU is TF32 tensor cores. Tests of the default
+  precision pass ``precision=`` explicitly (tests/test_hector_precision.py)."""
   if request.param == "gpu":
     gpus = _gpus()
     if not gpus:
@@ -30,7 +35,7 @@ def device(request):
     dev = gpus[0]
   else:
     dev = jax.devices("cpu")[0]
-  with jax.default_device(dev):
+  with jax.default_device(dev), jax.default_matmul_precision("highest"):
     yield dev
 
 

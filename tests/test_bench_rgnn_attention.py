@@ -53,15 +53,16 @@ def test_rgat_quick_through_cli(captured, tmp_path):
   results, notes, cases = captured["out"]
   assert [c.graph.num_relations for c in cases] == [12]
   assert list(dict.fromkeys(r.formulation for r in results)) == list(ra.FORMULATIONS)
-  # --precision both (the CLI's default): plain JAX at both precisions, the rest once.
-  assert [r.precision for r in results if r.formulation in ra.PLAIN_JAX] == [
-      "highest", "default"] * len(ra.PLAIN_JAX)
-  assert len(results) == len(ra.FORMULATIONS) + len(ra.PLAIN_JAX)
+  # --precision both (the CLI's default): plain JAX and jaxdata's row at both precisions, the
+  # pass ablation's variants once.
+  assert [r.precision for r in results if r.formulation in ra.PLAIN_JAX + ("jaxdata",)] == [
+      "highest", "default"] * (len(ra.PLAIN_JAX) + 1)
+  assert len(results) == len(ra.FORMULATIONS) + len(ra.PLAIN_JAX) + 1
   assert all(r.ok and r.seconds > 0 and r.loss is not None for r in results), notes
   assert_losses_agree(results, notes)
   header, rows = ra.table_rows(results)
   mine = rows[0]
-  assert mine[2] == "jaxdata" and mine[header.index("jaxdata vs PyG")].endswith("x")
+  assert mine[2] == "jaxdata (highest)" and mine[header.index("jaxdata vs PyG")].endswith("x")
   assert mine[header.index("memory / PyG's")] == "n/a"  # torch on the CPU keeps no peak
   text = path.read_text()
   assert text.startswith(ra.TITLE)

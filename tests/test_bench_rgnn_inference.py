@@ -329,17 +329,24 @@ def test_attention_pyg_out_of_memory_in_inference(monkeypatch):
 # --precision both
 
 
-def test_precision_both_runs_plain_jax_twice_and_jaxdata_once():
+def test_precision_both_runs_jax_rows_at_both_precisions():
   results, notes, _ = rgnn.run(["synthetic"], [8], quick=True, repeats=1, precision="both",
                                mode="inference",
                                formulations=["jaxdata", "ragged_dot", "PyG RGCNConv"])
   assert [(r.formulation, r.precision) for r in results] == [
-      ("jaxdata", "highest"), ("ragged_dot", "highest"), ("ragged_dot", "default"),
-      ("PyG RGCNConv", None)]
+      ("jaxdata", "highest"), ("jaxdata", "default"), ("ragged_dot", "highest"),
+      ("ragged_dot", "default"), ("PyG RGCNConv", None)]
   assert [rgnn.label(r, results) for r in results] == [
-      "jaxdata", "ragged_dot (highest)", "ragged_dot (default)", "PyG RGCNConv"]
+      "jaxdata (highest)", "jaxdata (default)", "ragged_dot (highest)", "ragged_dot (default)",
+      "PyG RGCNConv"]
+  # each jaxdata row is compared with plain JAX at both precisions
+  header, rows = rgnn.table_rows(results, mode="inference")
+  for row in rows[:2]:
+    assert row[header.index("jaxdata vs best plain JAX (highest)")].endswith("x")
+    assert row[header.index("jaxdata vs best plain JAX (default)")].endswith("x")
   assert rgnn.plain_precisions("both") == ("highest", "default")
-  assert rgnn.jaxdata_precision("both") == "highest" and rgnn.pyg_tf32("both")
+  assert rgnn.jaxdata_precisions("both") == ("highest", "default") and rgnn.pyg_tf32("both")
+  assert rgnn.jaxdata_precisions("both", "jaxdata (no passes)") == ("highest",)
   assert not rgnn.pyg_tf32("highest")
 
 

@@ -54,7 +54,7 @@ QUICK_SYNTHETIC = dict(num_nodes=2_000, num_edges=20_000, num_relations=50)
 QUICK = dict(graphs=("aifb", "synthetic"), dims=(32,), repeats=3)
 PRECISIONS = ("highest", "default")
 #: --precision: one of PRECISIONS for every row, or "both" (`plain_precisions`,
-#: `jaxdata_precision`, `pyg_tf32` say what runs at which).
+#: `jaxdata_precisions`, `pyg_tf32` say what runs at which).
 PRECISION_CHOICES = ("both", *PRECISIONS)
 MODES = peers.MODES
 
@@ -64,11 +64,15 @@ def plain_precisions(precision: str) -> tuple[str, ...]:
   return PRECISIONS if precision == "both" else (precision,)
 
 
-def jaxdata_precision(precision: str) -> str:
-  """jaxdata's rows run once: at "highest" under "both". (hector's RGCN and RGAT kernels compute
-  in float32 on CUDA cores whatever the precision; only HGT's plain-JAX projections around its
-  kernel take it.)"""
-  return "highest" if precision == "both" else precision
+def jaxdata_precisions(precision: str, name: str = "jaxdata") -> tuple[str, ...]:
+  """The precisions a jaxdata row runs at. hector's GEMMs follow the precision as `jnp.dot`
+  does (`jaxdata.hector.precision`: TF32 tensor cores for float32 at "default", float32-exact
+  at "highest"; bfloat16 on tensor cores at both), so the "jaxdata" row runs at each of
+  `plain_precisions`, side by side with plain JAX; other jaxdata rows (the attention
+  benchmark's pass ablation) run once, at "highest" under "both"."""
+  if name == "jaxdata":
+    return plain_precisions(precision)
+  return ("highest",) if precision == "both" else (precision,)
 
 
 def pyg_tf32(precision: str) -> bool:
@@ -347,7 +351,7 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
 
 def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, precision: str,
                 edges, notes: list[str], advance, mode: str = "train") -> list[Result]:
-  """Every JAX formulation on one (graph, dim): jaxdata at `jaxdata_precision`, each plain-JAX
+  """Every JAX formulation on one (graph, dim): jaxdata at `jaxdata_precisions`, each plain-JAX
   one at each of `plain_precisions`; failures become statuses and notes. `advance()` after each
   name."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -357,7 +361,7 @@ def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, p
   results = []
   for name in names:
     try:
-      runs = ((jaxdata_precision(precision),) if name == "jaxdata"
+      runs = (jaxdata_precisions(precision) if name == "jaxdata"
               else plain_precisions(precision))
       for prec in runs:
         r = Result(graph.name, dim, name, precision=prec)
@@ -450,10 +454,10 @@ def _check_losses(results: list[Result], precision: str, notes: list[str]) -> No
 
 
 def label(r: Result, results: Sequence[Result] | None = None) -> str:
-  """The row's name: the formulation, with its precision in brackets for a plain-JAX row where
-  the run has it at more than one (`results`); without `results` (notes, written while the run
+  """The row's name: the formulation, with its precision in brackets for a JAX row where the
+  run has it at more than one (`results`); without `results` (notes, written while the run
   goes), in brackets only when "default"."""
-  if r.precision is None or r.formulation.startswith("jaxdata"):
+  if r.precision is None:
     return r.formulation
   if results is None and r.precision != "default":
     return r.formulation
@@ -565,15 +569,17 @@ def _ratio(x: float) -> str:
 
 
 def comparisons(results: Sequence[Result], graph: str, dim: int, *, plain: Sequence[str],
-                pyg: Sequence[str]) -> tuple[str, ...]:
-  """For one case: jaxdata against the fastest plain-JAX formulation at each precision the run
-  has (`plain_precisions_in`), against PyG's fastest formulation, and jaxdata's memory / that
-  PyG formulation's; empty strings where jaxdata did not run. Speedups divide the peer's time by
-  jaxdata's. Where PyG has more than one formulation, its cell names the one compared with."""
+                pyg: Sequence[str], mine: Result | None = None) -> tuple[str, ...]:
+  """For one case: jaxdata (the row `mine`, else its first row that ran) against the fastest
+  plain-JAX formulation at each precision the run has (`plain_precisions_in`), against PyG's
+  fastest formulation, and jaxdata's memory / that PyG formulation's; empty strings where
+  jaxdata did not run. Speedups divide the peer's time by jaxdata's. Where PyG has more than
+  one formulation, its cell names the one compared with."""
   precisions = plain_precisions_in(results, plain)
   case = [r for r in results if r.graph == graph and r.dim == dim]
-  mine = next((r for r in case if r.formulation == "jaxdata" and r.ok), None)
   if mine is None:
+    mine = next((r for r in case if r.formulation == "jaxdata" and r.ok), None)
+  if mine is None or not mine.ok:
     return ("",) * (len(precisions) + 2)
   cells = []
   for p in precisions:
@@ -621,7 +627,7 @@ def table_rows(results: list[Result], *, mode: str = "train", plain: Sequence[st
     row = [r.graph, str(r.dim), label(r, results), _ms(r), _alone_ms(r), _mem(r.bytes, r)]
     if measured:
       row.append(gib(r.measured_bytes) if r.measured_bytes is not None else "")
-    row += (list(comparisons(results, r.graph, r.dim, plain=plain, pyg=pyg))
+    row += (list(comparisons(results, r.graph, r.dim, plain=plain, pyg=pyg, mine=r))
             if r.formulation == "jaxdata" else [""] * len(compared))
     rows.append(row)
   return header, rows
@@ -642,12 +648,12 @@ def software_line() -> str:
 def precision_text(precision: str) -> str:
   """The table's sentence on matmul precision."""
   if precision == "both":
-    return ("Matmul precision: the plain-JAX rows at `highest` (float32) and at XLA's `default` "
-            "(what a JAX user gets: TF32 on the tensor cores of a recent NVIDIA GPU), marked in "
-            "brackets, and jaxdata is compared with the fastest at each; jaxdata at `highest` "
-            "(hector's RGCN and RGAT kernels compute in float32 whatever the precision; for HGT "
-            "it sets the plain-JAX projections around the kernel); PyG with TF32 on "
-            "(`torch.backends.cuda.matmul.allow_tf32`), its fastest setting.")
+    return ("Matmul precision: the plain-JAX rows and jaxdata's row at `highest` (float32) and "
+            "at `default` (what a JAX user gets: TF32 on the tensor cores of a recent NVIDIA "
+            "GPU; hector's GEMM and weight-gradient kernels follow it as `jnp.dot` does), "
+            "marked in brackets; each jaxdata row is compared with the fastest plain-JAX row at "
+            "each precision; PyG with TF32 on (`torch.backends.cuda.matmul.allow_tf32`), its "
+            "fastest setting.")
   return (f"Matmul precision: `{precision}` on every side (PyG: TF32 "
           f"{'on' if pyg_tf32(precision) else 'off'}).")
 

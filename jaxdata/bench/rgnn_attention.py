@@ -157,13 +157,16 @@ def _tree_map(fn, tree):
 # jaxdata's kernels as `rgnn_peers.Formulation`s: the only code here that knows hector's API
 
 
-def rgat_jaxdata_formulation(arrays, passes, name: str = "jaxdata") -> peers.Formulation:
-  """`jaxdata.hector.rgat_message` with these passes: message(graph, x, RGATParams)."""
+def rgat_jaxdata_formulation(arrays, passes, name: str = "jaxdata", *,
+                             precision=None) -> peers.Formulation:
+  """`jaxdata.hector.rgat_message` with these passes at this matmul precision:
+  message(graph, x, RGATParams)."""
   from jaxdata import hector  # pylint: disable=g-import-not-at-top
   if not hasattr(hector, "rgat_message"):
     raise peers.Unavailable("jaxdata.hector.rgat_message not built yet")
   return peers.Formulation(
-      name, lambda g, x, p: hector.rgat_message(g, x, p.w, p.a_src, p.a_dst, passes=passes),
+      name, lambda g, x, p: hector.rgat_message(g, x, p.w, p.a_src, p.a_dst, passes=passes,
+                                                precision=precision),
       arrays)
 
 
@@ -203,11 +206,12 @@ def hgt_jaxdata_formulation(arrays, passes, name: str = "jaxdata", *,
                             f"signature (jaxdata/bench/rgnn_attention.py, "
                             f"hgt_jaxdata_formulation)")
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  extra = {"precision": precision} if "precision" in signature.parameters else {}
 
   def message(g, xs, p):
     k, q, v = (a.reshape(a.shape[0], -1)
                for a in attention_ref.hgt_projections(xs, p, precision=precision))
-    agg = fn(g, k, q, v, p.w_att, p.w_msg, p.mu, passes=passes)
+    agg = fn(g, k, q, v, p.w_att, p.w_msg, p.mu, passes=passes, **extra)
     agg = agg.astype(jnp.promote_types(agg.dtype, jnp.float32))
     return jnp.concatenate(attention_ref.hgt_output(agg, xs, p, precision=precision))
   return peers.Formulation(name, message, arrays)
@@ -349,7 +353,7 @@ def measure_jax(model: str, case: Case, dim: int, heads: int, names: Sequence[st
                 repeats: int, precision: str, edges: attention_ref.Edges, arrays,
                 notes: list[str], advance: Callable[[], None],
                 mode: str = "train") -> list[rgnn.Result]:
-  """Every JAX formulation on one (graph, dim): jaxdata's variants at `rgnn.jaxdata_precision`,
+  """Every JAX formulation on one (graph, dim): jaxdata's variants at `rgnn.jaxdata_precisions`,
   the plain-JAX ones at each of `rgnn.plain_precisions`; `arrays` is hector's GraphArrays (or
   the `peers.Unavailable` that building it raised). `advance()` after each name."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -358,7 +362,7 @@ def measure_jax(model: str, case: Case, dim: int, heads: int, names: Sequence[st
   results = []
   for name in names:
     runs = (rgnn.plain_precisions(precision) if name in PLAIN_JAX
-            else (rgnn.jaxdata_precision(precision),))
+            else rgnn.jaxdata_precisions(precision, name))
     try:
       for p in runs:
         r = rgnn.Result(case.name, dim, name, precision=p)
@@ -371,7 +375,7 @@ def measure_jax(model: str, case: Case, dim: int, heads: int, names: Sequence[st
           if isinstance(arrays, Exception):
             raise arrays
           if model == "rgat":
-            return rgat_jaxdata_formulation(arrays, VARIANTS[name], name)
+            return rgat_jaxdata_formulation(arrays, VARIANTS[name], name, precision=prec)
           return hgt_jaxdata_formulation(arrays, VARIANTS[name], name, precision=prec)
 
         rgnn.measure_step(r, build, x, params, ct, repeats=repeats, notes=notes, mode=mode)
@@ -501,8 +505,11 @@ def ablation(results: list[rgnn.Result], mode: str = "train"
     if (r.graph, r.dim) not in cases:
       cases.append((r.graph, r.dim))
   for graph, dim in cases:
-    mine = {r.formulation: r for r in results
-            if r.graph == graph and r.dim == dim and r.formulation in VARIANTS}
+    rows_ = [r for r in results
+             if r.graph == graph and r.dim == dim and r.formulation in VARIANTS]
+    # the variants at one precision: the "jaxdata" row may also have run at another
+    at = next((r.precision for r in rows_ if r.formulation == "jaxdata (no passes)"), None)
+    mine = {r.formulation: r for r in rows_ if at is None or r.precision == at}
     if not mine:
       continue
     base = mine.get("jaxdata (no passes)")

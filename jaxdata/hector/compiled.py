@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdata.hector import codegen, passes
+from jaxdata.hector import precision as precision_lib
 from jaxdata.hector.ir import Program, Value
 from jaxdata.hector.lowering import Dense, Instance, lower
 from jaxdata.hector.passes import select as passes_select
@@ -83,6 +84,11 @@ class Layer:
   as the layer's default or per call: ``layer(graph, passes=(), **inputs)`` runs none of them,
   ``layer.with_passes(["compact"])`` is a layer that runs only compaction (useful under
   `jax.jit`, where the call's keyword arguments must be arrays).
+
+  `precision` sets the matmul precision of the layer's GEMM and weight-gradient kernels as
+  `jnp.dot`'s does (None: ``jax.default_matmul_precision``; see `jaxdata.hector.precision`):
+  the default runs them on tensor cores on a GPU (TF32 for float32 operands), "highest" keeps
+  float32-exact products. The backward kernels run at the forward call's precision.
   """
 
   def __init__(self, program: Program, kinds: dict[str, str], passes=None):
@@ -109,8 +115,11 @@ class Layer:
                                    chosen)
     return self._plans[key]
 
-  def sources(self, graph: GraphArrays, target: str = "cpu", passes=None, **inputs) -> str:
-    """The generated source of every kernel of the plan for `target` ("cpu" or "cuda")."""
+  def sources(self, graph: GraphArrays, target: str = "cpu", passes=None, precision=None,
+              **inputs) -> str:
+    """The generated source of every kernel of the plan for `target` ("cpu" or "cuda"), at
+    `precision` (as in `__call__`)."""
+    level = precision_lib.resolve(precision, f"{self.program.name}.sources")
     plan = self.plan(graph, passes, **inputs)
     dt = {k: _kernel_dtype(v) for k, v in inputs.items()}
     out = []
@@ -120,14 +129,15 @@ class Layer:
         if isinstance(inst.kernel, Dense):
           continue
         spec = _spec(inst, [dt.get(v.name, "float32") if v.op in ("input", "weight") else
-                            "float32" for v in inst.inputs], graph)
+                            "float32" for v in inst.inputs], graph, level)
         out.append(f"// ---- {direction}: {inst.output.label}\n{source(spec, target)}")
     return "\n".join(out)
 
-  def __call__(self, graph: GraphArrays, passes=None, **inputs):
+  def __call__(self, graph: GraphArrays, passes=None, precision=None, **inputs):
+    level = precision_lib.resolve(precision, self.program.name)
     plan = self.plan(graph, passes, **inputs)
     names = tuple(self.program.inputs)
-    outs = _apply(plan, names, graph, tuple(inputs[k] for k in names))
+    outs = _apply(plan, names, level, graph, tuple(inputs[k] for k in names))
     return outs if len(outs) > 1 else next(iter(outs.values()))
 
   def _check(self, graph, inputs):
@@ -149,9 +159,9 @@ def _kernel_dtype(x) -> str:
   return _KERNEL_DTYPES.get(jnp.result_type(x), "float32")
 
 
-def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays) -> KernelSpec:
+def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays, precision: str) -> KernelSpec:
   return KernelSpec(inst.kernel, tuple(dtypes), _full_shape(inst.output, graph),
-                    codegen.zero_output(inst.kernel), str(inst))
+                    codegen.zero_output(inst.kernel), str(inst), precision)
 
 
 def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
@@ -161,9 +171,12 @@ def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
   return (rows[v.domain],) + tuple(v.shape)
 
 
-def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Array]):
+def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Array],
+            precision: str | None = None):
   """Runs instances in order; `env` maps value ids to arrays and receives every output (an
-  instance whose output is already there, kept from the forward pass, is skipped)."""
+  instance whose output is already there, kept from the forward pass, is skipped); GEMMs run
+  at `precision` (as `Layer.__call__` takes it; None: ``jax.default_matmul_precision``)."""
+  precision = precision_lib.resolve(precision, "hector.execute")
   for inst in kernels:
     if inst.output.id in env:
       continue
@@ -173,7 +186,7 @@ def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Arra
       continue
     args = [a if jnp.result_type(a) in _KERNEL_DTYPES else jnp.asarray(a, jnp.float32)
             for a in args]
-    spec = _spec(inst, [_kernel_dtype(a) for a in args], graph)
+    spec = _spec(inst, [_kernel_dtype(a) for a in args], graph, precision)
     env[inst.output.id] = run_kernel(spec, graph, args)
 
 
@@ -232,34 +245,35 @@ def _zero_cotangent(x):
   return np.zeros(x.shape, jax.dtypes.float0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _apply(plan: Plan, names: tuple[str, ...], graph: GraphArrays, arrays: tuple):
-  return _forward(plan, names, graph, arrays)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _apply(plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArrays,
+           arrays: tuple):
+  return _forward(plan, names, precision, graph, arrays)
 
 
-def _run_forward(plan, names, graph, arrays):
+def _run_forward(plan, names, precision, graph, arrays):
   env = {plan.forward.inputs[k].id: a for k, a in zip(names, arrays)}
-  execute(plan.forward_kernels, graph, env)
+  execute(plan.forward_kernels, graph, env, precision)
   dtype = jnp.result_type(*arrays)
   return {k: env[v.id].astype(dtype) for k, v in plan.forward.outputs.items()}, env
 
 
-def _forward(plan, names, graph, arrays):
-  return _run_forward(plan, names, graph, arrays)[0]
+def _forward(plan, names, precision, graph, arrays):
+  return _run_forward(plan, names, precision, graph, arrays)[0]
 
 
-def _apply_fwd(plan, names, graph, arrays):
-  outs, env = _run_forward(plan, names, graph, arrays)
+def _apply_fwd(plan, names, precision, graph, arrays):
+  outs, env = _run_forward(plan, names, precision, graph, arrays)
   return outs, (graph, arrays, {i: env[i] for i in plan.saved})
 
 
-def _apply_bwd(plan, names, residuals, cts):
+def _apply_bwd(plan, names, precision, residuals, cts):
   graph, arrays, saved = residuals
   env = {plan.forward.inputs[k].id: a for k, a in zip(names, arrays)}
   env.update(saved)
   for k, ct in cts.items():
     env[plan.backward.inputs[f"ct_{k}"].id] = ct
-  execute(plan.backward_kernels, graph, env)
+  execute(plan.backward_kernels, graph, env, precision)
   grads = tuple(
       env[plan.backward.outputs[k].id].astype(a.dtype) if k in plan.backward.outputs else
       jnp.zeros_like(a) for k, a in zip(names, arrays))

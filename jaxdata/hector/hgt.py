@@ -48,7 +48,8 @@ def hgt_layer(g, k, q, v, W_att, W_msg, mu):
 
 
 def hgt_message(graph: GraphArrays, k: jax.Array, q: jax.Array, v: jax.Array,
-                w_att: jax.Array, w_msg: jax.Array, mu: jax.Array, *, passes=None) -> jax.Array:
+                w_att: jax.Array, w_msg: jax.Array, mu: jax.Array, *, passes=None,
+                precision=None) -> jax.Array:
   """The edge part of an HGT layer (attention and messages, summed) with generated kernels.
 
   Args:
@@ -58,6 +59,8 @@ def hgt_message(graph: GraphArrays, k: jax.Array, q: jax.Array, v: jax.Array,
     w_att, w_msg: per-relation, per-head attention and message matrices ``[R, H, d_k, d_k]``.
     mu: the prior ``[R, H]`` (PyG's ``p_rel``).
     passes: the optimizing passes to run (names from `hector.PASSES`; None: all).
+    precision: the GEMMs' matmul precision, as `jnp.dot`'s (None:
+      ``jax.default_matmul_precision``; `jaxdata.hector.precision`).
 
   Returns:
     ``[N, H * d_k]`` in the inputs' dtype (sums accumulate in float32); nodes without incoming
@@ -76,4 +79,4 @@ def hgt_message(graph: GraphArrays, k: jax.Array, q: jax.Array, v: jax.Array,
   if jnp.shape(mu) != (r, heads):
     raise ValueError(f"hgt_message: mu must be [R, H] = [{r}, {heads}], got {jnp.shape(mu)}")
   scaled = (mu.astype(jnp.float32) / math.sqrt(d_k)).astype(jnp.result_type(k))[..., None]
-  return hgt_layer(graph, passes, k=k, q=q, v=v, W_att=w_att, W_msg=w_msg, mu=scaled)
+  return hgt_layer(graph, passes, precision, k=k, q=q, v=v, W_att=w_att, W_msg=w_msg, mu=scaled)

@@ -34,7 +34,7 @@ def rgat_layer(g, x, W, a_src, a_dst):
 
 
 def rgat_message(graph: GraphArrays, x: jax.Array, weight: jax.Array, a_src: jax.Array,
-                 a_dst: jax.Array, *, passes=None) -> jax.Array:
+                 a_dst: jax.Array, *, passes=None, precision=None) -> jax.Array:
   """The relational attention of an RGAT layer (no self loop, no bias) with generated kernels.
 
   Args:
@@ -43,9 +43,11 @@ def rgat_message(graph: GraphArrays, x: jax.Array, weight: jax.Array, a_src: jax
     weight: ``[R, d_in, H * d_out]``.
     a_src, a_dst: attention vectors ``[R, H, d_out]`` for the source and destination terms.
     passes: the optimizing passes to run (names from `hector.PASSES`; None: all).
+    precision: the GEMMs' matmul precision, as `jnp.dot`'s (None:
+      ``jax.default_matmul_precision``; `jaxdata.hector.precision`).
 
   Returns:
     ``[N, H * d_out]`` in the inputs' dtype (sums accumulate in float32); nodes without incoming
     edges get zeros.
   """
-  return rgat_layer(graph, passes, x=x, W=weight, a_src=a_src, a_dst=a_dst)
+  return rgat_layer(graph, passes, precision, x=x, W=weight, a_src=a_src, a_dst=a_dst)

@@ -29,17 +29,21 @@ def rgcn_featureless_layer(g, W):
   return g.aggregate(g.norm * g.weight_row(W))
 
 
-def rgcn_message(graph: GraphArrays, x: jax.Array | None, weight: jax.Array) -> jax.Array:
+def rgcn_message(graph: GraphArrays, x: jax.Array | None, weight: jax.Array, *,
+                 precision=None) -> jax.Array:
   """The relational part of an RGCN layer (no self loop, no bias) with generated kernels.
 
   Args:
     graph: the graph's device arrays (`GraphArrays.from_graph(hetero_graph)`).
     x: node features ``[N, d_in]`` (float32 or bfloat16), or None for one-hot node ids.
     weight: ``[R, d_in, d_out]``, or ``[R, N, d_out]`` when `x` is None.
+    precision: the products' matmul precision, as `jnp.dot`'s (None:
+      ``jax.default_matmul_precision``; `jaxdata.hector.precision`): by default TF32 tensor
+      cores for float32 on a GPU, "highest" float32-exact.
 
   Returns:
     ``[N, d_out]`` in the inputs' dtype (sums accumulate in float32).
   """
   if x is None:
-    return rgcn_featureless_layer(graph, W=weight)
-  return rgcn_layer(graph, x=x, W=weight)
+    return rgcn_featureless_layer(graph, precision=precision, W=weight)
+  return rgcn_layer(graph, precision=precision, x=x, W=weight)

@@ -330,12 +330,14 @@ def tiles(rel_offsets: jax.Array, rows: int) -> jax.Array:
 # ----------------------------------------------------------------------------- the primitive
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
-  """What a kernel call computes (hashable: a primitive parameter)."""
+  """What a kernel call computes (hashable: a primitive parameter); `precision` is the matmul
+  level of a GEMM (`jaxdata.hector.precision.LEVELS`), which the CUDA source depends on."""
   kernel: Template
   dtypes: tuple[str, ...]
   out_shape: tuple[int, ...]
   zero_output: bool
   label: str = ""
+  precision: str = "default"
 
 
 kernel_p = Primitive("jaxdata_hector_kernel")
@@ -369,7 +371,7 @@ def kernel_id(source: str) -> int:
 
 
 def source(spec: KernelSpec, target: str) -> str:
-  return codegen.generate(spec.kernel, spec.dtypes, target, spec.label)
+  return codegen.generate(spec.kernel, spec.dtypes, target, spec.label, spec.precision)
 
 
 def _lower(ctx, *args, spec: KernelSpec, target: str):
@@ -389,7 +391,8 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
         kid, path.read_bytes(), "jaxdata_hector_kernel"))
     rows = codegen.tile_rows(spec.kernel)
     max_tiles = -(-size["E"] // rows) + size["R"] if rows else 0
-    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"])
+    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"],
+                                 codegen.math(spec.kernel, spec.dtypes, spec.precision))
   scalars = operands.scalar_values(dict(size, T=max_tiles))
   return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),

@@ -28,6 +28,7 @@ from flax import nnx
 
 from jaxdata.hector import GraphArrays, hgt_message
 from jaxdata.hector.passes import select as select_passes
+from jaxdata.hector.precision import resolve as resolve_precision
 
 
 class HGT(nnx.Module):
@@ -41,6 +42,8 @@ class HGT(nnx.Module):
     head_features: d_k (default ``out_features // heads``, which must divide).
     passes: hector's optimizing passes (names from `jaxdata.hector.PASSES`; None: all).
     dtype: computation dtype (float32 or bfloat16); parameters stay in `param_dtype`.
+    precision: matmul precision of the relational products and the per-type projections, as
+      `jnp.dot`'s (None: ``jax.default_matmul_precision``; see `jaxdata.hector.precision`).
     rngs: parameter initialization.
 
   Parameters (PyG's layout): ``kqv[t]`` a Linear d_t -> 3 * H * d_k (keys, queries, values),
@@ -50,8 +53,9 @@ class HGT(nnx.Module):
 
   def __init__(self, in_features: Sequence[int], out_features: int, *, num_relations: int,
                heads: int = 1, head_features: int | None = None, passes=None,
-               dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+               dtype=jnp.float32, param_dtype=jnp.float32, precision=None, rngs: nnx.Rngs):
     in_features = tuple(int(d) for d in in_features)
+    resolve_precision(precision, "HGT")  # checked now; resolved per call, as jnp.dot does
     if not in_features or min(in_features) < 1 or min(out_features, num_relations, heads) < 1:
       raise ValueError("HGT: feature sizes, num_relations and heads must be >= 1 (and at least "
                        "one node type)")
@@ -62,7 +66,7 @@ class HGT(nnx.Module):
       head_features = out_features // heads
     f = heads * head_features
     linear = lambda a, b: nnx.Linear(a, b, dtype=dtype, param_dtype=param_dtype,  # noqa: E731
-                                     rngs=rngs)
+                                     precision=precision, rngs=rngs)
     self.kqv = nnx.List([linear(d, 3 * f) for d in in_features])
     self.out = nnx.List([linear(f, out_features) for _ in in_features])
     init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
@@ -74,6 +78,7 @@ class HGT(nnx.Module):
     self.in_features, self.out_features = in_features, out_features
     self.heads, self.head_features, self.dtype = heads, head_features, dtype
     self.passes = select_passes(passes)
+    self.precision = precision
 
   def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array]) -> list[jax.Array]:
     """xs[t]: ``[N_t, d_t]``, types in id order (sum of N_t = the graph's nodes; when the graph
@@ -138,7 +143,7 @@ class HGT(nnx.Module):
     k, q, v = jnp.split(kqv, 3, axis=-1)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
     return hgt_message(graph, k, q, v, cast(self.w_att), cast(self.w_msg), cast(self.mu),
-                       passes=self.passes)
+                       passes=self.passes, precision=self.precision)
 
   def _skip(self, t: int, y: jax.Array, x: jax.Array) -> jax.Array:
     """Type t's gated skip connection, where its input width equals the output width."""

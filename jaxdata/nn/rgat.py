@@ -23,6 +23,7 @@ from flax import nnx
 
 from jaxdata.hector import GraphArrays, rgat_message
 from jaxdata.hector.passes import select as select_passes
+from jaxdata.hector.precision import resolve as resolve_precision
 
 
 class RGAT(nnx.Module):
@@ -39,13 +40,15 @@ class RGAT(nnx.Module):
     use_bias: add a bias.
     passes: hector's optimizing passes (names from `jaxdata.hector.PASSES`; None: all).
     dtype: computation dtype (float32 or bfloat16); parameters stay in `param_dtype`.
+    precision: matmul precision of the relational products and the self loop, as `jnp.dot`'s
+      (None: ``jax.default_matmul_precision``; see `jaxdata.hector.precision`).
     rngs: parameter initialization.
   """
 
   def __init__(self, in_features: int, out_features: int, *, num_relations: int,
                heads: int = 1, concat: bool = True, self_loop: bool = False,
                use_bias: bool = True, passes=None, dtype=jnp.float32, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+               precision=None, rngs: nnx.Rngs):
     if min(in_features, out_features, num_relations, heads) < 1:
       raise ValueError("RGAT: in_features, out_features, num_relations and heads must be >= 1")
     f = heads * out_features
@@ -62,14 +65,16 @@ class RGAT(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((width,), param_dtype)) if use_bias else None
     self.heads, self.concat, self.dtype = heads, concat, dtype
     self.passes = select_passes(passes)
+    resolve_precision(precision, "RGAT")  # checked now; resolved per call, as jnp.dot does
+    self.precision = precision
 
   def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
     h = rgat_message(graph, x, cast(self.weight), cast(self.a_src), cast(self.a_dst),
-                     passes=self.passes)
+                     passes=self.passes, precision=self.precision)
     if self.root is not None:
-      h = h + x @ cast(self.root)
+      h = h + jnp.dot(x, cast(self.root), precision=self.precision)
     if not self.concat:
       h = h.reshape(h.shape[0], self.heads, -1).mean(axis=1)
     if self.bias is not None:

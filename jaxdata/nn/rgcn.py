@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxdata.hector import GraphArrays, rgcn_message
+from jaxdata.hector.precision import resolve as resolve_precision
 
 
 class RGCN(nnx.Module):
@@ -38,13 +39,16 @@ class RGCN(nnx.Module):
       coefficients then have a last row for the self loop), False for none.
     use_bias: add a bias.
     dtype: computation dtype (float32 or bfloat16); parameters stay in `param_dtype`.
+    precision: matmul precision of the relational products and the self loop, as `jnp.dot`'s
+      (None: ``jax.default_matmul_precision``, TF32 tensor cores for float32 on a GPU;
+      "highest": float32-exact; see `jaxdata.hector.precision`).
     rngs: parameter initialization.
   """
 
   def __init__(self, in_features: int | None, out_features: int, *, num_relations: int,
                num_nodes: int | None = None, num_bases: int | None = None,
                self_loop: bool | str = True, use_bias: bool = True, dtype=jnp.float32,
-               param_dtype=jnp.float32, rngs: nnx.Rngs):
+               param_dtype=jnp.float32, precision=None, rngs: nnx.Rngs):
     if in_features is None and num_nodes is None:
       raise ValueError("RGCN: featureless input (in_features=None) needs num_nodes")
     if num_bases is not None and num_bases < 1:
@@ -58,6 +62,8 @@ class RGCN(nnx.Module):
     init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0,))
     self.featureless = in_features is None
     self.dtype = dtype
+    resolve_precision(precision, "RGCN")  # checked now; resolved per call, as jnp.dot does
+    self.precision = precision
     self.num_relations = num_relations
     self.self_loop_in_bases = self_loop == "basis"
     if num_bases is None:
@@ -146,7 +152,8 @@ class RGCN(nnx.Module):
     if self.bases is None:
       # Node j's message through relation r is W_r[j]: the rows, transposed, are the one-hot
       # layer's weight over the graph's nodes.
-      h = rgcn_message(graph, None, per.transpose(1, 0, 2).astype(self.dtype))
+      h = rgcn_message(graph, None, per.transpose(1, 0, 2).astype(self.dtype),
+                       precision=self.precision)
       w0 = rows[:, k * o:] if self.root is not None else None
     else:
       # Through relation r: sum_b a_rb V_b[j], row j times a [B * out, out] weight holding
@@ -155,7 +162,8 @@ class RGCN(nnx.Module):
       a = self.coefficients[...]
       w = jnp.einsum("rb,io->rbio", a[:self.num_relations], jnp.eye(o, dtype=first.dtype))
       h = rgcn_message(graph, rows[:, :k * o].astype(self.dtype),
-                       w.reshape(self.num_relations, k * o, o).astype(self.dtype))
+                       w.reshape(self.num_relations, k * o, o).astype(self.dtype),
+                       precision=self.precision)
       w0 = (jnp.einsum("b,sbo->so", a[self.num_relations], per) if self.self_loop_in_bases
             else rows[:, k * o:] if self.root is not None else None)
     if w0 is not None:
@@ -168,11 +176,13 @@ class RGCN(nnx.Module):
     if self.featureless != (x is None):
       raise ValueError("RGCN: pass x exactly when the layer was built with in_features")
     w = self.relation_weights().astype(self.dtype)
-    h = rgcn_message(graph, None if x is None else x.astype(self.dtype), w)
+    h = rgcn_message(graph, None if x is None else x.astype(self.dtype), w,
+                     precision=self.precision)
     w0 = self.self_loop_weight()
     if w0 is not None:
       root = w0.astype(self.dtype)
-      h = h + (root if x is None else x.astype(self.dtype) @ root)
+      h = h + (root if x is None else
+               jnp.dot(x.astype(self.dtype), root, precision=self.precision))
     if self.bias is not None:
       h = h + self.bias[...].astype(self.dtype)
     return h

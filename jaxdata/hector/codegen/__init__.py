@@ -16,12 +16,12 @@ The IR's expressions print as C the same way for both targets (`codegen.common`)
 from __future__ import annotations
 
 from jaxdata.hector.codegen import cpu, cuda
-from jaxdata.hector.codegen.cuda import (GEMM_TILE_ROWS, SOFTMAX_BLOCK_DEGREE, SOFTMAX_MAX_WIDTH,
-                                         WGRAD_TILE_ROWS, launch)
+from jaxdata.hector.codegen.cuda import (GEMM_TILE_ROWS, MATHS, SOFTMAX_BLOCK_DEGREE,
+                                         SOFTMAX_MAX_WIDTH, WGRAD_TILE_ROWS, launch, math)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
-__all__ = ["generate", "launch", "tile_rows", "zero_output", "GEMM_TILE_ROWS", "WGRAD_TILE_ROWS",
-           "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_MAX_WIDTH"]
+__all__ = ["generate", "launch", "math", "tile_rows", "zero_output", "GEMM_TILE_ROWS",
+           "WGRAD_TILE_ROWS", "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_MAX_WIDTH", "MATHS"]
 
 
 def tile_rows(k) -> int:
@@ -39,8 +39,16 @@ def zero_output(k) -> bool:
   return True
 
 
-def generate(k, dtypes: tuple[str, ...], target: str, label: str = "") -> str:
+def generate(k, dtypes: tuple[str, ...], target: str, label: str = "",
+             precision: str = "default") -> str:
   """The source of one kernel instance for "cpu" or "cuda"; `dtypes` gives each input slot's
-  dtype ("float32" or "bfloat16"); `label` goes into the first comment line."""
-  gen = {"cpu": cpu.generate, "cuda": cuda.generate}[target]
-  return f"// jaxdata.hector {k.template}: {label or k}\n" + gen(k, dtypes)
+  dtype ("float32" or "bfloat16"); `label` goes into the first comment line; `precision` (a
+  level of `jaxdata.hector.precision`) chooses a CUDA GEMM's `math` (CPU kernels are always
+  float32-exact, as `jnp.dot` is on the CPU)."""
+  if target == "cpu":
+    body = cpu.generate(k, dtypes)
+  elif target == "cuda":
+    body = cuda.generate(k, dtypes, precision)
+  else:
+    raise ValueError(f"hector: target must be 'cpu' or 'cuda', got {target!r}")
+  return f"// jaxdata.hector {k.template}: {label or k}\n" + body

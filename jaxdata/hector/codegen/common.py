@@ -120,12 +120,17 @@ def scale(scales: tuple[Load, ...]) -> str:
   return " * ".join([load(s, "0") for s in scales]) or "1.0f"
 
 
-def weight(g: Gemm, k: str, n: str) -> str:
-  """Element (k, n) of the edge's relation's weight (of head `h`'s block, per head)."""
+def weight_offset(g: Gemm, k: str, n: str) -> str:
+  """The element offset of (k, n) in the edge's relation's weight (head `h`'s block, per head)."""
   block = g.k * g.n
   of_head = f" + (int64_t)h * {block}" if g.heads > 1 else ""
   inner = f"({n}) * {g.k} + ({k})" if g.transpose else f"({k}) * {g.n} + ({n})"
-  return f"ldf(in{g.weight} + (int64_t)r * {g.heads * block}{of_head} + {inner})"
+  return f"(int64_t)r * {g.heads * block}{of_head} + {inner}"
+
+
+def weight(g: Gemm, k: str, n: str) -> str:
+  """Element (k, n) of the edge's relation's weight (of head `h`'s block, per head)."""
+  return f"ldf(in{g.weight} + {weight_offset(g, k, n)})"
 
 
 def head(heads: int, width: int) -> str:

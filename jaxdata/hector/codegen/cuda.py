@@ -1,11 +1,19 @@
 """CUDA: one kernel instance as a ``__global__ jaxdata_hector_kernel(const Params p)``.
 
-The source is templates/cuda.cuh and templates/common.h, then the kernel: the `Params` struct
-(every buffer pointer, then the scalars, as `operands` lays them out; the launcher in
-xla_ffi/hector/launch_cuda.cc packs them in that order), the signature, the operand pointers
-and the instance's body. Kernels are edge-parallel and sum into their outputs with atomics
-(once per run of equal targets inside a tile), except the edge softmax, which gives each node a
-warp (a node of many edges the whole block) and no atomics.
+The source is templates/cuda.cuh (and templates/mma.cuh for a tensor-core GEMM) and
+templates/common.h, then the kernel: the `Params` struct (every buffer pointer, then the
+scalars, as `operands` lays them out; the launcher in xla_ffi/hector/launch_cuda.cc packs them
+in that order), the signature, the operand pointers and the instance's body. Kernels are
+edge-parallel and sum into their outputs with atomics (once per run of equal targets inside a
+tile), except the edge softmax, which gives each node a warp (a node of many edges the whole
+block) and no atomics.
+
+GEMM and weight-gradient instances come in three kinds (`math`): "fma" (float32 FMAs on CUDA
+cores: float32-exact products), "tf32" (tensor cores, operands rounded to TF32, float32 sums)
+and "bf16" (tensor cores on bfloat16 operands, exact products, float32 sums). The kind follows
+the operands' dtypes and the matmul precision (`jaxdata.hector.precision`), as `jnp.dot` on an
+NVIDIA GPU: bfloat16 operands always take the tensor cores; float32 operands take TF32 unless
+the precision is "highest".
 """
 from __future__ import annotations
 
@@ -13,24 +21,49 @@ import textwrap
 
 from jaxdata.hector import operands
 from jaxdata.hector.codegen.common import (LOWEST, expr, groups, guard, head, plus_head, pointers,
-                                           row, scale, template, weight)
+                                           row, scale, template, weight, weight_offset)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
+
+#: the kinds of GEMM a CUDA GEMM or weight-gradient instance can be generated as
+MATHS = ("fma", "tf32", "bf16")
+
+
+def math(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
+  """The kind of GEMM (one of `MATHS`) instance `k` runs as: "bf16" when both operands are
+  bfloat16 (and, for a weight gradient, no edge scale multiplies them: a scaled bfloat16 row is
+  no longer a bfloat16 value), else "fma" at precision "highest" and "tf32" otherwise.
+  Traversals are always "fma"."""
+  if isinstance(k, Gemm):
+    slots, scaled = (k.rows.slot, k.weight), False
+  elif isinstance(k, WeightGrad):
+    slots, scaled = (k.left.slot, k.right.slot), bool(k.scales)
+  else:
+    return "fma"
+  if not scaled and all(dtypes[s] == "bfloat16" for s in slots):
+    return "bf16"
+  return "fma" if precision == "highest" else "tf32"
+
+
+def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
+  """The CUDA source of instance `k` (`dtypes`: each input slot's dtype; `precision`: the
+  matmul level of a GEMM), without its label."""
+  kind = math(k, dtypes, precision)
+  if kind == "fma":
+    body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
+  else:
+    body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind)
+  nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
+  signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
+               f'extern "C" __global__ void __launch_bounds__({_threads(k, kind)})\n'
+               "jaxdata_hector_kernel(const Params p) {\n")
+  prelude = template("cuda.cuh") + (template("mma.cuh") if kind != "fma" else "")
+  return (prelude + template("common.h") + signature +
+          pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]") + body)
+
 
 #: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block)
 GEMM_TILE_ROWS = 64
 WGRAD_TILE_ROWS = 256
-
-
-def generate(k, dtypes: tuple[str, ...]) -> str:
-  """The CUDA source of instance `k` (`dtypes`: each input slot's dtype), without its label."""
-  body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[
-      type(k)](k)
-  nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
-  signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_threads(k)})\n'
-               "jaxdata_hector_kernel(const Params p) {\n")
-  return (template("cuda.cuh") + template("common.h") + signature +
-          pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]") + body)
 
 
 def _gemm_tile(n: int) -> int:
@@ -43,9 +76,11 @@ def _micro(bn: int) -> int:
   return 8 if bn == 128 else 4
 
 
-def _threads(k) -> int:
+def _threads(k, kind: str = "fma") -> int:
   if isinstance(k, (Gemm, WeightGrad)):
     bn = _gemm_tile(k.n)
+    if kind != "fma":
+      return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
     return 16 * (bn // _micro(bn))
   return 256
 
@@ -54,10 +89,11 @@ def _threads(k) -> int:
 RELATION_RUN = 32
 
 
-def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0) -> tuple[int, int]:
+def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
+           kind: str = "fma") -> tuple[int, int]:
   """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound; `num_edges`:
-  the rows of the instance's domain)."""
-  threads = _threads(k)
+  the rows of the instance's domain; `kind`: its `math`)."""
+  threads = _threads(k, kind)
   if isinstance(k, Gemm):
     return num_tiles * k.heads * -(-k.n // _gemm_tile(k.n)), threads
   if isinstance(k, WeightGrad):
@@ -275,6 +311,261 @@ def _wgrad(w: WeightGrad) -> str:
       if (n < {w.n}) atomicAdd(o + k * {w.n} + n, acc[i][j]);
     }}
   }}
+}}
+"""
+
+
+# ----------------------------------------------------------------------------- tensor cores
+#: warps along the rows of a tensor-core tile (each MMA_TILES_M m16 tiles: 64 rows in all)
+_MMA_WARPS_M, _MMA_TILES_M = 2, 2
+
+
+def _mma_warps_n(bn: int) -> int:
+  """Warps along the columns of a tensor-core tile of `bn` columns (4 for 128, else 2)."""
+  return 4 if bn == 128 else 2
+
+
+def _mma_setup(kind: str, bn: int) -> dict:
+  """The fixed numbers of a tensor-core tile of 64 x `bn` (`kind` "tf32" or "bf16")."""
+  wn = _mma_warps_n(bn)
+  nt = bn // (8 * wn)
+  assert _MMA_WARPS_M * _MMA_TILES_M * 16 == GEMM_TILE_ROWS and wn * nt * 8 == bn
+  return dict(M="MmaTF32" if kind == "tf32" else "MmaBF16", bk=16 if kind == "tf32" else 32,
+              wn=wn, nt=nt, threads=32 * _MMA_WARPS_M * wn,
+              # padding in elements: k-major rows of BK + 4 words, other rows of x + 8 words
+              kpad=4 if kind == "tf32" else 8, xpad=8 if kind == "tf32" else 16,
+              elem=4 if kind == "tf32" else 2)
+
+
+def _operand(kind: str, ptr: str) -> str:
+  """A shared-memory element from a global one: TF32 bits of a float (or bfloat16) value, or the
+  raw bits of a bfloat16 value."""
+  return f"to_tf32(ldf({ptr}))" if kind == "tf32" else f"__ldg({ptr})"
+
+
+def _warp_prologue(bn: int, m: dict) -> str:
+  return f"""\
+  const int warp = tid >> 5, lane = tid & 31;
+  const int m0 = (warp / {m['wn']}) * {_MMA_TILES_M * 16}, n0 = (warp % {m['wn']}) * {m['nt'] * 8};
+  float acc[{_MMA_TILES_M}][{m['nt']}][4];
+#pragma unroll
+  for (int i = 0; i < {_MMA_TILES_M}; ++i)
+#pragma unroll
+    for (int j = 0; j < {m['nt']}; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+"""
+
+
+def _gemm_mma(g: Gemm, kind: str) -> str:
+  """`_gemm` on tensor cores (templates/mma.cuh): the same tiles of 64 edges x up to 128
+  columns and the same epilogues. A (the gathered rows) is staged k-major, B (the weight)
+  k-major when transposed (its rows are the weight's contiguous rows) and n-major otherwise;
+  global loads for the next k-step are in flight (in registers) while the warps run the
+  current one. The scaled tile goes through shared memory to the epilogue."""
+  m = _mma_setup(kind, _gemm_tile(g.n))
+  bm, bk, bn, threads = GEMM_TILE_ROWS, m["bk"], _gemm_tile(g.n), m["threads"]
+  assert (bm * bk) % threads == 0 and (bk * bn) % threads == 0 and threads % bn == 0
+  ncb = -(-g.n // bn)
+  rows = g.rows
+  width = g.heads * g.n
+  hk, hn = head(g.heads, g.k), head(g.heads, g.n)
+  lda = bk + m["kpad"]
+  if g.transpose:  # Bs[n][k]: consecutive threads walk k along a row of W[r] (n x k)
+    ldb, bkm = bk + m["kpad"], "true"
+    b_idx = f"const int kk = idx % {bk}, nn = idx / {bk};"
+    b_at = f"nn * {ldb} + kk"
+    b_elems = bn * ldb
+  else:  # Bs[k][n]: consecutive threads walk n along a row of W[r] (k x n)
+    ldb, bkm = bn + m["xpad"], "false"
+    b_idx = f"const int kk = idx / {bn}, nn = idx % {bn};"
+    b_at = f"kk * {ldb} + nn"
+    b_elems = bk * ldb
+  ab_bytes = (bm * lda + b_elems) * m["elem"]
+  ldc = bn + 4
+  c_bytes = bm * ldc * 4
+  na, nb = bm * bk // threads, bk * bn // threads
+  if g.out == "edge":
+    epilogue = f"""\
+  for (int idx = tid; idx < {bm * bn}; idx += {threads}) {{
+    const int row = idx / {bn}, col = idx % {bn};
+    const int64_t e = e0 + row;
+    const int n = cb * {bn} + col;
+    if (e < e1 && n < {g.n}) out[e * {width} + {hn}n] = Cs[row * {ldc} + col] * rscale[row];
+  }}
+"""
+  else:
+    per = bm // (threads // bn)
+    epilogue = f"""\
+  // each thread walks {per} rows of one column, one atomic per run of equal targets
+  {{
+    const int col = tid % {bn}, seg = tid / {bn};
+    const int n = cb * {bn} + col;
+    if (n < {g.n}) {{
+      int64_t run = -1;
+      float sum = 0.0f;
+      for (int row = seg * {per}; row < (seg + 1) * {per}; ++row) {{
+        const int64_t t = arow[row] >= 0 ? (int64_t){g.out}[e0 + row] : -1;
+        if (t != run) {{
+          if (run >= 0) atomicAdd(out + run * {width} + {hn}n, sum);
+          run = t;
+          sum = 0.0f;
+        }}
+        sum += Cs[row * {ldc} + col] * rscale[row];
+      }}
+      if (run >= 0) atomicAdd(out + run * {width} + {hn}n, sum);
+    }}
+  }}
+"""
+  pick_head = (f"  const int h = int(blockIdx.x / {ncb}) % {g.heads};\n" if g.heads > 1 else "")
+  return f"""\
+  typedef {m['M']} Mma;
+  typedef Mma::Elem Elem;
+  const int64_t tile = blockIdx.x / {ncb * g.heads};
+{pick_head}\
+  const int cb = blockIdx.x % {ncb};
+  if (tile >= tiles[R]) return;
+  const int64_t r = find_relation(tiles, R, tile);
+  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {bm};
+  const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
+  __shared__ __align__(16) unsigned char smem[{max(ab_bytes, c_bytes)}];
+  Elem* As = reinterpret_cast<Elem*>(smem);               // [{bm}][{lda}]: (m, k) k-major
+  Elem* Bs = As + {bm * lda};                            // (n, k) {'k-major' if g.transpose else 'n-major'}
+  __shared__ int64_t arow[{bm}];
+  __shared__ float rscale[{bm}];
+  const int tid = threadIdx.x;
+  for (int i = tid; i < {bm}; i += {threads}) {{
+    const int64_t e = e0 + i;
+    const bool use = e < e1 && ok(e);
+    arow[i] = use ? {row(rows)} : -1;
+    rscale[i] = use ? {scale(g.scales)} : 0.0f;
+  }}
+{_warp_prologue(bn, m)}\
+  __syncthreads();
+  Elem ra[{na}], rb[{nb}];
+  auto fetch = [&](int k0) {{
+#pragma unroll
+    for (int t = 0; t < {na}; ++t) {{
+      const int idx = tid + t * {threads}, i = idx / {bk}, k = k0 + idx % {bk};
+      ra[t] = (arow[i] >= 0 && k < {g.k}) ? {_operand(kind, f"in{rows.slot} + arow[i] + {hk}k")}
+                                       : Elem(0);
+    }}
+#pragma unroll
+    for (int t = 0; t < {nb}; ++t) {{
+      const int idx = tid + t * {threads};
+      {b_idx}
+      const int k = k0 + kk, n = cb * {bn} + nn;
+      rb[t] = (k < {g.k} && n < {g.n}) ? {_operand(kind, f"in{g.weight} + " + weight_offset(g, "k", "n"))}
+                                  : Elem(0);
+    }}
+  }};
+  fetch(0);
+  for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
+#pragma unroll
+    for (int t = 0; t < {na}; ++t) {{
+      const int idx = tid + t * {threads};
+      As[(idx / {bk}) * {lda} + idx % {bk}] = ra[t];
+    }}
+#pragma unroll
+    for (int t = 0; t < {nb}; ++t) {{
+      const int idx = tid + t * {threads};
+      {b_idx}
+      Bs[{b_at}] = rb[t];
+    }}
+    __syncthreads();
+    if (k0 + {bk} < {g.k}) fetch(k0 + {bk});
+    warp_mma<Mma, {_MMA_TILES_M}, {m['nt']}, {bk}, true, {lda}, {bkm}, {ldb}>(acc, As, Bs, m0, n0, lane);
+    __syncthreads();
+  }}
+  // the tile into shared memory (over the A/B tiles, no longer needed), then out
+  float* Cs = reinterpret_cast<float*>(smem);         // [{bm}][{ldc}]
+  store_acc<{_MMA_TILES_M}, {m['nt']}, {ldc}>(Cs, acc, m0, n0, lane);
+  __syncthreads();
+{epilogue}\
+}}
+"""
+
+
+def _wgrad_mma(w: WeightGrad, kind: str) -> str:
+  """`_wgrad` on tensor cores: dW's tile of 64 x up to 128 is A = left^T (64 features by the
+  edges) times B = right (edges by the columns), each staged edge-major as the rows arrive
+  (consecutive threads read consecutive features); the edge scales multiply the right rows
+  (so a scaled instance is never "bf16"). Accumulators go to dW with one atomic each."""
+  bn = _gemm_tile(w.n)
+  m = _mma_setup(kind, bn)
+  be, bk, bm, threads = WGRAD_TILE_ROWS, m["bk"], 64, m["threads"]
+  assert (bk * bm) % threads == 0 and (bk * bn) % threads == 0 and be % bk == 0
+  nkb, nnb = -(-w.k // bm), -(-w.n // bn)
+  lrow = row(w.left) + plus_head(w.heads, w.k)
+  rrow = row(w.right) + plus_head(w.heads, w.n)
+  lda, ldb = bm + m["xpad"], bn + m["xpad"]
+  nl, nr = bk * bm // threads, bk * bn // threads
+  pick_head = (f"  const int h = int(blockIdx.x / {nkb * nnb}) % {w.heads};\n"
+               if w.heads > 1 else "")
+  block = f"(r * {w.heads} + h)" if w.heads > 1 else "r"
+  if kind == "tf32":
+    right = f"to_tf32(ldf(in{w.right.slot} + {rrow} + n) * ({scale(w.scales)}))"
+  else:
+    assert not w.scales
+    right = _operand(kind, f"in{w.right.slot} + {rrow} + n")
+  return f"""\
+  typedef {m['M']} Mma;
+  typedef Mma::Elem Elem;
+  const int64_t tile = blockIdx.x / {nkb * nnb * w.heads};
+{pick_head}\
+  const int kb = (blockIdx.x / {nnb}) % {nkb}, nb = blockIdx.x % {nnb};
+  if (tile >= tiles[R]) return;
+  const int64_t r = find_relation(tiles, R, tile);
+  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {be};
+  const int64_t e1 = min(min(e0 + {be}, (int64_t)rel_offsets[r + 1]), E);
+  __shared__ __align__(16) Elem Ls[{bk * lda}];  // (m, edge) edge-major: [{bk}][{lda}]
+  __shared__ __align__(16) Elem Rs[{bk * ldb}];  // (n, edge) edge-major: [{bk}][{ldb}]
+  const int tid = threadIdx.x;
+{_warp_prologue(bn, m)}\
+  Elem rl[{nl}], rr[{nr}];
+  auto fetch = [&](int64_t c) {{
+#pragma unroll
+    for (int t = 0; t < {nl}; ++t) {{
+      const int idx = tid + t * {threads}, k = kb * {bm} + idx % {bm};
+      const int64_t e = c + idx / {bm};
+      rl[t] = (e < e1 && k < {w.k} && ok(e)) ? {_operand(kind, f"in{w.left.slot} + {lrow} + k")}
+                                        : Elem(0);
+    }}
+#pragma unroll
+    for (int t = 0; t < {nr}; ++t) {{
+      const int idx = tid + t * {threads}, n = nb * {bn} + idx % {bn};
+      const int64_t e = c + idx / {bn};
+      rr[t] = (e < e1 && n < {w.n} && ok(e)) ? {right} : Elem(0);
+    }}
+  }};
+  fetch(e0);
+  for (int64_t c = e0; c < e1; c += {bk}) {{
+#pragma unroll
+    for (int t = 0; t < {nl}; ++t) {{
+      const int idx = tid + t * {threads};
+      Ls[(idx / {bm}) * {lda} + idx % {bm}] = rl[t];
+    }}
+#pragma unroll
+    for (int t = 0; t < {nr}; ++t) {{
+      const int idx = tid + t * {threads};
+      Rs[(idx / {bn}) * {ldb} + idx % {bn}] = rr[t];
+    }}
+    __syncthreads();
+    if (c + {bk} < e1) fetch(c + {bk});
+    warp_mma<Mma, {_MMA_TILES_M}, {m['nt']}, {bk}, false, {lda}, false, {ldb}>(acc, Ls, Rs, m0, n0, lane);
+    __syncthreads();
+  }}
+  float* o = out + {block} * {w.k * w.n};
+#pragma unroll
+  for (int mt = 0; mt < {_MMA_TILES_M}; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < {m['nt']}; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {{
+        const int k = kb * {bm} + acc_row(m0, mt, i, lane);
+        const int n = nb * {bn} + acc_col(n0, nt, i, lane);
+        if (k < {w.k} && n < {w.n}) atomicAdd(o + k * {w.n} + n, acc[mt][nt][i]);
+      }}
 }}
 """
 

@@ -1,0 +1,264 @@
+"""jaxdata.hector's matmul precision: resolved like jnp.dot's, reaching every GEMM instance, and
+each precision's results against float64 references with tolerances that fit it.
+
+On a GPU (the `gpu` variants) precision "default" runs the GEMM and weight-gradient kernels on
+tensor cores: float32 operands rounded to TF32 (relative error about 1e-3 in the results),
+bfloat16 operands exact with float32 sums (the bfloat16 outputs and gradients: about 1e-2);
+"highest" keeps float32 operands float32-exact (about 1e-5). On the CPU every precision is
+float32-exact, as jnp.dot is there.
+"""
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxdata import hector
+from jaxdata.hector import precision as precision_lib
+from jaxdata.nn import HGT, RGAT, RGCN
+from test_hector_rgat import corner_case_graph
+from test_hector_rgat import reference as rgat_reference
+
+HI = jax.lax.Precision.HIGHEST
+
+
+# ----------------------------------------------------------------------------- resolution
+def test_resolve_follows_the_argument_then_the_config_like_jnp_dot():
+  assert precision_lib.resolve(None) == "default"
+  assert precision_lib.resolve("highest") == "highest"
+  assert precision_lib.resolve("high") == "default"
+  assert precision_lib.resolve(jax.lax.Precision.HIGHEST) == "highest"
+  assert precision_lib.resolve(jax.lax.Precision.DEFAULT) == "default"
+  assert precision_lib.resolve((HI, jax.lax.Precision.DEFAULT)) == "highest"
+  assert precision_lib.resolve(jax.lax.DotAlgorithmPreset.F32_F32_F32) == "highest"
+  assert precision_lib.resolve(jax.lax.DotAlgorithmPreset.TF32_TF32_F32) == "default"
+  assert precision_lib.resolve("TF32_TF32_F32_X3") == "highest"
+  for name, want in (("highest", "highest"), ("float32", "highest"), ("tensorfloat32", "default"),
+                     ("bfloat16", "default"), ("default", "default")):
+    with jax.default_matmul_precision(name):
+      assert precision_lib.resolve(None) == want, name
+      assert precision_lib.resolve("high") == "default"  # an explicit argument wins
+  with pytest.raises(ValueError, match="rgcn: precision must be"):
+    precision_lib.resolve("fast", "rgcn")
+  with pytest.raises(ValueError, match="precision must be"):
+    hector.rgcn_message(*_rgcn_case(jnp.float32, 8, 8)[1:4], precision="float16")
+
+
+def _specs(fn, *args):
+  """The KernelSpecs of every hector kernel `fn(*args)` traces (through custom_vjp and jit)."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "jaxdata_hector_kernel":
+        found.append(eqn.params["spec"])
+      for p in eqn.params.values():
+        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            walk(sub.jaxpr)
+          elif isinstance(sub, jax.extend.core.Jaxpr):
+            walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+def _levels(fn, *args):
+  return {s.precision for s in _specs(fn, *args)}
+
+
+def test_every_kernel_of_forward_and_backward_gets_the_resolved_precision():
+  g, ga, x, w, _ = _rgcn_case(jnp.float32, 16, 8)
+
+  def loss(x, w, **kw):
+    return hector.rgcn_message(ga, x, w, **kw).sum()
+
+  grad = jax.grad(loss, argnums=(0, 1))
+  assert len(_specs(grad, x, w)) == 3  # forward GEMM, backward GEMM, weight gradient
+  assert _levels(grad, x, w) == {"default"}
+  with jax.default_matmul_precision("highest"):
+    assert _levels(grad, x, w) == {"highest"}
+    assert _levels(functools.partial(grad, precision="default"), x, w) == {"default"}
+  assert _levels(functools.partial(grad, precision=HI), x, w) == {"highest"}
+
+
+def test_layers_pass_their_precision_to_every_kernel():
+  g, ga, x, _, _ = _rgcn_case(jnp.float32, 16, 8)
+  rgcn = RGCN(16, 8, num_relations=g.num_relations, precision="highest", rngs=nnx.Rngs(0))
+  rgat = RGAT(16, 4, num_relations=g.num_relations, heads=2, self_loop=True, rngs=nnx.Rngs(0))
+  kqv = HGT((16,), 8, num_relations=g.num_relations, heads=2, precision=HI, rngs=nnx.Rngs(0))
+  assert _levels(lambda x: rgcn(ga, x), x) == {"highest"}
+  assert _levels(lambda x: rgat(ga, x), x) == {"default"}
+  with jax.default_matmul_precision("highest"):
+    assert _levels(lambda x: rgat(ga, x), x) == {"highest"}
+  assert _levels(lambda x: kqv(ga, [x])[0], x) == {"highest"}
+  with pytest.raises(ValueError, match="RGCN: precision must be"):
+    RGCN(16, 8, num_relations=g.num_relations, precision="exact", rngs=nnx.Rngs(0))
+
+
+def test_default_matmul_precision_changes_the_cuda_kernels():
+  """The CUDA source (and so the cached kernel) differs: tensor cores at the default precision,
+  CUDA-core FMAs at "highest"; bfloat16 operands take bfloat16 tensor cores at both; the CPU
+  source is the same at every precision."""
+  g, ga, x, w, _ = _rgcn_case(jnp.float32, 64, 64)
+  cuda = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x, W=w)
+  default = cuda()
+  assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in default
+  assert "typedef MmaTF32 Mma;" in default and "micro_fma<" not in default
+  with jax.default_matmul_precision("highest"):
+    highest = cuda()
+  assert "typedef MmaTF32" not in highest and "micro_fma<" in highest
+  assert cuda(precision="highest") == highest
+  with jax.default_matmul_precision("highest"):
+    assert cuda(precision="default") == default
+  b16 = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x.astype(jnp.bfloat16),
+                          W=w.astype(jnp.bfloat16))
+  for src in (b16(), b16(precision="highest")):
+    assert "typedef MmaBF16 Mma;" in src  # the forward GEMM: bfloat16 products are exact
+  cpu = functools.partial(hector.rgcn_layer.sources, ga, "cpu", x=x, W=w)
+  assert cpu() == cpu(precision="highest")
+
+
+# ----------------------------------------------------------------------------- numerics
+#: max |got - want| / max |want| allowed, per (dtype, level); the CPU is exact at every level
+TOL = {("float32", "highest"): 2e-5, ("float32", "default"): 4e-3,
+       ("bfloat16", "highest"): 3e-2, ("bfloat16", "default"): 3e-2}
+GRAD_TOL = {("float32", "highest"): 1e-4, ("float32", "default"): 6e-3,
+            ("bfloat16", "highest"): 4e-2, ("bfloat16", "default"): 4e-2}
+
+
+def _tol(table, dtype, level, device):
+  name = jnp.dtype(dtype).name
+  if device.platform == "cpu" and name == "float32":
+    return table[(name, "highest")]
+  return table[(name, level)]
+
+
+def assert_close(got, want, tol, what):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  assert got.shape == want.shape, what
+  scale = max(np.abs(want).max(), 1e-30)
+  err = np.abs(got - want).max() / scale
+  assert err <= tol, f"{what}: max error {err:.3g} of max |want| {scale:.3g} (tolerance {tol})"
+  return err
+
+
+def _graph(seed=3):
+  """About 2,400 edges over 5 relations (several 64-edge tiles each, hubs among 120
+  destinations), an empty relation, nodes without in-edges."""
+  return corner_case_graph(seed, n=160, e=2400)
+
+
+def _rgcn_case(dtype, din, dout, seed=0):
+  g = _graph()
+  ga = hector.GraphArrays.from_graph(g)
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((g.num_nodes, din)), dtype)
+  w = jnp.asarray(rng.standard_normal((g.num_relations, din, dout)) / np.sqrt(din), dtype)
+  ct = jnp.asarray(rng.standard_normal((g.num_nodes, dout)), jnp.float64)
+  return g, ga, x, w, ct
+
+
+def rgcn_reference(ga, x, w):
+  msg = jnp.einsum("ek,ekn->en", x[ga.src], w[ga.etype], precision=HI)
+  return jax.ops.segment_sum(msg * ga.norm.astype(msg.dtype)[:, None], ga.dst, ga.num_nodes)
+
+
+def hgt_reference(ga, k, q, v, w_att, w_msg, mu):
+  """HGT's edge part from its definition (jaxdata.hector.hgt), in plain JAX."""
+  r, heads, dk, _ = w_att.shape
+  src, dst, et, n = ga.src, ga.dst, ga.etype, ga.num_nodes
+  split = lambda a: a.reshape(a.shape[0], heads, dk)  # noqa: E731
+  key = jnp.einsum("ehd,ehdf->ehf", split(k[src]), w_att[et], precision=HI)
+  score = (key * split(q[dst])).sum(-1) * mu[et] / math.sqrt(dk)
+  top = jax.lax.stop_gradient(jax.ops.segment_max(score, dst, n))
+  ex = jnp.exp(score - top[dst])
+  alpha = ex / jax.ops.segment_sum(ex, dst, n)[dst]
+  msg = jnp.einsum("ehd,ehdf->ehf", split(v[src]), w_msg[et], precision=HI)
+  return jax.ops.segment_sum(alpha[..., None] * msg, dst, n).reshape(n, heads * dk)
+
+
+def check_against_float64(device, fn, reference, inputs, ct, level, what):
+  """fn(*inputs) at `level` and its gradients against `reference` in float64 (from the same,
+  possibly bfloat16-rounded, values); returns the forward error."""
+  dtype = inputs[0].dtype
+  wide = [jnp.asarray(a, jnp.float64) for a in inputs]
+  run = functools.partial(fn, precision=level)
+  out = jax.jit(run)(*inputs)
+  assert out.dtype == dtype
+  err = assert_close(out, reference(*wide), _tol(TOL, dtype, level, device), f"{what} forward")
+  argnums = tuple(range(len(inputs)))
+  loss = lambda f: lambda *a: jnp.vdot(f(*a).astype(jnp.float64), ct)  # noqa: E731
+  got = jax.jit(jax.grad(loss(run), argnums))(*inputs)
+  want = jax.grad(loss(reference), argnums)(*wide)
+  for i, (a, b) in enumerate(zip(got, want)):
+    assert a.dtype == dtype
+    assert_close(a, b, _tol(GRAD_TOL, dtype, level, device), f"{what} gradient {i}")
+  return err
+
+
+DTYPES = [jnp.float32, jnp.bfloat16]
+LEVELS = ["default", "highest"]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("din,dout", [(20, 12), (64, 64), (128, 128), (256, 96)])
+def test_rgcn_at_each_precision_against_float64(device, level, dtype, din, dout):
+  g, ga, x, w, ct = _rgcn_case(dtype, din, dout)
+  err = check_against_float64(device, functools.partial(hector.rgcn_message, ga),
+                              functools.partial(rgcn_reference, ga), (x, w), ct, level,
+                              f"rgcn {din}x{dout}")
+  if device.platform == "gpu" and dtype == jnp.float32 and level == "default":
+    assert err > 2e-6, "float32 at the default precision should run on TF32 tensor cores"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("k,heads,d", [(16, 1, 16), (64, 4, 16), (128, 2, 64), (24, 3, 10)])
+def test_rgat_at_each_precision_against_float64(device, level, dtype, k, heads, d):
+  g = _graph()
+  ga = hector.GraphArrays.from_graph(g)
+  rng = np.random.default_rng(k + heads)
+  r = g.num_relations
+  inputs = (jnp.asarray(rng.standard_normal((g.num_nodes, k)), dtype),
+            jnp.asarray(rng.standard_normal((r, k, heads * d)) / np.sqrt(k), dtype),
+            jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
+            jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype))
+  ct = jnp.asarray(rng.standard_normal((g.num_nodes, heads * d)), jnp.float64)
+  check_against_float64(device, functools.partial(hector.rgat_message, ga),
+                        functools.partial(rgat_reference, ga), inputs, ct, level,
+                        f"rgat {k}->{heads}x{d}")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("heads,dk", [(1, 32), (4, 16), (2, 64)])
+def test_hgt_at_each_precision_against_float64(device, level, dtype, heads, dk):
+  g = _graph()
+  ga = hector.GraphArrays.from_graph(g)
+  rng = np.random.default_rng(heads * dk)
+  r, n, f = g.num_relations, g.num_nodes, heads * dk
+  rows = lambda: jnp.asarray(rng.standard_normal((n, f)) / 2, dtype)  # noqa: E731
+  mats = lambda: jnp.asarray(rng.standard_normal((r, heads, dk, dk)) / np.sqrt(dk), dtype)  # noqa: E731
+  inputs = (rows(), rows(), rows(), mats(), mats(),
+            jnp.asarray(rng.uniform(0.5, 1.5, (r, heads)), dtype))
+  ct = jnp.asarray(rng.standard_normal((n, f)), jnp.float64)
+  check_against_float64(device, functools.partial(hector.hgt_message, ga),
+                        functools.partial(hgt_reference, ga), inputs, ct, level,
+                        f"hgt {heads}x{dk}")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_rgcn_layer_with_self_loop_at_each_precision(device, level):
+  """The Flax layer: its relational kernels and its self-loop product follow `precision`."""
+  g, ga, x, _, _ = _rgcn_case(jnp.float32, 32, 16)
+  layer = RGCN(32, 16, num_relations=g.num_relations, precision=level, rngs=nnx.Rngs(1))
+  w, root, bias = (jnp.asarray(p[...], jnp.float64) for p in (layer.weight, layer.root,
+                                                               layer.bias))
+  wide = jnp.asarray(x, jnp.float64)
+  want = rgcn_reference(ga, wide, w) + jnp.dot(wide, root, precision=HI) + bias
+  assert_close(layer(ga, x), want, _tol(TOL, jnp.float32, level, device), "RGCN layer")
