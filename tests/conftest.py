@@ -19,12 +19,8 @@ def _gpus():
 
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def device(request):
-  """Each test using this runs once per platform; the GPU run is skipped without a GPU.
-
-  Matmuls run at ``jax.default_matmul_precision("highest")`` inside it: these tests hold
-  results (hector's kernels and their plain-JAX references alike) to float32-exact tolerances,
-  while JAX's and hector's default on a GPU is TF32 tensor cores. Tests of the default
-  precision pass ``precision=`` explicitly (tests/test_hector_precision.py)."""
+  """Each test using this runs once per platform; the GPU run is skipped without a GPU (and,
+  like every test, at matmul precision "highest" unless marked `default_precision`)."""
   if request.param == "gpu":
     gpus = _gpus()
     if not gpus:
@@ -35,7 +31,7 @@ def device(request):
     dev = gpus[0]
   else:
     dev = jax.devices("cpu")[0]
-  with jax.default_device(dev), jax.default_matmul_precision("highest"):
+  with jax.default_device(dev):
     yield dev
 
 
@@ -44,8 +40,9 @@ def _highest_precision_by_default(request):
   """Every test runs under `jax.default_matmul_precision("highest")` unless it is marked
   `default_precision`: tests compare formulations at float32 tolerances, while on a GPU a
   float32 matmul at JAX's default precision runs on TF32 tensor cores (about 1e-3 relative),
-  which the H200 gate showed breaks those comparisons. Precision semantics are tested by the
-  tests that opt out (and by explicit `precision=` arguments, which a context does not change).
+  which the H200 gate showed breaks those comparisons (hector's kernels follow the same default
+  since issue 19: TF32 / bf16 tensor cores). Precision semantics are tested by the tests that
+  opt out (tests/test_hector_precision.py) and by explicit `precision=` arguments.
   """
   if request.node.get_closest_marker("default_precision"):
     yield

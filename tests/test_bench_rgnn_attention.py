@@ -67,8 +67,10 @@ def test_rgat_quick_through_cli(captured, tmp_path):
   text = path.read_text()
   assert text.startswith(ra.TITLE)
   assert "## One RGAT layer" in text and "### RGAT: what each pass buys" in text
+  labelled = {"jaxdata", *ra.PLAIN_JAX}  # rows run at both precisions carry it in their name
   for name in ra.FORMULATIONS:
-    assert (f"| {name} |" in text) != (name in ra.PLAIN_JAX)
+    assert (f"| {name} |" in text) != (name in labelled)
+    assert (f"| {name} (highest) |" in text) == (name in labelled)
   for name in ra.PLAIN_JAX:
     assert f"| {name} (highest) |" in text and f"| {name} (default) |" in text
   _, ablation_rows, summary = ra.ablation(results)

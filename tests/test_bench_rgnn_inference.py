@@ -66,7 +66,7 @@ def test_inference_of_all_three_models_lands_in_one_document(captured, tmp_path)
                    "--dims", "16", "--write", str(path)]) == 0
   results, notes, _ = captured["out"]
   names = [rgnn.label(r, results) for r in results]
-  assert names == ["jaxdata",
+  assert names == [*(f"jaxdata ({p})" for p in rgnn.PRECISIONS),
                    *(f"{f} ({p})" for f in rgcn_ref.PLAIN_JAX for p in rgnn.PRECISIONS),
                    "PyG RGCNConv", "PyG FastRGCNConv"]
   assert all(r.ok and r.seconds > 0 for r in results), notes

@@ -23,6 +23,8 @@ from test_hector_rgat import corner_case_graph
 from test_hector_rgat import reference as rgat_reference
 
 HI = jax.lax.Precision.HIGHEST
+# These tests set the precision themselves: not under conftest's "highest" for everything else.
+pytestmark = pytest.mark.default_precision
 
 
 # ----------------------------------------------------------------------------- resolution
