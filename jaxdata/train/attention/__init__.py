@@ -339,6 +339,10 @@ def add_arguments(parser, model: str):
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="--minibatch, host pipeline: keep this fraction of each feature "
                            "table's rows (its most sampled nodes) in device memory")
+  parser.add_argument("--device-bytes", type=command.size, default=None,
+                      help="--minibatch, host pipeline: the device holds at most this many bytes "
+                           "of parameters, optimizer state and cached feature rows (e.g. 8GiB; "
+                           "the cache gets what the dense model leaves)")
   add_out_argument(parser, model)
 
 
@@ -380,13 +384,19 @@ def main(args) -> int:
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
                        passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim)
   minibatch = None
+  if args.device_bytes is not None and not args.minibatch:
+    raise command.UsageError("argument --device-bytes: only with --minibatch")
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
     options = minibatch_options(args)
     if args.cache and args.pipeline != "host":
       raise command.UsageError("argument --cache: a device cache is for --pipeline host (the "
                                "device pipeline has every row on the device)")
-    minibatch = hetero.MinibatchConfig(cache=args.cache, **options)
+    if args.device_bytes is not None and (args.cache or args.pipeline != "host"):
+      raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
+                               "(it sizes the cache)")
+    minibatch = hetero.MinibatchConfig(cache=args.cache, device_bytes=args.device_bytes,
+                                       **options)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
