@@ -256,3 +256,35 @@ def test_embed_errors():
     build_model(mag(), TrainConfig(embed=("paper",)), nnx.Rngs(0))
   with pytest.raises(ValueError, match="table_optimizer must be one of"):
     hetero.MinibatchConfig(table_optimizer="lamb")
+
+
+def test_minibatch_training_keeps_tables_off_the_device_and_within_device_bytes():
+  ds = mag()
+  config = TrainConfig(model="hgt", epochs=1, hidden=16, heads=2, embed=EMBED, embed_dim=8)
+  full = build_model(ds, config, nnx.Rngs(0))
+  dense = nnx.All(nnx.Param, nnx.Not(attention.is_table))
+  dense_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(full, dense)))
+  table_bytes = sum(t.embedding[...].nbytes for t in full.tables)
+  # tables=False: no tables, the same other parameters
+  bare = build_model(ds, config, nnx.Rngs(0), tables=False)
+  assert len(bare.tables) == 0
+  for a, b in zip(jax.tree.leaves(nnx.state(bare, nnx.Param)),
+                  jax.tree.leaves(nnx.state(full, dense))):
+    np.testing.assert_array_equal(a, b)
+  budget = 3 * dense_bytes + 256 + 20_000
+  result = hetero.train(ds, config, hetero.MinibatchConfig(
+      fanouts=(3, 3), batch_size=32, max_batches=2, device_bytes=budget),
+      final_evaluation="none")
+  r = result.history[-1]
+  # Adam: parameters, two moments and a step count; no table, nor its moments
+  assert table_bytes > 256  # tables on the device would break the upper bound
+  assert 3 * dense_bytes <= r["device_state_bytes"] <= 3 * dense_bytes + 256
+  assert 0 < r["cache_fraction"] < 1 and 0 < r["cache_bytes"]
+  assert r["device_state_bytes"] + r["cache_bytes"] <= budget
+  # the returned model holds the trained tables as host arrays
+  assert [type(t.embedding.get_value()) for t in result.model.tables] == [np.ndarray] * 2
+  with pytest.raises(ValueError, match="dense model and its optimizer state need"):
+    hetero.train(ds, config, hetero.MinibatchConfig(fanouts=(3, 3), batch_size=32,
+                                                    device_bytes=dense_bytes))
+  with pytest.raises(ValueError, match="not both"):
+    hetero.MinibatchConfig(cache=0.1, device_bytes=10)

@@ -231,6 +231,48 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
       moved
 
 
+def _trained(name: str, dataset, config: TrainConfig, fanouts, batch_size: int, batches: int,
+             device_bytes: int | None, on_batch) -> tuple[float, list, dict]:
+  """Pipeline "host" or "host-cache" with learnable embeddings and a device budget: the steps of
+  `jaxdata train rgat|hgt --minibatch` itself (`minibatch.train`, embedding tables trained in
+  host memory by the sparse optimizer, no table on the device), two epochs of `batches`
+  batches, the first compiling; the second is timed. "host" caches nothing; "host-cache" sizes
+  its feature cache to `device_bytes`. Returns (timed seconds, (loss, None, None) of the timed
+  epoch, {"state", "cache", "fraction", "peak"}: device bytes)."""
+  from jaxdata.train.attention import minibatch  # pylint: disable=g-import-not-at-top
+  config = dataclasses.replace(config, epochs=2)
+  options = minibatch.MinibatchConfig(
+      fanouts=tuple(int(f) for f in fanouts), batch_size=batch_size, max_batches=batches,
+      device_bytes=device_bytes if name == "host-cache" else None)
+  result = minibatch.train(dataset, config, options, on_batch=lambda *_: on_batch(),
+                           final_evaluation="none", validate=False)
+  r = result.history[-1]
+  return r["seconds"], [(r["loss"], None, None)] * r["batches"], {
+      "state": r["device_state_bytes"], "cache": r["cache_bytes"],
+      "fraction": r["cache_fraction"], "peak": peak_device_bytes()}
+
+
+def peak_device_bytes() -> int | None:
+  """The device's peak bytes in use so far (`memory_stats`), None where it reports none."""
+  try:
+    stats = jax.devices()[0].memory_stats() or {}
+  except Exception:  # noqa: BLE001  not every backend has memory stats
+    stats = {}
+  return stats.get("peak_bytes_in_use")
+
+
+def host_bytes_estimate(scale: float, embed: Sequence[str] = (), embed_dim: int = 64) -> int:
+  """Host memory a scaled run needs at its peak, estimated: per edge (with reverses) the
+  HeteroGraph's three int32 arrays, the sort's temporaries (three more) and the HostGraph's
+  two tables; the features twice (dataset and host tables); embeddings four times (initial,
+  host table, Adam's two moments)."""
+  from jaxdata.data import mag  # pylint: disable=g-import-not-at-top
+  edges = 2 * sum(mag.NUM_EDGES.values()) * scale
+  features = sum(mag.NUM_NODES[t] * mag.FEATURE_DIMS[t] * 4 for t in mag.NODE_TYPES) * scale
+  embeddings = sum(mag.NUM_NODES[t] * embed_dim * 4 for t in embed) * scale
+  return int(edges * 4 * 8 + 2 * features + 4 * embeddings)
+
+
 def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
          ) -> tuple[float, list, dict]:
   """The PyG pipeline: (timed seconds, (loss, edges, None) per timed batch, {"ran on"})."""
@@ -322,28 +364,69 @@ def _fits_on_device(dataset) -> str | None:
 def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int = 1024,
         batches: int = 50, warmup: int = 5, pipelines: Sequence[str] = tuple(PIPELINES),
         classes: int | None = None, hidden: int = 64, heads: int = 4, seed: int = 0,
-        copy_bytes: int | None = None, console: Any = None
+        copy_bytes: int | None = None, console: Any = None, embed: Sequence[str] = (),
+        embed_dim: int = 64, device_bytes: int | str | None = None
         ) -> tuple[list[Result], LinkBound | None, list[str], Any]:
   """Generates the graph, runs the named pipelines on it in turn; returns (results, link bound
   or None when "host" was not run, notes, dataset). A pipeline that cannot run gives a row
-  with its reason, never an exception."""
+  with its reason, never an exception.
+
+  With `embed` (node types given learnable `embed_dim`-wide embeddings) or `device_bytes` (a
+  byte count, or "auto": a quarter of the features and embeddings), "host" and "host-cache"
+  run `jaxdata train rgat|hgt --minibatch`'s own steps (`_trained`): tables in host memory
+  only, the device holding at most `device_bytes` of parameters, optimizer state and cached
+  rows; the notes give the table totals, the budget, the graph's construction time and each
+  pipeline's device bytes and peak device memory."""
   from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
+  from jaxdata.host import HostGraph  # pylint: disable=g-import-not-at-top
+  from jaxdata.sizes import format_bytes  # pylint: disable=g-import-not-at-top
   log = console.print if console is not None else print
+  budgeted = bool(embed) or device_bytes is not None
+  notes = []
+  if budgeted:
+    need = host_bytes_estimate(scale, embed, embed_dim)
+    notes.append(f"host memory needed, estimated: {format_bytes(need)}")
+    log(notes[-1])
   t0 = time.perf_counter()
   classes = classes or default_classes(scale)
   dataset = synthetic_mag(scale=scale, seed=seed, num_classes=classes)
-  log(f"graph generated in {time.perf_counter() - t0:.1f} s: {dataset!r}")
-  config = TrainConfig(model=model, hidden=hidden, heads=heads, seed=seed)
+  drawn = time.perf_counter() - t0
+  log(f"graph generated in {drawn:.1f} s: {dataset!r}")
+  if budgeted:
+    with HostGraph.from_hetero(dataset.graph):
+      built = time.perf_counter() - t0
+    names = dataset.graph.node_type_names
+    features = sum(x.nbytes for t, x in zip(names, dataset.features) if t not in embed)
+    embeddings = sum(len(x) * embed_dim * 4 for t, x in zip(names, dataset.features)
+                     if t in embed)
+    if device_bytes == "auto":
+      device_bytes = (features + embeddings) // 4
+    notes += [f"graph construction: {built:.1f} s (synthetic_mag {drawn:.1f} s, then "
+              f"HostGraph.from_hetero)",
+              f"tables: features {format_bytes(features)} + embeddings "
+              f"{format_bytes(embeddings)} ({', '.join(embed) or 'none'}, {embed_dim} wide) = "
+              f"{format_bytes(features + embeddings)}; device budget (--device-bytes) "
+              + ("none" if device_bytes is None else format_bytes(device_bytes))]
+    for n in notes[-2:]:
+      log(n)
+  config = TrainConfig(model=model, hidden=hidden, heads=heads, seed=seed, embed=tuple(embed),
+                       embed_dim=embed_dim)
   rows = _seed_rows(dataset, batch_size, warmup + batches, seed)
   per_epoch = math.ceil(len(dataset.train_papers) / batch_size)
   key = jax.random.key(seed)
-  results, notes = [], []
+  results = []
   for name in pipelines:
     label = PIPELINES[name]
+    if budgeted and name == "host-cache":
+      label = "GPU-centric + device cache in the --device-bytes budget (jaxdata)"
     r = Result(name, label)
     results.append(r)
     why = None
-    if name == "device":
+    if budgeted and name == "device":
+      why = "every row on the device, past the device budget"
+    elif embed and name in ("cpu", "pyg"):
+      why = "no learnable embeddings in this pipeline"
+    elif name == "device":
       why = _fits_on_device(dataset)
     elif name == "pyg":
       try:
@@ -358,7 +441,10 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
       continue
     try:
       with _progress(console, label, warmup + batches) as on_batch:
-        if name == "pyg":
+        if budgeted and name in ("host", "host-cache"):
+          seconds, out, extra = _trained(name, dataset, config, fanouts, batch_size, batches,
+                                         device_bytes, on_batch)
+        elif name == "pyg":
           seconds, out, extra = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed,
                                      on_batch)
         else:
@@ -376,10 +462,19 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     r.epoch_seconds = per_epoch * batch_s
     r.losses = [loss for loss, _, _ in out]
     r.loss = float(np.mean(r.losses))
-    r.edges_per_batch = float(np.mean([e for _, e, _ in out]))
+    if out[0][1] is not None:
+      r.edges_per_batch = float(np.mean([e for _, e, _ in out]))
     if out[0][2] is not None:
       r.feature_bytes = float(np.mean([b for _, _, b in out]))
-    if "ran on" in extra:  # PyG: where
+    if "state" in extra:  # the trainer's steps: what the device held
+      peak = extra["peak"]
+      notes.append(
+          f"{label}: device holds {format_bytes(extra['state'])} of parameters and Adam state"
+          f" + {format_bytes(extra['cache'])} of feature cache ({extra['fraction']:.1%} of "
+          f"each feature table's rows); peak device memory so far in this run "
+          + ("n/a (no memory stats on this backend)" if peak is None else format_bytes(peak))
+          + f"; epoch of {batches} batches timed after one compiling epoch")
+    elif "ran on" in extra:  # PyG: where
       notes.append(f"{label}: ran on {extra['ran on']}")
     elif extra:  # CPU-centric: what each batch moves
       notes.append(
@@ -391,7 +486,7 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
         f"loss {r.loss:.4f}")
   link = None
   host = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
-  if host is not None:
+  if host is not None and host.feature_bytes is not None:
     copy = copy_bytes or (COPY_BYTES if jax.default_backend() == "gpu" else CPU_COPY_BYTES)
     link = LinkBound(host.feature_bytes, memcpy_gbps(copy), copy)
     log(f"link bound: {link.feature_bytes / 2**20:.1f} MiB of features per batch at "
@@ -444,7 +539,7 @@ def table_rows(results: list[Result], link: LinkBound | None
       rows.append([r.label, r.note or "not run", "", "", "", "", ""])
       continue
     rows.append([r.label, f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
-                 f"{r.epoch_seconds:.2f}", _ratio(r, gpu), f"{r.edges_per_batch:,.0f}",
+                 f"{r.epoch_seconds:.2f}", _ratio(r, gpu), "" if r.edges_per_batch is None else f"{r.edges_per_batch:,.0f}",
                  f"{r.loss:.4f}"])
   if link is not None and gpu is not None:
     rows.append(["link bound (features / pinned memcpy)", f"{link.batch_ms:.2f}", "", "",
@@ -585,8 +680,23 @@ def add_arguments(parser) -> None:
                       help="seed of graph, batches, keys and init")
   parser.add_argument("--quick", action="store_true",
                       help="a small graph and few batches (flags given still apply)")
+  parser.add_argument("--embed", type=command.listing(str), default=[],
+                      help="node types given learnable embeddings instead of features (e.g. "
+                           "author,institution,field_of_study): host and host-cache then run "
+                           "the trainer's steps, tables trained in host memory")
+  parser.add_argument("--embed-dim", type=command.positive_int, default=64,
+                      help="--embed: the embeddings' width")
+  parser.add_argument("--device-bytes", type=_budget, default=None,
+                      help="auto (a quarter of the features and embeddings) or a size such as "
+                           "8GiB: the device holds at most this many bytes of parameters, "
+                           "optimizer state and cached rows (host-cache's cache gets the rest)")
   parser.add_argument("--out", metavar="PATH.md", type=command.output_path,
                       help="write the Markdown table here (e.g. docs/benchmarks/hetero.md)")
+
+
+def _budget(text: str) -> int | str:
+  """--device-bytes: "auto" or a size."""
+  return "auto" if text == "auto" else command.size(text)
 
 
 def main(args) -> int:
@@ -598,12 +708,18 @@ def main(args) -> int:
   if args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
                              f"{args.heads}")
+  from jaxdata.data.mag import NODE_TYPES  # pylint: disable=g-import-not-at-top
+  bad = [t for t in args.embed if t not in NODE_TYPES[1:]]
+  if bad:
+    raise command.UsageError(f"argument --embed: {', '.join(bad)}: choose from "
+                             f"{','.join(NODE_TYPES[1:])}")
   size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
   console = command.console(width=160)
   results, link, notes, dataset = run(
       **size, model=args.model, fanouts=args.fanouts, batch_size=args.batch_size,
       pipelines=args.pipelines, classes=args.classes, hidden=args.hidden, heads=args.heads,
-      seed=args.seed, console=console)
+      seed=args.seed, console=console, embed=tuple(args.embed), embed_dim=args.embed_dim,
+      device_bytes=args.device_bytes)
   common.print_table(console, f"mini-batch {args.model.upper()}: four pipelines",
                      *table_rows(results, link), notes, left=("pipeline",))
   if args.out:

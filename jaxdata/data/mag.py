@@ -19,7 +19,9 @@ the order of `NODE_TYPES`; relation r goes from type `relation_types[r][0]` to
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 
 import numpy as np
 
@@ -52,6 +54,11 @@ HOMOPHILY = 0.8
 NUM_CLASSES = 349
 #: Which end of each relation is drawn first (the other follows its class).
 _DRAW_ORDER = {"writes": "dst", "cites": "src", "has_topic": "src", "affiliated_with": "src"}
+#: Edges per drawing chunk and feature rows per chunk: each chunk draws with its own generator
+#: (spawned from the seed by chunk index), so the result depends on the seed, not on the
+#: number of threads that draw the chunks.
+EDGE_CHUNK = 1 << 19
+FEATURE_CHUNK = 1 << 15
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -94,12 +101,14 @@ class MagDataset:
 
 def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_CLASSES,
                   homophily: float = HOMOPHILY, add_inverse: bool = True,
-                  split: tuple[float, float, float] = (0.85, 0.09, 0.06)) -> MagDataset:
+                  split: tuple[float, float, float] = (0.85, 0.09, 0.06),
+                  threads: int | None = None) -> MagDataset:
   """An ogbn-mag-shaped graph with `scale` times its node and edge counts.
 
-  How it is drawn (vectorised NumPy, sorting and grouping in native threads; scale 1 takes 9 s
-  on 2 busy cores, most of it drawing the 42 million edges with NumPy's single-threaded random
-  generator and searches, which also bound larger scales):
+  How it is drawn (vectorised NumPy on a thread pool, chunk by chunk, each chunk with its own
+  generator so that the result does not depend on the thread count; sorting and grouping in
+  native threads; scale 1 takes 7 s on 2 busy cores; see .ci/probe_mag_scale.py for larger
+  scales):
 
   - Every node of every type gets a class (equally many per class, in random order) and a rank
     (a random permutation). A paper's label is its class: the "subject" of the fields of study
@@ -123,6 +132,8 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
     homophily: the share of edges drawn inside a class, in [0, 1].
     add_inverse: add the reverse of every relation ("rev_<name>"), as models on ogbn-mag do.
     split: the shares of papers in the train, validation and test sets (random, disjoint).
+    threads: threads that draw (default: every core this process may use). The result does
+      not depend on it.
   """
   if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
     raise ValueError(f"synthetic_mag: scale must be a positive number, got {scale!r}")
@@ -138,56 +149,84 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
   offsets = np.cumsum([0] + [counts[t] for t in NODE_TYPES])
   offset = dict(zip(NODE_TYPES, offsets[:-1].tolist()))
   node_seed, edge_seed, feature_seed, split_seed = np.random.SeedSequence(seed).spawn(4)
+  threads = _threads(threads)
 
-  rng = np.random.default_rng(node_seed)
-  classes = {t: _classes(counts[t], num_classes, rng) for t in NODE_TYPES}
-  ranks = {t: rng.permutation(counts[t]) for t in NODE_TYPES}
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    # Node types in parallel (NumPy's generators and sorts release the GIL), then each
+    # relation's two ends' samplers, then every chunk of every relation's edges.
+    drawn = dict(zip(NODE_TYPES, pool.map(
+        lambda t, ss: _nodes(counts[t], num_classes, np.random.default_rng(ss)),
+        NODE_TYPES, node_seed.spawn(len(NODE_TYPES)))))
+    classes = {t: c for t, (c, _) in drawn.items()}
+    ends = {(t, exp) for (s, name, d) in RELATIONS
+            for t, exp in zip((s, d), EXPONENTS[name])}
+    samplers = dict(zip(ends, pool.map(
+        lambda end: _Sampler(drawn[end[0]][1], end[1], classes[end[0]], num_classes), ends)))
+    drawn.clear()  # the ranks: the samplers have what they need
+    pieces = []  # per relation: local (src, dst) int32, filled chunk by chunk
+    jobs = []
+    for ss, (src_type, name, dst_type) in zip(edge_seed.spawn(len(RELATIONS)), RELATIONS):
+      num_edges = int(round(NUM_EDGES[name] * scale))
+      src, dst = np.empty(num_edges, np.int32), np.empty(num_edges, np.int32)
+      pieces.append((src, dst))
+      src_end, dst_end = (samplers[t, e] for t, e in zip((src_type, dst_type), EXPONENTS[name]))
+      if _DRAW_ORDER[name] == "src":
+        first, second, first_classes = (src_end, src), (dst_end, dst), classes[src_type]
+      else:
+        first, second, first_classes = (dst_end, dst), (src_end, src), classes[dst_type]
+      starts = range(0, num_edges, EDGE_CHUNK)
+      for start, chunk_seed in zip(starts, ss.spawn(len(starts))):
+        jobs.append(pool.submit(_draw_edges, first, second, first_classes, homophily,
+                                slice(start, min(start + EDGE_CHUNK, num_edges)), chunk_seed))
+    for job in jobs:
+      job.result()
+    del jobs, samplers
 
-  blocks = []  # (src, dst) global ids of each relation, sorted by (dst, src)
-  for rng, (src_type, name, dst_type) in zip(
-      map(np.random.default_rng, edge_seed.spawn(len(RELATIONS))), RELATIONS):
-    num_edges = int(round(NUM_EDGES[name] * scale))
-    src_exp, dst_exp = EXPONENTS[name]
-    src_end = _Sampler(ranks[src_type], src_exp, classes[src_type], num_classes)
-    dst_end = _Sampler(ranks[dst_type], dst_exp, classes[dst_type], num_classes)
-    if _DRAW_ORDER[name] == "src":
-      src = src_end.draw(num_edges, rng)
-      dst = dst_end.draw_like(classes[src_type][src], homophily, rng)
-    else:
-      dst = dst_end.draw(num_edges, rng)
-      src = src_end.draw_like(classes[dst_type][dst], homophily, rng)
-    blocks.append(_sorted_pairs(src, dst, counts[src_type], offset[src_type], offset[dst_type]))
-  if add_inverse:
-    # The reverse of (s -> d) is (d -> s), sorted by (s, d).
-    blocks += [_sorted_pairs(d - offset[d_type], s - offset[s_type], counts[d_type],
-                             offset[d_type], offset[s_type])
-               for (s, d), (s_type, _, d_type) in zip(blocks, RELATIONS)]
-  relation_names = [name for _, name, _ in RELATIONS]
-  relation_names += [f"rev_{name}" for name in relation_names] if add_inverse else []
-  relation_types = RELATIONS + (tuple((d, f"rev_{n}", s) for s, n, d in RELATIONS)
-                                if add_inverse else ())
-  # Each block is sorted by (dst, src), so relation after relation they are sorted by
-  # (etype, dst, src): built directly (the constructor checks the order), into arrays the
-  # graph takes over instead of copying.
-  total = sum(len(s) for s, _ in blocks)
-  src, dst, etype = (np.empty(total, np.int32) for _ in range(3))
-  start = 0
-  for r, (s, d) in enumerate(blocks):
-    src[start:start + len(s)], dst[start:start + len(s)], etype[start:start + len(s)] = s, d, r
-    start += len(s)
-  del blocks
+    # Features, chunk by chunk of rows (each chunk its own generator), while the edges sort.
+    features = []
+    feature_jobs = []
+    for t, ss in zip(NODE_TYPES, feature_seed.spawn(len(NODE_TYPES))):
+      centroid_seed, row_seed = ss.spawn(2)
+      rng = np.random.default_rng(centroid_seed)
+      centroids = rng.standard_normal((num_classes, FEATURE_DIMS[t]))
+      centroids *= FEATURE_SIGNAL[t] / np.linalg.norm(centroids, axis=1, keepdims=True)
+      x = np.empty((counts[t], FEATURE_DIMS[t]), np.float32)
+      starts = range(0, counts[t], FEATURE_CHUNK)
+      for start, chunk_seed in zip(starts, row_seed.spawn(len(starts))):
+        feature_jobs.append(pool.submit(
+            _draw_features, x, centroids.astype(np.float32), classes[t],
+            slice(start, min(start + FEATURE_CHUNK, counts[t])), chunk_seed))
+      features.append(x)
+
+    # Each relation sorted by (dst, src), forward and reverse (native radix sorts; they use
+    # their own threads, so relation after relation).
+    blocks = [_sorted_pairs(s, d, counts[s_type], offset[s_type], offset[d_type])
+              for (s, d), (s_type, _, d_type) in zip(pieces, RELATIONS)]
+    if add_inverse:
+      # The reverse of (s -> d) is (d -> s), sorted by (s, d).
+      blocks += [_sorted_pairs(d, s, counts[d_type], offset[d_type], offset[s_type])
+                 for (s, d), (s_type, _, d_type) in zip(pieces, RELATIONS)]
+    del pieces
+    relation_names = [name for _, name, _ in RELATIONS]
+    relation_names += [f"rev_{name}" for name in relation_names] if add_inverse else []
+    relation_types = RELATIONS + (tuple((d, f"rev_{n}", s) for s, n, d in RELATIONS)
+                                  if add_inverse else ())
+    # Each block is sorted by (dst, src), so relation after relation they are sorted by
+    # (etype, dst, src): built directly (the constructor checks the order), into arrays the
+    # graph takes over instead of copying; the blocks are copied in parallel.
+    total = sum(len(s) for s, _ in blocks)
+    src, dst, etype = (np.empty(total, np.int32) for _ in range(3))
+    bounds = np.cumsum([0] + [len(s) for s, _ in blocks])
+
+    def place(r: int):
+      a, b = bounds[r], bounds[r + 1]
+      src[a:b], dst[a:b], etype[a:b] = blocks[r][0], blocks[r][1], r
+    list(pool.map(place, range(len(blocks))))
+    blocks.clear()
+    for job in feature_jobs:
+      job.result()
   graph = HeteroGraph(int(offsets[-1]), _Owned(src), _Owned(dst), _Owned(etype), relation_names,
                       NODE_TYPES, offsets, relation_types)
-
-  features = []
-  for t, rng in zip(NODE_TYPES, map(np.random.default_rng, feature_seed.spawn(len(NODE_TYPES)))):
-    centroids = rng.standard_normal((num_classes, FEATURE_DIMS[t]))
-    centroids *= FEATURE_SIGNAL[t] / np.linalg.norm(centroids, axis=1, keepdims=True)
-    x = rng.standard_normal((counts[t], FEATURE_DIMS[t]), dtype=np.float32)
-    centroids = centroids.astype(np.float32)
-    for row in range(0, counts[t], 1 << 18):  # in slices: no temporary as large as x
-      x[row:row + (1 << 18)] += centroids[classes[t][row:row + (1 << 18)]]
-    features.append(x)
 
   order = np.random.default_rng(split_seed).permutation(counts["paper"])
   sizes = [int(round(share * counts["paper"])) for share in split]
@@ -212,9 +251,46 @@ def _sorted_pairs(src: np.ndarray, dst: np.ndarray, num_src: int, src_offset: in
   return src, dst
 
 
-def _classes(num_nodes: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:
-  """int64[num_nodes]: class ids, as equally many per class as can be, in random order."""
-  return rng.permutation(np.arange(num_nodes) % num_classes)
+def _threads(threads: int | None) -> int:
+  """The drawing threads: `threads`, or every core this process may use."""
+  if threads is None:
+    try:
+      return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+      return os.cpu_count() or 1
+  if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+    raise ValueError(f"synthetic_mag: threads must be a positive int or None, got {threads!r}")
+  return int(threads)
+
+
+def _nodes(num_nodes: int, num_classes: int, rng: np.random.Generator
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """(classes, ranks) of one node type: class ids, as equally many per class as can be, in
+  random order (int32), and a random permutation of popularity ranks."""
+  classes = (np.arange(num_nodes) % num_classes).astype(np.int32)
+  rng.shuffle(classes)
+  return classes, rng.permutation(num_nodes)
+
+
+def _draw_edges(first: tuple[_Sampler, np.ndarray], second: tuple[_Sampler, np.ndarray],
+                first_classes: np.ndarray, homophily: float, part: slice,
+                seed: np.random.SeedSequence) -> None:
+  """One chunk of a relation's edges, `part` of its local (first end, second end) arrays: the
+  first end by popularity, the second inside the first's class with probability `homophily`."""
+  rng = np.random.default_rng(seed)
+  (first_end, first_out), (second_end, second_out) = first, second
+  # In ascending order: which node pairs with which does not depend on the order (each second
+  # end depends on its first end's class only, or on nothing), and edges are sorted later.
+  nodes = first_end.draw(part.stop - part.start, rng, shuffle=False)
+  first_out[part] = nodes
+  second_out[part] = second_end.draw_like(first_classes[nodes], homophily, rng)
+
+
+def _draw_features(x: np.ndarray, centroids: np.ndarray, classes: np.ndarray, part: slice,
+                   seed: np.random.SeedSequence) -> None:
+  """Rows `part` of a feature table: standard normal noise plus their class's centroid."""
+  np.random.default_rng(seed).standard_normal(out=x[part], dtype=np.float32)
+  x[part] += centroids[classes[part]]
 
 
 class _Sampler:
@@ -229,10 +305,12 @@ class _Sampler:
                num_classes: int):
     popularity = (ranks + 1.0) ** -exponent
     self.cumulative = np.cumsum(popularity)
-    self.by_class = np.argsort(classes, kind="stable")
+    # nodes sorted by class, ascending inside a class (a stable counting sort, native)
+    self.by_class = graph_build.group_by(classes, num_classes, threads=1)[1]
     sizes = np.bincount(classes, minlength=num_classes)
     self.ends = np.cumsum(sizes)
     self.empty = sizes == 0
+    self.num_classes = num_classes
     sorted_classes = classes[self.by_class]
     mass = np.bincount(classes, weights=popularity, minlength=num_classes)
     before = np.concatenate([[0.0], np.cumsum(mass)[:-1]])
@@ -240,15 +318,19 @@ class _Sampler:
     self.cdf = sorted_classes + within / mass[sorted_classes]
     self.cdf[self.ends[~self.empty] - 1] = np.flatnonzero(~self.empty) + 1.0  # exact ends
 
-  def draw(self, size: int, rng: np.random.Generator) -> np.ndarray:
-    """int64[size] nodes drawn by popularity from all nodes.
+  def draw(self, size: int, rng: np.random.Generator, shuffle: bool = True) -> np.ndarray:
+    """int64[size] nodes drawn by popularity from all nodes, in random order (`shuffle`) or
+    ascending.
 
     Searching sorted uniforms, then shuffling, walks the table in order (fast on large tables).
     """
-    keys = np.sort(rng.random(size)) * self.cumulative[-1]
-    nodes = np.minimum(np.searchsorted(self.cumulative, keys, side="right"),
-                       len(self.cumulative) - 1)
-    rng.shuffle(nodes)
+    keys = rng.random(size)
+    keys.sort()
+    keys *= self.cumulative[-1]
+    nodes = np.searchsorted(self.cumulative, keys, side="right")
+    np.minimum(nodes, len(self.cumulative) - 1, out=nodes)
+    if shuffle:
+      rng.shuffle(nodes)
     return nodes
 
   def draw_like(self, classes: np.ndarray, homophily: float,
@@ -260,11 +342,10 @@ class _Sampler:
     inside = (rng.random(len(classes)) < homophily) & ~self.empty[classes]
     nodes = np.empty(len(classes), np.int64)
     inside_classes = classes[inside]
-    keys = inside_classes + rng.random(int(inside.sum()))
+    keys = inside_classes + rng.random(len(inside_classes))
     # Searching keys class by class keeps each search inside one class's stretch of the table
-    # (cache-friendly); the result does not depend on the order. A parallel counting sort by
-    # class, not a full sort of the keys.
-    order = graph_build.group_by(inside_classes, len(self.empty))[1]
+    # (cache-friendly); the result does not depend on the order. A counting sort by class.
+    order = graph_build.group_by(inside_classes, self.num_classes, threads=1)[1]
     found = np.searchsorted(self.cdf, keys[order], side="right")
     np.minimum(found, self.ends[inside_classes[order]] - 1, out=found)  # c + u may round up
     picked = np.empty_like(found)

@@ -157,6 +157,21 @@ def type_caches(graph: HostGraph, tables: Sequence[HostTable | None],
           for t, table in enumerate(tables)]
 
 
+def budget_fraction(tables: Sequence[HostTable | None], budget: int) -> float:
+  """The largest share of every table's rows whose `type_caches` fit in `budget` bytes: a
+  cache of table t holds ``fraction * rows_t`` rows plus an int32 slot per table row. 0.0 when
+  not even the slots fit (no cache), at most 1.0. Tables that are None are not cached."""
+  tables = [t for t in tables if t is not None and t.shape[0]]
+  slots = sum(4 * t.shape[0] for t in tables)
+  rows = sum(t.shape[0] * int(np.prod(t.shape[1:])) * np.dtype(t.dtype).itemsize for t in tables)
+  if budget <= slots or not rows:
+    return 0.0
+  # capacity rounds to the nearest row (DeviceCache.from_counts): stay a row below per table
+  spare = budget - slots - sum(int(np.prod(t.shape[1:])) * np.dtype(t.dtype).itemsize
+                               for t in tables)
+  return float(min(1.0, max(0.0, spare / rows)))
+
+
 def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:
   """int32: the node type of each slot's node (-1 for unused slots, negative ids)."""
   bounds = jnp.asarray(np.asarray(type_offsets[1:-1], np.int32))

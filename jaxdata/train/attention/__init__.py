@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -75,13 +75,31 @@ class _Classifier(nnx.Module):
   ogbn-mag gives features to papers only; its authors, institutions and fields of study are
   featureless, and models learn an embedding per node (`TrainConfig.embed`). Type t's embedding
   is ``tables[embedded.index(t)].embedding``, ``[N_t, embed_dim]``: a dense parameter in
-  full-graph training; mini-batch training keeps it in a host table and trains it sparsely.
+  full-graph training; mini-batch training keeps it in a host table and trains it sparsely
+  (the model is then built without tables, `build_model(..., tables=False)`, and gets them back
+  as host arrays at the end, `set_tables`).
   """
 
   def _init_tables(self, rows: Sequence[int], embedded: Sequence[int], dim: int,
-                   rngs: nnx.Rngs):
+                   rngs: nnx.Rngs, tables: bool = True):
     self.embedded = tuple(embedded)
-    self.tables = nnx.List([nnx.Embed(rows[t], dim, rngs=rngs) for t in self.embedded])
+    if tables:
+      self.tables = nnx.List([nnx.Embed(rows[t], dim, rngs=rngs) for t in self.embedded])
+    else:  # draw the tables' keys all the same: the other parameters are those of a full model
+      for _ in self.embedded:
+        rngs.params()
+      self.tables = nnx.List([])
+
+  def set_tables(self, arrays: Sequence[Any]):
+    """Gives the model its embedding tables, one [N_t, embed_dim] array per embedded type (in
+    `embedded` order), kept as they are: NumPy arrays stay in host memory until a full-graph
+    call moves them."""
+    if len(arrays) != len(self.embedded):
+      raise ValueError(f"set_tables: {len(arrays)} arrays for {len(self.embedded)} embedded "
+                       f"types")
+    self.tables = nnx.List([
+        nnx.Embed(*np.shape(x), embedding_init=lambda *_, x=x: x, rngs=nnx.Rngs(0))
+        for x in arrays])
 
   def inputs(self, xs: Sequence[jax.Array | None]) -> list[jax.Array]:
     """`xs` with each embedded type's features (None or anything) replaced by its embedding."""
@@ -102,8 +120,8 @@ class RGATClassifier(_Classifier):
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
                config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
-               embedded: Sequence[int] = ()):
-    self._init_tables(rows, embedded, config.embed_dim, rngs)
+               embedded: Sequence[int] = (), tables: bool = True):
+    self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
     dtype = jnp.dtype(config.dtype)
     h, heads = config.hidden, config.heads
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
@@ -136,8 +154,8 @@ class HGTClassifier(_Classifier):
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
                config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
-               embedded: Sequence[int] = ()):
-    self._init_tables(rows, embedded, config.embed_dim, rngs)
+               embedded: Sequence[int] = (), tables: bool = True):
+    self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
     dtype = jnp.dtype(config.dtype)
     common = dict(num_relations=num_relations, heads=config.heads, passes=config.passes,
                   dtype=dtype, rngs=rngs)
@@ -158,7 +176,11 @@ class HGTClassifier(_Classifier):
     return self.classify(h).astype(jnp.float32)
 
 
-def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx.Module:
+def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *,
+                tables: bool = True) -> nnx.Module:
+  """The classifier `config` names for `dataset`; `tables=False` leaves out the embedding
+  tables of `config.embed` (mini-batch training keeps them in host memory) and gives the other
+  parameters the values they have with them."""
   if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
     raise ValueError("train: papers must be node type 0 (as synthetic_mag makes them)")
   names = dataset.graph.node_type_names
@@ -175,7 +197,7 @@ def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs) -> nnx
                  for t, x in enumerate(dataset.features))
   cls = HGTClassifier if config.model == "hgt" else RGATClassifier
   return cls(widths, dataset.graph.num_relations, dataset.num_classes, config, rngs=rngs,
-             rows=tuple(len(x) for x in dataset.features), embedded=embedded)
+             rows=tuple(len(x) for x in dataset.features), embedded=embedded, tables=tables)
 
 
 def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array | None]:
@@ -317,6 +339,10 @@ def add_arguments(parser, model: str):
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="--minibatch, host pipeline: keep this fraction of each feature "
                            "table's rows (its most sampled nodes) in device memory")
+  parser.add_argument("--device-bytes", type=command.size, default=None,
+                      help="--minibatch, host pipeline: the device holds at most this many bytes "
+                           "of parameters, optimizer state and cached feature rows (e.g. 8GiB; "
+                           "the cache gets what the dense model leaves)")
   add_out_argument(parser, model)
 
 
@@ -358,13 +384,19 @@ def main(args) -> int:
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
                        passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim)
   minibatch = None
+  if args.device_bytes is not None and not args.minibatch:
+    raise command.UsageError("argument --device-bytes: only with --minibatch")
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
     options = minibatch_options(args)
     if args.cache and args.pipeline != "host":
       raise command.UsageError("argument --cache: a device cache is for --pipeline host (the "
                                "device pipeline has every row on the device)")
-    minibatch = hetero.MinibatchConfig(cache=args.cache, **options)
+    if args.device_bytes is not None and (args.cache or args.pipeline != "host"):
+      raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
+                               "(it sizes the cache)")
+    minibatch = hetero.MinibatchConfig(cache=args.cache, device_bytes=args.device_bytes,
+                                       **options)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}

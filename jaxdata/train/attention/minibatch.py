@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,20 +35,27 @@ from flax import nnx
 
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import HostGraph, HostTable, sparse
-from jaxdata.host.blocks import gather_typed, node_types, sample_blocks, type_caches
+from jaxdata.host.blocks import (budget_fraction, gather_typed, node_types, sample_blocks,
+                                 type_caches)
 from jaxdata.host.sample import DeviceGraph
 from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
+from jaxdata.sizes import format_bytes
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
+
 
 @dataclasses.dataclass(frozen=True)
 class MinibatchConfig(common.MinibatchConfig):
   """`common.MinibatchConfig` for RGAT / HGT: `batch_size` seed papers per step, "device": graph
   and features in device memory (where they fit; embedding tables stay in host memory),
   `table_optimizer` trains the embedding tables (`TrainConfig.embed`), and `cache`: with
-  "host", keep this fraction of each feature table's rows on the device."""
+  "host", keep this fraction of each feature table's rows on the device; or `device_bytes`:
+  the device holds at most this many bytes of dense parameters, their optimizer state and
+  cached feature rows (the cache gets what the dense model leaves; every other row is read
+  from host memory)."""
   batch_size: int = 1024
   cache: float = 0.0
+  device_bytes: int | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -55,35 +64,63 @@ class MinibatchConfig(common.MinibatchConfig):
     if self.cache and self.pipeline != "host":
       raise ValueError("MinibatchConfig: a device cache is for the host pipeline (the device "
                        "pipeline has every row on the device)")
+    if self.device_bytes is not None:
+      if self.pipeline != "host":
+        raise ValueError("MinibatchConfig: device_bytes is for the host pipeline (the device "
+                         "pipeline has every row on the device)")
+      if self.cache:
+        raise ValueError("MinibatchConfig: give cache or device_bytes, not both (device_bytes "
+                         "sizes the cache)")
+      if isinstance(self.device_bytes, bool) or not isinstance(
+          self.device_bytes, (int, np.integer)) or self.device_bytes < 0:
+        raise ValueError(f"MinibatchConfig: device_bytes must be a byte count >= 0, got "
+                         f"{self.device_bytes!r}")
 
 
 class HostData:
   """The dataset's graph and features where `pipeline` wants them, and the model's embedding
-  tables (`TrainConfig.embed`) in host memory; a context manager that frees the host tables."""
+  tables (`TrainConfig.embed`) in host memory; a context manager that frees the host tables.
 
-  def __init__(self, dataset: MagDataset, pipeline: str, model=None, cache: float = 0.0):
+  The embedding tables' initial values come from `embeddings` ({node type: [N_t, d] array},
+  in the model's `embedded` order) or from `model.tables`. `cache` keeps that fraction of each
+  feature table's rows (its most sampled nodes) in a device cache; `cache_bytes` sizes the
+  cache to that many bytes instead (`host.blocks.budget_fraction`; `self.cache_fraction` says
+  what it gave).
+  """
+
+  def __init__(self, dataset: MagDataset, pipeline: str, model=None, cache: float = 0.0, *,
+               embeddings: dict[int, Any] | None = None, cache_bytes: int | None = None):
     g = dataset.graph
     self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
     self.num_relations = g.num_relations
     self.host = HostGraph.from_hetero(g)
-    self.embedded = () if model is None else model.embedded
+    if embeddings is None:
+      embeddings = {} if model is None else {
+          t: np.asarray(table.embedding[...], np.float32)
+          for t, table in zip(model.embedded, model.tables)}
     # Embedded types: the model's initial embedding, trained in place by a sparse optimizer.
-    embeddings = {t: np.asarray(table.embedding[...], np.float32)
-                  for t, table in zip(self.embedded, () if model is None else model.tables)}
+    self.embedded = tuple(embeddings)
     self.tables = [HostTable(embeddings[t] if t in embeddings else
                              np.ascontiguousarray(x, np.float32))
                    for t, x in enumerate(dataset.features)]
     # "device": the step takes the device arrays as arguments (`consts`), not as constants
     # baked into the program; "host": the host objects enter the step as handles.
     self.consts = {}
+    featured = [None if t in self.embedded else x for t, x in enumerate(self.tables)]
+    if cache_bytes is not None:
+      cache = budget_fraction(featured, cache_bytes)
+    self.cache_fraction = cache
     if cache:  # the most sampled rows of each feature table (not of the embeddings: they train)
-      self.consts["caches"] = type_caches(
-          self.host, [None if t in self.embedded else x for t, x in enumerate(self.tables)],
-          self.type_offsets, cache)
+      self.consts["caches"] = type_caches(self.host, featured, self.type_offsets, cache)
     if pipeline == "device":
       self.consts = {"graph": DeviceGraph.from_host(self.host),
                      "features": [None if t in self.embedded else jnp.asarray(x)
                                   for t, x in enumerate(dataset.features)]}
+
+  @property
+  def cache_bytes(self) -> int:
+    """Device bytes of the feature caches."""
+    return sum(c.nbytes for c in self.consts.get("caches", ()) if c is not None)
 
   def where(self, consts):
     """(graph, tables) a step reads: its `consts` arguments, or the host objects (embedding
@@ -135,26 +172,80 @@ def forward(model, data: HostData, consts, seeds, fanouts, key):
 
 
 
+#: Embedding rows drawn per chunk by `initial_embeddings` (each chunk its own generator).
+EMBED_CHUNK = 1 << 16
+
+
+def initial_embeddings(rows: Sequence[int], dim: int, seed: int,
+                       threads: int | None = None) -> list[np.ndarray]:
+  """float32 [rows_i, dim] tables of N(0, 1 / dim) entries, the distribution of `nnx.Embed`'s
+  default init, drawn in host memory (NumPy, chunk by chunk on a thread pool; the values
+  depend on `seed` only): mini-batch training's embedding tables never exist on the device."""
+  seeds = np.random.SeedSequence([seed, 0x7AB1E5]).spawn(len(rows))
+  out = [np.empty((n, dim), np.float32) for n in rows]
+  scale = np.float32(1 / np.sqrt(dim))
+
+  def fill(x, part, ss):
+    np.random.default_rng(ss).standard_normal(out=x[part], dtype=np.float32)
+    x[part] *= scale
+  with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+    jobs = [pool.submit(fill, x, slice(a, a + EMBED_CHUNK), ss)
+            for x, table_seed in zip(out, seeds)
+            for a, ss in zip(range(0, len(x), EMBED_CHUNK),
+                             table_seed.spawn(-(-len(x) // EMBED_CHUNK)))]
+    for job in jobs:
+      job.result()
+  return out
+
+
+def device_bytes_of(tree) -> int:
+  """Bytes of the JAX arrays in `tree` (NumPy arrays, host memory, are not counted)."""
+  return sum(x.nbytes for x in jax.tree.leaves(tree) if isinstance(x, jax.Array))
+
+
 def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
           *, on_epoch: Callable[[dict], None] | None = None,
           on_batch: Callable[[int, int], None] | None = None,
-          final_evaluation: str = "full") -> TrainResult:
+          final_evaluation: str | None = None, validate: bool = True) -> TrainResult:
   """Trains `config.model` (RGAT or HGT) on mini-batches of training papers.
 
+  The device holds the dense parameters, their Adam state, the feature cache (if any) and each
+  step's arrays; the embedding tables (`config.embed`) exist only in host memory (initial
+  values: `initial_embeddings`) and come back into the returned model as NumPy arrays, so that
+  its checkpoint is a full-graph one. Each epoch's record says how many bytes the model and
+  optimizer state take on the device ("device_state_bytes") and the cache's ("cache_bytes").
+
   `final_evaluation`: "full" measures the final validation and test accuracy on the whole graph
-  (exact; needs the graph on the device), "minibatch" on sampled mini-batches.
+  (exact; needs the graph on the device), "minibatch" on sampled mini-batches, "none" not at
+  all; default "full", or "minibatch" under `minibatch.device_bytes`. `validate=False` skips
+  the validation accuracy after each epoch (benchmarks).
   """
-  if final_evaluation not in ("full", "minibatch"):
-    raise ValueError(f"final_evaluation must be 'full' or 'minibatch', got {final_evaluation!r}")
-  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  if final_evaluation is None:
+    final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
+  if final_evaluation not in ("full", "minibatch", "none"):
+    raise ValueError(f"final_evaluation must be 'full', 'minibatch' or 'none', got "
+                     f"{final_evaluation!r}")
+  model = build_model(dataset, config, nnx.Rngs(config.seed), tables=False)
+  embeddings = dict(zip(model.embedded, initial_embeddings(
+      [len(dataset.features[t]) for t in model.embedded], config.embed_dim, config.seed)))
   # Embedding tables train in host memory (a sparse optimizer), the rest with optax Adam.
   dense = nnx.All(nnx.Param, nnx.Not(is_table))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
+  state_bytes = device_bytes_of(nnx.state((model, optimizer)))
+  cache_bytes = None
+  if minibatch.device_bytes is not None:
+    cache_bytes = minibatch.device_bytes - state_bytes
+    if cache_bytes < 0:
+      raise ValueError(f"train: the dense model and its optimizer state need "
+                       f"{format_bytes(state_bytes)} on the device, more than device_bytes "
+                       f"{format_bytes(minibatch.device_bytes)}")
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   papers = dataset.node_range("paper")
   labels = jnp.asarray(dataset.labels)
-  with HostData(dataset, minibatch.pipeline, model, minibatch.cache) as data:
+  with HostData(dataset, minibatch.pipeline, cache=minibatch.cache, embeddings=embeddings,
+                cache_bytes=cache_bytes) as data:
+    embeddings.clear()  # the host tables hold copies
     table_states = [table_opt.init(data.tables[t]) for t in data.embedded]
 
     @nnx.jit
@@ -201,20 +292,26 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
       record = dict(epoch=epoch, **common.run_epoch(
           lambda s, k: step(model, optimizer, table_states, data.consts, s, k), rows,
           jax.random.fold_in(key, epoch), on_batch))
-      record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
+      record["device_state_bytes"] = device_bytes_of(nnx.state((model, optimizer)))
+      record["cache_bytes"] = data.cache_bytes
+      record["cache_fraction"] = data.cache_fraction
+      if validate:
+        record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
       history.append(record)
       if on_epoch is not None:
         on_epoch(record)
-    # The trained embeddings back into the model: its checkpoint is a full-graph one.
-    for table, t in zip(model.tables, data.embedded):
-      table.embedding[...] = jnp.asarray(data.tables[t].as_numpy())
-    for state in table_states:
-      sparse.close(state)
-    if final_evaluation == "full":
-      final = evaluate(model, dataset)
-    else:
+    if final_evaluation == "minibatch":
       final = {"val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
                "test_accuracy": accuracy(dataset.test_papers, test_key)}
+    # The trained embeddings back into the model, as host arrays: its checkpoint is a
+    # full-graph one.
+    model.set_tables([data.tables[t].as_numpy().copy() for t in data.embedded])
+    for state in table_states:
+      sparse.close(state)
+  if final_evaluation == "full":
+    final = evaluate(model, dataset)
+  elif final_evaluation == "none":
+    final = {}
   # With embedding tables the optimizer state is partial (their moments lived in host memory).
   return TrainResult(model, history, final, time.perf_counter() - start,
                      None if data.embedded else optimizer)
