@@ -154,7 +154,7 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
   types = graph.node_type_offsets
   if types is not None:
     types = tuple(int(t) for t in types[:-1]) + (padded,)
-  cpu = jax.devices("cpu")[0]
+  cpu = jax.local_devices(backend="cpu")[0]  # this process's own (another's cannot be read)
   parts = []
   for part in range(k):
     keep = owner == part
