@@ -214,3 +214,101 @@ def test_rgcn_on_two_processes_of_two_devices_trains_like_one_device(tmp_path):
   metas = {k: checkpoint.read_meta(tmp_path / k) for k in ("multi", "single")}
   assert metas["multi"]["metrics"]["test_accuracy"] == pytest.approx(
       metas["single"]["metrics"]["test_accuracy"], abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- attention layers
+TYPES = (0, 15, N)  # two node types for HGT
+
+
+def _on_mesh(per_device, *args):
+  """Runs `per_device(*blocks)` on two CPU devices, every arg sharded by rows, check_vma off;
+  returns its (replicated) results."""
+  mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("data",))
+  rows = NamedSharding(mesh, P("data"))
+  args = jax.device_put(args, rows)
+  return jax.jit(_shard_map(per_device, mesh=mesh, in_specs=(P("data"),) * len(args),
+                            out_specs=P(), check_vma=False))(*args)
+
+
+def test_two_rgat_layers_on_parts_over_a_mesh_equal_the_whole_graph():
+  from jaxdata.nn import RGAT
+  g = random_graph(3)
+  parts, full = partition(g, 2), hector.GraphArrays.from_graph(g)
+  rngs = nnx.Rngs(0)
+  layers = (RGAT(6, 3, num_relations=R, heads=2, self_loop=True, rngs=rngs),
+            RGAT(6, 4, num_relations=R, heads=2, concat=False, rngs=rngs))
+  graphdef, params = nnx.split(layers)
+  rng = np.random.default_rng(4)
+  x, cot = rng.normal(size=(N, 6)).astype(np.float32), rng.normal(size=(N, 4)).astype(np.float32)
+
+  def whole(params):
+    first, second = nnx.merge(graphdef, params)
+    return jnp.vdot(second(full, jax.nn.relu(first(full, jnp.asarray(x)))), cot)
+
+  want, w_grads = jax.value_and_grad(whole)(params)
+
+  def per_device(arrays, x_own, cot_own):
+    graph, start = parts.local(arrays), jax.lax.axis_index("data") * parts.rows
+    gather = lambda h: jax.lax.all_gather(h, "data", tiled=True)  # noqa: E731
+
+    def loss(params):
+      first, second = nnx.merge(graphdef, params)
+      h = jax.nn.relu(first.on_partition(graph, gather(x_own), start, parts.rows))
+      return jnp.vdot(second.on_partition(graph, gather(h), start, parts.rows), cot_own)
+    return jax.lax.psum(jax.value_and_grad(loss)(params), "data")
+
+  got, grads = _on_mesh(per_device, parts.arrays, parts.pad_rows(x), parts.pad_rows(cot))
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(w_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph():
+  """Node types (widths 6 and 4) whose ranges cross the parts' boundary; keys, queries and
+  values all-gathered."""
+  from jaxdata.nn import HGT
+  rng = np.random.default_rng(5)
+  src, dst, etype = rng.integers(0, N, E), rng.integers(0, N, E), rng.integers(0, R, E)
+  g = HeteroGraph.from_edges(src, dst, etype, num_nodes=N,
+                             relation_names=[f"r{i}" for i in range(R)],
+                             node_type_names=("a", "b"), node_type_offsets=TYPES)
+  parts, full = partition(g, 2), hector.GraphArrays.from_graph(g)
+  assert parts.node_type_offsets == (0, 15, parts.padded_nodes)
+  assert TYPES[1] < parts.rows  # both types have rows in part 0
+  rngs = nnx.Rngs(0)
+  layers = (HGT((6, 4), 8, num_relations=R, heads=2, rngs=rngs),
+            HGT((8, 8), 8, num_relations=R, heads=2, rngs=rngs))
+  graphdef, params = nnx.split(layers)
+  xs = [rng.normal(size=(TYPES[t + 1] - TYPES[t], w)).astype(np.float32)
+        for t, w in enumerate((6, 4))]
+  cot = rng.normal(size=(N, 8)).astype(np.float32)
+
+  def whole(params):
+    first, second = nnx.merge(graphdef, params)
+    return jnp.vdot(jnp.concatenate(second(full, first(full, [jnp.asarray(x) for x in xs]))),
+                    cot)
+
+  want, w_grads = jax.value_and_grad(whole)(params)
+  types = np.full(parts.padded_nodes, -1, np.int32)
+  for t in range(2):
+    types[TYPES[t]:TYPES[t + 1]] = t
+  typed = []  # type t's features on its rows of the padded node space, zeros elsewhere
+  for t, x in enumerate(xs):
+    rows = np.zeros((parts.padded_nodes, x.shape[1]), np.float32)
+    rows[TYPES[t]:TYPES[t + 1]] = x
+    typed.append(rows)
+
+  def per_device(arrays, x0, x1, types_own, cot_own):
+    graph, start = parts.local(arrays), jax.lax.axis_index("data") * parts.rows
+    gather = lambda h: jax.lax.all_gather(h, "data", tiled=True)  # noqa: E731
+
+    def loss(params):
+      first, second = nnx.merge(graphdef, params)
+      h = first.on_partition(graph, [x0, x1], types_own, start, gather)
+      return jnp.vdot(second.on_partition(graph, h, types_own, start, gather), cot_own)
+    return jax.lax.psum(jax.value_and_grad(loss)(params), "data")
+
+  got, grads = _on_mesh(per_device, parts.arrays, *typed, types, parts.pad_rows(cot))
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(w_grads)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
