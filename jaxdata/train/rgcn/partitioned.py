@@ -30,40 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxdata import distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import TrainResult
-
-try:
-  _shard_map = jax.shard_map
-except AttributeError:  # older JAX
-  from jax.experimental.shard_map import shard_map as _shard_map  # type: ignore
-
-AXIS = "data"
-
-
-def device_mesh(devices: int | None, platform: str | None = None) -> Mesh:
-  """The 1-D mesh of `devices` devices (None: all) of each process, process by process."""
-  per_process: dict[int, list] = {}
-  for d in jax.devices(platform):
-    per_process.setdefault(d.process_index, []).append(d)
-  local = per_process.get(jax.process_index(), [])
-  n = len(local) if devices is None else int(devices)
-  if n < 1 or n > len(local):
-    raise ValueError(f"rgcn: devices={devices}, but {len(local)} are visible"
-                     + (" to this process" if len(per_process) > 1 else ""))
-  return Mesh(np.array([d for p in sorted(per_process) for d in per_process[p][:n]]), (AXIS,))
-
-
-def _node_rows(parts, nodes: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
-  """A per-node array over the parts' padded node space: `values` (or True) at `nodes`."""
-  out = np.zeros(parts.padded_nodes, np.int32 if values is not None else bool)
-  out[nodes] = True if values is None else values
-  return out
-
+from jaxdata.train.full_graph import (AXIS, device_mesh, first_row, gather_rows, node_rows,
+                                      shard)
 
 def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
           ) -> TrainResult:
@@ -80,13 +54,14 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
   train_idx, train_y = dataset.train_idx, dataset.train_y
   by_rows = NamedSharding(mesh, P(AXIS))
   replicated = NamedSharding(mesh, P())
+  n = parts.padded_nodes
   host = {
       "graph": parts.arrays,
-      "labels": _node_rows(parts, train_idx, train_y),
-      "fit": _node_rows(parts, train_idx[fit]),
-      "val": _node_rows(parts, train_idx[val]),
-      "test_labels": _node_rows(parts, dataset.test_idx, dataset.test_y),
-      "test": _node_rows(parts, dataset.test_idx),
+      "labels": node_rows(n, train_idx, train_y),
+      "fit": node_rows(n, train_idx[fit]),
+      "val": node_rows(n, train_idx[val]),
+      "test_labels": node_rows(n, dataset.test_idx, dataset.test_y),
+      "test": node_rows(n, dataset.test_idx),
   }
   if dataset.features is not None:
     host["x"] = parts.pad_rows(np.asarray(dataset.features, np.float32))
@@ -95,12 +70,9 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
   num_fit, num_val = max(len(fit), 1), max(len(val), 1)
 
   def logits_of(model, consts):
-    graph = parts.local(consts["graph"])
-    start = jax.lax.axis_index(AXIS) * rows
     x = consts.get("x")
-    x = None if x is None else jax.lax.all_gather(x, AXIS, tiled=True)
-    return model.on_partition(graph, start, rows,
-                              lambda h: jax.lax.all_gather(h, AXIS, tiled=True), x)
+    return model.on_partition(parts.local(consts["graph"]), first_row(rows), rows, gather_rows,
+                              None if x is None else gather_rows(x))
 
   def correct(logits, labels, mask):
     return jnp.sum((jnp.argmax(logits, -1) == labels) & mask)
@@ -130,12 +102,8 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
     logits = logits_of(model, consts)
     return jax.lax.psum(correct(logits, consts["test_labels"], consts["test"]), AXIS)
 
-  def shard(fn, out_specs):
-    return jax.jit(_shard_map(fn, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=out_specs,
-                              check_vma=False))
-
-  step = shard(device_step, (P(), P(), P()))
-  test = shard(device_test, P())
+  step = shard(device_step, mesh, (P(), P(AXIS)), (P(), P(), P()))
+  test = shard(device_test, mesh, (P(), P(AXIS)), P())
   history = []
   start = time.perf_counter()
   for epoch in range(1, config.epochs + 1):
