@@ -140,14 +140,13 @@ def test_two_rgcn_layers_on_parts_over_a_mesh_equal_the_whole_graph(featureless,
 SYNTHETIC = {"source": "synthetic", "nodes": 300, "edges": 3000, "relations": 4, "seed": 0}
 
 
-@pytest.mark.parametrize("featureless", [False, True], ids=["features", "featureless"])
-def test_rgcn_on_two_local_devices_trains_like_one_device(featureless):
-  """Bases, the L2 term, a validation split: per-epoch losses and accuracies agree."""
+def test_featureless_rgcn_on_two_local_devices_trains_like_one_device():
+  """Per-node parameters (replicated), bases, the L2 term, a validation split: per-epoch losses
+  and accuracies agree (features: the launcher test below)."""
   import dataclasses
   from jaxdata.train import rgcn
   dataset, setup = rgcn.load_dataset(SYNTHETIC)
-  if featureless:
-    dataset = dataclasses.replace(dataset, features=None)
+  dataset = dataclasses.replace(dataset, features=None)
   config = rgcn.TrainConfig(epochs=3, hidden=8, **setup)
   one = rgcn.train(dataset, config)
   two = rgcn.train(dataset, dataclasses.replace(config, devices=2))
@@ -312,3 +311,23 @@ def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph():
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(w_grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["rgat", "hgt"])
+def test_attention_on_two_local_devices_trains_like_one_device(model):
+  """Four node types over two parts: per-epoch losses and accuracies, and the final validation
+  and test accuracy, agree with one device's."""
+  import dataclasses
+  from jaxdata.data import synthetic_mag
+  from jaxdata.train import attention
+  dataset = synthetic_mag(scale=0.0005, num_classes=4)
+  config = attention.TrainConfig(model=model, epochs=2, hidden=8, heads=2)
+  one = attention.train(dataset, config)
+  two = attention.train(dataset, dataclasses.replace(config, devices=2))
+  for a, b in zip(one.history, two.history, strict=True):
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert b["train_accuracy"] == pytest.approx(a["train_accuracy"], abs=1e-6)
+    assert b["val_accuracy"] == pytest.approx(a["val_accuracy"], abs=1e-6)
+  assert two.metrics == pytest.approx(one.metrics, abs=1e-6)
+  with pytest.raises(ValueError, match="embeddings .embed. train on one device only"):
+    attention.train(dataset, dataclasses.replace(config, devices=2, embed=("author",)))
