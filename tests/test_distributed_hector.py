@@ -74,6 +74,12 @@ def test_partition_rejects_bad_arguments():
     partition(g, 2).pad_rows(np.zeros((3, 2)))
 
 
+def _mesh(device) -> Mesh:
+  """Two devices of `device`'s platform (the `device` fixture's): tests/conftest.py gives the
+  CPU two; on a GPU machine, up to two GPUs (one GPU: one part, still through shard_map)."""
+  return Mesh(np.array(jax.devices(device.platform)[:2]), ("data",))
+
+
 def two_layers(featureless: bool, bases: bool):
   rngs = nnx.Rngs(0)
   first = RGCN(None if featureless else 6, 5, num_relations=R, num_nodes=N,
@@ -84,14 +90,12 @@ def two_layers(featureless: bool, bases: bool):
 
 @pytest.mark.parametrize("bases", [False, True], ids=["full-weights", "bases"])
 @pytest.mark.parametrize("featureless", [False, True], ids=["features", "featureless"])
-def test_two_rgcn_layers_on_parts_over_a_mesh_equal_the_whole_graph(featureless, bases):
-  """Two CPU devices (tests/conftest.py), one part each, inputs all-gathered per layer: the
-  output rows and the gradients of every parameter and of the input equal the whole graph's."""
-  devices = jax.devices("cpu")[:2]
-  assert len(devices) == 2
-  mesh = Mesh(np.array(devices), ("data",))
+def test_two_rgcn_layers_on_parts_over_a_mesh_equal_the_whole_graph(device, featureless, bases):
+  """Two devices, one part each, inputs all-gathered per layer: the output rows and the
+  gradients of every parameter and of the input equal the whole graph's."""
+  mesh = _mesh(device)
   g = random_graph(1)
-  parts = partition(g, 2)
+  parts = partition(g, mesh.devices.size)
   full = hector.GraphArrays.from_graph(g)
   rng = np.random.default_rng(2)
   x = None if featureless else rng.normal(size=(N, 6)).astype(np.float32)
@@ -219,20 +223,20 @@ def test_rgcn_on_two_processes_of_two_devices_trains_like_one_device(tmp_path):
 TYPES = (0, 15, N)  # two node types for HGT
 
 
-def _on_mesh(per_device, *args):
-  """Runs `per_device(*blocks)` on two CPU devices, every arg sharded by rows, check_vma off;
-  returns its (replicated) results."""
-  mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("data",))
+def _on_mesh(mesh, per_device, *args):
+  """Runs `per_device(*blocks)` on `mesh`, every arg sharded by rows, check_vma off; returns
+  its (replicated) results."""
   rows = NamedSharding(mesh, P("data"))
   args = jax.device_put(args, rows)
   return jax.jit(_shard_map(per_device, mesh=mesh, in_specs=(P("data"),) * len(args),
                             out_specs=P(), check_vma=False))(*args)
 
 
-def test_two_rgat_layers_on_parts_over_a_mesh_equal_the_whole_graph():
+def test_two_rgat_layers_on_parts_over_a_mesh_equal_the_whole_graph(device):
   from jaxdata.nn import RGAT
+  mesh = _mesh(device)
   g = random_graph(3)
-  parts, full = partition(g, 2), hector.GraphArrays.from_graph(g)
+  parts, full = partition(g, mesh.devices.size), hector.GraphArrays.from_graph(g)
   rngs = nnx.Rngs(0)
   layers = (RGAT(6, 3, num_relations=R, heads=2, self_loop=True, rngs=rngs),
             RGAT(6, 4, num_relations=R, heads=2, concat=False, rngs=rngs))
@@ -256,13 +260,13 @@ def test_two_rgat_layers_on_parts_over_a_mesh_equal_the_whole_graph():
       return jnp.vdot(second.on_partition(graph, gather(h), start, parts.rows), cot_own)
     return jax.lax.psum(jax.value_and_grad(loss)(params), "data")
 
-  got, grads = _on_mesh(per_device, parts.arrays, parts.pad_rows(x), parts.pad_rows(cot))
+  got, grads = _on_mesh(mesh, per_device, parts.arrays, parts.pad_rows(x), parts.pad_rows(cot))
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(w_grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
-def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph():
+def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph(device):
   """Node types (widths 6 and 4) whose ranges cross the parts' boundary; keys, queries and
   values all-gathered."""
   from jaxdata.nn import HGT
@@ -271,7 +275,8 @@ def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph():
   g = HeteroGraph.from_edges(src, dst, etype, num_nodes=N,
                              relation_names=[f"r{i}" for i in range(R)],
                              node_type_names=("a", "b"), node_type_offsets=TYPES)
-  parts, full = partition(g, 2), hector.GraphArrays.from_graph(g)
+  mesh = _mesh(device)
+  parts, full = partition(g, mesh.devices.size), hector.GraphArrays.from_graph(g)
   assert parts.node_type_offsets == (0, 15, parts.padded_nodes)
   assert TYPES[1] < parts.rows  # both types have rows in part 0
   rngs = nnx.Rngs(0)
@@ -307,7 +312,7 @@ def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph():
       return jnp.vdot(second.on_partition(graph, h, types_own, start, gather), cot_own)
     return jax.lax.psum(jax.value_and_grad(loss)(params), "data")
 
-  got, grads = _on_mesh(per_device, parts.arrays, *typed, types, parts.pad_rows(cot))
+  got, grads = _on_mesh(mesh, per_device, parts.arrays, *typed, types, parts.pad_rows(cot))
   np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(w_grads)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
