@@ -35,9 +35,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxdata import distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
-from jaxdata.train.common import TrainResult
-from jaxdata.train.full_graph import (AXIS, device_mesh, first_row, gather_rows, node_rows,
-                                      shard)
+from jaxdata.train.common import MESH_AXIS as AXIS
+from jaxdata.train.common import (TrainResult, device_mesh, first_row, gather_rows, node_rows,
+                                  shard_full_graph as shard)
 
 def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
           ) -> TrainResult:
