@@ -19,11 +19,14 @@ custom VJP:
 `rgat_layer` is relational graph attention (per-head scores, edge softmax), `hgt_layer` HGT's
 attention and messages (per-head relation matrices); every optimizing pass (`PASSES`:
 linear-operator reordering, compact materialization) can be switched off with ``passes=``.
+`partition` splits a graph by destination ranges into equal-shaped parts, one per device, for
+full-graph training over several devices (`jaxdata.hector.partition`).
 """
 from jaxdata.hector.compiler import CompileError, CompilerNotFoundError, cache_dir
 from jaxdata.hector.frontend import NODE, RELATION_VECTOR, RELATION_WEIGHT, layer
 from jaxdata.hector.compiled import Layer, Plan
 from jaxdata.hector.hgt import hgt_layer, hgt_message
+from jaxdata.hector.partition import Partitions, partition
 from jaxdata.hector.passes import PASSES
 from jaxdata.hector.rgat import rgat_layer, rgat_message
 from jaxdata.hector.rgcn import rgcn_featureless_layer, rgcn_layer, rgcn_message
@@ -31,6 +34,6 @@ from jaxdata.hector.runtime import GraphArrays
 
 __all__ = [
     "NODE", "RELATION_WEIGHT", "RELATION_VECTOR", "PASSES", "layer", "Layer", "Plan",
-    "GraphArrays", "rgcn_message", "rgcn_layer", "rgcn_featureless_layer", "rgat_message",
+    "GraphArrays", "Partitions", "partition", "rgcn_message", "rgcn_layer", "rgcn_featureless_layer", "rgat_message",
     "rgat_layer", "hgt_message", "hgt_layer", "CompileError", "CompilerNotFoundError", "cache_dir",
 ]

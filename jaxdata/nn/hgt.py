@@ -138,6 +138,37 @@ class HGT(nnx.Module):
     h = jax.nn.gelu(agg[:rows], approximate=False)
     return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(xs)], rows)
 
+  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
+                   types: jax.Array, start, gather) -> jax.Array:
+    """This layer's rows ``start:start + rows`` on the whole graph, computed on a destination
+    part (`jaxdata.hector.partition`) that holds every in-edge of those rows.
+
+    `xs` are the owned rows' inputs only, as `on_slots` takes them (one ``[rows, d_t]`` array
+    per type, or one for every type), `types` their node types (``[rows]``, -1 for padding
+    rows). The keys, queries and values of the owned rows are projected here and `gather` turns
+    them into every node's (``jax.lax.all_gather(kqv, axis, tiled=True)`` inside `shard_map`):
+    the gathered width is ``3 * heads * head_features``. Returns ``[rows, out_features]``.
+    """
+    if not isinstance(xs, (list, tuple)):
+      xs = [xs] * len(self.in_features)
+    if len(xs) != len(self.in_features):
+      raise ValueError(f"HGT.on_partition: {len(xs)} feature arrays for "
+                       f"{len(self.in_features)} node types")
+    rows = types.shape[0]
+    if any(x.shape[0] != rows for x in xs):
+      raise ValueError(f"HGT.on_partition: xs need {rows} rows (as types), got "
+                       f"{[x.shape[0] for x in xs]}")
+    xs = [x.astype(self.dtype) for x in xs]
+    mine = [(types == t)[:, None] for t in range(len(xs))]
+    pick = lambda ys: sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))  # noqa: E731
+    kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, xs)]))
+    if kqv.shape[0] != graph.num_nodes:
+      raise ValueError(f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, "
+                       f"got {kqv.shape[0]}")
+    agg = jax.lax.dynamic_slice_in_dim(self._message(graph, kqv), start, rows)
+    h = jax.nn.gelu(agg, approximate=False)
+    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(xs)])
+
   def _message(self, graph: GraphArrays, kqv: jax.Array) -> jax.Array:
     """The edge part (hector): every node's aggregated messages from its keys/queries/values."""
     k, q, v = jnp.split(kqv, 3, axis=-1)

@@ -68,6 +68,28 @@ class RGAT(nnx.Module):
     resolve_precision(precision, "RGAT")  # checked now; resolved per call, as jnp.dot does
     self.precision = precision
 
+  def on_partition(self, graph: GraphArrays, x: jax.Array, start, rows: int) -> jax.Array:
+    """Rows ``start:start + rows`` of this layer on the whole graph, computed on a destination
+    part (`jaxdata.hector.partition`) that holds every in-edge of those rows. `x` is every
+    node's input, ``[graph.num_nodes, in_features]`` (the parts' rows gathered; padding rows
+    anything finite); `start` may be traced, `rows` is static. Attention needs only the edges
+    into a node, so the part's softmax equals the whole graph's."""
+    if x.shape[0] != graph.num_nodes:
+      raise ValueError(f"RGAT.on_partition: x must have a row for each of the part's "
+                       f"{graph.num_nodes} nodes, got shape {x.shape}")
+    x = x.astype(self.dtype)
+    cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
+    h = rgat_message(graph, x, cast(self.weight), cast(self.a_src), cast(self.a_dst),
+                     passes=self.passes)
+    h = jax.lax.dynamic_slice_in_dim(h, start, rows)
+    if self.root is not None:
+      h = h + jax.lax.dynamic_slice_in_dim(x, start, rows) @ cast(self.root)
+    if not self.concat:
+      h = h.reshape(h.shape[0], self.heads, -1).mean(axis=1)
+    if self.bias is not None:
+      h = h + cast(self.bias)
+    return h
+
   def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731

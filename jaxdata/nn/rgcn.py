@@ -172,6 +172,55 @@ class RGCN(nnx.Module):
       h = h + self.bias[...].astype(self.dtype)
     return h
 
+  # --- a destination partition (jaxdata.hector.partition) -------------------------------------
+
+  def on_partition(self, graph: GraphArrays, x: jax.Array | None, start, rows: int) -> jax.Array:
+    """Rows ``start:start + rows`` of this layer on the whole graph, computed on a destination
+    part (`jaxdata.hector.partition`) that holds every in-edge of those rows.
+
+    Args:
+      graph: the part's graph, over the padded node space (``graph.num_nodes >= N + 1``).
+      x: every node's input, ``[graph.num_nodes, in_features]`` (the parts' outputs gathered;
+        padding rows anything finite), or None for featureless input.
+      start: the first owned row (an int, or a traced int inside `shard_map`).
+      rows: the number of owned rows (static).
+
+    Returns:
+      ``[rows, out_features]``: equal to ``self(whole_graph, x)[start:start + rows]`` for the
+      real rows. Only the owned rows get the self loop: the rest of the part's output is zero.
+    """
+    if self.featureless != (x is None):
+      raise ValueError("RGCN.on_partition: pass x exactly when the layer was built with "
+                       "in_features")
+    n = graph.num_nodes
+    w = self.relation_weights().astype(self.dtype)
+    w0 = self.self_loop_weight()
+    if x is None:
+      real = w.shape[1]
+      if real >= n:
+        raise ValueError(f"RGCN.on_partition: the part's graph has {n} nodes, fewer than the "
+                         f"layer's {real} plus a padding node")
+      # One-hot input: the padding rows' (never-read) parameters are zeros.
+      w = jnp.pad(w, ((0, 0), (0, n - real), (0, 0)))
+      h = rgcn_message(graph, None, w)
+      if w0 is not None:
+        w0 = jnp.pad(w0.astype(self.dtype), ((0, n - real), (0, 0)))
+        h_self = jax.lax.dynamic_slice_in_dim(w0, start, rows)
+    else:
+      if x.shape[0] != n:
+        raise ValueError(f"RGCN.on_partition: x must have a row for each of the part's "
+                         f"{n} nodes, got shape {x.shape}")
+      x = x.astype(self.dtype)
+      h = rgcn_message(graph, x, w)
+      if w0 is not None:
+        h_self = jax.lax.dynamic_slice_in_dim(x, start, rows) @ w0.astype(self.dtype)
+    h = jax.lax.dynamic_slice_in_dim(h, start, rows)
+    if w0 is not None:
+      h = h + h_self
+    if self.bias is not None:
+      h = h + self.bias[...].astype(self.dtype)
+    return h
+
   def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
     if self.featureless != (x is None):
       raise ValueError("RGCN: pass x exactly when the layer was built with in_features")

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata import command
+from jaxdata import command, distributed
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
@@ -40,6 +40,9 @@ from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments
                                   add_out_argument, minibatch_options, progress, say_saved)
 
 MODELS = ("rgat", "hgt")
+#: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
+#: training with the graph partitioned by destinations over every process's devices.
+MULTI_PROCESS = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,7 @@ class TrainConfig:
   passes: tuple[str, ...] | None = None  # hector's optimizing passes (None: all)
   embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
   embed_dim: int = 64      # the width of those embeddings
+  devices: int | None = 1  # per process; None: every local device (attention.partitioned)
 
   def __post_init__(self):
     if self.model not in MODELS:
@@ -67,6 +71,8 @@ class TrainConfig:
     select_passes(self.passes)  # validates the names
     if self.embed_dim < 1:
       raise ValueError(f"embed_dim must be >= 1, got {self.embed_dim}")
+    if self.devices is not None and self.devices < 1:
+      raise ValueError(f"devices must be >= 1 or None (all), got {self.devices}")
 
 
 class _Classifier(nnx.Module):
@@ -138,6 +144,18 @@ class RGATClassifier(_Classifier):
     x = jax.nn.relu(self.conv2(graph, x))
     return self.classify(x[:papers]).astype(jnp.float32)
 
+  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array], types: jax.Array,
+                   start, rows: int, gather: Callable) -> jax.Array:
+    """The same model on one destination part (`jaxdata.hector.partition`): logits for the
+    owned rows ``start:start + rows`` (every owned node, not only papers). `xs[t]` holds type
+    t's features on the owned rows (zeros elsewhere), `types` their node types (-1: padding);
+    `gather` all-gathers each device's rows (``jax.lax.all_gather(h, axis, tiled=True)``)."""
+    x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
+            for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
+    x = jax.nn.relu(self.conv1.on_partition(graph, gather(x), start, rows))
+    x = jax.nn.relu(self.conv2.on_partition(graph, gather(x), start, rows))
+    return self.classify(x).astype(jnp.float32)
+
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
     type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
@@ -167,6 +185,14 @@ class HGTClassifier(_Classifier):
     del papers  # type 0 is the paper type: its rows are the first output
     hs = self.conv2(graph, self.conv1(graph, self.inputs(xs)))
     return self.classify(hs[0]).astype(jnp.float32)
+
+  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array], types: jax.Array,
+                   start, rows: int, gather: Callable) -> jax.Array:
+    """The same model on one destination part, as `RGATClassifier.on_partition`."""
+    del rows  # the owned rows are types' rows
+    h = self.conv1.on_partition(graph, xs, types, start, gather)
+    h = self.conv2.on_partition(graph, h, types, start, gather)
+    return self.classify(h).astype(jnp.float32)
 
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers)."""
@@ -208,7 +234,15 @@ def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array |
 
 def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
           on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
-  """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies."""
+  """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies.
+
+  With more than one device in all (`config.devices` per process, times the processes of a
+  `jax.distributed` job) the graph is partitioned by destinations over them
+  (`jaxdata.train.attention.partitioned`); one device in one process runs the path below.
+  """
+  if config.devices != 1 or jax.process_count() > 1:
+    from jaxdata.train.attention import partitioned  # pylint: disable=g-import-not-at-top
+    return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
@@ -331,6 +365,11 @@ def add_arguments(parser, model: str):
                            "memory with a sparse optimizer")
   parser.add_argument("--embed-dim", type=command.positive_int, default=64,
                       help="--embed: the embeddings' width")
+  parser.add_argument("--devices", type=command.natural_int, default=1,
+                      help="full-graph training over this many local devices (0: all), the "
+                           "graph partitioned by destination nodes; with several processes the "
+                           "mesh spans every process's devices (jaxdata.train.attention."
+                           "partitioned)")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
                            "(see jaxdata.train.attention.minibatch)")
@@ -368,6 +407,13 @@ def main(args) -> int:
   # pylint: disable=g-import-not-at-top
 
   console = command.console()
+  console.quiet = not distributed.is_primary()  # one process reports for the job
+  devices = None if args.devices == 0 else args.devices
+  one_device = devices == 1 and jax.process_count() == 1
+  if not one_device and (args.minibatch or args.embed):
+    raise command.UsageError(f"argument {'--minibatch' if args.minibatch else '--embed'}: runs "
+                             "on one device of one process; --devices and several processes "
+                             "are for full-graph training with features")
   if args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
                              f"{args.heads}")
@@ -382,7 +428,8 @@ def main(args) -> int:
   passes = args.passes
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
-                       passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim)
+                       passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim,
+                       devices=devices)
   minibatch = None
   if args.device_bytes is not None and not args.minibatch:
     raise command.UsageError("argument --device-bytes: only with --minibatch")
@@ -411,7 +458,9 @@ def main(args) -> int:
                 f"{len(dataset.test_papers):,} test papers")
   console.print(f"{config.model.upper()}: hidden {config.hidden}, {config.heads} heads, "
                 f"{config.dtype}, passes {select_passes(config.passes) or 'none'}, on "
-                f"{jax.devices()[0].platform} (the first epoch compiles the kernels)"
+                f"{jax.devices()[0].platform} x "
+                f"{(len(jax.local_devices()) if devices is None else devices) * jax.process_count()}"
+                " (the first epoch compiles the kernels)"
                 + (f"; learnable {config.embed_dim}-wide embeddings for {', '.join(config.embed)}"
                    if config.embed else ""))
   with progress(console, config.model, config.epochs) as update:

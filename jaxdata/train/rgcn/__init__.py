@@ -28,7 +28,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata import command
+from jaxdata import command, distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
@@ -49,6 +49,7 @@ class TrainConfig:
   seed: int = 0
   dtype: str = "float32"   # or "bfloat16" (parameters stay float32)
   val_fraction: float = 0.0  # training nodes held out (seeded) to report validation accuracy
+  devices: int | None = 1  # per process; None: every local device (see rgcn.partitioned)
 
   def __post_init__(self):
     if self.epochs < 1 or self.hidden < 1:
@@ -57,6 +58,8 @@ class TrainConfig:
       raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+    if self.devices is not None and self.devices < 1:
+      raise ValueError(f"devices must be >= 1 or None (all), got {self.devices}")
     if self.self_loop not in ("separate", "basis"):
       raise ValueError(f"self_loop must be 'separate' or 'basis', got {self.self_loop!r}")
     if self.self_loop == "basis" and self.num_bases is None:
@@ -77,6 +80,9 @@ PAPER_SETUP = {"aifb": dict(num_bases=None, l2=0.0, val_fraction=0.0, self_loop=
 #: full weight per relation (55% test accuracy); 8 shared bases generalize (89%). A fifth of the
 #: training nodes is held out to report validation accuracy every epoch.
 SYNTHETIC_SETUP = dict(num_bases=8, l2=5e-4, val_fraction=0.2)
+#: `jaxdata train rgcn` runs as one of several processes (`jaxdata.distributed`): full-graph
+#: training with the graph partitioned by destinations over every process's devices.
+MULTI_PROCESS = True
 
 
 class EntityClassifier(nnx.Module):
@@ -94,6 +100,15 @@ class EntityClassifier(nnx.Module):
   def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
     h = jax.nn.relu(self.conv1(graph, x))
     return self.conv2(graph, h).astype(jnp.float32)
+
+  def on_partition(self, graph: GraphArrays, start, rows: int, gather: Callable,
+                   x: jax.Array | None = None) -> jax.Array:
+    """The same model on one destination part (`jaxdata.hector.partition`): logits for the
+    owned rows ``start:start + rows``. `x` holds every node's features (padded rows, or None
+    when featureless); `gather` turns each device's ``[rows, hidden]`` into every node's
+    (``jax.lax.all_gather(h, axis, tiled=True)`` inside `shard_map`)."""
+    h = jax.nn.relu(self.conv1.on_partition(graph, x, start, rows))
+    return self.conv2.on_partition(graph, gather(h), start, rows).astype(jnp.float32)
 
   def on_blocks(self, blocks, inputs: jax.Array) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `inputs` holds, for
@@ -115,7 +130,15 @@ def l2_penalty(model: EntityClassifier) -> jax.Array:
 
 def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
           on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
-  """Trains a 2-layer RGCN on `dataset`'s training nodes; returns the model and test accuracy."""
+  """Trains a 2-layer RGCN on `dataset`'s training nodes; returns the model and test accuracy.
+
+  With more than one device in all (`config.devices` per process, times the processes of a
+  `jax.distributed` job) the graph is partitioned by destinations over them
+  (`jaxdata.train.rgcn.partitioned`); one device in one process runs the path below.
+  """
+  if config.devices != 1 or jax.process_count() > 1:
+    from jaxdata.train.rgcn import partitioned  # pylint: disable=g-import-not-at-top
+    return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
@@ -280,6 +303,10 @@ def add_arguments(parser):
                       help="synthetic graph: edges")
   parser.add_argument("--relations", type=command.positive_int, default=50,
                       help="synthetic graph: relations")
+  parser.add_argument("--devices", type=command.natural_int, default=1,
+                      help="full-graph training over this many local devices (0: all), the "
+                           "graph partitioned by destination nodes; with several processes the "
+                           "mesh spans every process's devices (jaxdata.train.rgcn.partitioned)")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, the graph, features and (featureless "
                            "data) the first layer's node rows in host memory "
@@ -291,6 +318,7 @@ def add_arguments(parser):
 
 def main(args) -> int:
   console = command.console()
+  console.quiet = not distributed.is_primary()  # one process reports for the job
   if args.self_loop == "basis" and args.bases == 0:
     raise command.UsageError("argument --self-loop: 'basis' combines W_0 from the bases; it "
                              "needs --bases of at least 1")
@@ -314,6 +342,11 @@ def main(args) -> int:
                                "needs --bases of at least 1")
     self_loop = "separate"  # no bases: the paper's identity relation has a full weight, W_0
   minibatch = None
+  devices = None if args.devices == 0 else args.devices
+  if args.minibatch and (devices != 1 or jax.process_count() > 1):
+    raise command.UsageError("argument --minibatch: mini-batch training runs on one device of "
+                             "one process; --devices and several processes are for full-graph "
+                             "training")
   if args.minibatch:
     from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
     minibatch = sampled.MinibatchConfig(**minibatch_options(args))
@@ -322,14 +355,16 @@ def main(args) -> int:
   if val_fraction >= 1:
     raise command.UsageError("argument --val-fraction: must be below 1 (some nodes must train)")
   g = dataset.graph
+  mesh_size = (len(jax.local_devices()) if devices is None else devices) * jax.process_count()
   console.print(f"[bold]{dataset.name}[/]: {g.num_nodes:,} nodes, {g.num_edges:,} edges, "
                 f"{g.num_relations} relations, {dataset.num_classes} classes, "
                 f"{len(dataset.train_idx)} train / {len(dataset.test_idx)} test, "
                 + ("featureless" if dataset.features is None else
-                   f"{dataset.features.shape[1]} features in a HostTable")
+                   f"{dataset.features.shape[1]} features "
+                   + ("in a HostTable" if mesh_size == 1 else "sharded by rows"))
                 + f" | bases={num_bases} l2={l2:g} self-loop={self_loop} "
                 f"bias={'yes' if bias else 'no'} val={val_fraction:g} "
-                f"on {jax.devices()[0].platform}")
+                f"on {jax.devices()[0].platform} x {mesh_size}")
   if minibatch is not None:
     console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} nodes per "
                   f"step, graph in {minibatch.pipeline} memory"
@@ -339,7 +374,7 @@ def main(args) -> int:
   for seed in range(args.seed, args.seed + args.seeds):
     config = TrainConfig(epochs=args.epochs, hidden=args.hidden, num_bases=num_bases, l2=l2,
                          self_loop=self_loop, bias=bias, learning_rate=args.lr, seed=seed,
-                         dtype=args.dtype, val_fraction=val_fraction)
+                         dtype=args.dtype, val_fraction=val_fraction, devices=devices)
     with progress(console, f"seed {seed}", config.epochs, transient=args.seeds > 1) as update:
 
       def on_epoch(r):
