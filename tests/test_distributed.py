@@ -310,15 +310,14 @@ def test_sparse_update_copies_must_divide_the_axis_and_need_it():
   import numpy as np
   from jax.sharding import Mesh, PartitionSpec as P
   from jaxdata.host import HostTable, sparse
-  from jaxdata.train.sage import _shard_map
+  from jaxdata.train.common import sharded_jit
   sgd = sparse.sparse_sgd(1.0)
   mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
   with HostTable(np.zeros((4, 2), np.float32)) as table:
     def update(copies):
-      return jax.jit(_shard_map(
+      return sharded_jit(
           lambda i, g: sgd.update(table, (), i, g, axis_name="data", copies=copies)[None],
-          mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data")))(
-              jnp.arange(4), jnp.ones((4, 2)))
+          mesh, (P("data"), P("data")), P("data"))(jnp.arange(4), jnp.ones((4, 2)))
     with pytest.raises(ValueError, match="has 2 devices, not a multiple of copies=3"):
       update(3)
     with pytest.raises(ValueError, match="copies must be a positive int, got 0"):

@@ -97,6 +97,23 @@ def test_data_parallel_over_two_devices(device, small_dataset):
   assert two.test_accuracy > 1 / small_dataset.num_classes + 0.25
 
 
+def test_two_devices_average_the_gradient_over_the_global_batch_once(device):
+  """With fanouts above every in-degree the samples are whole neighbourhoods, whatever the key,
+  so one device and two devices with the same global batch must take the same first step:
+  Adam's first moment after one step is (1 - b1) * gradient, the gradient's scale included
+  (Adam's update itself hides a constant scale: GraphSAGE summed its gradients K times over
+  until session 12 and every loss test passed)."""
+  if len(jax.devices(device.platform)) < 2:
+    pytest.skip("needs two devices of the platform")
+  ds = powerlaw_graph(num_nodes=300, num_edges=1200, feature_dim=8, num_classes=3, seed=5)
+  top = int(np.diff(np.asarray(ds.indptr)).max())
+  cfg = dict(fanouts=(top, top), epochs=1, max_batches=1, evaluate=False, hidden=8)
+  one = train(ds, _config(device, devices=1, batch_size=64, **cfg))
+  two = train(ds, _config(device, devices=2, batch_size=32, **cfg))
+  for a, b in zip(jax.tree.leaves(one.optimizer), jax.tree.leaves(two.optimizer)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+
+
 def test_dedup_and_cached_gathers_equal_plain(device, small_dataset):
   x = small_dataset.features
   with HostGraph(small_dataset.indptr, small_dataset.indices, features=x) as g:

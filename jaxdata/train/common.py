@@ -221,9 +221,11 @@ def say_saved(console, path: str) -> None:
 # partitioned) share to run over a mesh of devices and processes: the graph split by destination
 # nodes (jaxdata.hector.partition) over a 1-D mesh. `device_mesh` builds it (K devices of each
 # process, process by process), `node_rows` lays a per-node array over the parts' padded node
-# space so that it shards by rows, and `shard_full_graph` jits a per-device function under
-# `shard_map` with check_vma=False: hector's kernel primitive carries no varying-axis types, so
-# gradients of replicated parameters are each device's own, and the trainers psum them.
+# space so that it shards by rows, and `sharded_jit` jits a per-device function under
+# `shard_map` with check_vma=False: hector's kernel primitive carries no varying-axis types, and
+# gradients of replicated parameters stay each device's own, so the trainers psum them once
+# (with check_vma on, JAX's transpose of the implicit pvary already sums them over the axis,
+# and a psum of its result counts them K times: GraphSAGE did that until session 12).
 
 #: The mesh axis the parts are spread over.
 MESH_AXIS = "data"
@@ -252,7 +254,7 @@ def node_rows(padded_nodes: int, nodes, values=None) -> np.ndarray:
   return out
 
 
-def shard_full_graph(fn, mesh, in_specs, out_specs):
+def sharded_jit(fn, mesh, in_specs, out_specs):
   """`jax.jit(shard_map(fn))` over `mesh`, with ``check_vma=False`` (see above)."""
   try:
     shard_map = jax.shard_map
@@ -263,10 +265,10 @@ def shard_full_graph(fn, mesh, in_specs, out_specs):
 
 
 def gather_rows(h: jax.Array) -> jax.Array:
-  """Inside `shard_full_graph`: every device's ``[rows, ...]`` laid end to end, ``[K * rows, ...]``."""
+  """Inside `sharded_jit`: every device's ``[rows, ...]`` laid end to end, ``[K * rows, ...]``."""
   return jax.lax.all_gather(h, MESH_AXIS, tiled=True)
 
 
 def first_row(rows: int) -> jax.Array:
-  """Inside `shard_full_graph`: the first node id this device's part owns."""
+  """Inside `sharded_jit`: the first node id this device's part owns."""
   return jax.lax.axis_index(MESH_AXIS) * rows

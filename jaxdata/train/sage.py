@@ -52,16 +52,11 @@ from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (TrainResult, add_out_argument, prefetched, progress, say_saved,
-                                  seed_batches)
+                                  seed_batches, sharded_jit)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
 MULTI_PROCESS = True
-
-try:
-  _shard_map = jax.shard_map
-except AttributeError:  # older JAX
-  from jax.experimental.shard_map import shard_map as _shard_map  # type: ignore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,7 +305,10 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     return optax.apply_updates(params, updates), opt_state
 
   def shard(fn, in_specs, out_specs):
-    return jax.jit(_shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+    # check_vma off: each device's gradients stay its own and psum_flat sums them once (with
+    # it on, JAX's transpose already summed the replicated parameters' gradients, and the
+    # psum made them K times too large; Adam's scale invariance hid it).
+    return sharded_jit(fn, mesh, in_specs, out_specs)
 
   metrics_spec = (P(), P(), P())
   if config.pipeline in ("host", "device"):

@@ -33,7 +33,7 @@ from jaxdata.data.mag import MagDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
 from jaxdata.train.common import (TrainResult, device_mesh, first_row, gather_rows, node_rows,
-                                  shard_full_graph as shard)
+                                  sharded_jit as shard)
 
 
 def train(dataset: MagDataset, config, *, on_epoch: Callable[[dict], None] | None = None

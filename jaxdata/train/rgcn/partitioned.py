@@ -37,7 +37,7 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
 from jaxdata.train.common import (TrainResult, device_mesh, first_row, gather_rows, node_rows,
-                                  shard_full_graph as shard)
+                                  sharded_jit as shard)
 
 def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
           ) -> TrainResult:
