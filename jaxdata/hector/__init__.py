@@ -22,14 +22,14 @@ linear-operator reordering, compact materialization) can be switched off with ``
 """
 from jaxdata.hector.compiler import CompileError, CompilerNotFoundError, cache_dir
 from jaxdata.hector.frontend import NODE, RELATION_VECTOR, RELATION_WEIGHT, layer
-from jaxdata.hector.compiled import Layer, Plan
+from jaxdata.hector.compiled import SAVED_NAME, Layer, Plan
 from jaxdata.hector.hgt import hgt_layer, hgt_message
 from jaxdata.hector.passes import PASSES
 from jaxdata.hector.rgat import rgat_layer, rgat_message
 from jaxdata.hector.rgcn import rgcn_featureless_layer, rgcn_layer, rgcn_message
 from jaxdata.hector.runtime import GraphArrays
 
-__all__ = [
+__all__ = ["SAVED_NAME", 
     "NODE", "RELATION_WEIGHT", "RELATION_VECTOR", "PASSES", "layer", "Layer", "Plan",
     "GraphArrays", "rgcn_message", "rgcn_layer", "rgcn_featureless_layer", "rgat_message",
     "rgat_layer", "hgt_message", "hgt_layer", "CompileError", "CompilerNotFoundError", "cache_dir",

@@ -20,9 +20,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxdata.hector import GraphArrays, rgat_message
 from jaxdata.hector.passes import select as select_passes
+
+#: The checkpoint names `RGAT.__call__` tags its intermediates with (remat policies name what to
+#: keep): the attention's aggregated messages ``[N, heads * out_features]``. The edge kernels'
+#: own residuals are `jaxdata.hector.SAVED_NAME`.
+NAMES = ("rgat_msg",)
 
 
 class RGAT(nnx.Module):
@@ -66,8 +72,8 @@ class RGAT(nnx.Module):
   def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    h = rgat_message(graph, x, cast(self.weight), cast(self.a_src), cast(self.a_dst),
-                     passes=self.passes)
+    h = checkpoint_name(rgat_message(graph, x, cast(self.weight), cast(self.a_src),
+                                     cast(self.a_dst), passes=self.passes), NAMES[0])
     if self.root is not None:
       h = h + x @ cast(self.root)
     if not self.concat:

@@ -35,7 +35,9 @@ from jaxdata import command
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
-from jaxdata.nn import HGT, RGAT
+from jaxdata.nn import HGT, RGAT, layer_stack
+from jaxdata.nn.hgt import NAMES as HGT_NAMES
+from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved)
 
@@ -54,6 +56,7 @@ class TrainConfig:
   passes: tuple[str, ...] | None = None  # hector's optimizing passes (None: all)
   embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
   embed_dim: int = 64      # the width of those embeddings
+  layers: int = 2          # graph layers (RGAT: all alike; HGT: the first reads every type's width)
 
   def __post_init__(self):
     if self.model not in MODELS:
@@ -67,6 +70,8 @@ class TrainConfig:
     select_passes(self.passes)  # validates the names
     if self.embed_dim < 1:
       raise ValueError(f"embed_dim must be >= 1, got {self.embed_dim}")
+    if self.layers < 1:
+      raise ValueError(f"layers must be >= 1, got {self.layers}")
 
 
 class _Classifier(nnx.Module):
@@ -90,6 +95,34 @@ class _Classifier(nnx.Module):
       xs[t] = table.embedding[...]
     return xs
 
+  def _init_convs(self, convs: Sequence[nnx.Module]):
+    """The graph layers as ``conv1``, ``conv2``, ... (a two-layer model's names of old)."""
+    self.layers = len(convs)
+    for i, conv in enumerate(convs, 1):
+      setattr(self, f"conv{i}", conv)
+
+  @property
+  def convs(self) -> list[nnx.Module]:
+    """The graph layers, input to output."""
+    return [getattr(self, f"conv{i}") for i in range(1, self.layers + 1)]
+
+  def stack(self, graph: GraphArrays, rows: Sequence[int]
+            ) -> tuple[list[nnx.Module], layer_stack.LayerFn, jax.ShapeDtypeStruct]:
+    """The layers an offload plan covers (`stack_layers` of them, alike), the function of one
+    (graph closed over) and its input's shape, on a graph whose node types have `rows` nodes:
+    what `layer_stack.plan` measures."""
+    raise NotImplementedError
+
+  @property
+  def stack_layers(self) -> int:
+    """How many layers a plan (`__call__`'s `plan`) has one policy for."""
+    raise NotImplementedError
+
+  def _check_blocks(self, blocks):
+    if len(blocks.graphs) != self.layers:
+      raise ValueError(f"{type(self).__name__}.on_blocks: {len(blocks.graphs)} sampled hops for "
+                       f"{self.layers} layers (give one fanout per layer)")
+
 
 def is_table(path, value) -> bool:
   """An `nnx` filter: the embedding tables (`_Classifier.tables`)."""
@@ -109,30 +142,53 @@ class RGATClassifier(_Classifier):
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
     conv = lambda: RGAT(h, h // heads, num_relations=num_relations, heads=heads,  # noqa: E731
                         self_loop=True, passes=config.passes, dtype=dtype, rngs=rngs)
-    self.conv1, self.conv2 = conv(), conv()
+    self._init_convs([conv() for _ in range(config.layers)])
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
+    self.hidden, self.dtype = h, dtype
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
+  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
+               plan: Sequence | None = None) -> jax.Array:
+    """Paper logits. `plan`: None (plain layers) or one `jaxdata.offload.Policy` per layer
+    (`stack_layers`): the same logits and gradients, each layer's residuals kept, offloaded
+    or recomputed as its policy says."""
     xs = self.inputs(xs)
     graph.check_node_type_rows([x.shape[0] for x in xs], "RGATClassifier")
     x = jnp.concatenate([lin(x) for lin, x in zip(self.embed, xs)])
-    x = jax.nn.relu(self.conv1(graph, x))
-    x = jax.nn.relu(self.conv2(graph, x))
+    layers, layer_fn, _ = self.stack(graph, [x_t.shape[0] for x_t in xs])
+    x = layer_stack.run(layers, layer_fn, x, plan)
     return self.classify(x[:papers]).astype(jnp.float32)
+
+  def stack(self, graph, rows):
+    layer_fn = lambda conv, h: jax.nn.relu(conv(graph, h))  # noqa: E731
+    return self.convs, layer_fn, jax.ShapeDtypeStruct((sum(rows), self.hidden), self.dtype)
+
+  @property
+  def stack_layers(self) -> int:
+    return self.layers
+
+  @staticmethod
+  def names() -> tuple[str, ...]:
+    """The checkpoint names a layer tags (`layer_stack.candidates`)."""
+    return RGAT_NAMES
 
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
     type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
     slot's node type. Returns logits for the slots of the seeds' frontier."""
+    self._check_blocks(blocks)
     x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
             for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
-    x = jax.nn.relu(self.conv1(blocks.graphs[1], x))[:blocks.nodes[1].shape[0]]
-    x = jax.nn.relu(self.conv2(blocks.graphs[0], x))[:blocks.nodes[0].shape[0]]
+    for i, conv in enumerate(self.convs):  # layer i runs on hop L - 1 - i (the seeds' hop last)
+      hop = self.layers - 1 - i
+      x = jax.nn.relu(conv(blocks.graphs[hop], x))[:blocks.nodes[hop].shape[0]]
     return self.classify(x).astype(jnp.float32)
 
 
 class HGTClassifier(_Classifier):
-  """HGT (every type's own width in) -> HGT -> a linear classifier on papers."""
+  """HGT (every type's own width in) -> HGT (x `layers - 1`) -> a linear classifier on papers.
+
+  The layers after the first are alike (hidden in, hidden out): an offload plan covers them.
+  Between them every type's rows travel as one ``[N, hidden]`` array, types in id order."""
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
                config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
@@ -141,20 +197,51 @@ class HGTClassifier(_Classifier):
     dtype = jnp.dtype(config.dtype)
     common = dict(num_relations=num_relations, heads=config.heads, passes=config.passes,
                   dtype=dtype, rngs=rngs)
-    self.conv1 = HGT(in_features, config.hidden, **common)
-    self.conv2 = HGT((config.hidden,) * len(in_features), config.hidden, **common)
+    self._init_convs([HGT(in_features, config.hidden, **common)]
+                     + [HGT((config.hidden,) * len(in_features), config.hidden, **common)
+                        for _ in range(config.layers - 1)])
     self.classify = nnx.Linear(config.hidden, num_classes, dtype=dtype, rngs=rngs)
+    self.hidden, self.dtype = config.hidden, dtype
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
+  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
+               plan: Sequence | None = None) -> jax.Array:
+    """Paper logits. `plan`: None (plain layers) or one `jaxdata.offload.Policy` per layer
+    after the first (`stack_layers`): the same logits and gradients, each layer's residuals
+    kept, offloaded or recomputed as its policy says."""
     del papers  # type 0 is the paper type: its rows are the first output
-    hs = self.conv2(graph, self.conv1(graph, self.inputs(xs)))
-    return self.classify(hs[0]).astype(jnp.float32)
+    hs = self.conv1(graph, self.inputs(xs))
+    if self.layers == 1:
+      return self.classify(hs[0]).astype(jnp.float32)
+    rows = [h.shape[0] for h in hs]
+    layers, layer_fn, _ = self.stack(graph, rows)
+    h = layer_stack.run(layers, layer_fn, jnp.concatenate(hs), plan)
+    return self.classify(h[:rows[0]]).astype(jnp.float32)
+
+  def stack(self, graph, rows):
+    bounds = np.cumsum([0, *rows]).tolist()
+
+    def layer_fn(conv, h):
+      return jnp.concatenate(conv(graph, [h[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+    return self.convs[1:], layer_fn, jax.ShapeDtypeStruct((sum(rows), self.hidden), self.dtype)
+
+  @property
+  def stack_layers(self) -> int:
+    return self.layers - 1
+
+  @staticmethod
+  def names() -> tuple[str, ...]:
+    """The checkpoint names a layer tags (`layer_stack.candidates`)."""
+    return HGT_NAMES
 
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers)."""
-    n1, n0 = blocks.nodes[1].shape[0], blocks.nodes[0].shape[0]
-    h = self.conv1.on_slots(blocks.graphs[1], xs, types, rows=n1)
-    h = self.conv2.on_slots(blocks.graphs[0], h, types[:n1], rows=n0)
+    self._check_blocks(blocks)
+    top = self.layers - 1  # layer i runs on hop L - 1 - i (the seeds' hop last)
+    h = self.conv1.on_slots(blocks.graphs[top], xs, types, rows=blocks.nodes[top].shape[0])
+    for hop in range(top - 1, -1, -1):
+      h = self.convs[top - hop].on_slots(blocks.graphs[hop], h,
+                                         types[:blocks.nodes[hop + 1].shape[0]],
+                                         rows=blocks.nodes[hop].shape[0])
     return self.classify(h).astype(jnp.float32)
 
 
@@ -184,13 +271,32 @@ def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array |
           for t, x in enumerate(dataset.features)]
 
 
+#: Makes a plan (one offload policy per stacked layer) for a freshly built model, the graph and
+#: the device features it trains on (where a planner measures its layers).
+Planner = Callable[[nnx.Module, GraphArrays, list], Sequence]
+
+
 def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
+          plan: Sequence | Planner | None = None,
           on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
-  """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies."""
+  """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies.
+
+  `plan`: None (plain layers), one `jaxdata.offload.Policy` per stacked layer
+  (`model.stack_layers`: RGAT's every layer, HGT's after the first), or a `Planner` called once
+  on the freshly built model (`budget_planner`). A plan changes memory and time, not the
+  numbers. The plan is kept as `TrainResult.plan`.
+  """
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   xs = device_features(dataset, model)
+  if callable(plan):
+    plan = plan(model, graph, xs)
+  if plan is not None:
+    plan = tuple(plan)
+    if len(plan) != model.stack_layers:
+      raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
+                       f"{model.stack_layers} stacked layers")
   papers = dataset.node_range("paper")[1]
   labels = jnp.asarray(dataset.labels)
   train_idx = jnp.asarray(dataset.train_papers)
@@ -200,7 +306,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
   def step(model, optimizer, graph, xs):
 
     def loss_fn(model):
-      logits = model(graph, xs, papers)[train_idx]
+      logits = model(graph, xs, papers, plan)[train_idx]
       return optax.softmax_cross_entropy_with_integer_labels(logits, train_y).mean(), logits
 
     (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
@@ -219,7 +325,37 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
     if on_epoch is not None:
       on_epoch(record)
   final = evaluate(model, dataset, graph, xs)
-  return TrainResult(model, history, final, time.perf_counter() - start, optimizer)
+  return TrainResult(model, history, final, time.perf_counter() - start, optimizer, plan)
+
+
+def candidates(model: nnx.Module) -> dict:
+  """The inner policies the planner tries for `model`'s stacked layer (by its checkpoint
+  names; `jaxdata.nn.layer_stack.candidates`)."""
+  return layer_stack.candidates(model.names())
+
+
+def budget_planner(budget_bytes: int, store, *, tier: str = "auto", repeats: int = 5,
+                   say: Callable[[str], None] | None = None) -> Planner:
+  """A `Planner` for `train`: keep / offload / recompute per stacked layer so that their
+  residuals and inputs fit `budget_bytes` of device memory (measured on the default device;
+  `jaxdata.nn.layer_stack.plan`); offloads go to `store` (a `jaxdata.offload.TensorStore`).
+  ValueError when not even the smallest plan fits."""
+
+  def planner(model, graph, xs):
+    if not model.stack_layers:
+      raise ValueError(f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
+                       "stacked layers to plan (HGT's first layer is not one of them)")
+    rows = [x.shape[0] for x in model.inputs(xs)]
+    layers, layer_fn, x = model.stack(graph, rows)
+    progress = (lambda name: say(f"  measuring a layer under {name} ...")) if say else None
+    best, bw = layer_stack.plan(layers, layer_fn, x, budget_bytes, store, candidates(model),
+                                tier=tier, repeats=repeats, progress=progress)
+    if say:
+      say(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
+          f"{best.device_bytes / 2**20:.1f} MiB resident, {best.offload_bytes / 2**20:.1f} MiB "
+          f"offloaded at {bw / 1e9:.1f} GB/s)")
+    return list(best.policies)
+  return planner
 
 
 @functools.partial(nnx.jit, static_argnums=3)
