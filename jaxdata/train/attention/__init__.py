@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from typing import Callable, Sequence
 
@@ -38,6 +39,7 @@ from jaxdata.hector.passes import PASSES, select as select_passes
 from jaxdata.nn import HGT, RGAT, layer_stack
 from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
+from jaxdata.offload.stack import segments
 from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved)
 
@@ -428,6 +430,8 @@ def add_arguments(parser, model: str):
                            "so that every class has about 100 papers)")
   parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
+  parser.add_argument("--layers", type=command.positive_int, default=2,
+                      help="graph layers (default 2; --minibatch trains two)")
   parser.add_argument("--heads", type=command.positive_int, default=4,
                       help="attention heads (--hidden must be a multiple)")
   parser.add_argument("--lr", type=command.positive_float, default=0.005,
@@ -453,6 +457,22 @@ def add_arguments(parser, model: str):
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="--minibatch, host pipeline: keep this fraction of each feature "
                            "table's rows (its most sampled nodes) in device memory")
+  parser.add_argument("--offload", action="store_true",
+                      help="plan keep / offload / recompute per layer under --budget "
+                           "(jaxdata.nn.layer_stack.plan) and train with the plan; the layers "
+                           "planned are RGAT's every layer, HGT's after the first")
+  parser.add_argument("--plan", default="auto", metavar="POLICY",
+                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
+                           "every planned layer, as plans print them: recompute, keep[nodes], "
+                           "offload[edges], offload[dots]+in, offload[in], ...")
+  parser.add_argument("--budget", type=command.size, default=None,
+                      help="device memory for the planned layers' activations, e.g. 2GiB "
+                           "(implies --offload)")
+  parser.add_argument("--ram", type=command.size, default=None,
+                      help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
+                           "(default: the TensorStore's)")
+  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
+                      help="--offload: a folder on local SSD for what does not fit in --ram")
   add_out_argument(parser, model)
 
 
@@ -474,6 +494,45 @@ def default_classes(scale: float) -> int:
   return int(max(2, min(NUM_CLASSES, round(NUM_NODES["paper"] * scale / 100))))
 
 
+def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on_epoch
+                     ) -> TrainResult:
+  """`train` under --offload: a TensorStore (--ram, --ssd-dir), the planner under --budget or
+  one --plan policy for every planned layer, and a line on what went where."""
+  # pylint: disable=g-import-not-at-top
+  from jaxdata.offload import TensorStore
+  from jaxdata.offload.store import summary as store_summary
+  store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
+                if v is not None}
+  say = lambda text: console.print(text, markup=False)  # noqa: E731
+  with TensorStore(**store_args) as store:
+    probed = {}
+    if args.plan == "auto":
+      measure = budget_planner(args.budget, store, say=say)
+
+      def planner(model, graph, xs):
+        try:
+          plan = measure(model, graph, xs)
+        except ValueError as e:
+          raise command.UsageError(f"argument --budget: {e}") from None
+        say(f"plan under {args.budget:,} bytes: " + ", ".join(
+            f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
+            for a, b, p in segments(plan, len(plan))) + f" (of the {model.stack_layers} "
+            "planned layers)")
+        probed.update(store.stats())  # the planner's bandwidth probe spilled too
+        return plan
+    else:
+      def planner(model, graph, xs):
+        del graph, xs
+        try:
+          policy = layer_stack.policy_named(args.plan, store, candidates(model))
+        except ValueError as e:
+          raise command.UsageError(f"argument --plan: {e}") from None
+        return [policy] * model.stack_layers
+    result = train(dataset, config, plan=planner, on_epoch=on_epoch)
+    say(store_summary(store.stats(), probed))
+  return result
+
+
 def main(args) -> int:
   # pylint: disable=g-import-not-at-top
 
@@ -489,10 +548,23 @@ def main(args) -> int:
     raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "
                              f"featureless-able node type; choose from "
                              f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
+  offloading = args.offload or args.budget is not None
+  if offloading and args.minibatch:
+    raise command.UsageError(f"argument {'--budget' if args.budget is not None else '--offload'}:"
+                             " for full-graph training (not with --minibatch)")
+  if args.offload and args.plan == "auto" and args.budget is None:
+    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
+                             "planner, or --plan POLICY")
+  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
+    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
+  if args.minibatch and args.layers != 2:
+    raise command.UsageError(f"argument --layers: --minibatch trains two layers (one per "
+                             f"--fanouts hop), got {args.layers}; deeper models train full-graph")
   passes = args.passes
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
-                       passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim)
+                       passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim,
+                       layers=args.layers)
   minibatch = None
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
@@ -513,7 +585,8 @@ def main(args) -> int:
                 + f"; {g.num_edges:,} edges, {g.num_relations} relations; {classes} classes, "
                 f"{len(dataset.train_papers):,} train / {len(dataset.val_papers):,} val / "
                 f"{len(dataset.test_papers):,} test papers")
-  console.print(f"{config.model.upper()}: hidden {config.hidden}, {config.heads} heads, "
+  console.print(f"{config.model.upper()}: {config.layers} layers, hidden {config.hidden}, "
+                f"{config.heads} heads, "
                 f"{config.dtype}, passes {select_passes(config.passes) or 'none'}, on "
                 f"{jax.devices()[0].platform} (the first epoch compiles the kernels)"
                 + (f"; learnable {config.embed_dim}-wide embeddings for {', '.join(config.embed)}"
@@ -526,7 +599,9 @@ def main(args) -> int:
                     f"train acc {r['train_accuracy']:.4f}  "
                     f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
-    if minibatch is None:
+    if minibatch is None and offloading:
+      result = _train_offloaded(dataset, config, args, console, on_epoch)
+    elif minibatch is None:
       result = train(dataset, config, on_epoch=on_epoch)
     else:
       console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
