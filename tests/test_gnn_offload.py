@@ -15,6 +15,7 @@ from jaxdata.nn import layer_stack
 from jaxdata.train import attention
 
 LAYERS, HIDDEN, HEADS = 4, 256, 4
+_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pylint: disable=protected-access
 
 
 def _setup(model: str, layers: int = LAYERS):
@@ -52,7 +53,7 @@ def _own_residual_bytes(fn, state, x_like, inner) -> int:
     _, vjp = jax.vjp(f, state, x)
     mine = {id(a) for a in jax.tree.leaves((state, x))}
     held = {id(l): l for l in jax.tree.leaves(vjp)
-            if isinstance(l, jax.core.Tracer) and id(l) not in mine}
+            if isinstance(l, _TRACER) and id(l) not in mine}
     total = sum(l.size * l.dtype.itemsize for l in held.values())
     return 0
   jax.eval_shape(trace, state, jax.ShapeDtypeStruct(x_like.shape, x_like.dtype))

@@ -36,6 +36,7 @@ _PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits f
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
 _CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
 _POOL_BLOCKS = 2         # the store's staging holds at least this many blocks' residuals
+_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pylint: disable=protected-access
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -60,7 +61,7 @@ def _residuals(fn, args, inner=None, carry: int | None = None) -> tuple[int, boo
     for l in jax.tree_util.tree_leaves(vjp):
       # Arrays the block closes over (a graph's index arrays) are constants, not tracers: they
       # exist once whatever the policy, and remat passes them as inputs (never spilled).
-      if isinstance(l, jax.core.Tracer):
+      if isinstance(l, _TRACER):
         seen[id(l)] = l
     total = sum(int(np.prod(l.shape)) * l.dtype.itemsize
                 for i, l in seen.items() if i not in inputs)
