@@ -39,6 +39,9 @@ BENCH = {
     "hetero": ("jaxdata.bench.hetero",
                "mini-batch RGAT/HGT epoch on a heterograph: jaxdata GPU-centric vs all-in-GPU "
                "vs CPU-centric vs PyG"),
+    "gnn-offload": ("jaxdata.bench.gnn_offload",
+                    "a deep HGT/RGAT full-graph step without and with an offload plan under a "
+                    "device budget"),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
 LAUNCH = ("jaxdata.launch", "run a train command as N local processes of one jax.distributed job")

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 import numpy as np
 
@@ -25,6 +26,10 @@ from jaxdata.hector.runtime import GraphArrays, KernelSpec, run_kernel, source
 
 _KERNEL_DTYPES = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "bfloat16"}
 
+
+#: The checkpoint name (`jax.ad_checkpoint.checkpoint_name`) of every array a generated layer's
+#: forward kernels keep for its backward kernels.
+SAVED_NAME = "hector_saved"
 
 _PASS_TITLES = {"reorder": "after linear-operator reordering",
                  "compact": "after compact materialization"}
@@ -264,7 +269,9 @@ def _forward(plan, names, precision, graph, arrays):
 
 def _apply_fwd(plan, names, precision, graph, arrays):
   outs, env = _run_forward(plan, names, precision, graph, arrays)
-  return outs, (graph, arrays, {i: env[i] for i in plan.saved})
+  # Named, so that a remat policy can keep (or offload) what the backward kernels read instead
+  # of running the forward kernels again (`save_only_these_names(SAVED_NAME)`).
+  return outs, (graph, arrays, {i: checkpoint_name(env[i], SAVED_NAME) for i in plan.saved})
 
 
 def _apply_bwd(plan, names, precision, residuals, cts):

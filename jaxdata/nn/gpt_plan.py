@@ -50,13 +50,8 @@ def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store
   the default device."""
   blk = block_fn(model, batch_shape)
   say = (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
-  cands = planner.choices(blk.apply, (blk.layer(0), blk.x), store, candidates(), tier=tier,
-                          repeats=repeats, carry=1, progress=say)
-  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
-  bw = planner.store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
-  best = planner.plan(model.cfg.layers, cands, budget_bytes, bw)
-  if best.offload_bytes:
-    store.device_bytes = best.spill_cap  # the staging the plan was predicted with
+  best, bw = planner.plan_layers(blk.apply, blk.layer(0), blk.x, model.cfg.layers, budget_bytes,
+                                 store, candidates(), tier=tier, repeats=repeats, progress=say)
   if verbose:
     print(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
           f"{best.device_bytes / 2**30:.2f} GiB resident, {best.offload_bytes / 2**30:.2f} GiB "

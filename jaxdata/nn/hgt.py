@@ -17,6 +17,8 @@ no edges get ``A_t(gelu(0))`` skip-mixed (PyG returns nothing for them).
 
     layer = HGT((128, 64, 32), 64, num_relations=graph.num_relations, heads=4, rngs=nnx.Rngs(0))
     outs = layer(graph_arrays, [x_paper, x_author, x_institution])   # one [N_t, 64] per type
+
+Remat policies can name the layer's intermediates (`NAMES`, and hector's `SAVED_NAME`).
 """
 from __future__ import annotations
 
@@ -25,10 +27,17 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxdata.hector import GraphArrays, hgt_message
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.hector.precision import resolve as resolve_precision
+
+#: The checkpoint names `HGT.__call__` tags its node-level intermediates with (remat policies
+#: name what to keep): every node's keys, queries and values ``[N, 3 * H * d_k]``, and its
+#: aggregated messages ``[N, H * d_k]``. The edge kernels' own residuals are
+#: `jaxdata.hector.SAVED_NAME`.
+NAMES = ("hgt_kqv", "hgt_agg")
 
 
 class HGT(nnx.Module):
@@ -94,8 +103,8 @@ class HGT(nnx.Module):
     if sum(rows) != graph.num_nodes:
       raise ValueError(f"HGT: {sum(rows)} feature rows for a graph of {graph.num_nodes} nodes")
     xs = [x.astype(self.dtype) for x in xs]
-    kqv = jnp.concatenate([lin(x) for lin, x in zip(self.kqv, xs)])
-    agg = self._message(graph, kqv)
+    kqv = checkpoint_name(jnp.concatenate([lin(x) for lin, x in zip(self.kqv, xs)]), NAMES[0])
+    agg = checkpoint_name(self._message(graph, kqv), NAMES[1])
     outs, start = [], 0
     for t, x in enumerate(xs):
       y = self.out[t](jax.nn.gelu(agg[start:start + rows[t]], approximate=False))

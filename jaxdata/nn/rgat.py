@@ -20,10 +20,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxdata.hector import GraphArrays, rgat_message
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.hector.precision import resolve as resolve_precision
+
+#: The checkpoint names `RGAT.__call__` tags its intermediates with (remat policies name what to
+#: keep): the attention's aggregated messages ``[N, heads * out_features]``. The edge kernels'
+#: own residuals are `jaxdata.hector.SAVED_NAME`.
+NAMES = ("rgat_msg",)
 
 
 class RGAT(nnx.Module):
@@ -80,10 +86,11 @@ class RGAT(nnx.Module):
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
     h = rgat_message(graph, x, cast(self.weight), cast(self.a_src), cast(self.a_dst),
-                     passes=self.passes)
+                     passes=self.passes, precision=self.precision)
     h = jax.lax.dynamic_slice_in_dim(h, start, rows)
     if self.root is not None:
-      h = h + jax.lax.dynamic_slice_in_dim(x, start, rows) @ cast(self.root)
+      h = h + jnp.dot(jax.lax.dynamic_slice_in_dim(x, start, rows), cast(self.root),
+                      precision=self.precision)
     if not self.concat:
       h = h.reshape(h.shape[0], self.heads, -1).mean(axis=1)
     if self.bias is not None:
@@ -93,8 +100,9 @@ class RGAT(nnx.Module):
   def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    h = rgat_message(graph, x, cast(self.weight), cast(self.a_src), cast(self.a_dst),
-                     passes=self.passes, precision=self.precision)
+    h = checkpoint_name(rgat_message(graph, x, cast(self.weight), cast(self.a_src),
+                                     cast(self.a_dst), passes=self.passes,
+                                     precision=self.precision), NAMES[0])
     if self.root is not None:
       h = h + jnp.dot(x, cast(self.root), precision=self.precision)
     if not self.concat:

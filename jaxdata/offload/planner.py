@@ -36,12 +36,13 @@ _PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits f
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
 _CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
 _POOL_BLOCKS = 2         # the store's staging holds at least this many blocks' residuals
+_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pylint: disable=protected-access
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
   """Bytes of the residuals `fn`'s VJP keeps (under `jax.checkpoint(policy=inner)`), its own
-  inputs excluded and each array counted once: what keep holds on the device and offload
-  moves."""
+  inputs and the constants it closes over excluded and each array counted once: what keep
+  holds on the device and offload moves."""
   return _residuals(fn, args, inner)[0]
 
 
@@ -58,7 +59,10 @@ def _residuals(fn, args, inner=None, carry: int | None = None) -> tuple[int, boo
                else set())
     seen = {}
     for l in jax.tree_util.tree_leaves(vjp):
-      seen[id(l)] = l
+      # Arrays the block closes over (a graph's index arrays) are constants, not tracers: they
+      # exist once whatever the policy, and remat passes them as inputs (never spilled).
+      if isinstance(l, _TRACER):
+        seen[id(l)] = l
     total = sum(int(np.prod(l.shape)) * l.dtype.itemsize
                 for i, l in seen.items() if i not in inputs)
     kept = bool(carried & set(seen))
@@ -279,7 +283,7 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
   """The fastest predicted mix of `candidates` over `num_blocks` identical blocks whose peak
   device bytes fit `budget_bytes` (mixes of up to `max_kinds` different choices, in the orders
   `_orders` tries). Raises ValueError when not even recomputing every block fits."""
-  best = None
+  best, smallest = None, None
   for k in range(1, max_kinds + 1):
     for kinds in itertools.combinations(range(len(candidates)), k):
       for split in _compositions(num_blocks, k):
@@ -290,7 +294,9 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
           continue
         largest = max(c.offload_bytes for c in picks)
         # The staging floor (see `predict`) with the kept bytes already overflows.
-        if sum(c.device_bytes for c in picks) + _POOL_BLOCKS * largest > budget_bytes:
+        floor_bytes = sum(c.device_bytes for c in picks) + _POOL_BLOCKS * largest
+        smallest = floor_bytes if smallest is None else min(smallest, floor_bytes)
+        if floor_bytes > budget_bytes:
           continue
         # Offloading always runs capped: uncapped, JAX's host thread (ahead of the GPU) would
         # stage every spill of the step at once, whatever the timeline says.
@@ -302,8 +308,35 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
               best = OffloadPlan(tuple(c.policy for c in order), p.device_bytes,
                                  p.offload_bytes, p.seconds, cap or 0)
   if best is None:
-    raise ValueError(f"no plan fits a budget of {budget_bytes} bytes for the residuals")
+    raise ValueError(f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
+                     f"{num_blocks} blocks: the smallest plan needs at least {smallest or 0:,} "
+                     f"bytes")
   return best
+
+
+def plan_layers(apply: Callable[[Any, Any], Any], layer_state: Any, x: Any, num_layers: int,
+                budget_bytes: int, store: TensorStore, inners: dict[str, Any], *,
+                tier: str = "auto", repeats: int = 5,
+                progress: Callable[[str], None] | None = None) -> tuple[OffloadPlan, float]:
+  """A per-layer plan for a stack of `num_layers` identical layers `apply(layer_state, x) -> x`
+  (x: the stack's carry, an array or its `jax.ShapeDtypeStruct`) so that the layers' residuals
+  and inputs fit `budget_bytes` of device memory, measured on the default device; and the
+  store's measured bandwidth.
+
+  What a model gives the planner: its layer function, one layer's state, and its candidate
+  inner policies (`inners`, name -> checkpoint policy, usually built from the names the layer
+  tags its intermediates with: `jax.checkpoint_policies.save_only_these_names`). Every choice
+  counts the layer's input (argument 1, the carry). An offloading plan sets `store.device_bytes`
+  to the spill cap it was predicted with. ValueError when not even the smallest plan fits.
+  """
+  cands = choices(apply, (layer_state, x), store, inners, tier=tier, repeats=repeats, carry=1,
+                  progress=progress)
+  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
+  bw = store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
+  best = plan(num_layers, cands, budget_bytes, bw)
+  if best.offload_bytes:
+    store.device_bytes = best.spill_cap  # the staging the plan was predicted with
+  return best, bw
 
 
 def _compositions(n: int, k: int):

@@ -164,3 +164,22 @@ def measure_disk_write(directory: str | os.PathLike | None = None, nbytes: int |
   os.makedirs(directory, exist_ok=True)
   return _ext.offload_measure_disk_write(directory, _bytes(nbytes, "nbytes"), threads,
                                          _bytes(chunk_bytes, "chunk_bytes"))
+
+
+def summary(stats: dict, before: dict | None = None) -> str:
+  """One line on where a run's offloaded activations went, from `TensorStore.stats()`: counts
+  since `before` (the stats once a planner's own probes were done), peaks over the store's
+  life."""
+  s = stats
+  if before:
+    s = dict(s, **{k: s[k] - before[k] for k in ("spills", "spilled", "ssd_written", "ssd_read")})
+  if not s["spills"]:
+    return "offload: nothing was offloaded (the plan keeps or recomputes every layer)"
+  line = (f"offload: {s['spills']:,} spills, {s['spilled'] / 2**30:.2f} GiB; RAM tier peak "
+          f"{s['ram_peak'] / 2**20:.1f} MiB")
+  if s["ssd_written"]:
+    line += (f"; SSD tier {s['ssd_written'] / 2**30:.2f} GiB written at "
+             f"{s['write_bandwidth'] / 1e9:.2f} GB/s, {s['ssd_read'] / 2**30:.2f} GiB read")
+  if s["device_peak"]:
+    line += f"; device staging peak {s['device_peak'] / 2**20:.1f} MiB"
+  return line

@@ -29,6 +29,7 @@ from jaxdata import command
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
+from jaxdata.offload.store import summary as store_summary
 from jaxdata.train.common import TrainResult, add_out_argument, progress, say_saved
 
 LayerPlan = Sequence[Hashable]
@@ -243,23 +244,6 @@ def add_arguments(parser):
                       help="--offload: a folder on local SSD for what does not fit in --ram")
 
 
-def _store_summary(s: dict, before: dict | None = None) -> str:
-  """One line on where the offloaded activations went: counts since `before` (the store's
-  stats once the planner's own probes were done), peaks over the store's life."""
-  if before:
-    s = dict(s, **{k: s[k] - before[k] for k in ("spills", "spilled", "ssd_written", "ssd_read")})
-  if not s["spills"]:
-    return "offload: nothing was offloaded (the plan keeps or recomputes every layer)"
-  line = (f"offload: {s['spills']:,} spills, {s['spilled'] / 2**30:.2f} GiB; RAM tier peak "
-          f"{s['ram_peak'] / 2**20:.1f} MiB")
-  if s["ssd_written"]:
-    line += (f"; SSD tier {s['ssd_written'] / 2**30:.2f} GiB written at "
-             f"{s['write_bandwidth'] / 1e9:.2f} GB/s, {s['ssd_read'] / 2**30:.2f} GiB read")
-  if s["device_peak"]:
-    line += f"; device staging peak {s['device_peak'] / 2**20:.1f} MiB"
-  return line
-
-
 def _describe_plan(plan: LayerPlan) -> str:
   return ", ".join(f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
                    for a, b, p in segments(plan, len(plan)))
@@ -319,7 +303,7 @@ def main(args) -> int:
           raise command.UsageError(f"argument --plan: {e}") from None
         planner = [policy] * config.layers
       result = run(planner)
-      console.print(_store_summary(store.stats(), probed), markup=False)
+      console.print(store_summary(store.stats(), probed), markup=False)
   else:
     result = run(None)
   m = result.metrics

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -35,7 +36,10 @@ from jaxdata import command, distributed
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
-from jaxdata.nn import HGT, RGAT
+from jaxdata.nn import HGT, RGAT, layer_stack
+from jaxdata.nn.hgt import NAMES as HGT_NAMES
+from jaxdata.nn.rgat import NAMES as RGAT_NAMES
+from jaxdata.offload.stack import segments
 from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved)
 
@@ -58,6 +62,7 @@ class TrainConfig:
   embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
   embed_dim: int = 64      # the width of those embeddings
   devices: int | None = 1  # per process; None: every local device (attention.partitioned)
+  layers: int = 2          # graph layers (RGAT: all alike; HGT: the first reads every type's width)
 
   def __post_init__(self):
     if self.model not in MODELS:
@@ -73,6 +78,8 @@ class TrainConfig:
       raise ValueError(f"embed_dim must be >= 1, got {self.embed_dim}")
     if self.devices is not None and self.devices < 1:
       raise ValueError(f"devices must be >= 1 or None (all), got {self.devices}")
+    if self.layers < 1:
+      raise ValueError(f"layers must be >= 1, got {self.layers}")
 
 
 class _Classifier(nnx.Module):
@@ -114,6 +121,34 @@ class _Classifier(nnx.Module):
       xs[t] = table.embedding[...]
     return xs
 
+  def _init_convs(self, convs: Sequence[nnx.Module]):
+    """The graph layers as ``conv1``, ``conv2``, ... (a two-layer model's names of old)."""
+    self.layers = len(convs)
+    for i, conv in enumerate(convs, 1):
+      setattr(self, f"conv{i}", conv)
+
+  @property
+  def convs(self) -> list[nnx.Module]:
+    """The graph layers, input to output."""
+    return [getattr(self, f"conv{i}") for i in range(1, self.layers + 1)]
+
+  def stack(self, graph: GraphArrays, rows: Sequence[int]
+            ) -> tuple[list[nnx.Module], layer_stack.LayerFn, jax.ShapeDtypeStruct]:
+    """The layers an offload plan covers (`stack_layers` of them, alike), the function of one
+    (graph closed over) and its input's shape, on a graph whose node types have `rows` nodes:
+    what `layer_stack.plan` measures."""
+    raise NotImplementedError
+
+  @property
+  def stack_layers(self) -> int:
+    """How many layers a plan (`__call__`'s `plan`) has one policy for."""
+    raise NotImplementedError
+
+  def _check_blocks(self, blocks):
+    if len(blocks.graphs) != self.layers:
+      raise ValueError(f"{type(self).__name__}.on_blocks: {len(blocks.graphs)} sampled hops for "
+                       f"{self.layers} layers (give one fanout per layer)")
+
 
 def is_table(path, value) -> bool:
   """An `nnx` filter: the embedding tables (`_Classifier.tables`)."""
@@ -133,15 +168,20 @@ class RGATClassifier(_Classifier):
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
     conv = lambda: RGAT(h, h // heads, num_relations=num_relations, heads=heads,  # noqa: E731
                         self_loop=True, passes=config.passes, dtype=dtype, rngs=rngs)
-    self.conv1, self.conv2 = conv(), conv()
+    self._init_convs([conv() for _ in range(config.layers)])
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
+    self.hidden, self.dtype = h, dtype
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
+  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
+               plan: Sequence | None = None) -> jax.Array:
+    """Paper logits. `plan`: None (plain layers) or one `jaxdata.offload.Policy` per layer
+    (`stack_layers`): the same logits and gradients, each layer's residuals kept, offloaded
+    or recomputed as its policy says."""
     xs = self.inputs(xs)
     graph.check_node_type_rows([x.shape[0] for x in xs], "RGATClassifier")
     x = jnp.concatenate([lin(x) for lin, x in zip(self.embed, xs)])
-    x = jax.nn.relu(self.conv1(graph, x))
-    x = jax.nn.relu(self.conv2(graph, x))
+    layers, layer_fn, _ = self.stack(graph, [x_t.shape[0] for x_t in xs])
+    x = layer_stack.run(layers, layer_fn, x, plan)
     return self.classify(x[:papers]).astype(jnp.float32)
 
   def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array], types: jax.Array,
@@ -156,19 +196,37 @@ class RGATClassifier(_Classifier):
     x = jax.nn.relu(self.conv2.on_partition(graph, gather(x), start, rows))
     return self.classify(x).astype(jnp.float32)
 
+  def stack(self, graph, rows):
+    layer_fn = lambda conv, h: jax.nn.relu(conv(graph, h))  # noqa: E731
+    return self.convs, layer_fn, jax.ShapeDtypeStruct((sum(rows), self.hidden), self.dtype)
+
+  @property
+  def stack_layers(self) -> int:
+    return self.layers
+
+  @staticmethod
+  def names() -> tuple[str, ...]:
+    """The checkpoint names a layer tags (`layer_stack.candidates`)."""
+    return RGAT_NAMES
+
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
     type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
     slot's node type. Returns logits for the slots of the seeds' frontier."""
+    self._check_blocks(blocks)
     x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
             for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
-    x = jax.nn.relu(self.conv1(blocks.graphs[1], x))[:blocks.nodes[1].shape[0]]
-    x = jax.nn.relu(self.conv2(blocks.graphs[0], x))[:blocks.nodes[0].shape[0]]
+    for i, conv in enumerate(self.convs):  # layer i runs on hop L - 1 - i (the seeds' hop last)
+      hop = self.layers - 1 - i
+      x = jax.nn.relu(conv(blocks.graphs[hop], x))[:blocks.nodes[hop].shape[0]]
     return self.classify(x).astype(jnp.float32)
 
 
 class HGTClassifier(_Classifier):
-  """HGT (every type's own width in) -> HGT -> a linear classifier on papers."""
+  """HGT (every type's own width in) -> HGT (x `layers - 1`) -> a linear classifier on papers.
+
+  The layers after the first are alike (hidden in, hidden out): an offload plan covers them.
+  Between them every type's rows travel as one ``[N, hidden]`` array, types in id order."""
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
                config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
@@ -177,14 +235,41 @@ class HGTClassifier(_Classifier):
     dtype = jnp.dtype(config.dtype)
     common = dict(num_relations=num_relations, heads=config.heads, passes=config.passes,
                   dtype=dtype, rngs=rngs)
-    self.conv1 = HGT(in_features, config.hidden, **common)
-    self.conv2 = HGT((config.hidden,) * len(in_features), config.hidden, **common)
+    self._init_convs([HGT(in_features, config.hidden, **common)]
+                     + [HGT((config.hidden,) * len(in_features), config.hidden, **common)
+                        for _ in range(config.layers - 1)])
     self.classify = nnx.Linear(config.hidden, num_classes, dtype=dtype, rngs=rngs)
+    self.hidden, self.dtype = config.hidden, dtype
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int) -> jax.Array:
+  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
+               plan: Sequence | None = None) -> jax.Array:
+    """Paper logits. `plan`: None (plain layers) or one `jaxdata.offload.Policy` per layer
+    after the first (`stack_layers`): the same logits and gradients, each layer's residuals
+    kept, offloaded or recomputed as its policy says."""
     del papers  # type 0 is the paper type: its rows are the first output
-    hs = self.conv2(graph, self.conv1(graph, self.inputs(xs)))
-    return self.classify(hs[0]).astype(jnp.float32)
+    hs = self.conv1(graph, self.inputs(xs))
+    if self.layers == 1:
+      return self.classify(hs[0]).astype(jnp.float32)
+    rows = [h.shape[0] for h in hs]
+    layers, layer_fn, _ = self.stack(graph, rows)
+    h = layer_stack.run(layers, layer_fn, jnp.concatenate(hs), plan)
+    return self.classify(h[:rows[0]]).astype(jnp.float32)
+
+  def stack(self, graph, rows):
+    bounds = np.cumsum([0, *rows]).tolist()
+
+    def layer_fn(conv, h):
+      return jnp.concatenate(conv(graph, [h[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+    return self.convs[1:], layer_fn, jax.ShapeDtypeStruct((sum(rows), self.hidden), self.dtype)
+
+  @property
+  def stack_layers(self) -> int:
+    return self.layers - 1
+
+  @staticmethod
+  def names() -> tuple[str, ...]:
+    """The checkpoint names a layer tags (`layer_stack.candidates`)."""
+    return HGT_NAMES
 
   def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array], types: jax.Array,
                    start, rows: int, gather: Callable) -> jax.Array:
@@ -196,9 +281,13 @@ class HGTClassifier(_Classifier):
 
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers)."""
-    n1, n0 = blocks.nodes[1].shape[0], blocks.nodes[0].shape[0]
-    h = self.conv1.on_slots(blocks.graphs[1], xs, types, rows=n1)
-    h = self.conv2.on_slots(blocks.graphs[0], h, types[:n1], rows=n0)
+    self._check_blocks(blocks)
+    top = self.layers - 1  # layer i runs on hop L - 1 - i (the seeds' hop last)
+    h = self.conv1.on_slots(blocks.graphs[top], xs, types, rows=blocks.nodes[top].shape[0])
+    for hop in range(top - 1, -1, -1):
+      h = self.convs[top - hop].on_slots(blocks.graphs[hop], h,
+                                         types[:blocks.nodes[hop + 1].shape[0]],
+                                         rows=blocks.nodes[hop].shape[0])
     return self.classify(h).astype(jnp.float32)
 
 
@@ -232,21 +321,42 @@ def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array |
           for t, x in enumerate(dataset.features)]
 
 
+#: Makes a plan (one offload policy per stacked layer) for a freshly built model, the graph and
+#: the device features it trains on (where a planner measures its layers).
+Planner = Callable[[nnx.Module, GraphArrays, list], Sequence]
+
+
 def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
+          plan: Sequence | Planner | None = None,
           on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
   """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies.
 
   With more than one device in all (`config.devices` per process, times the processes of a
   `jax.distributed` job) the graph is partitioned by destinations over them
   (`jaxdata.train.attention.partitioned`); one device in one process runs the path below.
+
+  `plan`: None (plain layers), one `jaxdata.offload.Policy` per stacked layer
+  (`model.stack_layers`: RGAT's every layer, HGT's after the first), or a `Planner` called once
+  on the freshly built model (`budget_planner`). A plan changes memory and time, not the
+  numbers. The plan is kept as `TrainResult.plan`.
   """
   if config.devices != 1 or jax.process_count() > 1:
+    if plan is not None or config.layers != 2:
+      raise ValueError("train: over several devices (the partitioned path) the model has two "
+                       "layers and no offload plan")
     from jaxdata.train.attention import partitioned  # pylint: disable=g-import-not-at-top
     return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   xs = device_features(dataset, model)
+  if callable(plan):
+    plan = plan(model, graph, xs)
+  if plan is not None:
+    plan = tuple(plan)
+    if len(plan) != model.stack_layers:
+      raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
+                       f"{model.stack_layers} stacked layers")
   papers = dataset.node_range("paper")[1]
   labels = jnp.asarray(dataset.labels)
   train_idx = jnp.asarray(dataset.train_papers)
@@ -256,7 +366,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
   def step(model, optimizer, graph, xs):
 
     def loss_fn(model):
-      logits = model(graph, xs, papers)[train_idx]
+      logits = model(graph, xs, papers, plan)[train_idx]
       return optax.softmax_cross_entropy_with_integer_labels(logits, train_y).mean(), logits
 
     (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
@@ -275,7 +385,37 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
     if on_epoch is not None:
       on_epoch(record)
   final = evaluate(model, dataset, graph, xs)
-  return TrainResult(model, history, final, time.perf_counter() - start, optimizer)
+  return TrainResult(model, history, final, time.perf_counter() - start, optimizer, plan)
+
+
+def candidates(model: nnx.Module) -> dict:
+  """The inner policies the planner tries for `model`'s stacked layer (by its checkpoint
+  names; `jaxdata.nn.layer_stack.candidates`)."""
+  return layer_stack.candidates(model.names())
+
+
+def budget_planner(budget_bytes: int, store, *, tier: str = "auto", repeats: int = 5,
+                   say: Callable[[str], None] | None = None) -> Planner:
+  """A `Planner` for `train`: keep / offload / recompute per stacked layer so that their
+  residuals and inputs fit `budget_bytes` of device memory (measured on the default device;
+  `jaxdata.nn.layer_stack.plan`); offloads go to `store` (a `jaxdata.offload.TensorStore`).
+  ValueError when not even the smallest plan fits."""
+
+  def planner(model, graph, xs):
+    if not model.stack_layers:
+      raise ValueError(f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
+                       "stacked layers to plan (HGT's first layer is not one of them)")
+    rows = [x.shape[0] for x in model.inputs(xs)]
+    layers, layer_fn, x = model.stack(graph, rows)
+    progress = (lambda name: say(f"  measuring a layer under {name} ...")) if say else None
+    best, bw = layer_stack.plan(layers, layer_fn, x, budget_bytes, store, candidates(model),
+                                tier=tier, repeats=repeats, progress=progress)
+    if say:
+      say(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
+          f"{best.device_bytes / 2**20:.1f} MiB resident, {best.offload_bytes / 2**20:.1f} MiB "
+          f"offloaded at {bw / 1e9:.1f} GB/s)")
+    return list(best.policies)
+  return planner
 
 
 @functools.partial(nnx.jit, static_argnums=3)
@@ -348,6 +488,8 @@ def add_arguments(parser, model: str):
                            "so that every class has about 100 papers)")
   parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
+  parser.add_argument("--layers", type=command.positive_int, default=2,
+                      help="graph layers (default 2; --minibatch trains two)")
   parser.add_argument("--heads", type=command.positive_int, default=4,
                       help="attention heads (--hidden must be a multiple)")
   parser.add_argument("--lr", type=command.positive_float, default=0.005,
@@ -382,6 +524,22 @@ def add_arguments(parser, model: str):
                       help="--minibatch, host pipeline: the device holds at most this many bytes "
                            "of parameters, optimizer state and cached feature rows (e.g. 8GiB; "
                            "the cache gets what the dense model leaves)")
+  parser.add_argument("--offload", action="store_true",
+                      help="plan keep / offload / recompute per layer under --budget "
+                           "(jaxdata.nn.layer_stack.plan) and train with the plan; the layers "
+                           "planned are RGAT's every layer, HGT's after the first")
+  parser.add_argument("--plan", default="auto", metavar="POLICY",
+                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
+                           "every planned layer, as plans print them: recompute, keep[nodes], "
+                           "offload[edges], offload[dots]+in, offload[in], ...")
+  parser.add_argument("--budget", type=command.size, default=None,
+                      help="device memory for the planned layers' activations, e.g. 2GiB "
+                           "(implies --offload)")
+  parser.add_argument("--ram", type=command.size, default=None,
+                      help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
+                           "(default: the TensorStore's)")
+  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
+                      help="--offload: a folder on local SSD for what does not fit in --ram")
   add_out_argument(parser, model)
 
 
@@ -401,6 +559,45 @@ def _passes(text: str) -> tuple[str, ...]:
 def default_classes(scale: float) -> int:
   """ogbn-mag's 349 classes, or fewer at small scales: about 100 papers per class."""
   return int(max(2, min(NUM_CLASSES, round(NUM_NODES["paper"] * scale / 100))))
+
+
+def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on_epoch
+                     ) -> TrainResult:
+  """`train` under --offload: a TensorStore (--ram, --ssd-dir), the planner under --budget or
+  one --plan policy for every planned layer, and a line on what went where."""
+  # pylint: disable=g-import-not-at-top
+  from jaxdata.offload import TensorStore
+  from jaxdata.offload.store import summary as store_summary
+  store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
+                if v is not None}
+  say = lambda text: console.print(text, markup=False)  # noqa: E731
+  with TensorStore(**store_args) as store:
+    probed = {}
+    if args.plan == "auto":
+      measure = budget_planner(args.budget, store, say=say)
+
+      def planner(model, graph, xs):
+        try:
+          plan = measure(model, graph, xs)
+        except ValueError as e:
+          raise command.UsageError(f"argument --budget: {e}") from None
+        say(f"plan under {args.budget:,} bytes: " + ", ".join(
+            f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
+            for a, b, p in segments(plan, len(plan))) + f" (of the {model.stack_layers} "
+            "planned layers)")
+        probed.update(store.stats())  # the planner's bandwidth probe spilled too
+        return plan
+    else:
+      def planner(model, graph, xs):
+        del graph, xs
+        try:
+          policy = layer_stack.policy_named(args.plan, store, candidates(model))
+        except ValueError as e:
+          raise command.UsageError(f"argument --plan: {e}") from None
+        return [policy] * model.stack_layers
+    result = train(dataset, config, plan=planner, on_epoch=on_epoch)
+    say(store_summary(store.stats(), probed))
+  return result
 
 
 def main(args) -> int:
@@ -425,11 +622,27 @@ def main(args) -> int:
     raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "
                              f"featureless-able node type; choose from "
                              f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
+  offloading = args.offload or args.budget is not None
+  if offloading and args.minibatch:
+    raise command.UsageError(f"argument {'--budget' if args.budget is not None else '--offload'}:"
+                             " for full-graph training (not with --minibatch)")
+  if args.offload and args.plan == "auto" and args.budget is None:
+    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
+                             "planner, or --plan POLICY")
+  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
+    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
+  if not one_device and (offloading or args.layers != 2):
+    raise command.UsageError(f"argument {'--layers' if args.layers != 2 else '--budget/--offload'}"
+                             ": several devices (the partitioned path) train two layers without "
+                             "an offload plan")
+  if args.minibatch and args.layers != 2:
+    raise command.UsageError(f"argument --layers: --minibatch trains two layers (one per "
+                             f"--fanouts hop), got {args.layers}; deeper models train full-graph")
   passes = args.passes
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
                        passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim,
-                       devices=devices)
+                       devices=devices, layers=args.layers)
   minibatch = None
   if args.device_bytes is not None and not args.minibatch:
     raise command.UsageError("argument --device-bytes: only with --minibatch")
@@ -456,7 +669,8 @@ def main(args) -> int:
                 + f"; {g.num_edges:,} edges, {g.num_relations} relations; {classes} classes, "
                 f"{len(dataset.train_papers):,} train / {len(dataset.val_papers):,} val / "
                 f"{len(dataset.test_papers):,} test papers")
-  console.print(f"{config.model.upper()}: hidden {config.hidden}, {config.heads} heads, "
+  console.print(f"{config.model.upper()}: {config.layers} layers, hidden {config.hidden}, "
+                f"{config.heads} heads, "
                 f"{config.dtype}, passes {select_passes(config.passes) or 'none'}, on "
                 f"{jax.devices()[0].platform} x "
                 f"{(len(jax.local_devices()) if devices is None else devices) * jax.process_count()}"
@@ -471,7 +685,9 @@ def main(args) -> int:
                     f"train acc {r['train_accuracy']:.4f}  "
                     f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
-    if minibatch is None:
+    if minibatch is None and offloading:
+      result = _train_offloaded(dataset, config, args, console, on_epoch)
+    elif minibatch is None:
       result = train(dataset, config, on_epoch=on_epoch)
     else:
       console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
