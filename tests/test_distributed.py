@@ -154,7 +154,7 @@ def test_multi_process_flags_come_together(capsys):
   assert "is not HOST:PORT" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("model", ["rgcn", "rgat", "hgt", "gpt"])
+@pytest.mark.parametrize("model", ["rgcn", "rgat", "hgt"])
 def test_other_trainers_refuse_several_processes(model, capsys):
   code = cli.main(["train", model, "--coordinator", "localhost:1234", "--num-processes", "2",
                    "--process-id", "0"])
