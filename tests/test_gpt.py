@@ -542,3 +542,32 @@ def test_training_on_two_devices_with_offload_equals_one_device():
     train(dataclasses.replace(config, batch=3, devices=2))
   with pytest.raises(ValueError, match="devices=3, but 2 are visible"):
     train(dataclasses.replace(config, devices=3))
+
+
+def test_data_parallel_step_applies_the_mean_gradient_of_the_global_batch():
+  """The trainer's step on two devices (offloading) with SGD at learning rate 1 moves every
+  parameter by minus one device's plain gradient of the whole batch: neither summed over the
+  devices nor one device's share (AdamW, the trainer's optimizer, would hide a scale)."""
+  import optax
+  from jax.sharding import Mesh
+  from jaxdata.offload import TensorStore, offload
+  from jaxdata.train import gpt as train_gpt
+  devices = _two_devices("cpu")
+  model = _model()
+  params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+  tokens = _tokens((4, CFG.seq + 1), seed=5)
+  graphdef_m = nnx.graphdef(model)
+  want_loss, want = jax.jit(jax.value_and_grad(
+      lambda p: nnx.merge(graphdef_m, p).loss(tokens)))(params)
+  graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)))
+  with TensorStore(ram_bytes="16MiB") as store:
+    plan = (offload(store, inner=save_names("qkv", "attn_ctx"), min_bytes=0, inputs=(1,)),) * 3
+    step, _ = train_gpt._steps(graphdef, Mesh(np.array(devices), ("data",)), plan)
+    state, loss = step(state, tokens)
+    after, _ = nnx.merge(graphdef, jax.block_until_ready(state))
+  np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+  moved = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), nnx.state(after, nnx.Param),
+                       params)
+  for (path, m), w in zip(jax.tree_util.tree_leaves_with_path(moved), jax.tree.leaves(want)):
+    np.testing.assert_allclose(m, -np.asarray(w), rtol=1e-4, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
