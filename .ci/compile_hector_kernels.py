@@ -24,7 +24,10 @@ import sys
 import tempfile
 import time
 
-import jax
+# the tensor-core kernels are what this script is for (off by default: jaxdata.hector.codegen.cuda)
+os.environ.setdefault("JAXDATA_HECTOR_TENSOR_CORES", "1")
+
+import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 

@@ -142,10 +142,10 @@ def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool =
 
 
 def _multi_process_trainers() -> str:
-  """The trainers that declare `MULTI_PROCESS = True`, e.g. "sage and rgcn"."""
-  names = [name for name, (module, _) in TRAIN.items()
-           if getattr(importlib.import_module(module), "MULTI_PROCESS", False)]
-  return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+  """The trainers that run as several processes, as a sentence's end: "sage and gpt do"."""
+  names = [n for n, (m, _) in TRAIN.items()
+           if getattr(importlib.import_module(m), "MULTI_PROCESS", False)]
+  return (" and ".join(names) + " do") if len(names) > 1 else f"only {names[0]} does"
 
 
 def _join(args: argparse.Namespace) -> None:
@@ -154,11 +154,12 @@ def _join(args: argparse.Namespace) -> None:
   what = f"jaxdata train {args.model}"
   if setup.num_processes > 1 and not args.multi_process:
     raise command.UsageError(f"{what} does not support multi-process runs yet (--num-processes "
-                             f"{setup.num_processes}); of the trainers, only {_multi_process_trainers()} do")
+                             f"{setup.num_processes}); of the trainers, "
+                             f"{_multi_process_trainers()}")
   setup = distributed.initialize(setup)
   if setup.num_processes > 1 and not args.multi_process:  # found by --distributed auto
     raise command.UsageError(f"{what} does not support multi-process runs yet ({setup.num_processes}"
-                             f" processes detected); of the trainers, only {_multi_process_trainers()} do")
+                             f" processes detected); of the trainers, {_multi_process_trainers()}")
 
 
 def parser() -> command.Parser:

@@ -460,3 +460,114 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
     train_gpt.main(parser.parse_args(common + ["--offload", "--plan", "offload[bogus]"]))
   with pytest.raises(UsageError, match="needs --budget"):
     train_gpt.main(parser.parse_args(common + ["--offload"]))
+
+
+# ----------------------------------------------------------------------------- data parallel
+
+
+def _two_devices(platform: str) -> list:
+  try:
+    devices = jax.devices(platform)
+  except RuntimeError:
+    devices = []
+  if len(devices) < 2:
+    pytest.skip(f"needs two {platform} devices, JAX sees {len(devices)}")
+  return devices[:2]
+
+
+@pytest.mark.parametrize("platform", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("check_vma", [True, False], ids=["checked", "unchecked"])
+def test_two_devices_offloading_to_one_store_equal_one_device(platform, check_vma):
+  """shard_map over two devices, each offloading its layers' residuals (and inputs) to the
+  process's one TensorStore: every device spills and loads its own (same sites, same layers,
+  different rows), and the loss and gradients of the global batch are one device's plain ones.
+  With shard_map's varying-axes check, JAX sums a replicated parameter's gradient over the
+  devices (also through layer_norm's custom VJP); without it, each device's stays its own."""
+  from jax.sharding import Mesh, PartitionSpec as P
+  from jaxdata.offload import TensorStore, offload
+  devices = _two_devices(platform)
+  graphdef, params = nnx.split(_model())
+  tokens = _tokens((4, CFG.seq + 1), seed=3)
+  with jax.default_device(devices[0]):
+    want_loss, want = jax.jit(jax.value_and_grad(
+        lambda p: nnx.merge(graphdef, p).loss(tokens)))(params)
+  with TensorStore(ram_bytes="16MiB") as store:
+    policy = offload(store, inner=save_names("qkv", "attn_ctx"), min_bytes=0, inputs=(1,))
+    plan = [policy] * CFG.layers
+
+    def local(p, t):
+      loss, grads = jax.value_and_grad(lambda p: nnx.merge(graphdef, p).loss(t, plan))(p)
+      if check_vma:  # the gradients arrive summed over the two devices
+        return jax.lax.pmean(loss, "data"), jax.tree.map(lambda g: g / 2, grads)
+      return jax.lax.pmean((loss, grads), "data")
+
+    step = jax.jit(jax.shard_map(local, mesh=Mesh(np.array(devices), ("data",)),
+                                 in_specs=(P(), P("data")), out_specs=P(), check_vma=check_vma))
+    before = store.stats()
+    loss, grads = jax.block_until_ready(step(params, tokens))
+    s = store.stats()
+  assert s["spills"] - before["spills"] == 2 * CFG.layers  # one per layer on each device
+  assert s["loads"] - before["loads"] == 2 * CFG.layers and s["ram_in_use"] == 0
+  np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_training_on_two_devices_with_offload_equals_one_device():
+  """`train` with devices=2 and an offload plan (each device spills its share) takes the
+  steps of a plain one-device run on the same global batch: same losses, same parameters."""
+  from jaxdata.offload import TensorStore, offload
+  _two_devices("cpu")
+  config = GPTTrainConfig(**TRAIN, batch=4, steps=3, log_every=1, eval_batches=1, warmup=1)
+  one = train(config)
+  with TensorStore(ram_bytes="16MiB") as store:
+    policy = offload(store, inner=save_names("attn_out", "mlp_up"), min_bytes=0, inputs=(1,))
+    shapes = []
+
+    def planner(model, batch_shape):
+      shapes.append(batch_shape)
+      return [policy] * CFG.layers
+    two = train(dataclasses.replace(config, devices=2), plan=planner)
+    spills = store.stats()["spills"]
+  assert shapes == [(2, CFG.seq)]  # planned for one device's share of the batch
+  assert spills == 3 * 2 * CFG.layers  # steps x devices x layers
+  for a, b in zip(two.history, one.history):
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+  for a, b in zip(jax.tree.leaves(nnx.state(two.model, nnx.Param)),
+                  jax.tree.leaves(nnx.state(one.model, nnx.Param))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  with pytest.raises(ValueError, match="does not split evenly over 2 devices"):
+    train(dataclasses.replace(config, batch=3, devices=2))
+  with pytest.raises(ValueError, match="devices=3, but 2 are visible"):
+    train(dataclasses.replace(config, devices=3))
+
+
+def test_data_parallel_step_applies_the_mean_gradient_of_the_global_batch():
+  """The trainer's step on two devices (offloading) with SGD at learning rate 1 moves every
+  parameter by minus one device's plain gradient of the whole batch: neither summed over the
+  devices nor one device's share (AdamW, the trainer's optimizer, would hide a scale)."""
+  import optax
+  from jax.sharding import Mesh
+  from jaxdata.offload import TensorStore, offload
+  from jaxdata.train import gpt as train_gpt
+  devices = _two_devices("cpu")
+  model = _model()
+  params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+  tokens = _tokens((4, CFG.seq + 1), seed=5)
+  graphdef_m = nnx.graphdef(model)
+  want_loss, want = jax.jit(jax.value_and_grad(
+      lambda p: nnx.merge(graphdef_m, p).loss(tokens)))(params)
+  graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)))
+  with TensorStore(ram_bytes="16MiB") as store:
+    plan = (offload(store, inner=save_names("qkv", "attn_ctx"), min_bytes=0, inputs=(1,)),) * 3
+    step, _ = train_gpt._steps(graphdef, Mesh(np.array(devices), ("data",)), plan)
+    state, loss = step(state, tokens)
+    after, _ = nnx.merge(graphdef, jax.block_until_ready(state))
+  np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
+  moved = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), nnx.state(after, nnx.Param),
+                       params)
+  for (path, m), w in zip(jax.tree_util.tree_leaves_with_path(moved), jax.tree.leaves(want)):
+    np.testing.assert_allclose(m, -np.asarray(w), rtol=1e-4, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))

@@ -103,7 +103,9 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array) -> jax.Array:
 
   Its backward pass keeps x and one mean and inverse deviation per row, where differentiating
   the formula would keep several float32 copies of x (6 activations' worth in bfloat16 terms).
-  Reverse mode only (a custom VJP): `jax.jvp` through it raises.
+  Reverse mode only (a custom VJP): `jax.jvp` through it raises. Under `shard_map` with
+  per-device rows and replicated `scale`/`bias`, their gradients are summed over the devices
+  (what JAX's own differentiation does for a replicated input; see `_like_primal`).
   """
   return _layer_norm_fwd(x, scale, bias)[0]
 
@@ -113,11 +115,32 @@ def _layer_norm_fwd(x, scale, bias):
   mean = xf.mean(-1, keepdims=True)
   rstd = jax.lax.rsqrt(jnp.square(xf - mean).mean(-1, keepdims=True) + 1e-5)
   y = (xf - mean) * rstd * scale.astype(jnp.float32) + bias.astype(jnp.float32)
-  return y.astype(x.dtype), (x, mean, rstd, scale)
+  return y.astype(x.dtype), (x, mean, rstd, scale, bias)
+
+
+def _like_primal(ct: jax.Array, primal: jax.Array) -> jax.Array:
+  """`ct` summed over the manual mesh axes along which it varies and `primal` does not.
+
+  Inside `shard_map` (checking varying axes, its default) a replicated input used with
+  per-device data gets a per-device cotangent; JAX's own transpose of the implicit broadcast
+  sums it over those axes, and a custom VJP must return what that would (same type as the
+  primal). Outside `shard_map` nothing varies and this is `ct`.
+  """
+  extra = tuple(sorted(_varying(ct) - _varying(primal)))
+  return jax.lax.psum(ct, extra) if extra else ct
+
+
+def _varying(x: jax.Array) -> set:
+  """The manual mesh axes along which x varies: `vma` of its type in JAX <= 0.9, `varying` of
+  its `manual_axis_type` since 0.10; empty outside `shard_map`."""
+  aval = jax.typeof(x)
+  if hasattr(aval, "vma"):
+    return set(aval.vma)
+  return set(getattr(getattr(aval, "manual_axis_type", None), "varying", ()))
 
 
 def _layer_norm_bwd(res, g):
-  x, mean, rstd, scale = res
+  x, mean, rstd, scale, bias = res
   xhat = (x.astype(jnp.float32) - mean) * rstd
   g = g.astype(jnp.float32)
   axes = tuple(range(g.ndim - 1))
@@ -125,7 +148,7 @@ def _layer_norm_bwd(res, g):
   d_bias = g.sum(axes).astype(scale.dtype)
   gx = g * scale.astype(jnp.float32)
   dx = rstd * (gx - gx.mean(-1, keepdims=True) - xhat * (gx * xhat).mean(-1, keepdims=True))
-  return dx.astype(x.dtype), d_scale, d_bias
+  return dx.astype(x.dtype), _like_primal(d_scale, scale), _like_primal(d_bias, bias)
 
 
 layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)

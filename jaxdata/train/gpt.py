@@ -6,6 +6,13 @@ plan (one remat policy per layer, e.g. from `jaxdata.nn.gpt_plan.plan_for_model`
 sharing a policy trains under `jaxdata.offload.remat`; the plan changes memory and time, never
 the numbers.
 
+Data parallel: `devices` devices per process (and, with `jaxdata.distributed`, every process's
+devices) form one 1-D mesh; the global batch of `batch` sequences is split over it, each device
+runs the model on its share (under the plan, with its own spills to its process's TensorStore),
+and the gradients are averaged by one all-reduce per step. The loss of the global batch is the
+mean of the devices' means (equal shares), so any mesh trains like one device on the same
+global batch, to float rounding. A plan is made for one device's share (`batch / devices`).
+
     from jaxdata.train.gpt import GPTTrainConfig, train
     result = train(GPTTrainConfig(steps=200))
     print(result.metrics["start_loss"], result.metrics["final_loss"], result.metrics["entropy"])
@@ -13,7 +20,6 @@ the numbers.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -24,8 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.flatten_util import ravel_pytree
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxdata import command
+from jaxdata import command, distributed
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
@@ -35,11 +43,22 @@ from jaxdata.train.common import TrainResult, add_out_argument, progress, say_sa
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
 Planner = Callable[[GPT, tuple[int, int]], LayerPlan]
+#: `jaxdata train gpt` runs as one of several processes (`jaxdata.distributed`).
+MULTI_PROCESS = True
+
+try:
+  _shard_map = jax.shard_map
+except AttributeError:  # older JAX
+  from jax.experimental.shard_map import shard_map as _shard_map  # type: ignore
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTTrainConfig:
-  """What `train` does: the model, the data, the optimizer (AdamW, warmup then cosine decay)."""
+  """What `train` does: the model, the data, the optimizer (AdamW, warmup then cosine decay).
+
+  `batch` is the global batch: sequences per step over every device of every process; each
+  device of the mesh takes `batch / devices` of them (`batch` must divide evenly).
+  """
   layers: int = 4
   hidden: int = 128
   heads: int = 4
@@ -57,10 +76,13 @@ class GPTTrainConfig:
   eval_batches: int = 4        # held-out batches for the start and final loss
   log_every: int | None = None  # steps between logged records (None: steps // 10)
   loss_chunk: int = 0          # cross entropy in chunks of this many positions (0: at once)
+  devices: int | None = 1      # data parallel over this many devices per process (None: all)
 
   def __post_init__(self):
     if min(self.steps, self.batch, self.eval_batches) < 1:
       raise ValueError("GPTTrainConfig: steps, batch and eval_batches must be >= 1")
+    if self.devices is not None and self.devices < 1:
+      raise ValueError(f"GPTTrainConfig: devices must be >= 1 (or None: all), got {self.devices}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"GPTTrainConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
     self.model_config()  # validates the shape
@@ -78,13 +100,54 @@ def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
                      optax.adamw(schedule, weight_decay=config.weight_decay))
 
 
-# Module-level, so runs of the same shapes and plan share one compiled step (the plan is static:
-# policies are hashable).
-@functools.partial(nnx.jit, static_argnames="plan")
-def _step(model: GPT, optimizer: nnx.Optimizer, tokens: jax.Array, plan: tuple | None):
-  loss, grads = nnx.value_and_grad(lambda m: m.loss(tokens, plan))(model)
-  optimizer.update(model, grads)
-  return loss
+def _mesh(devices: int | None) -> Mesh:
+  """The 1-D "data" mesh: `devices` local devices (None: all) of every process, process by
+  process (so device d of the mesh takes the d-th share of the batch in any process layout)."""
+  per_process: dict[int, list] = {}
+  for d in jax.devices():
+    per_process.setdefault(d.process_index, []).append(d)
+  local = per_process[jax.process_index()]
+  n = len(local) if devices is None else devices
+  if n > len(local):
+    raise ValueError(f"GPTTrainConfig: devices={devices}, but {len(local)} are visible"
+                     + (" to this process" if len(per_process) > 1 else ""))
+  return Mesh(np.array([d for p in sorted(per_process) for d in per_process[p][:n]]), ("data",))
+
+
+def _pmean_flat(tree, axis_name: str):
+  """The mean over `axis_name` of a pytree of float arrays, as one all-reduce of one float32
+  vector (one collective per step rather than one per parameter)."""
+  flat, unravel = ravel_pytree(tree)
+  return unravel((jax.lax.psum(flat.astype(jnp.float32), axis_name)
+                  / jax.lax.psum(1, axis_name)).astype(flat.dtype))
+
+
+def _steps(graphdef, mesh: Mesh, plan: tuple | None):
+  """(step, evaluate): jitted data-parallel functions of the (model, optimizer) state.
+
+  step(state, tokens) -> (state, loss): each device takes its rows of tokens (global batch,
+  seq + 1), computes its mean loss and gradients under `plan`, the gradients and losses are
+  averaged in one all-reduce, and each device applies the same AdamW update to its replicated
+  copy. evaluate(state, batches) -> mean loss over batches (n, global batch, seq + 1).
+  shard_map does not check varying axes here: a replicated parameter's gradient stays each
+  device's own until `_pmean_flat` averages it (with the check, JAX would sum it per leaf).
+  """
+  def step(state, tokens):
+    model, optimizer = nnx.merge(graphdef, state)
+    loss, grads = nnx.value_and_grad(lambda m: m.loss(tokens, plan))(model)
+    loss, grads = _pmean_flat((loss, grads), "data")
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+  def evaluate(state, batches):
+    model, _ = nnx.merge(graphdef, state)
+    return jax.lax.pmean(jnp.mean(jax.lax.map(model.loss, batches)), "data")
+
+  def sharded(fn, in_specs, out_specs, **jit):
+    return jax.jit(_shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                              check_vma=False), **jit)
+  return (sharded(step, (P(), P("data")), (P(), P()), donate_argnums=0),
+          sharded(evaluate, (P(), P(None, "data")), P()))
 
 
 @nnx.jit
@@ -107,43 +170,59 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   """
   chain = _chain(config)
   data = chain.batches(config.batch, config.seq, seed=config.seed + 1)
-  held_out = _held_out(config, chain)
+  mesh = _mesh(config.devices)
+  ndev = mesh.devices.size
+  if config.batch % ndev:
+    raise ValueError(f"train: the batch of {config.batch} sequences does not split evenly over "
+                     f"{ndev} devices")
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   if callable(plan):
-    plan = plan(model, (config.batch, config.seq))
+    plan = plan(model, (config.batch // ndev, config.seq))  # one device's share
   if plan is not None:
     plan = list(plan)
     if len(segments(plan, config.layers)) > 1:  # (fails early on a plan of the wrong length)
       model.split_layers(plan)  # one parameter stack per segment: no copies inside the step
   optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
-  step = functools.partial(_step, plan=None if plan is None else tuple(plan))
+  graphdef, state = nnx.split((model, optimizer))
+  step, evaluate_on = _steps(graphdef, mesh, None if plan is None else tuple(plan))
+  replicated, by_rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  state = distributed.put(state, replicated)
+  held_out = distributed.put(np.asarray(_held_out(config, chain)),
+                             NamedSharding(mesh, P(None, "data")))
+
+  def held_out_loss(state) -> float:
+    return float(distributed.local_value(evaluate_on(state, held_out)))
 
   log_every = config.log_every or max(1, config.steps // 10)
   tokens_per_step = config.batch * config.seq
-  start_loss = float(_evaluate(model, held_out))
+  start_loss = held_out_loss(state)
   history, window = [], []
   start = t0 = time.perf_counter()
   compile_seconds = evaluating = 0.0
   for i in range(1, config.steps + 1):
-    window.append(step(model, optimizer, jnp.asarray(next(data))))
+    state, loss = step(state, distributed.put(next(data), by_rows))
+    window.append(loss)
     if i == 1:
       jax.block_until_ready(window[-1])
       compile_seconds = time.perf_counter() - t0  # the first step includes tracing and compiling
     if on_step:
       on_step(i, config.steps)
     if i % log_every == 0 or i == config.steps:
-      losses = np.asarray(jax.device_get(window), np.float64)  # waits for the window's steps
+      losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
       seconds = time.perf_counter() - t0
       record = dict(step=i, loss=float(losses.mean()), seconds=seconds,
                     tokens_per_second=len(losses) * tokens_per_step / seconds)
       e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
-      record["val_loss"] = float(_evaluate(model, held_out))
+      record["val_loss"] = held_out_loss(state)
       evaluating += time.perf_counter() - e0
       history.append(record)
       if on_log:
         on_log(record)
       window, t0 = [], time.perf_counter()
   total = time.perf_counter() - start - evaluating
+  if ndev > 1:  # replicated over the mesh: this process's own copy, on its first device
+    state = jax.device_put(distributed.local_value(state), jax.local_devices()[0])
+  nnx.update((model, optimizer), state)
   final_loss = history[-1]["val_loss"]  # the last step is always logged
   rest = max(total - compile_seconds, 1e-9)  # the steps after the first, which compiled
   metrics = dict(start_loss=start_loss, final_loss=final_loss, train_loss=history[-1]["loss"],
@@ -212,7 +291,10 @@ def add_arguments(parser):
   parser.add_argument("--seq", type=command.positive_int, default=d.seq,
                       help="tokens per sequence")
   parser.add_argument("--batch-size", type=command.positive_int, default=d.batch,
-                      help="sequences per step")
+                      help="sequences per step, over all devices of all processes (each device "
+                           "takes an equal share)")
+  parser.add_argument("--devices", type=command.natural_int, default=1,
+                      help="data parallel over this many local devices per process (0: all)")
   parser.add_argument("--vocab", type=command.positive_int, default=d.vocab, help="vocabulary")
   parser.add_argument("--steps", type=command.positive_int, default=d.steps, help="training steps")
   parser.add_argument("--lr", type=command.positive_float, default=d.learning_rate,
@@ -235,13 +317,41 @@ def add_arguments(parser):
                            "every layer, as plans print them: recompute, keep[dots], "
                            "offload[attn], offload[mlp]+in, offload[in], ...")
   parser.add_argument("--budget", type=command.size, default=None,
-                      help="--offload: device memory for activations, e.g. 2GiB")
+                      help="--offload: device memory for activations, per device, e.g. 2GiB "
+                           "(the plan is made for one device's share of the batch)")
   parser.add_argument("--ram", type=command.size, default=None,
-                      help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
-                           "(default: the TensorStore's)")
+                      help="--offload: pinned host RAM for offloaded activations, per process "
+                           "(shared by its devices), e.g. 8G (default: the TensorStore's)")
   add_out_argument(parser, "gpt")
   parser.add_argument("--ssd-dir", default=None, metavar="DIR",
                       help="--offload: a folder on local SSD for what does not fit in --ram")
+
+
+def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
+  """Process 0's plan (and its store's spill cap), in every process: each process holds its
+  own TensorStore, so the policies are rebuilt over it from their names. With one process,
+  `plan` itself. Other processes pass None (they did not plan). None in every process where
+  process 0 says it `failed` (so that all stop, rather than wait for it)."""
+  if jax.process_count() == 1:
+    return None if failed else list(plan)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from jaxdata.nn.gpt_plan import policy_named  # pylint: disable=g-import-not-at-top
+  width = 64  # bytes per policy name ("offload[proj]+in" is 16)
+  text = "\n".join(str(p) for p in plan).encode() if plan is not None else b""
+  n = -1 if failed else len(plan) if plan is not None else 0
+  size = multihost_utils.broadcast_one_to_all(np.int32(n))
+  if int(size) < 0:
+    return None
+  buf = np.zeros(int(size) * width, np.uint8)
+  buf[:len(text)] = np.frombuffer(text, np.uint8)
+  cap = np.int64(store.device_bytes)
+  buf, cap = multihost_utils.broadcast_one_to_all((buf, cap))
+  names = np.asarray(buf).tobytes().rstrip(b"\0").decode().split("\n")
+  if plan is None:
+    plan = [policy_named(name, store) for name in names]
+    if int(cap):
+      store.device_bytes = int(cap)
+  return list(plan)
 
 
 def _describe_plan(plan: LayerPlan) -> str:
@@ -256,17 +366,23 @@ def main(args) -> int:
   if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
     raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
   console = command.console()
+  console.quiet = not distributed.is_primary()  # one process reports for the job
   try:
     config = GPTTrainConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                             seq=args.seq, batch=args.batch_size, vocab=args.vocab,
                             steps=args.steps, learning_rate=args.lr, seed=args.seed,
                             dtype=args.dtype, log_every=args.log_every,
-                            loss_chunk=args.loss_chunk)
+                            loss_chunk=args.loss_chunk,
+                            devices=None if args.devices == 0 else args.devices)
+    ndev = _mesh(config.devices).devices.size
+    if config.batch % ndev:
+      raise ValueError(f"argument --batch-size: {config.batch} sequences do not split evenly "
+                       f"over {ndev} devices")
   except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
     raise command.UsageError(str(e)) from None
   console.print(f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
                 f"heads, seq {config.seq}, vocab {config.vocab} | batch {config.batch}, "
-                f"{config.steps} steps, {config.dtype} on {jax.devices()[0].platform}"
+                f"{config.steps} steps, {config.dtype} on {jax.devices()[0].platform} x {ndev}"
                 + (" | offload" if args.offload else ""))
 
   def run(plan):
@@ -290,10 +406,18 @@ def main(args) -> int:
     with TensorStore(**store_args) as store:
       probed = {}
       if args.plan == "auto":
-        def planner(model, batch_shape):
-          plan = plan_for_model(model, batch_shape, budget_bytes=args.budget, store=store)
-          console.print(f"plan under {args.budget:,} bytes: {_describe_plan(list(plan))}",
-                        markup=False)
+        def planner(model, batch_shape):  # process 0 plans for one device's share
+          plan, failure = None, None
+          if distributed.is_primary():
+            try:
+              plan = plan_for_model(model, batch_shape, budget_bytes=args.budget, store=store)
+            except ValueError as e:  # no plan fits: every process must stop, not only this one
+              failure = e
+          plan = _agreed(plan, store, failed=failure is not None)
+          if failure is not None or plan is None:
+            raise command.UsageError(f"argument --budget: {failure or 'process 0 found no plan'}")
+          console.print(f"plan under {args.budget:,} bytes per device (batch {batch_shape[0]} "
+                        f"per device): {_describe_plan(plan)}", markup=False)
           probed.update(store.stats())  # the planner's bandwidth probe spilled too
           return plan
       else:
@@ -303,7 +427,8 @@ def main(args) -> int:
           raise command.UsageError(f"argument --plan: {e}") from None
         planner = [policy] * config.layers
       result = run(planner)
-      console.print(store_summary(store.stats(), probed), markup=False)
+      console.print(store_summary(store.stats(), probed)
+                    + (" (process 0's store)" if jax.process_count() > 1 else ""), markup=False)
   else:
     result = run(None)
   m = result.metrics
@@ -311,6 +436,6 @@ def main(args) -> int:
                 f"(entropy floor {m['entropy']:.4f}, uniform {m['uniform_loss']:.4f}) | "
                 f"{m['seconds']:.1f} s, compile {m['compile_seconds']:.1f} s, "
                 f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s")
-  save(args.out, result, config)
+  save(args.out, result, config)  # every process takes part; Orbax writes once
   say_saved(console, args.out)
   return 0

@@ -617,11 +617,32 @@ struct Gpus {
   std::map<int, std::shared_ptr<Gpu>> by_device;
 };
 
-ffi::ErrorOr<std::shared_ptr<Gpu>> GpuFor(TensorStore& store) {
+// The device a call runs on: its stream's (with several devices in one process, e.g. under
+// shard_map, each device's spills and loads must reach that device's Gpu and stacks; the
+// current device of the calling thread is only a fallback, for a runtime or driver without
+// cudaStreamGetDevice).
+ffi::ErrorOr<int> StreamDevice(cudaStream_t stream) {
   int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
-    return ffi::Unexpected(ffi::Error::Internal(CudaMessage(err, "cudaGetDevice")));
+#if CUDART_VERSION >= 12080
+  cudaError_t err = cudaStreamGetDevice(stream, &device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    err = cudaGetDevice(&device);
   }
+#else
+  cudaError_t err = cudaGetDevice(&device);
+#endif
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return ffi::Unexpected(ffi::Error::Internal(CudaMessage(err, "cudaStreamGetDevice")));
+  }
+  return device;
+}
+
+ffi::ErrorOr<std::shared_ptr<Gpu>> GpuFor(TensorStore& store, cudaStream_t stream) {
+  auto found = StreamDevice(stream);
+  if (found.has_error()) return ffi::Unexpected(found.error());
+  const int device = *found;
   auto gpus = std::static_pointer_cast<Gpus>(store.GpuState([&store]() -> std::shared_ptr<void> {
     auto made = std::make_shared<Gpus>();
     std::weak_ptr<Gpus> weak = made;
@@ -647,7 +668,7 @@ ffi::Error SpillCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remainin
                      int64_t store_id, int64_t site, int64_t tier) {
   auto store = OpenStore(store_id);
   if (store.has_error()) return store.error();
-  auto gpu = GpuFor(**store);
+  auto gpu = GpuFor(**store, stream);
   if (gpu.has_error()) return gpu.error();
   if (auto err = (*gpu)->TakeFlag(); err.failure()) return err;
   auto parts = ArgParts(args, 0);
@@ -663,7 +684,7 @@ ffi::Error LoadCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaining
                     int64_t store_id, int64_t site) {
   auto store = OpenStore(store_id);
   if (store.has_error()) return store.error();
-  auto gpu = GpuFor(**store);
+  auto gpu = GpuFor(**store, stream);
   if (gpu.has_error()) return gpu.error();
   if (auto err = (*gpu)->TakeFlag(); err.failure()) return err;
   auto ticket = LoadTicket(args);

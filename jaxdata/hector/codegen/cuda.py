@@ -17,6 +17,7 @@ the precision is "highest".
 """
 from __future__ import annotations
 
+import os
 import textwrap
 
 from jaxdata.hector import operands
@@ -27,12 +28,26 @@ from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 #: the kinds of GEMM a CUDA GEMM or weight-gradient instance can be generated as
 MATHS = ("fma", "tf32", "bf16")
 
+#: Tensor-core kernels ("tf32", "bf16") are generated only where this environment variable is
+#: "1". Session 12's first H200 run of them (tests/test_hector_precision.py's GPU variants)
+#: never returned: every worker that reached them was still inside after seven minutes, a hang
+#: or a runaway NVRTC compile, not yet told apart. Until they pass there, every precision runs
+#: the float32 CUDA-core ("fma") kernels, float32-exact, as before issue 19.
+TENSOR_CORES_ENV = "JAXDATA_HECTOR_TENSOR_CORES"
+
+
+def tensor_cores_enabled() -> bool:
+  """Whether GEMM instances may run on tensor cores (`TENSOR_CORES_ENV` is "1")."""
+  return os.environ.get(TENSOR_CORES_ENV) == "1"
+
 
 def math(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
   """The kind of GEMM (one of `MATHS`) instance `k` runs as: "bf16" when both operands are
   bfloat16 (and, for a weight gradient, no edge scale multiplies them: a scaled bfloat16 row is
   no longer a bfloat16 value), else "fma" at precision "highest" and "tf32" otherwise.
-  Traversals are always "fma"."""
+  Traversals are always "fma", and so is everything unless `tensor_cores_enabled()`."""
+  if not tensor_cores_enabled():
+    return "fma"
   if isinstance(k, Gemm):
     slots, scaled = (k.rows.slot, k.weight), False
   elif isinstance(k, WeightGrad):
