@@ -82,7 +82,9 @@ def test_hgt_layer_matches_reference(device):
   want = reference(xs64, params)
   for t, (a, b) in enumerate(zip(got, want)):
     assert a.shape == b.shape and a.dtype == jnp.float32
-    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=ds.graph.node_type_names[t])
+    # 5e-5: on the GPU hector sums with float atomics in any order (the H200 once gave 3.1e-5
+    # at a value of 0.37; float32 programs, a float64 reference)
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=5e-5, err_msg=ds.graph.node_type_names[t])
 
   cts = [np.random.default_rng(t).standard_normal(o.shape) for t, o in enumerate(want)]
   loss = lambda outs: sum(jnp.vdot(o, c.astype(o.dtype)) for o, c in zip(outs, cts))  # noqa

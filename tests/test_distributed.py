@@ -359,7 +359,7 @@ def test_sparse_update_copies_must_divide_the_axis_and_need_it():
   from jaxdata.host import HostTable, sparse
   from jaxdata.train.common import sharded_jit
   sgd = sparse.sparse_sgd(1.0)
-  mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+  mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("data",))  # CPU devices, on a GPU machine too
   with HostTable(np.zeros((4, 2), np.float32)) as table:
     def update(copies):
       return sharded_jit(
