@@ -77,7 +77,9 @@ def test_deep_model_under_an_offload_plan_has_the_plain_loss_and_gradients(model
   assert len(got) == len(want)
   for g, w in zip(got, want):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4,
-                               atol=2e-6 * float(np.abs(w).max() + 1e-30))
+                               # 1e-4 of the largest: on a GPU hector's float atomics sum
+                               # in any order (the H200 gave 9e-8 where the largest is ~5e-3)
+                               atol=1e-4 * float(np.abs(w).max() + 1e-30))
 
 
 def test_the_plan_under_a_tight_budget_offloads_or_recomputes(device):

@@ -518,7 +518,7 @@ def test_training_on_two_devices_with_offload_equals_one_device():
   """`train` with devices=2 and an offload plan (each device spills its share) takes the
   steps of a plain one-device run on the same global batch: same losses, same parameters."""
   from jaxdata.offload import TensorStore, offload
-  _two_devices("cpu")
+  _two_devices(jax.default_backend())  # train's mesh takes the default backend's devices
   config = GPTTrainConfig(**TRAIN, batch=4, steps=3, log_every=1, eval_batches=1, warmup=1)
   one = train(config)
   with TensorStore(ram_bytes="16MiB") as store:
