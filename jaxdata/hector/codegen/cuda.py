@@ -29,10 +29,9 @@ from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 MATHS = ("fma", "tf32", "bf16")
 
 #: Tensor-core kernels ("tf32", "bf16") are generated only where this environment variable is
-#: "1". Session 12's first H200 run of them (tests/test_hector_precision.py's GPU variants)
-#: never returned: every worker that reached them was still inside after seven minutes, a hang
-#: or a runaway NVRTC compile, not yet told apart. Until they pass there, every precision runs
-#: the float32 CUDA-core ("fma") kernels, float32-exact, as before issue 19.
+#: "1". On the H200 (session 12, docs/benchmarks/tensor_cores.md) they are correct (TF32 and
+#: bf16 errors) but 0.80-1.09x the CUDA-core kernels' speed on the 2M-edge graph, so by default
+#: every precision runs the float32 CUDA-core ("fma") kernels, float32-exact, as before issue 19.
 TENSOR_CORES_ENV = "JAXDATA_HECTOR_TENSOR_CORES"
 
 
