@@ -8,8 +8,6 @@ give the per-epoch losses of one process with one device.
 """
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -24,6 +22,7 @@ from jaxdata.data import HeteroGraph
 from jaxdata.hector.block import edges_numpy
 from jaxdata.hector.partition import partition
 from jaxdata.nn import RGCN
+from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
 
 try:
   _shard_map = jax.shard_map
@@ -186,20 +185,6 @@ def test_rgcn_devices_are_checked():
   assert cli.main(["train", "rgcn", "--minibatch", "--devices", "2"]) == 2
 
 
-def _env(devices: int | None = None) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-  env.pop("JAX_COORDINATOR_ADDRESS", None)
-  env.pop("XLA_FLAGS", None)
-  if devices is not None:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  return env
-
-
-def _jaxdata(args, env, timeout=240):
-  return subprocess.run([sys.executable, "-m", "jaxdata.cli", *args], env=env, timeout=timeout,
-                        capture_output=True, text=True)
-
-
 @pytest.mark.slow
 def test_rgcn_on_two_processes_of_two_devices_trains_like_one_device(tmp_path):
   """Through the launcher: the graph split over 4 devices of 2 processes (gloo collectives);
@@ -208,9 +193,9 @@ def test_rgcn_on_two_processes_of_two_devices_trains_like_one_device(tmp_path):
           str(SYNTHETIC["edges"]), "--relations", str(SYNTHETIC["relations"]), "--hidden", "8",
           "--epochs", "3"]
   multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *rgcn,
-                    "--devices", "2", "--out", str(tmp_path / "multi")], _env())
+                    "--devices", "2", "--out", str(tmp_path / "multi")], _env(), 240)
   assert multi.returncode == 0, multi.stdout + multi.stderr
-  single = _jaxdata([*rgcn, "--out", str(tmp_path / "single")], _env(1))
+  single = _jaxdata([*rgcn, "--out", str(tmp_path / "single")], _env(1), 240)
   assert single.returncode == 0, single.stdout + single.stderr
   assert "cpu x 4" in multi.stdout and "cpu x 1" in single.stdout
   assert "[0] seed 0: test accuracy" in multi.stdout
