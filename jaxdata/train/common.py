@@ -231,15 +231,18 @@ def say_saved(console, path: str) -> None:
 MESH_AXIS = "data"
 
 
-def device_mesh(devices: int | None, platform: str | None = None):
-  """The 1-D mesh of `devices` devices (None: all) of each process, process by process."""
+def device_mesh(devices: int | None, platform: str | None = None, *,
+                what: str = "full-graph training"):
+  """The 1-D mesh of `devices` devices (None: all) of `platform` in each process, process by
+  process (so mesh device d takes the d-th share of a batch in any process layout); `what`
+  names the caller in the error for a count this process cannot give."""
   per_process: dict[int, list] = {}
   for d in jax.devices(platform):
     per_process.setdefault(d.process_index, []).append(d)
   local = per_process.get(jax.process_index(), [])
   n = len(local) if devices is None else int(devices)
   if n < 1 or n > len(local):
-    raise ValueError(f"full-graph training: devices={devices}, but {len(local)} are visible"
+    raise ValueError(f"{what}: devices={devices}, but {len(local)} are visible"
                      + (" to this process" if len(per_process) > 1 else ""))
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   devices = [d for p in sorted(per_process) for d in per_process[p][:n]]
@@ -254,14 +257,14 @@ def node_rows(padded_nodes: int, nodes, values=None) -> np.ndarray:
   return out
 
 
-def sharded_jit(fn, mesh, in_specs, out_specs):
-  """`jax.jit(shard_map(fn))` over `mesh`, with ``check_vma=False`` (see above)."""
+def sharded_jit(fn, mesh, in_specs, out_specs, **jit_kwargs):
+  """`jax.jit(shard_map(fn), **jit_kwargs)` over `mesh`, with ``check_vma=False`` (see above)."""
   try:
     shard_map = jax.shard_map
   except AttributeError:  # older JAX
     from jax.experimental.shard_map import shard_map  # type: ignore
   return jax.jit(shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                           check_vma=False))
+                           check_vma=False), **jit_kwargs)
 
 
 def gather_rows(h: jax.Array) -> jax.Array:

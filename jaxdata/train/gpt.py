@@ -38,18 +38,14 @@ from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
-from jaxdata.train.common import TrainResult, add_out_argument, progress, say_saved
+from jaxdata.train.common import (TrainResult, add_out_argument, device_mesh, progress, say_saved,
+                                  sharded_jit)
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
 Planner = Callable[[GPT, tuple[int, int]], LayerPlan]
 #: `jaxdata train gpt` runs as one of several processes (`jaxdata.distributed`).
 MULTI_PROCESS = True
-
-try:
-  _shard_map = jax.shard_map
-except AttributeError:  # older JAX
-  from jax.experimental.shard_map import shard_map as _shard_map  # type: ignore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,18 +96,8 @@ def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
                      optax.adamw(schedule, weight_decay=config.weight_decay))
 
 
-def _mesh(devices: int | None) -> Mesh:
-  """The 1-D "data" mesh: `devices` local devices (None: all) of every process, process by
-  process (so device d of the mesh takes the d-th share of the batch in any process layout)."""
-  per_process: dict[int, list] = {}
-  for d in jax.devices():
-    per_process.setdefault(d.process_index, []).append(d)
-  local = per_process[jax.process_index()]
-  n = len(local) if devices is None else devices
-  if n > len(local):
-    raise ValueError(f"GPTTrainConfig: devices={devices}, but {len(local)} are visible"
-                     + (" to this process" if len(per_process) > 1 else ""))
-  return Mesh(np.array([d for p in sorted(per_process) for d in per_process[p][:n]]), ("data",))
+def _mesh(config) -> Mesh:
+  return device_mesh(config.devices, what="GPTTrainConfig")
 
 
 def _pmean_flat(tree, axis_name: str):
@@ -143,11 +129,8 @@ def _steps(graphdef, mesh: Mesh, plan: tuple | None):
     model, _ = nnx.merge(graphdef, state)
     return jax.lax.pmean(jnp.mean(jax.lax.map(model.loss, batches)), "data")
 
-  def sharded(fn, in_specs, out_specs, **jit):
-    return jax.jit(_shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                              check_vma=False), **jit)
-  return (sharded(step, (P(), P("data")), (P(), P()), donate_argnums=0),
-          sharded(evaluate, (P(), P(None, "data")), P()))
+  return (sharded_jit(step, mesh, (P(), P("data")), (P(), P()), donate_argnums=0),
+          sharded_jit(evaluate, mesh, (P(), P(None, "data")), P()))
 
 
 @nnx.jit
@@ -170,7 +153,7 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   """
   chain = _chain(config)
   data = chain.batches(config.batch, config.seq, seed=config.seed + 1)
-  mesh = _mesh(config.devices)
+  mesh = _mesh(config)
   ndev = mesh.devices.size
   if config.batch % ndev:
     raise ValueError(f"train: the batch of {config.batch} sequences does not split evenly over "
@@ -374,7 +357,7 @@ def main(args) -> int:
                             dtype=args.dtype, log_every=args.log_every,
                             loss_chunk=args.loss_chunk,
                             devices=None if args.devices == 0 else args.devices)
-    ndev = _mesh(config.devices).devices.size
+    ndev = _mesh(config).devices.size
     if config.batch % ndev:
       raise ValueError(f"argument --batch-size: {config.batch} sequences do not split evenly "
                        f"over {ndev} devices")

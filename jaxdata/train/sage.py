@@ -52,7 +52,7 @@ from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (TrainResult, add_out_argument, prefetched, progress, say_saved,
-                                  seed_batches, sharded_jit)
+                                  seed_batches, device_mesh, sharded_jit)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
@@ -162,16 +162,7 @@ class _Pipeline:
 def _mesh(config: SageConfig) -> Mesh:
   """The 1-D "data" mesh: `config.devices` devices (None: all) of the platform in each process,
   process by process, so that with several processes it spans every process's devices."""
-  devices = jax.devices(config.platform)
-  per_process: dict[int, list] = {}
-  for d in devices:
-    per_process.setdefault(d.process_index, []).append(d)
-  local = per_process.get(jax.process_index(), [])
-  n = len(local) if config.devices is None else config.devices
-  if n < 1 or n > len(local):
-    raise ValueError(f"SageConfig: devices={config.devices}, but {len(local)} are visible"
-                     + (" to this process" if len(per_process) > 1 else ""))
-  return Mesh(np.array([d for p in sorted(per_process) for d in per_process[p][:n]]), ("data",))
+  return device_mesh(config.devices, config.platform, what="SageConfig")
 
 
 # ----------------------------------------------------------------------------- training
