@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdata import command, distributed
@@ -38,8 +37,8 @@ from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
-from jaxdata.train.common import (TrainResult, add_out_argument, device_mesh, progress, say_saved,
-                                  sharded_jit)
+from jaxdata.train.common import (TrainResult, add_out_argument, device_mesh, progress,
+                                  psum_flat, say_saved, sharded_jit)
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -100,14 +99,6 @@ def _mesh(config) -> Mesh:
   return device_mesh(config.devices, what="GPTTrainConfig")
 
 
-def _pmean_flat(tree, axis_name: str):
-  """The mean over `axis_name` of a pytree of float arrays, as one all-reduce of one float32
-  vector (one collective per step rather than one per parameter)."""
-  flat, unravel = ravel_pytree(tree)
-  return unravel((jax.lax.psum(flat.astype(jnp.float32), axis_name)
-                  / jax.lax.psum(1, axis_name)).astype(flat.dtype))
-
-
 def _steps(graphdef, mesh: Mesh, plan: tuple | None):
   """(step, evaluate): jitted data-parallel functions of the (model, optimizer) state.
 
@@ -116,12 +107,13 @@ def _steps(graphdef, mesh: Mesh, plan: tuple | None):
   averaged in one all-reduce, and each device applies the same AdamW update to its replicated
   copy. evaluate(state, batches) -> mean loss over batches (n, global batch, seq + 1).
   shard_map does not check varying axes here: a replicated parameter's gradient stays each
-  device's own until `_pmean_flat` averages it (with the check, JAX would sum it per leaf).
+  device's own until `psum_flat(..., mean=True)` averages it (with the check, JAX would sum
+  it per leaf).
   """
   def step(state, tokens):
     model, optimizer = nnx.merge(graphdef, state)
     loss, grads = nnx.value_and_grad(lambda m: m.loss(tokens, plan))(model)
-    loss, grads = _pmean_flat((loss, grads), "data")
+    loss, grads = psum_flat((loss, grads), "data", mean=True)
     optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
 

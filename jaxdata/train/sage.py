@@ -45,14 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (TrainResult, add_out_argument, prefetched, progress, say_saved,
-                                  seed_batches, device_mesh, sharded_jit)
+                                  psum_flat, seed_batches, device_mesh, sharded_jit)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
@@ -102,15 +101,6 @@ class SageConfig:
 
 
 # ----------------------------------------------------------------------------- the model step
-
-
-def psum_flat(tree, axis_name: str):
-  """`jax.lax.psum(tree, axis_name)` as one all-reduce of one float32 vector.
-
-  Integer leaves go through float32 and back, exact below 2**24 (the counts of a batch).
-  """
-  flat, unravel = ravel_pytree(tree)
-  return unravel(jax.lax.psum(flat.astype(jnp.float32), axis_name).astype(flat.dtype))
 
 
 def _loss(model: GraphSAGE, feats, masks, labels, embedded=None) -> tuple[jax.Array, jax.Array]:
