@@ -314,17 +314,8 @@ def _wgrad(w: WeightGrad) -> str:
     micro_fma<{bk}, {tn}>(acc, Ls, Rs, ty, tx);
     __syncthreads();
   }}
-  float* o = out + {block} * {w.k * w.n};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {{
-    const int k = kb * {bm} + ty * 4 + i;
-    if (k >= {w.k}) continue;
-#pragma unroll
-    for (int j = 0; j < {tn}; ++j) {{
-      const int n = nb * {bn} + tx * {tn} + j;
-      if (n < {w.n}) atomicAdd(o + k * {w.n} + n, acc[i][j]);
-    }}
-  }}
+  atomic_add_tile<{tn}, {w.k}, {w.n}>(out + {block} * {w.k * w.n}, acc, kb * {bm} + ty * 4,
+                                     nb * {bn} + tx * {tn});
 }}
 """
 

@@ -47,3 +47,19 @@ __device__ __forceinline__ void micro_fma(float (&acc)[4][TN], float (*A)[LDA], 
   }
 }
 
+
+// A thread's 4 x TN accumulators added (one atomic each) into a K x N float matrix at `o`:
+// acc[i][j] to (k0 + i, n0 + j), skipped outside K x N.
+template <int TN, int K, int N>
+JAXDATA_INLINE void atomic_add_tile(float* o, const float (&acc)[4][TN], int k0, int n0) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = k0 + i;
+    if (k >= K) continue;
+#pragma unroll
+    for (int j = 0; j < TN; ++j) {
+      const int n = n0 + j;
+      if (n < N) atomicAdd(o + k * N + n, acc[i][j]);
+    }
+  }
+}
