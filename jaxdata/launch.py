@@ -9,6 +9,11 @@ training without GPUs:
 
     jaxdata launch -n 2 --devices-per-process 2 -- train sage --devices 0 --epochs 1
 
+On a machine with GPUs, each process gets its own share of them (`CUDA_VISIBLE_DEVICES`): NCCL,
+which carries JAX's collectives between GPUs, refuses two processes on one GPU ("Duplicate GPU
+detected", measured on the H200 machine), so more processes than GPUs is a usage error here
+rather than a crash inside the first collective.
+
 On several hosts, start one process per host with the same flags (or `--distributed auto` under
 SLURM, Open MPI or Kubernetes): see docs/distributed.md.
 """
@@ -53,6 +58,45 @@ def _xla_flags(existing: str, k: int) -> str:
   return " ".join(kept + [f"--xla_force_host_platform_device_count={k}"])
 
 
+def visible_gpus(env: dict) -> list[str]:
+  """The GPUs the launched processes would see: `CUDA_VISIBLE_DEVICES`'s entries when it is set,
+  else the indices `nvidia-smi` lists; none when `JAX_PLATFORMS` leaves CUDA out or no GPU (or no
+  nvidia-smi) is found."""
+  platforms = env.get("JAX_PLATFORMS", "")
+  if platforms and not {"cuda", "gpu"} & {p.strip() for p in platforms.split(",")}:
+    return []
+  if "CUDA_VISIBLE_DEVICES" in env:
+    return [d for d in (x.strip() for x in env["CUDA_VISIBLE_DEVICES"].split(","))
+            if d and not d.startswith("-")]
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.TimeoutExpired):
+    return []
+  return out.stdout.split() if out.returncode == 0 else []
+
+
+def process_envs(env: dict, num_processes: int, devices_per_process: int | None) -> list[dict]:
+  """Each process's environment: K CPU devices each under `devices_per_process`; otherwise, on a
+  machine with GPUs, an equal share of them each (`CUDA_VISIBLE_DEVICES`; GPUs left over when
+  the count does not divide stay unused)."""
+  env = dict(env, PYTHONUNBUFFERED="1")
+  if devices_per_process:
+    env["XLA_FLAGS"] = _xla_flags(env.get("XLA_FLAGS", ""), devices_per_process)
+    return [env] * num_processes
+  gpus = visible_gpus(env)
+  if not gpus:
+    return [env] * num_processes
+  if num_processes > len(gpus):
+    raise command.UsageError(
+        f"{num_processes} processes but {len(gpus)} GPU(s) here: NCCL runs one process per GPU "
+        f"(it refuses two on one GPU); start at most {len(gpus)}, or run CPU processes with "
+        f"--devices-per-process")
+  k = len(gpus) // num_processes
+  return [dict(env, CUDA_VISIBLE_DEVICES=",".join(gpus[i * k:(i + 1) * k]))
+          for i in range(num_processes)]
+
+
 def _pump(i: int, stream, lock: threading.Lock) -> None:
   for line in stream:
     with lock:
@@ -85,18 +129,15 @@ def run(argv: list[str], num_processes: int, devices_per_process: int | None = N
   taken = {"--coordinator", "--num-processes", "--process-id", "--distributed"}
   if clash := sorted(a.split("=")[0] for a in argv if a.split("=")[0] in taken):
     raise command.UsageError(f"the launcher sets {', '.join(clash)} itself: leave it out")
+  envs = process_envs(dict(os.environ), num_processes, devices_per_process)
   address = f"localhost:{port or free_port()}"
-  env = dict(os.environ)
-  if devices_per_process:
-    env["XLA_FLAGS"] = _xla_flags(env.get("XLA_FLAGS", ""), devices_per_process)
-  env["PYTHONUNBUFFERED"] = "1"
   lock = threading.Lock()
   procs, pumps = [], []
   try:
     for i in range(num_processes):
       cmd = [sys.executable, "-m", "jaxdata.cli", *argv, "--coordinator", address,
              "--num-processes", str(num_processes), "--process-id", str(i)]
-      p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      p = subprocess.Popen(cmd, env=envs[i], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, errors="replace")
       procs.append(p)
       with lock:

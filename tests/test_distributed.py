@@ -180,6 +180,33 @@ def test_launch_needs_a_train_command_and_sets_the_process_flags_itself(capsys):
   assert "the launcher sets --process-id itself" in capsys.readouterr().err
 
 
+def test_launch_gives_each_process_its_own_gpus():
+  """On a GPU machine each process gets an equal share of CUDA_VISIBLE_DEVICES; CPU runs (and
+  --devices-per-process) leave it alone."""
+  env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+  assert [e["CUDA_VISIBLE_DEVICES"] for e in launch.process_envs(env, 2, None)] == ["0,1", "2,3"]
+  assert [e["CUDA_VISIBLE_DEVICES"] for e in launch.process_envs(env, 3, None)] == ["0", "1", "2"]
+  cpu = launch.process_envs(dict(env, JAX_PLATFORMS="cpu"), 2, None)
+  assert [e["CUDA_VISIBLE_DEVICES"] for e in cpu] == ["0,1,2,3"] * 2
+  flagged = launch.process_envs(env, 2, 3)
+  assert all(e["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" for e in flagged)
+  assert all("--xla_force_host_platform_device_count=3" in e["XLA_FLAGS"] for e in flagged)
+  assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+  assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+  assert launch.visible_gpus({"CUDA_VISIBLE_DEVICES": "1", "JAX_PLATFORMS": "cuda,cpu"}) == ["1"]
+
+
+def test_more_processes_than_gpus_is_a_usage_error(monkeypatch, capsys):
+  """Two processes on one GPU: NCCL refuses them inside the first collective ("Duplicate GPU
+  detected", on the H200 machine); the launcher says so before starting anything."""
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  assert cli.main(["launch", "-n", "2", "--", *SAGE]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "2 processes but 1 GPU(s) here: NCCL runs one process per GPU" in err
+  assert len(err.splitlines()) == 1
+
+
 def test_process_id_must_be_below_the_process_count(capsys):
   code = cli.main(SAGE + ["--coordinator", "localhost:1234", "--num-processes", "2",
                           "--process-id", "2"])
