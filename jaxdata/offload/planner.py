@@ -403,7 +403,7 @@ def plan_blocks(blocks: Sequence[tuple[Callable[[Any, Any], Any], Any, Any]],
   when not even the smallest plan fits."""
   cands = []
   for i, (apply, state, x) in enumerate(blocks):
-    say = (lambda name, i=i: progress(f"layer {i}: {name}")) if progress else None
+    say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
     cands.append(choices(apply, (state, x), store, inners, tier=tier, repeats=repeats, carry=1,
                          progress=say))
   bw = _probe_bandwidth(store)

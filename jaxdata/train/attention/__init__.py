@@ -442,6 +442,7 @@ def budget_planner(budget_bytes: int, store, *, tier: str = "auto", repeats: int
                        "stacked layers to plan (HGT's first layer is not one of them)")
     progress = (lambda name: say(f"  measuring a layer under {name} ...")) if say else None
     if blocks:  # graph: sampled blocks, xs: the outermost slots' node types
+      progress = (lambda name: say(f"  measuring {name} ...")) if say else None
       layers, layer_fns, inputs = model.block_stack(graph, xs)
       best, bw = layer_stack.plan_each(layers, layer_fns, inputs, budget_bytes, store,
                                        candidates(model), tier=tier, repeats=repeats,
