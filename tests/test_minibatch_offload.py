@@ -16,7 +16,6 @@ from flax import nnx
 
 from jaxdata import offload
 from jaxdata.data import synthetic_mag
-from jaxdata.host.blocks import node_types
 from jaxdata.nn import layer_stack
 from jaxdata.offload import planner
 from jaxdata.train import attention
