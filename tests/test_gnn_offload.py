@@ -163,9 +163,9 @@ def test_cli_trains_a_deep_hgt_under_a_budget(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--budget", "1KiB"], "argument --budget: no plan fits a budget of 1,024 bytes"),
-    (["--budget", "1MiB", "--minibatch"], "argument --budget: for full-graph training"),
     (["--offload"], "argument --offload: needs --budget"),
-    (["--layers", "3", "--minibatch"], "argument --layers: --minibatch trains two layers"),
+    (["--minibatch", "--fanouts", "5,5"],
+     "argument --fanouts: give one fanout per layer (--layers 4), got 2"),
     (["--plan", "keep[bogus]", "--offload"], "argument --plan: unknown policy"),
 ])
 def test_cli_rejects_bad_offload_options(tmp_path, capsys, argv, message):

@@ -130,7 +130,7 @@ def test_minibatch_training_learns_and_pipelines_agree():
 
 
 def test_bad_configs_and_inputs():
-  with pytest.raises(ValueError, match="two positive ints"):
+  with pytest.raises(ValueError, match="fanouts must be positive ints"):
     hetero.MinibatchConfig(fanouts=(3, 0))
   with pytest.raises(ValueError, match="pipeline must be one of"):
     hetero.MinibatchConfig(pipeline="gpu")
@@ -163,7 +163,7 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   assert "val acc" in r.stdout and (out / "history.json").exists()
   assert "learnable 8-wide embeddings for author, institution" in " ".join(r.stdout.split())
-  for args, message in ((("--fanouts", "3"), "give two fanouts"),
+  for args, message in ((("--fanouts", "3"), "give one fanout per layer (--layers 2), got 1"),
                         (("--fanouts", "3,0"), "--fanouts"),
                         (("--pipeline", "gpu"), "--pipeline"),
                         (("--embed", "paper"), "--embed"),

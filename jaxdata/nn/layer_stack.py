@@ -9,6 +9,10 @@ kept, offloaded to a `TensorStore` or recomputed. Stacking copies the layers' pa
 per step (a few MiB: small next to a graph's activations); results and gradients are the plain
 loop's.
 
+Layers that differ in shape (one per sampled hop of a mini-batch: each hop's block has its own
+padded sizes) cannot be scanned: `run_each` applies each under its own policy
+(`jaxdata.offload.remat` per layer call), and `plan_each` measures each on its own input.
+
 `candidates` gives the planner the inner policies worth trying, from the names a layer tags its
 intermediates with (`jaxdata.nn.hgt.NAMES`, `jaxdata.nn.rgat.NAMES`) and hector's
 `SAVED_NAME`; `plan` measures one layer and picks a policy per layer for a device budget.
@@ -29,7 +33,7 @@ from flax import nnx
 
 from jaxdata.hector.compiled import SAVED_NAME
 from jaxdata.offload import planner
-from jaxdata.offload.remat import Policy
+from jaxdata.offload.remat import Policy, remat
 from jaxdata.offload.stack import run_layers
 from jaxdata.offload.store import TensorStore
 
@@ -90,6 +94,64 @@ def run(layers: Sequence[nnx.Module], layer_fn: LayerFn, x: jax.Array,
     return x
   apply, states = stacked(layers, layer_fn)
   return run_layers(apply, states, x, list(plan))
+
+
+def _bound(layer: nnx.Module, layer_fn: LayerFn) -> tuple[Callable, Any]:
+  """(apply, state): `apply(state, x)` is `layer_fn(layer, x)` with the layer's state an
+  argument (so that a remat policy sees its parameters as inputs, not residuals)."""
+  graphdef, state = nnx.split(layer)
+  return (lambda s, x: layer_fn(nnx.merge(graphdef, s), x)), state
+
+
+def run_each(layers: Sequence[nnx.Module], layer_fns: Sequence[LayerFn], x: jax.Array,
+             plan: Sequence[Hashable] | None = None) -> jax.Array:
+  """`layer_fns[i](layers[i], x)` in turn, layer i under policy `plan[i]` (None, or a plan
+  of None: plain layers) through `jaxdata.offload.remat`, one call per layer: for layers whose
+  shapes differ (no scan). The same results and gradients as the plain loop."""
+  if len(layer_fns) != len(layers):
+    raise ValueError(f"layer_stack.run_each: {len(layer_fns)} layer functions for "
+                     f"{len(layers)} layers")
+  if plan is not None and len(plan) != len(layers):
+    raise ValueError(f"layer_stack.run_each: plan has {len(plan)} policies for {len(layers)} "
+                     "layers")
+  for i, (layer, fn) in enumerate(zip(layers, layer_fns)):
+    policy = None if plan is None else plan[i]
+    if policy is None:
+      x = fn(layer, x)
+    else:
+      apply, state = _bound(layer, fn)
+      x = remat(apply, policy)(state, x)
+  return x
+
+
+def _padded(layer_fn: LayerFn) -> LayerFn:
+  """`layer_fn` with its output padded with zero rows to its input's rows: a layer that a
+  planner can chain on its own output (a block's layer keeps only its destinations' rows)."""
+  def fn(layer, x):
+    y = layer_fn(layer, x)
+    return jnp.pad(y, ((0, x.shape[0] - y.shape[0]),) + ((0, 0),) * (y.ndim - 1))
+  return fn
+
+
+def plan_each(layers: Sequence[nnx.Module], layer_fns: Sequence[LayerFn],
+              xs: Sequence[jax.ShapeDtypeStruct | jax.Array], budget_bytes: int,
+              store: TensorStore, inners: dict[str, Any], *, tier: str = "auto",
+              repeats: int = 5, progress: Callable[[str], None] | None = None
+              ) -> tuple[planner.OffloadPlan, float]:
+  """`plan` for layers that differ in shape (`run_each`'s): layer i measured on its own, under
+  `inners`, on an input like `xs[i]` (`jaxdata.offload.planner.plan_blocks`), so that every
+  layer's residuals and input fit `budget_bytes`; and the store's measured bandwidth. A layer
+  may return fewer rows than it reads (a block's destinations). ValueError when not even the
+  smallest plan fits."""
+  if not (len(layers) == len(layer_fns) == len(xs)):
+    raise ValueError(f"layer_stack.plan_each: {len(layers)} layers, {len(layer_fns)} layer "
+                     f"functions and {len(xs)} inputs")
+  blocks = []
+  for layer, fn, x in zip(layers, layer_fns, xs):
+    apply, state = _bound(layer, _padded(fn))
+    blocks.append((apply, state, jax.ShapeDtypeStruct(x.shape, x.dtype)))
+  return planner.plan_blocks(blocks, budget_bytes, store, inners, tier=tier, repeats=repeats,
+                             progress=progress)
 
 
 def plan(layers: Sequence[nnx.Module], layer_fn: LayerFn, x: jax.ShapeDtypeStruct | jax.Array,

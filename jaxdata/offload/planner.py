@@ -331,12 +331,92 @@ def plan_layers(apply: Callable[[Any, Any], Any], layer_state: Any, x: Any, num_
   """
   cands = choices(apply, (layer_state, x), store, inners, tier=tier, repeats=repeats, carry=1,
                   progress=progress)
-  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
-  bw = store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
+  bw = _probe_bandwidth(store)
   best = plan(num_layers, cands, budget_bytes, bw)
   if best.offload_bytes:
     store.device_bytes = best.spill_cap  # the staging the plan was predicted with
   return best, bw
+
+
+def plan_sequence(candidates: Sequence[Sequence[Choice]], budget_bytes: int, bandwidth: float,
+                  *, max_plans: int = 200_000) -> OffloadPlan:
+  """The fastest predicted plan for blocks that differ (a sampled hop each: their own shapes,
+  so their own measured `candidates[i]`), run in the order given, whose peak device bytes fit
+  `budget_bytes`. A depth-first search over one choice per block, pruned by the same bounds as
+  `plan` (compute and device copies bound the time; kept bytes and the staging floor bound the
+  memory), trying each block's fastest choices first; after `max_plans` predictions it returns
+  the best found. Raises ValueError when no plan fits."""
+  if not candidates or any(not c for c in candidates):
+    raise ValueError("plan_sequence: every block needs at least one candidate choice")
+  ordered = [sorted(c, key=lambda c: (c.seconds, c.device_bytes)) for c in candidates]
+  n = len(ordered)
+  # The smallest kept bytes and the fastest time that blocks i.. can still add.
+  rest_bytes = [0] * (n + 1)
+  rest_seconds = [0.0] * (n + 1)
+  for i in reversed(range(n)):
+    rest_bytes[i] = rest_bytes[i + 1] + min(c.device_bytes for c in ordered[i])
+    rest_seconds[i] = rest_seconds[i + 1] + min(
+        c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH for c in ordered[i])
+  best: OffloadPlan | None = None
+  smallest = sum(min(c.device_bytes + _POOL_BLOCKS * c.offload_bytes for c in o)
+                 for o in ordered)
+  tried = 0
+
+  def search(i: int, picks: list[Choice], kept: int, largest: int, floor: float):
+    nonlocal best, tried
+    if tried >= max_plans:
+      return
+    if best is not None and floor + rest_seconds[i] >= best.seconds:
+      return
+    if kept + rest_bytes[i] + _POOL_BLOCKS * largest > budget_bytes:
+      return
+    if i == n:
+      caps = [k * largest for k in _CAPS] if largest else [None]
+      for cap in caps:
+        tried += 1
+        p = predict(picks, bandwidth, spill_cap=cap)
+        if p.device_bytes <= budget_bytes and (best is None or p.seconds < best.seconds):
+          best = OffloadPlan(tuple(c.policy for c in picks), p.device_bytes, p.offload_bytes,
+                             p.seconds, cap or 0)
+      return
+    for c in ordered[i]:
+      search(i + 1, picks + [c], kept + c.device_bytes, max(largest, c.offload_bytes),
+             floor + c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH)
+
+  search(0, [], 0, 0, 0.0)
+  if best is None:
+    raise ValueError(f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
+                     f"{n} blocks: the smallest plan needs at least {smallest:,} bytes")
+  return best
+
+
+def plan_blocks(blocks: Sequence[tuple[Callable[[Any, Any], Any], Any, Any]],
+                budget_bytes: int, store: TensorStore, inners: dict[str, Any], *,
+                tier: str = "auto", repeats: int = 5,
+                progress: Callable[[str], None] | None = None) -> tuple[OffloadPlan, float]:
+  """`plan_layers` for layers that differ in shape (a sampled hop each, so no scan over them):
+  `blocks` holds one (apply, layer_state, x) per layer in the order they run, with
+  `apply(layer_state, x)` of x's shape (the layer's output padded to its input's rows, so that
+  `block_seconds` can chain it) and x the layer's input (an array or its
+  `jax.ShapeDtypeStruct`). Each layer is measured on its own (`choices`, carry 1); the plan is
+  `plan_sequence`'s. An offloading plan sets `store.device_bytes` to its spill cap. ValueError
+  when not even the smallest plan fits."""
+  cands = []
+  for i, (apply, state, x) in enumerate(blocks):
+    say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
+    cands.append(choices(apply, (state, x), store, inners, tier=tier, repeats=repeats, carry=1,
+                         progress=say))
+  bw = _probe_bandwidth(store)
+  best = plan_sequence(cands, budget_bytes, bw)
+  if best.offload_bytes:
+    store.device_bytes = best.spill_cap
+  return best, bw
+
+
+def _probe_bandwidth(store: TensorStore) -> float:
+  """`store_bandwidth` through a probe sized to the store's RAM tier."""
+  probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
+  return store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
 
 
 def _compositions(n: int, k: int):

@@ -109,7 +109,7 @@ PIPELINES = ("host", "device")
 @dataclasses.dataclass(frozen=True)
 class MinibatchConfig:
   """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the
-  two-layer models), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of the
+  model: the trainer checks the count), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of the
   tables trained in host memory (`table_optimizer`; learning rate: the model's), and
   `max_batches` to cut epochs short (benchmarks). Each trainer subclasses it."""
   fanouts: tuple[int, ...] = (10, 10)
@@ -122,9 +122,9 @@ class MinibatchConfig:
     if self.pipeline not in PIPELINES:
       raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
                        f"{self.pipeline!r}")
-    if len(self.fanouts) != 2 or any(int(f) < 1 for f in self.fanouts):
-      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
-                       f"the two-layer model), got {self.fanouts}")
+    if not self.fanouts or any(int(f) < 1 for f in self.fanouts):
+      raise ValueError(f"MinibatchConfig: fanouts must be positive ints (one per layer), got "
+                       f"{self.fanouts}")
     if self.batch_size < 1:
       raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
     if self.table_optimizer not in sparse.BY_NAME:
@@ -137,8 +137,9 @@ def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
   """The `--fanouts`, `--batch-size`, `--pipeline` and `--table-optimizer` options of a
   relational trainer's `--minibatch` (`seeds`: what a seed is; `tables`: what the sparse
   optimizer trains)."""
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
-                      help="--minibatch: in-edges sampled per node and hop, one per layer")
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=None,
+                      help="--minibatch: in-edges sampled per node and hop, one per layer "
+                           "(default: 10 per layer)")
   parser.add_argument("--batch-size", type=command.positive_int, default=batch_size,
                       help=f"--minibatch: seed {seeds} per step")
   parser.add_argument("--pipeline", choices=PIPELINES, default="host",
@@ -149,13 +150,14 @@ def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
                            "default; the learning rate is --lr)")
 
 
-def minibatch_options(args) -> dict:
-  """The `MinibatchConfig` fields the common `--minibatch` options give (UsageError for a
-  fanout count other than the models' two layers)."""
-  if len(args.fanouts) != 2:
-    raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
-                             f"{len(args.fanouts)}")
-  return dict(fanouts=tuple(args.fanouts), batch_size=args.batch_size, pipeline=args.pipeline,
+def minibatch_options(args, layers: int) -> dict:
+  """The `MinibatchConfig` fields the common `--minibatch` options give for a model of
+  `layers` graph layers: one fanout per layer (default 10 each; UsageError for another count)."""
+  fanouts = [10] * layers if args.fanouts is None else list(args.fanouts)
+  if len(fanouts) != layers:
+    raise command.UsageError(f"argument --fanouts: give one fanout per layer (--layers {layers}), "
+                             f"got {len(fanouts)}")
+  return dict(fanouts=tuple(fanouts), batch_size=args.batch_size, pipeline=args.pipeline,
               table_optimizer=args.table_optimizer)
 
 

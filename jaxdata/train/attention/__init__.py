@@ -144,6 +144,15 @@ class _Classifier(nnx.Module):
     """How many layers a plan (`__call__`'s `plan`) has one policy for."""
     raise NotImplementedError
 
+  def block_stack(self, blocks, types: jax.Array
+                  ) -> tuple[list[nnx.Module], list[layer_stack.LayerFn],
+                             list[jax.ShapeDtypeStruct]]:
+    """On sampled blocks (`on_blocks`, `types` each outermost slot's node type): the layers a
+    plan covers (`stack_layers` of them), each one's function (its hop's block closed over;
+    it returns the block's destination rows) and each one's input shape, in the order they
+    run: what `layer_stack.plan_each` measures and `layer_stack.run_each` runs."""
+    raise NotImplementedError
+
   def _check_blocks(self, blocks):
     if len(blocks.graphs) != self.layers:
       raise ValueError(f"{type(self).__name__}.on_blocks: {len(blocks.graphs)} sampled hops for "
@@ -209,17 +218,30 @@ class RGATClassifier(_Classifier):
     """The checkpoint names a layer tags (`layer_stack.candidates`)."""
     return RGAT_NAMES
 
-  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
+  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array,
+                plan: Sequence | None = None) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
     type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
-    slot's node type. Returns logits for the slots of the seeds' frontier."""
+    slot's node type. Returns logits for the slots of the seeds' frontier. `plan`: None or one
+    `jaxdata.offload.Policy` per layer (`stack_layers`), as `__call__` takes it: each layer
+    call under its own policy (`layer_stack.run_each`), the same logits and gradients."""
     self._check_blocks(blocks)
     x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
             for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
-    for i, conv in enumerate(self.convs):  # layer i runs on hop L - 1 - i (the seeds' hop last)
-      hop = self.layers - 1 - i
-      x = jax.nn.relu(conv(blocks.graphs[hop], x))[:blocks.nodes[hop].shape[0]]
+    layers, layer_fns, _ = self.block_stack(blocks, types)
+    x = layer_stack.run_each(layers, layer_fns, x, plan)
     return self.classify(x).astype(jnp.float32)
+
+  def block_stack(self, blocks, types):
+    # layer i runs on hop L - 1 - i (the seeds' hop last) and keeps its destinations' rows
+    fns, inputs = [], []
+    for i in range(self.layers):
+      hop = self.layers - 1 - i
+      graph, rows = blocks.graphs[hop], blocks.nodes[hop].shape[0]
+      fns.append(lambda conv, h, graph=graph, rows=rows: jax.nn.relu(conv(graph, h))[:rows])
+      inputs.append(jax.ShapeDtypeStruct((blocks.nodes[hop + 1].shape[0], self.hidden),
+                                         self.dtype))
+    return self.convs, fns, inputs
 
 
 class HGTClassifier(_Classifier):
@@ -279,16 +301,26 @@ class HGTClassifier(_Classifier):
     h = self.conv2.on_partition(graph, h, types, start, gather)
     return self.classify(h).astype(jnp.float32)
 
-  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
-    """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers)."""
+  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array,
+                plan: Sequence | None = None) -> jax.Array:
+    """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers;
+    `plan`: one policy per layer after the first)."""
     self._check_blocks(blocks)
     top = self.layers - 1  # layer i runs on hop L - 1 - i (the seeds' hop last)
     h = self.conv1.on_slots(blocks.graphs[top], xs, types, rows=blocks.nodes[top].shape[0])
-    for hop in range(top - 1, -1, -1):
-      h = self.convs[top - hop].on_slots(blocks.graphs[hop], h,
-                                         types[:blocks.nodes[hop + 1].shape[0]],
-                                         rows=blocks.nodes[hop].shape[0])
+    layers, layer_fns, _ = self.block_stack(blocks, types)
+    h = layer_stack.run_each(layers, layer_fns, h, plan)
     return self.classify(h).astype(jnp.float32)
+
+  def block_stack(self, blocks, types):
+    fns, inputs = [], []
+    for hop in range(self.layers - 2, -1, -1):  # the layers after the first, outermost hop first
+      graph, rows = blocks.graphs[hop], blocks.nodes[hop].shape[0]
+      slots = blocks.nodes[hop + 1].shape[0]
+      fns.append(lambda conv, h, graph=graph, rows=rows, slots=slots: conv.on_slots(
+          graph, h, types[:slots], rows=rows))
+      inputs.append(jax.ShapeDtypeStruct((slots, self.hidden), self.dtype))
+    return self.convs[1:], fns, inputs
 
 
 def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *,
@@ -395,21 +427,31 @@ def candidates(model: nnx.Module) -> dict:
 
 
 def budget_planner(budget_bytes: int, store, *, tier: str = "auto", repeats: int = 5,
-                   say: Callable[[str], None] | None = None) -> Planner:
+                   say: Callable[[str], None] | None = None, blocks: bool = False) -> Planner:
   """A `Planner` for `train`: keep / offload / recompute per stacked layer so that their
   residuals and inputs fit `budget_bytes` of device memory (measured on the default device;
   `jaxdata.nn.layer_stack.plan`); offloads go to `store` (a `jaxdata.offload.TensorStore`).
-  ValueError when not even the smallest plan fits."""
+  ValueError when not even the smallest plan fits.
+
+  `blocks=True`: a `minibatch.BlockPlanner` instead, called with a sampled batch's blocks and
+  slot types: each layer measured on its own hop's padded shapes (`layer_stack.plan_each`)."""
 
   def planner(model, graph, xs):
     if not model.stack_layers:
       raise ValueError(f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
                        "stacked layers to plan (HGT's first layer is not one of them)")
-    rows = [x.shape[0] for x in model.inputs(xs)]
-    layers, layer_fn, x = model.stack(graph, rows)
     progress = (lambda name: say(f"  measuring a layer under {name} ...")) if say else None
-    best, bw = layer_stack.plan(layers, layer_fn, x, budget_bytes, store, candidates(model),
-                                tier=tier, repeats=repeats, progress=progress)
+    if blocks:  # graph: sampled blocks, xs: the outermost slots' node types
+      progress = (lambda name: say(f"  measuring {name} ...")) if say else None
+      layers, layer_fns, inputs = model.block_stack(graph, xs)
+      best, bw = layer_stack.plan_each(layers, layer_fns, inputs, budget_bytes, store,
+                                       candidates(model), tier=tier, repeats=repeats,
+                                       progress=progress)
+    else:
+      rows = [x.shape[0] for x in model.inputs(xs)]
+      layers, layer_fn, x = model.stack(graph, rows)
+      best, bw = layer_stack.plan(layers, layer_fn, x, budget_bytes, store, candidates(model),
+                                  tier=tier, repeats=repeats, progress=progress)
     if say:
       say(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
           f"{best.device_bytes / 2**20:.1f} MiB resident, {best.offload_bytes / 2**20:.1f} MiB "
@@ -489,7 +531,7 @@ def add_arguments(parser, model: str):
   parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
   parser.add_argument("--layers", type=command.positive_int, default=2,
-                      help="graph layers (default 2; --minibatch trains two)")
+                      help="graph layers (default 2; with --minibatch, one --fanouts entry each)")
   parser.add_argument("--heads", type=command.positive_int, default=4,
                       help="attention heads (--hidden must be a multiple)")
   parser.add_argument("--lr", type=command.positive_float, default=0.005,
@@ -561,10 +603,11 @@ def default_classes(scale: float) -> int:
   return int(max(2, min(NUM_CLASSES, round(NUM_NODES["paper"] * scale / 100))))
 
 
-def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on_epoch
-                     ) -> TrainResult:
-  """`train` under --offload: a TensorStore (--ram, --ssd-dir), the planner under --budget or
-  one --plan policy for every planned layer, and a line on what went where."""
+def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on_epoch,
+                     minibatch=None) -> TrainResult:
+  """`train` (with `minibatch`: `minibatch.train`) under --offload: a TensorStore (--ram,
+  --ssd-dir), the planner under --budget or one --plan policy for every planned layer, and a
+  line on what went where."""
   # pylint: disable=g-import-not-at-top
   from jaxdata.offload import TensorStore
   from jaxdata.offload.store import summary as store_summary
@@ -574,7 +617,7 @@ def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on
   with TensorStore(**store_args) as store:
     probed = {}
     if args.plan == "auto":
-      measure = budget_planner(args.budget, store, say=say)
+      measure = budget_planner(args.budget, store, say=say, blocks=minibatch is not None)
 
       def planner(model, graph, xs):
         try:
@@ -595,7 +638,11 @@ def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on
         except ValueError as e:
           raise command.UsageError(f"argument --plan: {e}") from None
         return [policy] * model.stack_layers
-    result = train(dataset, config, plan=planner, on_epoch=on_epoch)
+    if minibatch is None:
+      result = train(dataset, config, plan=planner, on_epoch=on_epoch)
+    else:
+      from jaxdata.train.attention import minibatch as hetero  # pylint: disable=g-import-not-at-top
+      result = hetero.train(dataset, config, minibatch, plan=planner, on_epoch=on_epoch)
     say(store_summary(store.stats(), probed))
   return result
 
@@ -623,9 +670,6 @@ def main(args) -> int:
                              f"featureless-able node type; choose from "
                              f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
   offloading = args.offload or args.budget is not None
-  if offloading and args.minibatch:
-    raise command.UsageError(f"argument {'--budget' if args.budget is not None else '--offload'}:"
-                             " for full-graph training (not with --minibatch)")
   if args.offload and args.plan == "auto" and args.budget is None:
     raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
                              "planner, or --plan POLICY")
@@ -635,9 +679,6 @@ def main(args) -> int:
     raise command.UsageError(f"argument {'--layers' if args.layers != 2 else '--budget/--offload'}"
                              ": several devices (the partitioned path) train two layers without "
                              "an offload plan")
-  if args.minibatch and args.layers != 2:
-    raise command.UsageError(f"argument --layers: --minibatch trains two layers (one per "
-                             f"--fanouts hop), got {args.layers}; deeper models train full-graph")
   passes = args.passes
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
@@ -648,7 +689,7 @@ def main(args) -> int:
     raise command.UsageError("argument --device-bytes: only with --minibatch")
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
-    options = minibatch_options(args)
+    options = minibatch_options(args, args.layers)
     if args.cache and args.pipeline != "host":
       raise command.UsageError("argument --cache: a device cache is for --pipeline host (the "
                                "device pipeline has every row on the device)")
@@ -685,13 +726,14 @@ def main(args) -> int:
                     f"train acc {r['train_accuracy']:.4f}  "
                     f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
 
-    if minibatch is None and offloading:
-      result = _train_offloaded(dataset, config, args, console, on_epoch)
+    if minibatch is not None:
+      console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
+                    f"per step, graph and features in {minibatch.pipeline} memory")
+    if offloading:
+      result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
     elif minibatch is None:
       result = train(dataset, config, on_epoch=on_epoch)
     else:
-      console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
-                    f"per step, graph and features in {minibatch.pipeline} memory")
       result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "

@@ -159,16 +159,17 @@ def sample(data: HostData, consts, seeds, fanouts, key):
                               consts.get("caches"))
 
 
-def logits_of(model, data: HostData, blocks, xs, seeds):
-  """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
-  logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, blocks.nodes[-1]))
+def logits_of(model, data: HostData, blocks, xs, seeds, plan=None):
+  """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask (`plan`: the
+  model's offload plan on blocks, `on_blocks`)."""
+  logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, blocks.nodes[-1]), plan)
   return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
 
 
-def forward(model, data: HostData, consts, seeds, fanouts, key):
+def forward(model, data: HostData, consts, seeds, fanouts, key, plan=None):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
   blocks, xs = sample(data, consts, seeds, fanouts, key)
-  return logits_of(model, data, blocks, xs, seeds)
+  return logits_of(model, data, blocks, xs, seeds, plan)
 
 
 
@@ -203,8 +204,15 @@ def device_bytes_of(tree) -> int:
   return sum(x.nbytes for x in jax.tree.leaves(tree) if isinstance(x, jax.Array))
 
 
+#: Makes a plan (one offload policy per planned layer, `model.stack_layers`) for a freshly built
+#: model from a sampled batch: its blocks (fixed padded shapes per hop, so one plan fits every
+#: batch) and the node type of each outermost slot (`budget_planner(..., blocks=True)`).
+BlockPlanner = Callable[[nnx.Module, Any, jax.Array], Sequence]
+
+
 def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
-          *, on_epoch: Callable[[dict], None] | None = None,
+          *, plan: Sequence | BlockPlanner | None = None,
+          on_epoch: Callable[[dict], None] | None = None,
           on_batch: Callable[[int, int], None] | None = None,
           final_evaluation: str | None = None, validate: bool = True) -> TrainResult:
   """Trains `config.model` (RGAT or HGT) on mini-batches of training papers.
@@ -219,7 +227,15 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   (exact; needs the graph on the device), "minibatch" on sampled mini-batches, "none" not at
   all; default "full", or "minibatch" under `minibatch.device_bytes`. `validate=False` skips
   the validation accuracy after each epoch (benchmarks).
+
+  `plan`: None (plain layers), one `jaxdata.offload.Policy` per planned layer
+  (`model.stack_layers`: RGAT's every layer, HGT's after the first), applied per layer call on
+  the blocks, or a `BlockPlanner` called once on the model and the first batch's blocks. A plan
+  changes memory and time, not the numbers; it is kept as `TrainResult.plan`.
   """
+  if len(minibatch.fanouts) != config.layers:
+    raise ValueError(f"train: {len(minibatch.fanouts)} fanouts for {config.layers} layers "
+                     f"(give one fanout per layer)")
   if final_evaluation is None:
     final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
   if final_evaluation not in ("full", "minibatch", "none"):
@@ -247,6 +263,17 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
                 cache_bytes=cache_bytes) as data:
     embeddings.clear()  # the host tables hold copies
     table_states = [table_opt.init(data.tables[t]) for t in data.embedded]
+    if callable(plan):  # measured on a sampled batch: every batch has its padded shapes
+      first = jnp.asarray(common.seed_batches(np.asarray(dataset.train_papers) + papers[0],
+                                              minibatch.batch_size, limit=1)[0])
+      blocks, _ = jax.jit(lambda c, s, k: sample(data, c, s, fanouts, k))(
+          data.consts, first, jax.random.key(config.seed))
+      plan = plan(model, blocks, node_types(data.type_offsets, blocks.nodes[-1]))
+    if plan is not None:
+      plan = tuple(plan)
+      if len(plan) != model.stack_layers:
+        raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
+                         f"{model.stack_layers} planned layers")
 
     @nnx.jit
     def step(model, optimizer, table_states, consts, seeds, key):
@@ -256,7 +283,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
         inputs = list(xs)
         for t, x in zip(data.embedded, learned):
           inputs[t] = x
-        logits, valid = logits_of(model, data, blocks, inputs, seeds)
+        logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
         y = labels[jnp.maximum(seeds, 0)]
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
         count = jnp.maximum(valid.sum(), 1)
@@ -314,4 +341,4 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     final = {}
   # With embedding tables the optimizer state is partial (their moments lived in host memory).
   return TrainResult(model, history, final, time.perf_counter() - start,
-                     None if data.embedded else optimizer)
+                     None if data.embedded else optimizer, plan)

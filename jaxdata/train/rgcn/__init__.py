@@ -349,7 +349,10 @@ def main(args) -> int:
                              "training")
   if args.minibatch:
     from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
-    minibatch = sampled.MinibatchConfig(**minibatch_options(args))
+    if args.fanouts is not None and len(args.fanouts) != 2:
+      raise command.UsageError(f"argument --fanouts: give two fanouts (the RGCN model has two "
+                               f"layers), got {len(args.fanouts)}")
+    minibatch = sampled.MinibatchConfig(**minibatch_options(args, 2))
   val_fraction = (args.val_fraction if args.val_fraction is not None
                   else setup.get("val_fraction", 0.0))
   if val_fraction >= 1:

@@ -50,7 +50,13 @@ from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_va
 class MinibatchConfig(common.MinibatchConfig):
   """`common.MinibatchConfig` for RGCN: `batch_size` seed nodes per step; "device": graph and
   features in device memory (the node rows of featureless data stay in host memory either
-  way); `table_optimizer` trains those rows."""
+  way); `table_optimizer` trains those rows; two `fanouts`, one per layer of the model."""
+
+  def __post_init__(self):
+    super().__post_init__()
+    if len(self.fanouts) != 2:
+      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
+                       f"the two-layer RGCN), got {self.fanouts}")
 
 
 def _is_row_param(path, value) -> bool:
