@@ -20,6 +20,7 @@ Full-graph training with Adam; the loss is the cross entropy of the training pap
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import os
@@ -524,6 +525,10 @@ def add_arguments(parser, model: str):
                       help="--minibatch, host pipeline: the device holds at most this many bytes "
                            "of parameters, optimizer state and cached feature rows (e.g. 8GiB; "
                            "the cache gets what the dense model leaves)")
+  parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
+                      help="--minibatch: each step also samples the next batch and gathers its "
+                           "feature rows, on a second GPU stream, to overlap them with the "
+                           "model (the same results; off by default)")
   parser.add_argument("--offload", action="store_true",
                       help="plan keep / offload / recompute per layer under --budget "
                            "(jaxdata.nn.layer_stack.plan) and train with the plan; the layers "
@@ -656,7 +661,7 @@ def main(args) -> int:
       raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
                                "(it sizes the cache)")
     minibatch = hetero.MinibatchConfig(cache=args.cache, device_bytes=args.device_bytes,
-                                       **options)
+                                       prefetch=args.prefetch, **options)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
