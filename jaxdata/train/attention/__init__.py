@@ -696,7 +696,9 @@ def main(args) -> int:
       result = train(dataset, config, on_epoch=on_epoch)
     else:
       console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
-                    f"per step, graph and features in {minibatch.pipeline} memory")
+                    f"per step, graph and features in {minibatch.pipeline} memory"
+                    + ("; the next batch prepared during each step (--prefetch)"
+                       if minibatch.prefetch else ""))
       result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
