@@ -8,6 +8,10 @@ what differs is where the graph and features live and who samples and gathers:
   pinned host memory; inside the jitted step the GPU samples the blocks
   (`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs the
   model on the blocks. This is `jaxdata train rgat|hgt --minibatch`'s step.
+- "host-prefetch": the "host" step software-pipelined: step i also samples batch i + 1 and
+  gathers its features, under `compute_on("gpu_stream:1")` on a GPU (XLA runs that part on a
+  second stream, free to overlap the model's kernels; `train.attention.minibatch.Steps`). The
+  same samples and losses as "host"; its time against "host" is what the overlap hides.
 - "host-cache": the same, with the CACHE_FRACTION most sampled rows of each feature table in a
   device cache (`host.type_caches`, `gather_typed(..., caches)`): only the others cross PCIe.
 - "device" (all-in-GPU, jaxdata): the same step with graph and features in device memory.
@@ -57,7 +61,8 @@ from jaxdata.host.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
-from jaxdata.train.attention.minibatch import HostData, logits_of, sample
+from jaxdata.train.attention.minibatch import (HostData, complete, logits_of, on_stream,
+                                               prefetch_stream, prepare, sample)
 from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -67,6 +72,7 @@ QUICK = dict(scale=0.01, batches=10, warmup=2)
 #: The device cache of the cached GPU-centric row: this fraction of each feature table's rows.
 CACHE_FRACTION = 0.2
 PIPELINES = {"host": "GPU-centric (jaxdata)",
+             "host-prefetch": "GPU-centric, next batch on a second stream (jaxdata)",
              "host-cache": f"GPU-centric + {CACHE_FRACTION:.0%} device cache (jaxdata)",
              "device": "all-in-GPU (jaxdata)",
              "cpu": "CPU-centric (CPU sampling + device_put)",
@@ -134,20 +140,22 @@ def batch_stats(blocks, type_offsets, row_bytes: Sequence[int],
 def _trainer(dataset, config: TrainConfig):
   """The state of a fresh model and its Adam, and `make(loss_of)`: a jitted update
   ``step(state, i, *args) -> (state, i + 1, loss, stats)`` from
-  ``loss_of(model, i, *args) -> (loss, stats)``. `i`, the batch counter, lives on the device
+  ``loss_of(model, i, *args) -> (loss, stats)``; with `ahead`, ``ahead(i, *args)`` is a
+  fifth output (the pipelined step's next batch). `i`, the batch counter, lives on the device
   and comes back incremented, so that a step that picks its own seeds and key needs no other
   dispatch (the lesson of docs/benchmarks/minibatch_notes.md)."""
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
 
-  def make(loss_of):
+  def make(loss_of, ahead=None):
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, i, *args):
       model, optimizer = nnx.merge(graphdef, state)
+      extra = () if ahead is None else (ahead(i, *args),)  # the next batch, made meanwhile
       (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, i, *args)
       optimizer.update(model, grads)
-      return nnx.state((model, optimizer)), i + 1, loss, stats
+      return (nnx.state((model, optimizer)), i + 1, loss, stats, *extra)
     return step
   return state, make
 
@@ -165,7 +173,7 @@ def _timed(run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray,
 
 def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key,
              on_batch) -> tuple[float, list, dict]:
-  """Pipeline `name` ("host", "host-cache", "device", "cpu"): (timed seconds, (loss, edges, feature bytes)
+  """Pipeline `name` ("host", "host-prefetch", "host-cache", "device", "cpu"): (timed seconds, (loss, edges, feature bytes)
   per timed batch, {"blocks", "features"}: bytes each batch moves to the device ("cpu"))."""
   fanouts = tuple(int(f) for f in fanouts)
   labels = jnp.asarray(dataset.labels)
@@ -193,7 +201,37 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
               batch_stats(blocks, offsets, row_bytes))
 
     holder, moved = {"state": state}, {}
-    if name in ("host", "host-cache", "device"):
+    if name == "host-prefetch":
+      all_rows = jax.device_put(rows, gpu)
+      stream = prefetch_stream()
+
+      @jax.jit
+      def prepare_at(consts, all_rows, key, i):
+        seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
+        return prepare(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
+
+      def ahead(i, consts, all_rows, key, batch):
+        del batch
+        with on_stream(stream):  # the last step's next batch repeats the last row: dropped
+          return prepare_at(consts, all_rows, key, jnp.minimum(i + 1, len(rows) - 1))
+
+      def piped(model, i, consts, all_rows, key, batch):
+        del i, all_rows, key
+        seeds, blocks, xs = complete(data, consts, batch)
+        return (batch_loss(model, data, blocks, xs, seeds, labels),
+                batch_stats(blocks, offsets, row_bytes, consts.get("caches")))
+      step = make(piped, ahead)
+
+      def run_batches(part, first):
+        out, i = [], counter(first)
+        batch = prepare_at(data.consts, all_rows, key, i)
+        for _ in part:
+          holder["state"], i, loss, stats, batch = step(holder["state"], i, data.consts,
+                                                        all_rows, key, batch)
+          out.append((loss, stats))
+          on_batch()
+        return jax.block_until_ready(out)
+    elif name in ("host", "host-cache", "device"):
       step = make(whole)
       all_rows = jax.device_put(rows, gpu)
 
@@ -207,13 +245,13 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
     else:  # "cpu"
       step = make(given)
       cpu = jax.devices("cpu")[0]
-      prepare = jax.jit(lambda seeds, k: sample(data, {}, seeds, fanouts, k))
+      on_cpu = jax.jit(lambda seeds, k: sample(data, {}, seeds, fanouts, k))
       cpu_key = jax.device_put(key, cpu)
 
       def batches(part, first):
         for i, row in enumerate(part):
           seeds = jax.device_put(row, cpu)
-          blocks, xs = prepare(seeds, jax.random.fold_in(cpu_key, first + i))
+          blocks, xs = on_cpu(seeds, jax.random.fold_in(cpu_key, first + i))
           moved["blocks"] = sum(a.nbytes for a in jax.tree.leaves(blocks))
           moved["features"] = sum(a.nbytes for a in xs)
           yield jax.device_put((blocks, xs, row), gpu)
@@ -243,7 +281,8 @@ def _trained(name: str, dataset, config: TrainConfig, fanouts, batch_size: int, 
   config = dataclasses.replace(config, epochs=2)
   options = minibatch.MinibatchConfig(
       fanouts=tuple(int(f) for f in fanouts), batch_size=batch_size, max_batches=batches,
-      device_bytes=device_bytes if name == "host-cache" else None)
+      device_bytes=device_bytes if name == "host-cache" else None,
+      prefetch=name == "host-prefetch")
   result = minibatch.train(dataset, config, options, on_batch=lambda *_: on_batch(),
                            final_evaluation="none", validate=False)
   r = result.history[-1]
@@ -441,7 +480,7 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
       continue
     try:
       with _progress(console, label, warmup + batches) as on_batch:
-        if budgeted and name in ("host", "host-cache"):
+        if budgeted and name in ("host", "host-prefetch", "host-cache"):
           seconds, out, extra = _trained(name, dataset, config, fanouts, batch_size, batches,
                                          device_bytes, on_batch)
         elif name == "pyg":

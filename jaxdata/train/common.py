@@ -173,11 +173,42 @@ def run_epoch(step: Callable[[jax.Array, jax.Array], tuple], rows: np.ndarray, k
     sums.append(step(jnp.asarray(row), jax.random.fold_in(key, i)))
     if on_batch is not None:
       on_batch(i + 1, len(rows))
+  return _epoch_record(sums, t0)
+
+
+def run_pipelined_epoch(prepare: Callable[[jax.Array, jax.Array], Any],
+                        step: Callable[[Any, jax.Array, jax.Array], tuple], rows: np.ndarray,
+                        key: jax.Array, on_batch: Callable[[int, int], None] | None = None
+                        ) -> dict:
+  """`run_epoch` for software-pipelined steps: `prepare(seeds, key)` makes batch 0, then
+  ``step(batch_i, seeds_{i+1}, key_{i+1})`` trains on batch i and returns `run_epoch`'s four
+  outputs and batch i + 1 (keys as `run_epoch` folds them). The last step's next seeds are
+  all padding (-1): it prepares an empty batch, which is dropped; every row is trained on
+  once, in order."""
+  t0 = time.perf_counter()
+  sums = []
+  if len(rows):
+    batch = prepare(jnp.asarray(rows[0]), jax.random.fold_in(key, 0))
+    empty = jnp.full(rows.shape[1:], -1, rows.dtype)
+    for i in range(len(rows)):
+      last = i + 1 == len(rows)
+      *out, batch = step(batch, empty if last else jnp.asarray(rows[i + 1]),
+                         jax.random.fold_in(key, i + 1))
+      sums.append(out)
+      if on_batch is not None:
+        on_batch(i + 1, len(rows))
+  return _epoch_record(sums, t0)
+
+
+def _epoch_record(sums: list, t0: float) -> dict:
+  """The epoch's record from its steps' (summed loss, correct, count, token), started at
+  `t0`; waits for every table update."""
   loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
   jax.block_until_ready([s[3] for s in sums])  # every table update has landed
   seconds = time.perf_counter() - t0
   return dict(loss=loss / max(count, 1), train_accuracy=correct / max(count, 1),
-              seconds=seconds, batches=len(rows), seeds_per_second=count / seconds)
+              seconds=seconds, batches=len(sums), seeds=int(count),
+              seeds_per_second=count / seconds)
 
 
 def sampled_accuracy(predict: Callable[[jax.Array, jax.Array], tuple], ids: np.ndarray,

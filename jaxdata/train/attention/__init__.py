@@ -20,6 +20,7 @@ Full-graph training with Adam; the loss is the cross entropy of the training pap
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import os
@@ -566,6 +567,10 @@ def add_arguments(parser, model: str):
                       help="--minibatch, host pipeline: the device holds at most this many bytes "
                            "of parameters, optimizer state and cached feature rows (e.g. 8GiB; "
                            "the cache gets what the dense model leaves)")
+  parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
+                      help="--minibatch: each step also samples the next batch and gathers its "
+                           "feature rows, on a second GPU stream, to overlap them with the "
+                           "model (the same results; off by default)")
   parser.add_argument("--offload", action="store_true",
                       help="plan keep / offload / recompute per layer under --budget "
                            "(jaxdata.nn.layer_stack.plan) and train with the plan; the layers "
@@ -697,7 +702,7 @@ def main(args) -> int:
       raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
                                "(it sizes the cache)")
     minibatch = hetero.MinibatchConfig(cache=args.cache, device_bytes=args.device_bytes,
-                                       **options)
+                                       prefetch=args.prefetch, **options)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
@@ -728,7 +733,9 @@ def main(args) -> int:
 
     if minibatch is not None:
       console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
-                    f"per step, graph and features in {minibatch.pipeline} memory")
+                    f"per step, graph and features in {minibatch.pipeline} memory"
+                    + ("; the next batch prepared during each step (--prefetch)"
+                       if minibatch.prefetch else ""))
     if offloading:
       result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
     elif minibatch is None:

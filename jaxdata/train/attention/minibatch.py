@@ -21,6 +21,7 @@ accuracies are measured full-graph when the graph fits (`evaluate="full"`), whic
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import os
@@ -52,10 +53,13 @@ class MinibatchConfig(common.MinibatchConfig):
   "host", keep this fraction of each feature table's rows on the device; or `device_bytes`:
   the device holds at most this many bytes of dense parameters, their optimizer state and
   cached feature rows (the cache gets what the dense model leaves; every other row is read
-  from host memory)."""
+  from host memory). `prefetch`: software-pipelined steps, step i also samples batch i + 1
+  and gathers its feature rows, on a second GPU stream (`Steps.pipelined`); the same
+  results, the data path hidden behind the model where the GPU overlaps them."""
   batch_size: int = 1024
   cache: float = 0.0
   device_bytes: int | None = None
+  prefetch: bool = False
 
   def __post_init__(self):
     super().__post_init__()
@@ -172,6 +176,56 @@ def forward(model, data: HostData, consts, seeds, fanouts, key, plan=None):
   return logits_of(model, data, blocks, xs, seeds, plan)
 
 
+def _gather_types(data: HostData, tables, caches, blocks, types) -> list:
+  """`gather_typed`'s rows of the node types in `types` (None for the others), each type
+  gathered by its own `gather_typed` call over that type's id range: the same rows."""
+  caches = [None] * len(tables) if caches is None else caches
+  o = data.type_offsets
+  return [gather_typed([tables[t]], o[t:t + 2], blocks.nodes[-1], blocks.masks[-1],
+                       [caches[t]])[0] if t in types else None for t in range(len(tables))]
+
+
+def prepare(data: HostData, consts, seeds, fanouts, key):
+  """The part of a batch a step may prepare while the previous step computes: (seeds, blocks,
+  rows of the feature types, None for the embedded types). It reads only what training never
+  writes (the graph, the feature tables and their caches); the embedding rows, which the
+  previous step updates, are gathered by the step itself (`complete`)."""
+  graph, tables = data.where(consts)
+  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
+  featured = [t for t in range(len(tables)) if t not in data.embedded]
+  return seeds, blocks, _gather_types(data, tables, consts.get("caches"), blocks, featured)
+
+
+def complete(data: HostData, consts, batch):
+  """(seeds, blocks, every type's input rows) of a `prepare`d batch: the embedding rows
+  gathered now, from the tables as the steps so far left them. The rows equal `sample`'s."""
+  seeds, blocks, xs = batch
+  _, tables = data.where(consts)
+  learned = _gather_types(data, tables, consts.get("caches"), blocks, data.embedded)
+  return seeds, blocks, [x if x is not None else y for x, y in zip(xs, learned)]
+
+
+#: The GPU stream on which the pipelined step prepares the next batch (`compute_on`'s name).
+PREFETCH_STREAM = "gpu_stream:1"
+
+
+def prefetch_stream() -> str | None:
+  """The compute type under which the pipelined step prepares the next batch: PREFETCH_STREAM
+  on a GPU; None elsewhere (the CPU backend runs one program's operations on its own thread
+  pool, and there is no second stream to name)."""
+  return PREFETCH_STREAM if jax.default_backend() == "gpu" else None
+
+
+def on_stream(stream: str | None):
+  """A context manager under which a jitted call inside a jitted function is annotated to run
+  on `stream` ("gpu_stream:N", `jax.experimental.compute_on`; XLA wraps the call as an async
+  computation its scheduler can overlap with the rest); no annotation when `stream` is None."""
+  if stream is None:
+    return contextlib.nullcontext()
+  from jax.experimental.compute_on import compute_on  # pylint: disable=g-import-not-at-top
+  return compute_on(stream)
+
+
 
 #: Embedding rows drawn per chunk by `initial_embeddings` (each chunk its own generator).
 EMBED_CHUNK = 1 << 16
@@ -208,6 +262,86 @@ def device_bytes_of(tree) -> int:
 #: model from a sampled batch: its blocks (fixed padded shapes per hop, so one plan fits every
 #: batch) and the node type of each outermost slot (`budget_planner(..., blocks=True)`).
 BlockPlanner = Callable[[nnx.Module, Any, jax.Array], Sequence]
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+  """The jitted steps of a mini-batch run (`make_steps`).
+
+  Attributes:
+    step: ``step(model, optimizer, table_states, consts, seeds, key) -> (summed loss, correct,
+      count, token of the table updates)``: samples, gathers and trains on one batch.
+    prepare: ``prepare(consts, seeds, key) -> batch``: the batch's blocks and feature rows
+      (`prepare`; a jitted function, so that it can be annotated to run on another stream).
+    compute: ``compute(model, optimizer, table_states, consts, batch) -> step's outputs``:
+      gathers the batch's embedding rows and trains on it (the step without its data path).
+    pipelined: ``pipelined(model, optimizer, table_states, consts, batch, seeds_next,
+      key_next) -> step's outputs + (next batch,)``: `compute` on `batch` while the next batch
+      is prepared under `compute_on(stream)` (on a GPU a second stream; no annotation when
+      `stream` is None). It computes exactly what `step` computes: the prepared rows are read
+      only, and the embedding rows are gathered inside the step, after the previous step's
+      table updates.
+  """
+  step: Callable
+  prepare: Callable
+  compute: Callable
+  pipelined: Callable
+
+
+def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
+               table_opt, stream: str | None = "auto", plan: Sequence | None = None) -> Steps:
+  """The jitted steps that train a model on `data`'s mini-batches: cross entropy of the valid
+  seeds against `labels` (by global node id), the parameters `dense` selects (an nnx filter)
+  updated by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a
+  `host.sparse` optimizer; its states are the steps' `table_states`). `stream`: the compute
+  type of the pipelined step's prefetch ("gpu_stream:N"; None: no annotation; "auto":
+  `prefetch_stream()`)."""
+  fanouts = tuple(int(f) for f in fanouts)
+  stream = prefetch_stream() if stream == "auto" else stream
+
+  def train_on(model, optimizer, table_states, seeds, blocks, xs):
+    def loss_fn(model, learned):
+      inputs = list(xs)
+      for t, x in zip(data.embedded, learned):
+        inputs[t] = x
+      logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
+      y = labels[jnp.maximum(seeds, 0)]
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+      count = jnp.maximum(valid.sum(), 1)
+      correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+      return jnp.sum(jnp.where(valid, ce, 0)) / count, (correct, valid.sum())
+    grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
+    (loss, (correct, count)), (grads, row_grads) = grad_fn(
+        model, [xs[t] for t in data.embedded])
+    optimizer.update(model, grads)
+    token = jnp.int32(0)
+    for t, state, ids, g in zip(data.embedded, table_states,
+                                data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
+                                row_grads):
+      token = token + table_opt.update(data.tables[t], state, ids, g)
+    return loss * count, correct, count, token  # summed loss: epochs add them up
+
+  @nnx.jit
+  def step(model, optimizer, table_states, consts, seeds, key):
+    blocks, xs = sample(data, consts, seeds, fanouts, key)
+    return train_on(model, optimizer, table_states, seeds, blocks, xs)
+
+  @jax.jit
+  def prepare_batch(consts, seeds, key):
+    return prepare(data, consts, seeds, fanouts, key)
+
+  @nnx.jit
+  def compute(model, optimizer, table_states, consts, batch):
+    return train_on(model, optimizer, table_states, *complete(data, consts, batch))
+
+  @nnx.jit
+  def pipelined(model, optimizer, table_states, consts, batch, seeds_next, key_next):
+    with on_stream(stream):
+      batch_next = prepare_batch(consts, seeds_next, key_next)
+    out = train_on(model, optimizer, table_states, *complete(data, consts, batch))
+    return (*out, batch_next)
+
+  return Steps(step, prepare_batch, compute, pipelined)
 
 
 def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
@@ -275,30 +409,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
         raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
                          f"{model.stack_layers} planned layers")
 
-    @nnx.jit
-    def step(model, optimizer, table_states, consts, seeds, key):
-      blocks, xs = sample(data, consts, seeds, fanouts, key)
-
-      def loss_fn(model, learned):
-        inputs = list(xs)
-        for t, x in zip(data.embedded, learned):
-          inputs[t] = x
-        logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
-        y = labels[jnp.maximum(seeds, 0)]
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-        count = jnp.maximum(valid.sum(), 1)
-        correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
-        return jnp.sum(jnp.where(valid, ce, 0)) / count, (correct, valid.sum())
-      grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
-      (loss, (correct, count)), (grads, row_grads) = grad_fn(
-          model, [xs[t] for t in data.embedded])
-      optimizer.update(model, grads)
-      token = jnp.int32(0)
-      for t, state, ids, g in zip(data.embedded, table_states,
-                                  data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
-                                  row_grads):
-        token = token + table_opt.update(data.tables[t], state, ids, g)
-      return loss * count, correct, count, token  # summed loss: epochs add them up
+    steps = make_steps(data, labels, fanouts, dense, table_opt, plan=plan)
 
     @nnx.jit
     def predict(model, consts, seeds, key):
@@ -316,9 +427,16 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     for epoch in range(1, config.epochs + 1):
       rows = common.seed_batches(np.asarray(dataset.train_papers) + papers[0],
                                  minibatch.batch_size, rng, minibatch.max_batches)
-      record = dict(epoch=epoch, **common.run_epoch(
-          lambda s, k: step(model, optimizer, table_states, data.consts, s, k), rows,
-          jax.random.fold_in(key, epoch), on_batch))
+      if minibatch.prefetch:  # batch i + 1 prepared while step i computes
+        record = dict(epoch=epoch, **common.run_pipelined_epoch(
+            lambda s, k: steps.prepare(data.consts, s, k),
+            lambda b, s, k: steps.pipelined(model, optimizer, table_states, data.consts, b, s,
+                                            k),
+            rows, jax.random.fold_in(key, epoch), on_batch))
+      else:
+        record = dict(epoch=epoch, **common.run_epoch(
+            lambda s, k: steps.step(model, optimizer, table_states, data.consts, s, k), rows,
+            jax.random.fold_in(key, epoch), on_batch))
       record["device_state_bytes"] = device_bytes_of(nnx.state((model, optimizer)))
       record["cache_bytes"] = data.cache_bytes
       record["cache_fraction"] = data.cache_fraction
