@@ -359,26 +359,28 @@ def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
 
 
-def _main_mag(args) -> int:
-  """`jaxdata train rgcn --scale S`: `jaxdata.train.attention.main` with model "rgcn", its
-  defaults where these options were not given."""
-  from jaxdata.train import attention  # pylint: disable=g-import-not-at-top
+def mag_arguments(args: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
+  """`jaxdata train rgcn --scale S` as the arguments of the heterogeneous trainer
+  (`jaxdata.train.attention.main`, model "rgcn"): `defaults` (that trainer's options, parsed
+  from nothing) with the options given here. UsageError for an entity dataset's option.
+  (`jaxdata.cli` joins the two: a trainer imports no other.)"""
   given = [n for n in ENTITY_OPTIONS if getattr(args, n) is not None]
   if given:
     raise command.UsageError(f"argument {_flag(given[0])}: names an entity dataset, not "
                              f"synthetic_mag (--scale {args.scale:g}); give one of them")
-  defaults = argparse.ArgumentParser()
-  attention.add_arguments(defaults, "rgcn")
-  mag = defaults.parse_args([])
+  mag = argparse.Namespace(**vars(defaults))
   for name in ("scale",) + MAG_OPTIONS + SHARED_OPTIONS:
     if getattr(args, name) is not None:
       setattr(mag, name, getattr(args, name))
-  return attention.main(mag)
+  return mag
 
 
 def main(args) -> int:
+  """`jaxdata train rgcn` on an entity dataset (`jaxdata.cli` sends --scale to
+  `jaxdata.train.attention` with `mag_arguments`)."""
   if args.scale is not None:
-    return _main_mag(args)
+    raise command.UsageError("argument --scale: synthetic_mag trains through jaxdata.cli "
+                             "(`jaxdata train rgcn --scale S`)")
   given = [n for n in MAG_OPTIONS if getattr(args, n) is not None]
   if given:
     raise command.UsageError(f"argument {_flag(given[0])}: for synthetic_mag (with --scale)")
