@@ -88,7 +88,9 @@ def test_full_graph_logits_and_gradients_equal_a_plain_jax_reference(device, bas
   assert jax.tree.structure(got) == jax.tree.structure(want_grads)
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want_grads)):
     assert np.abs(np.asarray(b)).max() > 0, path  # every parameter matters
-    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+    # atol: a GPU's float atomics sum in any order
+    np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5 + 1e-5 * float(np.abs(b).max()),
+                               err_msg=jax.tree_util.keystr(path))
 
 
 def test_rgcn_learns_full_graph_and_on_minibatches():
