@@ -56,8 +56,7 @@ from jaxdata.host import HostTable
 from jaxdata.host.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
-from jaxdata.train.attention import (ATTENTION_MODELS, TrainConfig, build_model,
-                                    default_classes)
+from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
 from jaxdata.train.attention.minibatch import HostData, logits_of, sample
 from jaxdata.train.common import prefetched, seed_batches
 
@@ -658,8 +657,7 @@ def add_arguments(parser) -> None:
   parser.add_argument("--scale", type=command.positive_float,
                       help=f"synthetic_mag's share of ogbn-mag (default {FULL['scale']}; "
                            f"--quick {QUICK['scale']})")
-  parser.add_argument("--model", choices=ATTENTION_MODELS, default="hgt",
-                      help="the model trained")
+  parser.add_argument("--model", choices=MODELS, default="hgt", help="the model trained")
   parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
                       help="in-edges sampled per node and hop, one per layer (two)")
   parser.add_argument("--batch-size", type=command.positive_int, default=1024,

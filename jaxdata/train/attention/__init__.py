@@ -46,9 +46,10 @@ from jaxdata.offload.stack import segments
 from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved)
 
-#: The attention models, and every model this trainer trains (RGCN: `jaxdata train rgcn --scale`).
-ATTENTION_MODELS = ("rgat", "hgt")
-MODELS = ATTENTION_MODELS + ("rgcn",)
+MODELS = ("rgat", "hgt")
+#: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
+#: RGCN (`jaxdata train rgcn --scale S`).
+ALL_MODELS = MODELS + ("rgcn",)
 #: The checkpoint kind of each model (`jaxdata.train.checkpoint.KINDS`): "rgcn" is the entity
 #: trainer's (`jaxdata.train.rgcn`).
 KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
@@ -74,8 +75,8 @@ class TrainConfig:
   num_bases: int | None = None  # RGCN: shared bases per layer (None: a full weight per relation)
 
   def __post_init__(self):
-    if self.model not in MODELS:
-      raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+    if self.model not in ALL_MODELS:
+      raise ValueError(f"model must be one of {ALL_MODELS}, got {self.model!r}")
     if self.epochs < 1 or self.hidden < 1 or self.heads < 1:
       raise ValueError("epochs, hidden and heads must be >= 1")
     if self.model != "rgcn" and self.hidden % self.heads:
@@ -168,27 +169,21 @@ def is_table(path, value) -> bool:
   return bool(path) and path[0] == "tables"
 
 
-class _ProjectedClassifier(_Classifier):
-  """What RGAT and RGCN share: per-type linear maps to `hidden` (``embed``), graph layers from
-  hidden to hidden, each followed by a ReLU (``conv1``, ...: `_conv` builds one), a linear
-  classifier on papers (``classify``). Between layers every type's rows travel as one
-  ``[N, hidden]`` array, types in id order: the layers are homogeneous in shape."""
+class RGATClassifier(_Classifier):
+  """Per-type linear maps to `hidden`, RGAT -> ReLU -> RGAT -> ReLU, a linear classifier."""
 
   def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
                config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
                embedded: Sequence[int] = (), tables: bool = True):
     self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
     dtype = jnp.dtype(config.dtype)
-    h = config.hidden
+    h, heads = config.hidden, config.heads
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
-    self._init_convs([self._conv(config, num_relations, dtype, rngs)
-                      for _ in range(config.layers)])
+    conv = lambda: RGAT(h, h // heads, num_relations=num_relations, heads=heads,  # noqa: E731
+                        self_loop=True, passes=config.passes, dtype=dtype, rngs=rngs)
+    self._init_convs([conv() for _ in range(config.layers)])
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
     self.hidden, self.dtype = h, dtype
-
-  def _conv(self, config: TrainConfig, num_relations: int, dtype, rngs: nnx.Rngs) -> nnx.Module:
-    """One graph layer, hidden to hidden."""
-    raise NotImplementedError
 
   def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
                plan: Sequence | None = None) -> jax.Array:
@@ -196,7 +191,7 @@ class _ProjectedClassifier(_Classifier):
     (`stack_layers`): the same logits and gradients, each layer's residuals kept, offloaded
     or recomputed as its policy says."""
     xs = self.inputs(xs)
-    graph.check_node_type_rows([x.shape[0] for x in xs], type(self).__name__)
+    graph.check_node_type_rows([x.shape[0] for x in xs], "RGATClassifier")
     x = jnp.concatenate([lin(x) for lin, x in zip(self.embed, xs)])
     layers, layer_fn, _ = self.stack(graph, [x_t.shape[0] for x_t in xs])
     x = layer_stack.run(layers, layer_fn, x, plan)
@@ -210,8 +205,8 @@ class _ProjectedClassifier(_Classifier):
     `gather` all-gathers each device's rows (``jax.lax.all_gather(h, axis, tiled=True)``)."""
     x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
             for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
-    for conv in self.convs:
-      x = jax.nn.relu(conv.on_partition(graph, gather(x), start, rows))
+    x = jax.nn.relu(self.conv1.on_partition(graph, gather(x), start, rows))
+    x = jax.nn.relu(self.conv2.on_partition(graph, gather(x), start, rows))
     return self.classify(x).astype(jnp.float32)
 
   def stack(self, graph, rows):
@@ -221,6 +216,11 @@ class _ProjectedClassifier(_Classifier):
   @property
   def stack_layers(self) -> int:
     return self.layers
+
+  @staticmethod
+  def names() -> tuple[str, ...]:
+    """The checkpoint names a layer tags (`layer_stack.candidates`)."""
+    return RGAT_NAMES
 
   def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
@@ -235,22 +235,12 @@ class _ProjectedClassifier(_Classifier):
     return self.classify(x).astype(jnp.float32)
 
 
-class RGATClassifier(_ProjectedClassifier):
-  """Per-type linear maps to `hidden`, RGAT -> ReLU -> RGAT -> ReLU, a linear classifier."""
-
-  def _conv(self, config, num_relations, dtype, rngs):
-    h, heads = config.hidden, config.heads
-    return RGAT(h, h // heads, num_relations=num_relations, heads=heads, self_loop=True,
-                passes=config.passes, dtype=dtype, rngs=rngs)
-
-  @staticmethod
-  def names() -> tuple[str, ...]:
-    """The checkpoint names a layer tags (`layer_stack.candidates`)."""
-    return RGAT_NAMES
-
-
-class RGCNClassifier(_ProjectedClassifier):
-  """Per-type linear maps to `hidden`, RGCN -> ReLU -> RGCN -> ReLU, a linear classifier.
+class RGCNClassifier(RGATClassifier):
+  """`RGATClassifier`'s model with RGCN layers in place of RGAT's: per-type linear maps to
+  `hidden`, RGCN -> ReLU -> RGCN -> ReLU, a linear classifier on papers. Its forward passes
+  (full graph, sampled blocks, destination partitions, the stack an offload plan covers) are
+  RGAT's: both layers map ``[N, hidden]`` to ``[N, hidden]`` on a graph (`jaxdata.nn.RGCN`
+  has `on_partition` too).
 
   Each `jaxdata.nn.RGCN` layer (hector's generated relational kernels) has a full weight per
   relation, or `TrainConfig.num_bases` shared bases, a self-loop weight of its own and a bias;
@@ -259,15 +249,24 @@ class RGCNClassifier(_ProjectedClassifier):
   featureless type reads a learnable embedding (`TrainConfig.embed`), as with RGAT and HGT.
   """
 
-  def _conv(self, config, num_relations, dtype, rngs):
-    return RGCN(config.hidden, config.hidden, num_relations=num_relations,
-                num_bases=config.num_bases, self_loop=True, use_bias=True, dtype=dtype,
-                rngs=rngs)
+  def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
+               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
+               embedded: Sequence[int] = (), tables: bool = True):
+    # pylint: disable=super-init-not-called  (RGAT's layers are not built)
+    self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
+    dtype = jnp.dtype(config.dtype)
+    h = config.hidden
+    self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
+    self._init_convs([RGCN(h, h, num_relations=num_relations, num_bases=config.num_bases,
+                           self_loop=True, use_bias=True, dtype=dtype, rngs=rngs)
+                      for _ in range(config.layers)])
+    self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
+    self.hidden, self.dtype = h, dtype
 
   @staticmethod
   def names() -> tuple[str, ...]:
     """The checkpoint names a layer tags (`layer_stack.candidates`): none (an RGCN layer's
-    only kernel residuals are hector's own, `SAVED_NAME`)."""
+    residuals are hector's own, `SAVED_NAME`)."""
     return ()
 
 
@@ -503,8 +502,8 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
   kind `KINDS[config.model]`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   return checkpoint.save_nnx(
-      path, kind=KINDS[config.model], model=result.model, optimizer=result.optimizer, config=config,
-      data=data, step=len(result.history), history=result.history,
+      path, kind=KINDS[config.model], model=result.model, optimizer=result.optimizer,
+      config=config, data=data, step=len(result.history), history=result.history,
       metrics=result.metrics)
 
 
