@@ -18,7 +18,8 @@ from jaxdata import command, distributed
 #: add_arguments(parser) and main(args).
 TRAIN = {
     "rgcn": ("jaxdata.train.rgcn",
-             "RGCN entity classification (synthetic graph by default, or an RDF archive)"),
+             "RGCN entity classification (synthetic graph by default, or an RDF archive; "
+             "--scale: paper classification on a synthetic ogbn-mag)"),
     "rgat": ("jaxdata.train.attention",
              "RGAT paper classification on a synthetic ogbn-mag heterograph"),
     "hgt": ("jaxdata.train.attention",
@@ -131,6 +132,18 @@ def _eval(args: argparse.Namespace) -> int:
   return 0
 
 
+def _train_rgcn(args: argparse.Namespace) -> int:
+  """`jaxdata train rgcn`: the entity trainer, or with --scale RGCN on synthetic_mag through the
+  heterogeneous trainer (`jaxdata.train.attention`); joined here, as trainers import no other."""
+  from jaxdata.train import rgcn  # pylint: disable=g-import-not-at-top
+  if args.scale is None:
+    return rgcn.main(args)
+  from jaxdata.train import attention  # pylint: disable=g-import-not-at-top
+  defaults = argparse.ArgumentParser()
+  attention.add_arguments(defaults, "rgcn")
+  return attention.main(rgcn.mag_arguments(args, defaults.parse_args([])))
+
+
 def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool = False) -> None:
   module = importlib.import_module(module_name)
   parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -176,6 +189,7 @@ def parser() -> command.Parser:
   for name, (module, text) in TRAIN.items():
     _add(train, name, module, text, *((name,) if module.endswith("attention") else ()),
          train=True)
+  train.choices["rgcn"].set_defaults(run=_train_rgcn)  # --scale: RGCN on synthetic_mag
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
       dest="bench", metavar="BENCHMARK", required=True)
   for name, (module, text) in BENCH.items():

@@ -20,6 +20,8 @@ RUNS = {
              "8", "--heads", "2"],
     "hgt": ["train", "hgt", "--scale", "2e-4", "--classes", "4", "--epochs", "3", "--hidden",
             "8", "--heads", "2"],
+    "rgcn-mag": ["train", "rgcn", "--scale", "2e-4", "--classes", "4", "--epochs", "3",
+                 "--hidden", "8"],
     "sage": ["train", "sage", "--nodes", "2000", "--edges", "16000", "--features", "8",
              "--epochs", "10", "--batch-size", "128", "--hidden", "16", "--lr", "0.01"],
     "gpt": ["train", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16",

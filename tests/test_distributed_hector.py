@@ -311,7 +311,7 @@ def test_two_hgt_layers_on_parts_over_a_mesh_equal_the_whole_graph(device):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["rgat", "hgt"])
+@pytest.mark.parametrize("model", ["rgat", "hgt", "rgcn"])
 @two_default_devices
 def test_attention_on_two_local_devices_trains_like_one_device(model):
   """Four node types over two parts: per-epoch losses and accuracies, and the final validation

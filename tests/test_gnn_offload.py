@@ -1,4 +1,4 @@
-"""Deep relational GNNs (RGAT / HGT classifiers with `layers > 2`) under offload plans: the
+"""Deep relational GNNs (RGAT / HGT / RGCN classifiers with `layers > 2`) under offload plans: the
 stacked layers run through `jaxdata.offload.run_layers` with keep / offload / recompute per layer,
 with the plain model's loss and gradients; the planner fits their residuals to a budget."""
 import jax
@@ -60,7 +60,7 @@ def _own_residual_bytes(fn, state, x_like, inner) -> int:
   return total
 
 
-@pytest.mark.parametrize("model", ["hgt", "rgat"])
+@pytest.mark.parametrize("model", ["hgt", "rgat", "rgcn"])
 def test_deep_model_under_an_offload_plan_has_the_plain_loss_and_gradients(model, device):
   ds, net, graph, xs = _setup(model)
   assert net.layers == LAYERS and len(net.convs) == LAYERS

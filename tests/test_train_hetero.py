@@ -1,7 +1,7 @@
 """Mini-batch relational training from host memory (jaxdata.host.sample_blocks, train.attention.minibatch).
 
-Through the real typed sampler: with fanouts that cover every in-edge, the RGAT classifier on
-sampled blocks gives the full-graph classifier's logits and gradients at the seeds (HostGraph
+Through the real typed sampler: with fanouts that cover every in-edge, the RGAT (HGT, RGCN)
+classifier on sampled blocks gives the full-graph classifier's logits and gradients at the seeds (HostGraph
 and DeviceGraph, CPU and GPU); training on mini-batches learns, both pipelines see the same
 samples and losses, and the checkpoint evaluates like a full-graph one.
 """
@@ -29,7 +29,7 @@ def mag():
   return synthetic_mag(scale=5e-4, seed=1, num_classes=4)
 
 
-@pytest.mark.parametrize("model", ["rgat", "hgt"])
+@pytest.mark.parametrize("model", ["rgat", "hgt", "rgcn"])
 @pytest.mark.parametrize("pipeline", ["host", "device"])
 def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pipeline, model):
   ds = mag()
@@ -175,7 +175,7 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
 EMBED = ("author", "field_of_study")
 
 
-@pytest.mark.parametrize("model", ["rgat", "hgt"])
+@pytest.mark.parametrize("model", ["rgat", "hgt", "rgcn"])
 def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device, model):
   # Featureless types (TrainConfig.embed) read learnable embeddings: in full-graph training a
   # dense parameter, on blocks the rows of a host table. With full fanouts the gradient of a

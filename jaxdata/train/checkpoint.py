@@ -30,7 +30,7 @@ from jaxdata import command
 FORMAT = 1
 #: kind -> the training module that builds and evaluates it (each defines `restore`).
 KINDS = {"rgcn": "jaxdata.train.rgcn", "rgat": "jaxdata.train.attention",
-         "hgt": "jaxdata.train.attention", "sage": "jaxdata.train.sage",
+         "hgt": "jaxdata.train.attention", "rgcn-mag": "jaxdata.train.attention", "sage": "jaxdata.train.sage",
          "gpt": "jaxdata.train.gpt"}
 
 
@@ -40,8 +40,8 @@ class Loaded:
 
   `evaluate()` measures what training measured at its end (test accuracy, held-out loss) on the
   same data; `predict` runs the model on its data: class logits (rgcn) or predicted classes
-  (rgat, hgt) for every node, `predict(tokens)` next-token logits (gpt), `predict(nodes)`
-  predicted classes from sampled neighbourhoods (sage).
+  (rgat, hgt, rgcn-mag) for every paper, `predict(tokens)` next-token logits (gpt),
+  `predict(nodes)` predicted classes from sampled neighbourhoods (sage).
   """
   kind: str
   model: Any

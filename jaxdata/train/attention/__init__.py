@@ -1,15 +1,18 @@
-"""Paper classification on an ogbn-mag-shaped heterograph with RGAT or HGT (full graph).
+"""Paper classification on an ogbn-mag-shaped heterograph with RGAT, HGT or RGCN (full graph).
 
 The task of ogbn-mag: predict each paper's venue from the academic graph (papers, authors,
 institutions, fields of study; writes, cites, has_topic, affiliated_with and their reverses).
 `jaxdata.data.synthetic_mag` draws a graph of its shape at any scale, so the same command runs
 in a minute on a laptop CPU (the default, scale 0.005) and at ogbn-mag's full size on a GPU
-(``--scale 1``). Both models run their relational attention through hector's generated kernels:
+(``--scale 1``). The models run their relational layers through hector's generated kernels:
 
 * ``rgat``: a per-type linear map of every node type's features to a common width, two RGAT
   layers (heads concatenated, self loop, bias, ReLU after each), a linear classifier on papers;
 * ``hgt``: two HGT layers (the first reads every type's own feature width), a linear classifier
-  on papers.
+  on papers;
+* ``rgcn`` (`jaxdata train rgcn --scale S`): a per-type linear map to a common width, two RGCN
+  layers (a full weight per relation, or `TrainConfig.num_bases` shared bases; self loop, bias,
+  ReLU after each), a linear classifier on papers.
 
 Full-graph training with Adam; the loss is the cross entropy of the training papers.
 
@@ -37,7 +40,7 @@ from jaxdata import command, distributed
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES, select as select_passes
-from jaxdata.nn import HGT, RGAT, layer_stack
+from jaxdata.nn import HGT, RGAT, RGCN, layer_stack
 from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
@@ -45,6 +48,12 @@ from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments
                                   add_out_argument, minibatch_options, progress, say_saved)
 
 MODELS = ("rgat", "hgt")
+#: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
+#: RGCN (`jaxdata train rgcn --scale S`).
+ALL_MODELS = MODELS + ("rgcn",)
+#: The checkpoint kind of each model (`jaxdata.train.checkpoint.KINDS`): "rgcn" is the entity
+#: trainer's (`jaxdata.train.rgcn`).
+KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
 #: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices.
 MULTI_PROCESS = True
@@ -52,7 +61,7 @@ MULTI_PROCESS = True
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  model: str = "hgt"       # or "rgat"
+  model: str = "hgt"       # or "rgat", "rgcn"
   epochs: int = 40
   hidden: int = 64
   heads: int = 4
@@ -64,13 +73,14 @@ class TrainConfig:
   embed_dim: int = 64      # the width of those embeddings
   devices: int | None = 1  # per process; None: every local device (attention.partitioned)
   layers: int = 2          # graph layers (RGAT: all alike; HGT: the first reads every type's width)
+  num_bases: int | None = None  # RGCN: shared bases per layer (None: a full weight per relation)
 
   def __post_init__(self):
-    if self.model not in MODELS:
-      raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+    if self.model not in ALL_MODELS:
+      raise ValueError(f"model must be one of {ALL_MODELS}, got {self.model!r}")
     if self.epochs < 1 or self.hidden < 1 or self.heads < 1:
       raise ValueError("epochs, hidden and heads must be >= 1")
-    if self.hidden % self.heads:
+    if self.model != "rgcn" and self.hidden % self.heads:
       raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
@@ -81,6 +91,9 @@ class TrainConfig:
       raise ValueError(f"devices must be >= 1 or None (all), got {self.devices}")
     if self.layers < 1:
       raise ValueError(f"layers must be >= 1, got {self.layers}")
+    if self.num_bases is not None and (self.model != "rgcn" or self.num_bases < 1):
+      raise ValueError(f"num_bases is RGCN's and must be >= 1 or None, got {self.num_bases} "
+                       f"for {self.model!r}")
 
 
 class _Classifier(nnx.Module):
@@ -245,6 +258,41 @@ class RGATClassifier(_Classifier):
     return self.convs, fns, inputs
 
 
+class RGCNClassifier(RGATClassifier):
+  """`RGATClassifier`'s model with RGCN layers in place of RGAT's: per-type linear maps to
+  `hidden`, RGCN -> ReLU -> RGCN -> ReLU, a linear classifier on papers. Its forward passes
+  (full graph, sampled blocks, destination partitions, the stack an offload plan covers) are
+  RGAT's: both layers map ``[N, hidden]`` to ``[N, hidden]`` on a graph (`jaxdata.nn.RGCN`
+  has `on_partition` too).
+
+  Each `jaxdata.nn.RGCN` layer (hector's generated relational kernels) has a full weight per
+  relation, or `TrainConfig.num_bases` shared bases, a self-loop weight of its own and a bias;
+  messages are averaged per relation (the RGCN paper's 1 / |N_r(i)|). ogbn-mag's eight relations
+  (with reverses) at hidden 64 make 33K weights per layer: no need for bases by default. A
+  featureless type reads a learnable embedding (`TrainConfig.embed`), as with RGAT and HGT.
+  """
+
+  def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
+               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
+               embedded: Sequence[int] = (), tables: bool = True):
+    # pylint: disable=super-init-not-called  (RGAT's layers are not built)
+    self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
+    dtype = jnp.dtype(config.dtype)
+    h = config.hidden
+    self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
+    self._init_convs([RGCN(h, h, num_relations=num_relations, num_bases=config.num_bases,
+                           self_loop=True, use_bias=True, dtype=dtype, rngs=rngs)
+                      for _ in range(config.layers)])
+    self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
+    self.hidden, self.dtype = h, dtype
+
+  @staticmethod
+  def names() -> tuple[str, ...]:
+    """The checkpoint names a layer tags (`layer_stack.candidates`): none (an RGCN layer's
+    residuals are hector's own, `SAVED_NAME`)."""
+    return ()
+
+
 class HGTClassifier(_Classifier):
   """HGT (every type's own width in) -> HGT (x `layers - 1`) -> a linear classifier on papers.
 
@@ -343,7 +391,7 @@ def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *,
     raise ValueError("embed: papers keep their features (the classifier reads them)")
   widths = tuple(config.embed_dim if t in embedded else x.shape[1]
                  for t, x in enumerate(dataset.features))
-  cls = HGTClassifier if config.model == "hgt" else RGATClassifier
+  cls = {"hgt": HGTClassifier, "rgat": RGATClassifier, "rgcn": RGCNClassifier}[config.model]
   return cls(widths, dataset.graph.num_relations, dataset.num_classes, config, rngs=rngs,
              rows=tuple(len(x) for x in dataset.features), embedded=embedded, tables=tables)
 
@@ -493,16 +541,17 @@ def load_dataset(data: dict) -> MagDataset:
 
 
 def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
-  """Saves a trained RGAT / HGT classifier as a checkpoint (`jaxdata.train.checkpoint`)."""
+  """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.train.checkpoint`;
+  kind `KINDS[config.model]`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   return checkpoint.save_nnx(
-      path, kind=config.model, model=result.model, optimizer=result.optimizer, config=config,
-      data=data, step=len(result.history), history=result.history,
+      path, kind=KINDS[config.model], model=result.model, optimizer=result.optimizer,
+      config=config, data=data, step=len(result.history), history=result.history,
       metrics=result.metrics)
 
 
 def restore(path: str, meta: dict):
-  """Rebuilds a saved RGAT / HGT classifier and its data (`checkpoint.load_model`)."""
+  """Rebuilds a saved RGAT / HGT / RGCN classifier and its data (`checkpoint.load_model`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   saved = dict(meta["config"])
   if saved.get("passes") is not None:
@@ -513,7 +562,7 @@ def restore(path: str, meta: dict):
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded(config.model, model, meta, evaluate=lambda: evaluate(model, dataset),
+  return checkpoint.Loaded(meta["kind"], model, meta, evaluate=lambda: evaluate(model, dataset),
                            predict=lambda: predict(model, dataset),
                            optimizer_state=optimizer if has_optimizer else None)
 
@@ -663,7 +712,7 @@ def main(args) -> int:
     raise command.UsageError(f"argument {'--minibatch' if args.minibatch else '--embed'}: runs "
                              "on one device of one process; --devices and several processes "
                              "are for full-graph training with features")
-  if args.hidden % args.heads:
+  if args.attention_model != "rgcn" and args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
                              f"{args.heads}")
   if len(set(args.embed)) != len(args.embed):
@@ -688,7 +737,8 @@ def main(args) -> int:
   config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
                        heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
                        passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim,
-                       devices=devices, layers=args.layers)
+                       devices=devices, layers=args.layers,
+                       num_bases=getattr(args, "bases", None) or None)  # rgcn's --bases
   minibatch = None
   if args.device_bytes is not None and not args.minibatch:
     raise command.UsageError("argument --device-bytes: only with --minibatch")
@@ -716,9 +766,11 @@ def main(args) -> int:
                 f"{len(dataset.train_papers):,} train / {len(dataset.val_papers):,} val / "
                 f"{len(dataset.test_papers):,} test papers")
   console.print(f"{config.model.upper()}: {config.layers} layers, hidden {config.hidden}, "
-                f"{config.heads} heads, "
-                f"{config.dtype}, passes {select_passes(config.passes) or 'none'}, on "
-                f"{jax.devices()[0].platform} x "
+                + (f"{config.num_bases or 'no'} bases, {config.dtype}, on "
+                   if config.model == "rgcn" else
+                   f"{config.heads} heads, {config.dtype}, passes "
+                   f"{select_passes(config.passes) or 'none'}, on ")
+                + f"{jax.devices()[0].platform} x "
                 f"{(len(jax.local_devices()) if devices is None else devices) * jax.process_count()}"
                 " (the first epoch compiles the kernels)"
                 + (f"; learnable {config.embed_dim}-wide embeddings for {', '.join(config.embed)}"

@@ -1,12 +1,13 @@
-"""Full-graph RGAT / HGT over several devices and processes: destination partitions.
+"""Full-graph RGAT / HGT / RGCN over several devices and processes: destination partitions.
 
-`jaxdata train rgat|hgt --devices K` splits the heterograph by destination nodes
+`jaxdata train rgat|hgt --devices K` (and `rgcn --scale S --devices K`) splits the heterograph by destination nodes
 (`jaxdata.hector.partition`, as `jaxdata.train.rgcn.partitioned` does): device d owns the node
 range ``[d * rows, (d + 1) * rows)`` (node types may cross it) and the edges into it, and holds
 its rows of every type's features. Per step, on each device:
 
-* RGAT: its rows' per-type linear maps, all-gathered (``[K * rows, hidden]``); each RGAT layer
-  computes its own rows (`RGAT.on_partition`), whose outputs are all-gathered for the next;
+* RGAT (RGCN alike): its rows' per-type linear maps, all-gathered (``[K * rows, hidden]``); each
+  RGAT layer computes its own rows (`RGAT.on_partition`, `RGCN.on_partition`), whose outputs are
+  all-gathered for the next;
 * HGT: each layer projects its own rows' keys, queries and values and all-gathers them
   (``3 * hidden`` wide, `HGT.on_partition`);
 * the classifier on its own rows; the cross entropy of its own training papers over the global

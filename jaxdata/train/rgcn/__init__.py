@@ -13,6 +13,10 @@ Input features, where the data has them, live in a `HostTable` and every step ga
     from jaxdata.train.rgcn import TrainConfig, train
     result = train(load_entities("aifb.tgz"), TrainConfig(epochs=50))
     print(result.test_accuracy)
+
+`jaxdata train rgcn --scale S` trains RGCN on `synthetic_mag` instead (ogbn-mag's paper venues),
+through the heterogeneous trainer of RGAT and HGT (`jaxdata.train.attention`, model "rgcn"):
+per-type input maps, learnable embeddings for featureless types, `--minibatch` from host memory.
 """
 from __future__ import annotations
 
@@ -269,12 +273,14 @@ def add_arguments(parser):
   parser.add_argument("--data", metavar="PATH.tgz", type=command.existing_file,
                       help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
                            "the built-in synthetic graph")
-  parser.add_argument("--epochs", type=command.positive_int, default=50, help="training epochs")
-  parser.add_argument("--hidden", type=command.positive_int, default=16, help="hidden features")
+  parser.add_argument("--epochs", type=command.positive_int, default=None,
+                      help="training epochs (default 50; with --scale 40)")
+  parser.add_argument("--hidden", type=command.positive_int, default=None,
+                      help="hidden features (default 16; with --scale 64)")
   parser.add_argument("--bases", type=command.natural_int, default=None,
                       help="basis decomposition with this many bases, 0 for a full weight per "
                            "relation (default: the paper's setting for the archive, 30 on MUTAG "
-                           "and 0 on AIFB; 8 on the synthetic graph)")
+                           "and 0 on AIFB; 8 on the synthetic graph; none with --scale)")
   parser.add_argument("--l2", type=command.natural_float, default=None,
                       help="L2 penalty: this times the sum of squares of the first layer's "
                            "parameters is added to the loss (default: the paper's setting, 5e-4 "
@@ -287,22 +293,24 @@ def add_arguments(parser):
   parser.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                       help="add a bias in each layer (default: the paper's setting, none on AIFB "
                            "and MUTAG; a bias on the synthetic graph)")
-  parser.add_argument("--lr", type=command.positive_float, default=0.01, help="Adam's learning rate")
+  parser.add_argument("--lr", type=command.positive_float, default=None,
+                      help="Adam's learning rate (default 0.01; with --scale 0.005)")
   parser.add_argument("--val-fraction", type=command.fraction, default=None,
                       help="training nodes held out to report validation accuracy every epoch "
                            "(default 0.2 on the synthetic graph; 0 on RDF archives, as the paper "
                            "trains on the whole training set)")
   parser.add_argument("--seed", type=command.natural_int, default=0, help="the first seed")
-  parser.add_argument("--seeds", type=command.positive_int, default=1,
-                      help="train this many times (seeds seed, seed+1, ...) and report the mean")
+  parser.add_argument("--seeds", type=command.positive_int, default=None,
+                      help="train this many times (seeds seed, seed+1, ...) and report the mean "
+                           "(default 1)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype (parameters stay float32)")
-  parser.add_argument("--nodes", type=command.positive_int, default=20_000,
-                      help="synthetic graph: nodes")
-  parser.add_argument("--edges", type=command.positive_int, default=200_000,
-                      help="synthetic graph: edges")
-  parser.add_argument("--relations", type=command.positive_int, default=50,
-                      help="synthetic graph: relations")
+  parser.add_argument("--nodes", type=command.positive_int, default=None,
+                      help="synthetic graph: nodes (default 20,000)")
+  parser.add_argument("--edges", type=command.positive_int, default=None,
+                      help="synthetic graph: edges (default 200,000)")
+  parser.add_argument("--relations", type=command.positive_int, default=None,
+                      help="synthetic graph: relations (default 50)")
   parser.add_argument("--devices", type=command.natural_int, default=1,
                       help="full-graph training over this many local devices (0: all), the "
                            "graph partitioned by destination nodes; with several processes the "
@@ -311,12 +319,77 @@ def add_arguments(parser):
                       help="train on sampled mini-batches, the graph, features and (featureless "
                            "data) the first layer's node rows in host memory "
                            "(see jaxdata.train.rgcn.minibatch)")
-  add_minibatch_arguments(parser, batch_size=256, seeds="nodes",
-                          tables="the node rows (featureless data)")
+  add_minibatch_arguments(parser, batch_size=None, seeds="nodes (default 256; with --scale "
+                          "1024 papers)", tables="the node rows (featureless data)")
+  mag = parser.add_argument_group(
+      "synthetic_mag (--scale)", "RGCN paper classification on a synthetic ogbn-mag through the "
+      "trainer of `jaxdata train rgat|hgt` (jaxdata.train.attention): --help there says more")
+  mag.add_argument("--scale", type=command.positive_float, default=None,
+                   help="train on synthetic_mag at this share of ogbn-mag's size (1.0: about "
+                        "1.9M nodes and 21M edges) instead of an entity dataset")
+  mag.add_argument("--classes", type=command.positive_int, default=None,
+                   help="--scale: paper classes (default: 349, or about 100 papers per class)")
+  mag.add_argument("--layers", type=command.positive_int, default=None,
+                   help="--scale: RGCN layers (default 2; --minibatch trains two)")
+  mag.add_argument("--embed", type=command.listing(str), default=None,
+                   help="--scale: node types whose input is a learnable embedding (author,"
+                        "institution,field_of_study)")
+  mag.add_argument("--embed-dim", type=command.positive_int, default=None,
+                   help="--scale: the embeddings' width (default 64)")
+  mag.add_argument("--cache", type=command.fraction, default=None,
+                   help="--scale --minibatch: keep this fraction of each feature table's rows "
+                        "in device memory")
+  mag.add_argument("--device-bytes", type=command.size, default=None,
+                   help="--scale --minibatch: the device holds at most this many bytes of "
+                        "parameters, optimizer state and cached feature rows")
   add_out_argument(parser, "rgcn", "the (last seed's) model")
 
 
+#: Options that name or shape the entity datasets (not with --scale), and those of synthetic_mag
+#: (only with --scale), by their `args` names.
+ENTITY_OPTIONS = ("data", "nodes", "edges", "relations", "l2", "self_loop", "bias",
+                  "val_fraction", "seeds")
+MAG_OPTIONS = ("classes", "layers", "embed", "embed_dim", "cache", "device_bytes")
+#: Options both take; None (not given) keeps the trainer's own default.
+SHARED_OPTIONS = ("epochs", "hidden", "lr", "seed", "dtype", "devices", "minibatch", "fanouts",
+                  "batch_size", "pipeline", "table_optimizer", "out", "bases")
+
+
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def mag_arguments(args: argparse.Namespace, defaults: argparse.Namespace) -> argparse.Namespace:
+  """`jaxdata train rgcn --scale S` as the arguments of the heterogeneous trainer
+  (`jaxdata.train.attention.main`, model "rgcn"): `defaults` (that trainer's options, parsed
+  from nothing) with the options given here. UsageError for an entity dataset's option.
+  (`jaxdata.cli` joins the two: a trainer imports no other.)"""
+  given = [n for n in ENTITY_OPTIONS if getattr(args, n) is not None]
+  if given:
+    raise command.UsageError(f"argument {_flag(given[0])}: names an entity dataset, not "
+                             f"synthetic_mag (--scale {args.scale:g}); give one of them")
+  mag = argparse.Namespace(**vars(defaults))
+  for name in ("scale",) + MAG_OPTIONS + SHARED_OPTIONS:
+    if getattr(args, name) is not None:
+      setattr(mag, name, getattr(args, name))
+  return mag
+
+
 def main(args) -> int:
+  """`jaxdata train rgcn` on an entity dataset (`jaxdata.cli` sends --scale to
+  `jaxdata.train.attention` with `mag_arguments`)."""
+  if args.scale is not None:
+    raise command.UsageError("argument --scale: synthetic_mag trains through jaxdata.cli "
+                             "(`jaxdata train rgcn --scale S`)")
+  given = [n for n in MAG_OPTIONS if getattr(args, n) is not None]
+  if given:
+    raise command.UsageError(f"argument {_flag(given[0])}: for synthetic_mag (with --scale)")
+  # The entity datasets' defaults (None above: --scale has its own).
+  for name, value in (("epochs", 50), ("hidden", 16), ("lr", 0.01), ("seeds", 1),
+                      ("nodes", 20_000), ("edges", 200_000), ("relations", 50),
+                      ("batch_size", 256)):
+    if getattr(args, name) is None:
+      setattr(args, name, value)
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
   if args.self_loop == "basis" and args.bases == 0:
