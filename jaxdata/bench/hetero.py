@@ -212,8 +212,9 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
 
       def ahead(i, consts, all_rows, key, batch):
         del batch
-        with on_stream(stream):  # the last step's next batch repeats the last row: dropped
-          return prepare_at(consts, all_rows, key, jnp.minimum(i + 1, len(rows) - 1))
+        # the last step's next batch repeats the last row: dropped
+        return on_stream(stream, prepare_at)(consts, all_rows, key,
+                                             jnp.minimum(i + 1, len(rows) - 1))
 
       def piped(model, i, consts, all_rows, key, batch):
         del i, all_rows, key

@@ -21,7 +21,6 @@ accuracies are measured full-graph when the graph fits (`evaluate="full"`), whic
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 import os
@@ -216,15 +215,17 @@ def prefetch_stream() -> str | None:
   return PREFETCH_STREAM if jax.default_backend() == "gpu" else None
 
 
-def on_stream(stream: str | None):
-  """A context manager under which a jitted call inside a jitted function is annotated to run
-  on `stream` ("gpu_stream:N", `jax.experimental.compute_on`; XLA wraps the call as an async
-  computation its scheduler can overlap with the rest); no annotation when `stream` is None."""
+def on_stream(stream: str | None, fn: Callable) -> Callable:
+  """`fn` (a jitted function, called inside a jitted one) annotated to run on `stream`
+  ("gpu_stream:N", `jax.experimental.compute_on`: XLA wraps the call as an async computation
+  its scheduler can overlap with the rest; the outputs stay in device memory); `fn` itself when
+  `stream` is None. The functional API is `compute_on2` in jax 0.10 and `compute_on` in 0.11,
+  whose context-manager form is gone (the first H200 run of this step failed on it)."""
   if stream is None:
-    return contextlib.nullcontext()
-  from jax.experimental.compute_on import compute_on  # pylint: disable=g-import-not-at-top
-  return compute_on(stream)
-
+    return fn
+  from jax.experimental import compute_on as api  # pylint: disable=g-import-not-at-top
+  annotate = getattr(api, "compute_on2", None) or api.compute_on
+  return annotate(fn, compute_type=stream, out_memory_spaces=jax.memory.Space.Device)
 
 
 #: Embedding rows drawn per chunk by `initial_embeddings` (each chunk its own generator).
@@ -277,7 +278,7 @@ class Steps:
       gathers the batch's embedding rows and trains on it (the step without its data path).
     pipelined: ``pipelined(model, optimizer, table_states, consts, batch, seeds_next,
       key_next) -> step's outputs + (next batch,)``: `compute` on `batch` while the next batch
-      is prepared under `compute_on(stream)` (on a GPU a second stream; no annotation when
+      is prepared under `on_stream(stream, ...)` (on a GPU a second stream; no annotation when
       `stream` is None). It computes exactly what `step` computes: the prepared rows are read
       only, and the embedding rows are gathered inside the step, after the previous step's
       table updates.
@@ -336,8 +337,7 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
 
   @nnx.jit
   def pipelined(model, optimizer, table_states, consts, batch, seeds_next, key_next):
-    with on_stream(stream):
-      batch_next = prepare_batch(consts, seeds_next, key_next)
+    batch_next = on_stream(stream, prepare_batch)(consts, seeds_next, key_next)
     out = train_on(model, optimizer, table_states, *complete(data, consts, batch))
     return (*out, batch_next)
 
