@@ -136,7 +136,7 @@ def main():
   with hetero.HostData(ds, "host") as data:
     states = []  # no embedding tables: every type has features
     consts = data.consts
-    steps_on = hetero.make_steps(data, labels, fanouts, dense, table_opt, stream="auto")
+    steps_on = hetero.make_steps(data, labels, fanouts, dense, table_opt, stream=hetero.PREFETCH_STREAM)
     steps_off = hetero.make_steps(data, labels, fanouts, dense, table_opt, stream=None)
     ms = {}
 

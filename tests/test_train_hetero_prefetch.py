@@ -85,7 +85,7 @@ def _setup(ds, config, pipeline="host"):
 def test_pipelined_steps_give_the_plain_steps_losses_parameters_and_tables(device, embed,
                                                                           stream):
   if (device.platform == "gpu") != (stream == "auto"):
-    pytest.skip("a GPU runs 'auto' (its second stream); the CPU none and the annotation "
+    pytest.skip("a GPU runs 'auto' (the trainer's default); the CPU none and the annotation "
                 "(which its backend ignores)")
   ds = mag()
   config = TrainConfig(model="hgt", hidden=16, heads=2, learning_rate=0.01, embed=embed,
@@ -174,8 +174,8 @@ def test_the_stream_annotation_reaches_the_pipelined_steps_program():
       sparse.close(s)
   assert '_xla_stream_annotation = "1"' in texts["gpu_stream:1"]
   assert "_xla_stream_annotation" not in texts[None]
-  assert hetero.prefetch_stream() == ("gpu_stream:1" if jax.default_backend() == "gpu"
-                                      else None)
+  # No stream by default: XLA 0.11.2 refused the annotated step on the H200 (nested calls).
+  assert hetero.prefetch_stream() is None
 
 
 def test_cli_prefetch_flag_reaches_the_config():

@@ -618,8 +618,8 @@ def add_arguments(parser, model: str):
                            "the cache gets what the dense model leaves)")
   parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
                       help="--minibatch: each step also samples the next batch and gathers its "
-                           "feature rows, on a second GPU stream, to overlap them with the "
-                           "model (the same results; off by default)")
+                           "feature rows (the same results; off by default: on the H200 it is "
+                           "3.6x slower, see docs/benchmarks/hetero_notes.md)")
   parser.add_argument("--offload", action="store_true",
                       help="plan keep / offload / recompute per layer under --budget "
                            "(jaxdata.nn.layer_stack.plan) and train with the plan; the layers "

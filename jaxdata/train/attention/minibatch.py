@@ -209,10 +209,12 @@ PREFETCH_STREAM = "gpu_stream:1"
 
 
 def prefetch_stream() -> str | None:
-  """The compute type under which the pipelined step prepares the next batch: PREFETCH_STREAM
-  on a GPU; None elsewhere (the CPU backend runs one program's operations on its own thread
-  pool, and there is no second stream to name)."""
-  return PREFETCH_STREAM if jax.default_backend() == "gpu" else None
+  """The compute type under which the pipelined step prepares the next batch: None, everywhere
+  for now. On the CPU there is no second stream to name; on the H200 (jax 0.11.2) XLA refuses
+  the step with PREFETCH_STREAM ("No ExecutionStreamId found for %call-start ... only
+  reachable through embedded calls": the annotated computation holds nested calls), so the
+  pipelined step runs on one stream (docs/benchmarks/hetero_notes.md)."""
+  return None
 
 
 def on_stream(stream: str | None, fn: Callable) -> Callable:
