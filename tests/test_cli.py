@@ -36,7 +36,7 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("argv,shown", [
-    (["train", "rgcn", "--help"], ["(default: 50)", "(default: rgcn-checkpoint)",
+    (["train", "rgcn", "--help"], ["(default: 50;", "(default: rgcn-checkpoint)",
                                    "(default: the paper's setting for the archive, 30 on MUTAG",
                                    "(default: the paper's setting, none on AIFB and MUTAG"]),
     (["train", "sage", "--help"], ["(default: 15,10)", "(default: 1024)"]),

@@ -274,9 +274,9 @@ def add_arguments(parser):
                       help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
                            "the built-in synthetic graph")
   parser.add_argument("--epochs", type=command.positive_int, default=None,
-                      help="training epochs (default 50; with --scale 40)")
+                      help="training epochs (default: 50; 40 with --scale)")
   parser.add_argument("--hidden", type=command.positive_int, default=None,
-                      help="hidden features (default 16; with --scale 64)")
+                      help="hidden features (default: 16; 64 with --scale)")
   parser.add_argument("--bases", type=command.natural_int, default=None,
                       help="basis decomposition with this many bases, 0 for a full weight per "
                            "relation (default: the paper's setting for the archive, 30 on MUTAG "
@@ -294,7 +294,7 @@ def add_arguments(parser):
                       help="add a bias in each layer (default: the paper's setting, none on AIFB "
                            "and MUTAG; a bias on the synthetic graph)")
   parser.add_argument("--lr", type=command.positive_float, default=None,
-                      help="Adam's learning rate (default 0.01; with --scale 0.005)")
+                      help="Adam's learning rate (default: 0.01; 0.005 with --scale)")
   parser.add_argument("--val-fraction", type=command.fraction, default=None,
                       help="training nodes held out to report validation accuracy every epoch "
                            "(default 0.2 on the synthetic graph; 0 on RDF archives, as the paper "
@@ -302,15 +302,15 @@ def add_arguments(parser):
   parser.add_argument("--seed", type=command.natural_int, default=0, help="the first seed")
   parser.add_argument("--seeds", type=command.positive_int, default=None,
                       help="train this many times (seeds seed, seed+1, ...) and report the mean "
-                           "(default 1)")
+                           "(default: 1)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype (parameters stay float32)")
   parser.add_argument("--nodes", type=command.positive_int, default=None,
-                      help="synthetic graph: nodes (default 20,000)")
+                      help="synthetic graph: nodes (default: 20,000)")
   parser.add_argument("--edges", type=command.positive_int, default=None,
-                      help="synthetic graph: edges (default 200,000)")
+                      help="synthetic graph: edges (default: 200,000)")
   parser.add_argument("--relations", type=command.positive_int, default=None,
-                      help="synthetic graph: relations (default 50)")
+                      help="synthetic graph: relations (default: 50)")
   parser.add_argument("--devices", type=command.natural_int, default=1,
                       help="full-graph training over this many local devices (0: all), the "
                            "graph partitioned by destination nodes; with several processes the "
@@ -330,12 +330,12 @@ def add_arguments(parser):
   mag.add_argument("--classes", type=command.positive_int, default=None,
                    help="--scale: paper classes (default: 349, or about 100 papers per class)")
   mag.add_argument("--layers", type=command.positive_int, default=None,
-                   help="--scale: RGCN layers (default 2; --minibatch trains two)")
+                   help="--scale: RGCN layers (default: 2; --minibatch takes one fanout per layer)")
   mag.add_argument("--embed", type=command.listing(str), default=None,
                    help="--scale: node types whose input is a learnable embedding (author,"
                         "institution,field_of_study)")
   mag.add_argument("--embed-dim", type=command.positive_int, default=None,
-                   help="--scale: the embeddings' width (default 64)")
+                   help="--scale: the embeddings' width (default: 64)")
   mag.add_argument("--cache", type=command.fraction, default=None,
                    help="--scale --minibatch: keep this fraction of each feature table's rows "
                         "in device memory")
