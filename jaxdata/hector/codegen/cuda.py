@@ -70,7 +70,9 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
                f'extern "C" __global__ void __launch_bounds__({_threads(k, kind)})\n'
                "jaxdata_hector_kernel(const Params p) {\n")
-  prelude = template("cuda.cuh") + (template("mma.cuh") if kind != "fma" else "")
+  prelude = template("cuda.cuh")
+  if isinstance(k, (Gemm, WeightGrad)):
+    prelude += template("gemm.cuh") + (template("mma.cuh") if kind != "fma" else "")
   return (prelude + template("common.h") + signature +
           pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]") + body)
 
@@ -130,194 +132,46 @@ def _gemm(g: Gemm) -> str:
   thread; per head (`heads` > 1), one block per tile, head and column block, reading the head's
   k features and writing its n. Scattered outputs are summed per run of equal targets inside the
   tile first (edges are sorted by destination within a relation, so a hub's rows are adjacent)
-  and then added with one atomic per run and column: hubs do not serialize on atomics."""
-  bm, bk, bn = GEMM_TILE_ROWS, 16, _gemm_tile(g.n)
-  tn = _micro(bn)
-  threads = 16 * (bn // tn)
-  assert (bm * bk) % threads == 0 and (bk * bn) % threads == 0
-  ncb = -(-g.n // bn)
-  rows = g.rows
-  a_base = row(rows)
-  width = g.heads * g.n  # output features per row
-  hk, hn = head(g.heads, g.k), head(g.heads, g.n)
-  if g.transpose:  # B[k][n] = W[r][n][k]: let consecutive threads walk k
-    b_idx = f"const int kk = idx % {bk}, nn = idx / {bk};"
-  else:
-    b_idx = f"const int kk = idx / {bn}, nn = idx % {bn};"
-  ab_floats = bk * (bm + 4) + bk * (bn + 4)
-  c_floats = bm * (bn + 1)
-  if g.out == "edge":
-    epilogue = f"""\
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {{
-    const int64_t e = e0 + ty * 4 + i;
-    if (e < 0 || e >= e1) continue;
-    const float sc = arow[ty * 4 + i] >= 0 ? {scale(g.scales)} : 0.0f;
-#pragma unroll
-    for (int j = 0; j < {tn}; ++j) {{
-      const int n = cb * {bn} + tx * {tn} + j;
-      if (n < {g.n}) out[e * {width} + {hn}n] = acc[i][j] * sc;
-    }}
-  }}
-"""
-  else:
-    segs = threads // bn
-    per = bm // segs
-    epilogue = f"""\
-  // the tile's scaled rows into shared memory (over the A/B tiles, no longer needed) ...
-  float (*Cs)[{bn} + 1] = reinterpret_cast<float (*)[{bn} + 1]>(smem);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {{
-    const int row = ty * 4 + i;
-    const int64_t e = e0 + row;
-    const float sc = arow[row] >= 0 ? {scale(g.scales)} : 0.0f;
-#pragma unroll
-    for (int j = 0; j < {tn}; ++j) Cs[row][tx * {tn} + j] = acc[i][j] * sc;
-  }}
-  __syncthreads();
-  // ... then each thread walks {per} rows of one column, one atomic per run of equal targets
-  {{
-    const int col = tid % {bn}, seg = tid / {bn};
-    const int n = cb * {bn} + col;
-    if (n < {g.n}) {{
-      int64_t run = -1;
-      float sum = 0.0f;
-      for (int row = seg * {per}; row < (seg + 1) * {per}; ++row) {{
-        const int64_t t = arow[row] >= 0 ? (int64_t){g.out}[e0 + row] : -1;
-        if (t != run) {{
-          if (run >= 0) atomicAdd(out + run * {width} + {hn}n, sum);
-          run = t;
-          sum = 0.0f;
-        }}
-        sum += Cs[row][col];
-      }}
-      if (run >= 0) atomicAdd(out + run * {width} + {hn}n, sum);
-    }}
-  }}
-"""
-  pick_head = (f"  const int h = int(blockIdx.x / {ncb}) % {g.heads};\n" if g.heads > 1 else "")
-  return f"""\
-  const int64_t tile = blockIdx.x / {ncb * g.heads};
-{pick_head}\
-  const int cb = blockIdx.x % {ncb};
-  if (tile >= tiles[R]) return;
-  const int64_t r = find_relation(tiles, R, tile);
-  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {bm};
-  const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
-  __shared__ __align__(16) float smem[{max(ab_floats, c_floats)}];
-  float (*As)[{bm} + 4] = reinterpret_cast<float (*)[{bm} + 4]>(smem);
-  float (*Bs)[{bn} + 4] = reinterpret_cast<float (*)[{bn} + 4]>(smem + {bk * (bm + 4)});
-  __shared__ int64_t arow[{bm}];
-  const int tid = threadIdx.x;
-  for (int i = tid; i < {bm}; i += {threads}) {{
-    const int64_t e = e0 + i;
-    arow[i] = e < e1 && ok(e) ? {a_base} : -1;
-  }}
-  const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
-  float acc[4][{tn}] = {{{{0}}}};
-  __syncthreads();
-  // register-staged pipeline: step k0's tiles go from registers to shared memory, then the
-  // next step's global loads are issued before the FMAs, so they are in flight while they run
-  float ra[{bm * bk // threads}], rb[{bk * bn // threads}];
-  auto fetch = [&](int k0) {{
-#pragma unroll
-    for (int t = 0; t < {bm * bk // threads}; ++t) {{
-      const int idx = tid + t * {threads}, i = idx / {bk}, k = k0 + idx % {bk};
-      ra[t] = (arow[i] >= 0 && k < {g.k}) ? ldf(in{rows.slot} + arow[i] + {hk}k) : 0.0f;
-    }}
-#pragma unroll
-    for (int t = 0; t < {bk * bn // threads}; ++t) {{
-      const int idx = tid + t * {threads};
-      {b_idx}
-      const int k = k0 + kk, n = cb * {bn} + nn;
-      rb[t] = (k < {g.k} && n < {g.n}) ? {weight(g, 'k', 'n')} : 0.0f;
-    }}
-  }};
-  fetch(0);
-  for (int k0 = 0; k0 < {g.k}; k0 += {bk}) {{
-#pragma unroll
-    for (int t = 0; t < {bm * bk // threads}; ++t) {{
-      const int idx = tid + t * {threads};
-      As[idx % {bk}][idx / {bk}] = ra[t];
-    }}
-#pragma unroll
-    for (int t = 0; t < {bk * bn // threads}; ++t) {{
-      const int idx = tid + t * {threads};
-      {b_idx}
-      Bs[kk][nn] = rb[t];
-    }}
-    __syncthreads();
-    if (k0 + {bk} < {g.k}) fetch(k0 + {bk});
-    micro_fma<{bk}, {tn}>(acc, As, Bs, ty, tx);
-    __syncthreads();
-  }}
-{epilogue}\
-}}
-"""
+  and then added with one atomic per run and column: hubs do not serialize on atomics. The body
+  is `gemm_simt` (templates/gemm.cuh); only its functors are generated here."""
+  bn = _gemm_tile(g.n)
+  scatter = g.out != "edge"
+  return (_functors(g) +
+          f"  gemm_simt<{GEMM_TILE_ROWS}, 16, {bn}, {_micro(bn)}, {g.k}, {g.n}, {g.heads}, "
+          f"{_bool(g.transpose)}, {_bool(scatter)}>(\n"
+          f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {g.out if scatter else 'nullptr'}, "
+          "out, ok, a_row, weight, scale);\n}\n")
+
+
+def _bool(x: bool) -> str:
+  return "true" if x else "false"
+
+
+def _functors(g: Gemm) -> str:
+  """The functors a GEMM body (templates/gemm.cuh) takes besides `ok`: `a_row(e)`, the element
+  offset of row e; `weight(r, h, k, n)`, an element of the relation's weight; `scale(e)`."""
+  return (f"  auto a_row = [&](int64_t e) -> int64_t {{ return {row(g.rows)}; }};\n"
+          f"  auto weight = [&](int64_t r, int h, int k, int n) -> float {{\n"
+          f"    return {weight(g, 'k', 'n')};\n  }};\n"
+          f"  auto scale = [&](int64_t e) -> float {{ return {scale(g.scales)}; }};\n")
 
 
 def _wgrad(w: WeightGrad) -> str:
-  be, bk, bm, bn = WGRAD_TILE_ROWS, 16, 64, _gemm_tile(w.n)  # bk: edges per step; bm: rows of dW
-  tn = _micro(bn)
-  threads = 16 * (bn // tn)
-  assert (bk * bm) % threads == 0 and (bk * bn) % threads == 0
-  nkb, nnb = -(-w.k // bm), -(-w.n // bn)
-  lrow = row(w.left) + plus_head(w.heads, w.k)
-  rrow = row(w.right) + plus_head(w.heads, w.n)
-  pick_head = (f"  const int h = int(blockIdx.x / {nkb * nnb}) % {w.heads};\n"
-               if w.heads > 1 else "")
-  block = f"(r * {w.heads} + h)" if w.heads > 1 else "r"  # dW's block: relation (and head)
-  return f"""\
-  const int64_t tile = blockIdx.x / {nkb * nnb * w.heads};
-{pick_head}\
-  const int kb = (blockIdx.x / {nnb}) % {nkb}, nb = blockIdx.x % {nnb};
-  if (tile >= tiles[R]) return;
-  const int64_t r = find_relation(tiles, R, tile);
-  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * {be};
-  const int64_t e1 = min(min(e0 + {be}, (int64_t)rel_offsets[r + 1]), E);
-  __shared__ float Ls[{bk}][{bm} + 4];
-  __shared__ float Rs[{bk}][{bn} + 4];
-  const int tid = threadIdx.x;
-  const int ty = tid / {bn // tn}, tx = tid % {bn // tn};
-  float acc[4][{tn}] = {{{{0}}}};
-  // register-staged pipeline, as in the GEMM: the next edges' rows load during the FMAs
-  float rl[{bk * bm // threads}], rr[{bk * bn // threads}];
-  auto fetch = [&](int64_t c) {{
-#pragma unroll
-    for (int t = 0; t < {bk * bm // threads}; ++t) {{
-      const int idx = tid + t * {threads}, k = kb * {bm} + idx % {bm};
-      const int64_t e = c + idx / {bm};
-      rl[t] = (e < e1 && k < {w.k} && ok(e)) ? ldf(in{w.left.slot} + {lrow} + k) : 0.0f;
-    }}
-#pragma unroll
-    for (int t = 0; t < {bk * bn // threads}; ++t) {{
-      const int idx = tid + t * {threads}, n = nb * {bn} + idx % {bn};
-      const int64_t e = c + idx / {bn};
-      rr[t] = (e < e1 && n < {w.n} && ok(e))
-          ? ldf(in{w.right.slot} + {rrow} + n) * ({scale(w.scales)}) : 0.0f;
-    }}
-  }};
-  fetch(e0);
-  for (int64_t c = e0; c < e1; c += {bk}) {{
-#pragma unroll
-    for (int t = 0; t < {bk * bm // threads}; ++t) {{
-      const int idx = tid + t * {threads};
-      Ls[idx / {bm}][idx % {bm}] = rl[t];
-    }}
-#pragma unroll
-    for (int t = 0; t < {bk * bn // threads}; ++t) {{
-      const int idx = tid + t * {threads};
-      Rs[idx / {bn}][idx % {bn}] = rr[t];
-    }}
-    __syncthreads();
-    if (c + {bk} < e1) fetch(c + {bk});
-    micro_fma<{bk}, {tn}>(acc, Ls, Rs, ty, tx);
-    __syncthreads();
-  }}
-  atomic_add_tile<{tn}, {w.k}, {w.n}>(out + {block} * {w.k * w.n}, acc, kb * {bm} + ty * 4,
-                                     nb * {bn} + tx * {tn});
-}}
-"""
+  """dW per relation (and head): `wgrad_simt` (templates/gemm.cuh) over tiles of 256 edges,
+  64 rows x up to 128 columns of dW per block; only its functors are generated here."""
+  bn = _gemm_tile(w.n)
+  return (_wgrad_functors(w) +
+          f"  wgrad_simt<{WGRAD_TILE_ROWS}, 16, 64, {bn}, {_micro(bn)}, {w.k}, {w.n}, {w.heads}>(\n"
+          f"      tiles, rel_offsets, R, E, in{w.left.slot}, in{w.right.slot}, out, ok, l_row, "
+          "r_row, scale);\n}\n")
+
+
+def _wgrad_functors(w: WeightGrad) -> str:
+  """The functors a weight-gradient body takes besides `ok`: `l_row(e)` and `r_row(e)`, the
+  element offsets of edge e's left and right rows, and `scale(e)`, its scale."""
+  return (f"  auto l_row = [&](int64_t e) -> int64_t {{ return {row(w.left)}; }};\n"
+          f"  auto r_row = [&](int64_t e) -> int64_t {{ return {row(w.right)}; }};\n"
+          f"  auto scale = [&](int64_t e) -> float {{ return {scale(w.scales)}; }};\n")
 
 
 # ----------------------------------------------------------------------------- tensor cores

@@ -1,0 +1,192 @@
+// jaxdata.hector: the GEMM and weight-gradient kernels' fixed bodies (appended after cuda.cuh,
+// and mma.cuh for a tensor-core instance). Tile sizes and shapes are template arguments; what
+// varies with the instance's IR comes as small functors the generator emits before the call
+// (jaxdata/hector/codegen/cuda.py), all `[&]` lambdas inlined by the compiler:
+//   ok(e)                   whether row e may be used (row_ok, templates/common.h)
+//   a_row(e)                the element offset of row e of the GEMM's input rows
+//   weight(r, h, k, n)      element (k, n) of relation r's weight (head h's block), as a float
+//   scale(e)                the product of row e's scales (1.0f for none)
+// Each body is the whole kernel after the operand pointers: it returns from the kernel.
+//
+// The row GEMM (`gemm_simt`): the rows of one relation in tiles of BM edges x BN output
+// columns, K features in and N out per head; 4 x TN outputs per thread on float32 FMAs. Per
+// head (HEADS > 1) one block per tile, head and column block. Output rows go to `out` at
+// e * HEADS * N + h * N (SCATTER false), or are summed per run of equal targets `target[e]`
+// inside the tile and added to out's row target[e] with one atomic per run and column.
+
+// head h's offset in a row of HEADS heads of W features (0 for one head)
+template <int HEADS, int W>
+JAXDATA_INLINE int head_offset(int h) { return HEADS > 1 ? h * W : 0; }
+
+template <int BM, int BK, int BN, int TN, int K, int N, int HEADS, bool TRANSPOSE, bool SCATTER,
+          typename T, typename Ok, typename Row, typename Weight, typename Scale>
+JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
+                              int64_t E, const T* a, const int32_t* target, float* out, Ok ok,
+                              Row a_row, Weight weight, Scale scale) {
+  constexpr int THREADS = 16 * (BN / TN), NCB = (N + BN - 1) / BN, WIDTH = HEADS * N;
+  constexpr int AB_FLOATS = BK * (BM + 4) + BK * (BN + 4), C_FLOATS = BM * (BN + 1);
+  constexpr int NA = BM * BK / THREADS, NB = BK * BN / THREADS;
+  static_assert((BM * BK) % THREADS == 0 && (BK * BN) % THREADS == 0, "tile");
+  const int64_t tile = blockIdx.x / (NCB * HEADS);
+  const int h = HEADS > 1 ? int(blockIdx.x / NCB) % HEADS : 0;
+  const int cb = blockIdx.x % NCB;
+  if (tile >= tiles[R]) return;
+  const int64_t r = find_relation(tiles, R, tile);
+  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BM;
+  const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
+  __shared__ __align__(16) float smem[AB_FLOATS > C_FLOATS ? AB_FLOATS : C_FLOATS];
+  float (*As)[BM + 4] = reinterpret_cast<float (*)[BM + 4]>(smem);
+  float (*Bs)[BN + 4] = reinterpret_cast<float (*)[BN + 4]>(smem + BK * (BM + 4));
+  __shared__ int64_t arow[BM];
+  const int tid = threadIdx.x;
+  for (int i = tid; i < BM; i += THREADS) {
+    const int64_t e = e0 + i;
+    arow[i] = e < e1 && ok(e) ? a_row(e) : -1;
+  }
+  const int ty = tid / (BN / TN), tx = tid % (BN / TN);
+  float acc[4][TN] = {{0}};
+  __syncthreads();
+  // register-staged pipeline: step k0's tiles go from registers to shared memory, then the
+  // next step's global loads are issued before the FMAs, so they are in flight while they run
+  float ra[NA], rb[NB];
+  auto fetch = [&](int k0) {
+#pragma unroll
+    for (int t = 0; t < NA; ++t) {
+      const int idx = tid + t * THREADS, i = idx / BK, k = k0 + idx % BK;
+      ra[t] = (arow[i] >= 0 && k < K) ? ldf(a + arow[i] + head_offset<HEADS, K>(h) + k) : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < NB; ++t) {
+      const int idx = tid + t * THREADS;
+      // transposed (B[k][n] = W[r][n][k]): consecutive threads walk k
+      const int kk = TRANSPOSE ? idx % BK : idx / BN, nn = TRANSPOSE ? idx / BK : idx % BN;
+      const int k = k0 + kk, n = cb * BN + nn;
+      rb[t] = (k < K && n < N) ? weight(r, h, k, n) : 0.0f;
+    }
+  };
+  fetch(0);
+  for (int k0 = 0; k0 < K; k0 += BK) {
+#pragma unroll
+    for (int t = 0; t < NA; ++t) {
+      const int idx = tid + t * THREADS;
+      As[idx % BK][idx / BK] = ra[t];
+    }
+#pragma unroll
+    for (int t = 0; t < NB; ++t) {
+      const int idx = tid + t * THREADS;
+      const int kk = TRANSPOSE ? idx % BK : idx / BN, nn = TRANSPOSE ? idx / BK : idx % BN;
+      Bs[kk][nn] = rb[t];
+    }
+    __syncthreads();
+    if (k0 + BK < K) fetch(k0 + BK);
+    micro_fma<BK, TN>(acc, As, Bs, ty, tx);
+    __syncthreads();
+  }
+  const int hn = head_offset<HEADS, N>(h);
+  if (!SCATTER) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t e = e0 + ty * 4 + i;
+      if (e < 0 || e >= e1) continue;
+      const float sc = arow[ty * 4 + i] >= 0 ? scale(e) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < TN; ++j) {
+        const int n = cb * BN + tx * TN + j;
+        if (n < N) out[e * WIDTH + hn + n] = acc[i][j] * sc;
+      }
+    }
+    return;
+  }
+  // the tile's scaled rows into shared memory (over the A/B tiles, no longer needed) ...
+  float (*Cs)[BN + 1] = reinterpret_cast<float (*)[BN + 1]>(smem);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = ty * 4 + i;
+    const int64_t e = e0 + row;
+    const float sc = arow[row] >= 0 ? scale(e) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < TN; ++j) Cs[row][tx * TN + j] = acc[i][j] * sc;
+  }
+  __syncthreads();
+  // ... then each thread walks PER rows of one column, one atomic per run of equal targets
+  constexpr int PER = BM / (THREADS / BN);
+  const int col = tid % BN, seg = tid / BN;
+  const int n = cb * BN + col;
+  if (n < N) {
+    int64_t run = -1;
+    float sum = 0.0f;
+    for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
+      const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
+      if (t != run) {
+        if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
+        run = t;
+        sum = 0.0f;
+      }
+      sum += Cs[row][col];
+    }
+    if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
+  }
+}
+
+// The weight gradient (`wgrad_simt`): dW[r] (head h's K x N block, per head) = sum over the
+// relation's edges e of outer(left row, right row * scale(e)), `left` and `right` read at
+// l_row(e) and r_row(e) (plus the head's offset). A block takes BE edges of one relation and a
+// BM x BN tile of dW, BK edges per step, 4 x TN outputs per thread; one atomic per output.
+template <int BE, int BK, int BM, int BN, int TN, int K, int N, int HEADS, typename TL,
+          typename TR, typename Ok, typename LRow, typename RRow, typename Scale>
+JAXDATA_INLINE void wgrad_simt(const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
+                               int64_t E, const TL* left, const TR* right, float* out, Ok ok,
+                               LRow l_row, RRow r_row, Scale scale) {
+  constexpr int THREADS = 16 * (BN / TN), NKB = (K + BM - 1) / BM, NNB = (N + BN - 1) / BN;
+  constexpr int NL = BK * BM / THREADS, NR = BK * BN / THREADS;
+  static_assert((BK * BM) % THREADS == 0 && (BK * BN) % THREADS == 0, "tile");
+  const int64_t tile = blockIdx.x / (NKB * NNB * HEADS);
+  const int h = HEADS > 1 ? int(blockIdx.x / (NKB * NNB)) % HEADS : 0;
+  const int kb = (blockIdx.x / NNB) % NKB, nb = blockIdx.x % NNB;
+  if (tile >= tiles[R]) return;
+  const int64_t r = find_relation(tiles, R, tile);
+  const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BE;
+  const int64_t e1 = min(min(e0 + BE, (int64_t)rel_offsets[r + 1]), E);
+  __shared__ float Ls[BK][BM + 4];
+  __shared__ float Rs[BK][BN + 4];
+  const int tid = threadIdx.x;
+  const int ty = tid / (BN / TN), tx = tid % (BN / TN);
+  float acc[4][TN] = {{0}};
+  // register-staged pipeline, as in the GEMM: the next edges' rows load during the FMAs
+  float rl[NL], rr[NR];
+  auto fetch = [&](int64_t c) {
+#pragma unroll
+    for (int t = 0; t < NL; ++t) {
+      const int idx = tid + t * THREADS, k = kb * BM + idx % BM;
+      const int64_t e = c + idx / BM;
+      rl[t] = (e < e1 && k < K && ok(e)) ? ldf(left + l_row(e) + head_offset<HEADS, K>(h) + k)
+                                         : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      const int idx = tid + t * THREADS, n = nb * BN + idx % BN;
+      const int64_t e = c + idx / BN;
+      rr[t] = (e < e1 && n < N && ok(e))
+          ? ldf(right + r_row(e) + head_offset<HEADS, N>(h) + n) * (scale(e)) : 0.0f;
+    }
+  };
+  fetch(e0);
+  for (int64_t c = e0; c < e1; c += BK) {
+#pragma unroll
+    for (int t = 0; t < NL; ++t) {
+      const int idx = tid + t * THREADS;
+      Ls[idx / BM][idx % BM] = rl[t];
+    }
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      const int idx = tid + t * THREADS;
+      Rs[idx / BN][idx % BN] = rr[t];
+    }
+    __syncthreads();
+    if (c + BK < e1) fetch(c + BK);
+    micro_fma<BK, TN>(acc, Ls, Rs, ty, tx);
+    __syncthreads();
+  }
+  atomic_add_tile<TN, K, N>(out + (r * HEADS + h) * (K * N), acc, kb * BM + ty * 4,
+                            nb * BN + tx * TN);
+}
