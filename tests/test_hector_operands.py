@@ -87,13 +87,18 @@ def test_generated_source_reads_operands_where_the_table_puts_them(target):
         in text
 
 
-@pytest.mark.parametrize("target,first", [("cpu", "cpu.h"), ("cuda", "cuda.cuh")])
-def test_fixed_parts_come_from_the_template_files(target, first):
+@pytest.mark.parametrize("target,fixed", [("cpu", ("cpu.h", "common.h")),
+                                          ("cuda", ("cuda.cuh", "gemm.cuh", "common.h"))])
+def test_fixed_parts_come_from_the_template_files(target, fixed):
+  """Every instance (RGCN's: GEMMs and a weight gradient, whose CUDA bodies are gemm.cuh's
+  templates) starts with the fixed files, as they are."""
   ga = _graph()
   text = hector.rgcn_layer.sources(ga, target, x=jnp.zeros((ga.num_nodes, 4)),
                                    W=jnp.zeros((ga.num_relations, 4, 3)))
-  part = text.split("// ---- ")[1].split("\n", 1)[1]
-  body = part.split("\n", 1)[1]  # after the instance's label
-  assert body.startswith(common.template(first) + common.template("common.h"))
+  parts = text.split("// ---- ")[1:]
+  assert len(parts) == 3
+  for part in parts:
+    body = part.split("\n", 1)[1].split("\n", 1)[1]  # after the name and the instance's label
+    assert body.startswith("".join(common.template(f) for f in fixed))
   assert "row_ok(" in common.template("common.h")
   assert codegen.generate  # the package keeps its entry point

@@ -115,17 +115,17 @@ def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   cuda = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x, W=w)
   default = cuda()
   assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in default
-  assert "typedef MmaTF32 Mma;" in default and "micro_fma<" not in default
+  assert "gemm_mma<MmaTF32," in default and "micro_fma<" not in default
   with jax.default_matmul_precision("highest"):
     highest = cuda()
-  assert "typedef MmaTF32" not in highest and "micro_fma<" in highest
+  assert "MmaTF32" not in highest and "micro_fma<" in highest
   assert cuda(precision="highest") == highest
   with jax.default_matmul_precision("highest"):
     assert cuda(precision="default") == default
   b16 = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x.astype(jnp.bfloat16),
                           W=w.astype(jnp.bfloat16))
   for src in (b16(), b16(precision="highest")):
-    assert "typedef MmaBF16 Mma;" in src  # the forward GEMM: bfloat16 products are exact
+    assert "gemm_mma<MmaBF16," in src  # the forward GEMM: bfloat16 products are exact
   cpu = functools.partial(hector.rgcn_layer.sources, ga, "cpu", x=x, W=w)
   assert cpu() == cpu(precision="highest")
 

@@ -142,11 +142,17 @@ def plus_head(heads: int, width: int) -> str:
   return f" + h * {width}" if heads > 1 else ""
 
 
+def row_ids(ld: Load) -> str | None:
+  """The ids whose entry e is the row a node, pair or vector load reads for edge e (None: an
+  edge load reads row e)."""
+  return {"node": ld.end, "pair": "pair", "vector": "etype"}.get(ld.kind)
+
+
 def row(ld: Load) -> str:
   """Element offset of the row a node, edge, pair or vector load reads for edge e."""
   w = max(ld.width, 1)
-  where = {"node": f"{ld.end}[e]", "pair": "pair[e]", "vector": "etype[e]"}.get(ld.kind)
-  return f"(int64_t){where} * {w}" if where else f"e * {w}"
+  ids = row_ids(ld)
+  return f"(int64_t){ids}[e] * {w}" if ids else f"e * {w}"
 
 
 def groups(end: str) -> tuple[str, str]:

@@ -1,6 +1,7 @@
 // jaxdata.hector: the fixed start of every generated CUDA kernel (compiled by NVRTC, or nvcc).
-// The generator appends common.h, then the kernel: its Params struct and signature, the
-// operand pointers (jaxdata/hector/operands.py) and the instance's body.
+// The generator appends gemm.cuh or mma.cuh for a GEMM or weight gradient, common.h (and
+// traversal.cuh for an edge softmax or a relation sum), then the kernel: its Params struct and
+// signature, the operand pointers (jaxdata/hector/operands.py) and the instance's body.
 #ifdef __CUDACC_RTC__
 typedef int int32_t; typedef long long int64_t;
 #else
@@ -63,3 +64,7 @@ JAXDATA_INLINE void atomic_add_tile(float* o, const float (&acc)[4][TN], int k0,
     }
   }
 }
+
+// head h's offset in a row of HEADS heads of W features (0 for one head)
+template <int HEADS, int W>
+JAXDATA_INLINE int head_offset(int h) { return HEADS > 1 ? h * W : 0; }

@@ -1,12 +1,17 @@
-// jaxdata.hector: the GEMM and weight-gradient kernels' fixed bodies (appended after cuda.cuh,
-// and mma.cuh for a tensor-core instance). Tile sizes and shapes are template arguments; what
-// varies with the instance's IR comes as small functors the generator emits before the call
-// (jaxdata/hector/codegen/cuda.py), all `[&]` lambdas inlined by the compiler:
+// jaxdata.hector: the GEMM and weight-gradient kernels' fixed bodies on CUDA cores (appended
+// after cuda.cuh; mma.cuh holds their tensor-core forms). Tile sizes and shapes are template
+// arguments; what varies with the instance's IR comes as small functors that the generator
+// (jaxdata/hector/codegen/cuda.py) emits before the call, `[&]` lambdas the compiler inlines:
 //   ok(e)                   whether row e may be used (row_ok, templates/common.h)
-//   a_row(e)                the element offset of row e of the GEMM's input rows
 //   weight(r, h, k, n)      element (k, n) of relation r's weight (head h's block), as a float
-//   scale(e)                the product of row e's scales (1.0f for none)
-// Each body is the whole kernel after the operand pointers: it returns from the kernel.
+//                           (gemm_mma in mma.cuh takes w_at(r, h, k, n), its address)
+//   scale(e)                the product of row e's scales (called only where SCALED)
+// Rows are read at (int64_t)ids[e] * W (GATHER: a node's, pair's or relation's row) or e * W
+// (the row of the edge). These and the unscaled case are template arguments, not functors:
+// nvcc compiles a functor's call inside `c ? x : y` to a branch where plain arithmetic there
+// becomes a select, and the kernels are meant to compile to the machine code that the
+// expressions written out gave (.ci/hector_sources.py --compare). Each body is the whole
+// kernel after the operand pointers: it returns from the kernel.
 //
 // The row GEMM (`gemm_simt`): the rows of one relation in tiles of BM edges x BN output
 // columns, K features in and N out per head; 4 x TN outputs per thread on float32 FMAs. Per
@@ -14,15 +19,12 @@
 // e * HEADS * N + h * N (SCATTER false), or are summed per run of equal targets `target[e]`
 // inside the tile and added to out's row target[e] with one atomic per run and column.
 
-// head h's offset in a row of HEADS heads of W features (0 for one head)
-template <int HEADS, int W>
-JAXDATA_INLINE int head_offset(int h) { return HEADS > 1 ? h * W : 0; }
-
 template <int BM, int BK, int BN, int TN, int K, int N, int HEADS, bool TRANSPOSE, bool SCATTER,
-          typename T, typename Ok, typename Row, typename Weight, typename Scale>
+          bool GATHER, int W, bool SCALED, typename T, typename Ok, typename Weight,
+          typename Scale>
 JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
-                              int64_t E, const T* a, const int32_t* target, float* out, Ok ok,
-                              Row a_row, Weight weight, Scale scale) {
+                              int64_t E, const T* a, const int32_t* ids, const int32_t* target,
+                              float* out, Ok ok, Weight weight, Scale scale) {
   constexpr int THREADS = 16 * (BN / TN), NCB = (N + BN - 1) / BN, WIDTH = HEADS * N;
   constexpr int AB_FLOATS = BK * (BM + 4) + BK * (BN + 4), C_FLOATS = BM * (BN + 1);
   constexpr int NA = BM * BK / THREADS, NB = BK * BN / THREADS;
@@ -41,7 +43,7 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
   const int tid = threadIdx.x;
   for (int i = tid; i < BM; i += THREADS) {
     const int64_t e = e0 + i;
-    arow[i] = e < e1 && ok(e) ? a_row(e) : -1;
+    arow[i] = e < e1 && ok(e) ? (GATHER ? (int64_t)ids[e] * W : e * W) : -1;
   }
   const int ty = tid / (BN / TN), tx = tid % (BN / TN);
   float acc[4][TN] = {{0}};
@@ -88,7 +90,7 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
     for (int i = 0; i < 4; ++i) {
       const int64_t e = e0 + ty * 4 + i;
       if (e < 0 || e >= e1) continue;
-      const float sc = arow[ty * 4 + i] >= 0 ? scale(e) : 0.0f;
+      const float sc = arow[ty * 4 + i] >= 0 ? (SCALED ? scale(e) : 1.0f) : 0.0f;
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
         const int n = cb * BN + tx * TN + j;
@@ -103,7 +105,7 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
   for (int i = 0; i < 4; ++i) {
     const int row = ty * 4 + i;
     const int64_t e = e0 + row;
-    const float sc = arow[row] >= 0 ? scale(e) : 0.0f;
+    const float sc = arow[row] >= 0 ? (SCALED ? scale(e) : 1.0f) : 0.0f;
 #pragma unroll
     for (int j = 0; j < TN; ++j) Cs[row][tx * TN + j] = acc[i][j] * sc;
   }
@@ -129,14 +131,16 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
 }
 
 // The weight gradient (`wgrad_simt`): dW[r] (head h's K x N block, per head) = sum over the
-// relation's edges e of outer(left row, right row * scale(e)), `left` and `right` read at
-// l_row(e) and r_row(e) (plus the head's offset). A block takes BE edges of one relation and a
-// BM x BN tile of dW, BK edges per step, 4 x TN outputs per thread; one atomic per output.
-template <int BE, int BK, int BM, int BN, int TN, int K, int N, int HEADS, typename TL,
-          typename TR, typename Ok, typename LRow, typename RRow, typename Scale>
+// relation's edges e of outer(left row, right row * scale(e)), the rows read as above (`lids`,
+// LW and LGATHER for the left rows; `rids`, RW and RGATHER for the right) plus the head's
+// offset. A block takes BE edges of one relation and a BM x BN tile of dW, BK edges per step,
+// 4 x TN outputs per thread; one atomic per output.
+template <int BE, int BK, int BM, int BN, int TN, int K, int N, int HEADS, bool LGATHER, int LW,
+          bool RGATHER, int RW, bool SCALED, typename TL, typename TR, typename Ok,
+          typename Scale>
 JAXDATA_INLINE void wgrad_simt(const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
-                               int64_t E, const TL* left, const TR* right, float* out, Ok ok,
-                               LRow l_row, RRow r_row, Scale scale) {
+                               int64_t E, const TL* left, const int32_t* lids, const TR* right,
+                               const int32_t* rids, float* out, Ok ok, Scale scale) {
   constexpr int THREADS = 16 * (BN / TN), NKB = (K + BM - 1) / BM, NNB = (N + BN - 1) / BN;
   constexpr int NL = BK * BM / THREADS, NR = BK * BN / THREADS;
   static_assert((BK * BM) % THREADS == 0 && (BK * BN) % THREADS == 0, "tile");
@@ -159,15 +163,18 @@ JAXDATA_INLINE void wgrad_simt(const int32_t* tiles, const int32_t* rel_offsets,
     for (int t = 0; t < NL; ++t) {
       const int idx = tid + t * THREADS, k = kb * BM + idx % BM;
       const int64_t e = c + idx / BM;
-      rl[t] = (e < e1 && k < K && ok(e)) ? ldf(left + l_row(e) + head_offset<HEADS, K>(h) + k)
-                                         : 0.0f;
+      rl[t] = (e < e1 && k < K && ok(e))
+          ? ldf(left + (LGATHER ? (int64_t)lids[e] * LW : e * LW) + head_offset<HEADS, K>(h) + k)
+          : 0.0f;
     }
 #pragma unroll
     for (int t = 0; t < NR; ++t) {
       const int idx = tid + t * THREADS, n = nb * BN + idx % BN;
       const int64_t e = c + idx / BN;
       rr[t] = (e < e1 && n < N && ok(e))
-          ? ldf(right + r_row(e) + head_offset<HEADS, N>(h) + n) * (scale(e)) : 0.0f;
+          ? ldf(right + (RGATHER ? (int64_t)rids[e] * RW : e * RW) + head_offset<HEADS, N>(h) + n)
+                * (SCALED ? scale(e) : 1.0f)
+          : 0.0f;
     }
   };
   fetch(e0);
