@@ -9,7 +9,6 @@ devices train like one process of 4 devices.
 """
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 import subprocess
@@ -124,19 +123,15 @@ def _jaxdata(args, env, timeout=300):
                         capture_output=True, text=True)
 
 
-def _tables_digest(path) -> str:
+def _tables(path) -> list[np.ndarray]:
   from jaxdata.train import checkpoint
-  loaded = checkpoint.load_model(path)
-  digest = hashlib.sha256()
-  for table in loaded.model.tables:
-    digest.update(np.ascontiguousarray(np.asarray(table.embedding[...], np.float32)).tobytes())
-  return digest.hexdigest()
+  return [np.asarray(t.embedding[...]) for t in checkpoint.load_model(path).model.tables]
 
 
 @pytest.mark.slow
 def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   """Same global batches, same per-device keys (sampled fanouts here): every epoch's loss and
-  the trained embedding table agree; each process's table copy received every row update."""
+  validation accuracy and the trained embedding table agree."""
   multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *HGT,
                     "--out", str(tmp_path / "multi")], _env())
   assert multi.returncode == 0, multi.stdout + multi.stderr
@@ -151,4 +146,10 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
     assert m["batches"] == s["batches"] == 5
     assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
     assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-9)
-  assert _tables_digest(tmp_path / "multi") == _tables_digest(tmp_path / "single")
+  # The job itself compared its processes' copies by SHA-256 (an error if one missed a row);
+  # against one process they agree to rounding (gloo and the in-process all-reduce sum the
+  # dense gradients in different orders, so the bits may differ).
+  multi_tables, single_tables = _tables(tmp_path / "multi"), _tables(tmp_path / "single")
+  assert len(multi_tables) == 1
+  for m, s in zip(multi_tables, single_tables, strict=True):
+    np.testing.assert_allclose(m, s, rtol=1e-4, atol=1e-6)
