@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import dataclasses
 import queue
 import threading
@@ -173,7 +174,7 @@ def run_epoch(step: Callable[[jax.Array, jax.Array], tuple], rows: np.ndarray, k
     sums.append(step(jnp.asarray(row), jax.random.fold_in(key, i)))
     if on_batch is not None:
       on_batch(i + 1, len(rows))
-  return _epoch_record(sums, t0)
+  return epoch_record(sums, t0)
 
 
 def run_pipelined_epoch(prepare: Callable[[jax.Array, jax.Array], Any],
@@ -197,10 +198,10 @@ def run_pipelined_epoch(prepare: Callable[[jax.Array, jax.Array], Any],
       sums.append(out)
       if on_batch is not None:
         on_batch(i + 1, len(rows))
-  return _epoch_record(sums, t0)
+  return epoch_record(sums, t0)
 
 
-def _epoch_record(sums: list, t0: float) -> dict:
+def epoch_record(sums: list, t0: float) -> dict:
   """The epoch's record from its steps' (summed loss, correct, count, token), started at
   `t0`; waits for every table update."""
   loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
@@ -248,6 +249,19 @@ def say_saved(console, path: str) -> None:
   """The line every trainer ends with: where the checkpoint and its history went."""
   console.print(f"checkpoint saved to {path} (history in {path}/history.json; "
                 f"`jaxdata eval {path}` measures it again)")
+
+
+def check_copies_agree(array: np.ndarray, name: str) -> None:
+  """Raises when the processes' copies of a host table differ (compares SHA-256 digests)."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  digest = np.frombuffer(hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest(), np.uint8)
+  digests = np.asarray(multihost_utils.process_allgather(digest))
+  if not (digests == digests[0]).all():
+    differ = [p for p in range(len(digests)) if not (digests[p] == digests[0]).all()]
+    raise RuntimeError(f"train: the {name} table's copies differ between processes (process 0 "
+                       f"and {differ}): a row update did not reach every copy")
 
 
 # ----------------------------------------------------------------------------- full graph, a mesh

@@ -50,8 +50,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
-from jaxdata.train.common import (TrainResult, add_out_argument, prefetched, progress, say_saved,
-                                  psum_flat, seed_batches, device_mesh, sharded_jit)
+from jaxdata.train.common import (TrainResult, add_out_argument, check_copies_agree, prefetched,
+                                  progress, say_saved, psum_flat, seed_batches, device_mesh, sharded_jit)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
@@ -215,22 +215,8 @@ def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> Train
     finally:
       sparse.close(state)
     result.tables = {"embedding": np.array(table.as_numpy())}
-  _check_copies_agree(result.tables["embedding"], "embedding")
+  check_copies_agree(result.tables["embedding"], "embedding")
   return result
-
-
-def _check_copies_agree(array: np.ndarray, name: str) -> None:
-  """Raises when the processes' copies of a host table differ (compares SHA-256 digests)."""
-  if jax.process_count() == 1:
-    return
-  import hashlib  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  digest = np.frombuffer(hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest(), np.uint8)
-  digests = np.asarray(multihost_utils.process_allgather(digest))
-  if not (digests == digests[0]).all():
-    differ = [p for p in range(len(digests)) if not (digests[p] == digests[0]).all()]
-    raise RuntimeError(f"train: the {name} table's copies differ between processes (process 0 "
-                       f"and {differ}): a row update did not reach every copy")
 
 
 def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_opt

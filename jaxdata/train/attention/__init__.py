@@ -55,7 +55,8 @@ ALL_MODELS = MODELS + ("rgcn",)
 #: trainer's (`jaxdata.train.rgcn`).
 KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
 #: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
-#: training with the graph partitioned by destinations over every process's devices.
+#: training with the graph partitioned by destinations over every process's devices, and
+#: `--minibatch` data parallel over them (`minibatch.ShardedSteps`).
 MULTI_PROCESS = True
 
 
@@ -603,11 +604,12 @@ def add_arguments(parser, model: str):
                       help="full-graph training over this many local devices (0: all), the "
                            "graph partitioned by destination nodes; with several processes the "
                            "mesh spans every process's devices (jaxdata.train.attention."
-                           "partitioned)")
+                           "partitioned); with --minibatch, data parallel, --batch-size seeds "
+                           "per device")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
                            "(see jaxdata.train.attention.minibatch)")
-  add_minibatch_arguments(parser, batch_size=1024, seeds="papers",
+  add_minibatch_arguments(parser, batch_size=1024, seeds="papers per device",
                           tables="the embedding tables (--embed)")
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="--minibatch, host pipeline: keep this fraction of each feature "
@@ -708,10 +710,12 @@ def main(args) -> int:
   console.quiet = not distributed.is_primary()  # one process reports for the job
   devices = None if args.devices == 0 else args.devices
   one_device = devices == 1 and jax.process_count() == 1
-  if not one_device and (args.minibatch or args.embed):
-    raise command.UsageError(f"argument {'--minibatch' if args.minibatch else '--embed'}: runs "
-                             "on one device of one process; --devices and several processes "
-                             "are for full-graph training with features")
+  if not one_device and args.embed and not args.minibatch:
+    raise command.UsageError("argument --embed: full-graph training runs on one device of one "
+                             "process; with --devices or several processes add --minibatch")
+  if not one_device and args.minibatch and args.prefetch:
+    raise command.UsageError("argument --prefetch: runs on one device of one process; "
+                             "--devices and several processes train without it")
   if args.attention_model != "rgcn" and args.hidden % args.heads:
     raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
                              f"{args.heads}")
@@ -729,7 +733,10 @@ def main(args) -> int:
                              "planner, or --plan POLICY")
   if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
     raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
-  if not one_device and (offloading or args.layers != 2):
+  if not one_device and args.minibatch and offloading:
+    raise command.UsageError("argument --budget/--offload: --minibatch with an offload plan "
+                             "runs on one device of one process")
+  if not one_device and not args.minibatch and (offloading or args.layers != 2):
     raise command.UsageError(f"argument {'--layers' if args.layers != 2 else '--budget/--offload'}"
                              ": several devices (the partitioned path) train two layers without "
                              "an offload plan")

@@ -13,6 +13,15 @@ so a checkpoint of either trains on or evaluates with the other. Validation accu
 on mini-batches of validation papers after every epoch (same fanouts, another key); the final
 accuracies are measured full-graph when the graph fits (`evaluate="full"`), which is exact.
 
+Data parallel (`TrainConfig.devices` other than 1, or several processes of a `jax.distributed`
+job): as GraphSAGE (`jaxdata.train.sage`), `batch_size` is per device and a step trains on
+`batch_size` x devices seeds, each device sampling its share from its process's host graph
+with its own key; the dense parameters and their Adam state are replicated, their gradients
+summed once over the mesh (`common.psum_flat`); every embedding table update all-gathers the
+global batch's (row, gradient) pairs (`host.sparse`, `copies=` the processes), so each
+process's copy of a table receives every row (docs/distributed.md). One device of one process
+runs the unsharded steps (`make_steps`).
+
     from jaxdata.data import synthetic_mag
     from jaxdata.train.attention import TrainConfig
     from jaxdata.train.attention.minibatch import MinibatchConfig, train
@@ -32,7 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxdata import distributed
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import HostGraph, HostTable, sparse
 from jaxdata.host.blocks import (budget_fraction, gather_typed, node_types, sample_blocks,
@@ -346,6 +357,115 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
   return Steps(step, prepare_batch, compute, pipelined)
 
 
+
+class ShardedSteps:
+  """Data-parallel mini-batch training over `mesh` (a 1-D `common.device_mesh`): the steps,
+  the replicated training state and the epoch and accuracy loops.
+
+  `batch_size` seeds per device; a row of seeds (`batch_size` x devices) is split over the
+  mesh, device d samples its share with ``fold_in(fold_in(key, i), d)`` (step i), as GraphSAGE's
+  steps do. Gradients are of the summed cross entropy, summed over the mesh in one all-reduce
+  (`common.psum_flat`, under `sharded_jit`'s check_vma=False: each device's gradients are its
+  own) and divided by the global count of valid seeds: the one-device step's mean. Each table
+  update runs with ``axis_name`` and ``copies=jax.process_count()`` (`host.sparse`), and its
+  token, summed over the mesh, feeds the next step's counter, so the next step's reads follow
+  every device's writes.
+  """
+
+  def __init__(self, data: HostData, labels: np.ndarray, fanouts: Sequence[int], model,
+               optimizer, dense, table_opt, table_states, mesh, batch_size: int):
+    axis = common.MESH_AXIS
+    self.mesh, self.batch_size = mesh, batch_size * mesh.devices.size
+    self.replicated = NamedSharding(mesh, P())
+    self.rows_sharding = NamedSharding(mesh, P(None, axis))
+    graphdef, state = nnx.split((model, optimizer))
+    self.model, self.optimizer = model, optimizer
+    self.state = distributed.put(state, self.replicated)
+    self.consts = distributed.put(dict(data.consts, labels=np.asarray(labels, np.int32)),
+                                  self.replicated)
+    fanouts = tuple(int(f) for f in fanouts)
+    copies = jax.process_count()
+
+    def batch_of(consts, rows, i, key):
+      seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
+      key = jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index(axis))
+      blocks, xs = sample(data, consts, seeds, fanouts, key)
+      return seeds, blocks, xs, consts["labels"][jnp.maximum(seeds, 0)]
+
+    def device_step(state, consts, rows, i, key):
+      model, optimizer = nnx.merge(graphdef, state)
+      seeds, blocks, xs, y = batch_of(consts, rows, i, key)
+
+      def loss_fn(model, learned):
+        inputs = list(xs)
+        for t, x in zip(data.embedded, learned):
+          inputs[t] = x
+        logits, valid = logits_of(model, data, blocks, inputs, seeds)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+        correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+        return jnp.sum(jnp.where(valid, ce, 0)), (correct, valid.sum())
+      grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
+      (total, (correct, count)), (grads, row_grads) = grad_fn(
+          model, [xs[t] for t in data.embedded])
+      total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
+      scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
+      optimizer.update(model, jax.tree.map(scale, grads))
+      token = jnp.int32(0)
+      for t, st, ids, g in zip(data.embedded, table_states,
+                               data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
+                               row_grads):
+        token = token + table_opt.update(data.tables[t], st, ids, scale(g), axis_name=axis,
+                                         copies=copies)
+      token = jax.lax.psum(token, axis)  # 0 once every device's writes are done
+      return nnx.state((model, optimizer)), i + 1 + token, (total, correct, count, token)
+
+    def device_eval(state, consts, rows, i, key):
+      model, _ = nnx.merge(graphdef, state)
+      seeds, blocks, xs, y = batch_of(consts, rows, i, key)
+      logits, valid = logits_of(model, data, blocks, xs, seeds)
+      correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+      return i + 1, jax.lax.psum((correct, valid.sum()), axis)
+
+    data_rows = P(None, axis)
+    self._step = common.sharded_jit(device_step, mesh, (P(), P(), data_rows, P(), P()),
+                                    (P(), P(), (P(), P(), P(), P())))
+    self._eval = common.sharded_jit(device_eval, mesh, (P(), P(), data_rows, P(), P()),
+                                    (P(), (P(), P())))
+
+  def _placed(self, seed_rows: np.ndarray, key):
+    return (distributed.put(seed_rows, self.rows_sharding),
+            distributed.put(np.int32(0), self.replicated), distributed.put(key, self.replicated))
+
+  def epoch(self, seed_rows: np.ndarray, key, on_batch=None) -> dict:
+    """One epoch over `seed_rows` (int32[batches, batch_size x devices], the same in every
+    process); `common.epoch_record`'s record."""
+    t0 = time.perf_counter()
+    rows, i, key = self._placed(seed_rows, key)
+    sums = []
+    for n in range(len(seed_rows)):
+      self.state, i, metrics = self._step(self.state, self.consts, rows, i, key)
+      sums.append(metrics)
+      if on_batch is not None:
+        on_batch(n + 1, len(seed_rows))
+    return common.epoch_record(sums, t0)
+
+  def accuracy(self, ids: np.ndarray, key) -> float:
+    """The sampled accuracy on `ids` (global node ids), `batch_size` x devices per step."""
+    seed_rows = common.seed_batches(ids, self.batch_size)
+    rows, i, key = self._placed(seed_rows, key)
+    outs = []
+    for _ in range(len(seed_rows)):
+      i, out = self._eval(self.state, self.consts, rows, i, key)
+      outs.append(out)
+    correct, count = (sum(int(o[k]) for o in outs) for k in range(2))
+    return correct / count if count else float("nan")
+
+  def finish(self):
+    """Writes the trained state (this process's copy) back into the model and optimizer."""
+    nnx.update((self.model, self.optimizer),
+               jax.tree.map(jnp.asarray, distributed.local_value(self.state)))
+
+
 def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
           *, plan: Sequence | BlockPlanner | None = None,
           on_epoch: Callable[[dict], None] | None = None,
@@ -368,10 +488,22 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   (`model.stack_layers`: RGAT's every layer, HGT's after the first), applied per layer call on
   the blocks, or a `BlockPlanner` called once on the model and the first batch's blocks. A plan
   changes memory and time, not the numbers; it is kept as `TrainResult.plan`.
+
+  Data parallel when `config.devices` is not 1 or the job has several processes
+  (`ShardedSteps`): `minibatch.batch_size` seeds per device, every device of every process
+  (`config.devices` per process; None: all); no `prefetch` and no `plan` there. Every process
+  evaluates on its own copy of the trained model.
   """
   if len(minibatch.fanouts) != config.layers:
     raise ValueError(f"train: {len(minibatch.fanouts)} fanouts for {config.layers} layers "
                      f"(give one fanout per layer)")
+  mesh = None
+  if config.devices != 1 or jax.process_count() > 1:  # data parallel (ShardedSteps)
+    if minibatch.prefetch:
+      raise ValueError("train: prefetch runs on one device of one process (devices=1)")
+    if plan is not None:
+      raise ValueError("train: an offload plan runs on one device of one process (devices=1)")
+    mesh = common.device_mesh(config.devices, what="train")
   if final_evaluation is None:
     final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
   if final_evaluation not in ("full", "minibatch", "none"):
@@ -411,6 +543,9 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
         raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
                          f"{model.stack_layers} planned layers")
 
+    sharded = None if mesh is None else ShardedSteps(
+        data, dataset.labels, fanouts, model, optimizer, dense, table_opt, table_states, mesh,
+        minibatch.batch_size)
     steps = make_steps(data, labels, fanouts, dense, table_opt, plan=plan)
 
     @nnx.jit
@@ -420,6 +555,8 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
       return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
 
     def accuracy(ids, key) -> float:
+      if sharded is not None:
+        return sharded.accuracy(np.asarray(ids) + papers[0], key)
       return common.sampled_accuracy(lambda s, k: predict(model, data.consts, s, k),
                                      np.asarray(ids) + papers[0], minibatch.batch_size, key)
 
@@ -428,8 +565,12 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     history, start = [], time.perf_counter()
     for epoch in range(1, config.epochs + 1):
       rows = common.seed_batches(np.asarray(dataset.train_papers) + papers[0],
-                                 minibatch.batch_size, rng, minibatch.max_batches)
-      if minibatch.prefetch:  # batch i + 1 prepared while step i computes
+                                 minibatch.batch_size * (1 if mesh is None else mesh.size),
+                                 rng, minibatch.max_batches)
+      if sharded is not None:
+        record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch),
+                                                   on_batch))
+      elif minibatch.prefetch:  # batch i + 1 prepared while step i computes
         record = dict(epoch=epoch, **common.run_pipelined_epoch(
             lambda s, k: steps.prepare(data.consts, s, k),
             lambda b, s, k: steps.pipelined(model, optimizer, table_states, data.consts, b, s,
@@ -439,7 +580,8 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
         record = dict(epoch=epoch, **common.run_epoch(
             lambda s, k: steps.step(model, optimizer, table_states, data.consts, s, k), rows,
             jax.random.fold_in(key, epoch), on_batch))
-      record["device_state_bytes"] = device_bytes_of(nnx.state((model, optimizer)))
+      record["device_state_bytes"] = device_bytes_of(
+          nnx.state((model, optimizer)) if sharded is None else sharded.state)
       record["cache_bytes"] = data.cache_bytes
       record["cache_fraction"] = data.cache_fraction
       if validate:
@@ -450,9 +592,13 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     if final_evaluation == "minibatch":
       final = {"val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
                "test_accuracy": accuracy(dataset.test_papers, test_key)}
+    if sharded is not None:
+      sharded.finish()
     # The trained embeddings back into the model, as host arrays: its checkpoint is a
     # full-graph one.
     model.set_tables([data.tables[t].as_numpy().copy() for t in data.embedded])
+    for t in data.embedded:  # several processes: every copy received every row update
+      common.check_copies_agree(data.tables[t].as_numpy(), dataset.graph.node_type_names[t])
     for state in table_states:
       sparse.close(state)
   if final_evaluation == "full":
