@@ -101,6 +101,12 @@ def size(text: str) -> int:
     raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def size_or_auto(text: str) -> int | str:
+  """A `size`, or "auto" (the caller decides what auto means; `--device-bytes`: a quarter of
+  the feature and embedding tables)."""
+  return "auto" if text == "auto" else size(text)
+
+
 def existing_file(text: str) -> str:
   """A path to a file that exists and can be read."""
   if not os.path.isfile(text):

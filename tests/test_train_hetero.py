@@ -170,6 +170,25 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
                         (("--cache", "0.2", "--pipeline", "device"), "--cache")):
     r = run("train", "rgat", "--minibatch", "--scale", "0.0005", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+  # --device-bytes auto: a quarter of the host tables (features of the other types, float32
+  # embeddings), counted here from the dataset; at this size it cannot hold the dense model,
+  # which is a one-line mistake in --device-bytes, not a traceback.
+  from jaxdata.sizes import format_bytes
+  from jaxdata.train import attention
+  scale, embed, dim = 0.0005, ("author", "institution"), 8
+  ds = attention.load_dataset({"scale": scale, "seed": 0,
+                               "classes": attention.default_classes(scale)})
+  tables = sum(len(x) * (dim * 4 if t in embed else x.shape[1] * x.itemsize)
+               for t, x in zip(ds.graph.node_type_names, ds.features))
+  r = run("train", "hgt", "--minibatch", "--scale", str(scale), "--epochs", "1", "--hidden", "8",
+          "--heads", "2", "--embed", ",".join(embed), "--embed-dim", str(dim),
+          "--device-bytes", "auto")
+  assert f"--device-bytes auto: {format_bytes(tables // 4)}, a quarter" in r.stdout
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+  assert (f"argument --device-bytes: the dense model and its optimizer state need"
+          in r.stderr and f"more than device_bytes {format_bytes(tables // 4)}" in r.stderr)
+  r = run("train", "hgt", "--minibatch", "--scale", str(scale), "--device-bytes", "lots")
+  assert r.returncode == 2 and "argument --device-bytes" in r.stderr
 
 
 EMBED = ("author", "field_of_study")

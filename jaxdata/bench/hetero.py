@@ -62,7 +62,7 @@ from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
 from jaxdata.train.attention.minibatch import (HostData, complete, logits_of, on_stream,
-                                               prefetch_stream, prepare, sample)
+                                               prefetch_stream, prepare, sample, table_bytes)
 from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -435,10 +435,7 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
   if budgeted:
     with HostGraph.from_hetero(dataset.graph):
       built = time.perf_counter() - t0
-    names = dataset.graph.node_type_names
-    features = sum(x.nbytes for t, x in zip(names, dataset.features) if t not in embed)
-    embeddings = sum(len(x) * embed_dim * 4 for t, x in zip(names, dataset.features)
-                     if t in embed)
+    features, embeddings = table_bytes(dataset, embed, embed_dim)
     if device_bytes == "auto":
       device_bytes = (features + embeddings) // 4
     notes += [f"graph construction: {built:.1f} s (synthetic_mag {drawn:.1f} s, then "
@@ -726,17 +723,12 @@ def add_arguments(parser) -> None:
                            "the trainer's steps, tables trained in host memory")
   parser.add_argument("--embed-dim", type=command.positive_int, default=64,
                       help="--embed: the embeddings' width")
-  parser.add_argument("--device-bytes", type=_budget, default=None,
+  parser.add_argument("--device-bytes", type=command.size_or_auto, default=None,
                       help="auto (a quarter of the features and embeddings) or a size such as "
                            "8GiB: the device holds at most this many bytes of parameters, "
                            "optimizer state and cached rows (host-cache's cache gets the rest)")
   parser.add_argument("--out", metavar="PATH.md", type=command.output_path,
                       help="write the Markdown table here (e.g. docs/benchmarks/hetero.md)")
-
-
-def _budget(text: str) -> int | str:
-  """--device-bytes: "auto" or a size."""
-  return "auto" if text == "auto" else command.size(text)
 
 
 def main(args) -> int:

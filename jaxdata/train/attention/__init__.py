@@ -44,6 +44,7 @@ from jaxdata.nn import HGT, RGAT, RGCN, layer_stack
 from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
+from jaxdata.sizes import format_bytes
 from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved)
 
@@ -614,10 +615,11 @@ def add_arguments(parser, model: str):
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="--minibatch, host pipeline: keep this fraction of each feature "
                            "table's rows (its most sampled nodes) in device memory")
-  parser.add_argument("--device-bytes", type=command.size, default=None,
+  parser.add_argument("--device-bytes", type=command.size_or_auto, default=None,
                       help="--minibatch, host pipeline: the device holds at most this many bytes "
-                           "of parameters, optimizer state and cached feature rows (e.g. 8GiB; "
-                           "the cache gets what the dense model leaves)")
+                           "of parameters, optimizer state and cached feature rows (e.g. 8GiB, "
+                           "or auto: a quarter of the feature and embedding tables; the cache "
+                           "gets what the dense model leaves)")
   parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
                       help="--minibatch: each step also samples the next batch and gathers its "
                            "feature rows (the same results; off by default: on the H200 it is "
@@ -758,13 +760,21 @@ def main(args) -> int:
     if args.device_bytes is not None and (args.cache or args.pipeline != "host"):
       raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
                                "(it sizes the cache)")
-    minibatch = hetero.MinibatchConfig(cache=args.cache, device_bytes=args.device_bytes,
-                                       prefetch=args.prefetch, **options)
+    auto = args.device_bytes == "auto"  # resolved once the tables' sizes are known
+    minibatch = hetero.MinibatchConfig(cache=args.cache, prefetch=args.prefetch,
+                                       device_bytes=None if auto else args.device_bytes,
+                                       **options)
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
   dataset = load_dataset(data)
   g = dataset.graph
+  if minibatch is not None and auto:
+    features, embeddings = hetero.table_bytes(dataset, config.embed, config.embed_dim)
+    minibatch = dataclasses.replace(minibatch, device_bytes=(features + embeddings) // 4)
+    console.print(f"--device-bytes auto: {format_bytes(minibatch.device_bytes)}, a quarter of "
+                  f"the features ({format_bytes(features)}) and embeddings "
+                  f"({format_bytes(embeddings)})")
   console.print(f"[bold]{dataset.name}[/] (scale {args.scale:g}, drawn in "
                 f"{time.perf_counter() - t0:.1f} s): "
                 + ", ".join(f"{len(x):,} {t}" for t, x in zip(g.node_type_names,
@@ -800,7 +810,11 @@ def main(args) -> int:
     elif minibatch is None:
       result = train(dataset, config, on_epoch=on_epoch)
     else:
-      result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
+      try:
+        result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
+      except hetero.DeviceBudgetError as e:
+        raise command.UsageError(f"argument --device-bytes: {str(e).removeprefix('train: ')}"
+                                 ) from None
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
                 f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")

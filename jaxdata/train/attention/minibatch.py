@@ -267,6 +267,22 @@ def initial_embeddings(rows: Sequence[int], dim: int, seed: int,
   return out
 
 
+class DeviceBudgetError(ValueError):
+  """`MinibatchConfig.device_bytes` is below what the dense model and its optimizer state need
+  (the CLI reports it as a mistake in --device-bytes)."""
+
+
+def table_bytes(dataset: MagDataset, embed: Sequence[str], embed_dim: int) -> tuple[int, int]:
+  """(bytes of the feature tables of the types not in `embed`, bytes of float32 `embed_dim`-wide
+  embedding tables for the types in `embed`): what a mini-batch run keeps in host memory;
+  `--device-bytes auto` is a quarter of their sum."""
+  names = dataset.graph.node_type_names
+  features = sum(x.nbytes for t, x in zip(names, dataset.features) if t not in embed)
+  embeddings = sum(len(x) * embed_dim * 4 for t, x in zip(names, dataset.features)
+                   if t in embed)
+  return features, embeddings
+
+
 def device_bytes_of(tree) -> int:
   """Bytes of the JAX arrays in `tree` (NumPy arrays, host memory, are not counted)."""
   return sum(x.nbytes for x in jax.tree.leaves(tree) if isinstance(x, jax.Array))
@@ -520,7 +536,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   if minibatch.device_bytes is not None:
     cache_bytes = minibatch.device_bytes - state_bytes
     if cache_bytes < 0:
-      raise ValueError(f"train: the dense model and its optimizer state need "
+      raise DeviceBudgetError(f"train: the dense model and its optimizer state need "
                        f"{format_bytes(state_bytes)} on the device, more than device_bytes "
                        f"{format_bytes(minibatch.device_bytes)}")
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)

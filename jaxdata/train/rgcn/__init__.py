@@ -339,9 +339,10 @@ def add_arguments(parser):
   mag.add_argument("--cache", type=command.fraction, default=None,
                    help="--scale --minibatch: keep this fraction of each feature table's rows "
                         "in device memory")
-  mag.add_argument("--device-bytes", type=command.size, default=None,
+  mag.add_argument("--device-bytes", type=command.size_or_auto, default=None,
                    help="--scale --minibatch: the device holds at most this many bytes of "
-                        "parameters, optimizer state and cached feature rows")
+                        "parameters, optimizer state and cached feature rows (or auto: a "
+                        "quarter of the feature and embedding tables)")
   add_out_argument(parser, "rgcn", "the (last seed's) model")
 
 
