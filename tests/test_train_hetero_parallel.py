@@ -10,9 +10,6 @@ devices train like one process of 4 devices.
 import dataclasses
 import functools
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -23,6 +20,7 @@ from jaxdata.data import synthetic_mag
 from jaxdata.train import attention
 from jaxdata.train.attention import TrainConfig
 from jaxdata.train.attention import minibatch as hetero
+from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
 
 #: The seeds' in-degree bound: training papers above it are left out, so one hop of this
 #: fanout holds every in-edge of every seed (a second hop would need the graph's largest
@@ -110,19 +108,6 @@ HGT = ["train", "hgt", "--scale", "5e-4", "--classes", "4", "--minibatch", "--fa
        "--embed-dim", "6", "--devices", "0", "--epochs", "2"]
 
 
-def _env(devices: int | None = None) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-  env.pop("JAX_COORDINATOR_ADDRESS", None)
-  if devices is not None:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  return env
-
-
-def _jaxdata(args, env, timeout=300):
-  return subprocess.run([sys.executable, "-m", "jaxdata.cli", *args], env=env, timeout=timeout,
-                        capture_output=True, text=True)
-
-
 def _tables(path) -> list[np.ndarray]:
   from jaxdata.train import checkpoint
   return [np.asarray(t.embedding[...]) for t in checkpoint.load_model(path).model.tables]
@@ -133,9 +118,9 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   """Same global batches, same per-device keys (sampled fanouts here): every epoch's loss and
   validation accuracy and the trained embedding table agree."""
   multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *HGT,
-                    "--out", str(tmp_path / "multi")], _env())
+                    "--out", str(tmp_path / "multi")], _env(), 300)
   assert multi.returncode == 0, multi.stdout + multi.stderr
-  single = _jaxdata([*HGT, "--out", str(tmp_path / "single")], _env(4))
+  single = _jaxdata([*HGT, "--out", str(tmp_path / "single")], _env(4), 300)
   assert single.returncode == 0, single.stdout + single.stderr
   assert "cpu x 4" in multi.stdout and "cpu x 4" in single.stdout
   assert "[0] validation accuracy" in multi.stdout
