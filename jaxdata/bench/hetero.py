@@ -61,8 +61,9 @@ from jaxdata.host.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
-from jaxdata.train.attention.minibatch import (HostData, complete, logits_of, on_stream,
-                                               prefetch_stream, prepare, sample, table_bytes)
+from jaxdata.train.attention.minibatch import (HostData, complete, on_stream,
+                                               prefetch_stream, prepare, sample, summed_loss,
+                                               table_bytes)
 from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -114,10 +115,9 @@ class LinkBound:
 # ----------------------------------------------------------------------------- jaxdata's steps
 def batch_loss(model, data: HostData, blocks, xs, seeds, labels) -> jax.Array:
   """Mean cross entropy of the valid seeds (as `train.attention.minibatch.train`'s step)."""
-  logits, valid = logits_of(model, data, blocks, xs, seeds)
-  y = labels[jnp.maximum(seeds, 0)]
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-  return jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(valid.sum(), 1)
+  total, (_, count) = summed_loss(model, data, blocks, xs, (), seeds,
+                                  labels[jnp.maximum(seeds, 0)])
+  return total / jnp.maximum(count, 1)
 
 
 def batch_stats(blocks, type_offsets, row_bytes: Sequence[int],

@@ -107,6 +107,11 @@ def prefetched(items: Iterable, depth: int = 2) -> Iterator:
 PIPELINES = ("host", "device")
 
 
+class DeviceBudgetError(ValueError):
+  """A mini-batch run's device budget (`device_bytes`) is below what the dense model and its
+  optimizer state need (the CLI reports it as a mistake in --device-bytes)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class MinibatchConfig:
   """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the

@@ -45,7 +45,8 @@ from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
-from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
+from jaxdata.train.common import (DeviceBudgetError, TrainResult, accuracy,
+                                  add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved)
 
 MODELS = ("rgat", "hgt")
@@ -749,6 +750,7 @@ def main(args) -> int:
                        devices=devices, layers=args.layers,
                        num_bases=getattr(args, "bases", None) or None)  # rgcn's --bases
   minibatch = None
+  auto = args.device_bytes == "auto"  # resolved once the tables' sizes are known
   if args.device_bytes is not None and not args.minibatch:
     raise command.UsageError("argument --device-bytes: only with --minibatch")
   if args.minibatch:
@@ -760,7 +762,6 @@ def main(args) -> int:
     if args.device_bytes is not None and (args.cache or args.pipeline != "host"):
       raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
                                "(it sizes the cache)")
-    auto = args.device_bytes == "auto"  # resolved once the tables' sizes are known
     minibatch = hetero.MinibatchConfig(cache=args.cache, prefetch=args.prefetch,
                                        device_bytes=None if auto else args.device_bytes,
                                        **options)
@@ -769,7 +770,7 @@ def main(args) -> int:
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
   dataset = load_dataset(data)
   g = dataset.graph
-  if minibatch is not None and auto:
+  if auto:  # (--minibatch: checked above)
     features, embeddings = hetero.table_bytes(dataset, config.embed, config.embed_dim)
     minibatch = dataclasses.replace(minibatch, device_bytes=(features + embeddings) // 4)
     console.print(f"--device-bytes auto: {format_bytes(minibatch.device_bytes)}, a quarter of "
@@ -805,16 +806,16 @@ def main(args) -> int:
                     f"per step, graph and features in {minibatch.pipeline} memory"
                     + ("; the next batch prepared during each step (--prefetch)"
                        if minibatch.prefetch else ""))
-    if offloading:
-      result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
-    elif minibatch is None:
-      result = train(dataset, config, on_epoch=on_epoch)
-    else:
-      try:
+    try:
+      if offloading:
+        result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
+      elif minibatch is None:
+        result = train(dataset, config, on_epoch=on_epoch)
+      else:
         result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
-      except hetero.DeviceBudgetError as e:
-        raise command.UsageError(f"argument --device-bytes: {str(e).removeprefix('train: ')}"
-                                 ) from None
+    except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
+      raise command.UsageError(f"argument --device-bytes: {str(e).removeprefix('train: ')}"
+                               ) from None
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
                 f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")

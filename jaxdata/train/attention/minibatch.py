@@ -180,6 +180,31 @@ def logits_of(model, data: HostData, blocks, xs, seeds, plan=None):
   return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
 
 
+def summed_loss(model, data: HostData, blocks, xs, learned, seeds, y, plan=None):
+  """The summed cross entropy of the valid seeds against labels `y`, and (correct, valid
+  count): the model on `blocks` with input rows `xs`, the embedded types' rows replaced by
+  `learned` (what the step differentiates for the tables' sparse updates)."""
+  inputs = list(xs)
+  for t, x in zip(data.embedded, learned):
+    inputs[t] = x
+  logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+  return jnp.sum(jnp.where(valid, ce, 0)), (correct, valid.sum())
+
+
+def update_tables(data: HostData, table_opt, table_states, blocks, row_grads,
+                  **update_kwargs) -> jax.Array:
+  """Each embedding table's sparse update (`table_opt.update`) from its rows' gradients;
+  returns the summed update tokens (0 once the writes are done)."""
+  token = jnp.int32(0)
+  for t, state, ids, g in zip(data.embedded, table_states,
+                              data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
+                              row_grads):
+    token = token + table_opt.update(data.tables[t], state, ids, g, **update_kwargs)
+  return token
+
+
 def forward(model, data: HostData, consts, seeds, fanouts, key, plan=None):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
   blocks, xs = sample(data, consts, seeds, fanouts, key)
@@ -267,11 +292,6 @@ def initial_embeddings(rows: Sequence[int], dim: int, seed: int,
   return out
 
 
-class DeviceBudgetError(ValueError):
-  """`MinibatchConfig.device_bytes` is below what the dense model and its optimizer state need
-  (the CLI reports it as a mistake in --device-bytes)."""
-
-
 def table_bytes(dataset: MagDataset, embed: Sequence[str], embed_dim: int) -> tuple[int, int]:
   """(bytes of the feature tables of the types not in `embed`, bytes of float32 `embed_dim`-wide
   embedding tables for the types in `embed`): what a mini-batch run keeps in host memory;
@@ -331,24 +351,14 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
 
   def train_on(model, optimizer, table_states, seeds, blocks, xs):
     def loss_fn(model, learned):
-      inputs = list(xs)
-      for t, x in zip(data.embedded, learned):
-        inputs[t] = x
-      logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
-      y = labels[jnp.maximum(seeds, 0)]
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-      count = jnp.maximum(valid.sum(), 1)
-      correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
-      return jnp.sum(jnp.where(valid, ce, 0)) / count, (correct, valid.sum())
+      total, (correct, count) = summed_loss(model, data, blocks, xs, learned, seeds,
+                                            labels[jnp.maximum(seeds, 0)], plan)
+      return total / jnp.maximum(count, 1), (correct, count)
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
     (loss, (correct, count)), (grads, row_grads) = grad_fn(
         model, [xs[t] for t in data.embedded])
     optimizer.update(model, grads)
-    token = jnp.int32(0)
-    for t, state, ids, g in zip(data.embedded, table_states,
-                                data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
-                                row_grads):
-      token = token + table_opt.update(data.tables[t], state, ids, g)
+    token = update_tables(data, table_opt, table_states, blocks, row_grads)
     return loss * count, correct, count, token  # summed loss: epochs add them up
 
   @nnx.jit
@@ -412,26 +422,16 @@ class ShardedSteps:
       model, optimizer = nnx.merge(graphdef, state)
       seeds, blocks, xs, y = batch_of(consts, rows, i, key)
 
-      def loss_fn(model, learned):
-        inputs = list(xs)
-        for t, x in zip(data.embedded, learned):
-          inputs[t] = x
-        logits, valid = logits_of(model, data, blocks, inputs, seeds)
-        ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-        correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
-        return jnp.sum(jnp.where(valid, ce, 0)), (correct, valid.sum())
+      loss_fn = lambda model, learned: summed_loss(  # noqa: E731
+          model, data, blocks, xs, learned, seeds, y)
       grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
       (total, (correct, count)), (grads, row_grads) = grad_fn(
           model, [xs[t] for t in data.embedded])
       total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
       scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
       optimizer.update(model, jax.tree.map(scale, grads))
-      token = jnp.int32(0)
-      for t, st, ids, g in zip(data.embedded, table_states,
-                               data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
-                               row_grads):
-        token = token + table_opt.update(data.tables[t], st, ids, scale(g), axis_name=axis,
-                                         copies=copies)
+      token = update_tables(data, table_opt, table_states, blocks, map(scale, row_grads),
+                            axis_name=axis, copies=copies)
       token = jax.lax.psum(token, axis)  # 0 once every device's writes are done
       return nnx.state((model, optimizer)), i + 1 + token, (total, correct, count, token)
 
@@ -536,7 +536,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   if minibatch.device_bytes is not None:
     cache_bytes = minibatch.device_bytes - state_bytes
     if cache_bytes < 0:
-      raise DeviceBudgetError(f"train: the dense model and its optimizer state need "
+      raise common.DeviceBudgetError(f"train: the dense model and its optimizer state need "
                        f"{format_bytes(state_bytes)} on the device, more than device_bytes "
                        f"{format_bytes(minibatch.device_bytes)}")
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
