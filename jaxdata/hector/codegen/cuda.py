@@ -76,7 +76,7 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
   if isinstance(k, (Gemm, WeightGrad)):
     prelude += template("gemm.cuh" if kind == "fma" else "mma.cuh")
   prelude += template("common.h")
-  if isinstance(k, Traversal) and k.sink in ("softmax", "relation"):
+  if isinstance(k, Traversal):
     prelude += template("traversal.cuh")  # after common.h: it uses span()
   return (prelude + signature +
           pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]") + body)
@@ -236,8 +236,7 @@ def _traversal(t: Traversal) -> str:
   if t.sink == "relation":
     return _relation_sum(w, value)
   if t.sink == "store":
-    write = f"out[e * {w} + f] = v;"
-    skip = f"{{ out[e * {w} + f] = 0.0f; continue; }}"
+    write, skip = f"out[e * {w} + f] = v;", f"out[e * {w} + f] = 0.0f;"
   elif t.sink == "aggregate":
     write = f"atomicAdd(out + (int64_t){t.end}[e] * {w} + f, v);"
   elif t.sink == "pair":
@@ -245,20 +244,11 @@ def _traversal(t: Traversal) -> str:
   else:
     write = f"atomicAdd(out + ((int64_t)etype[e] * N + {t.end}[e]) * {w} + f, v);"
   if t.sink != "store":
-    skip = "continue;"
-  return f"""\
-  const int64_t total = E * {w};
-  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
-       t += (int64_t)gridDim.x * blockDim.x) {{
-    const int64_t e = t / {w};
-    const int f = int(t % {w});
-    (void)f;
-    if (!ok(e)) {skip}
-    const float v = {value};
-    {write}
-  }}
-}}
-"""
+    skip = ""
+  return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
+          f"  auto write = [&](int64_t e, int f, float v) {{ {write} }};\n"
+          f"  auto skip = [&](int64_t e, int f) {{ {skip} }};\n"
+          f"  edge_map<{w}>(E, ok, value, write, skip);\n}}\n")
 
 
 #: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp

@@ -1,4 +1,4 @@
-// jaxdata.hector: the fixed bodies of the edge softmax and of the relation sum (appended after
+// jaxdata.hector: the fixed bodies of the edge traversals (appended after
 // cuda.cuh and common.h for those traversals). The generator emits the per-edge value as a lambda
 // (`score(e, f)`, `value(e, f)`: feature f of edge e) and one call; `ok(e)` is row_ok
 // (templates/common.h). Each body is the whole kernel after the operand pointers.
@@ -141,4 +141,23 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
     sum += value(e, f);
   }
   if (run >= 0) atomicAdd(out + run * W + f, sum);
+}
+
+// The per-edge traversal: one thread per (edge e, feature f), in a grid-stride loop. An edge
+// that is not ok(e) gets skip(e, f) (a store writes its zero there; a sum adds nothing); every
+// other edge gets write(e, f, value(e, f)): a store, or an atomic add into its destination's,
+// its pair's or its (relation, destination)'s row.
+template <int W, typename Ok, typename Value, typename Write, typename Skip>
+JAXDATA_INLINE void edge_map(int64_t E, Ok ok, Value value, Write write, Skip skip) {
+  const int64_t total = E * W;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t e = t / W;
+    const int f = int(t % W);
+    if (!ok(e)) {
+      skip(e, f);
+      continue;
+    }
+    write(e, f, value(e, f));
+  }
 }
