@@ -119,3 +119,27 @@ def test_summary_ratio_spread_and_a_loss_mismatch():
   runs[0] = R("gpt", "plain", 0, error="exit code 1")
   row = one_process.summarize("gpt", ["train", "gpt"], runs, "step")
   assert row.errors == ["plain round 0: exit code 1"] and len(row.ratios) == 2
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["quick", "gpu-sized"])
+def test_every_preset_is_a_valid_train_command_with_a_steady_state(quick):
+  """The presets parse as `jaxdata train ...` (the GPU-sized ones are only run on the H200), with
+  at least two epochs or logged windows, so that a steady state is left after the first; the
+  size flags land in the path they belong to and win over the preset."""
+  from jaxdata import cli
+  parser = cli.parser()
+  for path in one_process.PATHS:
+    args = parser.parse_args(one_process.train_args(path, quick))
+    assert args.command == "train" and args.model == path
+    if path == "gpt":
+      assert args.offload and args.plan != "auto"  # a fixed plan that offloads
+      assert args.steps // (args.log_every or max(1, args.steps // 10)) >= 2
+    else:
+      assert args.epochs >= 2
+  sized = {p: parser.parse_args(one_process.train_args(p, quick, epochs=7, steps=33, scale=0.01,
+                                                       extra="--seed 3"))
+           for p in one_process.PATHS}
+  assert sized["sage"].epochs == sized["rgcn"].epochs == sized["rgat"].epochs == 7
+  assert sized["gpt"].steps == 33 and sized["rgat"].scale == 0.01
+  assert all(a.seed == 3 for a in sized.values())
+  assert sized["sage"].embed_dim > 0 and sized["rgat"].minibatch
