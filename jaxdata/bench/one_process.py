@@ -289,7 +289,7 @@ def add_arguments(parser) -> None:
                       help="gpt's training steps (its windows are --log-every steps)")
   parser.add_argument("--scale", type=command.positive_float, default=None,
                       help="rgat's synthetic_mag scale")
-  parser.add_argument("--extra", type=_extra, action="append", default=[], metavar="PATH=ARGS",
+  parser.add_argument("--extra", type=_extra, action="append", default=None, metavar="PATH=ARGS",
                       help="more train options for one path, e.g. 'sage=--nodes 1000000' "
                            "(repeatable; they come last, so they win)")
   parser.add_argument("--timeout", type=command.positive_int, default=RUN_TIMEOUT,
@@ -304,7 +304,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
   console = command.console()
   extra: dict[str, str] = {}
-  for name, more in args.extra:
+  for name, more in args.extra or []:
     extra[name] = (extra.get(name, "") + " " + more).strip()
   paths = list(dict.fromkeys(args.paths))
   with tempfile.TemporaryDirectory(prefix="jaxdata-one-process-") as tmp:
