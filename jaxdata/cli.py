@@ -43,6 +43,9 @@ BENCH = {
     "gnn-offload": ("jaxdata.bench.gnn_offload",
                     "a deep HGT/RGAT full-graph step without and with an offload plan under a "
                     "device budget"),
+    "one-process": ("jaxdata.bench.one_process",
+                    "each trainer plain vs as one process of a jax.distributed job (jaxdata "
+                    "launch -n 1): steady-state time and final loss"),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
 LAUNCH = ("jaxdata.launch", "run a train command as N local processes of one jax.distributed job")
