@@ -112,10 +112,21 @@ def test_summary_ratio_spread_and_a_loss_mismatch():
   assert row.ratio == 1.5 and sorted(row.ratios) == [1.0, 1.0, 1.5]
   cells = dict(zip(one_process.HEADER, one_process.table_rows([row])[0]))
   assert cells["spread (min-max)"] == "1.000-1.500" and cells["equal"] == "yes"
-  runs[3] = R("gpt", "plain", 1, 2.0, 1.5000001, 3.0)
+  equal = lambda row: dict(zip(one_process.HEADER, one_process.table_rows([row])[0]))["equal"]
+  runs[3] = R("gpt", "plain", 1, 2.0, 1.5000001, 3.0)  # plain's runs differ by 1e-7 (a GPU's)
   row = one_process.summarize("gpt", ["train", "gpt"], runs, "step")
-  assert not row.losses_equal
-  assert dict(zip(one_process.HEADER, one_process.table_rows([row])[0]))["equal"] == "MISMATCH"
+  assert not row.losses_equal and equal(row) == "within spread"
+  far = [R(r.path, r.variant, r.round, r.seconds, 1.5000003, r.wall) if r.variant == "launched"
+         else r for r in runs]  # every launched run 2e-7 past plain's, which spread 1e-7
+  row = one_process.summarize("gpt", ["train", "gpt"], far, "step")
+  assert equal(row) == "MISMATCH"
+  assert "FINAL LOSSES DIFFER" in one_process.markdown(
+      [row], {"device": "cpu", "host": "h", "software": "s", "date": "d"}, quick=True, repeats=3)
+  far[5] = R("gpt", "launched", 2, 4.0, 1.5000002, 4.0)  # now 1e-7 from plain's: as close
+  assert equal(one_process.summarize("gpt", ["train", "gpt"], far, "step")) == "within spread"
+  assert equal(one_process.summarize("gpt", ["train", "gpt"], runs, "step")) == "within spread"
+  one_each = [R("gpt", "plain", 0, 2.0, 1.5, 3.0), R("gpt", "launched", 0, 2.0, 1.6, 3.0)]
+  assert equal(one_process.summarize("gpt", ["train", "gpt"], one_each, "step")) == "MISMATCH"
   runs[0] = R("gpt", "plain", 0, error="exit code 1")
   row = one_process.summarize("gpt", ["train", "gpt"], runs, "step")
   assert row.errors == ["plain round 0: exit code 1"] and len(row.ratios) == 2
