@@ -107,6 +107,15 @@ def test_block_graph_holds_the_valid_edges_with_their_norms():
   assert pad.sum() == (~valid).sum()
   assert (np.asarray(g.src)[pad] == N - 1).all() and (np.asarray(g.dst)[pad] == N - 1).all()
   assert g.num_pairs == E and g.num_edges == E
+  # Pairs: one per distinct (source, relation) of the edges (padding ones included), each
+  # naming its edges' source and relation; the unused ones after them are (N - 1, R - 1).
+  src_, et_, pair = (np.asarray(a) for a in (g.src, g.etype, g.pair))
+  ps, pe = np.asarray(g.pair_src), np.asarray(g.pair_etype)
+  distinct = sorted(set(zip(src_.tolist(), et_.tolist())), key=lambda p: (p[1], p[0]))
+  assert list(zip(ps[:len(distinct)].tolist(), pe[:len(distinct)].tolist())) == distinct
+  np.testing.assert_array_equal(ps[pair], src_)
+  np.testing.assert_array_equal(pe[pair], et_)
+  assert (ps[len(distinct):] == N - 1).all() and (pe[len(distinct):] == R - 1).all()
 
 
 def test_block_graph_with_no_valid_edges_and_bad_arguments():

@@ -74,7 +74,7 @@ def _representative(ids: jax.Array, valid: jax.Array) -> jax.Array:
   group_start = jax.lax.cummax(jnp.where(starts, jnp.arange(m, dtype=jnp.int32), 0))
   # A stable sort keeps equal ids in their original order: a group's first is its smallest
   # position.
-  return jnp.zeros((m,), jnp.int32).at[order].set(order[group_start])
+  return jnp.zeros((m,), jnp.int32).at[order].set(order[group_start], unique_indices=True)
 
 
 def expand(nodes: jax.Array, mask: jax.Array, neighbours: jax.Array, neighbour_mask: jax.Array,
@@ -182,11 +182,15 @@ def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
   starts = jnp.concatenate([jnp.ones((1,), bool), (ps[1:] != ps[:-1]) |
                             (pe[1:] != pe[:-1])]) if e else jnp.zeros((0,), bool)
   pair_sorted = jnp.cumsum(starts.astype(i32)) - 1
-  pair = jnp.zeros((e,), i32).at[pair_edges].set(pair_sorted)
+  pair = jnp.zeros((e,), i32).at[pair_edges].set(pair_sorted, unique_indices=True)  # a permutation
   num_pairs = e  # static: one per edge at most
   used = jnp.arange(num_pairs, dtype=i32) < (pair_sorted[-1] + 1 if e else 0)
-  pair_src = jnp.full((num_pairs,), pad, i32).at[pair_sorted].set(ps)
-  pair_etype = jnp.full((num_pairs,), r - 1, i32).at[pair_sorted].set(pe)
+  # One writer per pair, its first edge: every edge of a pair would write the same value, but
+  # the padding edges are one pair, often most of a block's edges, and a GPU scatter with that
+  # many repeats of one index serializes on it.
+  first = jnp.where(starts, pair_sorted, num_pairs)
+  pair_src = jnp.full((num_pairs,), pad, i32).at[first].set(ps, mode="drop")
+  pair_etype = jnp.full((num_pairs,), r - 1, i32).at[first].set(pe, mode="drop")
   pair_src, pair_etype = jnp.where(used, pair_src, pad), jnp.where(used, pair_etype, r - 1)
   pair_offsets = jnp.searchsorted(pair_sorted, jnp.arange(num_pairs + 1, dtype=i32)).astype(i32)
   pair_rel_offsets = jnp.searchsorted(pair_etype, jnp.arange(r + 1, dtype=i32)).astype(i32)
