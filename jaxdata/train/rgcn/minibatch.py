@@ -20,6 +20,10 @@ model: the checkpoint is a full-graph one (`jaxdata eval` evaluates it on the wh
 The paper's L2 term covers the first layer's parameters; here it covers its dense parameters
 and the rows a step reads (each sampled node once), the lazy counterpart of the full penalty.
 
+Data parallel (`TrainConfig.devices` other than 1, or several processes): as the relational
+trainer of RGAT and HGT, `batch_size` seeds per device (`sharded_steps`); one device of one
+process runs the unsharded step.
+
     from jaxdata.data import load_entities
     from jaxdata.train.rgcn import TrainConfig
     from jaxdata.train.rgcn.minibatch import MinibatchConfig, train
