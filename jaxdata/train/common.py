@@ -18,9 +18,11 @@ from typing import Any, Callable, Iterable, Iterator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.flatten_util import ravel_pytree
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxdata import command
+from jaxdata import command, distributed
 from jaxdata.host import sparse
 
 
@@ -340,3 +342,90 @@ def gather_rows(h: jax.Array) -> jax.Array:
 def first_row(rows: int) -> jax.Array:
   """Inside `sharded_jit`: the first node id this device's part owns."""
   return jax.lax.axis_index(MESH_AXIS) * rows
+
+
+# ----------------------------------------------------------------------------- mini-batches, a mesh
+class ShardedSteps:
+  """Data-parallel mini-batch training over `mesh` (a 1-D `device_mesh`): the steps, the
+  replicated training state and the epoch and accuracy loops of a relational trainer
+  (`jaxdata.train.attention.minibatch`, `jaxdata.train.rgcn.minibatch`).
+
+  `batch_size` seeds per device; a row of seeds (`batch_size` x devices) is split over the
+  mesh, and device d trains on its share with ``fold_in(fold_in(key, i), d)`` (step i), as
+  GraphSAGE's steps do. The trainer gives what one device does, inside `sharded_jit`:
+
+  - ``train_on(model, optimizer, consts, seeds, key) -> (summed loss, correct, count,
+    token)``: samples its share, sums its gradients over the mesh in one all-reduce
+    (`psum_flat`; check_vma is off, so each device's gradients are its own), divides them by
+    the global count of valid seeds (the one-device step's mean), updates `optimizer` and the
+    trainer's tables (`host.sparse` with ``axis_name=MESH_AXIS`` and ``copies=`` the
+    processes); returns the global sums. The token, summed over the mesh here, feeds the next
+    step's counter, so the next step's reads follow every device's writes.
+  - ``correct_of(model, consts, seeds, key) -> (correct, count)`` of its share (summed here).
+
+  `consts` (a pytree of arrays the steps read: device graph, features, labels) is replicated.
+  """
+
+  def __init__(self, model, optimizer, consts, mesh, batch_size: int, train_on: Callable,
+               correct_of: Callable):
+    axis = MESH_AXIS
+    self.mesh, self.batch_size = mesh, batch_size * mesh.devices.size
+    self.replicated = NamedSharding(mesh, P())
+    self.rows_sharding = NamedSharding(mesh, P(None, axis))
+    graphdef, state = nnx.split((model, optimizer))
+    self.model, self.optimizer = model, optimizer
+    self.state = distributed.put(state, self.replicated)
+    self.consts = distributed.put(consts, self.replicated)
+
+    def share(rows, i, key):
+      seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
+      return seeds, jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index(axis))
+
+    def device_step(state, consts, rows, i, key):
+      model, optimizer = nnx.merge(graphdef, state)
+      total, correct, count, token = train_on(model, optimizer, consts, *share(rows, i, key))
+      token = jax.lax.psum(token, axis)  # 0 once every device's writes are done
+      return nnx.state((model, optimizer)), i + 1 + token, (total, correct, count, token)
+
+    def device_eval(state, consts, rows, i, key):
+      model, _ = nnx.merge(graphdef, state)
+      return i + 1, jax.lax.psum(correct_of(model, consts, *share(rows, i, key)), axis)
+
+    data_rows = P(None, axis)
+    self._step = sharded_jit(device_step, mesh, (P(), P(), data_rows, P(), P()),
+                             (P(), P(), (P(), P(), P(), P())))
+    self._eval = sharded_jit(device_eval, mesh, (P(), P(), data_rows, P(), P()),
+                             (P(), (P(), P())))
+
+  def _placed(self, seed_rows: np.ndarray, key):
+    return (distributed.put(seed_rows, self.rows_sharding),
+            distributed.put(np.int32(0), self.replicated), distributed.put(key, self.replicated))
+
+  def epoch(self, seed_rows: np.ndarray, key, on_batch=None) -> dict:
+    """One epoch over `seed_rows` (int32[batches, batch_size x devices], the same in every
+    process); `epoch_record`'s record."""
+    t0 = time.perf_counter()
+    rows, i, key = self._placed(seed_rows, key)
+    sums = []
+    for n in range(len(seed_rows)):
+      self.state, i, metrics = self._step(self.state, self.consts, rows, i, key)
+      sums.append(metrics)
+      if on_batch is not None:
+        on_batch(n + 1, len(seed_rows))
+    return epoch_record(sums, t0)
+
+  def accuracy(self, ids: np.ndarray, key) -> float:
+    """The sampled accuracy on `ids` (global node ids), `batch_size` x devices per step."""
+    seed_rows = seed_batches(ids, self.batch_size)
+    rows, i, key = self._placed(seed_rows, key)
+    outs = []
+    for _ in range(len(seed_rows)):
+      i, out = self._eval(self.state, self.consts, rows, i, key)
+      outs.append(out)
+    correct, count = (sum(int(o[k]) for o in outs) for k in range(2))
+    return correct / count if count else float("nan")
+
+  def finish(self):
+    """Writes the trained state (this process's copy) back into the model and optimizer."""
+    nnx.update((self.model, self.optimizer),
+               jax.tree.map(jnp.asarray, distributed.local_value(self.state)))

@@ -58,7 +58,7 @@ ALL_MODELS = MODELS + ("rgcn",)
 KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
 #: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices, and
-#: `--minibatch` data parallel over them (`minibatch.ShardedSteps`).
+#: `--minibatch` data parallel over them (`minibatch.sharded_steps`).
 MULTI_PROCESS = True
 
 

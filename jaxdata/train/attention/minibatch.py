@@ -41,9 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxdata import distributed
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import HostGraph, HostTable, sparse
 from jaxdata.host.blocks import (budget_fraction, gather_typed, node_types, sample_blocks,
@@ -384,102 +382,42 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
 
 
 
-class ShardedSteps:
-  """Data-parallel mini-batch training over `mesh` (a 1-D `common.device_mesh`): the steps,
-  the replicated training state and the epoch and accuracy loops.
+def sharded_steps(data: HostData, labels: np.ndarray, fanouts: Sequence[int], model, optimizer,
+                  dense, table_opt, table_states, mesh, batch_size: int) -> common.ShardedSteps:
+  """Data-parallel mini-batch training over `mesh` (`common.ShardedSteps`): `batch_size` seeds
+  per device, each device sampling its share; gradients of the summed cross entropy summed over
+  the mesh in one all-reduce and divided by the global count of valid seeds (the one-device
+  step's mean). Each table update runs with ``axis_name`` and ``copies=jax.process_count()``
+  (`host.sparse`): every process's copy receives every row."""
+  axis = common.MESH_AXIS
+  fanouts = tuple(int(f) for f in fanouts)
+  copies = jax.process_count()
 
-  `batch_size` seeds per device; a row of seeds (`batch_size` x devices) is split over the
-  mesh, device d samples its share with ``fold_in(fold_in(key, i), d)`` (step i), as GraphSAGE's
-  steps do. Gradients are of the summed cross entropy, summed over the mesh in one all-reduce
-  (`common.psum_flat`, under `sharded_jit`'s check_vma=False: each device's gradients are its
-  own) and divided by the global count of valid seeds: the one-device step's mean. Each table
-  update runs with ``axis_name`` and ``copies=jax.process_count()`` (`host.sparse`), and its
-  token, summed over the mesh, feeds the next step's counter, so the next step's reads follow
-  every device's writes.
-  """
+  def batch_of(consts, seeds, key):
+    blocks, xs = sample(data, consts, seeds, fanouts, key)
+    return blocks, xs, consts["labels"][jnp.maximum(seeds, 0)]
 
-  def __init__(self, data: HostData, labels: np.ndarray, fanouts: Sequence[int], model,
-               optimizer, dense, table_opt, table_states, mesh, batch_size: int):
-    axis = common.MESH_AXIS
-    self.mesh, self.batch_size = mesh, batch_size * mesh.devices.size
-    self.replicated = NamedSharding(mesh, P())
-    self.rows_sharding = NamedSharding(mesh, P(None, axis))
-    graphdef, state = nnx.split((model, optimizer))
-    self.model, self.optimizer = model, optimizer
-    self.state = distributed.put(state, self.replicated)
-    self.consts = distributed.put(dict(data.consts, labels=np.asarray(labels, np.int32)),
-                                  self.replicated)
-    fanouts = tuple(int(f) for f in fanouts)
-    copies = jax.process_count()
+  def train_on(model, optimizer, consts, seeds, key):
+    blocks, xs, y = batch_of(consts, seeds, key)
+    loss_fn = lambda model, learned: summed_loss(  # noqa: E731
+        model, data, blocks, xs, learned, seeds, y)
+    grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
+    (total, (correct, count)), (grads, row_grads) = grad_fn(
+        model, [xs[t] for t in data.embedded])
+    total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
+    scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
+    optimizer.update(model, jax.tree.map(scale, grads))
+    token = update_tables(data, table_opt, table_states, blocks, map(scale, row_grads),
+                          axis_name=axis, copies=copies)
+    return total, correct, count, token
 
-    def batch_of(consts, rows, i, key):
-      seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
-      key = jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index(axis))
-      blocks, xs = sample(data, consts, seeds, fanouts, key)
-      return seeds, blocks, xs, consts["labels"][jnp.maximum(seeds, 0)]
+  def correct_of(model, consts, seeds, key):
+    blocks, xs, y = batch_of(consts, seeds, key)
+    logits, valid = logits_of(model, data, blocks, xs, seeds)
+    return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
 
-    def device_step(state, consts, rows, i, key):
-      model, optimizer = nnx.merge(graphdef, state)
-      seeds, blocks, xs, y = batch_of(consts, rows, i, key)
-
-      loss_fn = lambda model, learned: summed_loss(  # noqa: E731
-          model, data, blocks, xs, learned, seeds, y)
-      grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
-      (total, (correct, count)), (grads, row_grads) = grad_fn(
-          model, [xs[t] for t in data.embedded])
-      total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
-      scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
-      optimizer.update(model, jax.tree.map(scale, grads))
-      token = update_tables(data, table_opt, table_states, blocks, map(scale, row_grads),
-                            axis_name=axis, copies=copies)
-      token = jax.lax.psum(token, axis)  # 0 once every device's writes are done
-      return nnx.state((model, optimizer)), i + 1 + token, (total, correct, count, token)
-
-    def device_eval(state, consts, rows, i, key):
-      model, _ = nnx.merge(graphdef, state)
-      seeds, blocks, xs, y = batch_of(consts, rows, i, key)
-      logits, valid = logits_of(model, data, blocks, xs, seeds)
-      correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
-      return i + 1, jax.lax.psum((correct, valid.sum()), axis)
-
-    data_rows = P(None, axis)
-    self._step = common.sharded_jit(device_step, mesh, (P(), P(), data_rows, P(), P()),
-                                    (P(), P(), (P(), P(), P(), P())))
-    self._eval = common.sharded_jit(device_eval, mesh, (P(), P(), data_rows, P(), P()),
-                                    (P(), (P(), P())))
-
-  def _placed(self, seed_rows: np.ndarray, key):
-    return (distributed.put(seed_rows, self.rows_sharding),
-            distributed.put(np.int32(0), self.replicated), distributed.put(key, self.replicated))
-
-  def epoch(self, seed_rows: np.ndarray, key, on_batch=None) -> dict:
-    """One epoch over `seed_rows` (int32[batches, batch_size x devices], the same in every
-    process); `common.epoch_record`'s record."""
-    t0 = time.perf_counter()
-    rows, i, key = self._placed(seed_rows, key)
-    sums = []
-    for n in range(len(seed_rows)):
-      self.state, i, metrics = self._step(self.state, self.consts, rows, i, key)
-      sums.append(metrics)
-      if on_batch is not None:
-        on_batch(n + 1, len(seed_rows))
-    return common.epoch_record(sums, t0)
-
-  def accuracy(self, ids: np.ndarray, key) -> float:
-    """The sampled accuracy on `ids` (global node ids), `batch_size` x devices per step."""
-    seed_rows = common.seed_batches(ids, self.batch_size)
-    rows, i, key = self._placed(seed_rows, key)
-    outs = []
-    for _ in range(len(seed_rows)):
-      i, out = self._eval(self.state, self.consts, rows, i, key)
-      outs.append(out)
-    correct, count = (sum(int(o[k]) for o in outs) for k in range(2))
-    return correct / count if count else float("nan")
-
-  def finish(self):
-    """Writes the trained state (this process's copy) back into the model and optimizer."""
-    nnx.update((self.model, self.optimizer),
-               jax.tree.map(jnp.asarray, distributed.local_value(self.state)))
+  consts = dict(data.consts, labels=np.asarray(labels, np.int32))
+  return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
 
 
 def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
@@ -506,7 +444,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   changes memory and time, not the numbers; it is kept as `TrainResult.plan`.
 
   Data parallel when `config.devices` is not 1 or the job has several processes
-  (`ShardedSteps`): `minibatch.batch_size` seeds per device, every device of every process
+  (`sharded_steps`): `minibatch.batch_size` seeds per device, every device of every process
   (`config.devices` per process; None: all); no `prefetch` and no `plan` there. Every process
   evaluates on its own copy of the trained model.
   """
@@ -514,7 +452,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     raise ValueError(f"train: {len(minibatch.fanouts)} fanouts for {config.layers} layers "
                      f"(give one fanout per layer)")
   mesh = None
-  if config.devices != 1 or jax.process_count() > 1:  # data parallel (ShardedSteps)
+  if config.devices != 1 or jax.process_count() > 1:  # data parallel (sharded_steps)
     if minibatch.prefetch:
       raise ValueError("train: prefetch runs on one device of one process (devices=1)")
     if plan is not None:
@@ -559,7 +497,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
         raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
                          f"{model.stack_layers} planned layers")
 
-    sharded = None if mesh is None else ShardedSteps(
+    sharded = None if mesh is None else sharded_steps(
         data, dataset.labels, fanouts, model, optimizer, dense, table_opt, table_states, mesh,
         minibatch.batch_size)
     steps = make_steps(data, labels, fanouts, dense, table_opt, plan=plan)

@@ -53,7 +53,7 @@ class TrainConfig:
   seed: int = 0
   dtype: str = "float32"   # or "bfloat16" (parameters stay float32)
   val_fraction: float = 0.0  # training nodes held out (seeded) to report validation accuracy
-  devices: int | None = 1  # per process; None: every local device (see rgcn.partitioned)
+  devices: int | None = 1  # per process; None: every local device (rgcn.partitioned; minibatch)
 
   def __post_init__(self):
     if self.epochs < 1 or self.hidden < 1:
@@ -85,7 +85,8 @@ PAPER_SETUP = {"aifb": dict(num_bases=None, l2=0.0, val_fraction=0.0, self_loop=
 #: training nodes is held out to report validation accuracy every epoch.
 SYNTHETIC_SETUP = dict(num_bases=8, l2=5e-4, val_fraction=0.2)
 #: `jaxdata train rgcn` runs as one of several processes (`jaxdata.distributed`): full-graph
-#: training with the graph partitioned by destinations over every process's devices.
+#: training with the graph partitioned by destinations over every process's devices, or
+#: `--minibatch` data parallel over them (`minibatch.sharded_steps`).
 MULTI_PROCESS = True
 
 
@@ -312,9 +313,10 @@ def add_arguments(parser):
   parser.add_argument("--relations", type=command.positive_int, default=None,
                       help="synthetic graph: relations (default: 50)")
   parser.add_argument("--devices", type=command.natural_int, default=1,
-                      help="full-graph training over this many local devices (0: all), the "
-                           "graph partitioned by destination nodes; with several processes the "
-                           "mesh spans every process's devices (jaxdata.train.rgcn.partitioned)")
+                      help="train over this many local devices (0: all); with several processes "
+                           "the mesh spans every process's devices. Full graph: the graph "
+                           "partitioned by destination nodes (jaxdata.train.rgcn.partitioned); "
+                           "--minibatch: data parallel, --batch-size seeds per device")
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, the graph, features and (featureless "
                            "data) the first layer's node rows in host memory "
@@ -417,10 +419,6 @@ def main(args) -> int:
     self_loop = "separate"  # no bases: the paper's identity relation has a full weight, W_0
   minibatch = None
   devices = None if args.devices == 0 else args.devices
-  if args.minibatch and (devices != 1 or jax.process_count() > 1):
-    raise command.UsageError("argument --minibatch: mini-batch training runs on one device of "
-                             "one process; --devices and several processes are for full-graph "
-                             "training")
   if args.minibatch:
     from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
     if args.fanouts is not None and len(args.fanouts) != 2:
@@ -438,7 +436,8 @@ def main(args) -> int:
                 f"{len(dataset.train_idx)} train / {len(dataset.test_idx)} test, "
                 + ("featureless" if dataset.features is None else
                    f"{dataset.features.shape[1]} features "
-                   + ("in a HostTable" if mesh_size == 1 else "sharded by rows"))
+                   + ("in a HostTable" if mesh_size == 1 or args.minibatch
+                      else "sharded by rows"))
                 + f" | bases={num_bases} l2={l2:g} self-loop={self_loop} "
                 f"bias={'yes' if bias else 'no'} val={val_fraction:g} "
                 f"on {jax.devices()[0].platform} x {mesh_size}")

@@ -20,6 +20,10 @@ model: the checkpoint is a full-graph one (`jaxdata eval` evaluates it on the wh
 The paper's L2 term covers the first layer's parameters; here it covers its dense parameters
 and the rows a step reads (each sampled node once), the lazy counterpart of the full penalty.
 
+Data parallel (`TrainConfig.devices` other than 1, or several processes): as the relational
+trainer of RGAT and HGT, `batch_size` seeds per device (`sharded_steps`); one device of one
+process runs the unsharded step.
+
     from jaxdata.data import load_entities
     from jaxdata.train.rgcn import TrainConfig
     from jaxdata.train.rgcn.minibatch import MinibatchConfig, train
@@ -124,25 +128,99 @@ def forward(model: EntityClassifier, data: EntityData, consts, seeds, fanouts, k
   return blocks, inputs, ids
 
 
-def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float):
-  """(mean cross entropy of the valid seeds + the L2 term, (correct, count))."""
+def summed_loss(model: EntityClassifier, blocks, inputs, seeds, labels):
+  """(summed cross entropy of the valid seeds, (correct, count)): no L2 term."""
   n = seeds.shape[0]
   logits = model.on_blocks(blocks, inputs)[:n]
   valid = blocks.masks[0][:n]
   y = labels[jnp.maximum(seeds, 0)]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-  count = valid.sum()
-  loss = jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(count, 1)
-  if l2:
-    featureless = model.conv1.featureless
-    dense = sum(jnp.sum(p[...].astype(jnp.float32)**2)
-                for path, p in nnx.iter_graph(model.conv1)
-                if isinstance(p, nnx.Param)
-                and not (featureless and _is_row_param(("conv1",) + path, p)))
-    rows = jnp.sum(inputs.astype(jnp.float32)**2) if featureless else 0.0
-    loss = loss + l2 * (dense + rows)
   correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
+  return jnp.sum(jnp.where(valid, ce, 0)), (correct, valid.sum())
+
+
+def dense_penalty(model: EntityClassifier) -> jax.Array:
+  """The L2 term's dense part: the first layer's squared parameters, but for the node rows of
+  a featureless model (the rows a step reads count instead, `batch_loss`)."""
+  featureless = model.conv1.featureless
+  return sum(jnp.sum(p[...].astype(jnp.float32)**2)
+             for path, p in nnx.iter_graph(model.conv1)
+             if isinstance(p, nnx.Param)
+             and not (featureless and _is_row_param(("conv1",) + path, p)))
+
+
+def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float):
+  """(mean cross entropy of the valid seeds + the L2 term, (correct, count))."""
+  total, (correct, count) = summed_loss(model, blocks, inputs, seeds, labels)
+  loss = total / jnp.maximum(count, 1)
+  if l2:
+    rows = jnp.sum(inputs.astype(jnp.float32)**2) if model.conv1.featureless else 0.0
+    loss = loss + l2 * (dense_penalty(model) + rows)
   return loss, (correct, count)
+
+
+def first_reads(ids: jax.Array, axis: str) -> jax.Array:
+  """Inside `sharded_jit`: bool[slots], True where this device's slot holds a row that no
+  device before it along `axis` holds (each device's `ids` are unique), so that the rows of
+  the global batch each count once in the L2 term, as on one device."""
+  every = jax.lax.all_gather(ids, axis, tiled=True)
+  order = jnp.argsort(every, stable=True)  # device by device within equal ids
+  ranked = every[order]
+  first = jnp.concatenate([jnp.ones(1, bool), ranked[1:] != ranked[:-1]])
+  first = jnp.zeros_like(first).at[order].set(first)
+  return jax.lax.dynamic_slice_in_dim(first, jax.lax.axis_index(axis) * ids.shape[0],
+                                      ids.shape[0])
+
+
+def sharded_steps(data: EntityData, labels: jax.Array, fanouts, model, optimizer, dense,
+                  table_opt, opt_state, l2: float, mesh, batch_size: int
+                  ) -> common.ShardedSteps:
+  """Data-parallel mini-batch training over `mesh` (`common.ShardedSteps`): `batch_size` seeds
+  per device, each device sampling its share with its own key. The summed cross entropy's
+  gradients are summed over the mesh in one all-reduce (`common.psum_flat`) and divided by the
+  global count of valid seeds; the L2 term's gradient is added once: its dense part on every
+  device alike, its node rows' part where a row is first read (`first_reads`). The node rows'
+  update runs with ``axis_name`` and ``copies=jax.process_count()`` (`host.sparse`): every
+  process's copy of the table receives every row."""
+  axis = common.MESH_AXIS
+  copies = jax.process_count()
+
+  def penalty(model, inputs, first):
+    rows = jnp.sum(jnp.where(first[:, None], inputs.astype(jnp.float32)**2, 0))
+    return l2 * (dense_penalty(model) + rows), l2 * rows
+
+  def train_on(model, optimizer, consts, seeds, key):
+    blocks, inputs, ids = forward(model, data, consts, seeds, fanouts, key)
+    grad_fn = nnx.value_and_grad(summed_loss, argnums=(nnx.DiffState(0, dense), 2),
+                                 has_aux=True)
+    (total, (correct, count)), (grads, row_grads) = grad_fn(model, blocks, inputs, seeds,
+                                                            consts["labels"])
+    dense_l2 = rows_l2 = jnp.float32(0)
+    if l2:
+      first = (first_reads(ids, axis) if data.rows is not None
+               else jnp.zeros(ids.shape, bool))  # features: no rows in the term
+      (pen, rows_l2), (pen_grads, pen_rows) = nnx.value_and_grad(
+          penalty, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)(model, inputs, first)
+      dense_l2 = pen - rows_l2  # the same on every device
+    total, rows_l2, correct, count, grads = common.psum_flat(
+        (total, rows_l2, correct, count, grads), axis)
+    n = jnp.maximum(count, 1)
+    grads, row_grads = jax.tree.map(lambda g: g / n, grads), row_grads / n
+    if l2:
+      grads, row_grads = jax.tree.map(jnp.add, grads, pen_grads), row_grads + pen_rows
+    optimizer.update(model, grads)
+    token = jnp.int32(0)
+    if data.rows is not None:
+      token = table_opt.update(data.rows, opt_state, ids, row_grads, axis_name=axis,
+                               copies=copies)
+    return (total / n + dense_l2 + rows_l2) * count, correct, count, token
+
+  def correct_of(model, consts, seeds, key):
+    blocks, inputs, _ = forward(model, data, consts, seeds, fanouts, key)
+    return summed_loss(model, blocks, inputs, seeds, consts["labels"])[1]
+
+  consts = dict(data.consts, labels=labels)
+  return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
 
 
 def train(dataset: EntityDataset, config: TrainConfig,
@@ -150,7 +228,15 @@ def train(dataset: EntityDataset, config: TrainConfig,
           on_epoch: Callable[[dict], None] | None = None,
           on_batch: Callable[[int, int], None] | None = None) -> TrainResult:
   """Trains the 2-layer RGCN on mini-batches of `dataset`'s training nodes; the final test
-  accuracy is measured on the whole graph."""
+  accuracy is measured on the whole graph.
+
+  Data parallel when `config.devices` is not 1 or the job has several processes
+  (`sharded_steps`): `minibatch.batch_size` seeds per device, every device of every process
+  (`config.devices` per process; None: all). One device of one process runs the steps below.
+  """
+  mesh = None
+  if config.devices != 1 or jax.process_count() > 1:
+    mesh = common.device_mesh(config.devices, what="train")
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
   dense = dense_filter(model)
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
@@ -158,11 +244,14 @@ def train(dataset: EntityDataset, config: TrainConfig,
   fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
   labels = np.zeros(dataset.graph.num_nodes, np.int32)
   labels[dataset.train_idx] = dataset.train_y
-  labels = jnp.asarray(labels)
+  sharded_labels, labels = labels, jnp.asarray(labels)
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   start = time.perf_counter()
   with EntityData(dataset, model, minibatch.pipeline) as data:
     opt_state = table_opt.init(data.rows) if data.rows is not None else ()
+    sharded = None if mesh is None else sharded_steps(
+        data, sharded_labels, fanouts, model, optimizer, dense, table_opt, opt_state,
+        config.l2, mesh, minibatch.batch_size)
 
     @nnx.jit
     def step(model, optimizer, opt_state, consts, seeds, key):
@@ -188,23 +277,34 @@ def train(dataset: EntityDataset, config: TrainConfig,
     history = []
     try:
       for epoch in range(1, config.epochs + 1):
-        rows = common.seed_batches(dataset.train_idx[fit], minibatch.batch_size, rng,
-                                   minibatch.max_batches)
-        record = dict(epoch=epoch, **common.run_epoch(
-            lambda s, k: step(model, optimizer, opt_state, data.consts, s, k), rows,
-            jax.random.fold_in(key, epoch), on_batch))
+        rows = common.seed_batches(dataset.train_idx[fit],
+                                   minibatch.batch_size * (1 if mesh is None else mesh.size),
+                                   rng, minibatch.max_batches)
+        epoch_key = jax.random.fold_in(key, epoch)
+        if sharded is not None:
+          record = dict(epoch=epoch, **sharded.epoch(rows, epoch_key, on_batch))
+        else:
+          record = dict(epoch=epoch, **common.run_epoch(
+              lambda s, k: step(model, optimizer, opt_state, data.consts, s, k), rows,
+              epoch_key, on_batch))
         if len(val):
-          record["val_accuracy"] = common.sampled_accuracy(
-              lambda s, k: predict(model, data.consts, s, k), dataset.train_idx[val],
-              minibatch.batch_size, jax.random.fold_in(val_key, epoch))
+          val_ids, val_key_e = dataset.train_idx[val], jax.random.fold_in(val_key, epoch)
+          record["val_accuracy"] = (
+              sharded.accuracy(val_ids, val_key_e) if sharded is not None else
+              common.sampled_accuracy(lambda s, k: predict(model, data.consts, s, k), val_ids,
+                                      minibatch.batch_size, val_key_e))
         history.append(record)
         if on_epoch is not None:
           on_epoch(record)
+      if sharded is not None:
+        sharded.finish()
+      if data.rows is not None:  # several processes: every copy received every row update
+        common.check_copies_agree(data.rows.as_numpy(), "node rows")
     finally:
       if data.rows is not None:  # the trained rows back into the model: a full-graph checkpoint
         model.conv1.set_node_rows(jnp.asarray(data.rows.as_numpy()))
       sparse.close(opt_state)
   test_accuracy = evaluate(model, dataset)["test_accuracy"]
-  # No optimizer state in the result: the node rows' moments lived in host tables.
+  # Featureless: no optimizer state in the result (the node rows' moments lived in a host table).
   return TrainResult(model, history, {"test_accuracy": test_accuracy},
-                     time.perf_counter() - start, None)
+                     time.perf_counter() - start, None if model.conv1.featureless else optimizer)
