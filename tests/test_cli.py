@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tarfile
 
+import jax
 import pytest
 
 from jaxdata import cli, command
@@ -93,6 +94,13 @@ MISTAKES = [
     (["bench", "rgnn", "--formulations", "jaxdata"], "--formulations"),
     (["rok", "--write", "{tmp}/curve.png"], "--write"),
     (["train", "nosuchmodel"], "nosuchmodel"),
+    # more devices than this process sees, in every trainer (a traceback until session 14)
+    (["train", "rgcn", "--devices", "{many}"], "--devices"),
+    (["train", "rgcn", "--minibatch", "--devices", "{many}"], "--devices"),
+    (["train", "rgat", "--devices", "{many}"], "--devices"),
+    (["train", "hgt", "--scale", "0.001", "--minibatch", "--devices", "{many}"], "--devices"),
+    (["train", "sage", "--devices", "{many}"], "--devices"),
+    (["train", "gpt", "--devices", "{many}"], "--devices"),
 ]
 
 
@@ -101,7 +109,8 @@ def test_a_mistake_is_one_line_naming_the_flag_with_exit_code_2(argv, flag, tmp_
   garbage = tmp_path / "garbage.tgz"
   garbage.write_bytes(gzip.compress(b"not a tar archive"))
   wrong = _archive(tmp_path / "wrong.tgz", {"readme.txt": b"hello"})
-  argv = [a.format(tmp=tmp_path, garbage=garbage, wrong_archive=wrong) for a in argv]
+  argv = [a.format(tmp=tmp_path, garbage=garbage, wrong_archive=wrong,
+                   many=len(jax.local_devices()) + 1) for a in argv]
   code, _, err = _run(argv, capsys)
   assert code == 2
   lines = err.strip().splitlines()

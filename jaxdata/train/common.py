@@ -286,6 +286,16 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
 MESH_AXIS = "data"
 
 
+def devices_flag(value: int) -> int | None:
+  """A trainer's `--devices` (0: all, as None), checked before anything trains: more devices than
+  this process sees is a one-line usage error naming the flag."""
+  local = len(jax.local_devices())
+  if value > local:
+    raise command.UsageError(f"argument --devices: {value} devices asked for, but {local} "
+                             f"{'is' if local == 1 else 'are'} visible to this process")
+  return None if value == 0 else value
+
+
 def device_mesh(devices: int | None, platform: str | None = None, *,
                 what: str = "full-graph training"):
   """The 1-D mesh of `devices` devices (None: all) of `platform` in each process, process by

@@ -38,7 +38,7 @@ from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.train.common import (TrainResult, add_out_argument, device_mesh, progress,
-                                  psum_flat, say_saved, sharded_jit)
+                                  psum_flat, say_saved, sharded_jit, devices_flag)
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -348,7 +348,7 @@ def main(args) -> int:
                             steps=args.steps, learning_rate=args.lr, seed=args.seed,
                             dtype=args.dtype, log_every=args.log_every,
                             loss_chunk=args.loss_chunk,
-                            devices=None if args.devices == 0 else args.devices)
+                            devices=devices_flag(args.devices))
     ndev = _mesh(config).devices.size
     if config.batch % ndev:
       raise ValueError(f"argument --batch-size: {config.batch} sequences do not split evenly "

@@ -51,7 +51,8 @@ from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (TrainResult, add_out_argument, check_copies_agree, prefetched,
-                                  progress, say_saved, psum_flat, seed_batches, device_mesh, sharded_jit)
+                                  progress, say_saved, psum_flat, seed_batches, device_mesh,
+                                  sharded_jit, devices_flag)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
@@ -573,7 +574,7 @@ def main(args) -> int:
     config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
                         batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
                         epochs=args.epochs, seed=args.seed, dtype=args.dtype,
-                        devices=None if args.devices == 0 else args.devices, cache=args.cache,
+                        devices=devices_flag(args.devices), cache=args.cache,
                         embed_dim=args.embed_dim, table_optimizer=args.table_optimizer)
   except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
     raise command.UsageError(str(e)) from None

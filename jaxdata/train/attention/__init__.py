@@ -47,7 +47,8 @@ from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
 from jaxdata.train.common import (DeviceBudgetError, TrainResult, accuracy,
                                   add_minibatch_arguments,
-                                  add_out_argument, minibatch_options, progress, say_saved)
+                                  add_out_argument, minibatch_options, progress, say_saved,
+                                  devices_flag)
 
 MODELS = ("rgat", "hgt")
 #: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
@@ -711,7 +712,7 @@ def main(args) -> int:
 
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
-  devices = None if args.devices == 0 else args.devices
+  devices = devices_flag(args.devices)
   one_device = devices == 1 and jax.process_count() == 1
   if not one_device and args.embed and not args.minibatch:
     raise command.UsageError("argument --embed: full-graph training runs on one device of one "

@@ -38,7 +38,8 @@ from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
 from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
-                                  add_out_argument, minibatch_options, progress, say_saved)
+                                  add_out_argument, minibatch_options, progress, say_saved,
+                                  devices_flag)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,7 +419,7 @@ def main(args) -> int:
                                "needs --bases of at least 1")
     self_loop = "separate"  # no bases: the paper's identity relation has a full weight, W_0
   minibatch = None
-  devices = None if args.devices == 0 else args.devices
+  devices = devices_flag(args.devices)
   if args.minibatch:
     from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
     if args.fanouts is not None and len(args.fanouts) != 2:
