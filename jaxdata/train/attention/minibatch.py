@@ -178,6 +178,11 @@ def logits_of(model, data: HostData, blocks, xs, seeds, plan=None):
   return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
 
 
+def hits(logits: jax.Array, valid: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(correct, count) over the valid seeds: what every step and evaluation reports."""
+  return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
+
+
 def summed_loss(model, data: HostData, blocks, xs, learned, seeds, y, plan=None):
   """The summed cross entropy of the valid seeds against labels `y`, and (correct, valid
   count): the model on `blocks` with input rows `xs`, the embedded types' rows replaced by
@@ -187,8 +192,7 @@ def summed_loss(model, data: HostData, blocks, xs, learned, seeds, y, plan=None)
     inputs[t] = x
   logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-  correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
-  return jnp.sum(jnp.where(valid, ce, 0)), (correct, valid.sum())
+  return jnp.sum(jnp.where(valid, ce, 0)), hits(logits, valid, y)
 
 
 def update_tables(data: HostData, table_opt, table_states, blocks, row_grads,
@@ -413,8 +417,7 @@ def sharded_steps(data: HostData, labels: np.ndarray, fanouts: Sequence[int], mo
 
   def correct_of(model, consts, seeds, key):
     blocks, xs, y = batch_of(consts, seeds, key)
-    logits, valid = logits_of(model, data, blocks, xs, seeds)
-    return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
+    return hits(*logits_of(model, data, blocks, xs, seeds), y)
 
   consts = dict(data.consts, labels=np.asarray(labels, np.int32))
   return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
@@ -504,9 +507,8 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
 
     @nnx.jit
     def predict(model, consts, seeds, key):
-      logits, valid = forward(model, data, consts, seeds, fanouts, key)
-      y = labels[jnp.maximum(seeds, 0)]
-      return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
+      return hits(*forward(model, data, consts, seeds, fanouts, key),
+                  labels[jnp.maximum(seeds, 0)])
 
     def accuracy(ids, key) -> float:
       if sharded is not None:

@@ -242,15 +242,15 @@ def train(dataset: EntityDataset, config: TrainConfig,
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
-  labels = np.zeros(dataset.graph.num_nodes, np.int32)
-  labels[dataset.train_idx] = dataset.train_y
-  sharded_labels, labels = labels, jnp.asarray(labels)
+  host_labels = np.zeros(dataset.graph.num_nodes, np.int32)  # sharded_steps places its own
+  host_labels[dataset.train_idx] = dataset.train_y
+  labels = jnp.asarray(host_labels)
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   start = time.perf_counter()
   with EntityData(dataset, model, minibatch.pipeline) as data:
     opt_state = table_opt.init(data.rows) if data.rows is not None else ()
     sharded = None if mesh is None else sharded_steps(
-        data, sharded_labels, fanouts, model, optimizer, dense, table_opt, opt_state,
+        data, host_labels, fanouts, model, optimizer, dense, table_opt, opt_state,
         config.l2, mesh, minibatch.batch_size)
 
     @nnx.jit
