@@ -22,13 +22,17 @@ from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import rgcn as rgcn_ref
 
 
-def main(model: str, graph: str, dim: int) -> None:
+def main(model: str, graph: str, dim: int, precision: str = "highest",
+         dtype: str = "float32") -> None:
+  """`precision` is the layer's matmul precision and `dtype` that of x and the weights (the
+  tensor-core kernels run only with JAXDATA_HECTOR_TENSOR_CORES=1)."""
   data_dir = os.environ.get("JAXDATA_DATA_DIR")
   device = jax.devices()[0]
+  cast = lambda tree: jax.tree.map(lambda a: a.astype(dtype), tree)  # noqa: E731
   if model == "rgcn":
     g, why = rgnn.load_graph(graph, data_dir=data_dir, quick=False)
     assert g is not None, why
-    form = peers.jaxdata_formulation(g.hetero)
+    form = peers.jaxdata_formulation(g.hetero, precision=precision)
     x, w, ct = jax.device_put(rgnn.case_arrays(g, dim), device)
   else:
     case, why = rgnn_attention.load_case(model, graph, data_dir=data_dir, quick=False)
@@ -36,9 +40,10 @@ def main(model: str, graph: str, dim: int) -> None:
     arrays = rgnn_attention.graph_arrays(case)
     x, w, ct = jax.device_put(rgnn_attention.case_arrays(model, case, dim, 4), device)
     if model == "rgat":
-      form = rgnn_attention.rgat_jaxdata_formulation(arrays, None)
+      form = rgnn_attention.rgat_jaxdata_formulation(arrays, None, precision=precision)
     else:
-      form = rgnn_attention.hgt_jaxdata_formulation(arrays, None)
+      form = rgnn_attention.hgt_jaxdata_formulation(arrays, None, precision=precision)
+  x, w = cast(x), cast(w)
   compiled = peers.compile_step(form, x, w, ct)
   for _ in range(3):
     jax.block_until_ready(compiled.run())
@@ -52,7 +57,7 @@ def main(model: str, graph: str, dim: int) -> None:
   jax.block_until_ready(compiled.run())
   if cuda is not None:
     cuda.cuProfilerStop()
-  print(f"profiled one step: {model} {graph} dim {dim}", flush=True)
+  print(f"profiled one step: {model} {graph} dim {dim} {precision} {dtype}", flush=True)
 
 
 def _print_plans() -> None:
@@ -116,4 +121,4 @@ if __name__ == "__main__":
   elif sys.argv[1] == "--time":
     latency_vs_throughput(sys.argv[2], sys.argv[3])
   else:
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
