@@ -111,7 +111,9 @@ def expand(nodes: jax.Array, mask: jax.Array, neighbours: jax.Array, neighbour_m
   nodes1 = jnp.full((size,), -1, jnp.int32).at[:c].set(jnp.where(mask, nodes, -1))
   nodes1 = nodes1.at[jnp.where(new, slot, size)].set(cand, mode="drop")
   src = jnp.where(edge_valid, local[c:], 0)
-  dst = jnp.repeat(jnp.arange(c, dtype=jnp.int32), f, total_repeat_length=c * f)
+  # an iota, not jnp.repeat of an arange: XLA constant-folds the repeat's gather, which at a
+  # full fanout (7.9M slots) took 122 s of compile time on the H200 (.ci/probe_full_fanout.py)
+  dst = jax.lax.broadcasted_iota(jnp.int32, (c, f), 0).reshape(-1)
   etype = jnp.where(edge_valid, neighbour_etype.reshape(-1).astype(jnp.int32), 0)
   return nodes1, nodes1 >= 0, (src, dst, etype, edge_valid)
 
@@ -169,10 +171,16 @@ def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
   # Norm: runs of equal (relation, destination) are contiguous in this order.
   ends = jnp.concatenate([jnp.ones((1,), bool), (etype[1:] != etype[:-1]) |
                           (dst[1:] != dst[:-1])]) if e else jnp.zeros((0,), bool)
-  run = jnp.cumsum(ends.astype(i32)) - 1
   if norm == "mean":
-    count = jax.ops.segment_sum(valid.astype(jnp.float32), run, num_segments=e)
-    edge_norm = jnp.where(valid, 1.0 / jnp.maximum(count[run], 1.0), 0.0)
+    # A run's length from its ends (scans), not a segment_sum: the padding edges are one run,
+    # often most of a block's edges, and a scatter-add of millions of them into one element
+    # serializes on a GPU. A run is all valid or all padding (no valid edge touches node N - 1).
+    pos = jnp.arange(e, dtype=i32)
+    last = jnp.concatenate([ends[1:], jnp.ones((min(e, 1),), bool)])
+    first_of_run = jax.lax.cummax(jnp.where(ends, pos, 0))
+    last_of_run = jax.lax.cummin(jnp.where(last, pos, e), reverse=True)
+    count = (last_of_run - first_of_run + 1).astype(jnp.float32)
+    edge_norm = jnp.where(valid, 1.0 / count, 0.0)
   else:
     edge_norm = valid.astype(jnp.float32)
 

@@ -129,8 +129,7 @@ class Blocks:
     return jraph.GraphsTuple(
         nodes=nodes, edges=edges,
         senders=n_dst + jnp.arange(n_src, dtype=jnp.int32),
-        receivers=jnp.repeat(jnp.arange(n_dst, dtype=jnp.int32), self.fanouts[hop],
-                             total_repeat_length=n_src),
+        receivers=jax.lax.broadcasted_iota(jnp.int32, (n_dst, self.fanouts[hop]), 0).reshape(-1),
         globals=None, n_node=jnp.array([n_dst + n_src]), n_edge=jnp.array([n_src]))
 
 
