@@ -55,9 +55,25 @@ def math(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
     slots, scaled = (k.left.slot, k.right.slot), bool(k.scales)
   else:
     return "fma"
+  if not _chunkable(k, dtypes):
+    return "fma"
   if not scaled and all(dtypes[s] == "bfloat16" for s in slots):
     return "bf16"
   return "fma" if precision == "highest" else "tf32"
+
+
+def _chunkable(k, dtypes: tuple[str, ...]) -> bool:
+  """Whether every operand row of GEMM or weight-gradient `k` can be copied to shared memory in
+  pieces of 4 bytes or more (cp.async's smallest): its extent (the features one row gives) and
+  its stride (its row width) are whole multiples of 4 bytes (`chunk` in templates/mma.cuh)."""
+  size = lambda slot: 2 if dtypes[slot] == "bfloat16" else 4  # noqa: E731
+  if isinstance(k, Gemm):
+    rows = [(k.rows.slot, k.k, max(k.rows.width, 1)),
+            (k.weight, k.k if k.transpose else k.n, k.k if k.transpose else k.n)]
+  else:
+    rows = [(k.left.slot, k.k, max(k.left.width, 1)), (k.right.slot, k.n, max(k.right.width, 1))]
+  return all(extent * size(s) % 4 == 0 and stride * size(s) % 4 == 0
+             for s, extent, stride in rows)
 
 
 def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:

@@ -26,24 +26,61 @@
 #error "jaxdata.hector: tensor-core kernels need compute capability 8.0 or newer"
 #endif
 
-// float32 operands through TF32: shared memory holds TF32 bit patterns (cvt.rna: rounded to
-// nearest, ties away from zero, as cuBLAS rounds). K: an mma's depth; BK: a block's k-step;
-// KPAD, XPAD: the padding, in elements, of a k-major row (BK + 4 words) and of any other row
-// (x + 8 words).
-struct MmaTF32 {
-  typedef unsigned Elem;
-  enum { K = 8, BK = 16, KPAD = 4, XPAD = 8 };
-};
-// bfloat16 operands: shared memory holds the raw bfloat16 bits
-struct MmaBF16 {
-  typedef unsigned short Elem;
-  enum { K = 16, BK = 32, KPAD = 8, XPAD = 16 };
-};
+// The two kinds of tensor-core math. K: an mma's depth; BK: a block's k-step (64 bytes of a row
+// of either kind's operands).
+//   MmaTF32: float32 (or bfloat16) operands rounded to TF32 (cvt.rna: to nearest, ties away
+//            from zero, as cuBLAS rounds) as each fragment is loaded from shared memory
+//   MmaBF16: bfloat16 operands, their raw bits
+struct MmaTF32 { enum { K = 8, BK = 16 }; };
+struct MmaBF16 { enum { K = 16, BK = 32 }; };
 
 JAXDATA_INLINE unsigned to_tf32(float x) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
   return r;
+}
+JAXDATA_INLINE float as_float(float x) { return x; }
+JAXDATA_INLINE float as_float(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
+
+// The element type a pointer points to (no <type_traits> under NVRTC).
+template <typename P> struct pointee;
+template <typename X> struct pointee<const X*> { typedef X type; };
+template <typename X> struct pointee<X*> { typedef X type; };
+
+// Shared-memory tiles hold the operands as they are in global memory (float or bfloat16 bits),
+// copied there by cp.async. Row pitches, in elements of S: k-major rows BK + KPAD<S> (16 bytes
+// of padding), any other rows x + XPAD<S> (32 bytes: LD % 32 words == 8). Both keep rows 16-byte
+// aligned for cp.async and make a warp's fragment loads hit 32 different banks.
+template <typename S> struct Pad { enum { K = 16 / sizeof(S), X = 32 / sizeof(S) }; };
+
+// Elements per cp.async of rows whose extent and stride are `extent` and `stride` elements of
+// S: the largest of 16, 8 and 4 bytes that divides both (0 where none does: the generator
+// keeps such instances on CUDA cores, jaxdata/hector/codegen/cuda.py `_chunkable`).
+template <typename S>
+__host__ __device__ constexpr int chunk(int extent, int stride) {
+  return (extent * int(sizeof(S))) % 16 == 0 && (stride * int(sizeof(S))) % 16 == 0 ? 16 / int(sizeof(S))
+       : (extent * int(sizeof(S))) % 8 == 0 && (stride * int(sizeof(S))) % 8 == 0 ? 8 / int(sizeof(S))
+       : (extent * int(sizeof(S))) % 4 == 0 && (stride * int(sizeof(S))) % 4 == 0 ? 4 / int(sizeof(S))
+       : 0;
+}
+
+// cp.async of BYTES (4, 8 or 16) from global `src` to shared `dst`, or BYTES zeros where !valid
+// (src-size 0: nothing is read; `src` is then the operand's base, a valid address anyway).
+template <int BYTES>
+JAXDATA_INLINE void cp_async(void* dst, const void* src, bool valid) {
+  unsigned d;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
+  const int n = valid ? BYTES : 0;
+  if (BYTES == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(d), "l"(src), "r"(n));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;"
+                 :: "r"(d), "l"(src), "n"(BYTES), "r"(n));
+}
+JAXDATA_INLINE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+JAXDATA_INLINE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory");
 }
 
 // element (i, k) of a tile
@@ -60,17 +97,21 @@ JAXDATA_INLINE unsigned tile_pair(const unsigned short* s, int i, int k) {
   return (unsigned)s[k * LD + i] | ((unsigned)s[(k + 1) * LD + i] << 16);
 }
 
-// the A fragment of the m16 x K slice at rows m0.., depth k0..
-template <bool KM, int LD>
-JAXDATA_INLINE void load_a(unsigned (&a)[4], const unsigned* s, int m0, int k0, int g, int t) {
-  a[0] = tile_at<KM, LD>(s, m0 + g, k0 + t);
-  a[1] = tile_at<KM, LD>(s, m0 + g + 8, k0 + t);
-  a[2] = tile_at<KM, LD>(s, m0 + g, k0 + t + 4);
-  a[3] = tile_at<KM, LD>(s, m0 + g + 8, k0 + t + 4);
+// The A fragment of the m16 x K slice at rows m0.., depth k0.. (TF32: each element rounded,
+// times the scale of its k where SCALED: sc[k], the scales of the slice's k indices)
+template <bool KM, int LD, bool SCALED, typename S>
+JAXDATA_INLINE void load_a(unsigned (&a)[4], const S* s, int m0, int k0, int g, int t,
+                           const float* sc, MmaTF32) {
+  const float s0 = SCALED ? sc[k0 + t] : 1.0f, s1 = SCALED ? sc[k0 + t + 4] : 1.0f;
+  a[0] = to_tf32(as_float(tile_at<KM, LD>(s, m0 + g, k0 + t)) * s0);
+  a[1] = to_tf32(as_float(tile_at<KM, LD>(s, m0 + g + 8, k0 + t)) * s0);
+  a[2] = to_tf32(as_float(tile_at<KM, LD>(s, m0 + g, k0 + t + 4)) * s1);
+  a[3] = to_tf32(as_float(tile_at<KM, LD>(s, m0 + g + 8, k0 + t + 4)) * s1);
 }
-template <bool KM, int LD>
+template <bool KM, int LD, bool SCALED>
 JAXDATA_INLINE void load_a(unsigned (&a)[4], const unsigned short* s, int m0, int k0, int g,
-                           int t) {
+                           int t, const float*, MmaBF16) {
+  static_assert(!SCALED, "bfloat16 operands are never scaled");
   a[0] = tile_pair<KM, LD>(s, m0 + g, k0 + 2 * t);
   a[1] = tile_pair<KM, LD>(s, m0 + g + 8, k0 + 2 * t);
   a[2] = tile_pair<KM, LD>(s, m0 + g, k0 + 2 * t + 8);
@@ -78,14 +119,14 @@ JAXDATA_INLINE void load_a(unsigned (&a)[4], const unsigned short* s, int m0, in
 }
 
 // the B fragment of the K x n8 slice at columns n0.., depth k0..
-template <bool KM, int LD>
-JAXDATA_INLINE void load_b(unsigned (&b)[2], const unsigned* s, int n0, int k0, int g, int t) {
-  b[0] = tile_at<KM, LD>(s, n0 + g, k0 + t);
-  b[1] = tile_at<KM, LD>(s, n0 + g, k0 + t + 4);
+template <bool KM, int LD, typename S>
+JAXDATA_INLINE void load_b(unsigned (&b)[2], const S* s, int n0, int k0, int g, int t, MmaTF32) {
+  b[0] = to_tf32(as_float(tile_at<KM, LD>(s, n0 + g, k0 + t)));
+  b[1] = to_tf32(as_float(tile_at<KM, LD>(s, n0 + g, k0 + t + 4)));
 }
 template <bool KM, int LD>
 JAXDATA_INLINE void load_b(unsigned (&b)[2], const unsigned short* s, int n0, int k0, int g,
-                           int t) {
+                           int t, MmaBF16) {
   b[0] = tile_pair<KM, LD>(s, n0 + g, k0 + 2 * t);
   b[1] = tile_pair<KM, LD>(s, n0 + g, k0 + 2 * t + 8);
 }
@@ -104,18 +145,21 @@ JAXDATA_INLINE void mma(float (&c)[4], const unsigned (&a)[4], const unsigned (&
 }
 
 // One BK-deep step of a warp's MT x NT grid of m16n8 tiles at (m0, n0) of the block's tile:
-// acc[mt][nt] += A[m0 + 16 mt .., 0..BK) B[0..BK, n0 + 8 nt ..).
-template <typename M, int MT, int NT, int BK, bool AKM, int LDA, bool BKM, int LDB>
-JAXDATA_INLINE void warp_mma(float (&acc)[MT][NT][4], const typename M::Elem* As,
-                             const typename M::Elem* Bs, int m0, int n0, int lane) {
+// acc[mt][nt] += A[m0 + 16 mt .., 0..BK) B[0..BK, n0 + 8 nt ..) (A's k scaled by sc[k] where
+// SCALED).
+template <typename M, int MT, int NT, int BK, bool AKM, int LDA, bool BKM, int LDB, bool SCALED,
+          typename SA, typename SB>
+JAXDATA_INLINE void warp_mma(float (&acc)[MT][NT][4], const SA* As, const SB* Bs, int m0, int n0,
+                             int lane, const float* sc) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int k0 = 0; k0 < BK; k0 += M::K) {
     unsigned a[MT][4], b[NT][2];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) load_a<AKM, LDA>(a[mt], As, m0 + mt * 16, k0, g, t);
+    for (int mt = 0; mt < MT; ++mt)
+      load_a<AKM, LDA, SCALED>(a[mt], As, m0 + mt * 16, k0, g, t, sc, M());
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) load_b<BKM, LDB>(b[nt], Bs, n0 + nt * 8, k0, g, t);
+    for (int nt = 0; nt < NT; ++nt) load_b<BKM, LDB>(b[nt], Bs, n0 + nt * 8, k0, g, t, M());
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -142,27 +186,27 @@ JAXDATA_INLINE void store_acc(float* C, const float (&acc)[MT][NT][4], int m0, i
         C[acc_row(m0, mt, i, lane) * LDC + acc_col(n0, nt, i, lane)] = acc[mt][nt][i];
 }
 
-// A shared-memory element from a global one: TF32 bits of a float (or bfloat16) value, times
-// scale(e) where SCALED (evaluated after the load); or the raw bits of a bfloat16 value (never
-// scaled: a scaled bfloat16 value is no longer one).
-template <typename T>
-JAXDATA_INLINE unsigned mma_operand(MmaTF32, const T* p) { return to_tf32(ldf(p)); }
-template <bool SCALED, typename T, typename Scale>
-JAXDATA_INLINE unsigned mma_operand(MmaTF32, const T* p, Scale scale, int64_t e) {
-  return to_tf32(ldf(p) * (SCALED ? scale(e) : 1.0f)); }
-JAXDATA_INLINE unsigned short mma_operand(MmaBF16, const unsigned short* p) { return __ldg(p); }
-template <bool SCALED, typename Scale>
-JAXDATA_INLINE unsigned short mma_operand(MmaBF16, const unsigned short* p, Scale, int64_t) {
-  static_assert(!SCALED, "bfloat16 operands are never scaled");
-  return __ldg(p); }
+template <int MT, int NT>
+JAXDATA_INLINE void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+}
+
+//: k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply
+#define JAXDATA_MMA_STAGES 3
 
 // The row GEMM on tensor cores (`gemm_mma`): gemm_simt's tiles of BM edges x BN columns, its
 // rows, functors and outputs (templates/gemm.cuh), but `w_at(r, h, k, n)` gives the address of
 // a weight element, not its value. The block's warps form a (BM / 16 MT) x WN grid, each an
-// MT x NT grid of m16n8 tiles. A (the gathered rows) is staged k-major, B (the weight) k-major
-// when transposed (its rows are the weight's contiguous rows) and n-major otherwise; global
-// loads for the next k-step are in flight (in registers) while the warps run the current one.
-// The scaled tile goes through shared memory to the output.
+// MT x NT grid of m16n8 tiles. Each k-step's slices of A (the gathered rows, k-major) and B
+// (the weight: k-major when transposed, its rows being the weight's contiguous rows, else
+// n-major) go global -> shared by cp.async, STAGES - 1 steps ahead of the multiply, so a
+// block keeps many rows in flight without holding them in registers. The edge scales multiply
+// the output rows; the tile goes through shared memory to the output.
 template <typename M, int BM, int BN, int MT, int WN, int K, int N, int HEADS, bool TRANSPOSE,
           bool SCATTER, bool GATHER, int W, bool SCALED, typename T, typename Ok, typename WAt,
           typename Scale>
@@ -170,15 +214,17 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
                              int64_t E, const T* a, const int32_t* ids, const int32_t* target,
                              float* out, Ok ok, WAt w_at, Scale scale) {
   typedef M Mma;
-  typedef typename Mma::Elem Elem;
-  constexpr int BK = Mma::BK, NT = BN / (8 * WN), THREADS = 32 * (BM / (16 * MT)) * WN;
+  typedef typename pointee<decltype(w_at(0, 0, 0, 0))>::type TB;
+  constexpr int STAGES = JAXDATA_MMA_STAGES, BK = Mma::BK, NT = BN / (8 * WN);
+  constexpr int THREADS = 32 * (BM / (16 * MT)) * WN, NK = (K + BK - 1) / BK;
   constexpr int NCB = (N + BN - 1) / BN, WIDTH = HEADS * N;
-  constexpr int LDA = BK + Mma::KPAD, LDB = TRANSPOSE ? BK + Mma::KPAD : BN + Mma::XPAD;
-  constexpr int AB_BYTES = (BM * LDA + (TRANSPOSE ? BN : BK) * LDB) * int(sizeof(Elem));
+  constexpr int LDA = BK + Pad<T>::K, LDB = TRANSPOSE ? BK + Pad<TB>::K : BN + Pad<TB>::X;
+  constexpr int A_STAGE = BM * LDA, B_STAGE = (TRANSPOSE ? BN : BK) * LDB;
+  constexpr int AB_BYTES = STAGES * (A_STAGE * int(sizeof(T)) + B_STAGE * int(sizeof(TB)));
   constexpr int LDC = BN + 4, C_BYTES = BM * LDC * 4;
-  constexpr int NA = BM * BK / THREADS, NB = BK * BN / THREADS;
-  static_assert((BM * BK) % THREADS == 0 && (BK * BN) % THREADS == 0 && THREADS % BN == 0,
-                "tile");
+  constexpr int CA = chunk<T>(K, W), CB = TRANSPOSE ? chunk<TB>(K, K) : chunk<TB>(N, N);
+  static_assert(CA > 0 && CB > 0 && BK % CA == 0 && (TRANSPOSE ? BK : BN) % CB == 0, "chunks");
+  static_assert(THREADS % BN == 0 && BM % (THREADS / BN) == 0, "tile");
   const int64_t tile = blockIdx.x / (NCB * HEADS);
   const int h = HEADS > 1 ? int(blockIdx.x / NCB) % HEADS : 0;
   const int cb = blockIdx.x % NCB;
@@ -187,61 +233,66 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BM;
   const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
   __shared__ __align__(16) unsigned char smem[AB_BYTES > C_BYTES ? AB_BYTES : C_BYTES];
-  Elem* As = reinterpret_cast<Elem*>(smem);  // [BM][LDA]: (m, k) k-major
-  Elem* Bs = As + BM * LDA;                  // (n, k): k-major if TRANSPOSE, else n-major
+  T* As = reinterpret_cast<T*>(smem);                     // STAGES x [BM][LDA]: (m, k)
+  TB* Bs = reinterpret_cast<TB*>(As + STAGES * A_STAGE);  // STAGES x (n, k) or (k, n)
   __shared__ int64_t arow[BM];
   __shared__ float rscale[BM];
   const int tid = threadIdx.x;
   for (int i = tid; i < BM; i += THREADS) {
     const int64_t e = e0 + i;
     const bool use = e < e1 && ok(e);
-    arow[i] = use ? (GATHER ? (int64_t)ids[e] * W : e * W) : -1;
+    arow[i] = use ? (GATHER ? (int64_t)ids[e] * W : e * W) + head_offset<HEADS, K>(h) : -1;
     rscale[i] = use ? (SCALED ? scale(e) : 1.0f) : 0.0f;
   }
   const int warp = tid >> 5, lane = tid & 31;
   const int m0 = (warp / WN) * (MT * 16), n0 = (warp % WN) * (NT * 8);
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+  zero(acc);
   __syncthreads();
-  Elem ra[NA], rb[NB];
-  auto fetch = [&](int k0) {
+  auto issue = [&](int kt) {
+    T* as = As + (kt % STAGES) * A_STAGE;
+    TB* bs = Bs + (kt % STAGES) * B_STAGE;
+    const int k0 = kt * BK;
 #pragma unroll
-    for (int t = 0; t < NA; ++t) {
-      const int idx = tid + t * THREADS, i = idx / BK, k = k0 + idx % BK;
-      ra[t] = (arow[i] >= 0 && k < K)
-                  ? mma_operand(Mma(), a + arow[i] + head_offset<HEADS, K>(h) + k) : Elem(0);
+    for (int c = tid; c < BM * (BK / CA); c += THREADS) {
+      const int i = c / (BK / CA), kc = (c % (BK / CA)) * CA;
+      const bool use = arow[i] >= 0 && k0 + kc < K;
+      cp_async<int(CA * sizeof(T))>(as + i * LDA + kc, use ? a + arow[i] + k0 + kc : a, use);
     }
+    if (TRANSPOSE) {  // (n, k): the weight's row n, k contiguous
 #pragma unroll
-    for (int t = 0; t < NB; ++t) {
-      const int idx = tid + t * THREADS;
-      const int kk = TRANSPOSE ? idx % BK : idx / BN, nn = TRANSPOSE ? idx / BK : idx % BN;
-      const int k = k0 + kk, n = cb * BN + nn;
-      rb[t] = (k < K && n < N) ? mma_operand(Mma(), w_at(r, h, k, n)) : Elem(0);
+      for (int c = tid; c < BN * (BK / CB); c += THREADS) {
+        const int nn = c / (BK / CB), kc = (c % (BK / CB)) * CB, n = cb * BN + nn;
+        const bool use = n < N && k0 + kc < K;
+        const TB* src = w_at(r, h, use ? k0 + kc : 0, use ? n : 0);
+        cp_async<int(CB * sizeof(TB))>(bs + nn * LDB + kc, src, use);
+      }
+    } else {  // (k, n): the weight's row k, n contiguous
+#pragma unroll
+      for (int c = tid; c < BK * (BN / CB); c += THREADS) {
+        const int kk = c / (BN / CB), nc = (c % (BN / CB)) * CB, n = cb * BN + nc;
+        const bool use = k0 + kk < K && n < N;
+        const TB* src = w_at(r, h, use ? k0 + kk : 0, use ? n : 0);
+        cp_async<int(CB * sizeof(TB))>(bs + kk * LDB + nc, src, use);
+      }
     }
   };
-  fetch(0);
-  for (int k0 = 0; k0 < K; k0 += BK) {
 #pragma unroll
-    for (int t = 0; t < NA; ++t) {
-      const int idx = tid + t * THREADS;
-      As[(idx / BK) * LDA + idx % BK] = ra[t];
-    }
-#pragma unroll
-    for (int t = 0; t < NB; ++t) {
-      const int idx = tid + t * THREADS;
-      const int kk = TRANSPOSE ? idx % BK : idx / BN, nn = TRANSPOSE ? idx / BK : idx % BN;
-      Bs[TRANSPOSE ? nn * LDB + kk : kk * LDB + nn] = rb[t];
-    }
-    __syncthreads();
-    if (k0 + BK < K) fetch(k0 + BK);
-    warp_mma<Mma, MT, NT, BK, true, LDA, TRANSPOSE, LDB>(acc, As, Bs, m0, n0, lane);
-    __syncthreads();
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < NK) issue(s);
+    cp_async_commit();
   }
+#pragma unroll 1
+  for (int kt = 0; kt < NK; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step kt is in shared memory, and every warp is done with step kt - 1
+    if (kt + STAGES - 1 < NK) issue(kt + STAGES - 1);
+    cp_async_commit();
+    warp_mma<Mma, MT, NT, BK, true, LDA, TRANSPOSE, LDB, false>(
+        acc, As + (kt % STAGES) * A_STAGE, Bs + (kt % STAGES) * B_STAGE, m0, n0, lane, nullptr);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
   // the tile into shared memory (over the A/B tiles, no longer needed), then out
   float* Cs = reinterpret_cast<float*>(smem);  // [BM][LDC]
   store_acc<MT, NT, LDC>(Cs, acc, m0, n0, lane);
@@ -278,9 +329,10 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
 
 // The weight gradient on tensor cores (`wgrad_mma`): wgrad_simt's rows (gemm.cuh), and its
 // dW tile of BM x BN as A = left^T (BM features by the edges) times B = right (edges by the
-// columns), each staged edge-major as the rows arrive (consecutive threads read consecutive
-// features); the edge scales multiply the right rows. Accumulators go to dW with one atomic
-// each.
+// columns). Each k-step (BK edges) goes global -> shared by cp.async, edge-major as the rows
+// lie, STAGES - 1 steps ahead of the multiply; the rows' offsets (and edge scales) are found
+// once per block. The edge scales multiply A's fragments in registers (TF32 only: a scaled
+// bfloat16 row is no longer a bfloat16 value). Accumulators go to dW with one atomic each.
 template <typename M, int BE, int BM, int BN, int MT, int WN, int K, int N, int HEADS,
           bool LGATHER, int LW, bool RGATHER, int RW, bool SCALED, typename TL, typename TR,
           typename Ok, typename Scale>
@@ -288,12 +340,13 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
                               int64_t E, const TL* left, const int32_t* lids, const TR* right,
                               const int32_t* rids, float* out, Ok ok, Scale scale) {
   typedef M Mma;
-  typedef typename Mma::Elem Elem;
-  constexpr int BK = Mma::BK, NT = BN / (8 * WN), THREADS = 32 * (BM / (16 * MT)) * WN;
+  constexpr int STAGES = JAXDATA_MMA_STAGES, BK = Mma::BK, NT = BN / (8 * WN);
+  constexpr int THREADS = 32 * (BM / (16 * MT)) * WN;
   constexpr int NKB = (K + BM - 1) / BM, NNB = (N + BN - 1) / BN;
-  constexpr int LDA = BM + Mma::XPAD, LDB = BN + Mma::XPAD;
-  constexpr int NL = BK * BM / THREADS, NR = BK * BN / THREADS;
-  static_assert((BK * BM) % THREADS == 0 && (BK * BN) % THREADS == 0 && BE % BK == 0, "tile");
+  constexpr int LDL = BM + Pad<TL>::X, LDR = BN + Pad<TR>::X;
+  constexpr int L_STAGE = BK * LDL, R_STAGE = BK * LDR;
+  constexpr int CL = chunk<TL>(K, LW), CR = chunk<TR>(N, RW);
+  static_assert(CL > 0 && CR > 0 && BM % CL == 0 && BN % CR == 0 && BE % BK == 0, "tile");
   const int64_t tile = blockIdx.x / (NKB * NNB * HEADS);
   const int h = HEADS > 1 ? int(blockIdx.x / (NKB * NNB)) % HEADS : 0;
   const int kb = (blockIdx.x / NNB) % NKB, nb = blockIdx.x % NNB;
@@ -301,56 +354,58 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
   const int64_t r = find_relation(tiles, R, tile);
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BE;
   const int64_t e1 = min(min(e0 + BE, (int64_t)rel_offsets[r + 1]), E);
-  __shared__ __align__(16) Elem Ls[BK * LDA];  // (m, edge) edge-major: [BK][LDA]
-  __shared__ __align__(16) Elem Rs[BK * LDB];  // (n, edge) edge-major: [BK][LDB]
+  __shared__ __align__(16) TL Ls[STAGES * L_STAGE];  // [BK][LDL] per stage: (m, edge)
+  __shared__ __align__(16) TR Rs[STAGES * R_STAGE];  // [BK][LDR] per stage: (n, edge)
+  __shared__ int64_t loff[BE], roff[BE];
+  __shared__ float esc[SCALED ? BE : 1];
   const int tid = threadIdx.x;
+  for (int i = tid; i < BE; i += THREADS) {
+    const int64_t e = e0 + i;
+    const bool use = e < e1 && ok(e);
+    loff[i] = use ? (LGATHER ? (int64_t)lids[e] * LW : e * LW) + head_offset<HEADS, K>(h) : -1;
+    roff[i] = use ? (RGATHER ? (int64_t)rids[e] * RW : e * RW) + head_offset<HEADS, N>(h) : -1;
+    if (SCALED) esc[i] = use ? scale(e) : 0.0f;
+  }
   const int warp = tid >> 5, lane = tid & 31;
   const int m0 = (warp / WN) * (MT * 16), n0 = (warp % WN) * (NT * 8);
   float acc[MT][NT][4];
+  zero(acc);
+  __syncthreads();
+  const int nk = int((e1 - e0 + BK - 1) / BK);
+  auto issue = [&](int kt) {
+    TL* ls = Ls + (kt % STAGES) * L_STAGE;
+    TR* rs = Rs + (kt % STAGES) * R_STAGE;
+    const int i0 = kt * BK;
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-  Elem rl[NL], rr[NR];
-  auto fetch = [&](int64_t c) {
-#pragma unroll
-    for (int t = 0; t < NL; ++t) {
-      const int idx = tid + t * THREADS, k = kb * BM + idx % BM;
-      const int64_t e = c + idx / BM;
-      rl[t] = (e < e1 && k < K && ok(e))
-                  ? mma_operand(Mma(), left + (LGATHER ? (int64_t)lids[e] * LW : e * LW) +
-                                           head_offset<HEADS, K>(h) + k)
-                  : Elem(0);
+    for (int c = tid; c < BK * (BM / CL); c += THREADS) {
+      const int j = c / (BM / CL), mc = (c % (BM / CL)) * CL, m = kb * BM + mc;
+      const int64_t o = loff[i0 + j];
+      const bool use = o >= 0 && m < K;
+      cp_async<int(CL * sizeof(TL))>(ls + j * LDL + mc, use ? left + o + m : left, use);
     }
 #pragma unroll
-    for (int t = 0; t < NR; ++t) {
-      const int idx = tid + t * THREADS, n = nb * BN + idx % BN;
-      const int64_t e = c + idx / BN;
-      rr[t] = (e < e1 && n < N && ok(e))
-                  ? mma_operand<SCALED>(Mma(), right + (RGATHER ? (int64_t)rids[e] * RW : e * RW) +
-                                                   head_offset<HEADS, N>(h) + n, scale, e)
-                  : Elem(0);
+    for (int c = tid; c < BK * (BN / CR); c += THREADS) {
+      const int j = c / (BN / CR), nc = (c % (BN / CR)) * CR, n = nb * BN + nc;
+      const int64_t o = roff[i0 + j];
+      const bool use = o >= 0 && n < N;
+      cp_async<int(CR * sizeof(TR))>(rs + j * LDR + nc, use ? right + o + n : right, use);
     }
   };
-  fetch(e0);
-  for (int64_t c = e0; c < e1; c += BK) {
 #pragma unroll
-    for (int t = 0; t < NL; ++t) {
-      const int idx = tid + t * THREADS;
-      Ls[(idx / BM) * LDA + idx % BM] = rl[t];
-    }
-#pragma unroll
-    for (int t = 0; t < NR; ++t) {
-      const int idx = tid + t * THREADS;
-      Rs[(idx / BN) * LDB + idx % BN] = rr[t];
-    }
-    __syncthreads();
-    if (c + BK < e1) fetch(c + BK);
-    warp_mma<Mma, MT, NT, BK, false, LDA, false, LDB>(acc, Ls, Rs, m0, n0, lane);
-    __syncthreads();
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) issue(s);
+    cp_async_commit();
   }
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step kt is in shared memory, and every warp is done with step kt - 1
+    if (kt + STAGES - 1 < nk) issue(kt + STAGES - 1);
+    cp_async_commit();
+    warp_mma<Mma, MT, NT, BK, false, LDL, false, LDR, SCALED>(
+        acc, Ls + (kt % STAGES) * L_STAGE, Rs + (kt % STAGES) * R_STAGE, m0, n0, lane,
+        SCALED ? esc + kt * BK : nullptr);
+  }
+  cp_async_wait<0>();
   float* o = out + (r * HEADS + h) * (K * N);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
