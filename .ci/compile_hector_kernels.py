@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-# the tensor-core kernels are what this script is for (off by default: jaxdata.hector.codegen.cuda)
+# the tensor-core kernels are what this script is for (JAXDATA_HECTOR_TENSOR_CORES=0 turns them off)
 os.environ.setdefault("JAXDATA_HECTOR_TENSOR_CORES", "1")
 
 import jax  # noqa: E402

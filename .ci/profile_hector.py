@@ -25,7 +25,7 @@ from jaxdata.reference import rgcn as rgcn_ref
 def main(model: str, graph: str, dim: int, precision: str = "highest",
          dtype: str = "float32") -> None:
   """`precision` is the layer's matmul precision and `dtype` that of x and the weights (the
-  tensor-core kernels run only with JAXDATA_HECTOR_TENSOR_CORES=1)."""
+  tensor-core kernels run unless JAXDATA_HECTOR_TENSOR_CORES=0)."""
   data_dir = os.environ.get("JAXDATA_DATA_DIR")
   device = jax.devices()[0]
   cast = lambda tree: jax.tree.map(lambda a: a.astype(dtype), tree)  # noqa: E731

@@ -104,14 +104,14 @@ def test_layers_pass_their_precision_to_every_kernel():
 def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   """The CUDA source (and so the cached kernel) differs: tensor cores at the default precision,
   CUDA-core FMAs at "highest"; bfloat16 operands take bfloat16 tensor cores at both; the CPU
-  source is the same at every precision. (Only with tensor cores enabled: off by default
-  until they pass on the H200, and then every precision gets the CUDA-core kernels.)"""
+  source is the same at every precision. With tensor cores switched off
+  (JAXDATA_HECTOR_TENSOR_CORES=0) every precision gets the CUDA-core kernels."""
   g, ga, x, w, _ = _rgcn_case(jnp.float32, 64, 64)
   from jaxdata.hector.codegen import cuda as cuda_codegen
-  monkeypatch.delenv(cuda_codegen.TENSOR_CORES_ENV, raising=False)
+  monkeypatch.setenv(cuda_codegen.TENSOR_CORES_ENV, "0")
   off = hector.rgcn_layer.sources(ga, "cuda", x=x, W=w)
   assert "mma.sync" not in off and "micro_fma<" in off
-  monkeypatch.setenv(cuda_codegen.TENSOR_CORES_ENV, "1")
+  monkeypatch.delenv(cuda_codegen.TENSOR_CORES_ENV, raising=False)  # on by default
   cuda = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x, W=w)
   default = cuda()
   assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in default

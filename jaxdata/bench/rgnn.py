@@ -651,8 +651,8 @@ def precision_text(precision: str) -> str:
     return ("Matmul precision: the plain-JAX rows and jaxdata's row at `highest` (float32) and "
             "at `default` (what a JAX user gets: TF32 on the tensor cores of a recent NVIDIA "
             "GPU; hector's GEMM and weight-gradient kernels follow it as `jnp.dot` does where "
-            "its tensor-core kernels are enabled, `JAXDATA_HECTOR_TENSOR_CORES=1`, and are "
-            "float32 CUDA-core kernels at both precisions otherwise), "
+            "its tensor-core kernels are on (the default; `JAXDATA_HECTOR_TENSOR_CORES=0` "
+            "makes them float32 CUDA-core kernels at both precisions), "
             "marked in brackets; each jaxdata row is compared with the fastest plain-JAX row at "
             "each precision; PyG with TF32 on (`torch.backends.cuda.matmul.allow_tf32`), its "
             "fastest setting.")
