@@ -143,6 +143,8 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
       return 0, threads
     chunks = -(-num_edges // RELATION_RUN)
     return max(-(-w // threads), min(-(-chunks * w // threads), 132 * 16)), threads
+  elif _grouped(k):
+    work = -(-num_edges // GROUP_RUN) * w
   else:
     work = num_edges * w
   return max(0, min(-(-work // threads), 132 * 16)), threads
@@ -251,11 +253,15 @@ def _traversal(t: Traversal) -> str:
     return _softmax(t, w, value)
   if t.sink == "relation":
     return _relation_sum(w, value)
+  if _grouped(t):
+    order = "pair_edges" if t.sink == "pair" else groups(t.end)[1]
+    target = "pair[e]" if t.sink == "pair" else f"{t.end}[e]"
+    return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
+            f"  auto target = [&](int64_t e) -> int64_t {{ return {target}; }};\n"
+            f"  grouped_sum<{w}, {GROUP_RUN}>(E, {order}, out, ok, target, value);\n}}\n")
   if t.sink == "store":
     write, skip = f"out[e * {w} + f] = v;", f"out[e * {w} + f] = 0.0f;"
-  elif t.sink == "aggregate":
-    write = f"atomicAdd(out + (int64_t){t.end}[e] * {w} + f, v);"
-  elif t.sink == "pair":
+  elif t.sink == "pair":  # on the compact domain (not `_grouped`)
     write = f"atomicAdd(out + (int64_t)pair[e] * {w} + f, v);"
   else:
     write = f"atomicAdd(out + ((int64_t)etype[e] * N + {t.end}[e]) * {w} + f, v);"
@@ -265,6 +271,18 @@ def _traversal(t: Traversal) -> str:
           f"  auto write = [&](int64_t e, int f, float v) {{ {write} }};\n"
           f"  auto skip = [&](int64_t e, int f) {{ {skip} }};\n"
           f"  edge_map<{w}>(E, ok, value, write, skip);\n}}\n")
+
+
+#: positions of the grouped view each thread of a CUDA grouped sum walks (one atomic per run of
+#: equal targets among them)
+GROUP_RUN = 32
+
+
+def _grouped(t: Traversal) -> bool:
+  """Whether traversal `t` sums over a grouped view (`grouped_sum` in templates/traversal.cuh):
+  into nodes, through the CSC or CSR view; into pairs, through pair_edges (edges only: on the
+  compact domain the rows are the pairs themselves)."""
+  return t.sink == "aggregate" or (t.sink == "pair" and t.domain == "edge")
 
 
 #: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp

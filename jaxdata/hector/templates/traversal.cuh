@@ -143,6 +143,36 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
   if (run >= 0) atomicAdd(out + run * W + f, sum);
 }
 
+// The grouped sum: out[target(e) * W + f] += value(e, f), visiting the edges in `order`, a
+// permutation that puts edges of equal target next to each other (the CSC view for
+// destinations, the CSR view for sources, pair_edges for pairs). Each thread owns one feature of
+// RUN consecutive positions; it sums while the target stays the same and adds one atomic per
+// run: a node's in-edges cost one atomic per RUN of them, where edge_map adds one per edge.
+template <int W, int RUN, typename Ok, typename Target, typename Value>
+JAXDATA_INLINE void grouped_sum(int64_t E, const int32_t* order, float* out, Ok ok,
+                                Target target, Value value) {
+  const int64_t total = (E + RUN - 1) / RUN * W;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    const int f = int(t % W);
+    const int64_t lo = t / W * RUN, hi = min(E, lo + RUN);
+    int64_t run = -1;
+    float sum = 0.0f;
+    for (int64_t q = lo; q < hi; ++q) {
+      const int64_t e = order[q];
+      if (!ok(e)) continue;
+      const int64_t to = target(e);
+      if (to != run) {
+        if (run >= 0) atomicAdd(out + run * W + f, sum);
+        run = to;
+        sum = 0.0f;
+      }
+      sum += value(e, f);
+    }
+    if (run >= 0) atomicAdd(out + run * W + f, sum);
+  }
+}
+
 // The per-edge traversal: one thread per (edge e, feature f), in a grid-stride loop. An edge
 // that is not ok(e) gets skip(e, f) (a store writes its zero there; a sum adds nothing); every
 // other edge gets write(e, f, value(e, f)): a store, or an atomic add into its destination's,
