@@ -22,6 +22,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
+import jax
 import pytest
 
 
@@ -48,13 +49,18 @@ def run_isolated(fn: Callable[..., Any], *args: Any, timeout: float = 300.0,
 
   `fn` must be importable (a module-level function of a test module). The child inherits
   XLA_FLAGS and the other environment variables, plus `env`, from its start: it has them before
-  it imports anything (JAX reads JAX_PLATFORMS when it is imported). Returns fn's result;
+  it imports anything (JAX reads JAX_PLATFORMS when it is imported), and the caller's matmul
+  precision (conftest runs tests at "highest": a child at JAX's default would run hector's
+  float32 GEMMs on TF32 tensor cores). Returns fn's result;
   re-raises its exception; fails the test if the child dies (signal or exit without a result) or
   runs past `timeout` seconds.
   """
   ctx = mp.get_context("spawn")
   parent, child = ctx.Pipe(duplex=False)
   proc = ctx.Process(target=_child, args=(child, fn, args, kwargs))
+  precision = jax.config.jax_default_matmul_precision
+  if precision is not None:
+    env = {"JAX_DEFAULT_MATMUL_PRECISION": str(precision), **(env or {})}
   saved = {k: os.environ.get(k) for k in (env or {})}
   os.environ.update(env or {})  # a spawned child takes the environment as it is at start()
   try:
