@@ -1,0 +1,169 @@
+"""`jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py), on tiny CPU inputs.
+
+Through the CLI: every row of every case is in the written table, each ratio is the ratio of
+the times printed beside it, each bar's met / not met follows its ratio, and jaxdata's float32
+gradient equals a NumPy float64 RGCN (on the CPU every precision is float32-exact, so the
+error column is 0 or float32 rounding). Then an out-of-memory row, and one-line usage errors.
+"""
+import re
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdata import cli
+from jaxdata.bench import rgnn
+from jaxdata.bench import rgnn_attention as ra
+from jaxdata.bench import tensor_cores as tc
+from jaxdata.reference import rgcn as rgcn_ref
+
+TINY_SYNTHETIC = dict(num_nodes=300, num_edges=2_500, num_relations=9)
+DIM = 16
+
+
+@pytest.fixture
+def captured(monkeypatch):
+  """Runs the CLI on the CPU on a tiny graph; keeps what tensor_cores.run returned, dx too."""
+  monkeypatch.setattr(rgnn, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
+  monkeypatch.setattr(ra, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
+  seen = {}
+  run = tc.run
+
+  def keep(*args, **kwargs):
+    seen["out"] = run(*args, **kwargs, keep_dx=True)
+    return seen["out"]
+
+  monkeypatch.setattr(tc, "run", keep)
+  with jax.default_device(jax.devices("cpu")[0]):
+    yield seen
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+  """The header and rows of the first Markdown table in `text`."""
+  lines = [l for l in text.splitlines() if l.startswith("| ")]
+  split = lambda l: [c.strip() for c in l.strip().strip("|").split("|")]  # noqa: E731
+  return split(lines[0]), [split(l) for l in lines[2:]]  # lines[1]: the "| --- |" rule
+
+
+def _x(cell: str) -> float:
+  return float(re.match(r"([0-9.]+)x", cell).group(1))
+
+
+def _rgcn_numpy(graph, dim):
+  """loss = sum(out * ct) and dx of one RGCN relational message, float64 NumPy, from the
+  bench's inputs (`rgnn.case_arrays`): out[i] = sum_{dst[e]=i} norm[e] x[src[e]] W[etype[e]]."""
+  x, w, ct = (a.astype(np.float64) for a in rgnn.case_arrays(graph, dim))
+  norm = np.asarray(graph.norm, np.float64)[:, None]
+  msg = np.einsum("ed,edo->eo", x[graph.src], w[graph.etype]) * norm
+  out = np.zeros_like(ct)
+  np.add.at(out, graph.dst, msg)
+  back = np.einsum("eo,edo->ed", ct[graph.dst], w[graph.etype]) * norm
+  dx = np.zeros_like(x)
+  np.add.at(dx, graph.src, back)
+  return float((out * ct).sum()), dx
+
+
+def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured, tmp_path, capsys,
+                                                                        monkeypatch):
+  path = tmp_path / "tensor_cores.md"
+  argv = ["bench", "tensor-cores", "--quick", "--dims", str(DIM), "--write", str(path)]
+  monkeypatch.setattr(sys, "argv", ["jaxdata", *argv])  # the command line the table records
+  assert cli.main(argv) == 0
+  printed = capsys.readouterr().out
+  cases, notes, graphs = captured["out"]
+  assert not notes, notes
+  assert [(c.model, c.dim) for c in cases] == [("rgcn", DIM), ("rgat", DIM)]
+  # a progress line per row, as it ran
+  for c in cases:
+    for m in c.rows:
+      assert f"{c.model} dim {DIM}: {m.row.name}: " in printed
+
+  text = path.read_text()
+  assert f"Command: `jaxdata {' '.join(argv)}`" in text
+  assert f"jax {jax.__version__}" in text
+  assert f"- device: {jax.devices('cpu')[0].device_kind}" in text
+  assert "- tensor cores: " in text and "- date: " in text
+  header, rows = _table(text)
+  assert header == tc.HEADER
+  col = {h: i for i, h in enumerate(header)}
+  names = [r.name for r in tc.ROWS]
+  assert len(names) == 3 + 2 * len(tc.PLAIN_JAX)
+  assert [(r[0], r[1], r[2]) for r in rows] == [
+      (m, str(DIM), n) for m in ("RGCN", "RGAT") for n in names]
+
+  for model in ("RGCN", "RGAT"):
+    mine = {r[2]: r for r in rows if r[0] == model}
+    ms = {n: float(r[col["fwd+bwd ms"]]) for n, r in mine.items()}  # every row ran on the CPU
+    base = ms[tc.BASELINE.name]
+    plain = {n: t for n, t in ms.items() if n not in (tc.BASELINE.name, tc.TF32.name,
+                                                      tc.BF16.name)}
+    best = min(plain, key=plain.get)
+    for row in (tc.BASELINE, tc.TF32, tc.BF16):
+      r = mine[row.name]
+      speedup = _x(r[col["vs f32 highest"]])
+      # printed to 3 decimals (ms) and 2 (ratios): equal up to that rounding
+      assert speedup == pytest.approx(base / ms[row.name], rel=2e-3, abs=6e-3), (model, row)
+    for row, need in ((tc.TF32, tc.TF32_VS_HIGHEST), (tc.BF16, tc.BF16_VS_HIGHEST)):
+      r = mine[row.name]
+      vs_plain = r[col["vs best plain JAX (default)"]]
+      assert vs_plain.endswith(f"({best})"), (vs_plain, best)
+      assert _x(vs_plain) == pytest.approx(ms[best] / ms[row.name], rel=2e-3, abs=6e-3)
+      met = _x(r[col["vs f32 highest"]]) >= need
+      assert f"vs f32 highest >= {need:g}x: {'met' if met else 'not met'}" in r[-1]
+    bf16 = mine[tc.BF16.name]
+    met = _x(bf16[col["vs best plain JAX (default)"]]) >= tc.BF16_VS_PLAIN
+    assert f"vs best plain JAX >= {tc.BF16_VS_PLAIN:g}x: {'met' if met else 'not met'}" in bf16[-1]
+    assert all(not r[col["vs f32 highest"]] and not r[-1] for n, r in mine.items() if n in plain)
+    # errors against row 1: on the CPU every float32 row is float32-exact; bfloat16 rounds
+    err = {n: float(r[col["dx error vs f32 highest"]]) for n, r in mine.items()}
+    assert err[tc.BASELINE.name] == 0 and err[tc.TF32.name] < 1e-5
+    for n, e in err.items():
+      assert (0 < e < 0.1) if n.endswith("bfloat16") else (e < 1e-5), (model, n, e)
+    assert "float32-exact: met" in mine[tc.BASELINE.name][-1]
+
+  # the same run's figures, not parsed: jaxdata's float32 dx and loss against NumPy in float64
+  graph, _ = rgnn.load_graph("synthetic", data_dir=None, quick=True)
+  loss, dx = _rgcn_numpy(graph, DIM)
+  rgcn = cases[0]
+  for row in (tc.BASELINE, tc.TF32):
+    m = rgcn.row(row)
+    assert m.loss == pytest.approx(loss, rel=1e-4, abs=1e-3)
+    np.testing.assert_allclose(m.dx, dx, rtol=1e-4, atol=1e-4 * np.abs(dx).max())
+  for m in rgcn.rows:  # every formulation computes the same gradient (bfloat16: roughly)
+    tol = 0.1 if m.row.dtype == "bfloat16" else 1e-4
+    assert np.abs(m.dx - dx).max() <= tol * np.abs(dx).max(), m.row.name
+
+
+def test_out_of_memory_row_is_reported_not_raised(monkeypatch, tmp_path, capsys):
+  monkeypatch.setattr(rgnn, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
+
+  def exhausted(*args, **kwargs):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123.02GiB")
+
+  monkeypatch.setitem(rgcn_ref.PLAIN_JAX, "ragged_dot", exhausted)
+  path = tmp_path / "t.md"
+  with jax.default_device(jax.devices("cpu")[0]):
+    assert cli.main(["bench", "tensor-cores", "--quick", "--models", "rgcn", "--dims", "8",
+                     "--repeats", "1", "--write", str(path)]) == 0
+  assert "rgcn dim 8: ragged_dot bfloat16: OOM" in capsys.readouterr().out
+  _, rows = _table(path.read_text())
+  status = {r[2]: r[3] for r in rows}
+  assert status["ragged_dot float32"] == status["ragged_dot bfloat16"] == "OOM"
+  assert float(status["jaxdata bfloat16"]) > 0
+  assert "ragged_dot float32: out of memory" in path.read_text()
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--dims", "30"], "--dims"),  # not a multiple of RGAT's 4 heads
+    (["--models", "gcn"], "--models"),
+    (["--repeats", "0"], "--repeats"),
+    (["--write", "/no/such/folder/t.md"], "--write"),
+])
+def test_mistakes_are_one_line(argv, flag, capsys):
+  try:
+    code = cli.main(["bench", "tensor-cores", *argv])
+  except SystemExit as e:
+    code = e.code
+  err = capsys.readouterr().err
+  assert code == 2 and flag in err and len(err.strip().splitlines()) == 1, err
