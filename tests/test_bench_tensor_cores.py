@@ -84,6 +84,7 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
   assert f"jax {jax.__version__}" in text
   assert f"- device: {jax.devices('cpu')[0].device_kind}" in text
   assert "- tensor cores: " in text and "- date: " in text
+  assert "Incomplete" not in text
   header, rows = _table(text)
   assert header == tc.HEADER
   col = {h: i for i, h in enumerate(header)}
@@ -152,6 +153,27 @@ def test_out_of_memory_row_is_reported_not_raised(monkeypatch, tmp_path, capsys)
   assert status["ragged_dot float32"] == status["ragged_dot bfloat16"] == "OOM"
   assert float(status["jaxdata bfloat16"]) > 0
   assert "ragged_dot float32: out of memory" in path.read_text()
+
+
+def test_a_run_cut_short_leaves_the_cases_it_measured(monkeypatch, tmp_path):
+  monkeypatch.setattr(rgnn, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
+  monkeypatch.setattr(ra, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
+  measure = tc.measure_case
+
+  def cut(model, *args, **kwargs):
+    if model == "rgat":
+      raise KeyboardInterrupt  # the call's time limit, or a crash, during the second case
+    return measure(model, *args, **kwargs)
+
+  monkeypatch.setattr(tc, "measure_case", cut)
+  path = tmp_path / "t.md"
+  with jax.default_device(jax.devices("cpu")[0]), pytest.raises(KeyboardInterrupt):
+    cli.main(["bench", "tensor-cores", "--quick", "--dims", "8", "--repeats", "1",
+              "--write", str(path)])
+  text = path.read_text()
+  _, rows = _table(text)
+  assert [r[0] for r in rows] == ["RGCN"] * len(tc.ROWS)
+  assert "**Incomplete**: 1 of 2 cases measured so far" in text
 
 
 @pytest.mark.parametrize("argv,flag", [

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 from jaxdata import command
 from jaxdata.bench import common, rgnn
@@ -287,12 +287,14 @@ def describe(model: str, graph) -> str:
 
 
 def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: int = HEADS,
-        quick: bool = False, repeats: int = REPEATS, keep_dx: bool = False
+        quick: bool = False, repeats: int = REPEATS, keep_dx: bool = False,
+        on_case: Callable[[list[Case], list[str], list[str]], None] | None = None
         ) -> tuple[list[Case], list[str], list[str]]:
   """Every case, in order; returns (cases, notes on what failed, the graphs described).
 
   `keep_dx`: keep every row's dx as float64 NumPy in `Measured.dx` (for tests; on the full graph
-  that is 1.6 MB per thousand nodes and dim 128 per row).
+  that is 1 MB per thousand nodes and dim 128 per row). `on_case(cases, notes, graphs)`: called
+  after each case with what has been measured so far (the CLI rewrites its table).
   """
   import jax  # pylint: disable=g-import-not-at-top
   for m in models:
@@ -311,6 +313,8 @@ def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: in
     for dim in dims:
       cases.append(measure_case(model, graph, dim, heads=heads, repeats=repeats, notes=notes,
                                 keep_dx=keep_dx))
+      if on_case is not None:
+        on_case(cases, notes, graphs)
     del graph
     jax.clear_caches()
   return cases, notes, graphs
@@ -383,8 +387,10 @@ def table_rows(cases: Sequence[Case]) -> tuple[list[str], list[list[str]]]:
 
 
 def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str], command_line: str,
-             *, heads: int, repeats: int, tensor_cores_text: str) -> str:
-  """The table as a document: what was measured, the command, the machine, the table."""
+             *, heads: int, repeats: int, tensor_cores_text: str, planned: int | None = None
+             ) -> str:
+  """The table as a document: what was measured, the command, the machine, the table
+  (`planned`: the number of cases the run will measure, where it has measured fewer so far)."""
   import jax  # pylint: disable=g-import-not-at-top
   hw = common.hardware()
   text = [
@@ -418,6 +424,9 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
       *[f"- {k}: {v}" for k, v in hw.items() if k != "device"], "",
       "Graphs:", "", *[f"- {g}" for g in graphs], "",
       common.markdown_table(*table_rows(cases)), ""]
+  if planned is not None and len(cases) < planned:
+    text += [f"**Incomplete**: {len(cases)} of {planned} cases measured so far (the run was "
+             "cut short, or is still running).", ""]
   if notes:
     text += ["Skipped or unexpected:", "", *(f"- {n}" for n in notes), ""]
   return "\n".join(text)
@@ -458,13 +467,23 @@ def main(args) -> int:
   state = tensor_cores()
   print(f"jaxdata bench tensor-cores on {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"tensor cores: {state}", flush=True)
-  cases, notes, graphs = run(list(dict.fromkeys(args.models)), dims, heads=args.heads,
-                             quick=args.quick, repeats=repeats)
+  models = list(dict.fromkeys(args.models))
   console = command.console(width=200)
+
+  def write(cases, notes, graphs, quiet=False):
+    text = markdown(cases, notes, graphs, common.command_line(), heads=args.heads,
+                    repeats=repeats, tensor_cores_text=state, planned=len(models) * len(dims))
+    if quiet:  # after each case: the table so far, in case the run is cut short
+      with open(args.write, "w") as f:
+        f.write(text)
+    else:
+      common.write(console, args.write, text)
+
+  cases, notes, graphs = run(models, dims, heads=args.heads, quick=args.quick, repeats=repeats,
+                             on_case=(lambda *so_far: write(*so_far, quiet=True))
+                             if args.write else None)
   common.print_table(console, "issue 19: hector on tensor cores, forward + backward",
                      *table_rows(cases), notes, left=("model", "row", "issue 19's bars"))
   if args.write:
-    common.write(console, args.write,
-                 markdown(cases, notes, graphs, common.command_line(), heads=args.heads,
-                          repeats=repeats, tensor_cores_text=state))
+    write(cases, notes, graphs)
   return 0
