@@ -123,13 +123,23 @@ class Case:
 
 
 # ------------------------------------------------------------------------------------------------
-# Tensor cores on or off
+# The device, and tensor cores on or off
+
+
+def device():
+  """The device this bench runs on: JAX's default device where one is set
+  (`jax.default_device`, `JAX_DEFAULT_DEVICE`), else the first device."""
+  import jax  # pylint: disable=g-import-not-at-top
+  chosen = jax.config.jax_default_device
+  if isinstance(chosen, str):  # a platform name
+    return jax.devices(chosen)[0]
+  return chosen if chosen is not None else jax.devices()[0]
+
 
 
 def tensor_cores() -> str:
   """Whether hector's tensor-core kernels are on here, as the table states it (this command never
   sets the switch: it reports what the environment chose)."""
-  import jax  # pylint: disable=g-import-not-at-top
   try:
     from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -140,7 +150,7 @@ def tensor_cores() -> str:
   if enabled is None:
     return f"unknown (no jaxdata.hector.codegen.cuda.tensor_cores_enabled; {setting})"
   text = f"{'on' if enabled() else 'off'} ({setting})"
-  if jax.devices()[0].platform != "gpu":
+  if device().platform != "gpu":
     text += ("; this run is not on a GPU: hector's CPU kernels compute every row in float32 "
              "(bfloat16 operands widened), so no row uses tensor cores")
   return text
@@ -168,24 +178,24 @@ class _Inputs:
 
   def __init__(self, model: str, graph, dim: int, heads: int):
     import jax  # pylint: disable=g-import-not-at-top
-    device = jax.devices()[0]
+    here = device()
     self.model, self.dim = model, dim
     if model == "rgcn":
       g = graph
       x, w, ct = rgnn.case_arrays(g, dim)
       self.edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
                                              num_relations=g.num_relations, norm=g.norm,
-                                             device=device)
+                                             device=here)
       self.arrays = attention.graph_arrays(attention.Case(g))
       self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
     else:
       g = graph.graph
       x, w, ct = attention.case_arrays("rgat", graph, dim, heads)
       self.edges = attention_ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                                             num_relations=g.num_relations, device=device)
+                                             num_relations=g.num_relations, device=here)
       self.arrays = attention.graph_arrays(graph)
       self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
-    self.x, self.w, self.ct = jax.device_put((x, w, ct), device)
+    self.x, self.w, self.ct = jax.device_put((x, w, ct), here)
 
   def build(self, row: Row, precision: str | None = None) -> peers.Formulation:
     """The row's formulation (at `precision` instead of the row's where given)."""
@@ -391,8 +401,7 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
              ) -> str:
   """The table as a document: what was measured, the command, the machine, the table
   (`planned`: the number of cases the run will measure, where it has measured fewer so far)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  hw = common.hardware()
+  hw, here = common.hardware(), device()
   text = [
       "# Hector on tensor cores: issue 19's bars", "",
       "Measured by `jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py): milliseconds of "
@@ -419,7 +428,7 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
       "and more). *OOM*: the row failed for memory; *OOM (est.)*: not run, XLA's analysis of "
       "the compiled step says it cannot fit.", "",
       f"Command: `{command_line}`", "",
-      f"- device: {jax.devices()[0].device_kind} ({hw['device']})",
+      f"- device: {here.device_kind} ({here.platform})",
       f"- tensor cores: {tensor_cores_text}",
       *[f"- {k}: {v}" for k, v in hw.items() if k != "device"], "",
       "Graphs:", "", *[f"- {g}" for g in graphs], "",
@@ -465,7 +474,7 @@ def main(args) -> int:
                                  f"{args.heads} (RGAT)")
   import jax  # pylint: disable=g-import-not-at-top
   state = tensor_cores()
-  print(f"jaxdata bench tensor-cores on {jax.devices()[0].device_kind}; jax {jax.__version__}; "
+  print(f"jaxdata bench tensor-cores on {device().device_kind}; jax {jax.__version__}; "
         f"tensor cores: {state}", flush=True)
   models = list(dict.fromkeys(args.models))
   console = command.console(width=200)
