@@ -136,7 +136,6 @@ def device():
   return chosen if chosen is not None else jax.devices()[0]
 
 
-
 def tensor_cores() -> str:
   """Whether hector's tensor-core kernels are on here, as the table states it (this command never
   sets the switch: it reports what the environment chose)."""
@@ -258,8 +257,8 @@ def measure_case(model: str, graph, dim: int, *, heads: int = HEADS, repeats: in
       del dx
     del compiled, x, w
     _print_row(m)
-  best = next((m for m in sorted((m for m in case.rows if m.ok and m.row.plain
-                                  and m.row.dtype == "float32"), key=lambda m: m.seconds)), None)
+  ran = [m for m in case.rows if m.ok and m.row.plain and m.row.dtype == "float32"]
+  best = min(ran, key=lambda m: m.seconds) if ran else None
   if ref is None:
     case.exact_note = "row 1 did not run"
   elif best is None:
