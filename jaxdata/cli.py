@@ -34,6 +34,9 @@ BENCH = {
                "host_gather vs NumPy gather + device_put vs pinned memcpy"),
     "rgnn": ("jaxdata.bench.rgnn_command",
              "one RGCN, RGAT or HGT layer (fwd+bwd): jaxdata vs plain JAX vs PyG"),
+    "tensor-cores": ("jaxdata.bench.tensor_cores",
+                     "issue 19's bars: hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs "
+                     "bfloat16 vs plain JAX, side by side"),
     "minibatch": ("jaxdata.bench.minibatch",
                   "mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric vs jaxdata's "
                   "GPU-centric pipeline"),

@@ -303,10 +303,12 @@ def _precision(name: str):
 
 def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *, repeats: int,
                  notes: list[str], fallback_need: Callable[[], int] | None = None,
-                 mode: str = "train") -> None:
+                 mode: str = "train") -> peers.Compiled | None:
   """Builds, compiles and times one JAX formulation into `r` (mode "train": loss = sum(out * ct),
   gradients for x and w, any pytrees; "inference": the forward alone, sum(out * ct) as a
-  checksum); failures become r.status and notes.
+  checksum); failures become r.status and notes. Returns the compiled step where it ran (its
+  `run()` gives the step's outputs again: `jaxdata bench tensor-cores` compares gradients),
+  else None.
 
   Not run, and reported as "OOM (est. ...)", when XLA's analysis of the compiled step says it
   cannot fit in what `available_bytes` says is free; `fallback_need` gives the bytes beyond the
@@ -335,11 +337,12 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
       r.status = f"OOM (est. {gib(need + args)})"
       _note(notes, f"{where}: not run, it needs {gib(need)} beyond its arguments (XLA's "
                    f"analysis of the compiled step) and {gib(free)} are free")
-      return
+      return None
     phase = "running"
     timing = peers.time_jax(compiled, repeats=repeats, warmup=2, baseline=baseline)
     r.seconds, r.measured_bytes, r.loss = timing.seconds, timing.measured_bytes, timing.loss
     r.alone_seconds = timing.alone_seconds
+    return compiled
   except peers.Unavailable as e:
     r.status = "skipped"
     _note(notes, f"{r.formulation} row skipped: {e}")
@@ -347,6 +350,7 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
     r.status = "OOM" if is_oom(e) else "error"
     _note(notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} while {phase} "
                  f"({_short(e)})")
+  return None
 
 
 def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, precision: str,

@@ -69,7 +69,8 @@ def jaxdata_formulation(graph, *, precision=None) -> Formulation:
   """jaxdata's generated kernel, `jaxdata.hector.rgcn_message`, as a `Formulation`.
 
   The adapter between the benchmark (and tests) and `jaxdata.hector`: the only code that knows its
-  API. `graph` is a `jaxdata.data.HeteroGraph`. Raises `Unavailable` while `jaxdata.hector` has no
+  API. `graph` is a `jaxdata.data.HeteroGraph`, or its `hector.GraphArrays` already built (one
+  graph's arrays for several formulations). Raises `Unavailable` while `jaxdata.hector` has no
   `rgcn_message` / `GraphArrays`.
   """
   try:
@@ -80,7 +81,8 @@ def jaxdata_formulation(graph, *, precision=None) -> Formulation:
     raise Unavailable("jaxdata.hector.rgcn_message not built yet")
   if graph is None:
     raise Unavailable("no jaxdata.data.HeteroGraph of this graph to compile for")
-  arrays = hector.GraphArrays.from_graph(graph)
+  arrays = (graph if isinstance(graph, hector.GraphArrays)
+            else hector.GraphArrays.from_graph(graph))
   kwargs = {}
   if precision is not None and "precision" in inspect.signature(hector.rgcn_message).parameters:
     kwargs["precision"] = precision

@@ -1,0 +1,498 @@
+"""`jaxdata bench tensor-cores`: issue 19's acceptance table, measured side by side in one run.
+
+Issue 19's bars, for RGCN and RGAT forward + backward on the 2M-edge synthetic graph at dims 64
+and 128 (hector's generated kernels, `jaxdata.hector.rgcn_message` / `rgat_message`):
+
+  bfloat16                  >= 3x today's float32 kernels, and >= 8x the best plain-JAX
+                            formulation at default precision
+  float32 at "default"      >= 2x today's float32 kernels (TF32 tensor cores on a GPU)
+  float32 at "highest"      no slower than today, and float32-exact
+
+"Today's float32 kernels" are jaxdata's at precision "highest" (CUDA-core FMA kernels whether or
+not tensor cores are enabled: `jaxdata.hector.codegen.cuda.math`). For each model (`--models`)
+and dim (`--dims`), one case: the graph of `jaxdata bench rgnn` (RGCN: `rgnn.SYNTHETIC`, 200K
+nodes, 2M edges, 500 relations; RGAT: `rgnn_attention.SYNTHETIC`, 535 relations, `--heads`
+heads), rows in this order:
+
+  jaxdata float32 highest   the baseline (row 1)
+  jaxdata float32 default   TF32 on a GPU's tensor cores
+  jaxdata bfloat16          inputs and weights cast to bfloat16 on the device before the step
+  <plain JAX> float32       each of `jaxdata.reference`'s plain-JAX formulations at default
+  <plain JAX> bfloat16      precision, float32 and bfloat16 inputs; the fastest that runs, of
+                            either dtype, is "best plain JAX" (named in the table)
+
+One row is one forward + backward step (loss = sum(out * ct), gradients for x and every weight:
+W, and RGAT's attention vectors), timed as `jaxdata bench rgnn` times it (`rgnn.measure_step`:
+compiled ahead of time, the median of `--repeats` rounds of steps queued back to back,
+`jaxdata.timing`), with inputs, weights and graph on the device before timing and passed to the
+jitted step as arguments (numpy inputs or a captured graph add host-to-device copies to every
+step). A row that does not fit is "OOM" (`rgnn.is_oom`), never a crash. Error: max |dx - dx_1| /
+max |dx_1| against row 1's dx. Row 1's float32-exactness is checked against the fastest plain-JAX
+float32 formulation rerun at "highest" (untimed).
+
+    $ jaxdata bench tensor-cores --quick
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Sequence
+
+from jaxdata import command
+from jaxdata.bench import common, rgnn
+from jaxdata.bench import rgnn_attention as attention
+from jaxdata.bench import rgnn_peers as peers
+from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
+
+MODELS = ("rgcn", "rgat")
+DIMS = (64, 128)
+QUICK_DIMS = (32,)
+REPEATS = 7
+QUICK_REPEATS = 3
+HEADS = attention.HEADS
+#: The plain-JAX formulations (the same names for RGCN and RGAT), in the table's order.
+PLAIN_JAX = tuple(rgcn_ref.PLAIN_JAX)
+assert PLAIN_JAX == tuple(attention_ref.RGAT)
+#: Issue 19's bars: bfloat16 vs row 1, bfloat16 vs best plain JAX, float32 "default" vs row 1.
+BF16_VS_HIGHEST, BF16_VS_PLAIN, TF32_VS_HIGHEST = 3.0, 8.0, 2.0
+#: Row 1's dx against plain JAX at "highest", both float32: at most this is "float32-exact"
+#: (sums in another order give ~1e-6 relative; TF32 gave 2e-4 to 8e-3 in session 12's probe).
+EXACT = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """What one row runs: a formulation ("jaxdata" or a plain-JAX name), a dtype, a precision."""
+  formulation: str
+  dtype: str  # "float32" or "bfloat16"
+  precision: str  # "highest" or "default"
+
+  @property
+  def name(self) -> str:
+    if self.formulation == "jaxdata":
+      return "jaxdata " + (self.dtype if self.dtype == "bfloat16" else
+                           f"{self.dtype} {self.precision}")
+    return f"{self.formulation} {self.dtype}"
+
+  @property
+  def plain(self) -> bool:
+    return self.formulation != "jaxdata"
+
+
+BASELINE = Row("jaxdata", "float32", "highest")
+TF32 = Row("jaxdata", "float32", "default")
+BF16 = Row("jaxdata", "bfloat16", "default")
+ROWS = (BASELINE, TF32, BF16,
+        *(Row(f, d, "default") for f in PLAIN_JAX for d in ("float32", "bfloat16")))
+
+
+@dataclasses.dataclass
+class Measured:
+  """One row of one case: its time (None unless it ran), status, and dx error against row 1."""
+  model: str
+  dim: int
+  row: Row
+  seconds: float | None = None
+  status: str = "ok"  # "ok", "OOM", "OOM (est. X)", "skipped", "error"
+  loss: float | None = None
+  error: float | None = None  # max |dx - dx_1| / max |dx_1|
+  dx: object = None  # float64 NumPy dx, only where run(keep_dx=True)
+
+  @property
+  def ok(self) -> bool:
+    return self.status == "ok"
+
+
+@dataclasses.dataclass
+class Case:
+  """One (model, dim): its rows, and row 1's float32-exactness check (`exact`: (error, the plain
+  formulation it was checked against), or None with `exact_note` saying why)."""
+  model: str
+  dim: int
+  rows: list[Measured]
+  exact: tuple[float, str] | None = None
+  exact_note: str = ""
+
+  def row(self, row: Row) -> Measured:
+    return next(m for m in self.rows if m.row == row)
+
+  def best_plain(self) -> Measured | None:
+    """The fastest plain-JAX row that ran (either dtype), or None."""
+    ran = [m for m in self.rows if m.row.plain and m.ok]
+    return min(ran, key=lambda m: m.seconds) if ran else None
+
+
+# ------------------------------------------------------------------------------------------------
+# The device, and tensor cores on or off
+
+
+def device():
+  """The device this bench runs on: JAX's default device where one is set
+  (`jax.default_device`, `JAX_DEFAULT_DEVICE`), else the first device."""
+  import jax  # pylint: disable=g-import-not-at-top
+  chosen = jax.config.jax_default_device
+  if isinstance(chosen, str):  # a platform name
+    return jax.devices(chosen)[0]
+  return chosen if chosen is not None else jax.devices()[0]
+
+
+def tensor_cores() -> str:
+  """Whether hector's tensor-core kernels are on here, as the table states it (this command never
+  sets the switch: it reports what the environment chose)."""
+  try:
+    from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    return f"unknown (jaxdata.hector.codegen.cuda is not importable: {e})"
+  enabled = getattr(cuda, "tensor_cores_enabled", None)
+  env = getattr(cuda, "TENSOR_CORES_ENV", "JAXDATA_HECTOR_TENSOR_CORES")
+  setting = f"{env}={os.environ[env]!r}" if env in os.environ else f"{env} unset"
+  if enabled is None:
+    return f"unknown (no jaxdata.hector.codegen.cuda.tensor_cores_enabled; {setting})"
+  text = f"{'on' if enabled() else 'off'} ({setting})"
+  if device().platform != "gpu":
+    text += ("; this run is not on a GPU: hector's CPU kernels compute every row in float32 "
+             "(bfloat16 operands widened), so no row uses tensor cores")
+  return text
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _cast(tree, dtype):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.tree.map(lambda a: a.astype(dtype), tree)
+
+
+def _relative_error(dx, ref) -> float:
+  """max |dx - ref| / max |ref|, in float32 on the device."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  ref = ref.astype(jnp.float32)
+  top = jnp.max(jnp.abs(ref))
+  return float(jnp.max(jnp.abs(dx.astype(jnp.float32) - ref)) / jnp.maximum(top, 1e-30))
+
+
+class _Inputs:
+  """One case's graph arguments and inputs on the device, and how to build each row."""
+
+  def __init__(self, model: str, graph, dim: int, heads: int):
+    import jax  # pylint: disable=g-import-not-at-top
+    here = device()
+    self.model, self.dim = model, dim
+    if model == "rgcn":
+      g = graph
+      x, w, ct = rgnn.case_arrays(g, dim)
+      self.edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+                                             num_relations=g.num_relations, norm=g.norm,
+                                             device=here)
+      self.arrays = attention.graph_arrays(attention.Case(g))
+      self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
+    else:
+      g = graph.graph
+      x, w, ct = attention.case_arrays("rgat", graph, dim, heads)
+      self.edges = attention_ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
+                                             num_relations=g.num_relations, device=here)
+      self.arrays = attention.graph_arrays(graph)
+      self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
+    self.x, self.w, self.ct = jax.device_put((x, w, ct), here)
+
+  def build(self, row: Row, precision: str | None = None) -> peers.Formulation:
+    """The row's formulation (at `precision` instead of the row's where given)."""
+    prec = rgnn._precision(precision or row.precision)  # pylint: disable=protected-access
+    if row.plain:
+      if self.model == "rgcn":
+        return peers.plain_jax(row.formulation, self.edges, self.num_nodes, precision=prec)
+      return attention.plain_formulation("rgat", row.formulation, self.edges, precision=prec)
+    if isinstance(self.arrays, Exception):
+      raise self.arrays
+    if self.model == "rgcn":
+      return peers.jaxdata_formulation(self.arrays, precision=prec)
+    return attention.rgat_jaxdata_formulation(self.arrays, None, precision=prec)
+
+  def inputs(self, dtype: str):
+    """(x, weights) in `dtype`, on the device (cast there, before any timing)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    if dtype == "float32":
+      return self.x, self.w
+    return jax.block_until_ready(_cast((self.x, self.w), dtype))
+
+  def fallback(self, row: Row):
+    """Bytes of RGCN's per-edge weights where the backend has no memory analysis (the CPU)."""
+    if self.model == "rgcn" and row.formulation == "per-edge weights":
+      size = 2 if row.dtype == "bfloat16" else 4
+      return lambda: rgcn_ref.per_edge_weight_bytes(self.num_edges, self.dim, self.dim, size)
+    return None
+
+
+def _print_row(m: Measured) -> None:
+  what = f"{_ms(m)} ms" if m.ok else m.status
+  err = "" if m.error is None else f", dx error {m.error:.2e}"
+  print(f"  {m.model} dim {m.dim}: {m.row.name}: {what}{err}", flush=True)
+
+
+def measure_case(model: str, graph, dim: int, *, heads: int = HEADS, repeats: int = REPEATS,
+                 notes: list[str], keep_dx: bool = False) -> Case:
+  """Every row of one (model, dim) on `graph` (RGCN: an `rgnn.Graph`; RGAT: an
+  `rgnn_attention.Case`); then row 1's float32-exactness check. Prints a line per row."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  data = _Inputs(model, graph, dim, heads)
+  case = Case(model, dim, [])
+  ref = None  # row 1's dx, on the device
+  for row in ROWS:
+    m = Measured(model, dim, row)
+    case.rows.append(m)
+    x, w = data.inputs(row.dtype)
+    r = rgnn.Result(model, dim, row.name)
+    compiled = rgnn.measure_step(r, lambda row=row: data.build(row), x, w, data.ct,
+                                 repeats=repeats, notes=notes, fallback_need=data.fallback(row))
+    m.seconds, m.status, m.loss = r.seconds, r.status, r.loss
+    if compiled is not None:
+      _, (dx, _) = compiled.run()
+      if row == BASELINE:
+        ref = dx
+      if ref is not None:
+        m.error = _relative_error(dx, ref)
+      if keep_dx:
+        m.dx = np.asarray(dx.astype(np.float32), np.float64)
+      del dx
+    del compiled, x, w
+    _print_row(m)
+  ran = [m for m in case.rows if m.ok and m.row.plain and m.row.dtype == "float32"]
+  best = min(ran, key=lambda m: m.seconds) if ran else None
+  if ref is None:
+    case.exact_note = "row 1 did not run"
+  elif best is None:
+    case.exact_note = "no plain-JAX float32 row ran"
+  else:
+    where = f"{model}, dim {dim}, {best.row.formulation} float32 highest (exactness check)"
+    try:
+      step = peers.compile_step(data.build(best.row, "highest"), data.x, data.w, data.ct)
+      _, (dx, _) = step.run()
+      case.exact = (_relative_error(dx, ref), best.row.formulation)
+      del step, dx
+    except Exception as e:  # pylint: disable=broad-except
+      why = "out of memory" if rgnn.is_oom(e) else "failed"
+      case.exact_note = f"{best.row.formulation} at highest {why}"
+      rgnn._note(notes, f"{where}: {why} ({rgnn._short(e)})")  # pylint: disable=protected-access
+  if case.exact is not None:
+    print(f"  {model} dim {dim}: row 1's dx vs {case.exact[1]} float32 highest: "
+          f"{case.exact[0]:.2e}", flush=True)
+  return case
+
+
+def load(model: str, *, quick: bool, seed: int = 0):
+  """The case's graph: RGCN's synthetic `rgnn.Graph`, RGAT's `rgnn_attention.Case`."""
+  if model == "rgcn":
+    graph, why = rgnn.load_graph("synthetic", data_dir=None, quick=quick, seed=seed)
+  else:
+    graph, why = attention.load_case("rgat", "synthetic", data_dir=None, quick=quick, seed=seed)
+  if graph is None:
+    raise RuntimeError(f"jaxdata bench tensor-cores: the {model} graph: {why}")
+  return graph
+
+
+def describe(model: str, graph) -> str:
+  return f"{model}: {graph.describe()}"
+
+
+def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: int = HEADS,
+        quick: bool = False, repeats: int = REPEATS, keep_dx: bool = False,
+        on_case: Callable[[list[Case], list[str], list[str]], None] | None = None
+        ) -> tuple[list[Case], list[str], list[str]]:
+  """Every case, in order; returns (cases, notes on what failed, the graphs described).
+
+  `keep_dx`: keep every row's dx as float64 NumPy in `Measured.dx` (for tests; on the full graph
+  that is 1 MB per thousand nodes and dim 128 per row). `on_case(cases, notes, graphs)`: called
+  after each case with what has been measured so far (the CLI rewrites its table).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  for m in models:
+    if m not in MODELS:
+      raise ValueError(f"models must be from {MODELS}, got {m!r}")
+  for d in dims:
+    if d <= 0:
+      raise ValueError(f"dims must be positive, got {d}")
+    if "rgat" in models:
+      attention.head_features(d, heads)
+  cases, notes, graphs = [], [], []
+  for model in models:
+    graph = load(model, quick=quick)
+    graphs.append(describe(model, graph))
+    print(graphs[-1], flush=True)
+    for dim in dims:
+      cases.append(measure_case(model, graph, dim, heads=heads, repeats=repeats, notes=notes,
+                                keep_dx=keep_dx))
+      if on_case is not None:
+        on_case(cases, notes, graphs)
+    del graph
+    jax.clear_caches()
+  return cases, notes, graphs
+
+
+# ------------------------------------------------------------------------------------------------
+# The table
+
+
+def _ms(m: Measured) -> str:
+  return f"{m.seconds * 1e3:.3f}" if m.ok else m.status
+
+
+def _ratio(x: float) -> str:
+  return f"{x:.2f}x"
+
+
+def _bar(what: str, value: float, need: float) -> str:
+  return f"{what} >= {need:g}x: {'met' if value >= need else 'not met'}"
+
+
+def bars(case: Case, m: Measured) -> str:
+  """Issue 19's bars that apply to row `m`, each met or not met; blank for plain-JAX rows."""
+  base, best = case.row(BASELINE), case.best_plain()
+  if m.row == BASELINE:
+    if not m.ok:
+      return ""
+    if case.exact is None:
+      exact = f"float32-exact: not checked ({case.exact_note})"
+    else:
+      err, name = case.exact
+      exact = (f"float32-exact: {'met' if err <= EXACT else 'not met'} (dx vs {name} at "
+               f"highest: {err:.1e})")
+    return f"{exact}; no slower than today: this row is today's kernel"
+  if m.row.plain or not m.ok:
+    return ""
+  out = []
+  if base.ok:
+    need = BF16_VS_HIGHEST if m.row == BF16 else TF32_VS_HIGHEST
+    out.append(_bar("vs f32 highest", base.seconds / m.seconds, need))
+  if m.row == BF16 and best is not None:
+    out.append(_bar("vs best plain JAX", best.seconds / m.seconds, BF16_VS_PLAIN))
+  return "; ".join(out)
+
+
+HEADER = ["model", "dim", "row", "fwd+bwd ms", "vs f32 highest", "vs best plain JAX (default)",
+          "dx error vs f32 highest", "issue 19's bars"]
+
+
+def table_rows(cases: Sequence[Case]) -> tuple[list[str], list[list[str]]]:
+  """(header, rows): every row of every case, the ratios computed from the same measurements."""
+  rows = []
+  for case in cases:
+    base, best = case.row(BASELINE), case.best_plain()
+    for m in case.rows:
+      vs_base = vs_plain = ""
+      if m.ok and not m.row.plain and base.ok:
+        vs_base = _ratio(base.seconds / m.seconds)
+      if m.ok and m.row in (TF32, BF16):
+        if best is not None:
+          vs_plain = f"{_ratio(best.seconds / m.seconds)} ({best.row.name})"
+        elif any(x.row.plain for x in case.rows):
+          plain = [x for x in case.rows if x.row.plain]
+          vs_plain = ("all OOM" if all(x.status.startswith("OOM") for x in plain)
+                      else "none ran")
+      error = "" if m.error is None else f"{m.error:.1e}"
+      rows.append([case.model.upper(), str(case.dim), m.row.name, _ms(m), vs_base, vs_plain,
+                   error, bars(case, m)])
+  return HEADER, rows
+
+
+def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str], command_line: str,
+             *, heads: int, repeats: int, tensor_cores_text: str, planned: int | None = None
+             ) -> str:
+  """The table as a document: what was measured, the command, the machine, the table
+  (`planned`: the number of cases the run will measure, where it has measured fewer so far)."""
+  hw, here = common.hardware(), device()
+  text = [
+      "# Hector on tensor cores: issue 19's bars", "",
+      "Measured by `jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py): milliseconds of "
+      "one RGCN or RGAT layer's relational part, forward + backward (loss = sum(out * ct), "
+      f"gradients for x and every weight: W and RGAT's attention vectors; RGAT with {heads} "
+      "heads), the whole graph, per step: the median of "
+      f"{repeats} round{'s' if repeats != 1 else ''} of steps queued back to back "
+      "(`jaxdata.timing`), inputs, weights and "
+      "graph on the device before timing and passed to the jitted step as arguments. Rows: "
+      "*jaxdata float32 highest* (`jaxdata.hector.rgcn_message` / `rgat_message` at precision "
+      "\"highest\": the CUDA-core kernels, today's float32 kernels and the baseline), *jaxdata "
+      "float32 default* (TF32 tensor cores on a GPU), *jaxdata bfloat16* (inputs and weights "
+      "cast to bfloat16 on the device before the step), then the plain-JAX formulations of "
+      "jaxdata/reference/ at XLA's default precision with float32 and with bfloat16 inputs. "
+      "*vs f32 highest*: row 1's time over the row's. *vs best plain JAX (default)*: the "
+      "fastest plain-JAX row that ran (either dtype, named in brackets) over the row's. *dx "
+      "error*: max |dx - dx_1| / max |dx_1| against row 1's dx. Bars (issue 19): bfloat16 >= "
+      f"{BF16_VS_HIGHEST:g}x row 1 and >= {BF16_VS_PLAIN:g}x the best plain JAX at default "
+      f"precision; float32 at default >= {TF32_VS_HIGHEST:g}x row 1; at highest no slower than "
+      "today and float32-exact. Row 1 is today's kernel (hector runs float32 at \"highest\" on "
+      "CUDA cores whether or not tensor cores are on), so *no slower than today* is a "
+      "comparison with an earlier table, not with a row here; *float32-exact* compares row 1's "
+      "dx with the fastest plain-JAX float32 formulation rerun at \"highest\" (untimed): met "
+      f"where the error is at most {EXACT:g} (float32 sums in another order; TF32 gives 2e-4 "
+      "and more). *OOM*: the row failed for memory; *OOM (est.)*: not run, XLA's analysis of "
+      "the compiled step says it cannot fit.", "",
+      f"Command: `{command_line}`", "",
+      f"- device: {here.device_kind} ({here.platform})",
+      f"- tensor cores: {tensor_cores_text}",
+      *[f"- {k}: {v}" for k, v in hw.items() if k != "device"], "",
+      "Graphs:", "", *[f"- {g}" for g in graphs], "",
+      common.markdown_table(*table_rows(cases)), ""]
+  if planned is not None and len(cases) < planned:
+    text += [f"**Incomplete**: {len(cases)} of {planned} cases measured so far (the run was "
+             "cut short, or is still running).", ""]
+  if notes:
+    text += ["Skipped or unexpected:", "", *(f"- {n}" for n in notes), ""]
+  return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------- the CLI
+def add_arguments(parser) -> None:
+  """`jaxdata bench tensor-cores` options."""
+  parser.add_argument("--models", type=command.listing(command.choice(MODELS)),
+                      default=list(MODELS), help="layers, comma-separated")
+  parser.add_argument("--dims", type=command.listing(command.positive_int),
+                      help="hidden sizes, comma-separated (default 64,128; --quick 32)")
+  parser.add_argument("--heads", type=command.positive_int, default=HEADS,
+                      help="RGAT's attention heads, each of dim/heads features")
+  parser.add_argument("--repeats", type=command.positive_int,
+                      help=f"timed rounds per row, median (default {REPEATS}; --quick "
+                           f"{QUICK_REPEATS})")
+  parser.add_argument("--quick", action="store_true",
+                      help="the small synthetic graph of `jaxdata bench rgnn --quick`, dim 32, "
+                           f"{QUICK_REPEATS} repeats (flags given still apply)")
+  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
+                      help="write the table here, with the command, machine and date")
+
+
+def main(args) -> int:
+  """`jaxdata bench tensor-cores`."""
+  # As `jaxdata bench rgnn`: allocate as needed, so an OOM row leaves the next rows room.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+  dims = common.pick(args.dims, args.quick, list(QUICK_DIMS), list(DIMS))
+  repeats = common.pick(args.repeats, args.quick, QUICK_REPEATS, REPEATS)
+  if "rgat" in args.models:
+    for d in dims:
+      if d % args.heads:
+        raise command.UsageError(f"argument --dims: {d} is not a multiple of --heads "
+                                 f"{args.heads} (RGAT)")
+  import jax  # pylint: disable=g-import-not-at-top
+  state = tensor_cores()
+  print(f"jaxdata bench tensor-cores on {device().device_kind}; jax {jax.__version__}; "
+        f"tensor cores: {state}", flush=True)
+  models = list(dict.fromkeys(args.models))
+  console = command.console(width=200)
+
+  def write(cases, notes, graphs, quiet=False):
+    text = markdown(cases, notes, graphs, common.command_line(), heads=args.heads,
+                    repeats=repeats, tensor_cores_text=state, planned=len(models) * len(dims))
+    if quiet:  # after each case: the table so far, in case the run is cut short
+      with open(args.write, "w") as f:
+        f.write(text)
+    else:
+      common.write(console, args.write, text)
+
+  cases, notes, graphs = run(models, dims, heads=args.heads, quick=args.quick, repeats=repeats,
+                             on_case=(lambda *so_far: write(*so_far, quiet=True))
+                             if args.write else None)
+  common.print_table(console, "issue 19: hector on tensor cores, forward + backward",
+                     *table_rows(cases), notes, left=("model", "row", "issue 19's bars"))
+  if args.write:
+    write(cases, notes, graphs)
+  return 0
