@@ -82,8 +82,14 @@ class Row:
 BASELINE = Row("jaxdata", "float32", "highest")
 TF32 = Row("jaxdata", "float32", "default")
 BF16 = Row("jaxdata", "bfloat16", "default")
-ROWS = (BASELINE, TF32, BF16,
-        *(Row(f, d, "default") for f in PLAIN_JAX for d in ("float32", "bfloat16")))
+DTYPES = ("float32", "bfloat16")
+ROWS = (BASELINE, TF32, BF16, *(Row(f, d, "default") for f in PLAIN_JAX for d in DTYPES))
+
+
+def rows(plain_dtypes: Sequence[str] = DTYPES) -> tuple[Row, ...]:
+  """The rows run: jaxdata's three, and plain JAX's in these input dtypes only (its bfloat16
+  formulations take 13-300x its float32 time on the H200, and minutes of a run)."""
+  return tuple(r for r in ROWS if not r.plain or r.dtype in plain_dtypes)
 
 
 @dataclasses.dataclass
@@ -231,14 +237,15 @@ def _print_row(m: Measured) -> None:
 
 
 def measure_case(model: str, graph, dim: int, *, heads: int = HEADS, repeats: int = REPEATS,
-                 notes: list[str], keep_dx: bool = False) -> Case:
+                 notes: list[str], keep_dx: bool = False,
+                 plain_dtypes: Sequence[str] = DTYPES) -> Case:
   """Every row of one (model, dim) on `graph` (RGCN: an `rgnn.Graph`; RGAT: an
   `rgnn_attention.Case`); then row 1's float32-exactness check. Prints a line per row."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   data = _Inputs(model, graph, dim, heads)
   case = Case(model, dim, [])
   ref = None  # row 1's dx, on the device
-  for row in ROWS:
+  for row in rows(plain_dtypes):
     m = Measured(model, dim, row)
     case.rows.append(m)
     x, w = data.inputs(row.dtype)
@@ -297,6 +304,7 @@ def describe(model: str, graph) -> str:
 
 def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: int = HEADS,
         quick: bool = False, repeats: int = REPEATS, keep_dx: bool = False,
+        plain_dtypes: Sequence[str] = DTYPES,
         on_case: Callable[[list[Case], list[str], list[str]], None] | None = None
         ) -> tuple[list[Case], list[str], list[str]]:
   """Every case, in order; returns (cases, notes on what failed, the graphs described).
@@ -321,7 +329,7 @@ def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: in
     print(graphs[-1], flush=True)
     for dim in dims:
       cases.append(measure_case(model, graph, dim, heads=heads, repeats=repeats, notes=notes,
-                                keep_dx=keep_dx))
+                                keep_dx=keep_dx, plain_dtypes=plain_dtypes))
       if on_case is not None:
         on_case(cases, notes, graphs)
     del graph
@@ -453,6 +461,10 @@ def add_arguments(parser) -> None:
   parser.add_argument("--repeats", type=command.positive_int,
                       help=f"timed rounds per row, median (default {REPEATS}; --quick "
                            f"{QUICK_REPEATS})")
+  parser.add_argument("--plain-dtypes", type=command.listing(command.choice(DTYPES)),
+                      default=list(DTYPES),
+                      help="input dtypes of the plain-JAX rows, comma-separated (its bfloat16 "
+                           "rows are by far its slowest)")
   parser.add_argument("--quick", action="store_true",
                       help="the small synthetic graph of `jaxdata bench rgnn --quick`, dim 32, "
                            f"{QUICK_REPEATS} repeats (flags given still apply)")
@@ -489,6 +501,7 @@ def main(args) -> int:
       common.write(console, args.write, text)
 
   cases, notes, graphs = run(models, dims, heads=args.heads, quick=args.quick, repeats=repeats,
+                             plain_dtypes=args.plain_dtypes,
                              on_case=(lambda *so_far: write(*so_far, quiet=True))
                              if args.write else None)
   common.print_table(console, "issue 19: hector on tensor cores, forward + backward",
