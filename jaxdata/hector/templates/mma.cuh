@@ -199,6 +199,27 @@ JAXDATA_INLINE void zero(float (&acc)[MT][NT][4]) {
 //: k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply
 #define JAXDATA_MMA_STAGES 3
 
+// The k-loop of a cp.async pipeline over nk steps: issue(kt) starts the copies of step kt into
+// its stage (kt % STAGES), STAGES - 1 steps ahead of multiply(kt), which reads that stage.
+// Returns with every copy landed (the caller syncs before reusing shared memory).
+template <int STAGES, typename Issue, typename Multiply>
+JAXDATA_INLINE void pipeline(int nk, Issue issue, Multiply multiply) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nk) issue(s);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step kt is in shared memory, and every warp is done with step kt - 1
+    if (kt + STAGES - 1 < nk) issue(kt + STAGES - 1);
+    cp_async_commit();
+    multiply(kt);
+  }
+  cp_async_wait<0>();
+}
+
 // The row GEMM on tensor cores (`gemm_mma`): gemm_simt's tiles of BM edges x BN columns, its
 // rows, functors and outputs (templates/gemm.cuh), but `w_at(r, h, k, n)` gives the address of
 // a weight element, not its value. The block's warps form a (BM / 16 MT) x WN grid, each an
@@ -277,21 +298,10 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
       }
     }
   };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < NK) issue(s);
-    cp_async_commit();
-  }
-#pragma unroll 1
-  for (int kt = 0; kt < NK; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // step kt is in shared memory, and every warp is done with step kt - 1
-    if (kt + STAGES - 1 < NK) issue(kt + STAGES - 1);
-    cp_async_commit();
+  pipeline<STAGES>(NK, issue, [&](int kt) {
     warp_mma<Mma, MT, NT, BK, true, LDA, TRANSPOSE, LDB, false>(
         acc, As + (kt % STAGES) * A_STAGE, Bs + (kt % STAGES) * B_STAGE, m0, n0, lane, nullptr);
-  }
-  cp_async_wait<0>();
+  });
   __syncthreads();
   // the tile into shared memory (over the A/B tiles, no longer needed), then out
   float* Cs = reinterpret_cast<float*>(smem);  // [BM][LDC]
@@ -391,21 +401,11 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
       cp_async<int(CR * sizeof(TR))>(rs + j * LDR + nc, use ? right + o + n : right, use);
     }
   };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nk) issue(s);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < nk; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // step kt is in shared memory, and every warp is done with step kt - 1
-    if (kt + STAGES - 1 < nk) issue(kt + STAGES - 1);
-    cp_async_commit();
+  pipeline<STAGES>(nk, issue, [&](int kt) {
     warp_mma<Mma, MT, NT, BK, false, LDL, false, LDR, SCALED>(
         acc, Ls + (kt % STAGES) * L_STAGE, Rs + (kt % STAGES) * R_STAGE, m0, n0, lane,
         SCALED ? esc + kt * BK : nullptr);
-  }
-  cp_async_wait<0>();
+  });
   float* o = out + (r * HEADS + h) * (K * N);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
