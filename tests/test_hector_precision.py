@@ -130,6 +130,19 @@ def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   assert cpu() == cpu(precision="highest")
 
 
+def test_rows_that_are_not_whole_four_byte_pieces_stay_on_cuda_cores(monkeypatch):
+  """cp.async copies 4, 8 or 16 bytes: bfloat16 rows of an odd width (7 features: 14 bytes)
+  cannot be staged that way, so those instances keep the CUDA-core kernels, while the same
+  layer with 8 features goes to tensor cores."""
+  from jaxdata.hector.codegen import cuda as cuda_codegen
+  monkeypatch.delenv(cuda_codegen.TENSOR_CORES_ENV, raising=False)
+  for din, on_tensor_cores in ((7, False), (8, True)):
+    g, ga, x, w, _ = _rgcn_case(jnp.bfloat16, din, 8)
+    src = hector.rgcn_layer.sources(ga, "cuda", x=x, W=w)
+    assert ("gemm_mma<MmaBF16," in src) == on_tensor_cores, din
+    assert ("gemm_simt<" in src) == (not on_tensor_cores), din
+
+
 # ----------------------------------------------------------------------------- numerics
 #: max |got - want| / max |want| allowed, per (dtype, level); the CPU is exact at every level
 TOL = {("float32", "highest"): 2e-5, ("float32", "default"): 4e-3,
