@@ -196,7 +196,7 @@ JAXDATA_INLINE void zero(float (&acc)[MT][NT][4]) {
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
 }
 
-//: k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply
+// k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply
 #define JAXDATA_MMA_STAGES 3
 
 // The k-loop of a cp.async pipeline over nk steps: issue(kt) starts the copies of step kt into
