@@ -145,16 +145,10 @@ def device():
 def tensor_cores() -> str:
   """Whether hector's tensor-core kernels are on here, as the table states it (this command never
   sets the switch: it reports what the environment chose)."""
-  try:
-    from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    return f"unknown (jaxdata.hector.codegen.cuda is not importable: {e})"
-  enabled = getattr(cuda, "tensor_cores_enabled", None)
-  env = getattr(cuda, "TENSOR_CORES_ENV", "JAXDATA_HECTOR_TENSOR_CORES")
+  from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
+  env = cuda.TENSOR_CORES_ENV
   setting = f"{env}={os.environ[env]!r}" if env in os.environ else f"{env} unset"
-  if enabled is None:
-    return f"unknown (no jaxdata.hector.codegen.cuda.tensor_cores_enabled; {setting})"
-  text = f"{'on' if enabled() else 'off'} ({setting})"
+  text = f"{'on' if cuda.tensor_cores_enabled() else 'off'} ({setting})"
   if device().platform != "gpu":
     text += ("; this run is not on a GPU: hector's CPU kernels compute every row in float32 "
              "(bfloat16 operands widened), so no row uses tensor cores")
@@ -192,14 +186,13 @@ class _Inputs:
                                              num_relations=g.num_relations, norm=g.norm,
                                              device=here)
       self.arrays = attention.graph_arrays(attention.Case(g))
-      self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
     else:
       g = graph.graph
       x, w, ct = attention.case_arrays("rgat", graph, dim, heads)
       self.edges = attention_ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
                                              num_relations=g.num_relations, device=here)
       self.arrays = attention.graph_arrays(graph)
-      self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
+    self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
     self.x, self.w, self.ct = jax.device_put((x, w, ct), here)
 
   def build(self, row: Row, precision: str | None = None) -> peers.Formulation:

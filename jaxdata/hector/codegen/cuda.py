@@ -72,8 +72,7 @@ def _chunkable(k, dtypes: tuple[str, ...]) -> bool:
             (k.weight, k.k if k.transpose else k.n, k.k if k.transpose else k.n)]
   else:
     rows = [(k.left.slot, k.k, max(k.left.width, 1)), (k.right.slot, k.n, max(k.right.width, 1))]
-  return all(extent * size(s) % 4 == 0 and stride * size(s) % 4 == 0
-             for s, extent, stride in rows)
+  return all((extent | stride) * size(s) % 4 == 0 for s, extent, stride in rows)
 
 
 def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:

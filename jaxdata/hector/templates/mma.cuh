@@ -58,10 +58,10 @@ template <typename S> struct Pad { enum { K = 16 / sizeof(S), X = 32 / sizeof(S)
 // keeps such instances on CUDA cores, jaxdata/hector/codegen/cuda.py `_chunkable`).
 template <typename S>
 __host__ __device__ constexpr int chunk(int extent, int stride) {
-  return (extent * int(sizeof(S))) % 16 == 0 && (stride * int(sizeof(S))) % 16 == 0 ? 16 / int(sizeof(S))
-       : (extent * int(sizeof(S))) % 8 == 0 && (stride * int(sizeof(S))) % 8 == 0 ? 8 / int(sizeof(S))
-       : (extent * int(sizeof(S))) % 4 == 0 && (stride * int(sizeof(S))) % 4 == 0 ? 4 / int(sizeof(S))
-       : 0;
+  // both are multiples of 2^k bytes exactly where their bitwise or is
+  return ((extent | stride) * int(sizeof(S))) % 16 == 0 ? 16 / int(sizeof(S))
+       : ((extent | stride) * int(sizeof(S))) % 8 == 0 ? 8 / int(sizeof(S))
+       : ((extent | stride) * int(sizeof(S))) % 4 == 0 ? 4 / int(sizeof(S)) : 0;
 }
 
 // cp.async of BYTES (4, 8 or 16) from global `src` to shared `dst`, or BYTES zeros where !valid

@@ -114,6 +114,27 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
   }
 }
 
+// Feature f of positions [lo, hi): out[target(e) * W + f] += value(e, f) for e = at(q), summed
+// while the target stays the same, one atomic per run of equal targets.
+template <int W, typename At, typename Ok, typename Target, typename Value>
+JAXDATA_INLINE void run_sums(int64_t lo, int64_t hi, int f, float* out, At at, Ok ok,
+                             Target target, Value value) {
+  int64_t run = -1;
+  float sum = 0.0f;
+  for (int64_t q = lo; q < hi; ++q) {
+    const int64_t e = at(q);
+    if (!ok(e)) continue;
+    const int64_t to = target(e);
+    if (to != run) {
+      if (run >= 0) atomicAdd(out + run * W + f, sum);
+      run = to;
+      sum = 0.0f;
+    }
+    sum += value(e, f);
+  }
+  if (run >= 0) atomicAdd(out + run * W + f, sum);
+}
+
 // The relation sum: out[r * W + f] += value(e, f) over the edges e of relation r. Each thread
 // owns one feature and a run of consecutive edges; edges are sorted by relation, so it sums
 // while the relation stays the same and adds one atomic per relation it crosses (rather than
@@ -125,51 +146,26 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
   const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t chunks = threads / W;
   if (tid >= chunks * W) return;
-  const int f = int(tid % W);
   const int64_t per = (E + chunks - 1) / chunks;
-  const int64_t lo = (tid / W) * per, hi = min(E, lo + per);
-  int64_t run = -1;
-  float sum = 0.0f;
-  for (int64_t e = lo; e < hi; ++e) {
-    if (!ok(e)) continue;
-    const int64_t r = etype[e];
-    if (r != run) {
-      if (run >= 0) atomicAdd(out + run * W + f, sum);
-      run = r;
-      sum = 0.0f;
-    }
-    sum += value(e, f);
-  }
-  if (run >= 0) atomicAdd(out + run * W + f, sum);
+  const int64_t lo = (tid / W) * per;
+  run_sums<W>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
+              [&](int64_t e) -> int64_t { return etype[e]; }, value);
 }
 
 // The grouped sum: out[target(e) * W + f] += value(e, f), visiting the edges in `order`, a
 // permutation that puts edges of equal target next to each other (the CSC view for
 // destinations, the CSR view for sources, pair_edges for pairs). Each thread owns one feature of
-// RUN consecutive positions; it sums while the target stays the same and adds one atomic per
-// run: a node's in-edges cost one atomic per RUN of them, where edge_map adds one per edge.
+// RUN consecutive positions (`run_sums`): a node's in-edges cost one atomic per RUN of them,
+// where edge_map adds one per edge.
 template <int W, int RUN, typename Ok, typename Target, typename Value>
 JAXDATA_INLINE void grouped_sum(int64_t E, const int32_t* order, float* out, Ok ok,
                                 Target target, Value value) {
   const int64_t total = (E + RUN - 1) / RUN * W;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
-    const int f = int(t % W);
-    const int64_t lo = t / W * RUN, hi = min(E, lo + RUN);
-    int64_t run = -1;
-    float sum = 0.0f;
-    for (int64_t q = lo; q < hi; ++q) {
-      const int64_t e = order[q];
-      if (!ok(e)) continue;
-      const int64_t to = target(e);
-      if (to != run) {
-        if (run >= 0) atomicAdd(out + run * W + f, sum);
-        run = to;
-        sum = 0.0f;
-      }
-      sum += value(e, f);
-    }
-    if (run >= 0) atomicAdd(out + run * W + f, sum);
+    const int64_t lo = t / W * RUN;
+    run_sums<W>(lo, min(E, lo + RUN), int(t % W), out,
+                [&](int64_t q) -> int64_t { return order[q]; }, ok, target, value);
   }
 }
 
