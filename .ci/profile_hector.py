@@ -70,8 +70,11 @@ def _print_plans() -> None:
       if isinstance(layer, hc.Layer) and id(layer) not in seen:
         seen.add(id(layer))
         for plan in layer._plans.values():  # pylint: disable=protected-access
-          print("forward kernels:", *plan.forward_kernels, sep="\n  ")
-          print("backward kernels:", *plan.backward_kernels, sep="\n  ")
+          for title, kernels in (("forward", plan.forward_kernels),
+                                 ("backward", plan.backward_kernels)):
+            # the output's domain and feature shape tell the grids of ncu's table apart
+            print(f"{title} kernels:", *(f"{k}   -> {k.output.domain} {k.output.shape}"
+                                         for k in kernels), sep="\n  ")
 
 
 def latency_vs_throughput(graph: str, dims: str) -> None:

@@ -98,14 +98,16 @@ def test_rgat_float32_matches_reference(device, passes, k, heads, d):
 
 
 def test_rgat_hub_nodes_match_reference(device):
-  """Nodes on both sides of the CUDA softmax's warp/block split (codegen.SOFTMAX_BLOCK_DEGREE),
-  two heavy nodes in one block's chunk, a hub far above the split, and enough nodes that the
-  blocks stride over the grid (a heavy node at the very end), among light nodes and nodes with
-  no in-edges."""
+  """Nodes on both sides of each split of the CUDA softmax's tiers: group/warp
+  (codegen.SOFTMAX_GROUP), a warp's lanes holding one edge or more (32), warp/block
+  (codegen.SOFTMAX_BLOCK_DEGREE); two heavy nodes in one block's chunk, a hub far above the
+  split, and enough nodes that the blocks stride over the grid (a heavy node at the very end),
+  among light nodes and nodes with no in-edges."""
   from jaxdata.hector import codegen  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(7)
-  n, cut = 20_000, codegen.SOFTMAX_BLOCK_DEGREE
-  degrees = {0: cut, 1: cut + 1, 2: 2 * cut, 9: 5 * cut + 3, 17: 1, n - 1: cut + 7}
+  n, cut, group = 20_000, codegen.SOFTMAX_BLOCK_DEGREE, codegen.SOFTMAX_GROUP
+  degrees = {0: cut, 1: cut + 1, 2: 2 * cut, 9: 5 * cut + 3, 17: 1, n - 1: cut + 7,
+             3: group, 4: group + 1, 5: 32, 6: 33, 10: 65, 11: group - 1}
   dst = np.concatenate([np.full(k, i) for i, k in degrees.items()] +
                        [rng.integers(20, n - 10, 3000)])
   src = rng.integers(0, n, len(dst))

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from jaxdata.hector.codegen import cpu, cuda
 from jaxdata.hector.codegen.cuda import (GEMM_TILE_ROWS, MATHS, SOFTMAX_BLOCK_DEGREE,
-                                         SOFTMAX_MAX_WIDTH, WGRAD_TILE_ROWS, launch, math)
+                                         SOFTMAX_GROUP, SOFTMAX_MAX_WIDTH, WGRAD_TILE_ROWS,
+                                         launch, math)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
 __all__ = ["generate", "launch", "math", "tile_rows", "zero_output", "GEMM_TILE_ROWS",
-           "WGRAD_TILE_ROWS", "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_MAX_WIDTH", "MATHS"]
+           "WGRAD_TILE_ROWS", "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_GROUP", "SOFTMAX_MAX_WIDTH",
+           "MATHS"]
 
 
 def tile_rows(k) -> int:

@@ -135,8 +135,8 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
   if isinstance(k, WeightGrad):
     return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
   w = max(k.width, 1)
-  if k.sink == "softmax":  # a warp per node
-    work = num_nodes * 32
+  if k.sink == "softmax":  # SOFTMAX_GROUP lanes per node
+    work = num_nodes * SOFTMAX_GROUP
   elif k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
     if num_edges == 0:
       return 0, threads
@@ -286,27 +286,31 @@ def _grouped(t: Traversal) -> bool:
 
 #: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp
 SOFTMAX_BLOCK_DEGREE = 256
+#: lanes per node of the CUDA edge softmax's light tier: nodes of at most this many edges take
+#: one edge per lane in a group of this many lanes (most nodes: in-degree median 5 in the
+#: benchmark's graph), heavier ones a warp, hubs the block
+SOFTMAX_GROUP = 8
 #: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
 SOFTMAX_MAX_WIDTH = 64
 
 
 def _softmax(t: Traversal, w: int, value: str) -> str:
-  """A warp per node, or the whole block for a node of more than SOFTMAX_BLOCK_DEGREE edges
-  (hubs): the lanes stride over the node's edges (grouped at `end` by the CSC or CSR view)
-  three times, every head at once: the maximum, exp(score - max) stored and summed, the
-  division; maxima and sums are reduced by warp shuffles (and, for a block, through shared
-  memory). Each block takes as many consecutive nodes as it has warps: its warps take the light
-  ones, then the block takes each heavy one in turn. No atomics: `edge_softmax` in
-  templates/traversal.cuh."""
+  """Three tiers by in-degree: SOFTMAX_GROUP lanes per node of at most that many edges (one
+  edge per lane, its scores kept in registers: one pass), a warp per node of at most
+  SOFTMAX_BLOCK_DEGREE edges, and the whole block per hub; the warp and the block take an
+  online softmax (running maximum and rescaled sum) in two passes over the node's edges (grouped
+  at `end` by the CSC or CSR view). Maxima and sums are reduced by shuffles (and, for a block,
+  through shared memory); each block takes THREADS / SOFTMAX_GROUP consecutive nodes. No
+  atomics: `edge_softmax` in templates/traversal.cuh."""
   if w > SOFTMAX_MAX_WIDTH:
     raise NotImplementedError(f"hector: a CUDA edge softmax over {w} scores per edge (at most "
                               f"{SOFTMAX_MAX_WIDTH}: one maximum and one sum per score are kept "
                               "in registers)")
   off, eids = groups(t.end)
   return (f"  auto score = [&](int64_t e, int f) {{ return {value}; }};\n"
-          f"  float m[{w}], s[{w}];\n"
-          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}>(N, E, {off}, {eids}, "
-          "out, ok, score, m, s);\n}\n")
+          f"  float m[{w}], s[{w}], x[{w}];\n"
+          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
+          f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n")
 
 
 def _relation_sum(w: int, value: str) -> str:

@@ -3,112 +3,125 @@
 // (`score(e, f)`, `value(e, f)`: feature f of edge e) and one call; `ok(e)` is row_ok
 // (templates/common.h). Each body is the whole kernel after the operand pointers.
 
-// The edge softmax over the W scores of each edge, per node (its edges eids[off[i]..off[i+1])):
-// a warp per node, or the whole block (THREADS threads) for a node of more than DEGREE edges
-// (hubs). The lanes stride over the node's edges three times, every score at once: the maximum,
-// exp(score - max) stored and summed, the division; maxima and sums are reduced by warp
-// shuffles (and, for a block, through shared memory). Each block takes as many consecutive
-// nodes as it has warps: its warps take the light ones, then the block takes each heavy one in
-// turn. No atomics. m and s (each score's running maximum and sum) are the kernel's own
-// arrays, and the passes are written out in full, not as helper functions: otherwise some
-// instances compiled to different machine code from the kernel written out in the generator
-// (m or s in local memory behind generic pointers; .ci/hector_sources.py --compare).
-template <int W, int THREADS, int DEGREE, typename Ok, typename Score>
+// The edge softmax over the W scores of each edge, per node (its edges eids[off[i]..off[i+1])),
+// in three tiers by in-degree d. Each block takes THREADS / GROUP consecutive nodes:
+//  - d <= GROUP: GROUP lanes per node, one edge per lane: each lane computes its scores once and
+//    keeps them in registers (x) while the maximum and the sum are reduced by shuffles within
+//    its GROUP lanes, then writes the result once. Most nodes of a real graph are here.
+//  - GROUP < d <= DEGREE: a warp per node (the block's warps take them in turn).
+//  - d > DEGREE (hubs): the whole block, maxima and sums reduced through shared memory.
+// The warp and the block take an online softmax in two passes: each lane keeps a running
+// maximum m and a sum s of exp(score - m) (rescaled when the maximum grows); its first edge's
+// scores stay in registers, later ones are stored raw in out; the lanes' (m, s) are combined,
+// then every stored score becomes exp(score - m) / s. No atomics. m, s and x are the kernel's
+// own arrays (registers), and the tiers are written out in full, not as helper functions taking
+// them (some instances put such arrays in local memory).
+template <int W, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score>
 JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const int32_t* eids,
-                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
-  constexpr int WARPS = THREADS / 32;
+                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
+                                 float (&x)[W]) {
+  static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0 && THREADS % 32 == 0,
+                "a node's lanes lie in one warp");
+  constexpr int WARPS = THREADS / 32, NODES = THREADS / GROUP;
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red[WARPS][W];
-  for (int64_t base = blockIdx.x * (int64_t)WARPS; base < N; base += gridDim.x * (int64_t)WARPS) {
-    if (base + warp < N) {  // a warp per light node
-      const int64_t i = base + warp;
-      const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
-      if (q1 - q0 <= DEGREE) {
-        for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-        for (int64_t q = q0 + lane; q < q1; q += 32) {
-          const int64_t e = eids[q];
-          if (!ok(e)) continue;
-          for (int f = 0; f < W; ++f) m[f] = fmaxf(m[f], score(e, f));
-        }
-        for (int o = 16; o > 0; o >>= 1)
-          for (int f = 0; f < W; ++f) {
-            const float a = m[f], b = __shfl_xor_sync(0xffffffffu, a, o);
-            m[f] = fmaxf(a, b);
-          }
-        for (int64_t q = q0 + lane; q < q1; q += 32) {
-          const int64_t e = eids[q];
-          if (!ok(e)) continue;
-          for (int f = 0; f < W; ++f) {
-            const float x = expf(score(e, f) - m[f]);
-            out[e * W + f] = x;
-            s[f] += x;
-          }
-        }
-        for (int o = 16; o > 0; o >>= 1)
-          for (int f = 0; f < W; ++f) {
-            const float a = s[f], b = __shfl_xor_sync(0xffffffffu, a, o);
-            s[f] = a + b;
-          }
-        for (int64_t q = q0 + lane; q < q1; q += 32) {
-          const int64_t e = eids[q];
-          if (!ok(e)) continue;
-          for (int f = 0; f < W; ++f) out[e * W + f] /= s[f];
-        }
+  __shared__ float red_m[WARPS][W], red_s[WARPS][W];
+  for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
+    {  // GROUP lanes per light node, one edge each; every lane takes part in the shuffles
+      const int64_t i = base + threadIdx.x / GROUP;
+      int64_t q = 0, q1 = 0;
+      if (i < N) {
+        const int64_t q0 = span(off[i], 0, E);
+        q1 = span(off[i + 1], q0, E);
+        q = q1 - q0 <= GROUP ? q0 + threadIdx.x % GROUP : q1;
+      }
+      const int64_t e = q < q1 ? (int64_t)eids[q] : 0;
+      const bool has = q < q1 && ok(e);
+      for (int f = 0; f < W; ++f) x[f] = has ? score(e, f) : LOWEST;
+      for (int f = 0; f < W; ++f) {
+        float a = x[f];
+        for (int o = GROUP / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        x[f] = has ? expf(x[f] - a) : 0.0f;
+      }
+      for (int f = 0; f < W; ++f) {
+        float a = x[f];
+        for (int o = GROUP / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (has) out[e * W + f] = x[f] / a;
       }
     }
-    for (int64_t i = base; i < base + WARPS && i < N; ++i) {  // the block per heavy node
+    for (int j = warp; j < NODES && base + j < N; j += WARPS) {  // a warp per middle node
+      const int64_t i = base + j;
+      const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
+      if (q1 - q0 <= GROUP || q1 - q0 > DEGREE) continue;
+      for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
+      const int64_t e0 = q0 + lane < q1 ? (int64_t)eids[q0 + lane] : 0;
+      const bool first = q0 + lane < q1 && ok(e0);
+      if (first)
+        for (int f = 0; f < W; ++f) { x[f] = score(e0, f); m[f] = x[f]; s[f] = 1.0f; }
+      for (int64_t q = q0 + lane + 32; q < q1; q += 32) {
+        const int64_t e = eids[q];
+        if (!ok(e)) continue;
+        for (int f = 0; f < W; ++f) {
+          const float v = score(e, f);
+          out[e * W + f] = v;
+          if (v > m[f]) { s[f] = s[f] * expf(m[f] - v) + 1.0f; m[f] = v; }
+          else s[f] += expf(v - m[f]);
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1)
+        for (int f = 0; f < W; ++f) {
+          const float m2 = __shfl_xor_sync(0xffffffffu, m[f], o);
+          const float s2 = __shfl_xor_sync(0xffffffffu, s[f], o);
+          const float mm = fmaxf(m[f], m2);
+          s[f] = s[f] * expf(m[f] - mm) + s2 * expf(m2 - mm);
+          m[f] = mm;
+        }
+      if (first)
+        for (int f = 0; f < W; ++f) out[e0 * W + f] = expf(x[f] - m[f]) / s[f];
+      for (int64_t q = q0 + lane + 32; q < q1; q += 32) {
+        const int64_t e = eids[q];
+        if (!ok(e)) continue;
+        for (int f = 0; f < W; ++f) out[e * W + f] = expf(out[e * W + f] - m[f]) / s[f];
+      }
+    }
+    for (int64_t i = base; i < base + NODES && i < N; ++i) {  // the block per hub
       const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
       if (q1 - q0 <= DEGREE) continue;
       for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
       for (int64_t q = q0 + threadIdx.x; q < q1; q += THREADS) {
         const int64_t e = eids[q];
         if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) m[f] = fmaxf(m[f], score(e, f));
-      }
-      for (int o = 16; o > 0; o >>= 1)
         for (int f = 0; f < W; ++f) {
-          const float a = m[f], b = __shfl_xor_sync(0xffffffffu, a, o);
-          m[f] = fmaxf(a, b);
-        }
-      if (lane == 0)
-        for (int f = 0; f < W; ++f) red[warp][f] = m[f];
-      __syncthreads();
-      for (int f = 0; f < W; ++f) m[f] = red[0][f];
-      for (int j = 1; j < WARPS; ++j)
-        for (int f = 0; f < W; ++f) {
-          const float a = m[f], b = red[j][f];
-          m[f] = fmaxf(a, b);
-        }
-      __syncthreads();  // every warp has read red before the next node writes it
-      for (int64_t q = q0 + threadIdx.x; q < q1; q += THREADS) {
-        const int64_t e = eids[q];
-        if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) {
-          const float x = expf(score(e, f) - m[f]);
-          out[e * W + f] = x;
-          s[f] += x;
+          const float v = score(e, f);
+          out[e * W + f] = v;
+          if (v > m[f]) { s[f] = s[f] * expf(m[f] - v) + 1.0f; m[f] = v; }
+          else s[f] += expf(v - m[f]);
         }
       }
       for (int o = 16; o > 0; o >>= 1)
         for (int f = 0; f < W; ++f) {
-          const float a = s[f], b = __shfl_xor_sync(0xffffffffu, a, o);
-          s[f] = a + b;
+          const float m2 = __shfl_xor_sync(0xffffffffu, m[f], o);
+          const float s2 = __shfl_xor_sync(0xffffffffu, s[f], o);
+          const float mm = fmaxf(m[f], m2);
+          s[f] = s[f] * expf(m[f] - mm) + s2 * expf(m2 - mm);
+          m[f] = mm;
         }
       if (lane == 0)
-        for (int f = 0; f < W; ++f) red[warp][f] = s[f];
+        for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
       __syncthreads();
-      for (int f = 0; f < W; ++f) s[f] = red[0][f];
-      for (int j = 1; j < WARPS; ++j)
-        for (int f = 0; f < W; ++f) {
-          const float a = s[f], b = red[j][f];
-          s[f] = a + b;
-        }
-      __syncthreads();
+      for (int f = 0; f < W; ++f) {
+        float mm = red_m[0][f];
+        for (int k = 1; k < WARPS; ++k) mm = fmaxf(mm, red_m[k][f]);
+        float ss = 0.0f;
+        for (int k = 0; k < WARPS; ++k) ss += red_s[k][f] * expf(red_m[k][f] - mm);
+        m[f] = mm;
+        s[f] = ss;
+      }
+      __syncthreads();  // every warp has read red_m and red_s before the next hub writes them
       for (int64_t q = q0 + threadIdx.x; q < q1; q += THREADS) {
         const int64_t e = eids[q];
         if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) out[e * W + f] /= s[f];
+        for (int f = 0; f < W; ++f) out[e * W + f] = expf(out[e * W + f] - m[f]) / s[f];
       }
     }
   }
