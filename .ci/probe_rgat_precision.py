@@ -64,6 +64,8 @@ def parse(argv=None):
   p.add_argument("--block", type=int, default=512, help="grouped: edges per block")
   p.add_argument("--check", action="store_true",
                  help="first compare grouped with transform-all-then-gather on a small graph")
+  p.add_argument("--kink", type=float, default=1e-5,
+                 help="report edges whose float64 score is this close to the leaky ReLU's kink")
   p.add_argument("--json", help="write the numbers here")
   p.add_argument("--truth-out", help=argparse.SUPPRESS)  # the float64 subprocess
   return p.parse_args(argv)
@@ -223,7 +225,10 @@ def truth(args):
 def run_truth(args) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "truth.npz")
-    argv = [a for a in sys.argv[1:] if a != "--check"]
+    argv = []
+    for k, v in vars(args).items():
+      if v is not None and not isinstance(v, bool) and k not in ("json", "truth_out"):
+        argv += [f"--{k.replace('_', '-')}", str(v)]
     env = dict(os.environ, JAX_ENABLE_X64="1")
     subprocess.run([sys.executable, __file__, *argv, "--truth-out", path], env=env, check=True)
     with np.load(path) as f:
@@ -301,6 +306,47 @@ def by_degree(d, ref, in_degree):
   return rows, worst
 
 
+def scores64(args, case) -> np.ndarray:
+  """Every edge's score before the leaky ReLU, z[e, h] = a_src[r,h] . h_e[h] + a_dst[r,h] .
+  (x[dst] W[r])[h], in float64 NumPy (edge order of the graph)."""
+  g = case.graph
+  x, p, _ = arrays(args, case)
+  x = np.asarray(x, np.float64)
+  r_, k, _ = p.w.shape
+  w = np.asarray(p.w, np.float64).reshape(r_, k, args.heads, -1)
+  fold_src = np.einsum("rkhd,rhd->rkh", w, np.asarray(p.a_src, np.float64))
+  fold_dst = np.einsum("rkhd,rhd->rkh", w, np.asarray(p.a_dst, np.float64))
+  src, dst, et = (np.asarray(a) for a in (g.src, g.dst, g.etype))
+  z = np.empty((src.size, args.heads))
+  order = np.argsort(et, kind="stable")
+  bounds = np.searchsorted(et[order], np.arange(r_ + 1))
+  for r in range(r_):
+    e = order[bounds[r]:bounds[r + 1]]
+    z[e] = x[src[e]] @ fold_src[r] + x[dst[e]] @ fold_dst[r]
+  return z
+
+
+def kinks(args, case, tol: float):
+  """The edges with a score within `tol` of the leaky ReLU's kink (|z64| < tol for some head),
+  where float32 rounding of z can pick the other slope (1 or 0.2): (edges, nodes they touch,
+  relations they carry)."""
+  g = case.graph
+  z = scores64(args, case)
+  near = np.where((np.abs(z) < tol).any(axis=1))[0]
+  nodes = np.unique(np.concatenate([np.asarray(g.src)[near], np.asarray(g.dst)[near]]))
+  rels = np.unique(np.asarray(g.etype)[near])
+  return near, nodes, rels, z
+
+
+def masked_rel(d, ref, rows) -> float:
+  """`rel` over the rows not in `rows` (the max |ref| still over all rows)."""
+  keep = np.ones(ref.shape[0], bool)
+  keep[rows] = False
+  ref = np.asarray(ref, np.float64)
+  top = max(np.max(np.abs(ref)), 1e-300)
+  return float(np.max(np.abs(np.asarray(d, np.float64)[keep] - ref[keep])) / top)
+
+
 def report(args, case, runs, true) -> dict:
   g = case.graph
   in_degree = np.bincount(np.asarray(g.dst), minlength=g.num_nodes)
@@ -316,6 +362,23 @@ def report(args, case, runs, true) -> dict:
     print(f"  {k:8s} {ea:12.2e} {eb:12.2e}   {np.abs(true[k]).max():.3e}")
   print(f"  (a) vs (b) dx, as the bench compares them: {rel(runs['hector']['dx'], runs['plain']['dx']):.2e}")
   result["hector_vs_plain_dx"] = rel(runs["hector"]["dx"], runs["plain"]["dx"])
+  near, nodes, rels, z = kinks(args, case, args.kink)
+  result["kink"] = {"tol": args.kink, "edges": near.tolist(), "nodes": nodes.tolist(),
+                    "relations": rels.tolist(),
+                    "z64": [z[e].tolist() for e in near[:20]], "errors": {}}
+  print(f"\nedges with |z64| < {args.kink:g} for some head (the leaky ReLU's kink: float32 "
+        f"rounding of z may take the other slope there): {near.size} of {z.shape[0]:,}")
+  for e in near[:10]:
+    print(f"  edge {e}: {int(case.graph.src[e])} -> {int(case.graph.dst[e])}, relation "
+          f"{int(case.graph.etype[e])}, z64 = {np.array2string(z[e], precision=3)}")
+  print(f"errors without the rows those edges touch (dx, out: their {nodes.size} end nodes; "
+        f"dW, da_src, da_dst: their {rels.size} relations):")
+  print(f"  {'':8s} {'(a) hector':>12s} {'(b) plain':>12s}")
+  for k in true:
+    rows = nodes if k in ("dx", "out") else rels
+    ea, eb = (masked_rel(runs[w][k], true[k], rows) for w in ("hector", "plain"))
+    result["kink"]["errors"][k] = {"hector": ea, "plain": eb}
+    print(f"  {k:8s} {ea:12.2e} {eb:12.2e}")
   for k in ("dx", "out"):
     print(f"\n{k} per node in-degree bucket: max error (of max |{k}64| overall), "
           f"max |{k}64| in the bucket")
