@@ -137,7 +137,6 @@ def grouped_blocks(etype: np.ndarray, num_relations: int, block: int):
 def grouped(block: int):
   """rgat_grouped(src, dst, etype, x, params, *, precision): the reference's RGAT with its matmuls
   done per block of one relation (needs edges sorted by relation, as `Edges.build` sorts)."""
-  import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
 
