@@ -118,7 +118,7 @@ def _threads(k, kind: str = "fma") -> int:
     if kind != "fma":
       return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
     return 16 * (bn // _micro(bn))
-  return 256
+  return SOFTMAX_THREADS if k.sink == "softmax" else 256
 
 
 #: edges each thread of a CUDA relation sum walks (it adds its partial sums once per relation)
@@ -290,16 +290,20 @@ SOFTMAX_BLOCK_DEGREE = 256
 #: one edge per lane in a group of this many lanes (most nodes: in-degree median 5 in the
 #: benchmark's graph), heavier ones a warp, hubs the block
 SOFTMAX_GROUP = 8
+#: threads per block of the CUDA edge softmax (the lanes a hub's edges are spread over)
+SOFTMAX_THREADS = 256
+#: edges each lane of the CUDA edge softmax's warp and block tiers loads at a time
+SOFTMAX_UNROLL = 4
 #: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
 SOFTMAX_MAX_WIDTH = 64
 
 
 def _softmax(t: Traversal, w: int, value: str) -> str:
-  """Three tiers by in-degree: SOFTMAX_GROUP lanes per node of at most that many edges (one
-  edge per lane, its scores kept in registers: one pass), a warp per node of at most
-  SOFTMAX_BLOCK_DEGREE edges, and the whole block per hub; the warp and the block take an
+  """Tiers by in-degree: SOFTMAX_GROUP lanes per node of at most that many edges and a warp per
+  node of at most 32 (one edge per lane, its scores kept in registers: one pass), a warp per
+  node of at most SOFTMAX_BLOCK_DEGREE edges, and the whole block per hub; the last two take an
   online softmax (running maximum and rescaled sum) in two passes over the node's edges (grouped
-  at `end` by the CSC or CSR view). Maxima and sums are reduced by shuffles (and, for a block,
+  at `end` by the CSC or CSR view), SOFTMAX_UNROLL edges per lane at a time. Maxima and sums are reduced by shuffles (and, for a block,
   through shared memory); each block takes THREADS / SOFTMAX_GROUP consecutive nodes. No
   atomics: `edge_softmax` in templates/traversal.cuh."""
   if w > SOFTMAX_MAX_WIDTH:
@@ -309,7 +313,8 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
   off, eids = groups(t.end)
   return (f"  auto score = [&](int64_t e, int f) {{ return {value}; }};\n"
           f"  float m[{w}], s[{w}], x[{w}];\n"
-          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
+          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}, "
+          f"{SOFTMAX_UNROLL}>(N, E, "
           f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n")
 
 

@@ -4,19 +4,120 @@
 // (templates/common.h). Each body is the whole kernel after the operand pointers.
 
 // The edge softmax over the W scores of each edge, per node (its edges eids[off[i]..off[i+1])),
-// in three tiers by in-degree d. Each block takes THREADS / GROUP consecutive nodes:
-//  - d <= GROUP: GROUP lanes per node, one edge per lane: each lane computes its scores once and
-//    keeps them in registers (x) while the maximum and the sum are reduced by shuffles within
-//    its GROUP lanes, then writes the result once. Most nodes of a real graph are here.
-//  - GROUP < d <= DEGREE: a warp per node (the block's warps take them in turn).
-//  - d > DEGREE (hubs): the whole block, maxima and sums reduced through shared memory.
-// The warp and the block take an online softmax in two passes: each lane keeps a running
-// maximum m and a sum s of exp(score - m) (rescaled when the maximum grows); its first edge's
-// scores stay in registers, later ones are stored raw in out; the lanes' (m, s) are combined,
-// then every stored score becomes exp(score - m) / s. No atomics. m, s and x are the kernel's
-// own arrays (registers), and the tiers are written out in full, not as helper functions taking
-// them (some instances put such arrays in local memory).
-template <int W, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score>
+// in tiers by in-degree d. Each block takes THREADS / GROUP consecutive nodes:
+//  - d <= GROUP: GROUP lanes per node, one edge per lane (`one_edge_per_lane`): each lane
+//    computes its scores once and keeps them in registers (x) while the maximum and the sum are
+//    reduced by shuffles among its GROUP lanes, then writes its results once. Most nodes of a
+//    real graph are here.
+//  - GROUP < d <= 32: the same, a warp per node.
+//  - 32 < d <= DEGREE: a warp per node; d > DEGREE (hubs): the whole block. Both take an online
+//    softmax in two passes (`online_first`, `online_second`): each lane keeps a running maximum m
+//    and a sum s of exp(score - m), rescaled when the maximum grows, and stores the raw scores;
+//    the lanes' (m, s) are combined (shuffles, and shared memory for the block); then each stored
+//    score becomes exp(score - m) / s. Each lane takes UNROLL edges at a time, so their loads
+//    are in flight together.
+// No atomics. m, s and x are the kernel's own arrays (registers).
+template <int W, int GROUP, typename Ok, typename Score>
+JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids, float* out,
+                                      Ok ok, Score score, float (&x)[W]) {
+  constexpr float LOWEST = -3.402823466e+38f;  // below every score
+  const int64_t e = q < q1 ? (int64_t)eids[q] : 0;
+  const bool has = q < q1 && ok(e);
+#pragma unroll
+  for (int f = 0; f < W; ++f) x[f] = has ? score(e, f) : LOWEST;
+#pragma unroll
+  for (int f = 0; f < W; ++f) {
+    float a = x[f];
+#pragma unroll
+    for (int o = GROUP / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    x[f] = has ? expf(x[f] - a) : 0.0f;
+  }
+#pragma unroll
+  for (int f = 0; f < W; ++f) {
+    float a = x[f];
+#pragma unroll
+    for (int o = GROUP / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    if (has) out[e * W + f] = x[f] / a;
+  }
+}
+
+// The first online pass over positions lo, lo + stride, ... below hi: raw scores stored, (m, s)
+// updated, UNROLL positions at a time: their ids, checks and scores are loaded before any is
+// used (predicated, not branched around), so the loads of UNROLL edges are in flight together.
+template <int W, int UNROLL, typename Ok, typename Score>
+JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
+                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
+  constexpr float LOWEST = -3.402823466e+38f;  // below every score
+  for (int64_t q = lo; q < hi; q += UNROLL * stride) {
+    int64_t e[UNROLL];
+    bool v[UNROLL];
+    float y[UNROLL][W];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      v[u] = q + u * stride < hi;
+      e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) v[u] = v[u] && ok(e[u]);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int f = 0; f < W; ++f) y[u][f] = v[u] ? score(e[u], f) : LOWEST;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int f = 0; f < W; ++f) {
+        if (v[u]) out[e[u] * W + f] = y[u][f];
+        const float mm = fmaxf(m[f], y[u][f]);
+        s[f] = s[f] * expf(m[f] - mm) + (v[u] ? expf(y[u][f] - mm) : 0.0f);
+        m[f] = mm;
+      }
+  }
+}
+
+// The second online pass: every stored score becomes exp(score - m) / s.
+template <int W, int UNROLL, typename Ok>
+JAXDATA_INLINE void online_second(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
+                                  float* out, Ok ok, const float (&m)[W], const float (&s)[W]) {
+  for (int64_t q = lo; q < hi; q += UNROLL * stride) {
+    int64_t e[UNROLL];
+    bool v[UNROLL];
+    float y[UNROLL][W];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      v[u] = q + u * stride < hi;
+      e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) v[u] = v[u] && ok(e[u]);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int f = 0; f < W; ++f) y[u][f] = v[u] ? out[e[u] * W + f] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+      for (int f = 0; f < W; ++f)
+        if (v[u]) out[e[u] * W + f] = expf(y[u][f] - m[f]) / s[f];
+  }
+}
+
+// (m, s) of the 32 lanes of a warp combined (every lane gets the result).
+template <int W>
+JAXDATA_INLINE void warp_combine(float (&m)[W], float (&s)[W]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int f = 0; f < W; ++f) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[f], o);
+      const float s2 = __shfl_xor_sync(0xffffffffu, s[f], o);
+      const float mm = fmaxf(m[f], m2);
+      s[f] = s[f] * expf(m[f] - mm) + s2 * expf(m2 - mm);
+      m[f] = mm;
+    }
+}
+
+template <int W, int THREADS, int DEGREE, int GROUP, int UNROLL, typename Ok, typename Score>
 JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
                                  float (&x)[W]) {
@@ -27,7 +128,7 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ float red_m[WARPS][W], red_s[WARPS][W];
   for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
-    {  // GROUP lanes per light node, one edge each; every lane takes part in the shuffles
+    {  // GROUP lanes per light node; every lane takes part in the shuffles
       const int64_t i = base + threadIdx.x / GROUP;
       int64_t q = 0, q1 = 0;
       if (i < N) {
@@ -35,77 +136,27 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
         q1 = span(off[i + 1], q0, E);
         q = q1 - q0 <= GROUP ? q0 + threadIdx.x % GROUP : q1;
       }
-      const int64_t e = q < q1 ? (int64_t)eids[q] : 0;
-      const bool has = q < q1 && ok(e);
-      for (int f = 0; f < W; ++f) x[f] = has ? score(e, f) : LOWEST;
-      for (int f = 0; f < W; ++f) {
-        float a = x[f];
-        for (int o = GROUP / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        x[f] = has ? expf(x[f] - a) : 0.0f;
-      }
-      for (int f = 0; f < W; ++f) {
-        float a = x[f];
-        for (int o = GROUP / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (has) out[e * W + f] = x[f] / a;
-      }
+      one_edge_per_lane<W, GROUP>(q, q1, eids, out, ok, score, x);
     }
     for (int j = warp; j < NODES && base + j < N; j += WARPS) {  // a warp per middle node
       const int64_t i = base + j;
       const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
       if (q1 - q0 <= GROUP || q1 - q0 > DEGREE) continue;
+      if (q1 - q0 <= 32) {
+        one_edge_per_lane<W, 32>(q0 + lane, q1, eids, out, ok, score, x);
+        continue;
+      }
       for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-      const int64_t e0 = q0 + lane < q1 ? (int64_t)eids[q0 + lane] : 0;
-      const bool first = q0 + lane < q1 && ok(e0);
-      if (first)
-        for (int f = 0; f < W; ++f) { x[f] = score(e0, f); m[f] = x[f]; s[f] = 1.0f; }
-      for (int64_t q = q0 + lane + 32; q < q1; q += 32) {
-        const int64_t e = eids[q];
-        if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) {
-          const float v = score(e, f);
-          out[e * W + f] = v;
-          if (v > m[f]) { s[f] = s[f] * expf(m[f] - v) + 1.0f; m[f] = v; }
-          else s[f] += expf(v - m[f]);
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1)
-        for (int f = 0; f < W; ++f) {
-          const float m2 = __shfl_xor_sync(0xffffffffu, m[f], o);
-          const float s2 = __shfl_xor_sync(0xffffffffu, s[f], o);
-          const float mm = fmaxf(m[f], m2);
-          s[f] = s[f] * expf(m[f] - mm) + s2 * expf(m2 - mm);
-          m[f] = mm;
-        }
-      if (first)
-        for (int f = 0; f < W; ++f) out[e0 * W + f] = expf(x[f] - m[f]) / s[f];
-      for (int64_t q = q0 + lane + 32; q < q1; q += 32) {
-        const int64_t e = eids[q];
-        if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) out[e * W + f] = expf(out[e * W + f] - m[f]) / s[f];
-      }
+      online_first<W, UNROLL>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
+      warp_combine<W>(m, s);
+      online_second<W, UNROLL>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
     for (int64_t i = base; i < base + NODES && i < N; ++i) {  // the block per hub
       const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
       if (q1 - q0 <= DEGREE) continue;
       for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-      for (int64_t q = q0 + threadIdx.x; q < q1; q += THREADS) {
-        const int64_t e = eids[q];
-        if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) {
-          const float v = score(e, f);
-          out[e * W + f] = v;
-          if (v > m[f]) { s[f] = s[f] * expf(m[f] - v) + 1.0f; m[f] = v; }
-          else s[f] += expf(v - m[f]);
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1)
-        for (int f = 0; f < W; ++f) {
-          const float m2 = __shfl_xor_sync(0xffffffffu, m[f], o);
-          const float s2 = __shfl_xor_sync(0xffffffffu, s[f], o);
-          const float mm = fmaxf(m[f], m2);
-          s[f] = s[f] * expf(m[f] - mm) + s2 * expf(m2 - mm);
-          m[f] = mm;
-        }
+      online_first<W, UNROLL>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
+      warp_combine<W>(m, s);
       if (lane == 0)
         for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
       __syncthreads();
@@ -118,11 +169,7 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
         s[f] = ss;
       }
       __syncthreads();  // every warp has read red_m and red_s before the next hub writes them
-      for (int64_t q = q0 + threadIdx.x; q < q1; q += THREADS) {
-        const int64_t e = eids[q];
-        if (!ok(e)) continue;
-        for (int f = 0; f < W; ++f) out[e * W + f] = expf(out[e * W + f] - m[f]) / s[f];
-      }
+      online_second<W, UNROLL>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
     }
   }
 }
