@@ -98,8 +98,14 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
             flush=True)
 
 
+#: the H200's DRAM bandwidth (HBM3e, bytes per second) for the roofline fraction in `summarize`
+H200_DRAM_BYTES_PER_S = 4.8e12
+
+
 def summarize(path: str) -> None:
-  """A table of an `ncu --csv` report: one line per kernel, time and the metrics asked for."""
+  """A table of an `ncu --csv` report: one line per kernel, time and the metrics asked for, plus
+  the DRAM traffic per second (dram__bytes over the kernel's time) and its fraction of the
+  H200's 4.8 TB/s, where the report has dram__bytes."""
   import csv  # pylint: disable=g-import-not-at-top
   with open(path) as f:
     lines = [l for l in f if l.startswith('"')]
@@ -115,6 +121,9 @@ def summarize(path: str) -> None:
     t = num(k.get("gpu__time_duration.sum"))
     extra = " ".join(f"{m.split('__')[1].split('.')[0]}={v}" for m, v in k.items()
                      if m not in ("name", "grid", "block", "gpu__time_duration.sum"))
+    if "dram__bytes.sum" in k and t > 0:
+      rate = num(k["dram__bytes.sum"]) / (t * 1e-9)
+      extra += f" dram={rate / 1e12:.2f}TB/s ({rate / H200_DRAM_BYTES_PER_S:.0%} of 4.8)"
     print(f"{i:>4} {t / 1e3:9.1f} us {k['name']:<48} grid {k['grid']} block {k['block']} {extra}")
 
 
