@@ -548,7 +548,7 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
       "dx with the fastest plain-JAX float32 formulation rerun at \"highest\" (untimed): met "
       f"where the error is at most {EXACT:g} (float32 sums in another order; TF32 gives 2e-4 "
       "and more); for RGAT that error leaves out the end nodes of every edge whose float64 "
-      f"score before the leaky ReLU has |z| <= {KINK:g} max |z| for some head (at the kink, "
+      f"score before the leaky ReLU has |z| <= {KINK:g} * max |z| for some head (at the kink, "
       "float32 rounding can give the edge the other slope in one of the two computations and "
       "move its ends' dx by 0.8 dz W_r a_r), and the verdict says how many. *OOM*: the row failed for memory; *OOM (est.)*: not run, XLA's analysis of "
       "the compiled step says it cannot fit.", "",
