@@ -314,23 +314,12 @@ def by_degree(d, ref, in_degree):
 
 
 def scores64(args, case) -> np.ndarray:
-  """Every edge's score before the leaky ReLU, z[e, h] = a_src[r,h] . h_e[h] + a_dst[r,h] .
-  (x[dst] W[r])[h], in float64 NumPy (edge order of the graph)."""
+  """Every edge's score before the leaky ReLU in float64 NumPy (edge order of the graph):
+  `jaxdata.reference.attention.rgat_scores_float64`, which `jaxdata bench tensor-cores` uses too."""
+  from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
   g = case.graph
   x, p, _ = arrays(args, case)
-  x = np.asarray(x, np.float64)
-  r_, k, _ = p.w.shape
-  w = np.asarray(p.w, np.float64).reshape(r_, k, args.heads, -1)
-  fold_src = np.einsum("rkhd,rhd->rkh", w, np.asarray(p.a_src, np.float64))
-  fold_dst = np.einsum("rkhd,rhd->rkh", w, np.asarray(p.a_dst, np.float64))
-  src, dst, et = (np.asarray(a) for a in (g.src, g.dst, g.etype))
-  z = np.empty((src.size, args.heads))
-  order = np.argsort(et, kind="stable")
-  bounds = np.searchsorted(et[order], np.arange(r_ + 1))
-  for r in range(r_):
-    e = order[bounds[r]:bounds[r + 1]]
-    z[e] = x[src[e]] @ fold_src[r] + x[dst[e]] @ fold_dst[r]
-  return z
+  return ref.rgat_scores_float64(g.src, g.dst, g.etype, x, p)
 
 
 def kinks(args, case, tol: float):

@@ -143,6 +143,8 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
       xla_tf32 = max(e for n, e in err.items() if n in plain and n.endswith("float32"))
       assert err[tc.TF32.name] <= max(loose, 3 * xla_tf32), (model, err)
     assert "float32-exact: met" in mine[tc.BASELINE.name][-1]
+    # RGAT's check says how many edges sat at the leaky ReLU's kink (their ends left out)
+    assert ("at the leaky ReLU's kink" in mine[tc.BASELINE.name][-1]) == (model == "RGAT")
 
   # the same run's figures, not parsed: jaxdata's float32 dx and loss against NumPy in float64
   graph, _ = rgnn.load_graph("synthetic", data_dir=None, quick=True)
