@@ -41,6 +41,20 @@ JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids
   }
 }
 
+// The edges at positions q, q + stride, ... (UNROLL of them) that lie below hi and pass ok:
+// e[u] and v[u] (false where there is none), all ids loaded before any check.
+template <int UNROLL, typename Ok>
+JAXDATA_INLINE void edge_ids(int64_t q, int64_t hi, int64_t stride, const int32_t* eids, Ok ok,
+                             int64_t (&e)[UNROLL], bool (&v)[UNROLL]) {
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    v[u] = q + u * stride < hi;
+    e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
+  }
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) v[u] = v[u] && ok(e[u]);
+}
+
 // The first online pass over positions lo, lo + stride, ... below hi: raw scores stored, (m, s)
 // updated, UNROLL positions at a time: their ids, checks and scores are loaded before any is
 // used (predicated, not branched around), so the loads of UNROLL edges are in flight together.
@@ -52,13 +66,7 @@ JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const i
     int64_t e[UNROLL];
     bool v[UNROLL];
     float y[UNROLL][W];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      v[u] = q + u * stride < hi;
-      e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) v[u] = v[u] && ok(e[u]);
+    edge_ids<UNROLL>(q, hi, stride, eids, ok, e, v);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
@@ -83,13 +91,7 @@ JAXDATA_INLINE void online_second(int64_t lo, int64_t hi, int64_t stride, const 
     int64_t e[UNROLL];
     bool v[UNROLL];
     float y[UNROLL][W];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      v[u] = q + u * stride < hi;
-      e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) v[u] = v[u] && ok(e[u]);
+    edge_ids<UNROLL>(q, hi, stride, eids, ok, e, v);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
