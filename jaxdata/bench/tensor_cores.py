@@ -550,8 +550,9 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
       "and more); for RGAT that error leaves out the end nodes of every edge whose float64 "
       f"score before the leaky ReLU has |z| <= {KINK:g} * max |z| for some head (at the kink, "
       "float32 rounding can give the edge the other slope in one of the two computations and "
-      "move its ends' dx by 0.8 dz W_r a_r), and the verdict says how many. *OOM*: the row failed for memory; *OOM (est.)*: not run, XLA's analysis of "
-      "the compiled step says it cannot fit.", "",
+      "move its ends' dx by 0.8 dz W_r a_r), and the verdict says how many. *OOM*: the row "
+      "failed for memory; *OOM (est.)*: not run, XLA's analysis of the compiled step says it "
+      "cannot fit.", "",
       f"Command: `{command_line}`", "",
       f"- device: {here.device_kind} ({here.platform})",
       f"- tensor cores: {tensor_cores_text}",

@@ -293,10 +293,6 @@ SOFTMAX_GROUP = 8
 #: threads per block of the CUDA edge softmax (the lanes a hub's edges are spread over). 1024
 #: measured slower on the H200 (RGAT, 2M edges: 0.75-0.87 ms against 0.63 ms; .ci/probe_softmax.py)
 SOFTMAX_THREADS = 256
-#: edges each lane of the CUDA edge softmax's warp and block tiers loads at a time. 4 and 8
-#: measured no faster than 1 on the H200 (0.64 ms against 0.63 ms; .ci/probe_softmax.py): the
-#: kernel is not waiting on one lane's chain of loads at hubs
-SOFTMAX_UNROLL = 1
 #: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
 SOFTMAX_MAX_WIDTH = 64
 
@@ -306,10 +302,9 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
   node of at most 32 (one edge per lane, its scores kept in registers: one pass), a warp per
   node of at most SOFTMAX_BLOCK_DEGREE edges, and the whole block per hub; the last two take an
   online softmax (running maximum and rescaled sum) in two passes over the node's edges (grouped
-  at `end` by the CSC or CSR view), SOFTMAX_UNROLL edges per lane at a time. Maxima and sums
-  are reduced by shuffles (and, for a block, through shared memory); each block takes
-  SOFTMAX_THREADS / SOFTMAX_GROUP consecutive nodes. No atomics: `edge_softmax` in
-  templates/traversal.cuh."""
+  at `end` by the CSC or CSR view). Maxima and sums are reduced by shuffles (and, for a block,
+  through shared memory); each block takes SOFTMAX_THREADS / SOFTMAX_GROUP consecutive nodes.
+  No atomics: `edge_softmax` in templates/traversal.cuh."""
   if w > SOFTMAX_MAX_WIDTH:
     raise NotImplementedError(f"hector: a CUDA edge softmax over {w} scores per edge (at most "
                               f"{SOFTMAX_MAX_WIDTH}: one maximum and one sum per score are kept "
@@ -317,8 +312,8 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
   off, eids = groups(t.end)
   return (f"  auto score = [&](int64_t e, int f) {{ return {value}; }};\n"
           f"  float m[{w}], s[{w}], x[{w}];\n"
-          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}, "
-          f"{SOFTMAX_UNROLL}>(N, E, {off}, {eids}, out, ok, score, m, s, x);\n}}\n")
+          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
+          f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n")
 
 
 def _relation_sum(w: int, value: str) -> str:

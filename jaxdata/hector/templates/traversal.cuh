@@ -14,8 +14,7 @@
 //    softmax in two passes (`online_first`, `online_second`): each lane keeps a running maximum m
 //    and a sum s of exp(score - m), rescaled when the maximum grows, and stores the raw scores;
 //    the lanes' (m, s) are combined (shuffles, and shared memory for the block); then each stored
-//    score becomes exp(score - m) / s. Each lane takes UNROLL edges at a time, so their loads
-//    are in flight together.
+//    score becomes exp(score - m) / s.
 // No atomics. m, s and x are the kernel's own arrays (registers).
 template <int W, int GROUP, typename Ok, typename Score>
 JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids, float* out,
@@ -41,66 +40,42 @@ JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids
   }
 }
 
-// The edges at positions q, q + stride, ... (UNROLL of them) that lie below hi and pass ok:
-// e[u] and v[u] (false where there is none), all ids loaded before any check.
-template <int UNROLL, typename Ok>
-JAXDATA_INLINE void edge_ids(int64_t q, int64_t hi, int64_t stride, const int32_t* eids, Ok ok,
-                             int64_t (&e)[UNROLL], bool (&v)[UNROLL]) {
-#pragma unroll
-  for (int u = 0; u < UNROLL; ++u) {
-    v[u] = q + u * stride < hi;
-    e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
-  }
-#pragma unroll
-  for (int u = 0; u < UNROLL; ++u) v[u] = v[u] && ok(e[u]);
-}
-
 // The first online pass over positions lo, lo + stride, ... below hi: raw scores stored, (m, s)
-// updated, UNROLL positions at a time: their ids, checks and scores are loaded before any is
-// used (predicated, not branched around), so the loads of UNROLL edges are in flight together.
-template <int W, int UNROLL, typename Ok, typename Score>
+// updated, predicated rather than branched around (an edge that is not ok scores LOWEST and adds
+// nothing).
+template <int W, typename Ok, typename Score>
 JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
-  for (int64_t q = lo; q < hi; q += UNROLL * stride) {
-    int64_t e[UNROLL];
-    bool v[UNROLL];
-    float y[UNROLL][W];
-    edge_ids<UNROLL>(q, hi, stride, eids, ok, e, v);
+  for (int64_t q = lo; q < hi; q += stride) {
+    const int64_t e = eids[q];
+    const bool v = ok(e);
+    float y[W];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
+    for (int f = 0; f < W; ++f) y[f] = v ? score(e, f) : LOWEST;
 #pragma unroll
-      for (int f = 0; f < W; ++f) y[u][f] = v[u] ? score(e[u], f) : LOWEST;
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-      for (int f = 0; f < W; ++f) {
-        if (v[u]) out[e[u] * W + f] = y[u][f];
-        const float mm = fmaxf(m[f], y[u][f]);
-        s[f] = s[f] * expf(m[f] - mm) + (v[u] ? expf(y[u][f] - mm) : 0.0f);
-        m[f] = mm;
-      }
+    for (int f = 0; f < W; ++f) {
+      if (v) out[e * W + f] = y[f];
+      const float mm = fmaxf(m[f], y[f]);
+      s[f] = s[f] * expf(m[f] - mm) + (v ? expf(y[f] - mm) : 0.0f);
+      m[f] = mm;
+    }
   }
 }
 
 // The second online pass: every stored score becomes exp(score - m) / s.
-template <int W, int UNROLL, typename Ok>
+template <int W, typename Ok>
 JAXDATA_INLINE void online_second(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
                                   float* out, Ok ok, const float (&m)[W], const float (&s)[W]) {
-  for (int64_t q = lo; q < hi; q += UNROLL * stride) {
-    int64_t e[UNROLL];
-    bool v[UNROLL];
-    float y[UNROLL][W];
-    edge_ids<UNROLL>(q, hi, stride, eids, ok, e, v);
+  for (int64_t q = lo; q < hi; q += stride) {
+    const int64_t e = eids[q];
+    const bool v = ok(e);
+    float y[W];
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
+    for (int f = 0; f < W; ++f) y[f] = v ? out[e * W + f] : 0.0f;
 #pragma unroll
-      for (int f = 0; f < W; ++f) y[u][f] = v[u] ? out[e[u] * W + f] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-      for (int f = 0; f < W; ++f)
-        if (v[u]) out[e[u] * W + f] = expf(y[u][f] - m[f]) / s[f];
+    for (int f = 0; f < W; ++f)
+      if (v) out[e * W + f] = expf(y[f] - m[f]) / s[f];
   }
 }
 
@@ -119,7 +94,7 @@ JAXDATA_INLINE void warp_combine(float (&m)[W], float (&s)[W]) {
     }
 }
 
-template <int W, int THREADS, int DEGREE, int GROUP, int UNROLL, typename Ok, typename Score>
+template <int W, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score>
 JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
                                  float (&x)[W]) {
@@ -149,15 +124,15 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
         continue;
       }
       for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-      online_first<W, UNROLL>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
+      online_first<W>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
       warp_combine<W>(m, s);
-      online_second<W, UNROLL>(q0 + lane, q1, 32, eids, out, ok, m, s);
+      online_second<W>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
     for (int64_t i = base; i < base + NODES && i < N; ++i) {  // the block per hub
       const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
       if (q1 - q0 <= DEGREE) continue;
       for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-      online_first<W, UNROLL>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
+      online_first<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
       warp_combine<W>(m, s);
       if (lane == 0)
         for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
@@ -171,7 +146,7 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
         s[f] = ss;
       }
       __syncthreads();  // every warp has read red_m and red_s before the next hub writes them
-      online_second<W, UNROLL>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
+      online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
     }
   }
 }
