@@ -23,9 +23,10 @@ from jaxdata.reference import rgcn as rgcn_ref
 
 
 def main(model: str, graph: str, dim: int, precision: str = "highest",
-         dtype: str = "float32") -> None:
+         dtype: str = "float32", mode: str = "train") -> None:
   """`precision` is the layer's matmul precision and `dtype` that of x and the weights (the
-  tensor-core kernels run unless JAXDATA_HECTOR_TENSOR_CORES=0)."""
+  tensor-core kernels run unless JAXDATA_HECTOR_TENSOR_CORES=0); `mode` "train" profiles a
+  forward + backward step, "inference" a forward alone (`jaxdata bench rgnn --mode`)."""
   data_dir = os.environ.get("JAXDATA_DATA_DIR")
   device = jax.devices()[0]
   cast = lambda tree: jax.tree.map(lambda a: a.astype(dtype), tree)  # noqa: E731
@@ -44,7 +45,7 @@ def main(model: str, graph: str, dim: int, precision: str = "highest",
     else:
       form = rgnn_attention.hgt_jaxdata_formulation(arrays, None, precision=precision)
   x, w = cast(x), cast(w)
-  compiled = peers.compile_step(form, x, w, ct)
+  compiled = peers.compile_step(form, x, w, ct, mode=mode)
   for _ in range(3):
     jax.block_until_ready(compiled.run())
   _print_plans()
@@ -57,7 +58,7 @@ def main(model: str, graph: str, dim: int, precision: str = "highest",
   jax.block_until_ready(compiled.run())
   if cuda is not None:
     cuda.cuProfilerStop()
-  print(f"profiled one step: {model} {graph} dim {dim} {precision} {dtype}", flush=True)
+  print(f"profiled one {mode} step: {model} {graph} dim {dim} {precision} {dtype}", flush=True)
 
 
 def _print_plans() -> None:
@@ -71,7 +72,8 @@ def _print_plans() -> None:
         seen.add(id(layer))
         for plan in layer._plans.values():  # pylint: disable=protected-access
           for title, kernels in (("forward", plan.forward_kernels),
-                                 ("backward", plan.backward_kernels)):
+                                 ("backward", plan.backward_kernels),
+                                 ("inference", plan.inference_kernels)):
             # the output's domain and feature shape tell the grids of ncu's table apart
             print(f"{title} kernels:", *(f"{k}   -> {k.output.domain} {k.output.shape}"
                                          for k in kernels), sep="\n  ")

@@ -133,23 +133,31 @@ class WeightGrad:
             f"({_dims(self.heads, self.k, self.n)}){_over(self.domain)}")
 
 
-SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "relation", "pair")
+SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "softmax_sum", "relation",
+         "pair")
 
 
 @dataclasses.dataclass(frozen=True)
 class Traversal:
   """An edge loop over `expr` (`width` features per edge; 0: a scalar) into one of `SINKS`:
   summed into nodes at `end` (aggregate), into ``[R, N, width]`` weight rows, into ``[R, width]``
-  relation rows, into the edge's pair's row; stored per edge; or, per feature (head), the
-  softmax over the edges that share a node at `end` stored per edge."""
+  relation rows, into the edge's pair's row; stored per edge; per feature (head), the softmax
+  over the edges that share a node at `end` stored per edge; or (softmax_sum, a forward-only
+  fusion) `expr` times the softmax of `score` (`heads` scores per edge, each weighting its
+  head's features of `expr`) summed into nodes at `end`, the softmax never stored."""
   expr: Expr
   width: int
   sink: str
-  end: str = ""       # for aggregate / scatter_weight_row / softmax
+  end: str = ""       # for aggregate / scatter_weight_row / softmax / softmax_sum
   domain: str = "edge"
+  score: Expr | None = None  # softmax_sum: the scores
+  heads: int = 0             # softmax_sum: the scores' width (0: one per edge)
   template = "traversal"
 
   def __str__(self):
+    if self.sink == "softmax_sum":
+      return (f"out[{self.end}[e]] += softmax over {self.end}[e] of {self.score} * "
+              f"{self.expr}{_over(self.domain)}")
     to = {"aggregate": f"out[{self.end}[e]] +=", "store": "out[e] =",
           "scatter_weight_row": f"out[etype[e], {self.end}[e]] +=",
           "softmax": f"out[e] = softmax over {self.end}[e] of", "relation": "out[etype[e]] +=",
@@ -198,9 +206,46 @@ def _active(program: Program, available: frozenset[int]) -> list[Value]:
   return [v for v in program.values if v.id in keep]
 
 
-def materialized(program: Program, available: frozenset[int] = frozenset()) -> set[int]:
+#: The widest softmax_sum a forward-only plan fuses: features summed per node (each lane of
+#: the CUDA kernel keeps up to this many / 8 partial sums in registers) and scores per edge
+#: (the heads each feature picks its weight from).
+SOFTMAX_SUM_MAX_WIDTH = 256
+SOFTMAX_SUM_MAX_HEADS = 16
+
+
+def softmax_sums(program: Program, available: frozenset[int] = frozenset()
+                 ) -> dict[int, tuple[Value, Value]]:
+  """The aggregates a forward-only plan runs as one softmax_sum traversal: ``aggregate(alpha *
+  rows)`` (either order) at the node where ``alpha = edge_softmax(scores)`` normalizes, over the
+  edges, with alpha and the product used by nothing else (so alpha is never stored), within
+  the widths above. Aggregate id -> (alpha, rows)."""
+  listed = [v for v in _active(program, available) if v.id not in available]
+  users: dict[int, int] = {}
+  for v in listed:
+    for a in v.args:
+      users[a.id] = users.get(a.id, 0) + 1
+  outputs = {v.id for v in program.outputs.values()}
+  fused = {}
+  for v in listed:
+    prod = v.args[0] if v.op == "aggregate" else None
+    if prod is None or prod.op != "mul" or prod.domain != "edge" or users[prod.id] != 1:
+      continue
+    for alpha, rows in (prod.args, prod.args[::-1]):
+      heads, w = width(alpha), width(v)
+      if (alpha.op == "edge_softmax" and alpha.attrs["end"] == v.attrs["end"]
+          and alpha.domain == "edge" and users[alpha.id] == 1 and alpha.id not in outputs
+          and alpha.id not in available and width(rows) == w
+          and w <= SOFTMAX_SUM_MAX_WIDTH and heads <= SOFTMAX_SUM_MAX_HEADS
+          and (heads <= 1 or w % heads == 0)):
+        fused[v.id] = (alpha, rows)
+        break
+  return fused
+
+
+def materialized(program: Program, available: frozenset[int] = frozenset(),
+                 fused: dict[int, tuple[Value, Value]] | None = None) -> set[int]:
   """Ids of the values kernels write to memory (see the module docstring); `available` values
-  are in memory already."""
+  are in memory already; the softmaxes of `fused` aggregates (`softmax_sums`) are not."""
   listed = _active(program, available)
   values = [v for v in listed if v.id not in available]
   users: dict[int, list[Value]] = {}
@@ -223,6 +268,8 @@ def materialized(program: Program, available: frozenset[int] = frozenset()) -> s
       if core.op == "linear" and all(len(users[c.id]) == 1 for c in chain + [core]):
         roots.discard(core.id)
         roots.difference_update(c.id for c in chain)
+  for alpha, _ in (fused or {}).values():
+    roots.discard(alpha.id)
   for v in values:
     if v.op == "expand":
       roots.add(v.args[0].id)
@@ -274,21 +321,26 @@ def _peel_scales(v: Value, roots: set[int]) -> tuple[Value, list[Value]]:
   return v, scales
 
 
-def lower(program: Program, available: frozenset[int] = frozenset()) -> list[Instance]:
+def lower(program: Program, available: frozenset[int] = frozenset(), *,
+          forward_only: bool = False) -> list[Instance]:
   """The program's kernel instances, in an order that respects their dependencies; values in
-  `available` (ids of arrays the caller provides) are read, not computed."""
-  roots = materialized(program, available)
+  `available` (ids of arrays the caller provides) are read, not computed. `forward_only`: no
+  backward pass will read the intermediates, so a softmax feeding one aggregate is fused into
+  it (`softmax_sums`) instead of being stored."""
+  fused = softmax_sums(program, available) if forward_only else {}
+  roots = materialized(program, available, fused)
   instances = []
   for v in _active(program, available):
     if v.id in roots and v.op not in ("input", "weight") and v.id not in available:
-      instances.append(_Builder(roots).build(v))
+      instances.append(_Builder(roots, fused).build(v))
   return instances
 
 
 class _Builder:
 
-  def __init__(self, roots: set[int]):
+  def __init__(self, roots: set[int], fused: dict[int, tuple[Value, Value]] | None = None):
     self.roots = roots
+    self.fused = fused or {}
     self.inputs: list[Value] = []
 
   def slot(self, v: Value) -> int:
@@ -347,6 +399,11 @@ class _Builder:
     return Instance(kernel, self.inputs, v)
 
   def _build(self, v: Value) -> Template:
+    if v.id in self.fused:
+      alpha, rows = self.fused[v.id]
+      (scores,) = alpha.args
+      return Traversal(self.expr(rows), width(v), "softmax_sum", v.attrs["end"], "edge",
+                       score=self.expr(scores), heads=width(alpha))
     if v.op == "aggregate":
       rows = v.args[0]
       chain, core = _peel_chain(rows)

@@ -45,7 +45,8 @@ JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids
 // nothing).
 template <int W, typename Ok, typename Score>
 JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
-                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
+                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
+                                 bool store = true) {
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
   for (int64_t q = lo; q < hi; q += stride) {
     const int64_t e = eids[q];
@@ -55,7 +56,7 @@ JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const i
     for (int f = 0; f < W; ++f) y[f] = v ? score(e, f) : LOWEST;
 #pragma unroll
     for (int f = 0; f < W; ++f) {
-      if (v) out[e * W + f] = y[f];
+      if (v && store) out[e * W + f] = y[f];
       const float mm = fmaxf(m[f], y[f]);
       s[f] = s[f] * expf(m[f] - mm) + (v ? expf(y[f] - mm) : 0.0f);
       m[f] = mm;
@@ -94,6 +95,60 @@ JAXDATA_INLINE void warp_combine(float (&m)[W], float (&s)[W]) {
     }
 }
 
+// Every node of more than DEGREE edges (a hub), each given to the whole block: fn(i, q0, q1)
+// with its edges' positions. Node i's hub (if it is one) goes to block i % gridDim.x, so hubs with
+// neighbouring ids (a real graph's class or type nodes often are) land on different blocks
+// rather than queueing on one; each block's threads test THREADS of its nodes at a time.
+template <int THREADS, int DEGREE, typename Fn>
+JAXDATA_INLINE void for_each_hub(int64_t N, int64_t E, const int32_t* off, Fn fn) {
+  __shared__ int64_t hubs[THREADS];
+  __shared__ int count;
+  for (int64_t base = blockIdx.x; base < N; base += (int64_t)gridDim.x * THREADS) {
+    const int64_t c = base + (int64_t)threadIdx.x * gridDim.x;  // this thread's node
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    if (c < N) {
+      const int64_t q0 = span(off[c], 0, E), q1 = span(off[c + 1], q0, E);
+      if (q1 - q0 > DEGREE) hubs[atomicAdd(&count, 1)] = c;
+    }
+    __syncthreads();
+    const int found = count;
+    for (int k = 0; k < found; ++k) {
+      const int64_t i = hubs[k];
+      const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
+      fn(i, q0, q1);
+      __syncthreads();  // the block's shared reductions are free for the next hub
+    }
+  }
+}
+
+// (m, s) of the softmax over the edges at positions [q0, q1) for the whole block: every
+// thread's online pass (storing the raw scores if `store`), combined over the block; every
+// thread gets the result.
+template <int W, int THREADS, typename Ok, typename Score>
+JAXDATA_INLINE void block_max_sum(int64_t q0, int64_t q1, const int32_t* eids, float* out, Ok ok,
+                                  Score score, float (&m)[W], float (&s)[W], bool store) {
+  constexpr int WARPS = THREADS / 32;
+  constexpr float LOWEST = -3.402823466e+38f;  // below every score
+  __shared__ float red_m[WARPS][W], red_s[WARPS][W];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
+  online_first<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s, store);
+  warp_combine<W>(m, s);
+  if (lane == 0)
+    for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
+  __syncthreads();
+  for (int f = 0; f < W; ++f) {
+    float mm = red_m[0][f];
+    for (int k = 1; k < WARPS; ++k) mm = fmaxf(mm, red_m[k][f]);
+    float ss = 0.0f;
+    for (int k = 0; k < WARPS; ++k) ss += red_s[k][f] * expf(red_m[k][f] - mm);
+    m[f] = mm;
+    s[f] = ss;
+  }
+  __syncthreads();  // every warp has read red_m and red_s before they are written again
+}
+
 template <int W, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score>
 JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
@@ -103,7 +158,6 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
   constexpr int WARPS = THREADS / 32, NODES = THREADS / GROUP;
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red_m[WARPS][W], red_s[WARPS][W];
   for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
     {  // GROUP lanes per light node; every lane takes part in the shuffles
       const int64_t i = base + threadIdx.x / GROUP;
@@ -128,27 +182,162 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
       warp_combine<W>(m, s);
       online_second<W>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
-    for (int64_t i = base; i < base + NODES && i < N; ++i) {  // the block per hub
-      const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
-      if (q1 - q0 <= DEGREE) continue;
-      for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-      online_first<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
-      warp_combine<W>(m, s);
-      if (lane == 0)
-        for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
-      __syncthreads();
-      for (int f = 0; f < W; ++f) {
-        float mm = red_m[0][f];
-        for (int k = 1; k < WARPS; ++k) mm = fmaxf(mm, red_m[k][f]);
-        float ss = 0.0f;
-        for (int k = 0; k < WARPS; ++k) ss += red_s[k][f] * expf(red_m[k][f] - mm);
-        m[f] = mm;
-        s[f] = ss;
+  }
+  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t, int64_t q0, int64_t q1) {
+    block_max_sum<W, THREADS>(q0, q1, eids, out, ok, score, m, s, true);
+    online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
+  });
+}
+
+// The fused softmax and sum of a forward-only plan (softmax_sum): out[i, f] = sum over node i's
+// edges e (eids[off[i]..off[i+1])) of alpha[e, f's head] * value(e, f), alpha the softmax of
+// score(e, h) over the node's edges per head h, never stored. F features, H heads (f's head is
+// f / (F / H)); the tiers of `edge_softmax`:
+//  - d <= GROUP: GROUP lanes per node, one edge per lane: each lane's weights alpha[e, .] from
+//    shuffles among the group (one pass over the scores); then the group walks its edges, each
+//    lane summing features g, g + GROUP, ... of weight * value (a row's features side by side
+//    across the lanes).
+//  - GROUP < d <= DEGREE: a warp per node; hubs: the block. (m, s) by an online pass (nothing
+//    stored), then `weighted_rows`: 32 edges' weights at a time, one per lane, and the warp walks
+//    those edges with its lanes over the features; the block adds its warps' sums.
+// Each node's row is written once, no atomics (nodes without edges get zeros).
+#define JAXDATA_FULL_MASK 0xffffffffu
+
+// The weight of feature f from per-head weights a[H] (f's head: f / PER), by selects (a
+// runtime index into a register array would put it in local memory).
+template <int H, int PER>
+JAXDATA_INLINE float head_weight(const float (&a)[H], int f) {
+  const int h = f / PER;
+  float w = a[0];
+#pragma unroll
+  for (int k = 1; k < H; ++k) w = h == k ? a[k] : w;
+  return w;
+}
+
+// Edge e's (own lane's) weights a[h] and validity are broadcast from lane `from`; each lane adds
+// weight * value(e, f) for its features f = first, first + step, ... (K of them) into acc.
+template <int H, int F, int K, typename Value>
+JAXDATA_INLINE void add_weighted_row(int from, long long e, bool has, const float (&a)[H],
+                                     int first, int step, Value value, float (&acc)[K]) {
+  const long long ej = __shfl_sync(JAXDATA_FULL_MASK, e, from);
+  const bool hj = __shfl_sync(JAXDATA_FULL_MASK, (int)has, from) != 0;
+  float aj[H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) aj[h] = __shfl_sync(JAXDATA_FULL_MASK, a[h], from);
+  if (!hj) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int f = first + k * step;
+    if (f < F) acc[k] += head_weight<H, F / H>(aj, f) * value((int64_t)ej, f);
+  }
+}
+
+// softmax_sum's second pass over positions lo, lo + stride, ... (stride a multiple of 32, lo's
+// lane 0 the same for the warp) below hi, given the softmax's (m, s): 32 edges at a time, each
+// lane computes one edge's weights, then the warp walks them (`add_weighted_row`), lane l owning
+// features l, l + 32, ...
+template <int H, int F, typename Ok, typename Score, typename Value>
+JAXDATA_INLINE void weighted_rows(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
+                                  Ok ok, Score score, Value value, const float (&m)[H],
+                                  const float (&s)[H], float (&acc)[(F + 31) / 32]) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t c = lo; c < hi; c += stride) {
+    const int64_t q = c + lane;
+    const long long e = q < hi ? (long long)eids[q] : 0;
+    const bool has = q < hi && ok(e);
+    float a[H];
+#pragma unroll
+    for (int h = 0; h < H; ++h) a[h] = has ? expf(score(e, h) - m[h]) / s[h] : 0.0f;
+    const int n = int(min((int64_t)32, hi - c));
+    for (int j = 0; j < n; ++j) add_weighted_row<H, F>(j, e, has, a, lane, 32, value, acc);
+  }
+}
+
+template <int H, int F, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score,
+          typename Value>
+JAXDATA_INLINE void edge_softmax_sum(int64_t N, int64_t E, const int32_t* off,
+                                     const int32_t* eids, float* out, Ok ok, Score score,
+                                     Value value, float (&m)[H], float (&s)[H]) {
+  static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0 && THREADS % 32 == 0,
+                "a node's lanes lie in one warp");
+  static_assert(F % H == 0, "each head weights F / H features");
+  constexpr int WARPS = THREADS / 32, NODES = THREADS / GROUP;
+  constexpr int KG = (F + GROUP - 1) / GROUP, KW = (F + 31) / 32;
+  constexpr float LOWEST = -3.402823466e+38f;  // below every score
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float red[WARPS][F];
+  for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
+    {  // GROUP lanes per light node; every lane takes part in the shuffles
+      const int64_t i = base + threadIdx.x / GROUP;
+      const int g = threadIdx.x % GROUP;
+      int64_t q0 = 0, q1 = 0;
+      if (i < N) {
+        q0 = span(off[i], 0, E);
+        q1 = span(off[i + 1], q0, E);
       }
-      __syncthreads();  // every warp has read red_m and red_s before the next hub writes them
-      online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
+      const bool light = i < N && q1 - q0 <= GROUP;
+      const bool in = light && q0 + g < q1;
+      const long long e = in ? (long long)eids[q0 + g] : 0;
+      const bool has = in && ok(e);
+      float a[H];
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        const float y = has ? score(e, h) : LOWEST;
+        float mm = y;
+#pragma unroll
+        for (int o = GROUP / 2; o > 0; o >>= 1)
+          mm = fmaxf(mm, __shfl_xor_sync(JAXDATA_FULL_MASK, mm, o));
+        const float x = has ? expf(y - mm) : 0.0f;
+        float sum = x;
+#pragma unroll
+        for (int o = GROUP / 2; o > 0; o >>= 1)
+          sum += __shfl_xor_sync(JAXDATA_FULL_MASK, sum, o);
+        a[h] = has ? x / sum : 0.0f;
+      }
+      float acc[KG];
+#pragma unroll
+      for (int k = 0; k < KG; ++k) acc[k] = 0.0f;
+      const int leader = lane & ~(GROUP - 1);
+#pragma unroll
+      for (int j = 0; j < GROUP; ++j)
+        add_weighted_row<H, F>(leader + j, e, has, a, g, GROUP, value, acc);
+      if (light)
+#pragma unroll
+        for (int k = 0; k < KG; ++k)
+          if (g + k * GROUP < F) out[i * F + g + k * GROUP] = acc[k];
+    }
+    for (int j = warp; j < NODES && base + j < N; j += WARPS) {  // a warp per middle node
+      const int64_t i = base + j;
+      const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
+      if (q1 - q0 <= GROUP || q1 - q0 > DEGREE) continue;
+      for (int h = 0; h < H; ++h) { m[h] = LOWEST; s[h] = 0.0f; }
+      online_first<H>(q0 + lane, q1, 32, eids, out, ok, score, m, s, false);
+      warp_combine<H>(m, s);
+      float acc[KW];
+#pragma unroll
+      for (int k = 0; k < KW; ++k) acc[k] = 0.0f;
+      weighted_rows<H, F>(q0, q1, 32, eids, ok, score, value, m, s, acc);
+#pragma unroll
+      for (int k = 0; k < KW; ++k)
+        if (lane + 32 * k < F) out[i * F + lane + 32 * k] = acc[k];
     }
   }
+  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t i, int64_t q0, int64_t q1) {
+    block_max_sum<H, THREADS>(q0, q1, eids, out, ok, score, m, s, false);
+    float acc[KW];
+#pragma unroll
+    for (int k = 0; k < KW; ++k) acc[k] = 0.0f;
+    weighted_rows<H, F>(q0 + 32 * warp, q1, THREADS, eids, ok, score, value, m, s, acc);
+#pragma unroll
+    for (int k = 0; k < KW; ++k)
+      if (lane + 32 * k < F) red[warp][lane + 32 * k] = acc[k];
+    __syncthreads();
+    for (int f = threadIdx.x; f < F; f += THREADS) {
+      float t = 0.0f;
+      for (int w = 0; w < WARPS; ++w) t += red[w][f];
+      out[i * F + f] = t;
+    }
+  });
 }
 
 // Feature f of positions [lo, hi): out[target(e) * W + f] += value(e, f) for e = at(q), summed
