@@ -12,7 +12,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_peers as peers
