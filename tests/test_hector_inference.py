@@ -135,3 +135,23 @@ def test_forward_only_output_keeps_zeros_for_nodes_without_edges(device):
   empty = g.in_degree() == 0
   assert empty.any() and not np.isnan(got).any()
   np.testing.assert_array_equal(got[empty], 0.0)
+
+
+@pytest.mark.parametrize("width,heads,split", [(32, 4, (8, 4)), (128, 4, (8, 16)),
+                                               (16, 0, (8, 2)), (48, 4, (4, 16)),
+                                               (12, 4, (1, 16)), (512, 1, None),
+                                               (64, 64, None), (30, 4, None)])
+def test_softmax_sum_split(width, heads, split):
+  """SUB lanes (a power of two, at most a warp) of PL adjacent features of one head each."""
+  from jaxdata.hector.lowering import softmax_sum_split  # pylint: disable=g-import-not-at-top
+  assert softmax_sum_split(width, heads) == split
+
+
+def test_a_softmax_too_wide_to_fuse_stays_apart():
+  """Where an edge's features need more than a warp's lanes, the forward-only plan keeps the
+  forward kernels (softmax stored, then the aggregate)."""
+  g = tier_graph(4, n=800)
+  ga = hector.GraphArrays.from_graph(g)
+  plan = hector.rgat_layer.plan(ga, **rgat_inputs(np.random.default_rng(4), g, 4, 1, 512))
+  assert plan.inference_kernels is plan.forward_kernels
+  assert "softmax_sum" not in _sinks(plan.inference_kernels)

@@ -206,19 +206,28 @@ def _active(program: Program, available: frozenset[int]) -> list[Value]:
   return [v for v in program.values if v.id in keep]
 
 
-#: The widest softmax_sum a forward-only plan fuses: features summed per node (each lane of
-#: the CUDA kernel keeps up to this many / 8 partial sums in registers) and scores per edge
-#: (the heads each feature picks its weight from).
-SOFTMAX_SUM_MAX_WIDTH = 256
-SOFTMAX_SUM_MAX_HEADS = 16
+def softmax_sum_split(width: int, heads: int) -> tuple[int, int] | None:
+  """How the CUDA softmax_sum spreads an edge's `width` features over lanes: (PL, SUB), each of
+  SUB lanes (a power of two) holding PL adjacent features of one head (PL: the largest of 8, 4,
+  2, 1 that divides a head's features); None where that needs more than a warp's 32 lanes (the
+  softmax and the aggregate then stay apart)."""
+  heads = max(heads, 1)
+  if width % heads:
+    return None
+  per = width // heads
+  pl = next(p for p in (8, 4, 2, 1) if per % p == 0)
+  sub = 1
+  while sub * pl < width:
+    sub *= 2
+  return (pl, sub) if sub <= 32 else None
 
 
 def softmax_sums(program: Program, available: frozenset[int] = frozenset()
                  ) -> dict[int, tuple[Value, Value]]:
   """The aggregates a forward-only plan runs as one softmax_sum traversal: ``aggregate(alpha *
   rows)`` (either order) at the node where ``alpha = edge_softmax(scores)`` normalizes, over the
-  edges, with alpha and the product used by nothing else (so alpha is never stored), within
-  the widths above. Aggregate id -> (alpha, rows)."""
+  edges, with alpha and the product used by nothing else (so alpha is never stored), where
+  `softmax_sum_split` fits. Aggregate id -> (alpha, rows)."""
   listed = [v for v in _active(program, available) if v.id not in available]
   users: dict[int, int] = {}
   for v in listed:
@@ -235,8 +244,7 @@ def softmax_sums(program: Program, available: frozenset[int] = frozenset()
       if (alpha.op == "edge_softmax" and alpha.attrs["end"] == v.attrs["end"]
           and alpha.domain == "edge" and users[alpha.id] == 1 and alpha.id not in outputs
           and alpha.id not in available and width(rows) == w
-          and w <= SOFTMAX_SUM_MAX_WIDTH and heads <= SOFTMAX_SUM_MAX_HEADS
-          and (heads <= 1 or w % heads == 0)):
+          and softmax_sum_split(w, heads) is not None):
         fused[v.id] = (alpha, rows)
         break
   return fused

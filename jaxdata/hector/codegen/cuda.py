@@ -25,7 +25,7 @@ from jaxdata.hector import operands
 from jaxdata.hector.codegen.common import (expr, groups, guard, pointers,
                                            row_ids, scale, template, weight,
                                            weight_offset)
-from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
+from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad, softmax_sum_split
 
 #: the kinds of GEMM a CUDA GEMM or weight-gradient instance can be generated as
 MATHS = ("fma", "tf32", "bf16")
@@ -321,17 +321,18 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
 
 
 def _softmax_sum(t: Traversal, w: int, value: str) -> str:
-  """The forward-only fusion of a softmax and the aggregate it weights, in the softmax's tiers
-  (`edge_softmax_sum` in templates/traversal.cuh): each node's scores reduced as `_softmax`
-  reduces them, then its weighted rows summed in registers, the lanes over the features, and
-  the node's row written once. Nothing is stored per edge and no atomics."""
-  heads = max(t.heads, 1)
+  """The forward-only fusion of a softmax and the aggregate it weights (`edge_softmax_sum` in
+  templates/traversal.cuh): one online pass over each node's edges carrying the running
+  maximum, sum and weighted rows, `softmax_sum_split`'s SUB lanes per edge, a team, a warp or
+  the block per node by in-degree; each node's row written once. Nothing is stored per edge and
+  no atomics."""
+  pl, sub = softmax_sum_split(w, t.heads)
   off, eids = groups(t.end)
   return (f"  auto score = [&](int64_t e, int f) {{ return {expr(t.score, 'f')}; }};\n"
           f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-          f"  float m[{heads}], s[{heads}];\n"
-          f"  edge_softmax_sum<{heads}, {w}, {SOFTMAX_THREADS}, {SOFTMAX_BLOCK_DEGREE}, "
-          f"{SOFTMAX_GROUP}>(N, E, {off}, {eids}, out, ok, score, value, m, s);\n}}\n")
+          f"  edge_softmax_sum<{max(t.heads, 1)}, {w}, {pl}, {sub}, {SOFTMAX_THREADS}, "
+          f"{SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, {off}, {eids}, out, ok, score, "
+          "value);\n}\n")
 
 
 def _relation_sum(w: int, value: str) -> str:

@@ -45,8 +45,7 @@ JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids
 // nothing).
 template <int W, typename Ok, typename Score>
 JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
-                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
-                                 bool store = true) {
+                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
   for (int64_t q = lo; q < hi; q += stride) {
     const int64_t e = eids[q];
@@ -56,7 +55,7 @@ JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const i
     for (int f = 0; f < W; ++f) y[f] = v ? score(e, f) : LOWEST;
 #pragma unroll
     for (int f = 0; f < W; ++f) {
-      if (v && store) out[e * W + f] = y[f];
+      if (v) out[e * W + f] = y[f];
       const float mm = fmaxf(m[f], y[f]);
       s[f] = s[f] * expf(m[f] - mm) + (v ? expf(y[f] - mm) : 0.0f);
       m[f] = mm;
@@ -123,17 +122,17 @@ JAXDATA_INLINE void for_each_hub(int64_t N, int64_t E, const int32_t* off, Fn fn
 }
 
 // (m, s) of the softmax over the edges at positions [q0, q1) for the whole block: every
-// thread's online pass (storing the raw scores if `store`), combined over the block; every
-// thread gets the result.
+// thread's online pass (storing the raw scores), combined over the block; every thread gets
+// the result.
 template <int W, int THREADS, typename Ok, typename Score>
 JAXDATA_INLINE void block_max_sum(int64_t q0, int64_t q1, const int32_t* eids, float* out, Ok ok,
-                                  Score score, float (&m)[W], float (&s)[W], bool store) {
+                                  Score score, float (&m)[W], float (&s)[W]) {
   constexpr int WARPS = THREADS / 32;
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
   __shared__ float red_m[WARPS][W], red_s[WARPS][W];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-  online_first<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s, store);
+  online_first<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
   warp_combine<W>(m, s);
   if (lane == 0)
     for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
@@ -184,7 +183,7 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
     }
   }
   for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t, int64_t q0, int64_t q1) {
-    block_max_sum<W, THREADS>(q0, q1, eids, out, ok, score, m, s, true);
+    block_max_sum<W, THREADS>(q0, q1, eids, out, ok, score, m, s);
     online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
   });
 }
@@ -192,150 +191,145 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
 // The fused softmax and sum of a forward-only plan (softmax_sum): out[i, f] = sum over node i's
 // edges e (eids[off[i]..off[i+1])) of alpha[e, f's head] * value(e, f), alpha the softmax of
 // score(e, h) over the node's edges per head h, never stored. F features, H heads (f's head is
-// f / (F / H)); the tiers of `edge_softmax`:
-//  - d <= GROUP: GROUP lanes per node, one edge per lane: each lane's weights alpha[e, .] from
-//    shuffles among the group (one pass over the scores); then the group walks its edges, each
-//    lane summing features g, g + GROUP, ... of weight * value (a row's features side by side
-//    across the lanes).
-//  - GROUP < d <= DEGREE: a warp per node; hubs: the block. (m, s) by an online pass (nothing
-//    stored), then `weighted_rows`: 32 edges' weights at a time, one per lane, and the warp walks
-//    those edges with its lanes over the features; the block adds its warps' sums.
-// Each node's row is written once, no atomics (nodes without edges get zeros).
+// f / (F / H)). One pass over the edges, as an online softmax that also carries the weighted
+// sums (each rescaled when the running maximum grows): SUB lanes share an edge, each owning PL
+// adjacent features of one head (so each lane tracks one head's maximum m and sum s, and the
+// SUB lanes read the edge's row side by side); a node's edges are dealt to the slots of a team
+// of lanes, whose partial (m, s, sums) are then combined by shuffles (and, for a hub's block,
+// through shared memory). Tiers by in-degree d: a team of TEAM lanes (d <= LIGHT, or d <= DEGREE
+// where a team is a warp), a warp (d <= DEGREE), the block (hubs, `for_each_hub`). Each node's
+// row is written once, no atomics (nodes without edges get zeros).
 #define JAXDATA_FULL_MASK 0xffffffffu
 
-// The weight of feature f from per-head weights a[H] (f's head: f / PER), by selects (a
-// runtime index into a register array would put it in local memory).
-template <int H, int PER>
-JAXDATA_INLINE float head_weight(const float (&a)[H], int f) {
-  const int h = f / PER;
-  float w = a[0];
+// The slot's edges at positions lo, lo + stride, ... below hi, U at a time (their ids, checks,
+// scores and rows all loaded before any is used), folded into (m, s, acc): this lane's head h
+// and features f0 .. f0 + PL - 1 (none if f0 >= F: a padding lane).
+template <int F, int PL, int U, typename Ok, typename Score, typename Value>
+JAXDATA_INLINE void softmax_sum_pass(int64_t lo, int64_t hi, int64_t stride, int f0, int h,
+                                     const int32_t* eids, Ok ok, Score score, Value value,
+                                     float& m, float& s, float (&acc)[PL]) {
+  if (f0 >= F) return;
+  for (int64_t q = lo; q < hi; q += U * stride) {
+    int64_t e[U];
+    bool v[U];
 #pragma unroll
-  for (int k = 1; k < H; ++k) w = h == k ? a[k] : w;
-  return w;
-}
-
-// Edge e's (own lane's) weights a[h] and validity are broadcast from lane `from`; each lane adds
-// weight * value(e, f) for its features f = first, first + step, ... (K of them) into acc.
-template <int H, int F, int K, typename Value>
-JAXDATA_INLINE void add_weighted_row(int from, long long e, bool has, const float (&a)[H],
-                                     int first, int step, Value value, float (&acc)[K]) {
-  const long long ej = __shfl_sync(JAXDATA_FULL_MASK, e, from);
-  const bool hj = __shfl_sync(JAXDATA_FULL_MASK, (int)has, from) != 0;
-  float aj[H];
+    for (int u = 0; u < U; ++u) {
+      v[u] = q + u * stride < hi;
+      e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
+    }
 #pragma unroll
-  for (int h = 0; h < H; ++h) aj[h] = __shfl_sync(JAXDATA_FULL_MASK, a[h], from);
-  if (!hj) return;
+    for (int u = 0; u < U; ++u) v[u] = v[u] && ok(e[u]);
+    float y[U], x[U][PL];
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int f = first + k * step;
-    if (f < F) acc[k] += head_weight<H, F / H>(aj, f) * value((int64_t)ej, f);
+    for (int u = 0; u < U; ++u) {
+      y[u] = v[u] ? score(e[u], h) : 0.0f;
+#pragma unroll
+      for (int k = 0; k < PL; ++k) x[u][k] = v[u] ? value(e[u], f0 + k) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!v[u]) continue;
+      const float mm = fmaxf(m, y[u]), c = expf(m - mm), p = expf(y[u] - mm);
+      s = s * c + p;
+#pragma unroll
+      for (int k = 0; k < PL; ++k) acc[k] = acc[k] * c + p * x[u][k];
+      m = mm;
+    }
   }
 }
 
-// softmax_sum's second pass over positions lo, lo + stride, ... (stride a multiple of 32, lo's
-// lane 0 the same for the warp) below hi, given the softmax's (m, s): 32 edges at a time, each
-// lane computes one edge's weights, then the warp walks them (`add_weighted_row`), lane l owning
-// features l, l + 32, ...
-template <int H, int F, typename Ok, typename Score, typename Value>
-JAXDATA_INLINE void weighted_rows(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
-                                  Ok ok, Score score, Value value, const float (&m)[H],
-                                  const float (&s)[H], float (&acc)[(F + 31) / 32]) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t c = lo; c < hi; c += stride) {
-    const int64_t q = c + lane;
-    const long long e = q < hi ? (long long)eids[q] : 0;
-    const bool has = q < hi && ok(e);
-    float a[H];
+// (m, s, acc) of another slot (m2, s2, acc2) folded into this one.
+template <int PL>
+JAXDATA_INLINE void softmax_sum_merge(float& m, float& s, float (&acc)[PL], float m2, float s2,
+                                      const float (&acc2)[PL]) {
+  const float mm = fmaxf(m, m2), c = expf(m - mm), c2 = expf(m2 - mm);
+  s = s * c + s2 * c2;
 #pragma unroll
-    for (int h = 0; h < H; ++h) a[h] = has ? expf(score(e, h) - m[h]) / s[h] : 0.0f;
-    const int n = int(min((int64_t)32, hi - c));
-    for (int j = 0; j < n; ++j) add_weighted_row<H, F>(j, e, has, a, lane, 32, value, acc);
+  for (int k = 0; k < PL; ++k) acc[k] = acc[k] * c + acc2[k] * c2;
+  m = mm;
+}
+
+// The slots of a team of T lanes (lanes SUB apart hold the same features) combined: every
+// lane gets its features' totals.
+template <int T, int SUB, int PL>
+JAXDATA_INLINE void softmax_sum_team(float& m, float& s, float (&acc)[PL]) {
+#pragma unroll
+  for (int o = SUB; o < T; o <<= 1) {
+    float acc2[PL];
+#pragma unroll
+    for (int k = 0; k < PL; ++k) acc2[k] = __shfl_xor_sync(JAXDATA_FULL_MASK, acc[k], o);
+    const float m2 = __shfl_xor_sync(JAXDATA_FULL_MASK, m, o);
+    const float s2 = __shfl_xor_sync(JAXDATA_FULL_MASK, s, o);
+    softmax_sum_merge<PL>(m, s, acc, m2, s2, acc2);
   }
 }
 
-template <int H, int F, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score,
-          typename Value>
+template <int F, int PL>
+JAXDATA_INLINE void softmax_sum_write(float* out, int64_t i, int f0, float s,
+                                      const float (&acc)[PL]) {
+  if (f0 >= F) return;
+#pragma unroll
+  for (int k = 0; k < PL; ++k) out[i * F + f0 + k] = s > 0.0f ? acc[k] / s : 0.0f;
+}
+
+template <int H, int F, int PL, int SUB, int THREADS, int DEGREE, int GROUP, typename Ok,
+          typename Score, typename Value>
 JAXDATA_INLINE void edge_softmax_sum(int64_t N, int64_t E, const int32_t* off,
                                      const int32_t* eids, float* out, Ok ok, Score score,
-                                     Value value, float (&m)[H], float (&s)[H]) {
-  static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0 && THREADS % 32 == 0,
-                "a node's lanes lie in one warp");
-  static_assert(F % H == 0, "each head weights F / H features");
-  constexpr int WARPS = THREADS / 32, NODES = THREADS / GROUP;
-  constexpr int KG = (F + GROUP - 1) / GROUP, KW = (F + 31) / 32;
+                                     Value value) {
+  static_assert(SUB >= 1 && SUB <= 32 && (SUB & (SUB - 1)) == 0 && SUB * PL >= F,
+                "an edge's lanes lie in one warp and hold its features");
+  static_assert(F % H == 0 && (F / H) % PL == 0, "a lane's features lie in one head");
+  constexpr int TEAM = SUB * GROUP < 32 ? SUB * GROUP : 32, NODES = THREADS / TEAM;
+  constexpr int LIGHT = TEAM == 32 ? DEGREE : GROUP, WARPS = THREADS / 32, U = 4;
   constexpr float LOWEST = -3.402823466e+38f;  // below every score
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float red[WARPS][F];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % SUB;
+  const int f0 = sub * PL, h = f0 / (F / H);  // this lane's features and their head
   for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
-    {  // GROUP lanes per light node; every lane takes part in the shuffles
-      const int64_t i = base + threadIdx.x / GROUP;
-      const int g = threadIdx.x % GROUP;
+    {  // a team per light node; every lane takes part in the shuffles
+      const int64_t i = base + threadIdx.x / TEAM;
       int64_t q0 = 0, q1 = 0;
       if (i < N) {
         q0 = span(off[i], 0, E);
         q1 = span(off[i + 1], q0, E);
       }
-      const bool light = i < N && q1 - q0 <= GROUP;
-      const bool in = light && q0 + g < q1;
-      const long long e = in ? (long long)eids[q0 + g] : 0;
-      const bool has = in && ok(e);
-      float a[H];
-#pragma unroll
-      for (int h = 0; h < H; ++h) {
-        const float y = has ? score(e, h) : LOWEST;
-        float mm = y;
-#pragma unroll
-        for (int o = GROUP / 2; o > 0; o >>= 1)
-          mm = fmaxf(mm, __shfl_xor_sync(JAXDATA_FULL_MASK, mm, o));
-        const float x = has ? expf(y - mm) : 0.0f;
-        float sum = x;
-#pragma unroll
-        for (int o = GROUP / 2; o > 0; o >>= 1)
-          sum += __shfl_xor_sync(JAXDATA_FULL_MASK, sum, o);
-        a[h] = has ? x / sum : 0.0f;
+      const bool mine = i < N && q1 - q0 <= LIGHT;
+      float m = LOWEST, s = 0.0f, acc[PL] = {};
+      if (mine)
+        softmax_sum_pass<F, PL, 1>(q0 + (threadIdx.x % TEAM) / SUB, q1, TEAM / SUB, f0, h, eids,
+                                   ok, score, value, m, s, acc);
+      softmax_sum_team<TEAM, SUB, PL>(m, s, acc);
+      if (mine && threadIdx.x % TEAM < SUB) softmax_sum_write<F, PL>(out, i, f0, s, acc);
+    }
+    if (TEAM < 32)
+      for (int j = warp; j < NODES && base + j < N; j += WARPS) {  // a warp per middle node
+        const int64_t i = base + j;
+        const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
+        if (q1 - q0 <= LIGHT || q1 - q0 > DEGREE) continue;
+        float m = LOWEST, s = 0.0f, acc[PL] = {};
+        softmax_sum_pass<F, PL, U>(q0 + lane / SUB, q1, 32 / SUB, f0, h, eids, ok, score, value,
+                                   m, s, acc);
+        softmax_sum_team<32, SUB, PL>(m, s, acc);
+        if (lane < SUB) softmax_sum_write<F, PL>(out, i, f0, s, acc);
       }
-      float acc[KG];
-#pragma unroll
-      for (int k = 0; k < KG; ++k) acc[k] = 0.0f;
-      const int leader = lane & ~(GROUP - 1);
-#pragma unroll
-      for (int j = 0; j < GROUP; ++j)
-        add_weighted_row<H, F>(leader + j, e, has, a, g, GROUP, value, acc);
-      if (light)
-#pragma unroll
-        for (int k = 0; k < KG; ++k)
-          if (g + k * GROUP < F) out[i * F + g + k * GROUP] = acc[k];
-    }
-    for (int j = warp; j < NODES && base + j < N; j += WARPS) {  // a warp per middle node
-      const int64_t i = base + j;
-      const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
-      if (q1 - q0 <= GROUP || q1 - q0 > DEGREE) continue;
-      for (int h = 0; h < H; ++h) { m[h] = LOWEST; s[h] = 0.0f; }
-      online_first<H>(q0 + lane, q1, 32, eids, out, ok, score, m, s, false);
-      warp_combine<H>(m, s);
-      float acc[KW];
-#pragma unroll
-      for (int k = 0; k < KW; ++k) acc[k] = 0.0f;
-      weighted_rows<H, F>(q0, q1, 32, eids, ok, score, value, m, s, acc);
-#pragma unroll
-      for (int k = 0; k < KW; ++k)
-        if (lane + 32 * k < F) out[i * F + lane + 32 * k] = acc[k];
-    }
   }
+  __shared__ float red_m[WARPS][SUB], red_s[WARPS][SUB], red_acc[WARPS][SUB][PL];
   for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t i, int64_t q0, int64_t q1) {
-    block_max_sum<H, THREADS>(q0, q1, eids, out, ok, score, m, s, false);
-    float acc[KW];
+    float m = LOWEST, s = 0.0f, acc[PL] = {};
+    softmax_sum_pass<F, PL, U>(q0 + threadIdx.x / SUB, q1, THREADS / SUB, f0, h, eids, ok,
+                               score, value, m, s, acc);
+    softmax_sum_team<32, SUB, PL>(m, s, acc);
+    if (lane < SUB) {
+      red_m[warp][lane] = m;
+      red_s[warp][lane] = s;
 #pragma unroll
-    for (int k = 0; k < KW; ++k) acc[k] = 0.0f;
-    weighted_rows<H, F>(q0 + 32 * warp, q1, THREADS, eids, ok, score, value, m, s, acc);
-#pragma unroll
-    for (int k = 0; k < KW; ++k)
-      if (lane + 32 * k < F) red[warp][lane + 32 * k] = acc[k];
+      for (int k = 0; k < PL; ++k) red_acc[warp][lane][k] = acc[k];
+    }
     __syncthreads();
-    for (int f = threadIdx.x; f < F; f += THREADS) {
-      float t = 0.0f;
-      for (int w = 0; w < WARPS; ++w) t += red[w][f];
-      out[i * F + f] = t;
+    if (warp == 0 && lane < SUB) {
+      for (int w = 1; w < WARPS; ++w) softmax_sum_merge<PL>(m, s, acc, red_m[w][lane],
+                                                             red_s[w][lane], red_acc[w][lane]);
+      softmax_sum_write<F, PL>(out, i, f0, s, acc);
     }
   });
 }
