@@ -41,9 +41,7 @@ class Plan:
 
   `stages` holds the forward program after each pass, `(title, program text)`; `saved` the ids
   of arrays the forward kernels made that the backward kernels read (kept as residuals, not
-  recomputed). `inference_kernels` compute the forward pass when nothing differentiates it
-  (inference): nothing is kept for a backward pass, so an edge softmax feeding one aggregate
-  runs fused into it (`lowering.softmax_sums`); where nothing fuses they are `forward_kernels`.
+  recomputed).
   """
   traced: Program
   forward: Program
@@ -52,20 +50,12 @@ class Plan:
   backward_kernels: list[Instance]
   stages: tuple[tuple[str, str], ...] = ()
   saved: frozenset[int] = frozenset()
-  inference_kernels: list[Instance] | None = None
-
-  def __post_init__(self):
-    if self.inference_kernels is None:
-      self.inference_kernels = self.forward_kernels
 
   def __str__(self):
     parts = [("traced", str(self.traced)), *self.stages,
              ("after differentiation (backward program)", str(self.backward)),
              ("forward kernels", "\n".join(map(str, self.forward_kernels))),
              ("backward kernels", "\n".join(map(str, self.backward_kernels)) + self._kept())]
-    if self.inference_kernels is not self.forward_kernels:
-      parts.append(("inference kernels (forward only, nothing kept)",
-                    "\n".join(map(str, self.inference_kernels))))
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in parts)
 
   def _kept(self) -> str:
@@ -89,10 +79,7 @@ def make_plan(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: i
   made = frozenset(k.output.id for k in fwd)
   bwd = lower(backward, made)
   saved = {v.id for k in bwd for v in k.inputs if v.id in made}
-  inference = lower(forward, forward_only=True)
-  if [str(k) for k in inference] == [str(k) for k in fwd]:
-    inference = fwd
-  return Plan(program, forward, backward, fwd, bwd, tuple(stages), frozenset(saved), inference)
+  return Plan(program, forward, backward, fwd, bwd, tuple(stages), frozenset(saved))
 
 
 class Layer:
@@ -141,10 +128,8 @@ class Layer:
     plan = self.plan(graph, passes, **inputs)
     dt = {k: _kernel_dtype(v) for k, v in inputs.items()}
     out = []
-    forward = {str(k) for k in plan.forward_kernels}
-    fused = [k for k in plan.inference_kernels if str(k) not in forward]
     for direction, kernels in (("forward", plan.forward_kernels),
-                               ("backward", plan.backward_kernels), ("inference", fused)):
+                               ("backward", plan.backward_kernels)):
       for inst in kernels:
         if isinstance(inst.kernel, Dense):
           continue
@@ -271,20 +256,19 @@ def _apply(plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArray
   return _forward(plan, names, precision, graph, arrays)
 
 
-def _run_forward(plan, names, precision, graph, arrays, kernels):
+def _run_forward(plan, names, precision, graph, arrays):
   env = {plan.forward.inputs[k].id: a for k, a in zip(names, arrays)}
-  execute(kernels, graph, env, precision)
+  execute(plan.forward_kernels, graph, env, precision)
   dtype = jnp.result_type(*arrays)
   return {k: env[v.id].astype(dtype) for k, v in plan.forward.outputs.items()}, env
 
 
 def _forward(plan, names, precision, graph, arrays):
-  """The primal function: what runs when nothing differentiates the call (inference)."""
-  return _run_forward(plan, names, precision, graph, arrays, plan.inference_kernels)[0]
+  return _run_forward(plan, names, precision, graph, arrays)[0]
 
 
 def _apply_fwd(plan, names, precision, graph, arrays):
-  outs, env = _run_forward(plan, names, precision, graph, arrays, plan.forward_kernels)
+  outs, env = _run_forward(plan, names, precision, graph, arrays)
   # Named, so that a remat policy can keep (or offload) what the backward kernels read instead
   # of running the forward kernels again (`save_only_these_names(SAVED_NAME)`).
   return outs, (graph, arrays, {i: checkpoint_name(env[i], SAVED_NAME) for i in plan.saved})

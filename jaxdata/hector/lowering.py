@@ -133,31 +133,23 @@ class WeightGrad:
             f"({_dims(self.heads, self.k, self.n)}){_over(self.domain)}")
 
 
-SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "softmax_sum", "relation",
-         "pair")
+SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "relation", "pair")
 
 
 @dataclasses.dataclass(frozen=True)
 class Traversal:
   """An edge loop over `expr` (`width` features per edge; 0: a scalar) into one of `SINKS`:
   summed into nodes at `end` (aggregate), into ``[R, N, width]`` weight rows, into ``[R, width]``
-  relation rows, into the edge's pair's row; stored per edge; per feature (head), the softmax
-  over the edges that share a node at `end` stored per edge; or (softmax_sum, a forward-only
-  fusion) `expr` times the softmax of `score` (`heads` scores per edge, each weighting its
-  head's features of `expr`) summed into nodes at `end`, the softmax never stored."""
+  relation rows, into the edge's pair's row; stored per edge; or, per feature (head), the
+  softmax over the edges that share a node at `end` stored per edge."""
   expr: Expr
   width: int
   sink: str
-  end: str = ""       # for aggregate / scatter_weight_row / softmax / softmax_sum
+  end: str = ""       # for aggregate / scatter_weight_row / softmax
   domain: str = "edge"
-  score: Expr | None = None  # softmax_sum: the scores
-  heads: int = 0             # softmax_sum: the scores' width (0: one per edge)
   template = "traversal"
 
   def __str__(self):
-    if self.sink == "softmax_sum":
-      return (f"out[{self.end}[e]] += softmax over {self.end}[e] of {self.score} * "
-              f"{self.expr}{_over(self.domain)}")
     to = {"aggregate": f"out[{self.end}[e]] +=", "store": "out[e] =",
           "scatter_weight_row": f"out[etype[e], {self.end}[e]] +=",
           "softmax": f"out[e] = softmax over {self.end}[e] of", "relation": "out[etype[e]] +=",
@@ -206,54 +198,9 @@ def _active(program: Program, available: frozenset[int]) -> list[Value]:
   return [v for v in program.values if v.id in keep]
 
 
-def softmax_sum_split(width: int, heads: int) -> tuple[int, int] | None:
-  """How the CUDA softmax_sum spreads an edge's `width` features over lanes: (PL, SUB), each of
-  SUB lanes (a power of two) holding PL adjacent features of one head (PL: the largest of 8, 4,
-  2, 1 that divides a head's features); None where that needs more than a warp's 32 lanes (the
-  softmax and the aggregate then stay apart)."""
-  heads = max(heads, 1)
-  if width % heads:
-    return None
-  per = width // heads
-  pl = next(p for p in (8, 4, 2, 1) if per % p == 0)
-  sub = 1
-  while sub * pl < width:
-    sub *= 2
-  return (pl, sub) if sub <= 32 else None
-
-
-def softmax_sums(program: Program, available: frozenset[int] = frozenset()
-                 ) -> dict[int, tuple[Value, Value]]:
-  """The aggregates a forward-only plan runs as one softmax_sum traversal: ``aggregate(alpha *
-  rows)`` (either order) at the node where ``alpha = edge_softmax(scores)`` normalizes, over the
-  edges, with alpha and the product used by nothing else (so alpha is never stored), where
-  `softmax_sum_split` fits. Aggregate id -> (alpha, rows)."""
-  listed = [v for v in _active(program, available) if v.id not in available]
-  users: dict[int, int] = {}
-  for v in listed:
-    for a in v.args:
-      users[a.id] = users.get(a.id, 0) + 1
-  outputs = {v.id for v in program.outputs.values()}
-  fused = {}
-  for v in listed:
-    prod = v.args[0] if v.op == "aggregate" else None
-    if prod is None or prod.op != "mul" or prod.domain != "edge" or users[prod.id] != 1:
-      continue
-    for alpha, rows in (prod.args, prod.args[::-1]):
-      heads, w = width(alpha), width(v)
-      if (alpha.op == "edge_softmax" and alpha.attrs["end"] == v.attrs["end"]
-          and alpha.domain == "edge" and users[alpha.id] == 1 and alpha.id not in outputs
-          and alpha.id not in available and width(rows) == w
-          and softmax_sum_split(w, heads) is not None):
-        fused[v.id] = (alpha, rows)
-        break
-  return fused
-
-
-def materialized(program: Program, available: frozenset[int] = frozenset(),
-                 fused: dict[int, tuple[Value, Value]] | None = None) -> set[int]:
+def materialized(program: Program, available: frozenset[int] = frozenset()) -> set[int]:
   """Ids of the values kernels write to memory (see the module docstring); `available` values
-  are in memory already; the softmaxes of `fused` aggregates (`softmax_sums`) are not."""
+  are in memory already."""
   listed = _active(program, available)
   values = [v for v in listed if v.id not in available]
   users: dict[int, list[Value]] = {}
@@ -276,8 +223,6 @@ def materialized(program: Program, available: frozenset[int] = frozenset(),
       if core.op == "linear" and all(len(users[c.id]) == 1 for c in chain + [core]):
         roots.discard(core.id)
         roots.difference_update(c.id for c in chain)
-  for alpha, _ in (fused or {}).values():
-    roots.discard(alpha.id)
   for v in values:
     if v.op == "expand":
       roots.add(v.args[0].id)
@@ -329,26 +274,21 @@ def _peel_scales(v: Value, roots: set[int]) -> tuple[Value, list[Value]]:
   return v, scales
 
 
-def lower(program: Program, available: frozenset[int] = frozenset(), *,
-          forward_only: bool = False) -> list[Instance]:
+def lower(program: Program, available: frozenset[int] = frozenset()) -> list[Instance]:
   """The program's kernel instances, in an order that respects their dependencies; values in
-  `available` (ids of arrays the caller provides) are read, not computed. `forward_only`: no
-  backward pass will read the intermediates, so a softmax feeding one aggregate is fused into
-  it (`softmax_sums`) instead of being stored."""
-  fused = softmax_sums(program, available) if forward_only else {}
-  roots = materialized(program, available, fused)
+  `available` (ids of arrays the caller provides) are read, not computed."""
+  roots = materialized(program, available)
   instances = []
   for v in _active(program, available):
     if v.id in roots and v.op not in ("input", "weight") and v.id not in available:
-      instances.append(_Builder(roots, fused).build(v))
+      instances.append(_Builder(roots).build(v))
   return instances
 
 
 class _Builder:
 
-  def __init__(self, roots: set[int], fused: dict[int, tuple[Value, Value]] | None = None):
+  def __init__(self, roots: set[int]):
     self.roots = roots
-    self.fused = fused or {}
     self.inputs: list[Value] = []
 
   def slot(self, v: Value) -> int:
@@ -407,11 +347,6 @@ class _Builder:
     return Instance(kernel, self.inputs, v)
 
   def _build(self, v: Value) -> Template:
-    if v.id in self.fused:
-      alpha, rows = self.fused[v.id]
-      (scores,) = alpha.args
-      return Traversal(self.expr(rows), width(v), "softmax_sum", v.attrs["end"], "edge",
-                       score=self.expr(scores), heads=width(alpha))
     if v.op == "aggregate":
       rows = v.args[0]
       chain, core = _peel_chain(rows)

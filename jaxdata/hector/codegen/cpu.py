@@ -111,8 +111,6 @@ def _traversal(t: Traversal) -> str:
             f"  }});\n  return 0;\n}}\n")
   if t.sink == "softmax":
     return _softmax(t, w, value)
-  if t.sink == "softmax_sum":
-    return _softmax_sum(t, w, value)
   if t.sink == "relation":
     return _relation_sum(w, value)
   if t.sink == "pair":  # each pair's row sums the rows of its edges
@@ -159,40 +157,6 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
           f"        for (int64_t q = q0; q < q1; ++q)\n"
           f"          if (ok({eids}[q])) out[(int64_t){eids}[q] * {w} + f] /= sum;\n"
           f"      }}\n"
-          f"    }}\n  }});\n  return 0;\n}}\n")
-
-
-def _softmax_sum(t: Traversal, w: int, value: str) -> str:
-  """Per node (its edges grouped at `end`) and head: the maximum score, the sum of
-  exp(score - max), then each edge's weight exp(score - max) / sum times its row's features of
-  that head summed into the node's row. Nothing is stored per edge."""
-  off, eids = groups(t.end)
-  heads = max(t.heads, 1)
-  per = w // heads  # features per head
-  score = expr(t.score, "h")
-  return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
-          f"    for (int64_t i = lo; i < hi; ++i) {{\n"
-          f"      const int64_t q0 = span({off}[i], 0, E), q1 = span({off}[i + 1], q0, E);\n"
-          f"      float acc[{w}] = {{0}};\n"
-          f"      for (int h = 0; h < {heads}; ++h) {{\n"
-          f"        float m = {LOWEST};\n"
-          f"        for (int64_t q = q0; q < q1; ++q) {{\n"
-          f"          const int64_t e = {eids}[q];\n"
-          f"          if (ok(e)) m = std::max(m, {score});\n"
-          f"        }}\n"
-          f"        float sum = 0.0f;\n"
-          f"        for (int64_t q = q0; q < q1; ++q) {{\n"
-          f"          const int64_t e = {eids}[q];\n"
-          f"          if (ok(e)) sum += expf({score} - m);\n"
-          f"        }}\n"
-          f"        for (int64_t q = q0; q < q1; ++q) {{\n"
-          f"          const int64_t e = {eids}[q];\n"
-          f"          if (!ok(e)) continue;\n"
-          f"          const float a = expf({score} - m) / sum;\n"
-          f"          for (int f = h * {per}; f < (h + 1) * {per}; ++f) acc[f] += a * ({value});\n"
-          f"        }}\n"
-          f"      }}\n"
-          f"      for (int f = 0; f < {w}; ++f) out[i * {w} + f] = acc[f];\n"
           f"    }}\n  }});\n  return 0;\n}}\n")
 
 

@@ -25,7 +25,7 @@ from jaxdata.hector import operands
 from jaxdata.hector.codegen.common import (expr, groups, guard, pointers,
                                            row_ids, scale, template, weight,
                                            weight_offset)
-from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad, softmax_sum_split
+from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
 #: the kinds of GEMM a CUDA GEMM or weight-gradient instance can be generated as
 MATHS = ("fma", "tf32", "bf16")
@@ -118,7 +118,7 @@ def _threads(k, kind: str = "fma") -> int:
     if kind != "fma":
       return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
     return 16 * (bn // _micro(bn))
-  return SOFTMAX_THREADS if k.sink in _BY_NODE else 256
+  return SOFTMAX_THREADS if k.sink == "softmax" else 256
 
 
 #: edges each thread of a CUDA relation sum walks (it adds its partial sums once per relation)
@@ -135,7 +135,7 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
   if isinstance(k, WeightGrad):
     return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
   w = max(k.width, 1)
-  if k.sink in _BY_NODE:  # SOFTMAX_GROUP lanes per node
+  if k.sink == "softmax":  # SOFTMAX_GROUP lanes per node
     work = num_nodes * SOFTMAX_GROUP
   elif k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
     if num_edges == 0:
@@ -250,8 +250,6 @@ def _traversal(t: Traversal) -> str:
   value = expr(t.expr, "f")
   if t.sink == "softmax":
     return _softmax(t, w, value)
-  if t.sink == "softmax_sum":
-    return _softmax_sum(t, w, value)
   if t.sink == "relation":
     return _relation_sum(w, value)
   if _grouped(t):
@@ -286,8 +284,6 @@ def _grouped(t: Traversal) -> bool:
   return t.sink == "aggregate" or (t.sink == "pair" and t.domain == "edge")
 
 
-#: the traversals whose threads go by node (SOFTMAX_GROUP lanes each), not by edge
-_BY_NODE = ("softmax", "softmax_sum")
 #: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp
 SOFTMAX_BLOCK_DEGREE = 256
 #: lanes per node of the CUDA edge softmax's light tier: nodes of at most this many edges take
@@ -318,21 +314,6 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
           f"  float m[{w}], s[{w}], x[{w}];\n"
           f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
           f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n")
-
-
-def _softmax_sum(t: Traversal, w: int, value: str) -> str:
-  """The forward-only fusion of a softmax and the aggregate it weights (`edge_softmax_sum` in
-  templates/traversal.cuh): one online pass over each node's edges carrying the running
-  maximum, sum and weighted rows, `softmax_sum_split`'s SUB lanes per edge, a team, a warp or
-  the block per node by in-degree; each node's row written once. Nothing is stored per edge and
-  no atomics."""
-  pl, sub = softmax_sum_split(w, t.heads)
-  off, eids = groups(t.end)
-  return (f"  auto score = [&](int64_t e, int f) {{ return {expr(t.score, 'f')}; }};\n"
-          f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-          f"  edge_softmax_sum<{max(t.heads, 1)}, {w}, {pl}, {sub}, {SOFTMAX_THREADS}, "
-          f"{SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, {off}, {eids}, out, ok, score, "
-          "value);\n}\n")
 
 
 def _relation_sum(w: int, value: str) -> str:

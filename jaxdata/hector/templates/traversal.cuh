@@ -10,7 +10,9 @@
 //    reduced by shuffles among its GROUP lanes, then writes its results once. Most nodes of a
 //    real graph are here.
 //  - GROUP < d <= 32: the same, a warp per node.
-//  - 32 < d <= DEGREE: a warp per node; d > DEGREE (hubs): the whole block. Both take an online
+//  - 32 < d <= DEGREE: a warp per node; d > DEGREE (hubs): the whole block, hub i on block
+//    i % gridDim.x (`for_each_hub`: MUTAG's six hubs of neighbouring ids, 11K edges, had queued
+//    on one block, 179 us of its 270 us forward on the H200). Both take an online
 //    softmax in two passes (`online_first`, `online_second`): each lane keeps a running maximum m
 //    and a sum s of exp(score - m), rescaled when the maximum grows, and stores the raw scores;
 //    the lanes' (m, s) are combined (shuffles, and shared memory for the block); then each stored
@@ -94,8 +96,8 @@ JAXDATA_INLINE void warp_combine(float (&m)[W], float (&s)[W]) {
     }
 }
 
-// Every node of more than DEGREE edges (a hub), each given to the whole block: fn(i, q0, q1)
-// with its edges' positions. Node i's hub (if it is one) goes to block i % gridDim.x, so hubs with
+// Every node of more than DEGREE edges (a hub), each given to the whole block: fn(q0, q1) with
+// its edges' positions. Node i's hub (if it is one) goes to block i % gridDim.x, so hubs with
 // neighbouring ids (a real graph's class or type nodes often are) land on different blocks
 // rather than queueing on one; each block's threads test THREADS of its nodes at a time.
 template <int THREADS, int DEGREE, typename Fn>
@@ -115,7 +117,7 @@ JAXDATA_INLINE void for_each_hub(int64_t N, int64_t E, const int32_t* off, Fn fn
     for (int k = 0; k < found; ++k) {
       const int64_t i = hubs[k];
       const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
-      fn(i, q0, q1);
+      fn(q0, q1);
       __syncthreads();  // the block's shared reductions are free for the next hub
     }
   }
@@ -182,155 +184,9 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
       online_second<W>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
   }
-  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t, int64_t q0, int64_t q1) {
+  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t q0, int64_t q1) {  // a block per hub
     block_max_sum<W, THREADS>(q0, q1, eids, out, ok, score, m, s);
     online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
-  });
-}
-
-// The fused softmax and sum of a forward-only plan (softmax_sum): out[i, f] = sum over node i's
-// edges e (eids[off[i]..off[i+1])) of alpha[e, f's head] * value(e, f), alpha the softmax of
-// score(e, h) over the node's edges per head h, never stored. F features, H heads (f's head is
-// f / (F / H)). One pass over the edges, as an online softmax that also carries the weighted
-// sums (each rescaled when the running maximum grows): SUB lanes share an edge, each owning PL
-// adjacent features of one head (so each lane tracks one head's maximum m and sum s, and the
-// SUB lanes read the edge's row side by side); a node's edges are dealt to the slots of a team
-// of lanes, whose partial (m, s, sums) are then combined by shuffles (and, for a hub's block,
-// through shared memory). Tiers by in-degree d: a team of TEAM lanes (d <= LIGHT, or d <= DEGREE
-// where a team is a warp), a warp (d <= DEGREE), the block (hubs, `for_each_hub`). Each node's
-// row is written once, no atomics (nodes without edges get zeros).
-#define JAXDATA_FULL_MASK 0xffffffffu
-
-// The slot's edges at positions lo, lo + stride, ... below hi, U at a time (their ids, checks,
-// scores and rows all loaded before any is used), folded into (m, s, acc): this lane's head h
-// and features f0 .. f0 + PL - 1 (none if f0 >= F: a padding lane).
-template <int F, int PL, int U, typename Ok, typename Score, typename Value>
-JAXDATA_INLINE void softmax_sum_pass(int64_t lo, int64_t hi, int64_t stride, int f0, int h,
-                                     const int32_t* eids, Ok ok, Score score, Value value,
-                                     float& m, float& s, float (&acc)[PL]) {
-  if (f0 >= F) return;
-  for (int64_t q = lo; q < hi; q += U * stride) {
-    int64_t e[U];
-    bool v[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      v[u] = q + u * stride < hi;
-      e[u] = v[u] ? (int64_t)eids[q + u * stride] : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = v[u] && ok(e[u]);
-    float y[U], x[U][PL];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      y[u] = v[u] ? score(e[u], h) : 0.0f;
-#pragma unroll
-      for (int k = 0; k < PL; ++k) x[u][k] = v[u] ? value(e[u], f0 + k) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (!v[u]) continue;
-      const float mm = fmaxf(m, y[u]), c = expf(m - mm), p = expf(y[u] - mm);
-      s = s * c + p;
-#pragma unroll
-      for (int k = 0; k < PL; ++k) acc[k] = acc[k] * c + p * x[u][k];
-      m = mm;
-    }
-  }
-}
-
-// (m, s, acc) of another slot (m2, s2, acc2) folded into this one.
-template <int PL>
-JAXDATA_INLINE void softmax_sum_merge(float& m, float& s, float (&acc)[PL], float m2, float s2,
-                                      const float (&acc2)[PL]) {
-  const float mm = fmaxf(m, m2), c = expf(m - mm), c2 = expf(m2 - mm);
-  s = s * c + s2 * c2;
-#pragma unroll
-  for (int k = 0; k < PL; ++k) acc[k] = acc[k] * c + acc2[k] * c2;
-  m = mm;
-}
-
-// The slots of a team of T lanes (lanes SUB apart hold the same features) combined: every
-// lane gets its features' totals.
-template <int T, int SUB, int PL>
-JAXDATA_INLINE void softmax_sum_team(float& m, float& s, float (&acc)[PL]) {
-#pragma unroll
-  for (int o = SUB; o < T; o <<= 1) {
-    float acc2[PL];
-#pragma unroll
-    for (int k = 0; k < PL; ++k) acc2[k] = __shfl_xor_sync(JAXDATA_FULL_MASK, acc[k], o);
-    const float m2 = __shfl_xor_sync(JAXDATA_FULL_MASK, m, o);
-    const float s2 = __shfl_xor_sync(JAXDATA_FULL_MASK, s, o);
-    softmax_sum_merge<PL>(m, s, acc, m2, s2, acc2);
-  }
-}
-
-template <int F, int PL>
-JAXDATA_INLINE void softmax_sum_write(float* out, int64_t i, int f0, float s,
-                                      const float (&acc)[PL]) {
-  if (f0 >= F) return;
-#pragma unroll
-  for (int k = 0; k < PL; ++k) out[i * F + f0 + k] = s > 0.0f ? acc[k] / s : 0.0f;
-}
-
-template <int H, int F, int PL, int SUB, int THREADS, int DEGREE, int GROUP, typename Ok,
-          typename Score, typename Value>
-JAXDATA_INLINE void edge_softmax_sum(int64_t N, int64_t E, const int32_t* off,
-                                     const int32_t* eids, float* out, Ok ok, Score score,
-                                     Value value) {
-  static_assert(SUB >= 1 && SUB <= 32 && (SUB & (SUB - 1)) == 0 && SUB * PL >= F,
-                "an edge's lanes lie in one warp and hold its features");
-  static_assert(F % H == 0 && (F / H) % PL == 0, "a lane's features lie in one head");
-  constexpr int TEAM = SUB * GROUP < 32 ? SUB * GROUP : 32, NODES = THREADS / TEAM;
-  constexpr int LIGHT = TEAM == 32 ? DEGREE : GROUP, WARPS = THREADS / 32, U = 4;
-  constexpr float LOWEST = -3.402823466e+38f;  // below every score
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % SUB;
-  const int f0 = sub * PL, h = f0 / (F / H);  // this lane's features and their head
-  for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
-    {  // a team per light node; every lane takes part in the shuffles
-      const int64_t i = base + threadIdx.x / TEAM;
-      int64_t q0 = 0, q1 = 0;
-      if (i < N) {
-        q0 = span(off[i], 0, E);
-        q1 = span(off[i + 1], q0, E);
-      }
-      const bool mine = i < N && q1 - q0 <= LIGHT;
-      float m = LOWEST, s = 0.0f, acc[PL] = {};
-      if (mine)
-        softmax_sum_pass<F, PL, 1>(q0 + (threadIdx.x % TEAM) / SUB, q1, TEAM / SUB, f0, h, eids,
-                                   ok, score, value, m, s, acc);
-      softmax_sum_team<TEAM, SUB, PL>(m, s, acc);
-      if (mine && threadIdx.x % TEAM < SUB) softmax_sum_write<F, PL>(out, i, f0, s, acc);
-    }
-    if (TEAM < 32)
-      for (int j = warp; j < NODES && base + j < N; j += WARPS) {  // a warp per middle node
-        const int64_t i = base + j;
-        const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
-        if (q1 - q0 <= LIGHT || q1 - q0 > DEGREE) continue;
-        float m = LOWEST, s = 0.0f, acc[PL] = {};
-        softmax_sum_pass<F, PL, U>(q0 + lane / SUB, q1, 32 / SUB, f0, h, eids, ok, score, value,
-                                   m, s, acc);
-        softmax_sum_team<32, SUB, PL>(m, s, acc);
-        if (lane < SUB) softmax_sum_write<F, PL>(out, i, f0, s, acc);
-      }
-  }
-  __shared__ float red_m[WARPS][SUB], red_s[WARPS][SUB], red_acc[WARPS][SUB][PL];
-  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t i, int64_t q0, int64_t q1) {
-    float m = LOWEST, s = 0.0f, acc[PL] = {};
-    softmax_sum_pass<F, PL, U>(q0 + threadIdx.x / SUB, q1, THREADS / SUB, f0, h, eids, ok,
-                               score, value, m, s, acc);
-    softmax_sum_team<32, SUB, PL>(m, s, acc);
-    if (lane < SUB) {
-      red_m[warp][lane] = m;
-      red_s[warp][lane] = s;
-#pragma unroll
-      for (int k = 0; k < PL; ++k) red_acc[warp][lane][k] = acc[k];
-    }
-    __syncthreads();
-    if (warp == 0 && lane < SUB) {
-      for (int w = 1; w < WARPS; ++w) softmax_sum_merge<PL>(m, s, acc, red_m[w][lane],
-                                                             red_s[w][lane], red_acc[w][lane]);
-      softmax_sum_write<F, PL>(out, i, f0, s, acc);
-    }
   });
 }
 
