@@ -72,8 +72,7 @@ def _print_plans() -> None:
         seen.add(id(layer))
         for plan in layer._plans.values():  # pylint: disable=protected-access
           for title, kernels in (("forward", plan.forward_kernels),
-                                 ("backward", plan.backward_kernels),
-                                 ("inference", plan.inference_kernels)):
+                                 ("backward", plan.backward_kernels)):
             # the output's domain and feature shape tell the grids of ncu's table apart
             print(f"{title} kernels:", *(f"{k}   -> {k.output.domain} {k.output.shape}"
                                          for k in kernels), sep="\n  ")
