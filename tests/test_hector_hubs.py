@@ -14,6 +14,7 @@ import pytest
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import codegen
+from test_hector_rgat import reference as rgat_reference
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -35,15 +36,6 @@ def tier_graph(seed: int, n: int = 6000, r: int = 3) -> HeteroGraph:
   assert (g.in_degree()[list(degrees)] == list(degrees.values())).all()
   assert (g.in_degree() == 0).any()
   return g
-
-
-def rgat_reference(ga, x, W, a_src, a_dst):
-  _, heads, d = a_src.shape
-  src, dst, et, n = ga.src, ga.dst, ga.etype, ga.num_nodes
-  hs = jnp.einsum("ek,ekn->en", x[src], W[et], precision=HI).reshape(-1, heads, d)
-  hd = jnp.einsum("ek,ekn->en", x[dst], W[et], precision=HI).reshape(-1, heads, d)
-  score = jax.nn.leaky_relu((hs * a_src[et]).sum(-1) + (hd * a_dst[et]).sum(-1), 0.2)
-  return _attend(score, hs, dst, n)
 
 
 def hgt_reference(ga, k, q, v, w_att, w_msg, mu):
