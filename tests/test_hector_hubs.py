@@ -14,6 +14,8 @@ import pytest
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import codegen
+from jaxdata.reference import attention as attention_ref
+from test_hector_rgat import random_inputs as rgat_inputs
 from test_hector_rgat import reference as rgat_reference
 
 HI = jax.lax.Precision.HIGHEST
@@ -45,23 +47,8 @@ def hgt_reference(ga, k, q, v, w_att, w_msg, mu):
   key = jnp.einsum("ehk,ehkn->ehn", rows(k), w_att[et], precision=HI)
   msg = jnp.einsum("ehk,ehkn->ehn", rows(v), w_msg[et], precision=HI)
   score = (key * q[dst].reshape(-1, heads, d)).sum(-1) * mu[et] / np.sqrt(d)
-  return _attend(score, msg, dst, n)
-
-
-def _attend(score, rows, dst, n):
-  """sum over each node's in-edges of softmax(score)[e, h] * rows[e, h], as [N, H * d]."""
-  top = jax.ops.segment_max(score, dst, n)
-  ex = jnp.exp(score - top[dst])
-  alpha = ex / jax.ops.segment_sum(ex, dst, n)[dst]
-  return jax.ops.segment_sum(alpha[..., None] * rows, dst, n).reshape(n, -1)
-
-
-def rgat_inputs(rng, g, k, heads, d):
-  r = g.num_relations
-  return dict(x=jnp.asarray(rng.standard_normal((g.num_nodes, k)), jnp.float32),
-              W=jnp.asarray(rng.standard_normal((r, k, heads * d)) / np.sqrt(k), jnp.float32),
-              a_src=jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), jnp.float32),
-              a_dst=jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), jnp.float32))
+  alpha = attention_ref.edge_softmax(score, dst, n)
+  return jax.ops.segment_sum(alpha[..., None] * msg, dst, n).reshape(n, -1)
 
 
 def hgt_inputs(rng, g, heads, d):

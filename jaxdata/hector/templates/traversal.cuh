@@ -18,10 +18,11 @@
 //    the lanes' (m, s) are combined (shuffles, and shared memory for the block); then each stored
 //    score becomes exp(score - m) / s.
 // No atomics. m, s and x are the kernel's own arrays (registers).
+constexpr float LOWEST = -3.402823466e+38f;  // below every score
+
 template <int W, int GROUP, typename Ok, typename Score>
 JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids, float* out,
                                       Ok ok, Score score, float (&x)[W]) {
-  constexpr float LOWEST = -3.402823466e+38f;  // below every score
   const int64_t e = q < q1 ? (int64_t)eids[q] : 0;
   const bool has = q < q1 && ok(e);
 #pragma unroll
@@ -48,7 +49,6 @@ JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids
 template <int W, typename Ok, typename Score>
 JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
-  constexpr float LOWEST = -3.402823466e+38f;  // below every score
   for (int64_t q = lo; q < hi; q += stride) {
     const int64_t e = eids[q];
     const bool v = ok(e);
@@ -96,6 +96,16 @@ JAXDATA_INLINE void warp_combine(float (&m)[W], float (&s)[W]) {
     }
 }
 
+// (m, s) of the softmax over positions lo, lo + stride, ... below hi, one warp's share: each
+// lane's online pass from an empty start (raw scores stored), combined over the warp.
+template <int W, typename Ok, typename Score>
+JAXDATA_INLINE void warp_max_sum(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
+                                 float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
+  for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
+  online_first<W>(lo, hi, stride, eids, out, ok, score, m, s);
+  warp_combine<W>(m, s);
+}
+
 // Every node of more than DEGREE edges (a hub), each given to the whole block: fn(q0, q1) with
 // its edges' positions. Node i's hub (if it is one) goes to block i % gridDim.x, so hubs with
 // neighbouring ids (a real graph's class or type nodes often are) land on different blocks
@@ -130,12 +140,9 @@ template <int W, int THREADS, typename Ok, typename Score>
 JAXDATA_INLINE void block_max_sum(int64_t q0, int64_t q1, const int32_t* eids, float* out, Ok ok,
                                   Score score, float (&m)[W], float (&s)[W]) {
   constexpr int WARPS = THREADS / 32;
-  constexpr float LOWEST = -3.402823466e+38f;  // below every score
   __shared__ float red_m[WARPS][W], red_s[WARPS][W];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-  online_first<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
-  warp_combine<W>(m, s);
+  warp_max_sum<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
   if (lane == 0)
     for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
   __syncthreads();
@@ -157,7 +164,6 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
   static_assert(GROUP >= 1 && GROUP <= 32 && (GROUP & (GROUP - 1)) == 0 && THREADS % 32 == 0,
                 "a node's lanes lie in one warp");
   constexpr int WARPS = THREADS / 32, NODES = THREADS / GROUP;
-  constexpr float LOWEST = -3.402823466e+38f;  // below every score
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t base = blockIdx.x * (int64_t)NODES; base < N; base += gridDim.x * (int64_t)NODES) {
     {  // GROUP lanes per light node; every lane takes part in the shuffles
@@ -178,9 +184,7 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
         one_edge_per_lane<W, 32>(q0 + lane, q1, eids, out, ok, score, x);
         continue;
       }
-      for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-      online_first<W>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
-      warp_combine<W>(m, s);
+      warp_max_sum<W>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
       online_second<W>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
   }
