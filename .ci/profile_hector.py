@@ -22,11 +22,12 @@ from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import rgcn as rgcn_ref
 
 
-def main(model: str, graph: str, dim: int, precision: str = "highest",
-         dtype: str = "float32", mode: str = "train") -> None:
-  """`precision` is the layer's matmul precision and `dtype` that of x and the weights (the
-  tensor-core kernels run unless JAXDATA_HECTOR_TENSOR_CORES=0); `mode` "train" profiles a
-  forward + backward step, "inference" a forward alone (`jaxdata bench rgnn --mode`)."""
+def build_step(model: str, graph: str, dim: int, precision: str = "highest",
+               dtype: str = "float32", mode: str = "train"):
+  """The compiled step of `jaxdata bench rgnn` (`peers.compile_step`) for one layer, graph and
+  dim: `precision` is the layer's matmul precision and `dtype` that of x and the weights (the
+  tensor-core kernels run unless JAXDATA_HECTOR_TENSOR_CORES=0); `mode` "train" is a forward +
+  backward step, "inference" a forward alone (`jaxdata bench rgnn --mode`)."""
   data_dir = os.environ.get("JAXDATA_DATA_DIR")
   device = jax.devices()[0]
   cast = lambda tree: jax.tree.map(lambda a: a.astype(dtype), tree)  # noqa: E731
@@ -45,7 +46,13 @@ def main(model: str, graph: str, dim: int, precision: str = "highest",
     else:
       form = rgnn_attention.hgt_jaxdata_formulation(arrays, None, precision=precision)
   x, w = cast(x), cast(w)
-  compiled = peers.compile_step(form, x, w, ct, mode=mode)
+  return peers.compile_step(form, x, w, ct, mode=mode)
+
+
+def main(model: str, graph: str, dim: int, precision: str = "highest",
+         dtype: str = "float32", mode: str = "train") -> None:
+  """One step of `build_step(...)` between cuProfilerStart and cuProfilerStop."""
+  compiled = build_step(model, graph, dim, precision, dtype, mode)
   for _ in range(3):
     jax.block_until_ready(compiled.run())
   _print_plans()

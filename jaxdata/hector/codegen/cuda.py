@@ -143,9 +143,9 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
     chunks = -(-num_edges // RELATION_RUN)
     return max(-(-w // threads), min(-(-chunks * w // threads), 132 * 16)), threads
   elif _grouped(k):
-    work = -(-num_edges // GROUP_RUN) * w
+    work = -(-num_edges // GROUP_RUN) * (w // features_per_thread(w))
   else:
-    work = num_edges * w
+    work = num_edges * (w // features_per_thread(w))
   return max(0, min(-(-work // threads), 132 * 16)), threads
 
 
@@ -257,7 +257,8 @@ def _traversal(t: Traversal) -> str:
     target = "pair[e]" if t.sink == "pair" else f"{t.end}[e]"
     return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
             f"  auto target = [&](int64_t e) -> int64_t {{ return {target}; }};\n"
-            f"  grouped_sum<{w}, {GROUP_RUN}>(E, {order}, out, ok, target, value);\n}}\n")
+            f"  grouped_sum<{w}, {features_per_thread(w)}, {GROUP_RUN}>(E, {order}, out, ok, "
+            "target, value);\n}\n")
   if t.sink == "store":
     write, skip = f"out[e * {w} + f] = v;", f"out[e * {w} + f] = 0.0f;"
   elif t.sink == "pair":  # on the compact domain (not `_grouped`)
@@ -269,12 +270,26 @@ def _traversal(t: Traversal) -> str:
   return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
           f"  auto write = [&](int64_t e, int f, float v) {{ {write} }};\n"
           f"  auto skip = [&](int64_t e, int f) {{ {skip} }};\n"
-          f"  edge_map<{w}>(E, ok, value, write, skip);\n}}\n")
+          f"  edge_map<{w}, {features_per_thread(w)}>(E, ok, value, write, skip);\n}}\n")
 
 
 #: positions of the grouped view each thread of a CUDA grouped sum walks (one atomic per run of
 #: equal targets among them)
 GROUP_RUN = 32
+#: features of a row each thread of a CUDA per-edge traversal or grouped sum owns, at most (the
+#: largest power of two up to this that divides the width), for rows of at least 32 features
+#: and for narrower ones: an edge's id loads and row_ok checks are shared by a thread's features
+#: rather than repeated per feature
+TRAVERSAL_FEATURES = 4
+TRAVERSAL_FEATURES_NARROW = 1
+
+
+def features_per_thread(width: int) -> int:
+  """Features of a `width`-wide row one thread of `edge_map` / `grouped_sum` takes."""
+  v = TRAVERSAL_FEATURES if width >= 32 else TRAVERSAL_FEATURES_NARROW
+  while width % v:
+    v //= 2
+  return max(v, 1)
 
 
 def _grouped(t: Traversal) -> bool:

@@ -194,25 +194,33 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
   });
 }
 
-// Feature f of positions [lo, hi): out[target(e) * W + f] += value(e, f) for e = at(q), summed
-// while the target stays the same, one atomic per run of equal targets.
-template <int W, typename At, typename Ok, typename Target, typename Value>
-JAXDATA_INLINE void run_sums(int64_t lo, int64_t hi, int f, float* out, At at, Ok ok,
+// Features f0, f0 + W / VEC, ... (VEC of them) of positions [lo, hi): out[target(e) * W + f] +=
+// value(e, f) for e = at(q), summed while the target stays the same, one atomic per run of equal
+// targets and feature. A position's id loads and checks are shared by its VEC features.
+template <int W, int VEC, typename At, typename Ok, typename Target, typename Value>
+JAXDATA_INLINE void run_sums(int64_t lo, int64_t hi, int f0, float* out, At at, Ok ok,
                              Target target, Value value) {
+  constexpr int LANES = W / VEC;
   int64_t run = -1;
-  float sum = 0.0f;
+  float sum[VEC] = {};
   for (int64_t q = lo; q < hi; ++q) {
     const int64_t e = at(q);
     if (!ok(e)) continue;
     const int64_t to = target(e);
     if (to != run) {
-      if (run >= 0) atomicAdd(out + run * W + f, sum);
+      if (run >= 0)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) atomicAdd(out + run * W + f0 + v * LANES, sum[v]);
       run = to;
-      sum = 0.0f;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) sum[v] = 0.0f;
     }
-    sum += value(e, f);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) sum[v] += value(e, f0 + v * LANES);
   }
-  if (run >= 0) atomicAdd(out + run * W + f, sum);
+  if (run >= 0)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) atomicAdd(out + run * W + f0 + v * LANES, sum[v]);
 }
 
 // The relation sum: out[r * W + f] += value(e, f) over the edges e of relation r. Each thread
@@ -228,42 +236,53 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
   if (tid >= chunks * W) return;
   const int64_t per = (E + chunks - 1) / chunks;
   const int64_t lo = (tid / W) * per;
-  run_sums<W>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
+  run_sums<W, 1>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
               [&](int64_t e) -> int64_t { return etype[e]; }, value);
 }
 
 // The grouped sum: out[target(e) * W + f] += value(e, f), visiting the edges in `order`, a
 // permutation that puts edges of equal target next to each other (the CSC view for
-// destinations, the CSR view for sources, pair_edges for pairs). Each thread owns one feature of
-// RUN consecutive positions (`run_sums`): a node's in-edges cost one atomic per RUN of them,
-// where edge_map adds one per edge.
-template <int W, int RUN, typename Ok, typename Target, typename Value>
+// destinations, the CSR view for sources, pair_edges for pairs). Each thread owns VEC features
+// (f0, f0 + W / VEC, ...: a warp's loads of one feature stay consecutive) of RUN consecutive
+// positions (`run_sums`): a node's in-edges cost one atomic per RUN of them, where edge_map adds
+// one per edge.
+template <int W, int VEC, int RUN, typename Ok, typename Target, typename Value>
 JAXDATA_INLINE void grouped_sum(int64_t E, const int32_t* order, float* out, Ok ok,
                                 Target target, Value value) {
-  const int64_t total = (E + RUN - 1) / RUN * W;
+  static_assert(W % VEC == 0, "a thread's features divide the row");
+  constexpr int LANES = W / VEC;
+  const int64_t total = (E + RUN - 1) / RUN * LANES;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t lo = t / W * RUN;
-    run_sums<W>(lo, min(E, lo + RUN), int(t % W), out,
-                [&](int64_t q) -> int64_t { return order[q]; }, ok, target, value);
+    const int64_t lo = t / LANES * RUN;
+    run_sums<W, VEC>(lo, min(E, lo + RUN), int(t % LANES), out,
+                     [&](int64_t q) -> int64_t { return order[q]; }, ok, target, value);
   }
 }
 
-// The per-edge traversal: one thread per (edge e, feature f), in a grid-stride loop. An edge
-// that is not ok(e) gets skip(e, f) (a store writes its zero there; a sum adds nothing); every
-// other edge gets write(e, f, value(e, f)): a store, or an atomic add into its destination's,
-// its pair's or its (relation, destination)'s row.
-template <int W, typename Ok, typename Value, typename Write, typename Skip>
+// The per-edge traversal: W / VEC threads per edge, each owning VEC of its features (f0,
+// f0 + W / VEC, ...), in a grid-stride loop; the edge's id loads and checks are done once per
+// thread, not once per feature. An edge that is not ok(e) gets skip(e, f) (a store writes its
+// zero there; a sum adds nothing); every other edge gets write(e, f, value(e, f)): a store, or an
+// atomic add into its destination's, its pair's or its (relation, destination)'s row.
+template <int W, int VEC, typename Ok, typename Value, typename Write, typename Skip>
 JAXDATA_INLINE void edge_map(int64_t E, Ok ok, Value value, Write write, Skip skip) {
-  const int64_t total = E * W;
+  static_assert(W % VEC == 0, "a thread's features divide the row");
+  constexpr int LANES = W / VEC;
+  const int64_t total = E * LANES;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t e = t / W;
-    const int f = int(t % W);
+    const int64_t e = t / LANES;
+    const int f0 = int(t % LANES);
     if (!ok(e)) {
-      skip(e, f);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) skip(e, f0 + v * LANES);
       continue;
     }
-    write(e, f, value(e, f));
+    float x[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) x[v] = value(e, f0 + v * LANES);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) write(e, f0 + v * LANES, x[v]);
   }
 }

@@ -1,0 +1,56 @@
+"""Settings of the CUDA generator's constants side by side: hector layers timed forward-only and
+forward + backward, once per setting of constants in jaxdata.hector.codegen.cuda (the edge
+softmax's SOFTMAX_GROUP, SOFTMAX_BLOCK_DEGREE, SOFTMAX_THREADS; the grouped sums' GROUP_RUN),
+in one process: each setting's kernels differ in source, so they compile anew.
+
+Usage (on the GPU machine, after `bash .ci/gpu build`):
+  python3 .ci/probe_constants.py CASES NAME=v1,v2,... [NAME=...] [--profile]
+CASES: model:graph:dim:dtype[:precision], comma-separated (the cases of .ci/profile_hector.py;
+precision "default" unless given). Settings are the cartesian product of the NAME lists, the
+first value of each being the baseline row. With --profile, one forward per setting runs between
+cuProfilerStart and cuProfilerStop (run under ncu --profile-from-start off).
+Example (session 16's softmax tiers): rgat:synthetic:64:bfloat16 SOFTMAX_GROUP=8,4,16,32
+"""
+import ctypes
+import itertools
+import sys
+
+import jax
+
+from jaxdata.hector.codegen import cuda
+from jaxdata.timing import median_seconds
+
+from profile_hector import build_step
+
+
+def main(cases: str, settings: list[str], profile: bool = False) -> None:
+  names = [s.split("=")[0] for s in settings]
+  values = [[int(v) for v in s.split("=")[1].split(",")] for s in settings]
+  for name in names:
+    if not isinstance(getattr(cuda, name, None), int):
+      raise SystemExit(f"{name}: not an integer constant of jaxdata.hector.codegen.cuda")
+  cuda_lib = ctypes.CDLL("libcuda.so.1") if profile else None
+  for case in cases.split(","):
+    model, graph, dim, dtype, *rest = case.split(":")
+    precision = rest[0] if rest else "default"
+    print(f"{model} {graph} dim {dim} {dtype} {precision}: {' '.join(names)}  forward ms  fwd+bwd ms",
+          flush=True)
+    for setting in itertools.product(*values):
+      for name, v in zip(names, setting):
+        setattr(cuda, name, v)
+      jax.clear_caches()
+      steps = {mode: build_step(model, graph, int(dim), precision, dtype, mode)
+               for mode in ("inference", "train")}
+      times = [median_seconds(s.run, warmup=3, repeats=9, queued=20) * 1e3
+               for s in steps.values()]
+      print("  " + " ".join(f"{v:>{len(n)}d}" for n, v in zip(names, setting)),
+            f" {times[0]:10.3f}  {times[1]:10.3f}", flush=True)
+      if profile:
+        cuda_lib.cuProfilerStart()
+        jax.block_until_ready(steps["inference"].run())
+        cuda_lib.cuProfilerStop()
+
+
+if __name__ == "__main__":
+  args = [a for a in sys.argv[1:] if a != "--profile"]
+  main(args[0], args[1:], profile="--profile" in sys.argv)
