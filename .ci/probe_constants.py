@@ -1,7 +1,8 @@
 """Settings of the CUDA generator's constants side by side: hector layers timed forward-only and
 forward + backward, once per setting of constants in jaxdata.hector.codegen.cuda (the edge
 softmax's SOFTMAX_GROUP, SOFTMAX_BLOCK_DEGREE, SOFTMAX_THREADS; the grouped sums' GROUP_RUN),
-in one process: each setting's kernels differ in source, so they compile anew.
+in one process: each setting's kernels differ in source, so they compile anew. A name not in
+jaxdata.hector.codegen.cuda is looked up in jaxdata.hector.codegen.common (DOT_ALIGN).
 
 Usage (on the GPU machine, after `bash .ci/gpu build`):
   python3 .ci/probe_constants.py CASES NAME=v1,v2,... [NAME=...] [--profile]
@@ -17,7 +18,7 @@ import sys
 
 import jax
 
-from jaxdata.hector.codegen import cuda
+from jaxdata.hector.codegen import common, cuda
 from jaxdata.timing import median_seconds
 
 from profile_hector import build_step
@@ -26,9 +27,12 @@ from profile_hector import build_step
 def main(cases: str, settings: list[str], profile: bool = False) -> None:
   names = [s.split("=")[0] for s in settings]
   values = [[int(v) for v in s.split("=")[1].split(",")] for s in settings]
+  modules = {}
   for name in names:
-    if not isinstance(getattr(cuda, name, None), int):
-      raise SystemExit(f"{name}: not an integer constant of jaxdata.hector.codegen.cuda")
+    modules[name] = next((m for m in (cuda, common) if isinstance(getattr(m, name, None), int)),
+                         None)
+    if modules[name] is None:
+      raise SystemExit(f"{name}: not an integer constant of jaxdata.hector.codegen.cuda or .common")
   cuda_lib = ctypes.CDLL("libcuda.so.1") if profile else None
   for case in cases.split(","):
     model, graph, dim, dtype, *rest = case.split(":")
@@ -37,7 +41,7 @@ def main(cases: str, settings: list[str], profile: bool = False) -> None:
           flush=True)
     for setting in itertools.product(*values):
       for name, v in zip(names, setting):
-        setattr(cuda, name, v)
+        setattr(modules[name], name, v)
       jax.clear_caches()
       steps = {mode: build_step(model, graph, int(dim), precision, dtype, mode)
                for mode in ("inference", "train")}

@@ -4,6 +4,7 @@ loads and weight elements as C expressions (the same text compiles as C++ and as
 from __future__ import annotations
 
 import functools
+import math
 import re
 from importlib import resources
 
@@ -98,9 +99,11 @@ def expr(x: Expr, f: str, depth: int = 0) -> str:
   of nested dot products."""
   if isinstance(x, Load):
     return load(x, f if x.width else "0")
-  if x.op == "dot":  # per head: the sum over the head's d features, as an inlined lambda
+  if x.op == "dot":  # per head: the sum over the head's d features
     d = x.args[0].width // max(x.width, 1)
-    q, acc = f"dq{depth}", f"dacc{depth}"
+    if all(isinstance(y, Load) and y.width and y.kind != "weight_row" for y in x.args):
+      return _dot_rows(x.args, d, f"({f}) * {d}" if x.width else "0")
+    q, acc = f"dq{depth}", f"dacc{depth}"  # otherwise as an inlined lambda
     at = f"({f}) * {d} + {q}" if x.width else q
     a, b = (expr(y, at, depth + 1) for y in x.args)
     return (f"[&]() {{ float {acc} = 0.0f; for (int {q} = 0; {q} < {d}; ++{q}) "
@@ -114,6 +117,21 @@ def expr(x: Expr, f: str, depth: int = 0) -> str:
   if x.op == "unary":
     return _UNARY[x.fn].format(x=a[0], p=p)
   return _UNARY_GRAD[x.fn].format(x=a[0], g=a[1], p=p)
+
+
+#: the most elements a `dot_rows` pointer is said to be aligned to (1: one element per load)
+DOT_ALIGN = 16
+
+
+def _dot_rows(loads, d: int, at: str) -> str:
+  """`dot_rows<D, ALIGN_A, ALIGN_B>(a, b)`: the sum over i < d of a[i] * b[i] in order, a and b
+  the two loads' rows from element `at` (templates/cpu.h, templates/cuda.cuh). ALIGN: the
+  elements the pointer is a whole multiple of from its buffer's start (every row and every head
+  starts there): the CUDA helper reads that many at once, up to 16 bytes (XLA's buffers are
+  16-byte aligned at least)."""
+  ptrs = [f"in{ld.slot} + {row(ld)} + {at}" for ld in loads]
+  aligns = [math.gcd(ld.width, d, DOT_ALIGN) for ld in loads]
+  return f"dot_rows<{d}, {aligns[0]}, {aligns[1]}>({ptrs[0]}, {ptrs[1]})"
 
 
 def scale(scales: tuple[Load, ...]) -> str:

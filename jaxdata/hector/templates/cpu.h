@@ -18,6 +18,14 @@ static inline float ldf(const float* p) { return *p; }
 static inline float ldf(const unsigned short* p) {
   uint32_t bits = uint32_t(*p) << 16; float f; std::memcpy(&f, &bits, 4); return f; }
 
+// The sum over i < D of a[i] * b[i], in order (ALIGN_A, ALIGN_B: see templates/cuda.cuh)
+template <int D, int ALIGN_A, int ALIGN_B, typename A, typename B>
+static inline float dot_rows(const A* a, const B* b) {
+  float s = 0.0f;
+  for (int i = 0; i < D; ++i) s += ldf(a + i) * ldf(b + i);
+  return s;
+}
+
 // f(begin, end) over chunks of [0, n) of about `grain`, on XLA's thread pool and the caller
 template <class F> static void parallel_for(const jaxdata_cpu_runtime* rt, int64_t n,
                                             int64_t grain, F f) {

@@ -13,6 +13,67 @@ __device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }
 __device__ __forceinline__ float ldf(const unsigned short* p) {
   return __uint_as_float(((unsigned)__ldg(p)) << 16); }
 
+// V consecutive elements from p (V * sizeof(T) bytes, p aligned to that) as floats, in one load
+template <int V> __device__ __forceinline__ void ldv(const float* p, float* x) {
+  if constexpr (V == 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+  } else if constexpr (V == 2) {
+    const float2 v = __ldg(reinterpret_cast<const float2*>(p));
+    x[0] = v.x; x[1] = v.y;
+  } else {
+    x[0] = __ldg(p);
+  }
+}
+template <int V> __device__ __forceinline__ void ldv(const unsigned short* p, float* x) {
+  unsigned w[V > 1 ? V / 2 : 1];
+  if constexpr (V == 8) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (V == 4) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x; w[1] = v.y;
+  } else if constexpr (V == 2) {
+    w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
+  } else {
+    x[0] = ldf(p);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < V / 2; ++i) {  // little-endian: the lower half is the earlier element
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// The widest load (at most 16 bytes, so 4 floats or 8 bfloat16) that divides both D and ALIGN
+template <typename T> __host__ __device__ constexpr int vector_width(int d, int align) {
+  int v = 16 / (int)sizeof(T);
+  while (v > 1 && (d % v || align % v)) v /= 2;
+  return v;
+}
+
+// The sum over i < D of a[i] * b[i], in order (the same sum as a loop of scalar loads). ALIGN_A:
+// a's offset from its buffer's start is a whole multiple of ALIGN_A elements (XLA's buffers are
+// 16-byte aligned at least), so each row is read in the widest loads that alignment allows
+// (jaxdata/hector/codegen/common.py `_dot_rows`): a lane that reads a row of its own edge
+// (the edge softmax's scores) issues a quarter of the loads it did with one float at a time.
+template <int D, int ALIGN_A, int ALIGN_B, typename A, typename B>
+__device__ __forceinline__ float dot_rows(const A* a, const B* b) {
+  constexpr int VA = vector_width<A>(D, ALIGN_A), VB = vector_width<B>(D, ALIGN_B);
+  constexpr int V = VA < VB ? VA : VB;
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < D; i += V) {
+    float x[V], y[V];
+    ldv<V>(a + i, x);
+    ldv<V>(b + i, y);
+#pragma unroll
+    for (int j = 0; j < V; ++j) s += x[j] * y[j];
+  }
+  return s;
+}
+
 // The relation of row tile `tile` of a GEMM: the last r with tiles[r] <= tile (thread 0
 // searches, the block shares the answer).
 __device__ __forceinline__ int64_t find_relation(const int32_t* tiles, int64_t R, int64_t tile) {
