@@ -288,7 +288,7 @@ def test_vmap_over_keys_and_seeds(device, graph_data):
     single = jax.jit(lambda s, k: sample_neighbors(g, s, (3, 2), k))
     one = [single(seeds[i], keys[i]) for i in range(4)]
     first = [single(seeds[0], keys[i]) for i in range(4)]
-    jax.block_until_ready((by_key, by_both))
+    jax.block_until_ready((by_key, by_both, one, first))  # all of them before the graph closes
   for i in range(4):
     pick = lambda b: Blocks(tuple(n[i] for n in b.nodes), tuple(m[i] for m in b.masks),  # noqa
                             b.fanouts)

@@ -300,7 +300,7 @@ def test_vmap_over_keys_and_seeds(device, typed_data):
     single = jax.jit(lambda s, k: sample_neighbors(g, s, (3, 2), k))
     one = [single(seeds[i], keys[i]) for i in range(4)]
     first = [single(seeds[0], keys[i]) for i in range(4)]
-    jax.block_until_ready((by_key, by_both))
+    jax.block_until_ready((by_key, by_both, one, first))  # all of them before the graph closes
   assert by_key.etypes[1].shape == (4, 30)
   for i in range(4):
     pick = lambda b: jax.tree.map(lambda x: x[i], b)  # noqa: E731 - Blocks is a pytree
