@@ -306,7 +306,8 @@ SOFTMAX_BLOCK_DEGREE = 256
 #: benchmark's graph), heavier ones a warp, hubs the block
 SOFTMAX_GROUP = 8
 #: threads per block of the CUDA edge softmax (the lanes a hub's edges are spread over). 1024
-#: measured slower on the H200 (RGAT, 2M edges: 0.75-0.87 ms against 0.63 ms; .ci/probe_softmax.py)
+#: measured slower on the H200 (RGAT, 2M edges: 0.75-0.87 ms against 0.63 ms; .ci/probe_softmax.py,
+#: since .ci/probe_constants.py)
 SOFTMAX_THREADS = 256
 #: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
 SOFTMAX_MAX_WIDTH = 64
