@@ -74,14 +74,20 @@ def guard(k) -> str:
           "  };\n")
 
 
+def row_pointer(ld: Load, idx: str = "") -> str:
+  """The address of element `idx` (the row's start if "") of the row load `ld` reads for edge
+  e."""
+  if ld.kind == "weight_row":
+    start = f"((int64_t)etype[e] * N + {ld.end}[e]) * {max(ld.width, 1)}"
+  else:
+    start = row(ld)
+  return f"in{ld.slot} + {start}" + (f" + {idx}" if idx else "")
+
+
 def load(ld: Load, f: str) -> str:
   if ld.kind == "norm":
     return "norm[e]"
-  idx = f" + {f}" if ld.width else ""
-  w = max(ld.width, 1)
-  if ld.kind == "weight_row":
-    return f"ldf(in{ld.slot} + ((int64_t)etype[e] * N + {ld.end}[e]) * {w}{idx})"
-  return f"ldf(in{ld.slot} + {row(ld)}{idx})"
+  return f"ldf({row_pointer(ld, f if ld.width else '')})"
 
 
 def index(f: str, outer: int, inner: int) -> str:
@@ -101,7 +107,7 @@ def expr(x: Expr, f: str, depth: int = 0) -> str:
     return load(x, f if x.width else "0")
   if x.op == "dot":  # per head: the sum over the head's d features
     d = x.args[0].width // max(x.width, 1)
-    if all(isinstance(y, Load) and y.width and y.kind != "weight_row" for y in x.args):
+    if all(isinstance(y, Load) and y.width for y in x.args):
       return _dot_rows(x.args, d, f"({f}) * {d}" if x.width else "0")
     q, acc = f"dq{depth}", f"dacc{depth}"  # otherwise as an inlined lambda
     at = f"({f}) * {d} + {q}" if x.width else q
@@ -129,9 +135,8 @@ def _dot_rows(loads, d: int, at: str) -> str:
   elements the pointer is a whole multiple of from its buffer's start (every row and every head
   starts there): the CUDA helper reads that many at once, up to 16 bytes (XLA's buffers are
   16-byte aligned at least)."""
-  ptrs = [f"in{ld.slot} + {row(ld)} + {at}" for ld in loads]
-  aligns = [math.gcd(ld.width, d, DOT_ALIGN) for ld in loads]
-  return f"dot_rows<{d}, {aligns[0]}, {aligns[1]}>({ptrs[0]}, {ptrs[1]})"
+  a, b = (math.gcd(ld.width, d, DOT_ALIGN) for ld in loads)
+  return f"dot_rows<{d}, {a}, {b}>({row_pointer(loads[0], at)}, {row_pointer(loads[1], at)})"
 
 
 def scale(scales: tuple[Load, ...]) -> str:

@@ -8,7 +8,7 @@ graph's CSR/CSC views, the pairs' edge lists or relation ranges): no atomics, de
 from __future__ import annotations
 
 from jaxdata.hector.codegen.common import (LOWEST, expr, groups, guard, head, plus_head, pointers,
-                                           row, scale, template, weight)
+                                           row_pointer, scale, template, weight)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
 _SIGNATURE = """\
@@ -43,7 +43,7 @@ def _gemm(g: Gemm) -> str:
             f"      if (ok(e)) {{\n"
             f"      const int64_t r = etype[e];\n"
             f"      const float sc = {scale(g.scales)};\n"
-            f"      const auto a = in{rows.slot} + {row(rows)};\n"
+            f"      const auto a = {row_pointer(rows)};\n"
             f"{madd}"
             f"      }}\n"
             f"      for (int n = 0; n < {width}; ++n) out[e * {width} + n] = acc[n];\n"
@@ -58,7 +58,7 @@ def _gemm(g: Gemm) -> str:
           f"      if (!ok(e)) continue;\n"
           f"      const int64_t r = etype[e];\n"
           f"      const float sc = {scale(g.scales)};\n"
-          f"      const auto a = in{rows.slot} + {row(rows)};\n"
+          f"      const auto a = {row_pointer(rows)};\n"
           f"{madd}"
           f"      }}\n"
           f"      for (int n = 0; n < {width}; ++n) out[i * {width} + n] = acc[n];\n"
@@ -87,8 +87,8 @@ def _wgrad(w: WeightGrad) -> str:
           f"      for (int64_t e = e0; e < e1; ++e) {{\n"
           f"        if (!ok(e)) continue;\n"
           f"        const float sc = {scale(w.scales)};\n"
-          f"        const auto l = in{w.left.slot} + {row(w.left)}{plus_head(w.heads, w.k)};\n"
-          f"        const auto rr = in{w.right.slot} + {row(w.right)}{plus_head(w.heads, w.n)};\n"
+          f"        const auto l = {row_pointer(w.left)}{plus_head(w.heads, w.k)};\n"
+          f"        const auto rr = {row_pointer(w.right)}{plus_head(w.heads, w.n)};\n"
           f"        float right[{w.n}];\n"
           f"        for (int n = 0; n < {w.n}; ++n) right[n] = ldf(rr + n) * sc;\n"
           f"        for (int k = k0; k < k1; ++k) {{\n"

@@ -142,10 +142,9 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
       return 0, threads
     chunks = -(-num_edges // RELATION_RUN)
     return max(-(-w // threads), min(-(-chunks * w // threads), 132 * 16)), threads
-  elif _grouped(k):
-    work = -(-num_edges // GROUP_RUN) * (w // features_per_thread(w))
-  else:
-    work = num_edges * (w // features_per_thread(w))
+  else:  # threads per edge (or per GROUP_RUN grouped edges): the row's features over a thread's
+    lanes = w // features_per_thread(w)
+    work = (-(-num_edges // GROUP_RUN) if _grouped(k) else num_edges) * lanes
   return max(0, min(-(-work // threads), 132 * 16)), threads
 
 
@@ -277,19 +276,20 @@ def _traversal(t: Traversal) -> str:
 #: equal targets among them)
 GROUP_RUN = 32
 #: features of a row each thread of a CUDA per-edge traversal or grouped sum owns, at most (the
-#: largest power of two up to this that divides the width), for rows of at least 32 features
-#: and for narrower ones: an edge's id loads and row_ok checks are shared by a thread's features
-#: rather than repeated per feature
+#: largest power of two up to this that divides the width), for rows of at least 32 features:
+#: an edge's id loads and row_ok checks are shared by a thread's features rather than repeated
+#: per feature. Narrower rows keep one feature per thread (two measured slower on the H200).
 TRAVERSAL_FEATURES = 4
-TRAVERSAL_FEATURES_NARROW = 1
 
 
 def features_per_thread(width: int) -> int:
   """Features of a `width`-wide row one thread of `edge_map` / `grouped_sum` takes."""
-  v = TRAVERSAL_FEATURES if width >= 32 else TRAVERSAL_FEATURES_NARROW
+  if width < 32:
+    return 1
+  v = TRAVERSAL_FEATURES
   while width % v:
     v //= 2
-  return max(v, 1)
+  return v
 
 
 def _grouped(t: Traversal) -> bool:

@@ -13,36 +13,42 @@ __device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }
 __device__ __forceinline__ float ldf(const unsigned short* p) {
   return __uint_as_float(((unsigned)__ldg(p)) << 16); }
 
+// BYTES (4, 8 or 16) bytes from p (aligned to that) as 32-bit words, in one load
+template <int BYTES> __device__ __forceinline__ void ldw(const void* p, unsigned* w) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "one 4-, 8- or 16-byte load");
+  if constexpr (BYTES == 16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (BYTES == 8) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x; w[1] = v.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
+  }
+}
+
 // V consecutive elements from p (V * sizeof(T) bytes, p aligned to that) as floats, in one load
 template <int V> __device__ __forceinline__ void ldv(const float* p, float* x) {
-  if constexpr (V == 4) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-    x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
-  } else if constexpr (V == 2) {
-    const float2 v = __ldg(reinterpret_cast<const float2*>(p));
-    x[0] = v.x; x[1] = v.y;
+  if constexpr (V == 1) {
+    x[0] = ldf(p);
   } else {
-    x[0] = __ldg(p);
+    unsigned w[V];
+    ldw<4 * V>(p, w);
+#pragma unroll
+    for (int i = 0; i < V; ++i) x[i] = __uint_as_float(w[i]);
   }
 }
 template <int V> __device__ __forceinline__ void ldv(const unsigned short* p, float* x) {
-  unsigned w[V > 1 ? V / 2 : 1];
-  if constexpr (V == 8) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-  } else if constexpr (V == 4) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-    w[0] = v.x; w[1] = v.y;
-  } else if constexpr (V == 2) {
-    w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
-  } else {
+  if constexpr (V == 1) {
     x[0] = ldf(p);
-    return;
-  }
+  } else {
+    unsigned w[V / 2];
+    ldw<2 * V>(p, w);
 #pragma unroll
-  for (int i = 0; i < V / 2; ++i) {  // little-endian: the lower half is the earlier element
-    x[2 * i] = __uint_as_float(w[i] << 16);
-    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    for (int i = 0; i < V / 2; ++i) {  // little-endian: the lower half is the earlier element
+      x[2 * i] = __uint_as_float(w[i] << 16);
+      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
   }
 }
 

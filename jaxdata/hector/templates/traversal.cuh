@@ -237,7 +237,7 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
   const int64_t per = (E + chunks - 1) / chunks;
   const int64_t lo = (tid / W) * per;
   run_sums<W, 1>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
-              [&](int64_t e) -> int64_t { return etype[e]; }, value);
+                 [&](int64_t e) -> int64_t { return etype[e]; }, value);
 }
 
 // The grouped sum: out[target(e) * W + f] += value(e, f), visiting the edges in `order`, a
