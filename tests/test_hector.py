@@ -12,7 +12,7 @@ import pytest
 
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
-from jaxdata.hector import compiler
+from jaxdata.hector import compiled, compiler
 
 
 def random_graph(rng, n=60, e=500, r=7, empty_relations=(3,)):
@@ -250,3 +250,47 @@ def test_generated_cuda_compiles(tmp_path, monkeypatch):
       assert compiler.compile_cuda(source, 90).stat().st_size > 0
       count += 1
   assert count >= 10
+
+
+@hector.layer(x=hector.NODE, W=hector.RELATION_WEIGHT, V=hector.RELATION_WEIGHT)
+def stored_rows(g, x, W, V):
+  """Two stored edge intermediates of 32 features: the GEMM's rows x[src] @ W (stored, then a
+  traversal sums relu of them) and the traversal's rows x[src] * x[dst] (stored, then a GEMM
+  reads them)."""
+  return g.aggregate((g.src(x) @ W).relu()) + g.aggregate((g.src(x) * g.dst(x)) @ V)
+
+
+def test_bfloat16_layers_store_wide_intermediates_rounded_to_nearest_even(device):
+  """A bfloat16 layer's stored rows are bfloat16, rounded as XLA's convert rounds (to nearest,
+  ties to even), by the GEMM epilogue and by the traversal alike. Integer inputs make every
+  float32 sum exact in any order, and with one in-edge per node the output is the stored rows
+  themselves: the result must equal jnp's rounding bit for bit."""
+  n, r, d = 96, 3, 32
+  rng = np.random.default_rng(11)
+  src, dst = rng.permutation(n), np.arange(n)  # every node has exactly one in-edge
+  g = HeteroGraph.from_edges(src, dst, rng.integers(0, r, n), num_nodes=n,
+                             relation_names=["a", "b", "c"])
+  ga = hector.GraphArrays.from_graph(g)
+  x = jnp.asarray(rng.integers(-40, 41, (n, d)), jnp.bfloat16)  # products up to 1600: ties
+  w = jnp.asarray(rng.integers(-8, 9, (r, d, d)), jnp.bfloat16)  # sums up to 2560, exact in f32
+  eye = jnp.broadcast_to(jnp.eye(d, dtype=jnp.bfloat16), (r, d, d))
+  plan = stored_rows.plan(ga, x=x, W=w, V=eye)
+  specs = [compiled._spec(k, ["bfloat16"] * len(k.inputs), ga, "default",
+                          compiled.out_dtype(k, "bfloat16"))
+           for k in plan.forward_kernels if k.kernel.template != "dense"]
+  # stored: the GEMM's rows, relu of them, the traversal's rows; summed: the two aggregates
+  assert sorted(s.out_dtype for s in specs) == ["bfloat16"] * 3 + ["float32"] * 2
+
+  got = stored_rows(ga, x=x, W=w, V=eye)
+  assert got.dtype == jnp.bfloat16
+  f32, hi = lambda a: np.asarray(a, np.float32), jax.lax.Precision.HIGHEST  # noqa: E731
+  s, t, et = np.asarray(ga.src), np.asarray(ga.dst), np.asarray(ga.etype)
+  gemm = jnp.einsum("ed,edo->eo", f32(x)[s], f32(w)[et], precision=hi)
+  rows = jax.nn.relu(gemm.astype(jnp.bfloat16)).astype(jnp.float32)
+  rows = rows + (f32(x)[s] * f32(x)[t]).astype(jnp.bfloat16).astype(jnp.float32)
+  want = np.zeros((n, d), np.float32)
+  want[t] = rows
+  assert np.array_equal(f32(got), want.astype(jnp.bfloat16).astype(np.float32))
+  # float32 inputs keep every intermediate float32
+  plan32 = stored_rows.plan(ga, x=f32(x), W=f32(w), V=f32(eye))
+  assert {compiled.out_dtype(k, "float32") for k in plan32.forward_kernels} == {"float32"}

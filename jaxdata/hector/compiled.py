@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxdata.hector import codegen, passes
 from jaxdata.hector import precision as precision_lib
-from jaxdata.hector.ir import Program, Value
+from jaxdata.hector.ir import Program, Value, width
 from jaxdata.hector.lowering import Dense, Instance, lower
 from jaxdata.hector.passes import select as passes_select
 from jaxdata.hector.runtime import GraphArrays, KernelSpec, run_kernel, source
@@ -127,14 +127,19 @@ class Layer:
     level = precision_lib.resolve(precision, f"{self.program.name}.sources")
     plan = self.plan(graph, passes, **inputs)
     dt = {k: _kernel_dtype(v) for k, v in inputs.items()}
+    compute = _kernel_dtype(jnp.result_type(*inputs.values()))
+    made = {}  # value id -> its dtype, for the values the instances make (as `execute`)
     out = []
     for direction, kernels in (("forward", plan.forward_kernels),
                                ("backward", plan.backward_kernels)):
       for inst in kernels:
+        ins = [dt.get(v.name, "float32") if v.op in ("input", "weight") else
+               made.get(v.id, "float32") for v in inst.inputs]
         if isinstance(inst.kernel, Dense):
+          made[inst.output.id] = "float32" if "float32" in ins else compute
           continue
-        spec = _spec(inst, [dt.get(v.name, "float32") if v.op in ("input", "weight") else
-                            "float32" for v in inst.inputs], graph, level)
+        made[inst.output.id] = out_dtype(inst, compute)
+        spec = _spec(inst, ins, graph, level, made[inst.output.id])
         out.append(f"// ---- {direction}: {inst.output.label}\n{source(spec, target)}")
     return "\n".join(out)
 
@@ -164,9 +169,32 @@ def _kernel_dtype(x) -> str:
   return _KERNEL_DTYPES.get(jnp.result_type(x), "float32")
 
 
-def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays, precision: str) -> KernelSpec:
+#: the fewest features of a stored row that a bfloat16 layer keeps in bfloat16 (`out_dtype`)
+BF16_MIN_WIDTH = 16
+
+
+def out_dtype(inst: Instance, compute: str) -> str:
+  """The dtype of instance `inst`'s output in a layer whose inputs promote to `compute`
+  ("float32" or "bfloat16").
+
+  A kernel that stores rows of at least `BF16_MIN_WIDTH` features (per-edge or per-pair
+  features, a GEMM's rows per edge) writes them in the layer's dtype, as `jnp` would hold that
+  intermediate: a bfloat16 layer reads and writes half the bytes between its kernels, and its
+  GEMMs over those rows run on bfloat16 tensor cores. Float32 stays for a kernel that sums into
+  its rows (atomics on a GPU; the edge softmax too) and for narrower rows: those are per-head
+  scalars (attention scores and their gradients), whose rounding the softmax's exp amplifies
+  (RGAT's gradients of the attention vectors: up to 4.9e-2 of their largest in bfloat16
+  against 6.8e-3 in float32, tests/test_hector_precision.py's cases), and whose bytes are few.
+  """
+  if compute == "float32" or codegen.zero_output(inst.kernel):
+    return "float32"
+  return compute if width(inst.output) >= BF16_MIN_WIDTH else "float32"
+
+
+def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays, precision: str,
+          out: str = "float32") -> KernelSpec:
   return KernelSpec(inst.kernel, tuple(dtypes), _full_shape(inst.output, graph),
-                    codegen.zero_output(inst.kernel), str(inst), precision)
+                    codegen.zero_output(inst.kernel), str(inst), precision, out)
 
 
 def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
@@ -177,21 +205,26 @@ def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
 
 
 def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Array],
-            precision: str | None = None):
+            precision: str | None = None, dtype=jnp.float32):
   """Runs instances in order; `env` maps value ids to arrays and receives every output (an
   instance whose output is already there, kept from the forward pass, is skipped); GEMMs run
-  at `precision` (as `Layer.__call__` takes it; None: ``jax.default_matmul_precision``)."""
+  at `precision` (as `Layer.__call__` takes it; None: ``jax.default_matmul_precision``); the
+  rows a kernel stores are of `dtype` (the layer's inputs' promoted dtype: `out_dtype`), an
+  XLA-side (`Dense`) value of its operands' promoted dtype: ``fold(W, a)`` of bfloat16 weights
+  is a bfloat16 weight, as in `jnp`, and the GEMM that reads it runs on bfloat16 tensor cores."""
   precision = precision_lib.resolve(precision, "hector.execute")
+  compute = _KERNEL_DTYPES.get(jnp.dtype(dtype), "float32")
   for inst in kernels:
     if inst.output.id in env:
       continue
     args = [env[v.id] for v in inst.inputs]
-    if isinstance(inst.kernel, Dense):
-      env[inst.output.id] = _dense(inst.kernel, args)
+    if isinstance(inst.kernel, Dense):  # float32 math, rounded to its operands' dtype (as jnp)
+      env[inst.output.id] = _dense(inst.kernel, args).astype(jnp.result_type(*args))
       continue
     args = [a if jnp.result_type(a) in _KERNEL_DTYPES else jnp.asarray(a, jnp.float32)
             for a in args]
-    spec = _spec(inst, [_kernel_dtype(a) for a in args], graph, precision)
+    spec = _spec(inst, [_kernel_dtype(a) for a in args], graph, precision,
+                 out_dtype(inst, compute))
     env[inst.output.id] = run_kernel(spec, graph, args)
 
 
@@ -258,8 +291,8 @@ def _apply(plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArray
 
 def _run_forward(plan, names, precision, graph, arrays):
   env = {plan.forward.inputs[k].id: a for k, a in zip(names, arrays)}
-  execute(plan.forward_kernels, graph, env, precision)
   dtype = jnp.result_type(*arrays)
+  execute(plan.forward_kernels, graph, env, precision, dtype)
   return {k: env[v.id].astype(dtype) for k, v in plan.forward.outputs.items()}, env
 
 
@@ -280,7 +313,7 @@ def _apply_bwd(plan, names, precision, residuals, cts):
   env.update(saved)
   for k, ct in cts.items():
     env[plan.backward.inputs[f"ct_{k}"].id] = ct
-  execute(plan.backward_kernels, graph, env, precision)
+  execute(plan.backward_kernels, graph, env, precision, jnp.result_type(*arrays))
   grads = tuple(
       env[plan.backward.outputs[k].id].astype(a.dtype) if k in plan.backward.outputs else
       jnp.zeros_like(a) for k, a in zip(names, arrays))

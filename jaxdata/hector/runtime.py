@@ -331,20 +331,23 @@ def tiles(rel_offsets: jax.Array, rows: int) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
   """What a kernel call computes (hashable: a primitive parameter); `precision` is the matmul
-  level of a GEMM (`jaxdata.hector.precision.LEVELS`), which the CUDA source depends on."""
+  level of a GEMM (`jaxdata.hector.precision.LEVELS`), which the CUDA source depends on;
+  `out_dtype` the output's dtype ("float32", or "bfloat16" for a kernel that stores its rows)."""
   kernel: Template
   dtypes: tuple[str, ...]
   out_shape: tuple[int, ...]
   zero_output: bool
   label: str = ""
   precision: str = "default"
+  out_dtype: str = "float32"
 
 
 kernel_p = Primitive("jaxdata_hector_kernel")
 
 
 def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) -> jax.Array:
-  """Runs one generated kernel over its domain's view of the graph; returns its float32 output."""
+  """Runs one generated kernel over its domain's view of the graph; returns its output (of
+  `spec.out_dtype`)."""
   graph.check_structure()  # the kernels bound their loops by these lengths
   rows = codegen.tile_rows(spec.kernel)
   # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
@@ -363,7 +366,7 @@ kernel_p.def_impl(lambda *args, spec: _jitted(spec)(*args))  # eager calls compi
 
 @kernel_p.def_abstract_eval
 def _abstract(*avals, spec: KernelSpec):
-  return jax.core.ShapedArray(spec.out_shape, jnp.float32)
+  return jax.core.ShapedArray(spec.out_shape, jnp.dtype(spec.out_dtype))
 
 
 def kernel_id(source: str) -> int:
@@ -371,7 +374,8 @@ def kernel_id(source: str) -> int:
 
 
 def source(spec: KernelSpec, target: str) -> str:
-  return codegen.generate(spec.kernel, spec.dtypes, target, spec.label, spec.precision)
+  return codegen.generate(spec.kernel, spec.dtypes, target, spec.label, spec.precision,
+                          spec.out_dtype)
 
 
 def _lower(ctx, *args, spec: KernelSpec, target: str):

@@ -3,7 +3,8 @@ instance, from the fixed files in jaxdata/hector/templates/ and what varies per 
 
 Every generated kernel has the same interface, `jaxdata.hector.operands`: the graph's arrays
 (`operands.GRAPH`, in that order), then the instance's inputs (``in0``, ``in1``, ...), then its
-one output (float32); and the scalars ``E`` (rows of the domain), ``N`` (nodes), ``R``
+one output (float32, or bfloat16 where it stores rather than sums its rows:
+`compiled.out_dtype`); and the scalars ``E`` (rows of the domain), ``N`` (nodes), ``R``
 (relations), ``T`` (row tiles, GPU GEMMs) and ``P`` (unique (src, relation) pairs).
 
 An instance over the compact domain gets the pairs in place of the edges (``src``, ``etype``,
@@ -42,15 +43,19 @@ def zero_output(k) -> bool:
 
 
 def generate(k, dtypes: tuple[str, ...], target: str, label: str = "",
-             precision: str = "default") -> str:
+             precision: str = "default", out_dtype: str = "float32") -> str:
   """The source of one kernel instance for "cpu" or "cuda"; `dtypes` gives each input slot's
-  dtype ("float32" or "bfloat16"); `label` goes into the first comment line; `precision` (a
-  level of `jaxdata.hector.precision`) chooses a CUDA GEMM's `math` (CPU kernels are always
-  float32-exact, as `jnp.dot` is on the CPU)."""
+  dtype ("float32" or "bfloat16") and `out_dtype` the output's (bfloat16 only where
+  `zero_output(k)` is false: summed rows stay float32); `label` goes into the first comment
+  line; `precision` (a level of `jaxdata.hector.precision`) chooses a CUDA GEMM's `math` (CPU
+  kernels are always float32-exact, as `jnp.dot` is on the CPU)."""
+  if out_dtype != "float32" and zero_output(k):
+    raise ValueError(f"hector: {k.template} sums into its output, which must be float32, not "
+                     f"{out_dtype}")
   if target == "cpu":
-    body = cpu.generate(k, dtypes)
+    body = cpu.generate(k, dtypes, out_dtype)
   elif target == "cuda":
-    body = cuda.generate(k, dtypes, precision)
+    body = cuda.generate(k, dtypes, precision, out_dtype)
   else:
     raise ValueError(f"hector: target must be 'cpu' or 'cuda', got {target!r}")
   return f"// jaxdata.hector {k.template}: {label or k}\n" + body

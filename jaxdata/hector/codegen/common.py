@@ -20,10 +20,11 @@ def template(name: str) -> str:
   return resources.files("jaxdata.hector").joinpath("templates", name).read_text()
 
 
-def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar) -> str:
+def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar, out_dtype: str = "float32") -> str:
   """The declarations of the operands `body` uses, as `operands` lays them out: the graph
-  arrays and the inputs (`dtypes`: each input slot's dtype) as typed pointers, the output,
-  and the scalars. `ptr(i)` / `scalar(i)` is the C expression of buffer / scalar i."""
+  arrays and the inputs (`dtypes`: each input slot's dtype) as typed pointers, the output
+  (`out_dtype`; only a kernel that stores its rows writes bfloat16, through `stf`) and the
+  scalars. `ptr(i)` / `scalar(i)` is the C expression of buffer / scalar i."""
   used = lambda name: re.search(rf"\b{name}\b", body) is not None  # noqa: E731
   lines = []
   for op in operands.GRAPH:
@@ -36,7 +37,8 @@ def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar) -> str:
     if used(name):
       lines.append(f"  const {t}* __restrict__ {name} = "
                    f"(const {t}*){ptr(operands.index(name, n))};")
-  lines.append(f"  float* __restrict__ out = (float*){ptr(operands.index('out', n))};")
+  t = _CTYPES[out_dtype]
+  lines.append(f"  {t}* __restrict__ out = ({t}*){ptr(operands.index('out', n))};")
   for name in operands.SCALAR_NAMES:
     if used(name):
       lines.append(f"  const int64_t {name} = {scalar(operands.scalar_index(name))};")

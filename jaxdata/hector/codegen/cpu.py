@@ -18,12 +18,14 @@ extern "C" int jaxdata_hector_kernel(void* const* buf, const int64_t* scal,
 """
 
 
-def generate(k, dtypes: tuple[str, ...]) -> str:
-  """The C++ source of instance `k` (`dtypes`: each input slot's dtype), without its label."""
+def generate(k, dtypes: tuple[str, ...], out_dtype: str = "float32") -> str:
+  """The C++ source of instance `k` (`dtypes`: each input slot's dtype; `out_dtype`: its
+  output's), without its label."""
   body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[
       type(k)](k)
   return (template("cpu.h") + template("common.h") + _SIGNATURE +
-          pointers(body, dtypes, lambda i: f"buf[{i}]", lambda i: f"scal[{i}]") + body)
+          pointers(body, dtypes, lambda i: f"buf[{i}]", lambda i: f"scal[{i}]", out_dtype) +
+          body)
 
 
 def _gemm(g: Gemm) -> str:
@@ -46,7 +48,7 @@ def _gemm(g: Gemm) -> str:
             f"      const auto a = {row_pointer(rows)};\n"
             f"{madd}"
             f"      }}\n"
-            f"      for (int n = 0; n < {width}; ++n) out[e * {width} + n] = acc[n];\n"
+            f"      for (int n = 0; n < {width}; ++n) stf(out + e * {width} + n, acc[n]);\n"
             f"    }}\n  }});\n  return 0;\n}}\n")
   off, eids = groups(g.out)
   return (f"  parallel_for(rt, N, 64, [&](int64_t lo, int64_t hi) {{\n"
@@ -106,7 +108,7 @@ def _traversal(t: Traversal) -> str:
     return (f"  parallel_for(rt, E, 1024, [&](int64_t lo, int64_t hi) {{\n"
             f"    for (int64_t e = lo; e < hi; ++e) {{\n"
             f"      const bool use = ok(e);\n"
-            f"      for (int f = 0; f < {w}; ++f) out[e * {w} + f] = use ? {value} : 0.0f;\n"
+            f"      for (int f = 0; f < {w}; ++f) stf(out + e * {w} + f, use ? {value} : 0.0f);\n"
             f"    }}\n"
             f"  }});\n  return 0;\n}}\n")
   if t.sink == "softmax":

@@ -75,9 +75,10 @@ def _chunkable(k, dtypes: tuple[str, ...]) -> bool:
   return all((extent | stride) * size(s) % 4 == 0 for s, extent, stride in rows)
 
 
-def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
+def generate(k, dtypes: tuple[str, ...], precision: str = "default",
+             out_dtype: str = "float32") -> str:
   """The CUDA source of instance `k` (`dtypes`: each input slot's dtype; `precision`: the
-  matmul level of a GEMM), without its label."""
+  matmul level of a GEMM; `out_dtype`: its output's), without its label."""
   kind = math(k, dtypes, precision)
   if kind == "fma":
     body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
@@ -94,7 +95,8 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
   if isinstance(k, Traversal):
     prelude += template("traversal.cuh")  # after common.h: it uses span()
   return (prelude + signature +
-          pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]") + body)
+          pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]", out_dtype) +
+          body)
 
 
 #: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block)
@@ -259,7 +261,7 @@ def _traversal(t: Traversal) -> str:
             f"  grouped_sum<{w}, {features_per_thread(w)}, {GROUP_RUN}>(E, {order}, out, ok, "
             "target, value);\n}\n")
   if t.sink == "store":
-    write, skip = f"out[e * {w} + f] = v;", f"out[e * {w} + f] = 0.0f;"
+    write, skip = f"stf(out + e * {w} + f, v);", f"stf(out + e * {w} + f, 0.0f);"
   elif t.sink == "pair":  # on the compact domain (not `_grouped`)
     write = f"atomicAdd(out + (int64_t)pair[e] * {w} + f, v);"
   else:

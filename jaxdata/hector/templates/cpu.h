@@ -18,6 +18,14 @@ static inline float ldf(const float* p) { return *p; }
 static inline float ldf(const unsigned short* p) {
   uint32_t bits = uint32_t(*p) << 16; float f; std::memcpy(&f, &bits, 4); return f; }
 
+// v stored at p: a float as it is, a bfloat16 rounded to the nearest even (as XLA's convert)
+static inline void stf(float* p, float v) { *p = v; }
+static inline void stf(unsigned short* p, float v) {
+  uint32_t u; std::memcpy(&u, &v, 4);  // a NaN keeps its sign and stays a (quiet) NaN
+  *p = (unsigned short)(((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u
+                                                         : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 // The sum over i < D of a[i] * b[i], in order (ALIGN_A, ALIGN_B: see templates/cuda.cuh)
 template <int D, int ALIGN_A, int ALIGN_B, typename A, typename B>
 static inline float dot_rows(const A* a, const B* b) {

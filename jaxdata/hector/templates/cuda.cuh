@@ -13,6 +13,20 @@ __device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }
 __device__ __forceinline__ float ldf(const unsigned short* p) {
   return __uint_as_float(((unsigned)__ldg(p)) << 16); }
 
+// v stored at p: a float as it is, a bfloat16 rounded to the nearest even (as XLA's convert)
+__device__ __forceinline__ void stf(float* p, float v) { *p = v; }
+__device__ __forceinline__ void stf(unsigned short* p, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned short b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+  *p = b;
+#else
+  const unsigned u = __float_as_uint(v);  // a NaN keeps its sign and stays a (quiet) NaN
+  *p = (unsigned short)(((u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u
+                                                         : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
 // BYTES (4, 8 or 16) bytes from p (aligned to that) as 32-bit words, in one load
 template <int BYTES> __device__ __forceinline__ void ldw(const void* p, unsigned* w) {
   static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "one 4-, 8- or 16-byte load");

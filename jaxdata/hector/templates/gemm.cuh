@@ -20,11 +20,11 @@
 // inside the tile and added to out's row target[e] with one atomic per run and column.
 
 template <int BM, int BK, int BN, int TN, int K, int N, int HEADS, bool TRANSPOSE, bool SCATTER,
-          bool GATHER, int W, bool SCALED, typename T, typename Ok, typename Weight,
+          bool GATHER, int W, bool SCALED, typename T, typename O, typename Ok, typename Weight,
           typename Scale>
 JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
                               int64_t E, const T* a, const int32_t* ids, const int32_t* target,
-                              float* out, Ok ok, Weight weight, Scale scale) {
+                              O* out, Ok ok, Weight weight, Scale scale) {
   constexpr int THREADS = 16 * (BN / TN), NCB = (N + BN - 1) / BN, WIDTH = HEADS * N;
   constexpr int AB_FLOATS = BK * (BM + 4) + BK * (BN + 4), C_FLOATS = BM * (BN + 1);
   constexpr int NA = BM * BK / THREADS, NB = BK * BN / THREADS;
@@ -85,7 +85,7 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
     __syncthreads();
   }
   const int hn = head_offset<HEADS, N>(h);
-  if (!SCATTER) {
+  if constexpr (!SCATTER) {  // stored: a float or a bfloat16 output
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t e = e0 + ty * 4 + i;
@@ -94,39 +94,39 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
         const int n = cb * BN + tx * TN + j;
-        if (n < N) out[e * WIDTH + hn + n] = acc[i][j] * sc;
+        if (n < N) stf(out + e * WIDTH + hn + n, acc[i][j] * sc);
       }
     }
-    return;
-  }
-  // the tile's scaled rows into shared memory (over the A/B tiles, no longer needed) ...
-  float (*Cs)[BN + 1] = reinterpret_cast<float (*)[BN + 1]>(smem);
+  } else {
+    // the tile's scaled rows into shared memory (over the A/B tiles, no longer needed) ...
+    float (*Cs)[BN + 1] = reinterpret_cast<float (*)[BN + 1]>(smem);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = ty * 4 + i;
-    const int64_t e = e0 + row;
-    const float sc = arow[row] >= 0 ? (SCALED ? scale(e) : 1.0f) : 0.0f;
+    for (int i = 0; i < 4; ++i) {
+      const int row = ty * 4 + i;
+      const int64_t e = e0 + row;
+      const float sc = arow[row] >= 0 ? (SCALED ? scale(e) : 1.0f) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < TN; ++j) Cs[row][tx * TN + j] = acc[i][j] * sc;
-  }
-  __syncthreads();
-  // ... then each thread walks PER rows of one column, one atomic per run of equal targets
-  constexpr int PER = BM / (THREADS / BN);
-  const int col = tid % BN, seg = tid / BN;
-  const int n = cb * BN + col;
-  if (n < N) {
-    int64_t run = -1;
-    float sum = 0.0f;
-    for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
-      const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
-      if (t != run) {
-        if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
-        run = t;
-        sum = 0.0f;
-      }
-      sum += Cs[row][col];
+      for (int j = 0; j < TN; ++j) Cs[row][tx * TN + j] = acc[i][j] * sc;
     }
-    if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
+    __syncthreads();
+    // ... then each thread walks PER rows of one column, one atomic per run of equal targets
+    constexpr int PER = BM / (THREADS / BN);
+    const int col = tid % BN, seg = tid / BN;
+    const int n = cb * BN + col;
+    if (n < N) {
+      int64_t run = -1;
+      float sum = 0.0f;
+      for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
+        const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
+        if (t != run) {
+          if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
+          run = t;
+          sum = 0.0f;
+        }
+        sum += Cs[row][col];
+      }
+      if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
+    }
   }
 }
 

@@ -229,11 +229,11 @@ JAXDATA_INLINE void pipeline(int nk, Issue issue, Multiply multiply) {
 // block keeps many rows in flight without holding them in registers. The edge scales multiply
 // the output rows; the tile goes through shared memory to the output.
 template <typename M, int BM, int BN, int MT, int WN, int K, int N, int HEADS, bool TRANSPOSE,
-          bool SCATTER, bool GATHER, int W, bool SCALED, typename T, typename Ok, typename WAt,
-          typename Scale>
+          bool SCATTER, bool GATHER, int W, bool SCALED, typename T, typename O, typename Ok,
+          typename WAt, typename Scale>
 JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
                              int64_t E, const T* a, const int32_t* ids, const int32_t* target,
-                             float* out, Ok ok, WAt w_at, Scale scale) {
+                             O* out, Ok ok, WAt w_at, Scale scale) {
   typedef M Mma;
   typedef typename pointee<decltype(w_at(0, 0, 0, 0))>::type TB;
   constexpr int STAGES = JAXDATA_MMA_STAGES, BK = Mma::BK, NT = BN / (8 * WN);
@@ -308,32 +308,31 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
   store_acc<MT, NT, LDC>(Cs, acc, m0, n0, lane);
   __syncthreads();
   const int hn = head_offset<HEADS, N>(h);
-  if (!SCATTER) {
+  if constexpr (!SCATTER) {  // stored: a float or a bfloat16 output
     for (int idx = tid; idx < BM * BN; idx += THREADS) {
       const int row = idx / BN, col = idx % BN;
       const int64_t e = e0 + row;
       const int n = cb * BN + col;
-      if (e < e1 && n < N) out[e * WIDTH + hn + n] = Cs[row * LDC + col] * rscale[row];
+      if (e < e1 && n < N) stf(out + e * WIDTH + hn + n, Cs[row * LDC + col] * rscale[row]);
     }
-    return;
-  }
-  // each thread walks PER rows of one column, one atomic per run of equal targets
-  constexpr int PER = BM / (THREADS / BN);
-  const int col = tid % BN, seg = tid / BN;
-  const int n = cb * BN + col;
-  if (n < N) {
-    int64_t run = -1;
-    float sum = 0.0f;
-    for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
-      const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
-      if (t != run) {
-        if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
-        run = t;
-        sum = 0.0f;
+  } else {  // each thread walks PER rows of one column, one atomic per run of equal targets
+    constexpr int PER = BM / (THREADS / BN);
+    const int col = tid % BN, seg = tid / BN;
+    const int n = cb * BN + col;
+    if (n < N) {
+      int64_t run = -1;
+      float sum = 0.0f;
+      for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
+        const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
+        if (t != run) {
+          if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
+          run = t;
+          sum = 0.0f;
+        }
+        sum += Cs[row * LDC + col] * rscale[row];
       }
-      sum += Cs[row * LDC + col] * rscale[row];
+      if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
     }
-    if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
   }
 }
 
