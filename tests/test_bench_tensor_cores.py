@@ -108,7 +108,7 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
   assert header == tc.HEADER
   col = {h: i for i, h in enumerate(header)}
   names = [r.name for r in tc.ROWS]
-  assert len(names) == 3 + 2 * len(tc.PLAIN_JAX)
+  assert len(names) == 4 + 2 * len(tc.PLAIN_JAX)
   assert [(r[0], r[1], r[2]) for r in rows] == [
       (m, str(DIM), n) for m in ("RGCN", "RGAT") for n in names]
 
@@ -116,14 +116,22 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
     mine = {r[2]: r for r in rows if r[0] == model}
     ms = {n: float(r[col["fwd+bwd ms"]]) for n, r in mine.items()}  # every row ran on the CPU
     base = ms[tc.BASELINE.name]
-    plain = {n: t for n, t in ms.items() if n not in (tc.BASELINE.name, tc.TF32.name,
-                                                      tc.BF16.name)}
+    issue = ms[tc.ISSUE_TIME.name]
+    plain = {n: t for n, t in ms.items() if n not in (tc.BASELINE.name, tc.ISSUE_TIME.name,
+                                                      tc.TF32.name, tc.BF16.name)}
     fastest = min(plain.values())
-    for row in (tc.BASELINE, tc.TF32, tc.BF16):
+    for row in (tc.BASELINE, tc.ISSUE_TIME, tc.TF32, tc.BF16):
       r = mine[row.name]
       assert _same_ratio(_x(r[col["vs f32 highest"]]), base, ms[row.name]), (model, row, r)
+    assert not mine[tc.ISSUE_TIME.name][-1]  # no bar of its own: the others' are against it
+    no_slower = re.search(r"no slower than today: (met|not met) \(([0-9.]+)x the issue-time "
+                          r"traversals\)", mine[tc.BASELINE.name][-1])
+    assert _same_ratio(float(no_slower.group(2)), issue, base)
     for row, need in ((tc.TF32, tc.TF32_VS_HIGHEST), (tc.BF16, tc.BF16_VS_HIGHEST)):
       r = mine[row.name]
+      printed = float(re.search(r"vs issue-time f32 highest \(([0-9.]+)x\)", r[-1]).group(1))
+      assert _same_ratio(printed, issue, ms[row.name]), (model, row, r[-1])
+      _assert_bar(r[-1], rf"vs issue-time f32 highest \({printed:.2f}x\)", printed, need)
       vs_plain = r[col["vs best plain JAX (default)"]]
       best = re.search(r"\((.*)\)$", vs_plain).group(1)
       assert plain[best] == fastest, (vs_plain, plain)  # the fastest plain-JAX row, named
@@ -225,3 +233,24 @@ def test_reports_whether_tensor_cores_are_on_as_hector_decides(setting, monkeypa
   assert text.startswith("on (" if cuda.tensor_cores_enabled() else "off ("), text
   assert (f"{cuda.TENSOR_CORES_ENV}={setting!r}" if setting else
           f"{cuda.TENSOR_CORES_ENV} unset") in text
+
+
+def test_issue_time_kernels_are_generated_with_the_constants_of_then_and_restored():
+  """The issue-time row's kernels: one feature of a row per thread and dot products one element
+  per load, inside the context only (the CUDA source shows both); the constants come back."""
+  from jaxdata import hector
+  from jaxdata.hector.codegen import common as gen_common, cuda
+  graph = rgnn.load_graph("synthetic", data_dir=None, quick=True)[0]
+  case = ra.Case(graph)
+  x, p, _ = ra.case_arrays("rgat", case, 64, 4)
+  source = lambda: hector.rgat_layer.sources(  # noqa: E731
+      ra.graph_arrays(case), "cuda", x=x, W=p.w, a_src=p.a_src, a_dst=p.a_dst)
+  now = source()
+  before = (cuda.TRAVERSAL_FEATURES, gen_common.DOT_ALIGN)
+  with tc.issue_time_kernels():
+    assert (cuda.TRAVERSAL_FEATURES, gen_common.DOT_ALIGN) == (1, 1)
+    then = source()
+  assert (cuda.TRAVERSAL_FEATURES, gen_common.DOT_ALIGN) == before
+  assert "edge_map<64, 4>" in now and "edge_map<64, 1>" in then  # the 64-wide stores
+  assert "dot_rows<16, 16, 16>" in now and "dot_rows<16, 1, 1>" in then
+  assert source() == now
