@@ -127,6 +127,7 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
     no_slower = re.search(r"no slower than today: (met|not met) \(([0-9.]+)x the issue-time "
                           r"traversals\)", mine[tc.BASELINE.name][-1])
     assert _same_ratio(float(no_slower.group(2)), issue, base)
+    assert (no_slower.group(1) == "met") == (base <= issue * (1 + tc.NO_SLOWER) + 1e-3)
     for row, need in ((tc.TF32, tc.TF32_VS_HIGHEST), (tc.BF16, tc.BF16_VS_HIGHEST)):
       r = mine[row.name]
       printed = float(re.search(r"vs issue-time f32 highest \(([0-9.]+)x\)", r[-1]).group(1))

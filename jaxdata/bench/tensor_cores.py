@@ -80,6 +80,10 @@ EXACT = 1e-5
 #: 200K nodes; an absolute 1e-5 would select 38 / 75 and 34 / 68). The edge that flipped in
 #: session 16 had z64 = 5e-7 (.ci/probe_rgat_precision.py).
 KINK = 1e-5
+#: Row 1 is "no slower than today" where its time is at most this much over the issue-time
+#: row's: repeated runs of one step move by 1-2% on the H200 (RGCN's two rows at dim 128 run the
+#: same kernels, having no traversal the issue-time constants change: 18.03 and 17.99 ms).
+NO_SLOWER = 0.02
 
 
 #: The CUDA generator's constants (jaxdata.hector.codegen.cuda, then .common) as they were when
@@ -530,8 +534,8 @@ def bars(case: Case, m: Measured) -> str:
     if issue is None:
       return f"{exact}; no slower than today: this row is today's kernel"
     ratio = issue.seconds / m.seconds
-    return (f"{exact}; no slower than today: {'met' if ratio >= 1 else 'not met'} "
-            f"({_ratio(ratio)} the issue-time traversals)")
+    return (f"{exact}; no slower than today: {'met' if ratio * (1 + NO_SLOWER) >= 1 else 'not met'}"
+            f" ({_ratio(ratio)} the issue-time traversals)")
   if m.row.plain or not m.ok:
     return ""
   out = []
@@ -605,7 +609,8 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
       f"precision; float32 at default >= {TF32_VS_HIGHEST:g}x row 1; at highest no slower than "
       "today and float32-exact. Row 1 is today's kernel (hector runs float32 at \"highest\" on "
       "CUDA cores whether or not tensor cores are on); *no slower than today* compares it with "
-      "the issue-time row; *float32-exact* compares row 1's "
+      f"the issue-time row (met within {NO_SLOWER:.0%}: run-to-run timing noise); "
+      "*float32-exact* compares row 1's "
       "dx with the fastest plain-JAX float32 formulation rerun at \"highest\" (untimed): met "
       f"where the error is at most {EXACT:g} (float32 sums in another order; TF32 gives 2e-4 "
       "and more); for RGAT that error leaves out the end nodes of every edge whose float64 "

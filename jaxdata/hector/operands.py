@@ -6,7 +6,8 @@ A kernel call passes, in order:
 * the graph operands (`GRAPH`): arrays of `GraphArrays`, or of its (source, relation) pairs
   for an instance over the compact domain, plus `tiles`, derived per call;
 * the instance's inputs ``in0``, ``in1``, ... (float32 or bfloat16);
-* its one output ``out`` (float32);
+* its one output ``out`` (float32; bfloat16 where a bfloat16 layer stores rows:
+  `jaxdata.hector.compiled.out_dtype`);
 
 and the int64 scalars (`SCALARS`) as an attribute. The native launcher
 (``xla_ffi/hector/launch_*.cc``) passes buffers and scalars through in this order without

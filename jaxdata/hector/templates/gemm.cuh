@@ -16,8 +16,9 @@
 // The row GEMM (`gemm_simt`): the rows of one relation in tiles of BM edges x BN output
 // columns, K features in and N out per head; 4 x TN outputs per thread on float32 FMAs. Per
 // head (HEADS > 1) one block per tile, head and column block. Output rows go to `out` at
-// e * HEADS * N + h * N (SCATTER false), or are summed per run of equal targets `target[e]`
-// inside the tile and added to out's row target[e] with one atomic per run and column.
+// e * HEADS * N + h * N (SCATTER false; a float or bfloat16 output, `stf`), or are summed per
+// run of equal targets `target[e]` inside the tile and added to out's row target[e] with one
+// atomic per run and column.
 
 template <int BM, int BK, int BN, int TN, int K, int N, int HEADS, bool TRANSPOSE, bool SCATTER,
           bool GATHER, int W, bool SCALED, typename T, typename O, typename Ok, typename Weight,
