@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 from jaxdata import hector
+from jaxdata.data import HeteroGraph
 from jaxdata.hector import precision as precision_lib
 from jaxdata.nn import HGT, RGAT, RGCN
 from test_hector_rgat import corner_case_graph
@@ -237,6 +238,28 @@ def test_rgcn_at_each_precision_against_float64(device, level, dtype, din, dout)
   if (device.platform == "gpu" and dtype == jnp.float32 and level == "default"
       and cuda_codegen.tensor_cores_enabled()):
     assert err > 2e-6, "float32 at the default precision should run on TF32 tensor cores"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_rgcn_over_hundreds_of_relations_against_float64(device, level, dtype):
+  """A GEMM tile finds its relation from the tile offsets (on tensor cores by a 32-ary search,
+  `find_relation_warp` in templates/mma.cuh): 300 relations, a third of them empty and lying
+  between full ones, from 1 edge to three 64-edge tiles each, so the search takes two rounds
+  and every tile must land in its own relation."""
+  rng = np.random.default_rng(7)
+  r, n = 300, 500
+  et = np.repeat(np.arange(r), rng.choice([0, 0, 1, 3, 64, 65, 150], r))
+  src, dst = rng.integers(0, n, et.size), rng.integers(0, n, et.size)
+  g = HeteroGraph.from_edges(src, dst, et, num_nodes=n,
+                             relation_names=[f"r{i}" for i in range(r)])
+  ga = hector.GraphArrays.from_graph(g)
+  x = jnp.asarray(rng.standard_normal((n, 16)), dtype)
+  w = jnp.asarray(rng.standard_normal((r, 16, 16)) / 4, dtype)
+  ct = jnp.asarray(rng.standard_normal((n, 16)), jnp.float64)
+  check_against_float64(device, functools.partial(hector.rgcn_message, ga),
+                        functools.partial(rgcn_reference, ga), (x, w), ct, level,
+                        "rgcn over 300 relations")
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -199,6 +199,30 @@ JAXDATA_INLINE void zero(float (&acc)[MT][NT][4]) {
 // k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply
 #define JAXDATA_MMA_STAGES 3
 
+// find_relation (cuda.cuh) by warp 0 in rounds of 32 pivots (a 32-ary search: 2 rounds of loads
+// for 535 relations where the binary search of one thread takes 10 dependent ones): tiles[] is
+// non-decreasing, so the lanes whose pivot has tiles[p] <= tile are a prefix, and the next
+// round searches between the last of them and its successor. The same answer, the last
+// r < R with tiles[r] <= tile; a tensor-core tile is a few microseconds of work, and the
+// search's chain of loads was a sizable part of it.
+__device__ __forceinline__ int64_t find_relation_warp(const int32_t* tiles, int64_t R,
+                                                      int64_t tile) {
+  __shared__ int64_t s_r;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int64_t lo = 0, hi = R;  // tiles[lo] <= tile (tiles[0] is 0); the answer is in [lo, hi)
+    while (hi - lo > 1) {
+      const int64_t step = (hi - lo + 31) / 32, p = lo + lane * step;
+      const unsigned below = __ballot_sync(0xffffffffu, p < hi && tiles[p] <= tile);
+      lo += below ? (31 - __clz(below)) * step : 0;  // lane 0's pivot is lo itself
+      hi = min(hi, lo + step);
+    }
+    if (lane == 0) s_r = lo;
+  }
+  __syncthreads();
+  return s_r;
+}
+
 // The k-loop of a cp.async pipeline over nk steps: issue(kt) starts the copies of step kt into
 // its stage (kt % STAGES), STAGES - 1 steps ahead of multiply(kt), which reads that stage.
 // Returns with every copy landed (the caller syncs before reusing shared memory).
@@ -250,7 +274,7 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
   const int h = HEADS > 1 ? int(blockIdx.x / NCB) % HEADS : 0;
   const int cb = blockIdx.x % NCB;
   if (tile >= tiles[R]) return;
-  const int64_t r = find_relation(tiles, R, tile);
+  const int64_t r = find_relation_warp(tiles, R, tile);
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BM;
   const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
   __shared__ __align__(16) unsigned char smem[AB_BYTES > C_BYTES ? AB_BYTES : C_BYTES];
@@ -360,7 +384,7 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
   const int h = HEADS > 1 ? int(blockIdx.x / (NKB * NNB)) % HEADS : 0;
   const int kb = (blockIdx.x / NNB) % NKB, nb = blockIdx.x % NNB;
   if (tile >= tiles[R]) return;
-  const int64_t r = find_relation(tiles, R, tile);
+  const int64_t r = find_relation_warp(tiles, R, tile);
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BE;
   const int64_t e1 = min(min(e0 + BE, (int64_t)rel_offsets[r + 1]), E);
   __shared__ __align__(16) TL Ls[STAGES * L_STAGE];  // [BK][LDL] per stage: (m, edge)
