@@ -349,7 +349,7 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
   """Runs one generated kernel over its domain's view of the graph; returns its output (of
   `spec.out_dtype`)."""
   graph.check_structure()  # the kernels bound their loops by these lengths
-  rows = codegen.tile_rows(spec.kernel)
+  rows = codegen.tile_rows(spec.kernel, _math(spec))
   # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
   ops = operands.graph_operands(graph, spec.kernel.domain,
                                 lambda offsets: tiles(offsets, rows) if rows else offsets)
@@ -367,6 +367,11 @@ kernel_p.def_impl(lambda *args, spec: _jitted(spec)(*args))  # eager calls compi
 @kernel_p.def_abstract_eval
 def _abstract(*avals, spec: KernelSpec):
   return jax.core.ShapedArray(spec.out_shape, jnp.dtype(spec.out_dtype))
+
+
+def _math(spec: KernelSpec) -> str:
+  """The kind of GEMM (`codegen.MATHS`) a CUDA kernel of `spec` is generated as."""
+  return codegen.math(spec.kernel, spec.dtypes, spec.precision)
 
 
 def kernel_id(source: str) -> int:
@@ -393,10 +398,9 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
       raise RuntimeError("hector: lowering for CUDA but the extension sees no CUDA device")
     compiler.compile_cuda(src, arch, load=lambda path: ext.hector_load_cuda_kernel(
         kid, path.read_bytes(), "jaxdata_hector_kernel"))
-    rows = codegen.tile_rows(spec.kernel)
+    rows = codegen.tile_rows(spec.kernel, _math(spec))
     max_tiles = -(-size["E"] // rows) + size["R"] if rows else 0
-    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"],
-                                 codegen.math(spec.kernel, spec.dtypes, spec.precision))
+    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"], _math(spec))
   scalars = operands.scalar_values(dict(size, T=max_tiles))
   return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),

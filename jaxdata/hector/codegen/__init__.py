@@ -27,10 +27,15 @@ __all__ = ["generate", "launch", "math", "tile_rows", "zero_output", "GEMM_TILE_
            "MATHS"]
 
 
-def tile_rows(k) -> int:
-  """Edges per row tile of a CUDA GEMM or weight-gradient kernel (0: the kernel has no tiles)."""
-  return GEMM_TILE_ROWS if isinstance(k, Gemm) else WGRAD_TILE_ROWS if isinstance(
-      k, WeightGrad) else 0
+def tile_rows(k, kind: str = "fma") -> int:
+  """Edges per row tile of a CUDA GEMM or weight-gradient kernel of `math` kind `kind` (0: the
+  kernel has no tiles). Read from `cuda` at each call, so that a probe setting them there
+  (.ci/probe_constants.py) moves the tiles and the kernels together."""
+  if isinstance(k, Gemm):
+    return cuda.GEMM_TILE_ROWS
+  if isinstance(k, WeightGrad):
+    return cuda.WGRAD_TILE_ROWS if kind == "fma" else cuda.MMA_WGRAD_TILE_ROWS
+  return 0
 
 
 def zero_output(k) -> bool:

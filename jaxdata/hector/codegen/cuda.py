@@ -85,8 +85,12 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
   else:
     body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
+  threads = _threads(k, kind)
+  bounds = str(threads)
+  if kind != "fma" and MMA_MIN_WARPS:
+    bounds += f", {max(1, MMA_MIN_WARPS // (threads // 32))}"
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_threads(k, kind)})\n'
+               f'extern "C" __global__ void __launch_bounds__({bounds})\n'
                "jaxdata_hector_kernel(const Params p) {\n")
   prelude = template("cuda.cuh")
   if isinstance(k, (Gemm, WeightGrad)):
@@ -99,9 +103,16 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
           body)
 
 
-#: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block)
+#: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block; on
+#: tensor cores MMA_WGRAD_TILE_ROWS: a block adds its tile of dW to the output with one atomic
+#: per element, so more edges per block are fewer atomics)
 GEMM_TILE_ROWS = 64
 WGRAD_TILE_ROWS = 256
+MMA_WGRAD_TILE_ROWS = 256
+#: warps per SM the tensor-core kernels ask registers to leave room for (__launch_bounds__'s
+#: blocks per SM, as warps; 0: no such bound): their blocks wait on gathered rows, so more
+#: resident warps keep more rows in flight
+MMA_MIN_WARPS = 0
 
 
 def _gemm_tile(n: int) -> int:
@@ -242,7 +253,7 @@ def _wgrad_mma(w: WeightGrad, kind: str) -> str:
   "bf16"); only its arguments are generated here."""
   assert kind == "tf32" or not w.scales
   bn = _gemm_tile(w.n)
-  tile = f"{_MMA[kind]}, {WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
+  tile = f"{_MMA[kind]}, {MMA_WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
   return _scale(w.scales) + _wgrad_call("wgrad_mma", tile, w)
 
 

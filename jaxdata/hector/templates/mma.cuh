@@ -389,14 +389,14 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
   const int64_t e1 = min(min(e0 + BE, (int64_t)rel_offsets[r + 1]), E);
   __shared__ __align__(16) TL Ls[STAGES * L_STAGE];  // [BK][LDL] per stage: (m, edge)
   __shared__ __align__(16) TR Rs[STAGES * R_STAGE];  // [BK][LDR] per stage: (n, edge)
-  __shared__ int64_t loff[BE], roff[BE];
+  __shared__ int32_t lrow[BE], rrow[BE];  // each edge's left and right row (-1: not used)
   __shared__ float esc[SCALED ? BE : 1];
   const int tid = threadIdx.x;
   for (int i = tid; i < BE; i += THREADS) {
     const int64_t e = e0 + i;
-    const bool use = e < e1 && ok(e);
-    loff[i] = use ? (LGATHER ? (int64_t)lids[e] * LW : e * LW) + head_offset<HEADS, K>(h) : -1;
-    roff[i] = use ? (RGATHER ? (int64_t)rids[e] * RW : e * RW) + head_offset<HEADS, N>(h) : -1;
+    const bool use = e < e1 && ok(e);  // ok(e): lids[e] and rids[e] are rows in range
+    lrow[i] = use ? (LGATHER ? lids[e] : int32_t(e)) : -1;
+    rrow[i] = use ? (RGATHER ? rids[e] : int32_t(e)) : -1;
     if (SCALED) esc[i] = use ? scale(e) : 0.0f;
   }
   const int warp = tid >> 5, lane = tid & 31;
@@ -412,16 +412,18 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
 #pragma unroll
     for (int c = tid; c < BK * (BM / CL); c += THREADS) {
       const int j = c / (BM / CL), mc = (c % (BM / CL)) * CL, m = kb * BM + mc;
-      const int64_t o = loff[i0 + j];
-      const bool use = o >= 0 && m < K;
-      cp_async<int(CL * sizeof(TL))>(ls + j * LDL + mc, use ? left + o + m : left, use);
+      const int32_t row = lrow[i0 + j];
+      const bool use = row >= 0 && m < K;
+      const int64_t o = (int64_t)row * LW + head_offset<HEADS, K>(h) + m;
+      cp_async<int(CL * sizeof(TL))>(ls + j * LDL + mc, use ? left + o : left, use);
     }
 #pragma unroll
     for (int c = tid; c < BK * (BN / CR); c += THREADS) {
       const int j = c / (BN / CR), nc = (c % (BN / CR)) * CR, n = nb * BN + nc;
-      const int64_t o = roff[i0 + j];
-      const bool use = o >= 0 && n < N;
-      cp_async<int(CR * sizeof(TR))>(rs + j * LDR + nc, use ? right + o + n : right, use);
+      const int32_t row = rrow[i0 + j];
+      const bool use = row >= 0 && n < N;
+      const int64_t o = (int64_t)row * RW + head_offset<HEADS, N>(h) + n;
+      cp_async<int(CR * sizeof(TR))>(rs + j * LDR + nc, use ? right + o : right, use);
     }
   };
   pipeline<STAGES>(nk, issue, [&](int kt) {
