@@ -94,6 +94,8 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
                "jaxdata_hector_kernel(const Params p) {\n")
   prelude = template("cuda.cuh")
   if isinstance(k, (Gemm, WeightGrad)):
+    if kind != "fma":
+      prelude += f"#define JAXDATA_MMA_STAGES {MMA_STAGES}\n"
     prelude += template("gemm.cuh" if kind == "fma" else "mma.cuh")
   prelude += template("common.h")
   if isinstance(k, Traversal):
@@ -108,11 +110,14 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
 #: per element, so more edges per block are fewer atomics)
 GEMM_TILE_ROWS = 64
 WGRAD_TILE_ROWS = 256
-MMA_WGRAD_TILE_ROWS = 256
+MMA_WGRAD_TILE_ROWS = 512
 #: warps per SM the tensor-core kernels ask registers to leave room for (__launch_bounds__'s
 #: blocks per SM, as warps; 0: no such bound): their blocks wait on gathered rows, so more
 #: resident warps keep more rows in flight
 MMA_MIN_WARPS = 0
+#: k-steps a tensor-core kernel keeps in flight, at most (JAXDATA_MMA_STAGES in
+#: templates/mma.cuh: fewer where 48 KB of shared memory does not hold them)
+MMA_STAGES = 3
 
 
 def _gemm_tile(n: int) -> int:

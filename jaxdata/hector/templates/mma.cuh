@@ -196,8 +196,15 @@ JAXDATA_INLINE void zero(float (&acc)[MT][NT][4]) {
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
 }
 
-// k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply
-#define JAXDATA_MMA_STAGES 3
+// k-steps in flight: cp.async fills STAGES - 1 steps ahead of the one the warps multiply. At
+// most JAXDATA_MMA_STAGES (codegen/cuda.py's MMA_STAGES, defined before this file), fewer
+// where the stages' buffers and `fixed` other bytes would not fit in 48 KB of static shared
+// memory (never fewer than 2).
+__host__ __device__ constexpr int mma_stages(int stage_bytes, int fixed_bytes) {
+  int s = JAXDATA_MMA_STAGES;
+  while (s > 2 && s * stage_bytes + fixed_bytes > 48 * 1024) --s;
+  return s;
+}
 
 // find_relation (cuda.cuh) by warp 0 in rounds of 32 pivots (a 32-ary search: 2 rounds of loads
 // for 535 relations where the binary search of one thread takes 10 dependent ones): tiles[] is
@@ -260,12 +267,14 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
                              O* out, Ok ok, WAt w_at, Scale scale) {
   typedef M Mma;
   typedef typename pointee<decltype(w_at(0, 0, 0, 0))>::type TB;
-  constexpr int STAGES = JAXDATA_MMA_STAGES, BK = Mma::BK, NT = BN / (8 * WN);
+  constexpr int BK = Mma::BK, NT = BN / (8 * WN);
   constexpr int THREADS = 32 * (BM / (16 * MT)) * WN, NK = (K + BK - 1) / BK;
   constexpr int NCB = (N + BN - 1) / BN, WIDTH = HEADS * N;
   constexpr int LDA = BK + Pad<T>::K, LDB = TRANSPOSE ? BK + Pad<TB>::K : BN + Pad<TB>::X;
   constexpr int A_STAGE = BM * LDA, B_STAGE = (TRANSPOSE ? BN : BK) * LDB;
-  constexpr int AB_BYTES = STAGES * (A_STAGE * int(sizeof(T)) + B_STAGE * int(sizeof(TB)));
+  constexpr int STAGE_BYTES = A_STAGE * int(sizeof(T)) + B_STAGE * int(sizeof(TB));
+  constexpr int STAGES = mma_stages(STAGE_BYTES, BM * 12 + 64);  // + arow, rscale
+  constexpr int AB_BYTES = STAGES * STAGE_BYTES;
   constexpr int LDC = BN + 4, C_BYTES = BM * LDC * 4;
   constexpr int CA = chunk<T>(K, W), CB = TRANSPOSE ? chunk<TB>(K, K) : chunk<TB>(N, N);
   static_assert(CA > 0 && CB > 0 && BK % CA == 0 && (TRANSPOSE ? BK : BN) % CB == 0, "chunks");
@@ -373,11 +382,13 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
                               int64_t E, const TL* left, const int32_t* lids, const TR* right,
                               const int32_t* rids, float* out, Ok ok, Scale scale) {
   typedef M Mma;
-  constexpr int STAGES = JAXDATA_MMA_STAGES, BK = Mma::BK, NT = BN / (8 * WN);
+  constexpr int BK = Mma::BK, NT = BN / (8 * WN);
   constexpr int THREADS = 32 * (BM / (16 * MT)) * WN;
   constexpr int NKB = (K + BM - 1) / BM, NNB = (N + BN - 1) / BN;
   constexpr int LDL = BM + Pad<TL>::X, LDR = BN + Pad<TR>::X;
   constexpr int L_STAGE = BK * LDL, R_STAGE = BK * LDR;
+  constexpr int STAGES = mma_stages(L_STAGE * int(sizeof(TL)) + R_STAGE * int(sizeof(TR)),
+                                    BE * (SCALED ? 12 : 8) + 64);  // + lrow, rrow, esc
   constexpr int CL = chunk<TL>(K, LW), CR = chunk<TR>(N, RW);
   static_assert(CL > 0 && CR > 0 && BM % CL == 0 && BN % CR == 0 && BE % BK == 0, "tile");
   const int64_t tile = blockIdx.x / (NKB * NNB * HEADS);
