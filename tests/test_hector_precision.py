@@ -131,6 +131,23 @@ def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   assert cpu() == cpu(precision="highest")
 
 
+def test_weight_gradient_tiles_follow_the_kind_of_kernel(monkeypatch):
+  """A weight gradient's edges per block (the row tiles the runtime computes and the template's
+  tile) are WGRAD_TILE_ROWS on CUDA cores and MMA_WGRAD_TILE_ROWS on tensor cores, read from
+  codegen.cuda when the kernel is made (so a probe that sets them moves both together)."""
+  from jaxdata.hector import codegen
+  from jaxdata.hector.codegen import cuda as cuda_codegen
+  g, ga, x, w, _ = _rgcn_case(jnp.bfloat16, 64, 64)
+  wgrad = next(k.kernel for k in hector.rgcn_layer.plan(ga, x=x, W=w).backward_kernels
+               if k.kernel.template == "weight_grad")
+  assert codegen.tile_rows(wgrad, "fma") == cuda_codegen.WGRAD_TILE_ROWS
+  sources = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x, W=w)
+  for rows in (cuda_codegen.MMA_WGRAD_TILE_ROWS, 128):
+    monkeypatch.setattr(cuda_codegen, "MMA_WGRAD_TILE_ROWS", rows)
+    assert codegen.tile_rows(wgrad, "bf16") == codegen.tile_rows(wgrad, "tf32") == rows
+    assert f"wgrad_mma<MmaTF32, {rows}, 64," in sources()  # scaled by norm: TF32
+
+
 def test_rows_that_are_not_whole_four_byte_pieces_stay_on_cuda_cores(monkeypatch):
   """cp.async copies 4, 8 or 16 bytes: bfloat16 rows of an odd width (7 features: 14 bytes)
   cannot be staged that way, so those instances keep the CUDA-core kernels, while the same
