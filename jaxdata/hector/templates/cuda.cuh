@@ -130,6 +130,30 @@ __device__ __forceinline__ void micro_fma(float (&acc)[4][TN], float (*A)[LDA], 
 }
 
 
+// A GEMM tile's scatter (`gemm_simt`, `gemm_mma`): its BM rows by BN columns, value(row, col),
+// added to out[target(row) * WIDTH + n0 + col] for the columns n0 + col < N (a row without a
+// target has target -1 and adds nothing). Each of the THREADS threads walks BM / (THREADS / BN)
+// rows of one column, summing while the target stays the same: one atomic per run of equal
+// targets (the tile's rows are sorted by target within their relation: a hub's are adjacent).
+template <int BM, int BN, int THREADS, int N, int WIDTH, typename Target, typename Value>
+JAXDATA_INLINE void scatter_tile(float* out, int n0, Target target, Value value) {
+  constexpr int PER = BM / (THREADS / BN);
+  const int col = threadIdx.x % BN, seg = threadIdx.x / BN;
+  if (n0 + col >= N) return;
+  int64_t run = -1;
+  float sum = 0.0f;
+  for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
+    const int64_t t = target(row);
+    if (t != run) {
+      if (run >= 0) atomicAdd(out + run * WIDTH + n0 + col, sum);
+      run = t;
+      sum = 0.0f;
+    }
+    sum += value(row, col);
+  }
+  if (run >= 0) atomicAdd(out + run * WIDTH + n0 + col, sum);
+}
+
 // A thread's 4 x TN accumulators added (one atomic each) into a K x N float matrix at `o`:
 // acc[i][j] to (k0 + i, n0 + j), skipped outside K x N.
 template <int TN, int K, int N>

@@ -110,24 +110,11 @@ JAXDATA_INLINE void gemm_simt(const int32_t* tiles, const int32_t* rel_offsets, 
       for (int j = 0; j < TN; ++j) Cs[row][tx * TN + j] = acc[i][j] * sc;
     }
     __syncthreads();
-    // ... then each thread walks PER rows of one column, one atomic per run of equal targets
-    constexpr int PER = BM / (THREADS / BN);
-    const int col = tid % BN, seg = tid / BN;
-    const int n = cb * BN + col;
-    if (n < N) {
-      int64_t run = -1;
-      float sum = 0.0f;
-      for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
-        const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
-        if (t != run) {
-          if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
-          run = t;
-          sum = 0.0f;
-        }
-        sum += Cs[row][col];
-      }
-      if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
-    }
+    // ... then added to the targets' rows, one atomic per run of equal targets
+    scatter_tile<BM, BN, THREADS, N, WIDTH>(
+        out + hn, cb * BN,
+        [&](int row) -> int64_t { return arow[row] >= 0 ? (int64_t)target[e0 + row] : -1; },
+        [&](int row, int col) { return Cs[row][col]; });
   }
 }
 

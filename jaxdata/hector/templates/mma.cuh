@@ -348,24 +348,11 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
       const int n = cb * BN + col;
       if (e < e1 && n < N) stf(out + e * WIDTH + hn + n, Cs[row * LDC + col] * rscale[row]);
     }
-  } else {  // each thread walks PER rows of one column, one atomic per run of equal targets
-    constexpr int PER = BM / (THREADS / BN);
-    const int col = tid % BN, seg = tid / BN;
-    const int n = cb * BN + col;
-    if (n < N) {
-      int64_t run = -1;
-      float sum = 0.0f;
-      for (int row = seg * PER; row < (seg + 1) * PER; ++row) {
-        const int64_t t = arow[row] >= 0 ? (int64_t)target[e0 + row] : -1;
-        if (t != run) {
-          if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
-          run = t;
-          sum = 0.0f;
-        }
-        sum += Cs[row * LDC + col] * rscale[row];
-      }
-      if (run >= 0) atomicAdd(out + run * WIDTH + hn + n, sum);
-    }
+  } else {  // added to the targets' rows, one atomic per run of equal targets
+    scatter_tile<BM, BN, THREADS, N, WIDTH>(
+        out + hn, cb * BN,
+        [&](int row) -> int64_t { return arow[row] >= 0 ? (int64_t)target[e0 + row] : -1; },
+        [&](int row, int col) { return Cs[row * LDC + col] * rscale[row]; });
   }
 }
 
