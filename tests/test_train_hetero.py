@@ -29,6 +29,13 @@ def mag():
   return synthetic_mag(scale=5e-4, seed=1, num_classes=4)
 
 
+#: The full-fanout tests hold 8-16 GiB of GPU memory each: under pytest-xdist they share one
+#: worker (`--dist loadgroup`, which .ci/gpu passes with -n), so they do not run at once on
+#: one GPU (with 8 workers 1-4 of them ran out of memory in sessions 18 and 19).
+FULL_FANOUT = pytest.mark.xdist_group("full_fanout")
+
+
+@FULL_FANOUT
 @pytest.mark.parametrize("model", ["rgat", "hgt", "rgcn"])
 @pytest.mark.parametrize("pipeline", ["host", "device"])
 def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pipeline, model):
@@ -194,6 +201,7 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
 EMBED = ("author", "field_of_study")
 
 
+@FULL_FANOUT
 @pytest.mark.parametrize("model", ["rgat", "hgt", "rgcn"])
 def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device, model):
   # Featureless types (TrainConfig.embed) read learnable embeddings: in full-graph training a
