@@ -131,6 +131,32 @@ def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   assert cpu() == cpu(precision="highest")
 
 
+@pytest.mark.parametrize("dtypes", [("float32",) * 2, ("bfloat16",) * 2,
+                                    ("float32", "bfloat16")], ids=["f32", "bf16", "mixed"])
+def test_sources_show_the_kernels_a_step_runs(dtypes):
+  """`layer.sources` works out each kernel's operand and output dtypes without running it (a
+  bfloat16 layer's stored rows are bfloat16; an XLA-side value takes its operands' dtype): the
+  kernels a jitted training step traces are exactly the ones it prints, for float32, bfloat16
+  and mixed inputs (x in the first dtype, the weights in the second)."""
+  from jaxdata.hector import runtime
+  g = _graph()
+  ga = hector.GraphArrays.from_graph(g)
+  rng = np.random.default_rng(0)
+  r, heads, d = g.num_relations, 2, 16
+  x = jnp.asarray(rng.standard_normal((g.num_nodes, 32)), dtypes[0])
+  ws = [jnp.asarray(rng.standard_normal(shape), dtypes[1])
+        for shape in ((r, 32, heads * d), (r, heads, d), (r, heads, d))]
+  loss = lambda *a: hector.rgat_message(ga, *a).astype(jnp.float32).sum()  # noqa: E731
+  traced = _specs(jax.grad(loss, argnums=(0, 1, 2, 3)), x, *ws)
+  printed = hector.rgat_layer.sources(ga, "cuda", x=x, W=ws[0], a_src=ws[1], a_dst=ws[2])
+  parts = printed.split("// ---- ")[1:]
+  assert len(traced) == len(parts)
+  assert ({runtime.source(s, "cuda").rstrip() for s in traced} ==
+          {p.split("\n", 1)[1].rstrip() for p in parts})
+  assert ({s.out_dtype for s in traced} == {"float32", "bfloat16"}) == (dtypes[0] == "bfloat16"
+                                                                        == dtypes[1])
+
+
 def test_weight_gradient_tiles_follow_the_kind_of_kernel(monkeypatch):
   """A weight gradient's edges per block (the row tiles the runtime computes and the template's
   tile) are WGRAD_TILE_ROWS on CUDA cores and MMA_WGRAD_TILE_ROWS on tensor cores, read from

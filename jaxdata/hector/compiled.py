@@ -128,6 +128,7 @@ class Layer:
     plan = self.plan(graph, passes, **inputs)
     dt = {k: _kernel_dtype(v) for k, v in inputs.items()}
     compute = _kernel_dtype(jnp.result_type(*inputs.values()))
+    dt.update({f"ct_{k}": compute for k in self.program.outputs})  # cotangents: as the outputs
     made = {}  # value id -> its dtype, for the values the instances make (as `execute`)
     out = []
     for direction, kernels in (("forward", plan.forward_kernels),
@@ -136,7 +137,7 @@ class Layer:
         ins = [dt.get(v.name, "float32") if v.op in ("input", "weight") else
                made.get(v.id, "float32") for v in inst.inputs]
         if isinstance(inst.kernel, Dense):
-          made[inst.output.id] = "float32" if "float32" in ins else compute
+          made[inst.output.id] = "bfloat16" if set(ins) == {"bfloat16"} else "float32"
           continue
         made[inst.output.id] = out_dtype(inst, compute)
         spec = _spec(inst, ins, graph, level, made[inst.output.id])
