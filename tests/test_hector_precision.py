@@ -176,15 +176,18 @@ def test_weight_gradient_tiles_follow_the_kind_of_kernel(monkeypatch):
 
 def test_rows_that_are_not_whole_four_byte_pieces_stay_on_cuda_cores(monkeypatch):
   """cp.async copies 4, 8 or 16 bytes: bfloat16 rows of an odd width (7 features: 14 bytes)
-  cannot be staged that way, so those instances keep the CUDA-core kernels, while the same
-  layer with 8 features goes to tensor cores."""
+  cannot be staged that way, so the forward GEMM over x keeps the CUDA-core kernel, while the
+  same layer with 8 features goes to tensor cores (the backward GEMM over the 8-wide
+  cotangent rows is on tensor cores in both)."""
   from jaxdata.hector.codegen import cuda as cuda_codegen
   monkeypatch.delenv(cuda_codegen.TENSOR_CORES_ENV, raising=False)
   for din, on_tensor_cores in ((7, False), (8, True)):
     g, ga, x, w, _ = _rgcn_case(jnp.bfloat16, din, 8)
     src = hector.rgcn_layer.sources(ga, "cuda", x=x, W=w)
-    assert ("gemm_mma<MmaBF16," in src) == on_tensor_cores, din
-    assert ("gemm_simt<" in src) == (not on_tensor_cores), din
+    forward = src.split("// ---- ")[1]
+    assert forward.startswith("forward:"), forward[:40]
+    assert ("gemm_mma<MmaBF16," in forward) == on_tensor_cores, din
+    assert ("gemm_simt<" in forward) == (not on_tensor_cores), din
 
 
 # ----------------------------------------------------------------------------- numerics
