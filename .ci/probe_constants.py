@@ -1,7 +1,7 @@
 """Settings of the CUDA generator's constants side by side: hector layers timed forward-only and
 forward + backward, once per setting of constants in jaxdata.hector.codegen.cuda (the edge
 softmax's SOFTMAX_GROUP, SOFTMAX_BLOCK_DEGREE, SOFTMAX_THREADS; the grouped sums' GROUP_RUN;
-the tensor-core templates' MMA_WGRAD_TILE_ROWS, MMA_MIN_WARPS, MMA_STAGES),
+the tensor-core templates' MMA_WGRAD_TILE_ROWS and MMA_STAGES),
 in one process: each setting's kernels differ in source, so they compile anew. A name not in
 jaxdata.hector.codegen.cuda is looked up in jaxdata.hector.codegen.common (DOT_ALIGN).
 

@@ -137,7 +137,7 @@ class Layer:
         ins = [dt.get(v.name, "float32") if v.op in ("input", "weight") else
                made.get(v.id, "float32") for v in inst.inputs]
         if isinstance(inst.kernel, Dense):
-          made[inst.output.id] = "bfloat16" if set(ins) == {"bfloat16"} else "float32"
+          made[inst.output.id] = _dense_dtype(ins)
           continue
         made[inst.output.id] = out_dtype(inst, compute)
         spec = _spec(inst, ins, graph, level, made[inst.output.id])
@@ -192,6 +192,12 @@ def out_dtype(inst: Instance, compute: str) -> str:
   return compute if width(inst.output) >= BF16_MIN_WIDTH else "float32"
 
 
+def _dense_dtype(dtypes: list[str]) -> str:
+  """The dtype of an XLA-side (`Dense`) value of operands of these kernel dtypes: bfloat16 where
+  they all are (as `jnp` promotes), else float32."""
+  return "bfloat16" if set(dtypes) == {"bfloat16"} else "float32"
+
+
 def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays, precision: str,
           out: str = "float32") -> KernelSpec:
   return KernelSpec(inst.kernel, tuple(dtypes), _full_shape(inst.output, graph),
@@ -220,7 +226,8 @@ def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Arra
       continue
     args = [env[v.id] for v in inst.inputs]
     if isinstance(inst.kernel, Dense):  # float32 math, rounded to its operands' dtype (as jnp)
-      env[inst.output.id] = _dense(inst.kernel, args).astype(jnp.result_type(*args))
+      env[inst.output.id] = _dense(inst.kernel, args).astype(
+          _dense_dtype([_kernel_dtype(a) for a in args]))
       continue
     args = [a if jnp.result_type(a) in _KERNEL_DTYPES else jnp.asarray(a, jnp.float32)
             for a in args]

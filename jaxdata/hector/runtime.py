@@ -398,9 +398,10 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
       raise RuntimeError("hector: lowering for CUDA but the extension sees no CUDA device")
     compiler.compile_cuda(src, arch, load=lambda path: ext.hector_load_cuda_kernel(
         kid, path.read_bytes(), "jaxdata_hector_kernel"))
-    rows = codegen.tile_rows(spec.kernel, _math(spec))
+    kind = _math(spec)
+    rows = codegen.tile_rows(spec.kernel, kind)
     max_tiles = -(-size["E"] // rows) + size["R"] if rows else 0
-    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"], _math(spec))
+    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"], kind)
   scalars = operands.scalar_values(dict(size, T=max_tiles))
   return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),

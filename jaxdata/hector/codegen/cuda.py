@@ -85,12 +85,8 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
   else:
     body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
-  threads = _threads(k, kind)
-  bounds = str(threads)
-  if kind != "fma" and MMA_MIN_WARPS:
-    bounds += f", {max(1, MMA_MIN_WARPS // (threads // 32))}"
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({bounds})\n'
+               f'extern "C" __global__ void __launch_bounds__({_threads(k, kind)})\n'
                "jaxdata_hector_kernel(const Params p) {\n")
   prelude = template("cuda.cuh")
   if isinstance(k, (Gemm, WeightGrad)):
@@ -111,10 +107,6 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
 GEMM_TILE_ROWS = 64
 WGRAD_TILE_ROWS = 256
 MMA_WGRAD_TILE_ROWS = 512
-#: warps per SM the tensor-core kernels ask registers to leave room for (__launch_bounds__'s
-#: blocks per SM, as warps; 0: no such bound): their blocks wait on gathered rows, so more
-#: resident warps keep more rows in flight
-MMA_MIN_WARPS = 0
 #: k-steps a tensor-core kernel keeps in flight, at most (JAXDATA_MMA_STAGES in
 #: templates/mma.cuh: fewer where 48 KB of shared memory does not hold them)
 MMA_STAGES = 3
