@@ -54,7 +54,7 @@ def test_check_names_a_wrong_operand_count_or_dtype():
            for a in operands.graph_operands(ga, "edge", lambda o: o)]
   x = jax.core.ShapedArray((9, 4), jnp.float32)
   operands.check(avals + [x], 1, "k")
-  with pytest.raises(ValueError, match="takes 14 operands"):
+  with pytest.raises(ValueError, match="takes 15 operands"):
     operands.check(avals, 1, "k")
   bad = list(avals)
   bad[operands.index("norm")] = jax.core.ShapedArray((40,), jnp.int32)
@@ -102,3 +102,31 @@ def test_fixed_parts_come_from_the_template_files(target, fixed):
     assert body.startswith("".join(common.template(f) for f in fixed))
   assert "row_ok(" in common.template("common.h")
   assert codegen.generate  # the package keeps its entry point
+
+
+@pytest.mark.parametrize("domain", ["edge", "compact"])
+def test_valid_rows_flag_exactly_the_rows_whose_ids_are_in_range(domain):
+  """`valid` (what every kernel's ok(e) reads) against NumPy, with ids pushed out of range on
+  both sides (negative, and at or past the count), over the edges and over the pairs."""
+  ga = _graph()
+  ops = dict(zip([op.name for op in operands.GRAPH],
+                 operands.graph_operands(ga, domain, lambda o: o)))
+  rng = np.random.default_rng(1)
+  n, r, p = ga.num_nodes, ga.num_relations, ga.num_pairs
+  bad = {"src": (-1, n, 2**31 - 1), "dst": (-5, n + 3), "etype": (r, -2**31), "pair": (p, -1)}
+  names = ["src", "dst", "etype"] + (["pair"] if domain == "edge" else [])
+  rows = len(ops["src"])
+  for name in names:
+    a = np.asarray(ops[name]).copy()
+    for v in bad[name]:
+      a[rng.integers(0, rows)] = v
+    ops[name] = jnp.asarray(a)
+  want = ((np.asarray(ops["src"]) >= 0) & (np.asarray(ops["src"]) < n) &
+          (np.asarray(ops["dst"]) >= 0) & (np.asarray(ops["dst"]) < n) &
+          (np.asarray(ops["etype"]) >= 0) & (np.asarray(ops["etype"]) < r))
+  if domain == "edge":
+    want &= (np.asarray(ops["pair"]) >= 0) & (np.asarray(ops["pair"]) < p)
+  got = operands.valid_rows(ops, domain)
+  assert got.dtype == jnp.uint8 and got.shape == (rows,)
+  assert 0 < want.sum() < rows
+  np.testing.assert_array_equal(np.asarray(got), want.astype(np.uint8))

@@ -4,7 +4,7 @@ all read this table, so the argument layout exists in one place.
 A kernel call passes, in order:
 
 * the graph operands (`GRAPH`): arrays of `GraphArrays`, or of its (source, relation) pairs
-  for an instance over the compact domain, plus `tiles`, derived per call;
+  for an instance over the compact domain, plus `tiles` and `valid`, derived per call;
 * the instance's inputs ``in0``, ``in1``, ... (float32 or bfloat16);
 * its one output ``out`` (float32; bfloat16 where a bfloat16 layer stores rows:
   `jaxdata.hector.compiled.out_dtype`);
@@ -15,7 +15,7 @@ knowing their number; the generated source (`Params` on CUDA, pointer casts on b
 reads them by position, and it is generated from this table.
 
     >>> index("etype"), index("in1", num_inputs=2), index("out", num_inputs=2)
-    (2, 14, 15)
+    (2, 15, 16)
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import numpy as np
 class GraphOperand:
   """One graph array a kernel reads: its name in generated code, its C element type, and the
   `GraphArrays` field it comes from over the edges (`edge`) and over the pairs (`compact`);
-  None for both when the runtime derives it (`tiles`)."""
+  None for both when it is derived per call (`tiles`, `valid`)."""
   name: str
   ctype: str
   edge: str | None
@@ -36,7 +36,8 @@ class GraphOperand:
 
   @property
   def dtype(self) -> np.dtype:
-    return np.dtype({"int32_t": np.int32, "float": np.float32}[self.ctype])
+    return np.dtype({"int32_t": np.int32, "float": np.float32,
+                     "unsigned char": np.uint8}[self.ctype])
 
 
 #: The graph operands in call order. Over the compact domain the pairs stand in for the edges:
@@ -57,6 +58,8 @@ GRAPH = (
     GraphOperand("pair", "int32_t", "pair", "pair"),
     GraphOperand("pair_offsets", "int32_t", "pair_offsets", "pair_offsets"),
     GraphOperand("pair_edges", "int32_t", "pair_edges", "pair_edges"),
+    # valid[e]: 1 where row e's ids are in range, else 0 (`valid_rows`; a kernel's ok(e))
+    GraphOperand("valid", "unsigned char", None, None),
 )
 _GRAPH_INDEX = {op.name: i for i, op in enumerate(GRAPH)}
 
@@ -99,10 +102,27 @@ def scalar_index(name: str) -> int:
   return SCALAR_NAMES.index(name)
 
 
+def valid_rows(ops: dict, domain: str):
+  """valid[e] (uint8, one per row of the domain): 1 where row e's ids are in range, else 0:
+  src and dst below N, etype below R, and over the edges the edge's pair below P (`ops`: the
+  domain's graph operands by name). Ids may be computed under jit, so this is derived per call
+  (one elementwise pass that XLA fuses, and merges where calls share a graph); a kernel's
+  ok(e) reads it (`codegen.common.guard`) rather than loading and checking every id itself,
+  which for a kernel that visits edges in another order (a softmax or a sum through the CSC
+  view) were three or four scattered loads per edge."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  size = {s.name: ops[s.operand].shape[0] - s.minus for s in SCALARS if s.operand}
+  below = lambda a, n: jnp.asarray(a).astype(jnp.uint32) < n  # noqa: E731  (negative ids too)
+  ok = below(ops["src"], size["N"]) & below(ops["dst"], size["N"]) & below(ops["etype"], size["R"])
+  if domain == "edge":
+    ok = ok & below(ops["pair"], size["P"])
+  return ok.astype(jnp.uint8)
+
+
 def graph_operands(graph, domain: str, tiles) -> list:
   """The graph operands of a kernel over `domain` ("edge" or "compact"), in call order, taken
   from `graph` (a `GraphArrays`); `tiles(rel_offsets)` makes the `tiles` operand from the
-  domain's relation offsets."""
+  domain's relation offsets, and `valid_rows` the `valid` operand."""
   if domain not in ("edge", "compact"):
     raise ValueError(f"hector.operands: domain must be 'edge' or 'compact', got {domain!r}")
   ops = {}
@@ -110,6 +130,7 @@ def graph_operands(graph, domain: str, tiles) -> list:
     if op.edge is not None:
       ops[op.name] = getattr(graph, op.edge if domain == "edge" else op.compact)
   ops["tiles"] = tiles(ops["rel_offsets"])
+  ops["valid"] = valid_rows(ops, domain)
   return [ops[op.name] for op in GRAPH]
 
 
