@@ -93,13 +93,10 @@ NO_SLOWER = 0.02
 #: before): both are in the traversals every precision runs, so row 1 got faster with the rows
 #: it is the baseline of (RGAT, 2M edges: 9.31 -> 7.85 ms at dim 64, 24.22 -> 20.22 ms at 128).
 #: Session 20 set VALID_MASK to 1 (a kernel's ok(e) reads one precomputed byte per row; each
-#: kernel loaded and checked the row's src, dst, etype and pair itself before), in every kernel,
-#: and TRAVERSAL_BATCH to 4 (a thread of a grouped sum, relation sum or softmax tier that walks
-#: many positions loads 4 before it sums them; one at a time before).
+#: kernel loaded and checked the row's src, dst, etype and pair itself before), in every kernel.
 #: With these values the generator emits the kernels of then again (the same sums in the same
 #: order), so the issue's "today's float32 kernels" run side by side with today's.
-ISSUE_TIME_CONSTANTS = {"TRAVERSAL_FEATURES": 1, "DOT_ALIGN": 1, "VALID_MASK": 0,
-                        "TRAVERSAL_BATCH": 1}
+ISSUE_TIME_CONSTANTS = {"TRAVERSAL_FEATURES": 1, "DOT_ALIGN": 1, "VALID_MASK": 0}
 
 
 @contextlib.contextmanager

@@ -266,8 +266,8 @@ def _traversal(t: Traversal) -> str:
     target = "pair[e]" if t.sink == "pair" else f"{t.end}[e]"
     return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
             f"  auto target = [&](int64_t e) -> int64_t {{ return {target}; }};\n"
-            f"  grouped_sum<{w}, {features_per_thread(w)}, {GROUP_RUN}, {TRAVERSAL_BATCH}>(E, "
-            f"{order}, out, ok, target, value);\n}}\n")
+            f"  grouped_sum<{w}, {features_per_thread(w)}, {GROUP_RUN}>(E, {order}, out, ok, "
+            "target, value);\n}\n")
   if t.sink == "store":
     write, skip = f"stf(out + e * {w} + f, v);", f"stf(out + e * {w} + f, 0.0f);"
   elif t.sink == "pair":  # on the compact domain (not `_grouped`)
@@ -309,21 +309,6 @@ def _grouped(t: Traversal) -> bool:
   return t.sink == "aggregate" or (t.sink == "pair" and t.domain == "edge")
 
 
-#: positions a thread of a CUDA grouped sum, relation sum or edge softmax (its warp and block
-#: tiers) loads before it uses any (`run_sums`, `online_first` in templates/traversal.cuh): a
-#: thread that walks many positions (a hub's in-edges, a relation sum's ~170 pairs) waits on
-#: one chain of dependent loads (position -> edge id -> its rows) per this many of them. 1 is
-#: the walk of issue-time (the sums are the same, in the same order). RGAT, 2M edges, H200:
-#: see docs/benchmarks/tensor_cores.md, session 20.
-TRAVERSAL_BATCH = 4
-
-
-def softmax_batch(width: int) -> int:
-  """Positions a thread of the edge softmax loads at once: TRAVERSAL_BATCH, fewer for wide
-  score rows (U x width scores are held in registers: at most 16)."""
-  return max(1, min(TRAVERSAL_BATCH, 16 // width))
-
-
 #: in-degree above which the CUDA edge softmax gives a node a whole block rather than a warp
 SOFTMAX_BLOCK_DEGREE = 256
 #: lanes per node of the CUDA edge softmax's light tier: nodes of at most this many edges take
@@ -353,8 +338,7 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
   off, eids = groups(t.end)
   return (f"  auto score = [&](int64_t e, int f) {{ return {value}; }};\n"
           f"  float m[{w}], s[{w}], x[{w}];\n"
-          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}, "
-          f"{softmax_batch(w)}>(N, E, "
+          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
           f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n")
 
 
@@ -364,4 +348,4 @@ def _relation_sum(w: int, value: str) -> str:
   (rather than one per edge into the same R * width outputs): `relation_sum` in
   templates/traversal.cuh."""
   return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-          f"  relation_sum<{w}, {TRAVERSAL_BATCH}>(E, etype, out, ok, value);\n}}\n")
+          f"  relation_sum<{w}>(E, etype, out, ok, value);\n}}\n")

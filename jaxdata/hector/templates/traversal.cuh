@@ -45,57 +45,39 @@ JAXDATA_INLINE void one_edge_per_lane(int64_t q, int64_t q1, const int32_t* eids
 
 // The first online pass over positions lo, lo + stride, ... below hi: raw scores stored, (m, s)
 // updated, predicated rather than branched around (an edge that is not ok scores LOWEST and adds
-// nothing). U positions at a time: their ids and scores are all loaded before any is used, so
-// a hub's long walk waits on one chain of loads per U positions rather than per position; the
-// updates run in position order, as with U = 1.
-template <int W, int U, typename Ok, typename Score>
+// nothing).
+template <int W, typename Ok, typename Score>
 JAXDATA_INLINE void online_first(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
-  for (int64_t q0 = lo; q0 < hi; q0 += U * stride) {
-    int64_t e[U];
-    bool v[U];
-    float y[U][W];
+  for (int64_t q = lo; q < hi; q += stride) {
+    const int64_t e = eids[q];
+    const bool v = ok(e);
+    float y[W];
 #pragma unroll
-    for (int u = 0; u < U; ++u) e[u] = q0 + u * stride < hi ? (int64_t)eids[q0 + u * stride] : -1;
+    for (int f = 0; f < W; ++f) y[f] = v ? score(e, f) : LOWEST;
 #pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = ok(e[u]);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int f = 0; f < W; ++f) y[u][f] = v[u] ? score(e[u], f) : LOWEST;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int f = 0; f < W; ++f) {
-        if (v[u]) out[e[u] * W + f] = y[u][f];
-        const float mm = fmaxf(m[f], y[u][f]);
-        s[f] = s[f] * expf(m[f] - mm) + (v[u] ? expf(y[u][f] - mm) : 0.0f);
-        m[f] = mm;
-      }
+    for (int f = 0; f < W; ++f) {
+      if (v) out[e * W + f] = y[f];
+      const float mm = fmaxf(m[f], y[f]);
+      s[f] = s[f] * expf(m[f] - mm) + (v ? expf(y[f] - mm) : 0.0f);
+      m[f] = mm;
+    }
   }
 }
 
-// The second online pass: every stored score becomes exp(score - m) / s (U positions at a time).
-template <int W, int U, typename Ok>
+// The second online pass: every stored score becomes exp(score - m) / s.
+template <int W, typename Ok>
 JAXDATA_INLINE void online_second(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
                                   float* out, Ok ok, const float (&m)[W], const float (&s)[W]) {
-  for (int64_t q0 = lo; q0 < hi; q0 += U * stride) {
-    int64_t e[U];
-    bool v[U];
-    float y[U][W];
+  for (int64_t q = lo; q < hi; q += stride) {
+    const int64_t e = eids[q];
+    const bool v = ok(e);
+    float y[W];
 #pragma unroll
-    for (int u = 0; u < U; ++u) e[u] = q0 + u * stride < hi ? (int64_t)eids[q0 + u * stride] : -1;
+    for (int f = 0; f < W; ++f) y[f] = v ? out[e * W + f] : 0.0f;
 #pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = ok(e[u]);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int f = 0; f < W; ++f) y[u][f] = v[u] ? out[e[u] * W + f] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int f = 0; f < W; ++f)
-        if (v[u]) out[e[u] * W + f] = expf(y[u][f] - m[f]) / s[f];
+    for (int f = 0; f < W; ++f)
+      if (v) out[e * W + f] = expf(y[f] - m[f]) / s[f];
   }
 }
 
@@ -116,11 +98,11 @@ JAXDATA_INLINE void warp_combine(float (&m)[W], float (&s)[W]) {
 
 // (m, s) of the softmax over positions lo, lo + stride, ... below hi, one warp's share: each
 // lane's online pass from an empty start (raw scores stored), combined over the warp.
-template <int W, int U, typename Ok, typename Score>
+template <int W, typename Ok, typename Score>
 JAXDATA_INLINE void warp_max_sum(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
   for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
-  online_first<W, U>(lo, hi, stride, eids, out, ok, score, m, s);
+  online_first<W>(lo, hi, stride, eids, out, ok, score, m, s);
   warp_combine<W>(m, s);
 }
 
@@ -154,13 +136,13 @@ JAXDATA_INLINE void for_each_hub(int64_t N, int64_t E, const int32_t* off, Fn fn
 // (m, s) of the softmax over the edges at positions [q0, q1) for the whole block: every
 // thread's online pass (storing the raw scores), combined over the block; every thread gets
 // the result.
-template <int W, int THREADS, int U, typename Ok, typename Score>
+template <int W, int THREADS, typename Ok, typename Score>
 JAXDATA_INLINE void block_max_sum(int64_t q0, int64_t q1, const int32_t* eids, float* out, Ok ok,
                                   Score score, float (&m)[W], float (&s)[W]) {
   constexpr int WARPS = THREADS / 32;
   __shared__ float red_m[WARPS][W], red_s[WARPS][W];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  warp_max_sum<W, U>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
+  warp_max_sum<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
   if (lane == 0)
     for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
   __syncthreads();
@@ -175,7 +157,7 @@ JAXDATA_INLINE void block_max_sum(int64_t q0, int64_t q1, const int32_t* eids, f
   __syncthreads();  // every warp has read red_m and red_s before they are written again
 }
 
-template <int W, int THREADS, int DEGREE, int GROUP, int U, typename Ok, typename Score>
+template <int W, int THREADS, int DEGREE, int GROUP, typename Ok, typename Score>
 JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const int32_t* eids,
                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W],
                                  float (&x)[W]) {
@@ -202,67 +184,50 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
         one_edge_per_lane<W, 32>(q0 + lane, q1, eids, out, ok, score, x);
         continue;
       }
-      warp_max_sum<W, U>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
-      online_second<W, U>(q0 + lane, q1, 32, eids, out, ok, m, s);
+      warp_max_sum<W>(q0 + lane, q1, 32, eids, out, ok, score, m, s);
+      online_second<W>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
   }
   for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t q0, int64_t q1) {  // a block per hub
-    block_max_sum<W, THREADS, U>(q0, q1, eids, out, ok, score, m, s);
-    online_second<W, U>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
+    block_max_sum<W, THREADS>(q0, q1, eids, out, ok, score, m, s);
+    online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
   });
 }
 
 // Features f0, f0 + W / VEC, ... (VEC of them) of positions [lo, hi): out[target(e) * W + f] +=
 // value(e, f) for e = at(q), summed while the target stays the same, one atomic per run of equal
-// targets and feature. A position's id loads and checks are shared by its VEC features. U
-// positions at a time: their ids, targets and values are all loaded before any is summed (the
-// walk waits on one chain of loads per U positions); the sums run in position order, as with
-// U = 1.
-template <int W, int VEC, int U, typename At, typename Ok, typename Target, typename Value>
+// targets and feature. A position's id loads and checks are shared by its VEC features.
+template <int W, int VEC, typename At, typename Ok, typename Target, typename Value>
 JAXDATA_INLINE void run_sums(int64_t lo, int64_t hi, int f0, float* out, At at, Ok ok,
                              Target target, Value value) {
   constexpr int LANES = W / VEC;
   int64_t run = -1;
   float sum[VEC] = {};
-  for (int64_t q0 = lo; q0 < hi; q0 += U) {
-    int64_t e[U], to[U];
-    bool v[U];
-    float x[U][VEC];
+  for (int64_t q = lo; q < hi; ++q) {
+    const int64_t e = at(q);
+    if (!ok(e)) continue;
+    const int64_t to = target(e);
+    if (to != run) {
+      if (run >= 0)
 #pragma unroll
-    for (int u = 0; u < U; ++u) e[u] = q0 + u < hi ? at(q0 + u) : -1;
+        for (int v = 0; v < VEC; ++v) atomicAdd(out + run * W + f0 + v * LANES, sum[v]);
+      run = to;
 #pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = ok(e[u]);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      to[u] = v[u] ? target(e[u]) : -1;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) x[u][k] = v[u] ? value(e[u], f0 + k * LANES) : 0.0f;
+      for (int v = 0; v < VEC; ++v) sum[v] = 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (!v[u]) continue;
-      if (to[u] != run) {
-        if (run >= 0)
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) atomicAdd(out + run * W + f0 + k * LANES, sum[k]);
-        run = to[u];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) sum[k] = 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) sum[k] += x[u][k];
-    }
+    for (int v = 0; v < VEC; ++v) sum[v] += value(e, f0 + v * LANES);
   }
   if (run >= 0)
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) atomicAdd(out + run * W + f0 + k * LANES, sum[k]);
+    for (int v = 0; v < VEC; ++v) atomicAdd(out + run * W + f0 + v * LANES, sum[v]);
 }
 
 // The relation sum: out[r * W + f] += value(e, f) over the edges e of relation r. Each thread
 // owns one feature and a run of consecutive edges; edges are sorted by relation, so it sums
 // while the relation stays the same and adds one atomic per relation it crosses (rather than
 // one per edge into the same R * W outputs).
-template <int W, int U, typename Ok, typename Value>
+template <int W, typename Ok, typename Value>
 JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok ok,
                                  Value value) {
   const int64_t threads = (int64_t)gridDim.x * blockDim.x;
@@ -271,8 +236,8 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
   if (tid >= chunks * W) return;
   const int64_t per = (E + chunks - 1) / chunks;
   const int64_t lo = (tid / W) * per;
-  run_sums<W, 1, U>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
-                    [&](int64_t e) -> int64_t { return etype[e]; }, value);
+  run_sums<W, 1>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
+                 [&](int64_t e) -> int64_t { return etype[e]; }, value);
 }
 
 // The grouped sum: out[target(e) * W + f] += value(e, f), visiting the edges in `order`, a
@@ -281,7 +246,7 @@ JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok
 // (f0, f0 + W / VEC, ...: a warp's loads of one feature stay consecutive) of RUN consecutive
 // positions (`run_sums`): a node's in-edges cost one atomic per RUN of them, where edge_map adds
 // one per edge.
-template <int W, int VEC, int RUN, int U, typename Ok, typename Target, typename Value>
+template <int W, int VEC, int RUN, typename Ok, typename Target, typename Value>
 JAXDATA_INLINE void grouped_sum(int64_t E, const int32_t* order, float* out, Ok ok,
                                 Target target, Value value) {
   static_assert(W % VEC == 0, "a thread's features divide the row");
@@ -290,8 +255,8 @@ JAXDATA_INLINE void grouped_sum(int64_t E, const int32_t* order, float* out, Ok 
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
     const int64_t lo = t / LANES * RUN;
-    run_sums<W, VEC, U>(lo, min(E, lo + RUN), int(t % LANES), out,
-                        [&](int64_t q) -> int64_t { return order[q]; }, ok, target, value);
+    run_sums<W, VEC>(lo, min(E, lo + RUN), int(t % LANES), out,
+                     [&](int64_t q) -> int64_t { return order[q]; }, ok, target, value);
   }
 }
 
