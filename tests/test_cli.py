@@ -86,6 +86,8 @@ MISTAKES = [
     (["train", "gpt", "--offload", "--budget", "2XB"], "--budget"),
     (["train", "gpt", "--offload", "--plan", "offload[nope]"], "--plan"),
     (["train", "gpt", "--ssd-dir", "{tmp}/no-such-dir"], "--ssd-dir"),
+    (["train", "rgat", "--offload"], "--offload"),
+    (["train", "hgt", "--budget", "1MiB", "--ssd-dir", "{tmp}/no-such-dir"], "--ssd-dir"),
     (["train", "hgt", "--passes", "reorder,bogus"], "--passes"),
     (["train", "rgat", "--hidden", "10", "--heads", "4"], "--hidden"),
     (["bench", "gather", "--tables", "1Q"], "--tables"),

@@ -460,6 +460,9 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
     train_gpt.main(parser.parse_args(common + ["--offload", "--plan", "offload[bogus]"]))
   with pytest.raises(UsageError, match="needs --budget"):
     train_gpt.main(parser.parse_args(common + ["--offload"]))
+  # --budget alone plans, as its help says (it was ignored without --offload until session 20)
+  assert train_gpt.main(parser.parse_args(common + ["--budget", "64MiB"])) == 0
+  assert "plan under 67,108,864 bytes per device" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- data parallel

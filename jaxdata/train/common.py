@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import dataclasses
+import hashlib
+import os
 import queue
 import threading
 import time
@@ -250,6 +251,39 @@ def add_out_argument(parser, kind: str, model: str = "the trained model") -> Non
   parser.add_argument("--out", default=f"{kind}-checkpoint", type=command.checkpoint_dir,
                       metavar="DIR", help=f"checkpoint folder for {model} (`jaxdata eval DIR` "
                                           "measures it again)")
+
+
+def add_offload_arguments(parser, *, planned: str, policies: str, per_device: str = "") -> None:
+  """Every trainer's activation-offload flags: --offload (`planned`: what the planner plans,
+  named in its help), --plan (`policies`: examples of policy names), --budget (implies
+  --offload; `per_device`: how the budget is shared out, if it is), --ram and --ssd-dir.
+  `check_offload_arguments` validates them before anything runs."""
+  parser.add_argument("--offload", action="store_true",
+                      help=f"plan keep / offload / recompute per layer under --budget ({planned}) "
+                           "and train with the plan")
+  parser.add_argument("--plan", default="auto", metavar="POLICY",
+                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
+                           f"every planned layer, as plans print them: {policies}")
+  parser.add_argument("--budget", type=command.size, default=None,
+                      help="device memory for the planned layers' activations"
+                           f"{', ' + per_device if per_device else ''}, e.g. 2GiB (implies "
+                           "--offload)")
+  parser.add_argument("--ram", type=command.size, default=None,
+                      help="--offload: pinned host RAM for offloaded activations, per process "
+                           "(shared by its devices), e.g. 8G (default: the TensorStore's)")
+  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
+                      help="--offload: a folder on local SSD for what does not fit in --ram")
+
+
+def check_offload_arguments(args) -> None:
+  """UsageError for offload flags that cannot work; sets `args.offload` where --budget asked
+  for it. The planner needs a budget unless --plan names one policy."""
+  args.offload = args.offload or args.budget is not None
+  if args.offload and args.plan == "auto" and args.budget is None:
+    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
+                             "planner, or --plan POLICY")
+  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
+    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
 
 
 def say_saved(console, path: str) -> None:

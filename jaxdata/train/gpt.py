@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Callable, Hashable, Sequence
 
@@ -37,8 +36,9 @@ from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
-from jaxdata.train.common import (TrainResult, add_out_argument, device_mesh, progress,
-                                  psum_flat, say_saved, sharded_jit, devices_flag)
+from jaxdata.train.common import (TrainResult, add_offload_arguments, add_out_argument,
+                                  check_offload_arguments, device_mesh, progress, psum_flat,
+                                  say_saved, sharded_jit, devices_flag)
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -284,22 +284,12 @@ def add_arguments(parser):
                            "once)")
   parser.add_argument("--log-every", type=command.positive_int, default=None,
                       help="steps between printed records (default steps / 10)")
-  parser.add_argument("--offload", action="store_true",
-                      help="plan keep / offload / recompute per layer under --budget "
-                           "(jaxdata.nn.gpt_plan.plan_for_model) and train with the plan")
-  parser.add_argument("--plan", default="auto", metavar="POLICY",
-                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
-                           "every layer, as plans print them: recompute, keep[dots], "
-                           "offload[attn], offload[mlp]+in, offload[in], ...")
-  parser.add_argument("--budget", type=command.size, default=None,
-                      help="--offload: device memory for activations, per device, e.g. 2GiB "
-                           "(the plan is made for one device's share of the batch)")
-  parser.add_argument("--ram", type=command.size, default=None,
-                      help="--offload: pinned host RAM for offloaded activations, per process "
-                           "(shared by its devices), e.g. 8G (default: the TensorStore's)")
+  add_offload_arguments(parser, planned="jaxdata.nn.gpt_plan.plan_for_model",
+                        policies="recompute, keep[dots], offload[attn], offload[mlp]+in, "
+                                 "offload[in], ...",
+                        per_device="per device (the plan is made for one device's share of the "
+                                   "batch)")
   add_out_argument(parser, "gpt")
-  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
-                      help="--offload: a folder on local SSD for what does not fit in --ram")
 
 
 def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
@@ -335,11 +325,7 @@ def _describe_plan(plan: LayerPlan) -> str:
 
 
 def main(args) -> int:
-  if args.offload and args.plan == "auto" and args.budget is None:
-    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
-                             "planner, or --plan POLICY")
-  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
-    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
+  check_offload_arguments(args)
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
   try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -46,9 +45,9 @@ from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
 from jaxdata.train.common import (DeviceBudgetError, TrainResult, accuracy,
-                                  add_minibatch_arguments,
-                                  add_out_argument, minibatch_options, progress, say_saved,
-                                  devices_flag)
+                                  add_minibatch_arguments, add_offload_arguments,
+                                  add_out_argument, check_offload_arguments, minibatch_options,
+                                  progress, say_saved, devices_flag)
 
 MODELS = ("rgat", "hgt")
 #: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
@@ -626,22 +625,10 @@ def add_arguments(parser, model: str):
                       help="--minibatch: each step also samples the next batch and gathers its "
                            "feature rows (the same results; off by default: on the H200 it is "
                            "3.6x slower, see docs/benchmarks/hetero_notes.md)")
-  parser.add_argument("--offload", action="store_true",
-                      help="plan keep / offload / recompute per layer under --budget "
-                           "(jaxdata.nn.layer_stack.plan) and train with the plan; the layers "
-                           "planned are RGAT's every layer, HGT's after the first")
-  parser.add_argument("--plan", default="auto", metavar="POLICY",
-                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
-                           "every planned layer, as plans print them: recompute, keep[nodes], "
-                           "offload[edges], offload[dots]+in, offload[in], ...")
-  parser.add_argument("--budget", type=command.size, default=None,
-                      help="device memory for the planned layers' activations, e.g. 2GiB "
-                           "(implies --offload)")
-  parser.add_argument("--ram", type=command.size, default=None,
-                      help="--offload: pinned host RAM for offloaded activations, e.g. 8G "
-                           "(default: the TensorStore's)")
-  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
-                      help="--offload: a folder on local SSD for what does not fit in --ram")
+  add_offload_arguments(parser, planned="jaxdata.nn.layer_stack.plan: RGAT's every layer, "
+                        "HGT's after the first",
+                        policies="recompute, keep[nodes], offload[edges], offload[dots]+in, "
+                                 "offload[in], ...")
   add_out_argument(parser, model)
 
 
@@ -731,12 +718,8 @@ def main(args) -> int:
     raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "
                              f"featureless-able node type; choose from "
                              f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
-  offloading = args.offload or args.budget is not None
-  if args.offload and args.plan == "auto" and args.budget is None:
-    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
-                             "planner, or --plan POLICY")
-  if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
-    raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
+  check_offload_arguments(args)
+  offloading = args.offload
   if not one_device and args.minibatch and offloading:
     raise command.UsageError("argument --budget/--offload: --minibatch with an offload plan "
                              "runs on one device of one process")
