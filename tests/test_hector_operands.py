@@ -130,3 +130,32 @@ def test_valid_rows_flag_exactly_the_rows_whose_ids_are_in_range(domain):
   assert got.dtype == jnp.uint8 and got.shape == (rows,)
   assert 0 < want.sum() < rows
   np.testing.assert_array_equal(np.asarray(got), want.astype(np.uint8))
+
+
+def test_kernels_that_check_ids_themselves_get_no_mask_and_agree(monkeypatch):
+  """VALID_MASK = 0 (the issue-time kernels of `jaxdata bench tensor-cores`): `valid` is not
+  computed (a zero-length operand), and the layer's output and gradients on a graph with an id
+  out of range equal those of the kernels that read the mask."""
+  ga = _graph()
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.standard_normal((ga.num_nodes, 4)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((ga.num_relations, 4, 3)), jnp.float32)
+  src = jnp.asarray(ga.src).at[5].set(10**8)
+
+  def step(src):
+    g = dataclasses.replace(ga, src=src)
+    return jax.value_and_grad(lambda x, w: jnp.sum(hector.rgcn_message(g, x, w) ** 2),
+                              argnums=(0, 1))(x, w)
+
+  def run():
+    jax.clear_caches()
+    return jax.jit(step).lower(src).as_text(), jax.jit(step)(src)
+
+  masked_text, masked = run()
+  monkeypatch.setattr(common, "VALID_MASK", 0)
+  checked_text, checked = run()
+  jax.clear_caches()
+  rows = f"tensor<{ga.num_edges}xui8>"
+  assert rows in masked_text and rows not in checked_text and "tensor<0xui8>" in checked_text
+  for a, b in zip(jax.tree.leaves(masked), jax.tree.leaves(checked)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)

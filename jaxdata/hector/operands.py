@@ -119,10 +119,10 @@ def valid_rows(ops: dict, domain: str):
   return ok.astype(jnp.uint8)
 
 
-def graph_operands(graph, domain: str, tiles) -> list:
+def graph_operands(graph, domain: str, tiles, valid=valid_rows) -> list:
   """The graph operands of a kernel over `domain` ("edge" or "compact"), in call order, taken
   from `graph` (a `GraphArrays`); `tiles(rel_offsets)` makes the `tiles` operand from the
-  domain's relation offsets, and `valid_rows` the `valid` operand."""
+  domain's relation offsets, and `valid(ops, domain)` the `valid` operand (`valid_rows`)."""
   if domain not in ("edge", "compact"):
     raise ValueError(f"hector.operands: domain must be 'edge' or 'compact', got {domain!r}")
   ops = {}
@@ -130,7 +130,7 @@ def graph_operands(graph, domain: str, tiles) -> list:
     if op.edge is not None:
       ops[op.name] = getattr(graph, op.edge if domain == "edge" else op.compact)
   ops["tiles"] = tiles(ops["rel_offsets"])
-  ops["valid"] = valid_rows(ops, domain)
+  ops["valid"] = valid(ops, domain)
   return [ops[op.name] for op in GRAPH]
 
 

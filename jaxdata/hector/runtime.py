@@ -351,8 +351,12 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
   graph.check_structure()  # the kernels bound their loops by these lengths
   rows = codegen.tile_rows(spec.kernel, _math(spec))
   # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
+  # Kernels generated to check every id themselves (VALID_MASK = 0: the issue-time kernels of
+  # `jaxdata bench tensor-cores`) do not read `valid`: it is not computed for them.
+  unread = lambda ops, domain: jnp.zeros((0,), jnp.uint8)  # noqa: E731
   ops = operands.graph_operands(graph, spec.kernel.domain,
-                                lambda offsets: tiles(offsets, rows) if rows else offsets)
+                                lambda offsets: tiles(offsets, rows) if rows else offsets,
+                                operands.valid_rows if codegen.common.VALID_MASK else unread)
   return kernel_p.bind(*ops, *inputs, spec=spec)
 
 
