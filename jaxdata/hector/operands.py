@@ -111,7 +111,7 @@ def valid_rows(ops: dict, domain: str):
   which for a kernel that visits edges in another order (a softmax or a sum through the CSC
   view) were three or four scattered loads per edge."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  size = {s.name: ops[s.operand].shape[0] - s.minus for s in SCALARS if s.operand}
+  size = sizes([ops.get(op.name) for op in GRAPH])
   below = lambda a, n: jnp.asarray(a).astype(jnp.uint32) < n  # noqa: E731  (negative ids too)
   ok = below(ops["src"], size["N"]) & below(ops["dst"], size["N"]) & below(ops["etype"], size["R"])
   if domain == "edge":
@@ -119,10 +119,11 @@ def valid_rows(ops: dict, domain: str):
   return ok.astype(jnp.uint8)
 
 
-def graph_operands(graph, domain: str, tiles, valid=valid_rows) -> list:
+def graph_operands(graph, domain: str, tiles, valid: bool = True) -> list:
   """The graph operands of a kernel over `domain` ("edge" or "compact"), in call order, taken
   from `graph` (a `GraphArrays`); `tiles(rel_offsets)` makes the `tiles` operand from the
-  domain's relation offsets, and `valid(ops, domain)` the `valid` operand (`valid_rows`)."""
+  domain's relation offsets, and `valid_rows` the `valid` operand (zero-length where the kernel
+  does not read it: `valid` False)."""
   if domain not in ("edge", "compact"):
     raise ValueError(f"hector.operands: domain must be 'edge' or 'compact', got {domain!r}")
   ops = {}
@@ -130,7 +131,7 @@ def graph_operands(graph, domain: str, tiles, valid=valid_rows) -> list:
     if op.edge is not None:
       ops[op.name] = getattr(graph, op.edge if domain == "edge" else op.compact)
   ops["tiles"] = tiles(ops["rel_offsets"])
-  ops["valid"] = valid(ops, domain)
+  ops["valid"] = valid_rows(ops, domain) if valid else np.zeros((0,), np.uint8)
   return [ops[op.name] for op in GRAPH]
 
 

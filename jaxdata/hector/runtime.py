@@ -353,10 +353,9 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
   # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
   # Kernels generated to check every id themselves (VALID_MASK = 0: the issue-time kernels of
   # `jaxdata bench tensor-cores`) do not read `valid`: it is not computed for them.
-  unread = lambda ops, domain: jnp.zeros((0,), jnp.uint8)  # noqa: E731
   ops = operands.graph_operands(graph, spec.kernel.domain,
                                 lambda offsets: tiles(offsets, rows) if rows else offsets,
-                                operands.valid_rows if codegen.common.VALID_MASK else unread)
+                                valid=bool(codegen.common.VALID_MASK))
   return kernel_p.bind(*ops, *inputs, spec=spec)
 
 

@@ -718,12 +718,11 @@ def main(args) -> int:
     raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "
                              f"featureless-able node type; choose from "
                              f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
-  check_offload_arguments(args)
-  offloading = args.offload
-  if not one_device and args.minibatch and offloading:
+  check_offload_arguments(args)  # --budget sets args.offload
+  if not one_device and args.minibatch and args.offload:
     raise command.UsageError("argument --budget/--offload: --minibatch with an offload plan "
                              "runs on one device of one process")
-  if not one_device and not args.minibatch and (offloading or args.layers != 2):
+  if not one_device and not args.minibatch and (args.offload or args.layers != 2):
     raise command.UsageError(f"argument {'--layers' if args.layers != 2 else '--budget/--offload'}"
                              ": several devices (the partitioned path) train two layers without "
                              "an offload plan")
@@ -791,7 +790,7 @@ def main(args) -> int:
                     + ("; the next batch prepared during each step (--prefetch)"
                        if minibatch.prefetch else ""))
     try:
-      if offloading:
+      if args.offload:
         result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
       elif minibatch is None:
         result = train(dataset, config, on_epoch=on_epoch)
