@@ -91,10 +91,11 @@ def test_generated_source_reads_operands_where_the_table_puts_them(target):
                                           ("cuda", ("cuda.cuh", "gemm.cuh", "common.h"))])
 def test_fixed_parts_come_from_the_template_files(target, fixed):
   """Every instance (RGCN's: GEMMs and a weight gradient, whose CUDA bodies are gemm.cuh's
-  templates) starts with the fixed files, as they are."""
+  templates; 8 and 6 features, so that no GEMM is thin enough to run as a grouped sum) starts
+  with the fixed files, as they are."""
   ga = _graph()
-  text = hector.rgcn_layer.sources(ga, target, x=jnp.zeros((ga.num_nodes, 4)),
-                                   W=jnp.zeros((ga.num_relations, 4, 3)))
+  text = hector.rgcn_layer.sources(ga, target, x=jnp.zeros((ga.num_nodes, 8)),
+                                   W=jnp.zeros((ga.num_relations, 8, 6)))
   parts = text.split("// ---- ")[1:]
   assert len(parts) == 3
   for part in parts:
@@ -102,6 +103,33 @@ def test_fixed_parts_come_from_the_template_files(target, fixed):
     assert body.startswith("".join(common.template(f) for f in fixed))
   assert "row_ok(" in common.template("common.h")
   assert codegen.generate  # the package keeps its entry point
+
+
+def test_thin_scatter_gemms_run_as_grouped_sums_through_the_target_view():
+  """A GEMM that scatters into nodes over at most GEMM_THIN_K input features (RGAT's scores
+  times W a) is generated as a grouped sum through the CSC (into dst) or CSR (into src) view,
+  on CUDA cores, with no row tiles; wider GEMMs keep their tiles."""
+  from jaxdata.hector.codegen import cuda
+  ga = _graph()
+  thin = hector.rgcn_layer.sources(ga, "cuda", x=jnp.zeros((ga.num_nodes, 4)),
+                                   W=jnp.zeros((ga.num_relations, 4, 3)))
+  wide = hector.rgcn_layer.sources(ga, "cuda", x=jnp.zeros((ga.num_nodes, 8)),
+                                   W=jnp.zeros((ga.num_relations, 8, 6)))
+  assert cuda.GEMM_THIN_K >= 4
+  assert f"grouped_sum<3, 1, {cuda.GROUP_RUN}>(E, csc_edges, out, ok, target, value)" in thin
+  assert f"grouped_sum<4, 1, {cuda.GROUP_RUN}>(E, csr_edges, out, ok, target, value)" in thin
+  assert "gemm_simt<" not in thin.split("weight_grad")[0] and "gemm_mma<" not in thin
+  assert "grouped_sum<" not in wide and ("gemm_simt<" in wide or "gemm_mma<" in wide)
+  from jaxdata.hector.lowering import Gemm, Load
+  scores = Gemm(Load("edge", 0, width=4), 1, True, 4, 64, (), "dst")
+  rows = Gemm(Load("node", 0, "src", 64), 1, False, 64, 64, (), "dst")
+  assert cuda.thin(scores) and not cuda.thin(rows)
+  assert codegen.tile_rows(scores) == 0 and codegen.tile_rows(rows) == cuda.GEMM_TILE_ROWS
+  assert not cuda.thin(dataclasses.replace(scores, out="edge"))
+  assert not cuda.thin(dataclasses.replace(scores, domain="compact"))
+  blocks, threads = codegen.launch(scores, 0, 1000)
+  lanes = 64 // cuda.features_per_thread(64)
+  assert blocks * threads >= -(-1000 // cuda.GROUP_RUN) * lanes and threads == 256
 
 
 @pytest.mark.parametrize("domain", ["edge", "compact"])

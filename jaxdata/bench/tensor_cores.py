@@ -96,7 +96,10 @@ NO_SLOWER = 0.02
 #: kernel loaded and checked the row's src, dst, etype and pair itself before), in every kernel.
 #: With these values the generator emits the kernels of then again (the same sums in the same
 #: order), so the issue's "today's float32 kernels" run side by side with today's.
-ISSUE_TIME_CONSTANTS = {"TRAVERSAL_FEATURES": 1, "DOT_ALIGN": 1, "VALID_MASK": 0}
+ISSUE_TIME_CONSTANTS = {"TRAVERSAL_FEATURES": 1, "DOT_ALIGN": 1, "VALID_MASK": 0,
+                        "GROUP_RUN": 32, "RELATION_FEATURES": 1, "GEMM_THIN_K": 0,
+                        "TRAVERSAL_MIN_BLOCKS": 0, "PLAIN_LOADS": 0, "OPERAND_ALIGN": 0,
+                        "SOFTMAX_HUB_CLUSTER": 1, "SOFTMAX_MIN_BLOCKS": 0}
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ def tile_rows(k, kind: str = "fma") -> int:
   kernel has no tiles). Read from `cuda` at each call, so that a probe setting them there
   (.ci/probe_constants.py) moves the tiles and the kernels together."""
   if isinstance(k, Gemm):
-    return cuda.GEMM_TILE_ROWS
+    return 0 if cuda.thin(k) else cuda.GEMM_TILE_ROWS
   if isinstance(k, WeightGrad):
     return cuda.WGRAD_TILE_ROWS if kind == "fma" else cuda.MMA_WGRAD_TILE_ROWS
   return 0

@@ -23,7 +23,7 @@ import os
 
 from jaxdata.hector import operands
 from jaxdata.hector.codegen.common import (expr, groups, guard, pointers,
-                                           row_ids, scale, template, weight,
+                                           row_ids, row_pointer, scale, template, weight,
                                            weight_offset)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
@@ -47,7 +47,7 @@ def math(k, dtypes: tuple[str, ...], precision: str = "default") -> str:
   bfloat16 (and, for a weight gradient, no edge scale multiplies them: a scaled bfloat16 row is
   no longer a bfloat16 value), else "fma" at precision "highest" and "tf32" otherwise.
   Traversals are always "fma", and so is everything unless `tensor_cores_enabled()`."""
-  if not tensor_cores_enabled():
+  if not tensor_cores_enabled() or thin(k):
     return "fma"
   if isinstance(k, Gemm):
     slots, scaled = (k.rows.slot, k.weight), False
@@ -80,25 +80,51 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
   """The CUDA source of instance `k` (`dtypes`: each input slot's dtype; `precision`: the
   matmul level of a GEMM; `out_dtype`: its output's), without its label."""
   kind = math(k, dtypes, precision)
-  if kind == "fma":
+  if thin(k):
+    body = guard(k) + _thin_gemm(k)
+  elif kind == "fma":
     body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
   else:
     body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_threads(k, kind)})\n'
+               f'extern "C" __global__ void __launch_bounds__({_bounds(k, kind)}){_cluster(k)}\n'
                "jaxdata_hector_kernel(const Params p) {\n")
-  prelude = template("cuda.cuh")
-  if isinstance(k, (Gemm, WeightGrad)):
+  walks = isinstance(k, Traversal) or thin(k) or PLAIN_LOADS == 2
+  prelude = ""
+  if walks and TRAVERSAL_CONTIGUOUS:
+    prelude += "#define JAXDATA_CONTIGUOUS 1\n"
+  if isinstance(k, Traversal) and k.sink == "softmax" and SOFTMAX_HUB_CLUSTER > 1:
+    prelude += f"#define JAXDATA_HUB_CLUSTER {SOFTMAX_HUB_CLUSTER}\n"
+  if walks and PLAIN_LOADS:
+    prelude += "#define JAXDATA_PLAIN_LOADS 1\n"
+  prelude += template("cuda.cuh")
+  if isinstance(k, (Gemm, WeightGrad)) and not thin(k):
     if kind != "fma":
       prelude += f"#define JAXDATA_MMA_STAGES {MMA_STAGES}\n"
     prelude += template("gemm.cuh" if kind == "fma" else "mma.cuh")
   prelude += template("common.h")
-  if isinstance(k, Traversal):
+  if isinstance(k, Traversal) or thin(k):
     prelude += template("traversal.cuh")  # after common.h: it uses span()
   return (prelude + signature +
-          pointers(body, dtypes, lambda i: f"p.buf[{i}]", lambda i: f"p.scal[{i}]", out_dtype) +
+          pointers(body, dtypes, _buffer if walks and OPERAND_ALIGN else lambda i: f"p.buf[{i}]",
+                   lambda i: f"p.scal[{i}]", out_dtype) +
           body)
+
+
+#: 1: a thread of a traversal's grouped or per-edge walk owns consecutive features of a row
+#: (`feature` in templates/traversal.cuh), whose loads merge into vector loads and whose sums
+#: go out as one float4 / float2 atomic; 0: features W / VEC apart
+TRAVERSAL_CONTIGUOUS = 0
+#: 1: traversals load through plain loads (which the compiler merges), not __ldg
+PLAIN_LOADS = 1
+#: bytes a traversal's operand pointers are declared aligned to (0: not declared); XLA's buffers
+#: are aligned to 16 bytes at least
+OPERAND_ALIGN = 16
+
+
+def _buffer(i: int) -> str:
+  return f"__builtin_assume_aligned(p.buf[{i}], {OPERAND_ALIGN})"
 
 
 #: rows per tile of the CUDA GEMM (edges) and of the weight-gradient GEMM (edges per block; on
@@ -123,12 +149,29 @@ def _micro(bn: int) -> int:
 
 
 def _threads(k, kind: str = "fma") -> int:
-  if isinstance(k, (Gemm, WeightGrad)):
+  if isinstance(k, (Gemm, WeightGrad)) and not thin(k):
     bn = _gemm_tile(k.n)
     if kind != "fma":
       return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
     return 16 * (bn // _micro(bn))
-  return SOFTMAX_THREADS if k.sink == "softmax" else 256
+  return SOFTMAX_THREADS if isinstance(k, Traversal) and k.sink == "softmax" else 256
+
+
+def _cluster(k) -> str:
+  """The edge softmax's cluster attribute (templates/traversal.cuh: empty before sm_90)."""
+  hubs = isinstance(k, Traversal) and k.sink == "softmax" and SOFTMAX_HUB_CLUSTER > 1
+  return " JAXDATA_CLUSTER_DIMS" if hubs else ""
+
+
+def _bounds(k, kind: str) -> str:
+  """`__launch_bounds__`'s arguments: the block's threads, and for an edge softmax the blocks
+  per SM it must fit (SOFTMAX_MIN_BLOCKS, which caps its registers), if any."""
+  threads = _threads(k, kind)
+  if isinstance(k, Traversal) and k.sink == "softmax" and SOFTMAX_MIN_BLOCKS:
+    return f"{threads}, {SOFTMAX_MIN_BLOCKS}"
+  if isinstance(k, Traversal) and k.sink != "softmax" and TRAVERSAL_MIN_BLOCKS:
+    return f"{threads}, {TRAVERSAL_MIN_BLOCKS}"
+  return str(threads)
 
 
 #: edges each thread of a CUDA relation sum walks (it adds its partial sums once per relation)
@@ -140,18 +183,23 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
   """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound; `num_edges`:
   the rows of the instance's domain; `kind`: its `math`)."""
   threads = _threads(k, kind)
+  if thin(k):  # a grouped sum (`_thin_gemm`)
+    lanes = k.n // features_per_thread(k.n)
+    return max(0, min(-(-(-(-num_edges // GROUP_RUN) * lanes) // threads), 132 * 16)), threads
   if isinstance(k, Gemm):
     return num_tiles * k.heads * -(-k.n // _gemm_tile(k.n)), threads
   if isinstance(k, WeightGrad):
     return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
   w = max(k.width, 1)
-  if k.sink == "softmax":  # SOFTMAX_GROUP lanes per node
-    work = num_nodes * SOFTMAX_GROUP
+  if k.sink == "softmax":  # SOFTMAX_GROUP lanes per node, in whole clusters of blocks
+    team = max(SOFTMAX_HUB_CLUSTER, 1)
+    blocks = min(-(-num_nodes * SOFTMAX_GROUP // threads), 132 * 16)
+    return -(-blocks // team) * team, threads
   elif k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
     if num_edges == 0:
       return 0, threads
-    chunks = -(-num_edges // RELATION_RUN)
-    return max(-(-w // threads), min(-(-chunks * w // threads), 132 * 16)), threads
+    chunks, lanes = -(-num_edges // RELATION_RUN), w // relation_features(w)
+    return max(-(-lanes // threads), min(-(-chunks * lanes // threads), 132 * 16)), threads
   else:  # threads per edge (or per GROUP_RUN grouped edges): the row's features over a thread's
     lanes = w // features_per_thread(w)
     work = (-(-num_edges // GROUP_RUN) if _grouped(k) else num_edges) * lanes
@@ -174,6 +222,33 @@ def _gemm(g: Gemm) -> str:
           f"{_bool(g.transpose)}, {_bool(g.out != 'edge')}, {rows}, {_bool(g.scales)}>(\n"
           f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {ids}, {_target(g)}, out, ok, "
           "weight, scale);\n}\n")
+
+
+#: a GEMM that scatters into nodes over at most this many input features (and one head) runs as
+#: a grouped sum through the CSC or CSR view (`_thin_gemm`), not in tiles (0: never)
+GEMM_THIN_K = 4
+
+
+def thin(k) -> bool:
+  """Whether instance `k` is a GEMM that `_thin_gemm` generates (`GEMM_THIN_K`)."""
+  return (isinstance(k, Gemm) and k.k <= GEMM_THIN_K and k.heads == 1 and
+          k.out in ("src", "dst") and k.domain == "edge")
+
+
+def _thin_gemm(g: Gemm) -> str:
+  """A scatter GEMM of a few input features (RGAT's attention scores times W a, k = heads) as a
+  grouped sum, like an aggregation: out[end(e)][n] += sum over k of row[e][k] * W[r][k][n],
+  visiting the edges grouped by their target (the CSC or CSR view), one atomic per run of equal
+  targets rather than, in a GEMM's tiles of one relation's edges, one per edge. Products and
+  sums in float32 on CUDA cores (as the "fma" kind)."""
+  terms = " + ".join(f"ldf({row_pointer(g.rows, str(i))}) * {weight(g, str(i), 'f')}"
+                     for i in range(g.k))
+  scaled = f" * ({scale(g.scales)})" if g.scales else ""
+  return (f"  auto value = [&](int64_t e, int f) -> float {{\n"
+          f"    const int64_t r = etype[e];\n    return ({terms}){scaled};\n  }};\n"
+          f"  auto target = [&](int64_t e) -> int64_t {{ return {g.out}[e]; }};\n"
+          f"  grouped_sum<{g.n}, {features_per_thread(g.n)}, {GROUP_RUN}>(E, {groups(g.out)[1]}, "
+          "out, ok, target, value);\n}\n")
 
 
 def _bool(x) -> str:
@@ -284,19 +359,19 @@ def _traversal(t: Traversal) -> str:
 
 #: positions of the grouped view each thread of a CUDA grouped sum walks (one atomic per run of
 #: equal targets among them)
-GROUP_RUN = 32
+GROUP_RUN = 16
 #: features of a row each thread of a CUDA per-edge traversal or grouped sum owns, at most (the
 #: largest power of two up to this that divides the width), for rows of at least 32 features:
 #: an edge's id loads and row_ok checks are shared by a thread's features rather than repeated
 #: per feature. Narrower rows keep one feature per thread (two measured slower on the H200).
 TRAVERSAL_FEATURES = 4
+#: the same for rows narrower than 32 features (per-head scores)
+NARROW_FEATURES = 1
 
 
 def features_per_thread(width: int) -> int:
   """Features of a `width`-wide row one thread of `edge_map` / `grouped_sum` takes."""
-  if width < 32:
-    return 1
-  v = TRAVERSAL_FEATURES
+  v = TRAVERSAL_FEATURES if width >= 32 else NARROW_FEATURES
   while width % v:
     v //= 2
   return v
@@ -319,8 +394,18 @@ SOFTMAX_GROUP = 8
 #: measured slower on the H200 (RGAT, 2M edges: 0.75-0.87 ms against 0.63 ms; .ci/probe_softmax.py,
 #: since .ci/probe_constants.py)
 SOFTMAX_THREADS = 256
+#: blocks of one thread block cluster that walk each hub of the CUDA edge softmax together, on
+#: as many SMs (sm_90; 1: a block per hub). RGAT, 2M edges, dim 64: one 25K-edge hub on one SM
+#: took 240 of the softmax's 400 us, whatever the block's threads (.ci/probe_constants.py)
+SOFTMAX_HUB_CLUSTER = 8
 #: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
 SOFTMAX_MAX_WIDTH = 64
+#: blocks per SM the CUDA edge softmax is compiled to fit (0: no bound beyond its threads)
+#: (4: 64 registers, where the hub teams' code takes 80 and 3 blocks; RGAT bf16 dim 64 2.96 ->
+#: 2.91 ms fwd+bwd with SOFTMAX_HUB_CLUSTER = 8, spilling 36 bytes)
+SOFTMAX_MIN_BLOCKS = 4
+#: the same for every other traversal
+TRAVERSAL_MIN_BLOCKS = 8
 
 
 def _softmax(t: Traversal, w: int, value: str) -> str:
@@ -343,9 +428,21 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
 
 
 def _relation_sum(w: int, value: str) -> str:
-  """Each thread owns one feature and a run of consecutive edges; edges are sorted by relation,
+  """Each thread owns `relation_features(w)` features and a run of consecutive edges; edges are sorted by relation,
   so it sums while the relation stays the same and adds one atomic per relation it crosses
   (rather than one per edge into the same R * width outputs): `relation_sum` in
   templates/traversal.cuh."""
   return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-          f"  relation_sum<{w}>(E, etype, out, ok, value);\n}}\n")
+          f"  relation_sum<{w}, {relation_features(w)}>(E, etype, out, ok, value);\n}}\n")
+
+
+#: features of a row each thread of a CUDA relation sum owns, at most (as TRAVERSAL_FEATURES)
+RELATION_FEATURES = 4
+
+
+def relation_features(width: int) -> int:
+  """Features of a `width`-wide row one thread of `relation_sum` takes."""
+  v = RELATION_FEATURES if width >= 32 else 1
+  while width % v:
+    v //= 2
+  return v

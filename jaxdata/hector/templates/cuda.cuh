@@ -9,9 +9,17 @@ typedef int int32_t; typedef long long int64_t;
 #endif
 #define JAXDATA_INLINE __device__ __forceinline__
 
+// element p as a float. JAXDATA_PLAIN_LOADS (traversals): a plain load, which the compiler may
+// merge with its neighbours into one vector load (the read-only path's __ldg stays scalar)
+#ifdef JAXDATA_PLAIN_LOADS
+__device__ __forceinline__ float ldf(const float* p) { return *p; }
+__device__ __forceinline__ float ldf(const unsigned short* p) {
+  return __uint_as_float(((unsigned)*p) << 16); }
+#else
 __device__ __forceinline__ float ldf(const float* p) { return __ldg(p); }
 __device__ __forceinline__ float ldf(const unsigned short* p) {
   return __uint_as_float(((unsigned)__ldg(p)) << 16); }
+#endif
 
 // v stored at p: a float as it is, a bfloat16 rounded to the nearest even (as XLA's convert)
 __device__ __forceinline__ void stf(float* p, float v) { *p = v; }

@@ -106,43 +106,125 @@ JAXDATA_INLINE void warp_max_sum(int64_t lo, int64_t hi, int64_t stride, const i
   warp_combine<W>(m, s);
 }
 
-// Every node of more than DEGREE edges (a hub), each given to the whole block: fn(q0, q1) with
-// its edges' positions. Node i's hub (if it is one) goes to block i % gridDim.x, so hubs with
-// neighbouring ids (a real graph's class or type nodes often are) land on different blocks
-// rather than queueing on one; each block's threads test THREADS of its nodes at a time.
+// A hub's team: JAXDATA_HUB_CLUSTER blocks of one thread block cluster (sm_90; the kernel is
+// compiled with __cluster_dims__ and launched on a multiple of that many blocks), on as many
+// SMs. One block's walk of a hub is bound by its SM's share of memory throughput (RGAT, 2M
+// edges: 240 of the softmax's 400 us were one 25K-edge hub on one SM), so a team walks each
+// hub's edges together and combines its blocks' (m, s) through distributed shared memory.
+// Elsewhere a team is one block.
+#ifndef JAXDATA_HUB_CLUSTER
+#define JAXDATA_HUB_CLUSTER 1
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && JAXDATA_HUB_CLUSTER > 1
+#define JAXDATA_TEAM JAXDATA_HUB_CLUSTER
+#define JAXDATA_CLUSTER_DIMS __cluster_dims__(JAXDATA_HUB_CLUSTER, 1, 1)
+#else
+#define JAXDATA_TEAM 1
+#define JAXDATA_CLUSTER_DIMS
+#endif
+
+// This block's rank in its team (consecutive blocks form a cluster of a 1-D grid).
+JAXDATA_INLINE unsigned team_rank() {
+#if JAXDATA_TEAM > 1
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+#else
+  return 0;
+#endif
+}
+
+// Every thread of the team's blocks waits here; shared memory written before is visible after.
+JAXDATA_INLINE void team_sync() {
+#if JAXDATA_TEAM > 1
+  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+#if JAXDATA_TEAM > 1
+// The float at p (this block's shared memory) in block `rank` of the cluster.
+JAXDATA_INLINE float team_load(const float* p, unsigned rank) {
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+
+// (m, s) of the team: each block's (m, s) (the same in all its threads) combined over the team in
+// rank order; every thread of the team gets the result.
+template <int W>
+JAXDATA_INLINE void team_combine(float (&m)[W], float (&s)[W]) {
+#if JAXDATA_TEAM > 1
+  __shared__ float part_m[W], part_s[W];
+  if (threadIdx.x == 0)
+    for (int f = 0; f < W; ++f) { part_m[f] = m[f]; part_s[f] = s[f]; }
+  team_sync();
+  for (int f = 0; f < W; ++f) { m[f] = LOWEST; s[f] = 0.0f; }
+  for (unsigned r = 0; r < JAXDATA_TEAM; ++r)
+    for (int f = 0; f < W; ++f) {
+      const float m2 = team_load(&part_m[f], r), s2 = team_load(&part_s[f], r);
+      const float mm = fmaxf(m[f], m2);
+      s[f] = s[f] * expf(m[f] - mm) + s2 * expf(m2 - mm);
+      m[f] = mm;
+    }
+  team_sync();  // every block has read part_m and part_s before they are written again
+#endif
+}
+
+// Every node of more than DEGREE edges (a hub), each given to a whole team: fn(q0, q1) with its
+// edges' positions, called by every thread of the team. Node i's hub (if it is one) goes to team
+// i % teams, so hubs with neighbouring ids (a real graph's class or type nodes often are) land
+// on different teams rather than queueing on one; each block's threads test THREADS of its
+// team's nodes at a time, and list the hubs in node order (every block of a team the same list).
 template <int THREADS, int DEGREE, typename Fn>
 JAXDATA_INLINE void for_each_hub(int64_t N, int64_t E, const int32_t* off, Fn fn) {
+  constexpr int WARPS = THREADS / 32;
   __shared__ int64_t hubs[THREADS];
-  __shared__ int count;
-  for (int64_t base = blockIdx.x; base < N; base += (int64_t)gridDim.x * THREADS) {
-    const int64_t c = base + (int64_t)threadIdx.x * gridDim.x;  // this thread's node
-    if (threadIdx.x == 0) count = 0;
-    __syncthreads();
+  __shared__ int counts[WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t team = blockIdx.x / JAXDATA_TEAM, teams = gridDim.x / JAXDATA_TEAM;
+  for (int64_t base = team; base < N; base += teams * THREADS) {
+    const int64_t c = base + (int64_t)threadIdx.x * teams;  // this thread's node
+    bool hub = false;
     if (c < N) {
       const int64_t q0 = span(off[c], 0, E), q1 = span(off[c + 1], q0, E);
-      if (q1 - q0 > DEGREE) hubs[atomicAdd(&count, 1)] = c;
+      hub = q1 - q0 > DEGREE;
     }
+    const unsigned ballot = __ballot_sync(0xffffffffu, hub);
+    if (lane == 0) counts[warp] = __popc(ballot);
     __syncthreads();
-    const int found = count;
+    int before = 0, found = 0;
+    for (int k = 0; k < WARPS; ++k) {
+      before += k < warp ? counts[k] : 0;
+      found += counts[k];
+    }
+    if (hub) hubs[before + __popc(ballot & ((1u << lane) - 1u))] = c;
+    __syncthreads();
     for (int k = 0; k < found; ++k) {
       const int64_t i = hubs[k];
       const int64_t q0 = span(off[i], 0, E), q1 = span(off[i + 1], q0, E);
       fn(q0, q1);
       __syncthreads();  // the block's shared reductions are free for the next hub
     }
+    __syncthreads();  // every thread has read hubs and counts before they are written again
   }
 }
 
-// (m, s) of the softmax over the edges at positions [q0, q1) for the whole block: every
-// thread's online pass (storing the raw scores), combined over the block; every thread gets
-// the result.
+// (m, s) of the softmax over the edges at positions lo + threadIdx.x, ... (stride) below hi for
+// the whole block: every thread's online pass (storing the raw scores), combined over the
+// block; every thread gets the result.
 template <int W, int THREADS, typename Ok, typename Score>
-JAXDATA_INLINE void block_max_sum(int64_t q0, int64_t q1, const int32_t* eids, float* out, Ok ok,
-                                  Score score, float (&m)[W], float (&s)[W]) {
+JAXDATA_INLINE void block_max_sum(int64_t lo, int64_t hi, int64_t stride, const int32_t* eids,
+                                  float* out, Ok ok, Score score, float (&m)[W], float (&s)[W]) {
   constexpr int WARPS = THREADS / 32;
   __shared__ float red_m[WARPS][W], red_s[WARPS][W];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  warp_max_sum<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, score, m, s);
+  warp_max_sum<W>(lo + threadIdx.x, hi, stride, eids, out, ok, score, m, s);
   if (lane == 0)
     for (int f = 0; f < W; ++f) { red_m[warp][f] = m[f]; red_s[warp][f] = s[f]; }
   __syncthreads();
@@ -188,19 +270,50 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
       online_second<W>(q0 + lane, q1, 32, eids, out, ok, m, s);
     }
   }
-  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t q0, int64_t q1) {  // a block per hub
-    block_max_sum<W, THREADS>(q0, q1, eids, out, ok, score, m, s);
-    online_second<W>(q0 + threadIdx.x, q1, THREADS, eids, out, ok, m, s);
+  for_each_hub<THREADS, DEGREE>(N, E, off, [&](int64_t q0, int64_t q1) {  // a team per hub
+    const int64_t lo = q0 + (int64_t)team_rank() * THREADS, stride = JAXDATA_TEAM * THREADS;
+    block_max_sum<W, THREADS>(lo, q1, stride, eids, out, ok, score, m, s);
+    team_combine<W>(m, s);
+    online_second<W>(lo + threadIdx.x, q1, stride, eids, out, ok, m, s);
   });
 }
 
-// Features f0, f0 + W / VEC, ... (VEC of them) of positions [lo, hi): out[target(e) * W + f] +=
+// Feature v of the VEC a thread owns as its f0-th lane of a row of W: f0 * VEC + v, VEC
+// consecutive features (JAXDATA_CONTIGUOUS: their loads can merge into one vector load), else
+// f0 + v * (W / VEC) (a warp's loads of one feature are consecutive).
+#ifndef JAXDATA_CONTIGUOUS
+#define JAXDATA_CONTIGUOUS 0
+#endif
+template <int W, int VEC> JAXDATA_INLINE int feature(int f0, int v) {
+  return JAXDATA_CONTIGUOUS ? f0 * VEC + v : f0 + v * (W / VEC);
+}
+
+// sum[v] added to out[row * W + feature(f0, v)] for each v: one vector atomic where the features
+// are consecutive (sm_90's float2 / float4 atomicAdd; the row and so the address are aligned to
+// it, as W is a multiple of VEC), else one atomic per feature.
+template <int W, int VEC>
+JAXDATA_INLINE void add_features(float* out, int64_t row, int f0, const float (&sum)[VEC]) {
+#if JAXDATA_CONTIGUOUS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (VEC == 4) {
+    atomicAdd(reinterpret_cast<float4*>(out + row * W + f0 * 4),
+              make_float4(sum[0], sum[1], sum[2], sum[3]));
+    return;
+  } else if constexpr (VEC == 2) {
+    atomicAdd(reinterpret_cast<float2*>(out + row * W + f0 * 2), make_float2(sum[0], sum[1]));
+    return;
+  }
+#endif
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) atomicAdd(out + row * W + feature<W, VEC>(f0, v), sum[v]);
+}
+
+// Features feature<W, VEC>(f0, v) (VEC of them) of positions [lo, hi): out[target(e) * W + f] +=
 // value(e, f) for e = at(q), summed while the target stays the same, one atomic per run of equal
-// targets and feature. A position's id loads and checks are shared by its VEC features.
+// targets and feature (`add_features`). A position's id loads and checks are shared by its VEC
+// features.
 template <int W, int VEC, typename At, typename Ok, typename Target, typename Value>
 JAXDATA_INLINE void run_sums(int64_t lo, int64_t hi, int f0, float* out, At at, Ok ok,
                              Target target, Value value) {
-  constexpr int LANES = W / VEC;
   int64_t run = -1;
   float sum[VEC] = {};
   for (int64_t q = lo; q < hi; ++q) {
@@ -208,36 +321,34 @@ JAXDATA_INLINE void run_sums(int64_t lo, int64_t hi, int f0, float* out, At at, 
     if (!ok(e)) continue;
     const int64_t to = target(e);
     if (to != run) {
-      if (run >= 0)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) atomicAdd(out + run * W + f0 + v * LANES, sum[v]);
+      if (run >= 0) add_features<W, VEC>(out, run, f0, sum);
       run = to;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) sum[v] = 0.0f;
     }
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) sum[v] += value(e, f0 + v * LANES);
+    for (int v = 0; v < VEC; ++v) sum[v] += value(e, feature<W, VEC>(f0, v));
   }
-  if (run >= 0)
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) atomicAdd(out + run * W + f0 + v * LANES, sum[v]);
+  if (run >= 0) add_features<W, VEC>(out, run, f0, sum);
 }
 
 // The relation sum: out[r * W + f] += value(e, f) over the edges e of relation r. Each thread
-// owns one feature and a run of consecutive edges; edges are sorted by relation, so it sums
-// while the relation stays the same and adds one atomic per relation it crosses (rather than
-// one per edge into the same R * W outputs).
-template <int W, typename Ok, typename Value>
+// owns VEC features (f0, f0 + W / VEC, ...) and a run of consecutive edges; edges are sorted by
+// relation, so it sums while the relation stays the same and adds one atomic per relation it
+// crosses (rather than one per edge into the same R * W outputs).
+template <int W, int VEC, typename Ok, typename Value>
 JAXDATA_INLINE void relation_sum(int64_t E, const int32_t* etype, float* out, Ok ok,
                                  Value value) {
+  static_assert(W % VEC == 0, "a thread's features divide the row");
+  constexpr int LANES = W / VEC;
   const int64_t threads = (int64_t)gridDim.x * blockDim.x;
   const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  const int64_t chunks = threads / W;
-  if (tid >= chunks * W) return;
+  const int64_t chunks = threads / LANES;
+  if (tid >= chunks * LANES) return;
   const int64_t per = (E + chunks - 1) / chunks;
-  const int64_t lo = (tid / W) * per;
-  run_sums<W, 1>(lo, min(E, lo + per), int(tid % W), out, [](int64_t q) { return q; }, ok,
-                 [&](int64_t e) -> int64_t { return etype[e]; }, value);
+  const int64_t lo = (tid / LANES) * per;
+  run_sums<W, VEC>(lo, min(E, lo + per), int(tid % LANES), out, [](int64_t q) { return q; }, ok,
+                   [&](int64_t e) -> int64_t { return etype[e]; }, value);
 }
 
 // The grouped sum: out[target(e) * W + f] += value(e, f), visiting the edges in `order`, a
@@ -276,13 +387,13 @@ JAXDATA_INLINE void edge_map(int64_t E, Ok ok, Value value, Write write, Skip sk
     const int f0 = int(t % LANES);
     if (!ok(e)) {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) skip(e, f0 + v * LANES);
+      for (int v = 0; v < VEC; ++v) skip(e, feature<W, VEC>(f0, v));
       continue;
     }
     float x[VEC];
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) x[v] = value(e, f0 + v * LANES);
+    for (int v = 0; v < VEC; ++v) x[v] = value(e, feature<W, VEC>(f0, v));
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) write(e, f0 + v * LANES, x[v]);
+    for (int v = 0; v < VEC; ++v) write(e, feature<W, VEC>(f0, v), x[v]);
   }
 }
