@@ -428,10 +428,10 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
 
 
 def _relation_sum(w: int, value: str) -> str:
-  """Each thread owns `relation_features(w)` features and a run of consecutive edges; edges are sorted by relation,
-  so it sums while the relation stays the same and adds one atomic per relation it crosses
-  (rather than one per edge into the same R * width outputs): `relation_sum` in
-  templates/traversal.cuh."""
+  """Each thread owns `relation_features(w)` features and a run of consecutive edges; edges are
+  sorted by relation, so it sums while the relation stays the same and adds one atomic per
+  relation it crosses (rather than one per edge into the same R * width outputs):
+  `relation_sum` in templates/traversal.cuh."""
   return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
           f"  relation_sum<{w}, {relation_features(w)}>(E, etype, out, ok, value);\n}}\n")
 
