@@ -90,11 +90,11 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
                f'extern "C" __global__ void __launch_bounds__({_bounds(k, kind)}){_cluster(k)}\n'
                "jaxdata_hector_kernel(const Params p) {\n")
-  walks = isinstance(k, Traversal) or thin(k) or PLAIN_LOADS == 2
+  walks = isinstance(k, Traversal) or thin(k)
   prelude = ""
   if walks and TRAVERSAL_CONTIGUOUS:
     prelude += "#define JAXDATA_CONTIGUOUS 1\n"
-  if isinstance(k, Traversal) and k.sink == "softmax" and SOFTMAX_HUB_CLUSTER > 1:
+  if _softmax_kernel(k) and SOFTMAX_HUB_CLUSTER > 1:
     prelude += f"#define JAXDATA_HUB_CLUSTER {SOFTMAX_HUB_CLUSTER}\n"
   if walks and PLAIN_LOADS:
     prelude += "#define JAXDATA_PLAIN_LOADS 1\n"
@@ -154,24 +154,25 @@ def _threads(k, kind: str = "fma") -> int:
     if kind != "fma":
       return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
     return 16 * (bn // _micro(bn))
-  return SOFTMAX_THREADS if isinstance(k, Traversal) and k.sink == "softmax" else 256
+  return SOFTMAX_THREADS if _softmax_kernel(k) else 256
+
+
+def _softmax_kernel(k) -> bool:
+  return isinstance(k, Traversal) and k.sink == "softmax"
 
 
 def _cluster(k) -> str:
   """The edge softmax's cluster attribute (templates/traversal.cuh: empty before sm_90)."""
-  hubs = isinstance(k, Traversal) and k.sink == "softmax" and SOFTMAX_HUB_CLUSTER > 1
-  return " JAXDATA_CLUSTER_DIMS" if hubs else ""
+  return " JAXDATA_CLUSTER_DIMS" if _softmax_kernel(k) and SOFTMAX_HUB_CLUSTER > 1 else ""
 
 
 def _bounds(k, kind: str) -> str:
   """`__launch_bounds__`'s arguments: the block's threads, and for an edge softmax the blocks
   per SM it must fit (SOFTMAX_MIN_BLOCKS, which caps its registers), if any."""
   threads = _threads(k, kind)
-  if isinstance(k, Traversal) and k.sink == "softmax" and SOFTMAX_MIN_BLOCKS:
-    return f"{threads}, {SOFTMAX_MIN_BLOCKS}"
-  if isinstance(k, Traversal) and k.sink != "softmax" and TRAVERSAL_MIN_BLOCKS:
-    return f"{threads}, {TRAVERSAL_MIN_BLOCKS}"
-  return str(threads)
+  blocks = (SOFTMAX_MIN_BLOCKS if _softmax_kernel(k) else
+            TRAVERSAL_MIN_BLOCKS if isinstance(k, Traversal) else 0)
+  return f"{threads}, {blocks}" if blocks else str(threads)
 
 
 #: edges each thread of a CUDA relation sum walks (it adds its partial sums once per relation)
@@ -184,8 +185,7 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
   the rows of the instance's domain; `kind`: its `math`)."""
   threads = _threads(k, kind)
   if thin(k):  # a grouped sum (`_thin_gemm`)
-    lanes = k.n // features_per_thread(k.n)
-    return max(0, min(-(-(-(-num_edges // GROUP_RUN) * lanes) // threads), 132 * 16)), threads
+    return _walk_blocks(num_edges, k.n, True, threads), threads
   if isinstance(k, Gemm):
     return num_tiles * k.heads * -(-k.n // _gemm_tile(k.n)), threads
   if isinstance(k, WeightGrad):
@@ -195,15 +195,20 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
     team = max(SOFTMAX_HUB_CLUSTER, 1)
     blocks = min(-(-num_nodes * SOFTMAX_GROUP // threads), 132 * 16)
     return -(-blocks // team) * team, threads
-  elif k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
+  if k.sink == "relation":  # at least one thread per feature, each walking RELATION_RUN edges
     if num_edges == 0:
       return 0, threads
     chunks, lanes = -(-num_edges // RELATION_RUN), w // relation_features(w)
     return max(-(-lanes // threads), min(-(-chunks * lanes // threads), 132 * 16)), threads
-  else:  # threads per edge (or per GROUP_RUN grouped edges): the row's features over a thread's
-    lanes = w // features_per_thread(w)
-    work = (-(-num_edges // GROUP_RUN) if _grouped(k) else num_edges) * lanes
-  return max(0, min(-(-work // threads), 132 * 16)), threads
+  return _walk_blocks(num_edges, w, _grouped(k), threads), threads
+
+
+def _walk_blocks(num_edges: int, width: int, grouped: bool, threads: int) -> int:
+  """Blocks of `edge_map` (a thread per edge and lane) or `grouped_sum` (per GROUP_RUN
+  positions and lane) over rows of `width`, at most 132 * 16."""
+  lanes = width // features_per_thread(width)
+  work = (-(-num_edges // GROUP_RUN) if grouped else num_edges) * lanes
+  return max(0, min(-(-work // threads), 132 * 16))
 
 
 def _gemm(g: Gemm) -> str:
@@ -365,13 +370,16 @@ GROUP_RUN = 16
 #: an edge's id loads and row_ok checks are shared by a thread's features rather than repeated
 #: per feature. Narrower rows keep one feature per thread (two measured slower on the H200).
 TRAVERSAL_FEATURES = 4
-#: the same for rows narrower than 32 features (per-head scores)
-NARROW_FEATURES = 1
 
 
 def features_per_thread(width: int) -> int:
   """Features of a `width`-wide row one thread of `edge_map` / `grouped_sum` takes."""
-  v = TRAVERSAL_FEATURES if width >= 32 else NARROW_FEATURES
+  return _features(width, TRAVERSAL_FEATURES)
+
+
+def _features(width: int, most: int) -> int:
+  """The largest power of two up to `most` that divides `width`; 1 below 32 features."""
+  v = most if width >= 32 else 1
   while width % v:
     v //= 2
   return v
@@ -442,7 +450,4 @@ RELATION_FEATURES = 4
 
 def relation_features(width: int) -> int:
   """Features of a `width`-wide row one thread of `relation_sum` takes."""
-  v = RELATION_FEATURES if width >= 32 else 1
-  while width % v:
-    v //= 2
-  return v
+  return _features(width, RELATION_FEATURES)
