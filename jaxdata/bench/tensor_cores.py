@@ -296,6 +296,11 @@ def tensor_cores() -> str:
   env = cuda.TENSOR_CORES_ENV
   setting = f"{env}={os.environ[env]!r}" if env in os.environ else f"{env} unset"
   text = f"{'on' if cuda.tensor_cores_enabled() else 'off'} ({setting})"
+  from jaxdata.hector import tuning  # pylint: disable=g-import-not-at-top
+  tune = tuning.AUTOTUNE_ENV
+  tune_setting = f"{tune}={os.environ[tune]!r}" if tune in os.environ else f"{tune} unset"
+  text += (f"; tilings {'tuned on the first step' if tuning.enabled() else 'default'} "
+           f"({tune_setting})")
   if device().platform != "gpu":
     text += ("; this run is not on a GPU: hector's CPU kernels compute every row in float32 "
              "(bfloat16 operands widened), so no row uses tensor cores")

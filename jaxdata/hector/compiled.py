@@ -121,9 +121,10 @@ class Layer:
     return self._plans[key]
 
   def sources(self, graph: GraphArrays, target: str = "cpu", passes=None, precision=None,
-              **inputs) -> str:
+              tilings: bool = False, **inputs) -> str:
     """The generated source of every kernel of the plan for `target` ("cpu" or "cuda"), at
-    `precision` (as in `__call__`)."""
+    `precision` (as in `__call__`); with `tilings`, a CUDA tensor-core kernel's in each of its
+    tilings (`jaxdata.hector.tuning`), not only its default one."""
     level = precision_lib.resolve(precision, f"{self.program.name}.sources")
     plan = self.plan(graph, passes, **inputs)
     dt = {k: _kernel_dtype(v) for k, v in inputs.items()}
@@ -141,7 +142,13 @@ class Layer:
           continue
         made[inst.output.id] = out_dtype(inst, compute)
         spec = _spec(inst, ins, graph, level, made[inst.output.id])
-        out.append(f"// ---- {direction}: {inst.output.label}\n{source(spec, target)}")
+        tiles = [None]
+        if tilings and target == "cuda":
+          kind = codegen.math(spec.kernel, spec.dtypes, spec.precision)
+          tiles = codegen.tilings(spec.kernel, kind)
+        for tile in tiles:
+          name = inst.output.label + (f" ({tile})" if tile is not None and len(tiles) > 1 else "")
+          out.append(f"// ---- {direction}: {name}\n{source(spec, target, tile)}")
     return "\n".join(out)
 
   def __call__(self, graph: GraphArrays, passes=None, precision=None, **inputs):

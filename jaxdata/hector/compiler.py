@@ -65,6 +65,13 @@ def _write_atomic(path: Path, data: bytes):
     raise
 
 
+def source_key(source: str, key_parts: tuple[str, ...]) -> str:
+  """The cache key of `source` built with `key_parts`, leaving out a leading ``//`` line
+  (`cached`)."""
+  code = source.split("\n", 1)[1] if source.startswith("//") and "\n" in source else source
+  return _digest("\0".join((code,) + key_parts).encode())[:32]
+
+
 def cached(key_parts: tuple[str, ...], suffix: str, source: str, build, load=None) -> Path:
   """The cached binary for `source`, building it with `build(source_path, out_path)` if absent or
   corrupt. `key_parts` identify everything else that shapes the binary (compiler, flags, arch).
@@ -74,8 +81,7 @@ def cached(key_parts: tuple[str, ...], suffix: str, source: str, build, load=Non
   The key leaves out a leading ``//`` comment line: generated kernels name their instance there
   with IR value ids (``%98``), which depend on the order a process traced its layers in, so the
   same kernel would otherwise be rebuilt whenever a program is planned in another order."""
-  code = source.split("\n", 1)[1] if source.startswith("//") and "\n" in source else source
-  key = _digest("\0".join((code,) + key_parts).encode())[:32]
+  key = source_key(source, key_parts)
   d = cache_dir()
   binary, digest = d / f"{key}{suffix}", d / f"{key}.sha256"
   if binary.exists() and digest.exists():

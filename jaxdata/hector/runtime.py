@@ -23,7 +23,7 @@ from jax.interpreters import batching, mlir
 from jaxdata import _ffi  # noqa: F401  (registers jaxdata_hector_launch)
 from jaxdata import _xla_ffi as ext
 from jaxdata.data import graph_build
-from jaxdata.hector import codegen, compiler, operands
+from jaxdata.hector import codegen, compiler, operands, tuning
 from jaxdata.hector.lowering import Template
 
 
@@ -381,34 +381,54 @@ def kernel_id(source: str) -> int:
   return int(hashlib.sha256(source.encode()).hexdigest()[:15], 16)
 
 
-def source(spec: KernelSpec, target: str) -> str:
+def source(spec: KernelSpec, target: str, tile: codegen.Tile | None = None) -> str:
+  """The source of `spec`'s kernel for `target`, in tiling `tile` (`codegen.tilings`; by
+  default the first)."""
   return codegen.generate(spec.kernel, spec.dtypes, target, spec.label, spec.precision,
-                          spec.out_dtype)
+                          spec.out_dtype, tile)
 
 
 def _lower(ctx, *args, spec: KernelSpec, target: str):
   src = source(spec, target)
-  kid = kernel_id(src + target)
   operands.check(ctx.avals_in, len(spec.dtypes), "hector kernel " + (spec.label or "call"))
   size = operands.sizes(ctx.avals_in)  # E: the domain's rows (edges, or pairs), N, R, P
-  grid, block, max_tiles = 0, 0, 0
+  max_tiles = 0
   if target == "cpu":
+    kid = kernel_id(src + target)
     compiler.compile_cpu(src, load=lambda path: ext.hector_load_cpu_kernel(
         kid, str(path), "jaxdata_hector_kernel"))
+    launches, tune_file = [(kid, 0, 0)], ""
   else:
     arch = ext.cuda_compute_capability()
     if arch == 0:
       raise RuntimeError("hector: lowering for CUDA but the extension sees no CUDA device")
-    compiler.compile_cuda(src, arch, load=lambda path: ext.hector_load_cuda_kernel(
-        kid, path.read_bytes(), "jaxdata_hector_kernel"))
     kind = _math(spec)
     rows = codegen.tile_rows(spec.kernel, kind)
     max_tiles = -(-size["E"] // rows) + size["R"] if rows else 0
-    grid, block = codegen.launch(spec.kernel, max_tiles, size["E"], size["N"], kind)
+    tiles = codegen.tilings(spec.kernel, kind) if tuning.enabled() else [None]
+    tune_file = ""
+    if len(tiles) > 1:  # a tensor-core instance: the recorded tiling, else all of them, tuned
+      path = tuning.choice_file(src, arch, size["E"], tiles)
+      choice = tuning.read_choice(path, len(tiles))
+      if choice is not None:
+        tiles = [tiles[choice.index]]
+      else:
+        tune_file = str(path)
+    launches = []
+    for tile in tiles:
+      code = src if tile is None else source(spec, target, tile)
+      kid = kernel_id(code + target)
+      compiler.compile_cuda(code, arch, load=lambda path, kid=kid: ext.hector_load_cuda_kernel(
+          kid, path.read_bytes(), "jaxdata_hector_kernel"))
+      launches.append((kid,) + codegen.launch(spec.kernel, max_tiles, size["E"], size["N"],
+                                              kind, tile))
   scalars = operands.scalar_values(dict(size, T=max_tiles))
+  (kid, grid, block), *_ = launches
+  tune = np.array(launches if tune_file else [], np.int64).reshape(-1)
   return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
-      block=np.int64(block), shared_bytes=np.int64(0), zero_outputs=np.int32(spec.zero_output))
+      block=np.int64(block), shared_bytes=np.int64(0), zero_outputs=np.int32(spec.zero_output),
+      tune_launches=tune, tune_file=tune_file)
 
 
 mlir.register_lowering(kernel_p, functools.partial(_lower, target="cpu"), platform="cpu")

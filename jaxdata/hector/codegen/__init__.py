@@ -19,10 +19,11 @@ from __future__ import annotations
 from jaxdata.hector.codegen import cpu, cuda
 from jaxdata.hector.codegen.cuda import (GEMM_TILE_ROWS, MATHS, SOFTMAX_BLOCK_DEGREE,
                                          SOFTMAX_GROUP, SOFTMAX_MAX_WIDTH, WGRAD_TILE_ROWS,
-                                         launch, math)
+                                         Tile, launch, math, tilings)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
-__all__ = ["generate", "launch", "math", "tile_rows", "zero_output", "GEMM_TILE_ROWS",
+__all__ = ["generate", "launch", "math", "tile_rows", "tilings", "zero_output", "Tile",
+           "GEMM_TILE_ROWS",
            "WGRAD_TILE_ROWS", "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_GROUP", "SOFTMAX_MAX_WIDTH",
            "MATHS"]
 
@@ -48,19 +49,21 @@ def zero_output(k) -> bool:
 
 
 def generate(k, dtypes: tuple[str, ...], target: str, label: str = "",
-             precision: str = "default", out_dtype: str = "float32") -> str:
+             precision: str = "default", out_dtype: str = "float32",
+             tile: Tile | None = None) -> str:
   """The source of one kernel instance for "cpu" or "cuda"; `dtypes` gives each input slot's
   dtype ("float32" or "bfloat16") and `out_dtype` the output's (bfloat16 only where
   `zero_output(k)` is false: summed rows stay float32); `label` goes into the first comment
   line; `precision` (a level of `jaxdata.hector.precision`) chooses a CUDA GEMM's `math` (CPU
-  kernels are always float32-exact, as `jnp.dot` is on the CPU)."""
+  kernels are always float32-exact, as `jnp.dot` is on the CPU); `tile` a CUDA tensor-core
+  instance's tiling (`tilings`; by default its first)."""
   if out_dtype != "float32" and zero_output(k):
     raise ValueError(f"hector: {k.template} sums into its output, which must be float32, not "
                      f"{out_dtype}")
   if target == "cpu":
     body = cpu.generate(k, dtypes, out_dtype)
   elif target == "cuda":
-    body = cuda.generate(k, dtypes, precision, out_dtype)
+    body = cuda.generate(k, dtypes, precision, out_dtype, tile)
   else:
     raise ValueError(f"hector: target must be 'cpu' or 'cuda', got {target!r}")
   return f"// jaxdata.hector {k.template}: {label or k}\n" + body

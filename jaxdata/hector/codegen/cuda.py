@@ -19,6 +19,7 @@ the precision is "highest".
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from jaxdata.hector import operands
@@ -76,19 +77,22 @@ def _chunkable(k, dtypes: tuple[str, ...]) -> bool:
 
 
 def generate(k, dtypes: tuple[str, ...], precision: str = "default",
-             out_dtype: str = "float32") -> str:
+             out_dtype: str = "float32", tile: Tile | None = None) -> str:
   """The CUDA source of instance `k` (`dtypes`: each input slot's dtype; `precision`: the
-  matmul level of a GEMM; `out_dtype`: its output's), without its label."""
+  matmul level of a GEMM; `out_dtype`: its output's; `tile`: a tensor-core instance's tiling,
+  one of `tilings(k, kind)`, by default the first), without its label."""
   kind = math(k, dtypes, precision)
+  tile = tile or tilings(k, kind)[0]
   if thin(k):
     body = guard(k) + _thin_gemm(k)
   elif kind == "fma":
     body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
   else:
-    body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind)
+    body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_bounds(k, kind)}){_cluster(k)}\n'
+               f'extern "C" __global__ void __launch_bounds__({_bounds(k, kind, tile)})'
+               f'{_cluster(k)}\n'
                "jaxdata_hector_kernel(const Params p) {\n")
   walks = isinstance(k, Traversal) or thin(k)
   prelude = ""
@@ -148,11 +152,11 @@ def _micro(bn: int) -> int:
   return 8 if bn == 128 else 4
 
 
-def _threads(k, kind: str = "fma") -> int:
+def _threads(k, kind: str = "fma", tile: Tile | None = None) -> int:
   if isinstance(k, (Gemm, WeightGrad)) and not thin(k):
-    bn = _gemm_tile(k.n)
     if kind != "fma":
-      return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
+      return _mma_threads((tile or tilings(k, kind)[0]).columns)
+    bn = _gemm_tile(k.n)
     return 16 * (bn // _micro(bn))
   return SOFTMAX_THREADS if _softmax_kernel(k) else 256
 
@@ -166,12 +170,14 @@ def _cluster(k) -> str:
   return " JAXDATA_CLUSTER_DIMS" if _softmax_kernel(k) and SOFTMAX_HUB_CLUSTER > 1 else ""
 
 
-def _bounds(k, kind: str) -> str:
-  """`__launch_bounds__`'s arguments: the block's threads, and for an edge softmax the blocks
-  per SM it must fit (SOFTMAX_MIN_BLOCKS, which caps its registers), if any."""
-  threads = _threads(k, kind)
+def _bounds(k, kind: str, tile: Tile | None = None) -> str:
+  """`__launch_bounds__`'s arguments: the block's threads, and the blocks per SM it must fit
+  (which caps its registers), if any: SOFTMAX_MIN_BLOCKS for an edge softmax,
+  TRAVERSAL_MIN_BLOCKS for another traversal, the tiling's for a tensor-core instance."""
+  threads = _threads(k, kind, tile)
   blocks = (SOFTMAX_MIN_BLOCKS if _softmax_kernel(k) else
-            TRAVERSAL_MIN_BLOCKS if isinstance(k, Traversal) else 0)
+            TRAVERSAL_MIN_BLOCKS if isinstance(k, Traversal) else
+            tile.min_blocks if tile is not None else 0)
   return f"{threads}, {blocks}" if blocks else str(threads)
 
 
@@ -180,16 +186,19 @@ RELATION_RUN = 32
 
 
 def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
-           kind: str = "fma") -> tuple[int, int]:
+           kind: str = "fma", tile: Tile | None = None) -> tuple[int, int]:
   """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound; `num_edges`:
-  the rows of the instance's domain; `kind`: its `math`)."""
-  threads = _threads(k, kind)
+  the rows of the instance's domain; `kind`: its `math`; `tile`: its tiling, as in
+  `generate`)."""
+  tile = tile or tilings(k, kind)[0]
+  threads = _threads(k, kind, tile)
   if thin(k):  # a grouped sum (`_thin_gemm`)
     return _walk_blocks(num_edges, k.n, True, threads), threads
+  columns = tile.columns if kind != "fma" else _gemm_tile(k.n)
   if isinstance(k, Gemm):
-    return num_tiles * k.heads * -(-k.n // _gemm_tile(k.n)), threads
+    return num_tiles * k.heads * -(-k.n // columns), threads
   if isinstance(k, WeightGrad):
-    return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // _gemm_tile(k.n)), threads
+    return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // columns), threads
   w = max(k.width, 1)
   if k.sink == "softmax":  # SOFTMAX_GROUP lanes per node, in whole clusters of blocks
     team = max(SOFTMAX_HUB_CLUSTER, 1)
@@ -308,11 +317,47 @@ def _mma_warps_n(bn: int) -> int:
   return 4 if bn == 128 else 2
 
 
-def _gemm_mma(g: Gemm, kind: str) -> str:
-  """`_gemm` on tensor cores: `gemm_mma` (templates/mma.cuh), the same tiles of 64 edges x up
-  to 128 columns and the same outputs; only its functors and arguments are generated here
-  (`w_at`: the address of a weight element, loaded as TF32 or raw bfloat16 bits)."""
-  bn = _gemm_tile(g.n)
+def _mma_threads(bn: int) -> int:
+  return 32 * _MMA_WARPS_M * _mma_warps_n(bn)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+  """How a tensor-core GEMM or weight-gradient instance is tiled beyond its rows per tile
+  (which its row-tile operand depends on, so they are fixed: GEMM_TILE_ROWS,
+  MMA_WGRAD_TILE_ROWS): `columns` output columns per block (of dW for a weight gradient) and
+  `min_blocks`, the blocks per SM it is compiled to fit (0: no bound; more caps its
+  registers). Any of `tilings` computes the same result from the same operands."""
+  columns: int
+  min_blocks: int = 0
+
+  def __str__(self):
+    return f"{self.columns} columns" + (f", {self.min_blocks} blocks/SM" if self.min_blocks else "")
+
+
+#: threads per SM a tensor-core tiling with a register cap is compiled to keep resident
+#: (32 warps: 64 registers each)
+MMA_RESIDENT_THREADS = 1024
+
+
+def tilings(k, kind: str) -> list[Tile | None]:
+  """The tilings instance `k` of `math` kind `kind` can take, its default first: for a
+  tensor-core GEMM or weight gradient, the widest column tile (`_gemm_tile`) and, from 64
+  columns, half of it, each without and with a register cap for MMA_RESIDENT_THREADS
+  threads per SM (jaxdata.hector.tuning times them on the first call's operands and keeps the
+  fastest). Anything else has one way: [None]."""
+  if kind == "fma" or thin(k) or not isinstance(k, (Gemm, WeightGrad)):
+    return [None]
+  widest = _gemm_tile(k.n)
+  columns = [widest, widest // 2] if widest >= 64 else [widest]
+  return [Tile(c, b) for c in columns for b in (0, MMA_RESIDENT_THREADS // _mma_threads(c))]
+
+
+def _gemm_mma(g: Gemm, kind: str, tile: Tile) -> str:
+  """`_gemm` on tensor cores: `gemm_mma` (templates/mma.cuh), the same tiles of 64 edges (x
+  `tile.columns` columns) and the same outputs; only its functors and arguments are generated
+  here (`w_at`: the address of a weight element, loaded as TF32 or raw bfloat16 bits)."""
+  bn = tile.columns
   rows, ids = _rows(g.rows)
   return (_scale(g.scales) +
           "  auto w_at = [&](int64_t r, int h, int k, int n) {\n"
@@ -324,12 +369,12 @@ def _gemm_mma(g: Gemm, kind: str) -> str:
           "w_at, scale);\n}\n")
 
 
-def _wgrad_mma(w: WeightGrad, kind: str) -> str:
-  """`_wgrad` on tensor cores: `wgrad_mma` (templates/mma.cuh), dW's tile of 64 x up to 128
-  as left^T times right, the edge scales on the right rows (so a scaled instance is never
-  "bf16"); only its arguments are generated here."""
+def _wgrad_mma(w: WeightGrad, kind: str, tile: Tile) -> str:
+  """`_wgrad` on tensor cores: `wgrad_mma` (templates/mma.cuh), dW's tile of 64 x
+  `tile.columns` as left^T times right, the edge scales on the right rows (so a scaled
+  instance is never "bf16"); only its arguments are generated here."""
   assert kind == "tf32" or not w.scales
-  bn = _gemm_tile(w.n)
+  bn = tile.columns
   tile = f"{_MMA[kind]}, {MMA_WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
   return _scale(w.scales) + _wgrad_call("wgrad_mma", tile, w)
 
