@@ -10,18 +10,19 @@
 // before each as before any launch), keeps the fastest for the process, writes the choice to
 // `tune_file` (to a temporary name, then renamed: readers never see half a file) and runs it;
 // later runs launch the kept tiling directly. A tiling that fails to launch is timed as
-// infinite; if all do, the call fails with the default's error.
+// infinite; if all do, the call fails with that error. A stream being captured into a CUDA
+// graph cannot be timed: such a call launches the default tiling and tunes nothing.
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 #include <unordered_map>
 #include <vector>
 
@@ -117,14 +118,21 @@ ffi::Error Tune(const Call& call, const std::vector<Launch>& launches, const std
   cudaEventDestroy(stop);
   *best = std::min_element(us.begin(), us.end()) - us.begin();
   if (std::isinf(us[*best])) return ffi::Error::Success();  // none launched: the launch says why
-  const std::string tmp = file + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream out(tmp);
-    out << "jaxdata-hector-tune 1\nchoice " << *best << "\ntimes_us";
-    for (double t : us) out << ' ' << (std::isinf(t) ? std::string("inf") : std::to_string(t));
-    out << '\n';
+  // POSIX I/O, not iostreams: the extension shares its process with other libstdc++ builds
+  std::string text = "jaxdata-hector-tune 1\nchoice " + std::to_string(*best) + "\ntimes_us";
+  for (double t : us) {
+    char cell[32] = " inf";
+    if (!std::isinf(t)) std::snprintf(cell, sizeof cell, " %.3f", t);
+    text += cell;
   }
-  if (std::rename(tmp.c_str(), file.c_str()) != 0) std::remove(tmp.c_str());  // kept in memory
+  text += "\n";
+  const std::string tmp = file + ".tmp" + std::to_string(getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd >= 0) {  // otherwise the choice is kept in memory only
+    const bool whole = write(fd, text.data(), text.size()) == ssize_t(text.size());
+    close(fd);
+    if (!whole || std::rename(tmp.c_str(), file.c_str()) != 0) std::remove(tmp.c_str());
+  }
   return ffi::Error::Success();
 }
 
@@ -162,14 +170,19 @@ ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
       if (ffi::Error e = Check(tilings.back(), tune_launches[i]); e.failure()) return e;
     }
     const std::string file(tune_file);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
     std::lock_guard<std::mutex> lock(tune_mu);
     auto it = Chosen().find(file);
-    if (it == Chosen().end()) {
+    if (it == Chosen().end() && capture != cudaStreamCaptureStatusNone) {
+      launch = tilings[0];  // a stream being captured cannot be timed: the default, untuned
+    } else if (it == Chosen().end()) {
       size_t best = 0;
       if (ffi::Error e = Tune(call, tilings, file, &best); e.failure()) return e;
-      it = Chosen().emplace(file, best).first;
+      launch = tilings[Chosen().emplace(file, best).first->second];
+    } else {
+      launch = tilings[it->second];
     }
-    launch = tilings[it->second];
   }
   JAXDATA_CUDA_RETURN_IF_ERROR(call.Zero());
   JAXDATA_CUDA_RETURN_IF_ERROR(call.Run(launch));
