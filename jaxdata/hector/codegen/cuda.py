@@ -194,7 +194,8 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
   threads = _threads(k, kind, tile)
   if thin(k):  # a grouped sum (`_thin_gemm`)
     return _walk_blocks(num_edges, k.n, True, threads), threads
-  columns = tile.columns if kind != "fma" else _gemm_tile(k.n)
+  if isinstance(k, (Gemm, WeightGrad)):
+    columns = tile.columns if kind != "fma" else _gemm_tile(k.n)
   if isinstance(k, Gemm):
     return num_tiles * k.heads * -(-k.n // columns), threads
   if isinstance(k, WeightGrad):
