@@ -55,7 +55,9 @@ def test_a_fresh_process_measures_what_training_measured(trained, kind):
   assert got["kind"] == kind
   assert got["measured"] and set(got["measured"]) <= set(got["saved"])
   for name, value in got["measured"].items():
-    np.testing.assert_allclose(value, got["saved"][name], rtol=1e-6, err_msg=name)
+    # float32, and on a GPU the fresh process's XLA may pick other kernels (GPT's loss: 1.2e-6
+    # apart on the H200)
+    np.testing.assert_allclose(value, got["saved"][name], rtol=1e-5, err_msg=name)
   assert got["optimizer_leaves"] > 0  # resumable: the optimizer state came back
   with open(trained / kind / "history.json") as f:
     assert json.load(f) == got["history"] and len(got["history"]) > 0
