@@ -427,7 +427,7 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
   tune = np.array(launches if tune_file else [], np.int64).reshape(-1)
   return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
-      block=np.int64(block), shared_bytes=np.int64(0), zero_outputs=np.int32(spec.zero_output),
+      block=np.int64(block), zero_outputs=np.int32(spec.zero_output),
       tune_launches=tune, tune_file=tune_file)
 
 

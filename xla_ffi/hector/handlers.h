@@ -25,7 +25,6 @@ auto BindLaunch() {
       .template Attr<xla::ffi::Span<const int64_t>>("scalars")
       .template Attr<int64_t>("grid")
       .template Attr<int64_t>("block")
-      .template Attr<int64_t>("shared_bytes")
       .template Attr<int32_t>("zero_outputs")
       .template Attr<xla::ffi::Span<const int64_t>>("tune_launches")
       .template Attr<std::string_view>("tune_file");

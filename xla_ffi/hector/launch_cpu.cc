@@ -21,9 +21,9 @@ void PoolParallelFor(void* pool, int64_t n, int64_t grain,
 
 ffi::Error LaunchCpu(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets,
                      int64_t kernel, ffi::Span<const int64_t> scalars, int64_t grid, int64_t block,
-                     int64_t shared_bytes, int32_t zero_outputs,
+                     int32_t zero_outputs,
                      ffi::Span<const int64_t> tune_launches, std::string_view tune_file) {
-  (void)grid, (void)block, (void)shared_bytes;  // the CUDA launch configuration
+  (void)grid, (void)block;  // the CUDA launch configuration
   if (tune_launches.size() != 0 || !tune_file.empty()) {
     return ffi::Error::InvalidArgument("jaxdata_hector_launch: tuning is for CUDA kernels only");
   }

@@ -138,11 +138,8 @@ ffi::Error Tune(const Call& call, const std::vector<Launch>& launches, const std
 
 ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                       int64_t kernel, ffi::Span<const int64_t> scalars, int64_t grid,
-                      int64_t block, int64_t shared_bytes, int32_t zero_outputs,
+                      int64_t block, int32_t zero_outputs,
                       ffi::Span<const int64_t> tune_launches, std::string_view tune_file) {
-  if (shared_bytes != 0) {
-    return ffi::Error::InvalidArgument("jaxdata_hector_launch: kernels use static shared memory");
-  }
   Call call{stream, {}, {}};
   call.params.reserve(args.size() + rets.size() + scalars.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -173,16 +170,14 @@ ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
     std::lock_guard<std::mutex> lock(tune_mu);
-    auto it = Chosen().find(file);
-    if (it == Chosen().end() && capture != cudaStreamCaptureStatusNone) {
-      launch = tilings[0];  // a stream being captured cannot be timed: the default, untuned
-    } else if (it == Chosen().end()) {
-      size_t best = 0;
-      if (ffi::Error e = Tune(call, tilings, file, &best); e.failure()) return e;
-      launch = tilings[Chosen().emplace(file, best).first->second];
-    } else {
-      launch = tilings[it->second];
+    size_t pick = 0;  // a stream being captured cannot be timed: the default, untuned
+    if (auto it = Chosen().find(file); it != Chosen().end()) {
+      pick = it->second;
+    } else if (capture == cudaStreamCaptureStatusNone) {
+      if (ffi::Error e = Tune(call, tilings, file, &pick); e.failure()) return e;
+      Chosen().emplace(file, pick);
     }
+    launch = tilings[pick];
   }
   JAXDATA_CUDA_RETURN_IF_ERROR(call.Zero());
   JAXDATA_CUDA_RETURN_IF_ERROR(call.Run(launch));

@@ -91,13 +91,11 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
     body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
   signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_bounds(k, kind, tile)})'
+               f'extern "C" __global__ void __launch_bounds__({_bounds(k, tile)})'
                f'{_cluster(k)}\n'
                "jaxdata_hector_kernel(const Params p) {\n")
   walks = isinstance(k, Traversal) or thin(k)
   prelude = ""
-  if walks and TRAVERSAL_CONTIGUOUS:
-    prelude += "#define JAXDATA_CONTIGUOUS 1\n"
   if _softmax_kernel(k) and SOFTMAX_HUB_CLUSTER > 1:
     prelude += f"#define JAXDATA_HUB_CLUSTER {SOFTMAX_HUB_CLUSTER}\n"
   if walks and PLAIN_LOADS:
@@ -116,10 +114,6 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
           body)
 
 
-#: 1: a thread of a traversal's grouped or per-edge walk owns consecutive features of a row
-#: (`feature` in templates/traversal.cuh), whose loads merge into vector loads and whose sums
-#: go out as one float4 / float2 atomic; 0: features W / VEC apart
-TRAVERSAL_CONTIGUOUS = 0
 #: 1: traversals load through plain loads (which the compiler merges), not __ldg
 PLAIN_LOADS = 1
 #: bytes a traversal's operand pointers are declared aligned to (0: not declared); XLA's buffers
@@ -152,10 +146,11 @@ def _micro(bn: int) -> int:
   return 8 if bn == 128 else 4
 
 
-def _threads(k, kind: str = "fma", tile: Tile | None = None) -> int:
+def _threads(k, tile: Tile | None = None) -> int:
+  """Threads per block of instance `k` (`tile`: its tiling on tensor cores, else None)."""
   if isinstance(k, (Gemm, WeightGrad)) and not thin(k):
-    if kind != "fma":
-      return _mma_threads((tile or tilings(k, kind)[0]).columns)
+    if tile is not None:  # on tensor cores
+      return _mma_threads(tile.columns)
     bn = _gemm_tile(k.n)
     return 16 * (bn // _micro(bn))
   return SOFTMAX_THREADS if _softmax_kernel(k) else 256
@@ -170,11 +165,11 @@ def _cluster(k) -> str:
   return " JAXDATA_CLUSTER_DIMS" if _softmax_kernel(k) and SOFTMAX_HUB_CLUSTER > 1 else ""
 
 
-def _bounds(k, kind: str, tile: Tile | None = None) -> str:
+def _bounds(k, tile: Tile | None) -> str:
   """`__launch_bounds__`'s arguments: the block's threads, and the blocks per SM it must fit
   (which caps its registers), if any: SOFTMAX_MIN_BLOCKS for an edge softmax,
   TRAVERSAL_MIN_BLOCKS for another traversal, the tiling's for a tensor-core instance."""
-  threads = _threads(k, kind, tile)
+  threads = _threads(k, tile)
   blocks = (SOFTMAX_MIN_BLOCKS if _softmax_kernel(k) else
             TRAVERSAL_MIN_BLOCKS if isinstance(k, Traversal) else
             tile.min_blocks if tile is not None else 0)
@@ -191,15 +186,12 @@ def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
   the rows of the instance's domain; `kind`: its `math`; `tile`: its tiling, as in
   `generate`)."""
   tile = tile or tilings(k, kind)[0]
-  threads = _threads(k, kind, tile)
+  threads = _threads(k, tile)
   if thin(k):  # a grouped sum (`_thin_gemm`)
     return _walk_blocks(num_edges, k.n, True, threads), threads
-  if isinstance(k, (Gemm, WeightGrad)):
-    columns = tile.columns if kind != "fma" else _gemm_tile(k.n)
-  if isinstance(k, Gemm):
-    return num_tiles * k.heads * -(-k.n // columns), threads
-  if isinstance(k, WeightGrad):
-    return num_tiles * k.heads * -(-k.k // 64) * -(-k.n // columns), threads
+  if isinstance(k, (Gemm, WeightGrad)):  # a block per row tile, head and column block
+    blocks = num_tiles * k.heads * -(-k.n // (tile.columns if tile else _gemm_tile(k.n)))
+    return blocks * (-(-k.k // 64) if isinstance(k, WeightGrad) else 1), threads
   w = max(k.width, 1)
   if k.sink == "softmax":  # SOFTMAX_GROUP lanes per node, in whole clusters of blocks
     team = max(SOFTMAX_HUB_CLUSTER, 1)

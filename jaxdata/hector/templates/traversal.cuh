@@ -278,31 +278,13 @@ JAXDATA_INLINE void edge_softmax(int64_t N, int64_t E, const int32_t* off, const
   });
 }
 
-// Feature v of the VEC a thread owns as its f0-th lane of a row of W: f0 * VEC + v, VEC
-// consecutive features (JAXDATA_CONTIGUOUS: their loads can merge into one vector load), else
-// f0 + v * (W / VEC) (a warp's loads of one feature are consecutive).
-#ifndef JAXDATA_CONTIGUOUS
-#define JAXDATA_CONTIGUOUS 0
-#endif
-template <int W, int VEC> JAXDATA_INLINE int feature(int f0, int v) {
-  return JAXDATA_CONTIGUOUS ? f0 * VEC + v : f0 + v * (W / VEC);
-}
+// Feature v of the VEC a thread owns as its f0-th lane of a row of W: f0 + v * (W / VEC), so a
+// warp's loads of one feature are consecutive.
+template <int W, int VEC> JAXDATA_INLINE int feature(int f0, int v) { return f0 + v * (W / VEC); }
 
-// sum[v] added to out[row * W + feature(f0, v)] for each v: one vector atomic where the features
-// are consecutive (sm_90's float2 / float4 atomicAdd; the row and so the address are aligned to
-// it, as W is a multiple of VEC), else one atomic per feature.
+// sum[v] added to out[row * W + feature(f0, v)] for each v, one atomic per feature.
 template <int W, int VEC>
 JAXDATA_INLINE void add_features(float* out, int64_t row, int f0, const float (&sum)[VEC]) {
-#if JAXDATA_CONTIGUOUS && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (VEC == 4) {
-    atomicAdd(reinterpret_cast<float4*>(out + row * W + f0 * 4),
-              make_float4(sum[0], sum[1], sum[2], sum[3]));
-    return;
-  } else if constexpr (VEC == 2) {
-    atomicAdd(reinterpret_cast<float2*>(out + row * W + f0 * 2), make_float2(sum[0], sum[1]));
-    return;
-  }
-#endif
 #pragma unroll
   for (int v = 0; v < VEC; ++v) atomicAdd(out + row * W + feature<W, VEC>(f0, v), sum[v]);
 }
