@@ -219,9 +219,12 @@ def main(argv: list[str] | None = None) -> int:
   try:
     if getattr(args, "command", None) == "train":
       _join(args)
-    return args.run(args)
+    code = args.run(args)
   except command.UsageError as e:
-    return command.fail(args.prog, e)
+    code = command.fail(args.prog, e)
+  # A crash leaves through JAX's own exit hook, after its traceback has been printed.
+  distributed.leave()
+  return code
 
 
 if __name__ == "__main__":

@@ -199,6 +199,25 @@ def _check_same_count(setup: Setup) -> None:
                              f"every process the same --num-processes")
 
 
+def leave() -> None:
+  """Leaves the job this process joined (`jax.distributed.shutdown`); nothing outside one.
+
+  JAX would do it at exit, from an `atexit` hook that runs while the interpreter finalizes: a
+  run that stopped with an error there once left process 0 hanging past its shutdown timeout
+  after it had printed the error (CI, jax 0.10.2). `jaxdata.cli.main` calls this before it
+  returns, so every process meets the shutdown barrier with its threads still running.
+  """
+  jax_distributed = sys.modules.get("jax._src.distributed")  # never imports JAX itself
+  if getattr(getattr(jax_distributed, "global_state", None), "client", None) is None:
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    jax.distributed.shutdown()
+  except (RuntimeError, ValueError) as e:  # a peer gone already: the barrier times out
+    print(f"jaxdata: leaving the job: {str(e).strip().splitlines()[0] if str(e).strip() else e}",
+          file=sys.stderr, flush=True)
+
+
 def is_primary() -> bool:
   """Whether this is process 0 (the one that prints progress and writes checkpoints)."""
   import jax  # pylint: disable=g-import-not-at-top

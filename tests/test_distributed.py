@@ -357,14 +357,22 @@ def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tm
   """JAX itself takes process 0's count and lets a process told 3 train as one of 2; jaxdata
   compares the counts once the job has formed and stops every process."""
   port = launch.free_port()
-  common = [sys.executable, "-m", "jaxdata.cli", *SAGE, "--epochs", "1", "--coordinator",
-            f"localhost:{port}", "--distributed-timeout", "20"]
+  common = [sys.executable, "-X", "faulthandler", "-m", "jaxdata.cli", *SAGE, "--epochs", "1",
+            "--coordinator", f"localhost:{port}", "--distributed-timeout", "20"]
   procs = [subprocess.Popen(common + ["--num-processes", n, "--process-id", str(i), "--out",
                                       str(tmp_path / str(i))], env=_env(2),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i, n in enumerate(["2", "3"])]
+  deadline = time.monotonic() + 90
   try:
-    outs = [p.communicate(timeout=90) for p in procs]
+    outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+  except subprocess.TimeoutExpired:  # where each process hangs: faulthandler's stacks
+    for p in procs:
+      if p.poll() is None:
+        p.send_signal(signal.SIGABRT)
+    stacks = [p.communicate(timeout=30)[1] for p in procs]
+    pytest.fail("a process did not stop within 90 s:\n" + "\n".join(
+        f"--- process {i} ---\n{err}" for i, err in enumerate(stacks)))
   finally:
     for p in procs:
       if p.poll() is None:
