@@ -109,30 +109,47 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
 #: the H200's DRAM bandwidth (HBM3e, bytes per second) for the roofline fraction in `summarize`
 H200_DRAM_BYTES_PER_S = 4.8e12
 
+#: Nsight Compute's speed-of-light metrics (percent of each unit's peak) and their short names.
+#: `gpu__compute_memory_throughput` is the busiest memory level's (the largest of the others):
+#: the fraction of the roofline that binds a kernel that is memory-bound at some level.
+SOL = {"gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory",
+       "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram",
+       "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2",
+       "l1tex__throughput.avg.pct_of_peak_sustained_active": "L1",
+       "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM",
+       "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor",
+       "sm__warps_active.avg.pct_of_peak_sustained_active": "warps"}
+
 
 def summarize(path: str) -> None:
-  """A table of an `ncu --csv` report: one line per kernel, time and the metrics asked for, plus
-  the DRAM traffic per second (dram__bytes over the kernel's time) and its fraction of the
-  H200's 4.8 TB/s, where the report has dram__bytes."""
+  """A table of an `ncu --csv` report: one line per kernel, its time, then the speed-of-light
+  percentages (`SOL`, those the report has; "binds" names the busiest memory level), any other
+  metric by its full name, and the DRAM traffic per second (dram__bytes over the kernel's time)
+  with its fraction of the H200's 4.8 TB/s, where the report has dram__bytes."""
   import csv  # pylint: disable=g-import-not-at-top
   with open(path) as f:
     lines = [l for l in f if l.startswith('"')]
   rows = {}
   for r in csv.DictReader(lines):
-    k = rows.setdefault(r["ID"], {"name": r["Kernel Name"][:48], "grid": r["Grid Size"],
+    k = rows.setdefault(r["ID"], {"name": r["Kernel Name"][:32], "grid": r["Grid Size"],
                                   "block": r["Block Size"]})
     k[r["Metric Name"]] = r["Metric Value"]
   num = lambda v: float(str(v or 0).replace(",", ""))  # noqa: E731
   total = sum(num(k.get("gpu__time_duration.sum")) for k in rows.values())
-  print(f"{len(rows)} kernels, {total / 1e3:.1f} us in all")
+  print(f"{len(rows)} kernels, {total / 1e3:.1f} us in all; speed of light in % of peak")
   for i, k in rows.items():
     t = num(k.get("gpu__time_duration.sum"))
-    extra = " ".join(f"{m.split('__')[1].split('.')[0]}={v}" for m, v in k.items()
-                     if m not in ("name", "grid", "block", "gpu__time_duration.sum"))
+    sol = [f"{short}={num(k[m]):.1f}" for m, short in SOL.items() if m in k]
+    levels = {short: num(k[m]) for m, short in SOL.items() if short in ("dram", "L2", "L1") and m in k}
+    if levels:
+      sol.append(f"binds={max(levels, key=levels.get)}")
+    other = [f"{m}={v}" for m, v in k.items() if m not in SOL and m not in
+             ("name", "grid", "block", "gpu__time_duration.sum")]
     if "dram__bytes.sum" in k and t > 0:
       rate = num(k["dram__bytes.sum"]) / (t * 1e-9)
-      extra += f" dram={rate / 1e12:.2f}TB/s ({rate / H200_DRAM_BYTES_PER_S:.0%} of 4.8)"
-    print(f"{i:>4} {t / 1e3:9.1f} us {k['name']:<48} grid {k['grid']} block {k['block']} {extra}")
+      other.append(f"dram={rate / 1e12:.2f}TB/s ({rate / H200_DRAM_BYTES_PER_S:.0%} of 4.8)")
+    print(f"{i:>4} {t / 1e3:9.1f} us {k['name']:<32} grid {k['grid']} block {k['block']}",
+          *sol, *other)
 
 
 if __name__ == "__main__":
