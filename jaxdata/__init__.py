@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 __all__ = ["host", "HostTable", "host_gather", "host_slice", "load_model", "__version__"]
 
 
-def load_model(path, **data_overrides):
+def load_model(path, /, **data_overrides):
   """Rebuilds a saved model, ready to evaluate or predict (`jaxdata.train.checkpoint.load_model`)."""
   from jaxdata.train.checkpoint import load_model as load  # pylint: disable=g-import-not-at-top
   return load(path, **data_overrides)

@@ -2,9 +2,11 @@
 same test accuracy / held-out loss; the optimizer state and the history come back too; bad
 checkpoints give errors naming the problem."""
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,6 +72,28 @@ def test_jaxdata_eval_in_a_fresh_process(trained):
   line = next(l for l in proc.stdout.splitlines() if l.startswith("test_accuracy"))
   measured, saved = line.split()[1], line.split("at save: ")[1].rstrip(")")
   assert measured == saved
+
+
+def test_eval_finds_a_moved_archive_given_data(tmp_path):
+  """`jaxdata eval DIR --data PATH` where the RDF archive has moved since training: the data
+  description's `path` is replaced (it once collided with load_model's own `path`)."""
+  aifb = Path(os.environ.get("JAXDATA_DATA_DIR") or
+              Path(__file__).parents[1] / ".." / "shared" / "data") / "aifb.tgz"
+  if not aifb.exists():
+    pytest.skip(f"{aifb} is missing")
+  archive = tmp_path / "aifb.tgz"
+  shutil.copy(aifb, archive)
+  assert cli.main(["train", "rgcn", "--data", str(archive), "--epochs", "3",
+                   "--out", str(tmp_path / "ck")]) == 0
+  moved = archive.rename(tmp_path / "moved.tgz")
+  run = lambda *extra: subprocess.run(  # noqa: E731
+      [sys.executable, "-m", "jaxdata.cli", "eval", str(tmp_path / "ck"), *extra],
+      capture_output=True, text=True, timeout=300)
+  assert run().returncode != 0  # the archive is no longer where training read it
+  proc = run("--data", str(moved))
+  assert proc.returncode == 0, proc.stderr
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("test_accuracy"))
+  assert line.split()[1] == line.split("at save: ")[1].rstrip(")")
 
 
 def test_predict_gives_the_classes_evaluate_counts(trained):

@@ -182,7 +182,7 @@ def save_nnx(path: str | os.PathLike, *, kind: str, model, optimizer=None, **res
               **rest)
 
 
-def load_model(path: str | os.PathLike, **data_overrides: Any) -> Loaded:
+def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   """Rebuilds the model saved at `path` (a folder `jaxdata train ... --out` wrote).
 
   `data_overrides` replace entries of the saved data description, e.g. ``path=...`` where an
