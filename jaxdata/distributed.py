@@ -175,9 +175,8 @@ def initialize(setup: Setup) -> Setup:
   except (RuntimeError, ValueError) as e:  # XlaRuntimeError is a RuntimeError
     where = (f"coordinator {setup.coordinator} (process {setup.process_id} of "
              f"{setup.num_processes})" if setup.mode == "explicit" else "auto-detected cluster")
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise command.UsageError(f"jax.distributed.initialize failed for the {where} within "
-                             f"{setup.timeout} s: {first}") from None
+                             f"{setup.timeout} s: {_first_line(e)}") from None
   if setup.mode == "explicit":
     _check_same_count(setup)
   return dataclasses.replace(setup, num_processes=jax.process_count(),
@@ -214,8 +213,13 @@ def leave() -> None:
   try:
     jax.distributed.shutdown()
   except (RuntimeError, ValueError) as e:  # a peer gone already: the barrier times out
-    print(f"jaxdata: leaving the job: {str(e).strip().splitlines()[0] if str(e).strip() else e}",
-          file=sys.stderr, flush=True)
+    print(f"jaxdata: leaving the job: {_first_line(e)}", file=sys.stderr, flush=True)
+
+
+def _first_line(e: Exception) -> str:
+  """An exception's first line (XLA's errors run to many), or its type where it has no text."""
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
 
 
 def is_primary() -> bool:

@@ -2,7 +2,6 @@
 same test accuracy / held-out loss; the optimizer state and the history come back too; bad
 checkpoints give errors naming the problem."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -77,10 +76,10 @@ def test_jaxdata_eval_in_a_fresh_process(trained):
 def test_eval_finds_a_moved_archive_given_data(tmp_path):
   """`jaxdata eval DIR --data PATH` where the RDF archive has moved since training: the data
   description's `path` is replaced (it once collided with load_model's own `path`)."""
-  aifb = Path(os.environ.get("JAXDATA_DATA_DIR") or
-              Path(__file__).parents[1] / ".." / "shared" / "data") / "aifb.tgz"
-  if not aifb.exists():
-    pytest.skip(f"{aifb} is missing")
+  from jaxdata.bench.rgnn import default_data_dir
+  data = default_data_dir()
+  if data is None or not (aifb := Path(data) / "aifb.tgz").exists():
+    pytest.skip("aifb.tgz is missing ($JAXDATA_DATA_DIR or ../shared/data)")
   archive = tmp_path / "aifb.tgz"
   shutil.copy(aifb, archive)
   assert cli.main(["train", "rgcn", "--data", str(archive), "--epochs", "3",
