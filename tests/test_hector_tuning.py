@@ -16,6 +16,7 @@ from jaxdata.data import HeteroGraph
 from jaxdata.hector import codegen, compiler, tuning
 from jaxdata.hector.codegen import cuda
 from jaxdata.hector.lowering import Dense, Gemm, WeightGrad
+from isolation import run_isolated
 
 
 def random_graph(rng, n=300, e=6000, r=9):
@@ -148,6 +149,19 @@ def _tune_files(lowered_text: str) -> list[str]:
   return re.findall(r'tune_file = "([^"]*)"', lowered_text)
 
 
+def _targets(lowered_text: str) -> list[str]:
+  """The FFI target of every hector call, in the order of `_tune_files`."""
+  return re.findall(r"custom_call @(jaxdata_hector_\w+)", lowered_text)
+
+
+def _check_targets(lowered_text: str) -> None:
+  """A call that tunes goes to jaxdata_hector_tune (kept out of XLA's CUDA graphs: its first
+  run times the tilings), every other to jaxdata_hector_launch (command-buffer compatible)."""
+  want = ["jaxdata_hector_tune" if f else "jaxdata_hector_launch"
+          for f in _tune_files(lowered_text)]
+  assert want and _targets(lowered_text) == want
+
+
 @pytest.mark.gpu
 @pytest.mark.default_precision
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
@@ -176,11 +190,13 @@ def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
   monkeypatch.setenv(tuning.AUTOTUNE_ENV, "0")
   untuned = step()
   assert _tune_files(untuned.lower(x, w).as_text()) == ["", "", ""]
+  _check_targets(untuned.lower(x, w).as_text())
   want = jax.block_until_ready(untuned(x, w))
   monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
   tuned = step()
   files = _tune_files(tuned.lower(x, w).as_text())
   assert len(files) == 3 and all(files) and len(set(files)) == 3
+  _check_targets(tuned.lower(x, w).as_text())
   assert not any(os.path.exists(f) for f in files)
   got = jax.block_until_ready(tuned(x, w))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -196,3 +212,64 @@ def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
   pathlib.Path(files[1]).write_text("jaxdata-hector-tune 1\nchoice 9\n")
   again = _tune_files(step().lower(x, w).as_text())
   assert sorted(again) == sorted(["", "", files[1]])
+
+
+def _rgcn_step_in_cuda_graphs() -> dict:
+  """(Run in a fresh process whose XLA makes a CUDA graph of any run of commands, with an empty
+  kernel cache.) RGCN forward + backward at dim 128 on bfloat16 tensor cores: lowered first
+  with its three tensor-core calls tuning and run once on each of two inputs; then lowered
+  again (the choices recorded: plain launches) and run 4 times on each input. Returns the
+  targets of both lowerings, the launcher's (direct, captured) counts around the second
+  executable's runs, and the largest difference of its results from the first executable's."""
+  from jaxdata import _xla_ffi as ext
+  rng = np.random.default_rng(4)
+  g = random_graph(rng, n=3000, e=120_000, r=9)
+  ga = hector.GraphArrays.from_graph(g)
+  xs = [jnp.asarray(rng.standard_normal((g.num_nodes, 128)), jnp.bfloat16) for _ in range(2)]
+  w = jnp.asarray(rng.standard_normal((g.num_relations, 128, 128)) / 11, jnp.bfloat16)
+  ct = jnp.asarray(rng.standard_normal((g.num_nodes, 128)), jnp.float32)
+
+  def step():  # a new function each time: lowered anew
+    def loss(x, w):
+      return jnp.vdot(hector.rgcn_message(ga, x, w).astype(jnp.float32), ct)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+  def run(f, x):
+    return [np.asarray(a, np.float64) for a in jax.tree.leaves(jax.block_until_ready(f(x, w)))]
+
+  first = step()
+  first_text = first.lower(xs[0], w).as_text()
+  want = [run(first, x) for x in xs]
+  second = step()
+  second_text = second.lower(xs[0], w).as_text()
+  before = ext.hector_launch_counts()
+  worst = 0.0
+  for i, x in enumerate(xs):
+    for _ in range(4):  # a graph that dropped its memsets would sum into the last run's output
+      for a, b in zip(run(second, x), want[i]):
+        worst = max(worst, float(np.max(np.abs(a - b)) / np.max(np.abs(b))))
+  after = ext.hector_launch_counts()
+  return dict(first=_targets(first_text), second=_targets(second_text),
+              second_tunes=_tune_files(second_text), before=before, after=after, worst=worst)
+
+
+@pytest.mark.gpu
+@pytest.mark.default_precision
+def test_launches_join_xlas_cuda_graphs_and_replay_correctly(device, tmp_path):
+  """XLA records jaxdata_hector_launch into its CUDA graphs (command buffers) and replays it
+  without calling the handler; the calls that tune stay outside until their choice is recorded.
+  Over 8 runs of the second executable the handler runs directly at most once per call (XLA's
+  warm-up run), is captured at least once per call, and in all fewer than 8 times per call
+  (replays); every run gives the first executable's results (zeroed outputs are zeroed again
+  on every replay)."""
+  if device.platform != "gpu":
+    pytest.skip("CUDA graphs are a GPU feature")
+  got = run_isolated(_rgcn_step_in_cuda_graphs, timeout=600, env={
+      "XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1", "JAXDATA_CACHE_DIR": str(tmp_path)})
+  assert got["first"].count("jaxdata_hector_tune") == 3, got
+  assert set(got["second"]) == {"jaxdata_hector_launch"} and not any(got["second_tunes"]), got
+  calls = len(got["second"])
+  direct = got["after"][0] - got["before"][0]
+  captured = got["after"][1] - got["before"][1]
+  assert direct <= calls and captured >= calls and direct + captured < 8 * calls, got
+  assert got["worst"] <= 2.0 ** -7, got  # bfloat16 outputs; float32 sums in another order

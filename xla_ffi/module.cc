@@ -58,6 +58,9 @@ constexpr Target kTargets[] = {
      JAXDATA_CUDA_HANDLER(jaxdata_host_scatter_add_cuda)},
     {"jaxdata_hector_launch", jaxdata_hector_launch_cpu,
      JAXDATA_CUDA_HANDLER(jaxdata_hector_launch_cuda)},
+    // a launch that tunes its tiling on its first run (CUDA only; the CPU never tunes)
+    {"jaxdata_hector_tune", jaxdata_hector_launch_cpu,
+     JAXDATA_CUDA_HANDLER(jaxdata_hector_tune_cuda)},
     {"jaxdata_offload_spill", jaxdata_offload_spill_cpu,
      JAXDATA_CUDA_HANDLER(jaxdata_offload_spill_cuda)},
     {"jaxdata_offload_load", jaxdata_offload_load_cpu,
@@ -187,6 +190,14 @@ NB_MODULE(_xla_ffi, m) {
       nb::arg("kernel"), nb::arg("image"), nb::arg("name"),
       "Loads a generated CUDA kernel from a cubin image under an id.");
   m.def("hector_cpu_abi_version", [] { return hector::kCpuAbiVersion; });
+  m.def(
+      "hector_launch_counts",
+      [] {
+        const hector::LaunchCounts c = hector::CudaLaunchCounts();
+        return nb::make_tuple(c.direct, c.captured);
+      },
+      "(direct, captured): how often the CUDA launcher ran on a stream, and on a stream being "
+      "captured into a CUDA graph (XLA's command buffers then replay it without calling it).");
   m.def("cuda_compute_capability", &hector::CudaComputeCapability,
         "Compute capability of the current CUDA device as major*10+minor (0: none).");
 

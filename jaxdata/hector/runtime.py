@@ -425,7 +425,10 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
   scalars = operands.scalar_values(dict(size, T=max_tiles))
   (kid, grid, block), *_ = launches
   tune = np.array(launches if tune_file else [], np.int64).reshape(-1)
-  return jax.ffi.ffi_lowering("jaxdata_hector_launch")(
+  # a call that tunes goes to the target XLA keeps out of its CUDA graphs (its first run must
+  # not be captured: it times the tilings); every other call may join them
+  target = "jaxdata_hector_tune" if tune_file else "jaxdata_hector_launch"
+  return jax.ffi.ffi_lowering(target)(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
       block=np.int64(block), zero_outputs=np.int32(spec.zero_output),
       tune_launches=tune, tune_file=tune_file)

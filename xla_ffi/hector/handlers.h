@@ -35,4 +35,5 @@ auto BindLaunch() {
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_hector_launch_cpu);
 #ifdef JAXDATA_WITH_CUDA
 XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_hector_launch_cuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(jaxdata_hector_tune_cuda);
 #endif

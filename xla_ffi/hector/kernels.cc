@@ -89,6 +89,7 @@ void LoadCudaKernel(int64_t, const std::string&, const std::string&) {
 }
 const void* FindCudaKernel(int64_t) { return nullptr; }
 int CudaComputeCapability() { return 0; }
+LaunchCounts CudaLaunchCounts() { return {0, 0}; }
 #endif
 
 }  // namespace jaxdata::hector

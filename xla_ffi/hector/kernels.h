@@ -42,4 +42,12 @@ const void* FindCudaKernel(int64_t id);  // a cudaKernel_t; nullptr when not loa
 // Compute capability (major * 10 + minor) of the current CUDA device; 0 without one.
 int CudaComputeCapability();
 
+// How often jaxdata_hector_launch's CUDA handler has run in this process: on a stream directly,
+// and on a stream being captured into a CUDA graph (XLA's command buffers record a call once and
+// then replay its kernels without calling the handler). Both 0 without CUDA.
+struct LaunchCounts {
+  int64_t direct, captured;
+};
+LaunchCounts CudaLaunchCounts();
+
 }  // namespace jaxdata::hector

@@ -12,11 +12,20 @@
 // later runs launch the kept tiling directly. A tiling that fails to launch is timed as
 // infinite; if all do, the call fails with that error. A stream being captured into a CUDA
 // graph cannot be timed: such a call launches the default tiling and tunes nothing.
+//
+// The handler is registered twice. `jaxdata_hector_launch_cuda` is command-buffer compatible:
+// its host work is a table lookup, cudaMemsetAsync and cudaLaunchKernel, all of which a stream
+// capture records, so XLA puts the call in its CUDA graphs with the fusions around it (one
+// graph launch per step instead of a launch per kernel; jaxdata/hector/runtime.py lowers every
+// call without a tune file to it). `jaxdata_hector_tune_cuda` is the same function without that
+// trait, for the calls that carry a tune file: XLA runs them outside its graphs, so their first
+// run is not captured and can time the tilings.
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -74,6 +83,8 @@ ffi::Error Check(const Launch& l, int64_t kernel) {
   }
   return ffi::Error::Success();
 }
+
+std::atomic<int64_t> direct_calls{0}, captured_calls{0};
 
 // The tilings chosen in this process, by choice file.
 std::mutex tune_mu;
@@ -156,6 +167,10 @@ ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
   for (int64_t s : scalars) call.params.push_back(static_cast<uint64_t>(s));
   Launch launch{FindCudaKernel(kernel), grid, block};
   if (ffi::Error e = Check(launch, kernel); e.failure()) return e;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  (capture == cudaStreamCaptureStatusNone ? direct_calls : captured_calls)
+      .fetch_add(1, std::memory_order_relaxed);
   if (!tune_file.empty()) {
     if (tune_launches.size() % 3 != 0 || tune_launches.size() < 3) {
       return ffi::Error::InvalidArgument("jaxdata_hector_launch: tune_launches is not triples");
@@ -167,8 +182,6 @@ ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
       if (ffi::Error e = Check(tilings.back(), tune_launches[i]); e.failure()) return e;
     }
     const std::string file(tune_file);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    JAXDATA_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
     std::lock_guard<std::mutex> lock(tune_mu);
     size_t pick = 0;  // a stream being captured cannot be timed: the default, untuned
     if (auto it = Chosen().find(file); it != Chosen().end()) {
@@ -185,8 +198,18 @@ ffi::Error LaunchCuda(cudaStream_t stream, ffi::RemainingArgs args, ffi::Remaini
 }
 
 }  // namespace
+
+LaunchCounts CudaLaunchCounts() {
+  return {direct_calls.load(std::memory_order_relaxed),
+          captured_calls.load(std::memory_order_relaxed)};
+}
+
 }  // namespace jaxdata::hector
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_hector_launch_cuda, jaxdata::hector::LaunchCuda,
+    jaxdata::hector::BindLaunch<ffi::PlatformStream<cudaStream_t>>(),
+    {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    jaxdata_hector_tune_cuda, jaxdata::hector::LaunchCuda,
     jaxdata::hector::BindLaunch<ffi::PlatformStream<cudaStream_t>>());
