@@ -1,7 +1,9 @@
 """The `jaxdata` command: `train ...`, `launch`, `eval`, `bench ...`, `rok` and `info`.
 
 Each command's module owns its options (`add_arguments(parser)`) and its run (`main(args)`);
-this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`).
+this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`);
+a run whose loss stops being finite is one line and exit code 1, having saved nothing; Ctrl-C
+is one line ("interrupted") and exit code 130.
 Every `train` command also takes the multi-process flags of `jaxdata.distributed`, and joins
 its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
 processes, the others refuse to.
@@ -13,6 +15,7 @@ import importlib
 import sys
 
 from jaxdata import command, distributed
+from jaxdata.train.common import LossNotFinite
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
 #: add_arguments(parser) and main(args).
@@ -222,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     code = args.run(args)
   except command.UsageError as e:
     code = command.fail(args.prog, e)
+  except LossNotFinite as e:  # a diverged run: stopped, nothing saved
+    code = command.fail(args.prog, e, code=1)
+  except KeyboardInterrupt:
+    print(f"{args.prog}: interrupted", file=sys.stderr)
+    code = 130
   # A crash leaves through JAX's own exit hook, after its traceback has been printed.
   distributed.leave()
   return code

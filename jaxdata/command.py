@@ -51,10 +51,10 @@ class Parser(argparse.ArgumentParser):
     self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def fail(prog: str, error: BaseException) -> int:
-  """Prints `error` as the one line a mistake gets; returns the exit code 2."""
+def fail(prog: str, error: BaseException, code: int = 2) -> int:
+  """Prints `error` as the one line a mistake gets; returns the exit `code`."""
   print(f"{prog}: error: {error}", file=sys.stderr)
-  return 2
+  return code
 
 
 def _checked(kind: Callable[[str], Any], test: Callable[[Any], bool], need: str):
@@ -70,8 +70,18 @@ def _checked(kind: Callable[[str], Any], test: Callable[[Any], bool], need: str)
   return parse
 
 
-positive_int = _checked(int, lambda v: v >= 1, "an integer of at least 1")
-natural_int = _checked(int, lambda v: v >= 0, "an integer of at least 0")
+def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+  """An integer of at least `minimum` (and at most `maximum`)."""
+  if maximum is None:
+    return _checked(int, lambda v: v >= minimum, f"an integer of at least {minimum}")
+  return _checked(int, lambda v: minimum <= v <= maximum,
+                  f"an integer from {minimum} to {maximum}")
+
+
+positive_int = integer(1)
+natural_int = integer(0)
+#: A random seed: JAX keys and NumPy generators take it, and offsets of it (seed + 1, ...).
+seed = integer(0, 2**32 - 1)
 positive_float = _checked(float, lambda v: v > 0 and v != float("inf"), "a positive number")
 natural_float = _checked(float, lambda v: 0 <= v < float("inf"), "a number of at least 0")
 fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction between 0 and 1")
@@ -131,27 +141,6 @@ def output_path(text: str) -> str:
   _parent_writable(text)
   if os.path.isdir(text):
     raise argparse.ArgumentTypeError(f"{text!r} is a folder")
-  return text
-
-
-def is_replaceable(path: str | os.PathLike) -> bool:
-  """Whether a checkpoint may be written at `path`: nothing there, an empty folder, or a checkpoint."""
-  path = os.fspath(path)
-  if not os.path.exists(path):
-    return True
-  if not os.path.isdir(path):
-    return False
-  entries = set(os.listdir(path))
-  return not entries or {"meta", "state"} <= entries
-
-
-def checkpoint_dir(text: str) -> str:
-  """A checkpoint folder to write: its parent must exist and be writable; if it exists it must be
-  empty or a checkpoint already (which is replaced), never some other folder."""
-  _parent_writable(text.rstrip(os.sep) or text)
-  if os.path.exists(text) and not is_replaceable(text):
-    raise argparse.ArgumentTypeError(f"{text!r} exists and is not a checkpoint folder: choose a "
-                                     f"new or empty folder")
   return text
 
 

@@ -123,9 +123,12 @@ def run(argv: list[str], num_processes: int, devices_per_process: int | None = N
   """Runs `jaxdata <argv>` as `num_processes` processes of one job; returns the exit code."""
   if argv and argv[0] == "--":
     argv = argv[1:]
-  if not argv or argv[0] != "train":
+  if not argv:
     raise command.UsageError("give the command to run after --, e.g. "
                              "`jaxdata launch -n 2 -- train sage`")
+  if argv[0] != "train":
+    raise command.UsageError(f"launch runs train commands (e.g. `jaxdata launch -n 2 -- train "
+                             f"sage`), not `{argv[0]}`")
   taken = {"--coordinator", "--num-processes", "--process-id", "--distributed"}
   if clash := sorted(a.split("=")[0] for a in argv if a.split("=")[0] in taken):
     raise command.UsageError(f"the launcher sets {', '.join(clash)} itself: leave it out")

@@ -38,7 +38,7 @@ def _rows(md: str) -> dict[str, dict[str, str]]:
 
 def test_quick_rgcn_reports_both_variants_from_their_own_histories(tmp_path):
   md_path, keep = tmp_path / "one.md", tmp_path / "runs"
-  r = _bench("--quick", "--paths", "rgcn", "--repeats", "1", "--out-md", str(md_path),
+  r = _bench("--quick", "--paths", "rgcn", "--repeats", "1", "--write", str(md_path),
              "--keep", str(keep))
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   md = md_path.read_text()
@@ -72,7 +72,7 @@ def test_quick_rgcn_reports_both_variants_from_their_own_histories(tmp_path):
 def test_a_history_without_a_steady_state_fails_the_run_and_is_reported(tmp_path):
   md_path = tmp_path / "one.md"
   r = _bench("--quick", "--paths", "rgcn", "--repeats", "1", "--extra", "rgcn=--epochs 1",
-             "--out-md", str(md_path))
+             "--write", str(md_path))
   assert r.returncode == 1
   assert "at least 2 are needed" in " ".join(r.stdout.split())
   row = _rows(md_path.read_text())["rgcn"]

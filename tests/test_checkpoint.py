@@ -156,3 +156,92 @@ def test_training_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path, cap
     cli.main(["train", "rgcn", "--epochs", "1", "--out", str(keep)])
   assert e.value.code == 2 and "not a checkpoint folder" in capsys.readouterr().err
   assert (keep / "notes.txt").read_text() == "precious"
+
+
+def _save_tiny(path, accuracy):
+  from jaxdata.train import checkpoint
+  return checkpoint.save(path, kind="rgcn", params={"w": np.full(3, accuracy, np.float32)},
+                         config={}, data={}, step=1, metrics={"test_accuracy": accuracy})
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+  from jaxdata.train import checkpoint
+  _save_tiny(tmp_path / "ck", 0.25)
+
+  class Broken:
+    @staticmethod
+    def dump(*args, **kwargs):
+      raise OSError("killed")  # after Orbax wrote the new arrays, before the swap
+  monkeypatch.setattr(checkpoint, "json", Broken)
+  with pytest.raises(OSError, match="killed"):
+    _save_tiny(tmp_path / "ck", 0.75)
+  assert checkpoint.read_meta(tmp_path / "ck")["metrics"] == {"test_accuracy": 0.25}
+
+
+def test_replacing_a_checkpoint_leaves_no_temporaries_and_clears_a_killed_runs(tmp_path):
+  from jaxdata.train import checkpoint
+  _save_tiny(tmp_path / "ck", 0.25)
+  for leftover in (".ck.jaxdata-tmp", ".ck.jaxdata-tmp.orbax-checkpoint-tmp-17"):
+    (tmp_path / leftover / "state").mkdir(parents=True)
+  _save_tiny(tmp_path / "ck", 0.75)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+  assert checkpoint.read_meta(tmp_path / "ck")["metrics"] == {"test_accuracy": 0.75}
+
+
+def test_a_checkpoint_holding_other_files_is_never_replaced(tmp_path, capsys):
+  from jaxdata.train import checkpoint
+  _save_tiny(tmp_path / "ck", 0.25)
+  (tmp_path / "ck" / "NOTES.txt").write_text("precious")
+  (tmp_path / "ck" / "plots").mkdir()
+  with pytest.raises(ValueError, match="also holds NOTES.txt, plots"):
+    _save_tiny(tmp_path / "ck", 0.75)
+  with pytest.raises(SystemExit) as e:
+    cli.main(["train", "rgcn", "--epochs", "1", "--out", str(tmp_path / "ck")])
+  assert e.value.code == 2 and "also holds NOTES.txt, plots" in capsys.readouterr().err
+  assert (tmp_path / "ck" / "NOTES.txt").read_text() == "precious"
+  assert checkpoint.read_meta(tmp_path / "ck")["metrics"] == {"test_accuracy": 0.25}
+
+
+@pytest.mark.parametrize("out, message", [("", "name is empty"), ("link", "symbolic link")])
+def test_an_empty_or_linked_out_is_refused_before_training(tmp_path, monkeypatch, capsys, out,
+                                                           message):
+  _save_tiny(tmp_path / "ck", 0.25)
+  (tmp_path / "link").symlink_to(tmp_path / "ck")
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit) as e:
+    cli.main(["train", "rgcn", "--epochs", "1", "--out", out])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("edit", ["kind=hgt", "kind=list", "no config", "no data", "no step"])
+def test_eval_of_a_hand_edited_meta_is_one_line(trained, tmp_path, capsys, edit):
+  ck = tmp_path / "ck"
+  shutil.copytree(trained / "rgcn", ck)
+  meta_file = ck / "meta" / "metadata"
+  meta = json.loads(meta_file.read_text())
+  if edit.startswith("kind="):
+    meta["kind"] = ["rgcn"] if edit == "kind=list" else "hgt"
+  else:
+    del meta[edit.split()[1]]
+  meta_file.write_text(json.dumps(meta))
+  assert cli.main(["eval", str(ck)]) == 2
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1 and str(meta_file) in err, err
+
+
+@pytest.mark.parametrize("damage", ["missing data file", "truncated data file",
+                                    "missing _METADATA"])
+def test_eval_of_damaged_arrays_is_one_line(trained, tmp_path, damage):
+  ck = tmp_path / "ck"
+  shutil.copytree(trained / "rgcn", ck)
+  if damage == "missing _METADATA":
+    (ck / "state" / "_METADATA").unlink()
+  else:
+    for f in (ck / "state" / "d").iterdir():
+      f.unlink() if damage.startswith("missing") else f.write_bytes(f.read_bytes()[:10])
+  proc = subprocess.run([sys.executable, "-m", "jaxdata.cli", "eval", str(ck)],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  assert len(proc.stderr.splitlines()) == 1, proc.stderr[:3000]
+  assert "missing or damaged" in proc.stderr and "do not fit" not in proc.stderr

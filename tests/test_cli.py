@@ -103,6 +103,21 @@ MISTAKES = [
     (["train", "hgt", "--scale", "0.001", "--minibatch", "--devices", "{many}"], "--devices"),
     (["train", "sage", "--devices", "{many}"], "--devices"),
     (["train", "gpt", "--devices", "{many}"], "--devices"),
+    # tracebacks, or misleading output, until an adversarial CLI review (session 21)
+    (["train", "sage", "--nodes", "5"], "--nodes"),
+    (["train", "sage", "--seed", "99999999999999999999"], "--seed"),
+    (["train", "sage", "--fanouts", "9999999999"], "--fanouts"),
+    (["train", "gpt", "--vocab", "1"], "--vocab"),
+    (["train", "gpt", "--plan", "bogus"], "--plan"),
+    (["train", "gpt", "--ram", "1GiB"], "--ram"),
+    (["train", "rgcn", "--nodes", "2"], "argument --nodes"),
+    (["rok", "--heads", "3", "--hidden", "16"], "--hidden"),
+    (["bench", "gather", "--rows", "3"], "--rows"),
+    (["bench", "gather", "--tables", "0"], "--tables"),
+    (["bench", "gnn-offload", "--layers", "1"], "--layers"),
+    (["bench", "minibatch", "--device-counts", "{many}"], "--device-counts"),
+    (["bench", "rgnn", "--graphs", "aifb", "--data-dir", "{bad_data}"], "aifb.tgz"),
+    (["launch", "-n", "1", "--", "info"], "launch runs train commands"),
 ]
 
 
@@ -111,8 +126,11 @@ def test_a_mistake_is_one_line_naming_the_flag_with_exit_code_2(argv, flag, tmp_
   garbage = tmp_path / "garbage.tgz"
   garbage.write_bytes(gzip.compress(b"not a tar archive"))
   wrong = _archive(tmp_path / "wrong.tgz", {"readme.txt": b"hello"})
+  (tmp_path / "bad_data").mkdir()
+  (tmp_path / "bad_data" / "aifb.tgz").write_bytes(garbage.read_bytes())
   argv = [a.format(tmp=tmp_path, garbage=garbage, wrong_archive=wrong,
-                   many=len(jax.local_devices()) + 1) for a in argv]
+                   bad_data=tmp_path / "bad_data", many=len(jax.local_devices()) + 1)
+          for a in argv]
   code, _, err = _run(argv, capsys)
   assert code == 2
   lines = err.strip().splitlines()
@@ -135,7 +153,7 @@ def test_quick_never_overrides_flags_the_user_gave(monkeypatch, tmp_path, capsys
 
   def fake_run(tables, rows, *, batch_bytes, cpu_batch_bytes, repeats, console):
     seen.update(tables=tables, rows=rows, batch=batch_bytes, repeats=repeats)
-    return [], []
+    return [gather.Result(64 << 20, 128, False, 1.0, 1.0, 1.0, 1.0, 1.0)], []
   monkeypatch.setattr(gather, "run", fake_run)
   assert _run(["bench", "gather", "--quick", "--rows", "128", "--repeats", "9"], capsys)[0] == 0
   assert seen == dict(tables=["64M"], rows=[128], batch=32 << 20, repeats=9)
@@ -146,3 +164,50 @@ def test_quick_never_overrides_flags_the_user_gave(monkeypatch, tmp_path, capsys
 @pytest.mark.parametrize("text,want", [("2GiB", 2 << 30), ("2GB", 2 * 10**9), ("512M", 512 << 20)])
 def test_size_flags_tell_decimal_from_binary_units(text, want):
   assert command.size(text) == want
+
+
+TINY = {
+    "gpt": ["train", "gpt", "--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "8",
+            "--batch-size", "2", "--vocab", "16", "--steps", "4", "--log-every", "1"],
+    "sage": ["train", "sage", "--nodes", "200", "--edges", "1000", "--features", "4",
+             "--classes", "2", "--fanouts", "3,3", "--batch-size", "16", "--hidden", "8",
+             "--epochs", "1"],
+    "rgcn": ["train", "rgcn", "--nodes", "60", "--edges", "300", "--relations", "3",
+             "--hidden", "4", "--epochs", "2"],
+}
+
+
+@pytest.mark.parametrize("model", list(TINY))
+def test_a_diverged_run_stops_with_one_line_and_saves_nothing(model, tmp_path, capsys):
+  out = tmp_path / "ckpt"
+  code, _, err = _run(TINY[model] + ["--lr", "1e30", "--out", str(out)], capsys)
+  assert code == 1
+  assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err
+  assert "loss became nan" in err or "loss became inf" in err, err
+  assert not out.exists()
+
+
+def test_a_one_epoch_run_shows_its_own_epoch_and_a_folder_out_path_once(tmp_path, capsys):
+  code, out, _ = _run(TINY["sage"] + ["--out", f"{tmp_path}/sub/"], capsys)
+  assert code == 0
+  assert "epoch 2" not in out and "epoch 1" in out
+  assert f"{tmp_path}/sub/history.json" in " ".join(out.split())
+
+
+def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys):
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(gather, "run", interrupted)
+  code, _, err = _run(["bench", "gather", "--quick"], capsys)
+  assert code == 130
+  assert err.strip() == "jaxdata bench gather: interrupted"
+
+
+def test_bench_one_process_writes_markdown_only_where_asked(monkeypatch, tmp_path, capsys):
+  from jaxdata.bench import one_process
+  monkeypatch.setattr(one_process, "run", lambda *args, **kwargs: [])
+  monkeypatch.chdir(tmp_path)
+  assert _run(["bench", "one-process", "--quick"], capsys)[0] == 0
+  assert list(tmp_path.iterdir()) == []
+  assert _run(["bench", "one-process", "--quick", "--write", "table.md"], capsys)[0] == 0
+  assert (tmp_path / "table.md").read_text().startswith("#")

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdata import command
+
 
 def cpu_model() -> str:
   try:
@@ -72,6 +74,13 @@ def print_table(console, title: str, header, body, notes=(), left=()) -> None:
   console.print(table)
   for n in notes:
     console.print(f"[yellow]{rich.markup.escape(n)}")
+
+
+def check_measured(results: list, notes: list[str]) -> None:
+  """UsageError, one line giving the notes' reasons, where a benchmark measured nothing (every
+  graph or device count it was given was skipped): an empty table is no result."""
+  if not results:
+    raise command.UsageError("nothing could be measured: " + ("; ".join(notes) or "no rows"))
 
 
 def write(console, path: str, text: str) -> None:

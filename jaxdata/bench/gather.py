@@ -218,17 +218,24 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
   """`jaxdata bench gather`."""
   tables = common.pick(args.tables, args.quick, ["64M"], list(TABLE_BYTES))
+  rows = common.pick(args.rows, args.quick, [64, 512, 4096], list(ROW_BYTES))
   for t in tables:
     try:
-      parse_bytes(t)
+      size = parse_bytes(t)
     except ValueError as e:
       raise command.UsageError(f"argument --tables: {e}") from None
-  rows = common.pick(args.rows, args.quick, [64, 512, 4096], list(ROW_BYTES))
+    if size < (need := max(4096, *rows)):  # a table of 4096-byte rows, read as --rows rows
+      raise command.UsageError(f"argument --tables: {t} is below {need:,} bytes (a table holds at "
+                               f"least one 4KiB row, and one row of each --rows size)")
+  if bad := [r for r in rows if r % 4]:
+    raise command.UsageError(f"argument --rows: row sizes must be multiples of 4 bytes (float32 "
+                             f"columns), got {bad[0]}")
   repeats = common.pick(args.repeats, args.quick, 3, 7)
   batch = common.pick(args.batch_bytes, args.quick, 32 << 20, 256 << 20)
   console = command.console(width=140)
   results, notes = run(tables, rows, batch_bytes=batch, cpu_batch_bytes=min(batch, 64 << 20),
                        repeats=repeats, console=console)
+  common.check_measured(results, notes)
   common.print_table(console, "random-row gather from a host table (GB/s of rows delivered)",
                      *table_rows(results), notes)
   if args.write:

@@ -87,9 +87,12 @@ def run(*, model: str = "hgt", scale: float = 1.0, layers: int = 4, hidden: int 
       header_notes.append(f"budget {fraction:g} x plain: nothing fits (the rest of the step "
                           f"needs {rest / 2**30:.2f} GiB)")
     else:
-      best, bw = layer_stack.plan(stack, layer_fn, x, budget - rest, store,
-                                  attention.candidates(net), repeats=3,
-                                  progress=lambda n: say(f"  measuring a layer under {n} ..."))
+      try:
+        best, bw = layer_stack.plan(stack, layer_fn, x, budget - rest, store,
+                                    attention.candidates(net), repeats=3,
+                                    progress=lambda n: say(f"  measuring a layer under {n} ..."))
+      except ValueError as e:  # not even the smallest plan fits
+        raise command.UsageError(f"argument --fraction: {e}") from None
       say(f"plan: {best} (predicted {best.device_bytes / 2**30:.2f} GiB of layers, "
           f"{best.offload_bytes / 2**30:.2f} GiB offloaded at {bw / 1e9:.1f} GB/s)")
       planned, temp = _step(net, graph, xs, papers, idx, y, tuple(best.policies))
@@ -127,11 +130,17 @@ def add_arguments(parser) -> None:
   parser.add_argument("--ram", type=command.size, default=None,
                       help="the store's pinned RAM tier (default: a quarter of the host's "
                            "memory, at most 64GiB)")
-  parser.add_argument("--write", default=None, metavar="PATH",
+  parser.add_argument("--write", default=None, metavar="PATH", type=command.output_path,
                       help="write the table as Markdown (e.g. docs/benchmarks/gnn_offload.md)")
 
 
 def main(args) -> int:
+  if args.model == "hgt" and args.layers < 2:
+    raise command.UsageError("argument --layers: HGT's plan covers the layers after the first, so "
+                             f"it needs at least 2, got {args.layers}")
+  if args.hidden % args.heads:
+    raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
+                             f"{args.heads}")
   console = command.console()
   say = lambda text: console.print(text, markup=False)  # noqa: E731
   rows, notes = run(model=args.model, scale=args.scale, layers=args.layers, hidden=args.hidden,

@@ -713,7 +713,7 @@ def add_arguments(parser) -> None:
                            "scales)")
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
   parser.add_argument("--heads", type=command.positive_int, default=4, help="attention heads")
-  parser.add_argument("--seed", type=command.natural_int, default=0,
+  parser.add_argument("--seed", type=command.seed, default=0,
                       help="seed of graph, batches, keys and init")
   parser.add_argument("--quick", action="store_true",
                       help="a small graph and few batches (flags given still apply)")

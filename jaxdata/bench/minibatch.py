@@ -201,10 +201,14 @@ def main(args) -> int:
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
   batches = common.pick(args.batches, args.quick, 10, 100)
+  if min(args.device_counts) > (visible := len(jax.devices())):  # before drawing the graph
+    raise command.UsageError(f"argument --device-counts: every count is above the {visible} "
+                             f"device(s) visible, so nothing would be measured")
   console = command.console(width=160)
   results, notes, dataset = run(**size, fanouts=args.fanouts, batch_size=args.batch_size,
                                 batches=batches, devices=args.device_counts,
                                 pipelines=args.pipelines, repeats=args.repeats, console=console)
+  common.check_measured(results, notes)
   common.print_table(console, "mini-batch GraphSAGE: epoch through three pipelines",
                      *table_rows(results), notes, left=("pipeline",))
   if args.write:

@@ -19,7 +19,7 @@ where the runs are deterministic (the CPU), and on a GPU, whose atomic adds make
 differ a little, no farther apart than the runs of one variant are from each other. Anything
 else is printed loudly, marked in the table and makes the command exit with 1.
 
-    jaxdata bench one-process --quick --paths rgcn --repeats 1 --out-md /tmp/one_process.md
+    jaxdata bench one-process --quick --paths rgcn --repeats 1 --write /tmp/one_process.md
 """
 from __future__ import annotations
 
@@ -317,8 +317,8 @@ def add_arguments(parser) -> None:
   parser.add_argument("--keep", default=None, metavar="DIR",
                       help="keep every run's checkpoint and history.json under DIR (default: "
                            "a temporary folder, removed)")
-  parser.add_argument("--out-md", default="docs/benchmarks/one_process.md", metavar="PATH",
-                      type=command.output_path, help="where the Markdown table goes")
+  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
+                      help="write the table here (e.g. docs/benchmarks/one_process.md)")
 
 
 def main(args) -> int:
@@ -347,5 +347,6 @@ def main(args) -> int:
                     f"variants than between runs of one: plain {r.losses['plain']}, launched "
                     f"{r.losses['launched']}", highlight=False)
       failed = True
-  write(console, args.out_md, markdown(rows, hw, quick=args.quick, repeats=args.repeats))
+  if args.write:
+    write(console, args.write, markdown(rows, hw, quick=args.quick, repeats=args.repeats))
   return 1 if failed else 0

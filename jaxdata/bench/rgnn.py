@@ -192,7 +192,10 @@ def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0,
       from jaxdata.data import load_entities  # pylint: disable=g-import-not-at-top
     except ImportError as e:
       return None, f"{name} skipped: jaxdata.data.load_entities is not importable ({e})"
-    graph = load_entities(path).graph
+    try:
+      graph = load_entities(path).graph
+    except (OSError, EOFError, ValueError) as e:  # a damaged or wrong archive
+      return None, f"{name} skipped: {e}"
     return Graph.from_hetero(name, graph, f"from {os.path.basename(path)}"), None
   if name == "synthetic":
     sizes = synthetic or (QUICK_SYNTHETIC if quick else SYNTHETIC)
@@ -808,6 +811,7 @@ def main(args) -> int:
   results, notes, loaded = run(graphs, dims, data_dir=data_dir, quick=args.quick,
                                repeats=repeats, precision=args.precision, mode=args.mode,
                                console=console)
+  common.check_measured(results, notes)
   for g in loaded:
     console.print(g.describe())
   what = "inference (forward only)" if args.mode == "inference" else "forward + backward"

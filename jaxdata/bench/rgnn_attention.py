@@ -679,6 +679,7 @@ def main(args) -> int:
       model, graphs, dims, heads=args.heads, formulations=formulations, data_dir=data_dir,
       quick=args.quick, mag_scale=args.mag_scale, repeats=repeats, precision=args.precision,
       mode=args.mode, console=console)
+  common.check_measured(results, notes)
   for c in cases:
     console.print(c.describe())
   title = TITLES[model].replace("forward + backward", "inference (forward only)"

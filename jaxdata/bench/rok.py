@@ -317,6 +317,9 @@ def main(args) -> int:
     raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
+  if size["hidden"] % size["heads"]:
+    raise command.UsageError(f"argument --hidden: {size['hidden']} is not a multiple of --heads "
+                             f"{size['heads']}")
   size["loss_chunk"] = args.loss_chunk
   size["param_dtype"] = args.param_dtype
   console = command.console(width=200)

@@ -11,27 +11,43 @@ fresh process, and `jaxdata eval DIR` (`jaxdata.cli`) measures it again on its d
     logits = loaded.predict()                       # the model on its data (per kind)
 
 A checkpoint is a folder: Orbax's `state` (arrays) and `meta` (JSON) items, and `history.json`
-(per epoch or logged step) for people and plots. Orbax writes each item whole or not at all, so
-a run killed while saving leaves the previous checkpoint readable.
+(per epoch or logged step) for people and plots. `save` writes the new checkpoint beside the old
+one (`.NAME.jaxdata-tmp`) and swaps the two folders in one atomic rename, so a run killed while
+saving leaves the previous checkpoint readable, and the next save clears what it left behind.
+A folder holding anything a checkpoint does not (`OWNED`), someone's notes or plots, is never
+replaced: `check_out` refuses it before training starts.
 """
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import ctypes
 import dataclasses
+import errno
+import gc
 import importlib
 import json
 import os
+import shutil
+import sys
 from typing import Any, Callable
 
 import jax
 import numpy as np
-
-from jaxdata import command
 
 FORMAT = 1
 #: kind -> the training module that builds and evaluates it (each defines `restore`).
 KINDS = {"rgcn": "jaxdata.train.rgcn", "rgat": "jaxdata.train.attention",
          "hgt": "jaxdata.train.attention", "rgcn-mag": "jaxdata.train.attention", "sage": "jaxdata.train.sage",
          "gpt": "jaxdata.train.gpt"}
+#: What a checkpoint folder holds: its items, Orbax's markers and history.json. `save` replaces
+#: the whole folder, so one holding anything else is refused rather than wiped.
+OWNED = frozenset({"meta", "state", "history.json", "_CHECKPOINT_METADATA", "commit_success.txt"})
+#: The entries of `meta` that `load_model` needs, and their JSON types.
+META_FIELDS = {"kind": str, "step": int, "config": dict, "data": dict, "metrics": dict,
+               "history": list}
+_JSON_TYPES = {str: "string", int: "integer", dict: "object", list: "array"}
 
 
 @dataclasses.dataclass
@@ -76,10 +92,110 @@ def _jsonable(value: Any) -> Any:
   return value
 
 
+def check_out(path: str | os.PathLike) -> str:
+  """Where a checkpoint may be written, as an absolute path; raises ValueError saying why not.
+
+  Accepted: a new name in an existing, writable folder; an empty folder; a checkpoint holding
+  only what checkpoints hold (`OWNED`), which `save` replaces. Refused: an empty name, a
+  symbolic link (replacing it would replace the link, not the folder it names), a file, a
+  folder that is not a checkpoint, and a checkpoint holding other files (they would be lost).
+  """
+  text = os.fspath(path)
+  if not text.strip():
+    raise ValueError("the checkpoint folder's name is empty")
+  full = os.path.abspath(text)
+  parent, name = os.path.split(full)
+  if os.path.islink(full):
+    raise ValueError(f"{text!r} is a symbolic link (to {os.readlink(full)!r}): give the folder "
+                     f"itself")
+  if not name:
+    raise ValueError(f"{text!r} names no folder")
+  if not os.path.isdir(parent):
+    raise ValueError(f"the folder {parent!r} of {text!r} does not exist")
+  if not os.access(parent, os.W_OK):
+    raise ValueError(f"cannot write into {parent!r}")
+  if os.path.lexists(full):
+    if not os.path.isdir(full):
+      raise ValueError(f"{text!r} exists and is not a folder")
+    entries = set(os.listdir(full))
+    if entries and not {"meta", "state"} <= entries:
+      raise ValueError(f"{text!r} exists and is not a checkpoint folder: choose a new or empty "
+                       f"folder")
+    if entries - OWNED:
+      raise ValueError(f"{text!r} is a checkpoint that also holds {', '.join(sorted(entries - OWNED))}"
+                       f": saving replaces the whole folder, so move them out or choose another "
+                       f"folder")
+  return full
+
+
+def out_dir(text: str) -> str:
+  """`check_out` as an argparse type: every train command's `--out`, checked before training."""
+  try:
+    check_out(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+  return text
+
+
+def _temporaries(path: str) -> tuple[str, str]:
+  """The siblings a save of `path` uses: the new checkpoint while it is written, and (where the
+  system cannot swap folders atomically) the old one between two renames."""
+  parent, name = os.path.split(path)
+  return os.path.join(parent, f".{name}.jaxdata-tmp"), os.path.join(parent, f".{name}.jaxdata-old")
+
+
+def _clear_leftovers(path: str) -> None:
+  """Removes what a killed save of `path` left: its temporary folder (and Orbax's own temporary
+  beside it); an old checkpoint moved aside by a fallback swap goes back where it was."""
+  new, old = _temporaries(path)
+  if os.path.isdir(old) and not os.path.lexists(path):
+    os.rename(old, path)
+  parent, base = os.path.split(new)
+  for entry in os.listdir(parent):
+    if entry == base or entry.startswith(base + ".orbax-checkpoint-tmp") or entry == (
+        os.path.basename(old)):
+      shutil.rmtree(os.path.join(parent, entry))
+
+
+def _exchange(a: str, b: str) -> bool:
+  """Swaps two folders in one atomic step (Linux's renameat2 RENAME_EXCHANGE); False where this
+  system or file system cannot."""
+  renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+  if renameat2 is None:
+    return False
+  at_fdcwd, rename_exchange = -100, 2
+  if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    return True
+  code = ctypes.get_errno()
+  if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+    return False
+  raise OSError(code, os.strerror(code), b)
+
+
+def _put_in_place(new: str, path: str) -> None:
+  """Moves the complete checkpoint folder `new` to `path`, replacing what is there, so that at
+  every instant `path` holds the old or the new checkpoint whole. Without an atomic exchange
+  (not Linux) there are two renames, and a save killed between them leaves the old checkpoint
+  beside `path`, which the next save puts back."""
+  if not os.path.lexists(path):
+    os.rename(new, path)
+    return
+  replaced = new
+  if not _exchange(new, path):
+    replaced = _temporaries(path)[1]
+    os.rename(path, replaced)
+    os.rename(new, path)
+  shutil.rmtree(replaced)
+
+
 def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: dict,
          step: int, history: list[dict] = (), metrics: dict | None = None,
          optimizer_state: Any = None) -> str:
   """Writes a checkpoint folder at `path` (replacing one there); returns its absolute path.
+
+  The new checkpoint is written beside `path` and swapped in whole: a save that fails or is
+  killed leaves the previous checkpoint at `path` readable, and the next save clears its
+  temporaries. `path` must pass `check_out` (ValueError otherwise).
 
   Args:
     kind: one of `KINDS`: how `load_model` rebuilds it.
@@ -99,10 +215,15 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
     raise ValueError(f"checkpoint.save: kind must be one of {sorted(KINDS)}, got {kind!r}")
   import jaxdata  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(os.fspath(path))
-  # Orbax replaces the whole folder: never someone else's. Process 0 checks (the others could
-  # look while it writes); the CLI checked --out in every process before training.
-  if jax.process_index() == 0 and not command.is_replaceable(path):
-    raise ValueError(f"checkpoint.save: {path} exists and is neither empty nor a checkpoint")
+  # Process 0 checks and writes (the others could look while it does); the CLI checked --out
+  # in every process before training.
+  if jax.process_index() == 0:
+    try:
+      check_out(path)
+    except ValueError as e:
+      raise ValueError(f"checkpoint.save: {e}") from None
+    _clear_leftovers(path)
+  new = _temporaries(path)[0]
   state = {"params": jax.device_get(params)}
   if optimizer_state is not None:
     state["optimizer"] = jax.device_get(optimizer_state)
@@ -110,16 +231,24 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
                         config=config, data=data, metrics=metrics or {},
                         has_optimizer=optimizer_state is not None, history=list(history)))
   ocp, checkpointer = _checkpointer()
-  checkpointer.save(path, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                  meta=ocp.args.JsonSave(meta)), force=True)
+  checkpointer.save(new, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                 meta=ocp.args.JsonSave(meta)), force=True)
   if jax.process_index() == 0:  # in a multi-process job every process calls save; one writes
-    with open(os.path.join(path, "history.json"), "w") as f:
+    with open(os.path.join(new, "history.json"), "w") as f:
       json.dump(meta["history"], f, indent=1)
+    _put_in_place(new, path)
+  if jax.process_count() > 1:  # no process returns before the checkpoint is at `path`
+    ocp.multihost.sync_global_processes("jaxdata_checkpoint_in_place")
   return path
 
 
+def _first_line(e: BaseException) -> str:
+  return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def read_meta(path: str | os.PathLike) -> dict:
-  """The checkpoint's JSON part (kind, config, data, step, metrics, history), checked."""
+  """The checkpoint's JSON part (kind, config, data, step, metrics, history), checked: ValueError
+  naming the file where it cannot be read or lacks an entry of `META_FIELDS`."""
   path = os.path.abspath(os.fspath(path))
   if not os.path.isdir(path):
     raise FileNotFoundError(f"load_model: no checkpoint folder at {path}")
@@ -127,32 +256,112 @@ def read_meta(path: str | os.PathLike) -> dict:
       os.path.join(path, "state")):
     raise ValueError(f"load_model: {path} is not a jaxdata checkpoint (no 'meta' and 'state' "
                      f"items); `jaxdata train ... --out DIR` writes one")
+  where = os.path.join(path, "meta", "metadata")
   ocp, checkpointer = _checkpointer()
   try:
     meta = checkpointer.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
   except Exception as e:  # noqa: BLE001 - Orbax raises many kinds; the user needs one sentence
-    raise ValueError(f"load_model: {path}: the checkpoint's metadata cannot be read "
-                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("kind") not in KINDS:
-    raise ValueError(f"load_model: {path} is a checkpoint of an unknown format or kind "
-                     f"(format {meta.get('format') if isinstance(meta, dict) else None}, kind "
-                     f"{meta.get('kind') if isinstance(meta, dict) else None}); this jaxdata "
+    raise ValueError(f"load_model: {where}: the checkpoint's metadata cannot be read "
+                     f"({_first_line(e)})") from e
+  if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(
+      meta.get("kind"), str) or meta["kind"] not in KINDS:
+    raise ValueError(f"load_model: {where}: a checkpoint of an unknown format or kind "
+                     f"(format {meta.get('format') if isinstance(meta, dict) else None!r}, kind "
+                     f"{meta.get('kind') if isinstance(meta, dict) else None!r}); this jaxdata "
                      f"reads format {FORMAT} of kinds {sorted(KINDS)}")
+  for name, kind in META_FIELDS.items():
+    if not isinstance(meta.get(name), kind) or isinstance(meta.get(name), bool):
+      raise ValueError(f"load_model: {where}: the checkpoint's metadata has no {name!r} (a JSON "
+                       f"{ {str: 'string', int: 'integer', dict: 'object', list: 'array'}[kind]}"
+                       f"), found {meta.get(name)!r:.60}")
+  if not all(isinstance(v, (int, float)) or v is None for v in meta["metrics"].values()):
+    raise ValueError(f"load_model: {where}: the checkpoint's metrics are not all numbers")
   return meta
+
+
+def _leaves(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """A pytree's leaves by key path (keys as strings, as Orbax saves them) -> shape."""
+  def key(entry):
+    for attr in ("key", "idx", "name"):
+      if hasattr(entry, attr):
+        return str(getattr(entry, attr))
+    return str(entry)
+  return {tuple(key(k) for k in p): tuple(np.shape(leaf))
+          for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+class _ClosedLoopTolerant(asyncio.DefaultEventLoopPolicy):
+  """Orbax's event loops during a restore, tolerant of the reads a failed restore abandons:
+  TensorStore hands each one's end to its loop after Orbax closed it, which raised "Event loop
+  is closed" and printed a traceback per read (dozens around the one-line error)."""
+
+  def new_event_loop(self):
+    loop = super().new_event_loop()
+    call_soon_threadsafe = loop.call_soon_threadsafe
+
+    def tolerant(*args, **kwargs):
+      if not loop.is_closed():
+        try:
+          return call_soon_threadsafe(*args, **kwargs)
+        except RuntimeError:
+          if not loop.is_closed():
+            raise
+      return None
+    loop.call_soon_threadsafe = tolerant
+    loop.set_exception_handler(lambda loop, context: None)  # "never retrieved": ours, reported
+    return loop
+
+
+@contextlib.contextmanager
+def _tolerant_loops():
+  """Orbax's reads under `_ClosedLoopTolerant`; where they fail, the coroutines they abandoned are
+  collected here, their reports dropped (Python printed one traceback each, at exit)."""
+  previous = asyncio.get_event_loop_policy()
+  asyncio.set_event_loop_policy(_ClosedLoopTolerant())
+  try:
+    yield
+  except Exception:
+    unraisablehook, sys.unraisablehook = sys.unraisablehook, lambda report: None
+    try:
+      gc.collect()
+    finally:
+      sys.unraisablehook = unraisablehook
+    raise
+  finally:
+    asyncio.set_event_loop_policy(previous)
 
 
 def restore_state(path: str | os.PathLike, target: dict) -> dict:
   """The checkpoint's arrays, in the structure (and dtypes) of `target`: {"params": ...,
-  "optimizer": ...} as a freshly built model and optimizer have them."""
+  "optimizer": ...} as a freshly built model and optimizer have them.
+
+  ValueError, one line: "do not fit" where the saved arrays' names or shapes differ from
+  `target`'s; "cannot be read" naming the folder where an array file is missing or damaged.
+  """
   path = os.path.abspath(os.fspath(path))
+  where = os.path.join(path, "state")
   ocp, checkpointer = _checkpointer()
+  from etils import epath  # pylint: disable=g-import-not-at-top  (Orbax's paths)
   try:
-    return checkpointer.restore(path, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target)))["state"]
+    with _tolerant_loops():
+      saved = _leaves(ocp.StandardCheckpointHandler().metadata(epath.Path(where)).tree)
   except Exception as e:  # noqa: BLE001
+    raise ValueError(f"load_model: {where}: the saved arrays' description cannot be read, a file "
+                     f"is missing or damaged ({_first_line(e)})") from e
+  wanted = _leaves(target)
+  differ = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
+  if differ:
+    k = differ[0]
     raise ValueError(f"load_model: {path}: the saved arrays do not fit the model its "
-                     f"configuration builds ({type(e).__name__}: "
-                     f"{str(e).splitlines()[0] if str(e) else ''})") from e
+                     f"configuration builds ({len(differ)} differ; {'/'.join(k)}: saved "
+                     f"{saved.get(k, 'none')}, the model's {wanted.get(k, 'none')})")
+  try:
+    with _tolerant_loops():
+      return checkpointer.restore(path, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target)))["state"]
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(f"load_model: {where}: the saved arrays cannot be read, a file is missing "
+                     f"or damaged ({_first_line(e)[:300]})") from e
 
 
 def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
@@ -186,10 +395,18 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   """Rebuilds the model saved at `path` (a folder `jaxdata train ... --out` wrote).
 
   `data_overrides` replace entries of the saved data description, e.g. ``path=...`` where an
-  RDF archive has moved since training. Raises FileNotFoundError / ValueError naming the problem
-  for a missing folder, a folder that is not a checkpoint, or arrays that do not fit.
+  RDF archive has moved since training. Raises FileNotFoundError / ValueError, one line naming the
+  problem and the file: a missing folder, a folder that is not a checkpoint, metadata that cannot
+  be read or does not describe a model of its kind, array files missing or damaged, or arrays
+  that do not fit.
   """
   meta = read_meta(path)
   meta["data"] = {**meta["data"], **data_overrides}
   module = importlib.import_module(KINDS[meta["kind"]])
-  return module.restore(os.path.abspath(os.fspath(path)), meta)
+  path = os.path.abspath(os.fspath(path))
+  try:
+    return module.restore(path, meta)
+  except (TypeError, KeyError) as e:  # a hand-edited meta: the config of another kind, ...
+    raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
+                     f"or data description does not build a {meta['kind']} model "
+                     f"({_first_line(e)})") from e

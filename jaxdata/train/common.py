@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import queue
 import threading
@@ -25,6 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxdata import command, distributed
 from jaxdata.host import sparse
+from jaxdata.train import checkpoint
 
 
 @dataclasses.dataclass
@@ -46,6 +48,26 @@ class TrainResult:
   @property
   def val_accuracy(self) -> float:
     return float(self.metrics["val_accuracy"])
+
+
+class LossNotFinite(FloatingPointError):
+  """A run's training loss became NaN or infinite (a learning rate too large, ...): the run
+  stops there, and the command saves nothing (`jaxdata.cli` prints one line, exit code 1)."""
+
+
+def add_record(history: list[dict], record: dict,
+               report: Callable[[dict], None] | None = None) -> None:
+  """Appends a run's `record` (an epoch's, or a logged window of steps') to `history` and passes
+  it to `report`; LossNotFinite instead where its loss (or held-out loss, "val_loss") is NaN or
+  infinite, so that a diverged run stops rather than train on and save NaN weights."""
+  for key, what in (("loss", "training loss"), ("val_loss", "held-out loss")):
+    if not math.isfinite(record.get(key, 0.0)):
+      where = f"epoch {record['epoch']}" if "epoch" in record else f"step {record['step']}"
+      raise LossNotFinite(f"the {what} became {record[key]} at {where}: the run stopped and "
+                          "saved nothing (a smaller learning rate may help)")
+  history.append(record)
+  if report is not None:
+    report(record)
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -159,6 +181,16 @@ def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
                            "default; the learning rate is --lr)")
 
 
+def check_fanouts(fanouts, batch_size: int) -> None:
+  """UsageError (naming --fanouts) where a batch's last hop would sample more nodes (batch size
+  times every fanout) than int32 indices can number."""
+  slots = batch_size * math.prod(fanouts)
+  if slots >= 2**31:
+    raise command.UsageError(f"argument --fanouts: {','.join(map(str, fanouts))} with batches "
+                             f"of {batch_size} samples {slots:,} nodes at the last hop, more "
+                             f"than int32 indices can number (2,147,483,647)")
+
+
 def minibatch_options(args, layers: int) -> dict:
   """The `MinibatchConfig` fields the common `--minibatch` options give for a model of
   `layers` graph layers: one fanout per layer (default 10 each; UsageError for another count)."""
@@ -166,6 +198,7 @@ def minibatch_options(args, layers: int) -> dict:
   if len(fanouts) != layers:
     raise command.UsageError(f"argument --fanouts: give one fanout per layer (--layers {layers}), "
                              f"got {len(fanouts)}")
+  check_fanouts(fanouts, args.batch_size)
   return dict(fanouts=tuple(fanouts), batch_size=args.batch_size, pipeline=args.pipeline,
               table_optimizer=args.table_optimizer)
 
@@ -248,22 +281,23 @@ def progress(console, label: str, total: int | None, **fields: Any
 
 def add_out_argument(parser, kind: str, model: str = "the trained model") -> None:
   """Every trainer's `--out DIR`: where its checkpoint goes (checked before training starts)."""
-  parser.add_argument("--out", default=f"{kind}-checkpoint", type=command.checkpoint_dir,
+  parser.add_argument("--out", default=f"{kind}-checkpoint", type=checkpoint.out_dir,
                       metavar="DIR", help=f"checkpoint folder for {model} (`jaxdata eval DIR` "
                                           "measures it again)")
 
 
 def add_offload_arguments(parser, *, planned: str, policies: str, per_device: str = "") -> None:
   """Every trainer's activation-offload flags: --offload (`planned`: what the planner plans,
-  named in its help), --plan (`policies`: examples of policy names), --budget (implies
-  --offload; `per_device`: how the budget is shared out, if it is), --ram and --ssd-dir.
+  named in its help), --plan (`policies`: examples of policy names; a policy implies --offload),
+  --budget (implies --offload; `per_device`: how the budget is shared out, if it is), --ram and
+  --ssd-dir.
   `check_offload_arguments` validates them before anything runs."""
   parser.add_argument("--offload", action="store_true",
                       help=f"plan keep / offload / recompute per layer under --budget ({planned}) "
                            "and train with the plan")
   parser.add_argument("--plan", default="auto", metavar="POLICY",
-                      help="--offload: 'auto' (the planner, under --budget) or one policy for "
-                           f"every planned layer, as plans print them: {policies}")
+                      help="'auto' (the planner, under --budget) or one policy for every "
+                           f"planned layer (implies --offload), as plans print them: {policies}")
   parser.add_argument("--budget", type=command.size, default=None,
                       help="device memory for the planned layers' activations"
                            f"{', ' + per_device if per_device else ''}, e.g. 2GiB (implies "
@@ -276,9 +310,14 @@ def add_offload_arguments(parser, *, planned: str, policies: str, per_device: st
 
 
 def check_offload_arguments(args) -> None:
-  """UsageError for offload flags that cannot work; sets `args.offload` where --budget asked
-  for it. The planner needs a budget unless --plan names one policy."""
-  args.offload = args.offload or args.budget is not None
+  """UsageError for offload flags that cannot work; sets `args.offload` where --budget or a
+  --plan policy asked for it. The planner needs a budget unless --plan names one policy;
+  --ram and --ssd-dir size the store of an offload, so they need one."""
+  args.offload = args.offload or args.budget is not None or args.plan != "auto"
+  for flag, value in (("--ram", args.ram), ("--ssd-dir", args.ssd_dir)):
+    if value is not None and not args.offload:
+      raise command.UsageError(f"argument {flag}: only with --offload (or --budget, or --plan "
+                               "POLICY): without an offload plan nothing is offloaded")
   if args.offload and args.plan == "auto" and args.budget is None:
     raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
                              "planner, or --plan POLICY")
@@ -288,7 +327,7 @@ def check_offload_arguments(args) -> None:
 
 def say_saved(console, path: str) -> None:
   """The line every trainer ends with: where the checkpoint and its history went."""
-  console.print(f"checkpoint saved to {path} (history in {path}/history.json; "
+  console.print(f"checkpoint saved to {path} (history in {os.path.join(path, 'history.json')}; "
                 f"`jaxdata eval {path}` measures it again)")
 
 

@@ -36,9 +36,9 @@ from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
-from jaxdata.train.common import (TrainResult, add_offload_arguments, add_out_argument,
-                                  check_offload_arguments, device_mesh, progress, psum_flat,
-                                  say_saved, sharded_jit, devices_flag)
+from jaxdata.train.common import (TrainResult, add_offload_arguments, add_out_argument, add_record,
+                                  check_offload_arguments, device_mesh, progress,
+                                  psum_flat, say_saved, sharded_jit, devices_flag)
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -67,7 +67,7 @@ class GPTTrainConfig:
   seed: int = 0
   dtype: str = "float32"       # compute dtype; parameters stay float32
   order: int = 1               # the token chain: context length and successors per context
-  branching: int = 4
+  branching: int = 4           # (at most vocab: a smaller vocab takes vocab)
   eval_batches: int = 4        # held-out batches for the start and final loss
   log_every: int | None = None  # steps between logged records (None: steps // 10)
   loss_chunk: int = 0          # cross entropy in chunks of this many positions (0: at once)
@@ -190,9 +190,7 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
       e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
       record["val_loss"] = held_out_loss(state)
       evaluating += time.perf_counter() - e0
-      history.append(record)
-      if on_log:
-        on_log(record)
+      add_record(history, record, on_log)
       window, t0 = [], time.perf_counter()
   total = time.perf_counter() - start - evaluating
   if ndev > 1:  # replicated over the mesh: this process's own copy, on its first device
@@ -209,8 +207,8 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
 
 
 def _chain(config: GPTTrainConfig):
-  return markov_tokens(config.vocab, order=config.order, branching=config.branching,
-                       seed=config.seed)
+  return markov_tokens(config.vocab, order=config.order,
+                       branching=min(config.branching, config.vocab), seed=config.seed)
 
 
 def _held_out(config: GPTTrainConfig, chain=None) -> jax.Array:
@@ -270,11 +268,11 @@ def add_arguments(parser):
                            "takes an equal share)")
   parser.add_argument("--devices", type=command.natural_int, default=1,
                       help="data parallel over this many local devices per process (0: all)")
-  parser.add_argument("--vocab", type=command.positive_int, default=d.vocab, help="vocabulary")
+  parser.add_argument("--vocab", type=command.integer(2), default=d.vocab, help="vocabulary")
   parser.add_argument("--steps", type=command.positive_int, default=d.steps, help="training steps")
   parser.add_argument("--lr", type=command.positive_float, default=d.learning_rate,
                       help="peak learning rate")
-  parser.add_argument("--seed", type=command.natural_int, default=d.seed,
+  parser.add_argument("--seed", type=command.seed, default=d.seed,
                       help="seed of data and model")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype,
                       help="compute dtype (parameters stay float32)")

@@ -50,9 +50,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
-from jaxdata.train.common import (TrainResult, add_out_argument, check_copies_agree, prefetched,
-                                  progress, say_saved, psum_flat, seed_batches, device_mesh,
-                                  sharded_jit, devices_flag)
+from jaxdata.train.common import (TrainResult, add_out_argument, add_record, check_copies_agree,
+                                  check_fanouts, prefetched, progress, say_saved, psum_flat,
+                                  seed_batches, device_mesh, sharded_jit, devices_flag)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
@@ -369,9 +369,7 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
                   seconds=seconds, batches=len(rows), seeds_per_second=count / seconds)
     if config.evaluate and len(dataset.val_nodes):
       record["val_accuracy"] = accuracy(dataset.val_nodes, jax.random.fold_in(eval_key, epoch))
-    history.append(record)
-    if on_epoch:
-      on_epoch(record)
+    add_record(history, record, on_epoch)
   test = accuracy(dataset.test_nodes, test_key) if config.evaluate and len(
       dataset.test_nodes) else float("nan")
   # Replicated over the mesh: each process reads its own copy (no collective).
@@ -534,7 +532,7 @@ def add_arguments(parser):
   parser.add_argument("--pipeline", choices=PIPELINES, default="host",
                       help="host: GPU samples and gathers from host memory (jaxdata); device: "
                            "all in device memory; cpu: CPU samples and gathers, device_put")
-  parser.add_argument("--nodes", type=command.positive_int, default=100_000,
+  parser.add_argument("--nodes", type=command.integer(1, 2**31 - 1), default=100_000,
                       help="synthetic graph: nodes")
   parser.add_argument("--edges", type=command.positive_int, default=2_000_000,
                       help="synthetic graph: edges")
@@ -554,7 +552,7 @@ def add_arguments(parser):
                       help="data-parallel over this many local devices (0: all)")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype (parameters stay float32)")
-  parser.add_argument("--seed", type=command.natural_int, default=0, help="seed of data and model")
+  parser.add_argument("--seed", type=command.seed, default=0, help="seed of data and model")
   add_out_argument(parser, "sage")
   parser.add_argument("--cache", type=command.fraction, default=0.0,
                       help="host pipeline: keep this fraction of the feature rows (the most "
@@ -578,6 +576,10 @@ def main(args) -> int:
                         embed_dim=args.embed_dim, table_optimizer=args.table_optimizer)
   except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
     raise command.UsageError(str(e)) from None
+  if args.classes > args.nodes:
+    raise command.UsageError(f"argument --nodes: {args.nodes} nodes cannot hold --classes "
+                             f"{args.classes} (every class needs a node)")
+  check_fanouts(config.fanouts, config.batch_size)
   with console.status("generating the synthetic graph"):
     data = {"source": "powerlaw", "nodes": args.nodes, "edges": args.edges,
             "features": args.features, "classes": args.classes, "seed": args.seed}
@@ -597,7 +599,8 @@ def main(args) -> int:
         update(completed=done, total=total)
 
       def on_epoch(r):
-        update(epoch=r["epoch"] + 1, completed=0,
+        more = r["epoch"] < config.epochs  # the bar moves on to the next epoch, if there is one
+        update(**(dict(epoch=r["epoch"] + 1, completed=0) if more else {}),
                metrics=f"loss {r['loss']:.4f}  val acc {r.get('val_accuracy', 0):.3f}")
         console.print(
             f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  train acc {r['train_accuracy']:.4f}  "

@@ -45,7 +45,7 @@ from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
 from jaxdata.train.common import (DeviceBudgetError, TrainResult, accuracy,
-                                  add_minibatch_arguments, add_offload_arguments,
+                                  add_minibatch_arguments, add_record, add_offload_arguments,
                                   add_out_argument, check_offload_arguments, minibatch_options,
                                   progress, say_saved, devices_flag)
 
@@ -465,9 +465,7 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
     record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(acc),
                   seconds=time.perf_counter() - t0)
     record["val_accuracy"] = evaluate(model, dataset, graph, xs)["val_accuracy"]
-    history.append(record)
-    if on_epoch is not None:
-      on_epoch(record)
+    add_record(history, record, on_epoch)
   final = evaluate(model, dataset, graph, xs)
   return TrainResult(model, history, final, time.perf_counter() - start, optimizer, plan)
 
@@ -589,7 +587,7 @@ def add_arguments(parser, model: str):
                       help="attention heads (--hidden must be a multiple)")
   parser.add_argument("--lr", type=command.positive_float, default=0.005,
                       help="Adam's learning rate")
-  parser.add_argument("--seed", type=command.natural_int, default=0, help="seed of data and model")
+  parser.add_argument("--seed", type=command.seed, default=0, help="seed of data and model")
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                       help="compute dtype (parameters stay float32)")
   parser.add_argument("--passes", default=None, type=_passes,

@@ -542,9 +542,7 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
       record["cache_fraction"] = data.cache_fraction
       if validate:
         record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
-      history.append(record)
-      if on_epoch is not None:
-        on_epoch(record)
+      common.add_record(history, record, on_epoch)
     if final_evaluation == "minibatch":
       final = {"val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
                "test_accuracy": accuracy(dataset.test_papers, test_key)}

@@ -33,8 +33,8 @@ from jaxdata import distributed
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
-from jaxdata.train.common import (TrainResult, device_mesh, first_row, gather_rows, node_rows,
-                                  sharded_jit as shard)
+from jaxdata.train.common import (TrainResult, add_record, device_mesh, first_row, gather_rows,
+                                  node_rows, sharded_jit as shard)
 
 
 def train(dataset: MagDataset, config, *, on_epoch: Callable[[dict], None] | None = None
@@ -113,9 +113,7 @@ def train(dataset: MagDataset, config, *, on_epoch: Callable[[dict], None] | Non
     record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(correct) / num_train,
                   seconds=time.perf_counter() - t0)
     record["val_accuracy"] = accuracies(state)["val_accuracy"]
-    history.append(record)
-    if on_epoch is not None:
-      on_epoch(record)
+    add_record(history, record, on_epoch)
   final = accuracies(state)
   model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
   return TrainResult(model, history, final, time.perf_counter() - start, optimizer)

@@ -37,7 +37,7 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
-from jaxdata.train.common import (TrainResult, accuracy, add_minibatch_arguments,
+from jaxdata.train.common import (TrainResult, add_record, accuracy, add_minibatch_arguments,
                                   add_out_argument, minibatch_options, progress, say_saved,
                                   devices_flag)
 
@@ -181,9 +181,7 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
                     seconds=time.perf_counter() - t0)
       if len(val):
         record["val_accuracy"] = float(val_acc)
-      history.append(record)
-      if on_epoch is not None:
-        on_epoch(record)
+      add_record(history, record, on_epoch)
   finally:
     if table is not None:
       # close() waits for the kernels reading the table. Not jax.effects_barrier(): on a GPU it
@@ -301,7 +299,7 @@ def add_arguments(parser):
                       help="training nodes held out to report validation accuracy every epoch "
                            "(default 0.2 on the synthetic graph; 0 on RDF archives, as the paper "
                            "trains on the whole training set)")
-  parser.add_argument("--seed", type=command.natural_int, default=0, help="the first seed")
+  parser.add_argument("--seed", type=command.seed, default=0, help="the first seed")
   parser.add_argument("--seeds", type=command.positive_int, default=None,
                       help="train this many times (seeds seed, seed+1, ...) and report the mean "
                            "(default: 1)")
@@ -347,6 +345,11 @@ def add_arguments(parser):
                         "parameters, optimizer state and cached feature rows (or auto: a "
                         "quarter of the feature and embedding tables)")
   add_out_argument(parser, "rgcn", "the (last seed's) model")
+
+
+#: The synthetic graph's fewest nodes: one per class (synthetic_entities draws 4) and at least
+#: one labelled for training (a tenth of them, rounded).
+SYNTHETIC_MIN_NODES = 6
 
 
 #: Options that name or shape the entity datasets (not with --scale), and those of synthetic_mag
@@ -401,13 +404,17 @@ def main(args) -> int:
                              "needs --bases of at least 1")
   if args.data:
     data = {"source": "rdf", "path": os.path.abspath(args.data)}
+  elif args.nodes < SYNTHETIC_MIN_NODES:
+    raise command.UsageError(f"argument --nodes: the synthetic graph needs at least "
+                             f"{SYNTHETIC_MIN_NODES} nodes (4 classes, and a tenth of the nodes "
+                             f"to train on), got {args.nodes}")
   else:
     data = {"source": "synthetic", "nodes": args.nodes, "edges": args.edges,
             "relations": args.relations, "seed": args.seed}
   try:
     dataset, setup = load_dataset(data)
   except (OSError, ValueError, EOFError) as e:
-    raise command.UsageError(f"argument --data: {e}") from None
+    raise command.UsageError(f"argument {'--data' if args.data else '--nodes'}: {e}") from None
   num_bases = args.bases if args.bases is not None else setup.get("num_bases")
   num_bases = num_bases or None  # --bases 0: a full weight per relation
   l2 = args.l2 if args.l2 is not None else setup.get("l2", 0.0)

@@ -293,9 +293,7 @@ def train(dataset: EntityDataset, config: TrainConfig,
               sharded.accuracy(val_ids, val_key_e) if sharded is not None else
               common.sampled_accuracy(lambda s, k: predict(model, data.consts, s, k), val_ids,
                                       minibatch.batch_size, val_key_e))
-        history.append(record)
-        if on_epoch is not None:
-          on_epoch(record)
+        common.add_record(history, record, on_epoch)
       if sharded is not None:
         sharded.finish()
       if data.rows is not None:  # several processes: every copy received every row update

@@ -36,8 +36,8 @@ from jaxdata import distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
-from jaxdata.train.common import (TrainResult, device_mesh, first_row, gather_rows, node_rows,
-                                  sharded_jit as shard)
+from jaxdata.train.common import (TrainResult, add_record, device_mesh, first_row, gather_rows,
+                                  node_rows, sharded_jit as shard)
 
 def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
           ) -> TrainResult:
@@ -114,9 +114,7 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
                   seconds=time.perf_counter() - t0)
     if len(val):
       record["val_accuracy"] = float(hits[1]) / num_val
-    history.append(record)
-    if on_epoch is not None:
-      on_epoch(record)
+    add_record(history, record, on_epoch)
   test_correct = int(distributed.local_value(test(state, consts)))
   # Replicated over the mesh: each process reads its own copy (no collective).
   model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
