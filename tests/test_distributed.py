@@ -175,7 +175,7 @@ def test_a_failing_command_fails_the_launch_with_its_exit_code():
 
 def test_launch_needs_a_train_command_and_sets_the_process_flags_itself(capsys):
   assert cli.main(["launch", "-n", "2", "--", "info"]) == 2
-  assert "give the command to run after --" in capsys.readouterr().err
+  assert "launch runs train commands" in capsys.readouterr().err
   assert cli.main(["launch", "-n", "2", "--", "train", "sage", "--process-id", "1"]) == 2
   assert "the launcher sets --process-id itself" in capsys.readouterr().err
 
