@@ -211,3 +211,28 @@ def test_bench_one_process_writes_markdown_only_where_asked(monkeypatch, tmp_pat
   assert list(tmp_path.iterdir()) == []
   assert _run(["bench", "one-process", "--quick", "--write", "table.md"], capsys)[0] == 0
   assert (tmp_path / "table.md").read_text().startswith("#")
+
+
+def test_a_hetero_bench_that_measured_nothing_exits_2_and_writes_nothing(tmp_path, capsys):
+  """Every pipeline asked for is skipped (the all-in-GPU one, past a 1000-byte device budget):
+  exit 2 with the reason, and no empty table written."""
+  out = tmp_path / "hetero.md"
+  code, _, err = _run(["bench", "hetero", "--quick", "--scale", "0.002", "--pipelines", "device",
+                       "--device-bytes", "1000", "--out", str(out)], capsys)
+  assert code == 2
+  assert "nothing could be measured" in err and "past the device budget" in err
+  assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_tensor_cores_bench_that_measured_nothing_exits_2(monkeypatch, tmp_path, capsys):
+  """Every row of every case failed (here: the run's rows, each marked "error"): exit 2
+  naming the notes' reason, where an empty table used to exit 0."""
+  from jaxdata.bench import tensor_cores
+  case = tensor_cores.Case("rgcn", 64, [tensor_cores.Measured("rgcn", 64, row, status="error")
+                                        for row in tensor_cores.rows()])
+  monkeypatch.setattr(tensor_cores, "run", lambda *args, **kwargs: (
+      [case], ["rgcn dim 64: every row failed (no GPU)"], []))
+  code, _, err = _run(["bench", "tensor-cores", "--quick", "--models", "rgcn",
+                       "--write", str(tmp_path / "t.md")], capsys)
+  assert code == 2
+  assert "nothing could be measured: rgcn dim 64: every row failed" in err

@@ -194,8 +194,10 @@ def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
   want = jax.block_until_ready(untuned(x, w))
   monkeypatch.setenv(tuning.AUTOTUNE_ENV, "1")
   tuned = step()
+  before = tuning.tuning_lowerings()
   files = _tune_files(tuned.lower(x, w).as_text())
   assert len(files) == 3 and all(files) and len(set(files)) == 3
+  assert tuning.tuning_lowerings() - before == 3  # what `bench rgnn` reads (Compiled.tunes)
   _check_targets(tuned.lower(x, w).as_text())
   assert not any(os.path.exists(f) for f in files)
   got = jax.block_until_ready(tuned(x, w))
@@ -208,7 +210,9 @@ def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
     choice = tuning.read_choice(pathlib.Path(f), 4)
     assert choice is not None and all(np.isfinite(choice.times_us)), open(f).read()
     assert min(choice.times_us) > 0
+  before = tuning.tuning_lowerings()
   assert _tune_files(step().lower(x, w).as_text()) == ["", "", ""]  # read, not tuned again
+  assert tuning.tuning_lowerings() == before
   pathlib.Path(files[1]).write_text("jaxdata-hector-tune 1\nchoice 9\n")
   again = _tune_files(step().lower(x, w).as_text())
   assert sorted(again) == sorted(["", "", files[1]])

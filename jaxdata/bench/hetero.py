@@ -754,6 +754,7 @@ def main(args) -> int:
       device_bytes=args.device_bytes)
   common.print_table(console, f"mini-batch {args.model.upper()}: four pipelines",
                      *table_rows(results, link), notes, left=("pipeline",))
+  common.check_measured([r for r in results if r.batch_ms is not None], notes)
   if args.out:
     common.write(console, args.out, markdown(
         results, link, notes, dataset, common.command_line(), model=args.model,

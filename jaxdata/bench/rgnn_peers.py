@@ -133,6 +133,7 @@ def compile_step(formulation: Formulation, x, w, ct, *, mode: str = "train") -> 
   checksum that `Compiled.loss` computes outside the timed program).
   """
   g = formulation.graph_args
+  tuned_before = _tuning_lowerings()
   if mode == "train":
     lowered = loss_and_grads(formulation).lower(x, w, g, ct)
     compiled = lowered.compile()
@@ -145,7 +146,16 @@ def compile_step(formulation: Formulation, x, w, ct, *, mode: str = "train") -> 
     raise ValueError(f"compile_step: mode must be one of {MODES}, got {mode!r}")
   analysis = compiled.memory_analysis()
   return Compiled(run, compiled_bytes(analysis), analysis, loss,
-                  tunes="jaxdata_hector_tune" in lowered.as_text())
+                  tunes=_tuning_lowerings() > tuned_before)
+
+
+def _tuning_lowerings() -> int:
+  """`jaxdata.hector.tuning.tuning_lowerings()`, or 0 where hector is not importable."""
+  try:
+    from jaxdata.hector import tuning  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return 0
+  return tuning.tuning_lowerings()
 
 
 def compiled_bytes(analysis) -> int | None:

@@ -700,6 +700,7 @@ def main(args) -> int:
                              if args.write else None)
   common.print_table(console, "issue 19: hector on tensor cores, forward + backward",
                      *table_rows(cases), notes, left=("model", "row", "issue 19's bars"))
+  common.check_measured([m for c in cases for m in c.rows if m.ok], notes)
   if args.write:
     write(cases, notes, graphs)
   return 0

@@ -428,6 +428,8 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
   # a call that tunes goes to the target XLA keeps out of its CUDA graphs (its first run must
   # not be captured: it times the tilings); every other call may join them
   target = "jaxdata_hector_tune" if tune_file else "jaxdata_hector_launch"
+  if tune_file:
+    tuning.note_tuning_lowering()
   return jax.ffi.ffi_lowering(target)(
       ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
       block=np.int64(block), zero_outputs=np.int32(spec.zero_output),

@@ -31,6 +31,23 @@ AUTOTUNE_ENV = "JAXDATA_HECTOR_AUTOTUNE"
 HEADER = "jaxdata-hector-tune 1"
 
 
+_lowered_to_tune = 0  # hector calls this process lowered to the tuning target
+
+
+def note_tuning_lowering() -> None:
+  """Counts one call lowered to ``jaxdata_hector_tune`` (`jaxdata.hector.runtime`)."""
+  global _lowered_to_tune
+  _lowered_to_tune += 1
+
+
+def tuning_lowerings() -> int:
+  """How many hector calls this process has lowered to ``jaxdata_hector_tune``, the target XLA
+  keeps out of its CUDA graphs because the call's first run times its tilings. A program whose
+  lowering raised this count tunes on its first run; compiled again after that run, it launches
+  the chosen tilings inside XLA's graphs."""
+  return _lowered_to_tune
+
+
 def enabled() -> bool:
   """Whether tensor-core instances are tuned (unless `AUTOTUNE_ENV` is "0")."""
   return os.environ.get(AUTOTUNE_ENV, "1") != "0"
