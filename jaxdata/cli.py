@@ -135,6 +135,11 @@ def _eval(args: argparse.Namespace) -> int:
     measured = loaded.evaluate()
   except ValueError as e:  # e.g. a sampled evaluation that needs more devices than are here
     raise command.UsageError(str(e)) from None
+  except (TypeError, AttributeError, RuntimeError) as e:  # e.g. a hand-edited configuration
+    first = str(e).splitlines()[0] if str(e) else ""
+    raise command.UsageError(
+        f"{os.path.abspath(args.checkpoint)}: measuring the saved model failed; was its "
+        f"meta/metadata edited? ({type(e).__name__}: {first[:200]})") from None
   for name, value in measured.items():
     saved = loaded.metrics.get(name)
     console.print(f"{name} {value:.4f}" + ("" if saved is None else f" (at save: {saved:.4f})"))

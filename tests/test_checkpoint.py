@@ -245,3 +245,58 @@ def test_eval_of_damaged_arrays_is_one_line(trained, tmp_path, damage):
   assert proc.returncode == 2
   assert len(proc.stderr.splitlines()) == 1, proc.stderr[:3000]
   assert "missing or damaged" in proc.stderr and "do not fit" not in proc.stderr
+
+
+def test_a_flipped_byte_in_an_array_is_named_not_restored(tmp_path):
+  """Orbax and TensorStore do not check the bytes they read: `save` records a checksum per
+  array and `restore_state` compares the restored arrays with it."""
+  from jaxdata.train import checkpoint
+  _save_tiny(tmp_path / "ck", 0.25)
+  meta = checkpoint.read_meta(tmp_path / "ck")
+  target = {"params": {"w": np.zeros(3, np.float32)}}
+  got = checkpoint.restore_state(tmp_path / "ck", target, meta["digests"])
+  np.testing.assert_array_equal(got["params"]["w"], np.full(3, 0.25, np.float32))
+  wrong = dict(meta["digests"], **{"params/w": "float32:0123456789abcdef"})
+  with pytest.raises(ValueError, match="the saved array params/w is damaged"):
+    checkpoint.restore_state(tmp_path / "ck", target, wrong)
+  # another dtype than saved is not compared (nothing to compare its bytes with)
+  other = {"params": {"w": np.zeros(3, np.float64)}}
+  assert checkpoint.restore_state(tmp_path / "ck", other, wrong)["params"]["w"].dtype == np.float64
+
+
+def test_eval_of_an_array_file_with_flipped_bits_is_one_line(trained, tmp_path):
+  """8 bytes flipped in the middle of the largest array data file (the arrays' chunks, which
+  TensorStore reads without a checksum; its b-tree nodes carry one): without `save`'s checksums
+  this restored a wrong optimizer moment and measured the model as if nothing happened."""
+  ck = tmp_path / "ck"
+  shutil.copytree(trained / "rgcn", ck)
+  f = max((f for f in (ck / "state").rglob("*") if f.is_file() and f.parent.name == "d"),
+          key=lambda f: f.stat().st_size)
+  data = bytearray(f.read_bytes())
+  i = len(data) // 3
+  data[i:i + 8] = bytes(b ^ 0x5A for b in data[i:i + 8])
+  f.write_bytes(bytes(data))
+  proc = subprocess.run([sys.executable, "-m", "jaxdata.cli", "eval", str(ck)],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stdout + proc.stderr[:3000]
+  assert len(proc.stderr.splitlines()) == 1, proc.stderr[:3000]
+  assert "is damaged (its bytes differ from those saved" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("kind, edit", [("rgcn", "seed=null"), ("sage", "seed=null"),
+                                        ("rgat", "kind=hgt")])
+def test_eval_of_a_hand_edited_configuration_is_one_line(trained, tmp_path, capsys, kind, edit):
+  """A null seed (the model cannot be built) or an RGAT checkpoint relabelled HGT (it would be
+  measured, and printed, as an HGT): one line naming the checkpoint, exit 2."""
+  ck = tmp_path / "ck"
+  shutil.copytree(trained / kind, ck)
+  meta_file = ck / "meta" / "metadata"
+  meta = json.loads(meta_file.read_text())
+  if edit == "seed=null":
+    meta["config"]["seed"] = None
+  else:
+    meta["kind"] = "hgt"
+  meta_file.write_text(json.dumps(meta))
+  assert cli.main(["eval", str(ck)]) == 2
+  err = capsys.readouterr().err
+  assert len(err.strip().splitlines()) == 1 and str(ck) in err, err

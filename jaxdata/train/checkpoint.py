@@ -26,6 +26,7 @@ import ctypes
 import dataclasses
 import errno
 import gc
+import hashlib
 import importlib
 import json
 import os
@@ -229,7 +230,8 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
     state["optimizer"] = jax.device_get(optimizer_state)
   meta = _jsonable(dict(format=FORMAT, kind=kind, jaxdata=jaxdata.__version__, step=int(step),
                         config=config, data=data, metrics=metrics or {},
-                        has_optimizer=optimizer_state is not None, history=list(history)))
+                        has_optimizer=optimizer_state is not None, history=list(history),
+                        digests=_digests(state)))
   ocp, checkpointer = _checkpointer()
   checkpointer.save(new, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                  meta=ocp.args.JsonSave(meta)), force=True)
@@ -240,6 +242,41 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
   if jax.process_count() > 1:  # no process returns before the checkpoint is at `path`
     ocp.multihost.sync_global_processes("jaxdata_checkpoint_in_place")
   return path
+
+
+def _path_name(path) -> str:
+  """A key path as Orbax names it ("params/conv1/bases")."""
+  def key(entry):
+    for attr in ("key", "idx", "name"):
+      if hasattr(entry, attr):
+        return str(getattr(entry, attr))
+    return str(entry)
+  return "/".join(key(k) for k in path)
+
+
+def _digests(state: dict) -> dict[str, str]:
+  """Each array of `state` by name -> "dtype:sha256 of its bytes" (the first 16 hex digits):
+  what `restore_state` checks the restored arrays against, since neither Orbax nor TensorStore
+  checks the bytes they read (a flipped bit in an array file restores as a wrong value)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    a = np.ascontiguousarray(np.asarray(leaf))
+    out[_path_name(path)] = f"{a.dtype}:{hashlib.sha256(a.view(np.uint8).reshape(-1)).hexdigest()[:16]}"
+  return out
+
+
+def _check_digests(where: str, restored: dict, digests: Any) -> None:
+  """ValueError naming the first restored array whose bytes differ from those saved (`digests`,
+  from `_digests` at save; checkpoints written before it have none and are not checked). An
+  array restored in another dtype than it was saved in is not compared."""
+  if not isinstance(digests, dict):
+    return
+  for name, digest in _digests(restored).items():
+    saved = digests.get(name)
+    if isinstance(saved, str) and saved.split(":")[0] == digest.split(":")[0] and saved != digest:
+      raise ValueError(f"load_model: {where}: the saved array {name} is damaged (its bytes differ "
+                       f"from those saved: checksum {digest.split(':')[1]}, saved "
+                       f"{saved.split(':')[-1]})")
 
 
 def _first_line(e: BaseException) -> str:
@@ -281,12 +318,7 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 def _leaves(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
   """A pytree's leaves by key path (keys as strings, as Orbax saves them) -> shape."""
-  def key(entry):
-    for attr in ("key", "idx", "name"):
-      if hasattr(entry, attr):
-        return str(getattr(entry, attr))
-    return str(entry)
-  return {tuple(key(k) for k in p): tuple(np.shape(leaf))
+  return {tuple(_path_name(p).split("/")): tuple(np.shape(leaf))
           for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
@@ -331,12 +363,14 @@ def _tolerant_loops():
     asyncio.set_event_loop_policy(previous)
 
 
-def restore_state(path: str | os.PathLike, target: dict) -> dict:
+def restore_state(path: str | os.PathLike, target: dict, digests: Any = None) -> dict:
   """The checkpoint's arrays, in the structure (and dtypes) of `target`: {"params": ...,
   "optimizer": ...} as a freshly built model and optimizer have them.
 
   ValueError, one line: "do not fit" where the saved arrays' names or shapes differ from
-  `target`'s; "cannot be read" naming the folder where an array file is missing or damaged.
+  `target`'s; "cannot be read" naming the folder where an array file is missing or damaged;
+  "is damaged" naming the array whose bytes differ from `digests` (the meta's "digests", written
+  by `save`; None for a checkpoint from before them: not checked).
   """
   path = os.path.abspath(os.fspath(path))
   where = os.path.join(path, "state")
@@ -357,11 +391,13 @@ def restore_state(path: str | os.PathLike, target: dict) -> dict:
                      f"{saved.get(k, 'none')}, the model's {wanted.get(k, 'none')})")
   try:
     with _tolerant_loops():
-      return checkpointer.restore(path, args=ocp.args.Composite(
+      restored = checkpointer.restore(path, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target)))["state"]
   except Exception as e:  # noqa: BLE001
     raise ValueError(f"load_model: {where}: the saved arrays cannot be read, a file is missing "
                      f"or damaged ({_first_line(e)[:300]})") from e
+  _check_digests(where, restored, digests)
+  return restored
 
 
 def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
@@ -373,7 +409,7 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
   target = {"params": nnx.to_pure_dict(params)}
   if optimizer is not None and meta.get("has_optimizer"):
     target["optimizer"] = nnx.to_pure_dict(nnx.state(optimizer))
-  state = restore_state(path, target)
+  state = restore_state(path, target, meta.get("digests"))
   nnx.replace_by_pure_dict(params, state["params"])
   nnx.update(model, params)
   if "optimizer" in state:
@@ -406,7 +442,13 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   path = os.path.abspath(os.fspath(path))
   try:
     return module.restore(path, meta)
-  except (TypeError, KeyError) as e:  # a hand-edited meta: the config of another kind, ...
+  except ValueError as e:
+    if str(e).startswith("load_model:"):
+      raise
+    raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
+                     f"or data description does not build a {meta['kind']} model "
+                     f"({_first_line(e)})") from e
+  except (TypeError, KeyError, AttributeError) as e:  # a hand-edited meta: another kind's, ...
     raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
                      f"or data description does not build a {meta['kind']} model "
                      f"({_first_line(e)})") from e

@@ -431,7 +431,7 @@ def restore(path: str, meta: dict):
     target["params"][EMBEDDING] = np.zeros((dataset.num_nodes, config.embed_dim), np.float32)
   if meta.get("has_optimizer"):
     target["optimizer"] = optax.adam(config.learning_rate).init(params)
-  state = checkpoint.restore_state(path, target)
+  state = checkpoint.restore_state(path, target, meta.get("digests"))
   embedding = state["params"].pop(EMBEDDING, None)
   nnx.replace_by_pure_dict(params, state["params"])
   nnx.update(model, params)

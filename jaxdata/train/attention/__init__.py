@@ -559,6 +559,9 @@ def restore(path: str, meta: dict):
     saved["passes"] = tuple(saved["passes"])
   saved["embed"] = tuple(saved.get("embed", ()))
   config = TrainConfig(**saved)
+  if KINDS.get(config.model) != meta["kind"]:
+    raise ValueError(f"load_model: {path}: a checkpoint of kind {meta['kind']!r} holding a "
+                     f"{config.model!r} model (its configuration's model)")
   dataset = load_dataset(meta["data"])
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
