@@ -140,9 +140,12 @@ def _eval(args: argparse.Namespace) -> int:
     raise command.UsageError(
         f"{os.path.abspath(args.checkpoint)}: measuring the saved model failed; was its "
         f"meta/metadata edited? ({type(e).__name__}: {first[:200]})") from None
+  note = loaded.meta.get("metrics_note")
   for name, value in measured.items():
     saved = loaded.metrics.get(name)
     console.print(f"{name} {value:.4f}" + ("" if saved is None else f" (at save: {saved:.4f})"))
+  if note and isinstance(note, str) and any(n in loaded.metrics for n in measured):
+    console.print(f"the values at save were measured {note}")
   return 0
 
 
@@ -235,9 +238,40 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     print(f"{args.prog}: interrupted", file=sys.stderr)
     code = 130
+  except MemoryError as e:  # e.g. a graph of 10^14 edges: NumPy's "Unable to allocate 728. TiB"
+    why = str(e).splitlines()[0] if str(e) else "MemoryError"
+    code = command.fail(args.prog, f"out of host memory ({why}): ask for a smaller run", code=1)
+  except Exception as e:  # pylint: disable=broad-except
+    full = _ram_tier_full(e)
+    if full is None:
+      raise
+    code = command.fail(args.prog, full)
+    _forget_failed_effects()
   # A crash leaves through JAX's own exit hook, after its traceback has been printed.
   distributed.leave()
   return code
+
+
+def _ram_tier_full(error: BaseException) -> str | None:
+  """The one line for an offload whose activations outgrew --ram (the store's spill error,
+  raised by XLA as a JaxRuntimeError), or None for any other error."""
+  text = str(error)
+  at = text.find("offload spill: the RAM tier is full: ")
+  if at < 0:
+    return None
+  what = text[at:].split(";")[0].removeprefix("offload spill: ")
+  return f"argument --ram: {what}: raise --ram, or give --ssd-dir for what does not fit"
+
+
+def _forget_failed_effects() -> None:
+  """Drops JAX's runtime tokens of ordered effects (the offload's spills are ordered): one that
+  failed is raised again by each of JAX's exit hooks, two more tracebacks after the one line.
+  (JAX's private `dispatch.runtime_tokens`; where it is missing, the hooks print as before.)"""
+  try:
+    from jax._src import dispatch  # pylint: disable=g-import-not-at-top
+    dispatch.runtime_tokens.clear()
+  except (ImportError, AttributeError):
+    pass
 
 
 if __name__ == "__main__":

@@ -141,6 +141,10 @@ def output_path(text: str) -> str:
   _parent_writable(text)
   if os.path.isdir(text):
     raise argparse.ArgumentTypeError(f"{text!r} is a folder")
+  plot = os.path.splitext(text)[0] + ".png"  # where a bench with a figure draws it
+  if text.endswith(".md") and os.path.isdir(plot):
+    raise argparse.ArgumentTypeError(f"{plot!r}, where the figure beside {text!r} goes, is a "
+                                     f"folder")
   return text
 
 

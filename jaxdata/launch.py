@@ -40,7 +40,7 @@ def add_arguments(parser) -> None:
   parser.add_argument("--devices-per-process", type=command.positive_int, default=None,
                       metavar="K", help="give each process K CPU devices (XLA_FLAGS=--xla_force_"
                                         "host_platform_device_count=K; CPU testing)")
-  parser.add_argument("--port", type=command.natural_int, default=0,
+  parser.add_argument("--port", type=command.integer(0, 65535), default=0,
                       help="the coordinator's port on localhost (0: a free one)")
   parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- train MODEL ...",
                       help="the jaxdata command each process runs")

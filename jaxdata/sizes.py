@@ -11,6 +11,7 @@ unit, as most memory-sizing flags (and ``ulimit``) read it.
 """
 from __future__ import annotations
 
+import math
 import re
 
 _BINARY = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -38,7 +39,10 @@ def parse_bytes(text: str | int) -> int:
     scale = _DECIMAL[prefix]  # kB, MB, GB, TB: powers of 1000
   else:
     scale = _BINARY[prefix]   # KiB, MiB, ... and bare K, M, G, T
-  return int(round(float(number) * scale))
+  value = float(number) * scale
+  if not math.isfinite(value):
+    raise ValueError(f"{text!r} is not a size: too large")
+  return int(round(value))
 
 
 def format_bytes(n: int) -> str:

@@ -169,6 +169,8 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monke
   _save_tiny(tmp_path / "ck", 0.25)
 
   class Broken:
+    load = staticmethod(json.load)  # check_out reads the old checkpoint's meta
+
     @staticmethod
     def dump(*args, **kwargs):
       raise OSError("killed")  # after Orbax wrote the new arrays, before the swap
@@ -300,3 +302,21 @@ def test_eval_of_a_hand_edited_configuration_is_one_line(trained, tmp_path, caps
   assert cli.main(["eval", str(ck)]) == 2
   err = capsys.readouterr().err
   assert len(err.strip().splitlines()) == 1 and str(ck) in err, err
+
+
+def test_metrics_measured_on_sampled_batches_say_so_at_training_and_at_eval(tmp_path, capsys):
+  """Under --device-bytes a mini-batch run measures its final accuracies on sampled batches, and
+  eval measures the whole graph: both outputs say how the saved values were measured."""
+  out = tmp_path / "ck"
+  assert cli.main(["train", "rgat", "--scale", "2e-4", "--classes", "4", "--epochs", "2",
+                   "--hidden", "8", "--heads", "2", "--minibatch", "--batch-size", "64",
+                   "--fanouts", "3,3", "--device-bytes", "1MB", "--out", str(out)]) == 0
+  said = "on sampled mini-batches (fanouts 3,3, 64 seeds each), not the whole graph"
+  assert said in " ".join(capsys.readouterr().out.split())
+  assert cli.main(["eval", str(out)]) == 0
+  assert f"the values at save were measured {said}" in " ".join(capsys.readouterr().out.split())
+  # a full-graph run's checkpoint says nothing of the kind
+  assert cli.main(RUNS["rgat"] + ["--out", str(tmp_path / "full")]) == 0
+  capsys.readouterr()
+  assert cli.main(["eval", str(tmp_path / "full")]) == 0
+  assert "measured on" not in capsys.readouterr().out

@@ -118,6 +118,13 @@ MISTAKES = [
     (["bench", "minibatch", "--device-counts", "{many}"], "--device-counts"),
     (["bench", "rgnn", "--graphs", "aifb", "--data-dir", "{bad_data}"], "aifb.tgz"),
     (["launch", "-n", "1", "--", "info"], "launch runs train commands"),
+    # tracebacks, NaN results or lost files until the session-25 CLI review
+    (["train", "gpt", "--budget", "1e400"], "--budget"),
+    (["bench", "hetero", "--quick", "--device-bytes", "1e400"], "--device-bytes"),
+    (["launch", "--port", "99999", "-n", "1", "--", "train", "gpt"], "--port"),
+    (["train", "rgat", "--scale", "1e-6"], "--scale"),
+    (["rok", "--write", "{tmp}/figure_folder.md"], "figure_folder.png"),
+    (["train", "gpt", "--out", "{tmp}/own"], "--out"),
 ]
 
 
@@ -128,6 +135,10 @@ def test_a_mistake_is_one_line_naming_the_flag_with_exit_code_2(argv, flag, tmp_
   wrong = _archive(tmp_path / "wrong.tgz", {"readme.txt": b"hello"})
   (tmp_path / "bad_data").mkdir()
   (tmp_path / "bad_data" / "aifb.tgz").write_bytes(garbage.read_bytes())
+  (tmp_path / "figure_folder.png").mkdir()
+  for item in ("meta", "state"):  # someone's own folder that looks like a checkpoint
+    (tmp_path / "own" / item).mkdir(parents=True)
+    (tmp_path / "own" / item / "notes.txt").write_text("mine")
   argv = [a.format(tmp=tmp_path, garbage=garbage, wrong_archive=wrong,
                    bad_data=tmp_path / "bad_data", many=len(jax.local_devices()) + 1)
           for a in argv]
@@ -137,6 +148,8 @@ def test_a_mistake_is_one_line_naming_the_flag_with_exit_code_2(argv, flag, tmp_
   assert len(lines) == 1, err
   assert lines[0].startswith("jaxdata") and "error:" in lines[0] and flag in lines[0]
   assert "Traceback" not in err
+  assert all((tmp_path / "own" / item / "notes.txt").read_text() == "mine"
+             for item in ("meta", "state"))
 
 
 def test_a_mistake_in_a_fresh_process_prints_no_traceback():
@@ -236,3 +249,39 @@ def test_a_tensor_cores_bench_that_measured_nothing_exits_2(monkeypatch, tmp_pat
                        "--write", str(tmp_path / "t.md")], capsys)
   assert code == 2
   assert "nothing could be measured: rgcn dim 64: every row failed" in err
+
+
+def test_a_one_step_gpt_run_reports_no_speed(tmp_path, capsys):
+  """Its one step is the compiling one: no ms/step or tokens/s made up from loop overhead."""
+  assert cli.main(["train", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq",
+                   "16", "--vocab", "32", "--batch-size", "2", "--steps", "1", "--out",
+                   str(tmp_path / "ck")]) == 0
+  out = " ".join(capsys.readouterr().out.split())
+  assert "no speed: the one step was the compiling one" in out and "ms/step" not in out
+  assert f"checkpoint saved to {tmp_path / 'ck'}" in out
+
+
+def test_out_of_host_memory_is_one_line_with_exit_code_1(monkeypatch, capsys):
+  def too_big(*args, **kwargs):
+    raise MemoryError("Unable to allocate 728. TiB for an array with shape (99999999999999,)")
+  monkeypatch.setattr(gather, "run", too_big)
+  code, _, err = _run(["bench", "gather", "--quick"], capsys)
+  assert code == 1
+  assert err.strip().splitlines() == [
+      "jaxdata bench gather: error: out of host memory (Unable to allocate 728. TiB for an array "
+      "with shape (99999999999999,)): ask for a smaller run"]
+
+
+def test_an_offload_that_outgrows_ram_is_one_line_naming_ram(tmp_path):
+  """The store's spill fails inside the jitted step (XLA raises it, and JAX's exit hooks raised
+  it twice more): one line naming --ram, exit 2, nothing saved."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxdata.cli", "train", "rgat", "--scale", "0.002", "--epochs", "1",
+       "--hidden", "8", "--heads", "2", "--ram", "0", "--plan", "offload[edges]", "--out",
+       str(tmp_path / "ck")], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  [line] = proc.stderr.strip().splitlines()
+  assert line.startswith("jaxdata train rgat: error: argument --ram: the RAM tier is full: ")
+  assert line.endswith("0 bytes limit in use (a spill this size never fits in it): raise --ram, "
+                       "or give --ssd-dir for what does not fit"), line
+  assert not (tmp_path / "ck").exists()

@@ -12,7 +12,8 @@ def test_parse_bytes_tells_binary_from_decimal_units(text, want):
   assert parse_bytes(text) == want
 
 
-@pytest.mark.parametrize("text", ["", "-1", "2X", "MiB", "2iB", "1,5G", "ten", "2 GiBs", -3])
+@pytest.mark.parametrize("text", ["", "-1", "2X", "MiB", "2iB", "1,5G", "ten", "2 GiBs", -3, "1e400",
+                                  "1e300TiB"])
 def test_parse_bytes_rejects_what_is_not_a_size(text):
   with pytest.raises(ValueError, match="size"):
     parse_bytes(text)

@@ -14,8 +14,11 @@ A checkpoint is a folder: Orbax's `state` (arrays) and `meta` (JSON) items, and 
 (per epoch or logged step) for people and plots. `save` writes the new checkpoint beside the old
 one (`.NAME.jaxdata-tmp`) and swaps the two folders in one atomic rename, so a run killed while
 saving leaves the previous checkpoint readable, and the next save clears what it left behind.
-A folder holding anything a checkpoint does not (`OWNED`), someone's notes or plots, is never
-replaced: `check_out` refuses it before training starts.
+A folder holding anything a checkpoint does not (`OWNED`), someone's notes or plots, or one
+whose `meta` is not a jaxdata checkpoint's, is never replaced: `check_out` refuses it before
+training starts. The meta records a checksum of every array (Orbax and TensorStore check their
+index, not the arrays' bytes), so a damaged array file is an error naming the array, never a
+model that quietly differs from the one saved.
 """
 from __future__ import annotations
 
@@ -126,7 +129,21 @@ def check_out(path: str | os.PathLike) -> str:
       raise ValueError(f"{text!r} is a checkpoint that also holds {', '.join(sorted(entries - OWNED))}"
                        f": saving replaces the whole folder, so move them out or choose another "
                        f"folder")
+    if entries and not _has_jaxdata_meta(full):
+      raise ValueError(f"{text!r} exists and holds 'meta' and 'state' folders but no jaxdata "
+                       f"checkpoint's meta/metadata: not replaced; choose a new or empty folder")
   return full
+
+
+def _has_jaxdata_meta(path: str) -> bool:
+  """Whether `path`/meta/metadata is the JSON a jaxdata checkpoint's `save` wrote (a format and
+  a kind): a folder of someone's own 'meta' and 'state' is not one, and is never replaced."""
+  try:
+    with open(os.path.join(path, "meta", "metadata"), encoding="utf-8") as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(meta, dict) and "format" in meta and "kind" in meta
 
 
 def out_dir(text: str) -> str:
@@ -191,7 +208,7 @@ def _put_in_place(new: str, path: str) -> None:
 
 def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: dict,
          step: int, history: list[dict] = (), metrics: dict | None = None,
-         optimizer_state: Any = None) -> str:
+         optimizer_state: Any = None, metrics_note: str = "") -> str:
   """Writes a checkpoint folder at `path` (replacing one there); returns its absolute path.
 
   The new checkpoint is written beside `path` and swapped in whole: a save that fails or is
@@ -208,6 +225,8 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
     history: per-epoch (or logged step) records, also written to `history.json`.
     metrics: what training measured at its end (`load_model(...).evaluate()` measures it again).
     optimizer_state: the optimizer's state pytree, if the run is to be resumable.
+    metrics_note: how `metrics` were measured where `evaluate()` measures them otherwise (e.g.
+      "on sampled mini-batches ..."); `jaxdata eval` says it beside them.
 
   In a multi-process job (`jaxdata.distributed`) every process calls `save` with the same
   host values; Orbax writes them once, from process 0, and the others wait at its barriers.
@@ -231,7 +250,7 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
   meta = _jsonable(dict(format=FORMAT, kind=kind, jaxdata=jaxdata.__version__, step=int(step),
                         config=config, data=data, metrics=metrics or {},
                         has_optimizer=optimizer_state is not None, history=list(history),
-                        digests=_digests(state)))
+                        digests=_digests(state), metrics_note=str(metrics_note)))
   ocp, checkpointer = _checkpointer()
   checkpointer.save(new, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                  meta=ocp.args.JsonSave(meta)), force=True)

@@ -40,6 +40,9 @@ class TrainResult:
   optimizer: Any = None             # nnx.Optimizer or optax state
   plan: Any = None                  # gpt: the per-layer remat plan it trained under
   tables: dict[str, Any] | None = None  # host tables trained in place (sage: "embedding")
+  #: how `metrics` were measured where that is not on the whole evaluation set (said with them,
+  #: and saved: `jaxdata eval` measures the whole graph), else ""
+  metrics_note: str = ""
 
   @property
   def test_accuracy(self) -> float:
@@ -327,6 +330,7 @@ def check_offload_arguments(args) -> None:
 
 def say_saved(console, path: str) -> None:
   """The line every trainer ends with: where the checkpoint and its history went."""
+  path = os.path.abspath(path)  # `--out .` is no longer "." once the folders are swapped
   console.print(f"checkpoint saved to {path} (history in {os.path.join(path, 'history.json')}; "
                 f"`jaxdata eval {path}` measures it again)")
 

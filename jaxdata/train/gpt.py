@@ -201,8 +201,10 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   metrics = dict(start_loss=start_loss, final_loss=final_loss, train_loss=history[-1]["loss"],
                  entropy=chain.entropy(), uniform_loss=math.log(config.vocab),
                  steps=config.steps, seconds=total, compile_seconds=compile_seconds,
-                 step_ms=1e3 * rest / max(config.steps - 1, 1),
-                 tokens_per_second=max(config.steps - 1, 1) * tokens_per_step / rest)
+                 # one step is the compiling one: no steady-state speed to report
+                 step_ms=1e3 * rest / (config.steps - 1) if config.steps > 1 else None,
+                 tokens_per_second=((config.steps - 1) * tokens_per_step / rest
+                                    if config.steps > 1 else None))
   return TrainResult(model, history, metrics, total, optimizer, plan)
 
 
@@ -394,7 +396,8 @@ def main(args) -> int:
   console.print(f"[bold]held-out loss {m['start_loss']:.4f} -> {m['final_loss']:.4f}[/] "
                 f"(entropy floor {m['entropy']:.4f}, uniform {m['uniform_loss']:.4f}) | "
                 f"{m['seconds']:.1f} s, compile {m['compile_seconds']:.1f} s, "
-                f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s")
+                + (f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s"
+                   if m["step_ms"] is not None else "no speed: the one step was the compiling one"))
   save(args.out, result, config)  # every process takes part; Orbax writes once
   say_saved(console, args.out)
   return 0

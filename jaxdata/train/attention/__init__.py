@@ -548,7 +548,7 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
   return checkpoint.save_nnx(
       path, kind=KINDS[config.model], model=result.model, optimizer=result.optimizer,
       config=config, data=data, step=len(result.history), history=result.history,
-      metrics=result.metrics)
+      metrics=result.metrics, metrics_note=result.metrics_note)
 
 
 def restore(path: str, meta: dict):
@@ -754,6 +754,12 @@ def main(args) -> int:
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
   dataset = load_dataset(data)
   g = dataset.graph
+  empty = [s for s in ("train", "val", "test") if not len(getattr(dataset, f"{s}_papers"))]
+  if empty:  # accuracies over no papers would be NaN, printed and saved as results
+    raise command.UsageError(f"argument --scale: {args.scale:g} draws no {'/'.join(empty)} "
+                             f"papers ({len(dataset.train_papers)} train, "
+                             f"{len(dataset.val_papers)} val, {len(dataset.test_papers)} test): "
+                             f"give a larger scale")
   if auto:  # (--minibatch: checked above)
     features, embeddings = hetero.table_bytes(dataset, config.embed, config.embed_dim)
     minibatch = dataclasses.replace(minibatch, device_bytes=(features + embeddings) // 4)
@@ -802,7 +808,8 @@ def main(args) -> int:
                                ) from None
   console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
                 f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
-                f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")
+                f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)"
+                + (f"; measured {result.metrics_note}" if result.metrics_note else ""))
   save(args.out, result, config, data)
   say_saved(console, args.out)
   return 0

@@ -559,6 +559,10 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     final = evaluate(model, dataset)
   elif final_evaluation == "none":
     final = {}
+  note = ""
+  if final_evaluation == "minibatch":
+    note = (f"on sampled mini-batches (fanouts {','.join(map(str, minibatch.fanouts))}, "
+            f"{minibatch.batch_size} seeds each), not the whole graph")
   # With embedding tables the optimizer state is partial (their moments lived in host memory).
   return TrainResult(model, history, final, time.perf_counter() - start,
-                     None if data.embedded else optimizer, plan)
+                     None if data.embedded else optimizer, plan, metrics_note=note)
