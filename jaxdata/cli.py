@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from jaxdata import command, distributed
@@ -248,7 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     code = command.fail(args.prog, full)
     _forget_failed_effects()
   # A crash leaves through JAX's own exit hook, after its traceback has been printed.
-  distributed.leave()
+  if distributed.leave() and code:
+    # A job that stopped with an error: its peers may be gone, and the interpreter's own exit
+    # then waited on them while collecting JAX's objects (CI: process 1 of a job stopped for
+    # unequal --num-processes printed its error, left the job, and hung in finalization past
+    # 90 s). Nothing is left to write (no checkpoint is saved on an error), so end here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
   return code
 
 

@@ -198,8 +198,9 @@ def _check_same_count(setup: Setup) -> None:
                              f"every process the same --num-processes")
 
 
-def leave() -> None:
+def leave() -> bool:
   """Leaves the job this process joined (`jax.distributed.shutdown`); nothing outside one.
+  Returns whether this process was in a job.
 
   JAX would do it at exit, from an `atexit` hook that runs while the interpreter finalizes: a
   run that stopped with an error there once left process 0 hanging past its shutdown timeout
@@ -208,12 +209,13 @@ def leave() -> None:
   """
   jax_distributed = sys.modules.get("jax._src.distributed")  # never imports JAX itself
   if getattr(getattr(jax_distributed, "global_state", None), "client", None) is None:
-    return
+    return False
   import jax  # pylint: disable=g-import-not-at-top
   try:
     jax.distributed.shutdown()
   except (RuntimeError, ValueError) as e:  # a peer gone already: the barrier times out
     print(f"jaxdata: leaving the job: {_first_line(e)}", file=sys.stderr, flush=True)
+  return True
 
 
 def _first_line(e: Exception) -> str:
