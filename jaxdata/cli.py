@@ -122,8 +122,6 @@ def _info(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
   """`jaxdata eval DIR`: rebuilds a saved model and measures it again on its data."""
-  import os  # pylint: disable=g-import-not-at-top
-
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   overrides = {"path": os.path.abspath(args.data)} if args.data else {}
   try:
@@ -145,7 +143,7 @@ def _eval(args: argparse.Namespace) -> int:
   for name, value in measured.items():
     saved = loaded.metrics.get(name)
     console.print(f"{name} {value:.4f}" + ("" if saved is None else f" (at save: {saved:.4f})"))
-  if note and isinstance(note, str) and any(n in loaded.metrics for n in measured):
+  if isinstance(note, str) and note and any(n in loaded.metrics for n in measured):
     console.print(f"the values at save were measured {note}")
   return 0
 

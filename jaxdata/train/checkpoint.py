@@ -263,14 +263,14 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
   return path
 
 
-def _path_name(path) -> str:
-  """A key path as Orbax names it ("params/conv1/bases")."""
+def _path_keys(path) -> tuple[str, ...]:
+  """A key path's keys as strings, as Orbax saves them."""
   def key(entry):
     for attr in ("key", "idx", "name"):
       if hasattr(entry, attr):
         return str(getattr(entry, attr))
     return str(entry)
-  return "/".join(key(k) for k in path)
+  return tuple(key(k) for k in path)
 
 
 def _digests(state: dict) -> dict[str, str]:
@@ -280,7 +280,7 @@ def _digests(state: dict) -> dict[str, str]:
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     a = np.ascontiguousarray(np.asarray(leaf))
-    out[_path_name(path)] = f"{a.dtype}:{hashlib.sha256(a.view(np.uint8).reshape(-1)).hexdigest()[:16]}"
+    out["/".join(_path_keys(path))] = f"{a.dtype}:{hashlib.sha256(a.view(np.uint8).reshape(-1)).hexdigest()[:16]}"
   return out
 
 
@@ -337,7 +337,7 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 def _leaves(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
   """A pytree's leaves by key path (keys as strings, as Orbax saves them) -> shape."""
-  return {tuple(_path_name(p).split("/")): tuple(np.shape(leaf))
+  return {_path_keys(p): tuple(np.shape(leaf))
           for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
@@ -461,13 +461,9 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   path = os.path.abspath(os.fspath(path))
   try:
     return module.restore(path, meta)
-  except ValueError as e:
-    if str(e).startswith("load_model:"):
-      raise
-    raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
-                     f"or data description does not build a {meta['kind']} model "
-                     f"({_first_line(e)})") from e
-  except (TypeError, KeyError, AttributeError) as e:  # a hand-edited meta: another kind's, ...
+  except (ValueError, TypeError, KeyError, AttributeError) as e:  # a hand-edited meta, ...
+    if isinstance(e, ValueError) and str(e).startswith("load_model:"):
+      raise  # already one line naming the file
     raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
                      f"or data description does not build a {meta['kind']} model "
                      f"({_first_line(e)})") from e
