@@ -91,7 +91,10 @@ def _info(args: argparse.Namespace) -> int:
     versions.add_row("C++ compiler (hector, CPU)", f"none: {e}")
   else:
     versions.add_row("C++ compiler (hector, CPU)", cxx)
-  versions.add_row("kernel cache (hector)", str(compiler.cache_dir()))
+  try:
+    versions.add_row("kernel cache (hector)", str(compiler.cache_dir()))
+  except compiler.CacheDirError as e:
+    versions.add_row("kernel cache (hector)", f"[red]{e.strerror}")
   console.print(versions)
 
   gpus = _ffi.jax_gpus()
@@ -124,7 +127,16 @@ def _eval(args: argparse.Namespace) -> int:
   """`jaxdata eval DIR`: rebuilds a saved model and measures it again on its data."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   overrides = {"path": os.path.abspath(args.data)} if args.data else {}
+  if not args.checkpoint:
+    raise command.UsageError("argument DIR: empty (give the folder `jaxdata train ... --out` "
+                             "wrote; '.' for this one)")
   try:
+    if args.data:
+      source = checkpoint.read_meta(args.checkpoint)["data"].get("source")
+      if source != "rdf":
+        raise command.UsageError(f"argument --data: replaces the RDF archive of an RGCN "
+                                 f"checkpoint; this one's data ({source or 'synthetic'}) is "
+                                 f"generated again from its description")
     loaded = checkpoint.load_model(args.checkpoint, **overrides)
   except (FileNotFoundError, ValueError) as e:
     raise command.UsageError(str(e)) from None
@@ -241,11 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     why = str(e).splitlines()[0] if str(e) else "MemoryError"
     code = command.fail(args.prog, f"out of host memory ({why}): ask for a smaller run", code=1)
   except Exception as e:  # pylint: disable=broad-except
-    full = _ram_tier_full(e)
-    if full is None:
-      raise
-    code = command.fail(args.prog, full)
-    _forget_failed_effects()
+    from jaxdata.hector.compiler import CacheDirError  # pylint: disable=g-import-not-at-top
+    if isinstance(e, CacheDirError):
+      code = command.fail(args.prog, e.strerror, code=1)
+    else:
+      full = _ram_tier_full(e)
+      if full is None:
+        raise
+      code = command.fail(args.prog, full)
+      _forget_failed_effects()
   # A crash leaves through JAX's own exit hook, after its traceback has been printed.
   if distributed.leave() and code:
     # A job that stopped with an error: its peers may be gone, and the interpreter's own exit

@@ -148,6 +148,18 @@ def output_path(text: str) -> str:
   return text
 
 
+def output_folder(text: str) -> str:
+  """A folder to write into: one that exists (and can be written), or one whose parent does."""
+  if os.path.isdir(text):
+    if not os.access(text, os.W_OK):
+      raise argparse.ArgumentTypeError(f"cannot write into {text!r}")
+    return text
+  if os.path.exists(text):
+    raise argparse.ArgumentTypeError(f"{text!r} is not a folder")
+  _parent_writable(text)
+  return text
+
+
 def console(width: int = 160):
   """A rich console; when printing to a log rather than a terminal, `width` columns wide so
   tables keep their columns whole."""

@@ -46,7 +46,7 @@ def test_quick_rgcn_reports_both_variants_from_their_own_histories(tmp_path):
   assert "Not yet measured on the H200" in md  # a CPU run says so
   row = _rows(md)["rgcn"]
   # The launched run joined a one-process job; the plain one did not.
-  out = {v: (keep / f"rgcn-{v}-0" / "output.txt").read_text() for v in one_process.VARIANTS}
+  out = {v: (keep / f"rgcn-{v}-0.txt").read_text() for v in one_process.VARIANTS}
   assert "process 0 of 1 joining the job" in out["launched"]
   assert "joining the job" not in out["plain"]
   # Independently from each run's history.json: the steady state (epochs after the first) and

@@ -2,6 +2,7 @@
 answered by one line naming the flag, exit code 2, no traceback, before any work starts."""
 import gzip
 import io
+import os
 import subprocess
 import sys
 import tarfile
@@ -125,6 +126,17 @@ MISTAKES = [
     (["train", "rgat", "--scale", "1e-6"], "--scale"),
     (["rok", "--write", "{tmp}/figure_folder.md"], "figure_folder.png"),
     (["train", "gpt", "--out", "{tmp}/own"], "--out"),
+    # options that training ignored without a word until session 26
+    (["train", "rgcn", "--fanouts", "5,5"], "--fanouts"),
+    (["train", "rgcn", "--pipeline", "device"], "--pipeline"),
+    (["train", "rgcn", "--table-optimizer", "sgd"], "--table-optimizer"),
+    (["train", "rgcn", "--scale", "0.001", "--batch-size", "64"], "--batch-size"),
+    (["train", "rgat", "--scale", "0.001", "--cache", "0.5"], "--cache"),
+    (["train", "hgt", "--scale", "0.001", "--prefetch"], "--prefetch"),
+    (["train", "hgt", "--scale", "0.001", "--device-bytes", "1GB"], "--device-bytes"),
+    (["train", "sage", "--pipeline", "cpu", "--cache", "0.5"], "--cache"),
+    (["eval", ""], "DIR"),
+    (["bench", "one-process", "--keep", "{garbage}"], "--keep"),
 ]
 
 
@@ -285,3 +297,22 @@ def test_an_offload_that_outgrows_ram_is_one_line_naming_ram(tmp_path):
   assert line.endswith("0 bytes limit in use (a spill this size never fits in it): raise --ram, "
                        "or give --ssd-dir for what does not fit"), line
   assert not (tmp_path / "ck").exists()
+
+
+def test_a_kernel_cache_that_cannot_be_made_is_one_line(tmp_path):
+  """JAXDATA_CACHE_DIR naming a file: `info` shows why in its table, `train` stops with one line
+  (both were tracebacks until session 26)."""
+  blocker = tmp_path / "a-file"
+  blocker.write_text("not a folder")
+  env = dict(os.environ, JAXDATA_CACHE_DIR=str(blocker))
+  info = subprocess.run([sys.executable, "-m", "jaxdata.cli", "info"], capture_output=True,
+                        text=True, timeout=300, env=env)
+  assert info.returncode == 0 and "Traceback" not in info.stderr, info.stderr[-2000:]
+  assert "cannot be made (Not a directory)" in " ".join(info.stdout.replace("│", " ").split())
+  train = subprocess.run([sys.executable, "-m", "jaxdata.cli", "train", "rgcn", "--nodes", "600",
+                          "--edges", "4000", "--epochs", "1"], capture_output=True, text=True,
+                         timeout=300, env=env)
+  assert train.returncode == 1 and "Traceback" not in train.stderr, train.stderr[-2000:]
+  assert train.stderr.strip().splitlines()[-1] == (
+      f"jaxdata train rgcn: error: hector's kernel cache {blocker}/hector cannot be made (Not a "
+      f"directory): set JAXDATA_CACHE_DIR to a folder this user can write")

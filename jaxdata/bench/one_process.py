@@ -130,8 +130,9 @@ def run_one(path: str, variant: str, rnd: int, args: list[str], folder: str,
     return Run(path, variant, rnd, wall=time.perf_counter() - t0,
                error=f"timed out after {timeout:g} s"), ""
   wall = time.perf_counter() - t0
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "output.txt"), "w") as f:  # beside its checkpoint, for --keep
+  # beside its checkpoint (for --keep), not in it: a checkpoint folder holding someone's file is
+  # never replaced, and a second run into the same --keep replaces the first's checkpoints
+  with open(out + ".txt", "w") as f:
     f.write(shlex.join(cmd) + "\n" + proc.stdout + proc.stderr)
   if proc.returncode != 0:
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
@@ -314,9 +315,9 @@ def add_arguments(parser) -> None:
                            "(repeatable; they come last, so they win)")
   parser.add_argument("--timeout", type=command.positive_int, default=RUN_TIMEOUT,
                       help="seconds one training subprocess may take")
-  parser.add_argument("--keep", default=None, metavar="DIR",
-                      help="keep every run's checkpoint and history.json under DIR (default: "
-                           "a temporary folder, removed)")
+  parser.add_argument("--keep", default=None, metavar="DIR", type=command.output_folder,
+                      help="keep every run's checkpoint (with its history.json) and output "
+                           "(beside it, .txt) under DIR (default: a temporary folder, removed)")
   parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
                       help="write the table here (e.g. docs/benchmarks/one_process.md)")
 

@@ -42,11 +42,23 @@ class CompileError(RuntimeError):
   log (with a working compiler, a bug in jaxdata)."""
 
 
+class CacheDirError(OSError):
+  """The kernel cache's folder cannot be made (`cache_dir`): the message names it and says which
+  variable sets it."""
+
+
 def cache_dir() -> Path:
+  """$JAXDATA_CACHE_DIR/hector (default ~/.cache/jaxdata/hector), made if missing;
+  CacheDirError where it cannot be (a file in its place, no permission)."""
   root = os.environ.get("JAXDATA_CACHE_DIR") or os.path.join(
       os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxdata")
   path = Path(root) / "hector"
-  path.mkdir(parents=True, exist_ok=True)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise CacheDirError(e.errno, f"hector's kernel cache {path} cannot be made "
+                        f"({e.strerror or e}): set JAXDATA_CACHE_DIR to a folder this user can "
+                        f"write") from None
   return path
 
 

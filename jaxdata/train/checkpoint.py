@@ -35,6 +35,8 @@ import json
 import os
 import shutil
 import sys
+import types
+import typing
 from typing import Any, Callable
 
 import jax
@@ -335,6 +337,73 @@ def read_meta(path: str | os.PathLike) -> dict:
   return meta
 
 
+def _json_value(value: Any, annotation: Any, name: str) -> Any:
+  """`value` (read from JSON) as a value of the type `annotation` names: a list becomes a tuple
+  where a tuple is declared, an integer a float where a float is; ValueError otherwise."""
+  origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+  if origin in (typing.Union, types.UnionType):
+    for option in args:
+      try:
+        return _json_value(value, option, name)
+      except ValueError:
+        pass
+  elif annotation is type(None):
+    if value is None:
+      return None
+  elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+    if isinstance(value, (list, tuple)):
+      return tuple(_json_value(v, args[0], name) for v in value)
+  elif annotation is bool:
+    if isinstance(value, bool):
+      return value
+  elif annotation is int:
+    if isinstance(value, int) and not isinstance(value, bool):
+      return value
+  elif annotation is float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+      return float(value)
+  elif annotation is str:
+    if isinstance(value, str):
+      return value
+  else:
+    raise TypeError(f"checkpoint: no JSON form for the type {annotation!r} of {name}")
+  shown = getattr(annotation, "__name__", None) or str(annotation).replace("NoneType", "None")
+  raise ValueError(f"{name} must be {shown}, found {json.dumps(value)[:60]}")
+
+
+def config_from(cls: type, saved: Any, *, newer: tuple[str, ...] = ()) -> Any:
+  """The training configuration `cls` (a dataclass) that a checkpoint's meta `config` holds.
+
+  Every field must be there with a value of its declared type (a hand-edited meta that drops
+  `dtype` would otherwise rebuild a bfloat16 model in float32, one with `"seed": null` a random
+  one): ValueError naming the entry. `newer`: fields added after checkpoints were first written,
+  which take their defaults where missing. Entries the dataclass does not have are refused too.
+  """
+  if not isinstance(saved, dict):
+    raise ValueError(f"the configuration must be a JSON object, found {type(saved).__name__}")
+  fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+  hints = typing.get_type_hints(cls)
+  unknown = sorted(set(saved) - set(fields))
+  if unknown:
+    raise ValueError(f"the configuration has entries {cls.__name__} does not: {unknown}")
+  missing = [n for n in fields if n not in saved and n not in newer]
+  if missing:
+    raise ValueError(f"the configuration lacks {missing} (every {cls.__name__} field is saved)")
+  return cls(**{n: _json_value(v, hints[n], f"the configuration's {n!r}")
+                for n, v in saved.items()})
+
+
+def check_entries(data: Any, spec: dict[str, type], what: str) -> dict:
+  """`data` (a checkpoint's data description), checked to hold exactly the entries of `spec`,
+  each a JSON value of its type (`_json_value`); returns it with the values converted.
+  ValueError naming the entry otherwise (`what`: the description, for the message)."""
+  if not isinstance(data, dict) or set(data) != set(spec):
+    found = sorted(data) if isinstance(data, dict) else type(data).__name__
+    raise ValueError(f"the data description of {what} must have the entries {sorted(spec)}, "
+                     f"found {found}")
+  return {n: _json_value(data[n], t, f"the data description's {n!r}") for n, t in spec.items()}
+
+
 def _leaves(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
   """A pytree's leaves by key path (keys as strings, as Orbax saves them) -> shape."""
   return {_path_keys(p): tuple(np.shape(leaf))
@@ -464,6 +533,10 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   except (ValueError, TypeError, KeyError, AttributeError) as e:  # a hand-edited meta, ...
     if isinstance(e, ValueError) and str(e).startswith("load_model:"):
       raise  # already one line naming the file
+    import jaxdata  # pylint: disable=g-import-not-at-top
+    saved_by = meta.get("jaxdata")
+    other = (f"; it was saved by jaxdata {saved_by}, this is {jaxdata.__version__}"
+             if saved_by != jaxdata.__version__ else "")
     raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
                      f"or data description does not build a {meta['kind']} model "
-                     f"({_first_line(e)})") from e
+                     f"({_first_line(e)}{other})") from e

@@ -184,6 +184,21 @@ def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
                            "default; the learning rate is --lr)")
 
 
+#: The options of `add_minibatch_arguments` and their defaults (but --batch-size's: per trainer).
+MINIBATCH_DEFAULTS = {"fanouts": None, "pipeline": "host", "table_optimizer": "adam"}
+
+
+def refuse_without_minibatch(args, defaults: dict) -> None:
+  """UsageError naming the first option of `defaults` (its `args` name -> its default) that was
+  given a value of its own without --minibatch: training would ignore it without a word."""
+  if args.minibatch:
+    return
+  for name, default in defaults.items():
+    if getattr(args, name) != default:
+      raise command.UsageError(f"argument --{name.replace('_', '-')}: only with --minibatch "
+                               f"(full-graph training has no use for it)")
+
+
 def check_fanouts(fanouts, batch_size: int) -> None:
   """UsageError (naming --fanouts) where a batch's last hop would sample more nodes (batch size
   times every fanout) than int32 indices can number."""

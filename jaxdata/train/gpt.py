@@ -244,7 +244,7 @@ def restore(path: str, meta: dict):
   """Rebuilds a saved GPT (`jaxdata.train.checkpoint.load_model`); its data is the run's own
   synthetic chain, rebuilt from the configuration."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-  config = GPTTrainConfig(**meta["config"])
+  config = checkpoint.config_from(GPTTrainConfig, meta["config"])
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)

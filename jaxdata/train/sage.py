@@ -378,6 +378,10 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
                      distributed.local_value(opt_state))
 
 
+#: The entries of a data description (`load_dataset`).
+DATA_ENTRIES = {"source": str, "nodes": int, "edges": int, "features": int, "classes": int, "seed": int}
+
+
 def load_dataset(data: dict, features_out: np.ndarray | None = None):
   """The synthetic power-law graph a data description names ({"nodes", "edges", "features",
   "classes", "seed"}); features written into `features_out` where given (a HostTable's memory)."""
@@ -417,10 +421,13 @@ def restore(path: str, meta: dict):
   is measured again by one process of 4), so it measures the test accuracy training measured;
   ValueError where this process has fewer devices than that."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-  saved = dict(meta["config"], fanouts=tuple(meta["config"]["fanouts"]))
-  processes, per_process = saved.pop("mesh", None) or (1, saved.get("devices") or 1)
-  config = SageConfig(**saved)
-  dataset = load_dataset(meta["data"])
+  saved = dict(meta["config"])
+  processes, per_process = checkpoint.check_entries(
+      {"mesh": saved.pop("mesh", None) or [1, saved.get("devices") or 1]},
+      {"mesh": tuple[int, ...]}, "a GraphSAGE checkpoint")["mesh"]
+  config = checkpoint.config_from(SageConfig, saved)
+  dataset = load_dataset(checkpoint.check_entries(meta["data"], DATA_ENTRIES,
+                                                  "a GraphSAGE checkpoint"))
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
   model = GraphSAGE(dataset.features.shape[1] + config.embed_dim, config.hidden,
                     dataset.num_classes, num_layers=len(config.fanouts), dtype=dtype,
@@ -576,6 +583,9 @@ def main(args) -> int:
                         embed_dim=args.embed_dim, table_optimizer=args.table_optimizer)
   except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
     raise command.UsageError(str(e)) from None
+  if args.cache and args.pipeline != "host":
+    raise command.UsageError(f"argument --cache: a device cache of feature rows is for "
+                             f"--pipeline host; --pipeline {args.pipeline} would ignore it")
   if args.classes > args.nodes:
     raise command.UsageError(f"argument --nodes: {args.nodes} nodes cannot hold --classes "
                              f"{args.classes} (every class needs a node)")

@@ -44,10 +44,10 @@ from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
-from jaxdata.train.common import (DeviceBudgetError, TrainResult, accuracy,
+from jaxdata.train.common import (MINIBATCH_DEFAULTS, DeviceBudgetError, TrainResult, accuracy,
                                   add_minibatch_arguments, add_record, add_offload_arguments,
                                   add_out_argument, check_offload_arguments, minibatch_options,
-                                  progress, say_saved, devices_flag)
+                                  progress, refuse_without_minibatch, say_saved, devices_flag)
 
 MODELS = ("rgat", "hgt")
 #: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
@@ -535,6 +535,10 @@ def evaluate(model: nnx.Module, dataset: MagDataset, graph: GraphArrays | None =
           "test_accuracy": accuracy(dataset.test_papers)}
 
 
+#: The entries of a data description (`load_dataset`).
+DATA_ENTRIES = {"scale": float, "seed": int, "classes": int}
+
+
 def load_dataset(data: dict) -> MagDataset:
   """The synthetic ogbn-mag a data description names ({"scale", "seed", "classes"})."""
   from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
@@ -554,15 +558,12 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
 def restore(path: str, meta: dict):
   """Rebuilds a saved RGAT / HGT / RGCN classifier and its data (`checkpoint.load_model`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-  saved = dict(meta["config"])
-  if saved.get("passes") is not None:
-    saved["passes"] = tuple(saved["passes"])
-  saved["embed"] = tuple(saved.get("embed", ()))
-  config = TrainConfig(**saved)
+  config = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
   if KINDS.get(config.model) != meta["kind"]:
     raise ValueError(f"load_model: {path}: a checkpoint of kind {meta['kind']!r} holding a "
                      f"{config.model!r} model (its configuration's model)")
-  dataset = load_dataset(meta["data"])
+  dataset = load_dataset(checkpoint.check_entries(meta["data"], DATA_ENTRIES, "a synthetic_mag "
+                                                                            "checkpoint"))
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
@@ -735,8 +736,8 @@ def main(args) -> int:
                        num_bases=getattr(args, "bases", None) or None)  # rgcn's --bases
   minibatch = None
   auto = args.device_bytes == "auto"  # resolved once the tables' sizes are known
-  if args.device_bytes is not None and not args.minibatch:
-    raise command.UsageError("argument --device-bytes: only with --minibatch")
+  refuse_without_minibatch(args, dict(MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0,
+                                      prefetch=False, device_bytes=None))
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
     options = minibatch_options(args, args.layers)

@@ -37,9 +37,9 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
-from jaxdata.train.common import (TrainResult, add_record, accuracy, add_minibatch_arguments,
-                                  add_out_argument, minibatch_options, progress, say_saved,
-                                  devices_flag)
+from jaxdata.train.common import (MINIBATCH_DEFAULTS, TrainResult, add_record, accuracy,
+                                  add_minibatch_arguments, add_out_argument, minibatch_options,
+                                  progress, refuse_without_minibatch, say_saved, devices_flag)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +226,12 @@ def evaluate(model: EntityClassifier, dataset: EntityDataset,
   return {"test_accuracy": float(accuracy(logits[test_idx], test_y))}
 
 
+#: The entries of a data description (`load_dataset`), by source.
+DATA_ENTRIES = {"rdf": {"source": str, "path": str},
+                "synthetic": {"source": str, "nodes": int, "edges": int, "relations": int,
+                              "seed": int}}
+
+
 def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
   """The dataset a data description names, and its paper setup (bases, L2): an RDF archive
   ({"source": "rdf", "path": ...}) or the synthetic graph ({"source": "synthetic", "nodes",
@@ -257,8 +263,10 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
 def restore(path: str, meta: dict):
   """Rebuilds a saved RGCN and its data (`jaxdata.train.checkpoint.load_model`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-  config = TrainConfig(**meta["config"])
-  dataset, _ = load_dataset(meta["data"])
+  config = checkpoint.config_from(TrainConfig, meta["config"])
+  dataset, _ = load_dataset(checkpoint.check_entries(
+      meta["data"], DATA_ENTRIES.get(meta["data"].get("source"), DATA_ENTRIES["synthetic"]),
+      "an RGCN checkpoint"))
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
@@ -391,6 +399,7 @@ def main(args) -> int:
   given = [n for n in MAG_OPTIONS if getattr(args, n) is not None]
   if given:
     raise command.UsageError(f"argument {_flag(given[0])}: for synthetic_mag (with --scale)")
+  refuse_without_minibatch(args, dict(MINIBATCH_DEFAULTS, batch_size=None))
   # The entity datasets' defaults (None above: --scale has its own).
   for name, value in (("epochs", 50), ("hidden", 16), ("lr", 0.01), ("seeds", 1),
                       ("nodes", 20_000), ("edges", 200_000), ("relations", 50),
