@@ -1,0 +1,120 @@
+"""Issue 19, small graphs: what one RGCN forward costs on the host, and what each lever buys.
+
+Usage (GPU machine, after `bash .ci/gpu build`): python3 .ci/probe_inference.py [graph ...]
+(default: aifb mutag; the archives from $JAXDATA_DATA_DIR)
+
+On AIFB and MUTAG a forward of jaxdata's RGCN (dim 32, precision "default") takes 70-100 us
+against 0.4-0.8 ms of PyG's FastRGCNConv: the bar is 10x PyG, and the time is the host's, not the
+kernels'. This times, interleaved over rounds (each round 20 calls queued, waited for once, as
+`jaxdata bench rgnn --mode inference` does; the median and the fastest round are printed):
+
+* PyG's FastRGCNConv, the faster PyG layer on both graphs (the ratio's denominator);
+* jaxdata's forward as it is, and with each lever applied in this process only:
+  - *tiles in one sum*: the per-relation tile offsets as a masked sum over a [R+1, R] matrix
+    (exact) rather than `jnp.cumsum` (which XLA splits into several kernels);
+  - *ids checked in the kernel*: `codegen.common.VALID_MASK = 0`, the GEMM loading and checking
+    each row's ids itself, so no `valid` mask is computed per call;
+  - both;
+* floors: a jitted `x * 2` alone; taking the same arguments as the forward (x, W and the 17
+  arrays of `GraphArrays`), unused (jit drops them) and kept (`keep_unused=True`); and taking x,
+  W and 4 graph arrays (what the plain-JAX per-edge formulation takes).
+
+Each variant's compiled program is also summarized: how many parameters and top-level
+instructions (kernels, custom calls) its optimized HLO has.
+"""
+import os
+import re
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jaxdata.bench import rgnn
+from jaxdata.bench import rgnn_peers as peers
+from jaxdata.hector import codegen, runtime
+from jaxdata.timing import median_seconds
+
+ROUNDS = int(os.environ.get("PROBE_ROUNDS", 7))
+
+
+def tiles_in_one_sum(rel_offsets, rows):
+  counts = jnp.diff(rel_offsets)
+  per = (counts + rows - 1) // rows
+  r = per.shape[0]
+  before = jnp.arange(r + 1)[:, None] > jnp.arange(r)[None, :]
+  return jnp.sum(jnp.where(before, per[None, :], 0), axis=1).astype(jnp.int32)
+
+
+def summary(compiled) -> str:
+  text = compiled.as_text()
+  entry = text[text.rfind("ENTRY"):]
+  params = len(re.findall(r"\bparameter\(", entry))
+  ops = [m.group(1) for m in re.finditer(r"= [^ ]+ (fusion|custom-call|copy|slice|concatenate"
+                                         r"|reduce-window|reduce|add|compare)\(", entry)]
+  return f"{params} params, ops: " + ", ".join(f"{o} x{ops.count(o)}" for o in sorted(set(ops)))
+
+
+def forward(form, x, w, ct, *, tiles=None, valid_mask=None):
+  old_tiles, old_mask = runtime.tiles, codegen.common.VALID_MASK
+  try:
+    if tiles is not None:
+      runtime.tiles = tiles
+    if valid_mask is not None:
+      codegen.common.VALID_MASK = valid_mask
+    c = peers.compile_step(form, x, w, ct, mode="inference")
+    if c.tunes:  # time the tilings once, then compile again (as bench rgnn does)
+      jax.block_until_ready(c.run())
+      c = peers.compile_step(form, x, w, ct, mode="inference")
+    out = jax.block_until_ready(c.run())
+    lowered = peers.forward_only(form).lower(x, w, form.graph_args)
+    return c.run, out, summary(lowered.compile())
+  finally:
+    runtime.tiles, codegen.common.VALID_MASK = old_tiles, old_mask
+
+
+def main(graphs) -> None:
+  print("jax", jax.__version__, jax.devices(), flush=True)
+  for name in graphs:
+    g, why = rgnn.load_graph(name, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
+    assert g is not None, why
+    x, w, ct = jax.device_put(rgnn.case_arrays(g, 32), jax.devices()[0])
+    pyg = peers.time_pyg(g.src, g.dst, g.etype, *rgnn.case_arrays(g, 32), mode="inference",
+                         layer="FastRGCNConv", repeats=ROUNDS).seconds
+    form = peers.jaxdata_formulation(g.hetero, precision=jax.lax.Precision.DEFAULT)
+    args = form.graph_args
+    leaves = jax.tree.leaves(args)
+    cases, reference = {}, None
+    for label, kw in (("jaxdata forward, as is", {}),
+                      ("  tiles in one sum", dict(tiles=tiles_in_one_sum)),
+                      ("  ids checked in the kernel", dict(valid_mask=0)),
+                      ("  both", dict(tiles=tiles_in_one_sum, valid_mask=0))):
+      run, out, about = forward(form, x, w, ct, **kw)
+      if reference is None:
+        reference = out
+      err = float(jnp.max(jnp.abs(out - reference)))
+      cases[label] = (run, f"{about}; max |diff| vs as is {err:.1e}")
+    f = jax.jit(lambda x: x * 2).lower(x).compile()
+    cases["x * 2 alone"] = (lambda: f(x), summary(f))
+    f17 = jax.jit(lambda x, w, g: x * 2).lower(x, w, args).compile()
+    cases["x * 2, the same 19 arguments, unused"] = (lambda: f17(x, w, args), summary(f17))
+    k17 = jax.jit(lambda x, w, g: x * 2, keep_unused=True).lower(x, w, args).compile()
+    cases["x * 2, the same 19 arguments, kept"] = (lambda: k17(x, w, args), summary(k17))
+    four = leaves[:4]
+    k4 = jax.jit(lambda x, w, g: x * 2, keep_unused=True).lower(x, w, four).compile()
+    cases["x * 2, x, W and 4 graph arrays, kept"] = (lambda: k4(x, w, four), summary(k4))
+    times = {label: [] for label in cases}
+    for _ in range(ROUNDS):
+      for label, (run, _) in cases.items():
+        times[label].append(median_seconds(run, warmup=3, repeats=5, queued=20))
+    print(f"\n{name}: {g.num_nodes:,} nodes, {len(g.src):,} edges; PyG FastRGCNConv "
+          f"{pyg * 1e6:.1f} us per forward; 10x needs {pyg * 1e5:.1f} us", flush=True)
+    for label, (_, about) in cases.items():
+      med, best = statistics.median(times[label]) * 1e6, min(times[label]) * 1e6
+      ratio = f"{pyg * 1e6 / med:5.2f}x PyG" if label.startswith(("jaxdata", "  ")) else " " * 11
+      print(f"  {label:<42} median {med:7.1f} us  fastest {best:7.1f} us  {ratio}  [{about}]",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:] or ["aifb", "mutag"])
