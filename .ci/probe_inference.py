@@ -9,12 +9,13 @@ kernels'. This times, interleaved over rounds (each round 20 calls queued, waite
 `jaxdata bench rgnn --mode inference` does; the median and the fastest round are printed):
 
 * PyG's FastRGCNConv, the faster PyG layer on both graphs (the ratio's denominator);
-* jaxdata's forward as it is, and with each lever applied in this process only:
-  - *tiles in one sum*: the per-relation tile offsets as a masked sum over a [R+1, R] matrix
-    (exact) rather than `jnp.cumsum` (which XLA splits into several kernels);
-  - *ids checked in the kernel*: `codegen.common.VALID_MASK = 0`, the GEMM loading and checking
-    each row's ids itself, so no `valid` mask is computed per call;
-  - both;
+* jaxdata's forward as it is, and with each of session 26's two levers taken back in this
+  process only (the first run of this probe, on e0c014d, applied them to the forward before):
+  - *tiles by jnp.cumsum*: the per-relation tile offsets by `jnp.cumsum` (which XLA splits into
+    several kernels) rather than one masked sum over a [R+1, R] matrix (`runtime.tiles`);
+  - *GEMM reading the mask*: the GEMM reading ok(e) from a `valid` mask computed per call
+    rather than loading and checking each row's ids itself (`codegen.common.reads_valid`);
+  - both (the forward of session 25);
 * floors: a jitted `x * 2` alone; taking the same arguments as the forward (x, W and the 17
   arrays of `GraphArrays`), unused (jit drops them) and kept (`keep_unused=True`); and taking x,
   W and 4 graph arrays (what the plain-JAX per-edge formulation takes).
@@ -38,14 +39,6 @@ from jaxdata.timing import median_seconds
 ROUNDS = int(os.environ.get("PROBE_ROUNDS", 7))
 
 
-def tiles_in_one_sum(rel_offsets, rows):
-  counts = jnp.diff(rel_offsets)
-  per = (counts + rows - 1) // rows
-  r = per.shape[0]
-  before = jnp.arange(r + 1)[:, None] > jnp.arange(r)[None, :]
-  return jnp.sum(jnp.where(before, per[None, :], 0), axis=1).astype(jnp.int32)
-
-
 def summary(compiled) -> str:
   text = compiled.as_text()
   entry = text[text.rfind("ENTRY"):]
@@ -55,13 +48,13 @@ def summary(compiled) -> str:
   return f"{params} params, ops: " + ", ".join(f"{o} x{ops.count(o)}" for o in sorted(set(ops)))
 
 
-def forward(form, x, w, ct, *, tiles=None, valid_mask=None):
-  old_tiles, old_mask = runtime.tiles, codegen.common.VALID_MASK
+def forward(form, x, w, ct, *, cumsum=False, mask=False):
+  old_sum, old_reads = runtime.TILES_ONE_SUM, codegen.common.reads_valid
   try:
-    if tiles is not None:
-      runtime.tiles = tiles
-    if valid_mask is not None:
-      codegen.common.VALID_MASK = valid_mask
+    if cumsum:
+      runtime.TILES_ONE_SUM = -1
+    if mask:
+      codegen.common.reads_valid = lambda k: True
     c = peers.compile_step(form, x, w, ct, mode="inference")
     if c.tunes:  # time the tilings once, then compile again (as bench rgnn does)
       jax.block_until_ready(c.run())
@@ -70,7 +63,7 @@ def forward(form, x, w, ct, *, tiles=None, valid_mask=None):
     lowered = peers.forward_only(form).lower(x, w, form.graph_args)
     return c.run, out, summary(lowered.compile())
   finally:
-    runtime.tiles, codegen.common.VALID_MASK = old_tiles, old_mask
+    runtime.TILES_ONE_SUM, codegen.common.reads_valid = old_sum, old_reads
 
 
 def main(graphs) -> None:
@@ -86,9 +79,9 @@ def main(graphs) -> None:
     leaves = jax.tree.leaves(args)
     cases, reference = {}, None
     for label, kw in (("jaxdata forward, as is", {}),
-                      ("  tiles in one sum", dict(tiles=tiles_in_one_sum)),
-                      ("  ids checked in the kernel", dict(valid_mask=0)),
-                      ("  both", dict(tiles=tiles_in_one_sum, valid_mask=0))):
+                      ("  tiles by jnp.cumsum", dict(cumsum=True)),
+                      ("  GEMM reading the mask", dict(mask=True)),
+                      ("  both (session 25)", dict(cumsum=True, mask=True))):
       run, out, about = forward(form, x, w, ct, **kw)
       if reference is None:
         reference = out

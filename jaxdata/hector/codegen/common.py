@@ -9,7 +9,7 @@ import re
 from importlib import resources
 
 from jaxdata.hector import operands
-from jaxdata.hector.lowering import Expr, Gemm, Load
+from jaxdata.hector.lowering import Expr, Gemm, Load, WeightGrad
 
 _CTYPES = {"float32": "float", "bfloat16": "unsigned short"}
 
@@ -65,19 +65,32 @@ _UNARY_GRAD = {
 LOWEST = "-3.402823466e+38f"
 
 
-#: 1: a kernel's ok(e) reads the `valid` operand (`operands.valid_rows`: its ids checked once
-#: per call); 0: each kernel loads and checks the row's ids itself (`row_ok`, as when issue 19
-#: was opened). RGAT, 2M edges, dim 64, fwd+bwd on the H200 with checks and with none at all:
-#: 7.57 -> 5.17 ms at "highest", 4.56 -> 3.79 ms TF32 (.ci/probe_constants.py).
+#: 1: the kernels that visit rows out of order (`reads_valid`) read ok(e) from the `valid` operand
+#: (`operands.valid_rows`: its ids checked once per call); 0: every kernel loads and checks the
+#: row's ids itself (`row_ok`, as when issue 19 was opened). RGAT, 2M edges, dim 64, fwd+bwd on
+#: the H200 with checks and with none at all: 7.57 -> 5.17 ms at "highest", 4.56 -> 3.79 ms TF32
+#: (.ci/probe_constants.py).
 VALID_MASK = 1
+
+
+def reads_valid(k) -> bool:
+  """Whether kernel `k`'s ok(e) reads the `valid` operand: the traversals (edge softmax, sums
+  through the CSR / CSC views, the thin GEMM) under `VALID_MASK`. The tiled GEMM and
+  weight-gradient templates check each row's ids themselves: they visit rows in order, one
+  relation's tile at a time, so the ids are a few coalesced loads, and a program of such kernels
+  alone (an RGCN forward) computes no mask per call: one kernel fewer for the host to launch
+  (MUTAG RGCN forward on the H200: 63 -> 58 us, .ci/probe_inference.py). The same on every
+  target: which operands a call passes is decided before it is lowered for one."""
+  from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
+  return bool(VALID_MASK) and not (isinstance(k, (Gemm, WeightGrad)) and not cuda.thin(k))
 
 
 def guard(k) -> str:
   """`ok(e)`: whether row e of the domain may be used: a row whose ids are out of range
-  contributes nothing (docs/hector.md). It reads valid[e] (`VALID_MASK`), else checks the ids
+  contributes nothing (docs/hector.md). It reads valid[e] (`reads_valid`), else checks the ids
   with `row_ok` (templates/common.h; on the edges, the edge's pair too). Offsets read from the
   graph are clamped with `span(x, lo, hi)`."""
-  if VALID_MASK:
+  if reads_valid(k):
     return ("  // a row whose ids are out of range contributes nothing (operands.valid_rows)\n"
             "  auto ok = [&](int64_t e) -> bool {\n"
             "    return (unsigned long long)e < (unsigned long long)E && valid[e];\n"
