@@ -122,7 +122,7 @@ def valid_rows(ops: dict, domain: str):
 def graph_operands(graph, domain: str, tiles, valid: bool = True) -> list:
   """The graph operands of a kernel over `domain` ("edge" or "compact"), in call order, taken
   from `graph` (a `GraphArrays`); `tiles(rel_offsets)` makes the `tiles` operand from the
-  domain's relation offsets, and `valid_rows` the `valid` operand (zero-length where the kernel
+  domain's relation offsets, and `valid_rows` the `valid` operand (one byte where the kernel
   does not read it: `valid` False)."""
   if domain not in ("edge", "compact"):
     raise ValueError(f"hector.operands: domain must be 'edge' or 'compact', got {domain!r}")
@@ -131,7 +131,9 @@ def graph_operands(graph, domain: str, tiles, valid: bool = True) -> list:
     if op.edge is not None:
       ops[op.name] = getattr(graph, op.edge if domain == "edge" else op.compact)
   ops["tiles"] = tiles(ops["rel_offsets"])
-  ops["valid"] = valid_rows(ops, domain) if valid else np.zeros((0,), np.uint8)
+  # Not zero-length: with a u8[0] constant among a custom call's operands, XLA's CPU compiler
+  # (jax 0.11.2) crashed compiling a mini-batch step of a two-process job (session 26).
+  ops["valid"] = valid_rows(ops, domain) if valid else np.zeros((1,), np.uint8)
   return [ops[op.name] for op in GRAPH]
 
 
