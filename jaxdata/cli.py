@@ -131,13 +131,9 @@ def _eval(args: argparse.Namespace) -> int:
     raise command.UsageError("argument DIR: empty (give the folder `jaxdata train ... --out` "
                              "wrote; '.' for this one)")
   try:
-    if args.data:
-      source = checkpoint.read_meta(args.checkpoint)["data"].get("source")
-      if source != "rdf":
-        raise command.UsageError(f"argument --data: replaces the RDF archive of an RGCN "
-                                 f"checkpoint; this one's data ({source or 'synthetic'}) is "
-                                 f"generated again from its description")
     loaded = checkpoint.load_model(args.checkpoint, **overrides)
+  except checkpoint.DataOverrideError as e:
+    raise command.UsageError(f"argument --data: {e}") from None
   except (FileNotFoundError, ValueError) as e:
     raise command.UsageError(str(e)) from None
   console = command.console()

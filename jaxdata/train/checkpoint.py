@@ -337,14 +337,14 @@ def read_meta(path: str | os.PathLike) -> dict:
   return meta
 
 
-def _json_value(value: Any, annotation: Any, name: str) -> Any:
+def json_value(value: Any, annotation: Any, name: str) -> Any:
   """`value` (read from JSON) as a value of the type `annotation` names: a list becomes a tuple
   where a tuple is declared, an integer a float where a float is; ValueError otherwise."""
   origin, args = typing.get_origin(annotation), typing.get_args(annotation)
   if origin in (typing.Union, types.UnionType):
     for option in args:
       try:
-        return _json_value(value, option, name)
+        return json_value(value, option, name)
       except ValueError:
         pass
   elif annotation is type(None):
@@ -352,7 +352,7 @@ def _json_value(value: Any, annotation: Any, name: str) -> Any:
       return None
   elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
     if isinstance(value, (list, tuple)):
-      return tuple(_json_value(v, args[0], name) for v in value)
+      return tuple(json_value(v, args[0], name) for v in value)
   elif annotation is bool:
     if isinstance(value, bool):
       return value
@@ -381,7 +381,7 @@ def config_from(cls: type, saved: Any, *, newer: tuple[str, ...] = ()) -> Any:
   """
   if not isinstance(saved, dict):
     raise ValueError(f"the configuration must be a JSON object, found {type(saved).__name__}")
-  fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+  fields = [f.name for f in dataclasses.fields(cls) if f.init]
   hints = typing.get_type_hints(cls)
   unknown = sorted(set(saved) - set(fields))
   if unknown:
@@ -389,19 +389,24 @@ def config_from(cls: type, saved: Any, *, newer: tuple[str, ...] = ()) -> Any:
   missing = [n for n in fields if n not in saved and n not in newer]
   if missing:
     raise ValueError(f"the configuration lacks {missing} (every {cls.__name__} field is saved)")
-  return cls(**{n: _json_value(v, hints[n], f"the configuration's {n!r}")
+  return cls(**{n: json_value(v, hints[n], f"the configuration's {n!r}")
                 for n, v in saved.items()})
 
 
 def check_entries(data: Any, spec: dict[str, type], what: str) -> dict:
   """`data` (a checkpoint's data description), checked to hold exactly the entries of `spec`,
-  each a JSON value of its type (`_json_value`); returns it with the values converted.
+  each a JSON value of its type (`json_value`); returns it with the values converted.
   ValueError naming the entry otherwise (`what`: the description, for the message)."""
   if not isinstance(data, dict) or set(data) != set(spec):
     found = sorted(data) if isinstance(data, dict) else type(data).__name__
     raise ValueError(f"the data description of {what} must have the entries {sorted(spec)}, "
                      f"found {found}")
-  return {n: _json_value(data[n], t, f"the data description's {n!r}") for n, t in spec.items()}
+  return {n: json_value(data[n], t, f"the data description's {n!r}") for n, t in spec.items()}
+
+
+class DataOverrideError(ValueError):
+  """`load_model`'s data overrides name an entry the saved data description does not have (a
+  data file given for a checkpoint whose data is generated from its description)."""
 
 
 def _leaves(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -522,9 +527,16 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   RDF archive has moved since training. Raises FileNotFoundError / ValueError, one line naming the
   problem and the file: a missing folder, a folder that is not a checkpoint, metadata that cannot
   be read or does not describe a model of its kind, array files missing or damaged, or arrays
-  that do not fit.
+  that do not fit; DataOverrideError (a ValueError) for an override of an entry the description
+  does not have.
   """
   meta = read_meta(path)
+  unknown = sorted(set(data_overrides) - set(meta["data"]))
+  if unknown:
+    raise DataOverrideError(
+        f"load_model: {os.path.join(os.path.abspath(path), 'meta', 'metadata')}: its data "
+        f"description has no {unknown} to replace: this checkpoint's data "
+        f"({meta['data'].get('source', 'synthetic')}) is generated again from its description")
   meta["data"] = {**meta["data"], **data_overrides}
   module = importlib.import_module(KINDS[meta["kind"]])
   path = os.path.abspath(os.fspath(path))

@@ -166,26 +166,28 @@ class MinibatchConfig:
                        f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
 
 
+#: The options of `add_minibatch_arguments` and their defaults (but --batch-size's: per trainer).
+MINIBATCH_DEFAULTS = {"fanouts": None, "pipeline": "host", "table_optimizer": "adam"}
+
+
 def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
                             pipeline: str = "graph and features") -> None:
   """The `--fanouts`, `--batch-size`, `--pipeline` and `--table-optimizer` options of a
   relational trainer's `--minibatch` (`seeds`: what a seed is; `tables`: what the sparse
   optimizer trains)."""
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=None,
+  parser.add_argument("--fanouts", type=command.listing(command.positive_int),
+                      default=MINIBATCH_DEFAULTS["fanouts"],
                       help="--minibatch: in-edges sampled per node and hop, one per layer "
                            "(default: 10 per layer)")
   parser.add_argument("--batch-size", type=command.positive_int, default=batch_size,
                       help=f"--minibatch: seed {seeds} per step")
-  parser.add_argument("--pipeline", choices=PIPELINES, default="host",
+  parser.add_argument("--pipeline", choices=PIPELINES, default=MINIBATCH_DEFAULTS["pipeline"],
                       help=f"--minibatch: {pipeline} in pinned host memory (GPU-centric) or in "
                            "device memory")
-  parser.add_argument("--table-optimizer", choices=tuple(sparse.BY_NAME), default="adam",
+  parser.add_argument("--table-optimizer", choices=tuple(sparse.BY_NAME),
+                      default=MINIBATCH_DEFAULTS["table_optimizer"],
                       help=f"--minibatch: the sparse optimizer of {tables} (lazy Adam by "
                            "default; the learning rate is --lr)")
-
-
-#: The options of `add_minibatch_arguments` and their defaults (but --batch-size's: per trainer).
-MINIBATCH_DEFAULTS = {"fanouts": None, "pipeline": "host", "table_optimizer": "adam"}
 
 
 def refuse_without_minibatch(args, defaults: dict) -> None:

@@ -379,7 +379,8 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
 
 
 #: The entries of a data description (`load_dataset`).
-DATA_ENTRIES = {"source": str, "nodes": int, "edges": int, "features": int, "classes": int, "seed": int}
+DATA_ENTRIES = {"source": str, "nodes": int, "edges": int, "features": int, "classes": int,
+                "seed": int}
 
 
 def load_dataset(data: dict, features_out: np.ndarray | None = None):
@@ -422,9 +423,9 @@ def restore(path: str, meta: dict):
   ValueError where this process has fewer devices than that."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
   saved = dict(meta["config"])
-  processes, per_process = checkpoint.check_entries(
-      {"mesh": saved.pop("mesh", None) or [1, saved.get("devices") or 1]},
-      {"mesh": tuple[int, ...]}, "a GraphSAGE checkpoint")["mesh"]
+  processes, per_process = checkpoint.json_value(
+      saved.pop("mesh", None) or [1, saved.get("devices") or 1], tuple[int, ...],
+      "the configuration's 'mesh'")
   config = checkpoint.config_from(SageConfig, saved)
   dataset = load_dataset(checkpoint.check_entries(meta["data"], DATA_ENTRIES,
                                                   "a GraphSAGE checkpoint"))

@@ -573,6 +573,11 @@ def restore(path: str, meta: dict):
 
 
 # ----------------------------------------------------------------------------- the CLI
+#: The options that only --minibatch uses, and their defaults (`refuse_without_minibatch`).
+MINIBATCH_ONLY = dict(MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0, prefetch=False,
+                      device_bytes=None)
+
+
 def add_arguments(parser, model: str):
   """`jaxdata train rgat|hgt` options."""
   parser.set_defaults(attention_model=model)
@@ -613,17 +618,19 @@ def add_arguments(parser, model: str):
   parser.add_argument("--minibatch", action="store_true",
                       help="train on sampled mini-batches, graph and features in host memory "
                            "(see jaxdata.train.attention.minibatch)")
-  add_minibatch_arguments(parser, batch_size=1024, seeds="papers per device",
-                          tables="the embedding tables (--embed)")
-  parser.add_argument("--cache", type=command.fraction, default=0.0,
+  add_minibatch_arguments(parser, batch_size=MINIBATCH_ONLY["batch_size"],
+                          seeds="papers per device", tables="the embedding tables (--embed)")
+  parser.add_argument("--cache", type=command.fraction, default=MINIBATCH_ONLY["cache"],
                       help="--minibatch, host pipeline: keep this fraction of each feature "
                            "table's rows (its most sampled nodes) in device memory")
-  parser.add_argument("--device-bytes", type=command.size_or_auto, default=None,
+  parser.add_argument("--device-bytes", type=command.size_or_auto,
+                      default=MINIBATCH_ONLY["device_bytes"],
                       help="--minibatch, host pipeline: the device holds at most this many bytes "
                            "of parameters, optimizer state and cached feature rows (e.g. 8GiB, "
                            "or auto: a quarter of the feature and embedding tables; the cache "
                            "gets what the dense model leaves)")
-  parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
+  parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction,
+                      default=MINIBATCH_ONLY["prefetch"],
                       help="--minibatch: each step also samples the next batch and gathers its "
                            "feature rows (the same results; off by default: on the H200 it is "
                            "3.6x slower, see docs/benchmarks/hetero_notes.md)")
@@ -736,8 +743,7 @@ def main(args) -> int:
                        num_bases=getattr(args, "bases", None) or None)  # rgcn's --bases
   minibatch = None
   auto = args.device_bytes == "auto"  # resolved once the tables' sizes are known
-  refuse_without_minibatch(args, dict(MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0,
-                                      prefetch=False, device_bytes=None))
+  refuse_without_minibatch(args, MINIBATCH_ONLY)
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
     options = minibatch_options(args, args.layers)
