@@ -1,11 +1,21 @@
-"""Shared test setup: tests run on the CPU and, where JAX sees one, on a GPU (marked `gpu`)."""
+"""Shared test setup: tests run on the CPU and, where JAX sees one, on a GPU (marked `gpu`).
+
+Also the suite's guards (docs/development.md): a test file's compiled programs are dropped when
+it ends, each worker's peak RSS and the files it grew most on are reported, `slow` tests get a
+longer timeout, and `-n auto` starts no more workers than memory holds.
+"""
+import ctypes
+import gc
 import os
+import resource
 
 # Two CPU devices, for the shard_map test; must be set before JAX starts.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+from jaxdata.hector import runtime as _hector_runtime  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # 64-bit tables and indices are part of the contract
 
@@ -73,3 +83,105 @@ def _no_stale_effect_error():
         with jax.default_device(dev):
           jax.block_until_ready(host_scatter_add(table, jnp.zeros(1, jnp.int32),
                                                  jnp.zeros((1, 1), jnp.float32)))
+
+
+
+# -- the suite's guards --------------------------------------------------------------------------
+
+GIB = 1 << 30
+WORKER_BYTES = 6 * GIB  # the most one test process may hold (.ci/run enforces it)
+TIMEOUT_SLOW = 900  # seconds; every other test has pyproject's `timeout`
+
+
+def _rss() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss() -> int:
+  """The largest RSS this process or any test subprocess it waited for has reached."""
+  return 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+
+
+def _release_memory() -> None:
+  """Drops what outlives a test file: JAX's compiled executables and traces, hector's eager-call
+  programs (each holds its kernel's executable), and the heap glibc keeps after frees."""
+  jax.clear_caches()
+  _hector_runtime._jitted.cache_clear()
+  gc.collect()
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):  # not glibc
+    pass
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_memory_after_each_file():
+  yield
+  _release_memory()
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one worker per core, but no more than memory holds at WORKER_BYTES each."""
+  del config
+  with open("/proc/meminfo") as f:
+    info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+  return max(1, min(os.cpu_count() or 1, info.get("MemAvailable", GIB) // WORKER_BYTES))
+
+
+def pytest_addoption(parser):
+  parser.addoption("--no-cpu-variants", action="store_true",
+                   help="deselect the CPU instances of tests parametrized by the `device` fixture "
+                        "(the GPU gate: CI runs them)")
+
+
+def pytest_collection_modifyitems(config, items):
+  if config.getoption("--no-cpu-variants"):
+    def on_cpu(item):
+      return getattr(item, "callspec", None) and item.callspec.params.get("device") == "cpu"
+    config.hook.pytest_deselected(items=[i for i in items if on_cpu(i)])
+    items[:] = [i for i in items if not on_cpu(i)]
+  for item in items:
+    if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+      item.add_marker(pytest.mark.timeout(TIMEOUT_SLOW))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Each test's teardown report carries the RSS its process ends the test with."""
+  outcome = yield
+  if call.when == "teardown":
+    outcome.get_result().user_properties.append(("rss", (_rss(), _peak_rss())))
+
+
+_rss_seen: dict[str, list] = {}  # worker -> [(file, rss after its test), ...], peak
+
+
+def pytest_runtest_logreport(report):
+  if report.when != "teardown":
+    return
+  value = dict(report.user_properties).get("rss")
+  if value is None:
+    return
+  worker = getattr(report, "node", None)
+  worker = getattr(worker, "gateway", None) and worker.gateway.id or "main"
+  _rss_seen.setdefault(worker, []).append((report.nodeid.split("::")[0], *value))
+
+
+def pytest_terminal_summary(terminalreporter):
+  """Per worker: peak RSS (its own or a test subprocess's) and the test files it grew most on."""
+  if not _rss_seen:
+    return
+  tr = terminalreporter
+  tr.section("memory per test process")
+  for worker, seen in sorted(_rss_seen.items()):
+    growth: dict[str, int] = {}
+    before = seen[0][1]
+    for path, rss, _ in seen:
+      growth[path] = growth.get(path, 0) + rss - before
+      before = rss
+    top = sorted(growth.items(), key=lambda kv: -kv[1])[:3]
+    tr.write_line(f"{worker}: peak {max(p for *_, p in seen) / GIB:.2f} GiB, ends at "
+                  f"{seen[-1][1] / GIB:.2f} GiB; grew most on "
+                  + ", ".join(f"{os.path.basename(p)} (+{g / GIB:.2f})" for p, g in top))

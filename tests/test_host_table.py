@@ -301,7 +301,6 @@ def test_an_unmapped_table_is_refused_by_a_gpu_kernel(device):
                         then=lambda: host_gather(probe_table, jnp.array([0])), untouched=all_nan)
 
 
-@pytest.mark.gpu
 def _queued_fraction(fn, *args, calls: int = 50) -> float:
   """Of the time `calls` calls take to run, the part spent queuing them (the second of two
   rounds: the allocator already holds the outputs' memory, so no allocation waits)."""
@@ -316,6 +315,7 @@ def _queued_fraction(fn, *args, calls: int = 50) -> float:
   return queued / total
 
 
+@pytest.mark.gpu
 def test_gathers_are_queued_without_waiting_for_the_gpu():
   """A handler that waited for the GPU (to read the table's handle, say) would make queuing
   take nearly all the time the calls take to run (49/50 measured); host_gather queues as well

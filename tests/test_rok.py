@@ -1,8 +1,11 @@
 """`jaxdata rok` end to end on a tiny model: the built-in policies, the planner's rows, the table."""
+import itertools
+
 import jax.numpy as jnp
 import pytest
 
 from jaxdata.bench import rok
+from jaxdata.offload import planner
 
 TINY = dict(layers=2, hidden=32, heads=2, seq=32, batch=2, vocab=64)
 
@@ -29,6 +32,28 @@ def test_rok_measures_every_builtin_and_a_plan_per_budget(measured):
                                          if int(f * keep.device_bytes) >= notes["baseline"]]
   for r in planned:
     assert r.seconds > 0 and r.plan
+
+
+def test_rok_plans_are_the_brute_force_optimum_of_the_measured_choices(measured):
+  """The planner's pick for each budget, against every assignment of the tiny model's measured
+  choices to its layers, in every order and under every spill cap a plan may ask for."""
+  _, notes, _ = measured
+  cands, bandwidth, layers = notes["candidates"], notes["bandwidth"], TINY["layers"]
+  assert len(cands) >= 4 and notes["plans"]
+  for frac, best in notes["plans"].items():
+    budget = int(frac * notes["keep"].device_bytes) - notes["baseline"]
+    fitting = {}
+    for picks in itertools.product(cands, repeat=layers):
+      largest = max(c.offload_bytes for c in picks)
+      for cap in [n * largest for n in planner._CAPS] if largest else [None]:
+        p = planner.predict(list(picks), bandwidth, spill_cap=cap)
+        if p.device_bytes <= budget:
+          fitting[tuple(str(c.policy) for c in picks), cap] = p.seconds
+    assert best.device_bytes <= budget
+    fastest = min(fitting.values())
+    assert best.seconds == pytest.approx(fastest, rel=1e-9), (frac, str(best), min(
+      fitting, key=fitting.get))
+    assert fitting[tuple(str(p) for p in best.policies), best.spill_cap or None] == best.seconds
 
 
 def test_rok_table_names_the_parameter_dtype_and_the_plot(measured):

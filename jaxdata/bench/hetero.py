@@ -9,9 +9,8 @@ what differs is where the graph and features live and who samples and gathers:
   (`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs the
   model on the blocks. This is `jaxdata train rgat|hgt --minibatch`'s step.
 - "host-prefetch": the "host" step software-pipelined: step i also samples batch i + 1 and
-  gathers its features, under `compute_on("gpu_stream:1")` on a GPU (XLA runs that part on a
-  second stream, free to overlap the model's kernels; `train.attention.minibatch.Steps`). The
-  same samples and losses as "host"; its time against "host" is what the overlap hides.
+  gathers its features in the same program (`train.attention.minibatch.Steps`). The same
+  samples and losses as "host"; its time against "host" is what pipelining saves.
 - "host-cache": the same, with the CACHE_FRACTION most sampled rows of each feature table in a
   device cache (`host.type_caches`, `gather_typed(..., caches)`): only the others cross PCIe.
 - "device" (all-in-GPU, jaxdata): the same step with graph and features in device memory.
@@ -61,9 +60,8 @@ from jaxdata.host.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
-from jaxdata.train.attention.minibatch import (HostData, complete, on_stream,
-                                               prefetch_stream, prepare, sample, summed_loss,
-                                               table_bytes)
+from jaxdata.train.attention.minibatch import (HostData, complete, prepare, sample,
+                                               summed_loss, table_bytes)
 from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -73,7 +71,7 @@ QUICK = dict(scale=0.01, batches=10, warmup=2)
 #: The device cache of the cached GPU-centric row: this fraction of each feature table's rows.
 CACHE_FRACTION = 0.2
 PIPELINES = {"host": "GPU-centric (jaxdata)",
-             "host-prefetch": "GPU-centric, next batch on a second stream (jaxdata)",
+             "host-prefetch": "GPU-centric, next batch pipelined (jaxdata)",
              "host-cache": f"GPU-centric + {CACHE_FRACTION:.0%} device cache (jaxdata)",
              "device": "all-in-GPU (jaxdata)",
              "cpu": "CPU-centric (CPU sampling + device_put)",
@@ -203,7 +201,6 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
     holder, moved = {"state": state}, {}
     if name == "host-prefetch":
       all_rows = jax.device_put(rows, gpu)
-      stream = prefetch_stream()
 
       @jax.jit
       def prepare_at(consts, all_rows, key, i):
@@ -213,8 +210,7 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
       def ahead(i, consts, all_rows, key, batch):
         del batch
         # the last step's next batch repeats the last row: dropped
-        return on_stream(stream, prepare_at)(consts, all_rows, key,
-                                             jnp.minimum(i + 1, len(rows) - 1))
+        return prepare_at(consts, all_rows, key, jnp.minimum(i + 1, len(rows) - 1))
 
       def piped(model, i, consts, all_rows, key, batch):
         del i, all_rows, key

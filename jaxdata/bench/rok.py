@@ -119,6 +119,8 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
         c.offload_bytes for c in cands) else 0.0
   notes["bandwidth"] = bandwidth
   notes["choices"] = [(str(c.policy), c.device_bytes, c.offload_bytes, c.seconds) for c in cands]
+  notes["candidates"] = cands
+  notes["plans"] = {}  # budget fraction -> the planner's OffloadPlan
   # The step's memory beyond the layers' residuals and inputs (the planner's choices count
   # those): what recompute-everything needs, less the layer inputs it keeps.
   in_bytes = blk.x.size * jnp.dtype(blk.x.dtype).itemsize
@@ -137,6 +139,7 @@ def run(*, layers, hidden, heads, seq, batch, vocab, loss_chunk=0, param_dtype="
     except ValueError:
       say(f"budget {frac:g} x keep: no plan fits")
       continue
+    notes["plans"][frac] = best
     say(f"budget {frac:g} x keep ({budget / 2**30:.1f} GiB): {best}"
         + (f" (spill staging capped at {best.spill_cap / 2**30:.2f} GiB)" if best.spill_cap else ""))
     ram = max(1 << 30, int(best.offload_bytes * 1.2))

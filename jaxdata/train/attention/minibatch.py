@@ -62,8 +62,9 @@ class MinibatchConfig(common.MinibatchConfig):
   the device holds at most this many bytes of dense parameters, their optimizer state and
   cached feature rows (the cache gets what the dense model leaves; every other row is read
   from host memory). `prefetch`: software-pipelined steps, step i also samples batch i + 1
-  and gathers its feature rows, on a second GPU stream (`Steps.pipelined`); the same
-  results, the data path hidden behind the model where the GPU overlaps them."""
+  and gathers its feature rows in the same program (`Steps.pipelined`); the same results.
+  XLA runs it on one stream: the next batch's work can fill gaps between the model's kernels,
+  not run beside them (docs/minibatch.md)."""
   batch_size: int = 1024
   cache: float = 0.0
   device_bytes: int | None = None
@@ -242,32 +243,6 @@ def complete(data: HostData, consts, batch):
   return seeds, blocks, [x if x is not None else y for x, y in zip(xs, learned)]
 
 
-#: The GPU stream on which the pipelined step prepares the next batch (`compute_on`'s name).
-PREFETCH_STREAM = "gpu_stream:1"
-
-
-def prefetch_stream() -> str | None:
-  """The compute type under which the pipelined step prepares the next batch: None, everywhere
-  for now. On the CPU there is no second stream to name; on the H200 (jax 0.11.2) XLA refuses
-  the step with PREFETCH_STREAM ("No ExecutionStreamId found for %call-start ... only
-  reachable through embedded calls": the annotated computation holds nested calls), so the
-  pipelined step runs on one stream (docs/benchmarks/hetero_notes.md)."""
-  return None
-
-
-def on_stream(stream: str | None, fn: Callable) -> Callable:
-  """`fn` (a jitted function, called inside a jitted one) annotated to run on `stream`
-  ("gpu_stream:N", `jax.experimental.compute_on`: XLA wraps the call as an async computation
-  its scheduler can overlap with the rest; the outputs stay in device memory); `fn` itself when
-  `stream` is None. The functional API is `compute_on2` in jax 0.10 and `compute_on` in 0.11,
-  whose context-manager form is gone (the first H200 run of this step failed on it)."""
-  if stream is None:
-    return fn
-  from jax.experimental import compute_on as api  # pylint: disable=g-import-not-at-top
-  annotate = getattr(api, "compute_on2", None) or api.compute_on
-  return annotate(fn, compute_type=stream, out_memory_spaces=jax.memory.Space.Device)
-
-
 #: Embedding rows drawn per chunk by `initial_embeddings` (each chunk its own generator).
 EMBED_CHUNK = 1 << 16
 
@@ -324,13 +299,12 @@ class Steps:
     step: ``step(model, optimizer, table_states, consts, seeds, key) -> (summed loss, correct,
       count, token of the table updates)``: samples, gathers and trains on one batch.
     prepare: ``prepare(consts, seeds, key) -> batch``: the batch's blocks and feature rows
-      (`prepare`; a jitted function, so that it can be annotated to run on another stream).
+      (`prepare`, jitted).
     compute: ``compute(model, optimizer, table_states, consts, batch) -> step's outputs``:
       gathers the batch's embedding rows and trains on it (the step without its data path).
     pipelined: ``pipelined(model, optimizer, table_states, consts, batch, seeds_next,
-      key_next) -> step's outputs + (next batch,)``: `compute` on `batch` while the next batch
-      is prepared under `on_stream(stream, ...)` (on a GPU a second stream; no annotation when
-      `stream` is None). It computes exactly what `step` computes: the prepared rows are read
+      key_next) -> step's outputs + (next batch,)``: `compute` on `batch`, and the next batch
+      prepared in the same program. It computes exactly what `step` computes: the prepared rows are read
       only, and the embedding rows are gathered inside the step, after the previous step's
       table updates.
   """
@@ -341,15 +315,12 @@ class Steps:
 
 
 def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
-               table_opt, stream: str | None = "auto", plan: Sequence | None = None) -> Steps:
+               table_opt, plan: Sequence | None = None) -> Steps:
   """The jitted steps that train a model on `data`'s mini-batches: cross entropy of the valid
   seeds against `labels` (by global node id), the parameters `dense` selects (an nnx filter)
   updated by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a
-  `host.sparse` optimizer; its states are the steps' `table_states`). `stream`: the compute
-  type of the pipelined step's prefetch ("gpu_stream:N"; None: no annotation; "auto":
-  `prefetch_stream()`)."""
+  `host.sparse` optimizer; its states are the steps' `table_states`)."""
   fanouts = tuple(int(f) for f in fanouts)
-  stream = prefetch_stream() if stream == "auto" else stream
 
   def train_on(model, optimizer, table_states, seeds, blocks, xs):
     def loss_fn(model, learned):
@@ -378,7 +349,7 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
 
   @nnx.jit
   def pipelined(model, optimizer, table_states, consts, batch, seeds_next, key_next):
-    batch_next = on_stream(stream, prepare_batch)(consts, seeds_next, key_next)
+    batch_next = prepare_batch(consts, seeds_next, key_next)
     out = train_on(model, optimizer, table_states, *complete(data, consts, batch))
     return (*out, batch_next)
 
