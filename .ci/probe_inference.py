@@ -23,6 +23,7 @@ kernels'. This times, interleaved over rounds (each round 20 calls queued, waite
 Each variant's compiled program is also summarized: how many parameters and top-level
 instructions (kernels, custom calls) its optimized HLO has.
 """
+
 import os
 import re
 import statistics
@@ -41,10 +42,16 @@ ROUNDS = int(os.environ.get("PROBE_ROUNDS", 7))
 
 def summary(compiled) -> str:
   text = compiled.as_text()
-  entry = text[text.rfind("ENTRY"):]
+  entry = text[text.rfind("ENTRY") :]
   params = len(re.findall(r"\bparameter\(", entry))
-  ops = [m.group(1) for m in re.finditer(r"= [^ ]+ (fusion|custom-call|copy|slice|concatenate"
-                                         r"|reduce-window|reduce|add|compare)\(", entry)]
+  ops = [
+    m.group(1)
+    for m in re.finditer(
+      r"= [^ ]+ (fusion|custom-call|copy|slice|concatenate"
+      r"|reduce-window|reduce|add|compare)\(",
+      entry,
+    )
+  ]
   return f"{params} params, ops: " + ", ".join(f"{o} x{ops.count(o)}" for o in sorted(set(ops)))
 
 
@@ -72,16 +79,25 @@ def main(graphs) -> None:
     g, why = rgnn.load_graph(name, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
     assert g is not None, why
     x, w, ct = jax.device_put(rgnn.case_arrays(g, 32), jax.devices()[0])
-    pyg = peers.time_pyg(g.src, g.dst, g.etype, *rgnn.case_arrays(g, 32), mode="inference",
-                         layer="FastRGCNConv", repeats=ROUNDS).seconds
+    pyg = peers.time_pyg(
+      g.src,
+      g.dst,
+      g.etype,
+      *rgnn.case_arrays(g, 32),
+      mode="inference",
+      layer="FastRGCNConv",
+      repeats=ROUNDS,
+    ).seconds
     form = peers.jaxdata_formulation(g.hetero, precision=jax.lax.Precision.DEFAULT)
     args = form.graph_args
     leaves = jax.tree.leaves(args)
     cases, reference = {}, None
-    for label, kw in (("jaxdata forward, as is", {}),
-                      ("  tiles by jnp.cumsum", dict(cumsum=True)),
-                      ("  GEMM reading the mask", dict(mask=True)),
-                      ("  both (session 25)", dict(cumsum=True, mask=True))):
+    for label, kw in (
+      ("jaxdata forward, as is", {}),
+      ("  tiles by jnp.cumsum", dict(cumsum=True)),
+      ("  GEMM reading the mask", dict(mask=True)),
+      ("  both (session 25)", dict(cumsum=True, mask=True)),
+    ):
       run, out, about = forward(form, x, w, ct, **kw)
       if reference is None:
         reference = out
@@ -100,13 +116,18 @@ def main(graphs) -> None:
     for _ in range(ROUNDS):
       for label, (run, _) in cases.items():
         times[label].append(median_seconds(run, warmup=3, repeats=5, queued=20))
-    print(f"\n{name}: {g.num_nodes:,} nodes, {len(g.src):,} edges; PyG FastRGCNConv "
-          f"{pyg * 1e6:.1f} us per forward; 10x needs {pyg * 1e5:.1f} us", flush=True)
+    print(
+      f"\n{name}: {g.num_nodes:,} nodes, {len(g.src):,} edges; PyG FastRGCNConv "
+      f"{pyg * 1e6:.1f} us per forward; 10x needs {pyg * 1e5:.1f} us",
+      flush=True,
+    )
     for label, (_, about) in cases.items():
       med, best = statistics.median(times[label]) * 1e6, min(times[label]) * 1e6
       ratio = f"{pyg * 1e6 / med:5.2f}x PyG" if label.startswith(("jaxdata", "  ")) else " " * 11
-      print(f"  {label:<42} median {med:7.1f} us  fastest {best:7.1f} us  {ratio}  [{about}]",
-            flush=True)
+      print(
+        f"  {label:<42} median {med:7.1f} us  fastest {best:7.1f} us  {ratio}  [{about}]",
+        flush=True,
+      )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ overlap itself. Every part runs under its own try/except: one failure does not l
 
     python3 .ci/probe_overlap.py [scale] [steps]
 """
+
 import collections
 import glob
 import re
@@ -63,10 +64,12 @@ def attempt(what, fn, *args):
 
 def hlo_report(text):
   """What the compiled pipelined step says about the second stream."""
-  marks = {"stream annotation (_xla_stream_annotation)": "_xla_stream_annotation",
-           "async start": r"\b(async-start|call-start)\b|-start\(",
-           "async done": r"\b(async-done|call-done)\b|-done\(",
-           "operation_queue_id (XLA's stream id)": "operation_queue_id"}
+  marks = {
+    "stream annotation (_xla_stream_annotation)": "_xla_stream_annotation",
+    "async start": r"\b(async-start|call-start)\b|-start\(",
+    "async done": r"\b(async-done|call-done)\b|-done\(",
+    "operation_queue_id (XLA's stream id)": "operation_queue_id",
+  }
   for name, pattern in marks.items():
     hits = [line.strip() for line in text.splitlines() if re.search(pattern, line)]
     hits.sort(key=lambda line: not re.search(r" call\(|start|done", line))  # calls first
@@ -78,6 +81,7 @@ def hlo_report(text):
 def stream_profile(call, runs=5):
   """Per GPU stream (profiler line), kernel ms per call; and the GPU's busy span per call."""
   from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
+
   jax.block_until_ready(call(0))
   trace = tempfile.mkdtemp()
   jax.profiler.start_trace(trace)
@@ -109,8 +113,10 @@ def stream_profile(call, runs=5):
         hi = max(hi, b)
     busy += hi - lo
     total = sum(b - a for a, b in intervals)
-    print(f"  kernel time {total / runs / 1e6:.3f} ms/step, GPU busy {busy / runs / 1e6:.3f} "
-          f"ms/step: {(total - busy) / runs / 1e6:.3f} ms/step of kernels ran concurrently")
+    print(
+      f"  kernel time {total / runs / 1e6:.3f} ms/step, GPU busy {busy / runs / 1e6:.3f} "
+      f"ms/step: {(total - busy) / runs / 1e6:.3f} ms/step of kernels ran concurrently"
+    )
 
 
 def main():
@@ -129,14 +135,18 @@ def main():
   rng = np.random.default_rng(0)
   train = np.asarray(ds.train_papers) + ds.node_range("paper")[0]
   n = steps + 2  # batches, used in turn (call i reads batches i and i + 1, modulo n)
-  seeds = [jnp.asarray(rng.choice(train, batch, replace=len(train) < batch).astype(np.int32))
-           for _ in range(n)]
+  seeds = [
+    jnp.asarray(rng.choice(train, batch, replace=len(train) < batch).astype(np.int32))
+    for _ in range(n)
+  ]
   keys = [jax.random.key(i) for i in range(n)]
   labels = jnp.asarray(ds.labels)
   with hetero.HostData(ds, "host") as data:
     states = []  # no embedding tables: every type has features
     consts = data.consts
-    steps_on = hetero.make_steps(data, labels, fanouts, dense, table_opt, stream=hetero.PREFETCH_STREAM)
+    steps_on = hetero.make_steps(
+      data, labels, fanouts, dense, table_opt, stream=hetero.PREFETCH_STREAM
+    )
     steps_off = hetero.make_steps(data, labels, fanouts, dense, table_opt, stream=None)
     ms = {}
 
@@ -150,9 +160,11 @@ def main():
         if i == 0 or "batch" not in held:
           held["batch"] = steps_.prepare(consts, seeds[i % n], keys[i % n])
         j = (i + 1) % n
-        *out, held["batch"] = steps_.pipelined(model, optimizer, states, consts, held["batch"],
-                                               seeds[j], keys[j])
+        *out, held["batch"] = steps_.pipelined(
+          model, optimizer, states, consts, held["batch"], seeds[j], keys[j]
+        )
         return out
+
       return call
 
     def data_path(i):
@@ -164,23 +176,32 @@ def main():
       return steps_on.compute(model, optimizer, states, consts, prepared)
 
     def hlo():  # the annotation named explicitly: on the CPU too, to see what XLA does there
-      steps_ = steps_on if hetero.prefetch_stream() else hetero.make_steps(
-          data, labels, fanouts, dense, table_opt, stream=hetero.PREFETCH_STREAM)
+      steps_ = (
+        steps_on
+        if hetero.prefetch_stream()
+        else hetero.make_steps(
+          data, labels, fanouts, dense, table_opt, stream=hetero.PREFETCH_STREAM
+        )
+      )
       batch = steps_.prepare(consts, seeds[0], keys[0])
-      lowered = steps_.pipelined.lower(model, optimizer, states, consts, batch, seeds[1],
-                                       keys[1])
-      print("lowered (StableHLO): stream annotation "
-            + ("found" if "_xla_stream_annotation" in lowered.as_text() else "NOT found"))
+      lowered = steps_.pipelined.lower(model, optimizer, states, consts, batch, seeds[1], keys[1])
+      print(
+        "lowered (StableHLO): stream annotation "
+        + ("found" if "_xla_stream_annotation" in lowered.as_text() else "NOT found")
+      )
       text = lowered.compile().as_text()
       print("compiled HLO of the pipelined step:")
       hlo_report(text)
+
     attempt("HLO", hlo)
 
-    pieces = {"unpipelined step": plain,
-              "pipelined step (next batch on gpu_stream:1)": pipelined_with(steps_on),
-              "pipelined step, no stream annotation": pipelined_with(steps_off),
-              "data path alone (sample + gathers)": data_path,
-              "model alone (fwd + bwd + Adam)": model_only}
+    pieces = {
+      "unpipelined step": plain,
+      "pipelined step (next batch on gpu_stream:1)": pipelined_with(steps_on),
+      "pipelined step, no stream annotation": pipelined_with(steps_off),
+      "data path alone (sample + gathers)": data_path,
+      "model alone (fwd + bwd + Adam)": model_only,
+    }
     for name, call in pieces.items():
       if name.startswith("model") and prepared is None:
         continue
@@ -196,11 +217,15 @@ def main():
     dp = ms.get("data path alone (sample + gathers)")
     mo = ms.get("model alone (fwd + bwd + Adam)")
     if None not in (un, pipe, dp):
-      print(f"hidden: (unpipelined - pipelined) / data path = ({un:.2f} - {pipe:.2f}) / "
-            f"{dp:.2f} = {(un - pipe) / dp:.1%} of the data path")
+      print(
+        f"hidden: (unpipelined - pipelined) / data path = ({un:.2f} - {pipe:.2f}) / "
+        f"{dp:.2f} = {(un - pipe) / dp:.1%} of the data path"
+      )
     if None not in (un, dp, mo):
-      print(f"unpipelined {un:.2f} against data path + model {dp + mo:.2f} ms; the floor a "
-            f"perfect overlap reaches: max(data path, model) = {max(dp, mo):.2f} ms")
+      print(
+        f"unpipelined {un:.2f} against data path + model {dp + mo:.2f} ms; the floor a "
+        f"perfect overlap reaches: max(data path, model) = {max(dp, mo):.2f} ms"
+      )
 
     print("pipelined step, GPU kernel time per stream (profiler lines):")
     attempt("profile", stream_profile, pipelined_with(steps_on))

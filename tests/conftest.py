@@ -1,4 +1,5 @@
 """Shared test setup: tests run on the CPU and, where JAX sees one, on a GPU (marked `gpu`)."""
+
 import os
 
 # Two CPU devices, for the shard_map test; must be set before JAX starts.
@@ -26,6 +27,7 @@ def device(request):
     if not gpus:
       pytest.skip("no GPU visible to JAX")
     from jaxdata import _ffi
+
     if not _ffi.built_with_cuda():
       pytest.fail("JAX sees a GPU but jaxdata was built without CUDA")
     dev = gpus[0]
@@ -67,9 +69,12 @@ def _no_stale_effect_error():
   except (jax.errors.JaxRuntimeError, RuntimeError):
     import jax.numpy as jnp
     import numpy as np
+
     from jaxdata.host import HostTable, host_scatter_add
+
     with HostTable(np.zeros((1, 1), np.float32)) as table:
       for dev in jax.devices():
         with jax.default_device(dev):
-          jax.block_until_ready(host_scatter_add(table, jnp.zeros(1, jnp.int32),
-                                                 jnp.zeros((1, 1), jnp.float32)))
+          jax.block_until_ready(
+            host_scatter_add(table, jnp.zeros(1, jnp.int32), jnp.zeros((1, 1), jnp.float32))
+          )

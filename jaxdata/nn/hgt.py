@@ -20,9 +20,10 @@ no edges get ``A_t(gelu(0))`` skip-mixed (PyG returns nothing for them).
 
 Remat policies can name the layer's intermediates (`NAMES`, and hector's `SAVED_NAME`).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -60,22 +61,41 @@ class HGT(nnx.Module):
   ``mu`` ``[R, H]`` (ones), ``skip`` ``[T]`` (ones).
   """
 
-  def __init__(self, in_features: Sequence[int], out_features: int, *, num_relations: int,
-               heads: int = 1, head_features: int | None = None, passes=None,
-               dtype=jnp.float32, param_dtype=jnp.float32, precision=None, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: Sequence[int],
+    out_features: int,
+    *,
+    num_relations: int,
+    heads: int = 1,
+    head_features: int | None = None,
+    passes=None,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    precision=None,
+    rngs: nnx.Rngs,
+  ):
     in_features = tuple(int(d) for d in in_features)
     resolve_precision(precision, "HGT")  # checked now; resolved per call, as jnp.dot does
     if not in_features or min(in_features) < 1 or min(out_features, num_relations, heads) < 1:
-      raise ValueError("HGT: feature sizes, num_relations and heads must be >= 1 (and at least "
-                       "one node type)")
+      raise ValueError(
+        "HGT: feature sizes, num_relations and heads must be >= 1 (and at least one node type)"
+      )
     if head_features is None:
       if out_features % heads:
-        raise ValueError(f"HGT: out_features={out_features} is not a multiple of heads={heads}; "
-                         "pass head_features")
+        raise ValueError(
+          f"HGT: out_features={out_features} is not a multiple of heads={heads}; pass head_features"
+        )
       head_features = out_features // heads
     f = heads * head_features
-    linear = lambda a, b: nnx.Linear(a, b, dtype=dtype, param_dtype=param_dtype,  # noqa: E731
-                                     precision=precision, rngs=rngs)
+    linear = lambda a, b: nnx.Linear(
+      a,
+      b,
+      dtype=dtype,
+      param_dtype=param_dtype,  # noqa: E731
+      precision=precision,
+      rngs=rngs,
+    )
     self.kqv = nnx.List([linear(d, 3 * f) for d in in_features])
     self.out = nnx.List([linear(f, out_features) for _ in in_features])
     init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
@@ -107,13 +127,18 @@ class HGT(nnx.Module):
     agg = checkpoint_name(self._message(graph, kqv), NAMES[1])
     outs, start = [], 0
     for t, x in enumerate(xs):
-      y = self.out[t](jax.nn.gelu(agg[start:start + rows[t]], approximate=False))
+      y = self.out[t](jax.nn.gelu(agg[start : start + rows[t]], approximate=False))
       start += rows[t]
       outs.append(self._skip(t, y, x))
     return outs
 
-  def on_slots(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
-               types: jax.Array, rows: int | None = None) -> jax.Array:
+  def on_slots(
+    self,
+    graph: GraphArrays,
+    xs: Sequence[jax.Array] | jax.Array,
+    types: jax.Array,
+    rows: int | None = None,
+  ) -> jax.Array:
     """The layer on nodes of mixed types in any order: a sampled block's slots.
 
     `types[i]` is row i's node type (-1: an unused slot, whose output row is 0 before the
@@ -129,14 +154,17 @@ class HGT(nnx.Module):
     if not isinstance(xs, (list, tuple)):
       xs = [xs] * len(self.in_features)
     if len(xs) != len(self.in_features):
-      raise ValueError(f"HGT.on_slots: {len(xs)} feature arrays for {len(self.in_features)} "
-                       "node types")
+      raise ValueError(
+        f"HGT.on_slots: {len(xs)} feature arrays for {len(self.in_features)} node types"
+      )
     widths = tuple(x.shape[-1] for x in xs)
     if widths != self.in_features:
       raise ValueError(f"HGT.on_slots: feature widths {widths}, expected {self.in_features}")
     if any(x.shape[0] != graph.num_nodes for x in xs) or types.shape != (graph.num_nodes,):
-      raise ValueError(f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
-                       f"slots), got {[x.shape[0] for x in xs]} and {types.shape}")
+      raise ValueError(
+        f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
+        f"slots), got {[x.shape[0] for x in xs]} and {types.shape}"
+      )
     rows = graph.num_nodes if rows is None else int(rows)
     if not 0 <= rows <= graph.num_nodes:
       raise ValueError(f"HGT.on_slots: rows={rows} is not in [0, {graph.num_nodes}]")
@@ -147,8 +175,9 @@ class HGT(nnx.Module):
     h = jax.nn.gelu(agg[:rows], approximate=False)
     return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(xs)], rows)
 
-  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
-                   types: jax.Array, start, gather) -> jax.Array:
+  def on_partition(
+    self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array, types: jax.Array, start, gather
+  ) -> jax.Array:
     """This layer's rows ``start:start + rows`` on the whole graph, computed on a destination
     part (`jaxdata.hector.partition`) that holds every in-edge of those rows.
 
@@ -161,19 +190,22 @@ class HGT(nnx.Module):
     if not isinstance(xs, (list, tuple)):
       xs = [xs] * len(self.in_features)
     if len(xs) != len(self.in_features):
-      raise ValueError(f"HGT.on_partition: {len(xs)} feature arrays for "
-                       f"{len(self.in_features)} node types")
+      raise ValueError(
+        f"HGT.on_partition: {len(xs)} feature arrays for {len(self.in_features)} node types"
+      )
     rows = types.shape[0]
     if any(x.shape[0] != rows for x in xs):
-      raise ValueError(f"HGT.on_partition: xs need {rows} rows (as types), got "
-                       f"{[x.shape[0] for x in xs]}")
+      raise ValueError(
+        f"HGT.on_partition: xs need {rows} rows (as types), got {[x.shape[0] for x in xs]}"
+      )
     xs = [x.astype(self.dtype) for x in xs]
     mine = [(types == t)[:, None] for t in range(len(xs))]
     pick = lambda ys: sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))  # noqa: E731
     kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, xs)]))
     if kqv.shape[0] != graph.num_nodes:
-      raise ValueError(f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, "
-                       f"got {kqv.shape[0]}")
+      raise ValueError(
+        f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, got {kqv.shape[0]}"
+      )
     agg = jax.lax.dynamic_slice_in_dim(self._message(graph, kqv), start, rows)
     h = jax.nn.gelu(agg, approximate=False)
     return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(xs)])
@@ -182,8 +214,17 @@ class HGT(nnx.Module):
     """The edge part (hector): every node's aggregated messages from its keys/queries/values."""
     k, q, v = jnp.split(kqv, 3, axis=-1)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    return hgt_message(graph, k, q, v, cast(self.w_att), cast(self.w_msg), cast(self.mu),
-                       passes=self.passes, precision=self.precision)
+    return hgt_message(
+      graph,
+      k,
+      q,
+      v,
+      cast(self.w_att),
+      cast(self.w_msg),
+      cast(self.mu),
+      passes=self.passes,
+      precision=self.precision,
+    )
 
   def _skip(self, t: int, y: jax.Array, x: jax.Array) -> jax.Array:
     """Type t's gated skip connection, where its input width equals the output width."""
