@@ -158,7 +158,7 @@ def main(argv=None) -> int:
       print("NVRTC not found", file=sys.stderr)
       return 1
     build = compiler._nvrtc_build(lib, args.arch)
-    for key, path in paths.items():
+    for path in paths.values():
       try:
         build(Path(path), Path(path + ".cubin"))
       except compiler.CompileError as e:

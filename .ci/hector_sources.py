@@ -13,10 +13,10 @@ softmaxes, relation sums), forward and backward. Tensor-core instances are gener
     python3 .ci/hector_sources.py DIR [--full] [--no-tensor-cores]
     python3 .ci/hector_sources.py --compare BEFORE AFTER [--arch 90] [--jobs 2]
 
-The dump writes DIR/<layer>-<config>-<passes>-<i>.cu, one file per kernel instance.
-``--compare`` reports the byte-identical files, and compiles each differing pair (each distinct
-source once) with nvcc, comparing the cubins' machine code (.text sections) and kernel info; it exits
-1 if any pair fails to compile or differs in those sections.
+The dump writes DIR/<layer>-<config>-<passes>-<i>.cu, one file per kernel instance. ``--compare``
+reports the byte-identical files, and compiles each differing pair (each distinct source once) with
+nvcc, comparing the cubins' machine code (.text sections) and kernel info; it exits 1 if any pair
+fails to compile or differs in those sections.
 """
 
 from __future__ import annotations

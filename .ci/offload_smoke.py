@@ -1,4 +1,4 @@
-"""GPU smoke check of jaxdata.offload: round trips per tier and remat gradients against plain JAX."""
+"""GPU smoke check of jaxdata.offload: round trips per tier, remat gradients against plain JAX."""
 
 import os
 import tempfile
@@ -18,18 +18,24 @@ print("devices:", jax.devices())
 d = tempfile.mkdtemp(dir="/var/tmp")
 x = jax.random.normal(jax.random.PRNGKey(0), (1000, 1003), jnp.float32)
 y = jnp.arange(7, dtype=jnp.int8)
+
+
+def round_trip(st, site, tier):
+  """A jitted spill of (x, y) to `tier` and load back, ordered after x * 2."""
+
+  @jax.jit
+  def rt(x, y):
+    t = offload.spill([x, y], st, site=site, tier=tier)
+    return offload.load(t, [x, y], st, site=site, after=[x * 2])
+
+  return rt
+
+
 with offload.TensorStore(
   ram_bytes=64 << 20, ssd_dir=d, chunk_bytes=1 << 20, staging_bytes=8 << 20
 ) as st:
   for tier in ("ram", "ssd", "auto"):
-    site = offload.new_site()
-
-    @jax.jit
-    def rt(x, y):
-      t = offload.spill([x, y], st, site=site, tier=tier)
-      return offload.load(t, [x, y], st, site=site, after=[x * 2])
-
-    a, b = rt(x, y)
+    a, b = round_trip(st, offload.new_site(), tier)(x, y)
     assert bool((a == x).all()) and bool((b == y).all()), tier
     print(
       tier, "round trip ok", {k: st.stats()[k] for k in ("spilled", "ssd_written", "device_peak")}

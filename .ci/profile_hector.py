@@ -125,7 +125,8 @@ def latency_vs_throughput(graph: str, dims: str) -> None:
       one = median_seconds(c.run, warmup=3, repeats=15)
       many = median_seconds(c.run, warmup=3, repeats=15, queued=20)
       print(
-        f"{graph} dim {dim} {form.name:<28} alone {one * 1e3:7.3f} ms   queued {many * 1e3:7.3f} ms",
+        f"{graph} dim {dim} {form.name:<28} alone {one * 1e3:7.3f} ms   "
+        f"queued {many * 1e3:7.3f} ms",
         flush=True,
       )
 

@@ -3,10 +3,10 @@
     python3 .ci/rok_plan.py "5x(offload[mlp]+in,offload[mlp]+in,offload[in]),keep[dots]" \
         --spill 768MiB --load 768MiB [--budget 0.1]
 
-A plan is policy names (`jaxdata.nn.gpt_plan.policy_named`), comma-separated, `Nx(...)` repeating a group;
-it must name one policy per layer. Each plan runs with a TensorStore capping spill staging at
---spill and loads held at --load; printed: step time against keep's, XLA's temporaries, the
-store's staging peak, and whether their sum fits --budget (a fraction of keep's memory).
+A plan is policy names (`jaxdata.nn.gpt_plan.policy_named`), comma-separated, `Nx(...)` repeating a
+group; it must name one policy per layer. Each plan runs with a TensorStore capping spill staging at
+--spill and loads held at --load; printed: step time against keep's, XLA's temporaries, the store's
+staging peak, and whether their sum fits --budget (a fraction of keep's memory).
 """
 
 import argparse

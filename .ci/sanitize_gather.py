@@ -33,9 +33,8 @@ for dtype, cols in [
         want = jnp.take(jnp.asarray(data), idx, axis=0, mode=mode)
         same = np.array_equal(np.asarray(got), np.asarray(want), equal_nan=True)
         bad += not same
-        print(
-          f"{np.dtype(dtype).name:>8} x {cols:<5} sort={sort!s:<5} {mode}: {'ok' if same else 'WRONG'}"
-        )
+        verdict = "ok" if same else "WRONG"
+        print(f"{np.dtype(dtype).name:>8} x {cols:<5} sort={sort!s:<5} {mode}: {verdict}")
     np.testing.assert_array_equal(np.asarray(host_slice(table, 700, 77)), data[700:])
 print("mismatches:", bad)
 raise SystemExit(1 if bad else 0)

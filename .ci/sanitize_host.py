@@ -1,8 +1,9 @@
 """Runs the sampling and scatter-add kernels on the GPU, for compute-sanitizer (see .ci/gpu).
 
-Covers typed graphs (relations read beside the neighbours), padded and out-of-range seeds, nodes without neighbours, degree below and above the
-fanout, with and without replacement, host and device CSR; scatter-add with repeated, negative
-and out-of-range indices in every dtype. Exits non-zero if a GPU result differs from the CPU's.
+Covers typed graphs (relations read beside the neighbours), padded and out-of-range seeds, nodes
+without neighbours, degree below and above the fanout, with and without replacement, host and device
+CSR; scatter-add with repeated, negative and out-of-range indices in every dtype. Exits non-zero if
+a GPU result differs from the CPU's.
 """
 
 import jax

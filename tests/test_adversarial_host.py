@@ -205,7 +205,9 @@ def _misuse_cases(seed):
 
   gather = jax.jit(host_gather)
   scatter = jax.jit(host_scatter_add)
-  for k in range(12):
+
+  def table_cases(k):
+    """Gathers and scatters on one random table, right and wrong ones, then on it closed."""
     rows, cols = int(rng.integers(1, 50)), int(rng.integers(1, 8))
     data = rng.standard_normal((rows, cols)).astype(np.float32)
     table = HostTable(data)
@@ -242,6 +244,9 @@ def _misuse_cases(seed):
     attempt(f"closed, compiled {k}", lambda: closure(idx))
     attempt(f"closed, as argument {k}", lambda: gather(table, idx))
     attempt(f"closed, scatter {k}", lambda: scatter(table, idx, jnp.ones(idx.shape + (cols,))))
+
+  for k in range(12):
+    table_cases(k)
   graph = HostGraph.from_edges(rng.integers(0, 20, 60), rng.integers(0, 20, 60), 20)
   sample = jax.jit(lambda s: sample_neighbors(graph, s, (3, 2), jax.random.key(0)))
   attempt("sample", lambda: sample(jnp.arange(-2, 22, dtype=jnp.int32)).nodes[-1])

@@ -1,5 +1,5 @@
-"""jaxdata.nn.RGAT and jaxdata.nn.HGT against jaxdata.reference.attention's plain-JAX layers given the same
-weights (HGT: PyG's HGTConv semantics), and `jaxdata train rgat|hgt` learning on a tiny
+"""jaxdata.nn.RGAT and jaxdata.nn.HGT against jaxdata.reference.attention's plain-JAX layers given
+the same weights (HGT: PyG's HGTConv semantics), and `jaxdata train rgat|hgt` learning on a tiny
 synthetic ogbn-mag.
 
 Precision: the layers' dense terms (HGT's projections, RGAT's self loop) are `jnp.dot`s that
@@ -46,7 +46,7 @@ def mag():
 
 
 def hgt_params(layer: HGT) -> attention_ref.HGTParams:
-  """The layer's weights in jaxdata.reference.attention's layout (PyG's kqv_lin splits the same way)."""
+  """The layer's weights in jaxdata.reference.attention's layout (as PyG's kqv_lin splits them)."""
   f = layer.heads * layer.head_features
   kernels = [lin.kernel[...] for lin in layer.kqv]
   biases = [lin.bias[...] for lin in layer.kqv]

@@ -146,7 +146,10 @@ def test_summary_ratio_spread_and_a_loss_mismatch():
   assert row.ratio == 1.5 and sorted(row.ratios) == [1.0, 1.0, 1.5]
   cells = dict(zip(one_process.HEADER, one_process.table_rows([row])[0]))
   assert cells["spread (min-max)"] == "1.000-1.500" and cells["equal"] == "yes"
-  equal = lambda row: dict(zip(one_process.HEADER, one_process.table_rows([row])[0]))["equal"]
+
+  def equal(row):
+    return dict(zip(one_process.HEADER, one_process.table_rows([row])[0]))["equal"]
+
   runs[3] = R("gpt", "plain", 1, 2.0, 1.5000001, 3.0)  # plain's runs differ by 1e-7 (a GPU's)
   row = one_process.summarize("gpt", ["train", "gpt"], runs, "step")
   assert not row.losses_equal and equal(row) == "within spread"

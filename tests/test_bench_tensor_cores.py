@@ -297,15 +297,15 @@ def test_issue_time_kernels_are_generated_with_the_constants_of_then_and_restore
   assert constants() == before
   assert "edge_map<64, 4>" in now and "edge_map<64, 1>" in then  # the 64-wide stores
   assert "dot_rows<16, 16, 16>" in now and "dot_rows<16, 1, 1>" in then
-  kernels = (
-    lambda text: [
-      part.split("jaxdata_hector_kernel(", 1)[1]  # noqa: E731
-      for part in text.split("// ---- ")[1:]
-    ]
-  )
+
+  def kernels(text):
+    return [part.split("jaxdata_hector_kernel(", 1)[1] for part in text.split("// ---- ")[1:]]
+
   # today: the traversals read the mask; the tiled GEMMs and weight gradients (which read the
   # row tiles) check their rows' ids themselves (`codegen.common.reads_valid`)
-  tiled = lambda k: "__restrict__ tiles =" in k  # noqa: E731
+  def tiled(k):
+    return "__restrict__ tiles =" in k
+
   assert {tiled(k) for k in kernels(now)} == {True, False}
   assert all(("row_ok(" in k) == tiled(k) and ("valid[e]" in k) != tiled(k) for k in kernels(now))
   assert all("row_ok(" in k and "valid[e]" not in k for k in kernels(then))

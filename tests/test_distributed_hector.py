@@ -1,4 +1,5 @@
-"""Full-graph relational GNNs over several devices: destination partitions (jaxdata.hector.partition).
+"""Full-graph relational GNNs over several devices: destination partitions
+(jaxdata.hector.partition).
 
 A graph split by destination ranges into padded parts of equal shapes must hold exactly the
 whole graph's edges (with their norms) once each; layers run part by part on the devices of a

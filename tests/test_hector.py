@@ -231,7 +231,8 @@ def test_cache_survives_restart(tmp_path):
                                  num_nodes=3)
       ga = hector.GraphArrays.from_graph(g)
       x, w = jnp.ones((3, 4)), jnp.ones((2, 4, 2))
-      print(float(jax.grad(lambda x, w: hector.rgcn_message(ga, x, w).sum(), (0, 1))(x, w)[1].sum()))
+      dw = jax.grad(lambda x, w: hector.rgcn_message(ga, x, w).sum(), (0, 1))(x, w)[1]
+      print(float(dw.sum()))
   """)
   env = dict(os.environ, JAXDATA_CACHE_DIR=str(tmp_path))
   first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)

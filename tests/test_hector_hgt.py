@@ -1,14 +1,14 @@
-"""jaxdata.hector HGT: generated kernels against the plain-JAX HGT of jaxdata.reference.attention, with every
-pass on or off.
+"""jaxdata.hector HGT: generated kernels against the plain-JAX HGT of jaxdata.reference.attention,
+with every pass on or off.
 
-jaxdata.reference.attention's HGT matches PyG's HGTConv (tests/test_reference_attention.py checks it against the
-real HGTConv). Here the same layer is built around `hector.hgt_message`: the per-type K/Q/V
-projections, the GELU, the output projection and the skip gate in plain JAX, the edge part
-(per-head relation matrices, prior, edge softmax, messages) in generated kernels, and outputs
-and gradients in every input and parameter are compared with the reference in float64. So
-hector's HGT matches PyG's, transitively. The graph has self loops, repeated edges, an empty
-relation, nodes without in-edges, fewer unique (source, relation) pairs than edges, and three
-node types of different widths.
+jaxdata.reference.attention's HGT matches PyG's HGTConv (tests/test_reference_attention.py checks it
+against the real HGTConv). Here the same layer is built around `hector.hgt_message`: the per-type
+K/Q/V projections, the GELU, the output projection and the skip gate in plain JAX, the edge part
+(per-head relation matrices, prior, edge softmax, messages) in generated kernels, and outputs and
+gradients in every input and parameter are compared with the reference in float64. So hector's HGT
+matches PyG's, transitively. The graph has self loops, repeated edges, an empty relation, nodes
+without in-edges, fewer unique (source, relation) pairs than edges, and three node types of
+different widths.
 """
 
 import concurrent.futures
@@ -259,11 +259,10 @@ def test_reordering_moves_the_attention_product_to_the_source_side(device):
       jax.jit(hgt_destination_side.with_passes(passes))(ga, **swapped), want, rtol=1e-5, atol=1e-5
     )
   ct = jnp.asarray(rng.standard_normal(want.shape), jnp.float32)
-  grad = lambda layer, w: jax.jit(
-    jax.grad(  # noqa: E731
-      lambda a: jnp.vdot(layer(ga, **a), ct)
-    )
-  )(w)
+
+  def grad(layer, w):
+    return jax.jit(jax.grad(lambda a: jnp.vdot(layer(ga, **a), ct)))(w)
+
   got = grad(hgt_destination_side, swapped)
   ref = grad(hector.hgt_layer.with_passes(()), inputs)
   ref["W_att"] = jnp.swapaxes(ref["W_att"], -1, -2)

@@ -242,11 +242,10 @@ def test_reordering_folds_the_destination_term():
   g = corner_case_graph(9)
   ga = hector.GraphArrays.from_graph(g)
   inputs = random_inputs(np.random.default_rng(0), g, 6, 2, 4)
-  widths = lambda plan: [
-    k.output.shape
-    for k in plan.forward_kernels  # noqa: E731
-    if k.output.domain == "edge"
-  ]
+
+  def widths(plan):
+    return [k.output.shape for k in plan.forward_kernels if k.output.domain == "edge"]
+
   on = hector.rgat_layer.plan(ga, ("reorder",), **inputs)
   off = hector.rgat_layer.plan(ga, (), **inputs)
   # without reordering both products are stored per edge; with it only x[src] @ W[r] is, and the
@@ -342,12 +341,14 @@ def test_user_attention_layer(device):
     return att + jax.ops.segment_sum((q * k).sum(-1, keepdims=True) * k, ga.dst, n)
 
   ct = jnp.asarray(rng.standard_normal((n, 6)), jnp.float32)
+
+  def loss(layer, x, w, v):
+    return jnp.vdot(layer(ga, x=x, W=w, V=v), ct)
+
   for passes in ((), None):
     layer = dot_attention.with_passes(passes)
     np.testing.assert_allclose(layer(ga, x=x, W=w, V=v), ref(x, w, v), rtol=1e-5, atol=1e-5)
-    got = jax.grad(lambda *a: jnp.vdot(layer(ga, x=a[0], W=a[1], V=a[2]), ct), argnums=(0, 1, 2))(
-      x, w, v
-    )
+    got = jax.grad(functools.partial(loss, layer), argnums=(0, 1, 2))(x, w, v)
     want = jax.grad(lambda *a: jnp.vdot(ref(*a), ct), argnums=(0, 1, 2))(x, w, v)
     for a, b in zip(got, want):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

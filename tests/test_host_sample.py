@@ -5,6 +5,7 @@ replacement, the fanout and padding rules hold hop by hop, the sample depends on
 (and is the same on CPU and GPU), and it is uniform (chi-square tests with fixed seeds).
 """
 
+import functools
 import itertools
 
 import jax
@@ -19,7 +20,7 @@ from jaxdata.host import Blocks, DeviceGraph, HostGraph, HostTable, host_gather,
 P_MIN = 1e-3  # chi-square p-value threshold; every statistical test below uses a fixed seed
 
 
-# -- a NumPy reference ---------------------------------------------------------------------------
+# -- a NumPy reference -----------------------------------------------------------------------------
 
 
 def random_edges(rng, num_nodes, num_edges, duplicates=False):
@@ -118,7 +119,7 @@ def graph_data():
   return senders, receivers, num_nodes, EdgeSet(senders, receivers, num_nodes)
 
 
-# -- structure -----------------------------------------------------------------------------------
+# -- structure -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("replace", [False, True])
@@ -245,7 +246,7 @@ def test_multi_hop_layout_and_neighbours_helper(device, graph_data):
       assert np.all(edges.multiplicity(np.full(len(valid), parents[i]), valid) > 0)
 
 
-# -- keys ----------------------------------------------------------------------------------------
+# -- keys ------------------------------------------------------------------------------------------
 
 
 def test_same_key_same_sample_other_key_other_sample(device, graph_data):
@@ -294,19 +295,18 @@ def test_vmap_over_keys_and_seeds(device, graph_data):
     one = [single(seeds[i], keys[i]) for i in range(4)]
     first = [single(seeds[0], keys[i]) for i in range(4)]
     jax.block_until_ready((by_key, by_both, one, first))  # all of them before the graph closes
+
+  def pick(b, i):
+    return Blocks(tuple(n[i] for n in b.nodes), tuple(m[i] for m in b.masks), b.fanouts)
+
   for i in range(4):
-    pick = lambda b: Blocks(
-      tuple(n[i] for n in b.nodes),
-      tuple(m[i] for m in b.masks),  # noqa
-      b.fanouts,
-    )
-    assert_same_blocks(pick(by_key), first[i])
-    assert_same_blocks(pick(by_both), one[i])
+    assert_same_blocks(pick(by_key, i), first[i])
+    assert_same_blocks(pick(by_both, i), one[i])
     check_blocks(one[i], np.asarray(seeds[i]), (3, 2), edges)
   assert np.any(np.asarray(by_key.nodes[1][0]) != np.asarray(by_key.nodes[1][1]))
 
 
-# -- uniformity (fixed seeds; a sound test rejects a correct sampler with probability P_MIN) --------
+# -- uniformity (fixed seeds; a sound test rejects a correct sampler with probability P_MIN) -------
 
 
 def star_graph(degree, extra=3):
@@ -392,7 +392,7 @@ def test_rows_of_one_batch_are_independent(device):
   assert scipy.stats.chisquare(table).pvalue > P_MIN
 
 
-# -- Blocks --------------------------------------------------------------------------------------
+# -- Blocks ----------------------------------------------------------------------------------------
 
 
 def test_gather_equals_take_with_zero_padding(device, graph_data):
@@ -444,7 +444,7 @@ def test_to_jraph_segment_sum_equals_reshape_aggregation(device, graph_data, hop
   np.testing.assert_allclose(np.asarray(aggregate(graph)), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
-# -- HostGraph -----------------------------------------------------------------------------------
+# -- HostGraph -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("duplicates", [False, True])
@@ -522,7 +522,7 @@ def test_features_table_passed_in_stays_open():
     assert "closed" in repr(g)
 
 
-# -- bad input -----------------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -651,7 +651,7 @@ def test_gathering_from_a_table_smaller_than_the_graph_is_an_error(device):
       with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows.* 10 nodes"):
         blocks.gather(small, unique=unique)
       with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows"):
-        jax.jit(lambda b: b.gather(small, unique=unique))(blocks)
+        jax.jit(functools.partial(Blocks.gather, table=small, unique=unique))(blocks)
     got = jax.block_until_ready(blocks.gather(full))
     want = [
       np.where(np.asarray(m)[:, None], np.take(full.as_numpy(), np.maximum(n, 0), axis=0), 0)

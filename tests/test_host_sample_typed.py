@@ -8,6 +8,8 @@ every (parent, node, relation) is an edge of the graph, a pair joined by several
 each in proportion to its edges, CPU and GPU agree, jit and vmap, and bad input.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,7 +166,7 @@ def make_graph(kind, senders, receivers, etypes, num_nodes):
   return (host if kind == "host" else DeviceGraph.from_host(host)), host
 
 
-# -- the draw, against the reference ----------------------------------------------------------------
+# -- the draw, against the reference ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["host", "device"])
@@ -283,7 +285,7 @@ def test_cpu_and_gpu_agree_on_many_rows(device, typed_data):
     )
 
 
-# -- transformations ---------------------------------------------------------------------------------
+# -- transformations -------------------------------------------------------------------------------
 
 
 def test_jit_matches_eager(device, typed_data):
@@ -316,14 +318,17 @@ def test_vmap_over_keys_and_seeds(device, typed_data):
     first = [single(seeds[0], keys[i]) for i in range(4)]
     jax.block_until_ready((by_key, by_both, one, first))  # all of them before the graph closes
   assert by_key.etypes[1].shape == (4, 30)
+
+  def pick(b, i):
+    return jax.tree.map(lambda x: x[i], b)  # Blocks is a pytree
+
   for i in range(4):
-    pick = lambda b: jax.tree.map(lambda x: x[i], b)  # noqa: E731 - Blocks is a pytree
-    assert_same_blocks(pick(by_key), first[i])
-    assert_same_blocks(pick(by_both), one[i])
+    assert_same_blocks(pick(by_key, i), first[i])
+    assert_same_blocks(pick(by_both, i), one[i])
   assert np.any(np.asarray(by_key.etypes[1][0]) != np.asarray(by_key.etypes[1][1]))
 
 
-# -- Blocks ------------------------------------------------------------------------------------------
+# -- Blocks ----------------------------------------------------------------------------------------
 
 
 def test_blocks_carry_etypes_as_pytree_data(device):
@@ -374,7 +379,7 @@ def test_empty_seed_batch_and_a_typed_graph_without_edges(device):
     assert_same_blocks(same, blocks)
 
 
-# -- HostGraph ---------------------------------------------------------------------------------------
+# -- HostGraph -------------------------------------------------------------------------------------
 
 
 def test_from_edges_orders_the_relations_with_the_csr(typed_data):
@@ -437,7 +442,7 @@ def test_close_releases_the_etypes_table():
     g.etypes  # noqa: B018
 
 
-# -- bad input ---------------------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -544,7 +549,7 @@ def test_a_bad_etypes_handle_reads_nothing(device, small_typed):
     gone.close()
     for handle, match in ((gone_id, "is closed"), (wrong_rows.table_id, "5 rows")):
       assert_handle_error(
-        lambda: _raw_typed_sample(small_typed, handle, nodes, 2),
+        functools.partial(_raw_typed_sample, small_typed, handle, nodes, 2),
         match,
         then=lambda: host_gather(probe, jnp.array([0])),
         untouched=lambda r: not np.asarray(r[1]).any() and np.all(np.asarray(r[2]) == -1),

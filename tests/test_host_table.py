@@ -1,5 +1,6 @@
 """HostTable: construction, contents, files, lifetime, bad input."""
 
+import functools
 import gc
 import weakref
 
@@ -314,7 +315,7 @@ def test_forged_handles_through_the_raw_ffi_calls_read_and_write_nothing(device)
     ]
     for handle, match in forged:
       assert_handle_error(
-        lambda: _raw_gather(handle, idx, 8, 3), match, then=probe, untouched=all_nan
+        functools.partial(_raw_gather, handle, idx, 8, 3), match, then=probe, untouched=all_nan
       )
       # A scatter fails the call itself (it waits for its kernel) and adds nothing anywhere.
       with pytest.raises(Exception, match=match):
@@ -324,7 +325,7 @@ def test_forged_handles_through_the_raw_ffi_calls_read_and_write_nothing(device)
       nodes = jnp.array([0, 1, 2, 3], jnp.int32)
       for handles in ((handle, g.indices.handle), (g.indptr.handle, handle)):
         assert_handle_error(
-          lambda: _raw_sample(*handles, nodes, 4, 4, 2),
+          functools.partial(_raw_sample, *handles, nodes, 4, 4, 2),
           "jaxdata: HostTable",
           then=probe,
           untouched=lambda r: not np.asarray(r[1]).any(),

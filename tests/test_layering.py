@@ -1,6 +1,6 @@
-"""Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) -> libraries
-(host, hector, offload) -> ground (data, reference, _ffi, sizes, timing). Every import in a module, at
-top level or inside a function, is checked against its layer."""
+"""Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) ->
+libraries (host, hector, offload) -> ground (data, reference, _ffi, sizes, timing). Every import in
+a module, at top level or inside a function, is checked against its layer."""
 
 import ast
 import pathlib

@@ -104,12 +104,12 @@ def test_plan_sequence_fits_the_budget_with_each_blocks_own_costs():
 
 
 def test_cli_fanouts_must_match_layers():
-  run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "jaxdata.cli", *a],  # noqa: E731
-    capture_output=True,
-    text=True,
-    timeout=600,
-  )
+
+  def run(*a):
+    return subprocess.run(
+      [sys.executable, "-m", "jaxdata.cli", *a], capture_output=True, text=True, timeout=600
+    )
+
   for model in ("rgat", "hgt"):
     r = run("train", model, "--minibatch", "--scale", "0.0005", "--layers", "3", "--fanouts", "5,5")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

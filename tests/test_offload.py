@@ -8,6 +8,7 @@ GPU loads take their site's newest spill (the host cannot read a device ticket),
 spill several times keep the order explicit: separate jitted calls, or data dependencies.
 """
 
+import functools
 import os
 import subprocess
 import sys
@@ -634,7 +635,7 @@ def test_remat_accepts_keyword_arguments(device, highest):
     for policy in (offload.recompute(), offload.offload(store, "ram", min_bytes=0)):
       g = offload.remat(f, policy)
       np.testing.assert_allclose(
-        jax.grad(lambda w: g(w, x=x))(w), want, rtol=1e-5, err_msg=str(policy)
+        jax.grad(functools.partial(g, x=x))(w), want, rtol=1e-5, err_msg=str(policy)
       )
     assert_drained(store)
 
@@ -1106,6 +1107,18 @@ def test_load_bytes_cap_is_settable():
 # close() while I/O is in flight (issue 20, defect 3)
 
 
+def load_like(ticket, *, like, store, site):
+  return offload.load(ticket, like, store, site=site)
+
+
+def load_into(load, ticket, result):
+  """Runs `load(ticket)`, leaving its value or its error in `result` (on a thread of its own)."""
+  try:
+    result["value"] = np.asarray(jax.block_until_ready(load(ticket))[0])
+  except Exception as e:  # noqa: BLE001 - the test inspects it
+    result["error"] = e
+
+
 @pytest.mark.parametrize("tier", ["ssd", "ram"])
 def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd_dir, tier):
   """A load in flight on another thread when close() is called ends with the right data or
@@ -1121,16 +1134,9 @@ def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd
     ticket = spill_fn(store, site, tier)([x])
     if tier == "ssd":
       wait_written(store, padded(x.nbytes))
-    load = jax.jit(lambda t: offload.load(t, [x], store, site=site)).lower(ticket).compile()
+    load = jax.jit(functools.partial(load_like, like=[x], store=store, site=site))
     result = {}
-
-    def run():
-      try:
-        result["value"] = np.asarray(jax.block_until_ready(load(ticket))[0])
-      except Exception as e:  # noqa: BLE001 - the test inspects it
-        result["error"] = e
-
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=load_into, args=(load.lower(ticket).compile(), ticket, result))
     thread.start()
     deadline = time.monotonic() + 10
     while tier == "ssd" and store.stats()["ssd_read"] == 0 and time.monotonic() < deadline:

@@ -387,13 +387,10 @@ def test_rgat_gradient_matches_finite_differences():
   rng = np.random.default_rng(3)
   direction = jax.tree.map(lambda a: jnp.asarray(rng.standard_normal(a.shape)), (x, params))
   eps = 1e-6
-  shifted = lambda s: loss(
-    *jax.tree.map(
-      lambda a, v: a + s * eps * v,  # noqa: E731
-      (x, params),
-      direction,
-    )
-  )
+
+  def shifted(s):
+    return loss(*jax.tree.map(lambda a, v: a + s * eps * v, (x, params), direction))
+
   numeric = (shifted(1) - shifted(-1)) / (2 * eps)
   analytic = sum(np.vdot(g, v) for g, v in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
   np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
@@ -729,14 +726,11 @@ def test_mag_sizes_types_and_relations():
 def test_mag_reverses_mirror_forward_relations():
   ds = mag.synthetic_mag(scale=1e-3, seed=1, num_classes=5)
   g = ds.graph
-  pairs = (
-    lambda r, a, b: sorted(
-      zip(
-        a[slice(*g.relation_offsets[r : r + 2])].tolist(),  # noqa
-        b[slice(*g.relation_offsets[r : r + 2])].tolist(),
-      )
-    )
-  )
+
+  def pairs(r, a, b):
+    edges = slice(*g.relation_offsets[r : r + 2])
+    return sorted(zip(a[edges].tolist(), b[edges].tolist()))
+
   for r in range(4):
     assert pairs(r, g.src, g.dst) == pairs(r + 4, g.dst, g.src)
   # HeteroGraph.from_edges(add_inverse=True) of the forward edges gives the same graph.

@@ -1,4 +1,5 @@
-"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py) against a loop over edges."""
+"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py)
+against a loop over edges."""
 
 import functools
 

@@ -1,4 +1,4 @@
-"""`jaxdata rok` end to end on a tiny model: the built-in policies, the planner's rows, the table."""
+"""`jaxdata rok` end to end on a tiny model: built-in policies, the planner's rows, the table."""
 
 import jax.numpy as jnp
 import pytest

@@ -1,9 +1,10 @@
-"""Mini-batch relational training from host memory (jaxdata.host.sample_blocks, train.attention.minibatch).
+"""Mini-batch relational training from host memory (jaxdata.host.sample_blocks,
+train.attention.minibatch).
 
 Through the real typed sampler: with fanouts that cover every in-edge, the RGAT (HGT, RGCN)
-classifier on sampled blocks gives the full-graph classifier's logits and gradients at the seeds (HostGraph
-and DeviceGraph, CPU and GPU); training on mini-batches learns, both pipelines see the same
-samples and losses, and the checkpoint evaluates like a full-graph one.
+classifier on sampled blocks gives the full-graph classifier's logits and gradients at the seeds
+(HostGraph and DeviceGraph, CPU and GPU); training on mini-batches learns, both pipelines see the
+same samples and losses, and the checkpoint evaluates like a full-graph one.
 """
 
 import functools
@@ -187,12 +188,12 @@ def test_bad_configs_and_inputs():
 
 def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   out = tmp_path / "ck"
-  run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "jaxdata.cli", *a],
-    capture_output=True,  # noqa: E731
-    text=True,
-    timeout=600,
-  )
+
+  def run(*a):
+    return subprocess.run(
+      [sys.executable, "-m", "jaxdata.cli", *a], capture_output=True, text=True, timeout=600
+    )
+
   r = run(
     "train",
     "hgt",

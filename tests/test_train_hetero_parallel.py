@@ -1,4 +1,5 @@
-"""The relational mini-batch trainer data parallel (train.attention.minibatch.sharded_steps, train.common.ShardedSteps).
+"""The relational mini-batch trainer data parallel (train.attention.minibatch.sharded_steps,
+train.common.ShardedSteps).
 
 With fanouts that cover every in-edge of the seeds the samples are whole neighbourhoods,
 whatever the keys, so K devices with `batch_size` seeds each must take the step one device

@@ -189,12 +189,12 @@ def test_bad_configs():
 
 def test_cli_minibatch(tmp_path):
   out = tmp_path / "ck"
-  run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "jaxdata.cli", *a],
-    capture_output=True,  # noqa: E731
-    text=True,
-    timeout=600,
-  )
+
+  def run(*a):
+    return subprocess.run(
+      [sys.executable, "-m", "jaxdata.cli", *a], capture_output=True, text=True, timeout=600
+    )
+
   r = run(
     "train",
     "rgcn",

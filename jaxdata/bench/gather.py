@@ -75,7 +75,9 @@ def _measure(
     n = max(1, batch_bytes // row_bytes)
     device = jax.devices()[0]
     index_sets = [jax.device_put(common.random_rows(rng, rows, n), device) for _ in range(3)]
-    gbps = lambda nbytes, seconds: nbytes / seconds / 1e9  # noqa: E731
+
+    def gbps(nbytes: int, seconds: float) -> float:
+      return nbytes / seconds / 1e9
 
     def time_gather(sort: bool) -> float:
       fn = jax.jit(lambda i: host_gather(t, i, sort=sort))
@@ -89,16 +91,17 @@ def _measure(
     copy = jax.jit(lambda: host_slice(t, 0, n_copy))
     memcpy = gbps(n_copy * row_bytes, median_seconds(copy, repeats=repeats, queued=4))
 
-    view = t.as_numpy()
-    n_cpu = max(1, min(n, cpu_batch_bytes // row_bytes))
-    cpu_sets = itertools.cycle([common.random_rows(rng, rows, n_cpu) for _ in range(3)])
-    cpu = gbps(
-      n_cpu * row_bytes,
-      median_seconds(
+    def time_cpu() -> float:
+      # The numpy view is local, so it is gone before `t.close()` unmaps the table.
+      view = t.as_numpy()
+      n_cpu = max(1, min(n, cpu_batch_bytes // row_bytes))
+      cpu_sets = itertools.cycle([common.random_rows(rng, rows, n_cpu) for _ in range(3)])
+      seconds = median_seconds(
         lambda: jax.device_put(view[next(cpu_sets)], device), warmup=1, repeats=max(3, repeats // 2)
-      ),
-    )
-    del view
+      )
+      return gbps(n_cpu * row_bytes, seconds)
+
+    cpu = time_cpu()
     return Result(
       t.nbytes,
       row_bytes,

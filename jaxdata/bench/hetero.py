@@ -188,8 +188,9 @@ def _timed(
 def _jaxdata(
   name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key, on_batch
 ) -> tuple[float, list, dict]:
-  """Pipeline `name` ("host", "host-prefetch", "host-cache", "device", "cpu"): (timed seconds, (loss, edges, feature bytes)
-  per timed batch, {"blocks", "features"}: bytes each batch moves to the device ("cpu"))."""
+  """Pipeline `name` ("host", "host-prefetch", "host-cache", "device", "cpu"): (timed seconds,
+  (loss, edges, feature bytes) per timed batch, {"blocks", "features"}: bytes each batch moves to
+  the device ("cpu"))."""
   fanouts = tuple(int(f) for f in fanouts)
   labels = jnp.asarray(dataset.labels)
   row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
@@ -765,17 +766,17 @@ def describe(
     "kernels, the same samples for the same key, so the three jaxdata rows see the same "
     "batches and report the same loss), `jax.device_put` of the blocks and features, a "
     f"jitted step taking them; a prefetch thread keeps {PREFETCH} batches ahead.\n"
-    f"- *PyG*: {peer}, on CUDA where torch sees a GPU (the notes say where it ran), fed `HeteroData` mini-batches by "
-    "`jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in for PyG's "
-    "`NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU machine "
-    "lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node found "
-    "by the previous hop and each edge type into its type, up to fanout in-edges uniformly "
-    "without replacement; relabelled per-type node ids, `edge_index` per edge type, "
-    "features gathered with NumPy indexing. Sampling and batch building run on a prefetch "
-    f"thread ({PREFETCH} ahead, like NeighborLoader with a worker), `.to(device)` and the "
-    "step in the loop; all of it is timed. NeighborLoader draws the fanout *per edge type*, "
-    "jaxdata's sampler the fanout per node over all relations, so PyG's batches hold more "
-    "edges (see *edges / batch*); its loss is of another sample and another init.\n"
+    f"- *PyG*: {peer}, on CUDA where torch sees a GPU (the notes say where it ran), fed "
+    "`HeteroData` mini-batches by `jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in "
+    "for PyG's `NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU "
+    "machine lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node "
+    "found by the previous hop and each edge type into its type, up to fanout in-edges uniformly "
+    "without replacement; relabelled per-type node ids, `edge_index` per edge type, features "
+    "gathered with NumPy indexing. Sampling and batch building run on a prefetch thread "
+    f"({PREFETCH} ahead, like NeighborLoader with a worker), `.to(device)` and the step in the "
+    "loop; all of it is timed. NeighborLoader draws the fanout *per edge type*, jaxdata's sampler "
+    "the fanout per node over all relations, so PyG's batches hold more edges (see *edges / "
+    "batch*); its loss is of another sample and another init.\n"
     "- *link bound*: the feature bytes a GPU-centric step reads from host memory (the valid "
     "slots of the outermost frontier times their type's row bytes, mean over the timed "
     "batches; graph reads by the sampler are not counted) divided by the pinned "

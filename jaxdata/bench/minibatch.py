@@ -1,4 +1,4 @@
-"""`jaxdata bench minibatch`: mini-batch GraphSAGE epochs through three data pipelines, side by side.
+"""`jaxdata bench minibatch`: mini-batch GraphSAGE epochs through three data pipelines side by side.
 
 One synthetic power-law graph (`jaxdata.data.powerlaw`), one model, one optimizer, the same
 seeds and the same samples; only where the graph and features live and who samples and gathers
@@ -223,9 +223,9 @@ def markdown(
     "`jax.device_put`. *GPU-centric*: the GPU samples and gathers straight from pinned host "
     "memory inside the jitted step (zero-copy); *dedup* reads each distinct node of a batch "
     f"once; *device cache*: the {CACHE_FRACTION:.0%} of the feature rows with the highest "
-    f"out-degree (those most often sampled) are kept in device memory "
-    f"({CACHE_FRACTION * dataset.features.nbytes / 2**30:.1f} GiB) and only the rest are read "
-    f"from the host. Each run: 2 epochs of {batches} batches, the second timed; the epoch time is that "
+    "out-degree (those most often sampled) are kept in device memory "
+    f"({CACHE_FRACTION * dataset.features.nbytes / 2**30:.1f} GiB) and only the rest are read from "
+    f"the host. Each run: 2 epochs of {batches} batches, the second timed; the epoch time is that "
     "per-batch time times the batches of a full epoch over the training seeds.",
     "",
     f"Command: `{command}`",

@@ -126,11 +126,10 @@ class HeteroNeighborSampler:
       for t in range(nt):
         for f in found[t]:
           self._pos[t][f] = -1
-    cat = lambda parts, k: (
-      np.concatenate([p[k] for p in parts])
-      if parts  # noqa: E731
-      else np.zeros(0, np.int64)
-    )
+
+    def cat(parts, k):
+      return np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64)
+
     return SampledHetero(
       node_ids,
       [[r[t] for r in rounds] for t in range(nt)],

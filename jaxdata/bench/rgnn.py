@@ -15,17 +15,18 @@ heavy-tailed degrees), hidden sizes d_in = d_out = dim. In one run, for each gra
                              per-edge W[etype] and a batched matmul (PyG's other formulation;
                              "jaxdata vs PyG" takes the faster of the two)
 
-Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W (mode
-"train"), or the forward pass alone (mode "inference": `rgnn_peers.forward_only`; PyG in eval
-mode under torch.inference_mode()). Precision "both" (the CLI's default) runs the plain-JAX rows
-at "highest" and at "default" and compares jaxdata with each. Time is per
-step, median over repeats of a round of steps queued back to back and waited for once (enough to
-fill ~20 ms, at most 20: `jaxdata.timing.queue_depth`), as a training loop dispatches them; for every
-formulation alike, so a sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled executable needs
-(memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise of the
-allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that does
-not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
-it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py.
+Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W (mode "train"),
+or the forward pass alone (mode "inference": `rgnn_peers.forward_only`; PyG in eval mode under
+torch.inference_mode()). Precision "both" (the CLI's default) runs the plain-JAX rows at "highest"
+and at "default" and compares jaxdata with each. Time is per step, median over repeats of a round of
+steps queued back to back and waited for once (enough to fill ~20 ms, at most 20:
+`jaxdata.timing.queue_depth`), as a training loop dispatches them; for every formulation alike, so a
+sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled
+executable needs (memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise
+of the allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that
+does not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
+it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, timed by
+jaxdata/bench/rgnn_peers.py.
 """
 
 from __future__ import annotations
@@ -916,21 +917,21 @@ def markdown(
     "faster of the two, named in brackets (which code paths PyG takes without pyg-lib and "
     "torch-sparse: rgnn_notes.md). " + precision_text(precision),
     "",
-    "*Peak memory*: for JAX, what XLA's compiled executable needs (`memory_analysis()`: "
-    "arguments + outputs + temporaries); for PyG, `torch.cuda.max_memory_allocated` over the "
-    "case, inputs included (n/a on the CPU). XLA's analysis counts the buffers XLA "
-    "allocates, so for jaxdata's FFI kernels only what they take from XLA (outputs, scratch "
-    "passed as outputs) is in it. *Measured peak* (GPU): how far compiling and running the step raised JAX's "
+    "*Peak memory*: for JAX, what XLA's compiled executable needs (`memory_analysis()`: arguments "
+    "+ outputs + temporaries); for PyG, `torch.cuda.max_memory_allocated` over the case, inputs "
+    "included (n/a on the CPU). XLA's analysis counts the buffers XLA allocates, so for jaxdata's "
+    "FFI kernels only what they take from XLA (outputs, scratch passed as outputs) is in it. "
+    "*Measured peak* (GPU): how far compiling and running the step raised JAX's "
     "`peak_bytes_in_use`, plus the step's arguments (XLA's autotuner allocates operand-sized "
-    "buffers while compiling, so this bounds the run from above); blank where an earlier "
-    "case's peak hides it (JAX cannot reset the peak). *OOM (est.)*: not run because XLA's analysis of the compiled step says it "
-    "cannot fit in the free device memory (for FastRGCNConv on the CPU: its per-edge "
-    "weights cannot fit in free RAM); *OOM*: the run failed for memory. (*per-edge "
+    "buffers while compiling, so this bounds the run from above); blank where an earlier case's "
+    "peak hides it (JAX cannot reset the peak). *OOM (est.)*: not run because XLA's analysis of "
+    "the compiled step says it cannot fit in the free device memory (for FastRGCNConv on the CPU: "
+    "its per-edge weights cannot fit in free RAM); *OOM*: the run failed for memory. (*per-edge "
     "weights* builds its [E, d_in, d_out] tensor on the CPU; XLA on the GPU fuses the gather "
-    "W[etype] into the contraction and does not. *ragged_dot* is expanded densely, [R, E, "
-    "d_in] masked, on both: its memory grows with the number of relations.) Speedups divide "
-    "the faster peer's time by jaxdata's; *memory / PyG's* divides jaxdata's peak memory by "
-    "that PyG formulation's.",
+    "W[etype] into the contraction and does not. *ragged_dot* is expanded densely, [R, E, d_in] "
+    "masked, on both: its memory grows with the number of relations.) Speedups divide the faster "
+    "peer's time by jaxdata's; *memory / PyG's* divides jaxdata's peak memory by that PyG "
+    "formulation's.",
     "",
     f"Command: `{command}`",
     "",

@@ -23,10 +23,10 @@ Each step is loss = sum(out * ct) for a fixed random ct, with gradients for the 
 weight (mode "train"), or the forward pass alone (mode "inference"; PyG in eval mode under
 torch.inference_mode()). Precision "both" runs the plain-JAX rows at "highest" and "default"
 (`rgnn.plain_precisions`). Time and memory are measured as `jaxdata bench rgnn` (RGCN) measures them
-(jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the compiled step for
-JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is reported as OOM,
-never a crash. Every formulation of a case must compute the same loss; a difference is a note.
-`--write` keeps one document with a section per model (`document`).
+(jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the
+compiled step for JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is
+reported as OOM, never a crash. Every formulation of a case must compute the same loss; a difference
+is a note. `--write` keeps one document with a section per model (`document`).
 
 RGAT's attention vectors are shared by all relations (PyG's RGATConv shares its q and k), so
 that PyG computes the same layer; the other formulations still take them per relation.
@@ -215,14 +215,13 @@ def hgt_jaxdata_formulation(
 ) -> peers.Formulation:
   """HGT with `jaxdata.hector.hgt_message` as message(graph, xs, HGTParams) -> [N, dim].
 
-  hgt_message(graph, k, q, v, w_att, w_msg, mu, *, passes=None) is the relational part: K, Q, V
-  of every node [N, H*d_k] in (`jaxdata.reference.attention.hgt_projections`, flattened), w_att, w_msg
-  [R, H, d_k, d_k], mu [R, H]; the aggregated messages [N, H*d_k] out. The per-type
-  projections before it and A_t(gelu(.)) with the skip gate after it
-  (`jaxdata.reference.attention.hgt_output`) run in plain JAX, as `jaxdata.nn.HGT` runs them around the
-  kernel; the outputs of the node types are concatenated in id order. Raises
-  `peers.Unavailable` while hgt_message does not exist or has another signature (then adapt
-  this function).
+  hgt_message(graph, k, q, v, w_att, w_msg, mu, *, passes=None) is the relational part: K, Q, V of
+  every node [N, H*d_k] in (`jaxdata.reference.attention.hgt_projections`, flattened), w_att, w_msg
+  [R, H, d_k, d_k], mu [R, H]; the aggregated messages [N, H*d_k] out. The per-type projections
+  before it and A_t(gelu(.)) with the skip gate after it (`jaxdata.reference.attention.hgt_output`)
+  run in plain JAX, as `jaxdata.nn.HGT` runs them around the kernel; the outputs of the node types
+  are concatenated in id order. Raises `peers.Unavailable` while hgt_message does not exist or has
+  another signature (then adapt this function).
   """
   fn = hgt_message_fn()
   if fn is None:

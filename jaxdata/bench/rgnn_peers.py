@@ -206,8 +206,8 @@ class Timing:
 def time_jax(
   compiled: Compiled, *, repeats: int = 7, warmup: int = 2, baseline: dict[str, int] | None = None
 ) -> Timing:
-  """Median fwd+bwd time of a compiled step per step, with steps queued back to back as a
-  training loop dispatches them (`jaxdata.timing.queue_depth`: enough to fill ~20 ms, at most 20), so a
+  """Median fwd+bwd time of a compiled step per step, with steps queued back to back as a training
+  loop dispatches them (`jaxdata.timing.queue_depth`: enough to fill ~20 ms, at most 20), so a
   sub-millisecond step is not dominated by the host's round trip of waiting for each one.
 
   The first call's loss is kept (it is also the first warm-up). On a GPU, also how far the step
@@ -234,7 +234,7 @@ def time_jax(
 
 
 def pyg_wait(device) -> Callable[[Any], None]:
-  """`jaxdata.timing.median_seconds`'s `wait` for PyTorch on `device`: synchronizes a CUDA device."""
+  """`jaxdata.timing.median_seconds`'s `wait` for PyTorch on `device`: synchronizes it if CUDA."""
   import torch  # pylint: disable=g-import-not-at-top
 
   if device.type == "cuda":

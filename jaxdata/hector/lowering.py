@@ -30,7 +30,6 @@ consumer, so the backward pass never stores the scaled, gathered cotangent rows 
 from __future__ import annotations
 
 import dataclasses
-from typing import Union
 
 from jaxdata.hector.ir import ROWS, Program, Value, is_cheap, is_edge_scalar, width
 
@@ -86,7 +85,7 @@ class Op:
     return f"{fn}_grad({self.args[0]}, {self.args[1]})"
 
 
-Expr = Union[Load, Op]
+Expr = Load | Op
 
 
 # ----------------------------------------------------------------------------- instances
@@ -188,7 +187,7 @@ class Dense:
     return f"{self.op}{'.' + self.fn if self.fn else ''}(in0, in1) on XLA"
 
 
-Template = Union[Gemm, WeightGrad, Traversal, Dense]
+Template = Gemm | WeightGrad | Traversal | Dense
 
 
 @dataclasses.dataclass(eq=False)

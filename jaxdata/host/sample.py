@@ -289,7 +289,9 @@ def _check_fanouts(fanouts: Any) -> tuple[int, ...]:
   try:
     fanouts = tuple(fanouts)
   except TypeError:
-    raise TypeError(f"sample_neighbors: fanouts must be a sequence of ints, got {fanouts!r}")
+    raise TypeError(
+      f"sample_neighbors: fanouts must be a sequence of ints, got {fanouts!r}"
+    ) from None
   if not fanouts:
     raise ValueError("sample_neighbors: fanouts is empty; give at least one hop")
   for f in fanouts:

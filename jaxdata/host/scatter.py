@@ -20,7 +20,7 @@ SCATTER_DTYPES = tuple(
 
 
 def host_scatter_add(table: HostTable, indices: Any, updates: Any) -> jax.Array:
-  """Adds `updates` into rows `indices` of a host table, in place: `np.add.at(table, indices, updates)`.
+  """Adds `updates` to rows `indices` of a host table in place: np.add.at(table, indices, updates).
 
   On a GPU the kernel writes straight into the table's pinned host memory (zero-copy); on the
   CPU, XLA's thread pool does. The order is defined: the updates of one row are added to it one

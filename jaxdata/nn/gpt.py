@@ -348,13 +348,12 @@ class GPT(nnx.Module):
       return optax.softmax_cross_entropy_with_integer_labels(_logits(x, table), labels).mean()
     n = -(-t // chunk)
     pad = n * chunk - t
-    split = (
-      lambda a: jnp.moveaxis(  # noqa: E731  (b, t, ...) -> (n, b, chunk, ...)
-        jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)).reshape(b, n, chunk, *a.shape[2:]),
-        1,
-        0,
-      )
-    )
+
+    def split(a):
+      """(b, t, ...) -> (n, b, chunk, ...), padding t up to n * chunk."""
+      padded = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
+      return jnp.moveaxis(padded.reshape(b, n, chunk, *a.shape[2:]), 1, 0)
+
     valid = (jnp.arange(n * chunk) < t).reshape(n, 1, chunk)
 
     @jax.checkpoint

@@ -88,14 +88,10 @@ class HGT(nnx.Module):
         )
       head_features = out_features // heads
     f = heads * head_features
-    linear = lambda a, b: nnx.Linear(
-      a,
-      b,
-      dtype=dtype,
-      param_dtype=param_dtype,  # noqa: E731
-      precision=precision,
-      rngs=rngs,
-    )
+
+    def linear(a, b):
+      return nnx.Linear(a, b, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+
     self.kqv = nnx.List([linear(d, 3 * f) for d in in_features])
     self.out = nnx.List([linear(f, out_features) for _ in in_features])
     init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0, 1))

@@ -192,13 +192,10 @@ def _folded(params: RGATParams, precision, acc):
   """W_r a_r for the source and destination vectors: [R, d_in, H] each."""
   r, d_in, _ = params.w.shape
   w = params.w.reshape(r, d_in, params.heads, -1)
-  fold = lambda a: jnp.einsum(
-    "rihd,rhd->rih",
-    w,
-    a,
-    precision=precision,  # noqa: E731
-    preferred_element_type=acc,
-  )
+
+  def fold(a):
+    return jnp.einsum("rihd,rhd->rih", w, a, precision=precision, preferred_element_type=acc)
+
   return fold(params.a_src), fold(params.a_dst)
 
 
@@ -462,13 +459,12 @@ def hgt_transform_all_then_gather(src, dst, etype, xs, params: HGTParams, *, pre
   _check_types(xs, params)
   dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
   k, q, v = _hgt_nodes(xs, params, precision, acc)
-  through = lambda a, w: jnp.einsum(
-    "nhd,rhdf->rnhf",
-    a,
-    w.astype(dtype),  # noqa: E731
-    precision=precision,
-    preferred_element_type=acc,
-  ).astype(dtype)
+
+  def through(a, w):
+    return jnp.einsum(
+      "nhd,rhdf->rnhf", a, w.astype(dtype), precision=precision, preferred_element_type=acc
+    ).astype(dtype)
+
   k_e = through(k, params.w_att)[etype, src]
   m_e = through(v, params.w_msg)[etype, src]
   return _hgt_finish(k_e, q, m_e, etype, dst, xs, params, precision)

@@ -150,9 +150,9 @@ class DeviceBudgetError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MinibatchConfig:
-  """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the
-  model: the trainer checks the count), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of the
-  tables trained in host memory (`table_optimizer`; learning rate: the model's), and
+  """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the model: the
+  trainer checks the count), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of
+  the tables trained in host memory (`table_optimizer`; learning rate: the model's), and
   `max_batches` to cut epochs short (benchmarks). Each trainer subclasses it."""
 
   fanouts: tuple[int, ...] = (10, 10)

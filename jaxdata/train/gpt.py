@@ -1,10 +1,10 @@
 """GPT training on a synthetic token chain: `jaxdata train gpt`, optionally with activation offload.
 
-The data is a random sparse Markov chain (`jaxdata.data.tokens`), so the loss has a known floor
-(the chain's entropy) far below log(vocab), and a short run shows whether training works. With a
-plan (one remat policy per layer, e.g. from `jaxdata.nn.gpt_plan.plan_for_model`), each run of layers
-sharing a policy trains under `jaxdata.offload.remat`; the plan changes memory and time, never
-the numbers.
+The data is a random sparse Markov chain (`jaxdata.data.tokens`), so the loss has a known floor (the
+chain's entropy) far below log(vocab), and a short run shows whether training works. With a plan
+(one remat policy per layer, e.g. from `jaxdata.nn.gpt_plan.plan_for_model`), each run of layers
+sharing a policy trains under `jaxdata.offload.remat`; the plan changes memory and time, never the
+numbers.
 
 Data parallel: `devices` devices per process (and, with `jaxdata.distributed`, every process's
 devices) form one 1-D mesh; the global batch of `batch` sequences is split over it, each device

@@ -225,16 +225,19 @@ class RGATClassifier(_Classifier):
     dtype = jnp.dtype(config.dtype)
     h, heads = config.hidden, config.heads
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
-    conv = lambda: RGAT(
-      h,
-      h // heads,
-      num_relations=num_relations,
-      heads=heads,  # noqa: E731
-      self_loop=True,
-      passes=config.passes,
-      dtype=dtype,
-      rngs=rngs,
-    )
+
+    def conv():
+      return RGAT(
+        h,
+        h // heads,
+        num_relations=num_relations,
+        heads=heads,
+        self_loop=True,
+        passes=config.passes,
+        dtype=dtype,
+        rngs=rngs,
+      )
+
     self._init_convs([conv() for _ in range(config.layers)])
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
     self.hidden, self.dtype = h, dtype

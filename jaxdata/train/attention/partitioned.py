@@ -1,9 +1,9 @@
 """Full-graph RGAT / HGT / RGCN over several devices and processes: destination partitions.
 
-`jaxdata train rgat|hgt --devices K` (and `rgcn --scale S --devices K`) splits the heterograph by destination nodes
-(`jaxdata.hector.partition`, as `jaxdata.train.rgcn.partitioned` does): device d owns the node
-range ``[d * rows, (d + 1) * rows)`` (node types may cross it) and the edges into it, and holds
-its rows of every type's features. Per step, on each device:
+`jaxdata train rgat|hgt --devices K` (and `rgcn --scale S --devices K`) splits the heterograph by
+destination nodes (`jaxdata.hector.partition`, as `jaxdata.train.rgcn.partitioned` does): device d
+owns the node range ``[d * rows, (d + 1) * rows)`` (node types may cross it) and the edges into it,
+and holds its rows of every type's features. Per step, on each device:
 
 * RGAT (RGCN alike): its rows' per-type linear maps, all-gathered (``[K * rows, hidden]``); each
   RGAT layer computes its own rows (`RGAT.on_partition`, `RGCN.on_partition`), whose outputs are
