@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -45,9 +45,15 @@ class _Owned:
   array: np.ndarray
 
 
+def _owned(a: np.ndarray) -> np.ndarray:
+  """`a` wrapped as `_Owned`, for a HeteroGraph field: `__post_init__` unwraps it, so the field
+  holds an ndarray once the graph exists (the cast says so to the type checker)."""
+  return cast(np.ndarray, _Owned(a))
+
+
 def _relation_types(
   value: Any, relation_names: tuple[str, ...], node_type_names: tuple[str, ...], who: str
-):
+) -> tuple[tuple[str, str, str], ...] | None:
   """`value` checked as one (source type, relation, destination type) per relation, or None."""
   if value is None:
     if len(node_type_names) == 1:  # one node type: every relation joins it to itself
@@ -71,7 +77,7 @@ def _relation_types(
           f"{who}: relation_types entry {t!r} names the unknown node type "
           f"{node_type!r}; node types: {list(node_type_names)}"
         )
-  return types
+  return cast(tuple[tuple[str, str, str], ...], types)  # each entry checked above
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -336,10 +342,9 @@ class HeteroGraph:
       raise TypeError("from_edges: relation_names must be a sequence of names, not a string")
     relation_names = tuple(str(n) for n in relation_names)
     _check_range(etype, len(relation_names), "from_edges: etype", "len(relation_names)")
+    types = None
     if relation_types is not None:
-      relation_types = _relation_types(
-        relation_types, relation_names, tuple(node_type_names), "from_edges"
-      )
+      types = _relation_types(relation_types, relation_names, tuple(node_type_names), "from_edges")
     if add_inverse:
       num = len(relation_names)
       if 2 * num > _INT32_MAX:
@@ -347,20 +352,20 @@ class HeteroGraph:
       src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
       etype = np.concatenate([etype, etype + etype.dtype.type(num)])
       relation_names = relation_names + tuple(f"rev_{n}" for n in relation_names)
-      if relation_types is not None:
-        relation_types += tuple((d, f"rev_{r}", s) for s, r, d in relation_types)
+      if types is not None:
+        types += tuple((d, f"rev_{r}", s) for s, r, d in types)
     if len(src) > _INT32_MAX:
       raise ValueError(f"from_edges: at most 2**31 - 1 edges, got {len(src)}")
     src, dst, etype = graph_build.sort_edges(src, dst, etype, num_nodes, len(relation_names))
     return cls(
       num_nodes,
-      _Owned(src),
-      _Owned(dst),
-      _Owned(etype),
+      _owned(src),
+      _owned(dst),
+      _owned(etype),
       relation_names,
       tuple(node_type_names),
       node_type_offsets,
-      relation_types,
+      types,
     )
 
   @classmethod
@@ -579,13 +584,14 @@ class HeteroGraph:
     """
     import jraph  # an optional dependency
 
+    # jraph annotates its fields as jnp.ndarray; it holds NumPy arrays as well
     return jraph.GraphsTuple(
       nodes=None,
       edges={"etype": np.asarray(self.etype)},
-      senders=np.asarray(self.src),
-      receivers=np.asarray(self.dst),
-      n_node=np.array([self.num_nodes], np.int32),
-      n_edge=np.array([self.num_edges], np.int32),
+      senders=np.asarray(self.src),  # pyright: ignore[reportArgumentType]
+      receivers=np.asarray(self.dst),  # pyright: ignore[reportArgumentType]
+      n_node=np.array([self.num_nodes], np.int32),  # pyright: ignore[reportArgumentType]
+      n_edge=np.array([self.num_edges], np.int32),  # pyright: ignore[reportArgumentType]
       globals=None,
     )
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdata import _xla_ffi as _ext
+from jaxdata import _xla_ffi as _ext  # pyright: ignore[reportAttributeAccessIssue]  (compiled, no stub)
 
 
 def index_array(values: Any, what: str) -> np.ndarray:

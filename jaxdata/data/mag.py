@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from jaxdata.data import graph_build
-from jaxdata.data.graph import HeteroGraph, _Owned
+from jaxdata.data.graph import HeteroGraph, _owned
 
 NODE_TYPES = ("paper", "author", "institution", "field_of_study")
 #: ogbn-mag's node counts.
@@ -101,6 +101,7 @@ class MagDataset:
     """[first, last + 1) global ids of a node type."""
     t = self.graph.node_type_names.index(node_type)
     offsets = self.graph.node_type_offsets
+    assert offsets is not None  # a MAG graph always has its node types' offsets
     return int(offsets[t]), int(offsets[t + 1])
 
   def __repr__(self) -> str:
@@ -167,9 +168,9 @@ def synthetic_mag(
     raise ValueError(f"synthetic_mag: homophily must be in [0, 1], got {homophily}")
   if len(split) != 3 or min(split) < 0 or sum(split) > 1.0 + 1e-9:
     raise ValueError(f"synthetic_mag: split must be three shares summing to at most 1, got {split}")
-  counts = {t: max(1, int(round(NUM_NODES[t] * scale))) for t in NODE_TYPES}
+  counts: dict[str, int] = {t: max(1, int(round(NUM_NODES[t] * scale))) for t in NODE_TYPES}
   offsets = np.cumsum([0] + [counts[t] for t in NODE_TYPES])
-  offset = dict(zip(NODE_TYPES, offsets[:-1].tolist()))
+  offset: dict[str, int] = dict(zip(NODE_TYPES, offsets[:-1].tolist()))
   node_seed, edge_seed, feature_seed, split_seed = np.random.SeedSequence(seed).spawn(4)
   threads = _threads(threads)
 
@@ -283,10 +284,10 @@ def synthetic_mag(
       job.result()
   graph = HeteroGraph(
     int(offsets[-1]),
-    _Owned(src),
-    _Owned(dst),
-    _Owned(etype),
-    relation_names,
+    _owned(src),
+    _owned(dst),
+    _owned(etype),
+    tuple(relation_names),
     NODE_TYPES,
     offsets,
     relation_types,

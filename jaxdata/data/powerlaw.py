@@ -22,6 +22,8 @@ import contextlib
 import dataclasses
 import math
 import os
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -520,6 +522,14 @@ def _check_features_out(out, shape: tuple[int, int]) -> None:
     raise ValueError("powerlaw_graph: features_out must be writable and C-contiguous")
 
 
+class _Steps(Protocol):
+  """What the build reads of rich's Progress: a task per step, advanced as it goes."""
+
+  def add_task(self, description: str, *, total: int) -> Any: ...
+
+  def advance(self, task: Any, /, advance: float = 1) -> None: ...
+
+
 class _NoProgress:
   """Stands in for rich's Progress when no bar is wanted."""
 
@@ -531,7 +541,7 @@ class _NoProgress:
 
 
 @contextlib.contextmanager
-def _steps(enabled: bool):
+def _steps(enabled: bool) -> Iterator[_Steps]:
   """A rich Progress showing each step (or a stand-in doing nothing)."""
   if not enabled:
     yield _NoProgress()

@@ -101,6 +101,12 @@ def parse_ntriples(lines, source: str = "<string>") -> tuple[list[str], list[str
   return subjects, predicates, objects
 
 
+def _read(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+  file = archive.extractfile(member)
+  assert file is not None  # a regular file: `_members` keeps only those
+  return file.read()
+
+
 def _members(archive: tarfile.TarFile, path: str) -> dict[str, tarfile.TarInfo]:
   """The graph and the two label files of the archive, by role."""
   files = {PurePosixPath(m.name).name: m for m in archive.getmembers() if m.isfile()}
@@ -183,7 +189,7 @@ def load_entities(path: str | os.PathLike) -> EntityDataset:
     raise ValueError(f"load_entities: {path} is not a (compressed) tar archive ({first})") from e
   with archive:
     members = _members(archive, path)
-    data = {role: archive.extractfile(member).read() for role, member in members.items()}
+    data = {role: _read(archive, member) for role, member in members.items()}
   graph_name = PurePosixPath(members["graph"].name).name
   text = data["graph"]
   if graph_name.endswith(".gz"):

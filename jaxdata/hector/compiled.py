@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -151,16 +152,20 @@ class Layer:
     compute = _kernel_dtype(jnp.result_type(*inputs.values()))
     dt.update({f"ct_{k}": compute for k in self.program.outputs})  # cotangents: as the outputs
     made = {}  # value id -> its dtype, for the values the instances make (as `execute`)
+
+    def dtype_of(v: Value) -> str:
+      if v.op in ("input", "weight"):
+        assert v.name is not None  # inputs and weights are named
+        return dt.get(v.name, "float32")
+      return made.get(v.id, "float32")
+
     out = []
     for direction, kernels in (
       ("forward", plan.forward_kernels),
       ("backward", plan.backward_kernels),
     ):
       for inst in kernels:
-        ins = [
-          dt.get(v.name, "float32") if v.op in ("input", "weight") else made.get(v.id, "float32")
-          for v in inst.inputs
-        ]
+        ins = [dtype_of(v) for v in inst.inputs]
         if isinstance(inst.kernel, Dense):
           made[inst.output.id] = _dense_dtype(ins)
           continue
@@ -175,11 +180,15 @@ class Layer:
           out.append(f"// ---- {direction}: {name}\n{source(spec, target, tile)}")
     return "\n".join(out)
 
-  def __call__(self, graph: GraphArrays, passes=None, precision=None, **inputs):
+  def __call__(self, graph: GraphArrays, passes=None, precision=None, **inputs) -> Any:
+    # Any: the one output array, or a dict of them by name; which one, the program says
     level = precision_lib.resolve(precision, self.program.name)
     plan = self.plan(graph, passes, **inputs)
     names = tuple(self.program.inputs)
-    outs = _apply(plan, names, level, graph, tuple(inputs[k] for k in names))
+    # custom_vjp through functools.partial loses `_apply`'s return type
+    outs = cast(
+      dict[str, jax.Array], _apply(plan, names, level, graph, tuple(inputs[k] for k in names))
+    )
     return outs if len(outs) > 1 else next(iter(outs.values()))
 
   def _check(self, graph, inputs):
@@ -247,9 +256,9 @@ def _spec(
 
 def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
   if v.domain == "weight":
-    return v.shape
+    return v.known_shape
   rows = {"node": graph.num_nodes, "edge": graph.num_edges, "compact": graph.num_pairs}
-  return (rows[v.domain],) + tuple(v.shape)
+  return (rows[v.domain],) + v.known_shape
 
 
 def execute(
@@ -344,7 +353,9 @@ def _zero_cotangent(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _apply(plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArrays, arrays: tuple):
+def _apply(
+  plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArrays, arrays: tuple
+) -> dict[str, jax.Array]:
   return _forward(plan, names, precision, graph, arrays)
 
 

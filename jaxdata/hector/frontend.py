@@ -98,10 +98,10 @@ class Sym:
     if isinstance(heads, Sym):
       if heads.value.op != "weight" or heads.value.name is None:
         raise TypeError("hector: `heads=` takes a number or a weight / relation vector input")
-      heads = heads.value.name
+      count: int | str = heads.value.name  # the input whose H is meant, read at shape inference
     else:
-      heads = int(heads or 0)
-    return Sym(Value("dot", (self.value, other.value), {"heads": heads}, domain="edge"))
+      count = int(heads or 0)
+    return Sym(Value("dot", (self.value, other.value), {"heads": count}, domain="edge"))
 
   def _unary(self, fn: str, **attrs) -> Sym:
     return Sym(Value("unary", (self.value,), {"fn": fn, **attrs}, domain=self.value.domain))

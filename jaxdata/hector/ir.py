@@ -92,6 +92,12 @@ class Value:
   def label(self) -> str:
     return self.name or f"%{self.id}"
 
+  @property
+  def known_shape(self) -> tuple[int, ...]:
+    """`shape`, for code that runs after shape inference (which gives every value one)."""
+    assert self.shape is not None, f"hector: {self.label} read before shape inference"
+    return self.shape
+
   def __repr__(self) -> str:
     attrs = "".join(f", {k}={v}" for k, v in sorted(self.attrs.items()))
     args = ", ".join(a.label for a in self.args)

@@ -366,7 +366,17 @@ class _Builder:
     core, scales = _peel_scales(v, self.roots)
     load = self.load(core)
     assert load is not None and load.kind in ("node", "edge", "pair"), core
-    return load, [self.load(s) for s in scales]
+    return load, self.scale_loads(scales)
+
+  def scale_loads(self, scales) -> list[Load]:
+    """The loads of a fused product's edge scales, each of which must be loadable."""
+    loads = []
+    for s in scales:
+      load = self.load(s)
+      if load is None:
+        raise AssertionError("hector: a scale of a fused product is not loadable")
+      loads.append(load)
+    return loads
 
   def build(self, v: Value) -> Instance:
     kernel = self._build(v)
@@ -383,12 +393,12 @@ class _Builder:
       return Traversal(self.expr(rows), width(v), "aggregate", v.attrs["end"], rows.domain)
     if v.op == "weight_grad":
       (left, ls), (right, rs) = self.operand(v.args[0]), self.operand(v.args[1])
-      heads, k, n = v.shape[1:] if len(v.shape) == 4 else (1, *v.shape[1:])
+      heads, k, n = v.known_shape[1:] if len(v.known_shape) == 4 else (1, *v.known_shape[1:])
       return WeightGrad(left, right, k, n, tuple(ls + rs), v.args[0].domain, heads)
     if v.op == "scatter_weight_row":
       rows = v.args[0]
       return Traversal(
-        self.expr(rows), v.shape[2], "scatter_weight_row", v.attrs["end"], rows.domain
+        self.expr(rows), v.known_shape[2], "scatter_weight_row", v.attrs["end"], rows.domain
       )
     if v.op == "relation_sum":
       rows = v.args[0]
@@ -415,9 +425,7 @@ class _Builder:
     rows, row_scales = self.operand(lin.args[0])
     w = lin.args[1]
     t = lin.attrs["transpose"]
-    heads, a, b = w.shape[1:] if len(w.shape) == 4 else (1, *w.shape[1:])
+    heads, a, b = w.known_shape[1:] if len(w.known_shape) == 4 else (1, *w.known_shape[1:])
     k, n = (b, a) if t else (a, b)
-    extra = [self.load(s) for s in scales]
-    if any(e is None for e in extra):
-      raise AssertionError("hector: a scale of a fused product is not loadable")
+    extra = self.scale_loads(scales)
     return Gemm(rows, self.slot(w), t, k, n, tuple(row_scales + extra), out, lin.domain, heads)

@@ -138,8 +138,9 @@ def graph_operands(graph, domain: str, tiles, valid: bool = True) -> list:
     raise ValueError(f"hector.operands: domain must be 'edge' or 'compact', got {domain!r}")
   ops = {}
   for op in GRAPH:
-    if op.edge is not None:
-      ops[op.name] = getattr(graph, op.edge if domain == "edge" else op.compact)
+    field = op.edge if domain == "edge" else op.compact
+    if field is not None:  # None (in both domains) for the operands derived per call
+      ops[op.name] = getattr(graph, field)
   ops["tiles"] = tiles(ops["rel_offsets"])
   # Not zero-length: with a u8[0] constant among a custom call's operands, XLA's CPU compiler
   # (jax 0.11.2) crashed compiling a mini-batch step of a two-process job (session 26).

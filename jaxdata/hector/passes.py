@@ -119,8 +119,8 @@ def infer_shapes(
 
 def _heads_of(w: Value) -> int:
   """H of a per-head weight [R, H, a, b] or a relation vector [R, H, d] (`dot`'s heads=W)."""
-  if len(w.shape) == 4 or w.attrs.get("kind") == "vector":
-    return w.shape[1]
+  if len(w.known_shape) == 4 or w.attrs.get("kind") == "vector":
+    return w.known_shape[1]
   raise ValueError(
     f"hector: heads={w.name} needs a per-head weight [R, H, a, b] or a relation "
     f"vector [R, H, d], got a weight of shape {w.shape}"
@@ -129,7 +129,7 @@ def _heads_of(w: Value) -> int:
 
 def per_head(w: Value) -> bool:
   """Whether a relation weight is per head, [R, H, a, b]."""
-  return len(w.shape) == 4
+  return len(w.known_shape) == 4
 
 
 def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -148,7 +148,7 @@ def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, .
 
 
 def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
-  a = [x.shape for x in v.args]
+  a = [x.known_shape for x in v.args]
   if v.op in ("gather", "aggregate", "unary", "expand", "compact_sum"):
     return a[0]
   if v.op == "edge_softmax":
@@ -266,7 +266,9 @@ def _fold_vector(new: Value, old: Value, users) -> Value | None:
   rows, w = lin.args
   if per_head(w):
     return None
-  folded = Value("fold", (w, vec), {}, "weight", (w.shape[0], w.shape[1], vec.shape[1]))
+  folded = Value(
+    "fold", (w, vec), {}, "weight", (w.known_shape[0], w.known_shape[1], vec.known_shape[1])
+  )
   return Value("linear", (rows, folded), {"transpose": False}, new.domain, new.shape)
 
 
@@ -296,7 +298,7 @@ def _to_source(new: Value, single_use) -> Value | None:
     rows, w = lin.args
     if _source_side(rows) or not _source_side(other):
       continue
-    if not (w.shape[1] == heads if per_head(w) else heads <= 1):
+    if not (w.known_shape[1] == heads if per_head(w) else heads <= 1):
       continue  # a product of whole rows under a per-head dot does not move head by head
     moved = Value(
       "linear", (other, w), {"transpose": not lin.attrs["transpose"]}, other.domain, rows.shape
@@ -313,13 +315,13 @@ def _fold_scale(new: Value, single_use) -> Value | None:
       continue
     (m,) = scale.args
     heads = dot.attrs.get("heads", 0)
-    if not heads or m.shape[1:] != (heads, 1) or not single_use(dot):
+    if not heads or m.known_shape[1:] != (heads, 1) or not single_use(dot):
       continue
     for i, lin in enumerate(dot.args):
       if lin.op != "linear" or not single_use(lin):
         continue
       w = lin.args[1]
-      if not per_head(w) or w.shape[1] != heads:
+      if not per_head(w) or w.known_shape[1] != heads:
         continue
       scaled = Value("head_scale", (w, m), {}, "weight", w.shape)
       args = list(dot.args)

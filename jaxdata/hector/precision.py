@@ -96,7 +96,8 @@ def resolve(precision=None, what: str = "hector") -> str:
   ``jax_default_matmul_precision`` (None there too: "default"). ValueError (naming `what`)
   for anything else."""
   if precision is None:
-    precision = jax.config.jax_default_matmul_precision
+    # jax sets its flags on Config at runtime: no stub declares them
+    precision = jax.config.jax_default_matmul_precision  # pyright: ignore[reportAttributeAccessIssue]
     if precision is None:
       return "default"
     what = f"{what} (jax_default_matmul_precision)"

@@ -16,16 +16,18 @@ import hashlib
 import weakref
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jaxdata import _ffi  # noqa: F401  (registers jaxdata_hector_launch)
-from jaxdata import _xla_ffi as ext
+from jaxdata import _xla_ffi as ext  # pyright: ignore[reportAttributeAccessIssue]  (compiled, no stub)
 from jaxdata.data import graph_build
 from jaxdata.hector import codegen, compiler, operands, tuning
-from jaxdata.hector.lowering import Template
+from jaxdata.hector.codegen.common import reads_valid
+from jaxdata.hector.lowering import Dense, Template
 
 #: GraphArrays' array fields and each one's length, from the graph's sizes (E edges, N nodes,
 #: R relations, P pairs); which of them a kernel reads, and in what order, is `operands.GRAPH`
@@ -160,9 +162,9 @@ class GraphArrays:
       _CHECKED[key] = refs
     return cls(
       *arrays,
-      int(graph.num_nodes),
-      int(graph.num_relations),
-      None if types is None else tuple(int(t) for t in types),
+      num_nodes=int(graph.num_nodes),
+      num_relations=int(graph.num_relations),
+      node_type_offsets=None if types is None else tuple(int(t) for t in types),
     )
 
   @property
@@ -188,7 +190,7 @@ class GraphArrays:
       raise ValueError(
         f"{who}: feature rows per node type {list(rows)} do not match the "
         f"graph's node types {list(want)} (node_type_offsets="
-        f"{list(self.node_type_offsets)})"
+        f"{list(self.node_type_offsets or ())})"
       )
 
   def check_structure(self) -> None:
@@ -412,6 +414,7 @@ kernel_p = Primitive("jaxdata_hector_kernel")
 def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) -> jax.Array:
   """Runs one generated kernel over its domain's view of the graph; returns its output (of
   `spec.out_dtype`)."""
+  assert not isinstance(spec.kernel, Dense)  # XLA ops, no kernel (`execute` runs them)
   graph.check_structure()  # the kernels bound their loops by these lengths
   rows = codegen.tile_rows(spec.kernel, _math(spec))
   # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
@@ -421,7 +424,7 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
     graph,
     spec.kernel.domain,
     lambda offsets: tiles(offsets, rows) if rows else offsets,
-    valid=codegen.common.reads_valid(spec.kernel),
+    valid=reads_valid(spec.kernel),
   )
   return kernel_p.bind(*ops, *inputs, spec=spec)
 

@@ -87,11 +87,11 @@ def sample_blocks(
       "sample_blocks: the graph has no edge relations (etypes); build it with "
       "etypes=... (HostGraph) for relational sampling"
     )
-  fanouts = tuple(fanouts) if not isinstance(fanouts, (int, np.integer)) else (fanouts,)
-  if not fanouts or any(
-    isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1 for f in fanouts
+  hops = tuple(fanouts) if not isinstance(fanouts, (int, np.integer)) else (fanouts,)
+  if not hops or any(
+    isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1 for f in hops
   ):
-    raise ValueError(f"sample_blocks: fanouts must be positive ints, got {fanouts}")
+    raise ValueError(f"sample_blocks: fanouts must be positive ints, got {hops}")
   seeds = jnp.asarray(seeds)
   if not jnp.issubdtype(seeds.dtype, jnp.integer) or seeds.ndim != 1:
     raise TypeError(
@@ -101,14 +101,16 @@ def sample_blocks(
     if not isinstance(graph, HostGraph):
       raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
     num_relations = graph.num_relations
+    assert num_relations is not None  # the graph has etypes: checked above
   num_relations = int(num_relations)
   nodes, mask = frontier(seeds)
   all_nodes, all_masks, graphs = [nodes], [mask], []
-  for hop, fanout in enumerate(fanouts):
+  for hop, fanout in enumerate(hops):
     drawn = sample_neighbors(
       graph, jnp.where(mask, nodes, -1), (int(fanout),), jax.random.fold_in(key, hop)
     )
     shape = (nodes.shape[0], int(fanout))
+    assert drawn.etypes is not None  # sampled from a graph with etypes
     nodes, mask, edges = expand(
       nodes,
       mask,

@@ -104,6 +104,7 @@ class DeviceCache(NamedTuple):
       if not 0 < fraction <= 1:
         raise ValueError(f"{what}: fraction must be in (0, 1], got {fraction}")
       capacity = max(1, int(round(fraction * len(counts))))
+    assert capacity is not None  # given, or computed from the fraction just above
     if not 1 <= capacity <= len(counts):
       raise ValueError(f"{what}: capacity must be in [1, {len(counts)}], got {capacity}")
     chosen = (

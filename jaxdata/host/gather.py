@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -114,12 +115,18 @@ def host_slice(table: HostTable, start: int, size: int) -> jax.Array:
 # -- checks and conversions --------------------------------------------------------------------
 
 
+def _x64() -> bool:
+  """Whether jax_enable_x64 is on."""
+  # jax sets its flags on Config at runtime: no stub declares them
+  return bool(jax.config.jax_enable_x64)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def _check_table(table: Any, what: str) -> None:
   if not isinstance(table, HostTable):
     raise TypeError(f"{what}: table must be a HostTable, got {type(table).__name__}")
   if table.closed:
     raise ValueError(f"{what}: {table!r} is closed")
-  if table.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+  if table.dtype.itemsize == 8 and not _x64():
     raise TypeError(
       f"{what}: the table holds {table.dtype}, which JAX represents only with "
       "jax_enable_x64 on (jax.config.update('jax_enable_x64', True))"
@@ -141,7 +148,7 @@ def as_indices(indices: Any, what: str) -> jax.Array:
   if not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(f"{what}: indices must be integers, got dtype {dtype}")
   dtype = np.dtype(dtype)
-  if dtype.itemsize == 8 and not jax.config.jax_enable_x64 and not isinstance(indices, jax.Array):
+  if dtype.itemsize == 8 and not _x64() and not isinstance(indices, jax.Array):
     narrow = np.dtype(np.uint32 if dtype.kind == "u" else np.int32)
     info = np.iinfo(narrow)
     indices = np.clip(np.asarray(indices), info.min, info.max).astype(narrow)
@@ -157,7 +164,7 @@ def _canonical_indices(idx: jax.Array, rows: int) -> jax.Array:
     return idx.astype(np.int32)
   # Unsigned 32/64-bit: values past the signed range are out of range for any table, so
   # saturating them keeps their meaning.
-  if dtype == np.uint32 and jax.config.jax_enable_x64:
+  if dtype == np.uint32 and _x64():
     return idx.astype(np.int64)
   signed = np.int32 if dtype == np.uint32 else np.int64
   if dtype == np.uint32 and rows > np.iinfo(np.int32).max - 1:

@@ -217,6 +217,7 @@ class HostGraph:
   def indptr(self) -> HostTable:
     """The CSR's row pointers: a HostTable of shape (num_nodes + 1, 1), int64."""
     self._check_open("indptr")
+    assert self._indptr is not None  # set while the graph is open
     return self._indptr
 
   @property
@@ -224,6 +225,7 @@ class HostGraph:
     """The CSR's neighbour ids: a HostTable of shape (max(num_edges, 1), 1), int32 (a graph
     with no edges has one unused row)."""
     self._check_open("indices")
+    assert self._indices is not None  # set while the graph is open
     return self._indices
 
   @property
@@ -252,7 +254,10 @@ class HostGraph:
     return np.diff(self.indptr.as_numpy()[:, 0])
 
   def __repr__(self) -> str:
-    state = "closed" if self.closed else ("pinned" if self._indices.pinned else "unpinned")
+    indices = self._indices
+    state = (
+      "closed" if self.closed or indices is None else ("pinned" if indices.pinned else "unpinned")
+    )
     feats = (
       ""
       if self.closed or self._features is None

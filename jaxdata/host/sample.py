@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -97,7 +98,7 @@ class Blocks:
         f"{cache.slots.shape[0]} rows, this table has {rows}"
       )
     ids = [jnp.where(m, n, rows) for n, m in zip(self.nodes, self.masks)]
-    slots = None
+    slots = []
     if cache is not None:
       slots = [cache.lookup(n, m) for n, m in zip(self.nodes, self.masks)]
       ids = [jnp.where(s >= 0, rows, i) for i, s in zip(ids, slots)]  # hits: nothing to read
@@ -275,6 +276,7 @@ def _check_device_etypes(graph: DeviceGraph) -> jax.Array:
       f"sample_neighbors: DeviceGraph.etypes must be an integer array, got "
       f"{dtype if dtype is not None else type(etypes).__name__}"
     )
+  assert etypes is not None  # it has a dtype
   if np.shape(etypes) != np.shape(graph.indices):
     raise ValueError(
       f"sample_neighbors: DeviceGraph.etypes {np.shape(etypes)} must have one "

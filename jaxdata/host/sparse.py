@@ -172,7 +172,7 @@ def sparse_adagrad(
   Per row: s += g * g; row -= learning_rate * g / sqrt(s + eps) (0 where s == 0). The
   accumulators `s` are a float32 HostTable of the table's shape, in host memory too.
   """
-  lr, eps = np.float32(learning_rate), np.float32(eps)
+  lr, eps32 = np.float32(learning_rate), np.float32(eps)
   init_value = np.float32(initial_accumulator_value)
 
   def init(table: HostTable) -> AdagradState:
@@ -196,7 +196,7 @@ def sparse_adagrad(
     # The accumulator rows must be read before they are written: make the write depend on them.
     squares, acc = jax.lax.optimization_barrier((squares, acc))
     total = acc + squares  # what the scatter below leaves in the table, bit for bit
-    step = jnp.where(total > 0, jax.lax.rsqrt(total + eps), 0.0) * g
+    step = jnp.where(total > 0, jax.lax.rsqrt(total + eps32), 0.0) * g
     t1 = host_scatter_add(state.sum_of_squares, rows, squares)
     t2 = host_scatter_add(table, rows, (-lr * step).astype(table.dtype))
     return t1 + t2
@@ -240,7 +240,7 @@ def sparse_adam(
   # taken in float64 here, as accurate as optax's 1 - b**t computed in float64 (jax_enable_x64).
   log_b1, log_b2 = np.float32(np.log(float(b1))), np.float32(np.log(float(b2)))
   one_minus_b1, one_minus_b2 = np.float32(1 - float(b1)), np.float32(1 - float(b2))
-  lr, b1, b2, eps = (np.float32(x) for x in (learning_rate, b1, b2, eps))
+  lr, b1_32, b2_32, eps32 = (np.float32(x) for x in (learning_rate, b1, b2, eps))
   count_max = np.iinfo(np.int32).max
 
   def init(table: HostTable) -> AdamState:
@@ -282,14 +282,14 @@ def sparse_adam(
     g, mu, nu, count = jax.lax.optimization_barrier((g, mu, nu, count))
     bump = jnp.where(count < count_max, 1, 0).astype(jnp.int32)  # optax's safe_increment
     t = (count + bump).astype(jnp.float32)
-    d_mu = (one_minus_b1 * g + b1 * mu) - mu
-    d_nu = (one_minus_b2 * (g * g) + b2 * nu) - nu
+    d_mu = (one_minus_b1 * g + b1_32 * mu) - mu
+    d_nu = (one_minus_b2 * (g * g) + b2_32 * nu) - nu
     # What the scatters below leave in the moment tables, bit for bit (rows are unique, so each
     # gets exactly one addition); the step uses these, so the stored state is the state.
     mu, nu = mu + d_mu, nu + d_nu
     mu_hat = mu / -jnp.expm1(t * log_b1)
     nu_hat = nu / -jnp.expm1(t * log_b2)
-    step = mu_hat / (jnp.sqrt(nu_hat) + eps)
+    step = mu_hat / (jnp.sqrt(nu_hat) + eps32)
     t1 = host_scatter_add(state.mu, rows, d_mu)
     t2 = host_scatter_add(state.nu, rows, d_nu)
     t3 = host_scatter_add(state.count, count_row, bump.reshape(1, 1))

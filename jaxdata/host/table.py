@@ -9,6 +9,7 @@ import weakref
 from typing import Any
 
 import jax
+import jax.core
 import ml_dtypes
 import numpy as np
 
@@ -247,7 +248,11 @@ class HostTable:
     self, fd: int, offset: int, nbytes: int, name: str, progress: bool | None, threads: int
   ) -> None:
     chunks = [(o, min(_READ_CHUNK, nbytes - o)) for o in range(0, nbytes, _READ_CHUNK)]
-    read = lambda c: self._buffer.read_file(fd, offset + c[0], c[0], c[1])  # noqa: E731
+    buffer = self._open_buffer("HostTable.from_npy")
+
+    def read(c):
+      return buffer.read_file(fd, offset + c[0], c[0], c[1])
+
     show = nbytes > _PROGRESS_ABOVE if progress is None else progress
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
       done = pool.map(read, chunks)
@@ -327,7 +332,7 @@ class HostTable:
     memory (overlapping rows are read before they are overwritten). Each chunk is written under
     the memory's update lock, so it never interleaves with a running `host_scatter_add`.
     """
-    self._check_open("write")
+    buffer = self._open_buffer("write")
     start = _check_int(start, "HostTable.write: start")
     values = np.asarray(values)
     if values.ndim != 2 or values.shape[1] != self._shape[1]:
@@ -344,13 +349,13 @@ class HostTable:
       if not np.can_cast(values.dtype, self._dtype, "same_kind"):
         raise TypeError(f"HostTable.write: cannot cast {values.dtype} to {self._dtype}")
       values = values.astype(self._dtype)
-    elif np.may_share_memory(values, self._buffer.view()):
+    elif np.may_share_memory(values, buffer.view()):
       values = values.copy()  # the chunks below would overwrite rows before reading them
     row_bytes = self._shape[1] * self._dtype.itemsize
     step = max(1, (256 << 20) // row_bytes)  # strided input is made contiguous a chunk at a time
     for i in range(0, values.shape[0], step):
       chunk = np.ascontiguousarray(values[i : i + step])
-      self._buffer.write((start + i) * row_bytes, chunk.reshape(-1).view(np.uint8))
+      buffer.write((start + i) * row_bytes, chunk.reshape(-1).view(np.uint8))
 
   def as_numpy(self) -> np.ndarray:
     """A NumPy view of the table's memory (no copy); writes through it change the table.
@@ -358,8 +363,7 @@ class HostTable:
     The view holds the memory alive by itself: after `close()` it stays valid, and the memory
     is released when the last view is gone.
     """
-    self._check_open("as_numpy")
-    return self._buffer.view().view(self._dtype).reshape(self._shape)
+    return self._open_buffer("as_numpy").view().view(self._dtype).reshape(self._shape)
 
   def view(self, dtype: Any = None, *, columns: int | None = None) -> HostTable:
     """The same memory seen with another dtype and/or row width, as a new table.
@@ -369,18 +373,18 @@ class HostTable:
     """
     self._check_open("view")
     dtype = self._dtype if dtype is None else _check_dtype(dtype, "HostTable.view")
-    columns = (
+    width = (
       self._shape[1] * self._dtype.itemsize // dtype.itemsize
       if columns is None
       else _check_int(columns, "HostTable.view: columns")
     )
-    row_bytes = columns * dtype.itemsize
+    row_bytes = width * dtype.itemsize
     if row_bytes <= 0 or self.nbytes % row_bytes:
       raise ValueError(
-        f"HostTable.view: {self.nbytes} bytes do not divide into rows of {columns} x {dtype}"
+        f"HostTable.view: {self.nbytes} bytes do not divide into rows of {width} x {dtype}"
       )
     table = HostTable.__new__(HostTable)
-    table._init_view(self._buffer, (self.nbytes // row_bytes, int(columns)), dtype)
+    table._init_view(self._buffer, (self.nbytes // row_bytes, int(width)), dtype)
     return table
 
   # -- lifetime -----------------------------------------------------------------------------
@@ -405,6 +409,12 @@ class HostTable:
 
   def __exit__(self, *exc: Any) -> None:
     self.close()
+
+  def _open_buffer(self, what: str) -> Any:
+    """The table's memory, after `_check_open(what)`: an open table that is no placeholder."""
+    self._check_open(what)
+    assert self._buffer is not None  # only placeholders and closed tables lack one
+    return self._buffer
 
   def _check_open(self, what: str) -> None:
     if self._closed:

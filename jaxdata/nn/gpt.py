@@ -201,6 +201,7 @@ def _layer_norm(cfg: GPTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
 
 def _norm(ln: nnx.LayerNorm, x: jax.Array) -> jax.Array:
+  assert ln.scale is not None and ln.bias is not None  # `_layer_norm` keeps both
   return layer_norm(x, ln.scale[...], ln.bias[...])
 
 

@@ -24,6 +24,7 @@ Remat policies can name the layer's intermediates (`NAMES`, and hector's `SAVED_
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,13 @@ from jaxdata.hector.precision import resolve as resolve_precision
 #: aggregated messages ``[N, H * d_k]``. The edge kernels' own residuals are
 #: `jaxdata.hector.SAVED_NAME`.
 NAMES = ("hgt_kqv", "hgt_agg")
+
+
+def _per_type(xs: Sequence[jax.Array] | jax.Array, types: int) -> list[jax.Array]:
+  """One feature array per node type: `xs` itself if a list or tuple, else `xs` for each."""
+  if isinstance(xs, (list, tuple)):
+    return list(xs)
+  return [cast(jax.Array, xs)] * types  # not a list or tuple: the one array of every type
 
 
 class HGT(nnx.Module):
@@ -147,29 +155,34 @@ class HGT(nnx.Module):
     Each per-type projection runs over all N rows and keeps its type's rows (T dense GEMMs
     instead of one split by type): simple and exact; the edge part, which dominates, is shared.
     """
-    if not isinstance(xs, (list, tuple)):
-      xs = [xs] * len(self.in_features)
-    if len(xs) != len(self.in_features):
+    feats = _per_type(xs, len(self.in_features))
+    if len(feats) != len(self.in_features):
       raise ValueError(
-        f"HGT.on_slots: {len(xs)} feature arrays for {len(self.in_features)} node types"
+        f"HGT.on_slots: {len(feats)} feature arrays for {len(self.in_features)} node types"
       )
-    widths = tuple(x.shape[-1] for x in xs)
+    widths = tuple(x.shape[-1] for x in feats)
     if widths != self.in_features:
       raise ValueError(f"HGT.on_slots: feature widths {widths}, expected {self.in_features}")
-    if any(x.shape[0] != graph.num_nodes for x in xs) or types.shape != (graph.num_nodes,):
+    if any(x.shape[0] != graph.num_nodes for x in feats) or types.shape != (graph.num_nodes,):
       raise ValueError(
         f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
-        f"slots), got {[x.shape[0] for x in xs]} and {types.shape}"
+        f"slots), got {[x.shape[0] for x in feats]} and {types.shape}"
       )
     rows = graph.num_nodes if rows is None else int(rows)
     if not 0 <= rows <= graph.num_nodes:
       raise ValueError(f"HGT.on_slots: rows={rows} is not in [0, {graph.num_nodes}]")
-    xs = [x.astype(self.dtype) for x in xs]
-    mine = [(types == t)[:, None] for t in range(len(xs))]
-    pick = lambda ys, n: sum(jnp.where(m[:n], y, 0) for m, y in zip(mine, ys))  # noqa: E731
-    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, xs)], graph.num_nodes))
+    feats = [x.astype(self.dtype) for x in feats]
+    mine = [(types == t)[:, None] for t in range(len(feats))]
+
+    def pick(ys, n) -> jax.Array:
+      """Each of the first n slots' row from its own node type's array."""
+      total = sum(jnp.where(m[:n], y, 0) for m, y in zip(mine, ys))
+      assert isinstance(total, jax.Array)  # a term per node type, and there is at least one
+      return total
+
+    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, feats)], graph.num_nodes))
     h = jax.nn.gelu(agg[:rows], approximate=False)
-    return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(xs)], rows)
+    return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(feats)], rows)
 
   def on_partition(
     self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array, types: jax.Array, start, gather
@@ -183,28 +196,33 @@ class HGT(nnx.Module):
     them into every node's (``jax.lax.all_gather(kqv, axis, tiled=True)`` inside `shard_map`):
     the gathered width is ``3 * heads * head_features``. Returns ``[rows, out_features]``.
     """
-    if not isinstance(xs, (list, tuple)):
-      xs = [xs] * len(self.in_features)
-    if len(xs) != len(self.in_features):
+    feats = _per_type(xs, len(self.in_features))
+    if len(feats) != len(self.in_features):
       raise ValueError(
-        f"HGT.on_partition: {len(xs)} feature arrays for {len(self.in_features)} node types"
+        f"HGT.on_partition: {len(feats)} feature arrays for {len(self.in_features)} node types"
       )
     rows = types.shape[0]
-    if any(x.shape[0] != rows for x in xs):
+    if any(x.shape[0] != rows for x in feats):
       raise ValueError(
-        f"HGT.on_partition: xs need {rows} rows (as types), got {[x.shape[0] for x in xs]}"
+        f"HGT.on_partition: xs need {rows} rows (as types), got {[x.shape[0] for x in feats]}"
       )
-    xs = [x.astype(self.dtype) for x in xs]
-    mine = [(types == t)[:, None] for t in range(len(xs))]
-    pick = lambda ys: sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))  # noqa: E731
-    kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, xs)]))
+    feats = [x.astype(self.dtype) for x in feats]
+    mine = [(types == t)[:, None] for t in range(len(feats))]
+
+    def pick(ys) -> jax.Array:
+      """Each slot's row from its own node type's array."""
+      total = sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))
+      assert isinstance(total, jax.Array)  # a term per node type, and there is at least one
+      return total
+
+    kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, feats)]))
     if kqv.shape[0] != graph.num_nodes:
       raise ValueError(
         f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, got {kqv.shape[0]}"
       )
     agg = jax.lax.dynamic_slice_in_dim(self._message(graph, kqv), start, rows)
     h = jax.nn.gelu(agg, approximate=False)
-    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(xs)])
+    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(feats)])
 
   def _message(self, graph: GraphArrays, kqv: jax.Array) -> jax.Array:
     """The edge part (hector): every node's aggregated messages from its keys/queries/values."""

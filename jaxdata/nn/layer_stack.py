@@ -26,7 +26,7 @@ intermediates with (`jaxdata.nn.hgt.NAMES`, `jaxdata.nn.rgat.NAMES`) and hector'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -89,7 +89,7 @@ def run(
   layers: Sequence[nnx.Module],
   layer_fn: LayerFn,
   x: jax.Array,
-  plan: Sequence[Hashable] | None = None,
+  plan: Sequence[Policy | None] | None = None,
 ) -> jax.Array:
   """`layer_fn` of each layer in turn on x; with `plan` (one policy per layer, None for a plain
   layer), as a stack under `jaxdata.offload.run_layers`: the same results and gradients."""
@@ -116,7 +116,7 @@ def run_each(
   layers: Sequence[nnx.Module],
   layer_fns: Sequence[LayerFn],
   x: jax.Array,
-  plan: Sequence[Hashable] | None = None,
+  plan: Sequence[Policy | None] | None = None,
 ) -> jax.Array:
   """`layer_fns[i](layers[i], x)` in turn, layer i under policy `plan[i]` (None, or a plan
   of None: plain layers) through `jaxdata.offload.remat`, one call per layer: for layers whose

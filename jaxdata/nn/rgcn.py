@@ -104,11 +104,13 @@ class RGCN(nnx.Module):
     """``[R, rows, out]``: the per-relation weights (combined from the bases if decomposed)."""
     if self.weight is not None:
       return self.weight[...]
+    assert self.coefficients is not None and self.bases is not None  # no weight: decomposed
     return jnp.einsum("rb,bio->rio", self.coefficients[...][: self.num_relations], self.bases[...])
 
   def self_loop_weight(self) -> jax.Array | None:
     """``[rows, out]``: ``W_0`` (the root weight, or combined from the bases), or None."""
     if self.self_loop_in_bases:
+      assert self.coefficients is not None and self.bases is not None  # W_0 is in the bases
       return jnp.einsum("b,bio->io", self.coefficients[...][self.num_relations], self.bases[...])
     return None if self.root is None else self.root[...]
 
@@ -121,8 +123,9 @@ class RGCN(nnx.Module):
   def _row_params(self) -> list[nnx.Param]:
     if not self.featureless:
       raise ValueError("RGCN: node rows exist only for featureless input (in_features=None)")
-    params = [self.weight if self.bases is None else self.bases]
-    return params + ([self.root] if self.root is not None else [])
+    table = self.weight if self.bases is None else self.bases
+    assert table is not None  # the relation weights, or the bases they are combined from
+    return [table] + ([self.root] if self.root is not None else [])
 
   @property
   def row_width(self) -> int:
@@ -182,6 +185,7 @@ class RGCN(nnx.Module):
       # Through relation r: sum_b a_rb V_b[j], row j times a [B * out, out] weight holding
       # a_rb * I: one hector GEMM per unique (source, relation) pair, where combining the
       # bases per slot would make an [R, S, out] array (R / B times the rows).
+      assert self.coefficients is not None  # this branch: decomposed into bases
       a = self.coefficients[...]
       w = jnp.einsum("rb,io->rbio", a[: self.num_relations], jnp.eye(o, dtype=first.dtype))
       h = rgcn_message(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,7 +39,8 @@ _PREFETCH_DEPTH = 2  # blocks a load brings back ahead of the one it waits for (
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
 _CAPS = (1, 2, 4)  # spill staging caps a plan may ask for, in its largest block's spills
 _POOL_BLOCKS = 2  # the store's staging holds at least this many blocks' residuals
-_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pylint: disable=protected-access
+# jax.core.Tracer, or jax's private one where jax.core no longer exports it
+_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -183,7 +185,12 @@ def choices(
   fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
   if progress:
     progress("recompute")
-  named = lambda name: policy_named(name, store, tier=tier, carry=carry, inners=inners)  # noqa: E731
+
+  def named(name: str) -> _remat.Policy:
+    # Without a carry no policy named here offloads it, so policy_named's default stands in.
+    at = 1 if carry is None else carry
+    return policy_named(name, store, tier=tier, carry=at, inners=inners)
+
   recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
   out = [Choice(named("recompute"), in_bytes, 0, recompute_s, fwd)]
   if carry is not None:
@@ -519,6 +526,7 @@ def policy_named(
     raise ValueError(f"unknown policy {name!r}; one of: {known}")
   if kind is None:
     return _remat.recompute(name=name)
+  assert p is not None  # "keep[p]" and "offload[p]" match the bracketed group
   if kind == "keep":
     return _remat.keep(inners[p], name=name)
   if store is None:

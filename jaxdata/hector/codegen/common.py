@@ -18,7 +18,7 @@ _CTYPES = {"float32": "float", "bfloat16": "unsigned short"}
 @functools.cache
 def template(name: str) -> str:
   """The text of a fixed source file in jaxdata/hector/templates/ (read once)."""
-  return resources.files("jaxdata.hector").joinpath("templates", name).read_text()
+  return resources.files("jaxdata.hector").joinpath("templates").joinpath(name).read_text()
 
 
 def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar, out_dtype: str = "float32") -> str:

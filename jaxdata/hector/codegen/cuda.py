@@ -415,8 +415,8 @@ def _wgrad_mma(w: WeightGrad, kind: str, tile: Tile) -> str:
   instance is never "bf16"); only its arguments are generated here."""
   assert kind == "tf32" or not w.scales
   bn = tile.columns
-  tile = f"{_MMA[kind]}, {MMA_WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
-  return _scale(w.scales) + _wgrad_call("wgrad_mma", tile, w)
+  shape = f"{_MMA[kind]}, {MMA_WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
+  return _scale(w.scales) + _wgrad_call("wgrad_mma", shape, w)
 
 
 def _traversal(t: Traversal) -> str:
