@@ -13,6 +13,7 @@ runtime does (jaxdata.hector.compiler, on the GPU machine).
 
 Exits 1 if any kernel fails to compile, printing its source path and the compiler's log.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ from jaxdata.data import HeteroGraph
 
 def small_graph(n=40, e=300, r=5):
   rng = np.random.default_rng(0)
-  return HeteroGraph.from_edges(rng.integers(0, n, e), rng.integers(0, n, e),
-                                rng.integers(0, r, e), num_nodes=n)
+  return HeteroGraph.from_edges(
+    rng.integers(0, n, e), rng.integers(0, n, e), rng.integers(0, r, e), num_nodes=n
+  )
 
 
 def sources(quick: bool, all_kernels: bool) -> dict[str, str]:
@@ -53,8 +55,9 @@ def sources(quick: bool, all_kernels: bool) -> dict[str, str]:
   def add(name: str, text: str):
     for i, part in enumerate(text.split("// ---- ")[1:]):
       body = part.split("\n", 1)[1]
-      if not all_kernels and ("jaxdata.hector gemm" not in body[:200] and
-                              "jaxdata.hector weight_grad" not in body[:200]):
+      if not all_kernels and (
+        "jaxdata.hector gemm" not in body[:200] and "jaxdata.hector weight_grad" not in body[:200]
+      ):
         continue
       key = hashlib.sha256(body.split("\n", 1)[1].encode()).hexdigest()[:12]
       out.setdefault(key, body)
@@ -64,29 +67,58 @@ def sources(quick: bool, all_kernels: bool) -> dict[str, str]:
     for prec in ("default", "highest"):
       for d in dims:
         x = jnp.zeros((n, d), dt)
-        add(f"rgcn d={d} {dt.__name__} {prec}",
-            hector.rgcn_layer.sources(ga, "cuda", precision=prec, x=x,
-                                      W=jnp.zeros((r, d, d if d < 256 else 96), dt)))
+        add(
+          f"rgcn d={d} {dt.__name__} {prec}",
+          hector.rgcn_layer.sources(
+            ga, "cuda", precision=prec, x=x, W=jnp.zeros((r, d, d if d < 256 else 96), dt)
+          ),
+        )
         for heads in heads_list:
           hd = max(d // heads, 8)
-          add(f"rgat d={d} heads={heads} {dt.__name__} {prec}",
-              hector.rgat_layer.sources(ga, "cuda", precision=prec, x=x,
-                                        W=jnp.zeros((r, d, heads * hd), dt),
-                                        a_src=jnp.zeros((r, heads, hd), dt),
-                                        a_dst=jnp.zeros((r, heads, hd), dt)))
+          add(
+            f"rgat d={d} heads={heads} {dt.__name__} {prec}",
+            hector.rgat_layer.sources(
+              ga,
+              "cuda",
+              precision=prec,
+              x=x,
+              W=jnp.zeros((r, d, heads * hd), dt),
+              a_src=jnp.zeros((r, heads, hd), dt),
+              a_dst=jnp.zeros((r, heads, hd), dt),
+            ),
+          )
           f = heads * hd
           kq = jnp.zeros((n, f), dt)
-          add(f"hgt d={d} heads={heads} {dt.__name__} {prec}",
-              hector.hgt_layer.sources(ga, "cuda", precision=prec, k=kq, q=kq, v=kq,
-                                       W_att=jnp.zeros((r, heads, hd, hd), dt),
-                                       W_msg=jnp.zeros((r, heads, hd, hd), dt),
-                                       mu=jnp.zeros((r, heads, 1), dt)))
+          add(
+            f"hgt d={d} heads={heads} {dt.__name__} {prec}",
+            hector.hgt_layer.sources(
+              ga,
+              "cuda",
+              precision=prec,
+              k=kq,
+              q=kq,
+              v=kq,
+              W_att=jnp.zeros((r, heads, hd, hd), dt),
+              W_msg=jnp.zeros((r, heads, hd, hd), dt),
+              mu=jnp.zeros((r, heads, 1), dt),
+            ),
+          )
   return out
 
 
 def nvcc_compile(src_path: str, arch: int) -> tuple[bool, str]:
-  cmd = ["nvcc", "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", src_path,
-         "-o", src_path + ".cubin"]
+  cmd = [
+    "nvcc",
+    "-cubin",
+    f"-arch=sm_{arch}",
+    "-std=c++17",
+    "-O3",
+    "-x",
+    "cu",
+    src_path,
+    "-o",
+    src_path + ".cubin",
+  ]
   p = subprocess.run(cmd, capture_output=True, text=True)
   return p.returncode == 0, p.stderr[-4000:]
 
@@ -103,8 +135,11 @@ def main(argv=None) -> int:
   jax.config.update("jax_platforms", "cpu")
   srcs = sources(args.quick, args.all_kernels)
   tc = sum("mma.sync" in s for s in srcs.values())
-  print(f"{len(srcs)} distinct kernels ({tc} on tensor cores), sm_{args.arch}, "
-        f"{'NVRTC' if args.nvrtc else 'nvcc'}", flush=True)
+  print(
+    f"{len(srcs)} distinct kernels ({tc} on tensor cores), sm_{args.arch}, "
+    f"{'NVRTC' if args.nvrtc else 'nvcc'}",
+    flush=True,
+  )
   tmp = args.keep or tempfile.mkdtemp(prefix="hector-kernels-")
   os.makedirs(tmp, exist_ok=True)
   paths = {}
@@ -115,13 +150,15 @@ def main(argv=None) -> int:
   start, failed = time.perf_counter(), []
   if args.nvrtc:
     from pathlib import Path
+
     from jaxdata.hector import compiler
+
     lib = compiler.nvrtc()
     if lib is None:
       print("NVRTC not found", file=sys.stderr)
       return 1
     build = compiler._nvrtc_build(lib, args.arch)
-    for key, path in paths.items():
+    for path in paths.values():
       try:
         build(Path(path), Path(path + ".cubin"))
       except compiler.CompileError as e:
@@ -135,8 +172,10 @@ def main(argv=None) -> int:
           failed.append((futs[fut], log))
   for path, log in failed:
     print(f"FAILED {path}\n{log}\n", file=sys.stderr)
-  print(f"{len(paths) - len(failed)} of {len(paths)} compiled in "
-        f"{time.perf_counter() - start:.0f} s; sources in {tmp}")
+  print(
+    f"{len(paths) - len(failed)} of {len(paths)} compiled in "
+    f"{time.perf_counter() - start:.0f} s; sources in {tmp}"
+  )
   return 1 if failed else 0
 
 

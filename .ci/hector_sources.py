@@ -13,11 +13,12 @@ softmaxes, relation sums), forward and backward. Tensor-core instances are gener
     python3 .ci/hector_sources.py DIR [--full] [--no-tensor-cores]
     python3 .ci/hector_sources.py --compare BEFORE AFTER [--arch 90] [--jobs 2]
 
-The dump writes DIR/<layer>-<config>-<passes>-<i>.cu, one file per kernel instance.
-``--compare`` reports the byte-identical files, and compiles each differing pair (each distinct
-source once) with nvcc, comparing the cubins' machine code (.text sections) and kernel info; it exits
-1 if any pair fails to compile or differs in those sections.
+The dump writes DIR/<layer>-<config>-<passes>-<i>.cu, one file per kernel instance. ``--compare``
+reports the byte-identical files, and compiles each differing pair (each distinct source once) with
+nvcc, comparing the cubins' machine code (.text sections) and kernel info; it exits 1 if any pair
+fails to compile or differs in those sections.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,13 +36,16 @@ def dump(out_dir: str, full: bool) -> int:
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from jaxdata import hector
   from jaxdata.data import HeteroGraph
+
   jax.config.update("jax_platforms", "cpu")
   rng = np.random.default_rng(0)
   n, e, r = 40, 300, 5
-  g = HeteroGraph.from_edges(rng.integers(0, n, e), rng.integers(0, n, e), rng.integers(0, r, e),
-                             num_nodes=n)
+  g = HeteroGraph.from_edges(
+    rng.integers(0, n, e), rng.integers(0, n, e), rng.integers(0, r, e), num_nodes=n
+  )
   ga = hector.GraphArrays.from_graph(g)
   os.makedirs(out_dir, exist_ok=True)
   count = 0
@@ -60,20 +64,48 @@ def dump(out_dir: str, full: bool) -> int:
         for d in dims:
           tag = f"d{d}-{dt.__name__}-{prec}-{pname}"
           x = jnp.zeros((n, d), dt)
-          add(f"rgcn-{tag}", hector.rgcn_layer.sources(
-              ga, "cuda", passes=passes, precision=prec, x=x,
-              W=jnp.zeros((r, d, d if d < 256 else 96), dt)))
+          add(
+            f"rgcn-{tag}",
+            hector.rgcn_layer.sources(
+              ga,
+              "cuda",
+              passes=passes,
+              precision=prec,
+              x=x,
+              W=jnp.zeros((r, d, d if d < 256 else 96), dt),
+            ),
+          )
           for heads in (1, 4):
             hd = max(d // heads, 8)
-            add(f"rgat-h{heads}-{tag}", hector.rgat_layer.sources(
-                ga, "cuda", passes=passes, precision=prec, x=x,
-                W=jnp.zeros((r, d, heads * hd), dt), a_src=jnp.zeros((r, heads, hd), dt),
-                a_dst=jnp.zeros((r, heads, hd), dt)))
+            add(
+              f"rgat-h{heads}-{tag}",
+              hector.rgat_layer.sources(
+                ga,
+                "cuda",
+                passes=passes,
+                precision=prec,
+                x=x,
+                W=jnp.zeros((r, d, heads * hd), dt),
+                a_src=jnp.zeros((r, heads, hd), dt),
+                a_dst=jnp.zeros((r, heads, hd), dt),
+              ),
+            )
             kq = jnp.zeros((n, heads * hd), dt)
-            add(f"hgt-h{heads}-{tag}", hector.hgt_layer.sources(
-                ga, "cuda", passes=passes, precision=prec, k=kq, q=kq, v=kq,
-                W_att=jnp.zeros((r, heads, hd, hd), dt), W_msg=jnp.zeros((r, heads, hd, hd), dt),
-                mu=jnp.zeros((r, heads, 1), dt)))
+            add(
+              f"hgt-h{heads}-{tag}",
+              hector.hgt_layer.sources(
+                ga,
+                "cuda",
+                passes=passes,
+                precision=prec,
+                k=kq,
+                q=kq,
+                v=kq,
+                W_att=jnp.zeros((r, heads, hd, hd), dt),
+                W_msg=jnp.zeros((r, heads, hd, hd), dt),
+                mu=jnp.zeros((r, heads, 1), dt),
+              ),
+            )
   return count
 
 
@@ -83,8 +115,11 @@ def _sass(src: str, work: str, arch: int) -> tuple[str | None, str]:
   cu, cubin = os.path.join(work, key + ".cu"), os.path.join(work, key + ".cubin")
   with open(cu, "w") as f:
     f.write(src)
-  p = subprocess.run(["nvcc", "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", cu,
-                      "-o", cubin], capture_output=True, text=True)
+  p = subprocess.run(
+    ["nvcc", "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", cu, "-o", cubin],
+    capture_output=True,
+    text=True,
+  )
   if p.returncode:
     return None, p.stderr[-3000:]
   return _code(open(cubin, "rb").read()), ""
@@ -93,16 +128,16 @@ def _sass(src: str, work: str, arch: int) -> tuple[str | None, str]:
 def _code(elf: bytes) -> str:
   """The machine code of a cubin (an ELF64 file): every .text* section, by name, as hex (nvcc
   without -lineinfo embeds no source names; cuobjdump is not needed)."""
-  shoff, = struct.unpack_from("<Q", elf, 0x28)
+  (shoff,) = struct.unpack_from("<Q", elf, 0x28)
   shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
   secs = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
   strtab = secs[shstrndx]
-  names = elf[strtab[4]:strtab[4] + strtab[5]]
+  names = elf[strtab[4] : strtab[4] + strtab[5]]
   out = []
   for name_off, kind, _, _, off, size in secs:
-    name = names[name_off:names.index(b"\0", name_off)].decode()
+    name = names[name_off : names.index(b"\0", name_off)].decode()
     if name.startswith((".text", ".nv.shared", ".nv.constant0", ".nv.info.")):
-      data = elf[off:off + size] if kind != 8 else b""  # 8: SHT_NOBITS (size only)
+      data = elf[off : off + size] if kind != 8 else b""  # 8: SHT_NOBITS (size only)
       out.append(f"{name} {size} {data.hex()}")
   return "\n".join(sorted(out))
 
@@ -119,8 +154,10 @@ def compare(before: str, after: str, arch: int, jobs: int) -> int:
     if a != b:
       differ.append(name)
       text[name] = (a, b)
-  print(f"{len(names) - len(differ)} of {len(names)} instances byte-identical; "
-        f"{len(differ)} differ", flush=True)
+  print(
+    f"{len(names) - len(differ)} of {len(names)} instances byte-identical; {len(differ)} differ",
+    flush=True,
+  )
   distinct = {}
   for a, b in text.values():
     distinct.setdefault(a, set()).add(b)
@@ -140,8 +177,10 @@ def compare(before: str, after: str, arch: int, jobs: int) -> int:
     elif sa != sb:
       bad += 1
       print(f"SASS DIFFERS {names_[0]} (+{len(names_) - 1} more)", file=sys.stderr)
-  print(f"{len(pairs) - bad} of {len(pairs)} differing pairs compile to identical SASS "
-        f"(sources in {work})")
+  print(
+    f"{len(pairs) - bad} of {len(pairs)} differing pairs compile to identical SASS "
+    f"(sources in {work})"
+  )
   return 1 if bad else 0
 
 

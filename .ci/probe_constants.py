@@ -13,16 +13,16 @@ first value of each being the baseline row. With --profile, one forward per sett
 cuProfilerStart and cuProfilerStop (run under ncu --profile-from-start off).
 Example (session 16's softmax tiers): rgat:synthetic:64:bfloat16 SOFTMAX_GROUP=8,4,16,32
 """
+
 import ctypes
 import itertools
 import sys
 
 import jax
+from profile_hector import build_step
 
 from jaxdata.hector.codegen import common, cuda
 from jaxdata.timing import median_seconds
-
-from profile_hector import build_step
 
 
 def main(cases: str, settings: list[str], profile: bool = False) -> None:
@@ -30,26 +30,33 @@ def main(cases: str, settings: list[str], profile: bool = False) -> None:
   values = [[int(v) for v in s.split("=")[1].split(",")] for s in settings]
   modules = {}
   for name in names:
-    modules[name] = next((m for m in (cuda, common) if isinstance(getattr(m, name, None), int)),
-                         None)
+    modules[name] = next(
+      (m for m in (cuda, common) if isinstance(getattr(m, name, None), int)), None
+    )
     if modules[name] is None:
       raise SystemExit(f"{name}: not an integer constant of jaxdata.hector.codegen.cuda or .common")
   cuda_lib = ctypes.CDLL("libcuda.so.1") if profile else None
   for case in cases.split(","):
     model, graph, dim, dtype, *rest = case.split(":")
     precision = rest[0] if rest else "default"
-    print(f"{model} {graph} dim {dim} {dtype} {precision}: {' '.join(names)}  forward ms  fwd+bwd ms",
-          flush=True)
+    print(
+      f"{model} {graph} dim {dim} {dtype} {precision}: {' '.join(names)}  forward ms  fwd+bwd ms",
+      flush=True,
+    )
     for setting in itertools.product(*values):
       for name, v in zip(names, setting):
         setattr(modules[name], name, v)
       jax.clear_caches()
-      steps = {mode: build_step(model, graph, int(dim), precision, dtype, mode)
-               for mode in ("inference", "train")}
-      times = [median_seconds(s.run, warmup=3, repeats=9, queued=20) * 1e3
-               for s in steps.values()]
-      print("  " + " ".join(f"{v:>{len(n)}d}" for n, v in zip(names, setting)),
-            f" {times[0]:10.3f}  {times[1]:10.3f}", flush=True)
+      steps = {
+        mode: build_step(model, graph, int(dim), precision, dtype, mode)
+        for mode in ("inference", "train")
+      }
+      times = [median_seconds(s.run, warmup=3, repeats=9, queued=20) * 1e3 for s in steps.values()]
+      print(
+        "  " + " ".join(f"{v:>{len(n)}d}" for n, v in zip(names, setting)),
+        f" {times[0]:10.3f}  {times[1]:10.3f}",
+        flush=True,
+      )
       if profile:
         cuda_lib.cuProfilerStart()
         jax.block_until_ready(steps["inference"].run())

@@ -8,6 +8,7 @@ once; the median of rounds), jaxdata's RGCN forward at precision "default" on th
 arguments: what a call costs before any kernel runs. If the floor is near the forward's time,
 the forward is bound by dispatch, not by its kernels.
 """
+
 import os
 import sys
 
@@ -25,18 +26,22 @@ def main(graph: str = "aifb", dim: int = 32) -> None:
   form = peers.jaxdata_formulation(g.hetero, precision=jax.lax.Precision.DEFAULT)
   args = form.graph_args
   leaves = len(jax.tree.leaves(args))
+  double_with_args = jax.jit(lambda x, w, g: x * 2).lower(x, w, args).compile()
+  double = jax.jit(lambda x: x * 2).lower(x).compile()
+  identity = jax.jit(lambda x: x).lower(x).compile()
   cases = {
-      "jaxdata forward": peers.compile_step(form, x, w, ct, mode="inference").run,
-      f"x * 2 with the same arguments ({leaves} graph arrays)": (
-          lambda f=jax.jit(lambda x, w, g: x * 2).lower(x, w, args).compile(): f(x, w, args)),
-      "x * 2 alone": (lambda f=jax.jit(lambda x: x * 2).lower(x).compile(): f(x)),
-      "x alone, no kernel (identity)": (lambda f=jax.jit(lambda x: x).lower(x).compile(): f(x)),
+    "jaxdata forward": peers.compile_step(form, x, w, ct, mode="inference").run,
+    f"x * 2 with the same arguments ({leaves} graph arrays)": lambda: double_with_args(x, w, args),
+    "x * 2 alone": lambda: double(x),
+    "x alone, no kernel (identity)": lambda: identity(x),
   }
   for name, run in cases.items():
     queued = median_seconds(run, warmup=3, repeats=15, queued=20)
     alone = median_seconds(run, warmup=3, repeats=15)
-    print(f"{graph} dim {dim}  {name:<52} queued {queued * 1e6:8.1f} us   alone {alone * 1e6:8.1f} us",
-          flush=True)
+    print(
+      f"{graph} dim {dim}  {name:<52} queued {queued * 1e6:8.1f} us   alone {alone * 1e6:8.1f} us",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

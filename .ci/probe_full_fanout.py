@@ -10,6 +10,7 @@ cummax), `block_graph` (lexsorts, argsorts, searchsorted, cumsums), for fanouts 
 
     python3 .ci/probe_full_fanout.py [--fanouts 20,683] [--runs 1]
 """
+
 import argparse
 import time
 
@@ -53,31 +54,54 @@ def main():
     nodes, mask = block.frontier(seeds)
     drawn = sample_neighbors(graph, jnp.where(mask, nodes, -1), (width,), key)
     shape = (nodes.shape[0], width)
-    nodes, mask, _ = block.expand(nodes, mask, drawn.nodes[1].reshape(shape),
-                                  drawn.masks[1].reshape(shape), drawn.etypes[1].reshape(shape))
+    nodes, mask, _ = block.expand(
+      nodes,
+      mask,
+      drawn.nodes[1].reshape(shape),
+      drawn.masks[1].reshape(shape),
+      drawn.etypes[1].reshape(shape),
+    )
     for fan in (int(f) for f in a.fanouts.split(",")):
-      print(f"second hop: {nodes.shape[0]} frontier slots x fanout {fan} = "
-            f"{nodes.shape[0] * fan} edge slots", flush=True)
-      draw = jax.jit(lambda g, n, m: sample_neighbors(g, jnp.where(m, n, -1), (fan,), key))
-      d = timed("sample_neighbors", a.runs, draw, graph, nodes, mask)
-      sh = (nodes.shape[0], fan)
-      ex = jax.jit(lambda n, m, d: block.expand(n, m, d.nodes[1].reshape(sh),
-                                                d.masks[1].reshape(sh), d.etypes[1].reshape(sh)))
-      nodes1, _, edges = timed("expand", a.runs, ex, nodes, mask, d)
-      bg = jax.jit(lambda e: block.block_graph(*e, num_nodes=nodes1.shape[0], num_relations=r))
-      timed("block_graph", a.runs, bg, edges)
-      rep = jax.jit(lambda c, v: block._representative(c, v))
-      cand = jnp.concatenate([nodes, d.nodes[1].reshape(-1)])
-      timed("  of expand: _representative", a.runs, rep, cand, cand >= 0)
-      src, dst, et, ok = edges
-      timed("  of block_graph: lexsort x3", a.runs, jax.jit(jnp.lexsort), (src, dst, et))
-      timed("  of block_graph: stable argsort", a.runs,
-            jax.jit(lambda k: jnp.argsort(k, stable=True)), src)
-      timed("  of block_graph: searchsorted", a.runs,
-            jax.jit(lambda s: jnp.searchsorted(s, jnp.arange(s.shape[0] + 1, dtype=s.dtype))),
-            jnp.sort(src))
-      timed("  of block_graph: cumsum", a.runs, jax.jit(jnp.cumsum), ok.astype(jnp.int32))
-      timed("  of expand: cummax", a.runs, jax.jit(jax.lax.cummax), src)
+      second_hop(graph, nodes, mask, key, r, fan, a.runs)
+
+
+def second_hop(graph, nodes, mask, key, r, fan, runs):
+  """Times the second hop at fanout `fan` and its parts, from the first hop's frontier."""
+  print(
+    f"second hop: {nodes.shape[0]} frontier slots x fanout {fan} = "
+    f"{nodes.shape[0] * fan} edge slots",
+    flush=True,
+  )
+  draw = jax.jit(lambda g, n, m: sample_neighbors(g, jnp.where(m, n, -1), (fan,), key))
+  d = timed("sample_neighbors", runs, draw, graph, nodes, mask)
+  sh = (nodes.shape[0], fan)
+  ex = jax.jit(
+    lambda n, m, d: block.expand(
+      n, m, d.nodes[1].reshape(sh), d.masks[1].reshape(sh), d.etypes[1].reshape(sh)
+    )
+  )
+  nodes1, _, edges = timed("expand", runs, ex, nodes, mask, d)
+  bg = jax.jit(lambda e: block.block_graph(*e, num_nodes=nodes1.shape[0], num_relations=r))
+  timed("block_graph", runs, bg, edges)
+  rep = jax.jit(lambda c, v: block._representative(c, v))
+  cand = jnp.concatenate([nodes, d.nodes[1].reshape(-1)])
+  timed("  of expand: _representative", runs, rep, cand, cand >= 0)
+  src, dst, et, ok = edges
+  timed("  of block_graph: lexsort x3", runs, jax.jit(jnp.lexsort), (src, dst, et))
+  timed(
+    "  of block_graph: stable argsort",
+    runs,
+    jax.jit(lambda k: jnp.argsort(k, stable=True)),
+    src,
+  )
+  timed(
+    "  of block_graph: searchsorted",
+    runs,
+    jax.jit(lambda s: jnp.searchsorted(s, jnp.arange(s.shape[0] + 1, dtype=s.dtype))),
+    jnp.sort(src),
+  )
+  timed("  of block_graph: cumsum", runs, jax.jit(jnp.cumsum), ok.astype(jnp.int32))
+  timed("  of expand: cummax", runs, jax.jit(jax.lax.cummax), src)
 
 
 if __name__ == "__main__":

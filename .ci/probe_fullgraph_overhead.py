@@ -5,6 +5,7 @@ with one part (jaxdata.train.rgcn.partitioned, K = 1), steady epoch times and lo
 what the partitioned code would cost there (shard_map over one device, the padding node,
 the slices). Usage: python3 .ci/probe_fullgraph_overhead.py [aifb.tgz] [epochs]
 """
+
 import dataclasses
 import sys
 
@@ -24,8 +25,12 @@ for data in datas:
   one = rgcn.train(dataset, config)
   part = partitioned.train(dataset, dataclasses.replace(config, devices=1))
   steady = lambda r: np.median([h["seconds"] for h in r.history[2:]]) * 1e3  # noqa: E731
-  loss_gap = max(abs(a["loss"] - b["loss"]) / abs(a["loss"])
-                 for a, b in zip(one.history, part.history))
-  print(f"{dataset.name}: single-device path {steady(one):.2f} ms/epoch, partitioned K=1 "
-        f"{steady(part):.2f} ms/epoch; largest relative loss gap {loss_gap:.2e}; test acc "
-        f"{one.test_accuracy:.4f} / {part.test_accuracy:.4f}", flush=True)
+  loss_gap = max(
+    abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one.history, part.history)
+  )
+  print(
+    f"{dataset.name}: single-device path {steady(one):.2f} ms/epoch, partitioned K=1 "
+    f"{steady(part):.2f} ms/epoch; largest relative loss gap {loss_gap:.2e}; test acc "
+    f"{one.test_accuracy:.4f} / {part.test_accuracy:.4f}",
+    flush=True,
+  )

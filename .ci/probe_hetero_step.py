@@ -10,6 +10,7 @@ of (4) against (2) + (3) says what, if anything, overlaps). Then the whole step'
 
     python3 .ci/probe_hetero_step.py [scale] [steps]
 """
+
 import collections
 import glob
 import shutil
@@ -70,11 +71,14 @@ def main():
   fanouts, batch = (10, 10), 1024
   rng = np.random.default_rng(0)
   train = np.asarray(ds.train_papers)
-  seeds = [jnp.asarray(rng.choice(train, batch, replace=len(train) < batch).astype(np.int32))
-           for _ in range(steps + 1)]
+  seeds = [
+    jnp.asarray(rng.choice(train, batch, replace=len(train) < batch).astype(np.int32))
+    for _ in range(steps + 1)
+  ]
   keys = [jax.random.key(i) for i in range(steps + 1)]
   labels = jnp.asarray(ds.labels)
   with hetero.HostData(ds, "host", model) as data:
+
     @jax.jit
     def sample_only(s, k):
       return sample_blocks(data.host, s, fanouts, k, num_relations=data.num_relations)
@@ -103,16 +107,22 @@ def main():
 
     prepared = [data_path(seeds[i], keys[i]) for i in range(steps + 1)]
     jax.block_until_ready(prepared)
-    phases = {"sample only": (sample_only, lambda i: (seeds[i], keys[i])),
-              "sample + gathers (the data path)": (data_path, lambda i: (seeds[i], keys[i])),
-              "model fwd+bwd+Adam on prepared inputs": (
-                  compute, lambda i: (model, optimizer, *prepared[i], seeds[i])),
-              "whole step": (whole, lambda i: (model, optimizer, seeds[i], keys[i]))}
+    phases = {
+      "sample only": (sample_only, lambda i: (seeds[i], keys[i])),
+      "sample + gathers (the data path)": (data_path, lambda i: (seeds[i], keys[i])),
+      "model fwd+bwd+Adam on prepared inputs": (
+        compute,
+        lambda i: (model, optimizer, *prepared[i], seeds[i]),
+      ),
+      "whole step": (whole, lambda i: (model, optimizer, seeds[i], keys[i])),
+    }
     blocks = prepared[0][0]
     slots = [int(m.sum()) for m in blocks.masks]
     edges = [int((np.asarray(g.norm) > 0).sum()) for g in blocks.graphs]
-    print(f"synthetic_mag scale {scale}: fanouts {fanouts}, {batch} seeds; frontier slots used "
-          f"{slots} of {[m.shape[0] for m in blocks.masks]}; sampled edges per hop {edges}")
+    print(
+      f"synthetic_mag scale {scale}: fanouts {fanouts}, {batch} seeds; frontier slots used "
+      f"{slots} of {[m.shape[0] for m in blocks.masks]}; sampled edges per hop {edges}"
+    )
     print(f"{'':40s} {'wall ms/call':>12s} {'GPU kernel ms/call':>19s}")
     profiles = {}
     for name, (fn, args) in phases.items():

@@ -23,6 +23,8 @@ kernels'. This times, interleaved over rounds (each round 20 calls queued, waite
 Each variant's compiled program is also summarized: how many parameters and top-level
 instructions (kernels, custom calls) its optimized HLO has.
 """
+
+import functools
 import os
 import re
 import statistics
@@ -41,10 +43,16 @@ ROUNDS = int(os.environ.get("PROBE_ROUNDS", 7))
 
 def summary(compiled) -> str:
   text = compiled.as_text()
-  entry = text[text.rfind("ENTRY"):]
+  entry = text[text.rfind("ENTRY") :]
   params = len(re.findall(r"\bparameter\(", entry))
-  ops = [m.group(1) for m in re.finditer(r"= [^ ]+ (fusion|custom-call|copy|slice|concatenate"
-                                         r"|reduce-window|reduce|add|compare)\(", entry)]
+  ops = [
+    m.group(1)
+    for m in re.finditer(
+      r"= [^ ]+ (fusion|custom-call|copy|slice|concatenate"
+      r"|reduce-window|reduce|add|compare)\(",
+      entry,
+    )
+  ]
   return f"{params} params, ops: " + ", ".join(f"{o} x{ops.count(o)}" for o in sorted(set(ops)))
 
 
@@ -72,41 +80,58 @@ def main(graphs) -> None:
     g, why = rgnn.load_graph(name, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
     assert g is not None, why
     x, w, ct = jax.device_put(rgnn.case_arrays(g, 32), jax.devices()[0])
-    pyg = peers.time_pyg(g.src, g.dst, g.etype, *rgnn.case_arrays(g, 32), mode="inference",
-                         layer="FastRGCNConv", repeats=ROUNDS).seconds
+    pyg = peers.time_pyg(
+      g.src,
+      g.dst,
+      g.etype,
+      *rgnn.case_arrays(g, 32),
+      mode="inference",
+      layer="FastRGCNConv",
+      repeats=ROUNDS,
+    ).seconds
     form = peers.jaxdata_formulation(g.hetero, precision=jax.lax.Precision.DEFAULT)
     args = form.graph_args
     leaves = jax.tree.leaves(args)
     cases, reference = {}, None
-    for label, kw in (("jaxdata forward, as is", {}),
-                      ("  tiles by jnp.cumsum", dict(cumsum=True)),
-                      ("  GEMM reading the mask", dict(mask=True)),
-                      ("  both (session 25)", dict(cumsum=True, mask=True))):
+    for label, kw in (
+      ("jaxdata forward, as is", {}),
+      ("  tiles by jnp.cumsum", dict(cumsum=True)),
+      ("  GEMM reading the mask", dict(mask=True)),
+      ("  both (session 25)", dict(cumsum=True, mask=True)),
+    ):
       run, out, about = forward(form, x, w, ct, **kw)
       if reference is None:
         reference = out
       err = float(jnp.max(jnp.abs(out - reference)))
       cases[label] = (run, f"{about}; max |diff| vs as is {err:.1e}")
     f = jax.jit(lambda x: x * 2).lower(x).compile()
-    cases["x * 2 alone"] = (lambda: f(x), summary(f))
+    cases["x * 2 alone"] = (functools.partial(f, x), summary(f))
     f17 = jax.jit(lambda x, w, g: x * 2).lower(x, w, args).compile()
-    cases["x * 2, the same 19 arguments, unused"] = (lambda: f17(x, w, args), summary(f17))
+    cases["x * 2, the same 19 arguments, unused"] = (
+      functools.partial(f17, x, w, args),
+      summary(f17),
+    )
     k17 = jax.jit(lambda x, w, g: x * 2, keep_unused=True).lower(x, w, args).compile()
-    cases["x * 2, the same 19 arguments, kept"] = (lambda: k17(x, w, args), summary(k17))
+    cases["x * 2, the same 19 arguments, kept"] = (functools.partial(k17, x, w, args), summary(k17))
     four = leaves[:4]
     k4 = jax.jit(lambda x, w, g: x * 2, keep_unused=True).lower(x, w, four).compile()
-    cases["x * 2, x, W and 4 graph arrays, kept"] = (lambda: k4(x, w, four), summary(k4))
+    cases["x * 2, x, W and 4 graph arrays, kept"] = (functools.partial(k4, x, w, four), summary(k4))
     times = {label: [] for label in cases}
     for _ in range(ROUNDS):
       for label, (run, _) in cases.items():
         times[label].append(median_seconds(run, warmup=3, repeats=5, queued=20))
-    print(f"\n{name}: {g.num_nodes:,} nodes, {len(g.src):,} edges; PyG FastRGCNConv "
-          f"{pyg * 1e6:.1f} us per forward; 10x needs {pyg * 1e5:.1f} us", flush=True)
+    print(
+      f"\n{name}: {g.num_nodes:,} nodes, {len(g.src):,} edges; PyG FastRGCNConv "
+      f"{pyg * 1e6:.1f} us per forward; 10x needs {pyg * 1e5:.1f} us",
+      flush=True,
+    )
     for label, (_, about) in cases.items():
       med, best = statistics.median(times[label]) * 1e6, min(times[label]) * 1e6
       ratio = f"{pyg * 1e6 / med:5.2f}x PyG" if label.startswith(("jaxdata", "  ")) else " " * 11
-      print(f"  {label:<42} median {med:7.1f} us  fastest {best:7.1f} us  {ratio}  [{about}]",
-            flush=True)
+      print(
+        f"  {label:<42} median {med:7.1f} us  fastest {best:7.1f} us  {ratio}  [{about}]",
+        flush=True,
+      )
 
 
 if __name__ == "__main__":

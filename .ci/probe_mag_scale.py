@@ -3,6 +3,7 @@ edges, features), the sorts, HeteroGraph, HostGraph.from_hetero; and the process
 
     python3 .ci/probe_mag_scale.py 10 [threads]
 """
+
 import resource
 import sys
 import time
@@ -20,6 +21,7 @@ def _timed(name, fn):
       return fn(*args, **kwargs)
     finally:
       _seconds[name] = _seconds.get(name, 0.0) + time.perf_counter() - t0
+
   return wrapper
 
 
@@ -32,8 +34,10 @@ def main():
   t0 = time.perf_counter()
   ds = mag.synthetic_mag(scale=scale, threads=threads)
   t1 = time.perf_counter()
-  print(f"synthetic_mag(scale={scale:g}, threads={threads or mag._threads(None)}): "
-        f"{t1 - t0:.1f} s wall; {ds!r}")
+  print(
+    f"synthetic_mag(scale={scale:g}, threads={threads or mag._threads(None)}): "
+    f"{t1 - t0:.1f} s wall; {ds!r}"
+  )
   print("  summed seconds per helper:", {k: round(v, 2) for k, v in _seconds.items()})
   host = HostGraph.from_hetero(ds.graph)
   t2 = time.perf_counter()

@@ -40,6 +40,7 @@ hand-made graph: light nodes with a few random in-edges each, plus one hub per
     python3 .ci/probe_rgat_precision.py --graph hubs --hub-degrees 100,1000,10000,25000
     python3 .ci/probe_rgat_precision.py --reference transform-all-then-gather   # on an H200
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,19 +62,32 @@ def parse(argv=None):
   p.add_argument("--nodes", type=int, default=None)
   p.add_argument("--edges", type=int, default=None)
   p.add_argument("--relations", type=int, default=None)
-  p.add_argument("--hub-degrees", default="100,1000,10000,25000",
-                 help="hubs graph: the in-degree of each hub, comma-separated")
+  p.add_argument(
+    "--hub-degrees",
+    default="100,1000,10000,25000",
+    help="hubs graph: the in-degree of each hub, comma-separated",
+  )
   p.add_argument("--light-degree", type=int, default=5, help="hubs graph: light in-degree")
   p.add_argument("--dim", type=int, default=64)
   p.add_argument("--heads", type=int, default=4)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--reference", default="grouped",
-                 help="grouped, or a name from jaxdata.reference.attention.RGAT")
+  p.add_argument(
+    "--reference",
+    default="grouped",
+    help="grouped, or a name from jaxdata.reference.attention.RGAT",
+  )
   p.add_argument("--block", type=int, default=512, help="grouped: edges per block")
-  p.add_argument("--check", action="store_true",
-                 help="first compare grouped with transform-all-then-gather on a small graph")
-  p.add_argument("--kink", type=float, default=1e-5,
-                 help="report edges whose float64 score is this close to the leaky ReLU's kink")
+  p.add_argument(
+    "--check",
+    action="store_true",
+    help="first compare grouped with transform-all-then-gather on a small graph",
+  )
+  p.add_argument(
+    "--kink",
+    type=float,
+    default=1e-5,
+    help="report edges whose float64 score is this close to the leaky ReLU's kink",
+  )
   p.add_argument("--json", help="write the numbers here")
   p.add_argument("--truth-out", help=argparse.SUPPRESS)  # the float64 subprocess
   return p.parse_args(argv)
@@ -87,6 +101,7 @@ def hubs_graph(hub_degrees, light_degree, num_nodes, num_relations, seed):
   """Light nodes with `light_degree` random in-edges each (sources and relations uniform), plus
   one hub per entry of `hub_degrees` with that many in-edges; the hubs are the last nodes."""
   from jaxdata.data import HeteroGraph  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(seed)
   hubs = len(hub_degrees)
   light = num_nodes - hubs
@@ -95,21 +110,28 @@ def hubs_graph(hub_degrees, light_degree, num_nodes, num_relations, seed):
   dst = np.concatenate(dst)
   src = rng.integers(0, num_nodes, dst.size)
   etype = rng.integers(0, num_relations, dst.size)
-  return HeteroGraph.from_edges(src, dst, etype, num_nodes=num_nodes,
-                                relation_names=[f"r{i}" for i in range(num_relations)])
+  return HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=num_nodes, relation_names=[f"r{i}" for i in range(num_relations)]
+  )
 
 
 def load(args):
   """The `rgnn_attention.Case` of the graph asked for."""
-  from jaxdata.bench import rgnn, rgnn_attention as attention  # pylint: disable=g-import-not-at-top
+  from jaxdata.bench import rgnn  # pylint: disable=g-import-not-at-top
+  from jaxdata.bench import rgnn_attention as attention
+
   if args.graph == "bench":
     sizes = dict(attention.SYNTHETIC)
-    for k, v in (("num_nodes", args.nodes), ("num_edges", args.edges),
-                 ("num_relations", args.relations)):
+    for k, v in (
+      ("num_nodes", args.nodes),
+      ("num_edges", args.edges),
+      ("num_relations", args.relations),
+    ):
       if v is not None:
         sizes[k] = v
-    graph, why = rgnn.load_graph("synthetic", data_dir=None, quick=False, seed=args.seed,
-                                 synthetic=sizes)
+    graph, why = rgnn.load_graph(
+      "synthetic", data_dir=None, quick=False, seed=args.seed, synthetic=sizes
+    )
     if graph is None:
       raise SystemExit(f"probe_rgat_precision: the bench graph: {why}")
     return attention.Case(graph)
@@ -136,7 +158,7 @@ def grouped_blocks(etype: np.ndarray, num_relations: int, block: int):
   for r in range(num_relations):
     e0, e1 = starts[r], starts[r + 1]
     s0 = b * block
-    slots[s0:s0 + (e1 - e0)] = np.arange(e0, e1)
+    slots[s0 : s0 + (e1 - e0)] = np.arange(e0, e1)
     edge_slot[e0:e1] = np.arange(s0, s0 + (e1 - e0))
     b += per_rel[r]
   return slots, rel, edge_slot
@@ -146,6 +168,7 @@ def grouped(block: int):
   """rgat_grouped(src, dst, etype, x, params, *, precision): the reference's RGAT with its matmuls
   done per block of one relation (needs edges sorted by relation, as `Edges.build` sorts)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
 
   def fn(src, dst, etype, x, params, *, precision=None, blocks=None):
@@ -160,9 +183,13 @@ def grouped(block: int):
       return v[take].reshape(nb, block, -1)
 
     xs, xd = rows(x[src]), rows(x[dst])
-    mm = lambda a, w: jnp.einsum("nbd,ndf->nbf", a, w, precision=precision,  # noqa: E731
-                                 preferred_element_type=acc)
-    back = lambda v: v.reshape(nb * block, -1)[edge_slot]  # noqa: E731
+
+    def mm(a, w):
+      return jnp.einsum("nbd,ndf->nbf", a, w, precision=precision, preferred_element_type=acc)
+
+    def back(v):
+      return v.reshape(nb * block, -1)[edge_slot]
+
     messages = back(mm(xs, params.w[rel]).astype(x.dtype))
     scores = back(mm(xs, fold_src.astype(x.dtype)[rel]) + mm(xd, fold_dst.astype(x.dtype)[rel]))
     return ref._rgat_finish(scores, messages, dst, n, params.heads, x.dtype)  # pylint: disable=protected-access
@@ -173,7 +200,9 @@ def grouped(block: int):
 def plain(name: str, edges, block: int):
   """message(edges, x, params) for the plain-JAX formulation `name`."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
+
   if name == "grouped":
     et = np.asarray(edges.etype)
     blocks = grouped_blocks(et, int(et.max()) + 1 if et.size else 1, block)
@@ -192,14 +221,20 @@ def step(message, edges, x, params, ct):
   def loss(x, p):
     out = message(edges, x, p)
     return jnp.vdot(out, ct.astype(out.dtype)), out
+
   (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(x, params)
   return out, grads
 
 
 def as_dict(out, grads):
   dx, dp = grads
-  return {"out": np.asarray(out), "dx": np.asarray(dx), "dW": np.asarray(dp.w),
-          "da_src": np.asarray(dp.a_src), "da_dst": np.asarray(dp.a_dst)}
+  return {
+    "out": np.asarray(out),
+    "dx": np.asarray(dx),
+    "dW": np.asarray(dp.w),
+    "da_src": np.asarray(dp.a_src),
+    "da_dst": np.asarray(dp.a_dst),
+  }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -208,6 +243,7 @@ def as_dict(out, grads):
 
 def arrays(args, case):
   from jaxdata.bench import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
+
   return attention.case_arrays("rgat", case, args.dim, args.heads, seed=args.seed)
 
 
@@ -215,17 +251,25 @@ def truth(args):
   """(c): in this process, which the parent started with JAX_ENABLE_X64=1."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
+
   assert jax.config.jax_enable_x64, "the truth needs JAX_ENABLE_X64=1"
   case = load(args)
   g = case.graph
   x, p, ct = arrays(args, case)
-  edges = ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                          num_relations=g.num_relations)
+  edges = ref.Edges.build(
+    g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations
+  )
   wide = lambda a: jnp.asarray(a, jnp.float64)  # noqa: E731
   message = plain(args.reference, edges, args.block)
-  out, grads = step(lambda e, x, p: message(e, x, p, precision=jax.lax.Precision.HIGHEST), edges,
-                    wide(x), jax.tree.map(wide, p), wide(ct))
+  out, grads = step(
+    lambda e, x, p: message(e, x, p, precision=jax.lax.Precision.HIGHEST),
+    edges,
+    wide(x),
+    jax.tree.map(wide, p),
+    wide(ct),
+  )
   np.savez(args.truth_out, **as_dict(out, grads))
 
 
@@ -245,8 +289,10 @@ def run_truth(args) -> dict:
 def float32_runs(args, case):
   """(a) and (b): {"hector": {...}, "plain": {...}}."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from jaxdata.bench import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
+
   hi = jax.lax.Precision.HIGHEST
   g = case.graph
   x, p, ct = jax.device_put(arrays(args, case))
@@ -255,8 +301,9 @@ def float32_runs(args, case):
   t = time.perf_counter()
   out["hector"] = as_dict(*step(form.message, form.graph_args, x, p, ct))
   print(f"  (a) hector float32 highest: {time.perf_counter() - t:.1f} s", flush=True)
-  edges = ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                          num_relations=g.num_relations)
+  edges = ref.Edges.build(
+    g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations
+  )
   message = plain(args.reference, edges, args.block)
   t = time.perf_counter()
   out["plain"] = as_dict(*step(lambda e, x, p: message(e, x, p, precision=hi), edges, x, p, ct))
@@ -267,20 +314,26 @@ def float32_runs(args, case):
 def check_grouped(args):
   """grouped against transform-all-then-gather, float32 highest, on a small bench-like graph."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
-  small = argparse.Namespace(**{**vars(args), "graph": "bench", "nodes": 2000, "edges": 20000,
-                                "relations": 20})
+
+  small = argparse.Namespace(
+    **{**vars(args), "graph": "bench", "nodes": 2000, "edges": 20000, "relations": 20}
+  )
   case = load(small)
   g = case.graph
   x, p, ct = arrays(small, case)
-  edges = ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                          num_relations=g.num_relations)
+  edges = ref.Edges.build(
+    g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations
+  )
   hi = jax.lax.Precision.HIGHEST
   runs = {}
   for name in ("grouped", "transform-all-then-gather"):
     m = plain(name, edges, 64)
     runs[name] = as_dict(*step(lambda e, x, p, m=m: m(e, x, p, precision=hi), edges, x, p, ct))
-  worst = max(rel(runs["grouped"][k], runs["transform-all-then-gather"][k]) for k in runs["grouped"])
+  worst = max(
+    rel(runs["grouped"][k], runs["transform-all-then-gather"][k]) for k in runs["grouped"]
+  )
   print(f"check: grouped vs transform-all-then-gather (float32 highest, 20K edges): {worst:.1e}")
   if worst > 1e-5:
     raise SystemExit("probe_rgat_precision: grouped does not compute the reference's RGAT")
@@ -317,6 +370,7 @@ def scores64(args, case) -> np.ndarray:
   """Every edge's score before the leaky ReLU in float64 NumPy (edge order of the graph):
   `jaxdata.reference.attention.rgat_scores_float64`, which `jaxdata bench tensor-cores` uses too."""
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
+
   g = case.graph
   x, p, _ = arrays(args, case)
   return ref.rgat_scores_float64(g.src, g.dst, g.etype, x, p)
@@ -347,28 +401,45 @@ def report(args, case, runs, true) -> dict:
   g = case.graph
   in_degree = np.bincount(np.asarray(g.dst), minlength=g.num_nodes)
   out_degree = np.bincount(np.asarray(g.src), minlength=g.num_nodes)
-  result = {"graph": case.describe(), "dim": args.dim, "heads": args.heads,
-            "reference": args.reference, "max_in_degree": int(in_degree.max()), "errors": {},
-            "by_degree": {}}
+  result = {
+    "graph": case.describe(),
+    "dim": args.dim,
+    "heads": args.heads,
+    "reference": args.reference,
+    "max_in_degree": int(in_degree.max()),
+    "errors": {},
+    "by_degree": {},
+  }
   print(f"\nmax |d - d64| / max |d64| (d64: {args.reference} in float64)")
   print(f"  {'':8s} {'(a) hector':>12s} {'(b) plain':>12s}   max |d64|")
   for k in true:
     ea, eb = rel(runs["hector"][k], true[k]), rel(runs["plain"][k], true[k])
     result["errors"][k] = {"hector": ea, "plain": eb, "max_abs": float(np.abs(true[k]).max())}
     print(f"  {k:8s} {ea:12.2e} {eb:12.2e}   {np.abs(true[k]).max():.3e}")
-  print(f"  (a) vs (b) dx, as the bench compares them: {rel(runs['hector']['dx'], runs['plain']['dx']):.2e}")
   result["hector_vs_plain_dx"] = rel(runs["hector"]["dx"], runs["plain"]["dx"])
+  print(f"  (a) vs (b) dx, as the bench compares them: {result['hector_vs_plain_dx']:.2e}")
   near, nodes, rels, z = kinks(args, case, args.kink)
-  result["kink"] = {"tol": args.kink, "edges": near.tolist(), "nodes": nodes.tolist(),
-                    "relations": rels.tolist(),
-                    "z64": [z[e].tolist() for e in near[:20]], "errors": {}}
-  print(f"\nedges with |z64| < {args.kink:g} for some head (the leaky ReLU's kink: float32 "
-        f"rounding of z may take the other slope there): {near.size} of {z.shape[0]:,}")
+  result["kink"] = {
+    "tol": args.kink,
+    "edges": near.tolist(),
+    "nodes": nodes.tolist(),
+    "relations": rels.tolist(),
+    "z64": [z[e].tolist() for e in near[:20]],
+    "errors": {},
+  }
+  print(
+    f"\nedges with |z64| < {args.kink:g} for some head (the leaky ReLU's kink: float32 "
+    f"rounding of z may take the other slope there): {near.size} of {z.shape[0]:,}"
+  )
   for e in near[:10]:
-    print(f"  edge {e}: {int(case.graph.src[e])} -> {int(case.graph.dst[e])}, relation "
-          f"{int(case.graph.etype[e])}, z64 = {np.array2string(z[e], precision=3)}")
-  print(f"errors without the rows those edges touch (dx, out: their {nodes.size} end nodes; "
-        f"dW, da_src, da_dst: their {rels.size} relations):")
+    print(
+      f"  edge {e}: {int(case.graph.src[e])} -> {int(case.graph.dst[e])}, relation "
+      f"{int(case.graph.etype[e])}, z64 = {np.array2string(z[e], precision=3)}"
+    )
+  print(
+    f"errors without the rows those edges touch (dx, out: their {nodes.size} end nodes; "
+    f"dW, da_src, da_dst: their {rels.size} relations):"
+  )
   print(f"  {'':8s} {'(a) hector':>12s} {'(b) plain':>12s}")
   for k in true:
     rows = nodes if k in ("dx", "out") else rels
@@ -376,20 +447,29 @@ def report(args, case, runs, true) -> dict:
     result["kink"]["errors"][k] = {"hector": ea, "plain": eb}
     print(f"  {k:8s} {ea:12.2e} {eb:12.2e}")
   for k in ("dx", "out"):
-    print(f"\n{k} per node in-degree bucket: max error (of max |{k}64| overall), "
-          f"max |{k}64| in the bucket")
+    print(
+      f"\n{k} per node in-degree bucket: max error (of max |{k}64| overall), "
+      f"max |{k}64| in the bucket"
+    )
     result["by_degree"][k] = {}
     for who in ("hector", "plain"):
       rows, worst = by_degree(runs[who][k], true[k], in_degree)
-      result["by_degree"][k][who] = {"rows": rows, "worst_node": worst,
-                                     "worst_in_degree": int(in_degree[worst]),
-                                     "worst_out_degree": int(out_degree[worst])}
-      print(f"  {who}: " + "; ".join(f"[{lab}] {n} nodes {e:.1e} (|{k}64| {m:.2f})"
-                                     for lab, n, e, m in rows))
+      result["by_degree"][k][who] = {
+        "rows": rows,
+        "worst_node": worst,
+        "worst_in_degree": int(in_degree[worst]),
+        "worst_out_degree": int(out_degree[worst]),
+      }
+      print(
+        f"  {who}: "
+        + "; ".join(f"[{lab}] {n} nodes {e:.1e} (|{k}64| {m:.2f})" for lab, n, e, m in rows)
+      )
       at_kink = "an end of an edge at the kink" if worst in set(nodes.tolist()) else "no kink edge"
       result["by_degree"][k][who]["worst_at_kink"] = at_kink != "no kink edge"
-      print(f"    worst at node {worst}: in-degree {in_degree[worst]}, out-degree "
-            f"{out_degree[worst]} ({at_kink})")
+      print(
+        f"    worst at node {worst}: in-degree {in_degree[worst]}, out-degree "
+        f"{out_degree[worst]} ({at_kink})"
+      )
   return result
 
 
@@ -399,8 +479,10 @@ def main(argv=None) -> int:
     truth(args)
     return 0
   import jax  # pylint: disable=g-import-not-at-top
-  print(f"probe_rgat_precision: jax {jax.__version__} on {jax.devices()[0].device_kind}",
-        flush=True)
+
+  print(
+    f"probe_rgat_precision: jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True
+  )
   if args.check:
     check_grouped(args)
   case = load(args)

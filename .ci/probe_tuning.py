@@ -8,15 +8,15 @@ Usage (on the GPU machine, after `bash .ci/gpu build`):
 CASES: model:graph:dim:dtype[:precision], comma-separated (as .ci/probe_constants.py).
 Choice files already in the cache are deleted first, so every kernel is tuned in this run.
 """
+
 import os
 import sys
 
 import jax
+from profile_hector import build_step
 
 from jaxdata.hector import compiler, tuning
 from jaxdata.timing import median_seconds
-
-from profile_hector import build_step
 
 
 def main(cases: str) -> None:
@@ -42,15 +42,20 @@ def main(cases: str) -> None:
       step = build_step(model, graph, int(dim), precision, dtype, "train")
       jax.block_until_ready(step.run())  # tunes (setting 1)
       times[setting] = median_seconds(step.run, warmup=3, repeats=9, queued=20) * 1e3
-    print(f"{model} {graph} dim {dim} {dtype} {precision}: fwd+bwd {times['0']:.3f} ms default "
-          f"tilings, {times['1']:.3f} ms tuned ({times['0'] / times['1']:.3f}x)", flush=True)
+    print(
+      f"{model} {graph} dim {dim} {dtype} {precision}: fwd+bwd {times['0']:.3f} ms default "
+      f"tilings, {times['1']:.3f} ms tuned ({times['0'] / times['1']:.3f}x)",
+      flush=True,
+    )
     for path, (label, tilings) in made.items():
       choice = tuning.read_choice(path, len(tilings))
       if choice is None:
         print(f"  {label[:90]}: no choice recorded", flush=True)
         continue
-      cells = ", ".join(f"{'*' if i == choice.index else ''}{t}: {us:.1f} us"
-                        for i, (t, us) in enumerate(zip(tilings, choice.times_us)))
+      cells = ", ".join(
+        f"{'*' if i == choice.index else ''}{t}: {us:.1f} us"
+        for i, (t, us) in enumerate(zip(tilings, choice.times_us))
+      )
       print(f"  {label[:90]}\n    {cells}", flush=True)
 
 

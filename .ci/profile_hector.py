@@ -9,6 +9,7 @@ dim, then runs it once between cuProfilerStart and cuProfilerStop, so ncu sees e
 step's kernels (hector's generated kernels are all named jaxdata_hector_kernel; their order
 is the plan's, printed first).
 """
+
 import ctypes
 import os
 import sys
@@ -16,14 +17,18 @@ import sys
 import jax
 
 from jaxdata.bench import rgnn, rgnn_attention
-
 from jaxdata.bench import rgnn_peers as peers
-
 from jaxdata.reference import rgcn as rgcn_ref
 
 
-def build_step(model: str, graph: str, dim: int, precision: str = "highest",
-               dtype: str = "float32", mode: str = "train"):
+def build_step(
+  model: str,
+  graph: str,
+  dim: int,
+  precision: str = "highest",
+  dtype: str = "float32",
+  mode: str = "train",
+):
   """The compiled step of `jaxdata bench rgnn` (`peers.compile_step`) for one layer, graph and
   dim: `precision` is the layer's matmul precision and `dtype` that of x and the weights (the
   tensor-core kernels run unless JAXDATA_HECTOR_TENSOR_CORES=0); `mode` "train" is a forward +
@@ -49,8 +54,14 @@ def build_step(model: str, graph: str, dim: int, precision: str = "highest",
   return peers.compile_step(form, x, w, ct, mode=mode)
 
 
-def main(model: str, graph: str, dim: int, precision: str = "highest",
-         dtype: str = "float32", mode: str = "train") -> None:
+def main(
+  model: str,
+  graph: str,
+  dim: int,
+  precision: str = "highest",
+  dtype: str = "float32",
+  mode: str = "train",
+) -> None:
   """One step of `build_step(...)` between cuProfilerStart and cuProfilerStop."""
   compiled = build_step(model, graph, dim, precision, dtype, mode)
   for _ in range(3):
@@ -72,38 +83,52 @@ def _print_plans() -> None:
   """The kernel instances of every plan built so far, in launch order."""
   from jaxdata import hector  # pylint: disable=g-import-not-at-top
   from jaxdata.hector import compiled as hc  # pylint: disable=g-import-not-at-top
+
   seen = set()
   for mod in (hector, *(getattr(hector, m) for m in ("rgcn", "rgat", "hgt"))):
     for layer in vars(mod).values():
       if isinstance(layer, hc.Layer) and id(layer) not in seen:
         seen.add(id(layer))
         for plan in layer._plans.values():  # pylint: disable=protected-access
-          for title, kernels in (("forward", plan.forward_kernels),
-                                 ("backward", plan.backward_kernels)):
+          for title, kernels in (
+            ("forward", plan.forward_kernels),
+            ("backward", plan.backward_kernels),
+          ):
             # the output's domain and feature shape tell the grids of ncu's table apart
-            print(f"{title} kernels:", *(f"{k}   -> {k.output.domain} {k.output.shape}"
-                                         for k in kernels), sep="\n  ")
+            print(
+              f"{title} kernels:",
+              *(f"{k}   -> {k.output.domain} {k.output.shape}" for k in kernels),
+              sep="\n  ",
+            )
 
 
 def latency_vs_throughput(graph: str, dims: str) -> None:
   """jaxdata and transform-all-then-gather (precision highest, as `jaxdata bench rgnn` runs it):
   one step waited for alone against 20 steps queued back to back and waited for once."""
   from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
+
   g, why = rgnn.load_graph(graph, data_dir=os.environ.get("JAXDATA_DATA_DIR"), quick=False)
   assert g is not None, why
-  edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                                 num_relations=g.num_relations, norm=g.norm)
+  edges = rgcn_ref.EdgeArrays.build(
+    g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations, norm=g.norm
+  )
   for dim in map(int, dims.split(",")):
     x, w, ct = jax.device_put(rgnn.case_arrays(g, dim), jax.devices()[0])
     forms = [peers.jaxdata_formulation(g.hetero)]
-    forms.append(peers.plain_jax("transform-all-then-gather", edges, g.num_nodes,
-                                 precision=jax.lax.Precision.HIGHEST))
+    forms.append(
+      peers.plain_jax(
+        "transform-all-then-gather", edges, g.num_nodes, precision=jax.lax.Precision.HIGHEST
+      )
+    )
     for form in forms:
       c = peers.compile_step(form, x, w, ct)
       one = median_seconds(c.run, warmup=3, repeats=15)
       many = median_seconds(c.run, warmup=3, repeats=15, queued=20)
-      print(f"{graph} dim {dim} {form.name:<28} alone {one * 1e3:7.3f} ms   queued {many * 1e3:7.3f} ms",
-            flush=True)
+      print(
+        f"{graph} dim {dim} {form.name:<28} alone {one * 1e3:7.3f} ms   "
+        f"queued {many * 1e3:7.3f} ms",
+        flush=True,
+      )
 
 
 #: the H200's DRAM bandwidth (HBM3e, bytes per second) for the roofline fraction in `summarize`
@@ -112,13 +137,15 @@ H200_DRAM_BYTES_PER_S = 4.8e12
 #: Nsight Compute's speed-of-light metrics (percent of each unit's peak) and their short names.
 #: `gpu__compute_memory_throughput` is the busiest memory level's (the largest of the others):
 #: the fraction of the roofline that binds a kernel that is memory-bound at some level.
-SOL = {"gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory",
-       "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram",
-       "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2",
-       "l1tex__throughput.avg.pct_of_peak_sustained_active": "L1",
-       "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM",
-       "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor",
-       "sm__warps_active.avg.pct_of_peak_sustained_active": "warps"}
+SOL = {
+  "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "memory",
+  "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram",
+  "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2",
+  "l1tex__throughput.avg.pct_of_peak_sustained_active": "L1",
+  "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM",
+  "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor",
+  "sm__warps_active.avg.pct_of_peak_sustained_active": "warps",
+}
 
 
 def summarize(path: str) -> None:
@@ -127,12 +154,14 @@ def summarize(path: str) -> None:
   metric by its full name, and the DRAM traffic per second (dram__bytes over the kernel's time)
   with its fraction of the H200's 4.8 TB/s, where the report has dram__bytes."""
   import csv  # pylint: disable=g-import-not-at-top
+
   with open(path) as f:
     lines = [l for l in f if l.startswith('"')]
   rows = {}
   for r in csv.DictReader(lines):
-    k = rows.setdefault(r["ID"], {"name": r["Kernel Name"][:32], "grid": r["Grid Size"],
-                                  "block": r["Block Size"]})
+    k = rows.setdefault(
+      r["ID"], {"name": r["Kernel Name"][:32], "grid": r["Grid Size"], "block": r["Block Size"]}
+    )
     k[r["Metric Name"]] = r["Metric Value"]
   num = lambda v: float(str(v or 0).replace(",", ""))  # noqa: E731
   total = sum(num(k.get("gpu__time_duration.sum")) for k in rows.values())
@@ -140,16 +169,22 @@ def summarize(path: str) -> None:
   for i, k in rows.items():
     t = num(k.get("gpu__time_duration.sum"))
     sol = [f"{short}={num(k[m]):.1f}" for m, short in SOL.items() if m in k]
-    levels = {short: num(k[m]) for m, short in SOL.items() if short in ("dram", "L2", "L1") and m in k}
+    levels = {
+      short: num(k[m]) for m, short in SOL.items() if short in ("dram", "L2", "L1") and m in k
+    }
     if levels:
       sol.append(f"binds={max(levels, key=levels.get)}")
-    other = [f"{m}={v}" for m, v in k.items() if m not in SOL and m not in
-             ("name", "grid", "block", "gpu__time_duration.sum")]
+    other = [
+      f"{m}={v}"
+      for m, v in k.items()
+      if m not in SOL and m not in ("name", "grid", "block", "gpu__time_duration.sum")
+    ]
     if "dram__bytes.sum" in k and t > 0:
       rate = num(k["dram__bytes.sum"]) / (t * 1e-9)
       other.append(f"dram={rate / 1e12:.2f}TB/s ({rate / H200_DRAM_BYTES_PER_S:.0%} of 4.8)")
-    print(f"{i:>4} {t / 1e3:9.1f} us {k['name']:<32} grid {k['grid']} block {k['block']}",
-          *sol, *other)
+    print(
+      f"{i:>4} {t / 1e3:9.1f} us {k['name']:<32} grid {k['grid']} block {k['block']}", *sol, *other
+    )
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
     python3 .ci/rok_plan.py "5x(offload[mlp]+in,offload[mlp]+in,offload[in]),keep[dots]" \
         --spill 768MiB --load 768MiB [--budget 0.1]
 
-A plan is policy names (`jaxdata.nn.gpt_plan.policy_named`), comma-separated, `Nx(...)` repeating a group;
-it must name one policy per layer. Each plan runs with a TensorStore capping spill staging at
---spill and loads held at --load; printed: step time against keep's, XLA's temporaries, the
-store's staging peak, and whether their sum fits --budget (a fraction of keep's memory).
+A plan is policy names (`jaxdata.nn.gpt_plan.policy_named`), comma-separated, `Nx(...)` repeating a
+group; it must name one policy per layer. Each plan runs with a TensorStore capping spill staging at
+--spill and loads held at --load; printed: step time against keep's, XLA's temporaries, the store's
+staging peak, and whether their sum fits --budget (a fraction of keep's memory).
 """
+
 import argparse
 import re
 
@@ -18,8 +19,8 @@ from jaxdata.timing import median_seconds
 
 
 def expand(text: str) -> list[str]:
-  while (m := re.search(r"(\d+)x\(([^()]*)\)", text)):
-    text = text[:m.start()] + ",".join([m.group(2)] * int(m.group(1))) + text[m.end():]
+  while m := re.search(r"(\d+)x\(([^()]*)\)", text):
+    text = text[: m.start()] + ",".join([m.group(2)] * int(m.group(1))) + text[m.end() :]
   out = []
   for part in text.split(","):
     m = re.fullmatch(r"(?:(\d+)x\s*)?(.+)", part.strip())
@@ -40,24 +41,29 @@ def main():
   fn, keep_temp, _ = rok._step(model, tokens, None)
   keep_s = median_seconds(fn, warmup=2, repeats=args.repeats)
   budget = args.budget * keep_temp
-  print(f"keep everything: {keep_s * 1e3:.1f} ms, {keep_temp / 2**30:.2f} GiB; budget "
-        f"{args.budget:g} x keep = {budget / 2**30:.2f} GiB")
+  print(
+    f"keep everything: {keep_s * 1e3:.1f} ms, {keep_temp / 2**30:.2f} GiB; budget "
+    f"{args.budget:g} x keep = {budget / 2**30:.2f} GiB"
+  )
   del fn
   for text in args.plans:
     names = expand(text)
     if len(names) != layers:
       raise SystemExit(f"{text!r}: {len(names)} policies for {layers} layers")
-    with offload.TensorStore(ram_bytes=16 << 30, device_bytes=args.spill,
-                             load_bytes=args.load) as store:
+    with offload.TensorStore(
+      ram_bytes=16 << 30, device_bytes=args.spill, load_bytes=args.load
+    ) as store:
       plan = [gpt_plan.policy_named(n, store) for n in names]
       fn, temp, _ = rok._step(model, tokens, plan)
       s = median_seconds(fn, warmup=2, repeats=args.repeats)
       st = store.stats()
     total = temp + st["device_peak"]
-    print(f"{text}\n  {s * 1e3:.1f} ms = {s / keep_s:.3f} x keep; XLA {temp / 2**30:.2f} GiB + "
-          f"staging {st['device_peak'] / 2**30:.2f} GiB (spills {st['spill_peak'] / 2**30:.2f}, "
-          f"loads {st['load_peak'] / 2**30:.2f}) = {total / 2**30:.2f} GiB: "
-          f"{'fits' if total <= budget else 'OVER'} the budget")
+    print(
+      f"{text}\n  {s * 1e3:.1f} ms = {s / keep_s:.3f} x keep; XLA {temp / 2**30:.2f} GiB + "
+      f"staging {st['device_peak'] / 2**30:.2f} GiB (spills {st['spill_peak'] / 2**30:.2f}, "
+      f"loads {st['load_peak'] / 2**30:.2f}) = {total / 2**30:.2f} GiB: "
+      f"{'fits' if total <= budget else 'OVER'} the budget"
+    )
     del fn
 
 

@@ -2,6 +2,7 @@
 and views out of range, for compute-sanitizer (see .ci/gpu): the cases of
 tests/test_hector_graph.py, whose rule is that such edges contribute nothing and nothing is read
 or written out of bounds. Exits non-zero if an output is not finite."""
+
 import os
 import sys
 

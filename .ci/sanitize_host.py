@@ -1,15 +1,17 @@
 """Runs the sampling and scatter-add kernels on the GPU, for compute-sanitizer (see .ci/gpu).
 
-Covers typed graphs (relations read beside the neighbours), padded and out-of-range seeds, nodes without neighbours, degree below and above the
-fanout, with and without replacement, host and device CSR; scatter-add with repeated, negative
-and out-of-range indices in every dtype. Exits non-zero if a GPU result differs from the CPU's.
+Covers typed graphs (relations read beside the neighbours), padded and out-of-range seeds, nodes
+without neighbours, degree below and above the fanout, with and without replacement, host and device
+CSR; scatter-add with repeated, negative and out-of-range indices in every dtype. Exits non-zero if
+a GPU result differs from the CPU's.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jaxdata.host import (DeviceGraph, HostGraph, HostTable, host_scatter_add, sample_neighbors)
+from jaxdata.host import DeviceGraph, HostGraph, HostTable, host_scatter_add, sample_neighbors
 
 jax.config.update("jax_enable_x64", True)
 rng = np.random.default_rng(0)
@@ -17,27 +19,35 @@ gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
 bad = 0
 n = 3000
 senders = rng.integers(0, n, 40_000)
-receivers = (rng.zipf(1.5, 40_000) % n)  # heavy-tailed: hubs and nodes without neighbours
+receivers = rng.zipf(1.5, 40_000) % n  # heavy-tailed: hubs and nodes without neighbours
 etypes = rng.integers(0, 5, 40_000)  # the typed sampler reads a relation beside each neighbour
-with HostGraph.from_edges(senders, receivers, n) as g, \
-    HostGraph.from_edges(senders, receivers, n, etypes=etypes) as typed:
+with (
+  HostGraph.from_edges(senders, receivers, n) as g,
+  HostGraph.from_edges(senders, receivers, n, etypes=etypes) as typed,
+):
   seeds = np.concatenate([rng.integers(0, n, 500), [-1, -5]]).astype(np.int32)
   for replace in (False, True):
     for fanouts in ((3,), (25, 4), (1, 1, 1)):
       out = {}
       for name, dev in (("gpu", gpu), ("cpu", cpu)):
         with jax.default_device(dev):
-          for kind, graph in (("host", g), ("device", DeviceGraph.from_host(g, dev)),
-                              ("typed host", typed),
-                              ("typed device", DeviceGraph.from_host(typed, dev))):
-            b = sample_neighbors(graph, jnp.asarray(seeds), fanouts, jax.random.key(1),
-                                 replace=replace)
+          for kind, graph in (
+            ("host", g),
+            ("device", DeviceGraph.from_host(g, dev)),
+            ("typed host", typed),
+            ("typed device", DeviceGraph.from_host(typed, dev)),
+          ):
+            b = sample_neighbors(
+              graph, jnp.asarray(seeds), fanouts, jax.random.key(1), replace=replace
+            )
             out[name, kind] = [np.asarray(x) for x in b.nodes + b.masks]
             if b.etypes is not None:
               out[name, kind + " etypes"] = [np.asarray(x) for x in b.etypes]
       ref, ref_t = out["cpu", "host"], out["cpu", "typed host etypes"]
-      same = all(all(np.array_equal(a, r) for a, r in zip(v, ref_t if "etypes" in k[1] else ref))
-                 for k, v in out.items())
+      same = all(
+        all(np.array_equal(a, r) for a, r in zip(v, ref_t if "etypes" in k[1] else ref))
+        for k, v in out.items()
+      )
       bad += not same
       print(f"sample fanouts={fanouts} replace={replace}: {'ok' if same else 'WRONG'}")
 

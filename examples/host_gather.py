@@ -3,6 +3,7 @@
 The table lives in pinned host memory; on a GPU, `host_gather` reads only the rows a batch needs,
 straight over PCIe. Run: python examples/host_gather.py
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,7 @@ with HostTable(features) as table:  # copied once into pinned memory; released a
       x = host_gather(table, idx)  # (batch, dim), on the device
       logits = x @ w
       return jnp.mean(jax.nn.softplus(logits) - y * logits)
+
     value, grad = jax.value_and_grad(loss)(w)
     return w - 0.5 * grad, value
 

@@ -8,6 +8,7 @@ Parts:
 
 `jaxdata.load_model(path)` rebuilds a model that `jaxdata train ... --out DIR` saved.
 """
+
 from jaxdata import host
 from jaxdata.host import HostTable, host_gather, host_slice
 
@@ -16,6 +17,7 @@ __all__ = ["host", "HostTable", "host_gather", "host_slice", "load_model", "__ve
 
 
 def load_model(path, /, **data_overrides):
-  """Rebuilds a saved model, ready to evaluate or predict (`jaxdata.train.checkpoint.load_model`)."""
+  """Rebuilds a saved model to evaluate or predict with (`jaxdata.train.checkpoint.load_model`)."""
   from jaxdata.train.checkpoint import load_model as load  # pylint: disable=g-import-not-at-top
+
   return load(path, **data_overrides)

@@ -3,6 +3,7 @@
 Every target has the same name and semantics on "cpu" and "CUDA"; the CUDA handlers exist only
 when the extension was built with a CUDA toolkit (see `jaxdata info`).
 """
+
 from __future__ import annotations
 
 import functools

@@ -8,6 +8,7 @@ Every `train` command also takes the multi-process flags of `jaxdata.distributed
 its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
 processes, the others refuse to.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,38 +22,57 @@ from jaxdata.train.common import LossNotFinite
 #: name -> (module, help). Modules are imported when the parser is built: each defines
 #: add_arguments(parser) and main(args).
 TRAIN = {
-    "rgcn": ("jaxdata.train.rgcn",
-             "RGCN entity classification (synthetic graph by default, or an RDF archive; "
-             "--scale: paper classification on a synthetic ogbn-mag)"),
-    "rgat": ("jaxdata.train.attention",
-             "RGAT paper classification on a synthetic ogbn-mag heterograph"),
-    "hgt": ("jaxdata.train.attention",
-            "HGT paper classification on a synthetic ogbn-mag heterograph"),
-    "sage": ("jaxdata.train.sage",
-             "mini-batch GraphSAGE on a synthetic power-law graph in host memory"),
-    "gpt": ("jaxdata.train.gpt",
-            "a GPT on a synthetic token chain, optionally with activation offload"),
+  "rgcn": (
+    "jaxdata.train.rgcn",
+    "RGCN entity classification (synthetic graph by default, or an RDF archive; "
+    "--scale: paper classification on a synthetic ogbn-mag)",
+  ),
+  "rgat": (
+    "jaxdata.train.attention",
+    "RGAT paper classification on a synthetic ogbn-mag heterograph",
+  ),
+  "hgt": (
+    "jaxdata.train.attention",
+    "HGT paper classification on a synthetic ogbn-mag heterograph",
+  ),
+  "sage": (
+    "jaxdata.train.sage",
+    "mini-batch GraphSAGE on a synthetic power-law graph in host memory",
+  ),
+  "gpt": (
+    "jaxdata.train.gpt",
+    "a GPT on a synthetic token chain, optionally with activation offload",
+  ),
 }
 BENCH = {
-    "gather": ("jaxdata.bench.gather",
-               "host_gather vs NumPy gather + device_put vs pinned memcpy"),
-    "rgnn": ("jaxdata.bench.rgnn_command",
-             "one RGCN, RGAT or HGT layer (fwd+bwd): jaxdata vs plain JAX vs PyG"),
-    "tensor-cores": ("jaxdata.bench.tensor_cores",
-                     "issue 19's bars: hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs "
-                     "bfloat16 vs plain JAX, side by side"),
-    "minibatch": ("jaxdata.bench.minibatch",
-                  "mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric vs jaxdata's "
-                  "GPU-centric pipeline"),
-    "hetero": ("jaxdata.bench.hetero",
-               "mini-batch RGAT/HGT epoch on a heterograph: jaxdata GPU-centric vs all-in-GPU "
-               "vs CPU-centric vs PyG"),
-    "gnn-offload": ("jaxdata.bench.gnn_offload",
-                    "a deep HGT/RGAT full-graph step without and with an offload plan under a "
-                    "device budget"),
-    "one-process": ("jaxdata.bench.one_process",
-                    "each trainer plain vs as one process of a jax.distributed job (jaxdata "
-                    "launch -n 1): steady-state time and final loss"),
+  "gather": ("jaxdata.bench.gather", "host_gather vs NumPy gather + device_put vs pinned memcpy"),
+  "rgnn": (
+    "jaxdata.bench.rgnn_command",
+    "one RGCN, RGAT or HGT layer (fwd+bwd): jaxdata vs plain JAX vs PyG",
+  ),
+  "tensor-cores": (
+    "jaxdata.bench.tensor_cores",
+    "issue 19's bars: hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs "
+    "bfloat16 vs plain JAX, side by side",
+  ),
+  "minibatch": (
+    "jaxdata.bench.minibatch",
+    "mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric vs jaxdata's GPU-centric pipeline",
+  ),
+  "hetero": (
+    "jaxdata.bench.hetero",
+    "mini-batch RGAT/HGT epoch on a heterograph: jaxdata GPU-centric vs all-in-GPU "
+    "vs CPU-centric vs PyG",
+  ),
+  "gnn-offload": (
+    "jaxdata.bench.gnn_offload",
+    "a deep HGT/RGAT full-graph step without and with an offload plan under a device budget",
+  ),
+  "one-process": (
+    "jaxdata.bench.one_process",
+    "each trainer plain vs as one process of a jax.distributed job (jaxdata "
+    "launch -n 1): steady-state time and final loss",
+  ),
 }
 ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
 LAUNCH = ("jaxdata.launch", "run a train command as N local processes of one jax.distributed job")
@@ -102,16 +122,24 @@ def _info(args: argparse.Namespace) -> int:
   for col in ("platform", "built", "usable now", "why"):
     backends.add_column(col)
   cpu_why = f"{len(jax.devices('cpu'))} CPU device(s)"
-  backends.add_row("cpu", "yes", "yes" if cxx else "host only",
-                   cpu_why if cxx else cpu_why + "; hector kernels need a C++ compiler ($CXX)")
+  backends.add_row(
+    "cpu",
+    "yes",
+    "yes" if cxx else "host only",
+    cpu_why if cxx else cpu_why + "; hector kernels need a C++ compiler ($CXX)",
+  )
   if not ext.built_with_cuda():
-    backends.add_row("CUDA", "no", "no", "built without a CUDA toolkit (JAXDATA_CUDA=ON to require)")
+    backends.add_row(
+      "CUDA", "no", "no", "built without a CUDA toolkit (JAXDATA_CUDA=ON to require)"
+    )
   elif not gpus:
-    backends.add_row("CUDA", "yes", "no", f"JAX sees no GPU (CUDA runtime sees "
-                     f"{_ffi.cuda_device_count()})")
+    backends.add_row(
+      "CUDA", "yes", "no", f"JAX sees no GPU (CUDA runtime sees {_ffi.cuda_device_count()})"
+    )
   else:
-    backends.add_row("CUDA", "yes", "yes", ", ".join(sorted({d.device_kind for d in gpus})) +
-                     f" x{len(gpus)}")
+    backends.add_row(
+      "CUDA", "yes", "yes", ", ".join(sorted({d.device_kind for d in gpus})) + f" x{len(gpus)}"
+    )
   console.print(backends)
 
   targets = rich.table.Table(title="registered XLA FFI targets")
@@ -126,10 +154,12 @@ def _info(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
   """`jaxdata eval DIR`: rebuilds a saved model and measures it again on its data."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   overrides = {"path": os.path.abspath(args.data)} if args.data else {}
   if not args.checkpoint:
-    raise command.UsageError("argument DIR: empty (give the folder `jaxdata train ... --out` "
-                             "wrote; '.' for this one)")
+    raise command.UsageError(
+      "argument DIR: empty (give the folder `jaxdata train ... --out` wrote; '.' for this one)"
+    )
   try:
     loaded = checkpoint.load_model(args.checkpoint, **overrides)
   except checkpoint.DataOverrideError as e:
@@ -145,8 +175,9 @@ def _eval(args: argparse.Namespace) -> int:
   except (TypeError, AttributeError, RuntimeError) as e:  # e.g. a hand-edited configuration
     first = str(e).splitlines()[0] if str(e) else ""
     raise command.UsageError(
-        f"{os.path.abspath(args.checkpoint)}: measuring the saved model failed; was its "
-        f"meta/metadata edited? ({type(e).__name__}: {first[:200]})") from None
+      f"{os.path.abspath(args.checkpoint)}: measuring the saved model failed; was its "
+      f"meta/metadata edited? ({type(e).__name__}: {first[:200]})"
+    ) from None
   note = loaded.meta.get("metrics_note")
   for name, value in measured.items():
     saved = loaded.metrics.get(name)
@@ -160,9 +191,11 @@ def _train_rgcn(args: argparse.Namespace) -> int:
   """`jaxdata train rgcn`: the entity trainer, or with --scale RGCN on synthetic_mag through the
   heterogeneous trainer (`jaxdata.train.attention`); joined here, as trainers import no other."""
   from jaxdata.train import rgcn  # pylint: disable=g-import-not-at-top
+
   if args.scale is None:
     return rgcn.main(args)
   from jaxdata.train import attention  # pylint: disable=g-import-not-at-top
+
   defaults = argparse.ArgumentParser()
   attention.add_arguments(defaults, "rgcn")
   return attention.main(rgcn.mag_arguments(args, defaults.parse_args([])))
@@ -180,8 +213,9 @@ def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool =
 
 def _multi_process_trainers() -> str:
   """The trainers that run as several processes, as a sentence's end: "sage and gpt do"."""
-  names = [n for n, (m, _) in TRAIN.items()
-           if getattr(importlib.import_module(m), "MULTI_PROCESS", False)]
+  names = [
+    n for n, (m, _) in TRAIN.items() if getattr(importlib.import_module(m), "MULTI_PROCESS", False)
+  ]
   return (" and ".join(names) + " do") if len(names) > 1 else f"only {names[0]} does"
 
 
@@ -190,38 +224,51 @@ def _join(args: argparse.Namespace) -> None:
   setup = distributed.setup_from(args)
   what = f"jaxdata train {args.model}"
   if setup.num_processes > 1 and not args.multi_process:
-    raise command.UsageError(f"{what} does not support multi-process runs yet (--num-processes "
-                             f"{setup.num_processes}); of the trainers, "
-                             f"{_multi_process_trainers()}")
+    raise command.UsageError(
+      f"{what} does not support multi-process runs yet (--num-processes "
+      f"{setup.num_processes}); of the trainers, "
+      f"{_multi_process_trainers()}"
+    )
   setup = distributed.initialize(setup)
   if setup.num_processes > 1 and not args.multi_process:  # found by --distributed auto
-    raise command.UsageError(f"{what} does not support multi-process runs yet ({setup.num_processes}"
-                             f" processes detected); of the trainers, {_multi_process_trainers()}")
+    raise command.UsageError(
+      f"{what} does not support multi-process runs yet ({setup.num_processes}"
+      f" processes detected); of the trainers, {_multi_process_trainers()}"
+    )
 
 
 def parser() -> command.Parser:
   """The whole command line."""
   import jaxdata  # pylint: disable=g-import-not-at-top
-  top = command.Parser(prog="jaxdata", description="jaxdata: data-efficient GPU training for "
-                       "JAX (host tables, generated relational GNN kernels, activation offload)")
+
+  top = command.Parser(
+    prog="jaxdata",
+    description="jaxdata: data-efficient GPU training for "
+    "JAX (host tables, generated relational GNN kernels, activation offload)",
+  )
   top.add_argument("--version", action="version", version=f"jaxdata {jaxdata.__version__}")
   sub = top.add_subparsers(dest="command", metavar="COMMAND")
   info = sub.add_parser("info", help="versions, compiler, kernel cache, backends, FFI targets")
   info.set_defaults(run=_info, prog=info.prog)
   train = sub.add_parser("train", help="train a model").add_subparsers(
-      dest="model", metavar="MODEL", required=True)
+    dest="model", metavar="MODEL", required=True
+  )
   for name, (module, text) in TRAIN.items():
-    _add(train, name, module, text, *((name,) if module.endswith("attention") else ()),
-         train=True)
+    _add(train, name, module, text, *((name,) if module.endswith("attention") else ()), train=True)
   train.choices["rgcn"].set_defaults(run=_train_rgcn)  # --scale: RGCN on synthetic_mag
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
-      dest="bench", metavar="BENCHMARK", required=True)
+    dest="bench", metavar="BENCHMARK", required=True
+  )
   for name, (module, text) in BENCH.items():
     _add(bench, name, module, text)
   ev = sub.add_parser("eval", help="rebuild a saved model (train --out DIR) and measure it again")
   ev.add_argument("checkpoint", metavar="DIR", help="a checkpoint folder (train --out)")
-  ev.add_argument("--data", metavar="PATH", type=command.existing_file,
-                  help="the data file, where it has moved since training (RDF archives)")
+  ev.add_argument(
+    "--data",
+    metavar="PATH",
+    type=command.existing_file,
+    help="the data file, where it has moved since training (RDF archives)",
+  )
   ev.set_defaults(run=_eval, prog=ev.prog)
   _add(sub, "rok", *ROK)
   _add(sub, "launch", *LAUNCH)
@@ -250,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     code = command.fail(args.prog, f"out of host memory ({why}): ask for a smaller run", code=1)
   except Exception as e:  # pylint: disable=broad-except
     from jaxdata.hector.compiler import CacheDirError  # pylint: disable=g-import-not-at-top
+
     if isinstance(e, CacheDirError):
       code = command.fail(args.prog, e.strerror, code=1)
     else:
@@ -287,6 +335,7 @@ def _forget_failed_effects() -> None:
   (JAX's private `dispatch.runtime_tokens`; where it is missing, the hooks print as before.)"""
   try:
     from jax._src import dispatch  # pylint: disable=g-import-not-at-top
+
     dispatch.runtime_tokens.clear()
   except (ImportError, AttributeError):
     pass

@@ -10,12 +10,14 @@ one line naming the flag, with exit code 2 and no traceback, before any work sta
 Every `--help` shows each option's default. Commands raise `UsageError` for mistakes they can
 only see later (a corrupt data file); `jaxdata.cli.main` prints it the same way.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxdata.sizes import parse_bytes
 
@@ -29,8 +31,11 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
   def _get_help_string(self, action: argparse.Action) -> str:
     text = action.help or ""
-    if (action.default in (None, False, argparse.SUPPRESS) or "default" in text
-        or not action.option_strings):
+    if (
+      action.default in (None, False, argparse.SUPPRESS)
+      or "default" in text
+      or not action.option_strings
+    ):
       return text
     default = action.default
     if isinstance(default, (list, tuple)):
@@ -66,6 +71,7 @@ def _checked(kind: Callable[[str], Any], test: Callable[[Any], bool], need: str)
     if not test(value):
       raise argparse.ArgumentTypeError(f"must be {need}, got {text}")
     return value
+
   parse.__name__ = need
   return parse
 
@@ -74,8 +80,7 @@ def integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
   """An integer of at least `minimum` (and at most `maximum`)."""
   if maximum is None:
     return _checked(int, lambda v: v >= minimum, f"an integer of at least {minimum}")
-  return _checked(int, lambda v: minimum <= v <= maximum,
-                  f"an integer from {minimum} to {maximum}")
+  return _checked(int, lambda v: minimum <= v <= maximum, f"an integer from {minimum} to {maximum}")
 
 
 positive_int = integer(1)
@@ -94,11 +99,13 @@ def choice(names: tuple[str, ...]) -> Callable[[str], str]:
 
 def listing(kind: Callable[[str], Any]) -> Callable[[str], list]:
   """Comma-separated values of `kind` (one of the checked types above, or str): "15,10"."""
+
   def parse(text: str) -> list:
     items = text.split(",")
     if not text.strip() or any(not i.strip() for i in items):
       raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list (e.g. 15,10)")
     return [kind(i.strip()) for i in items]
+
   parse.__name__ = "list"
   return parse
 
@@ -120,8 +127,9 @@ def size_or_auto(text: str) -> int | str:
 def existing_file(text: str) -> str:
   """A path to a file that exists and can be read."""
   if not os.path.isfile(text):
-    raise argparse.ArgumentTypeError(f"{text!r} is not a file" if os.path.exists(text)
-                                     else f"{text!r} does not exist")
+    raise argparse.ArgumentTypeError(
+      f"{text!r} is not a file" if os.path.exists(text) else f"{text!r} does not exist"
+    )
   if not os.access(text, os.R_OK):
     raise argparse.ArgumentTypeError(f"{text!r} cannot be read")
   return text
@@ -130,8 +138,9 @@ def existing_file(text: str) -> str:
 def _parent_writable(text: str) -> None:
   folder = os.path.dirname(os.path.abspath(text))
   if not os.path.isdir(folder):
-    raise argparse.ArgumentTypeError(f"the folder {os.path.dirname(text) or '.'!r} of "
-                                     f"{text!r} does not exist")
+    raise argparse.ArgumentTypeError(
+      f"the folder {os.path.dirname(text) or '.'!r} of {text!r} does not exist"
+    )
   if not os.access(folder, os.W_OK):
     raise argparse.ArgumentTypeError(f"cannot write into {os.path.dirname(text) or '.'!r}")
 
@@ -143,8 +152,9 @@ def output_path(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{text!r} is a folder")
   plot = os.path.splitext(text)[0] + ".png"  # where a bench with a figure draws it
   if text.endswith(".md") and os.path.isdir(plot):
-    raise argparse.ArgumentTypeError(f"{plot!r}, where the figure beside {text!r} goes, is a "
-                                     f"folder")
+    raise argparse.ArgumentTypeError(
+      f"{plot!r}, where the figure beside {text!r} goes, is a folder"
+    )
   return text
 
 
@@ -164,5 +174,6 @@ def console(width: int = 160):
   """A rich console; when printing to a log rather than a terminal, `width` columns wide so
   tables keep their columns whole."""
   import rich.console  # pylint: disable=g-import-not-at-top
+
   out = rich.console.Console()
   return out if out.is_terminal else rich.console.Console(width=width)

@@ -23,6 +23,7 @@ On the CPU backend, collectives across processes need an implementation: `initia
 gloo (`jax_cpu_collectives_implementation`), so multi-process runs can be tested without GPUs
 (`XLA_FLAGS=--xla_force_host_platform_device_count=K` gives each process K CPU devices).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ DEFAULT_TIMEOUT = 60
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """How this process takes part: `num_processes == 1` and `mode is None` is a plain run."""
+
   mode: str | None = None  # None: single process; "explicit": coordinator etc.; "auto": detected
   coordinator: str | None = None
   num_processes: int = 1
@@ -63,21 +65,43 @@ def _address(text: str) -> str:
 def add_arguments(parser) -> None:
   """The flags that make a command one of N processes (see the module's docstring)."""
   group = parser.add_argument_group(
-      "multi-process (jax.distributed)",
-      "with none of these, one process; see docs/distributed.md")
-  group.add_argument("--coordinator", type=_address, default=None, metavar="HOST:PORT",
-                     help="address of process 0's coordination service (env "
-                          "JAX_COORDINATOR_ADDRESS)")
-  group.add_argument("--num-processes", type=command.positive_int, default=None, metavar="N",
-                     help="processes in the job (env JAX_NUM_PROCESSES)")
-  group.add_argument("--process-id", type=command.natural_int, default=None, metavar="I",
-                     help="this process's index, 0..N-1 (env JAX_PROCESS_ID)")
-  group.add_argument("--distributed", choices=("auto",), default=None,
-                     help="auto: let jax.distributed.initialize() detect the cluster (SLURM, "
-                          "Open MPI, Kubernetes)")
-  group.add_argument("--distributed-timeout", type=command.positive_int, default=DEFAULT_TIMEOUT,
-                     metavar="SECONDS", help="wait this long for every process to join, and "
-                     "declare a silent process dead after this long")
+    "multi-process (jax.distributed)", "with none of these, one process; see docs/distributed.md"
+  )
+  group.add_argument(
+    "--coordinator",
+    type=_address,
+    default=None,
+    metavar="HOST:PORT",
+    help="address of process 0's coordination service (env JAX_COORDINATOR_ADDRESS)",
+  )
+  group.add_argument(
+    "--num-processes",
+    type=command.positive_int,
+    default=None,
+    metavar="N",
+    help="processes in the job (env JAX_NUM_PROCESSES)",
+  )
+  group.add_argument(
+    "--process-id",
+    type=command.natural_int,
+    default=None,
+    metavar="I",
+    help="this process's index, 0..N-1 (env JAX_PROCESS_ID)",
+  )
+  group.add_argument(
+    "--distributed",
+    choices=("auto",),
+    default=None,
+    help="auto: let jax.distributed.initialize() detect the cluster (SLURM, Open MPI, Kubernetes)",
+  )
+  group.add_argument(
+    "--distributed-timeout",
+    type=command.positive_int,
+    default=DEFAULT_TIMEOUT,
+    metavar="SECONDS",
+    help="wait this long for every process to join, and "
+    "declare a silent process dead after this long",
+  )
 
 
 def _env_int(name: str) -> int | None:
@@ -94,10 +118,13 @@ def setup_from(args: Any) -> Setup:
   """The `Setup` that parsed flags (and the environment) ask for; checks them together."""
   timeout = getattr(args, "distributed_timeout", DEFAULT_TIMEOUT)
   if getattr(args, "distributed", None) == "auto":
-    if any(getattr(args, a, None) is not None for a in ("coordinator", "num_processes",
-                                                         "process_id")):
-      raise command.UsageError("--distributed auto detects the cluster: give it without "
-                               "--coordinator, --num-processes and --process-id")
+    if any(
+      getattr(args, a, None) is not None for a in ("coordinator", "num_processes", "process_id")
+    ):
+      raise command.UsageError(
+        "--distributed auto detects the cluster: give it without "
+        "--coordinator, --num-processes and --process-id"
+      )
     return Setup(mode="auto", timeout=timeout)
   coordinator = getattr(args, "coordinator", None) or os.environ.get("JAX_COORDINATOR_ADDRESS")
   num = getattr(args, "num_processes", None)
@@ -107,21 +134,32 @@ def setup_from(args: Any) -> Setup:
   if coordinator is None and num in (None, 1) and pid in (None, 0):
     return Setup(timeout=timeout)
   if num is None or pid is None or coordinator is None:
-    missing = [flag for flag, v in (("--coordinator", coordinator), ("--num-processes", num),
-                                    ("--process-id", pid)) if v is None]
-    raise command.UsageError(f"a multi-process run needs --coordinator, --num-processes and "
-                             f"--process-id (or --distributed auto); missing {', '.join(missing)}")
+    missing = [
+      flag
+      for flag, v in (
+        ("--coordinator", coordinator),
+        ("--num-processes", num),
+        ("--process-id", pid),
+      )
+      if v is None
+    ]
+    raise command.UsageError(
+      f"a multi-process run needs --coordinator, --num-processes and "
+      f"--process-id (or --distributed auto); missing {', '.join(missing)}"
+    )
   if num < 1:
     raise command.UsageError(f"--num-processes must be at least 1, got {num}")
   if not 0 <= pid < num:
-    raise command.UsageError(f"--process-id must be in 0..{num - 1} for --num-processes {num}, "
-                             f"got {pid}")
+    raise command.UsageError(
+      f"--process-id must be in 0..{num - 1} for --num-processes {num}, got {pid}"
+    )
   try:
     _address(coordinator)
   except argparse.ArgumentTypeError as e:
     raise command.UsageError(f"--coordinator: {e}") from None
-  return Setup(mode="explicit", coordinator=coordinator, num_processes=num, process_id=pid,
-               timeout=timeout)
+  return Setup(
+    mode="explicit", coordinator=coordinator, num_processes=num, process_id=pid, timeout=timeout
+  )
 
 
 def _wait_for(address: str, timeout: float) -> None:
@@ -134,8 +172,10 @@ def _wait_for(address: str, timeout: float) -> None:
         return
     except OSError as e:
       if time.monotonic() >= deadline:
-        raise command.UsageError(f"cannot reach the coordinator {address} within {timeout} s "
-                                 f"({e.strerror or e}); is process 0 running there?") from None
+        raise command.UsageError(
+          f"cannot reach the coordinator {address} within {timeout} s "
+          f"({e.strerror or e}); is process 0 running there?"
+        ) from None
       time.sleep(0.2)
 
 
@@ -151,36 +191,55 @@ def initialize(setup: Setup) -> Setup:
     return setup
   import jax  # pylint: disable=g-import-not-at-top
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+
   if getattr(xla_bridge, "_backends", None):
-    raise RuntimeError("jaxdata.distributed.initialize: a JAX backend already exists; "
-                       "initialize must run before any computation or jax.devices()")
+    raise RuntimeError(
+      "jaxdata.distributed.initialize: a JAX backend already exists; "
+      "initialize must run before any computation or jax.devices()"
+    )
   # CPU collectives across processes: gloo (the CPU backend has none across processes without).
   try:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   except (AttributeError, KeyError, ValueError):  # a JAX without the option (or without gloo)
     pass
-  kwargs = dict(initialization_timeout=setup.timeout, heartbeat_timeout_seconds=setup.timeout,
-                shutdown_timeout_seconds=setup.timeout)
+  kwargs = dict(
+    initialization_timeout=setup.timeout,
+    heartbeat_timeout_seconds=setup.timeout,
+    shutdown_timeout_seconds=setup.timeout,
+  )
   if setup.mode == "explicit":
     # JAX aborts the process (a fatal log, no exception) when it cannot reach the coordinator;
     # the peers look for it first, so that an unreachable address is a one-line error.
     if setup.process_id != 0:
       _wait_for(setup.coordinator, setup.timeout)
-    print(f"jaxdata: process {setup.process_id} of {setup.num_processes} joining the job at "
-          f"{setup.coordinator} (timeout {setup.timeout} s)", file=sys.stderr, flush=True)
-    kwargs.update(coordinator_address=setup.coordinator, num_processes=setup.num_processes,
-                  process_id=setup.process_id)
+    print(
+      f"jaxdata: process {setup.process_id} of {setup.num_processes} joining the job at "
+      f"{setup.coordinator} (timeout {setup.timeout} s)",
+      file=sys.stderr,
+      flush=True,
+    )
+    kwargs.update(
+      coordinator_address=setup.coordinator,
+      num_processes=setup.num_processes,
+      process_id=setup.process_id,
+    )
   try:
     jax.distributed.initialize(**kwargs)
   except (RuntimeError, ValueError) as e:  # XlaRuntimeError is a RuntimeError
-    where = (f"coordinator {setup.coordinator} (process {setup.process_id} of "
-             f"{setup.num_processes})" if setup.mode == "explicit" else "auto-detected cluster")
-    raise command.UsageError(f"jax.distributed.initialize failed for the {where} within "
-                             f"{setup.timeout} s: {_first_line(e)}") from None
+    where = (
+      f"coordinator {setup.coordinator} (process {setup.process_id} of {setup.num_processes})"
+      if setup.mode == "explicit"
+      else "auto-detected cluster"
+    )
+    raise command.UsageError(
+      f"jax.distributed.initialize failed for the {where} within "
+      f"{setup.timeout} s: {_first_line(e)}"
+    ) from None
   if setup.mode == "explicit":
     _check_same_count(setup)
-  return dataclasses.replace(setup, num_processes=jax.process_count(),
-                             process_id=jax.process_index())
+  return dataclasses.replace(
+    setup, num_processes=jax.process_count(), process_id=jax.process_index()
+  )
 
 
 def _check_same_count(setup: Setup) -> None:
@@ -190,12 +249,15 @@ def _check_same_count(setup: Setup) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   asked = np.asarray(multihost_utils.process_allgather(np.int32(setup.num_processes))).reshape(-1)
   if (asked != jax.process_count()).any():
     said = ", ".join(f"process {i}: {int(n)}" for i, n in enumerate(asked))
-    raise command.UsageError(f"--num-processes differs between the processes ({said}); the job "
-                             f"at {setup.coordinator} has {jax.process_count()} processes: give "
-                             f"every process the same --num-processes")
+    raise command.UsageError(
+      f"--num-processes differs between the processes ({said}); the job "
+      f"at {setup.coordinator} has {jax.process_count()} processes: give "
+      f"every process the same --num-processes"
+    )
 
 
 def leave() -> bool:
@@ -211,6 +273,7 @@ def leave() -> bool:
   if getattr(getattr(jax_distributed, "global_state", None), "client", None) is None:
     return False
   import jax  # pylint: disable=g-import-not-at-top
+
   try:
     jax.distributed.shutdown()
   except (RuntimeError, ValueError) as e:  # a peer gone already: the barrier times out
@@ -227,6 +290,7 @@ def _first_line(e: Exception) -> str:
 def is_primary() -> bool:
   """Whether this is process 0 (the one that prints progress and writes checkpoints)."""
   import jax  # pylint: disable=g-import-not-at-top
+
   return jax.process_index() == 0
 
 
@@ -241,10 +305,13 @@ def local_value(tree: Any) -> Any:
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       if not x.is_fully_replicated:
-        raise ValueError("jaxdata.distributed.local_value: the array is not replicated "
-                         f"(sharding {x.sharding}); gather it first")
+        raise ValueError(
+          "jaxdata.distributed.local_value: the array is not replicated "
+          f"(sharding {x.sharding}); gather it first"
+        )
       x = x.addressable_data(0)
     return jax.device_get(x)
+
   return jax.tree.map(one, tree)
 
 
@@ -258,6 +325,7 @@ def put(tree: Any, sharding) -> Any:
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   if jax.process_count() == 1:
     return jax.device_put(tree, sharding)
 
@@ -268,4 +336,5 @@ def put(tree: Any, sharding) -> Any:
     if isinstance(x, jax.Array):
       x = np.asarray(jax.device_get(x))
     return jax.device_put(x, sharding)
+
   return jax.tree.map(one, tree)

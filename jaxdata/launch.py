@@ -17,6 +17,7 @@ rather than a crash inside the first collective.
 On several hosts, start one process per host with the same flags (or `--distributed auto` under
 SLURM, Open MPI or Kubernetes): see docs/distributed.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,15 +36,34 @@ GRACE = 5.0
 
 
 def add_arguments(parser) -> None:
-  parser.add_argument("-n", "--num-processes", type=command.positive_int, required=True,
-                      metavar="N", help="processes to start")
-  parser.add_argument("--devices-per-process", type=command.positive_int, default=None,
-                      metavar="K", help="give each process K CPU devices (XLA_FLAGS=--xla_force_"
-                                        "host_platform_device_count=K; CPU testing)")
-  parser.add_argument("--port", type=command.integer(0, 65535), default=0,
-                      help="the coordinator's port on localhost (0: a free one)")
-  parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- train MODEL ...",
-                      help="the jaxdata command each process runs")
+  parser.add_argument(
+    "-n",
+    "--num-processes",
+    type=command.positive_int,
+    required=True,
+    metavar="N",
+    help="processes to start",
+  )
+  parser.add_argument(
+    "--devices-per-process",
+    type=command.positive_int,
+    default=None,
+    metavar="K",
+    help="give each process K CPU devices (XLA_FLAGS=--xla_force_"
+    "host_platform_device_count=K; CPU testing)",
+  )
+  parser.add_argument(
+    "--port",
+    type=command.integer(0, 65535),
+    default=0,
+    help="the coordinator's port on localhost (0: a free one)",
+  )
+  parser.add_argument(
+    "argv",
+    nargs=argparse.REMAINDER,
+    metavar="-- train MODEL ...",
+    help="the jaxdata command each process runs",
+  )
 
 
 def free_port() -> int:
@@ -66,11 +86,18 @@ def visible_gpus(env: dict) -> list[str]:
   if platforms and not {"cuda", "gpu"} & {p.strip() for p in platforms.split(",")}:
     return []
   if "CUDA_VISIBLE_DEVICES" in env:
-    return [d for d in (x.strip() for x in env["CUDA_VISIBLE_DEVICES"].split(","))
-            if d and not d.startswith("-")]
+    return [
+      d
+      for d in (x.strip() for x in env["CUDA_VISIBLE_DEVICES"].split(","))
+      if d and not d.startswith("-")
+    ]
   try:
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+      ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    )
   except (OSError, subprocess.TimeoutExpired):
     return []
   return out.stdout.split() if out.returncode == 0 else []
@@ -89,12 +116,15 @@ def process_envs(env: dict, num_processes: int, devices_per_process: int | None)
     return [env] * num_processes
   if num_processes > len(gpus):
     raise command.UsageError(
-        f"{num_processes} processes but {len(gpus)} GPU(s) here: NCCL runs one process per GPU "
-        f"(it refuses two on one GPU); start at most {len(gpus)}, or run CPU processes with "
-        f"--devices-per-process")
+      f"{num_processes} processes but {len(gpus)} GPU(s) here: NCCL runs one process per GPU "
+      f"(it refuses two on one GPU); start at most {len(gpus)}, or run CPU processes with "
+      f"--devices-per-process"
+    )
   k = len(gpus) // num_processes
-  return [dict(env, CUDA_VISIBLE_DEVICES=",".join(gpus[i * k:(i + 1) * k]))
-          for i in range(num_processes)]
+  return [
+    dict(env, CUDA_VISIBLE_DEVICES=",".join(gpus[i * k : (i + 1) * k]))
+    for i in range(num_processes)
+  ]
 
 
 def _pump(i: int, stream, lock: threading.Lock) -> None:
@@ -118,17 +148,20 @@ def _stop(procs: list[subprocess.Popen]) -> None:
       p.wait()
 
 
-def run(argv: list[str], num_processes: int, devices_per_process: int | None = None,
-        port: int = 0) -> int:
+def run(
+  argv: list[str], num_processes: int, devices_per_process: int | None = None, port: int = 0
+) -> int:
   """Runs `jaxdata <argv>` as `num_processes` processes of one job; returns the exit code."""
   if argv and argv[0] == "--":
     argv = argv[1:]
   if not argv:
-    raise command.UsageError("give the command to run after --, e.g. "
-                             "`jaxdata launch -n 2 -- train sage`")
+    raise command.UsageError(
+      "give the command to run after --, e.g. `jaxdata launch -n 2 -- train sage`"
+    )
   if argv[0] != "train":
-    raise command.UsageError(f"launch runs train commands (e.g. `jaxdata launch -n 2 -- train "
-                             f"sage`), not `{argv[0]}`")
+    raise command.UsageError(
+      f"launch runs train commands (e.g. `jaxdata launch -n 2 -- train sage`), not `{argv[0]}`"
+    )
   taken = {"--coordinator", "--num-processes", "--process-id", "--distributed"}
   if clash := sorted(a.split("=")[0] for a in argv if a.split("=")[0] in taken):
     raise command.UsageError(f"the launcher sets {', '.join(clash)} itself: leave it out")
@@ -138,10 +171,26 @@ def run(argv: list[str], num_processes: int, devices_per_process: int | None = N
   procs, pumps = [], []
   try:
     for i in range(num_processes):
-      cmd = [sys.executable, "-m", "jaxdata.cli", *argv, "--coordinator", address,
-             "--num-processes", str(num_processes), "--process-id", str(i)]
-      p = subprocess.Popen(cmd, env=envs[i], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, errors="replace")
+      cmd = [
+        sys.executable,
+        "-m",
+        "jaxdata.cli",
+        *argv,
+        "--coordinator",
+        address,
+        "--num-processes",
+        str(num_processes),
+        "--process-id",
+        str(i),
+      ]
+      p = subprocess.Popen(
+        cmd,
+        env=envs[i],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+      )
       procs.append(p)
       with lock:
         print(f"jaxdata launch: process {i} is pid {p.pid}", file=sys.stderr, flush=True)
@@ -156,8 +205,11 @@ def run(argv: list[str], num_processes: int, devices_per_process: int | None = N
       if failed:
         i, code = failed[0]
         with lock:
-          print(f"jaxdata launch: process {i} exited with code {code}; stopping the others",
-                file=sys.stderr, flush=True)
+          print(
+            f"jaxdata launch: process {i} exited with code {code}; stopping the others",
+            file=sys.stderr,
+            flush=True,
+          )
       else:
         time.sleep(0.05)
   except KeyboardInterrupt:

@@ -9,6 +9,7 @@ unit, as most memory-sizing flags (and ``ulimit``) read it.
     >>> format_bytes(3 << 30), format_bytes(1536)
     ('3 GiB', '1.5 KiB')
 """
+
 from __future__ import annotations
 
 import math
@@ -31,14 +32,16 @@ def parse_bytes(text: str | int) -> int:
     return text
   m = _SIZE.fullmatch(str(text))
   if not m or (m.group(3) and not m.group(2)):
-    raise ValueError(f"{text!r} is not a size: write bytes, or a number with a unit such as "
-                     f"512MiB, 2GiB (binary) or 2GB (decimal)")
+    raise ValueError(
+      f"{text!r} is not a size: write bytes, or a number with a unit such as "
+      f"512MiB, 2GiB (binary) or 2GB (decimal)"
+    )
   number, prefix, binary, b = m.groups()
   prefix = prefix.upper()
   if prefix and b and not binary:
     scale = _DECIMAL[prefix]  # kB, MB, GB, TB: powers of 1000
   else:
-    scale = _BINARY[prefix]   # KiB, MiB, ... and bare K, M, G, T
+    scale = _BINARY[prefix]  # KiB, MiB, ... and bare K, M, G, T
   value = float(number) * scale
   if not math.isfinite(value):
     raise ValueError(f"{text!r} is not a size: too large")

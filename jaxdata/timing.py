@@ -6,17 +6,25 @@ is ready). Used by the benchmarks and by the offload planner's measurements.
     >>> median_seconds(lambda: x @ x, repeats=3) > 0
     True
 """
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
 
-def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7,
-                   queued: int = 1, wait: Callable[[Any], Any] = jax.block_until_ready) -> float:
+def median_seconds(
+  fn: Callable[[], Any],
+  *,
+  warmup: int = 2,
+  repeats: int = 7,
+  queued: int = 1,
+  wait: Callable[[Any], Any] = jax.block_until_ready,
+) -> float:
   """Median wall time of one `fn()` call, results waited for (JAX dispatch is asynchronous).
 
   With `queued` > 1, each timed round queues that many calls back to back and waits once, so the
@@ -35,19 +43,29 @@ def median_seconds(fn: Callable[[], Any], *, warmup: int = 2, repeats: int = 7,
   return statistics.median(times)
 
 
-def step_seconds(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 7,
-                 wait: Callable[[Any], Any] = jax.block_until_ready) -> tuple[float, float]:
+def step_seconds(
+  fn: Callable[[], Any],
+  *,
+  warmup: int = 1,
+  repeats: int = 7,
+  wait: Callable[[Any], Any] = jax.block_until_ready,
+) -> tuple[float, float]:
   """(per step with steps queued back to back, one step waited for on its own): the median of
   rounds of `queue_depth` calls waited for once, and of single calls each waited for (the same
   figure where the depth is 1)."""
   queued = queue_depth(fn, wait=wait)
   seconds = median_seconds(fn, warmup=warmup, repeats=repeats, queued=queued, wait=wait)
-  alone = (median_seconds(fn, warmup=0, repeats=repeats, wait=wait) if queued > 1 else seconds)
+  alone = median_seconds(fn, warmup=0, repeats=repeats, wait=wait) if queued > 1 else seconds
   return seconds, alone
 
 
-def queue_depth(fn: Callable[[], Any], *, wait: Callable[[Any], Any] = jax.block_until_ready,
-                round_seconds: float = 0.02, most: int = 20) -> int:
+def queue_depth(
+  fn: Callable[[], Any],
+  *,
+  wait: Callable[[Any], Any] = jax.block_until_ready,
+  round_seconds: float = 0.02,
+  most: int = 20,
+) -> int:
   """How many calls of `fn` to queue per timed round (`median_seconds(queued=...)`) so that a
   round lasts about `round_seconds`: 1 for calls that long or longer, at most `most`. Runs `fn`
   once (after a call to warm it up) to see how long a call takes."""

@@ -1,4 +1,5 @@
 """Checks the benchmark tests share."""
+
 import math
 
 import jax
@@ -18,8 +19,9 @@ def assert_losses_agree(results, notes):
   def loose(r) -> bool:
     return tf32 and (r.precision == "default" or r.formulation.startswith("PyG"))
 
-  assert not [n for n in notes if "differs" in n
-              and not (tf32 and ("(default)" in n or "PyG" in n))], notes
+  assert not [
+    n for n in notes if "differs" in n and not (tf32 and ("(default)" in n or "PyG" in n))
+  ], notes
   by_case = {}
   for r in results:
     if r.ok and not loose(r):

@@ -4,6 +4,7 @@ Also the suite's guards (docs/development.md): a test file's compiled programs a
 it ends, each worker's peak RSS and the files it grew most on are reported, `slow` tests get a
 longer timeout, and `-n auto` starts no more workers than memory holds.
 """
+
 import ctypes
 import gc
 import os
@@ -36,6 +37,7 @@ def device(request):
     if not gpus:
       pytest.skip("no GPU visible to JAX")
     from jaxdata import _ffi
+
     if not _ffi.built_with_cuda():
       pytest.fail("JAX sees a GPU but jaxdata was built without CUDA")
     dev = gpus[0]
@@ -77,13 +79,15 @@ def _no_stale_effect_error():
   except (jax.errors.JaxRuntimeError, RuntimeError):
     import jax.numpy as jnp
     import numpy as np
+
     from jaxdata.host import HostTable, host_scatter_add
+
     with HostTable(np.zeros((1, 1), np.float32)) as table:
       for dev in jax.devices():
         with jax.default_device(dev):
-          jax.block_until_ready(host_scatter_add(table, jnp.zeros(1, jnp.int32),
-                                                 jnp.zeros((1, 1), jnp.float32)))
-
+          jax.block_until_ready(
+            host_scatter_add(table, jnp.zeros(1, jnp.int32), jnp.zeros((1, 1), jnp.float32))
+          )
 
 
 # -- the suite's guards --------------------------------------------------------------------------
@@ -100,8 +104,10 @@ def _rss() -> int:
 
 def _peak_rss() -> int:
   """The largest RSS this process or any test subprocess it waited for has reached."""
-  return 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+  return 1024 * max(
+    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+  )
 
 
 def _release_memory() -> None:
@@ -131,15 +137,20 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_addoption(parser):
-  parser.addoption("--no-cpu-variants", action="store_true",
-                   help="deselect the CPU instances of tests parametrized by the `device` fixture "
-                        "(the GPU gate: CI runs them)")
+  parser.addoption(
+    "--no-cpu-variants",
+    action="store_true",
+    help="deselect the CPU instances of tests parametrized by the `device` fixture "
+    "(the GPU gate: CI runs them)",
+  )
 
 
 def pytest_collection_modifyitems(config, items):
   if config.getoption("--no-cpu-variants"):
+
     def on_cpu(item):
       return getattr(item, "callspec", None) and item.callspec.params.get("device") == "cpu"
+
     config.hook.pytest_deselected(items=[i for i in items if on_cpu(i)])
     items[:] = [i for i in items if not on_cpu(i)]
   for item in items:
@@ -182,6 +193,8 @@ def pytest_terminal_summary(terminalreporter):
       growth[path] = growth.get(path, 0) + rss - before
       before = rss
     top = sorted(growth.items(), key=lambda kv: -kv[1])[:3]
-    tr.write_line(f"{worker}: peak {max(p for *_, p in seen) / GIB:.2f} GiB, ends at "
-                  f"{seen[-1][1] / GIB:.2f} GiB; grew most on "
-                  + ", ".join(f"{os.path.basename(p)} (+{g / GIB:.2f})" for p, g in top))
+    tr.write_line(
+      f"{worker}: peak {max(p for *_, p in seen) / GIB:.2f} GiB, ends at "
+      f"{seen[-1][1] / GIB:.2f} GiB; grew most on "
+      + ", ".join(f"{os.path.basename(p)} (+{g / GIB:.2f})" for p, g in top)
+    )

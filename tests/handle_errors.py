@@ -5,22 +5,33 @@ their kernels without waiting for the GPU: the call returns having read nothing 
 (fill values, padding), and the next jaxdata host call on that device fails with the error.
 (`host_scatter_add` and `host_slice` wait for the GPU and fail the call itself on both.)
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 
 def on_gpu(result: Any) -> bool:
-  return any(d.platform == "gpu" for leaf in jax.tree.leaves(result)
-             if isinstance(leaf, jax.Array) for d in leaf.devices())
+  return any(
+    d.platform == "gpu"
+    for leaf in jax.tree.leaves(result)
+    if isinstance(leaf, jax.Array)
+    for d in leaf.devices()
+  )
 
 
-def assert_handle_error(call: Callable[[], Any], match: str, *, then: Callable[[], Any],
-                        untouched: Callable[[Any], bool] | None = None) -> None:
+def assert_handle_error(
+  call: Callable[[], Any],
+  match: str,
+  *,
+  then: Callable[[], Any],
+  untouched: Callable[[Any], bool] | None = None,
+) -> None:
   """`call()` fails with an error matching `match`; or, on a GPU only, it returns a result for
   which `untouched` holds (nothing was read) and `then()`, the next jaxdata host call on the
   device, fails with that error, after which `then()` works again."""

@@ -11,6 +11,7 @@ native code names "jaxdata-..." (`own_threads()`): JAX's and the CUDA runtime's 
 on demand (more dispatching threads, more work in flight) and never shrink, so a count of all
 threads measures them, not a leak of ours.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,8 @@ import pathlib
 import pickle
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import pytest
@@ -43,8 +45,13 @@ def _child(conn, fn, args, kwargs):
   conn.close()
 
 
-def run_isolated(fn: Callable[..., Any], *args: Any, timeout: float = 300.0,
-                 env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+def run_isolated(
+  fn: Callable[..., Any],
+  *args: Any,
+  timeout: float = 300.0,
+  env: dict[str, str] | None = None,
+  **kwargs: Any,
+) -> Any:
   """Runs ``fn(*args, **kwargs)`` in a new process (spawned, so JAX starts fresh there).
 
   `fn` must be importable (a module-level function of a test module). The child inherits
@@ -136,28 +143,36 @@ def _files_under(dirs: tuple[str, ...]) -> frozenset[str]:
 @dataclasses.dataclass(frozen=True)
 class Resources:
   """What this process holds at one moment (Linux: /proc)."""
+
   rss: int
   fds: int
-  threads: int            # every thread (for reports)
-  own: int                # jaxdata's own threads (what leak checks compare)
+  threads: int  # every thread (for reports)
+  own: int  # jaxdata's own threads (what leak checks compare)
   files: frozenset[str]
 
   @classmethod
   def now(cls, *dirs: str | os.PathLike) -> Resources:
     """RSS, open descriptors, OS threads and the files under `dirs`."""
-    return cls(rss=_rss_bytes(), fds=len(os.listdir("/proc/self/fd")),
-               threads=len(os.listdir("/proc/self/task")), own=own_threads(),
-               files=_files_under(tuple(str(d) for d in dirs)))
+    return cls(
+      rss=_rss_bytes(),
+      fds=len(os.listdir("/proc/self/fd")),
+      threads=len(os.listdir("/proc/self/task")),
+      own=own_threads(),
+      files=_files_under(tuple(str(d) for d in dirs)),
+    )
 
   def assert_within(self, before: Resources, *, rss_bytes: int = 50 << 20, what: str = "") -> None:
     """Fails unless, since `before`, RSS grew by less than `rss_bytes` and no descriptor, thread
     of jaxdata's or file was left behind."""
     tag = f"{what}: " if what else ""
     grew = self.rss - before.rss
-    assert grew < rss_bytes, f"{tag}RSS grew by {grew / 2**20:.1f} MiB (budget {rss_bytes / 2**20:.0f})"
+    assert grew < rss_bytes, (
+      f"{tag}RSS grew by {grew / 2**20:.1f} MiB (budget {rss_bytes / 2**20:.0f})"
+    )
     assert self.fds <= before.fds, f"{tag}{self.fds - before.fds} descriptor(s) left open"
     assert self.own <= before.own, (
-        f"{tag}{self.own - before.own} of jaxdata's threads left running "
-        f"(python threads: {[t.name for t in threading.enumerate()]})")
+      f"{tag}{self.own - before.own} of jaxdata's threads left running "
+      f"(python threads: {[t.name for t in threading.enumerate()]})"
+    )
     left = sorted(self.files - before.files)
     assert not left, f"{tag}files left behind: {left[:5]}"

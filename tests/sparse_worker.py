@@ -13,6 +13,7 @@ process, every device holding its share of each global batch:
 
 Writes OUT_DIR/process{I}.npz with the tables and Adam's count.
 """
+
 import argparse
 import os
 import sys
@@ -24,6 +25,7 @@ def global_batches(devices: int):
   """The global batches every process draws alike: indices in [-ROWS, ROWS] (negative ones
   count from the end, ROWS is dropped), gradients."""
   import numpy as np
+
   rng = np.random.default_rng(7)
   n = devices * PER_DEVICE
   out = []
@@ -36,12 +38,16 @@ def global_batches(devices: int):
 
 def main(out: str) -> None:
   from jaxdata import distributed
+
   distributed.initialize(distributed.setup_from(argparse.Namespace()))
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   from jaxdata.host import HostTable, sparse
+
   try:
     shard_map = jax.shard_map
   except AttributeError:
@@ -64,10 +70,16 @@ def main(out: str) -> None:
   batch = NamedSharding(mesh, P("data"))
   for ids, grads in global_batches(len(devices)):
     jax.block_until_ready(step(distributed.put(ids, batch), distributed.put(grads, batch)))
-  np.savez(os.path.join(out, f"process{jax.process_index()}.npz"), counts=counts.as_numpy(),
-           weights=weights.as_numpy(), adam_count=adam_state.count.as_numpy())
-  print(f"process {jax.process_index()} of {jax.process_count()}: {len(devices)} devices, done",
-        flush=True)
+  np.savez(
+    os.path.join(out, f"process{jax.process_index()}.npz"),
+    counts=counts.as_numpy(),
+    weights=weights.as_numpy(),
+    adam_count=adam_state.count.as_numpy(),
+  )
+  print(
+    f"process {jax.process_index()} of {jax.process_count()}: {len(devices)} devices, done",
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ so every example reuses the compiled C++), and every graph is padded to one shap
 of extra nodes, edges and (source, relation) pairs beside the random part, computed by both
 sides), so that the jitted programs compile once.
 """
+
 import copy
 import dataclasses
 
@@ -17,18 +18,23 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from isolation import run_isolated
+
 from jaxdata import hector
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph
+from jaxdata.reference import attention as attention_ref
+from jaxdata.reference import rgcn as rgcn_ref
 
 N, R, MAX_E = 16, 4, 48
 #: the padded shape: nodes, edges, unique (source, relation) pairs
 N_ALL, E_ALL, P_ALL = N + 13, 2 * MAX_E, MAX_E + 1
 D_IN, D_OUT, HEADS, D_HEAD = 5, 3, 2, 3
-CHEAP = settings(deadline=None, max_examples=40, derandomize=True,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+CHEAP = settings(
+  deadline=None,
+  max_examples=40,
+  derandomize=True,
+  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @st.composite
@@ -64,16 +70,26 @@ def padded(src, dst, et, rng) -> HeteroGraph:
   assert 1 <= need <= min(pad, (N_ALL - N) * R)
   k = np.concatenate([np.arange(need), np.zeros(pad - need, int)])
   return HeteroGraph.from_edges(
-      np.concatenate([src, N + k // R]), np.concatenate([dst, rng.integers(N, N_ALL, pad)]),
-      np.concatenate([et, k % R]), num_nodes=N_ALL, relation_names=[f"r{i}" for i in range(R)])
+    np.concatenate([src, N + k // R]),
+    np.concatenate([dst, rng.integers(N, N_ALL, pad)]),
+    np.concatenate([et, k % R]),
+    num_nodes=N_ALL,
+    relation_names=[f"r{i}" for i in range(R)],
+  )
 
 
 def _params(seed=0):
   rng = np.random.default_rng(seed)
   f = lambda *s: (rng.standard_normal(s) * 0.5).astype(np.float32)  # noqa: E731
-  return dict(x=f(N_ALL, D_IN), w=f(R, D_IN, D_OUT), ct=f(N_ALL, D_OUT),
-              wa=f(R, D_IN, HEADS * D_HEAD), a_src=f(R, HEADS, D_HEAD), a_dst=f(R, HEADS, D_HEAD),
-              cta=f(N_ALL, HEADS * D_HEAD))
+  return dict(
+    x=f(N_ALL, D_IN),
+    w=f(R, D_IN, D_OUT),
+    ct=f(N_ALL, D_OUT),
+    wa=f(R, D_IN, HEADS * D_HEAD),
+    a_src=f(R, HEADS, D_HEAD),
+    a_dst=f(R, HEADS, D_HEAD),
+    cta=f(N_ALL, HEADS * D_HEAD),
+  )
 
 
 P = _params()
@@ -90,10 +106,14 @@ def hector_outputs(ga):
   def rgat(x, w, a_src, a_dst):
     return jnp.vdot(hector.rgat_message(ga, x, w, a_src, a_dst), p["cta"])
 
-  return ([hector.rgcn_message(ga, p["x"], p["w"]),
-           hector.rgat_message(ga, p["x"], p["wa"], p["a_src"], p["a_dst"])]
-          + list(jax.grad(rgcn, argnums=(0, 1))(p["x"], p["w"]))
-          + list(jax.grad(rgat, argnums=(0, 1, 2, 3))(p["x"], p["wa"], p["a_src"], p["a_dst"])))
+  return (
+    [
+      hector.rgcn_message(ga, p["x"], p["w"]),
+      hector.rgat_message(ga, p["x"], p["wa"], p["a_src"], p["a_dst"]),
+    ]
+    + list(jax.grad(rgcn, argnums=(0, 1))(p["x"], p["w"]))
+    + list(jax.grad(rgat, argnums=(0, 1, 2, 3))(p["x"], p["wa"], p["a_src"], p["a_dst"]))
+  )
 
 
 @jax.jit
@@ -107,13 +127,19 @@ def reference_outputs(src, dst, etype, norm):
     return rgcn_ref.per_edge_weights(src, dst, etype, norm, N_ALL, x, w)
 
   def rgat(x, w, a_src, a_dst):
-    return attention_ref.RGAT["per-edge weights"](src, dst, etype, x,
-                                                    attention_ref.RGATParams(w, a_src, a_dst))
+    return attention_ref.RGAT["per-edge weights"](
+      src, dst, etype, x, attention_ref.RGATParams(w, a_src, a_dst)
+    )
 
-  return ([rgcn(p["x"], p["w"]), rgat(p["x"], p["wa"], p["a_src"], p["a_dst"])]
-          + list(jax.grad(lambda *a: jnp.vdot(rgcn(*a), p["ct"]), argnums=(0, 1))(p["x"], p["w"]))
-          + list(jax.grad(lambda *a: jnp.vdot(rgat(*a), p["cta"]), argnums=(0, 1, 2, 3))(
-              p["x"], p["wa"], p["a_src"], p["a_dst"])))
+  return (
+    [rgcn(p["x"], p["w"]), rgat(p["x"], p["wa"], p["a_src"], p["a_dst"])]
+    + list(jax.grad(lambda *a: jnp.vdot(rgcn(*a), p["ct"]), argnums=(0, 1))(p["x"], p["w"]))
+    + list(
+      jax.grad(lambda *a: jnp.vdot(rgat(*a), p["cta"]), argnums=(0, 1, 2, 3))(
+        p["x"], p["wa"], p["a_src"], p["a_dst"]
+      )
+    )
+  )
 
 
 NAMES = ["rgcn", "rgat", "rgcn dx", "rgcn dW", "rgat dx", "rgat dW", "rgat da_src", "rgat da_dst"]
@@ -135,8 +161,13 @@ def test_rgcn_and_rgat_match_reference_on_adversarial_graphs(device, g):
 # ---------------------------------------------------------------------------- malformed arrays
 def _corrupt(ga, field, where, kind):
   a = np.asarray(getattr(ga, field)).copy()
-  bound = {"src": ga.num_nodes, "dst": ga.num_nodes, "etype": ga.num_relations,
-           "pair_src": ga.num_nodes, "pair_etype": ga.num_relations}.get(field, len(a) + 1)
+  bound = {
+    "src": ga.num_nodes,
+    "dst": ga.num_nodes,
+    "etype": ga.num_relations,
+    "pair_src": ga.num_nodes,
+    "pair_etype": ga.num_relations,
+  }.get(field, len(a) + 1)
   i = where % len(a)
   if kind == "too big":
     a[i] = bound + where
@@ -153,8 +184,12 @@ FIELDS = [f.name for f in dataclasses.fields(hector.GraphArrays)][:17]
 
 
 @settings(deadline=None, max_examples=40, derandomize=True)
-@given(g=graphs(), field=st.sampled_from(FIELDS), where=st.integers(0, 100),
-       kind=st.sampled_from(["too big", "negative", "short", "wrong dtype"]))
+@given(
+  g=graphs(),
+  field=st.sampled_from(FIELDS),
+  where=st.integers(0, 100),
+  kind=st.sampled_from(["too big", "negative", "short", "wrong dtype"]),
+)
 def test_malformed_graph_arrays_raise_a_value_error_naming_the_field(g, field, where, kind):
   ga = hector.GraphArrays.from_graph(g)
   if len(getattr(ga, field)) == 0 or (field == "norm" and kind in ("too big", "negative")):
@@ -162,16 +197,16 @@ def test_malformed_graph_arrays_raise_a_value_error_naming_the_field(g, field, w
   bad = _corrupt(ga, field, where, kind)
   with pytest.raises(ValueError, match=f"hector.GraphArrays: {field}\\b") as info:
     dataclasses.replace(ga, **{field: bad})
-  assert "must" in str(info.value) or "outside" in str(info.value) or "disagrees" in str(
-      info.value)
+  assert "must" in str(info.value) or "outside" in str(info.value) or "disagrees" in str(info.value)
 
 
 # ---------------------------------------------------------------------------- past validation
 def run_corrupted(platform, graph_edges, cases):
   """In a subprocess: `hector_outputs` for each case, ids replaced behind the dataclass."""
   with jax.default_device(jax.devices(platform)[0]):
-    ga = hector.GraphArrays.from_graph(HeteroGraph.from_edges(*graph_edges, num_nodes=N_ALL,
-                                                              relation_names=list("abcd")))
+    ga = hector.GraphArrays.from_graph(
+      HeteroGraph.from_edges(*graph_edges, num_nodes=N_ALL, relation_names=list("abcd"))
+    )
     out = []
     for edits in cases:
       g = copy.copy(ga)
@@ -181,11 +216,15 @@ def run_corrupted(platform, graph_edges, cases):
     return out
 
 
-BAD = st.sampled_from([-1, -10**8, 10**8, 2**31 - 1, -2**31])
+BAD = st.sampled_from([-1, -(10**8), 10**8, 2**31 - 1, -(2**31)])
 
 
-@settings(deadline=None, max_examples=2, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+  deadline=None,
+  max_examples=2,
+  derandomize=True,
+  suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(g=graphs(), data=st.data())
 def test_ids_out_of_range_past_validation_drop_their_edges(device, g, data):
   """Several random edits per case (src / dst / etype / pair out of range), all in one
@@ -193,8 +232,13 @@ def test_ids_out_of_range_past_validation_drop_their_edges(device, g, data):
   e = g.num_edges
   edit = st.tuples(st.sampled_from(["src", "dst", "etype", "pair"]), st.integers(0, e - 1), BAD)
   cases = data.draw(st.lists(st.lists(edit, min_size=1, max_size=3), min_size=6, max_size=6))
-  got = run_isolated(run_corrupted, device.platform, (g.src, g.dst, g.etype), cases,
-                     env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})  # shares the GPU
+  got = run_isolated(
+    run_corrupted,
+    device.platform,
+    (g.src, g.dst, g.etype),
+    cases,
+    env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+  )  # shares the GPU
   norm = g.edge_norm("mean")
   for edits, outs in zip(cases, got):
     keep = np.ones(e, bool)

@@ -6,25 +6,44 @@ sitting on the int32/uint32 edges, random fill values (huge, negative, non-finit
 crash the process (closed and stale tables inside compiled programs, foreign handles, vmap over a
 table) runs in a subprocess through `run_isolated`, many cases per process.
 """
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from isolation import run_isolated
+
 from jaxdata.host import HostTable, host_gather, host_scatter_add
 
 TABLE_DTYPES = [np.float32, ml_dtypes.bfloat16, np.int8, np.int32, np.int64, np.float64]
 SCATTER_DTYPES = [np.float32, ml_dtypes.bfloat16, np.int32, np.int64, np.float64]
 INDEX_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 EDGES = [0, 1, -1, 2**31 - 1, -(2**31), 2**31, 2**32 - 1, 2**32, 2**63 - 1, -(2**63), 2**64 - 1]
-FILLS = [None, 0, -1, 1.5, -2.5, 2**40, -(2**40), 2**63 - 1, 300, -129, np.inf, -np.inf, np.nan,
-         np.float32(7), np.int64(-(2**62)), True]
+FILLS = [
+  None,
+  0,
+  -1,
+  1.5,
+  -2.5,
+  2**40,
+  -(2**40),
+  2**63 - 1,
+  300,
+  -129,
+  np.inf,
+  -np.inf,
+  np.nan,
+  np.float32(7),
+  np.int64(-(2**62)),
+  True,
+]
 
-SETTINGS = settings(max_examples=40, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+  max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def random_table(rng, rows, cols, dtype):
@@ -64,24 +83,40 @@ def assert_bits(got, want):
 
 
 @SETTINGS
-@given(data=st.data(), rows=st.integers(1, 40), cols=st.integers(1, 9),
-       dtype=st.sampled_from(TABLE_DTYPES), mode=st.sampled_from(["fill", "clip"]),
-       fill=st.sampled_from(FILLS), seed=st.integers(0, 2**32 - 1), jit=st.booleans())
-def test_gather_equals_take_for_any_indices_and_fill(device, data, rows, cols, dtype, mode, fill,
-                                                     seed, jit):
+@given(
+  data=st.data(),
+  rows=st.integers(1, 40),
+  cols=st.integers(1, 9),
+  dtype=st.sampled_from(TABLE_DTYPES),
+  mode=st.sampled_from(["fill", "clip"]),
+  fill=st.sampled_from(FILLS),
+  seed=st.integers(0, 2**32 - 1),
+  jit=st.booleans(),
+)
+def test_gather_equals_take_for_any_indices_and_fill(
+  device, data, rows, cols, dtype, mode, fill, seed, jit
+):
   table_data = random_table(np.random.default_rng(seed), rows, cols, dtype)
   idx = data.draw(index_arrays(rows))
   # The reference runs on the CPU: a non-finite fill of an integer table converts as the CPU
   # converts it, and host_gather promises that value on every device.
   with jax.default_device(jax.devices("cpu")[0]):
     try:
-      want = jnp.take(jnp.asarray(table_data), jnp.asarray(canonical(idx, rows)), axis=0,
-                      mode=mode, fill_value=fill)
+      want = jnp.take(
+        jnp.asarray(table_data),
+        jnp.asarray(canonical(idx, rows)),
+        axis=0,
+        mode=mode,
+        fill_value=fill,
+      )
     except (TypeError, ValueError, OverflowError):
       want = None
   with HostTable(table_data) as table:
-    gather = jax.jit(lambda i: host_gather(table, i, mode=mode, fill_value=fill)) if jit else (
-        lambda i: host_gather(table, i, mode=mode, fill_value=fill))
+    gather = (
+      jax.jit(lambda i: host_gather(table, i, mode=mode, fill_value=fill))
+      if jit
+      else (lambda i: host_gather(table, i, mode=mode, fill_value=fill))
+    )
     if want is None:  # jnp.take refuses this fill value: so does host_gather, clearly
       with pytest.raises(ValueError, match="host_gather: fill_value"):
         gather(jnp.asarray(idx))
@@ -102,8 +137,14 @@ def add_at_reference(data, idx, updates):
 
 
 @SETTINGS
-@given(data=st.data(), rows=st.integers(1, 30), cols=st.integers(1, 6),
-       dtype=st.sampled_from(SCATTER_DTYPES), seed=st.integers(0, 2**32 - 1), calls=st.integers(1, 3))
+@given(
+  data=st.data(),
+  rows=st.integers(1, 30),
+  cols=st.integers(1, 6),
+  dtype=st.sampled_from(SCATTER_DTYPES),
+  seed=st.integers(0, 2**32 - 1),
+  calls=st.integers(1, 3),
+)
 def test_scatter_add_equals_add_at_for_any_indices(device, data, rows, cols, dtype, seed, calls):
   rng = np.random.default_rng(seed)
   table_data = random_table(rng, rows, cols, dtype)
@@ -112,8 +153,9 @@ def test_scatter_add_equals_add_at_for_any_indices(device, data, rows, cols, dty
     step = jax.jit(host_scatter_add)
     for _ in range(calls):
       idx = data.draw(index_arrays(rows))
-      updates = random_table(rng, max(idx.size, 1), cols, dtype)[:idx.size].reshape(
-          idx.shape + (cols,))
+      updates = random_table(rng, max(idx.size, 1), cols, dtype)[: idx.size].reshape(
+        idx.shape + (cols,)
+      )
       jax.block_until_ready(step(table, jnp.asarray(idx), jnp.asarray(updates)))
       want = add_at_reference(want, idx, updates)
     got = table.as_numpy().copy()
@@ -130,11 +172,14 @@ def _misuse_cases(seed):
   A wrong answer is reported as "WRONG ..."; a crash kills the process (and fails the test).
   """
   import os
+
   os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
   import jax
   import jax.numpy as jnp
   import numpy as np
+
   from jaxdata.host import HostGraph, HostTable, host_gather, host_scatter_add, sample_neighbors
+
   jax.config.update("jax_enable_x64", True)
   rng = np.random.default_rng(seed)
   out = []
@@ -144,8 +189,12 @@ def _misuse_cases(seed):
   def attempt(name, fn, check=None):
     try:
       result = jax.block_until_ready(fn())
-      if any(d.platform == "gpu" for leaf in jax.tree.leaves(result)
-             if isinstance(leaf, jax.Array) for d in leaf.devices()):
+      if any(
+        d.platform == "gpu"
+        for leaf in jax.tree.leaves(result)
+        if isinstance(leaf, jax.Array)
+        for d in leaf.devices()
+      ):
         # A GPU kernel that met a bad handle read nothing and left the error for the next
         # jaxdata host call on the device: make that call, and take its error as this one's.
         jax.block_until_ready(host_gather(probe, jnp.zeros(1, jnp.int32)))
@@ -156,23 +205,38 @@ def _misuse_cases(seed):
 
   gather = jax.jit(host_gather)
   scatter = jax.jit(host_scatter_add)
-  for k in range(12):
+
+  def table_cases(k):
+    """Gathers and scatters on one random table, right and wrong ones, then on it closed."""
     rows, cols = int(rng.integers(1, 50)), int(rng.integers(1, 8))
     data = rng.standard_normal((rows, cols)).astype(np.float32)
     table = HostTable(data)
     idx = jnp.asarray(rng.integers(-3 * rows, 3 * rows, size=int(rng.integers(0, 40))))
     closure = jax.jit(lambda i, t=table: host_gather(t, i))
-    attempt(f"gather, compiled closure {k}", lambda: closure(idx),
-            lambda r: np.array_equal(np.asarray(r), np.asarray(jnp.take(data, idx, axis=0)),
-                                     equal_nan=True))
-    attempt(f"gather {k}", lambda: gather(table, idx),
-            lambda r: np.array_equal(np.asarray(r), np.asarray(jnp.take(data, idx, axis=0)),
-                                     equal_nan=True))
+    attempt(
+      f"gather, compiled closure {k}",
+      lambda: closure(idx),
+      lambda r: np.array_equal(
+        np.asarray(r), np.asarray(jnp.take(data, idx, axis=0)), equal_nan=True
+      ),
+    )
+    attempt(
+      f"gather {k}",
+      lambda: gather(table, idx),
+      lambda r: np.array_equal(
+        np.asarray(r), np.asarray(jnp.take(data, idx, axis=0)), equal_nan=True
+      ),
+    )
     other = HostTable(np.zeros((rows + 1, cols), np.float32))
     foreign = jax.tree.unflatten(jax.tree.structure(table), [other.handle])
     attempt(f"foreign handle {k}", lambda: gather(foreign, idx))
-    attempt(f"forged handle {k}", lambda: gather(
-        jax.tree.unflatten(jax.tree.structure(table), [np.int32(rng.integers(-2**31, 2**31))]), idx))
+    attempt(
+      f"forged handle {k}",
+      lambda: gather(
+        jax.tree.unflatten(jax.tree.structure(table), [np.int32(rng.integers(-(2**31), 2**31))]),
+        idx,
+      ),
+    )
     attempt(f"scatter wrong rows {k}", lambda: scatter(foreign, idx, jnp.ones(idx.shape + (cols,))))
     attempt(f"vmap over a table {k}", lambda: jax.vmap(host_gather)(table, idx[None]))
     table.close()
@@ -180,6 +244,9 @@ def _misuse_cases(seed):
     attempt(f"closed, compiled {k}", lambda: closure(idx))
     attempt(f"closed, as argument {k}", lambda: gather(table, idx))
     attempt(f"closed, scatter {k}", lambda: scatter(table, idx, jnp.ones(idx.shape + (cols,))))
+
+  for k in range(12):
+    table_cases(k)
   graph = HostGraph.from_edges(rng.integers(0, 20, 60), rng.integers(0, 20, 60), 20)
   sample = jax.jit(lambda s: sample_neighbors(graph, s, (3, 2), jax.random.key(0)))
   attempt("sample", lambda: sample(jnp.arange(-2, 22, dtype=jnp.int32)).nodes[-1])

@@ -7,6 +7,7 @@ behind. Cases that could crash or hang run in a subprocess (`run_isolated`), man
 examples per subprocess; the platform comes from the `device` fixture, so the GPU run covers
 the CUDA handlers.
 """
+
 import os
 import resource
 import signal
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from isolation import descriptors_into, own_threads, run_isolated
+
 from jaxdata import offload
 
 CHUNK = 4096
@@ -63,7 +64,8 @@ class _Programs:
     key = ("spill", x.shape, tier)
     if key not in self._cache:
       self._cache[key] = jax.jit(
-          lambda x: offload.spill([x], self.store, site=self.site, tier=tier))
+        lambda x: offload.spill([x], self.store, site=self.site, tier=tier)
+      )
     return jax.block_until_ready(self._cache[key](x))
 
   def load(self, ticket, like):
@@ -85,9 +87,13 @@ def _file_fault_cases(ssd_dir, examples):
   programs = _Programs(store)
 
   @settings(max_examples=examples, **_SETTINGS)
-  @given(shape=st.sampled_from(_SHAPES), seed=st.integers(0, 2**31 - 1),
-         fault=st.sampled_from(["none", "truncate", "corrupt", "delete", "replace", "grow"]),
-         where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
+  @given(
+    shape=st.sampled_from(_SHAPES),
+    seed=st.integers(0, 2**31 - 1),
+    fault=st.sampled_from(["none", "truncate", "corrupt", "delete", "replace", "grow"]),
+    where=st.floats(0, 1, exclude_max=True),
+    bit=st.integers(0, 7),
+  )
   def case(shape, seed, fault, where, bit):
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
     written = store.stats()["ssd_written"]
@@ -142,8 +148,13 @@ def _file_fault_cases(ssd_dir, examples):
 
 
 def test_spill_file_faults_end_in_the_right_data_or_a_clear_error(device, tmp_path):
-  outcomes = run_isolated(_file_fault_cases, str(tmp_path / "ssd"), 40, timeout=240,
-                          env={"JAX_PLATFORMS": "cpu" if device.platform == "cpu" else "cuda"})
+  outcomes = run_isolated(
+    _file_fault_cases,
+    str(tmp_path / "ssd"),
+    40,
+    timeout=240,
+    env={"JAX_PLATFORMS": "cpu" if device.platform == "cpu" else "cuda"},
+  )
   assert sum(outcomes.values()) >= 20, outcomes
   assert os.listdir(tmp_path / "ssd") == []
 
@@ -237,8 +248,13 @@ def _close_mid_flight_cases(ssd_dir, rounds):
 
 
 def test_close_mid_flight_ends_in_the_right_data_or_closed(device, tmp_path):
-  counts = run_isolated(_close_mid_flight_cases, str(tmp_path / "ssd"), 6, timeout=240,
-                        env={"JAX_PLATFORMS": "cpu" if device.platform == "cpu" else "cuda"})
+  counts = run_isolated(
+    _close_mid_flight_cases,
+    str(tmp_path / "ssd"),
+    6,
+    timeout=240,
+    env={"JAX_PLATFORMS": "cpu" if device.platform == "cpu" else "cuda"},
+  )
   assert counts["closed"] == 3 * 6, counts  # every worker was stopped by its close()
   assert os.listdir(tmp_path / "ssd") == []
 
@@ -248,12 +264,16 @@ def test_close_mid_flight_ends_in_the_right_data_or_closed(device, tmp_path):
 
 
 @settings(max_examples=25, **_SETTINGS)
-@given(cap_chunks=st.integers(1, 8), sizes=st.lists(st.sampled_from(_SHAPES), min_size=1,
-                                                     max_size=4))
+@given(
+  cap_chunks=st.integers(1, 8), sizes=st.lists(st.sampled_from(_SHAPES), min_size=1, max_size=4)
+)
 def test_ssd_cap_gives_full_errors_and_keeps_what_fits(device, cap_chunks, sizes):
   import tempfile
-  with tempfile.TemporaryDirectory() as parent, \
-      _store(parent, ssd_bytes=cap_chunks * CHUNK) as store:
+
+  with (
+    tempfile.TemporaryDirectory() as parent,
+    _store(parent, ssd_bytes=cap_chunks * CHUNK) as store,
+  ):
     programs = _Programs(store)
     held = []
     for i, shape in enumerate(sizes):
@@ -268,8 +288,9 @@ def test_ssd_cap_gives_full_errors_and_keeps_what_fits(device, cap_chunks, sizes
       else:
         assert fits
     for ticket, x in reversed(held):
-      np.testing.assert_array_equal(programs.load(ticket, jax.ShapeDtypeStruct(x.shape,
-                                                                              x.dtype)), x)
+      np.testing.assert_array_equal(
+        programs.load(ticket, jax.ShapeDtypeStruct(x.shape, x.dtype)), x
+      )
     _assert_clean(store)
 
 
@@ -286,8 +307,9 @@ def _file_size_limit_cases(ssd_dir, examples):
   outcomes = {"ok": 0, "too large": 0}
 
   @settings(max_examples=examples, **_SETTINGS)
-  @given(limit_chunks=st.integers(1, 20), shape=st.sampled_from(shapes),
-         seed=st.integers(0, 2**31 - 1))
+  @given(
+    limit_chunks=st.integers(1, 20), shape=st.sampled_from(shapes), seed=st.integers(0, 2**31 - 1)
+  )
   def case(limit_chunks, shape, seed):
     limit = limit_chunks * CHUNK
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
@@ -305,8 +327,7 @@ def _file_size_limit_cases(ssd_dir, examples):
         outcomes["ok"] += 1
       _assert_clean(store)
     finally:
-      resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,
-                                                 resource.RLIM_INFINITY))
+      resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
   case()
   directory = store.directory
@@ -316,8 +337,13 @@ def _file_size_limit_cases(ssd_dir, examples):
 
 
 def test_file_size_limit_fails_spills_cleanly(device, tmp_path):
-  outcomes = run_isolated(_file_size_limit_cases, str(tmp_path / "ssd"), 25, timeout=240,
-                          env={"JAX_PLATFORMS": "cpu" if device.platform == "cpu" else "cuda"})
+  outcomes = run_isolated(
+    _file_size_limit_cases,
+    str(tmp_path / "ssd"),
+    25,
+    timeout=240,
+    env={"JAX_PLATFORMS": "cpu" if device.platform == "cpu" else "cuda"},
+  )
   assert outcomes["ok"] > 0 and outcomes["too large"] > 0, outcomes
   assert os.listdir(tmp_path / "ssd") == []
 
@@ -327,14 +353,22 @@ def test_file_size_limit_fails_spills_cleanly(device, tmp_path):
 
 
 @settings(max_examples=30, **_SETTINGS)
-@given(ram_chunks=st.integers(0, 12), ssd=st.booleans(),
-       plan=st.lists(st.tuples(st.sampled_from(_SHAPES), st.sampled_from(["auto", "ram", "ssd"])),
-                     min_size=1, max_size=5))
-def test_ram_pressure_spills_to_the_right_tier_or_says_what_is_full(device, ram_chunks, ssd,
-                                                                   plan):
+@given(
+  ram_chunks=st.integers(0, 12),
+  ssd=st.booleans(),
+  plan=st.lists(
+    st.tuples(st.sampled_from(_SHAPES), st.sampled_from(["auto", "ram", "ssd"])),
+    min_size=1,
+    max_size=5,
+  ),
+)
+def test_ram_pressure_spills_to_the_right_tier_or_says_what_is_full(device, ram_chunks, ssd, plan):
   import tempfile
-  with tempfile.TemporaryDirectory() as parent, \
-      _store(parent if ssd else None, ram_bytes=ram_chunks * CHUNK) as store:
+
+  with (
+    tempfile.TemporaryDirectory() as parent,
+    _store(parent if ssd else None, ram_bytes=ram_chunks * CHUNK) as store,
+  ):
     programs = _Programs(store)
     held = []
     for i, (shape, tier) in enumerate(plan):
@@ -350,6 +384,7 @@ def test_ram_pressure_spills_to_the_right_tier_or_says_what_is_full(device, ram_
         if not ssd:
           assert "no SSD tier" in msg and "ssd_dir=" in msg, msg
     for ticket, x in reversed(held):
-      np.testing.assert_array_equal(programs.load(ticket, jax.ShapeDtypeStruct(x.shape,
-                                                                              x.dtype)), x)
+      np.testing.assert_array_equal(
+        programs.load(ticket, jax.ShapeDtypeStruct(x.shape, x.dtype)), x
+      )
     _assert_clean(store)

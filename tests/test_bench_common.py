@@ -4,6 +4,7 @@ Against a simulated asynchronous device on a virtual clock (`timing.time.perf_co
 patched), so the figures are exact and do not depend on how busy the machine running the tests
 is.
 """
+
 import types
 
 import pytest
@@ -39,6 +40,7 @@ def device(monkeypatch):
     dev = FakeDevice(*args, **kwargs)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: dev.now))
     return dev
+
   return make
 
 

@@ -1,5 +1,6 @@
 """`jaxdata bench hetero` (jaxdata/bench/hetero.py) and its NumPy NeighborLoader stand-in
 (jaxdata/bench/pyg_sampler.py), at a tiny scale on the CPU."""
+
 import collections
 import importlib.util
 import logging
@@ -13,8 +14,9 @@ from jaxdata.bench import hetero, pyg_sampler
 from jaxdata.data import synthetic_mag
 
 HAS_PYG = importlib.util.find_spec("torch_geometric") is not None
-TINY = dict(scale=0.002, batch_size=32, batches=2, warmup=1, fanouts=(4, 3), classes=8,
-            hidden=16, heads=2)
+TINY = dict(
+  scale=0.002, batch_size=32, batches=2, warmup=1, fanouts=(4, 3), classes=8, hidden=16, heads=2
+)
 
 
 class _Compiles(logging.Handler):
@@ -65,8 +67,7 @@ def test_jaxdata_pipelines_see_the_same_samples_and_train_to_the_same_losses(tin
   got = _by_name(tiny_run[0])
   host = got["host"]
   for name in ("host-prefetch", "host-cache", "device", "cpu"):
-    np.testing.assert_allclose(got[name].losses, host.losses, rtol=1e-5, atol=1e-6,
-                               err_msg=name)
+    np.testing.assert_allclose(got[name].losses, host.losses, rtol=1e-5, atol=1e-6, err_msg=name)
     assert got[name].edges_per_batch == host.edges_per_batch
     if name != "host-cache":
       assert got[name].feature_bytes == host.feature_bytes
@@ -81,6 +82,7 @@ def test_link_bound_counts_the_gathered_rows_of_the_outermost_frontier():
   from the sample itself with NumPy."""
   from jaxdata.host.blocks import sample_blocks  # pylint: disable=g-import-not-at-top
   from jaxdata.train.attention.minibatch import HostData  # pylint: disable=g-import-not-at-top
+
   ds = synthetic_mag(scale=0.002, num_classes=8)
   row_bytes = [x.shape[1] * 4 for x in ds.features]
   seeds = np.asarray(ds.train_papers[:16], np.int32)
@@ -105,13 +107,35 @@ def test_each_jaxdata_step_compiles_once_so_the_timed_batches_compile_nothing(ti
 
 def test_markdown_states_command_hardware_rows_and_the_link_bound(tiny_run, tmp_path):
   results, link, notes, dataset, _ = tiny_run
-  text = hetero.markdown(results, link, notes, dataset, "jaxdata bench hetero --quick",
-                         model="hgt", fanouts=TINY["fanouts"], batch_size=TINY["batch_size"],
-                         batches=TINY["batches"], warmup=TINY["warmup"], hidden=16, heads=2)
-  for want in ("Command: `jaxdata bench hetero --quick`", "- device: ", "- software: jax ",
-               "- date: ", "GPU-centric (jaxdata)", "all-in-GPU (jaxdata)", "CPU-centric",
-               "PyG", "NeighborLoader", "extrapolated", "link bound", "x the bound",
-               "Link bound: "):
+  text = hetero.markdown(
+    results,
+    link,
+    notes,
+    dataset,
+    "jaxdata bench hetero --quick",
+    model="hgt",
+    fanouts=TINY["fanouts"],
+    batch_size=TINY["batch_size"],
+    batches=TINY["batches"],
+    warmup=TINY["warmup"],
+    hidden=16,
+    heads=2,
+  )
+  for want in (
+    "Command: `jaxdata bench hetero --quick`",
+    "- device: ",
+    "- software: jax ",
+    "- date: ",
+    "GPU-centric (jaxdata)",
+    "all-in-GPU (jaxdata)",
+    "CPU-centric",
+    "PyG",
+    "NeighborLoader",
+    "extrapolated",
+    "link bound",
+    "x the bound",
+    "Link bound: ",
+  ):
     assert want in text, want
   table = text.split("## The bars")[0]
   table = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
@@ -121,9 +145,11 @@ def test_markdown_states_command_hardware_rows_and_the_link_bound(tiny_run, tmp_
 
 def test_bars_are_judged_from_the_measured_ratios():
   R = hetero.Result
-  results = [R("host", "g", batch_ms=10.0, epoch_seconds=1.0), R("cpu", "c", batch_ms=60.0,
-                                                                   epoch_seconds=6.0),
-             R("pyg", "p", batch_ms=40.0, epoch_seconds=4.0)]
+  results = [
+    R("host", "g", batch_ms=10.0, epoch_seconds=1.0),
+    R("cpu", "c", batch_ms=60.0, epoch_seconds=6.0),
+    R("pyg", "p", batch_ms=40.0, epoch_seconds=4.0),
+  ]
   link = hetero.LinkBound(feature_bytes=8e8, memcpy_gbps=100.0, copy_bytes=1)  # 8 ms
   _, rows = hetero.bars(results, link)
   assert [r[2] for r in rows] == ["**not met**", "met", "met"]
@@ -132,14 +158,38 @@ def test_bars_are_judged_from_the_measured_ratios():
   assert [r[2] for r in rows] == ["open", "open", "open"]
 
 
-def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(tmp_path, capsys,
-                                                                         monkeypatch):
+def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(
+  tmp_path, capsys, monkeypatch
+):
   monkeypatch.setattr(hetero, "_fits_on_device", lambda ds: "pretend it is too large")
   out = tmp_path / "hetero.md"
-  code = cli.main(["bench", "hetero", "--quick", "--scale", "0.002", "--batch-size", "16",
-                   "--batches", "1", "--warmup", "0", "--fanouts", "3,2", "--hidden", "8",
-                   "--heads", "2", "--model", "rgat", "--pipelines", "host,device",
-                   "--out", str(out)])
+  code = cli.main(
+    [
+      "bench",
+      "hetero",
+      "--quick",
+      "--scale",
+      "0.002",
+      "--batch-size",
+      "16",
+      "--batches",
+      "1",
+      "--warmup",
+      "0",
+      "--fanouts",
+      "3,2",
+      "--hidden",
+      "8",
+      "--heads",
+      "2",
+      "--model",
+      "rgat",
+      "--pipelines",
+      "host,device",
+      "--out",
+      str(out),
+    ]
+  )
   assert code == 0
   text = out.read_text()
   assert "# Mini-batch RGAT" in text and "RGATConv" in text
@@ -173,8 +223,9 @@ def mag():
 
 def _graph_edges(ds):
   g = ds.graph
-  return collections.Counter(zip(np.asarray(g.src).tolist(), np.asarray(g.dst).tolist(),
-                                 np.asarray(g.etype).tolist()))
+  return collections.Counter(
+    zip(np.asarray(g.src).tolist(), np.asarray(g.dst).tolist(), np.asarray(g.etype).tolist())
+  )
 
 
 def _in_degree(ds, relation: int) -> collections.Counter:
@@ -194,7 +245,7 @@ def test_sampler_does_what_neighborloader_does(mag, fanouts):
 
   # nodes: distinct per type, the seeds first, rounds add up
   paper = types.index("paper")
-  np.testing.assert_array_equal(batch.node_ids[paper][:len(seeds)], seeds)
+  np.testing.assert_array_equal(batch.node_ids[paper][: len(seeds)], seeds)
   for t, ids in enumerate(batch.node_ids):
     assert len(np.unique(ids)) == len(ids)
     assert sum(batch.num_sampled_nodes[t]) == len(ids)
@@ -211,8 +262,9 @@ def test_sampler_does_what_neighborloader_does(mag, fanouts):
     dst = batch.node_ids[d][dst_pos] + offsets[d]
     used = collections.Counter(zip(src.tolist(), dst.tolist()))
     for (a, b), k in used.items():
-      assert edges[(a, b, r)] >= k, f"edge {a}->{b} of relation {r} drawn {k}x, graph has " \
-                                    f"{edges[(a, b, r)]}"
+      assert edges[(a, b, r)] >= k, (
+        f"edge {a}->{b} of relation {r} drawn {k}x, graph has {edges[(a, b, r)]}"
+      )
     assert len(np.unique(batch.edge_ids[r])) == len(batch.edge_ids[r])  # no edge twice
     drawn.update((int(v), r) for v in dst.tolist())
 
@@ -221,7 +273,7 @@ def test_sampler_does_what_neighborloader_does(mag, fanouts):
   for t, name in enumerate(types):
     bounds = np.cumsum([0] + batch.num_sampled_nodes[t])
     for hop in range(len(fanouts) + 1):
-      for v in batch.node_ids[t][bounds[hop]:bounds[hop + 1]] + offsets[t]:
+      for v in batch.node_ids[t][bounds[hop] : bounds[hop + 1]] + offsets[t]:
         for r, rel in enumerate(rels):
           if rel[2] != name:
             continue

@@ -8,11 +8,11 @@ refusal of a signature it does not know.
 import jax
 import numpy as np
 import pytest
+from bench_checks import assert_losses_agree
 
 from jaxdata import cli
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_attention as ra
-from bench_checks import assert_losses_agree
 
 pytest.importorskip("torch_geometric")
 
@@ -22,9 +22,13 @@ def torch_on_the_cpu(monkeypatch):
   """These are CPU tests (tiny inputs, CPU memory rules): PyG runs on the CPU here as JAX does,
   also on a machine with a GPU."""
   import torch
-  from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
+
+  from jaxdata.reference import attention as attention_ref
+  from jaxdata.reference import rgcn as rgcn_ref
+
   for module in (rgcn_ref, attention_ref):
     monkeypatch.setattr(module, "torch_device", lambda: torch.device("cpu"))
+
 
 TINY_SYNTHETIC = dict(num_nodes=400, num_edges=3_000, num_relations=12)
 TINY_MAG = "0.0001"  # about 200 nodes and 4,000 edges
@@ -48,15 +52,33 @@ def captured(monkeypatch):
 
 def test_rgat_quick_through_cli(captured, tmp_path):
   path = tmp_path / "rgnn_attention.md"
-  assert cli.main(["bench", "rgnn", "--model", "rgat", "--quick", "--graphs", "synthetic",
-                   "--dims", "16", "--write", str(path)]) == 0
+  assert (
+    cli.main(
+      [
+        "bench",
+        "rgnn",
+        "--model",
+        "rgat",
+        "--quick",
+        "--graphs",
+        "synthetic",
+        "--dims",
+        "16",
+        "--write",
+        str(path),
+      ]
+    )
+    == 0
+  )
   results, notes, cases = captured["out"]
   assert [c.graph.num_relations for c in cases] == [12]
   assert list(dict.fromkeys(r.formulation for r in results)) == list(ra.FORMULATIONS)
   # --precision both (the CLI's default): plain JAX and jaxdata's row at both precisions, the
   # pass ablation's variants once.
   assert [r.precision for r in results if r.formulation in ra.PLAIN_JAX + ("jaxdata",)] == [
-      "highest", "default"] * (len(ra.PLAIN_JAX) + 1)
+    "highest",
+    "default",
+  ] * (len(ra.PLAIN_JAX) + 1)
   assert len(results) == len(ra.FORMULATIONS) + len(ra.PLAIN_JAX) + 1
   assert all(r.ok and r.seconds > 0 and r.loss is not None for r in results), notes
   assert_losses_agree(results, notes)
@@ -80,10 +102,15 @@ def test_rgat_quick_through_cli(captured, tmp_path):
 
 def test_hgt_quick_through_cli(captured, tmp_path):
   path = tmp_path / "rgnn_attention.md"
-  path.write_text(ra.document(None, "rgat", ra._begin("rgat") + "\nRGAT section\n"
-                              + ra._end("rgat")))
-  assert cli.main(["bench", "rgnn", "--model", "hgt", "--quick", "--mag-scale", TINY_MAG,
-                   "--write", str(path)]) == 0
+  path.write_text(
+    ra.document(None, "rgat", ra._begin("rgat") + "\nRGAT section\n" + ra._end("rgat"))
+  )
+  assert (
+    cli.main(
+      ["bench", "rgnn", "--model", "hgt", "--quick", "--mag-scale", TINY_MAG, "--write", str(path)]
+    )
+    == 0
+  )
   results, notes, cases = captured["out"]
   assert [c.node_types for c in cases] == [("paper", "author", "institution", "field_of_study")]
   names = list(dict.fromkeys(r.formulation for r in results))
@@ -101,8 +128,10 @@ def test_hgt_quick_through_cli(captured, tmp_path):
 
 def test_hgt_adapter_names_an_unknown_signature(monkeypatch):
   from jaxdata import hector
-  monkeypatch.setattr(hector, "hgt_message", lambda graph, xs, params, *, passes=None: xs,
-                      raising=False)
+
+  monkeypatch.setattr(
+    hector, "hgt_message", lambda graph, xs, params, *, passes=None: xs, raising=False
+  )
   with pytest.raises(ra.peers.Unavailable, match="no adapter"):
     ra.hgt_jaxdata_formulation(None, None)
 
@@ -122,8 +151,13 @@ def test_oom_is_a_result_not_a_crash(monkeypatch):
   monkeypatch.setattr(ra, "plain_formulation", failing)
   with jax.default_device(jax.devices("cpu")[0]):
     results, notes, cases = ra.run(
-        "rgat", ["synthetic"], [16], quick=True, repeats=1,
-        formulations=["jaxdata", "ragged_dot", "per-edge weights", "PyG"])
+      "rgat",
+      ["synthetic"],
+      [16],
+      quick=True,
+      repeats=1,
+      formulations=["jaxdata", "ragged_dot", "per-edge weights", "PyG"],
+    )
   by_name = {r.formulation: r for r in results}
   assert by_name["jaxdata"].ok  # a few hundred KiB
   assert by_name["ragged_dot"].status.startswith("OOM (est.")
@@ -149,8 +183,18 @@ def test_bad_arguments(capsys):
 
 def test_rgat_inputs_share_attention_vectors_across_relations():
   """So that PyG's RGATConv (q, k shared by all relations) computes the same layer."""
-  case = ra.Case(rgnn.Graph("g", 5, 3, np.zeros(1, np.int32), np.zeros(1, np.int32),
-                            np.zeros(1, np.int32), np.ones(1, np.float32), "test"))
+  case = ra.Case(
+    rgnn.Graph(
+      "g",
+      5,
+      3,
+      np.zeros(1, np.int32),
+      np.zeros(1, np.int32),
+      np.zeros(1, np.int32),
+      np.ones(1, np.float32),
+      "test",
+    )
+  )
   x, p, ct = ra.case_arrays("rgat", case, 8, 2)
   assert x.shape == ct.shape == (5, 8) and p.w.shape == (3, 8, 8) and p.a_src.shape == (3, 2, 4)
   assert (p.a_src == p.a_src[:1]).all() and (p.a_dst == p.a_dst[:1]).all()

@@ -5,6 +5,7 @@ the times printed beside it, each bar's met / not met follows its ratio, and jax
 gradient equals a NumPy float64 RGCN (on the CPU every precision is float32-exact, so the
 error column is 0 or float32 rounding). Then an out-of-memory row, and one-line usage errors.
 """
+
 import re
 import sys
 
@@ -80,8 +81,9 @@ def _rgcn_numpy(graph, dim):
 
 
 @pytest.mark.default_precision  # as the command runs: "default" is TF32 on a GPU
-def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured, tmp_path, capsys,
-                                                                        monkeypatch):
+def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(
+  captured, tmp_path, capsys, monkeypatch
+):
   path = tmp_path / "tensor_cores.md"
   argv = ["bench", "tensor-cores", "--quick", "--dims", str(DIM), "--write", str(path)]
   monkeypatch.setattr(sys, "argv", ["jaxdata", *argv])  # the command line the table records
@@ -110,22 +112,29 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
   names = [r.name for r in tc.ROWS]
   assert len(names) == 4 + 2 * len(tc.PLAIN_JAX)
   assert [(r[0], r[1], r[2]) for r in rows] == [
-      (m, str(DIM), n) for m in ("RGCN", "RGAT") for n in names]
+    (m, str(DIM), n) for m in ("RGCN", "RGAT") for n in names
+  ]
 
   for model in ("RGCN", "RGAT"):
     mine = {r[2]: r for r in rows if r[0] == model}
     ms = {n: float(r[col["fwd+bwd ms"]]) for n, r in mine.items()}  # every row ran on the CPU
     base = ms[tc.BASELINE.name]
     issue = ms[tc.ISSUE_TIME.name]
-    plain = {n: t for n, t in ms.items() if n not in (tc.BASELINE.name, tc.ISSUE_TIME.name,
-                                                      tc.TF32.name, tc.BF16.name)}
+    plain = {
+      n: t
+      for n, t in ms.items()
+      if n not in (tc.BASELINE.name, tc.ISSUE_TIME.name, tc.TF32.name, tc.BF16.name)
+    }
     fastest = min(plain.values())
     for row in (tc.BASELINE, tc.ISSUE_TIME, tc.TF32, tc.BF16):
       r = mine[row.name]
       assert _same_ratio(_x(r[col["vs f32 highest"]]), base, ms[row.name]), (model, row, r)
     assert not mine[tc.ISSUE_TIME.name][-1]  # no bar of its own: the others' are against it
-    no_slower = re.search(r"no slower than today: (met|not met) \(([0-9.]+)x the issue-time "
-                          r"traversals\)", mine[tc.BASELINE.name][-1])
+    no_slower = re.search(
+      r"no slower than today: (met|not met) \(([0-9.]+)x the issue-time "
+      r"traversals\)",
+      mine[tc.BASELINE.name][-1],
+    )
     assert _same_ratio(float(no_slower.group(2)), issue, base)
     assert (no_slower.group(1) == "met") == (base <= issue * (1 + tc.NO_SLOWER) + 1e-3)
     for row, need in ((tc.TF32, tc.TF32_VS_HIGHEST), (tc.BF16, tc.BF16_VS_HIGHEST)):
@@ -139,15 +148,19 @@ def test_quick_run_through_cli_writes_every_row_with_consistent_ratios(captured,
       assert _same_ratio(_x(vs_plain), fastest, ms[row.name]), (model, row, vs_plain)
       _assert_bar(r[-1], "vs f32 highest", _x(r[col["vs f32 highest"]]), need)
     bf16 = mine[tc.BF16.name]
-    _assert_bar(bf16[-1], "vs best plain JAX", _x(bf16[col["vs best plain JAX (default)"]]),
-                tc.BF16_VS_PLAIN)
+    _assert_bar(
+      bf16[-1], "vs best plain JAX", _x(bf16[col["vs best plain JAX (default)"]]), tc.BF16_VS_PLAIN
+    )
     assert all(not r[col["vs f32 highest"]] and not r[-1] for n, r in mine.items() if n in plain)
     # errors against row 1: on the CPU every float32 row is float32-exact; bfloat16 rounds
     err = {n: float(r[col["dx error vs f32 highest"]]) for n, r in mine.items()}
     assert err[tc.BASELINE.name] == 0
     for n, e in err.items():
-      assert (0 < e < 0.1) if n.endswith("bfloat16") else (e < max(loose, 0.1 * (
-          here.platform != "cpu"))), (model, n, e)
+      assert (
+        (0 < e < 0.1)
+        if n.endswith("bfloat16")
+        else (e < max(loose, 0.1 * (here.platform != "cpu")))
+      ), (model, n, e)
     if here.platform != "cpu":  # TF32: jaxdata's error is of the size of XLA's own TF32 error
       xla_tf32 = max(e for n, e in err.items() if n in plain and n.endswith("float32"))
       assert err[tc.TF32.name] <= max(loose, 3 * xla_tf32), (model, err)
@@ -177,8 +190,24 @@ def test_out_of_memory_row_is_reported_not_raised(monkeypatch, tmp_path, capsys)
   monkeypatch.setitem(rgcn_ref.PLAIN_JAX, "ragged_dot", exhausted)
   path = tmp_path / "t.md"
   with jax.default_device(jax.devices("cpu")[0]):
-    assert cli.main(["bench", "tensor-cores", "--quick", "--models", "rgcn", "--dims", "8",
-                     "--repeats", "1", "--write", str(path)]) == 0
+    assert (
+      cli.main(
+        [
+          "bench",
+          "tensor-cores",
+          "--quick",
+          "--models",
+          "rgcn",
+          "--dims",
+          "8",
+          "--repeats",
+          "1",
+          "--write",
+          str(path),
+        ]
+      )
+      == 0
+    )
   assert "rgcn dim 8: ragged_dot bfloat16: OOM" in capsys.readouterr().out
   _, rows = _table(path.read_text())
   status = {r[2]: r[3] for r in rows}
@@ -200,20 +229,27 @@ def test_a_run_cut_short_leaves_the_cases_it_measured(monkeypatch, tmp_path):
   monkeypatch.setattr(tc, "measure_case", cut)
   path = tmp_path / "t.md"
   with jax.default_device(jax.devices("cpu")[0]):  # the CLI reports an interrupt as exit 130
-    assert cli.main(["bench", "tensor-cores", "--quick", "--dims", "8", "--repeats", "1",
-                     "--write", str(path)]) == 130
+    assert (
+      cli.main(
+        ["bench", "tensor-cores", "--quick", "--dims", "8", "--repeats", "1", "--write", str(path)]
+      )
+      == 130
+    )
   text = path.read_text()
   _, rows = _table(text)
   assert [r[0] for r in rows] == ["RGCN"] * len(tc.ROWS)
   assert "**Incomplete**: 1 of 2 cases measured so far" in text
 
 
-@pytest.mark.parametrize("argv,flag", [
+@pytest.mark.parametrize(
+  "argv,flag",
+  [
     (["--dims", "30"], "--dims"),  # not a multiple of RGAT's 4 heads
     (["--models", "gcn"], "--models"),
     (["--repeats", "0"], "--repeats"),
     (["--write", "/no/such/folder/t.md"], "--write"),
-])
+  ],
+)
 def test_mistakes_are_one_line(argv, flag, capsys):
   try:
     code = cli.main(["bench", "tensor-cores", *argv])
@@ -226,14 +262,16 @@ def test_mistakes_are_one_line(argv, flag, capsys):
 @pytest.mark.parametrize("setting", ["1", "0", None])
 def test_reports_whether_tensor_cores_are_on_as_hector_decides(setting, monkeypatch):
   from jaxdata.hector.codegen import cuda
+
   if setting is None:
     monkeypatch.delenv(cuda.TENSOR_CORES_ENV, raising=False)
   else:
     monkeypatch.setenv(cuda.TENSOR_CORES_ENV, setting)
   text = tc.tensor_cores()
   assert text.startswith("on (" if cuda.tensor_cores_enabled() else "off ("), text
-  assert (f"{cuda.TENSOR_CORES_ENV}={setting!r}" if setting else
-          f"{cuda.TENSOR_CORES_ENV} unset") in text
+  assert (
+    f"{cuda.TENSOR_CORES_ENV}={setting!r}" if setting else f"{cuda.TENSOR_CORES_ENV} unset"
+  ) in text
 
 
 def test_issue_time_kernels_are_generated_with_the_constants_of_then_and_restored():
@@ -241,12 +279,15 @@ def test_issue_time_kernels_are_generated_with_the_constants_of_then_and_restore
   per load and every id checked in each kernel, inside the context only (the CUDA source shows
   all three); the constants come back."""
   from jaxdata import hector
-  from jaxdata.hector.codegen import common as gen_common, cuda
+  from jaxdata.hector.codegen import common as gen_common
+  from jaxdata.hector.codegen import cuda
+
   graph = rgnn.load_graph("synthetic", data_dir=None, quick=True)[0]
   case = ra.Case(graph)
   x, p, _ = ra.case_arrays("rgat", case, 64, 4)
   source = lambda: hector.rgat_layer.sources(  # noqa: E731
-      ra.graph_arrays(case), "cuda", x=x, W=p.w, a_src=p.a_src, a_dst=p.a_dst)
+    ra.graph_arrays(case), "cuda", x=x, W=p.w, a_src=p.a_src, a_dst=p.a_dst
+  )
   now = source()
   constants = lambda: (cuda.TRAVERSAL_FEATURES, gen_common.DOT_ALIGN, gen_common.VALID_MASK)  # noqa: E731
   before = constants()
@@ -256,13 +297,16 @@ def test_issue_time_kernels_are_generated_with_the_constants_of_then_and_restore
   assert constants() == before
   assert "edge_map<64, 4>" in now and "edge_map<64, 1>" in then  # the 64-wide stores
   assert "dot_rows<16, 16, 16>" in now and "dot_rows<16, 1, 1>" in then
-  kernels = lambda text: [part.split("jaxdata_hector_kernel(", 1)[1]  # noqa: E731
-                          for part in text.split("// ---- ")[1:]]
+
+  def kernels(text):
+    return [part.split("jaxdata_hector_kernel(", 1)[1] for part in text.split("// ---- ")[1:]]
+
   # today: the traversals read the mask; the tiled GEMMs and weight gradients (which read the
   # row tiles) check their rows' ids themselves (`codegen.common.reads_valid`)
-  tiled = lambda k: "__restrict__ tiles =" in k  # noqa: E731
+  def tiled(k):
+    return "__restrict__ tiles =" in k
+
   assert {tiled(k) for k in kernels(now)} == {True, False}
-  assert all(("row_ok(" in k) == tiled(k) and ("valid[e]" in k) != tiled(k)
-             for k in kernels(now))
+  assert all(("row_ok(" in k) == tiled(k) and ("valid[e]" in k) != tiled(k) for k in kernels(now))
   assert all("row_ok(" in k and "valid[e]" not in k for k in kernels(then))
   assert source() == now

@@ -6,6 +6,7 @@ that one edge's score is exactly 0 in float64 and in float32, where hector (slop
 JAX's leaky ReLU (slope 1 at 0) take different slopes: the bench's check leaves out that edge's
 two end nodes and says so, and still fails when another node's dx is off by 1e-3.
 """
+
 import numpy as np
 import pytest
 
@@ -34,9 +35,10 @@ def _scores_per_edge(src, dst, etype, x, p):
 
 def _random_params(rng, relations, dtype=np.float32):
   return attention_ref.RGATParams(
-      rng.standard_normal((relations, DIM, DIM)).astype(dtype) / 3,
-      rng.standard_normal((relations, HEADS, HEAD_FEATURES)).astype(dtype),
-      rng.standard_normal((relations, HEADS, HEAD_FEATURES)).astype(dtype))
+    rng.standard_normal((relations, DIM, DIM)).astype(dtype) / 3,
+    rng.standard_normal((relations, HEADS, HEAD_FEATURES)).astype(dtype),
+    rng.standard_normal((relations, HEADS, HEAD_FEATURES)).astype(dtype),
+  )
 
 
 def _dyadic(rng, shape, denominator):
@@ -101,8 +103,9 @@ def _case_with_an_edge_at_the_kink(seed=0):
   src = np.concatenate([src, [0], more])
   dst = np.concatenate([dst, [1], np.ones(6, np.int64)])
   etype = np.concatenate([etype, [0], rng.integers(0, r, 6)])
-  g = HeteroGraph.from_edges(src, dst, etype, num_nodes=n,
-                             relation_names=[f"r{i}" for i in range(r)])
+  g = HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=n, relation_names=[f"r{i}" for i in range(r)]
+  )
   case = ra.Case(rgnn.Graph.from_hetero("kink", g, "test_bench_tensor_cores_kink"))
   x = rng.standard_normal((n, DIM)).astype(np.float32)
   x[0] = x[1] = _dyadic(rng, DIM, 2)
@@ -136,12 +139,13 @@ def test_rgat_verdict_leaves_out_the_ends_of_an_edge_at_the_kink(monkeypatch):
   at = np.flatnonzero((g.src == u) & (g.dst == v) & (g.etype == 0))
   assert kink.edges.tolist() == at.tolist() and kink.nodes.tolist() == [u, v]
   verdict = tc.bars(measured, measured.row(tc.BASELINE))
-  assert verdict.startswith(
-      "float32-exact: met (dx vs transform-all-then-gather at highest: "), verdict
+  assert verdict.startswith("float32-exact: met (dx vs transform-all-then-gather at highest: "), (
+    verdict
+  )
   assert "leaving out the 2 end nodes of 1 edge at the leaky ReLU's kink)" in verdict
 
   # the two float32 computations do disagree at the kink, and only there
-  (dx, ref, name, _), = seen
+  ((dx, ref, name, _),) = seen
   dx, ref = np.asarray(dx, np.float64), np.asarray(ref, np.float64)
   top = np.abs(ref).max()
   err = np.abs(dx - ref).max(axis=1) / top
@@ -154,8 +158,9 @@ def test_rgat_verdict_leaves_out_the_ends_of_an_edge_at_the_kink(monkeypatch):
   assert everywhere.verdict().startswith("float32-exact: not met (")
   assert "kink" not in everywhere.verdict()
   assert measured.exact.compared == g.num_nodes - 2
-  assert measured.exact.error == pytest.approx(err[others].max() * top
-                                               / np.abs(ref[others]).max(), rel=1e-3, abs=1e-9)
+  assert measured.exact.error == pytest.approx(
+    err[others].max() * top / np.abs(ref[others]).max(), rel=1e-3, abs=1e-9
+  )
 
   # a node away from the kink off by 1e-3 of max |dx_1|: not met, whatever was left out
   away = int(np.flatnonzero(others)[np.argmax(np.abs(ref[others]).max(axis=1))])
@@ -171,10 +176,11 @@ def test_verdict_without_kink_edges_and_for_rgcn():
   dx = np.ones((4, 2))
   none = tc.Kink(np.zeros(0, np.int64), np.zeros(0, np.int64))
   assert tc.check_exact(dx, dx, "ragged_dot", none).verdict() == (
-      "float32-exact: met (dx vs ragged_dot at highest: 0.0e+00, no edge at the leaky ReLU's "
-      "kink)")
+    "float32-exact: met (dx vs ragged_dot at highest: 0.0e+00, no edge at the leaky ReLU's kink)"
+  )
   assert tc.check_exact(dx, dx, "ragged_dot").verdict() == (
-      "float32-exact: met (dx vs ragged_dot at highest: 0.0e+00)")
+    "float32-exact: met (dx vs ragged_dot at highest: 0.0e+00)"
+  )
   every = tc.Kink(np.arange(2), np.arange(4))
   out = tc.check_exact(dx, dx, "ragged_dot", every)
   assert not out.met and out.verdict().startswith("float32-exact: not checked (every node")

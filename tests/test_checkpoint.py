@@ -1,6 +1,7 @@
 """Train -> save -> a fresh process rebuilds the model (`jaxdata.load_model`) and measures the
 same test accuracy / held-out loss; the optimizer state and the history come back too; bad
 checkpoints give errors naming the problem."""
+
 import json
 import shutil
 import subprocess
@@ -9,36 +10,119 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from isolation import run_isolated
+
 from jaxdata import cli
 
 #: Tiny runs of every trainer (a few seconds each on a CPU).
 RUNS = {
-    "rgcn": ["train", "rgcn", "--nodes", "600", "--edges", "4000", "--relations", "6",
-             "--epochs", "5"],
-    "rgat": ["train", "rgat", "--scale", "2e-4", "--classes", "4", "--epochs", "3", "--hidden",
-             "8", "--heads", "2"],
-    "hgt": ["train", "hgt", "--scale", "2e-4", "--classes", "4", "--epochs", "3", "--hidden",
-            "8", "--heads", "2"],
-    "rgcn-mag": ["train", "rgcn", "--scale", "2e-4", "--classes", "4", "--epochs", "3",
-                 "--hidden", "8"],
-    "sage": ["train", "sage", "--nodes", "2000", "--edges", "16000", "--features", "8",
-             "--epochs", "10", "--batch-size", "128", "--hidden", "16", "--lr", "0.01"],
-    "gpt": ["train", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16",
-            "--vocab", "32", "--batch-size", "4", "--steps", "6"],
+  "rgcn": [
+    "train",
+    "rgcn",
+    "--nodes",
+    "600",
+    "--edges",
+    "4000",
+    "--relations",
+    "6",
+    "--epochs",
+    "5",
+  ],
+  "rgat": [
+    "train",
+    "rgat",
+    "--scale",
+    "2e-4",
+    "--classes",
+    "4",
+    "--epochs",
+    "3",
+    "--hidden",
+    "8",
+    "--heads",
+    "2",
+  ],
+  "hgt": [
+    "train",
+    "hgt",
+    "--scale",
+    "2e-4",
+    "--classes",
+    "4",
+    "--epochs",
+    "3",
+    "--hidden",
+    "8",
+    "--heads",
+    "2",
+  ],
+  "rgcn-mag": [
+    "train",
+    "rgcn",
+    "--scale",
+    "2e-4",
+    "--classes",
+    "4",
+    "--epochs",
+    "3",
+    "--hidden",
+    "8",
+  ],
+  "sage": [
+    "train",
+    "sage",
+    "--nodes",
+    "2000",
+    "--edges",
+    "16000",
+    "--features",
+    "8",
+    "--epochs",
+    "10",
+    "--batch-size",
+    "128",
+    "--hidden",
+    "16",
+    "--lr",
+    "0.01",
+  ],
+  "gpt": [
+    "train",
+    "gpt",
+    "--layers",
+    "2",
+    "--hidden",
+    "32",
+    "--heads",
+    "2",
+    "--seq",
+    "16",
+    "--vocab",
+    "32",
+    "--batch-size",
+    "4",
+    "--steps",
+    "6",
+  ],
 }
 
 
 def _load_and_evaluate(path):
   """In a fresh process: what the rebuilt model measures, what was saved, and its state."""
   import jax
+
   import jaxdata
+
   loaded = jaxdata.load_model(path)
   leaves = jax.tree.leaves(loaded.optimizer_state) if loaded.optimizer_state is not None else []
-  return dict(kind=loaded.kind, measured=loaded.evaluate(), saved=loaded.metrics,
-              step=loaded.meta["step"], optimizer_leaves=len(leaves),
-              history=loaded.meta["history"])
+  return dict(
+    kind=loaded.kind,
+    measured=loaded.evaluate(),
+    saved=loaded.metrics,
+    step=loaded.meta["step"],
+    optimizer_leaves=len(leaves),
+    history=loaded.meta["history"],
+  )
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +149,12 @@ def test_a_fresh_process_measures_what_training_measured(trained, kind):
 
 
 def test_jaxdata_eval_in_a_fresh_process(trained):
-  proc = subprocess.run([sys.executable, "-m", "jaxdata.cli", "eval", str(trained / "rgcn")],
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxdata.cli", "eval", str(trained / "rgcn")],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr
   line = next(l for l in proc.stdout.splitlines() if l.startswith("test_accuracy"))
   measured, saved = line.split()[1], line.split("at save: ")[1].rstrip(")")
@@ -77,17 +165,25 @@ def test_eval_finds_a_moved_archive_given_data(tmp_path):
   """`jaxdata eval DIR --data PATH` where the RDF archive has moved since training: the data
   description's `path` is replaced (it once collided with load_model's own `path`)."""
   from jaxdata.bench.rgnn import default_data_dir
+
   data = default_data_dir()
   if data is None or not (aifb := Path(data) / "aifb.tgz").exists():
     pytest.skip("aifb.tgz is missing ($JAXDATA_DATA_DIR or ../shared/data)")
   archive = tmp_path / "aifb.tgz"
   shutil.copy(aifb, archive)
-  assert cli.main(["train", "rgcn", "--data", str(archive), "--epochs", "3",
-                   "--out", str(tmp_path / "ck")]) == 0
+  assert (
+    cli.main(
+      ["train", "rgcn", "--data", str(archive), "--epochs", "3", "--out", str(tmp_path / "ck")]
+    )
+    == 0
+  )
   moved = archive.rename(tmp_path / "moved.tgz")
   run = lambda *extra: subprocess.run(  # noqa: E731
-      [sys.executable, "-m", "jaxdata.cli", "eval", str(tmp_path / "ck"), *extra],
-      capture_output=True, text=True, timeout=300)
+    [sys.executable, "-m", "jaxdata.cli", "eval", str(tmp_path / "ck"), *extra],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run().returncode != 0  # the archive is no longer where training read it
   proc = run("--data", str(moved))
   assert proc.returncode == 0, proc.stderr
@@ -97,6 +193,7 @@ def test_eval_finds_a_moved_archive_given_data(tmp_path):
 
 def test_predict_gives_the_classes_evaluate_counts(trained):
   import jaxdata
+
   loaded = jaxdata.load_model(trained / "hgt")
   predicted = np.asarray(loaded.predict())
   assert predicted.ndim == 1 and predicted.dtype.kind == "i"
@@ -107,8 +204,10 @@ def test_sage_predict_classifies_the_test_nodes_as_evaluate_measured(trained):
   accuracy (against the labels, computed here) is the saved test accuracy up to sampling noise,
   far above chance; the same key gives the same classes; bad ids are refused."""
   import jaxdata
+
   loaded = jaxdata.load_model(trained / "sage")
   from jaxdata.train.sage import load_dataset
+
   ds = load_dataset(loaded.meta["data"])
   test = np.asarray(ds.test_nodes)
   predicted = loaded.predict(test, batch_size=100)  # several batches, the last one padded
@@ -126,6 +225,7 @@ def test_sage_predict_classifies_the_test_nodes_as_evaluate_measured(trained):
 
 def test_bad_checkpoints_are_named(trained, tmp_path, capsys):
   import jaxdata
+
   with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
     jaxdata.load_model(tmp_path / "missing")
   (tmp_path / "empty").mkdir()
@@ -160,12 +260,21 @@ def test_training_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path, cap
 
 def _save_tiny(path, accuracy):
   from jaxdata.train import checkpoint
-  return checkpoint.save(path, kind="rgcn", params={"w": np.full(3, accuracy, np.float32)},
-                         config={}, data={}, step=1, metrics={"test_accuracy": accuracy})
+
+  return checkpoint.save(
+    path,
+    kind="rgcn",
+    params={"w": np.full(3, accuracy, np.float32)},
+    config={},
+    data={},
+    step=1,
+    metrics={"test_accuracy": accuracy},
+  )
 
 
 def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
   from jaxdata.train import checkpoint
+
   _save_tiny(tmp_path / "ck", 0.25)
 
   class Broken:
@@ -174,6 +283,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monke
     @staticmethod
     def dump(*args, **kwargs):
       raise OSError("killed")  # after Orbax wrote the new arrays, before the swap
+
   monkeypatch.setattr(checkpoint, "json", Broken)
   with pytest.raises(OSError, match="killed"):
     _save_tiny(tmp_path / "ck", 0.75)
@@ -182,6 +292,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monke
 
 def test_replacing_a_checkpoint_leaves_no_temporaries_and_clears_a_killed_runs(tmp_path):
   from jaxdata.train import checkpoint
+
   _save_tiny(tmp_path / "ck", 0.25)
   for leftover in (".ck.jaxdata-tmp", ".ck.jaxdata-tmp.orbax-checkpoint-tmp-17"):
     (tmp_path / leftover / "state").mkdir(parents=True)
@@ -192,6 +303,7 @@ def test_replacing_a_checkpoint_leaves_no_temporaries_and_clears_a_killed_runs(t
 
 def test_a_checkpoint_holding_other_files_is_never_replaced(tmp_path, capsys):
   from jaxdata.train import checkpoint
+
   _save_tiny(tmp_path / "ck", 0.25)
   (tmp_path / "ck" / "NOTES.txt").write_text("precious")
   (tmp_path / "ck" / "plots").mkdir()
@@ -205,8 +317,9 @@ def test_a_checkpoint_holding_other_files_is_never_replaced(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("out, message", [("", "name is empty"), ("link", "symbolic link")])
-def test_an_empty_or_linked_out_is_refused_before_training(tmp_path, monkeypatch, capsys, out,
-                                                           message):
+def test_an_empty_or_linked_out_is_refused_before_training(
+  tmp_path, monkeypatch, capsys, out, message
+):
   _save_tiny(tmp_path / "ck", 0.25)
   (tmp_path / "link").symlink_to(tmp_path / "ck")
   monkeypatch.chdir(tmp_path)
@@ -232,8 +345,9 @@ def test_eval_of_a_hand_edited_meta_is_one_line(trained, tmp_path, capsys, edit)
   assert len(err.splitlines()) == 1 and str(meta_file) in err, err
 
 
-@pytest.mark.parametrize("damage", ["missing data file", "truncated data file",
-                                    "missing _METADATA"])
+@pytest.mark.parametrize(
+  "damage", ["missing data file", "truncated data file", "missing _METADATA"]
+)
 def test_eval_of_damaged_arrays_is_one_line(trained, tmp_path, damage):
   ck = tmp_path / "ck"
   shutil.copytree(trained / "rgcn", ck)
@@ -242,8 +356,12 @@ def test_eval_of_damaged_arrays_is_one_line(trained, tmp_path, damage):
   else:
     for f in (ck / "state" / "d").iterdir():
       f.unlink() if damage.startswith("missing") else f.write_bytes(f.read_bytes()[:10])
-  proc = subprocess.run([sys.executable, "-m", "jaxdata.cli", "eval", str(ck)],
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxdata.cli", "eval", str(ck)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 2
   assert len(proc.stderr.splitlines()) == 1, proc.stderr[:3000]
   assert "missing or damaged" in proc.stderr and "do not fit" not in proc.stderr
@@ -253,6 +371,7 @@ def test_a_flipped_byte_in_an_array_is_named_not_restored(tmp_path):
   """Orbax and TensorStore do not check the bytes they read: `save` records a checksum per
   array and `restore_state` compares the restored arrays with it."""
   from jaxdata.train import checkpoint
+
   _save_tiny(tmp_path / "ck", 0.25)
   meta = checkpoint.read_meta(tmp_path / "ck")
   target = {"params": {"w": np.zeros(3, np.float32)}}
@@ -272,21 +391,28 @@ def test_eval_of_an_array_file_with_flipped_bits_is_one_line(trained, tmp_path):
   this restored a wrong optimizer moment and measured the model as if nothing happened."""
   ck = tmp_path / "ck"
   shutil.copytree(trained / "rgcn", ck)
-  f = max((f for f in (ck / "state").rglob("*") if f.is_file() and f.parent.name == "d"),
-          key=lambda f: f.stat().st_size)
+  f = max(
+    (f for f in (ck / "state").rglob("*") if f.is_file() and f.parent.name == "d"),
+    key=lambda f: f.stat().st_size,
+  )
   data = bytearray(f.read_bytes())
   i = len(data) // 3
-  data[i:i + 8] = bytes(b ^ 0x5A for b in data[i:i + 8])
+  data[i : i + 8] = bytes(b ^ 0x5A for b in data[i : i + 8])
   f.write_bytes(bytes(data))
-  proc = subprocess.run([sys.executable, "-m", "jaxdata.cli", "eval", str(ck)],
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxdata.cli", "eval", str(ck)],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 2, proc.stdout + proc.stderr[:3000]
   assert len(proc.stderr.splitlines()) == 1, proc.stderr[:3000]
   assert "is damaged (its bytes differ from those saved" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("kind, edit", [("rgcn", "seed=null"), ("sage", "seed=null"),
-                                        ("rgat", "kind=hgt")])
+@pytest.mark.parametrize(
+  "kind, edit", [("rgcn", "seed=null"), ("sage", "seed=null"), ("rgat", "kind=hgt")]
+)
 def test_eval_of_a_hand_edited_configuration_is_one_line(trained, tmp_path, capsys, kind, edit):
   """A null seed (the model cannot be built) or an RGAT checkpoint relabelled HGT (it would be
   measured, and printed, as an HGT): one line naming the checkpoint, exit 2."""
@@ -308,21 +434,24 @@ def test_eval_of_a_hand_edited_configuration_is_one_line(trained, tmp_path, caps
 #: checkpoint review): (kind, where, entry, new value or DROP, what the error must say).
 DROP = object()
 SILENT_EDITS = [
-    ("rgat", "config", "dtype", DROP, "lacks ['dtype']"),
-    ("rgcn", "config", "hidden", "16", "'hidden' must be int"),
-    ("gpt", "config", "evaluate_every", 5, "entries GPTTrainConfig does not"),
-    ("sage", "config", "evaluate", None, "'evaluate' must be bool"),
-    ("rgcn", "data", "seed", None, "data description's 'seed' must be int"),
-    ("hgt", "data", "scale", DROP, "must have the entries"),
-    ("sage", "config", "fanouts", [15, "10"], "'fanouts' must be"),
+  ("rgat", "config", "dtype", DROP, "lacks ['dtype']"),
+  ("rgcn", "config", "hidden", "16", "'hidden' must be int"),
+  ("gpt", "config", "evaluate_every", 5, "entries GPTTrainConfig does not"),
+  ("sage", "config", "evaluate", None, "'evaluate' must be bool"),
+  ("rgcn", "data", "seed", None, "data description's 'seed' must be int"),
+  ("hgt", "data", "scale", DROP, "must have the entries"),
+  ("sage", "config", "fanouts", [15, "10"], "'fanouts' must be"),
 ]
 
 
-@pytest.mark.parametrize("kind, where, entry, value, said", SILENT_EDITS,
-                         ids=[f"{k}-{w}-{e}" for k, w, e, _, _ in SILENT_EDITS])
-def test_a_configuration_edited_out_of_shape_is_refused_not_defaulted(trained, tmp_path, capsys,
-                                                                       kind, where, entry,
-                                                                       value, said):
+@pytest.mark.parametrize(
+  "kind, where, entry, value, said",
+  SILENT_EDITS,
+  ids=[f"{k}-{w}-{e}" for k, w, e, _, _ in SILENT_EDITS],
+)
+def test_a_configuration_edited_out_of_shape_is_refused_not_defaulted(
+  trained, tmp_path, capsys, kind, where, entry, value, said
+):
   ck = tmp_path / "ck"
   shutil.copytree(trained / kind, ck)
   meta_file = ck / "meta" / "metadata"
@@ -341,10 +470,17 @@ def test_every_saved_configuration_is_read_back_whole(trained):
   """What `config_from` rebuilds is the configuration that was saved, field for field (lists
   saved by JSON come back as the tuples the dataclasses hold)."""
   import dataclasses
+
   from jaxdata.train import attention, checkpoint, gpt, rgcn, sage
-  classes = {"rgcn": rgcn.TrainConfig, "rgat": attention.TrainConfig,
-             "hgt": attention.TrainConfig, "rgcn-mag": attention.TrainConfig,
-             "sage": sage.SageConfig, "gpt": gpt.GPTTrainConfig}
+
+  classes = {
+    "rgcn": rgcn.TrainConfig,
+    "rgat": attention.TrainConfig,
+    "hgt": attention.TrainConfig,
+    "rgcn-mag": attention.TrainConfig,
+    "sage": sage.SageConfig,
+    "gpt": gpt.GPTTrainConfig,
+  }
   for kind, cls in classes.items():
     saved = checkpoint.read_meta(trained / kind)["config"]
     saved.pop("mesh", None)  # sage's: the mesh it trained on, beside its configuration
@@ -365,9 +501,34 @@ def test_metrics_measured_on_sampled_batches_say_so_at_training_and_at_eval(tmp_
   """Under --device-bytes a mini-batch run measures its final accuracies on sampled batches, and
   eval measures the whole graph: both outputs say how the saved values were measured."""
   out = tmp_path / "ck"
-  assert cli.main(["train", "rgat", "--scale", "2e-4", "--classes", "4", "--epochs", "2",
-                   "--hidden", "8", "--heads", "2", "--minibatch", "--batch-size", "64",
-                   "--fanouts", "3,3", "--device-bytes", "1MB", "--out", str(out)]) == 0
+  assert (
+    cli.main(
+      [
+        "train",
+        "rgat",
+        "--scale",
+        "2e-4",
+        "--classes",
+        "4",
+        "--epochs",
+        "2",
+        "--hidden",
+        "8",
+        "--heads",
+        "2",
+        "--minibatch",
+        "--batch-size",
+        "64",
+        "--fanouts",
+        "3,3",
+        "--device-bytes",
+        "1MB",
+        "--out",
+        str(out),
+      ]
+    )
+    == 0
+  )
   said = "on sampled mini-batches (fanouts 3,3, 64 seeds each), not the whole graph"
   assert said in " ".join(capsys.readouterr().out.split())
   assert cli.main(["eval", str(out)]) == 0

@@ -1,8 +1,9 @@
 """jaxdata.data: HeteroGraph against brute-force references, loaders, the synthetic generator."""
-import os
+
 import collections
 import gzip
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -14,27 +15,35 @@ from hypothesis import strategies as st
 from jaxdata.data import EntityDataset, HeteroGraph, load_entities, synthetic_entities
 from jaxdata.data.rdf import parse_ntriples
 
-DATA = Path(os.environ.get("JAXDATA_DATA_DIR")
-            or (Path(__file__).parents[1] / ".." / "shared" / "data").resolve())
+DATA = Path(
+  os.environ.get("JAXDATA_DATA_DIR")
+  or (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
+)
 
 
 # -- HeteroGraph against plain-Python references ------------------------------------------------
+
 
 @st.composite
 def edge_lists(draw):
   """(num_nodes, num_relations, [(src, dst, etype), ...]) for a small random multigraph."""
   n = draw(st.integers(1, 9))
   r = draw(st.integers(1, 4))
-  triples = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1),
-                                    st.integers(0, r - 1)), max_size=40))
+  triples = draw(
+    st.lists(
+      st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(0, r - 1)), max_size=40
+    )
+  )
   return n, r, triples
 
 
 def _build(n, r, triples, **kwargs):
-  src, dst, etype = (np.array(column, np.int64) for column in zip(*triples)) if triples else (
-      [], [], [])
-  return HeteroGraph.from_edges(src, dst, etype, num_nodes=n,
-                                relation_names=[f"rel{i}" for i in range(r)], **kwargs)
+  src, dst, etype = (
+    (np.array(column, np.int64) for column in zip(*triples)) if triples else ([], [], [])
+  )
+  return HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=n, relation_names=[f"rel{i}" for i in range(r)], **kwargs
+  )
 
 
 def _triples(g):
@@ -63,19 +72,19 @@ def test_derived_arrays_match_brute_force(case):
   offsets = g.relation_offsets
   assert offsets.dtype == np.int64 and len(offsets) == r + 1
   for k in range(r):
-    assert [e for e, (_, _, t) in enumerate(edges) if t == k] == list(range(offsets[k],
-                                                                            offsets[k + 1]))
+    assert [e for e, (_, _, t) in enumerate(edges) if t == k] == list(
+      range(offsets[k], offsets[k + 1])
+    )
   # csr / csc: each node's edges, ascending edge ids.
   for method, end in ((g.csr, 0), (g.csc, 1)):
     node_offsets, edge_ids = method()
     assert node_offsets.dtype == np.int64 and edge_ids.dtype == np.int32
     for v in range(n):
       expected = [e for e, t in enumerate(edges) if t[end] == v]
-      assert edge_ids[node_offsets[v]:node_offsets[v + 1]].tolist() == expected
+      assert edge_ids[node_offsets[v] : node_offsets[v + 1]].tolist() == expected
   # edge_norm: 1 / number of edges of the same relation into the same node.
   c = collections.Counter((d, t) for _, d, t in edges)
-  np.testing.assert_allclose(g.edge_norm("mean"), [1.0 / c[(d, t)] for _, d, t in edges],
-                             rtol=1e-6)
+  np.testing.assert_allclose(g.edge_norm("mean"), [1.0 / c[(d, t)] for _, d, t in edges], rtol=1e-6)
   assert g.edge_norm().dtype == np.float32
   np.testing.assert_array_equal(g.edge_norm("none"), np.ones(len(edges), np.float32))
   into = collections.Counter(d for _, d, _ in edges)
@@ -90,7 +99,8 @@ def test_add_inverse_appends_reversed_edges(case):
   expected = triples + [(d, s, t + r) for s, d, t in triples]
   assert sorted(_triples(g)) == sorted(expected)
   assert g.relation_names == tuple(f"rel{i}" for i in range(r)) + tuple(
-      f"rev_rel{i}" for i in range(r))
+    f"rev_rel{i}" for i in range(r)
+  )
 
 
 def test_derived_arrays_are_cached_and_read_only():
@@ -106,8 +116,9 @@ def test_defaults_and_node_types():
   g = HeteroGraph.from_edges([0, 3], [1, 4], [2, 0])
   assert g.num_nodes == 5 and g.relation_names == ("r0", "r1", "r2")
   assert g.node_type_names == ("node",) and g.num_node_types == 1 and g.node_type_offsets is None
-  typed = HeteroGraph.from_edges([0, 3], [1, 4], [0, 0], node_type_names=("a", "b"),
-                                 node_type_offsets=[0, 2, 6])
+  typed = HeteroGraph.from_edges(
+    [0, 3], [1, 4], [0, 0], node_type_names=("a", "b"), node_type_offsets=[0, 2, 6]
+  )
   assert typed.num_nodes == 6 and typed.num_node_types == 2
   assert typed.node_type_offsets.tolist() == [0, 2, 6]
   empty = HeteroGraph.from_edges([], [], [], num_nodes=3, relation_names=["x"])
@@ -137,8 +148,9 @@ def test_bad_input_names_the_argument():
   with pytest.raises(ValueError, match="sorted"):
     HeteroGraph(3, np.array([0, 0]), np.array([2, 1]), np.array([0, 0]), ("r",))
   with pytest.raises(ValueError, match="node_type_offsets"):
-    HeteroGraph.from_edges([0], [1], [0], num_nodes=3, node_type_names=("a", "b"),
-                           node_type_offsets=[0, 2, 4])
+    HeteroGraph.from_edges(
+      [0], [1], [0], num_nodes=3, node_type_names=("a", "b"), node_type_offsets=[0, 2, 4]
+    )
   with pytest.raises(ValueError, match="node_type_offsets"):
     HeteroGraph(2, np.array([0]), np.array([1]), np.array([0]), ("r",), ("a", "b"))
   with pytest.raises(ValueError, match="kind"):
@@ -147,21 +159,30 @@ def test_bad_input_names_the_argument():
 
 # -- edge lists and jraph -----------------------------------------------------------------------
 
+
 def test_from_edge_list_round_trip(tmp_path):
   path = tmp_path / "kg.txt"
-  path.write_text("# a comment\n"
-                  "alice knows bob\n"
-                  "\n"
-                  "bob\tlikes  carol   \n"
-                  "   # indented comment\n"
-                  "http://x#dave knows alice\n"
-                  "alice knows bob\n")
+  path.write_text(
+    "# a comment\n"
+    "alice knows bob\n"
+    "\n"
+    "bob\tlikes  carol   \n"
+    "   # indented comment\n"
+    "http://x#dave knows alice\n"
+    "alice knows bob\n"
+  )
   g, names = HeteroGraph.from_edge_list(path, add_inverse=False)
   assert names == ["alice", "bob", "carol", "http://x#dave"]
   assert g.relation_names == ("knows", "likes")
   named = sorted((names[s], g.relation_names[t], names[d]) for s, d, t in _triples(g))
-  assert named == sorted([("alice", "knows", "bob"), ("bob", "likes", "carol"),
-                          ("http://x#dave", "knows", "alice"), ("alice", "knows", "bob")])
+  assert named == sorted(
+    [
+      ("alice", "knows", "bob"),
+      ("bob", "likes", "carol"),
+      ("http://x#dave", "knows", "alice"),
+      ("alice", "knows", "bob"),
+    ]
+  )
   g2, names2 = HeteroGraph.from_edge_list(str(path))  # add_inverse=True by default
   assert names2 == names and g2.num_edges == 8 and g2.num_relations == 4
   assert g2.relation_names[2:] == ("rev_knows", "rev_likes")
@@ -179,8 +200,9 @@ def test_from_edge_list_with_delimiter_and_bad_lines(tmp_path):
 
 def test_jraph_round_trip():
   jraph = pytest.importorskip("jraph")
-  g = HeteroGraph.from_edges([0, 1, 2, 4], [1, 2, 0, 4], [1, 0, 1, 2],
-                             relation_names=["a", "b", "c"])
+  g = HeteroGraph.from_edges(
+    [0, 1, 2, 4], [1, 2, 0, 4], [1, 0, 1, 2], relation_names=["a", "b", "c"]
+  )
   t = g.to_jraph()
   assert isinstance(t, jraph.GraphsTuple)
   np.testing.assert_array_equal(t.senders, g.src)
@@ -196,17 +218,25 @@ def test_jraph_round_trip():
 
 # -- RDF ----------------------------------------------------------------------------------------
 
+
 def test_parse_ntriples_terms():
-  lines = ['<http://a> <http://p> "caf\\u00e9 \\"x\\"\\n"@EN-gb .',
-           "# comment", "",
-           '_:b1 <http://p> "1"^^<http://www.w3.org/2001/XMLSchema#integer> .\r',
-           "<http://a> <http://q> _:b.1.",
-           '<http://\\u0041> <http://p> "plain" . # trailing comment']
+  lines = [
+    '<http://a> <http://p> "caf\\u00e9 \\"x\\"\\n"@EN-gb .',
+    "# comment",
+    "",
+    '_:b1 <http://p> "1"^^<http://www.w3.org/2001/XMLSchema#integer> .\r',
+    "<http://a> <http://q> _:b.1.",
+    '<http://\\u0041> <http://p> "plain" . # trailing comment',
+  ]
   s, p, o = parse_ntriples(lines)
   assert s == ["<http://a>", "_:b1", "<http://a>", "<http://A>"]
   assert p == ["http://p", "http://p", "http://q", "http://p"]
-  assert o == ['"café \\"x\\"\\n"@en-gb', '"1"^^<http://www.w3.org/2001/XMLSchema#integer>',
-               "_:b.1", '"plain"']
+  assert o == [
+    '"café \\"x\\"\\n"@en-gb',
+    '"1"^^<http://www.w3.org/2001/XMLSchema#integer>',
+    "_:b.1",
+    '"plain"',
+  ]
   with pytest.raises(ValueError, match="test.nt:2"):
     parse_ntriples(["<a> <p> <b> .", "<a> <p> ."], "test.nt")
 
@@ -220,32 +250,50 @@ def _archive(path, members):
 
 
 def test_load_entities_on_a_hand_made_archive(tmp_path):
-  nt = "\n".join([
+  nt = "\n".join(
+    [
       "<http://e/a> <http://p/knows> <http://e/b> .",
       "<http://e/a> <http://p/knows> <http://e/b> .",  # repeated statement: one edge
       '<http://e/b> <http://p/name> "http://e/a" .',  # a literal, not the IRI <http://e/a>
       '<http://e/c> <http://p/name> "http://e/a"@en .',
-      '<http://e/c> <http://p/knows> _:x .',
-      "_:x <http://p/knows> <http://e/c> .", ""]).encode()
+      "<http://e/c> <http://p/knows> _:x .",
+      "_:x <http://p/knows> <http://e/c> .",
+      "",
+    ]
+  ).encode()
   train = b"person\tid\tlabel_group\nhttp://e/a\t1\tg2\nhttp://e/b\t2\tg1\n"
   test = b"person\tid\tlabel_group\nhttp://e/c\t3\tg2\n"
   path = tmp_path / "toy.tgz"
-  _archive(path, {"./toy_stripped.nt.gz": gzip.compress(nt), "./trainingSet.tsv": train,
-                  "./testSet.tsv": test, "./README.txt": b"toy"})
+  _archive(
+    path,
+    {
+      "./toy_stripped.nt.gz": gzip.compress(nt),
+      "./trainingSet.tsv": train,
+      "./testSet.tsv": test,
+      "./README.txt": b"toy",
+    },
+  )
   ds = load_entities(path)
   assert isinstance(ds, EntityDataset) and ds.name == "toy" and ds.features is None
   names = ds.node_names
-  assert sorted(names) == sorted(['<http://e/a>', '<http://e/b>', '<http://e/c>', '_:x',
-                                  '"http://e/a"', '"http://e/a"@en'])
+  assert sorted(names) == sorted(
+    ["<http://e/a>", "<http://e/b>", "<http://e/c>", "_:x", '"http://e/a"', '"http://e/a"@en']
+  )
   g = ds.graph
-  assert g.relation_names == ("http://p/knows", "http://p/name", "rev_http://p/knows",
-                              "rev_http://p/name")
+  assert g.relation_names == (
+    "http://p/knows",
+    "http://p/name",
+    "rev_http://p/knows",
+    "rev_http://p/name",
+  )
   named = sorted((names[s], g.relation_names[t], names[d]) for s, d, t in _triples(g))
-  forward = [("<http://e/a>", "http://p/knows", "<http://e/b>"),
-             ("<http://e/b>", "http://p/name", '"http://e/a"'),
-             ("<http://e/c>", "http://p/name", '"http://e/a"@en'),
-             ("<http://e/c>", "http://p/knows", "_:x"),
-             ("_:x", "http://p/knows", "<http://e/c>")]
+  forward = [
+    ("<http://e/a>", "http://p/knows", "<http://e/b>"),
+    ("<http://e/b>", "http://p/name", '"http://e/a"'),
+    ("<http://e/c>", "http://p/name", '"http://e/a"@en'),
+    ("<http://e/c>", "http://p/knows", "_:x"),
+    ("_:x", "http://p/knows", "<http://e/c>"),
+  ]
   assert named == sorted(forward + [(o, "rev_" + p, s) for s, p, o in forward])
   assert ds.class_names == ("g1", "g2") and ds.num_classes == 2
   assert [names[i] for i in ds.train_idx] == ["<http://e/a>", "<http://e/b>"]
@@ -264,16 +312,18 @@ def test_load_entities_errors(tmp_path):
     load_entities(tmp_path / "partial.tgz")
   nt = gzip.compress(b"<http://e/a> <http://p> <http://e/b> .\n")
   labels = b"x\tlabel_y\nhttp://e/zzz\t1\n"
-  _archive(tmp_path / "stranger.tgz", {"g_stripped.nt.gz": nt, "trainingSet.tsv": labels,
-                                       "testSet.tsv": b"x\tlabel_y\n"})
+  _archive(
+    tmp_path / "stranger.tgz",
+    {"g_stripped.nt.gz": nt, "trainingSet.tsv": labels, "testSet.tsv": b"x\tlabel_y\n"},
+  )
   with pytest.raises(ValueError, match="http://e/zzz"):
     load_entities(tmp_path / "stranger.tgz")
 
 
 # Counts from /work/shared/data/README.md (they equal PyG's Entities); split sizes from the TSVs.
 RDF_EXPECTED = {
-    "aifb": dict(nodes=8285, predicates=45, edges=58086, classes=4, train=140, test=36),
-    "mutag": dict(nodes=23644, predicates=23, edges=148454, classes=2, train=272, test=68),
+  "aifb": dict(nodes=8285, predicates=45, edges=58086, classes=4, train=140, test=36),
+  "mutag": dict(nodes=23644, predicates=23, edges=148454, classes=2, train=272, test=68),
 }
 
 
@@ -290,22 +340,24 @@ def test_rdf_counts_and_splits(rdf):
   want = RDF_EXPECTED[name]
   g = ds.graph
   assert ds.name == name
-  assert (g.num_nodes, g.num_relations, g.num_edges) == (want["nodes"], 2 * want["predicates"],
-                                                         want["edges"])
+  assert (g.num_nodes, g.num_relations, g.num_edges) == (
+    want["nodes"],
+    2 * want["predicates"],
+    want["edges"],
+  )
   assert ds.num_classes == want["classes"] == len(ds.class_names)
   assert (len(ds.train_idx), len(ds.test_idx)) == (want["train"], want["test"])
   assert len(np.intersect1d(ds.train_idx, ds.test_idx)) == 0
   assert set(ds.train_y.tolist()) | set(ds.test_y.tolist()) == set(range(ds.num_classes))
   assert list(ds.class_names) == sorted(ds.class_names)
-  assert all(ds.node_names[i].startswith("<") for i in np.concatenate([ds.train_idx,
-                                                                       ds.test_idx]))
+  assert all(ds.node_names[i].startswith("<") for i in np.concatenate([ds.train_idx, ds.test_idx]))
   # Every node has an edge, and the relation names are the predicates of the raw file.
   assert (g.in_degree() > 0).all()
   with tarfile.open(path) as tar:
     member = next(m for m in tar.getmembers() if m.name.endswith(".nt.gz"))
     raw = gzip.decompress(tar.extractfile(member).read()).decode()
   predicates = {line.split()[1][1:-1] for line in raw.splitlines() if line.strip()}
-  assert set(g.relation_names[:want["predicates"]]) == predicates
+  assert set(g.relation_names[: want["predicates"]]) == predicates
 
 
 def test_rdf_inverse_relations_reverse_their_forward_relation(rdf):
@@ -334,9 +386,17 @@ def test_rdf_load_is_deterministic(rdf):
 
 # -- synthetic ----------------------------------------------------------------------------------
 
+
 def test_synthetic_sizes_determinism_and_heavy_tails():
-  kwargs = dict(num_nodes=5000, num_edges=60_000, num_relations=40, num_classes=3,
-                feature_dim=8, train_fraction=0.2, test_fraction=0.3)
+  kwargs = dict(
+    num_nodes=5000,
+    num_edges=60_000,
+    num_relations=40,
+    num_classes=3,
+    feature_dim=8,
+    train_fraction=0.2,
+    test_fraction=0.3,
+  )
   ds = synthetic_entities(**kwargs, seed=3)
   g = ds.graph
   assert (g.num_nodes, g.num_edges, g.num_relations) == (5000, 60_000, 40)
@@ -361,8 +421,9 @@ def test_synthetic_sizes_determinism_and_heavy_tails():
 
 
 def _nearest_class_mean_accuracy(ds):
-  means = np.stack([ds.features[ds.train_idx[ds.train_y == c]].mean(0)
-                    for c in range(ds.num_classes)])
+  means = np.stack(
+    [ds.features[ds.train_idx[ds.train_y == c]].mean(0) for c in range(ds.num_classes)]
+  )
   distance = ((ds.features[ds.test_idx, None, :] - means[None]) ** 2).sum(-1)
   return (distance.argmin(1) == ds.test_y).mean()
 
@@ -385,8 +446,15 @@ def _typed_neighbour_vote_accuracy(ds):
 
 
 def test_synthetic_signal_is_in_the_typed_neighbourhood_not_the_features():
-  ds = synthetic_entities(num_nodes=10_000, num_edges=100_000, num_relations=30,
-                          num_classes=4, train_fraction=0.5, test_fraction=0.5, seed=1)
+  ds = synthetic_entities(
+    num_nodes=10_000,
+    num_edges=100_000,
+    num_relations=30,
+    num_classes=4,
+    train_fraction=0.5,
+    test_fraction=0.5,
+    seed=1,
+  )
   from_features = _nearest_class_mean_accuracy(ds)
   from_neighbours = _typed_neighbour_vote_accuracy(ds)
   assert 0.3 < from_features < 0.6  # above chance (0.25), far from solved
@@ -395,8 +463,7 @@ def test_synthetic_signal_is_in_the_typed_neighbourhood_not_the_features():
 
 
 def test_synthetic_two_million_edges():
-  ds = synthetic_entities(num_nodes=200_000, num_edges=2_000_000, num_relations=500,
-                          feature_dim=4)
+  ds = synthetic_entities(num_nodes=200_000, num_edges=2_000_000, num_relations=500, feature_dim=4)
   g = ds.graph
   assert (g.num_edges, g.num_relations) == (2_000_000, 500)
   assert (np.diff(g.relation_offsets) > 0).all()

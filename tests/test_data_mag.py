@@ -1,6 +1,7 @@
 """synthetic_mag's parallel drawing: the same graph for any thread count, ogbn-mag's counts,
 and the statistics its docstring promises (popularity-driven degrees, homophily), checked
 against the model's own expectations."""
+
 import numpy as np
 import pytest
 
@@ -16,8 +17,16 @@ def small_chunks(monkeypatch):
 
 def _arrays(ds):
   g = ds.graph
-  return [g.src, g.dst, g.etype, *ds.features, ds.labels, ds.train_papers, ds.val_papers,
-          ds.test_papers]
+  return [
+    g.src,
+    g.dst,
+    g.etype,
+    *ds.features,
+    ds.labels,
+    ds.train_papers,
+    ds.val_papers,
+    ds.test_papers,
+  ]
 
 
 def test_the_graph_does_not_depend_on_the_thread_count(small_chunks):
@@ -38,13 +47,17 @@ def test_counts_are_ogbn_mags_times_the_scale(small_chunks):
   ds = mag.synthetic_mag(scale=scale, seed=0, num_classes=8, threads=2)
   g = ds.graph
   assert [hi - lo for lo, hi in map(ds.node_range, mag.NODE_TYPES)] == [
-      round(mag.NUM_NODES[t] * scale) for t in mag.NODE_TYPES]
-  assert np.diff(g.relation_offsets).tolist() == [
-      round(mag.NUM_EDGES[name] * scale) for _, name, _ in mag.RELATIONS] * 2
+    round(mag.NUM_NODES[t] * scale) for t in mag.NODE_TYPES
+  ]
+  assert (
+    np.diff(g.relation_offsets).tolist()
+    == [round(mag.NUM_EDGES[name] * scale) for _, name, _ in mag.RELATIONS] * 2
+  )
   for t, x in zip(mag.NODE_TYPES, ds.features):
     assert x.shape[1] == mag.FEATURE_DIMS[t] and x.dtype == np.float32
-  assert np.bincount(ds.labels).tolist() == [len(ds.labels) // 8 + (c < len(ds.labels) % 8)
-                                             for c in range(8)]
+  assert np.bincount(ds.labels).tolist() == [
+    len(ds.labels) // 8 + (c < len(ds.labels) % 8) for c in range(8)
+  ]
 
 
 def test_homophily_and_popularity_match_the_model(small_chunks):
@@ -53,13 +66,19 @@ def test_homophily_and_popularity_match_the_model(small_chunks):
   g = ds.graph
   # has_topic: papers drawn by popularity, their topic inside the paper's class w.p. h.
   r = g.relation_names.index("has_topic")
-  block = slice(*g.relation_offsets[r:r + 2])
+  block = slice(*g.relation_offsets[r : r + 2])
   papers, fields = g.src[block], g.dst[block] - ds.node_range("field_of_study")[0]
   fos = ds.features[3]
   # A field's class (not exported) is the majority class of its papers: most of its edges
   # were drawn inside its class.
-  majority = np.array([np.bincount(ds.labels[papers[fields == f]], minlength=classes).argmax()
-                       if (fields == f).any() else -1 for f in range(len(fos))])
+  majority = np.array(
+    [
+      np.bincount(ds.labels[papers[fields == f]], minlength=classes).argmax()
+      if (fields == f).any()
+      else -1
+      for f in range(len(fos))
+    ]
+  )
   seen = majority[fields] >= 0
   same = np.mean(ds.labels[papers[seen]] == majority[fields[seen]])
   assert same == pytest.approx(h + (1 - h) / classes, abs=0.02)
@@ -73,7 +92,7 @@ def test_homophily_and_popularity_match_the_model(small_chunks):
   assert degrees[:top].sum() / len(papers) == pytest.approx(want, rel=0.05)
   # writes: papers drawn first by popularity (rank + 1) ** -0.5: a heavier head.
   r = g.relation_names.index("writes")
-  block = slice(*g.relation_offsets[r:r + 2])
+  block = slice(*g.relation_offsets[r : r + 2])
   degrees = np.sort(np.bincount(g.dst[block], minlength=n))[::-1]
   popularity = np.arange(1, n + 1) ** -mag.EXPONENTS["writes"][1]
   want = popularity[:top].sum() / popularity.sum()

@@ -10,8 +10,9 @@ and a literal with the same text (AIFB has one such pair: the class IRI
 share one node id there, and one id is left without edges. jaxdata keeps them apart (they are
 two RDF terms); the test merges them the same way before comparing degrees.
 """
-import os
+
 import collections
+import os
 import re
 import shutil
 import tarfile
@@ -26,8 +27,10 @@ pytest.importorskip("rdflib")
 pytest.importorskip("pandas")
 torch_geometric_datasets = pytest.importorskip("torch_geometric.datasets")
 
-DATA = Path(os.environ.get("JAXDATA_DATA_DIR")
-            or (Path(__file__).parents[1] / ".." / "shared" / "data").resolve())
+DATA = Path(
+  os.environ.get("JAXDATA_DATA_DIR")
+  or (Path(__file__).parents[1] / ".." / "shared" / "data").resolve()
+)
 _LITERAL = re.compile(r'"(.*)"(?:@[^"]*|\^\^<[^>]*>)?', re.S)
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n", "\\r": "\r"}
 
@@ -73,8 +76,9 @@ def test_load_entities_matches_pyg(name, tmp_path):
   assert g.num_nodes == pyg.num_nodes
   assert g.num_edges == len(p_type)
   assert g.num_relations == int(p_type.max()) + 1
-  assert sorted(np.diff(g.relation_offsets)) == sorted(np.bincount(p_type,
-                                                                   minlength=g.num_relations))
+  assert sorted(np.diff(g.relation_offsets)) == sorted(
+    np.bincount(p_type, minlength=g.num_relations)
+  )
 
   # Degrees and relation profiles, after merging nodes the way PyG does (see the module doc).
   keys = [_pyg_key(n) for n in ds.node_names]
@@ -86,18 +90,22 @@ def test_load_entities_matches_pyg(name, tmp_path):
   for ours, theirs in ((g.dst, p_dst), (g.src, p_src)):
     degree = np.bincount(merge[ours], minlength=len(merged_names))
     degree = np.concatenate([degree, np.zeros(unused, np.int64)])
-    np.testing.assert_array_equal(np.sort(degree), np.sort(np.bincount(theirs,
-                                                                       minlength=g.num_nodes)))
+    np.testing.assert_array_equal(
+      np.sort(degree), np.sort(np.bincount(theirs, minlength=g.num_nodes))
+    )
   ours = _profiles(merge[g.dst], g.etype, len(merged_names)) + [()] * unused
   assert sorted(ours) == _profiles(p_dst, p_type, g.num_nodes)
 
   # Splits: sizes, class histograms, and which labelled nodes share a class with which degree.
-  for idx, y, p_idx, p_y in ((ds.train_idx, ds.train_y, pyg.train_idx, pyg.train_y),
-                             (ds.test_idx, ds.test_y, pyg.test_idx, pyg.test_y)):
+  for idx, y, p_idx, p_y in (
+    (ds.train_idx, ds.train_y, pyg.train_idx, pyg.train_y),
+    (ds.test_idx, ds.test_y, pyg.test_idx, pyg.test_y),
+  ):
     p_idx, p_y = p_idx.numpy(), p_y.numpy()
     assert len(idx) == len(p_idx)
     ours_hist = np.bincount(y, minlength=ds.num_classes)
     assert sorted(ours_hist) == sorted(np.bincount(p_y, minlength=ds.num_classes))
     in_degree, p_in_degree = g.in_degree(), np.bincount(p_dst, minlength=g.num_nodes)
     assert sorted(zip(in_degree[idx].tolist(), ours_hist[y].tolist())) == sorted(
-        zip(p_in_degree[p_idx].tolist(), np.bincount(p_y)[p_y].tolist()))
+      zip(p_in_degree[p_idx].tolist(), np.bincount(p_y)[p_y].tolist())
+    )

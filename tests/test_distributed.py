@@ -3,6 +3,7 @@
 The multi-process runs start real processes through the launcher: 2 processes x 2 CPU devices
 each (gloo collectives), compared with one process of 4 CPU devices on the same global batch.
 """
+
 import json
 import os
 import re
@@ -16,8 +17,26 @@ import pytest
 from jaxdata import cli, distributed, launch
 
 #: A small `train sage` run: 200 train seeds, batches of 4 x 16, four steps per epoch.
-SAGE = ["train", "sage", "--nodes", "2000", "--edges", "20000", "--features", "8", "--classes",
-        "4", "--fanouts", "5,5", "--batch-size", "16", "--hidden", "16", "--devices", "0"]
+SAGE = [
+  "train",
+  "sage",
+  "--nodes",
+  "2000",
+  "--edges",
+  "20000",
+  "--features",
+  "8",
+  "--classes",
+  "4",
+  "--fanouts",
+  "5,5",
+  "--batch-size",
+  "16",
+  "--hidden",
+  "16",
+  "--devices",
+  "0",
+]
 
 
 def _env(devices: int | None = None) -> dict:
@@ -29,15 +48,34 @@ def _env(devices: int | None = None) -> dict:
 
 
 def _jaxdata(args, env, timeout=180):
-  return subprocess.run([sys.executable, "-m", "jaxdata.cli", *args], env=env, timeout=timeout,
-                        capture_output=True, text=True)
+  return subprocess.run(
+    [sys.executable, "-m", "jaxdata.cli", *args],
+    env=env,
+    timeout=timeout,
+    capture_output=True,
+    text=True,
+  )
 
 
 @pytest.mark.slow
 def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   """Same global batch, same per-device keys: the losses and accuracies of every epoch agree."""
-  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *SAGE,
-                    "--epochs", "2", "--out", str(tmp_path / "multi")], _env())
+  multi = _jaxdata(
+    [
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "2",
+      "--",
+      *SAGE,
+      "--epochs",
+      "2",
+      "--out",
+      str(tmp_path / "multi"),
+    ],
+    _env(),
+  )
   assert multi.returncode == 0, multi.stdout + multi.stderr
   single = _jaxdata([*SAGE, "--epochs", "2", "--out", str(tmp_path / "single")], _env(4))
   assert single.returncode == 0, single.stdout + single.stderr
@@ -53,16 +91,36 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
     assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-9)
   assert hist["multi"][1]["loss"] < hist["multi"][0]["loss"]
   from jaxdata.train import checkpoint
+
   metas = {k: checkpoint.read_meta(tmp_path / k) for k in ("multi", "single")}
   assert metas["multi"]["step"] == metas["single"]["step"] == 8
   assert metas["multi"]["metrics"]["test_accuracy"] == pytest.approx(
-      metas["single"]["metrics"]["test_accuracy"], abs=1e-9)
+    metas["single"]["metrics"]["test_accuracy"], abs=1e-9
+  )
 
 
 #: A small `train gpt` run: 4 layers whose inputs are 64 KiB per device at 4 sequences per
 #: device, 4 steps of a global batch of 16.
-GPT = ["train", "gpt", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq", "64",
-       "--vocab", "32", "--batch-size", "16", "--steps", "4", "--log-every", "1"]
+GPT = [
+  "train",
+  "gpt",
+  "--layers",
+  "4",
+  "--hidden",
+  "64",
+  "--heads",
+  "4",
+  "--seq",
+  "64",
+  "--vocab",
+  "32",
+  "--batch-size",
+  "16",
+  "--steps",
+  "4",
+  "--log-every",
+  "1",
+]
 
 
 @pytest.mark.slow
@@ -72,9 +130,27 @@ def test_gpt_with_offload_on_two_processes_of_two_devices_trains_like_one_device
   layer would keep 4 x 64 KiB of layer inputs, so the plan must offload. The per-step losses
   are those of one plain device on the same global batch; process 0 saves once, and `jaxdata
   eval` in one process of one device measures the saved held-out loss again."""
-  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *GPT,
-                    "--devices", "0", "--offload", "--budget", "200KiB", "--ram", "64MiB",
-                    "--out", str(tmp_path / "multi")], _env())
+  multi = _jaxdata(
+    [
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "2",
+      "--",
+      *GPT,
+      "--devices",
+      "0",
+      "--offload",
+      "--budget",
+      "200KiB",
+      "--ram",
+      "64MiB",
+      "--out",
+      str(tmp_path / "multi"),
+    ],
+    _env(),
+  )
   assert multi.returncode == 0, multi.stdout + multi.stderr
   single = _jaxdata([*GPT, "--out", str(tmp_path / "single")], _env(1))
   assert single.returncode == 0, single.stdout + single.stderr
@@ -93,22 +169,38 @@ def test_gpt_with_offload_on_two_processes_of_two_devices_trains_like_one_device
   assert hist["multi"][-1]["loss"] < hist["multi"][0]["loss"]
   ev = _jaxdata(["eval", str(tmp_path / "multi")], _env(1))
   assert ev.returncode == 0, ev.stdout + ev.stderr
-  measured, saved = map(float, re.search(r"final_loss ([\d.]+) \(at save: ([\d.]+)\)",
-                                         ev.stdout).groups())
+  measured, saved = map(
+    float, re.search(r"final_loss ([\d.]+) \(at save: ([\d.]+)\)", ev.stdout).groups()
+  )
   assert measured == pytest.approx(saved, rel=1e-4)  # printed to 4 decimals
   from jaxdata.train import checkpoint
+
   loaded = checkpoint.load_model(tmp_path / "multi")
-  assert loaded.evaluate()["final_loss"] == pytest.approx(
-      hist["multi"][-1]["val_loss"], rel=1e-5)
+  assert loaded.evaluate()["final_loss"] == pytest.approx(hist["multi"][-1]["val_loss"], rel=1e-5)
 
 
 @pytest.mark.slow
 def test_a_process_killed_mid_run_stops_the_launcher(tmp_path):
   """Kill process 1 after its first epoch: the launcher stops process 0 and fails, promptly."""
-  args = [sys.executable, "-m", "jaxdata.cli", "launch", "-n", "2", "--devices-per-process", "2",
-          "--", *SAGE, "--epochs", "100000", "--out", str(tmp_path / "never")]
-  proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+  args = [
+    sys.executable,
+    "-m",
+    "jaxdata.cli",
+    "launch",
+    "-n",
+    "2",
+    "--devices-per-process",
+    "2",
+    "--",
+    *SAGE,
+    "--epochs",
+    "100000",
+    "--out",
+    str(tmp_path / "never"),
+  ]
+  proc = subprocess.Popen(
+    args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   try:
     pids, lines = {}, []
     deadline = time.monotonic() + 120
@@ -137,14 +229,34 @@ def test_without_the_launcher_a_dead_peer_ends_the_others_within_the_timeout(tmp
   """No launcher: kill process 1; process 0 fails (collective error, then JAX's heartbeat
   timeout of --distributed-timeout seconds) instead of hanging."""
   port = launch.free_port()
-  common = [sys.executable, "-m", "jaxdata.cli", *SAGE, "--epochs", "100000",
-            "--coordinator", f"localhost:{port}", "--num-processes", "2",
-            "--distributed-timeout", "5"]
+  common = [
+    sys.executable,
+    "-m",
+    "jaxdata.cli",
+    *SAGE,
+    "--epochs",
+    "100000",
+    "--coordinator",
+    f"localhost:{port}",
+    "--num-processes",
+    "2",
+    "--distributed-timeout",
+    "5",
+  ]
   env = _env(2)
-  zero = subprocess.Popen(common + ["--process-id", "0", "--out", str(tmp_path / "a")], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  one = subprocess.Popen(common + ["--process-id", "1", "--out", str(tmp_path / "b")], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  zero = subprocess.Popen(
+    common + ["--process-id", "0", "--out", str(tmp_path / "a")],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  one = subprocess.Popen(
+    common + ["--process-id", "1", "--out", str(tmp_path / "b")],
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   try:
     lines = []
     for line in zero.stdout:
@@ -208,8 +320,9 @@ def test_more_processes_than_gpus_is_a_usage_error(monkeypatch, capsys):
 
 
 def test_process_id_must_be_below_the_process_count(capsys):
-  code = cli.main(SAGE + ["--coordinator", "localhost:1234", "--num-processes", "2",
-                          "--process-id", "2"])
+  code = cli.main(
+    SAGE + ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"]
+  )
   assert code == 2
   assert "--process-id must be in 0..1 for --num-processes 2, got 2" in capsys.readouterr().err
 
@@ -228,9 +341,11 @@ def test_a_trainer_without_multi_process_support_refuses_several_processes(monke
   """Every trainer runs as several processes now; one that did not declare MULTI_PROCESS would
   be refused before joining the job (gpt stands in for it here)."""
   from jaxdata.train import gpt
+
   monkeypatch.setattr(gpt, "MULTI_PROCESS", False)
-  code = cli.main(["train", "gpt", "--coordinator", "localhost:1234", "--num-processes", "2",
-                   "--process-id", "0"])
+  code = cli.main(
+    ["train", "gpt", "--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0"]
+  )
   assert code == 2
   err = capsys.readouterr().err
   assert "jaxdata train gpt does not support multi-process runs yet" in err
@@ -252,7 +367,11 @@ def test_environment_supplies_the_flags(monkeypatch):
   monkeypatch.setenv("JAX_PROCESS_ID", "3")
   setup = distributed.setup_from(cli.parser().parse_args(SAGE))
   assert (setup.mode, setup.coordinator, setup.num_processes, setup.process_id) == (
-      "explicit", "host0:999", 4, 3)
+    "explicit",
+    "host0:999",
+    4,
+    3,
+  )
   monkeypatch.setenv("JAX_PROCESS_ID", "x")
   with pytest.raises(Exception, match="JAX_PROCESS_ID='x' is not an integer"):
     distributed.setup_from(cli.parser().parse_args(SAGE))
@@ -261,8 +380,21 @@ def test_environment_supplies_the_flags(monkeypatch):
 def test_an_unreachable_coordinator_is_a_clear_error():
   port = launch.free_port()  # nothing listens there
   start = time.monotonic()
-  out = _jaxdata([*SAGE, "--coordinator", f"localhost:{port}", "--num-processes", "2",
-                  "--process-id", "1", "--distributed-timeout", "2"], _env(2), 60)
+  out = _jaxdata(
+    [
+      *SAGE,
+      "--coordinator",
+      f"localhost:{port}",
+      "--num-processes",
+      "2",
+      "--process-id",
+      "1",
+      "--distributed-timeout",
+      "2",
+    ],
+    _env(2),
+    60,
+  )
   assert out.returncode == 2, out.stderr
   assert f"cannot reach the coordinator localhost:{port} within 2 s" in out.stderr
   assert time.monotonic() - start < 30
@@ -275,12 +407,19 @@ def _sparse_worker(out, processes: int, devices: int) -> list:
   script = os.path.join(os.path.dirname(__file__), "sparse_worker.py")
   env = _env(devices)
   if processes > 1:
-    env.update(JAX_COORDINATOR_ADDRESS=f"localhost:{launch.free_port()}",
-               JAX_NUM_PROCESSES=str(processes))
-  procs = [subprocess.Popen([sys.executable, script, str(out)],
-                            env=dict(env, JAX_PROCESS_ID=str(i)) if processes > 1 else env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(processes)]
+    env.update(
+      JAX_COORDINATOR_ADDRESS=f"localhost:{launch.free_port()}", JAX_NUM_PROCESSES=str(processes)
+    )
+  procs = [
+    subprocess.Popen(
+      [sys.executable, script, str(out)],
+      env=dict(env, JAX_PROCESS_ID=str(i)) if processes > 1 else env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(processes)
+  ]
   try:
     logs = [p.communicate(timeout=120)[0] for p in procs]
   finally:
@@ -290,6 +429,7 @@ def _sparse_worker(out, processes: int, devices: int) -> list:
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log
   import numpy as np
+
   return [dict(np.load(out / f"process{i}.npz")) for i in range(processes)]
 
 
@@ -299,8 +439,10 @@ def test_sparse_updates_reach_every_process_copy_exactly(tmp_path):
   copy's SGD table is minus np.add.at's counts of the whole global batches (none lost, none
   doubled), and lazy Adam leaves every copy equal to a one-process run over 4 devices."""
   import numpy as np
+
   sys.path.insert(0, os.path.dirname(__file__))
   import sparse_worker as w
+
   multi = _sparse_worker(tmp_path / "multi", 2, 2)
   single = _sparse_worker(tmp_path / "single", 1, 4)
   expected = np.zeros((w.ROWS, w.COLS), np.float32)
@@ -314,8 +456,9 @@ def test_sparse_updates_reach_every_process_copy_exactly(tmp_path):
     assert tables["adam_count"].item() == w.STEPS
   np.testing.assert_array_equal(multi[0]["weights"], multi[1]["weights"])
   np.testing.assert_allclose(multi[0]["weights"], single[0]["weights"], rtol=1e-6, atol=1e-7)
-  assert not np.allclose(single[0]["weights"],
-                         np.linspace(-1, 1, w.ROWS * w.COLS).reshape(w.ROWS, w.COLS))
+  assert not np.allclose(
+    single[0]["weights"], np.linspace(-1, 1, w.ROWS * w.COLS).reshape(w.ROWS, w.COLS)
+  )
 
 
 @pytest.mark.slow
@@ -326,10 +469,24 @@ def test_learned_host_embeddings_train_across_processes_like_one_process(tmp_pat
   that its copy equals every other's; process 0's is in the checkpoint). The checkpoint of the
   two processes is then measured again by `jaxdata eval` in one process of 4 devices."""
   import numpy as np
+
   import jaxdata
+
   run = [*SAGE, "--epochs", "2", "--embed-dim", "4", "--table-optimizer", optimizer]
-  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *run,
-                    "--out", str(tmp_path / "multi")], _env())
+  multi = _jaxdata(
+    [
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "2",
+      "--",
+      *run,
+      "--out",
+      str(tmp_path / "multi"),
+    ],
+    _env(),
+  )
   assert multi.returncode == 0, multi.stdout + multi.stderr
   single = _jaxdata([*run, "--out", str(tmp_path / "single")], _env(4))
   assert single.returncode == 0, single.stdout + single.stderr
@@ -339,6 +496,7 @@ def test_learned_host_embeddings_train_across_processes_like_one_process(tmp_pat
     assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
   tables = {k: jaxdata.load_model(tmp_path / k).tables["embedding"] for k in ("multi", "single")}
   from jaxdata.train.sage import SageConfig, initial_embedding
+
   start = initial_embedding(2000, SageConfig(embed_dim=4))
   moved = np.any(tables["single"] != start, axis=1)
   assert 0 < moved.sum() < len(moved)  # trained the rows the batches touched, only those
@@ -357,12 +515,30 @@ def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tm
   """JAX itself takes process 0's count and lets a process told 3 train as one of 2; jaxdata
   compares the counts once the job has formed and stops every process."""
   port = launch.free_port()
-  common = [sys.executable, "-X", "faulthandler", "-m", "jaxdata.cli", *SAGE, "--epochs", "1",
-            "--coordinator", f"localhost:{port}", "--distributed-timeout", "20"]
-  procs = [subprocess.Popen(common + ["--num-processes", n, "--process-id", str(i), "--out",
-                                      str(tmp_path / str(i))], env=_env(2),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i, n in enumerate(["2", "3"])]
+  common = [
+    sys.executable,
+    "-X",
+    "faulthandler",
+    "-m",
+    "jaxdata.cli",
+    *SAGE,
+    "--epochs",
+    "1",
+    "--coordinator",
+    f"localhost:{port}",
+    "--distributed-timeout",
+    "20",
+  ]
+  procs = [
+    subprocess.Popen(
+      common + ["--num-processes", n, "--process-id", str(i), "--out", str(tmp_path / str(i))],
+      env=_env(2),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i, n in enumerate(["2", "3"])
+  ]
   deadline = time.monotonic() + 90
   try:
     outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
@@ -371,16 +547,20 @@ def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tm
       if p.poll() is None:
         p.send_signal(signal.SIGABRT)
     stacks = [p.communicate(timeout=30)[1] for p in procs]
-    pytest.fail("a process did not stop within 90 s:\n" + "\n".join(
-        f"--- process {i} ---\n{err}" for i, err in enumerate(stacks)))
+    pytest.fail(
+      "a process did not stop within 90 s:\n"
+      + "\n".join(f"--- process {i} ---\n{err}" for i, err in enumerate(stacks))
+    )
   finally:
     for p in procs:
       if p.poll() is None:
         p.kill()
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 2, err
-    assert ("--num-processes differs between the processes (process 0: 2, process 1: 3); the "
-            f"job at localhost:{port} has 2 processes") in err
+    assert (
+      "--num-processes differs between the processes (process 0: 2, process 1: 3); the "
+      f"job at localhost:{port} has 2 processes"
+    ) in err
   assert not (tmp_path / "0").exists()
 
 
@@ -390,16 +570,24 @@ def test_sparse_update_copies_must_divide_the_axis_and_need_it():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
   from jaxdata.host import HostTable, sparse
   from jaxdata.train.common import sharded_jit
+
   sgd = sparse.sparse_sgd(1.0)
   mesh = Mesh(np.array(jax.devices("cpu")[:2]), ("data",))  # CPU devices, on a GPU machine too
   with HostTable(np.zeros((4, 2), np.float32)) as table:
+
     def update(copies):
       return sharded_jit(
-          lambda i, g: sgd.update(table, (), i, g, axis_name="data", copies=copies)[None],
-          mesh, (P("data"), P("data")), P("data"))(jnp.arange(4), jnp.ones((4, 2)))
+        lambda i, g: sgd.update(table, (), i, g, axis_name="data", copies=copies)[None],
+        mesh,
+        (P("data"), P("data")),
+        P("data"),
+      )(jnp.arange(4), jnp.ones((4, 2)))
+
     with pytest.raises(ValueError, match="has 2 devices, not a multiple of copies=3"):
       update(3)
     with pytest.raises(ValueError, match="copies must be a positive int, got 0"):

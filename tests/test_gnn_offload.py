@@ -1,6 +1,7 @@
 """Deep relational GNNs (RGAT / HGT / RGCN classifiers with `layers > 2`) under offload plans: the
 stacked layers run through `jaxdata.offload.run_layers` with keep / offload / recompute per layer,
 with the plain model's loss and gradients; the planner fits their residuals to a budget."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,7 +38,9 @@ def _loss_and_grads(net, ds, graph, xs, plan):
     def loss(net):
       logits = net(graph, xs, papers, plan)[idx]
       return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
     return nnx.value_and_grad(loss)(net)
+
   loss, grads = run(net)
   return float(loss), jax.tree.leaves(nnx.to_pure_dict(grads))
 
@@ -58,6 +61,7 @@ def _own_residuals(fn, state, x_like, inner) -> tuple[int, bool]:
     total = sum(l.size * l.dtype.itemsize for l in held.values())
     holds_x = any(l is x for l in leaves)
     return 0
+
   jax.eval_shape(trace, state, jax.ShapeDtypeStruct(x_like.shape, x_like.dtype))
   return total, holds_x
 
@@ -76,16 +80,20 @@ def test_deep_model_under_an_offload_plan_has_the_plain_loss_and_gradients(model
     named = lambda n: layer_stack.policy_named(n, store, inners)  # noqa: E731
     # Every kind of choice, in segments of one and two layers.
     names = ["offload[edges]+in", "recompute", "keep[nodes]", "offload[in]", "offload[dots]"]
-    plan = tuple(named(n) for n in names[:net.stack_layers - 1]) + (named("keep[all]"),)
+    plan = tuple(named(n) for n in names[: net.stack_layers - 1]) + (named("keep[all]"),)
     got_loss, got = _loss_and_grads(net, ds, graph, xs, plan)
     assert store.stats()["spills"] > 0
   assert got_loss == pytest.approx(want_loss, rel=1e-5)
   assert len(got) == len(want)
   for g, w in zip(got, want):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4,
-                               # 1e-4 of the largest: on a GPU hector's float atomics sum
-                               # in any order (the H200 gave 9e-8 where the largest is ~5e-3)
-                               atol=1e-4 * float(np.abs(w).max() + 1e-30))
+    np.testing.assert_allclose(
+      np.asarray(g),
+      np.asarray(w),
+      rtol=2e-4,
+      # 1e-4 of the largest: on a GPU hector's float atomics sum
+      # in any order (the H200 gave 9e-8 where the largest is ~5e-3)
+      atol=1e-4 * float(np.abs(w).max() + 1e-30),
+    )
 
 
 def test_the_plan_under_a_tight_budget_offloads_or_recomputes(device):
@@ -112,7 +120,8 @@ def test_the_plan_under_a_tight_budget_offloads_or_recomputes(device):
     assert len(modes) == len(layers)
     assert best.device_bytes <= budget < everything
     assert any(m in ("offload", "recompute") for m in modes) or all(
-        str(p) != "keep[all]" for p in best.policies), best
+      str(p) != "keep[all]" for p in best.policies
+    ), best
     # What the plan keeps on the device, counted from the residual sizes measured here.
     kept = 0
     for p in best.policies:
@@ -136,12 +145,18 @@ def test_a_budget_below_the_smallest_plan_is_a_clear_error():
   ds, net, graph, xs = _setup("rgat")
   with offload.TensorStore(ram_bytes=64 << 20) as store:
     planner = attention.budget_planner(1000, store, repeats=1)
-    with pytest.raises(ValueError, match=r"no plan fits a budget of 1,000 bytes .* 4 blocks: the "
-                                         r"smallest plan needs at least [\d,]+ bytes"):
+    with pytest.raises(
+      ValueError,
+      match=r"no plan fits a budget of 1,000 bytes .* 4 blocks: the "
+      r"smallest plan needs at least [\d,]+ bytes",
+    ):
       planner(net, graph, xs)
     with pytest.raises(ValueError, match="plan has 2 policies for the model's 4 stacked"):
-      attention.train(ds, attention.TrainConfig(model="rgat", layers=4, hidden=16, heads=2,
-                                                epochs=1), plan=[None, None])
+      attention.train(
+        ds,
+        attention.TrainConfig(model="rgat", layers=4, hidden=16, heads=2, epochs=1),
+        plan=[None, None],
+      )
 
 
 def test_depth_is_configurable_and_two_layers_keep_the_old_parameter_names():
@@ -156,29 +171,74 @@ def test_depth_is_configurable_and_two_layers_keep_the_old_parameter_names():
 
 def test_cli_trains_a_deep_hgt_under_a_budget(tmp_path, capsys):
   from jaxdata import cli
+
   out = tmp_path / "hgt-checkpoint"
-  assert cli.main(["train", "hgt", "--scale", "1e-4", "--classes", "4", "--epochs", "1",
-                   "--layers", "4", "--hidden", "256", "--budget", "2MiB", "--out",
-                   str(out)]) == 0
+  assert (
+    cli.main(
+      [
+        "train",
+        "hgt",
+        "--scale",
+        "1e-4",
+        "--classes",
+        "4",
+        "--epochs",
+        "1",
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--budget",
+        "2MiB",
+        "--out",
+        str(out),
+      ]
+    )
+    == 0
+  )
   text = " ".join(capsys.readouterr().out.split())
   assert "plan under 2,097,152 bytes" in text and "epoch 1" in text, text
   assert "4 layers" in text and (out / "history.json").exists()
   from jaxdata import load_model
+
   loaded = load_model(str(out))
   assert loaded.model.layers == 4
 
 
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(
+  "argv, message",
+  [
     (["--budget", "1KiB"], "argument --budget: no plan fits a budget of 1,024 bytes"),
     (["--offload"], "argument --offload: needs --budget"),
-    (["--minibatch", "--fanouts", "5,5"],
-     "argument --fanouts: give one fanout per layer (--layers 4), got 2"),
+    (
+      ["--minibatch", "--fanouts", "5,5"],
+      "argument --fanouts: give one fanout per layer (--layers 4), got 2",
+    ),
     (["--plan", "keep[bogus]", "--offload"], "argument --plan: unknown policy"),
-])
+  ],
+)
 def test_cli_rejects_bad_offload_options(tmp_path, capsys, argv, message):
   from jaxdata import cli
-  code = cli.main(["train", "hgt", "--scale", "1e-4", "--classes", "4", "--epochs", "1",
-                   "--layers", "4", "--hidden", "32", "--out", str(tmp_path / "c"), *argv])
+
+  code = cli.main(
+    [
+      "train",
+      "hgt",
+      "--scale",
+      "1e-4",
+      "--classes",
+      "4",
+      "--epochs",
+      "1",
+      "--layers",
+      "4",
+      "--hidden",
+      "32",
+      "--out",
+      str(tmp_path / "c"),
+      *argv,
+    ]
+  )
   assert code != 0
   captured = capsys.readouterr()
   text = " ".join((captured.out + captured.err).split())

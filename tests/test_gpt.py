@@ -1,5 +1,7 @@
 """The GPT model, its per-layer remat plans, the synthetic token chain and `train`."""
+
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +62,7 @@ def _reference_logits(params, cfg, tokens):
 
   def ln(x, q, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
-    var = ((x - mu)**2).mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * q["scale"] + q["bias"]
 
   def dense(x, q):
@@ -96,8 +98,9 @@ def test_logits_match_numpy_reference():
   assert got.dtype == jnp.float32 and got.shape == (2, CFG.seq, CFG.vocab)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
   # Shorter inputs use the first positions.
-  np.testing.assert_allclose(np.asarray(_logits(model, tokens[:, :5])), want[:, :5], rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(_logits(model, tokens[:, :5])), want[:, :5], rtol=1e-4, atol=1e-5
+  )
 
 
 def test_causal():
@@ -144,10 +147,14 @@ def test_chunked_loss_keeps_one_chunk_of_logits():
   cfg = GPTConfig(vocab=4096, layers=1, hidden=16, heads=2, seq=64, dtype=jnp.float32)
   tokens = _tokens((4, cfg.seq + 1), vocab=cfg.vocab)
   temp = {}
+
+  def loss(graphdef, state, tokens):
+    return nnx.merge(graphdef, state).loss(tokens)
+
   for chunk in (0, 8):
     model = _model(dataclasses.replace(cfg, loss_chunk=chunk))
     graphdef, state = nnx.split(model)
-    step = jax.jit(jax.grad(lambda s, t: nnx.merge(graphdef, s).loss(t)))
+    step = jax.jit(jax.grad(functools.partial(loss, graphdef)))
     temp[chunk] = step.lower(state, tokens).compile().memory_analysis().temp_size_in_bytes
   logits = 4 * cfg.seq * cfg.vocab * 4  # the whole step's float32 logits
   assert temp[8] < temp[0] - logits, temp
@@ -205,11 +212,15 @@ def loss_fn():
   return loss, params, value_and_grads(None)
 
 
-@pytest.mark.parametrize("plan", [
-    [NOTHING] * 3,              # one segment
-    [NOTHING, NOTHING, ATTN],   # two segments of different policies
-    [ATTN, None, BUT_MLP],      # a plain layer between two remat segments
-], ids=["one", "two", "three"])
+@pytest.mark.parametrize(
+  "plan",
+  [
+    [NOTHING] * 3,  # one segment
+    [NOTHING, NOTHING, ATTN],  # two segments of different policies
+    [ATTN, None, BUT_MLP],  # a plain layer between two remat segments
+  ],
+  ids=["one", "two", "three"],
+)
 def test_plan_gradients_equal_plain(plan, loss_fn, checkpoint_wrap):
   loss, params, (plain_loss, grads) = loss_fn
   plan_loss, plan_grads = jax.jit(jax.value_and_grad(lambda p: loss(p, plan)))(params)
@@ -225,6 +236,7 @@ def test_plan_gradients_equal_plain(plan, loss_fn, checkpoint_wrap):
 def test_split_layers_changes_nothing_but_the_stacks(loss_fn):
   """A model split into one parameter stack per segment computes the same loss and gradients."""
   from jaxdata import offload
+
   _, _, (plain_loss, plain_grads) = loss_fn
   plan = [offload.recompute(), offload.recompute(), offload.keep(ATTN)]
   model = _model()
@@ -240,8 +252,9 @@ def test_split_layers_changes_nothing_but_the_stacks(loss_fn):
   with pytest.raises(ValueError, match="segments"):
     nnx.jit(lambda m: m.loss(tokens, [offload.recompute()] * 3))(model)
   model.split_layers(None)
-  np.testing.assert_allclose(float(nnx.jit(lambda m: m.loss(tokens))(model)), float(plain_loss),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    float(nnx.jit(lambda m: m.loss(tokens))(model)), float(plain_loss), rtol=1e-6
+  )
 
 
 def test_plain_never_asks_for_remat(loss_fn, checkpoint_wrap):
@@ -273,9 +286,12 @@ def test_block_fn_runs_one_layer_and_tags_its_names():
   h, apply = x, jax.jit(f.apply)
   for i in range(CFG.layers):
     h = apply(f.layer(i), h)
-  np.testing.assert_allclose(np.asarray(h), np.asarray(jax.jit(run_layers, static_argnums=0)(
-                                 f.apply, f.states, x)),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(h),
+    np.asarray(jax.jit(run_layers, static_argnums=0)(f.apply, f.states, x)),
+    rtol=1e-6,
+    atol=1e-6,
+  )
   jaxpr = jax.make_jaxpr(f.apply)(f.layer(0), f.x)
   names = [e.params["name"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "name"]
   assert set(names) == set(BLOCK_NAMES)
@@ -286,6 +302,7 @@ def test_block_fn_runs_one_layer_and_tags_its_names():
 def test_layer_norm_and_gelu_match_their_formulas(dtype):
   """The hand-written backward passes equal differentiating the formulas (in float32)."""
   from jaxdata.nn.gpt import gelu, layer_norm
+
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(3, 5, 16)) * 3 + 1, dtype)
   scale = jnp.asarray(rng.normal(size=16), jnp.float32)
@@ -295,7 +312,7 @@ def test_layer_norm_and_gelu_match_their_formulas(dtype):
   def ln_formula(x, scale, bias):
     x = x.astype(jnp.float32)
     mu = x.mean(-1, keepdims=True)
-    return (x - mu) / jnp.sqrt(((x - mu)**2).mean(-1, keepdims=True) + 1e-5) * scale + bias
+    return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * scale + bias
 
   def gelu_formula(x):
     x = x.astype(jnp.float32)
@@ -317,8 +334,9 @@ def test_layer_norm_and_gelu_match_their_formulas(dtype):
 
 def test_block_residuals_are_lean():
   """A block's backward pass keeps no float32 copies of activations (bfloat16 compute)."""
-  cfg = GPTConfig(vocab=32, layers=1, hidden=64, heads=1, seq=8, dtype=jnp.bfloat16,
-                  attention="xla")
+  cfg = GPTConfig(
+    vocab=32, layers=1, hidden=64, heads=1, seq=8, dtype=jnp.bfloat16, attention="xla"
+  )
   f = block_fn(_model(cfg), (2, 8))
 
   def residuals(state, x):
@@ -344,8 +362,11 @@ def _attention_forwards(cfg, policy):
   body = jax.checkpoint(f.apply, policy=policy)
   grad = jax.jit(jax.grad(lambda s, x: body(s, x).astype(jnp.float32).sum(), argnums=(0, 1)))
   hlo = grad.lower(f.layer(0), jnp.ones(f.x.shape, f.x.dtype)).compile().as_text()
-  return sum(1 for line in hlo.splitlines()
-             if 'custom_call_target="__cudnn$fmha' in line and "Backward" not in line)
+  return sum(
+    1
+    for line in hlo.splitlines()
+    if 'custom_call_target="__cudnn$fmha' in line and "Backward" not in line
+  )
 
 
 @pytest.mark.gpu
@@ -371,8 +392,11 @@ def test_fused_attention_on_gpu():
     def stats(policy):
       body = jax.checkpoint(f.apply, policy=policy)
       vjp = jax.eval_shape(lambda s, x: jax.vjp(body, s, x)[1], f.layer(0), f.x)
-      return [l.shape for l in jax.tree.leaves(vjp)
-              if l.dtype == jnp.float32 and l.size == 2 * cfg.heads * cfg.seq]
+      return [
+        l.shape
+        for l in jax.tree.leaves(vjp)
+        if l.dtype == jnp.float32 and l.size == 2 * cfg.heads * cfg.seq
+      ]
 
     assert stats(save_names("qkv", "attn_ctx")) and not stats(save_names("qkv"))
 
@@ -410,8 +434,7 @@ def test_markov_tokens_order_two():
 
 def test_training_under_a_plan_lowers_the_loss(checkpoint_wrap):
   """A short run (with a planner, so the remat path trains too) gets well below log(vocab)."""
-  config = GPTTrainConfig(**TRAIN, batch=8, steps=60, learning_rate=1e-2, warmup=5,
-                          eval_batches=2)
+  config = GPTTrainConfig(**TRAIN, batch=8, steps=60, learning_rate=1e-2, warmup=5, eval_batches=2)
   plan, seen, logged = [NOTHING, NOTHING, ATTN], [], []
 
   def planner(model, batch_shape):
@@ -436,17 +459,37 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
   spill trains through the SSD tier: the same losses as the plain model, SSD bytes written, and
   nothing left in the spill directory."""
   import argparse
+
   from jaxdata.train import gpt as train_gpt
+
   parser = argparse.ArgumentParser()
   train_gpt.add_arguments(parser)
   # Activations of 128 KiB: above the 64 KiB under which a policy keeps residuals on the device.
-  common = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "32",
-            "--batch-size", "8", "--steps", "3", "--log-every", "1"]
+  common = [
+    "--layers",
+    "2",
+    "--hidden",
+    "64",
+    "--heads",
+    "4",
+    "--seq",
+    "64",
+    "--vocab",
+    "32",
+    "--batch-size",
+    "8",
+    "--steps",
+    "3",
+    "--log-every",
+    "1",
+  ]
   assert train_gpt.main(parser.parse_args(common)) == 0
   is_step = lambda l: l.split()[:1] == ["step"] and l.split()[2:3] == ["loss"]  # noqa: E731
   plain = [l for l in capsys.readouterr().out.splitlines() if is_step(l)]
-  args = parser.parse_args(common + ["--offload", "--plan", "offload[attn]+in", "--ram", "4KiB",
-                                     "--ssd-dir", str(tmp_path)])
+  args = parser.parse_args(
+    common
+    + ["--offload", "--plan", "offload[attn]+in", "--ram", "4KiB", "--ssd-dir", str(tmp_path)]
+  )
   assert train_gpt.main(args) == 0
   out = capsys.readouterr().out
   offloaded = [l for l in out.splitlines() if is_step(l)]
@@ -456,6 +499,7 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
   assert "SSD tier" in out and "GiB written" in out, out
   assert list(tmp_path.iterdir()) == []
   from jaxdata.command import UsageError
+
   with pytest.raises(UsageError, match="unknown policy"):
     train_gpt.main(parser.parse_args(common + ["--offload", "--plan", "offload[bogus]"]))
   with pytest.raises(UsageError, match="needs --budget"):
@@ -486,14 +530,18 @@ def test_two_devices_offloading_to_one_store_equal_one_device(platform, check_vm
   different rows), and the loss and gradients of the global batch are one device's plain ones.
   With shard_map's varying-axes check, JAX sums a replicated parameter's gradient over the
   devices (also through layer_norm's custom VJP); without it, each device's stays its own."""
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
   from jaxdata.offload import TensorStore, offload
+
   devices = _two_devices(platform)
   graphdef, params = nnx.split(_model())
   tokens = _tokens((4, CFG.seq + 1), seed=3)
   with jax.default_device(devices[0]):
-    want_loss, want = jax.jit(jax.value_and_grad(
-        lambda p: nnx.merge(graphdef, p).loss(tokens)))(params)
+    want_loss, want = jax.jit(jax.value_and_grad(lambda p: nnx.merge(graphdef, p).loss(tokens)))(
+      params
+    )
   with TensorStore(ram_bytes="16MiB") as store:
     policy = offload(store, inner=save_names("qkv", "attn_ctx"), min_bytes=0, inputs=(1,))
     plan = [policy] * CFG.layers
@@ -504,8 +552,15 @@ def test_two_devices_offloading_to_one_store_equal_one_device(platform, check_vm
         return jax.lax.pmean(loss, "data"), jax.tree.map(lambda g: g / 2, grads)
       return jax.lax.pmean((loss, grads), "data")
 
-    step = jax.jit(jax.shard_map(local, mesh=Mesh(np.array(devices), ("data",)),
-                                 in_specs=(P(), P("data")), out_specs=P(), check_vma=check_vma))
+    step = jax.jit(
+      jax.shard_map(
+        local,
+        mesh=Mesh(np.array(devices), ("data",)),
+        in_specs=(P(), P("data")),
+        out_specs=P(),
+        check_vma=check_vma,
+      )
+    )
     before = store.stats()
     loss, grads = jax.block_until_ready(step(params, tokens))
     s = store.stats()
@@ -513,14 +568,16 @@ def test_two_devices_offloading_to_one_store_equal_one_device(platform, check_vm
   assert s["loads"] - before["loads"] == 2 * CFG.layers and s["ram_in_use"] == 0
   np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(want)):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+    )
 
 
 def test_training_on_two_devices_with_offload_equals_one_device():
   """`train` with devices=2 and an offload plan (each device spills its share) takes the
   steps of a plain one-device run on the same global batch: same losses, same parameters."""
   from jaxdata.offload import TensorStore, offload
+
   _two_devices(jax.default_backend())  # train's mesh takes the default backend's devices
   config = GPTTrainConfig(**TRAIN, batch=4, steps=3, log_every=1, eval_batches=1, warmup=1)
   one = train(config)
@@ -531,6 +588,7 @@ def test_training_on_two_devices_with_offload_equals_one_device():
     def planner(model, batch_shape):
       shapes.append(batch_shape)
       return [policy] * CFG.layers
+
     two = train(dataclasses.replace(config, devices=2), plan=planner)
     spills = store.stats()["spills"]
   assert shapes == [(2, CFG.seq)]  # planned for one device's share of the batch
@@ -538,8 +596,10 @@ def test_training_on_two_devices_with_offload_equals_one_device():
   for a, b in zip(two.history, one.history):
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
-  for a, b in zip(jax.tree.leaves(nnx.state(two.model, nnx.Param)),
-                  jax.tree.leaves(nnx.state(one.model, nnx.Param))):
+  for a, b in zip(
+    jax.tree.leaves(nnx.state(two.model, nnx.Param)),
+    jax.tree.leaves(nnx.state(one.model, nnx.Param)),
+  ):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
   with pytest.raises(ValueError, match="does not split evenly over 2 devices"):
     train(dataclasses.replace(config, batch=3, devices=2))
@@ -553,15 +613,18 @@ def test_data_parallel_step_applies_the_mean_gradient_of_the_global_batch():
   devices nor one device's share (AdamW, the trainer's optimizer, would hide a scale)."""
   import optax
   from jax.sharding import Mesh
+
   from jaxdata.offload import TensorStore, offload
   from jaxdata.train import gpt as train_gpt
+
   devices = _two_devices("cpu")
   model = _model()
   params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
   tokens = _tokens((4, CFG.seq + 1), seed=5)
   graphdef_m = nnx.graphdef(model)
-  want_loss, want = jax.jit(jax.value_and_grad(
-      lambda p: nnx.merge(graphdef_m, p).loss(tokens)))(params)
+  want_loss, want = jax.jit(jax.value_and_grad(lambda p: nnx.merge(graphdef_m, p).loss(tokens)))(
+    params
+  )
   graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)))
   with TensorStore(ram_bytes="16MiB") as store:
     plan = (offload(store, inner=save_names("qkv", "attn_ctx"), min_bytes=0, inputs=(1,)),) * 3
@@ -569,8 +632,10 @@ def test_data_parallel_step_applies_the_mean_gradient_of_the_global_batch():
     state, loss = step(state, tokens)
     after, _ = nnx.merge(graphdef, jax.block_until_ready(state))
   np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
-  moved = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), nnx.state(after, nnx.Param),
-                       params)
+  moved = jax.tree.map(
+    lambda a, b: np.asarray(a) - np.asarray(b), nnx.state(after, nnx.Param), params
+  )
   for (path, m), w in zip(jax.tree_util.tree_leaves_with_path(moved), jax.tree.leaves(want)):
-    np.testing.assert_allclose(m, -np.asarray(w), rtol=1e-4, atol=1e-6,
-                               err_msg=jax.tree_util.keystr(path))
+    np.testing.assert_allclose(
+      m, -np.asarray(w), rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path)
+    )

@@ -1,12 +1,13 @@
 """Graph construction: the native builders (jaxdata.data.graph_build) against the NumPy
 formulations of jaxdata.reference.graph, bit for bit; HeteroGraph.from_typed_edges against a
 hand-built flat graph; errors that name the problem."""
+
 import numpy as np
 import pytest
+from isolation import own_threads
 
 from jaxdata.data import HeteroGraph, graph_build, synthetic_mag
 from jaxdata.reference import graph as ref
-from isolation import own_threads
 
 
 def _random_edges(e, n, r, dtype, seed):
@@ -21,8 +22,18 @@ def _random_edges(e, n, r, dtype, seed):
 
 # (edges, nodes, relations): empty graphs, one node (all self loops), many duplicates, relations
 # with no edges, and sizes past the 64K items a thread gets, so several threads split the work.
-CASES = [(0, 0, 0), (0, 5, 3), (1, 1, 1), (50, 1, 1), (1000, 3, 2), (300, 20, 64),
-         (70_000, 7, 3), (200_000, 50_000, 500), (150_000, 300, 1), (400_000, 1000, 3)]
+CASES = [
+  (0, 0, 0),
+  (0, 5, 3),
+  (1, 1, 1),
+  (50, 1, 1),
+  (1000, 3, 2),
+  (300, 20, 64),
+  (70_000, 7, 3),
+  (200_000, 50_000, 500),
+  (150_000, 300, 1),
+  (400_000, 1000, 3),
+]
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
@@ -31,8 +42,7 @@ def test_native_builders_equal_the_numpy_reference(e, n, r, dtype):
   src, dst, etype = _random_edges(e, n, r, dtype, seed=e + n + r)
   order = ref.sort_order(src, dst, etype, n, r)
   for threads in (1, 3, 0):
-    s, d, t, o = graph_build.sort_edges(src, dst, etype, n, r, return_order=True,
-                                        threads=threads)
+    s, d, t, o = graph_build.sort_edges(src, dst, etype, n, r, return_order=True, threads=threads)
     assert all(a.dtype == np.int32 for a in (s, d, t, o))
     np.testing.assert_array_equal(o, order)
     np.testing.assert_array_equal(s, src[order])
@@ -47,18 +57,41 @@ def test_native_builders_equal_the_numpy_reference(e, n, r, dtype):
       np.testing.assert_array_equal(offsets, want_offsets)
       np.testing.assert_array_equal(ids, want_ids)
 
-    np.testing.assert_array_equal(graph_build.mean_edge_norm(d, t, threads=threads),
-                                  ref.mean_edge_norm(d, t))
+    np.testing.assert_array_equal(
+      graph_build.mean_edge_norm(d, t, threads=threads), ref.mean_edge_norm(d, t)
+    )
     got = graph_build.unique_pairs(s, t, n, r, threads=threads)
     want = ref.unique_pairs(s, t, n, r)
-    assert [a.dtype for a in got] == [np.int32, np.int64, np.int32, np.int32, np.int32,
-                                      np.int64, np.int64, np.int32]
-    for name, a, b in zip(("pair", "pair_offsets", "pair_edges", "pair_src", "pair_etype",
-                           "pair_rel_offsets", "pair_csr_offsets", "pair_csr_edges"), got, want):
+    assert [a.dtype for a in got] == [
+      np.int32,
+      np.int64,
+      np.int32,
+      np.int32,
+      np.int32,
+      np.int64,
+      np.int64,
+      np.int32,
+    ]
+    for name, a, b in zip(
+      (
+        "pair",
+        "pair_offsets",
+        "pair_edges",
+        "pair_src",
+        "pair_etype",
+        "pair_rel_offsets",
+        "pair_csr_offsets",
+        "pair_csr_edges",
+      ),
+      got,
+      want,
+    ):
       np.testing.assert_array_equal(a, b, err_msg=name)
     # unsorted input too: unique_pairs takes edges in any order
-    for a, b in zip(graph_build.unique_pairs(src, etype, n, r, threads=threads),
-                    ref.unique_pairs(src, etype, n, r)):
+    for a, b in zip(
+      graph_build.unique_pairs(src, etype, n, r, threads=threads),
+      ref.unique_pairs(src, etype, n, r),
+    ):
       np.testing.assert_array_equal(a, b)
 
 
@@ -124,8 +157,9 @@ def test_builders_leave_no_threads_behind():
 
 def test_hetero_graph_derived_arrays_equal_the_reference():
   src, dst, etype = _random_edges(120_000, 2_000, 40, np.int32, 3)
-  g = HeteroGraph.from_edges(src, dst, etype, num_nodes=2_000,
-                             relation_names=[f"r{i}" for i in range(40)], add_inverse=True)
+  g = HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=2_000, relation_names=[f"r{i}" for i in range(40)], add_inverse=True
+  )
   s2, d2, t2 = (np.concatenate(p) for p in ((src, dst), (dst, src), (etype, etype + 40)))
   order = ref.sort_order(s2, d2, t2, 2_000, 80)
   np.testing.assert_array_equal(g.src, s2[order])
@@ -140,24 +174,37 @@ def test_hetero_graph_derived_arrays_equal_the_reference():
 
 def test_graph_arrays_from_graph_pass_the_full_value_check():
   from jaxdata.hector import runtime
+
   src, dst, etype = _random_edges(80_000, 3_000, 7, np.int64, 4)
   g = HeteroGraph.from_edges(src, dst, etype, num_nodes=3_000, add_inverse=True)
   ga = runtime.GraphArrays.from_graph(g)
   runtime._check_values(ga)  # what the constructor skips for arrays from the native builders
-  for got, want in zip([ga.pair, ga.pair_offsets, ga.pair_edges, ga.pair_src, ga.pair_etype,
-                        ga.pair_rel_offsets, ga.pair_csr_offsets, ga.pair_csr_edges],
-                       ref.unique_pairs(g.src, g.etype, g.num_nodes, g.num_relations)):
+  for got, want in zip(
+    [
+      ga.pair,
+      ga.pair_offsets,
+      ga.pair_edges,
+      ga.pair_src,
+      ga.pair_etype,
+      ga.pair_rel_offsets,
+      ga.pair_csr_offsets,
+      ga.pair_csr_edges,
+    ],
+    ref.unique_pairs(g.src, g.etype, g.num_nodes, g.num_relations),
+  ):
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
 # -- typed construction ---------------------------------------------------------------------------
 
 NUM = {"paper": 4, "author": 3, "venue": 0, "topic": 2}
-EDGES = {("author", "writes", "paper"): ([0, 2, 2, 1], [3, 0, 0, 1]),
-         ("paper", "cites", "paper"): (np.array([1, 3], np.int32), np.array([0, 0], np.int32)),
-         ("paper", "about", "topic"): ([], []),
-         ("paper", "has", "topic"): ([0, 3], [1, 1]),
-         ("author", "has", "topic"): ([2], [0])}
+EDGES = {
+  ("author", "writes", "paper"): ([0, 2, 2, 1], [3, 0, 0, 1]),
+  ("paper", "cites", "paper"): (np.array([1, 3], np.int32), np.array([0, 0], np.int32)),
+  ("paper", "about", "topic"): ([], []),
+  ("paper", "has", "topic"): ([0, 3], [1, 1]),
+  ("author", "has", "topic"): ([2], [0]),
+}
 
 
 def test_typed_edges_equal_a_hand_built_flat_graph():
@@ -165,17 +212,26 @@ def test_typed_edges_equal_a_hand_built_flat_graph():
   # papers 0..3, authors 4..6, no venues, topics 7..8
   names = ("writes", "cites", "about", "paper:has:topic", "author:has:topic")
   flat = HeteroGraph.from_edges(
-      [4, 6, 6, 5, 1, 3, 0, 3, 6], [3, 0, 0, 1, 0, 0, 8, 8, 7], [0, 0, 0, 0, 1, 1, 3, 3, 4],
-      num_nodes=9, relation_names=names, add_inverse=True,
-      node_type_names=("paper", "author", "venue", "topic"), node_type_offsets=[0, 4, 7, 7, 9])
+    [4, 6, 6, 5, 1, 3, 0, 3, 6],
+    [3, 0, 0, 1, 0, 0, 8, 8, 7],
+    [0, 0, 0, 0, 1, 1, 3, 3, 4],
+    num_nodes=9,
+    relation_names=names,
+    add_inverse=True,
+    node_type_names=("paper", "author", "venue", "topic"),
+    node_type_offsets=[0, 4, 7, 7, 9],
+  )
   for f in ("src", "dst", "etype", "node_type_offsets"):
     np.testing.assert_array_equal(getattr(g, f), getattr(flat, f), err_msg=f)
   assert g.relation_names == flat.relation_names == names + tuple(f"rev_{n}" for n in names)
   assert g.node_type_names == ("paper", "author", "venue", "topic")
   assert g.relation_types == tuple(EDGES) + (
-      ("paper", "rev_writes", "author"), ("paper", "rev_cites", "paper"),
-      ("topic", "rev_about", "paper"), ("topic", "rev_has", "paper"),
-      ("topic", "rev_has", "author"))
+    ("paper", "rev_writes", "author"),
+    ("paper", "rev_cites", "paper"),
+    ("topic", "rev_about", "paper"),
+    ("topic", "rev_has", "paper"),
+    ("topic", "rev_has", "author"),
+  )
   assert np.diff(g.relation_offsets).tolist() == [4, 2, 0, 2, 1] * 2
   one_way = HeteroGraph.from_typed_edges(EDGES, NUM, add_inverse=False)
   assert one_way.num_edges == 9 and one_way.relation_types == tuple(EDGES)
@@ -207,11 +263,17 @@ def test_typed_ids_map_both_ways():
 
 def test_typed_edges_errors_name_the_problem():
   build = HeteroGraph.from_typed_edges
-  with pytest.raises(ValueError, match=r"\('author', 'writes', 'book'\) names the unknown node "
-                     r"type 'book'"):
+  with pytest.raises(
+    ValueError,
+    match=r"\('author', 'writes', 'book'\) names the unknown node "
+    r"type 'book'",
+  ):
     build({("author", "writes", "book"): ([0], [0])}, NUM)
-  with pytest.raises(ValueError, match=r"dst ids of \('author', 'writes', 'paper'\): value 4 is "
-                     r"outside \[0, num_nodes\['paper'\]=4\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"dst ids of \('author', 'writes', 'paper'\): value 4 is "
+    r"outside \[0, num_nodes\['paper'\]=4\)",
+  ):
     build({("author", "writes", "paper"): ([0], [4])}, NUM)
   with pytest.raises(ValueError, match=r"src ids of .*: value -1 is outside"):
     build({("author", "writes", "paper"): ([-1], [0])}, NUM)

@@ -1,4 +1,5 @@
 """jaxdata.hector: generated kernels against plain NumPy / JAX references, on every platform."""
+
 import os
 import shutil
 import subprocess
@@ -20,7 +21,9 @@ def random_graph(rng, n=60, e=500, r=7, empty_relations=(3,)):
   src = rng.integers(0, n, e)
   dst = rng.integers(0, n - 5, e)  # the last 5 nodes receive nothing
   et = rng.choice([t for t in range(r) if t not in empty_relations], e)
-  return HeteroGraph.from_edges(src, dst, et, num_nodes=n, relation_names=[f"r{i}" for i in range(r)])
+  return HeteroGraph.from_edges(
+    src, dst, et, num_nodes=n, relation_names=[f"r{i}" for i in range(r)]
+  )
 
 
 def reference_message(g: HeteroGraph, x, w):
@@ -52,10 +55,11 @@ def test_rgcn_forward_and_grads_match_reference(device, din, dout):
   out = jax.jit(hector.rgcn_message)(ga, jnp.asarray(x), jnp.asarray(w))
   np.testing.assert_allclose(out, reference_message(g, x, w), rtol=1e-5, atol=1e-5)
 
-  loss = lambda f: (lambda x, w: jnp.vdot(f(ga, x, w), ct))  # noqa: E731
+  loss = lambda f: lambda x, w: jnp.vdot(f(ga, x, w), ct)  # noqa: E731
   got = jax.jit(jax.grad(loss(hector.rgcn_message), argnums=(0, 1)))(x, w)
-  want = jax.grad(loss(reference_jax), argnums=(0, 1))(jnp.asarray(x, jnp.float64),
-                                                        jnp.asarray(w, jnp.float64))
+  want = jax.grad(loss(reference_jax), argnums=(0, 1))(
+    jnp.asarray(x, jnp.float64), jnp.asarray(w, jnp.float64)
+  )
   for a, b in zip(got, want):
     assert a.dtype == jnp.float32
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -88,11 +92,13 @@ def test_rgcn_bfloat16(device):
   assert out.dtype == jnp.bfloat16
   want = reference_message(g, np.asarray(x, np.float32), np.asarray(w, np.float32))
   np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=2e-2, atol=2e-2)
-  gx, gw = jax.grad(lambda x, w: hector.rgcn_message(ga, x, w).astype(jnp.float32).sum(),
-                    argnums=(0, 1))(x, w)
+  gx, gw = jax.grad(
+    lambda x, w: hector.rgcn_message(ga, x, w).astype(jnp.float32).sum(), argnums=(0, 1)
+  )(x, w)
   assert gx.dtype == gw.dtype == jnp.bfloat16
   rx, rw = jax.grad(lambda x, w: reference_jax(ga, x, w).sum(), argnums=(0, 1))(
-      x.astype(jnp.float32), w.astype(jnp.float32))
+    x.astype(jnp.float32), w.astype(jnp.float32)
+  )
   np.testing.assert_allclose(np.asarray(gx, np.float32), rx, rtol=3e-2, atol=3e-2)
   np.testing.assert_allclose(np.asarray(gw, np.float32), rw, rtol=3e-2, atol=5e-2)
 
@@ -129,17 +135,18 @@ def test_user_layer_uses_every_template_and_differentiates(device):
     hi = jax.lax.Precision.HIGHEST
     f = jnp.tanh(jnp.einsum("ei,eio->eo", x[ga.src], w[ga.etype], precision=hi))
     b = jnp.einsum("ei,eio->eo", x[ga.dst], v[ga.etype], precision=hi)
-    return (jax.ops.segment_sum(f * ga.norm[:, None], ga.dst, ga.num_nodes)
-            + jax.ops.segment_sum(b, ga.src, ga.num_nodes))
+    return jax.ops.segment_sum(f * ga.norm[:, None], ga.dst, ga.num_nodes) + jax.ops.segment_sum(
+      b, ga.src, ga.num_nodes
+    )
 
   plan = gated_two_way.plan(ga, x=x, W=w, V=v)
   templates = {k.kernel.template for k in plan.forward_kernels + plan.backward_kernels}
   assert templates == {"gemm", "weight_grad", "traversal", "dense"}
-  np.testing.assert_allclose(gated_two_way(ga, x=x, W=w, V=v), ref(x, w, v), rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(gated_two_way(ga, x=x, W=w, V=v), ref(x, w, v), rtol=1e-5, atol=1e-5)
   ct = jnp.asarray(rng.standard_normal((g.num_nodes, 5)), jnp.float32)
-  got = jax.grad(lambda *a: jnp.vdot(gated_two_way(ga, x=a[0], W=a[1], V=a[2]), ct),
-                 argnums=(0, 1, 2))(x, w, v)
+  got = jax.grad(
+    lambda *a: jnp.vdot(gated_two_way(ga, x=a[0], W=a[1], V=a[2]), ct), argnums=(0, 1, 2)
+  )(x, w, v)
   want = jax.grad(lambda *a: jnp.vdot(ref(*a), ct), argnums=(0, 1, 2))(x, w, v)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -151,8 +158,13 @@ def test_plan_prints_every_pass_and_sources_are_readable():
   ga = hector.GraphArrays.from_graph(g)
   x, w = jnp.zeros((g.num_nodes, 4)), jnp.zeros((g.num_relations, 4, 3))
   text = str(hector.rgcn_layer.plan(ga, x=x, W=w))
-  for section in ("traced", "after shape inference", "after differentiation", "forward kernels",
-                  "backward kernels"):
+  for section in (
+    "traced",
+    "after shape inference",
+    "after differentiation",
+    "forward kernels",
+    "backward kernels",
+  ):
     assert f"== {section}" in text
   assert "weight_grad" in text and "linear(%" in text
   for target in ("cpu", "cuda"):
@@ -173,8 +185,9 @@ def test_bad_inputs_raise_clear_errors():
   with pytest.raises(ValueError, match="input 'x' must be"):
     hector.rgcn_message(ga, jnp.zeros((g.num_nodes + 1, 4)), jnp.zeros((g.num_relations, 4, 3)))
   with pytest.raises(TypeError, match="floating point"):
-    hector.rgcn_message(ga, jnp.zeros((g.num_nodes, 4), jnp.int32),
-                        jnp.zeros((g.num_relations, 4, 3)))
+    hector.rgcn_message(
+      ga, jnp.zeros((g.num_nodes, 4), jnp.int32), jnp.zeros((g.num_relations, 4, 3))
+    )
   with pytest.raises(TypeError, match="GraphArrays"):
     hector.rgcn_message(g, x, jnp.zeros((g.num_relations, 4, 3)))
   with pytest.raises(TypeError, match="gather nodes onto edges"):
@@ -192,6 +205,7 @@ def test_corrupt_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     second = compiler.compile_cpu(source)
   assert second == first and second.read_bytes() == good
   import ctypes
+
   assert ctypes.CDLL(str(second)).answer() == 42
 
 
@@ -217,7 +231,8 @@ def test_cache_survives_restart(tmp_path):
                                  num_nodes=3)
       ga = hector.GraphArrays.from_graph(g)
       x, w = jnp.ones((3, 4)), jnp.ones((2, 4, 2))
-      print(float(jax.grad(lambda x, w: hector.rgcn_message(ga, x, w).sum(), (0, 1))(x, w)[1].sum()))
+      dw = jax.grad(lambda x, w: hector.rgcn_message(ga, x, w).sum(), (0, 1))(x, w)[1]
+      print(float(dw.sum()))
   """)
   env = dict(os.environ, JAXDATA_CACHE_DIR=str(tmp_path))
   first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
@@ -225,24 +240,42 @@ def test_cache_survives_restart(tmp_path):
   env.update(CXX="/nonexistent/c++", PATH=os.path.dirname(sys.executable))
   second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
   assert second.returncode == 0, second.stderr
-  assert first.stdout == second.stdout and float(first.stdout) == 3 * 4 * 2  # 3 edges, norm 1, x and ct all ones
+  assert (
+    first.stdout == second.stdout and float(first.stdout) == 3 * 4 * 2
+  )  # 3 edges, norm 1, x and ct all ones
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and compiler.nvrtc() is None,
-                    reason="neither nvcc nor NVRTC here")
+@pytest.mark.skipif(
+  shutil.which("nvcc") is None and compiler.nvrtc() is None, reason="neither nvcc nor NVRTC here"
+)
 def test_generated_cuda_compiles(tmp_path, monkeypatch):
   """Every CUDA template instance the tests use compiles (checked without a GPU, in CI)."""
   monkeypatch.setenv("JAXDATA_CACHE_DIR", str(tmp_path))
   rng = np.random.default_rng(7)
   g = random_graph(rng)
   ga = hector.GraphArrays.from_graph(g)
-  cases = [(hector.rgcn_layer, dict(x=jnp.zeros((g.num_nodes, 130)),
-                                    W=jnp.zeros((g.num_relations, 130, 70)))),
-           (hector.rgcn_layer, dict(x=jnp.zeros((g.num_nodes, 16), jnp.bfloat16),
-                                    W=jnp.zeros((g.num_relations, 16, 16), jnp.bfloat16))),
-           (hector.rgcn_featureless_layer, dict(W=jnp.zeros((g.num_relations, g.num_nodes, 8)))),
-           (gated_two_way, dict(x=jnp.zeros((g.num_nodes, 6)), W=jnp.zeros((g.num_relations, 6, 5)),
-                                V=jnp.zeros((g.num_relations, 6, 5))))]
+  cases = [
+    (
+      hector.rgcn_layer,
+      dict(x=jnp.zeros((g.num_nodes, 130)), W=jnp.zeros((g.num_relations, 130, 70))),
+    ),
+    (
+      hector.rgcn_layer,
+      dict(
+        x=jnp.zeros((g.num_nodes, 16), jnp.bfloat16),
+        W=jnp.zeros((g.num_relations, 16, 16), jnp.bfloat16),
+      ),
+    ),
+    (hector.rgcn_featureless_layer, dict(W=jnp.zeros((g.num_relations, g.num_nodes, 8)))),
+    (
+      gated_two_way,
+      dict(
+        x=jnp.zeros((g.num_nodes, 6)),
+        W=jnp.zeros((g.num_relations, 6, 5)),
+        V=jnp.zeros((g.num_relations, 6, 5)),
+      ),
+    ),
+  ]
   count = 0
   for layer, inputs in cases:
     for part in layer.sources(ga, "cuda", **inputs).split("// ---- ")[1:]:
@@ -268,16 +301,21 @@ def test_bfloat16_layers_store_wide_intermediates_rounded_to_nearest_even(device
   n, r, d = 96, 3, 32
   rng = np.random.default_rng(11)
   src, dst = rng.permutation(n), np.arange(n)  # every node has exactly one in-edge
-  g = HeteroGraph.from_edges(src, dst, rng.integers(0, r, n), num_nodes=n,
-                             relation_names=["a", "b", "c"])
+  g = HeteroGraph.from_edges(
+    src, dst, rng.integers(0, r, n), num_nodes=n, relation_names=["a", "b", "c"]
+  )
   ga = hector.GraphArrays.from_graph(g)
   x = jnp.asarray(rng.integers(-40, 41, (n, d)), jnp.bfloat16)  # products up to 1600: ties
   w = jnp.asarray(rng.integers(-8, 9, (r, d, d)), jnp.bfloat16)  # sums up to 2560, exact in f32
   eye = jnp.broadcast_to(jnp.eye(d, dtype=jnp.bfloat16), (r, d, d))
   plan = stored_rows.plan(ga, x=x, W=w, V=eye)
-  specs = [compiled._spec(k, ["bfloat16"] * len(k.inputs), ga, "default",
-                          compiled.out_dtype(k, "bfloat16"))
-           for k in plan.forward_kernels if k.kernel.template != "dense"]
+  specs = [
+    compiled._spec(
+      k, ["bfloat16"] * len(k.inputs), ga, "default", compiled.out_dtype(k, "bfloat16")
+    )
+    for k in plan.forward_kernels
+    if k.kernel.template != "dense"
+  ]
   # stored: the GEMM's rows, relu of them, the traversal's rows; summed: the two aggregates
   assert sorted(s.out_dtype for s in specs) == ["bfloat16"] * 3 + ["float32"] * 2
 

@@ -33,10 +33,15 @@ def random_edges(seed: int, padding: float = 0.3):
 
 
 def full_graph(src, dst, etype, valid, types=None):
-  g = HeteroGraph.from_edges(src[valid], dst[valid], etype[valid], num_nodes=N,
-                             relation_names=[f"r{i}" for i in range(R)],
-                             node_type_names=("a", "b") if types else ("node",),
-                             node_type_offsets=types)
+  g = HeteroGraph.from_edges(
+    src[valid],
+    dst[valid],
+    etype[valid],
+    num_nodes=N,
+    relation_names=[f"r{i}" for i in range(R)],
+    node_type_names=("a", "b") if types else ("node",),
+    node_type_offsets=types,
+  )
   return hector.GraphArrays.from_graph(g)
 
 
@@ -47,14 +52,15 @@ def make_layer(model: str, passes, dtype):
   if model == "rgcn-bases":
     return RGCN(8, 6, num_relations=R, num_bases=2, dtype=dtype, rngs=rngs)
   if model == "rgat":
-    return RGAT(8, 3, num_relations=R, heads=2, self_loop=True, passes=passes, dtype=dtype,
-                rngs=rngs)
+    return RGAT(
+      8, 3, num_relations=R, heads=2, self_loop=True, passes=passes, dtype=dtype, rngs=rngs
+    )
   return HGT((8, 8), 8, num_relations=R, heads=2, passes=passes, dtype=dtype, rngs=rngs)
 
 
 def call(layer, graph, x):
   if isinstance(layer, HGT):
-    return jnp.concatenate(layer(graph, [x[:TYPES[1]], x[TYPES[1]:]]))
+    return jnp.concatenate(layer(graph, [x[: TYPES[1]], x[TYPES[1] :]]))
   return layer(graph, x)
 
 
@@ -86,10 +92,12 @@ def test_layer_on_block_equals_layer_on_the_same_graph(device, model, passes, dt
 
   (got, (g_params, g_x)), (want, (w_params, w_x)) = on_block(layer, x), on_graph(layer, x)
   tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
-  np.testing.assert_allclose(np.asarray(got[:N - 1], np.float32),
-                             np.asarray(want[:N - 1], np.float32), **tol)
-  np.testing.assert_allclose(np.asarray(g_x[:N - 1], np.float32),
-                             np.asarray(w_x[:N - 1], np.float32), **tol)
+  np.testing.assert_allclose(
+    np.asarray(got[: N - 1], np.float32), np.asarray(want[: N - 1], np.float32), **tol
+  )
+  np.testing.assert_allclose(
+    np.asarray(g_x[: N - 1], np.float32), np.asarray(w_x[: N - 1], np.float32), **tol
+  )
   for a, b in zip(jax.tree.leaves(g_params), jax.tree.leaves(w_params)):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tol)
 
@@ -112,10 +120,10 @@ def test_block_graph_holds_the_valid_edges_with_their_norms():
   src_, et_, pair = (np.asarray(a) for a in (g.src, g.etype, g.pair))
   ps, pe = np.asarray(g.pair_src), np.asarray(g.pair_etype)
   distinct = sorted(set(zip(src_.tolist(), et_.tolist())), key=lambda p: (p[1], p[0]))
-  assert list(zip(ps[:len(distinct)].tolist(), pe[:len(distinct)].tolist())) == distinct
+  assert list(zip(ps[: len(distinct)].tolist(), pe[: len(distinct)].tolist())) == distinct
   np.testing.assert_array_equal(ps[pair], src_)
   np.testing.assert_array_equal(pe[pair], et_)
-  assert (ps[len(distinct):] == N - 1).all() and (pe[len(distinct):] == R - 1).all()
+  assert (ps[len(distinct) :] == N - 1).all() and (pe[len(distinct) :] == R - 1).all()
 
 
 def test_block_graph_with_no_valid_edges_and_bad_arguments():
@@ -135,15 +143,18 @@ def in_neighbours(graph: HeteroGraph, nodes: np.ndarray, mask: np.ndarray, width
   """Every in-edge of each valid node, padded to `width`: ([C, width] src, mask, etype)."""
   offsets, edge_ids = graph.csc()
   c = len(nodes)
-  nbrs, nmask, net = (np.zeros((c, width), np.int32), np.zeros((c, width), bool),
-                      np.zeros((c, width), np.int32))
+  nbrs, nmask, net = (
+    np.zeros((c, width), np.int32),
+    np.zeros((c, width), bool),
+    np.zeros((c, width), np.int32),
+  )
   for i, (v, m) in enumerate(zip(nodes, mask)):
     if m:
-      ids = edge_ids[offsets[v]:offsets[v + 1]]
+      ids = edge_ids[offsets[v] : offsets[v + 1]]
       assert len(ids) <= width
-      nbrs[i, :len(ids)] = graph.src[ids]
-      net[i, :len(ids)] = graph.etype[ids]
-      nmask[i, :len(ids)] = True
+      nbrs[i, : len(ids)] = graph.src[ids]
+      net[i, : len(ids)] = graph.etype[ids]
+      nmask[i, : len(ids)] = True
   return nbrs, nmask, net
 
 
@@ -169,7 +180,9 @@ def test_expand_keeps_the_frontier_as_prefix_and_deduplicates():
   # every valid edge maps back to its global ends and relation
   np.testing.assert_array_equal(valid, (nmask & np.asarray(mask)[:, None]).reshape(-1))
   np.testing.assert_array_equal(nodes1[src[valid]], nbrs.reshape(-1)[valid])
-  np.testing.assert_array_equal(np.asarray(nodes)[dst[valid]], np.repeat(np.asarray(nodes), f)[valid])
+  np.testing.assert_array_equal(
+    np.asarray(nodes)[dst[valid]], np.repeat(np.asarray(nodes), f)[valid]
+  )
   np.testing.assert_array_equal(etype[valid], net.reshape(-1)[valid])
 
 
@@ -195,8 +208,9 @@ class TwoLayers(nnx.Module):
 @pytest.mark.parametrize("model", ["rgcn", "rgat"])
 def test_minibatch_with_full_fanout_equals_full_graph(device, model):
   src, dst, etype, valid = random_edges(6, padding=0.0)
-  graph = HeteroGraph.from_edges(src, dst, etype, num_nodes=N,
-                                 relation_names=[f"r{i}" for i in range(R)])
+  graph = HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=N, relation_names=[f"r{i}" for i in range(R)]
+  )
   full = hector.GraphArrays.from_graph(graph)
   width = int(graph.in_degree().max())
   x_all = np.random.default_rng(8).normal(size=(N, 8)).astype(np.float32)

@@ -1,6 +1,7 @@
 """hector's kernel cache and compiler errors: entries that pass their digest but cannot be loaded
 are rebuilt once; compilers that fail, cannot run or write nothing give a `CompileError` naming
 the compiler."""
+
 import os
 import re
 import subprocess
@@ -10,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from isolation import run_isolated
+from test_hector import random_graph, reference_message
+
 from jaxdata import _xla_ffi as ext
 from jaxdata import hector
 from jaxdata.hector import compiler
-from test_hector import random_graph, reference_message
 
 
 def _case():
@@ -31,8 +32,9 @@ def run_rgcn():
   g, x, w = _case()
   with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
-    out = np.asarray(hector.rgcn_message(hector.GraphArrays.from_graph(g), jnp.asarray(x),
-                                         jnp.asarray(w)))
+    out = np.asarray(
+      hector.rgcn_message(hector.GraphArrays.from_graph(g), jnp.asarray(x), jnp.asarray(w))
+    )
   return out, [str(m.message) for m in seen]
 
 
@@ -40,8 +42,9 @@ def _foreign_library(tmp_path) -> bytes:
   """A valid shared library without the kernel's symbol."""
   src = tmp_path / "foreign.cc"
   src.write_text('extern "C" int something_else() { return 7; }\n')
-  subprocess.run([compiler.cxx(), "-shared", "-fPIC", str(src), "-o", str(tmp_path / "f.so")],
-                 check=True)
+  subprocess.run(
+    [compiler.cxx(), "-shared", "-fPIC", str(src), "-o", str(tmp_path / "f.so")], check=True
+  )
   return (tmp_path / "f.so").read_bytes()
 
 
@@ -91,8 +94,7 @@ def test_rebuilt_entry_that_still_cannot_load_raises_compile_error(tmp_path, mon
   g = random_graph(np.random.default_rng(3), n=9, e=20, r=2, empty_relations=())
   with jax.default_device(jax.devices("cpu")[0]):  # the CPU kernels are what $CXX builds
     with pytest.raises(compiler.CompileError, match="cannot be loaded"):
-      hector.rgcn_message(hector.GraphArrays.from_graph(g), jnp.ones((9, 13)),
-                          jnp.ones((2, 13, 3)))
+      hector.rgcn_message(hector.GraphArrays.from_graph(g), jnp.ones((9, 13)), jnp.ones((2, 13, 3)))
 
 
 def test_compiler_that_writes_nothing_raises_compile_error_naming_it(tmp_path, monkeypatch):

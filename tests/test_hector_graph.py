@@ -3,6 +3,7 @@ kernels do with ids out of range that got past it (docs/hector.md, "Ids out of r
 
 Kernels fed bad ids run in a subprocess (`run_isolated`): a crash fails the test, not the session.
 """
+
 import copy
 import dataclasses
 
@@ -11,12 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from isolation import run_isolated
+
 from jaxdata import hector
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph
 from jaxdata.nn import HGT
+from jaxdata.reference import attention as attention_ref
+from jaxdata.reference import rgcn as rgcn_ref
 
 N, R, E = 12, 3, 40
 #: a child process shares the GPU with this one: it allocates as it goes
@@ -31,8 +33,15 @@ def small_graph(seed=0) -> HeteroGraph:
   dst = np.where(rng.random(E) < 0.3, 0, rng.integers(0, N - 1, E))  # node 0 is a hub
   src[:3] = dst[:3]
   et = rng.integers(0, R, E)
-  return HeteroGraph.from_edges(src, dst, et, num_nodes=N, relation_names=["a", "b", "c"],
-                                node_type_names=["p", "q"], node_type_offsets=[0, 7, N])
+  return HeteroGraph.from_edges(
+    src,
+    dst,
+    et,
+    num_nodes=N,
+    relation_names=["a", "b", "c"],
+    node_type_names=["p", "q"],
+    node_type_offsets=[0, 7, N],
+  )
 
 
 def test_from_graph_validates_and_carries_node_type_offsets():
@@ -59,12 +68,27 @@ def _replaced(ga, field, how):
   return {field: jnp.asarray(a) if how != "int64" else a}
 
 
-@pytest.mark.parametrize("field,how", [
-    ("src", "big"), ("dst", "negative"), ("etype", "big"), ("src", "int64"), ("norm", "short"),
-    ("rel_offsets", "swap"), ("csr_edges", "big"), ("csc_offsets", "swap"), ("csc_edges", "swap"),
-    ("pair", "big"), ("pair_src", "negative"), ("pair_edges", "swap"), ("pair_etype", "big"),
-    ("pair_rel_offsets", "swap"), ("pair_csr_edges", "swap"), ("pair_offsets", "short"),
-])
+@pytest.mark.parametrize(
+  "field,how",
+  [
+    ("src", "big"),
+    ("dst", "negative"),
+    ("etype", "big"),
+    ("src", "int64"),
+    ("norm", "short"),
+    ("rel_offsets", "swap"),
+    ("csr_edges", "big"),
+    ("csc_offsets", "swap"),
+    ("csc_edges", "swap"),
+    ("pair", "big"),
+    ("pair_src", "negative"),
+    ("pair_edges", "swap"),
+    ("pair_etype", "big"),
+    ("pair_rel_offsets", "swap"),
+    ("pair_csr_edges", "swap"),
+    ("pair_offsets", "short"),
+  ],
+)
 def test_replace_with_inconsistent_array_raises_naming_the_field(field, how):
   ga = hector.GraphArrays.from_graph(small_graph())
   with pytest.raises(ValueError, match=f"GraphArrays: {field}"):
@@ -89,6 +113,7 @@ def test_sizes_smaller_than_the_ids_or_bad_type_offsets_raise():
 
 def test_unflattening_with_tracers_and_placeholders_works_and_checks_once(monkeypatch):
   from jaxdata.hector import runtime
+
   ga = hector.GraphArrays.from_graph(small_graph())
   calls, check = [], runtime._check_values
   monkeypatch.setattr(runtime, "_check_values", lambda g: (calls.append(1), check(g)))
@@ -120,31 +145,53 @@ def test_kernels_reject_arrays_of_the_wrong_shape_set_behind_the_dataclass():
 # ---------------------------------------------------------------------------- ids out of range
 #: (field, edge or pair index, value, how it gets in): "setattr" bypasses the dataclass,
 #: "traced" computes the array under jit (no value check is possible there)
-BAD_IDS = [("src", 5, 10**8, "setattr"), ("dst", 0, -10**8, "setattr"),
-           ("etype", 17, R, "setattr"), ("pair", 9, 10**8, "setattr"),
-           ("src", 30, -1, "traced"), ("dst", 2, N, "traced"), ("etype", 39, -10**8, "traced")]
+BAD_IDS = [
+  ("src", 5, 10**8, "setattr"),
+  ("dst", 0, -(10**8), "setattr"),
+  ("etype", 17, R, "setattr"),
+  ("pair", 9, 10**8, "setattr"),
+  ("src", 30, -1, "traced"),
+  ("dst", 2, N, "traced"),
+  ("etype", 39, -(10**8), "traced"),
+]
 #: offsets and edge lists out of range: unspecified values, but no crash and no stray access
-BAD_VIEWS = [("csc_offsets", 4, 10**8), ("csr_edges", 3, -10**8), ("rel_offsets", 1, -7),
-             ("pair_offsets", 2, 10**8), ("pair_csr_edges", 0, 10**8), ("csc_edges", 1, E)]
+BAD_VIEWS = [
+  ("csc_offsets", 4, 10**8),
+  ("csr_edges", 3, -(10**8)),
+  ("rel_offsets", 1, -7),
+  ("pair_offsets", 2, 10**8),
+  ("pair_csr_edges", 0, 10**8),
+  ("csc_edges", 1, E),
+]
 
 
 def _inputs(seed=1):
   rng = np.random.default_rng(seed)
   f = lambda *s: (rng.standard_normal(s) * 0.5).astype(np.float32)  # noqa: E731
-  return dict(x=f(N, D_IN), w=f(R, D_IN, D_OUT), ct=f(N, D_OUT), wa=f(R, D_IN, HEADS * D_HEAD),
-              a_src=f(R, HEADS, D_HEAD), a_dst=f(R, HEADS, D_HEAD), cta=f(N, HEADS * D_HEAD))
+  return dict(
+    x=f(N, D_IN),
+    w=f(R, D_IN, D_OUT),
+    ct=f(N, D_OUT),
+    wa=f(R, D_IN, HEADS * D_HEAD),
+    a_src=f(R, HEADS, D_HEAD),
+    a_dst=f(R, HEADS, D_HEAD),
+    cta=f(N, HEADS * D_HEAD),
+  )
 
 
 def _layers(ga, p):
   """RGCN (edge GEMMs, weight gradient) and RGAT (pairs, softmax) outputs and gradients."""
+
   def rgcn(x, w):
     return jnp.vdot(hector.rgcn_message(ga, x, w), p["ct"])
 
   def rgat(x, w, a_src, a_dst):
     return jnp.vdot(hector.rgat_message(ga, x, w, a_src, a_dst), p["cta"])
 
-  out = [hector.rgcn_message(ga, p["x"], p["w"]),
-         hector.rgat_message(ga, p["x"], p["wa"], p["a_src"], p["a_dst"])]
+  out = [
+    hector.rgcn_message(ga, p["x"], p["w"]),
+    hector.rgat_message(ga, p["x"], p["wa"], p["a_src"], p["a_dst"]),
+  ]
   out += jax.grad(rgcn, argnums=(0, 1))(p["x"], p["w"])
   out += jax.grad(rgat, argnums=(0, 1, 2, 3))(p["x"], p["wa"], p["a_src"], p["a_dst"])
   return out
@@ -186,7 +233,8 @@ def reference_without(g: HeteroGraph, drop: int):
   out = [rgcn(p["x"], p["w"]), rgat(p["x"], p["wa"], p["a_src"], p["a_dst"])]
   out += jax.grad(lambda *a: jnp.vdot(rgcn(*a), p["ct"]), argnums=(0, 1))(p["x"], p["w"])
   out += jax.grad(lambda *a: jnp.vdot(rgat(*a), p["cta"]), argnums=(0, 1, 2, 3))(
-      p["x"], p["wa"], p["a_src"], p["a_dst"])
+    p["x"], p["wa"], p["a_src"], p["a_dst"]
+  )
   return out
 
 
@@ -200,7 +248,7 @@ def test_edges_with_ids_out_of_range_contribute_nothing(device):
     # edge i's id was replaced: the outputs are those of the graph without edge i
     for k, (a, b) in enumerate(zip(outs, reference_without(g, i))):
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=f"{field} output {k}")
-  for outs in got[len(BAD_IDS):]:
+  for outs in got[len(BAD_IDS) :]:
     assert all(np.isfinite(a).all() for a in outs[:2])
 
 

@@ -4,19 +4,20 @@ nodes do (MUTAG: six hubs among 160 ids), so several hubs meet in one block's sc
 (`for_each_hub`, templates/traversal.cuh). RGAT and HGT forward passes, alone (inference) and
 under jax.vjp, and RGAT's gradients, against the definitions in plain JAX (float32, precision
 "highest")."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_hector_rgat import random_inputs as rgat_inputs
+from test_hector_rgat import reference as rgat_reference
 
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import codegen
 from jaxdata.reference import attention as attention_ref
-from test_hector_rgat import random_inputs as rgat_inputs
-from test_hector_rgat import reference as rgat_reference
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -26,15 +27,26 @@ def tier_graph(seed: int, n: int = 6000, r: int = 3) -> HeteroGraph:
   far above the block split), nodes with no in-edges, and light random edges."""
   rng = np.random.default_rng(seed)
   cut, group = codegen.SOFTMAX_BLOCK_DEGREE, codegen.SOFTMAX_GROUP
-  degrees = {0: 1, 1: group - 1, 2: group, 3: group + 1, 4: 32, 5: 33, 6: cut, 7: cut + 1,
-             n - 1: cut + 5}
+  degrees = {
+    0: 1,
+    1: group - 1,
+    2: group,
+    3: group + 1,
+    4: 32,
+    5: 33,
+    6: cut,
+    7: cut + 1,
+    n - 1: cut + 5,
+  }
   degrees.update({100 + k: (k + 2) * cut + 3 * k for k in range(6)})  # clustered hubs
   degrees[106] = 20 * cut
-  dst = np.concatenate([np.full(k, i) for i, k in degrees.items()] +
-                       [rng.integers(200, n - 200, 4 * n)])
+  dst = np.concatenate(
+    [np.full(k, i) for i, k in degrees.items()] + [rng.integers(200, n - 200, 4 * n)]
+  )
   src = rng.integers(0, n, len(dst))
-  g = HeteroGraph.from_edges(src, dst, rng.integers(0, r, len(dst)), num_nodes=n,
-                             relation_names=[f"r{i}" for i in range(r)])
+  g = HeteroGraph.from_edges(
+    src, dst, rng.integers(0, r, len(dst)), num_nodes=n, relation_names=[f"r{i}" for i in range(r)]
+  )
   assert (g.in_degree()[list(degrees)] == list(degrees.values())).all()
   assert (g.in_degree() == 0).any()
   return g
@@ -55,8 +67,14 @@ def hgt_inputs(rng, g, heads, d):
   r, f = g.num_relations, heads * d
   node = lambda: jnp.asarray(rng.standard_normal((g.num_nodes, f)), jnp.float32)  # noqa: E731
   rel = lambda: jnp.asarray(rng.standard_normal((r, heads, d, d)) / np.sqrt(d), jnp.float32)  # noqa
-  return dict(k=node(), q=node(), v=node(), w_att=rel(), w_msg=rel(),
-              mu=jnp.asarray(rng.uniform(0.5, 1.5, (r, heads)), jnp.float32))
+  return dict(
+    k=node(),
+    q=node(),
+    v=node(),
+    w_att=rel(),
+    w_msg=rel(),
+    mu=jnp.asarray(rng.uniform(0.5, 1.5, (r, heads)), jnp.float32),
+  )
 
 
 @pytest.mark.parametrize("heads,d", [(4, 8), (1, 16), (4, 32)])
@@ -95,4 +113,3 @@ def test_nodes_without_edges_get_zeros(device):
   empty = g.in_degree() == 0
   assert empty.any() and not np.isnan(got).any()
   np.testing.assert_array_equal(got[empty], 0.0)
-

@@ -1,4 +1,5 @@
 """jaxdata.hector.operands: the one table of kernel operands, and everything that reads it."""
+
 import dataclasses
 import doctest
 import re
@@ -16,9 +17,13 @@ from jaxdata.hector.codegen import common
 
 def _graph():
   rng = np.random.default_rng(0)
-  g = HeteroGraph.from_edges(rng.integers(0, 9, 40), rng.integers(0, 9, 40),
-                             rng.integers(0, 3, 40), num_nodes=9,
-                             relation_names=["a", "b", "c"])
+  g = HeteroGraph.from_edges(
+    rng.integers(0, 9, 40),
+    rng.integers(0, 9, 40),
+    rng.integers(0, 3, 40),
+    num_nodes=9,
+    relation_names=["a", "b", "c"],
+  )
   return hector.GraphArrays.from_graph(g)
 
 
@@ -50,8 +55,9 @@ def test_every_edge_field_of_the_table_is_a_graph_arrays_field():
 
 def test_check_names_a_wrong_operand_count_or_dtype():
   ga = _graph()
-  avals = [jax.core.ShapedArray(a.shape, a.dtype)
-           for a in operands.graph_operands(ga, "edge", lambda o: o)]
+  avals = [
+    jax.core.ShapedArray(a.shape, a.dtype) for a in operands.graph_operands(ga, "edge", lambda o: o)
+  ]
   x = jax.core.ShapedArray((9, 4), jnp.float32)
   operands.check(avals + [x], 1, "k")
   with pytest.raises(ValueError, match="takes 15 operands"):
@@ -83,19 +89,22 @@ def test_generated_source_reads_operands_where_the_table_puts_them(target):
   for name, i in re.findall(r"const int64_t (\w) = " + re.escape(scal) + r"\[(\d+)\];", text):
     assert operands.SCALAR_NAMES[int(i)] == name
   if target == "cuda":
-    assert f"const void* buf[{operands.num_buffers(2)}]; int64_t scal[{len(operands.SCALARS)}]" \
-        in text
+    assert (
+      f"const void* buf[{operands.num_buffers(2)}]; int64_t scal[{len(operands.SCALARS)}]" in text
+    )
 
 
-@pytest.mark.parametrize("target,fixed", [("cpu", ("cpu.h", "common.h")),
-                                          ("cuda", ("cuda.cuh", "gemm.cuh", "common.h"))])
+@pytest.mark.parametrize(
+  "target,fixed", [("cpu", ("cpu.h", "common.h")), ("cuda", ("cuda.cuh", "gemm.cuh", "common.h"))]
+)
 def test_fixed_parts_come_from_the_template_files(target, fixed):
   """Every instance (RGCN's: GEMMs and a weight gradient, whose CUDA bodies are gemm.cuh's
   templates; 8 and 6 features, so that no GEMM is thin enough to run as a grouped sum) starts
   with the fixed files, as they are."""
   ga = _graph()
-  text = hector.rgcn_layer.sources(ga, target, x=jnp.zeros((ga.num_nodes, 8)),
-                                   W=jnp.zeros((ga.num_relations, 8, 6)))
+  text = hector.rgcn_layer.sources(
+    ga, target, x=jnp.zeros((ga.num_nodes, 8)), W=jnp.zeros((ga.num_relations, 8, 6))
+  )
   parts = text.split("// ---- ")[1:]
   assert len(parts) == 3
   for part in parts:
@@ -110,17 +119,21 @@ def test_thin_scatter_gemms_run_as_grouped_sums_through_the_target_view():
   times W a) is generated as a grouped sum through the CSC (into dst) or CSR (into src) view,
   on CUDA cores, with no row tiles; wider GEMMs keep their tiles."""
   from jaxdata.hector.codegen import cuda
+
   ga = _graph()
-  thin = hector.rgcn_layer.sources(ga, "cuda", x=jnp.zeros((ga.num_nodes, 4)),
-                                   W=jnp.zeros((ga.num_relations, 4, 3)))
-  wide = hector.rgcn_layer.sources(ga, "cuda", x=jnp.zeros((ga.num_nodes, 8)),
-                                   W=jnp.zeros((ga.num_relations, 8, 6)))
+  thin = hector.rgcn_layer.sources(
+    ga, "cuda", x=jnp.zeros((ga.num_nodes, 4)), W=jnp.zeros((ga.num_relations, 4, 3))
+  )
+  wide = hector.rgcn_layer.sources(
+    ga, "cuda", x=jnp.zeros((ga.num_nodes, 8)), W=jnp.zeros((ga.num_relations, 8, 6))
+  )
   assert cuda.GEMM_THIN_K >= 4
   assert f"grouped_sum<3, 1, {cuda.GROUP_RUN}>(E, csc_edges, out, ok, target, value)" in thin
   assert f"grouped_sum<4, 1, {cuda.GROUP_RUN}>(E, csr_edges, out, ok, target, value)" in thin
   assert "gemm_simt<" not in thin.split("weight_grad")[0] and "gemm_mma<" not in thin
   assert "grouped_sum<" not in wide and ("gemm_simt<" in wide or "gemm_mma<" in wide)
   from jaxdata.hector.lowering import Gemm, Load
+
   scores = Gemm(Load("edge", 0, width=4), 1, True, 4, 64, (), "dst")
   rows = Gemm(Load("node", 0, "src", 64), 1, False, 64, 64, (), "dst")
   assert cuda.thin(scores) and not cuda.thin(rows)
@@ -137,11 +150,12 @@ def test_valid_rows_flag_exactly_the_rows_whose_ids_are_in_range(domain):
   """`valid` (what every kernel's ok(e) reads) against NumPy, with ids pushed out of range on
   both sides (negative, and at or past the count), over the edges and over the pairs."""
   ga = _graph()
-  ops = dict(zip([op.name for op in operands.GRAPH],
-                 operands.graph_operands(ga, domain, lambda o: o)))
+  ops = dict(
+    zip([op.name for op in operands.GRAPH], operands.graph_operands(ga, domain, lambda o: o))
+  )
   rng = np.random.default_rng(1)
   n, r, p = ga.num_nodes, ga.num_relations, ga.num_pairs
-  bad = {"src": (-1, n, 2**31 - 1), "dst": (-5, n + 3), "etype": (r, -2**31), "pair": (p, -1)}
+  bad = {"src": (-1, n, 2**31 - 1), "dst": (-5, n + 3), "etype": (r, -(2**31)), "pair": (p, -1)}
   names = ["src", "dst", "etype"] + (["pair"] if domain == "edge" else [])
   rows = len(ops["src"])
   for name in names:
@@ -149,9 +163,14 @@ def test_valid_rows_flag_exactly_the_rows_whose_ids_are_in_range(domain):
     for v in bad[name]:
       a[rng.integers(0, rows)] = v
     ops[name] = jnp.asarray(a)
-  want = ((np.asarray(ops["src"]) >= 0) & (np.asarray(ops["src"]) < n) &
-          (np.asarray(ops["dst"]) >= 0) & (np.asarray(ops["dst"]) < n) &
-          (np.asarray(ops["etype"]) >= 0) & (np.asarray(ops["etype"]) < r))
+  want = (
+    (np.asarray(ops["src"]) >= 0)
+    & (np.asarray(ops["src"]) < n)
+    & (np.asarray(ops["dst"]) >= 0)
+    & (np.asarray(ops["dst"]) < n)
+    & (np.asarray(ops["etype"]) >= 0)
+    & (np.asarray(ops["etype"]) < r)
+  )
   if domain == "edge":
     want &= (np.asarray(ops["pair"]) >= 0) & (np.asarray(ops["pair"]) < p)
   got = operands.valid_rows(ops, domain)
@@ -204,9 +223,13 @@ def test_gemms_check_their_own_ids_so_rgcn_computes_no_mask():
   bad = 5
   src = jnp.asarray(ga.src).at[bad].set(10**8)  # set under jit: not checked on construction
   layer = lambda src, x, w: hector.rgcn_message(  # noqa: E731
-      dataclasses.replace(ga, src=src), x, w, precision="highest")
-  step = jax.jit(lambda src, x, w: jax.value_and_grad(
-      lambda x, w: jnp.sum(layer(src, x, w) ** 2), argnums=(0, 1))(x, w))
+    dataclasses.replace(ga, src=src), x, w, precision="highest"
+  )
+  step = jax.jit(
+    lambda src, x, w: jax.value_and_grad(
+      lambda x, w: jnp.sum(layer(src, x, w) ** 2), argnums=(0, 1)
+    )(x, w)
+  )
   text = step.lower(src, x, w).as_text()
   assert f"tensor<{ga.num_edges}xui8>" not in text and "tensor<1xui8>" in text
   out = np.asarray(jax.jit(layer)(src, x, w))

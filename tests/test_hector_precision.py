@@ -7,6 +7,7 @@ bfloat16 operands exact with float32 sums (the bfloat16 outputs and gradients: a
 "highest" keeps float32 operands float32-exact (about 1e-5). On the CPU every precision is
 float32-exact, as jnp.dot is there.
 """
+
 import functools
 import math
 
@@ -15,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_hector_rgat import corner_case_graph
+from test_hector_rgat import reference as rgat_reference
 
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import precision as precision_lib
 from jaxdata.nn import HGT, RGAT, RGCN
-from test_hector_rgat import corner_case_graph
-from test_hector_rgat import reference as rgat_reference
 
 HI = jax.lax.Precision.HIGHEST
 # These tests set the precision themselves: not under conftest's "highest" for everything else.
@@ -39,8 +40,13 @@ def test_resolve_follows_the_argument_then_the_config_like_jnp_dot():
   assert precision_lib.resolve(jax.lax.DotAlgorithmPreset.F32_F32_F32) == "highest"
   assert precision_lib.resolve(jax.lax.DotAlgorithmPreset.TF32_TF32_F32) == "default"
   assert precision_lib.resolve("TF32_TF32_F32_X3") == "highest"
-  for name, want in (("highest", "highest"), ("float32", "highest"), ("tensorfloat32", "default"),
-                     ("bfloat16", "default"), ("default", "default")):
+  for name, want in (
+    ("highest", "highest"),
+    ("float32", "highest"),
+    ("tensorfloat32", "default"),
+    ("bfloat16", "default"),
+    ("default", "default"),
+  ):
     with jax.default_matmul_precision(name):
       assert precision_lib.resolve(None) == want, name
       assert precision_lib.resolve("high") == "default"  # an explicit argument wins
@@ -59,7 +65,7 @@ def _specs(fn, *args):
       if eqn.primitive.name == "jaxdata_hector_kernel":
         found.append(eqn.params["spec"])
       for p in eqn.params.values():
-        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        for sub in p if isinstance(p, (tuple, list)) else (p,):
           if isinstance(sub, jax.extend.core.ClosedJaxpr):
             walk(sub.jaxpr)
           elif isinstance(sub, jax.extend.core.Jaxpr):
@@ -109,6 +115,7 @@ def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   (JAXDATA_HECTOR_TENSOR_CORES=0) every precision gets the CUDA-core kernels."""
   g, ga, x, w, _ = _rgcn_case(jnp.float32, 64, 64)
   from jaxdata.hector.codegen import cuda as cuda_codegen
+
   monkeypatch.setenv(cuda_codegen.TENSOR_CORES_ENV, "0")
   off = hector.rgcn_layer.sources(ga, "cuda", x=x, W=w)
   assert "mma.sync" not in off and "micro_fma<" in off
@@ -123,38 +130,47 @@ def test_default_matmul_precision_changes_the_cuda_kernels(monkeypatch):
   assert cuda(precision="highest") == highest
   with jax.default_matmul_precision("highest"):
     assert cuda(precision="default") == default
-  b16 = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x.astype(jnp.bfloat16),
-                          W=w.astype(jnp.bfloat16))
+  b16 = functools.partial(
+    hector.rgcn_layer.sources, ga, "cuda", x=x.astype(jnp.bfloat16), W=w.astype(jnp.bfloat16)
+  )
   for src in (b16(), b16(precision="highest")):
     assert "gemm_mma<MmaBF16," in src  # the forward GEMM: bfloat16 products are exact
   cpu = functools.partial(hector.rgcn_layer.sources, ga, "cpu", x=x, W=w)
   assert cpu() == cpu(precision="highest")
 
 
-@pytest.mark.parametrize("dtypes", [("float32",) * 2, ("bfloat16",) * 2,
-                                    ("float32", "bfloat16")], ids=["f32", "bf16", "mixed"])
+@pytest.mark.parametrize(
+  "dtypes",
+  [("float32",) * 2, ("bfloat16",) * 2, ("float32", "bfloat16")],
+  ids=["f32", "bf16", "mixed"],
+)
 def test_sources_show_the_kernels_a_step_runs(dtypes):
   """`layer.sources` works out each kernel's operand and output dtypes without running it (a
   bfloat16 layer's stored rows are bfloat16; an XLA-side value takes its operands' dtype): the
   kernels a jitted training step traces are exactly the ones it prints, for float32, bfloat16
   and mixed inputs (x in the first dtype, the weights in the second)."""
   from jaxdata.hector import runtime
+
   g = _graph()
   ga = hector.GraphArrays.from_graph(g)
   rng = np.random.default_rng(0)
   r, heads, d = g.num_relations, 2, 16
   x = jnp.asarray(rng.standard_normal((g.num_nodes, 32)), dtypes[0])
-  ws = [jnp.asarray(rng.standard_normal(shape), dtypes[1])
-        for shape in ((r, 32, heads * d), (r, heads, d), (r, heads, d))]
+  ws = [
+    jnp.asarray(rng.standard_normal(shape), dtypes[1])
+    for shape in ((r, 32, heads * d), (r, heads, d), (r, heads, d))
+  ]
   loss = lambda *a: hector.rgat_message(ga, *a).astype(jnp.float32).sum()  # noqa: E731
   traced = _specs(jax.grad(loss, argnums=(0, 1, 2, 3)), x, *ws)
   printed = hector.rgat_layer.sources(ga, "cuda", x=x, W=ws[0], a_src=ws[1], a_dst=ws[2])
   parts = printed.split("// ---- ")[1:]
   assert len(traced) == len(parts)
-  assert ({runtime.source(s, "cuda").rstrip() for s in traced} ==
-          {p.split("\n", 1)[1].rstrip() for p in parts})
-  assert ({s.out_dtype for s in traced} == {"float32", "bfloat16"}) == (dtypes[0] == "bfloat16"
-                                                                        == dtypes[1])
+  assert {runtime.source(s, "cuda").rstrip() for s in traced} == {
+    p.split("\n", 1)[1].rstrip() for p in parts
+  }
+  assert ({s.out_dtype for s in traced} == {"float32", "bfloat16"}) == (
+    dtypes[0] == "bfloat16" == dtypes[1]
+  )
 
 
 def test_weight_gradient_tiles_follow_the_kind_of_kernel(monkeypatch):
@@ -163,9 +179,13 @@ def test_weight_gradient_tiles_follow_the_kind_of_kernel(monkeypatch):
   codegen.cuda when the kernel is made (so a probe that sets them moves both together)."""
   from jaxdata.hector import codegen
   from jaxdata.hector.codegen import cuda as cuda_codegen
+
   g, ga, x, w, _ = _rgcn_case(jnp.bfloat16, 64, 64)
-  wgrad = next(k.kernel for k in hector.rgcn_layer.plan(ga, x=x, W=w).backward_kernels
-               if k.kernel.template == "weight_grad")
+  wgrad = next(
+    k.kernel
+    for k in hector.rgcn_layer.plan(ga, x=x, W=w).backward_kernels
+    if k.kernel.template == "weight_grad"
+  )
   assert codegen.tile_rows(wgrad, "fma") == cuda_codegen.WGRAD_TILE_ROWS
   sources = functools.partial(hector.rgcn_layer.sources, ga, "cuda", x=x, W=w)
   for rows in (cuda_codegen.MMA_WGRAD_TILE_ROWS, 128):
@@ -180,6 +200,7 @@ def test_rows_that_are_not_whole_four_byte_pieces_stay_on_cuda_cores(monkeypatch
   same layer with 8 features goes to tensor cores (the backward GEMM over the 8-wide
   cotangent rows is on tensor cores in both)."""
   from jaxdata.hector.codegen import cuda as cuda_codegen
+
   monkeypatch.delenv(cuda_codegen.TENSOR_CORES_ENV, raising=False)
   for din, on_tensor_cores in ((7, False), (8, True)):
     g, ga, x, w, _ = _rgcn_case(jnp.bfloat16, din, 8)
@@ -192,10 +213,18 @@ def test_rows_that_are_not_whole_four_byte_pieces_stay_on_cuda_cores(monkeypatch
 
 # ----------------------------------------------------------------------------- numerics
 #: max |got - want| / max |want| allowed, per (dtype, level); the CPU is exact at every level
-TOL = {("float32", "highest"): 2e-5, ("float32", "default"): 4e-3,
-       ("bfloat16", "highest"): 3e-2, ("bfloat16", "default"): 3e-2}
-GRAD_TOL = {("float32", "highest"): 1e-4, ("float32", "default"): 6e-3,
-            ("bfloat16", "highest"): 4e-2, ("bfloat16", "default"): 4e-2}
+TOL = {
+  ("float32", "highest"): 2e-5,
+  ("float32", "default"): 4e-3,
+  ("bfloat16", "highest"): 3e-2,
+  ("bfloat16", "default"): 3e-2,
+}
+GRAD_TOL = {
+  ("float32", "highest"): 1e-4,
+  ("float32", "default"): 6e-3,
+  ("bfloat16", "highest"): 4e-2,
+  ("bfloat16", "default"): 4e-2,
+}
 
 
 def _tol(table, dtype, level, device):
@@ -277,12 +306,23 @@ LEVELS = ["default", "highest"]
 @pytest.mark.parametrize("din,dout", [(20, 12), (64, 64), (128, 128), (256, 96)])
 def test_rgcn_at_each_precision_against_float64(device, level, dtype, din, dout):
   g, ga, x, w, ct = _rgcn_case(dtype, din, dout)
-  err = check_against_float64(device, functools.partial(hector.rgcn_message, ga),
-                              functools.partial(rgcn_reference, ga), (x, w), ct, level,
-                              f"rgcn {din}x{dout}")
+  err = check_against_float64(
+    device,
+    functools.partial(hector.rgcn_message, ga),
+    functools.partial(rgcn_reference, ga),
+    (x, w),
+    ct,
+    level,
+    f"rgcn {din}x{dout}",
+  )
   from jaxdata.hector.codegen import cuda as cuda_codegen
-  if (device.platform == "gpu" and dtype == jnp.float32 and level == "default"
-      and cuda_codegen.tensor_cores_enabled()):
+
+  if (
+    device.platform == "gpu"
+    and dtype == jnp.float32
+    and level == "default"
+    and cuda_codegen.tensor_cores_enabled()
+  ):
     assert err > 2e-6, "float32 at the default precision should run on TF32 tensor cores"
 
 
@@ -297,15 +337,20 @@ def test_rgcn_over_hundreds_of_relations_against_float64(device, level, dtype):
   r, n = 300, 500
   et = np.repeat(np.arange(r), rng.choice([0, 0, 1, 3, 64, 65, 150], r))
   src, dst = rng.integers(0, n, et.size), rng.integers(0, n, et.size)
-  g = HeteroGraph.from_edges(src, dst, et, num_nodes=n,
-                             relation_names=[f"r{i}" for i in range(r)])
+  g = HeteroGraph.from_edges(src, dst, et, num_nodes=n, relation_names=[f"r{i}" for i in range(r)])
   ga = hector.GraphArrays.from_graph(g)
   x = jnp.asarray(rng.standard_normal((n, 16)), dtype)
   w = jnp.asarray(rng.standard_normal((r, 16, 16)) / 4, dtype)
   ct = jnp.asarray(rng.standard_normal((n, 16)), jnp.float64)
-  check_against_float64(device, functools.partial(hector.rgcn_message, ga),
-                        functools.partial(rgcn_reference, ga), (x, w), ct, level,
-                        "rgcn over 300 relations")
+  check_against_float64(
+    device,
+    functools.partial(hector.rgcn_message, ga),
+    functools.partial(rgcn_reference, ga),
+    (x, w),
+    ct,
+    level,
+    "rgcn over 300 relations",
+  )
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -316,14 +361,22 @@ def test_rgat_at_each_precision_against_float64(device, level, dtype, k, heads, 
   ga = hector.GraphArrays.from_graph(g)
   rng = np.random.default_rng(k + heads)
   r = g.num_relations
-  inputs = (jnp.asarray(rng.standard_normal((g.num_nodes, k)), dtype),
-            jnp.asarray(rng.standard_normal((r, k, heads * d)) / np.sqrt(k), dtype),
-            jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
-            jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype))
+  inputs = (
+    jnp.asarray(rng.standard_normal((g.num_nodes, k)), dtype),
+    jnp.asarray(rng.standard_normal((r, k, heads * d)) / np.sqrt(k), dtype),
+    jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
+    jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
+  )
   ct = jnp.asarray(rng.standard_normal((g.num_nodes, heads * d)), jnp.float64)
-  check_against_float64(device, functools.partial(hector.rgat_message, ga),
-                        functools.partial(rgat_reference, ga), inputs, ct, level,
-                        f"rgat {k}->{heads}x{d}")
+  check_against_float64(
+    device,
+    functools.partial(hector.rgat_message, ga),
+    functools.partial(rgat_reference, ga),
+    inputs,
+    ct,
+    level,
+    f"rgat {k}->{heads}x{d}",
+  )
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -336,12 +389,24 @@ def test_hgt_at_each_precision_against_float64(device, level, dtype, heads, dk):
   r, n, f = g.num_relations, g.num_nodes, heads * dk
   rows = lambda: jnp.asarray(rng.standard_normal((n, f)) / 2, dtype)  # noqa: E731
   mats = lambda: jnp.asarray(rng.standard_normal((r, heads, dk, dk)) / np.sqrt(dk), dtype)  # noqa: E731
-  inputs = (rows(), rows(), rows(), mats(), mats(),
-            jnp.asarray(rng.uniform(0.5, 1.5, (r, heads)), dtype))
+  inputs = (
+    rows(),
+    rows(),
+    rows(),
+    mats(),
+    mats(),
+    jnp.asarray(rng.uniform(0.5, 1.5, (r, heads)), dtype),
+  )
   ct = jnp.asarray(rng.standard_normal((n, f)), jnp.float64)
-  check_against_float64(device, functools.partial(hector.hgt_message, ga),
-                        functools.partial(hgt_reference, ga), inputs, ct, level,
-                        f"hgt {heads}x{dk}")
+  check_against_float64(
+    device,
+    functools.partial(hector.hgt_message, ga),
+    functools.partial(hgt_reference, ga),
+    inputs,
+    ct,
+    level,
+    f"hgt {heads}x{dk}",
+  )
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -349,8 +414,7 @@ def test_rgcn_layer_with_self_loop_at_each_precision(device, level):
   """The Flax layer: its relational kernels and its self-loop product follow `precision`."""
   g, ga, x, _, _ = _rgcn_case(jnp.float32, 32, 16)
   layer = RGCN(32, 16, num_relations=g.num_relations, precision=level, rngs=nnx.Rngs(1))
-  w, root, bias = (jnp.asarray(p[...], jnp.float64) for p in (layer.weight, layer.root,
-                                                               layer.bias))
+  w, root, bias = (jnp.asarray(p[...], jnp.float64) for p in (layer.weight, layer.root, layer.bias))
   wide = jnp.asarray(x, jnp.float64)
   want = rgcn_reference(ga, wide, w) + jnp.dot(wide, root, precision=HI) + bias
   assert_close(layer(ga, x), want, _tol(TOL, jnp.float32, level, device), "RGCN layer")

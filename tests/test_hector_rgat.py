@@ -7,6 +7,7 @@ The reference is written here from the definition (jnp, segment_max / segment_su
     alpha      = softmax of score over the edges into dst (across relations), per head
     out[i]     = sum over edges into i of alpha[e,h] * h[e,h]      -> [N, H * d]
 """
+
 import concurrent.futures
 import functools
 import os
@@ -40,8 +41,7 @@ def corner_case_graph(seed, n=40, e=300, r=5, empty_relations=(2,)):
   src = np.concatenate([src, loops, src[repeat]])
   dst = np.concatenate([dst, loops, dst[repeat]])
   et = np.concatenate([et, rng.choice(rels, 10), et[repeat]])
-  g = HeteroGraph.from_edges(src, dst, et, num_nodes=n,
-                             relation_names=[f"r{i}" for i in range(r)])
+  g = HeteroGraph.from_edges(src, dst, et, num_nodes=n, relation_names=[f"r{i}" for i in range(r)])
   assert (g.src == g.dst).any() and (g.in_degree()[-4:] == 0).all()
   return g
 
@@ -61,10 +61,12 @@ def reference(ga, x, W, a_src, a_dst):
 
 def random_inputs(rng, g, k, heads, d, dtype=jnp.float32):
   r = g.num_relations
-  return dict(x=jnp.asarray(rng.standard_normal((g.num_nodes, k)), dtype),
-              W=jnp.asarray(rng.standard_normal((r, k, heads * d)) / np.sqrt(k), dtype),
-              a_src=jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
-              a_dst=jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype))
+  return dict(
+    x=jnp.asarray(rng.standard_normal((g.num_nodes, k)), dtype),
+    W=jnp.asarray(rng.standard_normal((r, k, heads * d)) / np.sqrt(k), dtype),
+    a_src=jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
+    a_dst=jnp.asarray(rng.standard_normal((r, heads, d)) / np.sqrt(d), dtype),
+  )
 
 
 def loss(f, ct):
@@ -104,12 +106,26 @@ def test_rgat_hub_nodes_match_reference(device):
   split, and enough nodes that the blocks stride over the grid (a heavy node at the very end),
   among light nodes and nodes with no in-edges."""
   from jaxdata.hector import codegen  # pylint: disable=g-import-not-at-top
+
   rng = np.random.default_rng(7)
   n, cut, group = 20_000, codegen.SOFTMAX_BLOCK_DEGREE, codegen.SOFTMAX_GROUP
-  degrees = {0: cut, 1: cut + 1, 2: 2 * cut, 9: 5 * cut + 3, 17: 1, n - 1: cut + 7,
-             3: group, 4: group + 1, 5: 32, 6: 33, 10: 65, 11: group - 1}
-  dst = np.concatenate([np.full(k, i) for i, k in degrees.items()] +
-                       [rng.integers(20, n - 10, 3000)])
+  degrees = {
+    0: cut,
+    1: cut + 1,
+    2: 2 * cut,
+    9: 5 * cut + 3,
+    17: 1,
+    n - 1: cut + 7,
+    3: group,
+    4: group + 1,
+    5: 32,
+    6: 33,
+    10: 65,
+    11: group - 1,
+  }
+  dst = np.concatenate(
+    [np.full(k, i) for i, k in degrees.items()] + [rng.integers(20, n - 10, 3000)]
+  )
   src = rng.integers(0, n, len(dst))
   et = rng.integers(0, 3, len(dst))
   g = HeteroGraph.from_edges(src, dst, et, num_nodes=n, relation_names=["a", "b", "c"])
@@ -118,8 +134,9 @@ def test_rgat_hub_nodes_match_reference(device):
   inputs = random_inputs(rng, g, 8, 2, 4)
   ct = jnp.asarray(rng.standard_normal((n, 8)), jnp.float32)
   layer = functools.partial(hector.rgat_message, ga)
-  np.testing.assert_allclose(layer(*inputs.values()), reference(ga, *inputs.values()),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    layer(*inputs.values()), reference(ga, *inputs.values()), rtol=1e-5, atol=1e-5
+  )
   got = jax.grad(loss(layer, ct), argnums=ARGS)(*inputs.values())
   want = jax.grad(loss(functools.partial(reference, ga), ct), argnums=ARGS)(*inputs.values())
   for name, a, b in zip(inputs, got, want):
@@ -170,8 +187,9 @@ def test_rgat_bfloat16(device, passes):
   layer = functools.partial(hector.rgat_message, ga, passes=passes)
   out = layer(*inputs.values())
   assert out.dtype == jnp.bfloat16
-  np.testing.assert_allclose(np.asarray(out, np.float32), reference(ga, *wide), rtol=2e-2,
-                             atol=2e-2)
+  np.testing.assert_allclose(
+    np.asarray(out, np.float32), reference(ga, *wide), rtol=2e-2, atol=2e-2
+  )
   got = jax.grad(loss(layer, ct), argnums=ARGS)(*inputs.values())
   want = jax.grad(loss(functools.partial(reference, ga), ct), argnums=ARGS)(*wide)
   for name, a, b in zip(inputs, got, want):
@@ -191,8 +209,9 @@ def test_compaction_materializes_one_row_per_unique_pair():
     env = {plan.forward.inputs[k].id: v for k, v in inputs.items()}
     execute(plan.forward_kernels, ga, env)
     # h = x[src] @ W[r], materialized by a GEMM storing rows: one per unique pair (or per edge)
-    (gemm,) = [k for k in plan.forward_kernels
-               if k.kernel.template == "gemm" and k.kernel.rows.end == "src"]
+    (gemm,) = [
+      k for k in plan.forward_kernels if k.kernel.template == "gemm" and k.kernel.rows.end == "src"
+    ]
     assert env[gemm.output.id].shape == (rows, 8)
     compact = [k for k in plan.forward_kernels if k.output.domain == "compact"]
     assert bool(compact) == bool(passes)
@@ -210,20 +229,23 @@ def test_pair_arrays_map_edges_to_unique_pairs():
   assert (np.diff(keys) > 0).all()  # unique, sorted by (relation, source)
   offsets, edges = np.asarray(ga.pair_offsets), np.asarray(ga.pair_edges)
   for u in range(ga.num_pairs):
-    assert (pair[edges[offsets[u]:offsets[u + 1]]] == u).all()
-  np.testing.assert_array_equal(np.asarray(ga.pair_rel_offsets),
-                                np.searchsorted(p_et, np.arange(g.num_relations + 1)))
+    assert (pair[edges[offsets[u] : offsets[u + 1]]] == u).all()
+  np.testing.assert_array_equal(
+    np.asarray(ga.pair_rel_offsets), np.searchsorted(p_et, np.arange(g.num_relations + 1))
+  )
   csr_off, csr_e = np.asarray(ga.pair_csr_offsets), np.asarray(ga.pair_csr_edges)
   for v in range(g.num_nodes):
-    assert (p_src[csr_e[csr_off[v]:csr_off[v + 1]]] == v).all()
+    assert (p_src[csr_e[csr_off[v] : csr_off[v + 1]]] == v).all()
 
 
 def test_reordering_folds_the_destination_term():
   g = corner_case_graph(9)
   ga = hector.GraphArrays.from_graph(g)
   inputs = random_inputs(np.random.default_rng(0), g, 6, 2, 4)
-  widths = lambda plan: [k.output.shape for k in plan.forward_kernels  # noqa: E731
-                         if k.output.domain == "edge"]
+
+  def widths(plan):
+    return [k.output.shape for k in plan.forward_kernels if k.output.domain == "edge"]
+
   on = hector.rgat_layer.plan(ga, ("reorder",), **inputs)
   off = hector.rgat_layer.plan(ga, (), **inputs)
   # without reordering both products are stored per edge; with it only x[src] @ W[r] is, and the
@@ -238,13 +260,26 @@ def test_plan_shows_every_pass():
   ga = hector.GraphArrays.from_graph(g)
   inputs = random_inputs(np.random.default_rng(0), g, 6, 2, 4)
   text = str(hector.rgat_layer.plan(ga, **inputs))
-  for section in ("traced", "after shape inference", "after linear-operator reordering",
-                  "after compact materialization", "after differentiation", "forward kernels",
-                  "backward kernels"):
+  for section in (
+    "traced",
+    "after shape inference",
+    "after linear-operator reordering",
+    "after compact materialization",
+    "after differentiation",
+    "forward kernels",
+    "backward kernels",
+  ):
     assert f"== {section}" in text
-  for piece in ("edge_softmax", "fold(W, a_dst)", "compact[8] = linear", "expand(",
-                "softmax over dst[e]", "over (src, relation) pairs", "on XLA",
-                "kept from the forward pass: %"):
+  for piece in (
+    "edge_softmax",
+    "fold(W, a_dst)",
+    "compact[8] = linear",
+    "expand(",
+    "softmax over dst[e]",
+    "over (src, relation) pairs",
+    "on XLA",
+    "kept from the forward pass: %",
+  ):
     assert piece in text, piece
   off = str(hector.rgat_layer.plan(ga, (), **inputs))
   assert off.count("(switched off)") == 2 and "compact" not in off.split("== forward")[1]
@@ -260,17 +295,20 @@ def test_jit_vmap_and_pass_selection(device):
     layer = hector.rgat_layer.with_passes(passes)
     np.testing.assert_allclose(jax.jit(layer)(ga, **inputs), want, rtol=1e-5, atol=1e-5)
   f = jax.jit(hector.rgat_message, static_argnames="passes")
-  np.testing.assert_allclose(f(ga, *inputs.values(), passes=("compact",)), want, rtol=1e-5,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    f(ga, *inputs.values(), passes=("compact",)), want, rtol=1e-5, atol=1e-5
+  )
   grads = jax.jit(jax.grad(lambda *a: hector.rgat_message(ga, *a).sum(), argnums=ARGS))(
-      *inputs.values())
+    *inputs.values()
+  )
   ref = jax.grad(lambda *a: reference(ga, *a).sum(), argnums=ARGS)(*inputs.values())
   for a, b in zip(grads, ref):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
   xs = jnp.stack([inputs["x"], 2 * inputs["x"]])
   batched = jax.vmap(lambda x: hector.rgat_message(ga, x, *list(inputs.values())[1:]))(xs)
-  np.testing.assert_allclose(batched[1], reference(ga, xs[1], *list(inputs.values())[1:]),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    batched[1], reference(ga, xs[1], *list(inputs.values())[1:]), rtol=1e-5, atol=1e-5
+  )
 
 
 @hector.layer(x=hector.NODE, W=hector.RELATION_WEIGHT, V=hector.RELATION_WEIGHT)
@@ -303,11 +341,14 @@ def test_user_attention_layer(device):
     return att + jax.ops.segment_sum((q * k).sum(-1, keepdims=True) * k, ga.dst, n)
 
   ct = jnp.asarray(rng.standard_normal((n, 6)), jnp.float32)
+
+  def loss(layer, x, w, v):
+    return jnp.vdot(layer(ga, x=x, W=w, V=v), ct)
+
   for passes in ((), None):
     layer = dot_attention.with_passes(passes)
     np.testing.assert_allclose(layer(ga, x=x, W=w, V=v), ref(x, w, v), rtol=1e-5, atol=1e-5)
-    got = jax.grad(lambda *a: jnp.vdot(layer(ga, x=a[0], W=a[1], V=a[2]), ct),
-                   argnums=(0, 1, 2))(x, w, v)
+    got = jax.grad(functools.partial(loss, layer), argnums=(0, 1, 2))(x, w, v)
     want = jax.grad(lambda *a: jnp.vdot(ref(*a), ct), argnums=(0, 1, 2))(x, w, v)
     for a, b in zip(got, want):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -327,13 +368,15 @@ def test_bad_attention_inputs_raise_clear_errors():
     hector.layer(x=hector.NODE, a=hector.RELATION_VECTOR)(lambda g, x, a: g.aggregate(g.src(x) @ a))
   with pytest.raises(TypeError, match="needs a relation vector"):
     hector.layer(x=hector.NODE, W=hector.RELATION_WEIGHT)(
-        lambda g, x, W: g.aggregate(g.src(x).dot(W)))
+      lambda g, x, W: g.aggregate(g.src(x).dot(W))
+    )
   with pytest.raises(TypeError, match="edge scores"):
     hector.layer(x=hector.NODE)(lambda g, x: g.aggregate(g.edge_softmax(x)))
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and compiler.nvrtc() is None,
-                    reason="neither nvcc nor NVRTC here")
+@pytest.mark.skipif(
+  shutil.which("nvcc") is None and compiler.nvrtc() is None, reason="neither nvcc nor NVRTC here"
+)
 def test_generated_rgat_cuda_compiles(tmp_path, monkeypatch):
   """Every CUDA kernel of RGAT, every pass on and every pass off, compiles (without a GPU)."""
   monkeypatch.setenv("JAXDATA_CACHE_DIR", str(tmp_path))

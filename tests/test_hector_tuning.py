@@ -1,5 +1,6 @@
 """jaxdata.hector.tuning: the tilings of the tensor-core kernels, their choice files, and (on a
 GPU) the launcher's timing of them on a call's own operands."""
+
 import concurrent.futures
 import os
 import pathlib
@@ -10,18 +11,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from isolation import run_isolated
 
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import codegen, compiler, tuning
 from jaxdata.hector.codegen import cuda
 from jaxdata.hector.lowering import Dense, Gemm, WeightGrad
-from isolation import run_isolated
 
 
 def random_graph(rng, n=300, e=6000, r=9):
-  return HeteroGraph.from_edges(rng.integers(0, n, e), rng.integers(0, n, e),
-                                rng.integers(0, r, e), num_nodes=n)
+  return HeteroGraph.from_edges(
+    rng.integers(0, n, e), rng.integers(0, n, e), rng.integers(0, r, e), num_nodes=n
+  )
 
 
 def instances(layer, ga, dtype, dim, heads=None):
@@ -32,8 +34,12 @@ def instances(layer, ga, dtype, dim, heads=None):
     inputs = dict(x=jnp.zeros((n, dim), dtype), W=jnp.zeros((r, dim, dim), dtype))
   else:
     hd = dim // heads
-    inputs = dict(x=jnp.zeros((n, dim), dtype), W=jnp.zeros((r, dim, dim), dtype),
-                  a_src=jnp.zeros((r, heads, hd), dtype), a_dst=jnp.zeros((r, heads, hd), dtype))
+    inputs = dict(
+      x=jnp.zeros((n, dim), dtype),
+      W=jnp.zeros((r, dim, dim), dtype),
+      a_src=jnp.zeros((r, heads, hd), dtype),
+      a_dst=jnp.zeros((r, heads, hd), dtype),
+    )
   text = layer.sources(ga, "cuda", precision="default", tilings=True, **inputs)
   return [p.split("\n", 1) for p in text.split("// ---- ")[1:]]
 
@@ -44,10 +50,16 @@ def test_tensor_core_instances_have_tilings_with_the_default_first():
   `generate` emits when none is given; each launches the threads and blocks its columns need."""
   rng = np.random.default_rng(0)
   ga = hector.GraphArrays.from_graph(random_graph(rng))
-  plan = hector.rgcn_layer.plan(ga, x=jnp.zeros((ga.num_nodes, 128), jnp.bfloat16),
-                                W=jnp.zeros((ga.num_relations, 128, 128), jnp.bfloat16))
-  found = [i for i in plan.forward_kernels + plan.backward_kernels
-           if isinstance(i.kernel, (Gemm, WeightGrad))]
+  plan = hector.rgcn_layer.plan(
+    ga,
+    x=jnp.zeros((ga.num_nodes, 128), jnp.bfloat16),
+    W=jnp.zeros((ga.num_relations, 128, 128), jnp.bfloat16),
+  )
+  found = [
+    i
+    for i in plan.forward_kernels + plan.backward_kernels
+    if isinstance(i.kernel, (Gemm, WeightGrad))
+  ]
   assert len(found) == 3  # forward GEMM, backward GEMM, weight gradient
   for inst in found:
     k, dtypes = inst.kernel, ("bfloat16",) * len(inst.inputs)
@@ -64,8 +76,9 @@ def test_tensor_core_instances_have_tilings_with_the_default_first():
       assert threads == (256 if t.columns == 128 else 128)
       rows_blocks = 2 if isinstance(k, WeightGrad) else 1  # dW's 128 rows in blocks of 64
       assert blocks == 10 * rows_blocks * (128 // t.columns)
-      bounds = re.search(r"__launch_bounds__\(([^)]*)\)",
-                         codegen.generate(k, dtypes, "cuda", tile=t)).group(1)
+      bounds = re.search(
+        r"__launch_bounds__\(([^)]*)\)", codegen.generate(k, dtypes, "cuda", tile=t)
+      ).group(1)
       assert bounds == (f"{threads}, {t.min_blocks}" if t.min_blocks else str(threads))
       assert t.min_blocks in (0, cuda.MMA_RESIDENT_THREADS // threads)
 
@@ -76,10 +89,13 @@ def test_every_kernel_of_rgat_launches_in_each_of_its_tilings():
   rng = np.random.default_rng(2)
   ga = hector.GraphArrays.from_graph(random_graph(rng))
   n, r = ga.num_nodes, ga.num_relations
-  plan = hector.rgat_layer.plan(ga, x=jnp.zeros((n, 64), jnp.bfloat16),
-                                W=jnp.zeros((r, 64, 64), jnp.bfloat16),
-                                a_src=jnp.zeros((r, 4, 16), jnp.bfloat16),
-                                a_dst=jnp.zeros((r, 4, 16), jnp.bfloat16))
+  plan = hector.rgat_layer.plan(
+    ga,
+    x=jnp.zeros((n, 64), jnp.bfloat16),
+    W=jnp.zeros((r, 64, 64), jnp.bfloat16),
+    a_src=jnp.zeros((r, 4, 16), jnp.bfloat16),
+    a_dst=jnp.zeros((r, 4, 16), jnp.bfloat16),
+  )
   kinds = set()
   for inst in plan.forward_kernels + plan.backward_kernels:
     if isinstance(inst.kernel, Dense):
@@ -100,10 +116,12 @@ def test_choice_files_key_the_instance_gpu_rows_and_tilings(tmp_path, monkeypatc
   assert path.parent == compiler.cache_dir() and path.suffix == ".tune"
   # the label line (IR value ids) is not part of the key; rows in the same power of two are one
   assert tuning.choice_file("// label %7\nkernel text", 90, 1_600_000, tiles) == path
-  for other in (tuning.choice_file(src, 80, 2_000_000, tiles),
-                tuning.choice_file(src, 90, 200_000, tiles),
-                tuning.choice_file(src, 90, 2_000_000, tiles[:1]),
-                tuning.choice_file("// label %1\nother kernel", 90, 2_000_000, tiles)):
+  for other in (
+    tuning.choice_file(src, 80, 2_000_000, tiles),
+    tuning.choice_file(src, 90, 200_000, tiles),
+    tuning.choice_file(src, 90, 2_000_000, tiles[:1]),
+    tuning.choice_file("// label %1\nother kernel", 90, 2_000_000, tiles),
+  ):
     assert other != path
 
 
@@ -113,14 +131,16 @@ def test_read_choice_trusts_only_a_whole_file_for_the_same_tilings(tmp_path):
   good = f"{tuning.HEADER}\nchoice 2\ntimes_us 310.5 inf 201.25 288.0\n"
   path.write_text(good)
   assert tuning.read_choice(path, 4) == tuning.Choice(2, (310.5, float("inf"), 201.25, 288.0))
-  bad = [good.replace("1\n", "2\n", 1),  # another format version
-         good[:len(good) // 2],  # torn
-         good.replace("choice 2", "choice 4"),  # out of range
-         good.replace("choice 2", "choice 0"),  # not the fastest
-         good.replace("201.25", "inf").replace("310.5", "inf").replace("288.0", "inf"),
-         good.replace("times_us 310.5 ", "times_us "),  # three times for four tilings
-         good.replace("201.25", "fast"),
-         "\x00\xff binary"]
+  bad = [
+    good.replace("1\n", "2\n", 1),  # another format version
+    good[: len(good) // 2],  # torn
+    good.replace("choice 2", "choice 4"),  # out of range
+    good.replace("choice 2", "choice 0"),  # not the fastest
+    good.replace("201.25", "inf").replace("310.5", "inf").replace("288.0", "inf"),
+    good.replace("times_us 310.5 ", "times_us "),  # three times for four tilings
+    good.replace("201.25", "fast"),
+    "\x00\xff binary",
+  ]
   for text in bad:
     path.write_text(text)
     assert tuning.read_choice(path, 4) is None, text
@@ -128,16 +148,18 @@ def test_read_choice_trusts_only_a_whole_file_for_the_same_tilings(tmp_path):
   assert tuning.read_choice(path, 4) is None
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and compiler.nvrtc() is None,
-                    reason="neither nvcc nor NVRTC here")
+@pytest.mark.skipif(
+  shutil.which("nvcc") is None and compiler.nvrtc() is None, reason="neither nvcc nor NVRTC here"
+)
 def test_every_tiling_compiles(tmp_path, monkeypatch):
   """Each tiling of RGCN's (bfloat16, dim 128) and RGAT's (TF32, 4 heads, dim 64) tensor-core
   kernels compiles for sm_90 (checked without a GPU, in CI)."""
   monkeypatch.setenv("JAXDATA_CACHE_DIR", str(tmp_path))
   rng = np.random.default_rng(1)
   ga = hector.GraphArrays.from_graph(random_graph(rng, n=40, e=300, r=5))
-  parts = (instances(hector.rgcn_layer, ga, jnp.bfloat16, 128) +
-           instances(hector.rgat_layer, ga, jnp.float32, 64, heads=4))
+  parts = instances(hector.rgcn_layer, ga, jnp.bfloat16, 128) + instances(
+    hector.rgat_layer, ga, jnp.float32, 64, heads=4
+  )
   tiled = [body for head, body in parts if re.search(r"\(\d+ columns", head)]
   assert len(tiled) == 3 * 4 + 3 * 4 + 2 * 2  # RGAT's 4-column ones: 16 columns, 2 tilings
   with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
@@ -157,8 +179,9 @@ def _targets(lowered_text: str) -> list[str]:
 def _check_targets(lowered_text: str) -> None:
   """A call that tunes goes to jaxdata_hector_tune (kept out of XLA's CUDA graphs: its first
   run times the tilings), every other to jaxdata_hector_launch (command-buffer compatible)."""
-  want = ["jaxdata_hector_tune" if f else "jaxdata_hector_launch"
-          for f in _tune_files(lowered_text)]
+  want = [
+    "jaxdata_hector_tune" if f else "jaxdata_hector_launch" for f in _tune_files(lowered_text)
+  ]
   assert want and _targets(lowered_text) == want
 
 
@@ -166,7 +189,8 @@ def _check_targets(lowered_text: str) -> None:
 @pytest.mark.default_precision
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
-    device, dtype, tmp_path, monkeypatch):
+  device, dtype, tmp_path, monkeypatch
+):
   """RGCN forward + backward at dim 128 on tensor cores (bf16; TF32): lowered with an empty
   cache, each of its 3 tensor-core kernels carries its 4 tilings and a choice file; the first
   run writes each file with a finite time for every tiling and the fastest chosen, and gives
@@ -185,6 +209,7 @@ def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
   def step():  # a new function each time: lowered anew
     def loss(x, w):
       return jnp.vdot(hector.rgcn_message(ga, x, w).astype(jnp.float32), ct)
+
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
   monkeypatch.setenv(tuning.AUTOTUNE_ENV, "0")
@@ -203,7 +228,7 @@ def test_first_run_times_every_tiling_records_the_fastest_and_computes_the_same(
   got = jax.block_until_ready(tuned(x, w))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     # float32 sums in another order; a bfloat16 gradient (dx) may round to the next value
-    rtol = 2.0 ** -7 if a.dtype == jnp.bfloat16 else 0.0
+    rtol = 2.0**-7 if a.dtype == jnp.bfloat16 else 0.0
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     np.testing.assert_allclose(a, b, rtol=rtol, atol=2e-5 * np.abs(b).max())
   for f in files:
@@ -226,6 +251,7 @@ def _rgcn_step_in_cuda_graphs() -> dict:
   targets of both lowerings, the launcher's (direct, captured) counts around the second
   executable's runs, and the largest difference of its results from the first executable's."""
   from jaxdata import _xla_ffi as ext
+
   rng = np.random.default_rng(4)
   g = random_graph(rng, n=3000, e=120_000, r=9)
   ga = hector.GraphArrays.from_graph(g)
@@ -236,6 +262,7 @@ def _rgcn_step_in_cuda_graphs() -> dict:
   def step():  # a new function each time: lowered anew
     def loss(x, w):
       return jnp.vdot(hector.rgcn_message(ga, x, w).astype(jnp.float32), ct)
+
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
   def run(f, x):
@@ -253,8 +280,14 @@ def _rgcn_step_in_cuda_graphs() -> dict:
       for a, b in zip(run(second, x), want[i]):
         worst = max(worst, float(np.max(np.abs(a - b)) / np.max(np.abs(b))))
   after = ext.hector_launch_counts()
-  return dict(first=_targets(first_text), second=_targets(second_text),
-              second_tunes=_tune_files(second_text), before=before, after=after, worst=worst)
+  return dict(
+    first=_targets(first_text),
+    second=_targets(second_text),
+    second_tunes=_tune_files(second_text),
+    before=before,
+    after=after,
+    worst=worst,
+  )
 
 
 @pytest.mark.gpu
@@ -268,12 +301,15 @@ def test_launches_join_xlas_cuda_graphs_and_replay_correctly(device, tmp_path):
   on every replay)."""
   if device.platform != "gpu":
     pytest.skip("CUDA graphs are a GPU feature")
-  got = run_isolated(_rgcn_step_in_cuda_graphs, timeout=600, env={
-      "XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1", "JAXDATA_CACHE_DIR": str(tmp_path)})
+  got = run_isolated(
+    _rgcn_step_in_cuda_graphs,
+    timeout=600,
+    env={"XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1", "JAXDATA_CACHE_DIR": str(tmp_path)},
+  )
   assert got["first"].count("jaxdata_hector_tune") == 3, got
   assert set(got["second"]) == {"jaxdata_hector_launch"} and not any(got["second_tunes"]), got
   calls = len(got["second"])
   direct = got["after"][0] - got["before"][0]
   captured = got["after"][1] - got["before"][1]
   assert direct <= calls and captured >= calls and direct + captured < 8 * calls, got
-  assert got["worst"] <= 2.0 ** -7, got  # bfloat16 outputs; float32 sums in another order
+  assert got["worst"] <= 2.0**-7, got  # bfloat16 outputs; float32 sums in another order

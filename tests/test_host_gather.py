@@ -1,12 +1,15 @@
 """host_gather and host_slice against jnp.take / NumPy, on every platform available."""
+
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from handle_errors import all_nan, assert_handle_error
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxdata.host import SUPPORTED_DTYPES, HostTable, host_gather, host_slice
 
@@ -34,10 +37,11 @@ def indices_with_edges(rng, rows, shape, dtype):
   lo = max(-2 * rows - 3, np.iinfo(dtype).min)
   hi = min(2 * rows + 3, np.iinfo(dtype).max)
   idx = rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-  edges = np.array([e for e in (-rows - 1, -rows, -1, 0, rows - 1, rows, hi) if lo <= e <= hi],
-                   dtype)
+  edges = np.array(
+    [e for e in (-rows - 1, -rows, -1, 0, rows - 1, rows, hi) if lo <= e <= hi], dtype
+  )
   flat = idx.reshape(-1)
-  flat[:min(flat.size, edges.size)] = edges[:flat.size]
+  flat[: min(flat.size, edges.size)] = edges[: flat.size]
   return idx
 
 
@@ -71,8 +75,10 @@ def test_unsigned_indices_past_the_signed_range(device):
   data = np.arange(20, dtype=np.float32).reshape(10, 2)
   ref = jnp.asarray(data)
   with HostTable(data) as table:
-    for idx in (jnp.array([0, 9, 10, 2**31, 2**32 - 1], jnp.uint32),
-                jnp.array([0, 9, 10, 2**31, 2**32 - 1], jnp.uint64)):
+    for idx in (
+      jnp.array([0, 9, 10, 2**31, 2**32 - 1], jnp.uint32),
+      jnp.array([0, 9, 10, 2**31, 2**32 - 1], jnp.uint64),
+    ):
       for mode in ("fill", "clip"):
         assert_same(host_gather(table, idx, mode=mode), jnp.take(ref, idx, axis=0, mode=mode))
     # uint64 values of 2**32 and more are out of range as well. (jnp.take itself returns row 0
@@ -83,8 +89,16 @@ def test_unsigned_indices_past_the_signed_range(device):
     assert_same(host_gather(table, huge, mode="clip"), data[[9, 9, 9, 9]])
 
 
-@pytest.mark.parametrize("dtype,fill", [(np.float32, -1.5), (ml_dtypes.bfloat16, 3.0),
-                                        (np.int32, 7), (np.uint8, 9), (np.float64, np.inf)])
+@pytest.mark.parametrize(
+  "dtype,fill",
+  [
+    (np.float32, -1.5),
+    (ml_dtypes.bfloat16, 3.0),
+    (np.int32, 7),
+    (np.uint8, 9),
+    (np.float64, np.inf),
+  ],
+)
 def test_fill_value(device, dtype, fill):
   data = random_table(np.random.default_rng(1), 8, 5, dtype)
   idx = jnp.array([0, 8, -9, 3, 100])
@@ -95,10 +109,21 @@ def test_fill_value(device, dtype, fill):
 
 # Row sizes that exercise every kernel plan on the GPU: 1/2/4/8/16-byte vectors, one or several
 # segments, rows that are and are not multiples of 128 bytes.
-@pytest.mark.parametrize("dtype,cols", [(np.uint8, 1), (ml_dtypes.bfloat16, 1), (np.float32, 3),
-                                        (np.float32, 16), (np.float32, 24), (np.float64, 65),
-                                        (np.float32, 130), (np.float32, 250), (np.float32, 1024),
-                                        (np.int8, 1001)])
+@pytest.mark.parametrize(
+  "dtype,cols",
+  [
+    (np.uint8, 1),
+    (ml_dtypes.bfloat16, 1),
+    (np.float32, 3),
+    (np.float32, 16),
+    (np.float32, 24),
+    (np.float64, 65),
+    (np.float32, 130),
+    (np.float32, 250),
+    (np.float32, 1024),
+    (np.int8, 1001),
+  ],
+)
 @pytest.mark.parametrize("sort", [False, True])
 def test_row_sizes_sorted_and_unsorted(device, dtype, cols, sort):
   rng = np.random.default_rng(cols)
@@ -107,7 +132,7 @@ def test_row_sizes_sorted_and_unsorted(device, dtype, cols, sort):
   idx = jnp.asarray(indices_with_edges(rng, rows, (4000,), np.int64))
   with HostTable(data) as table:
     for mode in ("fill", "clip"):
-      got = jax.jit(lambda t, i: host_gather(t, i, mode=mode, sort=sort))(table, idx)
+      got = jax.jit(functools.partial(host_gather, mode=mode, sort=sort))(table, idx)
       assert_same(got, jnp.take(jnp.asarray(data), idx, axis=0, mode=mode))
 
 
@@ -162,7 +187,9 @@ def test_shard_map_over_cpu_devices():
   devices = jax.devices("cpu")
   if len(devices) < 2:
     pytest.skip("needs two CPU devices")
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
   shard_map = getattr(jax, "shard_map", None)
   if shard_map is None:
     from jax.experimental.shard_map import shard_map
@@ -170,19 +197,24 @@ def test_shard_map_over_cpu_devices():
   data = np.arange(60, dtype=np.float32).reshape(20, 3)
   idx = jnp.arange(-4, 28)
   with HostTable(data) as table:
-    f = shard_map(lambda i: host_gather(table, i), mesh=mesh, in_specs=P("data"),
-                  out_specs=P("data"))
+    f = shard_map(
+      lambda i: host_gather(table, i), mesh=mesh, in_specs=P("data"), out_specs=P("data")
+    )
     got = jax.jit(f)(jax.device_put(idx, jax.sharding.NamedSharding(mesh, P("data"))))
     jax.block_until_ready(got)  # dispatch is asynchronous: finish before close()
   assert_same(got, jnp.take(jnp.asarray(data), idx, axis=0))
 
 
 @settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 300), cols=st.integers(1, 40),
-       dtype=st.sampled_from([np.float32, ml_dtypes.bfloat16, np.int16, np.int64, np.uint8]),
-       shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
-       mode=st.sampled_from(["fill", "clip"]), seed=st.integers(0, 2**32 - 1),
-       data=st.data())
+@given(
+  rows=st.integers(1, 300),
+  cols=st.integers(1, 40),
+  dtype=st.sampled_from([np.float32, ml_dtypes.bfloat16, np.int16, np.int64, np.uint8]),
+  shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+  mode=st.sampled_from(["fill", "clip"]),
+  seed=st.integers(0, 2**32 - 1),
+  data=st.data(),
+)
 def test_property_matches_take(rows, cols, dtype, shape, mode, seed, data):
   platform = data.draw(st.sampled_from(["cpu", "gpu"] if _has_gpu() else ["cpu"]))
   rng = np.random.default_rng(seed)
@@ -204,8 +236,8 @@ def _has_gpu():
 def test_host_slice(device, start, size):
   data = random_table(np.random.default_rng(2), 50, 33, np.int32)
   with HostTable(data) as table:
-    assert_same(host_slice(table, start, size), data[start:start + size])
-    assert_same(jax.jit(lambda: host_slice(table, start, size))(), data[start:start + size])
+    assert_same(host_slice(table, start, size), data[start : start + size])
+    assert_same(jax.jit(lambda: host_slice(table, start, size))(), data[start : start + size])
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -242,8 +274,12 @@ def test_closed_table_is_refused_when_tracing_and_when_running():
   with pytest.raises(ValueError, match="is closed"):
     host_gather(table, jnp.array([0]))
   with HostTable(np.ones((1, 1), np.float32)) as probe:  # a later host call, for a GPU's report
-    assert_handle_error(lambda: compiled(jnp.array([1])), "is closed",
-                        then=lambda: host_gather(probe, jnp.array([0])), untouched=all_nan)
+    assert_handle_error(
+      lambda: compiled(jnp.array([1])),
+      "is closed",
+      then=lambda: host_gather(probe, jnp.array([0])),
+      untouched=all_nan,
+    )
 
 
 def test_64_bit_tables_need_x64():
@@ -260,25 +296,43 @@ def _no_x64():
   return jax.enable_x64(False) if hasattr(jax, "enable_x64") else jax.experimental.disable_x64()
 
 
-@pytest.mark.parametrize("dtype,fill", [
-    (np.float32, 2**40), (np.float32, -(2**62)), (ml_dtypes.bfloat16, 2**40), (np.int8, np.inf),
-    (np.int8, -np.inf), (np.int8, np.nan), (np.int8, 300), (np.int8, -129), (np.uint8, -1),
-    (np.uint8, 2.7), (np.int32, 1e10), (np.int32, np.float32(-3.5)), (np.uint32, np.inf),
-    (np.int16, True), (np.float32, np.int64(2**40)), (np.float32, np.uint64(2**64 - 1))])
+@pytest.mark.parametrize(
+  "dtype,fill",
+  [
+    (np.float32, 2**40),
+    (np.float32, -(2**62)),
+    (ml_dtypes.bfloat16, 2**40),
+    (np.int8, np.inf),
+    (np.int8, -np.inf),
+    (np.int8, np.nan),
+    (np.int8, 300),
+    (np.int8, -129),
+    (np.uint8, -1),
+    (np.uint8, 2.7),
+    (np.int32, 1e10),
+    (np.int32, np.float32(-3.5)),
+    (np.uint32, np.inf),
+    (np.int16, True),
+    (np.float32, np.int64(2**40)),
+    (np.float32, np.uint64(2**64 - 1)),
+  ],
+)
 @pytest.mark.parametrize("x64", [True, False], ids=["x64", "no_x64"])
 def test_fill_values_convert_as_jnp_take_converts_them(device, dtype, fill, x64):
   data = random_table(np.random.default_rng(1), 6, 3, dtype)
   idx = np.array([0, 6, -7, 2, 100], np.int32)
   # A float fill an integer table cannot hold (inf, NaN, past the dtype's range) has no defined
   # integer: jnp.take gives each device's conversion, host_gather the CPU's on every device.
-  undefined = (np.issubdtype(dtype, np.integer) and isinstance(fill, (float, np.floating))
-               and not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max)
+  undefined = (
+    np.issubdtype(dtype, np.integer)
+    and isinstance(fill, (float, np.floating))
+    and not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max
+  )
   where = jax.devices("cpu")[0] if undefined else device
-  with HostTable(data) as table, (_no_x64() if not x64 else jax.default_device(device)):
+  with HostTable(data) as table, _no_x64() if not x64 else jax.default_device(device):
     try:
       with jax.default_device(where):
-        want = jnp.take(jnp.asarray(data), jnp.asarray(idx), axis=0, mode="fill",
-                        fill_value=fill)
+        want = jnp.take(jnp.asarray(data), jnp.asarray(idx), axis=0, mode="fill", fill_value=fill)
     except (TypeError, ValueError, OverflowError) as e:  # jnp.take refuses it: so must we
       with pytest.raises(ValueError, match="host_gather: fill_value"):
         host_gather(table, jnp.asarray(idx), fill_value=fill)
@@ -287,7 +341,8 @@ def test_fill_values_convert_as_jnp_take_converts_them(device, dtype, fill, x64)
     # Blocked on before the table closes: a kernel still queued when it closes reads nothing
     # (fill values; the next host call reports it), as session 14's gate saw once on the H200.
     jitted = jax.block_until_ready(
-        jax.jit(lambda i: host_gather(table, i, fill_value=fill))(jnp.asarray(idx)))
+      jax.jit(lambda i: host_gather(table, i, fill_value=fill))(jnp.asarray(idx))
+    )
   assert_same(got, want)
   assert_same(jitted, want)
 
@@ -304,8 +359,7 @@ def test_concrete_64_bit_indices_with_x64_off_keep_their_meaning(device, mode):
       big = idx.astype(object)
       rows = [i + 10 if -10 <= i < 0 else i for i in big]
       if mode == "fill":
-        want = np.stack([data[r] if 0 <= r < 10 else np.full(2, np.nan, np.float32)
-                         for r in rows])
+        want = np.stack([data[r] if 0 <= r < 10 else np.full(2, np.nan, np.float32) for r in rows])
       else:
         want = np.stack([data[min(max(i, 0), 9)] for i in big])
       assert_same(got, want)

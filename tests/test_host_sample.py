@@ -4,6 +4,8 @@ Every sampled neighbour must be a real in-neighbour, every edge is drawn at most
 replacement, the fanout and padding rules hold hop by hop, the sample depends only on the key
 (and is the same on CPU and GPU), and it is uniform (chi-square tests with fixed seeds).
 """
+
+import functools
 import itertools
 
 import jax
@@ -11,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-
 from handle_errors import assert_handle_error
 
 from jaxdata.host import Blocks, DeviceGraph, HostGraph, HostTable, host_gather, sample_neighbors
@@ -19,7 +20,7 @@ from jaxdata.host import Blocks, DeviceGraph, HostGraph, HostTable, host_gather,
 P_MIN = 1e-3  # chi-square p-value threshold; every statistical test below uses a fixed seed
 
 
-# -- a NumPy reference ---------------------------------------------------------------------------
+# -- a NumPy reference -----------------------------------------------------------------------------
 
 
 def random_edges(rng, num_nodes, num_edges, duplicates=False):
@@ -89,12 +90,14 @@ def check_blocks(blocks, seeds, fanouts, edges, replace=False):
     rows, cols = np.nonzero(kmask)
     parent, kid = parents[rows], kids[rows, cols]
     mult = edges.multiplicity(parent, kid)
-    assert np.all(mult > 0), (f"hop {hop + 1}: {int(np.sum(mult == 0))} sampled nodes are not "
-                              "neighbours of their parent")
+    assert np.all(mult > 0), (
+      f"hop {hop + 1}: {int(np.sum(mult == 0))} sampled nodes are not neighbours of their parent"
+    )
     if not replace:  # every edge at most once: an id at most as often as it has edges
       pairs, times = np.unique(np.stack([rows, kid]), axis=1, return_counts=True)
       assert np.all(times <= edges.multiplicity(parents[pairs[0]], pairs[1])), (
-          f"hop {hop + 1}: an edge was drawn twice without replacement")
+        f"hop {hop + 1}: an edge was drawn twice without replacement"
+      )
 
 
 def on_cpu(fn, *args, **kwargs):
@@ -116,7 +119,7 @@ def graph_data():
   return senders, receivers, num_nodes, EdgeSet(senders, receivers, num_nodes)
 
 
-# -- structure -----------------------------------------------------------------------------------
+# -- structure -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("replace", [False, True])
@@ -129,9 +132,11 @@ def test_samples_are_neighbours_with_fanout_and_padding(device, graph_data, fano
   assert edges.degree[3] == 0 and edges.degree[0] > 40
   with HostGraph.from_edges(senders, receivers, num_nodes) as g:
     blocks = jax.block_until_ready(
-        sample_neighbors(g, jnp.asarray(seeds), fanouts, jax.random.key(1), replace=replace))
-    cpu = on_cpu(sample_neighbors, g, jnp.asarray(seeds), fanouts, jax.random.key(1),
-                 replace=replace)
+      sample_neighbors(g, jnp.asarray(seeds), fanouts, jax.random.key(1), replace=replace)
+    )
+    cpu = on_cpu(
+      sample_neighbors, g, jnp.asarray(seeds), fanouts, jax.random.key(1), replace=replace
+    )
   check_blocks(blocks, seeds, fanouts, edges, replace)
   assert all(n.devices() == {device} for n in blocks.nodes + blocks.masks)
   assert_same_blocks(blocks, cpu)  # the same draws on every platform
@@ -184,8 +189,7 @@ def test_padded_and_out_of_range_seeds_under_jit(device, graph_data):
   assert not np.asarray(blocks.masks[2]).reshape(7, 6)[[0, 2, 3, 4, 5]].any()
 
 
-@pytest.mark.parametrize("seed_dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8,
-                                        np.uint32])
+@pytest.mark.parametrize("seed_dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32])
 def test_seed_dtypes(device, seed_dtype):
   num_nodes = 120  # fits every seed dtype (see the test below for graphs that do not)
   senders, receivers = random_edges(np.random.default_rng(3), num_nodes, 1000)
@@ -198,8 +202,9 @@ def test_seed_dtypes(device, seed_dtype):
     assert_same_blocks(blocks, as_int32)
 
 
-@pytest.mark.parametrize("seed_dtype,num_nodes", [(np.int8, 200), (np.uint8, 256),
-                                                    (np.int16, 40_000), (np.uint16, 65_536)])
+@pytest.mark.parametrize(
+  "seed_dtype,num_nodes", [(np.int8, 200), (np.uint8, 256), (np.int16, 40_000), (np.uint16, 65_536)]
+)
 def test_narrow_seed_dtypes_in_a_graph_larger_than_they_count(device, seed_dtype, num_nodes):
   # num_nodes does not fit the seeds' dtype: the range check must not wrap it around.
   senders = np.arange(num_nodes)
@@ -207,8 +212,7 @@ def test_narrow_seed_dtypes_in_a_graph_larger_than_they_count(device, seed_dtype
   seeds = np.array([0, 1, 2, 100], seed_dtype)
   with HostGraph.from_edges(senders, receivers, num_nodes) as g:
     blocks = sample_neighbors(g, jnp.asarray(seeds), (1,), jax.random.key(0))
-    jitted = jax.jit(lambda s: sample_neighbors(g, s, (1,), jax.random.key(0)))(
-        jnp.asarray(seeds))
+    jitted = jax.jit(lambda s: sample_neighbors(g, s, (1,), jax.random.key(0)))(jnp.asarray(seeds))
   for b in (blocks, jitted):
     np.testing.assert_array_equal(np.asarray(b.masks[0]), [True] * 4)
     np.testing.assert_array_equal(np.asarray(b.nodes[0]), seeds.astype(np.int32))
@@ -235,12 +239,14 @@ def test_multi_hop_layout_and_neighbours_helper(device, graph_data):
     assert kids.shape == kmask.shape == (blocks.nodes[hop].shape[0], f)
     parents = np.asarray(blocks.nodes[hop])
     for i in range(len(parents)):  # node i's slots are entries i*f .. (i+1)*f of the next hop
-      np.testing.assert_array_equal(np.asarray(kids[i]), np.asarray(blocks.nodes[hop + 1])[i * f:(i + 1) * f])
+      np.testing.assert_array_equal(
+        np.asarray(kids[i]), np.asarray(blocks.nodes[hop + 1])[i * f : (i + 1) * f]
+      )
       valid = np.asarray(kids[i])[np.asarray(kmask[i])]
       assert np.all(edges.multiplicity(np.full(len(valid), parents[i]), valid) > 0)
 
 
-# -- keys ----------------------------------------------------------------------------------------
+# -- keys ------------------------------------------------------------------------------------------
 
 
 def test_same_key_same_sample_other_key_other_sample(device, graph_data):
@@ -269,9 +275,9 @@ def test_jit_matches_eager(device, graph_data):
   with HostGraph.from_edges(senders, receivers, num_nodes) as g:
     eager = sample_neighbors(g, seeds, (4, 2), jax.random.key(9))
     jitted = jax.jit(sample_neighbors, static_argnums=(2,), static_argnames="replace")(
-        g, seeds, (4, 2), jax.random.key(9), replace=False)
-    closed_over = jax.jit(lambda s, k: sample_neighbors(g, s, (4, 2), k))(seeds,
-                                                                          jax.random.key(9))
+      g, seeds, (4, 2), jax.random.key(9), replace=False
+    )
+    closed_over = jax.jit(lambda s, k: sample_neighbors(g, s, (4, 2), k))(seeds, jax.random.key(9))
     jax.block_until_ready((jitted, closed_over))
   assert_same_blocks(eager, jitted)
   assert_same_blocks(eager, closed_over)
@@ -289,16 +295,18 @@ def test_vmap_over_keys_and_seeds(device, graph_data):
     one = [single(seeds[i], keys[i]) for i in range(4)]
     first = [single(seeds[0], keys[i]) for i in range(4)]
     jax.block_until_ready((by_key, by_both, one, first))  # all of them before the graph closes
+
+  def pick(b, i):
+    return Blocks(tuple(n[i] for n in b.nodes), tuple(m[i] for m in b.masks), b.fanouts)
+
   for i in range(4):
-    pick = lambda b: Blocks(tuple(n[i] for n in b.nodes), tuple(m[i] for m in b.masks),  # noqa
-                            b.fanouts)
-    assert_same_blocks(pick(by_key), first[i])
-    assert_same_blocks(pick(by_both), one[i])
+    assert_same_blocks(pick(by_key, i), first[i])
+    assert_same_blocks(pick(by_both, i), one[i])
     check_blocks(one[i], np.asarray(seeds[i]), (3, 2), edges)
   assert np.any(np.asarray(by_key.nodes[1][0]) != np.asarray(by_key.nodes[1][1]))
 
 
-# -- uniformity (fixed seeds; a sound test rejects a correct sampler with probability P_MIN) --------
+# -- uniformity (fixed seeds; a sound test rejects a correct sampler with probability P_MIN) -------
 
 
 def star_graph(degree, extra=3):
@@ -311,8 +319,10 @@ def star_graph(degree, extra=3):
 def draw_rows(g, fanout, rows, keys, replace=False):
   """`rows` samples of node 0 per key, stacked: [rows * keys, fanout] neighbour ids."""
   seeds = jnp.zeros(rows, jnp.int32)
-  out = [sample_neighbors(g, seeds, (fanout,), jax.random.key(k), replace=replace).nodes[1]
-         for k in range(keys)]
+  out = [
+    sample_neighbors(g, seeds, (fanout,), jax.random.key(k), replace=replace).nodes[1]
+    for k in range(keys)
+  ]
   return np.asarray(jnp.concatenate(out)).reshape(-1, fanout)
 
 
@@ -356,8 +366,9 @@ def test_with_replacement_is_uniform_and_independent(device):
     pairs = np.bincount(kids[:, a] * degree + kids[:, b], minlength=degree * degree)
     assert scipy.stats.chisquare(pairs).pvalue > P_MIN, (a, b)
   # With replacement, repeats happen: P(some neighbour twice in 3 draws of 10) = 0.28.
-  repeats = np.mean((kids[:, 0] == kids[:, 1]) | (kids[:, 1] == kids[:, 2]) |
-                    (kids[:, 0] == kids[:, 2]))
+  repeats = np.mean(
+    (kids[:, 0] == kids[:, 1]) | (kids[:, 1] == kids[:, 2]) | (kids[:, 0] == kids[:, 2])
+  )
   assert abs(repeats - 0.28) < 6 * np.sqrt(0.28 * 0.72 / n), repeats
 
 
@@ -377,11 +388,11 @@ def test_rows_of_one_batch_are_independent(device):
   with star_graph(degree) as g:
     kids = draw_rows(g, 1, 40_000, 2) - 1
   pairs = kids.reshape(-1, 2)
-  table = np.bincount(pairs[:, 0] * degree + pairs[:, 1], minlength=degree ** 2)
+  table = np.bincount(pairs[:, 0] * degree + pairs[:, 1], minlength=degree**2)
   assert scipy.stats.chisquare(table).pvalue > P_MIN
 
 
-# -- Blocks --------------------------------------------------------------------------------------
+# -- Blocks ----------------------------------------------------------------------------------------
 
 
 def test_gather_equals_take_with_zero_padding(device, graph_data):
@@ -396,8 +407,7 @@ def test_gather_equals_take_with_zero_padding(device, graph_data):
   assert len(rows) == 3
   for n, m, got, got_jit in zip(blocks.nodes, blocks.masks, rows, jitted):
     n, m = np.asarray(n), np.asarray(m)
-    want = np.where(m[:, None], np.asarray(jnp.take(jnp.asarray(feats), jnp.asarray(n), axis=0)),
-                    0)
+    want = np.where(m[:, None], np.asarray(jnp.take(jnp.asarray(feats), jnp.asarray(n), axis=0)), 0)
     np.testing.assert_array_equal(np.asarray(got), want)
     np.testing.assert_array_equal(np.asarray(got_jit), want)
     assert got.dtype == np.float32 and got.devices() == {device}
@@ -420,8 +430,9 @@ def test_to_jraph_segment_sum_equals_reshape_aggregation(device, graph_data, hop
   assert int(graph.n_node[0]) == n_dst + n_src and int(graph.n_edge[0]) == n_src
   ids, mask = np.asarray(graph.nodes["id"]), np.asarray(graph.nodes["mask"])
   np.testing.assert_array_equal(ids[np.asarray(graph.senders)], np.asarray(blocks.nodes[hop + 1]))
-  np.testing.assert_array_equal(ids[np.asarray(graph.receivers)],
-                                np.repeat(np.asarray(blocks.nodes[hop]), f))
+  np.testing.assert_array_equal(
+    ids[np.asarray(graph.receivers)], np.repeat(np.asarray(blocks.nodes[hop]), f)
+  )
   np.testing.assert_array_equal(mask[:n_dst], np.asarray(blocks.masks[hop]))
 
   @jax.jit
@@ -430,11 +441,10 @@ def test_to_jraph_segment_sum_equals_reshape_aggregation(device, graph_data, hop
     return jraph.segment_sum(messages, graph.receivers, num_segments=n_dst)
 
   want = (src.reshape(n_dst, f, -1) * blocks.masks[hop + 1].reshape(n_dst, f, 1)).sum(1)
-  np.testing.assert_allclose(np.asarray(aggregate(graph)), np.asarray(want), rtol=1e-6,
-                             atol=1e-6)
+  np.testing.assert_allclose(np.asarray(aggregate(graph)), np.asarray(want), rtol=1e-6, atol=1e-6)
 
 
-# -- HostGraph -----------------------------------------------------------------------------------
+# -- HostGraph -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("duplicates", [False, True])
@@ -453,8 +463,9 @@ def test_from_edges_builds_the_csr(duplicates):
     assert g.num_nodes == max(senders.max(), receivers.max()) + 1
 
 
-@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-                                   np.uint32, np.uint64])
+@pytest.mark.parametrize(
+  "dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+)
 @pytest.mark.parametrize("num_nodes", [None, 9])
 def test_from_edges_takes_every_integer_dtype(dtype, num_nodes):
   senders = np.array([3, 0, 7, 1, 3], dtype)
@@ -482,9 +493,15 @@ def test_from_jraph_builds_the_csr_and_takes_the_node_features():
   senders = rng.integers(0, total, 60)
   receivers = rng.integers(0, total, 60)
   nodes = rng.standard_normal((total, 3)).astype(np.float32)
-  gt = jraph.GraphsTuple(nodes=jnp.asarray(nodes), edges=None, senders=jnp.asarray(senders),
-                         receivers=jnp.asarray(receivers), n_node=jnp.asarray(n_node),
-                         n_edge=jnp.array([20, 20, 20]), globals=None)
+  gt = jraph.GraphsTuple(
+    nodes=jnp.asarray(nodes),
+    edges=None,
+    senders=jnp.asarray(senders),
+    receivers=jnp.asarray(receivers),
+    n_node=jnp.asarray(n_node),
+    n_edge=jnp.array([20, 20, 20]),
+    globals=None,
+  )
   indptr, indices = csr_reference(senders, receivers, total)
   with HostGraph.from_jraph(gt) as g:
     assert g.num_nodes == total
@@ -505,7 +522,7 @@ def test_features_table_passed_in_stays_open():
     assert "closed" in repr(g)
 
 
-# -- bad input -----------------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -528,10 +545,17 @@ def test_bad_seeds(small_graph):
     sample_neighbors(small_graph, jnp.zeros((2, 2), jnp.int32), (2,), key)
 
 
-@pytest.mark.parametrize("fanouts,error,match", [
-    ((0,), ValueError, ">= 1"), ((3, -1), ValueError, ">= 1"), ((), ValueError, "empty"),
-    ((2.0,), TypeError, "Python ints"), ((True,), TypeError, "Python ints"),
-    (None, TypeError, "sequence of ints")])
+@pytest.mark.parametrize(
+  "fanouts,error,match",
+  [
+    ((0,), ValueError, ">= 1"),
+    ((3, -1), ValueError, ">= 1"),
+    ((), ValueError, "empty"),
+    ((2.0,), TypeError, "Python ints"),
+    ((True,), TypeError, "Python ints"),
+    (None, TypeError, "sequence of ints"),
+  ],
+)
 def test_bad_fanouts(small_graph, fanouts, error, match):
   with pytest.raises(error, match=match):
     sample_neighbors(small_graph, jnp.array([0]), fanouts, jax.random.key(0))
@@ -565,8 +589,9 @@ def test_bad_graphs():
     HostGraph(np.array([0, 1, 2]), np.array([0, 2]))
 
 
-@pytest.mark.parametrize("edges", [([], []), (np.array([], np.int64), np.array([], np.int32))],
-                         ids=["lists", "arrays"])
+@pytest.mark.parametrize(
+  "edges", [([], []), (np.array([], np.int64), np.array([], np.int32))], ids=["lists", "arrays"]
+)
 def test_a_graph_without_edges_samples_only_padding(device, edges):
   # Empty Python lists are float64 to NumPy: they must still mean "no edges", not a cast error.
   with HostGraph.from_edges(*edges, num_nodes=5, features=np.eye(5, dtype=np.float32)) as g:
@@ -576,8 +601,10 @@ def test_a_graph_without_edges_samples_only_padding(device, edges):
     np.testing.assert_array_equal(np.asarray(blocks.nodes[1]), np.full(9, -1))
     assert not np.asarray(blocks.masks[1]).any()
     feats = jax.block_until_ready(blocks.gather(g.features))
-    np.testing.assert_array_equal(np.asarray(feats[0]), np.eye(5, dtype=np.float32)[[0, 4, 0]] *
-                                  np.array([[1], [1], [0]], np.float32))
+    np.testing.assert_array_equal(
+      np.asarray(feats[0]),
+      np.eye(5, dtype=np.float32)[[0, 4, 0]] * np.array([[1], [1], [0]], np.float32),
+    )
     dg = DeviceGraph.from_host(g)
     same = sample_neighbors(dg, jnp.array([0, 4, -1]), (3,), jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(same.nodes[1]), np.asarray(blocks.nodes[1]))
@@ -604,25 +631,32 @@ def test_not_a_graph_and_closed_graph():
   with pytest.raises(ValueError, match="is closed"):
     g.indptr  # noqa: B018
   with HostTable(np.ones((1, 1), np.float32)) as probe:  # a later host call, for a GPU's report
-    assert_handle_error(lambda: compiled(jnp.array([0]), jax.random.key(0)), "is closed",
-                        then=lambda: host_gather(probe, jnp.array([0])),
-                        untouched=lambda blocks: not np.asarray(blocks.masks[1]).any())
+    assert_handle_error(
+      lambda: compiled(jnp.array([0]), jax.random.key(0)),
+      "is closed",
+      then=lambda: host_gather(probe, jnp.array([0])),
+      untouched=lambda blocks: not np.asarray(blocks.masks[1]).any(),
+    )
 
 
 def test_gathering_from_a_table_smaller_than_the_graph_is_an_error(device):
   # Node 9 is a real neighbour; a 5-row table would silently give it a row of zeros.
-  with HostGraph.from_edges([9, 9, 1], [0, 1, 9], 10) as g, \
-       HostTable(np.ones((5, 2), np.float32)) as small, \
-       HostTable(np.arange(20, dtype=np.float32).reshape(10, 2)) as full:
+  with (
+    HostGraph.from_edges([9, 9, 1], [0, 1, 9], 10) as g,
+    HostTable(np.ones((5, 2), np.float32)) as small,
+    HostTable(np.arange(20, dtype=np.float32).reshape(10, 2)) as full,
+  ):
     blocks = sample_neighbors(g, jnp.array([0, 1]), (2,), jax.random.key(0))
     for unique in (False, True):
       with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows.* 10 nodes"):
         blocks.gather(small, unique=unique)
       with pytest.raises(ValueError, match="Blocks.gather: the table has 5 rows"):
-        jax.jit(lambda b: b.gather(small, unique=unique))(blocks)
+        jax.jit(functools.partial(Blocks.gather, table=small, unique=unique))(blocks)
     got = jax.block_until_ready(blocks.gather(full))
-    want = [np.where(np.asarray(m)[:, None], np.take(full.as_numpy(), np.maximum(n, 0), axis=0), 0)
-            for n, m in zip(blocks.nodes, blocks.masks)]
+    want = [
+      np.where(np.asarray(m)[:, None], np.take(full.as_numpy(), np.maximum(n, 0), axis=0), 0)
+      for n, m in zip(blocks.nodes, blocks.masks)
+    ]
     for x, y in zip(got, want):
       np.testing.assert_array_equal(np.asarray(x), y)
     assert 9 in np.asarray(blocks.nodes[1])
@@ -630,18 +664,25 @@ def test_gathering_from_a_table_smaller_than_the_graph_is_an_error(device):
 
 def test_device_cache_serves_the_same_rows_and_refuses_bad_sizes(device):
   from jaxdata.host import DeviceCache
+
   rng = np.random.default_rng(3)
   feats = rng.standard_normal((30, 3)).astype(np.float32)
-  with HostGraph.from_edges(rng.integers(0, 30, 120), rng.integers(0, 30, 120), 30,
-                            features=feats) as g:
+  with HostGraph.from_edges(
+    rng.integers(0, 30, 120), rng.integers(0, 30, 120), 30, features=feats
+  ) as g:
     blocks = sample_neighbors(g, jnp.arange(8), (4, 2), jax.random.key(1))
     plain = blocks.gather(g.features)
     for size in (dict(fraction=0.2), dict(capacity=7), dict(capacity=30)):
       cache = DeviceCache.build(g, g.features, **size)
       for x, y in zip(blocks.gather(g.features, cache=cache), plain):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    for bad, error in ((dict(capacity=2.5), TypeError), (dict(capacity=True), TypeError),
-                       (dict(fraction="half"), TypeError), (dict(capacity=0), ValueError),
-                       (dict(fraction=1.5), ValueError), (dict(), ValueError)):
+    for bad, error in (
+      (dict(capacity=2.5), TypeError),
+      (dict(capacity=True), TypeError),
+      (dict(fraction="half"), TypeError),
+      (dict(capacity=0), ValueError),
+      (dict(fraction=1.5), ValueError),
+      (dict(), ValueError),
+    ):
       with pytest.raises(error, match="DeviceCache.build"):
         DeviceCache.build(g, g.features, **bad)

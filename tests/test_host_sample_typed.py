@@ -7,12 +7,14 @@ kernel's nodes, masks and relations. Beside it: typed nodes and masks equal the 
 every (parent, node, relation) is an edge of the graph, a pair joined by several relations shows
 each in proportion to its edges, CPU and GPU agree, jit and vmap, and bad input.
 """
+
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-
 from handle_errors import assert_handle_error
 
 from jaxdata.host import Blocks, DeviceGraph, HostGraph, HostTable, host_gather, sample_neighbors
@@ -81,8 +83,9 @@ def reference_sample(indptr, indices, etypes, seeds, fanouts, key, replace=False
 def csr_reference(senders, receivers, etypes, num_nodes):
   """Neighbour lists (with relations) in edge order, by a plain loop."""
   lists = [[] for _ in range(num_nodes)]
-  for u, v, r in zip(np.asarray(senders).tolist(), np.asarray(receivers).tolist(),
-                     np.asarray(etypes).tolist()):
+  for u, v, r in zip(
+    np.asarray(senders).tolist(), np.asarray(receivers).tolist(), np.asarray(etypes).tolist()
+  ):
     lists[v].append((u, r))
   indptr = np.cumsum([0] + [len(x) for x in lists])
   indices = np.array([u for x in lists for u, _ in x], np.int64)
@@ -99,8 +102,9 @@ class TypedEdgeSet:
     self.degree = np.bincount(np.asarray(receivers), minlength=num_nodes)
 
   def key(self, v, u, r):
-    return (np.asarray(v, np.int64) * self.n + np.asarray(u, np.int64)) * NUM_RELATIONS + \
-        np.asarray(r, np.int64)
+    return (
+      np.asarray(v, np.int64) * self.n + np.asarray(u, np.int64)
+    ) * NUM_RELATIONS + np.asarray(r, np.int64)
 
   def multiplicity(self, v, u, r):
     keys = self.key(v, u, r)
@@ -130,8 +134,7 @@ def typed_data():
   rng = np.random.default_rng(0)
   num_nodes = 1500
   senders, receivers, etypes = typed_edges(rng, num_nodes, 12_000)
-  return senders, receivers, etypes, num_nodes, TypedEdgeSet(senders, receivers, etypes,
-                                                             num_nodes)
+  return senders, receivers, etypes, num_nodes, TypedEdgeSet(senders, receivers, etypes, num_nodes)
 
 
 def on_cpu(fn, *args, **kwargs):
@@ -157,19 +160,19 @@ def some_seeds(rng, num_nodes, size):
 
 def make_graph(kind, senders, receivers, etypes, num_nodes):
   """(the graph to sample, the HostGraph to close)."""
-  host = HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes,
-                              num_relations=NUM_RELATIONS)
+  host = HostGraph.from_edges(
+    senders, receivers, num_nodes, etypes=etypes, num_relations=NUM_RELATIONS
+  )
   return (host if kind == "host" else DeviceGraph.from_host(host)), host
 
 
-# -- the draw, against the reference ----------------------------------------------------------------
+# -- the draw, against the reference ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["host", "device"])
 @pytest.mark.parametrize("replace", [False, True])
 @pytest.mark.parametrize("fanouts", [(4,), (6, 3)])
-def test_typed_sample_equals_the_numpy_reference_draw(device, typed_data, kind, replace,
-                                                      fanouts):
+def test_typed_sample_equals_the_numpy_reference_draw(device, typed_data, kind, replace, fanouts):
   senders, receivers, etypes, num_nodes, _ = typed_data
   seeds = some_seeds(np.random.default_rng(1), num_nodes, 120)
   key = jax.random.key(11)
@@ -177,8 +180,9 @@ def test_typed_sample_equals_the_numpy_reference_draw(device, typed_data, kind, 
   want = reference_sample(indptr, indices, rels, seeds, fanouts, key, replace)
   graph, host = make_graph(kind, senders, receivers, etypes, num_nodes)
   with host:
-    got = jax.block_until_ready(sample_neighbors(graph, jnp.asarray(seeds), fanouts, key,
-                                                 replace=replace))
+    got = jax.block_until_ready(
+      sample_neighbors(graph, jnp.asarray(seeds), fanouts, key, replace=replace)
+    )
     cpu = on_cpu(sample_neighbors, graph, jnp.asarray(seeds), fanouts, key, replace=replace)
   assert isinstance(got, Blocks) and got.etypes is not None
   assert len(got.etypes) == len(fanouts) + 1
@@ -194,8 +198,10 @@ def test_typed_sample_equals_the_numpy_reference_draw(device, typed_data, kind, 
 def test_nodes_and_masks_equal_the_untyped_sample(device, typed_data, replace):
   senders, receivers, etypes, num_nodes, _ = typed_data
   seeds = jnp.asarray(some_seeds(np.random.default_rng(2), num_nodes, 300))
-  with HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes) as typed, \
-       HostGraph.from_edges(senders, receivers, num_nodes) as plain:
+  with (
+    HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes) as typed,
+    HostGraph.from_edges(senders, receivers, num_nodes) as plain,
+  ):
     for graphs in ((typed, plain), (DeviceGraph.from_host(typed), DeviceGraph.from_host(plain))):
       a = sample_neighbors(graphs[0], seeds, (5, 2), jax.random.key(3), replace=replace)
       b = sample_neighbors(graphs[1], seeds, (5, 2), jax.random.key(3), replace=replace)
@@ -211,7 +217,8 @@ def test_every_sampled_edge_is_an_edge_of_its_relation(device, typed_data, repla
   fanouts = (8, 3)
   with HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes) as g:
     blocks = jax.block_until_ready(
-        sample_neighbors(g, jnp.asarray(seeds), fanouts, jax.random.key(4), replace=replace))
+      sample_neighbors(g, jnp.asarray(seeds), fanouts, jax.random.key(4), replace=replace)
+    )
   for hop, f in enumerate(fanouts):
     parents = np.asarray(blocks.nodes[hop])
     kids, kmask = (np.asarray(a).reshape(-1, f) for a in blocks.neighbours(hop))
@@ -222,8 +229,9 @@ def test_every_sampled_edge_is_an_edge_of_its_relation(device, typed_data, repla
     v, u, r = parents[rows], kids[rows, cols], rels[rows, cols]
     assert np.all((r >= 0) & (r < NUM_RELATIONS))
     mult = edges.multiplicity(v, u, r)
-    assert np.all(mult > 0), f"hop {hop + 1}: {int(np.sum(mult == 0))} (node, relation) pairs " \
-                             "are not edges of the graph"
+    assert np.all(mult > 0), (
+      f"hop {hop + 1}: {int(np.sum(mult == 0))} (node, relation) pairs are not edges of the graph"
+    )
     if not replace:  # every typed edge at most once per row
       keys, times = np.unique(np.stack([rows, u, r]), axis=1, return_counts=True)
       assert np.all(times <= edges.multiplicity(parents[keys[0]], keys[1], keys[2]))
@@ -238,9 +246,14 @@ def test_a_pair_joined_by_several_relations_shows_each_in_proportion(device, fan
   categories = {(5, 0): 2, (5, 1): 1, (7, 2): 1, (8, 1): 1}  # (node, relation): edges
   rows = 20_000
   with HostGraph.from_edges(senders, receivers, 9, etypes=etypes) as g:
-    picks = jax.block_until_ready([
-        sample_neighbors(g, jnp.zeros(rows, jnp.int32), (fanout,), jax.random.key(k),
-                         replace=replace) for k in range(2)])  # before the graph closes
+    picks = jax.block_until_ready(
+      [
+        sample_neighbors(
+          g, jnp.zeros(rows, jnp.int32), (fanout,), jax.random.key(k), replace=replace
+        )
+        for k in range(2)
+      ]
+    )  # before the graph closes
   kids = np.concatenate([np.asarray(b.nodes[1]) for b in picks])
   rels = np.concatenate([np.asarray(b.etypes[1]) for b in picks])
   assert np.all(kids >= 0)
@@ -266,11 +279,13 @@ def test_cpu_and_gpu_agree_on_many_rows(device, typed_data):
       here = jax.block_until_ready(sample_neighbors(graph, seeds, (10, 3), jax.random.key(5)))
       cpu = on_cpu(sample_neighbors, graph, seeds, (10, 3), jax.random.key(5))
       assert_same_blocks(here, cpu)
-    assert_same_blocks(sample_neighbors(g, seeds, (10, 3), jax.random.key(5)),
-                       sample_neighbors(dg, seeds, (10, 3), jax.random.key(5)))
+    assert_same_blocks(
+      sample_neighbors(g, seeds, (10, 3), jax.random.key(5)),
+      sample_neighbors(dg, seeds, (10, 3), jax.random.key(5)),
+    )
 
 
-# -- transformations ---------------------------------------------------------------------------------
+# -- transformations -------------------------------------------------------------------------------
 
 
 def test_jit_matches_eager(device, typed_data):
@@ -278,13 +293,14 @@ def test_jit_matches_eager(device, typed_data):
   seeds = jnp.arange(-3, 60)
   with HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes) as g:
     eager = sample_neighbors(g, seeds, (4, 2), jax.random.key(9))
-    as_argument = jax.jit(sample_neighbors, static_argnums=(2,))(g, seeds, (4, 2),
-                                                                 jax.random.key(9))
-    closed_over = jax.jit(lambda s, k: sample_neighbors(g, s, (4, 2), k))(seeds,
-                                                                          jax.random.key(9))
+    as_argument = jax.jit(sample_neighbors, static_argnums=(2,))(
+      g, seeds, (4, 2), jax.random.key(9)
+    )
+    closed_over = jax.jit(lambda s, k: sample_neighbors(g, s, (4, 2), k))(seeds, jax.random.key(9))
     dg = DeviceGraph.from_host(g)
-    device_jit = jax.jit(sample_neighbors, static_argnums=(2,))(dg, seeds, (4, 2),
-                                                                jax.random.key(9))
+    device_jit = jax.jit(sample_neighbors, static_argnums=(2,))(
+      dg, seeds, (4, 2), jax.random.key(9)
+    )
     jax.block_until_ready((eager, as_argument, closed_over, device_jit))
   for other in (as_argument, closed_over, device_jit):
     assert_same_blocks(eager, other)
@@ -302,19 +318,24 @@ def test_vmap_over_keys_and_seeds(device, typed_data):
     first = [single(seeds[0], keys[i]) for i in range(4)]
     jax.block_until_ready((by_key, by_both, one, first))  # all of them before the graph closes
   assert by_key.etypes[1].shape == (4, 30)
+
+  def pick(b, i):
+    return jax.tree.map(lambda x: x[i], b)  # Blocks is a pytree
+
   for i in range(4):
-    pick = lambda b: jax.tree.map(lambda x: x[i], b)  # noqa: E731 - Blocks is a pytree
-    assert_same_blocks(pick(by_key), first[i])
-    assert_same_blocks(pick(by_both), one[i])
+    assert_same_blocks(pick(by_key, i), first[i])
+    assert_same_blocks(pick(by_both, i), one[i])
   assert np.any(np.asarray(by_key.etypes[1][0]) != np.asarray(by_key.etypes[1][1]))
 
 
-# -- Blocks ------------------------------------------------------------------------------------------
+# -- Blocks ----------------------------------------------------------------------------------------
 
 
 def test_blocks_carry_etypes_as_pytree_data(device):
-  with HostGraph.from_edges([1, 2, 2, 0], [0, 0, 0, 1], 3, etypes=[0, 1, 2, 0]) as g, \
-       HostGraph.from_edges([1], [0], 3) as untyped:
+  with (
+    HostGraph.from_edges([1, 2, 2, 0], [0, 0, 0, 1], 3, etypes=[0, 1, 2, 0]) as g,
+    HostGraph.from_edges([1], [0], 3) as untyped,
+  ):
     blocks = sample_neighbors(g, jnp.array([0, 1]), (3,), jax.random.key(0))
     plain = sample_neighbors(untyped, jnp.array([0, 1]), (3,), jax.random.key(0))
     jax.block_until_ready((blocks, plain))
@@ -333,8 +354,10 @@ def test_blocks_carry_etypes_as_pytree_data(device):
 
 def test_to_jraph_carries_the_relations(device):
   pytest.importorskip("jraph")
-  with HostGraph.from_edges([1, 2, 2, 0], [0, 0, 0, 1], 3, etypes=[0, 1, 2, 0]) as g, \
-       HostGraph.from_edges([1], [0], 3) as plain:
+  with (
+    HostGraph.from_edges([1, 2, 2, 0], [0, 0, 0, 1], 3, etypes=[0, 1, 2, 0]) as g,
+    HostGraph.from_edges([1], [0], 3) as plain,
+  ):
     blocks = sample_neighbors(g, jnp.array([0, 1]), (3,), jax.random.key(0))
     untyped = sample_neighbors(plain, jnp.array([0]), (1,), jax.random.key(0))
     jax.block_until_ready((blocks, untyped))
@@ -350,19 +373,22 @@ def test_empty_seed_batch_and_a_typed_graph_without_edges(device):
     np.testing.assert_array_equal(np.asarray(blocks.etypes[1]), np.full(6, -1))
     none = sample_neighbors(empty, jnp.zeros((0,), jnp.int32), (2, 2), jax.random.key(0))
     assert [e.shape for e in none.etypes] == [(0,), (0,), (0,)]
-    same = sample_neighbors(DeviceGraph.from_host(empty), jnp.array([0, 3, -1]), (2,),
-                            jax.random.key(0))
+    same = sample_neighbors(
+      DeviceGraph.from_host(empty), jnp.array([0, 3, -1]), (2,), jax.random.key(0)
+    )
     assert_same_blocks(same, blocks)
 
 
-# -- HostGraph ---------------------------------------------------------------------------------------
+# -- HostGraph -------------------------------------------------------------------------------------
 
 
 def test_from_edges_orders_the_relations_with_the_csr(typed_data):
   senders, receivers, etypes, num_nodes, _ = typed_data
   indptr, indices, rels = csr_reference(senders, receivers, etypes, num_nodes)
-  for make in (lambda: HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes),
-               lambda: HostGraph(indptr, indices, etypes=rels)):
+  for make in (
+    lambda: HostGraph.from_edges(senders, receivers, num_nodes, etypes=etypes),
+    lambda: HostGraph(indptr, indices, etypes=rels),
+  ):
     with make() as g:
       assert g.num_relations == NUM_RELATIONS
       assert g.etypes.shape == (g.num_edges, 1) and g.etypes.dtype == np.int32
@@ -380,8 +406,9 @@ def test_from_edges_orders_the_relations_with_the_csr(typed_data):
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int64, np.uint64])
 def test_etypes_of_every_integer_dtype_and_an_explicit_num_relations(dtype):
-  with HostGraph.from_edges([0, 1, 2], [1, 2, 0], 3, etypes=np.array([2, 0, 1], dtype),
-                            num_relations=np.int64(7)) as g:
+  with HostGraph.from_edges(
+    [0, 1, 2], [1, 2, 0], 3, etypes=np.array([2, 0, 1], dtype), num_relations=np.int64(7)
+  ) as g:
     assert g.num_relations == 7 and isinstance(g.num_relations, int)
     np.testing.assert_array_equal(g.etypes.as_numpy()[:, 0], [1, 2, 0])  # receiver order
 
@@ -391,9 +418,15 @@ def test_from_jraph_takes_etypes():
   rng = np.random.default_rng(16)
   senders, receivers = rng.integers(0, 12, 40), rng.integers(0, 12, 40)
   etypes = rng.integers(0, 3, 40)
-  gt = jraph.GraphsTuple(nodes=None, edges=None, senders=jnp.asarray(senders),
-                         receivers=jnp.asarray(receivers), n_node=jnp.array([5, 7]),
-                         n_edge=jnp.array([20, 20]), globals=None)
+  gt = jraph.GraphsTuple(
+    nodes=None,
+    edges=None,
+    senders=jnp.asarray(senders),
+    receivers=jnp.asarray(receivers),
+    n_node=jnp.array([5, 7]),
+    n_edge=jnp.array([20, 20]),
+    globals=None,
+  )
   _, _, rels = csr_reference(senders, receivers, etypes, 12)
   with HostGraph.from_jraph(gt, etypes=etypes, num_relations=4) as g:
     assert g.num_relations == 4
@@ -409,10 +442,12 @@ def test_close_releases_the_etypes_table():
     g.etypes  # noqa: B018
 
 
-# -- bad input ---------------------------------------------------------------------------------------
+# -- bad input -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("etypes,num_relations,error,match", [
+@pytest.mark.parametrize(
+  "etypes,num_relations,error,match",
+  [
     ([0, 1], None, ValueError, r"etypes must have one entry per edge \(3\)"),
     ([0, 1, 2, 3], None, ValueError, "one entry per edge"),
     ([[0], [1], [2]], None, ValueError, "one entry per edge"),
@@ -422,11 +457,14 @@ def test_close_releases_the_etypes_table():
     (np.array([0, 2**31, 1], np.int64), None, ValueError, "does not fit int32"),
     ([0, 4, 1], 3, ValueError, "num_relations is 3, but etypes holds relation 4"),
     ([0, 1, 1], 2.0, TypeError, "num_relations must be an integer"),
-    (None, 3, ValueError, "num_relations given without etypes")])
+    (None, 3, ValueError, "num_relations given without etypes"),
+  ],
+)
 def test_bad_etypes(etypes, num_relations, error, match):
   with pytest.raises(error, match=match):
-    HostGraph(np.array([0, 1, 2, 3]), np.array([1, 2, 0]), etypes=etypes,
-              num_relations=num_relations)
+    HostGraph(
+      np.array([0, 1, 2, 3]), np.array([1, 2, 0]), etypes=etypes, num_relations=num_relations
+    )
   if etypes is not None and np.shape(etypes)[:1] != (3,):
     match = "etypes .* one entry per edge"
   with pytest.raises(error, match=match):
@@ -437,8 +475,9 @@ def test_bad_device_graph_etypes():
   with HostGraph.from_edges([0, 1, 2], [1, 2, 0], 3, etypes=[0, 1, 0]) as g:
     dg = DeviceGraph.from_host(g)
   with pytest.raises(TypeError, match="sample_neighbors: DeviceGraph.etypes must be an integer"):
-    sample_neighbors(dg._replace(etypes=dg.etypes.astype(jnp.float32)), jnp.array([0]), (2,),
-                     jax.random.key(0))
+    sample_neighbors(
+      dg._replace(etypes=dg.etypes.astype(jnp.float32)), jnp.array([0]), (2,), jax.random.key(0)
+    )
   with pytest.raises(ValueError, match="sample_neighbors: DeviceGraph.etypes .* one entry per"):
     sample_neighbors(dg._replace(etypes=dg.etypes[:2]), jnp.array([0]), (2,), jax.random.key(0))
 
@@ -449,8 +488,10 @@ def small_typed():
     yield g
 
 
-@pytest.mark.parametrize("fanouts,error,match", [
-    ((0,), ValueError, ">= 1"), ((3, -1), ValueError, ">= 1"), ((2.0,), TypeError, "Python ints")])
+@pytest.mark.parametrize(
+  "fanouts,error,match",
+  [((0,), ValueError, ">= 1"), ((3, -1), ValueError, ">= 1"), ((2.0,), TypeError, "Python ints")],
+)
 def test_bad_fanouts_and_seeds_of_a_typed_graph(small_typed, fanouts, error, match):
   key = jax.random.key(0)
   with pytest.raises(error, match=f"sample_neighbors: .*{match}"):
@@ -469,10 +510,14 @@ def test_a_closed_typed_graph(device):
   with pytest.raises(ValueError, match="sample_neighbors: .* is closed"):
     sample_neighbors(g, jnp.array([0]), (2,), jax.random.key(0))
   with HostTable(np.ones((1, 1), np.float32)) as probe:
-    assert_handle_error(lambda: compiled(jnp.array([0]), jax.random.key(0)), "is closed",
-                        then=lambda: host_gather(probe, jnp.array([0])),
-                        untouched=lambda b: not np.asarray(b.masks[1]).any() and
-                        np.all(np.asarray(b.etypes[1]) == -1))
+    assert_handle_error(
+      lambda: compiled(jnp.array([0]), jax.random.key(0)),
+      "is closed",
+      then=lambda: host_gather(probe, jnp.array([0])),
+      untouched=lambda b: (
+        not np.asarray(b.masks[1]).any() and np.all(np.asarray(b.etypes[1]) == -1)
+      ),
+    )
 
 
 def _raw_typed_sample(g, etypes_handle, nodes, fanout, relations=True):
@@ -481,28 +526,42 @@ def _raw_typed_sample(g, etypes_handle, nodes, fanout, relations=True):
   if relations:
     outs += (jax.ShapeDtypeStruct(shape, jnp.int32),)
   return jax.ffi.ffi_call("jaxdata_host_sample", outs)(
-      g.indptr.handle, g.indices.handle, nodes, jnp.zeros(2, jnp.uint32),
-      jnp.asarray(etypes_handle, jnp.int32), num_nodes=np.int64(g.num_nodes),
-      num_edges=np.int64(g.indices.shape[0]), fanout=np.int64(fanout), replace=np.int32(0))
+    g.indptr.handle,
+    g.indices.handle,
+    nodes,
+    jnp.zeros(2, jnp.uint32),
+    jnp.asarray(etypes_handle, jnp.int32),
+    num_nodes=np.int64(g.num_nodes),
+    num_edges=np.int64(g.indices.shape[0]),
+    fanout=np.int64(fanout),
+    replace=np.int32(0),
+  )
 
 
 def test_a_bad_etypes_handle_reads_nothing(device, small_typed):
   nodes = jnp.array([0, 1, 2, 0], jnp.int32)
-  with HostTable(np.ones((1, 1), np.float32)) as probe, \
-       HostTable(np.zeros((5, 1), np.int32)) as wrong_rows:
+  with (
+    HostTable(np.ones((1, 1), np.float32)) as probe,
+    HostTable(np.zeros((5, 1), np.int32)) as wrong_rows,
+  ):
     gone = HostTable(np.zeros((3, 1), np.int32))
     gone_id = gone.table_id
     gone.close()
     for handle, match in ((gone_id, "is closed"), (wrong_rows.table_id, "5 rows")):
-      assert_handle_error(lambda: _raw_typed_sample(small_typed, handle, nodes, 2), match,
-                          then=lambda: host_gather(probe, jnp.array([0])),
-                          untouched=lambda r: not np.asarray(r[1]).any() and
-                          np.all(np.asarray(r[2]) == -1))
+      assert_handle_error(
+        functools.partial(_raw_typed_sample, small_typed, handle, nodes, 2),
+        match,
+        then=lambda: host_gather(probe, jnp.array([0])),
+        untouched=lambda r: not np.asarray(r[1]).any() and np.all(np.asarray(r[2]) == -1),
+      )
     got = _raw_typed_sample(small_typed, small_typed.etypes.handle, nodes, 2)  # the real one
     assert np.asarray(got[1]).sum() == 4 and np.all(np.asarray(got[2])[np.asarray(got[1])] >= 0)
 
 
 def test_etypes_without_the_relations_output_is_refused(device, small_typed):
   with pytest.raises(Exception, match="etypes and the relations output must be passed together"):
-    jax.block_until_ready(_raw_typed_sample(small_typed, small_typed.etypes.handle,
-                                            jnp.array([0], jnp.int32), 2, relations=False))
+    jax.block_until_ready(
+      _raw_typed_sample(
+        small_typed, small_typed.etypes.handle, jnp.array([0], jnp.int32), 2, relations=False
+      )
+    )

@@ -1,4 +1,5 @@
 """host_scatter_add against NumPy's np.add.at, bit for bit, on every platform available."""
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -24,7 +25,7 @@ def reference(data, indices, updates):
   what lies outside [0, rows) is dropped; updates are cast to the table's dtype first."""
   rows = data.shape[0]
   idx = np.asarray(indices).astype(np.int64).reshape(-1)  # exact for every index dtype but
-  if np.asarray(indices).dtype == np.uint64:               # uint64 >= 2**63, never used here
+  if np.asarray(indices).dtype == np.uint64:  # uint64 >= 2**63, never used here
     assert np.all(np.asarray(indices) < 2**63)
   upd = np.asarray(updates).reshape(-1, data.shape[1]).astype(data.dtype)
   idx = np.where(idx < 0, idx + rows, idx)
@@ -55,7 +56,7 @@ def indices_around(rng, rows, shape, lo=None, hi=None):
   idx = np.where(hot, rng.integers(-2, 3, size=shape), idx)
   flat = idx.reshape(-1)
   edges = np.array([-rows - 1, -rows, -1, 0, rows - 1, rows])
-  flat[:min(flat.size, edges.size)] = edges[:flat.size]
+  flat[: min(flat.size, edges.size)] = edges[: flat.size]
   return idx
 
 
@@ -102,8 +103,9 @@ def test_every_index_dtype(device, index_dtype):
   assert_bits(got, reference(data, idx, upd))
 
 
-@pytest.mark.parametrize("index_dtype,rows", [(np.uint8, 300), (np.uint16, 70_000),
-                                              (np.int8, 300), (np.int16, 70_000)])
+@pytest.mark.parametrize(
+  "index_dtype,rows", [(np.uint8, 300), (np.uint16, 70_000), (np.int8, 300), (np.int16, 70_000)]
+)
 def test_narrow_indices_into_a_table_with_more_rows_than_they_count(device, index_dtype, rows):
   # The table's row count does not fit the index dtype; every index is still a valid row.
   info = np.iinfo(index_dtype)
@@ -119,8 +121,10 @@ def test_unsigned_indices_past_the_signed_range(device):
   data = np.zeros((10, 2), np.float32)
   upd = np.ones((5, 2), np.float32)
   with HostTable(data) as table:
-    for idx in (jnp.array([0, 9, 10, 2**31, 2**32 - 1], jnp.uint32),
-                jnp.array([0, 9, 2**32, 2**63, 2**64 - 1], jnp.uint64)):
+    for idx in (
+      jnp.array([0, 9, 10, 2**31, 2**32 - 1], jnp.uint32),
+      jnp.array([0, 9, 2**32, 2**63, 2**64 - 1], jnp.uint64),
+    ):
       table.as_numpy()[...] = 0
       got = scatter(table, idx, jnp.asarray(upd))
       # no wrap-around to negative meanings: only rows 0 and 9 change
@@ -201,6 +205,7 @@ def test_jit_with_table_as_argument_and_as_constant_and_repeated_calls(device):
 def test_unused_token_is_not_removed(device):
   data = np.zeros((4, 2), np.float32)
   with HostTable(data) as table:
+
     @jax.jit
     def step(i, u):
       host_scatter_add(table, i, u)  # token dropped
@@ -216,8 +221,9 @@ def test_vmap_applies_every_batch_element(device):
   idx = rng.integers(-10, 12, size=(3, 25))
   upd = random_values(rng, (3, 25, 4), np.float32)
   with HostTable(data) as table:
-    tokens = jax.block_until_ready(jax.vmap(lambda i, u: host_scatter_add(table, i, u))(
-        jnp.asarray(idx), jnp.asarray(upd)))
+    tokens = jax.block_until_ready(
+      jax.vmap(lambda i, u: host_scatter_add(table, i, u))(jnp.asarray(idx), jnp.asarray(upd))
+    )
     got = table.as_numpy().copy()
   assert tokens.shape == (3,)
   want = data
@@ -290,8 +296,9 @@ def test_not_differentiable(device):
     # Nothing was written while failing.
     assert_bits(table.as_numpy(), data)
     # Applied to stopped gradients (the intended use) it runs inside a differentiated function.
-    g = jax.grad(lambda u: jnp.sum(u * u) + host_scatter_add(table, idx,
-                                                            jax.lax.stop_gradient(u)))(upd)
+    g = jax.grad(lambda u: jnp.sum(u * u) + host_scatter_add(table, idx, jax.lax.stop_gradient(u)))(
+      upd
+    )
     jax.block_until_ready(g)
     np.testing.assert_array_equal(np.asarray(g), 2 * np.asarray(upd))
     assert_bits(table.as_numpy(), np.array([[1, 1], [1, 1], [0, 0], [0, 0]], np.float32))
@@ -309,6 +316,7 @@ def test_64_bit_tables_need_x64():
 
 def test_two_threads_scattering_into_the_same_rows_lose_no_addition(device):
   import threading
+
   rows, cols, n, calls = 64, 8, 4096, 150
   rng = np.random.default_rng(10)
   batches = [rng.integers(0, rows, size=n) for _ in range(2 * calls)]
@@ -343,7 +351,9 @@ def _shard_map():
 
 
 def test_shard_map_over_two_devices_loses_no_addition():
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   devices = jax.devices("cpu")[:2]
   if len(devices) < 2:
     pytest.skip("needs two CPU devices")
@@ -354,8 +364,14 @@ def test_shard_map_over_two_devices_loses_no_addition():
   rng = np.random.default_rng(11)
   want = np.zeros((rows, cols), np.int64)
   with HostTable(np.zeros((rows, cols), np.int64)) as table:
-    f = jax.jit(_shard_map()(lambda i, u: host_scatter_add(table, i, u)[None], mesh=mesh,
-                             in_specs=(P("data"), P("data")), out_specs=P("data")))
+    f = jax.jit(
+      _shard_map()(
+        lambda i, u: host_scatter_add(table, i, u)[None],
+        mesh=mesh,
+        in_specs=(P("data"), P("data")),
+        out_specs=P("data"),
+      )
+    )
     sharding = NamedSharding(mesh, P("data"))
     for _ in range(steps):
       idx = rng.integers(-rows, rows, size=n)
@@ -367,6 +383,7 @@ def test_shard_map_over_two_devices_loses_no_addition():
 
 def test_scatters_through_two_views_of_one_memory_are_serialized(device):
   import threading
+
   rows, n = 32, 4096
   rng = np.random.default_rng(12)
   with HostTable(np.zeros((rows, 2), np.int32)) as table:
@@ -376,10 +393,17 @@ def test_scatters_through_two_views_of_one_memory_are_serialized(device):
     a = [rng.integers(0, rows, size=n) for _ in range(60)]
     b = [rng.integers(0, rows // 2, size=n) for _ in range(60)]
     threads = [
-        threading.Thread(target=lambda: jax.block_until_ready(
-            [narrow_step(table, jnp.asarray(i), jnp.ones((n, 2), jnp.int32)) for i in a])),
-        threading.Thread(target=lambda: jax.block_until_ready(
-            [wide_step(wide, jnp.asarray(i), jnp.ones((n, 4), jnp.int32)) for i in b]))]
+      threading.Thread(
+        target=lambda: jax.block_until_ready(
+          [narrow_step(table, jnp.asarray(i), jnp.ones((n, 2), jnp.int32)) for i in a]
+        )
+      ),
+      threading.Thread(
+        target=lambda: jax.block_until_ready(
+          [wide_step(wide, jnp.asarray(i), jnp.ones((n, 4), jnp.int32)) for i in b]
+        )
+      ),
+    ]
     for t in threads:
       t.start()
     for t in threads:

@@ -1,4 +1,6 @@
 """HostTable: construction, contents, files, lifetime, bad input."""
+
+import functools
 import gc
 import weakref
 
@@ -7,8 +9,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-
 from handle_errors import all_nan, assert_handle_error
+
 from jaxdata import _ffi
 from jaxdata.host import HostTable, host_gather, host_scatter_add, host_slice
 from jaxdata.host.gather import _fill_bits
@@ -52,8 +54,9 @@ def test_view_shares_memory_and_has_its_own_lifetime():
   raw = t.view(np.uint8, columns=4)
   assert wide.shape == (4, 16) and raw.shape == (64, 4)
   t.close()
-  np.testing.assert_array_equal(np.asarray(host_gather(wide, jnp.array([1]))),
-                                data.reshape(4, 16)[1:2])
+  np.testing.assert_array_equal(
+    np.asarray(host_gather(wide, jnp.array([1]))), data.reshape(4, 16)[1:2]
+  )
   np.testing.assert_array_equal(raw.as_numpy()[:4].reshape(-1).view(np.float32), data[0, :4])
   with pytest.raises(ValueError, match="do not divide"):
     wide.view(columns=5)
@@ -119,7 +122,9 @@ def test_from_npy_bad_files(tmp_path):
     HostTable.from_npy(tmp_path / "missing.npy")
 
 
-@pytest.mark.parametrize("array,error,match", [
+@pytest.mark.parametrize(
+  "array,error,match",
+  [
     (np.ones(5, np.float32), ValueError, "2-D"),
     (np.ones((2, 3, 4), np.float32), ValueError, "2-D"),
     (np.ones((0, 4), np.float32), ValueError, "at least one row"),
@@ -127,7 +132,8 @@ def test_from_npy_bad_files(tmp_path):
     (np.ones((2, 2), bool), TypeError, "not supported"),
     (np.array([["a"]]), TypeError, "not supported"),
     (np.ones((2, 2), ">f4"), TypeError, "byte order"),
-])
+  ],
+)
 def test_bad_arrays(array, error, match):
   with pytest.raises(error, match=match):
     HostTable(array)
@@ -182,6 +188,7 @@ def test_a_dropped_table_passed_through_jit_is_collected():
 
 def test_a_dropped_adagrad_state_and_graph_passed_through_jit_are_collected():
   from jaxdata.host import HostGraph, sample_neighbors, sparse_adagrad
+
   opt = sparse_adagrad(0.1)
   update = jax.jit(lambda *a: opt.update(*a))
   sample = jax.jit(lambda g, s, k: sample_neighbors(g, s, (2,), k))
@@ -220,71 +227,109 @@ def test_a_stale_or_foreign_handle_is_refused_by_the_native_side(device):
     probe = lambda: f(a, jnp.array([0]))  # noqa: E731
     treedef = jax.tree.structure(a)
     foreign = jax.tree.unflatten(treedef, [b.handle])
-    assert_handle_error(lambda: f(foreign, jnp.array([1])), r"has 6 rows .* built for 4 rows",
-                        then=probe, untouched=all_nan)
+    assert_handle_error(
+      lambda: f(foreign, jnp.array([1])),
+      r"has 6 rows .* built for 4 rows",
+      then=probe,
+      untouched=all_nan,
+    )
     never = jax.tree.unflatten(treedef, [np.int32(2**31 - 1)])
-    assert_handle_error(lambda: f(never, jnp.array([1])), "is closed", then=probe,
-                        untouched=all_nan)
+    assert_handle_error(
+      lambda: f(never, jnp.array([1])), "is closed", then=probe, untouched=all_nan
+    )
     gone = HostTable(np.ones((4, 2), np.float32))
     stale = jax.tree.unflatten(treedef, [gone.handle])
     gone.close()
-    assert_handle_error(lambda: f(stale, jnp.array([1])), "is closed", then=probe,
-                        untouched=all_nan)
+    assert_handle_error(
+      lambda: f(stale, jnp.array([1])), "is closed", then=probe, untouched=all_nan
+    )
 
 
 def _raw_gather(handle, idx, rows, cols):
   """jaxdata_host_gather called directly, as a forged program would: float32, NaN fill."""
   out = jax.ShapeDtypeStruct(idx.shape + (cols,), np.float32)
   result, _ = jax.ffi.ffi_call("jaxdata_host_gather", (out, jax.ShapeDtypeStruct((0,), np.uint8)))(
-      jnp.asarray(handle, jnp.int32), idx, rows=np.int64(rows), mode=np.int32(0),
-      fill_bits=_fill_bits(np.dtype(np.float32), None), sort=np.int32(0))
+    jnp.asarray(handle, jnp.int32),
+    idx,
+    rows=np.int64(rows),
+    mode=np.int32(0),
+    fill_bits=_fill_bits(np.dtype(np.float32), None),
+    sort=np.int32(0),
+  )
   return result
 
 
 def _raw_scatter(handle, rows, updates, table_rows):
-  return jax.ffi.ffi_call("jaxdata_host_scatter_add", jax.ShapeDtypeStruct((), jnp.int32),
-                          has_side_effect=True)(
-      jnp.asarray(handle, jnp.int32), rows, jnp.arange(rows.shape[0], dtype=jnp.int32), updates,
-      rows=np.int64(table_rows))
+  return jax.ffi.ffi_call(
+    "jaxdata_host_scatter_add", jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True
+  )(
+    jnp.asarray(handle, jnp.int32),
+    rows,
+    jnp.arange(rows.shape[0], dtype=jnp.int32),
+    updates,
+    rows=np.int64(table_rows),
+  )
 
 
 def _raw_sample(indptr_handle, indices_handle, nodes, num_nodes, num_edges, fanout):
   shape = (nodes.shape[0], fanout)
   return jax.ffi.ffi_call(
-      "jaxdata_host_sample",
-      (jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, bool)))(
-          jnp.asarray(indptr_handle, jnp.int32), jnp.asarray(indices_handle, jnp.int32), nodes,
-          jnp.zeros(2, jnp.uint32), num_nodes=np.int64(num_nodes), num_edges=np.int64(num_edges),
-          fanout=np.int64(fanout), replace=np.int32(0))
+    "jaxdata_host_sample",
+    (jax.ShapeDtypeStruct(shape, jnp.int32), jax.ShapeDtypeStruct(shape, bool)),
+  )(
+    jnp.asarray(indptr_handle, jnp.int32),
+    jnp.asarray(indices_handle, jnp.int32),
+    nodes,
+    jnp.zeros(2, jnp.uint32),
+    num_nodes=np.int64(num_nodes),
+    num_edges=np.int64(num_edges),
+    fanout=np.int64(fanout),
+    replace=np.int32(0),
+  )
 
 
 def test_forged_handles_through_the_raw_ffi_calls_read_and_write_nothing(device):
   # Handles no public API makes: zero, negative, never issued, closed, of another geometry, and
   # one that lands on a live table's registry slot (id + 2**16) but is not its id.
   from jaxdata.host import HostGraph
+
   data = np.arange(24, dtype=np.float32).reshape(8, 3)
-  with HostTable(data) as t, HostTable(np.ones((5, 3), np.float32)) as other, \
-      HostTable(np.ones((1, 1), np.float32)) as probe_table, \
-      HostGraph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], 4) as g:
+  with (
+    HostTable(data) as t,
+    HostTable(np.ones((5, 3), np.float32)) as other,
+    HostTable(np.ones((1, 1), np.float32)) as probe_table,
+    HostGraph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], 4) as g,
+  ):
     gone = HostTable(data)
     gone_id = gone.table_id
     gone.close()
     probe = lambda: host_gather(probe_table, jnp.array([0]))  # noqa: E731
     idx = jnp.array([0, 3, 7, -1], jnp.int32)
-    forged = [(0, "is closed"), (-7, "is closed"), (2**31 - 1, "is closed"),
-              (gone_id, "is closed"), (t.table_id + 2**16, "is closed"),
-              (other.table_id, r"has 5 rows of 12 bytes; .* built for 8 rows of 12")]
+    forged = [
+      (0, "is closed"),
+      (-7, "is closed"),
+      (2**31 - 1, "is closed"),
+      (gone_id, "is closed"),
+      (t.table_id + 2**16, "is closed"),
+      (other.table_id, r"has 5 rows of 12 bytes; .* built for 8 rows of 12"),
+    ]
     for handle, match in forged:
-      assert_handle_error(lambda: _raw_gather(handle, idx, 8, 3), match, then=probe,
-                          untouched=all_nan)
+      assert_handle_error(
+        functools.partial(_raw_gather, handle, idx, 8, 3), match, then=probe, untouched=all_nan
+      )
       # A scatter fails the call itself (it waits for its kernel) and adds nothing anywhere.
       with pytest.raises(Exception, match=match):
-        jax.block_until_ready(_raw_scatter(handle, jnp.array([0, 7], jnp.int32),
-                                           jnp.ones((2, 3), jnp.float32), 8))
+        jax.block_until_ready(
+          _raw_scatter(handle, jnp.array([0, 7], jnp.int32), jnp.ones((2, 3), jnp.float32), 8)
+        )
       nodes = jnp.array([0, 1, 2, 3], jnp.int32)
       for handles in ((handle, g.indices.handle), (g.indptr.handle, handle)):
-        assert_handle_error(lambda: _raw_sample(*handles, nodes, 4, 4, 2), "jaxdata: HostTable",
-                            then=probe, untouched=lambda r: not np.asarray(r[1]).any())
+        assert_handle_error(
+          functools.partial(_raw_sample, *handles, nodes, 4, 4, 2),
+          "jaxdata: HostTable",
+          then=probe,
+          untouched=lambda r: not np.asarray(r[1]).any(),
+        )
     np.testing.assert_array_equal(t.as_numpy(), data)
     np.testing.assert_array_equal(other.as_numpy(), np.ones((5, 3), np.float32))
     # The real handle still works, through the same raw call.
@@ -295,16 +340,23 @@ def test_forged_handles_through_the_raw_ffi_calls_read_and_write_nothing(device)
 def test_an_unmapped_table_is_refused_by_a_gpu_kernel(device):
   if device.platform != "gpu":
     pytest.skip("only a GPU needs mapped memory")
-  with HostTable(np.ones((4, 2), np.float32), pinned=False) as t, \
-      HostTable(np.ones((1, 1), np.float32)) as probe_table:
-    assert_handle_error(lambda: host_gather(t, jnp.array([0])), "not in pinned, device-mapped",
-                        then=lambda: host_gather(probe_table, jnp.array([0])), untouched=all_nan)
+  with (
+    HostTable(np.ones((4, 2), np.float32), pinned=False) as t,
+    HostTable(np.ones((1, 1), np.float32)) as probe_table,
+  ):
+    assert_handle_error(
+      lambda: host_gather(t, jnp.array([0])),
+      "not in pinned, device-mapped",
+      then=lambda: host_gather(probe_table, jnp.array([0])),
+      untouched=all_nan,
+    )
 
 
 def _queued_fraction(fn, *args, calls: int = 50) -> float:
   """Of the time `calls` calls take to run, the part spent queuing them (the second of two
   rounds: the allocator already holds the outputs' memory, so no allocation waits)."""
   import time
+
   for _ in range(2):
     start = time.perf_counter()
     outs = [fn(*args) for _ in range(calls)]
@@ -333,7 +385,7 @@ def test_gathers_are_queued_without_waiting_for_the_gpu():
     plain = jax.jit(lambda a, i: jnp.take(a, i, axis=0))
     on_device = jax.device_put(data, gpu)
     jax.block_until_ready((ours(t, idx), plain(on_device, idx)))  # compiled and warm
-    gather = _queued_fraction(ours, t, idx)      # 128 MiB each, a few milliseconds of GPU time
+    gather = _queued_fraction(ours, t, idx)  # 128 MiB each, a few milliseconds of GPU time
     reference = _queued_fraction(plain, on_device, idx)
     np.testing.assert_array_equal(ours(t, idx)[:4], data[np.asarray(idx[:4])])
   assert gather < max(0.5, reference + 0.15), (gather, reference)
@@ -378,6 +430,7 @@ def test_write_from_an_overlapping_view_has_numpy_semantics(shift):
 
 def test_copy_and_deepcopy_give_an_independent_table():
   import copy
+
   data = np.arange(12, dtype=np.float32).reshape(4, 3)
   with HostTable(data) as t:
     for c in (copy.copy(t), copy.deepcopy(t)):
@@ -392,7 +445,9 @@ def test_copy_and_deepcopy_give_an_independent_table():
 
 def test_copying_a_graph_is_refused_with_advice():
   import copy
+
   from jaxdata.host import HostGraph
+
   with HostGraph.from_edges([0, 1], [1, 0], 2) as g:
     with pytest.raises(TypeError, match="build another HostGraph"):
       copy.copy(g)
@@ -406,15 +461,23 @@ def test_from_npy_garbled_header_is_a_value_error_naming_the_file(tmp_path):
   np.save(good, np.ones((3, 2), np.float32))
   raw = good.read_bytes()
   header_end = raw.index(b"}")
-  for k, garble in enumerate([b"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2",
-                              b"{'descr': '<f4' 'fortran_order'", b"{(((((", b"\x00\xff{"]):
+  for k, garble in enumerate(
+    [
+      b"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2",
+      b"{'descr': '<f4' 'fortran_order'",
+      b"{(((((",
+      b"\x00\xff{",
+    ]
+  ):
     bad = tmp_path / f"bad{k}.npy"
     bad.write_bytes(raw[:10] + garble.ljust(header_end - 10, b" ") + raw[header_end:])
     with pytest.raises(ValueError, match=f"HostTable.from_npy: .*bad{k}.npy is not a readable"):
       HostTable.from_npy(bad)
 
 
-@pytest.mark.parametrize("call,error,match", [
+@pytest.mark.parametrize(
+  "call,error,match",
+  [
     (lambda: HostTable.empty((2.5, 3), np.float32), TypeError, r"HostTable.empty: shape"),
     (lambda: HostTable.empty(("a", 3), np.float32), TypeError, r"HostTable.empty: shape"),
     (lambda: HostTable.empty(7, np.float32), TypeError, r"HostTable.empty: shape"),
@@ -427,7 +490,8 @@ def test_from_npy_garbled_header_is_a_value_error_naming_the_file(tmp_path):
     (lambda: host_slice(_open(), 1.0, 2), TypeError, "host_slice: start"),
     (lambda: host_slice(_open(), 0, None), TypeError, "host_slice: size"),
     (lambda: host_slice(_open(), 2**70, 1), ValueError, "outside"),
-])
+  ],
+)
 def test_bad_shapes_and_offsets_give_errors_naming_the_function(call, error, match):
   with pytest.raises(error, match=match) as info:
     call()

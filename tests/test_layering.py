@@ -1,6 +1,7 @@
-"""Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) -> libraries
-(host, hector, offload) -> ground (data, reference, _ffi, sizes, timing). Every import in a module, at
-top level or inside a function, is checked against its layer."""
+"""Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) ->
+libraries (host, hector, offload) -> ground (data, reference, _ffi, sizes, timing). Every import in
+a module, at top level or inside a function, is checked against its layer."""
+
 import ast
 import pathlib
 
@@ -30,8 +31,9 @@ def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
     elif isinstance(node, ast.ImportFrom):
       base = node.module or ""
       if node.level:
-        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] +
-                        ([base] if base else []))
+        base = ".".join(
+          package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+        )
       found += [(node.lineno, f"{base}.{a.name}") for a in node.names] + [(node.lineno, base)]
   return found
 
@@ -70,8 +72,17 @@ def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
       continue
     # a trainer is a module or a package (jaxdata.train.attention and its minibatch module)
     trainer = ".".join(name.split(".")[:3])
-    wrong = sorted({f"line {line}: {mod}" for line, mod in _imports(path)
-                    if _within(mod, ("jaxdata.bench", "jaxdata.cli"))
-                    or (_within(mod, ("jaxdata.train",)) and not _within(mod, shared)
-                        and mod != "jaxdata.train" and not _within(mod, (trainer,)))})
+    wrong = sorted(
+      {
+        f"line {line}: {mod}"
+        for line, mod in _imports(path)
+        if _within(mod, ("jaxdata.bench", "jaxdata.cli"))
+        or (
+          _within(mod, ("jaxdata.train",))
+          and not _within(mod, shared)
+          and mod != "jaxdata.train"
+          and not _within(mod, (trainer,))
+        )
+      }
+    )
     assert not wrong, f"{path.relative_to(PACKAGE.parent)} imports sideways: {wrong}"

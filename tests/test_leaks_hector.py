@@ -1,6 +1,7 @@
 """1000 cycles of building a small graph's GraphArrays and running a jitted hector layer forward
 on it: RSS grows by less than 50 MB, no descriptor, thread or cache file is left behind, and a
 dropped graph is not pinned by any cache (its arrays are freed)."""
+
 import gc
 import weakref
 
@@ -8,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-
 from isolation import Resources
+
 from jaxdata import hector
 from jaxdata.data import HeteroGraph
 from jaxdata.nn import RGAT, RGCN
@@ -23,7 +24,8 @@ def _graph(rng) -> hector.GraphArrays:
   src = np.arange(E) % N
   et = (np.arange(E) // N) % R
   return hector.GraphArrays.from_graph(
-      HeteroGraph.from_edges(src, rng.integers(0, N, E), et, num_nodes=N))
+    HeteroGraph.from_edges(src, rng.integers(0, N, E), et, num_nodes=N)
+  )
 
 
 @nnx.jit

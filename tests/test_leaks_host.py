@@ -4,16 +4,25 @@ Before tables reached compiled programs as handle operands, each table compiled 
 its own executables: 1000 cycles of `with HostTable(a) as t: host_gather(t, idx)` grew RSS by
 about 1.4 GB, and tables passed to jitted functions were never collected.
 """
+
 import gc
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from isolation import Resources
+
 from jaxdata import _ffi
-from jaxdata.host import HostGraph, HostTable, host_gather, host_scatter_add, sample_neighbors
-from jaxdata.host import sparse, sparse_adagrad, sparse_sgd
+from jaxdata.host import (
+  HostGraph,
+  HostTable,
+  host_gather,
+  host_scatter_add,
+  sample_neighbors,
+  sparse,
+  sparse_adagrad,
+  sparse_sgd,
+)
 
 CYCLES = 1000
 BUDGET = 50 << 20
@@ -81,8 +90,9 @@ def test_sparse_optimizer_state_create_update_close_1000_times():
   def body(k):
     with HostTable(init) as table:
       state = adagrad.init(table)
-      jax.block_until_ready((update(table, state, idx, grads),
-                             sgd.update(table, sgd.init(table), idx, grads)))
+      jax.block_until_ready(
+        (update(table, state, idx, grads), sgd.update(table, sgd.init(table), idx, grads))
+      )
       sparse.close(state)
 
   before, after = _cycles(body)

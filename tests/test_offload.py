@@ -7,6 +7,8 @@ leave no file behind. Tests that take `device` run on the CPU and, marked `gpu`,
 GPU loads take their site's newest spill (the host cannot read a device ticket), so tests that
 spill several times keep the order explicit: separate jitted calls, or data dependencies.
 """
+
+import functools
 import os
 import subprocess
 import sys
@@ -19,8 +21,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-
 from isolation import descriptors_into
+
 from jaxdata import offload
 from jaxdata.offload import TensorStore
 
@@ -49,8 +51,12 @@ def make_store(ssd_dir=None, **kw):
 
 def assert_bits(got, want):
   got, want = np.asarray(got), np.asarray(want)
-  assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape,
-                                                               want.dtype)
+  assert got.shape == want.shape and got.dtype == want.dtype, (
+    got.shape,
+    got.dtype,
+    want.shape,
+    want.dtype,
+  )
   if want.dtype.itemsize and got.size:
     np.testing.assert_array_equal(got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8))
 
@@ -121,8 +127,20 @@ def closes_cleanly(store):
 # --------------------------------------------------------------------------------------------
 # spill / load round trips
 
-DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16, np.float64, np.int8, np.uint8, np.bool_,
-          np.int32, np.int64, np.uint64, np.complex64, ml_dtypes.float8_e4m3fn]
+DTYPES = [
+  np.float32,
+  ml_dtypes.bfloat16,
+  np.float16,
+  np.float64,
+  np.int8,
+  np.uint8,
+  np.bool_,
+  np.int32,
+  np.int64,
+  np.uint64,
+  np.complex64,
+  ml_dtypes.float8_e4m3fn,
+]
 SHAPES = [(), (0,), (3,), (2, 0, 3), (5, 7), (1, 13)]
 
 
@@ -189,13 +207,13 @@ def test_chunk_boundaries(device, ssd_dir, tier):
   # multiples of 8 (nor of 4096): every chunk's tail, padding and checksum offset is exercised.
   rng = np.random.default_rng(2)
   arrays = [
-      random_array(rng, (CHUNK - 1,), np.int8),
-      random_array(rng, (CHUNK,), np.uint8),
-      random_array(rng, (CHUNK + 1,), np.int8),
-      random_array(rng, (7 * CHUNK + 5,), np.uint8),           # 8 chunks, 5 bytes in the last
-      random_array(rng, (5001,), np.float32),                  # 20004 bytes
-      random_array(rng, (12289,), ml_dtypes.bfloat16),         # 24578 bytes
-      random_array(rng, (3, 1001), np.float16),                # 6006 bytes
+    random_array(rng, (CHUNK - 1,), np.int8),
+    random_array(rng, (CHUNK,), np.uint8),
+    random_array(rng, (CHUNK + 1,), np.int8),
+    random_array(rng, (7 * CHUNK + 5,), np.uint8),  # 8 chunks, 5 bytes in the last
+    random_array(rng, (5001,), np.float32),  # 20004 bytes
+    random_array(rng, (12289,), ml_dtypes.bfloat16),  # 24578 bytes
+    random_array(rng, (3, 1001), np.float16),  # 6006 bytes
   ]
   xs = [jnp.asarray(a) for a in arrays]
   site = offload.new_site()
@@ -221,8 +239,8 @@ def test_chunk_boundaries(device, ssd_dir, tier):
 
 def test_auto_tier_spills_to_ssd_when_ram_is_too_small(device, ssd_dir):
   rng = np.random.default_rng(3)
-  big = random_array(rng, (10001,), np.float32)       # 40004 bytes: more than the RAM budget
-  small = random_array(rng, (25,), np.float32)         # 100 bytes: fits
+  big = random_array(rng, (10001,), np.float32)  # 40004 bytes: more than the RAM budget
+  small = random_array(rng, (25,), np.float32)  # 100 bytes: fits
   site = offload.new_site()
   with make_store(ssd_dir, ram_bytes=8192) as store:
     tb = spill_fn(store, site)([jnp.asarray(big)])
@@ -260,7 +278,7 @@ def test_ram_tier_reuses_freed_space(device):
   # tensor's bytes rounded up to 256, plus 64 bytes (store.h: the GPU handlers' checksum tail).
   region = lambda n: -(-n // 256) * 256 + 64  # noqa: E731
   arena = 3 * 4096
-  part = np.arange(960, dtype=np.float32)    # 3840 bytes: a 3904-byte region; 3 use 11712
+  part = np.arange(960, dtype=np.float32)  # 3840 bytes: a 3904-byte region; 3 use 11712
   whole = np.arange(3008, dtype=np.float32)  # 12032 bytes: a 12096-byte region
   assert 3 * region(part.nbytes) <= arena < 4 * region(part.nbytes)
   assert 2 * region(part.nbytes) + (arena - 3 * region(part.nbytes)) < region(whole.nbytes) <= arena
@@ -359,15 +377,17 @@ def block(w, x):
 
 def params(seed=0):
   k = jax.random.split(jax.random.key(seed), 3)
-  ws = {"a": jax.random.normal(k[0], (L, D, D), jnp.float32) * 0.3,
-        "b": jax.random.normal(k[1], (L, D, D), jnp.float32) * 0.3}
+  ws = {
+    "a": jax.random.normal(k[0], (L, D, D), jnp.float32) * 0.3,
+    "b": jax.random.normal(k[1], (L, D, D), jnp.float32) * 0.3,
+  }
   x = jax.random.normal(k[2], (N, D), jnp.float32)
   return ws, x
 
 
 def scan_loss(blk, ws, x):
   y, _ = jax.lax.scan(lambda x, w: (blk(w, x), None), x, ws)
-  return jnp.sum(y ** 2)
+  return jnp.sum(y**2)
 
 
 _references = {}
@@ -378,7 +398,8 @@ def scan_reference(device):
   if device.platform not in _references:
     ws, x = params()
     loss, grads = jax.jit(jax.value_and_grad(scan_loss, argnums=(1, 2)), static_argnums=0)(
-        block, ws, x)
+      block, ws, x
+    )
     _references[device.platform] = jax.tree.map(np.asarray, (loss, grads))
   return _references[device.platform]
 
@@ -400,22 +421,31 @@ def assert_tree_close(got, want, device):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
 
 
-POLICIES = ["keep", "keep_dots", "recompute", "offload_ram", "offload_ssd", "offload_auto_dots",
-            "offload_input_recompute", "offload_all_and_input"]
+POLICIES = [
+  "keep",
+  "keep_dots",
+  "recompute",
+  "offload_ram",
+  "offload_ssd",
+  "offload_auto_dots",
+  "offload_input_recompute",
+  "offload_all_and_input",
+]
 
 
 def make_policy(name, store):
   dots = jax.checkpoint_policies.dots_saveable
   return {
-      "keep": lambda: offload.keep(),
-      "keep_dots": lambda: offload.keep(dots),
-      "recompute": lambda: offload.recompute(),
-      "offload_ram": lambda: offload.offload(store, "ram", min_bytes=0),
-      "offload_ssd": lambda: offload.offload(store, "ssd", min_bytes=0),
-      "offload_auto_dots": lambda: offload.offload(store, "auto", inner=dots, min_bytes=0),
-      "offload_input_recompute": lambda: offload.offload(
-          store, "ram", inner=jax.checkpoint_policies.nothing_saveable, min_bytes=0, inputs=(1,)),
-      "offload_all_and_input": lambda: offload.offload(store, "ssd", min_bytes=0, inputs=(1,)),
+    "keep": lambda: offload.keep(),
+    "keep_dots": lambda: offload.keep(dots),
+    "recompute": lambda: offload.recompute(),
+    "offload_ram": lambda: offload.offload(store, "ram", min_bytes=0),
+    "offload_ssd": lambda: offload.offload(store, "ssd", min_bytes=0),
+    "offload_auto_dots": lambda: offload.offload(store, "auto", inner=dots, min_bytes=0),
+    "offload_input_recompute": lambda: offload.offload(
+      store, "ram", inner=jax.checkpoint_policies.nothing_saveable, min_bytes=0, inputs=(1,)
+    ),
+    "offload_all_and_input": lambda: offload.offload(store, "ssd", min_bytes=0, inputs=(1,)),
   }[name]()
 
 
@@ -441,8 +471,9 @@ def test_remat_scan_gradients(device, highest, ssd_dir, policy):
       assert store.stats()["ram_peak"] > 0 and store.stats()["ssd_written"] == 0
     # forward only: no spill
     spills = store.stats()["spills"]
-    np.testing.assert_allclose(jax.jit(scan_loss, static_argnums=0)(blk, ws, x), want_loss,
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+      jax.jit(scan_loss, static_argnums=0)(blk, ws, x), want_loss, rtol=1e-5
+    )
     assert store.stats()["spills"] == spills
     closes_cleanly(store)
 
@@ -472,8 +503,9 @@ def test_remat_offloads_the_inputs_it_names(device, highest):
     spilled = {}
     for name, inputs in (("recompute", ()), ("input", (1,))):
       before = store.stats()["spilled"]
-      blk = offload.remat(block, offload.offload(store, "ram", inner=nothing, min_bytes=0,
-                                                 inputs=inputs))
+      blk = offload.remat(
+        block, offload.offload(store, "ram", inner=nothing, min_bytes=0, inputs=inputs)
+      )
       got = jax.jit(jax.grad(scan_loss, argnums=(1, 2)), static_argnums=0)(blk, ws, x)
       assert_tree_close(got, want, device)
       spilled[name] = store.stats()["spilled"] - before
@@ -481,8 +513,10 @@ def test_remat_offloads_the_inputs_it_names(device, highest):
     assert_drained(store)
   # A block whose own output is its input's residual spills it once, not twice.
   with make_store(None) as store:
-    twice = offload.remat(lambda w, x: x * x + jnp.sin(x) @ w["a"],
-                          offload.offload(store, "ram", inner=nothing, min_bytes=0, inputs=(1,)))
+    twice = offload.remat(
+      lambda w, x: x * x + jnp.sin(x) @ w["a"],
+      offload.offload(store, "ram", inner=nothing, min_bytes=0, inputs=(1,)),
+    )
     g = jax.jit(jax.grad(lambda x: jnp.sum(twice(jax.tree.map(lambda a: a[0], ws), x))))(x)
     w0 = ws["a"][0]
     want_g = jax.grad(lambda x: jnp.sum(x * x + jnp.sin(x) @ w0))(x)
@@ -493,8 +527,10 @@ def test_remat_offloads_the_inputs_it_names(device, highest):
   xb, wb = jnp.ones((256, 256)), {k: jnp.ones((L, 256, 256)) * 0.01 for k in ("a", "b")}
   with make_store(None) as store:
     temp = {}
-    for name, policy in (("recompute", offload.recompute()),
-                         ("input", offload.offload(store, "ram", inner=nothing, inputs=(1,)))):
+    for name, policy in (
+      ("recompute", offload.recompute()),
+      ("input", offload.offload(store, "ram", inner=nothing, inputs=(1,))),
+    ):
       step = jax.jit(jax.grad(scan_loss, argnums=(1, 2)), static_argnums=0)
       compiled = step.lower(offload.remat(block, policy), wb, xb).compile()
       temp[name] = compiled.memory_analysis().temp_size_in_bytes
@@ -520,13 +556,15 @@ def test_remat_python_loop_of_distinct_blocks(device, highest, ssd_dir):
   def loss(blocks, layer_ws, x):
     for b, w in zip(blocks, layer_ws):
       x = b(w, x)
-    return jnp.mean(x ** 2)
+    return jnp.mean(x**2)
 
   want = jax.grad(loss, argnums=(1, 2))(fns, layer_ws, x)
   with make_store(ssd_dir, ram_bytes=1 << 20) as store:
-    blocks = [offload.remat(fns[0], offload.offload(store, "ssd", min_bytes=0)),
-              offload.remat(fns[1], offload.offload(store, "ram", min_bytes=0)),
-              offload.remat(fns[2], offload.recompute())]
+    blocks = [
+      offload.remat(fns[0], offload.offload(store, "ssd", min_bytes=0)),
+      offload.remat(fns[1], offload.offload(store, "ram", min_bytes=0)),
+      offload.remat(fns[2], offload.recompute()),
+    ]
     got = jax.jit(lambda lw, x: jax.grad(loss, argnums=(1, 2))(blocks, lw, x))(layer_ws, x)
     assert_tree_close(got, want, device)
     s = store.stats()
@@ -562,8 +600,11 @@ def test_remat_min_bytes_keeps_small_residuals(device, highest):
     assert store.stats()["spills"] == 0
 
 
-@pytest.mark.xfail(reason="known: a block whose output gets no gradient still spills (side effect) "
-                   "and its entry is never loaded; see docs/offload.md", strict=True)
+@pytest.mark.xfail(
+  reason="known: a block whose output gets no gradient still spills (side effect) "
+  "and its entry is never loaded; see docs/offload.md",
+  strict=True,
+)
 def test_remat_unused_output_leaves_nothing_outstanding(device, highest):
   # A block whose output gets no cotangent (stop_gradient, or simply unused) still runs its
   # forward pass, which spills; the step must not leave that spill in the store, or every step
@@ -575,7 +616,7 @@ def test_remat_unused_output_leaves_nothing_outstanding(device, highest):
 
     def loss(w, x):
       y = blk(w, x)
-      return jnp.sum(jax.lax.stop_gradient(y) * x) + jnp.sum(w ** 2)
+      return jnp.sum(jax.lax.stop_gradient(y) * x) + jnp.sum(w**2)
 
     got = jax.jit(jax.grad(loss))(w, x)
     np.testing.assert_allclose(got, 2 * w, rtol=1e-5)
@@ -593,8 +634,9 @@ def test_remat_accepts_keyword_arguments(device, highest):
   with make_store(None) as store:
     for policy in (offload.recompute(), offload.offload(store, "ram", min_bytes=0)):
       g = offload.remat(f, policy)
-      np.testing.assert_allclose(jax.grad(lambda w: g(w, x=x))(w), want, rtol=1e-5,
-                                 err_msg=str(policy))
+      np.testing.assert_allclose(
+        jax.grad(functools.partial(g, x=x))(w), want, rtol=1e-5, err_msg=str(policy)
+      )
     assert_drained(store)
 
 
@@ -713,6 +755,7 @@ def test_corrupted_file_after_good_loads_fails_cleanly(device, ssd_dir):
         out.append(offload.load(after(t, dep), like, store, site=site)[0])
         dep = out[-1]
       return out
+
     with pytest.raises(RuntimeErrors, match="corrupted"):
       jax.block_until_ready(load_all(tickets))
     # The program stopped at the error: what it had not loaded stays until close().
@@ -788,8 +831,13 @@ def _run_script(script, platform, *args, timeout=120):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["JAX_PLATFORMS"] = "cpu" if platform == "cpu" else "cuda"
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(script), *args],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 FULL_DISK = """
@@ -989,7 +1037,7 @@ def test_gpu_spill_staging_is_capped(load_cap):
     gpu = jax.devices("gpu")[0]
   except RuntimeError:
     pytest.skip("no GPU visible to JAX")
-  n, count = 1 << 20, 16                        # 4 MiB float32 tensors
+  n, count = 1 << 20, 16  # 4 MiB float32 tensors
   site = offload.new_site()
   like = [jax.ShapeDtypeStruct((n,), jnp.float32)]
 
@@ -1006,15 +1054,19 @@ def test_gpu_spill_staging_is_capped(load_cap):
 
   # load_bytes of one tensor: none brought back ahead while one is held (the constructor's path;
   # the setter's is the same value read by the prefetcher).
-  with jax.default_device(gpu), make_store(None, ram_bytes=count * 4 * n + (1 << 20),
-                                           load_bytes=load_cap * 4 * n) as store:
+  with (
+    jax.default_device(gpu),
+    make_store(None, ram_bytes=count * 4 * n + (1 << 20), load_bytes=load_cap * 4 * n) as store,
+  ):
     assert store.device_bytes == 0
-    store.device_bytes = "4MiB"       # settable while open; what spills read
+    store.device_bytes = "4MiB"  # settable while open; what spills read
     assert store.device_bytes == 4 * n
     f = jax.jit(lambda x: round_trip(x, store))
     x = jnp.arange(n, dtype=jnp.float32)
     got = np.asarray(f(x))
-    assert_bits(got, np.arange(n, dtype=np.float32)[None] + np.arange(count, dtype=np.float32)[:, None])
+    assert_bits(
+      got, np.arange(n, dtype=np.float32)[None] + np.arange(count, dtype=np.float32)[:, None]
+    )
     s = store.stats()
     # One spill in flight (the cap counts tensor bytes: one 4 MiB spill fills it) plus the loads
     # brought back ahead, as the pool reserves them: half of the 64 MiB that staging all 16
@@ -1055,6 +1107,18 @@ def test_load_bytes_cap_is_settable():
 # close() while I/O is in flight (issue 20, defect 3)
 
 
+def load_like(ticket, *, like, store, site):
+  return offload.load(ticket, like, store, site=site)
+
+
+def load_into(load, ticket, result):
+  """Runs `load(ticket)`, leaving its value or its error in `result` (on a thread of its own)."""
+  try:
+    result["value"] = np.asarray(jax.block_until_ready(load(ticket))[0])
+  except Exception as e:  # noqa: BLE001 - the test inspects it
+    result["error"] = e
+
+
 @pytest.mark.parametrize("tier", ["ssd", "ram"])
 def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd_dir, tier):
   """A load in flight on another thread when close() is called ends with the right data or
@@ -1070,15 +1134,9 @@ def test_close_during_a_load_fails_it_as_closed_and_frees_everything(device, ssd
     ticket = spill_fn(store, site, tier)([x])
     if tier == "ssd":
       wait_written(store, padded(x.nbytes))
-    load = jax.jit(lambda t: offload.load(t, [x], store, site=site)).lower(ticket).compile()
+    load = jax.jit(functools.partial(load_like, like=[x], store=store, site=site))
     result = {}
-
-    def run():
-      try:
-        result["value"] = np.asarray(jax.block_until_ready(load(ticket))[0])
-      except Exception as e:  # noqa: BLE001 - the test inspects it
-        result["error"] = e
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=load_into, args=(load.lower(ticket).compile(), ticket, result))
     thread.start()
     deadline = time.monotonic() + 10
     while tier == "ssd" and store.stats()["ssd_read"] == 0 and time.monotonic() < deadline:
@@ -1121,8 +1179,9 @@ def test_close_with_outstanding_spills_frees_their_files(device, ssd_dir):
 
 
 @pytest.mark.parametrize("tier", ["ram", "ssd"])
-def test_remat_offload_of_a_closure_over_weights_has_the_plain_gradient(device, highest,
-                                                                       ssd_dir, tier):
+def test_remat_offload_of_a_closure_over_weights_has_the_plain_gradient(
+  device, highest, ssd_dir, tier
+):
   ws, x = params(4)
   w = jax.tree.map(lambda a: a[0], ws)
 
@@ -1143,8 +1202,9 @@ def test_remat_offload_of_a_closure_over_weights_has_the_plain_gradient(device, 
 
 
 @pytest.mark.parametrize("tier", ["ram", "ssd"])
-def test_remat_offload_of_an_nnx_module_closure_has_the_plain_gradient(device, highest,
-                                                                      ssd_dir, tier):
+def test_remat_offload_of_an_nnx_module_closure_has_the_plain_gradient(
+  device, highest, ssd_dir, tier
+):
   from flax import nnx
 
   class Block(nnx.Module):
@@ -1168,8 +1228,10 @@ def test_remat_offload_of_an_nnx_module_closure_has_the_plain_gradient(device, h
   x = jax.random.normal(jax.random.key(5), (N, D), jnp.float32)
   loss = lambda m, x: jnp.sum(m(x) ** 2)  # noqa: E731
   with make_store(ssd_dir) as store:
-    for policy in (offload.offload(store, tier, min_bytes=0), offload.offload(
-        store, tier, inner=jax.checkpoint_policies.dots_saveable, min_bytes=0)):
+    for policy in (
+      offload.offload(store, tier, min_bytes=0),
+      offload.offload(store, tier, inner=jax.checkpoint_policies.dots_saveable, min_bytes=0),
+    ):
       plain = Model(None, nnx.Rngs(0))
       model = Model(policy, nnx.Rngs(0))
       want = nnx.grad(loss, argnums=(0, 1))(plain, x)

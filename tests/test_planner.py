@@ -1,4 +1,5 @@
 """The offload planner's cost model and search, against hand-worked timelines and brute force."""
+
 import itertools
 
 import jax
@@ -43,9 +44,11 @@ def test_predict_offload_timeline_by_hand():
 
 
 def test_predict_staging_piles_up_when_pcie_is_slower_than_compute():
-  o = moved("o", 100 * MB, 0.3, 0.1)    # 0.1 s of forward makes 1 s of transfer
+  o = moved("o", 100 * MB, 0.3, 0.1)  # 0.1 s of forward makes 1 s of transfer
   p = predict([o] * 4, 100 * MB, d2d_bandwidth=1e30)
-  assert p.device_bytes == p.spill_bytes == 4 * 100 * MB         # all four still staged when the forward ends
+  assert (
+    p.device_bytes == p.spill_bytes == 4 * 100 * MB
+  )  # all four still staged when the forward ends
   p = predict([o] * 4, 1e15, d2d_bandwidth=1e30)
   assert p.spill_bytes == 100 * MB
   # A fast link drains each spill before the next arrives; the peak is the loads brought back
@@ -69,13 +72,17 @@ def test_predict_needs_bandwidth_for_offload():
   assert predict([keep("k", MB, 1.0, 0.5)], 0.0)[0] == pytest.approx(1.0)
 
 
-CANDS = [keep("recompute", 0, 4.0, 1.0), keep("keep", 300 * MB, 3.0, 1.0),
-         keep("keep-some", 100 * MB, 3.3, 1.0), moved("offload", 300 * MB, 3.0, 1.0)]
+CANDS = [
+  keep("recompute", 0, 4.0, 1.0),
+  keep("keep", 300 * MB, 3.0, 1.0),
+  keep("keep-some", 100 * MB, 3.3, 1.0),
+  moved("offload", 300 * MB, 3.0, 1.0),
+]
 
 
 def test_plan_extremes():
   big = planner.plan(4, CANDS, 1 << 40, bandwidth=1e12)
-  assert {str(p) for p in big.policies} <= {"keep", "offload"}   # both as fast as it gets
+  assert {str(p) for p in big.policies} <= {"keep", "offload"}  # both as fast as it gets
   assert big.seconds == pytest.approx(12.0, rel=1e-3)
   none = planner.plan(4, CANDS, 0, bandwidth=0.0)
   assert [str(p) for p in none.policies] == ["recompute"] * 4
@@ -90,8 +97,14 @@ def test_plan_is_the_best_of_every_fitting_mix(budget_mb):
   bw = 150 * MB
   best = planner.plan(4, CANDS, budget_mb * MB, bw)
   assert best.device_bytes <= budget_mb * MB
-  brute = min((predict(list(p), bw)[0] for p in itertools.product(CANDS, repeat=4)
-               if predict(list(p), bw)[1] <= budget_mb * MB), default=None)
+  brute = min(
+    (
+      predict(list(p), bw)[0]
+      for p in itertools.product(CANDS, repeat=4)
+      if predict(list(p), bw)[1] <= budget_mb * MB
+    ),
+    default=None,
+  )
   assert brute is not None
   assert brute - 1e-9 <= best.seconds <= brute * 1.05
 
@@ -100,29 +113,30 @@ def test_residual_bytes_counts_what_the_vjp_keeps():
   w = jnp.ones((8, 16), jnp.float32)
 
   def f(w, x):
-    h = jnp.sin(x @ w)      # keeps cos(x @ w) or x @ w: [4, 16] float32
+    h = jnp.sin(x @ w)  # keeps cos(x @ w) or x @ w: [4, 16] float32
     return h @ w.T
 
   x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
   everything = planner.residual_bytes(f, (w, x))
   nothing = planner.residual_bytes(f, (w, x), jax.checkpoint_policies.nothing_saveable)
   dots = planner.residual_bytes(f, (w, x), jax.checkpoint_policies.dots_saveable)
-  assert nothing == 0                   # inputs only: they are not counted
-  assert dots == 4 * 16 * 4             # x @ w
+  assert nothing == 0  # inputs only: they are not counted
+  assert dots == 4 * 16 * 4  # x @ w
   assert everything >= dots
 
 
 def test_block_seconds_and_candidates_on_a_gpt_block():
   from flax import nnx
+
   from jaxdata.nn import gpt_plan
   from jaxdata.nn.gpt import GPT, GPTConfig, block_fn
+
   cfg = GPTConfig(vocab=32, layers=2, hidden=32, heads=2, seq=16, dtype=jnp.float32)
   blk = block_fn(GPT(cfg, rngs=nnx.Rngs(0)), (2, 16))
   args = (blk.layer(0), blk.x)
-  sizes = {n: planner.residual_bytes(blk.apply, args, p)
-           for n, p in gpt_plan.candidates().items()}
-  unit = 2 * 16 * 32 * 4                # one (batch, seq, hidden) float32 activation
-  assert sizes["ctx"] >= 2 * unit       # the attention output and the projection's
+  sizes = {n: planner.residual_bytes(blk.apply, args, p) for n, p in gpt_plan.candidates().items()}
+  unit = 2 * 16 * 32 * 4  # one (batch, seq, hidden) float32 activation
+  assert sizes["ctx"] >= 2 * unit  # the attention output and the projection's
   assert sizes["attn"] >= 5 * unit and sizes["mlp"] >= 5 * unit
   assert sizes["proj"] > sizes["attn"] > sizes["ctx"] and sizes["proj"] > sizes["mlp"]
   assert sizes["all"] > sizes["proj"]
@@ -139,40 +153,63 @@ def test_choices_count_the_carried_input():
   f = lambda w, x: jnp.sin(x @ w) @ w  # noqa: E731
   x_bytes, r = 8 * 16 * 4, planner.residual_bytes(f, (w, x))
   with offload.TensorStore(ram_bytes=1 << 20) as store:
-    got = {str(c.policy): (c.device_bytes, c.offload_bytes)
-           for c in planner.choices(f, (w, x), store, {"all": None}, repeats=1, carry=1)}
-    assert got == {"recompute": (x_bytes, 0), "offload[in]": (0, x_bytes),
-                   "keep[all]": (r + x_bytes, 0), "offload[all]": (x_bytes, r),
-                   "offload[all]+in": (0, r + x_bytes)}
+    got = {
+      str(c.policy): (c.device_bytes, c.offload_bytes)
+      for c in planner.choices(f, (w, x), store, {"all": None}, repeats=1, carry=1)
+    }
+    assert got == {
+      "recompute": (x_bytes, 0),
+      "offload[in]": (0, x_bytes),
+      "keep[all]": (r + x_bytes, 0),
+      "offload[all]": (x_bytes, r),
+      "offload[all]+in": (0, r + x_bytes),
+    }
     plain = planner.choices(f, (w, x), store, {"all": None}, repeats=1)
     assert {str(c.policy): (c.device_bytes, c.offload_bytes) for c in plain} == {
-        "recompute": (0, 0), "keep[all]": (r, 0), "offload[all]": (0, r)}
-    moved = {str(c.policy): c.policy for c in planner.choices(
-        f, (w, x), store, {"all": None}, repeats=1, carry=1)}
+      "recompute": (0, 0),
+      "keep[all]": (r, 0),
+      "offload[all]": (0, r),
+    }
+    moved = {
+      str(c.policy): c.policy
+      for c in planner.choices(f, (w, x), store, {"all": None}, repeats=1, carry=1)
+    }
     assert moved["offload[in]"].inputs == (1,) and moved["offload[all]+in"].inputs == (1,)
     assert moved["offload[all]"].inputs == ()
     # A block whose VJP does not keep its input (sin keeps cos x and sin x): nothing to count
     # for "all", no "+in" variant; recomputing still needs the input.
     g = lambda w, x: jnp.sin(x) @ w  # noqa: E731
     r_g = planner.residual_bytes(g, (w, x))
-    got = {str(c.policy): (c.device_bytes, c.offload_bytes)
-           for c in planner.choices(g, (w, x), store, {"all": None}, repeats=1, carry=1)}
-    assert got == {"recompute": (x_bytes, 0), "offload[in]": (0, x_bytes),
-                   "keep[all]": (r_g, 0), "offload[all]": (0, r_g)}
+    got = {
+      str(c.policy): (c.device_bytes, c.offload_bytes)
+      for c in planner.choices(g, (w, x), store, {"all": None}, repeats=1, carry=1)
+    }
+    assert got == {
+      "recompute": (x_bytes, 0),
+      "offload[in]": (0, x_bytes),
+      "keep[all]": (r_g, 0),
+      "offload[all]": (0, r_g),
+    }
 
 
 def test_policy_named_round_trips_the_names_plans_print():
   from jaxdata.nn import gpt_plan
+
   with offload.TensorStore(ram_bytes=1 << 20) as store:
-    for name, mode, inputs in [("recompute", "recompute", ()), ("keep[dots]", "keep", ()),
-                               ("offload[mlp]", "offload", ()),
-                               ("offload[mlp]+in", "offload", (1,)),
-                               ("offload[in]", "offload", (1,))]:
+    for name, mode, inputs in [
+      ("recompute", "recompute", ()),
+      ("keep[dots]", "keep", ()),
+      ("offload[mlp]", "offload", ()),
+      ("offload[mlp]+in", "offload", (1,)),
+      ("offload[in]", "offload", (1,)),
+    ]:
       p = gpt_plan.policy_named(name, store)
       assert (str(p), p.mode, p.inputs) == (name, mode, inputs)
       if mode == "offload":
         assert p.store is store
-    assert gpt_plan.policy_named("offload[in]", store).inner is jax.checkpoint_policies.nothing_saveable
+    assert (
+      gpt_plan.policy_named("offload[in]", store).inner is jax.checkpoint_policies.nothing_saveable
+    )
     for bad in ("keep[in]", "keep[dots]+in", "offload[in]+in", "offload[nope]", "dots", ""):
       with pytest.raises(ValueError, match="unknown policy"):
         gpt_plan.policy_named(bad, store)

@@ -1,5 +1,6 @@
 """jaxdata.data.powerlaw: the CSR is valid, the result is deterministic, degrees are heavy-tailed,
 the graph is as homophilous as asked, and the task is learnable from the neighbourhood only."""
+
 import numpy as np
 import pytest
 
@@ -17,8 +18,18 @@ def default():
 
 
 def _arrays(ds: NodeDataset) -> dict:
-  return {name: getattr(ds, name) for name in (
-      "indptr", "indices", "features", "labels", "train_nodes", "val_nodes", "test_nodes")}
+  return {
+    name: getattr(ds, name)
+    for name in (
+      "indptr",
+      "indices",
+      "features",
+      "labels",
+      "train_nodes",
+      "val_nodes",
+      "test_nodes",
+    )
+  }
 
 
 def _assert_valid(ds: NodeDataset):
@@ -35,17 +46,29 @@ def _assert_valid(ds: NodeDataset):
 
 # -- the CSR and the splits ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs", [
-    SMALL, dict(SMALL, num_edges=0), dict(SMALL, feature_dim=0), dict(SMALL, exponent=0.0),
+
+@pytest.mark.parametrize(
+  "kwargs",
+  [
+    SMALL,
+    dict(SMALL, num_edges=0),
+    dict(SMALL, feature_dim=0),
+    dict(SMALL, exponent=0.0),
     dict(num_nodes=1, num_edges=10, num_classes=1, feature_dim=3),
-    dict(SMALL, num_classes=7, homophily=1.0)])
+    dict(SMALL, num_classes=7, homophily=1.0),
+  ],
+)
 def test_csr_is_valid(kwargs):
   ds = powerlaw_graph(**kwargs)
   _assert_valid(ds)
   assert (ds.num_nodes, ds.num_edges, ds.feature_dim) == (
-      kwargs["num_nodes"], kwargs["num_edges"], kwargs["feature_dim"])
-  assert np.all(np.bincount(ds.labels, minlength=ds.num_classes) >= ds.num_nodes //
-                ds.num_classes)  # classes equally common
+    kwargs["num_nodes"],
+    kwargs["num_edges"],
+    kwargs["feature_dim"],
+  )
+  assert np.all(
+    np.bincount(ds.labels, minlength=ds.num_classes) >= ds.num_nodes // ds.num_classes
+  )  # classes equally common
 
 
 def test_splits_are_disjoint_sorted_and_sized(default):
@@ -56,8 +79,10 @@ def test_splits_are_disjoint_sorted_and_sized(default):
     assert s.dtype == np.int32 and np.all(np.diff(s) > 0)
   assert len(np.unique(np.concatenate(splits))) == sum(len(s) for s in splits)
   whole = powerlaw_graph(**SMALL, train_fraction=0.5, val_fraction=0.25, test_fraction=0.25)
-  assert np.array_equal(np.sort(np.concatenate(
-      [whole.train_nodes, whole.val_nodes, whole.test_nodes])), np.arange(whole.num_nodes))
+  assert np.array_equal(
+    np.sort(np.concatenate([whole.train_nodes, whole.val_nodes, whole.test_nodes])),
+    np.arange(whole.num_nodes),
+  )
 
 
 def test_arrays_are_read_only_and_repr_reports_sizes(default):
@@ -69,6 +94,7 @@ def test_arrays_are_read_only_and_repr_reports_sizes(default):
 
 
 # -- determinism ----------------------------------------------------------------------------------
+
 
 def test_same_seed_same_arrays_different_seed_different_arrays():
   first, again, other = (powerlaw_graph(**SMALL, seed=s) for s in (3, 3, 4))
@@ -103,6 +129,7 @@ def test_progress_bar_runs(capsys):
 
 # -- the shape of the graph -----------------------------------------------------------------------
 
+
 def test_degrees_are_heavy_tailed():
   ds = powerlaw_graph(**MEDIUM)
   assert np.array_equal(ds.out_degrees(), np.bincount(ds.indices, minlength=ds.num_nodes))
@@ -132,6 +159,7 @@ def test_full_homophily_joins_only_nodes_of_one_class():
 
 # -- the task -------------------------------------------------------------------------------------
 
+
 def _own_and_neighbour_mean(ds: NodeDataset, nodes: np.ndarray):
   """(own features, mean of in-neighbours' features; zeros without in-neighbours) of `nodes`."""
   starts, lengths = ds.indptr[nodes], np.diff(ds.indptr)[nodes]
@@ -157,8 +185,9 @@ def test_neighbourhood_predicts_the_class_and_own_features_only_weakly(default):
   y_train, y_test = default.labels[default.train_nodes], default.labels[default.test_nodes]
   c = default.num_classes
   own = _nearest_centroid_accuracy(own_train, y_train, own_test, y_test, c)
-  both = _nearest_centroid_accuracy(np.hstack([own_train, mean_train]), y_train,
-                                    np.hstack([own_test, mean_test]), y_test, c)
+  both = _nearest_centroid_accuracy(
+    np.hstack([own_train, mean_train]), y_train, np.hstack([own_test, mean_test]), y_test, c
+  )
   chance = 1 / c
   # 10,000 test nodes: an accuracy's standard error is below 0.005.
   assert own > chance + 0.05  # the own features carry a little signal...
@@ -168,7 +197,10 @@ def test_neighbourhood_predicts_the_class_and_own_features_only_weakly(default):
 
 # -- arguments ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, match", [
+
+@pytest.mark.parametrize(
+  "kwargs, error, match",
+  [
     (dict(num_nodes=0), ValueError, "num_nodes"),
     (dict(num_nodes=2.5), TypeError, "num_nodes"),
     (dict(num_nodes=True), TypeError, "num_nodes"),
@@ -182,8 +214,11 @@ def test_neighbourhood_predicts_the_class_and_own_features_only_weakly(default):
     (dict(feature_signal=float("nan")), ValueError, "feature_signal"),
     (dict(train_fraction=1.0), ValueError, "train_fraction"),
     (dict(val_fraction=-0.1), ValueError, "val_fraction"),
-    (dict(train_fraction=0.6, val_fraction=0.3, test_fraction=0.3), ValueError,
-     "train_fraction \\+ val_fraction \\+ test_fraction"),
+    (
+      dict(train_fraction=0.6, val_fraction=0.3, test_fraction=0.3),
+      ValueError,
+      "train_fraction \\+ val_fraction \\+ test_fraction",
+    ),
     (dict(seed=-1), ValueError, "seed"),
     (dict(num_threads=0), ValueError, "num_threads"),
     (dict(name=3), TypeError, "name"),
@@ -191,7 +226,8 @@ def test_neighbourhood_predicts_the_class_and_own_features_only_weakly(default):
     (dict(features_out=np.zeros((10, 4), np.float64)), TypeError, "features_out"),
     (dict(features_out=np.zeros((10, 5), np.float32)), ValueError, "features_out"),
     (dict(features_out=np.zeros((4, 10), np.float32).T), ValueError, "features_out"),
-])
+  ],
+)
 def test_bad_arguments_raise_naming_the_argument(kwargs, error, match):
   base = dict(num_nodes=10, num_edges=20, feature_dim=4, num_classes=2)
   with pytest.raises(error, match=match):

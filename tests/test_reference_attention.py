@@ -11,6 +11,7 @@ XLA's CPU compiles dominate the time here, so each layer goes through one jitted
 `step(name, edges, x, params, ct) -> (out, grads)` whose edges are arguments, compiled once per
 shape for all the tests of that shape, without LLVM's optimisations.
 """
+
 import functools
 import math
 
@@ -20,8 +21,9 @@ import numpy as np
 import pytest
 
 from jaxdata.bench import rgnn_peers as peers
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
 from jaxdata.data import HeteroGraph, mag
+from jaxdata.reference import attention as attention_ref
+from jaxdata.reference import rgcn as rgcn_ref
 
 TOL = dict(rtol=1e-9, atol=1e-11)
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -53,9 +55,11 @@ def tree_allclose(got, want, **tol):
 @functools.partial(jit, static_argnames=("name", "precision"))
 def rgat_step(name, edges, x, params, ct, precision=None):
   """RGAT[name]'s output and the gradients of sum(out * ct) in x and params."""
+
   def loss(x, params):
     out = attention_ref.RGAT[name](*edges, x, params, precision=precision)
     return jnp.vdot(out, ct.astype(out.dtype)), out
+
   (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, params)
   return out, grads
 
@@ -63,9 +67,11 @@ def rgat_step(name, edges, x, params, ct, precision=None):
 @functools.partial(jit, static_argnames=("name", "precision"))
 def hgt_step(name, edges, xs, params, cts, precision=None):
   """HGT[name]'s per-type outputs and the gradients of sum_t sum(out_t * ct_t)."""
+
   def loss(xs, params):
     outs = attention_ref.HGT[name](*edges, xs, params, precision=precision)
     return sum(jnp.vdot(o, c.astype(o.dtype)) for o, c in zip(outs, cts)), outs
+
   (_, outs), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(xs, params)
   return outs, grads
 
@@ -80,8 +86,7 @@ def hgt_forward(name, edges, xs, params, precision=None):
 # Graphs
 
 
-def random_edges(rng, num_nodes, num_edges, num_relations, *, used_relations=None,
-                 dst_nodes=None):
+def random_edges(rng, num_nodes, num_edges, num_relations, *, used_relations=None, dst_nodes=None):
   """Random edges plus 3 self loops and 4 repeated edges; only `dst_nodes` get in-edges."""
   used = np.arange(num_relations) if used_relations is None else np.asarray(used_relations)
   targets = np.arange(num_nodes) if dst_nodes is None else np.asarray(dst_nodes)
@@ -97,22 +102,27 @@ def random_edges(rng, num_nodes, num_edges, num_relations, *, used_relations=Non
 
 
 RGAT_GRAPHS = {
-    # name: (num_nodes, num_edges, num_relations, used relations, nodes with in-edges)
-    "mixed": (14, 40, 5, [0, 2, 3], np.arange(11)),  # relations 1, 4 and nodes 11-13: none
-    "no edges": (5, 0, 5, None, None),
+  # name: (num_nodes, num_edges, num_relations, used relations, nodes with in-edges)
+  "mixed": (14, 40, 5, [0, 2, 3], np.arange(11)),  # relations 1, 4 and nodes 11-13: none
+  "no edges": (5, 0, 5, None, None),
 }
 
 
 def rgat_case(graph="mixed", seed=0, d_in=5, d=3, heads=2, dtype=np.float64):
   num_nodes, num_edges, num_relations, used, targets = RGAT_GRAPHS[graph]
   rng = np.random.default_rng(seed)
-  src, dst, etype = random_edges(rng, num_nodes, num_edges, num_relations, used_relations=used,
-                                 dst_nodes=targets)
-  edges = attention_ref.Edges.build(src, dst, etype, num_nodes=num_nodes, num_relations=num_relations)
+  src, dst, etype = random_edges(
+    rng, num_nodes, num_edges, num_relations, used_relations=used, dst_nodes=targets
+  )
+  edges = attention_ref.Edges.build(
+    src, dst, etype, num_nodes=num_nodes, num_relations=num_relations
+  )
   x = rng.standard_normal((num_nodes, d_in))
-  params = attention_ref.RGATParams(rng.standard_normal((num_relations, d_in, heads * d)),
-                            rng.standard_normal((num_relations, heads, d)),
-                            rng.standard_normal((num_relations, heads, d)))
+  params = attention_ref.RGATParams(
+    rng.standard_normal((num_relations, d_in, heads * d)),
+    rng.standard_normal((num_relations, heads, d)),
+    rng.standard_normal((num_relations, heads, d)),
+  )
   ct = rng.standard_normal((num_nodes, heads * d))
   cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
   return edges, cast(x), jax.tree.map(cast, params), cast(ct)
@@ -141,13 +151,19 @@ def random_hgt_params(rng, widths, num_relations, heads, d, d_out):
   f = heads * d
   per_type = lambda shapes: tuple(rng.standard_normal(s) * 0.5 for s in shapes)  # noqa: E731
   return attention_ref.HGTParams(
-      k_w=per_type([(w, f) for w in widths]), k_b=per_type([(f,)] * len(widths)),
-      q_w=per_type([(w, f) for w in widths]), q_b=per_type([(f,)] * len(widths)),
-      v_w=per_type([(w, f) for w in widths]), v_b=per_type([(f,)] * len(widths)),
-      a_w=per_type([(f, d_out)] * len(widths)), a_b=per_type([(d_out,)] * len(widths)),
-      w_att=rng.standard_normal((num_relations, heads, d, d)) * 0.5,
-      w_msg=rng.standard_normal((num_relations, heads, d, d)) * 0.5,
-      mu=rng.uniform(0.5, 1.5, (num_relations, heads)), skip=rng.standard_normal(len(widths)))
+    k_w=per_type([(w, f) for w in widths]),
+    k_b=per_type([(f,)] * len(widths)),
+    q_w=per_type([(w, f) for w in widths]),
+    q_b=per_type([(f,)] * len(widths)),
+    v_w=per_type([(w, f) for w in widths]),
+    v_b=per_type([(f,)] * len(widths)),
+    a_w=per_type([(f, d_out)] * len(widths)),
+    a_b=per_type([(d_out,)] * len(widths)),
+    w_att=rng.standard_normal((num_relations, heads, d, d)) * 0.5,
+    w_msg=rng.standard_normal((num_relations, heads, d, d)) * 0.5,
+    mu=rng.uniform(0.5, 1.5, (num_relations, heads)),
+    skip=rng.standard_normal(len(widths)),
+  )
 
 
 def hgt_case(seed=0, heads=2, d=3, d_out=4, dtype=np.float64):
@@ -155,8 +171,9 @@ def hgt_case(seed=0, heads=2, d=3, d_out=4, dtype=np.float64):
   src, dst, etype, xs, num_relations = typed_graph(seed)
   rng = np.random.default_rng(seed + 100)
   params = random_hgt_params(rng, [x.shape[1] for x in xs], num_relations, heads, d, d_out)
-  edges = attention_ref.Edges.build(src, dst, etype, num_nodes=sum(len(x) for x in xs),
-                            num_relations=num_relations)
+  edges = attention_ref.Edges.build(
+    src, dst, etype, num_nodes=sum(len(x) for x in xs), num_relations=num_relations
+  )
   cts = [rng.standard_normal((len(x), d_out)) for x in xs]
   cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
   return edges, jax.tree.map(cast, xs), jax.tree.map(cast, params), jax.tree.map(cast, cts)
@@ -184,13 +201,13 @@ def loop_rgat(src, dst, etype, x, params):
       scores, messages = [], []
       for e in into:
         r = etype[e]
-        h_src = (x[src[e]] @ w[r])[h * d:(h + 1) * d]
-        h_dst = (x[i] @ w[r])[h * d:(h + 1) * d]
+        h_src = (x[src[e]] @ w[r])[h * d : (h + 1) * d]
+        h_dst = (x[i] @ w[r])[h * d : (h + 1) * d]
         s = a_src[r, h] @ h_src + a_dst[r, h] @ h_dst
         scores.append(s if s > 0 else 0.2 * s)
         messages.append(h_src)
       if into:
-        out[i, h * d:(h + 1) * d] = softmax(scores) @ np.array(messages)
+        out[i, h * d : (h + 1) * d] = softmax(scores) @ np.array(messages)
   return out
 
 
@@ -262,14 +279,15 @@ def dense_rgat(count, x, params):
 def dense_hgt(count, xs, p):
   heads, d = p.mu.shape[1], p.w_att.shape[-1]
   project = lambda ws, bs: jnp.concatenate(  # noqa: E731
-      [x @ w + b for x, w, b in zip(xs, ws, bs)]).reshape(-1, heads, d)
+    [x @ w + b for x, w, b in zip(xs, ws, bs)]
+  ).reshape(-1, heads, d)
   k, q, v = project(p.k_w, p.k_b), project(p.q_w, p.q_b), project(p.v_w, p.v_b)
   k_r = jnp.einsum("jhd,rhde->rjhe", k, p.w_att)
   scores = jnp.einsum("rjhe,ihe->rijh", k_r, q) * p.mu[:, None, None] / math.sqrt(d)
   agg = dense_attention(scores, count, jnp.einsum("jhd,rhde->rjhe", v, p.w_msg))
   outs, start = [], 0
   for t, x in enumerate(xs):
-    y = jax.nn.gelu(agg[start:start + len(x)], approximate=False) @ p.a_w[t] + p.a_b[t]
+    y = jax.nn.gelu(agg[start : start + len(x)], approximate=False) @ p.a_w[t] + p.a_b[t]
     start += len(x)
     if y.shape[-1] == x.shape[-1]:
       gate = jax.nn.sigmoid(p.skip[t])
@@ -291,6 +309,7 @@ def dense_rgat_step(count, x, params, ct):
   def loss(x, params):
     out = dense_rgat(count, x, params)
     return jnp.vdot(out, ct), out
+
   (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, params)
   return out, grads
 
@@ -300,6 +319,7 @@ def dense_hgt_step(count, xs, params, cts):
   def loss(xs, params):
     outs = dense_hgt(count, xs, params)
     return sum(jnp.vdot(o, c) for o, c in zip(outs, cts)), outs
+
   (_, outs), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(xs, params)
   return outs, grads
 
@@ -312,8 +332,9 @@ def test_edge_softmax_sums_to_one_and_survives_large_scores():
   rng = np.random.default_rng(0)
   dst = jnp.asarray(rng.integers(0, 6, 40))
   scores = jnp.asarray(rng.standard_normal((40, 3)) * 50 + 1000)  # exp(1000) overflows
-  softmax_sums = jax.jit(lambda s: jax.ops.segment_sum(attention_ref.edge_softmax(s, dst, 8), dst,
-                                                       num_segments=8))
+  softmax_sums = jax.jit(
+    lambda s: jax.ops.segment_sum(attention_ref.edge_softmax(s, dst, 8), dst, num_segments=8)
+  )
   sums = softmax_sums(scores)
   want = np.where(np.bincount(np.asarray(dst), minlength=8) > 0, 1.0, 0.0)[:, None]
   np.testing.assert_allclose(sums, np.broadcast_to(want, sums.shape), rtol=1e-12, atol=1e-12)
@@ -340,8 +361,9 @@ def test_edges_build_sorts_and_checks():
 def test_rgat_dense_reference_matches_loop(graph):
   edges, x, params, ct = rgat_case(graph)
   out, _ = dense_rgat_step(edge_counts(edges, 5, len(x)), x, params, ct)
-  np.testing.assert_allclose(out, loop_rgat(*numpy_edges(edges), as_numpy(x), as_numpy(params)),
-                             **TOL)
+  np.testing.assert_allclose(
+    out, loop_rgat(*numpy_edges(edges), as_numpy(x), as_numpy(params)), **TOL
+  )
 
 
 @pytest.mark.parametrize("graph", list(RGAT_GRAPHS))
@@ -351,8 +373,9 @@ def test_rgat_matches_references(name, graph):
   edges, x, params, ct = rgat_case(graph)
   out, grads = rgat_step(name, edges, x, params, ct)
   assert out.shape == (len(x), params.w.shape[-1]) and out.dtype == jnp.float64
-  np.testing.assert_allclose(out, loop_rgat(*numpy_edges(edges), as_numpy(x), as_numpy(params)),
-                             **TOL)
+  np.testing.assert_allclose(
+    out, loop_rgat(*numpy_edges(edges), as_numpy(x), as_numpy(params)), **TOL
+  )
   _, want = dense_rgat_step(edge_counts(edges, 5, len(x)), x, params, ct)
   tree_allclose(grads, want, **TOL)
 
@@ -364,11 +387,12 @@ def test_rgat_gradient_matches_finite_differences():
   rng = np.random.default_rng(3)
   direction = jax.tree.map(lambda a: jnp.asarray(rng.standard_normal(a.shape)), (x, params))
   eps = 1e-6
-  shifted = lambda s: loss(*jax.tree.map(lambda a, v: a + s * eps * v,  # noqa: E731
-                                         (x, params), direction))
+
+  def shifted(s):
+    return loss(*jax.tree.map(lambda a, v: a + s * eps * v, (x, params), direction))
+
   numeric = (shifted(1) - shifted(-1)) / (2 * eps)
-  analytic = sum(np.vdot(g, v) for g, v in zip(jax.tree.leaves(grads),
-                                                jax.tree.leaves(direction)))
+  analytic = sum(np.vdot(g, v) for g, v in zip(jax.tree.leaves(grads), jax.tree.leaves(direction)))
   np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
 
 
@@ -381,8 +405,9 @@ def test_rgat_bfloat16(name):
   out, grads = rgat_step(name, edges, x, params, ct, precision=HIGHEST)
   assert out.dtype == jnp.bfloat16
   assert all(g.dtype == jnp.bfloat16 for g in jax.tree.leaves(grads))
-  np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=0.05 * np.abs(want).max(),
-                             rtol=0.05)
+  np.testing.assert_allclose(
+    np.asarray(out, np.float64), want, atol=0.05 * np.abs(want).max(), rtol=0.05
+  )
   _, want_grads = dense_rgat_step(edge_counts(edges, 5, len(x64)), x64, params64, ct64)
   for g, w in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
     np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=0.1 * np.abs(w).max())
@@ -407,10 +432,15 @@ def test_init_rgat_shapes_and_seed():
   p = attention_ref.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2)
   assert p.w.shape == (3, 5, 8) and p.a_src.shape == p.a_dst.shape == (3, 2, 4)
   assert p.w.dtype == jnp.float32 and p.heads == 2
-  tree_allclose(p, attention_ref.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2),
-                rtol=0, atol=0)
-  assert not np.allclose(p.w, attention_ref.init_rgat(1, num_relations=3, in_features=5,
-                                              head_features=4, heads=2).w)
+  tree_allclose(
+    p,
+    attention_ref.init_rgat(0, num_relations=3, in_features=5, head_features=4, heads=2),
+    rtol=0,
+    atol=0,
+  )
+  assert not np.allclose(
+    p.w, attention_ref.init_rgat(1, num_relations=3, in_features=5, head_features=4, heads=2).w
+  )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -451,8 +481,7 @@ def test_hgt_bfloat16(name):
   outs = hgt_forward(name, edges, xs, params, precision=HIGHEST)
   for o, w in zip(outs, want):
     assert o.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(o, np.float64), w, atol=0.06 * np.abs(w).max(),
-                               rtol=0.06)
+    np.testing.assert_allclose(np.asarray(o, np.float64), w, atol=0.06 * np.abs(w).max(), rtol=0.06)
 
 
 def test_hgt_float32_step_through_rgnn_peers():
@@ -485,8 +514,9 @@ def test_hgt_rejects_mismatched_types():
 
 
 def test_init_hgt_shapes():
-  p = attention_ref.init_hgt(0, in_features=[5, 7], num_relations=3, head_features=4, heads=2,
-                     out_features=6)
+  p = attention_ref.init_hgt(
+    0, in_features=[5, 7], num_relations=3, head_features=4, heads=2, out_features=6
+  )
   assert [w.shape for w in p.k_w] == [(5, 8), (7, 8)] and p.a_w[1].shape == (8, 6)
   assert p.w_att.shape == p.w_msg.shape == (3, 2, 4, 4) and p.mu.shape == (3, 2)
   np.testing.assert_array_equal(p.mu, 1)
@@ -501,17 +531,26 @@ def test_init_hgt_shapes():
 def pyg_rgat(torch, heads, d_in=5, d=3, num_relations=5, seed=0):
   """A PyG RGATConv as PyG initialises it; heads > 1: q, k zeroed outside the head blocks."""
   from torch_geometric.nn import RGATConv
+
   torch.manual_seed(seed)
-  conv = RGATConv(d_in, d, num_relations=num_relations, heads=heads, dim=1, concat=True,
-                  bias=False, attention_mode="additive-self-attention",
-                  attention_mechanism="across-relation").double()
+  conv = RGATConv(
+    d_in,
+    d,
+    num_relations=num_relations,
+    heads=heads,
+    dim=1,
+    concat=True,
+    bias=False,
+    attention_mode="additive-self-attention",
+    attention_mechanism="across-relation",
+  ).double()
   if heads > 1:
     with pytest.raises(ValueError, match="mixes heads"):
       attention_ref.rgat_params_from_pyg(conv)
     with torch.no_grad():
       mask = torch.zeros(heads * d, heads, dtype=torch.float64)
       for h in range(heads):
-        mask[h * d:(h + 1) * d, h] = 1
+        mask[h * d : (h + 1) * d, h] = 1
       conv.q.mul_(mask), conv.k.mul_(mask)
   return conv
 
@@ -539,11 +578,14 @@ def test_pyg_rgat_conv_holds_our_weights(torch):
   cpu = torch.device("cpu")
   with pytest.raises(ValueError, match="differ between relations"):
     attention_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
-  params = params._replace(a_src=jnp.broadcast_to(params.a_src[:1], params.a_src.shape),
-                           a_dst=jnp.broadcast_to(params.a_dst[:1], params.a_dst.shape))
+  params = params._replace(
+    a_src=jnp.broadcast_to(params.a_src[:1], params.a_src.shape),
+    a_dst=jnp.broadcast_to(params.a_dst[:1], params.a_dst.shape),
+  )
   conv = attention_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
-  want = conv(torch.tensor(np.asarray(x)),
-              *rgcn_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
+  want = conv(
+    torch.tensor(np.asarray(x)), *rgcn_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu)
+  )
   out, _ = rgat_step("ragged_dot", edges, x, params, ct)
   np.testing.assert_allclose(out, want.detach().numpy(), **TOL)
 
@@ -563,9 +605,11 @@ def mag_case(seed=0):
 def pyg_hgt(torch, types, metadata, in_channels, seed=0):
   """A PyG HGTConv as PyG initialises it, then random priors, skips and biases."""
   from torch_geometric.nn import HGTConv
+
   torch.manual_seed(seed)
-  conv = HGTConv(in_channels, MAG_HEADS * MAG_HEAD_FEATURES, (list(types), metadata),
-                 heads=MAG_HEADS).double()
+  conv = HGTConv(
+    in_channels, MAG_HEADS * MAG_HEAD_FEATURES, (list(types), metadata), heads=MAG_HEADS
+  ).double()
   with torch.no_grad():
     for param in [*conv.p_rel.values(), *conv.skip.values()]:
       param.uniform_(-1.5, 1.5)
@@ -577,8 +621,9 @@ def pyg_hgt(torch, types, metadata, in_channels, seed=0):
 def pyg_hgt_outputs(torch, conv, graph, xs, cts, types, relations, metadata):
   """conv's outputs and input gradients as NumPy lists in our type order."""
   xts = [torch.from_numpy(x).requires_grad_(True) for x in xs]
-  x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(graph.src, graph.dst, graph.etype, xts,
-                                                    types, relations, device=torch.device("cpu"))
+  x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(
+    graph.src, graph.dst, graph.etype, xts, types, relations, device=torch.device("cpu")
+  )
   # HGTConv's k_rel assumes edge_index_dict iterates in metadata order (is_sorted=True).
   out = conv(x_dict, {rel: edge_index_dict[rel] for rel in metadata})
   sum((out[t] * torch.from_numpy(c)).sum() for t, c in zip(types, cts)).backward()
@@ -610,17 +655,29 @@ def test_hgt_matches_pyg(torch, shuffle_metadata):
 def test_pyg_hgt_conv_holds_our_weights(torch):
   ds, xs, cts = mag_case(seed=1)
   types, relations = ds.graph.node_type_names, ds.relation_types
-  params = random_hgt_params(np.random.default_rng(1), [x.shape[1] for x in xs], len(relations),
-                             MAG_HEADS, MAG_HEAD_FEATURES, MAG_HEADS * MAG_HEAD_FEATURES)
-  conv = attention_ref.pyg_hgt_conv(params, types, relations, device=torch.device("cpu"),
-                            dtype=torch.float64)
+  params = random_hgt_params(
+    np.random.default_rng(1),
+    [x.shape[1] for x in xs],
+    len(relations),
+    MAG_HEADS,
+    MAG_HEAD_FEATURES,
+    MAG_HEADS * MAG_HEAD_FEATURES,
+  )
+  conv = attention_ref.pyg_hgt_conv(
+    params, types, relations, device=torch.device("cpu"), dtype=torch.float64
+  )
   want, _ = pyg_hgt_outputs(torch, conv, ds.graph, xs, cts, types, relations, relations)
-  outs = hgt_forward("transform-all-then-gather", attention_ref.Edges.from_graph(ds.graph),
-                     jax.tree.map(jnp.asarray, xs), jax.tree.map(jnp.asarray, params))
+  outs = hgt_forward(
+    "transform-all-then-gather",
+    attention_ref.Edges.from_graph(ds.graph),
+    jax.tree.map(jnp.asarray, xs),
+    jax.tree.map(jnp.asarray, params),
+  )
   tree_allclose(outs, want, **TOL)
   with pytest.raises(ValueError, match="d_out"):
-    attention_ref.pyg_hgt_conv(params._replace(a_w=tuple(w[:, :5] for w in params.a_w)), types,
-                       relations)
+    attention_ref.pyg_hgt_conv(
+      params._replace(a_w=tuple(w[:, :5] for w in params.a_w)), types, relations
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -635,20 +692,30 @@ def test_mag_sizes_types_and_relations():
   assert g.node_type_names == mag.NODE_TYPES
   counts = [max(1, round(mag.NUM_NODES[t] * scale)) for t in mag.NODE_TYPES]
   np.testing.assert_array_equal(g.node_type_offsets, np.cumsum([0, *counts]))
-  assert g.relation_names == ("writes", "cites", "has_topic", "affiliated_with", "rev_writes",
-                              "rev_cites", "rev_has_topic", "rev_affiliated_with")
+  assert g.relation_names == (
+    "writes",
+    "cites",
+    "has_topic",
+    "affiliated_with",
+    "rev_writes",
+    "rev_cites",
+    "rev_has_topic",
+    "rev_affiliated_with",
+  )
   per_relation = [round(mag.NUM_EDGES[name] * scale) for _, name, _ in mag.RELATIONS]
   np.testing.assert_array_equal(np.diff(g.relation_offsets), per_relation * 2)
   assert ds.relation_types[4] == ("paper", "rev_writes", "author")
   for r, (s_type, name, d_type) in enumerate(ds.relation_types):
     assert g.relation_names[r] == name
-    block = slice(*g.relation_offsets[r:r + 2])
+    block = slice(*g.relation_offsets[r : r + 2])
     for ends, node_type in ((g.src[block], s_type), (g.dst[block], d_type)):
       first, last = ds.node_range(node_type)
       assert ends.min() >= first and ends.max() < last, (name, node_type)
   for t, x in zip(mag.NODE_TYPES, ds.features):
-    assert x.dtype == np.float32 and x.shape == (ds.node_range(t)[1] - ds.node_range(t)[0],
-                                                 mag.FEATURE_DIMS[t])
+    assert x.dtype == np.float32 and x.shape == (
+      ds.node_range(t)[1] - ds.node_range(t)[0],
+      mag.FEATURE_DIMS[t],
+    )
   assert ds.labels.dtype == np.int32 and len(ds.labels) == counts[0]
   assert ds.labels.min() >= 0 and ds.labels.max() < 7
   splits = [ds.train_papers, ds.val_papers, ds.test_papers]
@@ -659,15 +726,23 @@ def test_mag_sizes_types_and_relations():
 def test_mag_reverses_mirror_forward_relations():
   ds = mag.synthetic_mag(scale=1e-3, seed=1, num_classes=5)
   g = ds.graph
-  pairs = lambda r, a, b: sorted(zip(a[slice(*g.relation_offsets[r:r + 2])].tolist(),  # noqa
-                                     b[slice(*g.relation_offsets[r:r + 2])].tolist()))
+
+  def pairs(r, a, b):
+    edges = slice(*g.relation_offsets[r : r + 2])
+    return sorted(zip(a[edges].tolist(), b[edges].tolist()))
+
   for r in range(4):
     assert pairs(r, g.src, g.dst) == pairs(r + 4, g.dst, g.src)
   # HeteroGraph.from_edges(add_inverse=True) of the forward edges gives the same graph.
   forward = slice(0, g.relation_offsets[4])
-  rebuilt = HeteroGraph.from_edges(g.src[forward], g.dst[forward], g.etype[forward],
-                                   num_nodes=g.num_nodes, relation_names=g.relation_names[:4],
-                                   add_inverse=True)
+  rebuilt = HeteroGraph.from_edges(
+    g.src[forward],
+    g.dst[forward],
+    g.etype[forward],
+    num_nodes=g.num_nodes,
+    relation_names=g.relation_names[:4],
+    add_inverse=True,
+  )
   for a in ("src", "dst", "etype"):
     np.testing.assert_array_equal(getattr(rebuilt, a), getattr(g, a))
   without = mag.synthetic_mag(scale=1e-3, seed=1, num_classes=5, add_inverse=False)
@@ -695,8 +770,13 @@ def test_mag_tiny_scales_and_empty_classes():
   first, last = ds.node_range("institution")
   assert last - first == 1
   assert ds.graph.num_edges == 2 * sum(round(mag.NUM_EDGES[n] * 1e-4) for _, n, _ in mag.RELATIONS)
-  for bad in (dict(scale=0), dict(scale=-1.0), dict(num_classes=0), dict(homophily=1.5),
-              dict(split=(0.9, 0.2, 0.0))):
+  for bad in (
+    dict(scale=0),
+    dict(scale=-1.0),
+    dict(num_classes=0),
+    dict(homophily=1.5),
+    dict(split=(0.9, 0.2, 0.0)),
+  ):
     with pytest.raises(ValueError):
       mag.synthetic_mag(**bad)
 

@@ -1,4 +1,6 @@
-"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py) against a loop over edges."""
+"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py)
+against a loop over edges."""
+
 import functools
 
 import jax
@@ -7,7 +9,6 @@ import numpy as np
 import pytest
 
 from jaxdata.bench import rgnn_peers as peers
-
 from jaxdata.reference import rgcn as rgcn_ref
 
 
@@ -18,8 +19,7 @@ def on_cpu():
     yield
 
 
-def random_graph(rng, num_nodes, num_edges, num_relations, *, used_relations=None,
-                 dst_nodes=None):
+def random_graph(rng, num_nodes, num_edges, num_relations, *, used_relations=None, dst_nodes=None):
   """Random edges; only `used_relations` relations get edges, only `dst_nodes` nodes in-edges."""
   used = np.arange(num_relations) if used_relations is None else np.asarray(used_relations)
   targets = np.arange(num_nodes) if dst_nodes is None else np.asarray(dst_nodes)
@@ -58,24 +58,26 @@ def loop_grads(src, dst, etype, norm, x, w, ct):
 
 
 GRAPHS = {
-    # name: (num_nodes, num_edges, num_relations, used relations, nodes with in-edges)
-    "one relation": (9, 30, 1, None, None),
-    "three relations": (12, 50, 3, None, None),
-    "empty relations": (15, 60, 7, [0, 2, 3, 6], None),  # 1, 4, 5 have no edges
-    "trailing empty": (10, 40, 5, [0, 1], None),
-    "leading empty": (10, 40, 5, [3, 4], None),
-    "isolated targets": (20, 45, 4, None, [1, 5, 6, 11, 19]),  # most nodes get no in-edges
-    "no edges": (6, 0, 3, None, None),
+  # name: (num_nodes, num_edges, num_relations, used relations, nodes with in-edges)
+  "one relation": (9, 30, 1, None, None),
+  "three relations": (12, 50, 3, None, None),
+  "empty relations": (15, 60, 7, [0, 2, 3, 6], None),  # 1, 4, 5 have no edges
+  "trailing empty": (10, 40, 5, [0, 1], None),
+  "leading empty": (10, 40, 5, [3, 4], None),
+  "isolated targets": (20, 45, 4, None, [1, 5, 6, 11, 19]),  # most nodes get no in-edges
+  "no edges": (6, 0, 3, None, None),
 }
 
 
 def build(name, seed=0, d_in=5, d_out=4, featureless=False):
   num_nodes, num_edges, num_relations, used, targets = GRAPHS[name]
   rng = np.random.default_rng(seed)
-  src, dst, etype = random_graph(rng, num_nodes, num_edges, num_relations, used_relations=used,
-                                 dst_nodes=targets)
-  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=num_nodes,
-                                 num_relations=num_relations, dtype=np.float64)
+  src, dst, etype = random_graph(
+    rng, num_nodes, num_edges, num_relations, used_relations=used, dst_nodes=targets
+  )
+  edges = rgcn_ref.EdgeArrays.build(
+    src, dst, etype, num_nodes=num_nodes, num_relations=num_relations, dtype=np.float64
+  )
   x = None if featureless else rng.standard_normal((num_nodes, d_in))
   w = rng.standard_normal((num_relations, num_nodes if featureless else d_in, d_out))
   ct = rng.standard_normal((num_nodes, d_out))
@@ -110,12 +112,15 @@ def test_edges_sorted_by_relation():
   np.testing.assert_allclose(np.array(got, float), np.array(want, float), rtol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [
+@pytest.mark.parametrize(
+  "bad",
+  [
     dict(src=[0, 10], dst=[1, 2], etype=[0, 0]),  # src out of range
     dict(src=[0, 1], dst=[1, -1], etype=[0, 0]),  # dst negative
     dict(src=[0, 1], dst=[1, 2], etype=[0, 3]),  # relation out of range
     dict(src=[0, 1], dst=[1], etype=[0, 0]),  # lengths differ
-])
+  ],
+)
 def test_build_rejects_bad_edges(bad):
   with pytest.raises(ValueError):
     rgcn_ref.EdgeArrays.build(**bad, num_nodes=10, num_relations=3)
@@ -143,18 +148,24 @@ def test_gradients_match_loop(name, graph):
   np.testing.assert_allclose(dw, want_dw, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("graph", ["three relations", "empty relations", "isolated targets",
-                                   "no edges"])
-@pytest.mark.parametrize("fn", [rgcn_ref.featureless, rgcn_ref.transform_all_then_gather],
-                         ids=["featureless", "transform-all-then-gather"])
+@pytest.mark.parametrize(
+  "graph", ["three relations", "empty relations", "isolated targets", "no edges"]
+)
+@pytest.mark.parametrize(
+  "fn",
+  [rgcn_ref.featureless, rgcn_ref.transform_all_then_gather],
+  ids=["featureless", "transform-all-then-gather"],
+)
 def test_featureless_matches_loop(fn, graph):
   edges, n, _, w, ct = build(graph, seed=2, featureless=True)
   got = jax.jit(fn, static_argnums=4)(*edges, n, None, jnp.asarray(w))
-  np.testing.assert_allclose(got, loop_message(*as_numpy(edges), n, None, w), rtol=1e-10,
-                             atol=1e-12)
+  np.testing.assert_allclose(
+    got, loop_message(*as_numpy(edges), n, None, w), rtol=1e-10, atol=1e-12
+  )
   dw = jax.grad(lambda w: jnp.vdot(fn(*edges, n, None, w), ct))(jnp.asarray(w))
-  np.testing.assert_allclose(dw, loop_grads(*as_numpy(edges), None, w, ct)[1], rtol=1e-10,
-                             atol=1e-12)
+  np.testing.assert_allclose(
+    dw, loop_grads(*as_numpy(edges), None, w, ct)[1], rtol=1e-10, atol=1e-12
+  )
 
 
 def test_featureless_is_the_identity_feature_layer():
@@ -162,8 +173,9 @@ def test_featureless_is_the_identity_feature_layer():
   edges, n, _, w, _ = build("empty relations", seed=5, featureless=True)
   want = rgcn_ref.featureless(*edges, n, None, jnp.asarray(w))
   for fn in rgcn_ref.PLAIN_JAX.values():
-    np.testing.assert_allclose(fn(*edges, n, jnp.eye(n), jnp.asarray(w)), want, rtol=1e-10,
-                               atol=1e-12)
+    np.testing.assert_allclose(
+      fn(*edges, n, jnp.eye(n), jnp.asarray(w)), want, rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("fn", [rgcn_ref.ragged_dot, rgcn_ref.per_edge_weights])
@@ -179,8 +191,15 @@ def test_full_layer_adds_self_loop_and_bias():
   edges, n, x, w, _ = build("three relations", seed=6)
   rng = np.random.default_rng(6)
   w_self, bias = rng.standard_normal((x.shape[1], w.shape[2])), rng.standard_normal(w.shape[2])
-  got = rgcn_ref.full_layer(rgcn_ref.ragged_dot, *edges, n, jnp.asarray(x), jnp.asarray(w),
-                         jnp.asarray(w_self), jnp.asarray(bias))
+  got = rgcn_ref.full_layer(
+    rgcn_ref.ragged_dot,
+    *edges,
+    n,
+    jnp.asarray(x),
+    jnp.asarray(w),
+    jnp.asarray(w_self),
+    jnp.asarray(bias),
+  )
   want = loop_message(*as_numpy(edges), n, x, w) + x @ w_self + bias
   np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
@@ -198,8 +217,7 @@ def test_float32_step_compiles_with_memory_analysis(name):
   want_dx, want_dw = loop_grads(*as_numpy(edges), x, w, ct)
   np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(dw, want_dw, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(loss, np.vdot(loop_message(*as_numpy(edges), n, x, w), ct),
-                             rtol=1e-4)
+  np.testing.assert_allclose(loss, np.vdot(loop_message(*as_numpy(edges), n, x, w), ct), rtol=1e-4)
   timing = peers.time_jax(compiled, repeats=1, warmup=0)
   assert timing.seconds > 0
 
@@ -210,6 +228,7 @@ def test_float32_step_compiles_with_memory_analysis(name):
 
 def test_fallback_synthetic_graph_is_heavy_tailed():
   from jaxdata.bench import rgnn
+
   src, dst, etype = rgnn.synthetic_graph(5_000, 100_000, 200, seed=1)
   assert src.shape == dst.shape == etype.shape == (100_000,)
   assert src.max() < 5_000 and dst.max() < 5_000 and etype.max() < 200
@@ -222,20 +241,27 @@ def test_fallback_synthetic_graph_is_heavy_tailed():
 
 def test_missing_archive_is_a_note(tmp_path):
   from jaxdata.bench import rgnn
+
   graph, why = rgnn.load_graph("aifb", data_dir=str(tmp_path), quick=True)
   assert graph is None and "aifb.tgz is missing" in why
 
 
 def test_run_reports_oom_instead_of_crashing(monkeypatch):
   from jaxdata.bench import rgnn
-  monkeypatch.setattr(rgnn, "QUICK_SYNTHETIC", dict(num_nodes=300, num_edges=2_000,
-                                                    num_relations=20))
+
+  monkeypatch.setattr(
+    rgnn, "QUICK_SYNTHETIC", dict(num_nodes=300, num_edges=2_000, num_relations=20)
+  )
   with jax.default_device(jax.devices("cpu")[0]):
     free = rgnn.available_bytes(jax.devices("cpu")[0])
     monkeypatch.setattr(rgnn, "available_bytes", lambda device: 1 << 20)  # 1 MiB "free"
     results, notes, graphs = rgnn.run(
-        ["synthetic"], [8], quick=True, repeats=1,
-        formulations=["transform-all-then-gather", "ragged_dot", "per-edge weights"])
+      ["synthetic"],
+      [8],
+      quick=True,
+      repeats=1,
+      formulations=["transform-all-then-gather", "ragged_dot", "per-edge weights"],
+    )
   assert free > 1 << 20
   by_name = {r.formulation: r for r in results}
   assert by_name["ragged_dot"].status.startswith("OOM (est.")  # [R, E, d] > 1 MiB

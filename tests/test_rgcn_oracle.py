@@ -4,13 +4,13 @@ Every formulation the benchmark times (the plain-JAX ones and, once built, jaxda
 kernel) must compute what RGCNConv(aggr="mean") computes from the same weights: forward and the
 gradients with respect to x and W. Float64 on both sides, so the tolerances are tight.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxdata.bench import rgnn_peers as peers
-
 from jaxdata.reference import rgcn as rgcn_ref
 
 torch = pytest.importorskip("torch")
@@ -22,6 +22,7 @@ def on_cpu():
   """CPU tests: on a GPU machine JAX would default to the GPU (and TF32 matmuls)."""
   with jax.default_device(jax.devices("cpu")[0]):
     yield
+
 
 CPU = torch.device("cpu")
 TOL = dict(rtol=1e-9, atol=1e-11)
@@ -54,8 +55,9 @@ FORMULATIONS = [*rgcn_ref.PLAIN_JAX, "jaxdata"]
 def formulation(name, src, dst, etype, num_nodes, num_relations):
   if name == "jaxdata":
     return jaxdata_formulation_or_skip(src, dst, etype, num_nodes, num_relations)
-  edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=num_nodes,
-                                 num_relations=num_relations, dtype=np.float64)
+  edges = rgcn_ref.EdgeArrays.build(
+    src, dst, etype, num_nodes=num_nodes, num_relations=num_relations, dtype=np.float64
+  )
   return peers.plain_jax(name, edges, num_nodes)
 
 
@@ -111,14 +113,14 @@ def test_featureless_matches_pyg(name):
   if name == "jaxdata":
     form, dtype, tol = formulation(name, src, dst, etype, n, r), np.float32, TOL32
   else:
-    edges = rgcn_ref.EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r,
-                                   dtype=np.float64)
+    edges = rgcn_ref.EdgeArrays.build(
+      src, dst, etype, num_nodes=n, num_relations=r, dtype=np.float64
+    )
     form = peers.Formulation(name, lambda g, x, w: rgcn_ref.featureless(*g, n, x, w), edges)
     dtype, tol = np.float64, TOL
   w, ct = jnp.asarray(w, dtype), jnp.asarray(ct, dtype)
   np.testing.assert_allclose(form.message(form.graph_args, None, w), want, **tol)
-  loss, dw = jax.value_and_grad(
-      lambda w: jnp.vdot(form.message(form.graph_args, None, w), ct))(w)
+  loss, dw = jax.value_and_grad(lambda w: jnp.vdot(form.message(form.graph_args, None, w), ct))(w)
   np.testing.assert_allclose(loss, np.vdot(want, ct), **tol)
   np.testing.assert_allclose(dw, want_grads["w"], **tol)
 
@@ -145,7 +147,8 @@ def test_full_layer_matches_pyg(featureless):
 
   argnums = (0, 1, 2) if featureless else (0, 1, 2, 3)
   (_, out), grads = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(
-      jnp.asarray(w), jnp.asarray(w_self), jnp.asarray(bias), xj)
+    jnp.asarray(w), jnp.asarray(w_self), jnp.asarray(bias), xj
+  )
   np.testing.assert_allclose(out, want, **TOL)
   np.testing.assert_allclose(grads[0], want_grads["w"], **TOL)
   np.testing.assert_allclose(grads[1], want_grads["w_self"], **TOL)
@@ -157,6 +160,7 @@ def test_full_layer_matches_pyg(featureless):
 def test_per_relation_mean_even_with_segment_matmul_requested():
   """pyg_per_relation_mean keeps PyG's per-relation mean if the backend asks for segment_matmul."""
   import torch_geometric.backend  # pylint: disable=g-import-not-at-top
+
   rng, src, dst, etype = random_graph(5)
   n, r = 30, 6
   x, w = rng.standard_normal((n, 3)), rng.standard_normal((r, 3, 2))
@@ -168,5 +172,6 @@ def test_per_relation_mean_even_with_segment_matmul_requested():
     assert torch_geometric.backend.use_segment_matmul is True  # restored after the context
   finally:
     torch_geometric.backend.use_segment_matmul = saved
-  np.testing.assert_allclose(rgcn_ref.ragged_dot(*edges, n, jnp.asarray(x), jnp.asarray(w)), want,
-                             **TOL)
+  np.testing.assert_allclose(
+    rgcn_ref.ragged_dot(*edges, n, jnp.asarray(x), jnp.asarray(w)), want, **TOL
+  )

@@ -2,6 +2,7 @@
 decomposition (W_r = sum_b a_rb V_b, the self loop one more combination), the layer's output, the
 L2 term on the first layer only, and the paper's settings reaching the model through
 `jaxdata train rgcn` (per archive, and from the flags)."""
+
 import dataclasses
 import gzip
 import io
@@ -57,15 +58,18 @@ def test_basis_decomposition_gives_each_relation_its_combination_of_the_bases():
 
 
 def test_self_loop_in_the_bases_is_one_more_combination_and_no_weight_of_its_own():
-  layer = RGCN(4, 5, num_relations=R, num_bases=B, self_loop="basis", use_bias=False,
-               rngs=nnx.Rngs(0))
+  layer = RGCN(
+    4, 5, num_relations=R, num_bases=B, self_loop="basis", use_bias=False, rngs=nnx.Rngs(0)
+  )
   a, v = _np(layer.coefficients), _np(layer.bases)
   assert a.shape == (R + 1, B)  # the last row combines W_0
   assert layer.root is None and layer.bias is None and layer.weight is None
-  np.testing.assert_allclose(layer.self_loop_weight(), sum(a[R, b] * v[b] for b in range(B)),
-                             rtol=1e-6, atol=1e-7)
-  np.testing.assert_allclose(layer.relation_weights(),
-                             np.einsum("rb,bio->rio", a[:R], v), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(
+    layer.self_loop_weight(), sum(a[R, b] * v[b] for b in range(B)), rtol=1e-6, atol=1e-7
+  )
+  np.testing.assert_allclose(
+    layer.relation_weights(), np.einsum("rb,bio->rio", a[:R], v), rtol=1e-6, atol=1e-7
+  )
 
 
 @pytest.mark.parametrize("featureless", [True, False], ids=["one-hot", "features"])
@@ -73,14 +77,25 @@ def test_self_loop_in_the_bases_is_one_more_combination_and_no_weight_of_its_own
 def test_layer_matches_numpy(featureless, self_loop, bias):
   g = _graph()
   x = None if featureless else np.random.default_rng(1).normal(size=(N, 4)).astype(np.float32)
-  layer = RGCN(None if featureless else 4, 3, num_relations=g.num_relations, num_nodes=N,
-               num_bases=B, self_loop=self_loop, use_bias=bias, rngs=nnx.Rngs(2))
+  layer = RGCN(
+    None if featureless else 4,
+    3,
+    num_relations=g.num_relations,
+    num_nodes=N,
+    num_bases=B,
+    self_loop=self_loop,
+    use_bias=bias,
+    rngs=nnx.Rngs(2),
+  )
   if bias:  # a bias that is not zero, so that leaving it out would show
     layer.bias[...] = np.arange(3, dtype=np.float32)
   a, v = _np(layer.coefficients), _np(layer.bases)
-  w = np.einsum("rb,bio->rio", a[:g.num_relations], v)
-  w0 = {"basis": lambda: np.einsum("b,bio->io", a[-1], v), "separate": lambda: _np(layer.root),
-        False: lambda: np.zeros_like(w[0])}[self_loop]()
+  w = np.einsum("rb,bio->rio", a[: g.num_relations], v)
+  w0 = {
+    "basis": lambda: np.einsum("b,bio->io", a[-1], v),
+    "separate": lambda: _np(layer.root),
+    False: lambda: np.zeros_like(w[0]),
+  }[self_loop]()
   got = layer(GraphArrays.from_graph(g), None if x is None else np.asarray(x))
   want = _numpy_layer(g, x, w, w0, _np(layer.bias) if bias else None)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
@@ -97,10 +112,18 @@ def test_layer_rejects_a_self_loop_in_bases_it_does_not_have():
 
 def _dataset() -> EntityDataset:
   g = _graph()
-  return EntityDataset(name="toy", graph=g, num_classes=2, train_idx=np.arange(6),
-                       train_y=np.array([0, 1, 0, 1, 1, 0], np.int32), test_idx=np.arange(6, N),
-                       test_y=np.array([1, 0, 1], np.int32), class_names=("a", "b"),
-                       features=None, node_names=tuple(map(str, range(N))))
+  return EntityDataset(
+    name="toy",
+    graph=g,
+    num_classes=2,
+    train_idx=np.arange(6),
+    train_y=np.array([0, 1, 0, 1, 1, 0], np.int32),
+    test_idx=np.arange(6, N),
+    test_y=np.array([1, 0, 1], np.int32),
+    class_names=("a", "b"),
+    features=None,
+    node_names=tuple(map(str, range(N))),
+  )
 
 
 @pytest.mark.parametrize("self_loop,bias", [("basis", False), ("separate", True)])
@@ -111,7 +134,7 @@ def test_l2_term_is_the_first_layers_sum_of_squares_only(self_loop, bias):
   if bias:
     c1.bias[...] = np.full(c1.bias.shape, 0.5, np.float32)
   first = [c1.bases, c1.coefficients] + [p for p in (c1.root, c1.bias) if p is not None]
-  want = sum(np.sum(_np(p)**2) for p in first)
+  want = sum(np.sum(_np(p) ** 2) for p in first)
   assert float(rgcn_train.l2_penalty(model)) == pytest.approx(want, rel=1e-6)
   model.conv2.bases[...] = model.conv2.bases[...] * 10  # the second layer is not penalized
   assert float(rgcn_train.l2_penalty(model)) == pytest.approx(want, rel=1e-6)
@@ -126,19 +149,30 @@ def test_training_adds_l2_times_the_penalty_to_the_loss():
   with_l2 = rgcn_train.train(ds, dataclasses.replace(base, l2=0.25))
   model = rgcn_train.EntityClassifier(ds, base, rngs=nnx.Rngs(0))  # the initial model, again
   penalty = float(rgcn_train.l2_penalty(model))
-  assert with_l2.history[0]["loss"] == pytest.approx(plain.history[0]["loss"] + 0.25 * penalty,
-                                                     rel=1e-5)
+  assert with_l2.history[0]["loss"] == pytest.approx(
+    plain.history[0]["loss"] + 0.25 * penalty, rel=1e-5
+  )
 
 
 def _mutag_like_archive(path):
   """A tiny archive that `load_entities` names "mutag", so the paper's MUTAG setup applies."""
-  nt = "\n".join(f"<http://m/d{i % 4}> <http://m/{p}> <http://m/a{i}> ."
-                 for i in range(12) for p in ("hasAtom", "charge")).encode() + b"\n"
-  train = b"bond\tlabel_mutagenic\n" + b"".join(f"http://m/d{i}\t{i % 2}\n".encode()
-                                                for i in range(3))
+  nt = (
+    "\n".join(
+      f"<http://m/d{i % 4}> <http://m/{p}> <http://m/a{i}> ."
+      for i in range(12)
+      for p in ("hasAtom", "charge")
+    ).encode()
+    + b"\n"
+  )
+  train = b"bond\tlabel_mutagenic\n" + b"".join(
+    f"http://m/d{i}\t{i % 2}\n".encode() for i in range(3)
+  )
   with tarfile.open(path, "w:gz") as tar:
-    for name, data in {"./mutag_stripped.nt.gz": gzip.compress(nt), "./trainingSet.tsv": train,
-                       "./testSet.tsv": b"bond\tlabel_mutagenic\nhttp://m/d3\t1\n"}.items():
+    for name, data in {
+      "./mutag_stripped.nt.gz": gzip.compress(nt),
+      "./trainingSet.tsv": train,
+      "./testSet.tsv": b"bond\tlabel_mutagenic\nhttp://m/d3\t1\n",
+    }.items():
       info = tarfile.TarInfo(name)
       info.size = len(data)
       tar.addfile(info, io.BytesIO(data))
@@ -161,11 +195,19 @@ def _train_with(argv, monkeypatch, tmp_path):
 
 
 def test_an_archive_named_mutag_trains_with_the_papers_setup(monkeypatch, tmp_path):
-  configs, results = _train_with(["--data", _mutag_like_archive(tmp_path / "mutag.tgz")],
-                                 monkeypatch, tmp_path)
+  configs, results = _train_with(
+    ["--data", _mutag_like_archive(tmp_path / "mutag.tgz")], monkeypatch, tmp_path
+  )
   c = configs[0]
   assert (c.num_bases, c.l2, c.self_loop, c.bias, c.val_fraction, c.hidden, c.learning_rate) == (
-      30, 5e-4, "basis", False, 0.0, 16, 0.01)
+    30,
+    5e-4,
+    "basis",
+    False,
+    0.0,
+    16,
+    0.01,
+  )
   conv1 = results[0].model.conv1
   assert conv1.bases.shape[0] == 30 and conv1.root is None and conv1.bias is None
   assert conv1.coefficients.shape == (conv1.num_relations + 1, 30)
@@ -173,8 +215,9 @@ def test_an_archive_named_mutag_trains_with_the_papers_setup(monkeypatch, tmp_pa
 
 def test_flags_override_the_papers_setup(monkeypatch, tmp_path):
   archive = _mutag_like_archive(tmp_path / "mutag.tgz")
-  configs, results = _train_with(["--data", archive, "--bases", "0", "--bias", "--l2", "0"],
-                                 monkeypatch, tmp_path)
+  configs, results = _train_with(
+    ["--data", archive, "--bases", "0", "--bias", "--l2", "0"], monkeypatch, tmp_path
+  )
   c = configs[0]  # no bases: the self loop falls back to a weight of its own, as in the paper
   assert (c.num_bases, c.self_loop, c.bias, c.l2) == (None, "separate", True, 0.0)
   conv1 = results[0].model.conv1
@@ -183,8 +226,22 @@ def test_flags_override_the_papers_setup(monkeypatch, tmp_path):
 
 def test_bases_flag_wires_into_the_layer_on_the_synthetic_graph(monkeypatch, tmp_path):
   configs, results = _train_with(
-      ["--nodes", "300", "--edges", "2000", "--relations", "4", "--bases", "30",
-       "--self-loop", "basis", "--no-bias"], monkeypatch, tmp_path)
+    [
+      "--nodes",
+      "300",
+      "--edges",
+      "2000",
+      "--relations",
+      "4",
+      "--bases",
+      "30",
+      "--self-loop",
+      "basis",
+      "--no-bias",
+    ],
+    monkeypatch,
+    tmp_path,
+  )
   assert configs[0].num_bases == 30 and configs[0].self_loop == "basis"
   for conv in (results[0].model.conv1, results[0].model.conv2):
     assert conv.bases.shape[0] == 30 and conv.root is None and conv.bias is None
@@ -198,6 +255,7 @@ def test_an_error_caught_earlier_does_not_fail_training(device, monkeypatch, tmp
     spill = jax.jit(lambda xs: offload.spill(xs, store, site=offload.new_site(), tier="ram"))
     with pytest.raises(Exception, match="RAM tier is full"):
       jax.block_until_ready(spill([jnp.zeros(10001, jnp.float32)]))
-  _, results = _train_with(["--nodes", "300", "--edges", "2000", "--relations", "4"],
-                           monkeypatch, tmp_path)
+  _, results = _train_with(
+    ["--nodes", "300", "--edges", "2000", "--relations", "4"], monkeypatch, tmp_path
+  )
   assert len(results[0].history) == 2

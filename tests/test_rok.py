@@ -1,4 +1,6 @@
-"""`jaxdata rok` end to end on a tiny model: the built-in policies, the planner's rows, the table."""
+"""`jaxdata rok` end to end on a tiny model: JAX's built-in policies, the planner's rows, the
+table."""
+
 import itertools
 
 import jax.numpy as jnp
@@ -13,8 +15,9 @@ TINY = dict(layers=2, hidden=32, heads=2, seq=32, batch=2, vocab=64)
 @pytest.fixture(scope="module")
 def measured():
   lines = []
-  rows, notes = rok.run(**TINY, param_dtype="bfloat16", fractions=(1.0, 0.6), repeats=1,
-                        say=lines.append)
+  rows, notes = rok.run(
+    **TINY, param_dtype="bfloat16", fractions=(1.0, 0.6), repeats=1, say=lines.append
+  )
   return rows, notes, lines
 
 
@@ -28,8 +31,11 @@ def test_rok_measures_every_builtin_and_a_plan_per_budget(measured):
   # Recomputing everything keeps less than keeping everything (XLA's own accounting).
   assert by_name["recompute everything"].device_bytes < keep.device_bytes
   planned = [r for r in rows if r.kind == "planner"]
-  assert [r.budget for r in planned] == [int(f * keep.device_bytes) for f in (1.0, 0.6)
-                                         if int(f * keep.device_bytes) >= notes["baseline"]]
+  assert [r.budget for r in planned] == [
+    int(f * keep.device_bytes)
+    for f in (1.0, 0.6)
+    if int(f * keep.device_bytes) >= notes["baseline"]
+  ]
   for r in planned:
     assert r.seconds > 0 and r.plan
 
@@ -51,15 +57,19 @@ def test_rok_plans_are_the_brute_force_optimum_of_the_measured_choices(measured)
           fitting[tuple(str(c.policy) for c in picks), cap] = p.seconds
     assert best.device_bytes <= budget
     fastest = min(fitting.values())
-    assert best.seconds == pytest.approx(fastest, rel=1e-9), (frac, str(best), min(
-      fitting, key=fitting.get))
+    assert best.seconds == pytest.approx(fastest, rel=1e-9), (
+      frac,
+      str(best),
+      min(fitting, key=fitting.get),
+    )
     assert fitting[tuple(str(p) for p in best.policies), best.spill_cap or None] == best.seconds
 
 
 def test_rok_table_names_the_parameter_dtype_and_the_plot(measured):
   rows, notes, _ = measured
-  text = rok.markdown(rows, notes, "jaxdata rok --quick", dict(TINY, param_dtype="bfloat16"),
-                      png="rok_bf16.png")
+  text = rok.markdown(
+    rows, notes, "jaxdata rok --quick", dict(TINY, param_dtype="bfloat16"), png="rok_bf16.png"
+  )
   assert "bfloat16 parameters and gradients" in text
   assert "](rok_bf16.png)" in text
   header, body = rok.table_rows(rows, notes)
@@ -74,30 +84,37 @@ def test_rok_param_dtype_reaches_the_model(monkeypatch):
   def spy(model, tokens, plan):
     seen.append(model.blocks.qkv.kernel[...].dtype)
     raise RuntimeError("stop after the first compile")
+
   monkeypatch.setattr(rok, "_step", spy)
   with pytest.raises(RuntimeError, match="keep-everything"):
     rok.run(**TINY, param_dtype="bfloat16", fractions=(1.0,), repeats=1, say=lambda _: None)
   assert seen and all(d == jnp.bfloat16 for d in seen)
 
 
-def test_cli_rok_passes_the_dtype_and_names_the_plot_after_the_table(measured, monkeypatch,
-                                                                        tmp_path, capsys):
+def test_cli_rok_passes_the_dtype_and_names_the_plot_after_the_table(
+  measured, monkeypatch, tmp_path, capsys
+):
   from jaxdata import cli
+
   rows, notes, _ = measured
   seen = {}
 
   def fake_run(**kw):
     seen.update(kw)
     return rows, notes
+
   monkeypatch.setattr(rok, "run", fake_run)
   out = tmp_path / "curve.md"
-  assert cli.main(["rok", "--quick", "--param-dtype", "bfloat16", "--repeats", "1",
-                   "--write", str(out)]) == 0
+  assert (
+    cli.main(["rok", "--quick", "--param-dtype", "bfloat16", "--repeats", "1", "--write", str(out)])
+    == 0
+  )
   assert seen["param_dtype"] == "bfloat16" and seen["repeats"] == 1
   text = out.read_text()
   assert "bfloat16 parameters" in text
   try:  # the plot, and its link, only where matplotlib can draw it
     import matplotlib  # noqa: F401
+
     assert "](curve.png)" in text and (tmp_path / "curve.png").exists()
   except ImportError:
     assert "](curve.png)" not in text and "matplotlib is not installed" in capsys.readouterr().out

@@ -1,4 +1,5 @@
 """GraphSAGE on sampled blocks, and mini-batch training through the three pipelines."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,8 +39,9 @@ def test_graphsage_matches_jraph_aggregation():
   jraph = pytest.importorskip("jraph")
   rng = np.random.default_rng(1)
   x = rng.normal(size=(50, 6)).astype(np.float32)
-  with HostGraph.from_edges(rng.integers(0, 50, 300), rng.integers(0, 50, 300), 50,
-                            features=x) as g:
+  with HostGraph.from_edges(
+    rng.integers(0, 50, 300), rng.integers(0, 50, 300), 50, features=x
+  ) as g:
     blocks = sample_neighbors(g, jnp.array([3, 9, -1, 20]), (3, 2), jax.random.key(0))
     feats = blocks.gather(g.features)
     model = GraphSAGE(6, 8, 4, num_layers=2, rngs=nnx.Rngs(0))
@@ -54,7 +56,10 @@ def test_graphsage_matches_jraph_aggregation():
       return layer.self_linear(h_dst) + layer.neigh_linear(total / jnp.maximum(count, 1)[:, None])
 
     l0, l1 = model.layers[0], model.layers[1]
-    h1 = [jax.nn.relu(conv(l0, 0, feats[0], feats[1])), jax.nn.relu(conv(l0, 1, feats[1], feats[2]))]
+    h1 = [
+      jax.nn.relu(conv(l0, 0, feats[0], feats[1])),
+      jax.nn.relu(conv(l0, 1, feats[1], feats[2])),
+    ]
     want = conv(l1, 0, h1[0], h1[1])
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
@@ -65,15 +70,23 @@ def small_dataset():
 
 
 def _config(device, **kw):
-  base = dict(fanouts=(5, 5), batch_size=128, hidden=32, epochs=3, learning_rate=1e-2,
-              platform=device.platform)
+  base = dict(
+    fanouts=(5, 5),
+    batch_size=128,
+    hidden=32,
+    epochs=3,
+    learning_rate=1e-2,
+    platform=device.platform,
+  )
   base.update(kw)
   return SageConfig(**base)
 
 
 def test_pipelines_train_identically(device, small_dataset):
   """Same seeds, same samples: the GPU-centric, all-in-device and CPU-centric runs agree."""
-  results = {p: train(small_dataset, _config(device, pipeline=p)) for p in ("host", "device", "cpu")}
+  results = {
+    p: train(small_dataset, _config(device, pipeline=p)) for p in ("host", "device", "cpu")
+  }
   results["cached"] = train(small_dataset, _config(device, pipeline="host", cache=0.3))
   losses = {p: [h["loss"] for h in r.history] for p, r in results.items()}
   np.testing.assert_allclose(losses["host"], losses["device"], rtol=1e-3)
@@ -127,9 +140,11 @@ def test_dedup_and_cached_gathers_equal_plain(device, small_dataset):
     np.testing.assert_array_equal(np.asarray(cache.rows), x[cached])
     gather = jax.jit(lambda b, **kw: b.gather(g.features, **kw), static_argnames="unique")
     plain = jax.device_get(gather(blocks))
-    variants = [jax.device_get(gather(blocks, unique=True)),
-                jax.device_get(gather(blocks, cache=cache)),
-                jax.device_get(gather(blocks, unique=True, cache=cache))]
+    variants = [
+      jax.device_get(gather(blocks, unique=True)),
+      jax.device_get(gather(blocks, cache=cache)),
+      jax.device_get(gather(blocks, unique=True, cache=cache)),
+    ]
   for v in variants:
     for a, b in zip(plain, v):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -7,22 +7,25 @@ optimizers must agree on the rows a step touches and leave every other row bit-i
 Lazy Adam equals dense optax.adam only when every row is touched at every step; otherwise its
 reference is `lazy_adam_reference` below, plain NumPy in float64.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from jaxdata.host import HostTable, sparse_adagrad, sparse_adam, sparse_sgd
-from jaxdata.host import sparse
+from jaxdata.host import HostTable, sparse, sparse_adagrad, sparse_adam, sparse_sgd
 
 ROWS, COLS = 50, 6
 
 
 def dense_gradient(indices, grads, rows=ROWS):
   grads = jnp.asarray(grads, jnp.float32).reshape(-1, grads.shape[-1])
-  return jnp.zeros((rows, grads.shape[-1]), jnp.float32).at[jnp.asarray(indices).reshape(-1)].add(
-      grads, mode="drop")
+  return (
+    jnp.zeros((rows, grads.shape[-1]), jnp.float32)
+    .at[jnp.asarray(indices).reshape(-1)]
+    .add(grads, mode="drop")
+  )
 
 
 def touched_rows(indices, rows=ROWS):
@@ -47,8 +50,7 @@ def batches(seed, steps, shape=(64,), cols=COLS, rows=ROWS):
     yield idx, rng.standard_normal(shape + (cols,)).astype(np.float32)
 
 
-def run_both(device, sparse_opt, dense_opt, steps, use_jit, shape=(64,), dtype=np.float32,
-             seed=0):
+def run_both(device, sparse_opt, dense_opt, steps, use_jit, shape=(64,), dtype=np.float32, seed=0):
   init = np.random.default_rng(100 + seed).standard_normal((ROWS, COLS)).astype(dtype)
   params = jnp.asarray(init)
   dense_state = dense_opt.init(params)
@@ -59,16 +61,20 @@ def run_both(device, sparse_opt, dense_opt, steps, use_jit, shape=(64,), dtype=n
     if use_jit:
       update = jax.jit(lambda i, g: sparse_opt.update(table, state, i, g))
     for idx, g in batches(seed, steps, shape):
-      token = update(jnp.asarray(idx), jnp.asarray(g)) if use_jit else update(
-          table, state, jnp.asarray(idx), jnp.asarray(g))
+      token = (
+        update(jnp.asarray(idx), jnp.asarray(g))
+        if use_jit
+        else update(table, state, jnp.asarray(idx), jnp.asarray(g))
+      )
       jax.block_until_ready(token)
       assert token.devices() == {device}
       updates, dense_state = dense_opt.update(dense_gradient(idx, g), dense_state, params)
       params = optax.apply_updates(params, updates)
       ever |= touched_rows(idx)
     got = table.as_numpy().copy()
-    extra = jax.tree_util.tree_map(lambda t: t.as_numpy().copy(), state,
-                                   is_leaf=lambda x: isinstance(x, HostTable))
+    extra = jax.tree_util.tree_map(
+      lambda t: t.as_numpy().copy(), state, is_leaf=lambda x: isinstance(x, HostTable)
+    )
     sparse.close(state)
   assert not ever[40:45].any() and ever.sum() > 30
   # Untouched rows: not a bit changed. Touched rows: what optax computes.
@@ -82,13 +88,18 @@ def test_sgd_matches_optax(device, use_jit, lr):
   run_both(device, sparse_sgd(lr), optax.sgd(lr), steps=6 if use_jit else 3, use_jit=use_jit)
 
 
-@pytest.mark.parametrize("lr,init,eps,use_jit", [(0.1, 0.1, 1e-7, True), (0.5, 0.0, 1e-7, True),
-                                                 (1.0, 1.0, 1e-3, True), (0.1, 0.1, 1e-7, False)])
+@pytest.mark.parametrize(
+  "lr,init,eps,use_jit",
+  [(0.1, 0.1, 1e-7, True), (0.5, 0.0, 1e-7, True), (1.0, 1.0, 1e-3, True), (0.1, 0.1, 1e-7, False)],
+)
 def test_adagrad_matches_optax(device, use_jit, lr, init, eps):
   got, state, dense_state, ever = run_both(
-      device, sparse_adagrad(lr, init, eps),
-      optax.adagrad(lr, initial_accumulator_value=init, eps=eps), steps=6 if use_jit else 3,
-      use_jit=use_jit)
+    device,
+    sparse_adagrad(lr, init, eps),
+    optax.adagrad(lr, initial_accumulator_value=init, eps=eps),
+    steps=6 if use_jit else 3,
+    use_jit=use_jit,
+  )
   acc = state.sum_of_squares
   dense_acc = np.asarray(dense_state[0].sum_of_squares)
   assert acc.dtype == np.float32 and acc.shape == (ROWS, COLS)
@@ -102,15 +113,19 @@ def test_defaults_are_optax_defaults(device):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_multi_dimensional_indices(device, optimizer):
-  sparse_opt, dense_opt = ((sparse_sgd(0.3), optax.sgd(0.3)) if optimizer == "sgd" else
-                           (sparse_adagrad(0.3), optax.adagrad(0.3)))
+  sparse_opt, dense_opt = (
+    (sparse_sgd(0.3), optax.sgd(0.3))
+    if optimizer == "sgd"
+    else (sparse_adagrad(0.3), optax.adagrad(0.3))
+  )
   run_both(device, sparse_opt, dense_opt, steps=3, use_jit=True, shape=(4, 16), seed=2)
 
 
 def test_float64_table(device):
   # The row arithmetic is float32; the table keeps float64.
-  run_both(device, sparse_adagrad(0.1), optax.adagrad(0.1), steps=3, use_jit=True,
-           dtype=np.float64, seed=3)
+  run_both(
+    device, sparse_adagrad(0.1), optax.adagrad(0.1), steps=3, use_jit=True, dtype=np.float64, seed=3
+  )
 
 
 def test_zero_gradient_of_a_touched_row_changes_nothing(device):
@@ -151,24 +166,29 @@ def test_state_survives_jit_retracing_and_steps_see_each_other(device):
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
-@pytest.mark.parametrize("index_dtype,rows", [(np.int8, 300), (np.uint8, 300), (np.int16, 70_000),
-                                              (np.uint16, 70_000)])
+@pytest.mark.parametrize(
+  "index_dtype,rows", [(np.int8, 300), (np.uint8, 300), (np.int16, 70_000), (np.uint16, 70_000)]
+)
 def test_narrow_index_dtypes_into_a_larger_table(device, optimizer, index_dtype, rows):
   # The table's row count does not fit the index dtype: every index is still the row it names.
   info = np.iinfo(index_dtype)
   idx = np.array([1, 5, info.max, info.max, -1 if info.min < 0 else 7], index_dtype)
   g = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
   init = np.zeros((rows, 2), np.float32)
-  sparse_opt, dense_opt = ((sparse_sgd(0.5), optax.sgd(0.5)) if optimizer == "sgd" else
-                           (sparse_adagrad(0.5), optax.adagrad(0.5)))
+  sparse_opt, dense_opt = (
+    (sparse_sgd(0.5), optax.sgd(0.5))
+    if optimizer == "sgd"
+    else (sparse_adagrad(0.5), optax.adagrad(0.5))
+  )
   with HostTable(init) as table:
     state = sparse_opt.init(table)
     jax.block_until_ready(sparse_opt.update(table, state, jnp.asarray(idx), jnp.asarray(g)))
     got = table.as_numpy().copy()
     sparse.close(state)
   params = jnp.asarray(init)
-  updates, _ = dense_opt.update(dense_gradient(idx.astype(np.int64), g, rows),
-                                dense_opt.init(params), params)
+  updates, _ = dense_opt.update(
+    dense_gradient(idx.astype(np.int64), g, rows), dense_opt.init(params), params
+  )
   want = np.asarray(optax.apply_updates(params, updates))
   np.testing.assert_array_equal(np.nonzero(got[:, 0])[0], np.nonzero(want[:, 0])[0])
   np.testing.assert_allclose(got, want, rtol=2e-6)
@@ -202,6 +222,7 @@ def _shard_map():
 
 def _two_device_mesh():
   from jax.sharding import Mesh
+
   devices = jax.devices("cpu")[:2]
   if len(devices) < 2:
     pytest.skip("needs two CPU devices")
@@ -210,10 +231,15 @@ def _two_device_mesh():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_under_shard_map_with_axis_name_equals_dense_optax_on_the_whole_batch(optimizer):
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   mesh = _two_device_mesh()
-  sparse_opt, dense_opt = ((sparse_sgd(0.3), optax.sgd(0.3)) if optimizer == "sgd" else
-                           (sparse_adagrad(0.3), optax.adagrad(0.3)))
+  sparse_opt, dense_opt = (
+    (sparse_sgd(0.3), optax.sgd(0.3))
+    if optimizer == "sgd"
+    else (sparse_adagrad(0.3), optax.adagrad(0.3))
+  )
   init = np.random.default_rng(20).standard_normal((ROWS, COLS)).astype(np.float32)
   params = jnp.asarray(init)
   dense_state = dense_opt.init(params)
@@ -225,8 +251,7 @@ def test_under_shard_map_with_axis_name_equals_dense_optax_on_the_whole_batch(op
     def step(idx, g):  # every device's share of the batch; the two share hot rows
       return sparse_opt.update(table, state, idx, g, axis_name="data")[None]
 
-    f = jax.jit(_shard_map()(step, mesh=mesh, in_specs=(P("data"), P("data")),
-                             out_specs=P("data")))
+    f = jax.jit(_shard_map()(step, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data")))
     for idx, g in batches(21, 8, shape=(128,)):
       jax.block_until_ready(f(jax.device_put(idx, sharding), jax.device_put(g, sharding)))
       updates, dense_state = dense_opt.update(dense_gradient(idx, g), dense_state, params)
@@ -241,15 +266,23 @@ def test_under_shard_map_with_axis_name_equals_dense_optax_on_the_whole_batch(op
 def test_sgd_under_shard_map_without_axis_name_loses_no_update():
   # Each device applies its own share as a separate update of the one table: with integer
   # gradients every sum is exact, so the result must equal the dense step exactly.
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   mesh = _two_device_mesh()
   rows, cols, n = 64, 16, 65536
   rng = np.random.default_rng(22)
   want = np.zeros((rows, cols), np.float32)
   with HostTable(want) as table:
     opt = sparse_sgd(1.0)
-    f = jax.jit(_shard_map()(lambda i, g: opt.update(table, (), i, g)[None], mesh=mesh,
-                             in_specs=(P("data"), P("data")), out_specs=P("data")))
+    f = jax.jit(
+      _shard_map()(
+        lambda i, g: opt.update(table, (), i, g)[None],
+        mesh=mesh,
+        in_specs=(P("data"), P("data")),
+        out_specs=P("data"),
+      )
+    )
     sharding = NamedSharding(mesh, P("data"))
     for _ in range(8):
       idx = rng.integers(0, rows, size=n)
@@ -275,15 +308,16 @@ def lazy_adam_reference(init, steps, lr, b1=0.9, b2=0.999, eps=1e-8, round_to=No
   out = []
   for t, (idx, grads) in enumerate(steps, start=1):
     g = {}
-    for i, row_grad in zip(np.asarray(idx).reshape(-1).tolist(),
-                           np.asarray(grads, np.float64).reshape(-1, cols)):
+    for i, row_grad in zip(
+      np.asarray(idx).reshape(-1).tolist(), np.asarray(grads, np.float64).reshape(-1, cols)
+    ):
       r = i + rows if i < 0 else i
       if 0 <= r < rows:
         g[r] = g.get(r, 0.0) + row_grad
     for r, gr in g.items():
       m[r] = b1 * m[r] + (1 - b1) * gr
       v[r] = b2 * v[r] + (1 - b2) * gr * gr
-      delta = -lr * (m[r] / (1 - b1 ** t)) / (np.sqrt(v[r] / (1 - b2 ** t)) + eps)
+      delta = -lr * (m[r] / (1 - b1**t)) / (np.sqrt(v[r] / (1 - b2**t)) + eps)
       if round_to is None:
         p[r] = p[r] + delta
       else:
@@ -300,8 +334,7 @@ def run_adam(opt, init, steps, use_jit):
     update = jax.jit(opt.update) if use_jit else opt.update
     for idx, g in steps:
       jax.block_until_ready(update(table, state, jnp.asarray(idx), jnp.asarray(g)))
-      out.append((table.as_numpy().copy(), state.mu.as_numpy().copy(),
-                   state.nu.as_numpy().copy()))
+      out.append((table.as_numpy().copy(), state.mu.as_numpy().copy(), state.nu.as_numpy().copy()))
     count = state.count.as_numpy().copy()
     sparse.close(state)
   assert state.mu.closed and state.nu.closed and state.count.closed
@@ -319,8 +352,7 @@ def every_row_batches(seed, steps, rows=ROWS, cols=COLS):
 
 
 @pytest.mark.parametrize("lr,b1,b2,eps", [(0.1, 0.9, 0.999, 1e-8), (0.01, 0.5, 0.9, 1e-3)])
-def test_adam_equals_dense_optax_adam_when_every_row_is_touched_every_step(device, lr, b1, b2,
-                                                                           eps):
+def test_adam_equals_dense_optax_adam_when_every_row_is_touched_every_step(device, lr, b1, b2, eps):
   init = np.random.default_rng(30).standard_normal((ROWS, COLS)).astype(np.float32)
   steps = list(every_row_batches(31, 4))
   out, count = run_adam(sparse_adam(lr, b1, b2, eps), init, steps, use_jit=True)
@@ -386,6 +418,7 @@ def test_adam_inside_and_outside_jit_give_the_same_result(device):
 
 def test_adam_bfloat16_table_keeps_float32_moments(device):
   import ml_dtypes
+
   bf16 = ml_dtypes.bfloat16
   init = np.random.default_rng(36).standard_normal((ROWS, COLS)).astype(bf16)
   steps = list(batches(37, 4))
@@ -397,7 +430,7 @@ def test_adam_bfloat16_table_keeps_float32_moments(device):
     np.testing.assert_allclose(mu, ref_mu, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(nu, ref_nu, rtol=1e-5, atol=1e-9)
     # The table: within a bfloat16 rounding (2**-8 relative) of the reference's own rounding.
-    np.testing.assert_allclose(table.astype(np.float64), ref, rtol=2 ** -7, atol=1e-2)
+    np.testing.assert_allclose(table.astype(np.float64), ref, rtol=2**-7, atol=1e-2)
   assert count.tolist() == [[4]]
   ever = np.zeros(ROWS, bool)
   for idx, _ in steps:
@@ -433,7 +466,9 @@ def test_adam_bad_input_and_closed_tables():
 
 
 def test_adam_under_shard_map_with_axis_name_equals_one_device_and_counts_once():
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   mesh = _two_device_mesh()
   opt = sparse_adam(0.05)
   init = np.random.default_rng(38).standard_normal((ROWS, COLS)).astype(np.float32)
@@ -446,12 +481,10 @@ def test_adam_under_shard_map_with_axis_name_equals_one_device_and_counts_once()
     def step(idx, g):  # every device's share of the batch; the two share hot rows
       return opt.update(table, state, idx, g, axis_name="data")[None]
 
-    f = jax.jit(_shard_map()(step, mesh=mesh, in_specs=(P("data"), P("data")),
-                             out_specs=P("data")))
+    f = jax.jit(_shard_map()(step, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data")))
     for idx, g in steps:
       jax.block_until_ready(f(jax.device_put(idx, sharding), jax.device_put(g, sharding)))
-      out.append((table.as_numpy().copy(), state.mu.as_numpy().copy(),
-                  state.nu.as_numpy().copy()))
+      out.append((table.as_numpy().copy(), state.mu.as_numpy().copy(), state.nu.as_numpy().copy()))
     count = state.count.as_numpy().copy()
     sparse.close(state)
   assert count.tolist() == [[5]]  # once per step, not once per device
@@ -467,6 +500,7 @@ def test_adam_under_shard_map_with_axis_name_equals_one_device_and_counts_once()
 def test_adam_state_passed_through_jit_is_collected_and_compiled_once():
   import gc
   import weakref
+
   opt = sparse_adam(0.1)
   update = jax.jit(opt.update)
   refs = []

@@ -1,10 +1,12 @@
-"""Mini-batch relational training from host memory (jaxdata.host.sample_blocks, train.attention.minibatch).
+"""Mini-batch relational training from host memory (jaxdata.host.sample_blocks,
+train.attention.minibatch).
 
 Through the real typed sampler: with fanouts that cover every in-edge, the RGAT (HGT, RGCN)
-classifier on sampled blocks gives the full-graph classifier's logits and gradients at the seeds (HostGraph
-and DeviceGraph, CPU and GPU); training on mini-batches learns, both pipelines see the same
-samples and losses, and the checkpoint evaluates like a full-graph one.
+classifier on sampled blocks gives the full-graph classifier's logits and gradients at the seeds
+(HostGraph and DeviceGraph, CPU and GPU); training on mini-batches learns, both pipelines see the
+same samples and losses, and the checkpoint evaluates like a full-graph one.
 """
+
 import functools
 import subprocess
 import sys
@@ -20,16 +22,16 @@ from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
 from jaxdata.host.blocks import gather_typed, node_types, sample_blocks, type_caches
 from jaxdata.train import attention
-from jaxdata.train.attention import minibatch as hetero
 from jaxdata.train.attention import TrainConfig, build_model
+from jaxdata.train.attention import minibatch as hetero
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mag():
   return synthetic_mag(scale=5e-4, seed=1, num_classes=4)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def small_mag():
   """For full fanouts, whose blocks are padded to the largest in-degree on each hop (seeds x
   in-degree x in-degree slots on the second): 190 here, 683 in `mag()` (a 1.8 GiB process
@@ -57,9 +59,11 @@ def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pip
   papers = ds.node_range("paper")[1]
 
   with hetero.HostData(ds, pipeline) as data:
+
     def loss_blocks(model):
-      logits, valid = hetero.forward(model, data, data.consts, seeds, (width, width),
-                                     jax.random.key(0))
+      logits, valid = hetero.forward(
+        model, data, data.consts, seeds, (width, width), jax.random.key(0)
+      )
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
       return jnp.sum(jnp.where(valid, ce, 0)), (logits, valid)
 
@@ -74,8 +78,9 @@ def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pip
       (lf, (of, vf)), gf = nnx.jit(nnx.value_and_grad(loss_full, has_aux=True))(model)
     jax.block_until_ready((lb, ob, gb))  # before the tables close
   np.testing.assert_array_equal(vb, vf)  # the repeated seed counts once
-  np.testing.assert_allclose(np.asarray(ob)[np.asarray(vb)], np.asarray(of)[np.asarray(vb)],
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(ob)[np.asarray(vb)], np.asarray(of)[np.asarray(vb)], rtol=1e-4, atol=1e-4
+  )
   np.testing.assert_allclose(lb, lf, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(gb), jax.tree.leaves(gf)):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
@@ -85,15 +90,18 @@ def test_blocks_hold_sampled_edges_of_the_graph(device):
   ds = mag()
   with hetero.HostData(ds, "host") as data:
     seeds = jnp.arange(0, 64, dtype=jnp.int32)
-    blocks = jax.jit(functools.partial(sample_blocks, fanouts=(3, 2)),
-                     static_argnames=())(data.host, seeds, key=jax.random.key(1))
+    blocks = jax.jit(functools.partial(sample_blocks, fanouts=(3, 2)), static_argnames=())(
+      data.host, seeds, key=jax.random.key(1)
+    )
     edges = set(zip(ds.graph.src.tolist(), ds.graph.dst.tolist(), ds.graph.etype.tolist()))
     for h, g in enumerate(blocks.graphs):
       src_nodes, dst_nodes = np.asarray(blocks.nodes[h + 1]), np.asarray(blocks.nodes[h])
       norm = np.asarray(g.norm)
       real = norm > 0
       s, d, r = (np.asarray(a)[real] for a in (g.src, g.dst, g.etype))
-      assert all((int(src_nodes[a]), int(dst_nodes[b]), int(c)) in edges for a, b, c in zip(s, d, r))
+      assert all(
+        (int(src_nodes[a]), int(dst_nodes[b]), int(c)) in edges for a, b, c in zip(s, d, r)
+      )
       # at most `fanout` in-edges per destination, and each destination's norm sums to
       # its number of relations
       counts = np.bincount(d, minlength=len(dst_nodes))
@@ -103,16 +111,19 @@ def test_blocks_hold_sampled_edges_of_the_graph(device):
     want = np.searchsorted(np.asarray(data.type_offsets[1:-1]), nodes, side="right")
     np.testing.assert_array_equal(types[nodes >= 0], want[nodes >= 0])
     xs = jax.block_until_ready(
-        gather_typed(data.tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1]))
+      gather_typed(data.tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1])
+    )
     for t, x in enumerate(xs):
       mine = (types == t) & (nodes >= 0)
-      np.testing.assert_array_equal(np.asarray(x)[mine],
-                                    ds.features[t][nodes[mine] - data.type_offsets[t]])
+      np.testing.assert_array_equal(
+        np.asarray(x)[mine], ds.features[t][nodes[mine] - data.type_offsets[t]]
+      )
       assert not np.asarray(x)[~mine].any()
     # with a device cache of each type's most sampled rows: the same rows, fewer read from host
     caches = type_caches(data.host, data.tables, data.type_offsets, 0.3)
-    cached = jax.block_until_ready(gather_typed(data.tables, data.type_offsets, blocks.nodes[-1],
-                                                blocks.masks[-1], caches))
+    cached = jax.block_until_ready(
+      gather_typed(data.tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1], caches)
+    )
     for a, b in zip(cached, xs):
       np.testing.assert_array_equal(a, b)
     degree = np.bincount(ds.graph.src, minlength=ds.graph.num_nodes)
@@ -128,11 +139,21 @@ def test_blocks_hold_sampled_edges_of_the_graph(device):
 def test_minibatch_training_learns_and_pipelines_agree():
   ds = mag()
   config = TrainConfig(model="rgat", epochs=3, hidden=16, heads=2, learning_rate=0.01)
-  runs = {p: hetero.train(ds, config, hetero.MinibatchConfig(fanouts=(4, 4), batch_size=32,
-                                                             pipeline=p), final_evaluation="minibatch")
-          for p in ("host", "device")}
-  runs["host-cache"] = hetero.train(ds, config, hetero.MinibatchConfig(
-      fanouts=(4, 4), batch_size=32, cache=0.25), final_evaluation="minibatch")
+  runs = {
+    p: hetero.train(
+      ds,
+      config,
+      hetero.MinibatchConfig(fanouts=(4, 4), batch_size=32, pipeline=p),
+      final_evaluation="minibatch",
+    )
+    for p in ("host", "device")
+  }
+  runs["host-cache"] = hetero.train(
+    ds,
+    config,
+    hetero.MinibatchConfig(fanouts=(4, 4), batch_size=32, cache=0.25),
+    final_evaluation="minibatch",
+  )
   losses = {p: [h["loss"] for h in r.history] for p, r in runs.items()}
   # The same samples and features: the first epoch's losses agree to float rounding; later
   # ones drift apart by the order of GPU atomics (scatter-adds) compounded over Adam steps.
@@ -159,29 +180,60 @@ def test_bad_configs_and_inputs():
     with pytest.raises(ValueError, match="fanouts must be positive"):
       sample_blocks(data.host, jnp.zeros(3, jnp.int32), (2, 0), jax.random.key(0))
     with pytest.raises(ValueError, match="has 3 rows, the type has"):
-      gather_typed([data.tables[0], jnp.zeros((3, 2))] + data.tables[2:], data.type_offsets,
-                   jnp.zeros(2, jnp.int32), jnp.ones(2, bool))
+      gather_typed(
+        [data.tables[0], jnp.zeros((3, 2))] + data.tables[2:],
+        data.type_offsets,
+        jnp.zeros(2, jnp.int32),
+        jnp.ones(2, bool),
+      )
   with pytest.raises(ValueError, match="no edge relations"):
     from jaxdata.host import HostGraph
+
     with HostGraph([0, 1], [0]) as g:
       sample_blocks(g, jnp.zeros(1, jnp.int32), (1,), jax.random.key(0))
 
 
 def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   out = tmp_path / "ck"
-  run = lambda *a: subprocess.run([sys.executable, "-m", "jaxdata.cli", *a], capture_output=True,  # noqa: E731
-                                  text=True, timeout=600)
-  r = run("train", "hgt", "--minibatch", "--scale", "0.0005", "--epochs", "1", "--hidden", "8",
-          "--heads", "2", "--fanouts", "3,3", "--batch-size", "32", "--embed", "author,institution",
-          "--embed-dim", "8", "--out", str(out))
+
+  def run(*a):
+    return subprocess.run(
+      [sys.executable, "-m", "jaxdata.cli", *a], capture_output=True, text=True, timeout=600
+    )
+
+  r = run(
+    "train",
+    "hgt",
+    "--minibatch",
+    "--scale",
+    "0.0005",
+    "--epochs",
+    "1",
+    "--hidden",
+    "8",
+    "--heads",
+    "2",
+    "--fanouts",
+    "3,3",
+    "--batch-size",
+    "32",
+    "--embed",
+    "author,institution",
+    "--embed-dim",
+    "8",
+    "--out",
+    str(out),
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert "val acc" in r.stdout and (out / "history.json").exists()
   assert "learnable 8-wide embeddings for author, institution" in " ".join(r.stdout.split())
-  for args, message in ((("--fanouts", "3"), "give one fanout per layer (--layers 2), got 1"),
-                        (("--fanouts", "3,0"), "--fanouts"),
-                        (("--pipeline", "gpu"), "--pipeline"),
-                        (("--embed", "paper"), "--embed"),
-                        (("--cache", "0.2", "--pipeline", "device"), "--cache")):
+  for args, message in (
+    (("--fanouts", "3"), "give one fanout per layer (--layers 2), got 1"),
+    (("--fanouts", "3,0"), "--fanouts"),
+    (("--pipeline", "gpu"), "--pipeline"),
+    (("--embed", "paper"), "--embed"),
+    (("--cache", "0.2", "--pipeline", "device"), "--cache"),
+  ):
     r = run("train", "rgat", "--minibatch", "--scale", "0.0005", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
   # --device-bytes auto: a quarter of the host tables (features of the other types, float32
@@ -189,18 +241,40 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
   # which is a one-line mistake in --device-bytes, not a traceback.
   from jaxdata.sizes import format_bytes
   from jaxdata.train import attention
+
   scale, embed, dim = 0.0005, ("author", "institution"), 8
-  ds = attention.load_dataset({"scale": scale, "seed": 0,
-                               "classes": attention.default_classes(scale)})
-  tables = sum(len(x) * (dim * 4 if t in embed else x.shape[1] * x.itemsize)
-               for t, x in zip(ds.graph.node_type_names, ds.features))
-  r = run("train", "hgt", "--minibatch", "--scale", str(scale), "--epochs", "1", "--hidden", "8",
-          "--heads", "2", "--embed", ",".join(embed), "--embed-dim", str(dim),
-          "--device-bytes", "auto")
+  ds = attention.load_dataset(
+    {"scale": scale, "seed": 0, "classes": attention.default_classes(scale)}
+  )
+  tables = sum(
+    len(x) * (dim * 4 if t in embed else x.shape[1] * x.itemsize)
+    for t, x in zip(ds.graph.node_type_names, ds.features)
+  )
+  r = run(
+    "train",
+    "hgt",
+    "--minibatch",
+    "--scale",
+    str(scale),
+    "--epochs",
+    "1",
+    "--hidden",
+    "8",
+    "--heads",
+    "2",
+    "--embed",
+    ",".join(embed),
+    "--embed-dim",
+    str(dim),
+    "--device-bytes",
+    "auto",
+  )
   assert f"--device-bytes auto: {format_bytes(tables // 4)}, a quarter" in r.stdout
   assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
-  assert (f"argument --device-bytes: the dense model and its optimizer state need"
-          in r.stderr and f"more than device_bytes {format_bytes(tables // 4)}" in r.stderr)
+  assert (
+    "argument --device-bytes: the dense model and its optimizer state need" in r.stderr
+    and f"more than device_bytes {format_bytes(tables // 4)}" in r.stderr
+  )
   r = run("train", "hgt", "--minibatch", "--scale", str(scale), "--device-bytes", "lots")
   assert r.returncode == 2 and "argument --device-bytes" in r.stderr
 
@@ -218,7 +292,9 @@ def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device,
   config = TrainConfig(model=model, hidden=16, heads=2, embed=EMBED, embed_dim=6)
   model = build_model(ds, config, nnx.Rngs(3))
   assert model.embedded == (1, 3) and [t.embedding.shape for t in model.tables] == [
-      (len(ds.features[1]), 6), (len(ds.features[3]), 6)]
+    (len(ds.features[1]), 6),
+    (len(ds.features[3]), 6),
+  ]
   width = int(ds.graph.in_degree().max())
   seeds = jnp.arange(0, 30, 2, dtype=jnp.int32)
   labels = jnp.asarray(ds.labels)[seeds]
@@ -240,6 +316,7 @@ def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device,
         inputs[1], inputs[3] = learned
         logits, _ = hetero.logits_of(model, data, blocks, inputs, seeds)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+
       grads = nnx.grad(loss, argnums=(nnx.DiffState(0, dense), 1))(model, [xs[1], xs[3]])
       return grads, data.embedding_ids(blocks.nodes[-1], blocks.masks[-1])
 
@@ -256,28 +333,29 @@ def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device,
     rows, n = np.asarray(ids[k]), len(ds.features[t])
     mine = rows < n
     want = np.asarray(g_full.tables[k].embedding[...])
-    np.testing.assert_allclose(np.asarray(g_rows[k])[mine], want[rows[mine]], rtol=1e-3,
-                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(g_rows[k])[mine], want[rows[mine]], rtol=1e-3, atol=1e-5)
     assert not np.asarray(g_rows[k])[~mine].any()
     assert not np.delete(want, rows[mine], axis=0).any()  # nothing outside the blocks matters
 
 
 def test_embedded_types_train_in_host_memory_and_the_checkpoint_evaluates(tmp_path):
   ds = mag()
-  config = TrainConfig(model="rgat", epochs=2, hidden=16, heads=2, learning_rate=0.01,
-                       embed=EMBED, embed_dim=8)
+  config = TrainConfig(
+    model="rgat", epochs=2, hidden=16, heads=2, learning_rate=0.01, embed=EMBED, embed_dim=8
+  )
   before = [np.asarray(t.embedding[...]) for t in build_model(ds, config, nnx.Rngs(0)).tables]
   result = hetero.train(ds, config, hetero.MinibatchConfig(fanouts=(3, 3), batch_size=32))
   assert result.history[-1]["loss"] < result.history[0]["loss"]
   for b, t in zip(before, result.model.tables):
     moved = np.any(np.asarray(t.embedding[...]) != b, axis=1)
     assert moved.any()  # rows the batches reached were trained, in host memory
-  attention.save(str(tmp_path / "ck"), result, config,
-                 {"scale": 5e-4, "seed": 1, "classes": 4})
+  attention.save(str(tmp_path / "ck"), result, config, {"scale": 5e-4, "seed": 1, "classes": 4})
   from jaxdata.train import checkpoint
+
   loaded = checkpoint.load_model(str(tmp_path / "ck"))
-  np.testing.assert_array_equal(loaded.model.tables[1].embedding[...],
-                                result.model.tables[1].embedding[...])
+  np.testing.assert_array_equal(
+    loaded.model.tables[1].embedding[...], result.model.tables[1].embedding[...]
+  )
   assert loaded.evaluate()["val_accuracy"] == pytest.approx(result.val_accuracy)
 
 
@@ -302,13 +380,17 @@ def test_minibatch_training_keeps_tables_off_the_device_and_within_device_bytes(
   # tables=False: no tables, the same other parameters
   bare = build_model(ds, config, nnx.Rngs(0), tables=False)
   assert len(bare.tables) == 0
-  for a, b in zip(jax.tree.leaves(nnx.state(bare, nnx.Param)),
-                  jax.tree.leaves(nnx.state(full, dense))):
+  for a, b in zip(
+    jax.tree.leaves(nnx.state(bare, nnx.Param)), jax.tree.leaves(nnx.state(full, dense))
+  ):
     np.testing.assert_array_equal(a, b)
   budget = 3 * dense_bytes + 256 + 20_000
-  result = hetero.train(ds, config, hetero.MinibatchConfig(
-      fanouts=(3, 3), batch_size=32, max_batches=2, device_bytes=budget),
-      final_evaluation="none")
+  result = hetero.train(
+    ds,
+    config,
+    hetero.MinibatchConfig(fanouts=(3, 3), batch_size=32, max_batches=2, device_bytes=budget),
+    final_evaluation="none",
+  )
   r = result.history[-1]
   # Adam: parameters, two moments and a step count; no table, nor its moments
   assert table_bytes > 256  # tables on the device would break the upper bound
@@ -318,7 +400,8 @@ def test_minibatch_training_keeps_tables_off_the_device_and_within_device_bytes(
   # the returned model holds the trained tables as host arrays
   assert [type(t.embedding.get_value()) for t in result.model.tables] == [np.ndarray] * 2
   with pytest.raises(ValueError, match="dense model and its optimizer state need"):
-    hetero.train(ds, config, hetero.MinibatchConfig(fanouts=(3, 3), batch_size=32,
-                                                    device_bytes=dense_bytes))
+    hetero.train(
+      ds, config, hetero.MinibatchConfig(fanouts=(3, 3), batch_size=32, device_bytes=dense_bytes)
+    )
   with pytest.raises(ValueError, match="not both"):
     hetero.MinibatchConfig(cache=0.1, device_bytes=10)

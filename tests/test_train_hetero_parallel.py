@@ -1,4 +1,5 @@
-"""The relational mini-batch trainer data parallel (train.attention.minibatch.sharded_steps, train.common.ShardedSteps).
+"""The relational mini-batch trainer data parallel (train.attention.minibatch.sharded_steps,
+train.common.ShardedSteps).
 
 With fanouts that cover every in-edge of the seeds the samples are whole neighbourhoods,
 whatever the keys, so K devices with `batch_size` seeds each must take the step one device
@@ -7,6 +8,7 @@ Adam moments (whose first is (1 - b1) x the gradient: a gradient summed twice sh
 where Adam's update hides it) and embedding rows. Through the launcher, 2 processes x 2
 devices train like one process of 4 devices.
 """
+
 import dataclasses
 import functools
 import json
@@ -15,12 +17,12 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
 
 from jaxdata.data import synthetic_mag
 from jaxdata.train import attention
 from jaxdata.train.attention import TrainConfig
 from jaxdata.train.attention import minibatch as hetero
-from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
 
 #: The seeds' in-degree bound: training papers above it are left out, so one hop of this
 #: fanout holds every in-edge of every seed (a second hop would need the graph's largest
@@ -28,7 +30,7 @@ from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh
 WIDTH = 20
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mag():
   ds = synthetic_mag(scale=5e-4, seed=1, num_classes=4)
   degree = np.asarray(ds.graph.in_degree())
@@ -39,12 +41,26 @@ def mag():
 
 
 def _train(model: str, devices: int, batch_size: int, embed=(), table_optimizer="adam"):
-  config = TrainConfig(model=model, hidden=16, heads=2, epochs=1, layers=1, devices=devices,
-                       embed=embed, embed_dim=6, learning_rate=0.01)
-  return hetero.train(mag(), config, hetero.MinibatchConfig(
-      fanouts=(WIDTH,), batch_size=batch_size, max_batches=1, table_optimizer=table_optimizer),
-      final_evaluation="none",
-      validate=False)
+  config = TrainConfig(
+    model=model,
+    hidden=16,
+    heads=2,
+    epochs=1,
+    layers=1,
+    devices=devices,
+    embed=embed,
+    embed_dim=6,
+    learning_rate=0.01,
+  )
+  return hetero.train(
+    mag(),
+    config,
+    hetero.MinibatchConfig(
+      fanouts=(WIDTH,), batch_size=batch_size, max_batches=1, table_optimizer=table_optimizer
+    ),
+    final_evaluation="none",
+    validate=False,
+  )
 
 
 def _two_devices():
@@ -62,16 +78,20 @@ def test_two_devices_take_one_devices_step_on_the_same_global_batch(model):
   _assert_close_after_adams_first_step(one.model, two.model)
   moments = [x for x in jax.tree.leaves(nnx.state(one.optimizer)) if np.ndim(x)]
   assert moments and any(np.abs(np.asarray(m)).max() > 1e-6 for m in moments)
-  for x, y in zip(jax.tree.leaves(nnx.state(one.optimizer)),
-                  jax.tree.leaves(nnx.state(two.optimizer)), strict=True):
+  for x, y in zip(
+    jax.tree.leaves(nnx.state(one.optimizer)),
+    jax.tree.leaves(nnx.state(two.optimizer)),
+    strict=True,
+  ):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-8)
 
 
 def _assert_close_after_adams_first_step(one, two, what=nnx.Param):
   """Adam's first update is about lr x sign(gradient): where a gradient is near Adam's eps,
   rounding moves it by up to lr; a gradient of the wrong sign would move it by 2 lr."""
-  for x, y in zip(jax.tree.leaves(nnx.state(one, what)), jax.tree.leaves(nnx.state(two, what)),
-                  strict=True):
+  for x, y in zip(
+    jax.tree.leaves(nnx.state(one, what)), jax.tree.leaves(nnx.state(two, what)), strict=True
+  ):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=0, atol=2e-3)
 
 
@@ -89,8 +109,9 @@ def test_two_devices_update_the_embedding_rows_of_one_devices_step():
     assert (x != initial[k]).any(axis=1).sum() > 0  # the step moved some rows
     np.testing.assert_array_equal(x != initial[k], y != initial[k])  # the same rows
     np.testing.assert_allclose(y - initial[k], x - initial[k], rtol=1e-4, atol=1e-9)
-  _assert_close_after_adams_first_step(one.model, two.model,
-                                       nnx.All(nnx.Param, nnx.Not(attention.is_table)))
+  _assert_close_after_adams_first_step(
+    one.model, two.model, nnx.All(nnx.Param, nnx.Not(attention.is_table))
+  )
 
 
 def test_data_parallel_refuses_prefetch_and_plans():
@@ -103,13 +124,36 @@ def test_data_parallel_refuses_prefetch_and_plans():
 
 
 #: A small `train hgt --minibatch` run: 313 training papers, 4 devices x 16 seeds per step.
-HGT = ["train", "hgt", "--scale", "5e-4", "--classes", "4", "--minibatch", "--fanouts", "4,4",
-       "--batch-size", "16", "--hidden", "16", "--heads", "2", "--embed", "author",
-       "--embed-dim", "6", "--devices", "0", "--epochs", "2"]
+HGT = [
+  "train",
+  "hgt",
+  "--scale",
+  "5e-4",
+  "--classes",
+  "4",
+  "--minibatch",
+  "--fanouts",
+  "4,4",
+  "--batch-size",
+  "16",
+  "--hidden",
+  "16",
+  "--heads",
+  "2",
+  "--embed",
+  "author",
+  "--embed-dim",
+  "6",
+  "--devices",
+  "0",
+  "--epochs",
+  "2",
+]
 
 
 def _tables(path) -> list[np.ndarray]:
   from jaxdata.train import checkpoint
+
   return [np.asarray(t.embedding[...]) for t in checkpoint.load_model(path).model.tables]
 
 
@@ -117,8 +161,21 @@ def _tables(path) -> list[np.ndarray]:
 def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   """Same global batches, same per-device keys (sampled fanouts here): every epoch's loss and
   validation accuracy and the trained embedding table agree."""
-  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "2", "--", *HGT,
-                    "--out", str(tmp_path / "multi")], _env(), 300)
+  multi = _jaxdata(
+    [
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "2",
+      "--",
+      *HGT,
+      "--out",
+      str(tmp_path / "multi"),
+    ],
+    _env(),
+    300,
+  )
   assert multi.returncode == 0, multi.stdout + multi.stderr
   single = _jaxdata([*HGT, "--out", str(tmp_path / "single")], _env(4), 300)
   assert single.returncode == 0, single.stdout + single.stderr

@@ -2,6 +2,7 @@
 step i trains on batch i while batch i + 1 is sampled and its feature rows gathered, in one
 program. It must compute exactly what the plain step computes: the same
 losses, parameters and embedding tables, every batch once."""
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,7 @@ from jaxdata.train.attention import minibatch as hetero
 EMBED = ("author", "field_of_study")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mag():
   return synthetic_mag(scale=5e-4, seed=1, num_classes=4)
 
@@ -41,6 +42,7 @@ def test_pipelined_epoch_trains_every_row_once_in_order_with_run_epochs_keys():
     plain.append((np.asarray(seeds), np.asarray(jax.random.key_data(k))))
     n = (seeds >= 0).sum()
     return seeds.sum() * 1.0, n, n, jnp.int32(0)
+
   want = common.run_epoch(step, rows, key)
 
   prepared, trained = [], []
@@ -54,6 +56,7 @@ def test_pipelined_epoch_trains_every_row_once_in_order_with_run_epochs_keys():
     trained.append((np.asarray(seeds), np.asarray(jax.random.key_data(k))))
     n = (seeds >= 0).sum()
     return (seeds.sum() * 1.0, n, n, jnp.int32(0), prepare(seeds_next, k_next))
+
   got = common.run_pipelined_epoch(prepare, piped, rows, key)
 
   assert len(trained) == len(plain) == 5
@@ -70,8 +73,14 @@ def test_pipelined_epoch_trains_every_row_once_in_order_with_run_epochs_keys():
 
 def _setup(ds, config, pipeline="host"):
   model = build_model(ds, config, nnx.Rngs(config.seed), tables=False)
-  embeddings = dict(zip(model.embedded, hetero.initial_embeddings(
-      [len(ds.features[t]) for t in model.embedded], config.embed_dim, config.seed)))
+  embeddings = dict(
+    zip(
+      model.embedded,
+      hetero.initial_embeddings(
+        [len(ds.features[t]) for t in model.embedded], config.embed_dim, config.seed
+      ),
+    )
+  )
   dense = nnx.All(nnx.Param, nnx.Not(is_table))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
   data = hetero.HostData(ds, pipeline, embeddings=embeddings)
@@ -83,10 +92,12 @@ def _setup(ds, config, pipeline="host"):
 @pytest.mark.parametrize("embed", [(), EMBED], ids=["features", "embeddings"])
 def test_pipelined_steps_give_the_plain_steps_losses_parameters_and_tables(device, embed):
   ds = mag()
-  config = TrainConfig(model="hgt", hidden=16, heads=2, learning_rate=0.01, embed=embed,
-                       embed_dim=8)
-  rows = common.seed_batches(np.asarray(ds.train_papers) + ds.node_range("paper")[0], 48,
-                             np.random.default_rng(0), 4)
+  config = TrainConfig(
+    model="hgt", hidden=16, heads=2, learning_rate=0.01, embed=embed, embed_dim=8
+  )
+  rows = common.seed_batches(
+    np.asarray(ds.train_papers) + ds.node_range("paper")[0], 48, np.random.default_rng(0), 4
+  )
   key = jax.random.key(3)
   labels = jnp.asarray(ds.labels)
   results = {}
@@ -100,13 +111,23 @@ def test_pipelined_steps_give_the_plain_steps_losses_parameters_and_tables(devic
           batch = steps.prepare(data.consts, jnp.asarray(rows[0]), jax.random.fold_in(key, 0))
           for i in range(len(rows)):
             nxt = rows[i + 1] if i + 1 < len(rows) else np.full_like(rows[0], -1)
-            *out, batch = steps.pipelined(model, optimizer, states, data.consts, batch,
-                                          jnp.asarray(nxt), jax.random.fold_in(key, i + 1))
+            *out, batch = steps.pipelined(
+              model,
+              optimizer,
+              states,
+              data.consts,
+              batch,
+              jnp.asarray(nxt),
+              jax.random.fold_in(key, i + 1),
+            )
             outs.append(out)
         else:
           for i, row in enumerate(rows):
-            outs.append(steps.step(model, optimizer, states, data.consts, jnp.asarray(row),
-                                   jax.random.fold_in(key, i)))
+            outs.append(
+              steps.step(
+                model, optimizer, states, data.consts, jnp.asarray(row), jax.random.fold_in(key, i)
+              )
+            )
         jax.block_until_ready(outs)
         tables = [data.tables[t].as_numpy().copy() for t in data.embedded]
         for s in states:
@@ -130,11 +151,19 @@ def test_pipelined_steps_give_the_plain_steps_losses_parameters_and_tables(devic
 @pytest.mark.parametrize("embed", [(), EMBED], ids=["features", "embeddings"])
 def test_prefetch_training_equals_plain_training_over_epochs(embed):
   ds = mag()
-  config = TrainConfig(model="rgat", epochs=2, hidden=16, heads=2, learning_rate=0.01,
-                       embed=embed, embed_dim=8)
-  runs = {p: hetero.train(ds, config, hetero.MinibatchConfig(
-      fanouts=(3, 3), batch_size=40, prefetch=p, cache=0.25), final_evaluation="none",
-      validate=False) for p in (False, True)}
+  config = TrainConfig(
+    model="rgat", epochs=2, hidden=16, heads=2, learning_rate=0.01, embed=embed, embed_dim=8
+  )
+  runs = {
+    p: hetero.train(
+      ds,
+      config,
+      hetero.MinibatchConfig(fanouts=(3, 3), batch_size=40, prefetch=p, cache=0.25),
+      final_evaluation="none",
+      validate=False,
+    )
+    for p in (False, True)
+  }
   gpu = jax.default_backend() == "gpu"  # atomics: see the test above
   for a, b in zip(runs[True].history, runs[False].history):
     # 313 training papers in batches of 40: the last batch is padded; none lost or repeated
@@ -152,8 +181,10 @@ def test_prefetch_training_equals_plain_training_over_epochs(embed):
 
 
 def test_cli_prefetch_flag_reaches_the_config():
-  from jaxdata.train import attention
   import argparse
+
+  from jaxdata.train import attention
+
   parser = argparse.ArgumentParser()
   attention.add_arguments(parser, "hgt")
   assert parser.parse_args(["--prefetch"]).prefetch is True

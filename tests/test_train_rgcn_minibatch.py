@@ -6,6 +6,7 @@ one-hot input): the same outputs from the same rows; with fanouts covering every
 mini-batch step's loss and gradients (dense parameters and node rows) are the full-graph ones at
 its seeds, and rows of nodes outside the sampled neighbourhood get no gradient there either.
 """
+
 import dataclasses
 import functools
 import subprocess
@@ -24,14 +25,19 @@ from jaxdata.nn import RGCN
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig
 from jaxdata.train.rgcn import minibatch as mb
 
-LAYERS = {"full": dict(), "bases": dict(num_bases=2), "bases-selfloop": dict(
-    num_bases=2, self_loop="basis", use_bias=False), "no-selfloop": dict(self_loop=False)}
+LAYERS = {
+  "full": dict(),
+  "bases": dict(num_bases=2),
+  "bases-selfloop": dict(num_bases=2, self_loop="basis", use_bias=False),
+  "no-selfloop": dict(self_loop=False),
+}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def entities(featureless: bool = True):
-  ds = synthetic_entities(num_nodes=120, num_edges=500, num_relations=3, num_classes=3, seed=2,
-                          feature_dim=6)
+  ds = synthetic_entities(
+    num_nodes=120, num_edges=500, num_relations=3, num_classes=3, seed=2, feature_dim=6
+  )
   g = ds.graph
   g = HeteroGraph.from_edges(g.src, g.dst, g.etype, num_nodes=g.num_nodes, add_inverse=True)
   return dataclasses.replace(ds, graph=g, features=None if featureless else ds.features)
@@ -41,16 +47,20 @@ def entities(featureless: bool = True):
 def test_on_rows_equals_the_one_hot_layer_and_rows_round_trip(layer):
   g = entities().graph
   graph = GraphArrays.from_graph(g)
-  a = RGCN(None, 4, num_relations=g.num_relations, num_nodes=g.num_nodes, rngs=nnx.Rngs(0),
-           **LAYERS[layer])
+  a = RGCN(
+    None, 4, num_relations=g.num_relations, num_nodes=g.num_nodes, rngs=nnx.Rngs(0), **LAYERS[layer]
+  )
   rows = a.node_rows()
   assert rows.shape == (g.num_nodes, a.row_width)
   np.testing.assert_allclose(a.on_rows(graph, rows), a(graph), rtol=1e-5, atol=1e-6)
-  b = RGCN(None, 4, num_relations=g.num_relations, num_nodes=g.num_nodes, rngs=nnx.Rngs(1),
-           **LAYERS[layer])
+  b = RGCN(
+    None, 4, num_relations=g.num_relations, num_nodes=g.num_nodes, rngs=nnx.Rngs(1), **LAYERS[layer]
+  )
   assert not np.allclose(b(graph), a(graph))
   b.set_node_rows(rows)
-  for p, q in zip(jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))):
+  for p, q in zip(
+    jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))
+  ):
     if p.ndim >= 2 and p.shape[-2 if p.ndim == 3 else 0] == g.num_nodes:
       np.testing.assert_array_equal(p, q)  # every per-node parameter came back
   with pytest.raises(ValueError, match="rows must have shape"):
@@ -70,8 +80,11 @@ def _full_graph_loss(model, graph, rows, seeds, labels):
 
 
 @pytest.mark.parametrize("pipeline", ["host", "device"])
-@pytest.mark.parametrize("setup", [dict(num_bases=2, self_loop="basis", bias=False),
-                                   dict(num_bases=None)], ids=["bases", "full"])
+@pytest.mark.parametrize(
+  "setup",
+  [dict(num_bases=2, self_loop="basis", bias=False), dict(num_bases=None)],
+  ids=["bases", "full"],
+)
 def test_full_fanout_step_gives_the_full_graph_loss_and_gradients(device, pipeline, setup):
   ds = entities()
   config = TrainConfig(hidden=5, **setup)
@@ -87,12 +100,13 @@ def test_full_fanout_step_gives_the_full_graph_loss_and_gradients(device, pipeli
   dense = mb.dense_filter(model)
 
   with mb.EntityData(ds, model, pipeline) as data:
+
     @nnx.jit
     def on_blocks(model):
-      blocks, inputs, ids = mb.forward(model, data, data.consts, seeds, (width, width),
-                                       jax.random.key(0))
-      grad = nnx.value_and_grad(mb.batch_loss, argnums=(nnx.DiffState(0, dense), 2),
-                                has_aux=True)
+      blocks, inputs, ids = mb.forward(
+        model, data, data.consts, seeds, (width, width), jax.random.key(0)
+      )
+      grad = nnx.value_and_grad(mb.batch_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
       (loss, _), (g_dense, g_rows) = grad(model, blocks, inputs, seeds, labels, 0.0)
       return loss, g_dense, g_rows, ids
 
@@ -107,8 +121,9 @@ def test_full_fanout_step_gives_the_full_graph_loss_and_gradients(device, pipeli
   ids = np.asarray(ids)
   sampled = ids[ids < g.num_nodes]
   rows_f = np.asarray(rows_f)
-  np.testing.assert_allclose(np.asarray(rows_b)[ids < g.num_nodes], rows_f[sampled],
-                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(
+    np.asarray(rows_b)[ids < g.num_nodes], rows_f[sampled], rtol=1e-4, atol=1e-6
+  )
   outside = np.setdiff1d(np.arange(g.num_nodes), sampled)
   assert not rows_f[outside].any()  # every row that matters was sampled
 
@@ -146,15 +161,20 @@ def test_with_features_every_parameter_trains_and_other_table_optimizers():
   ds = entities(featureless=False)
   config = TrainConfig(epochs=2, hidden=8, num_bases=2)
   model0 = EntityClassifier(ds, config, rngs=nnx.Rngs(config.seed))
-  result = mb.train(ds, config, mb.MinibatchConfig(fanouts=(3, 3), batch_size=16,
-                                                   pipeline="device"))
+  result = mb.train(
+    ds, config, mb.MinibatchConfig(fanouts=(3, 3), batch_size=16, pipeline="device")
+  )
   assert np.isfinite(result.history[-1]["loss"])
   # with features conv1's bases and self-loop weight are dense parameters: they train
   for name in ("bases", "root", "coefficients"):
-    assert not np.array_equal(getattr(result.model.conv1, name)[...],
-                              getattr(model0.conv1, name)[...]), name
-  result = mb.train(entities(), dataclasses.replace(config, epochs=3),
-                    mb.MinibatchConfig(fanouts=(3, 3), batch_size=16, table_optimizer="adagrad"))
+    assert not np.array_equal(
+      getattr(result.model.conv1, name)[...], getattr(model0.conv1, name)[...]
+    ), name
+  result = mb.train(
+    entities(),
+    dataclasses.replace(config, epochs=3),
+    mb.MinibatchConfig(fanouts=(3, 3), batch_size=16, table_optimizer="adagrad"),
+  )
   assert result.history[-1]["loss"] < result.history[0]["loss"]
 
 
@@ -169,10 +189,31 @@ def test_bad_configs():
 
 def test_cli_minibatch(tmp_path):
   out = tmp_path / "ck"
-  run = lambda *a: subprocess.run([sys.executable, "-m", "jaxdata.cli", *a], capture_output=True,  # noqa: E731
-                                  text=True, timeout=600)
-  r = run("train", "rgcn", "--minibatch", "--nodes", "300", "--edges", "2000", "--relations", "4",
-          "--epochs", "2", "--fanouts", "3,3", "--batch-size", "16", "--out", str(out))
+
+  def run(*a):
+    return subprocess.run(
+      [sys.executable, "-m", "jaxdata.cli", *a], capture_output=True, text=True, timeout=600
+    )
+
+  r = run(
+    "train",
+    "rgcn",
+    "--minibatch",
+    "--nodes",
+    "300",
+    "--edges",
+    "2000",
+    "--relations",
+    "4",
+    "--epochs",
+    "2",
+    "--fanouts",
+    "3,3",
+    "--batch-size",
+    "16",
+    "--out",
+    str(out),
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert "mini-batches" in r.stdout and (out / "history.json").exists()
   r = run("eval", str(out))

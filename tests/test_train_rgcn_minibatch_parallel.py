@@ -8,6 +8,7 @@ each row of the global batch once), dense parameters, Adam moments (the first is
 row's change is -lr x its gradient). Through the launcher, 2 processes of 1 device train like
 one process of 2 devices.
 """
+
 import dataclasses
 import json
 
@@ -15,12 +16,12 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-
-from jaxdata.train.rgcn import EntityClassifier, TrainConfig
-from jaxdata.train.rgcn import minibatch as mb
 from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
 from test_train_hetero_parallel import _assert_close_after_adams_first_step, _two_devices
 from test_train_rgcn_minibatch import entities  # 120 nodes, 3 relations and their inverses
+
+from jaxdata.train.rgcn import EntityClassifier, TrainConfig
+from jaxdata.train.rgcn import minibatch as mb
 
 
 def _width(ds) -> int:
@@ -28,12 +29,19 @@ def _width(ds) -> int:
 
 
 def _train(ds, devices: int, batch_size: int, table_optimizer="sgd", l2=5e-3, pipeline="host"):
-  config = TrainConfig(epochs=1, hidden=5, num_bases=2, l2=l2, learning_rate=0.01,
-                       devices=devices)
+  config = TrainConfig(epochs=1, hidden=5, num_bases=2, l2=l2, learning_rate=0.01, devices=devices)
   w = _width(ds)
-  return mb.train(ds, config, mb.MinibatchConfig(
-      fanouts=(w, w), batch_size=batch_size, max_batches=1, table_optimizer=table_optimizer,
-      pipeline=pipeline))
+  return mb.train(
+    ds,
+    config,
+    mb.MinibatchConfig(
+      fanouts=(w, w),
+      batch_size=batch_size,
+      max_batches=1,
+      table_optimizer=table_optimizer,
+      pipeline=pipeline,
+    ),
+  )
 
 
 @pytest.mark.parametrize("l2", [0.0, 5e-3], ids=["no-l2", "l2"])
@@ -68,35 +76,68 @@ def test_with_features_two_devices_give_one_devices_adam_moments(pipeline):
   assert two.history[0]["loss"] == pytest.approx(one.history[0]["loss"], rel=1e-5)
   moments = [x for x in jax.tree.leaves(nnx.state(one.optimizer)) if np.ndim(x)]
   assert moments and any(np.abs(np.asarray(m)).max() > 1e-6 for m in moments)
-  for x, y in zip(jax.tree.leaves(nnx.state(one.optimizer)),
-                  jax.tree.leaves(nnx.state(two.optimizer)), strict=True):
+  for x, y in zip(
+    jax.tree.leaves(nnx.state(one.optimizer)),
+    jax.tree.leaves(nnx.state(two.optimizer)),
+    strict=True,
+  ):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-8)
 
 
 def test_data_parallel_trains_and_validates_on_sampled_batches():
   _two_devices()
   ds = entities()
-  config = TrainConfig(epochs=3, hidden=8, num_bases=2, learning_rate=0.05, val_fraction=0.2,
-                       devices=None)
+  config = TrainConfig(
+    epochs=3, hidden=8, num_bases=2, learning_rate=0.05, val_fraction=0.2, devices=None
+  )
   result = mb.train(ds, config, mb.MinibatchConfig(fanouts=(4, 4), batch_size=2))
   losses = [h["loss"] for h in result.history]
   assert losses[-1] < losses[0]
   assert all(0 <= h["val_accuracy"] <= 1 for h in result.history)
-  assert result.history[0]["batches"] == -(-len(mb.split_validation(
-      len(ds.train_idx), 0.2, 0)[0]) // 4)  # 2 seeds x 2 devices per step
+  assert result.history[0]["batches"] == -(
+    -len(mb.split_validation(len(ds.train_idx), 0.2, 0)[0]) // 4
+  )  # 2 seeds x 2 devices per step
   with pytest.raises(ValueError, match="devices=3, but 2 are visible"):
     mb.train(ds, dataclasses.replace(config, devices=3), mb.MinibatchConfig(fanouts=(4, 4)))
 
 
-RGCN = ["train", "rgcn", "--minibatch", "--nodes", "300", "--edges", "2000", "--relations", "4",
-        "--fanouts", "3,3", "--batch-size", "4", "--epochs", "2"]
+RGCN = [
+  "train",
+  "rgcn",
+  "--minibatch",
+  "--nodes",
+  "300",
+  "--edges",
+  "2000",
+  "--relations",
+  "4",
+  "--fanouts",
+  "3,3",
+  "--batch-size",
+  "4",
+  "--epochs",
+  "2",
+]
 
 
 def test_two_processes_train_like_one_process_of_two_devices(tmp_path):
   """Same global batches, same per-device keys (sampled fanouts): every epoch's loss and
   validation accuracy, and the trained parameters, agree (the synthetic graph has features)."""
-  multi = _jaxdata(["launch", "-n", "2", "--devices-per-process", "1", "--", *RGCN,
-                    "--out", str(tmp_path / "multi")], _env(), 300)
+  multi = _jaxdata(
+    [
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "1",
+      "--",
+      *RGCN,
+      "--out",
+      str(tmp_path / "multi"),
+    ],
+    _env(),
+    300,
+  )
   assert multi.returncode == 0, multi.stdout + multi.stderr
   single = _jaxdata([*RGCN, "--devices", "2", "--out", str(tmp_path / "single")], _env(2), 300)
   assert single.returncode == 0, single.stdout + single.stderr
@@ -108,7 +149,10 @@ def test_two_processes_train_like_one_process_of_two_devices(tmp_path):
     assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
     assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-9)
   from jaxdata.train import checkpoint
-  params = [jax.tree.leaves(nnx.state(checkpoint.load_model(str(tmp_path / k)).model, nnx.Param))
-            for k in ("multi", "single")]
+
+  params = [
+    jax.tree.leaves(nnx.state(checkpoint.load_model(str(tmp_path / k)).model, nnx.Param))
+    for k in ("multi", "single")
+  ]
   for m, s in zip(*params, strict=True):
     np.testing.assert_allclose(np.asarray(m), np.asarray(s), rtol=1e-4, atol=1e-6)

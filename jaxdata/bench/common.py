@@ -2,6 +2,7 @@
 command line it records, random rows.
 
 Timing lives in `jaxdata.timing`, byte sizes in `jaxdata.sizes`."""
+
 from __future__ import annotations
 
 import datetime
@@ -31,14 +32,15 @@ def cpu_model() -> str:
 def hardware() -> dict[str, str]:
   """The machine, as a benchmark table should state it."""
   from jaxdata import _ffi  # pylint: disable=g-import-not-at-top
+
   dev = jax.devices()[0]
   info = {
-      "device": f"{dev.platform}: {getattr(dev, 'device_kind', dev.platform)} x{jax.device_count()}",
-      "host": f"{cpu_model()}, {os.cpu_count()} cores, "
-              f"{_ffi.ext.physical_memory_bytes() / 2**30:.0f} GiB RAM",
-      "software": f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, "
-                  f"python {sys.version.split()[0]}",
-      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    "device": f"{dev.platform}: {getattr(dev, 'device_kind', dev.platform)} x{jax.device_count()}",
+    "host": f"{cpu_model()}, {os.cpu_count()} cores, "
+    f"{_ffi.ext.physical_memory_bytes() / 2**30:.0f} GiB RAM",
+    "software": f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, "
+    f"python {sys.version.split()[0]}",
+    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
   }
   if _ffi.built_with_cuda() and dev.platform == "gpu":
     runtime, driver = _ffi.cuda_versions()
@@ -66,6 +68,7 @@ def print_table(console, title: str, header, body, notes=(), left=()) -> None:
   """A rich table (cells printed as written, not as markup), then the notes in yellow."""
   import rich.markup  # pylint: disable=g-import-not-at-top
   import rich.table  # pylint: disable=g-import-not-at-top
+
   table = rich.table.Table(title=title)
   for h in header:
     table.add_column(h, justify="left" if h in left else "right")
@@ -98,8 +101,11 @@ def write_with_plot(console, path: str, markdown, plot) -> None:
   png = os.path.splitext(path)[0] + ".png"
   drawn = plot(png)
   write(console, path, markdown(os.path.basename(png) if drawn else None))
-  console.print(f"wrote {png}" if drawn else
-                "[yellow]no plot: matplotlib is not installed (pip install matplotlib)")
+  console.print(
+    f"wrote {png}"
+    if drawn
+    else "[yellow]no plot: matplotlib is not installed (pip install matplotlib)"
+  )
 
 
 def pick(given, quick: bool, quick_value, full_value):

@@ -37,6 +37,7 @@ pinned `HostTable`, one DMA copy). The GPU-centric step's ratio to it is what is
 
     results, link, notes, dataset = run(scale=0.01, model="hgt", batches=5)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,8 @@ import importlib
 import math
 import os
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +62,14 @@ from jaxdata.host.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
-from jaxdata.train.attention.minibatch import (HostData, complete, prepare, sample,
-                                               summed_loss, table_bytes)
+from jaxdata.train.attention.minibatch import (
+  HostData,
+  complete,
+  prepare,
+  sample,
+  summed_loss,
+  table_bytes,
+)
 from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -70,12 +78,14 @@ QUICK = dict(scale=0.01, batches=10, warmup=2)
 #: name (for --pipelines): label
 #: The device cache of the cached GPU-centric row: this fraction of each feature table's rows.
 CACHE_FRACTION = 0.2
-PIPELINES = {"host": "GPU-centric (jaxdata)",
-             "host-prefetch": "GPU-centric, next batch pipelined (jaxdata)",
-             "host-cache": f"GPU-centric + {CACHE_FRACTION:.0%} device cache (jaxdata)",
-             "device": "all-in-GPU (jaxdata)",
-             "cpu": "CPU-centric (CPU sampling + device_put)",
-             "pyg": "PyG (NumPy NeighborLoader stand-in)"}
+PIPELINES = {
+  "host": "GPU-centric (jaxdata)",
+  "host-prefetch": "GPU-centric, next batch pipelined (jaxdata)",
+  "host-cache": f"GPU-centric + {CACHE_FRACTION:.0%} device cache (jaxdata)",
+  "device": "all-in-GPU (jaxdata)",
+  "cpu": "CPU-centric (CPU sampling + device_put)",
+  "pyg": "PyG (NumPy NeighborLoader stand-in)",
+}
 #: Bytes copied to measure the pinned memcpy bandwidth (CPU: less).
 COPY_BYTES = 1 << 30
 CPU_COPY_BYTES = 64 << 20
@@ -113,13 +123,13 @@ class LinkBound:
 # ----------------------------------------------------------------------------- jaxdata's steps
 def batch_loss(model, data: HostData, blocks, xs, seeds, labels) -> jax.Array:
   """Mean cross entropy of the valid seeds (as `train.attention.minibatch.train`'s step)."""
-  total, (_, count) = summed_loss(model, data, blocks, xs, (), seeds,
-                                  labels[jnp.maximum(seeds, 0)])
+  total, (_, count) = summed_loss(model, data, blocks, xs, (), seeds, labels[jnp.maximum(seeds, 0)])
   return total / jnp.maximum(count, 1)
 
 
-def batch_stats(blocks, type_offsets, row_bytes: Sequence[int],
-                caches=None) -> tuple[jax.Array, jax.Array]:
+def batch_stats(
+  blocks, type_offsets, row_bytes: Sequence[int], caches=None
+) -> tuple[jax.Array, jax.Array]:
   """(sampled edges, feature bytes gathered) of a batch: the real edges of all blocks (padding
   edges have norm 0), and the valid slots of the outermost frontier times their node type's
   row bytes (what `gather_typed` reads; the link bound's numerator), less the rows a device
@@ -154,12 +164,15 @@ def _trainer(dataset, config: TrainConfig):
       (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, i, *args)
       optimizer.update(model, grads)
       return (nnx.state((model, optimizer)), i + 1, loss, stats, *extra)
+
     return step
+
   return state, make
 
 
-def _timed(run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray,
-           warmup: int) -> tuple[float, list]:
+def _timed(
+  run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray, warmup: int
+) -> tuple[float, list]:
   """Runs the warm-up rows, then times the rest; `run_batches(rows, first_index)` returns the
   batches' outputs with every result ready. Returns (seconds, timed outputs)."""
   if warmup:
@@ -169,10 +182,12 @@ def _timed(run_batches: Callable[[np.ndarray, int], list], rows: np.ndarray,
   return time.perf_counter() - t0, out
 
 
-def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key,
-             on_batch) -> tuple[float, list, dict]:
-  """Pipeline `name` ("host", "host-prefetch", "host-cache", "device", "cpu"): (timed seconds, (loss, edges, feature bytes)
-  per timed batch, {"blocks", "features"}: bytes each batch moves to the device ("cpu"))."""
+def _jaxdata(
+  name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key, on_batch
+) -> tuple[float, list, dict]:
+  """Pipeline `name` ("host", "host-prefetch", "host-cache", "device", "cpu"): (timed seconds,
+  (loss, edges, feature bytes) per timed batch, {"blocks", "features"}: bytes each batch moves to
+  the device ("cpu"))."""
   fanouts = tuple(int(f) for f in fanouts)
   labels = jnp.asarray(dataset.labels)
   row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
@@ -182,21 +197,28 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
   gpu = jax.devices()[0]
   state, key = jax.device_put((state, key), gpu)
   counter = lambda first: jax.device_put(np.int32(first), gpu)  # noqa: E731
-  with HostData(dataset, "device" if name == "device" else "host",
-                cache=CACHE_FRACTION if name == "host-cache" else 0.0) as data:
+  with HostData(
+    dataset,
+    "device" if name == "device" else "host",
+    cache=CACHE_FRACTION if name == "host-cache" else 0.0,
+  ) as data:
     offsets = data.type_offsets
 
     def whole(model, i, consts, all_rows, key):
       # batch i: its seed row and key picked on the device (one dispatch per step)
       seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
       blocks, xs = sample(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
-      return (batch_loss(model, data, blocks, xs, seeds, labels),
-              batch_stats(blocks, offsets, row_bytes, consts.get("caches")))
+      return (
+        batch_loss(model, data, blocks, xs, seeds, labels),
+        batch_stats(blocks, offsets, row_bytes, consts.get("caches")),
+      )
 
     def given(model, i, blocks, xs, seeds):
       del i
-      return (batch_loss(model, data, blocks, xs, seeds, labels),
-              batch_stats(blocks, offsets, row_bytes))
+      return (
+        batch_loss(model, data, blocks, xs, seeds, labels),
+        batch_stats(blocks, offsets, row_bytes),
+      )
 
     holder, moved = {"state": state}, {}
     if name == "host-prefetch":
@@ -215,16 +237,20 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
       def piped(model, i, consts, all_rows, key, batch):
         del i, all_rows, key
         seeds, blocks, xs = complete(data, consts, batch)
-        return (batch_loss(model, data, blocks, xs, seeds, labels),
-                batch_stats(blocks, offsets, row_bytes, consts.get("caches")))
+        return (
+          batch_loss(model, data, blocks, xs, seeds, labels),
+          batch_stats(blocks, offsets, row_bytes, consts.get("caches")),
+        )
+
       step = make(piped, ahead)
 
       def run_batches(part, first):
         out, i = [], counter(first)
         batch = prepare_at(data.consts, all_rows, key, i)
         for _ in part:
-          holder["state"], i, loss, stats, batch = step(holder["state"], i, data.consts,
-                                                        all_rows, key, batch)
+          holder["state"], i, loss, stats, batch = step(
+            holder["state"], i, data.consts, all_rows, key, batch
+          )
           out.append((loss, stats))
           on_batch()
         return jax.block_until_ready(out)
@@ -262,12 +288,23 @@ def _jaxdata(name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key
         return jax.block_until_ready(out)
 
     seconds, out = _timed(run_batches, rows, warmup)
-  return seconds, [(float(loss), float(edges), float(nbytes)) for loss, (edges, nbytes) in out], \
-      moved
+  return (
+    seconds,
+    [(float(loss), float(edges), float(nbytes)) for loss, (edges, nbytes) in out],
+    moved,
+  )
 
 
-def _trained(name: str, dataset, config: TrainConfig, fanouts, batch_size: int, batches: int,
-             device_bytes: int | None, on_batch) -> tuple[float, list, dict]:
+def _trained(
+  name: str,
+  dataset,
+  config: TrainConfig,
+  fanouts,
+  batch_size: int,
+  batches: int,
+  device_bytes: int | None,
+  on_batch,
+) -> tuple[float, list, dict]:
   """Pipeline "host" or "host-cache" with learnable embeddings and a device budget: the steps of
   `jaxdata train rgat|hgt --minibatch` itself (`minibatch.train`, embedding tables trained in
   host memory by the sparse optimizer, no table on the device), two epochs of `batches`
@@ -275,17 +312,34 @@ def _trained(name: str, dataset, config: TrainConfig, fanouts, batch_size: int, 
   its feature cache to `device_bytes`. Returns (timed seconds, (loss, None, None) of the timed
   epoch, {"state", "cache", "fraction", "peak"}: device bytes)."""
   from jaxdata.train.attention import minibatch  # pylint: disable=g-import-not-at-top
+
   config = dataclasses.replace(config, epochs=2)
   options = minibatch.MinibatchConfig(
-      fanouts=tuple(int(f) for f in fanouts), batch_size=batch_size, max_batches=batches,
-      device_bytes=device_bytes if name == "host-cache" else None,
-      prefetch=name == "host-prefetch")
-  result = minibatch.train(dataset, config, options, on_batch=lambda *_: on_batch(),
-                           final_evaluation="none", validate=False)
+    fanouts=tuple(int(f) for f in fanouts),
+    batch_size=batch_size,
+    max_batches=batches,
+    device_bytes=device_bytes if name == "host-cache" else None,
+    prefetch=name == "host-prefetch",
+  )
+  result = minibatch.train(
+    dataset,
+    config,
+    options,
+    on_batch=lambda *_: on_batch(),
+    final_evaluation="none",
+    validate=False,
+  )
   r = result.history[-1]
-  return r["seconds"], [(r["loss"], None, None)] * r["batches"], {
-      "state": r["device_state_bytes"], "cache": r["cache_bytes"],
-      "fraction": r["cache_fraction"], "peak": peak_device_bytes()}
+  return (
+    r["seconds"],
+    [(r["loss"], None, None)] * r["batches"],
+    {
+      "state": r["device_state_bytes"],
+      "cache": r["cache_bytes"],
+      "fraction": r["cache_fraction"],
+      "peak": peak_device_bytes(),
+    },
+  )
 
 
 def peak_device_bytes() -> int | None:
@@ -303,22 +357,27 @@ def host_bytes_estimate(scale: float, embed: Sequence[str] = (), embed_dim: int 
   two tables; the features twice (dataset and host tables); embeddings four times (initial,
   host table, Adam's two moments)."""
   from jaxdata.data import mag  # pylint: disable=g-import-not-at-top
+
   edges = 2 * sum(mag.NUM_EDGES.values()) * scale
   features = sum(mag.NUM_NODES[t] * mag.FEATURE_DIMS[t] * 4 for t in mag.NODE_TYPES) * scale
   embeddings = sum(mag.NUM_NODES[t] * embed_dim * 4 for t in embed) * scale
   return int(edges * 4 * 8 + 2 * features + 4 * embeddings)
 
 
-def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
-         ) -> tuple[float, list, dict]:
+def _pyg(
+  dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
+) -> tuple[float, list, dict]:
   """The PyG pipeline: (timed seconds, (loss, edges, None) per timed batch, {"ran on"})."""
   import torch  # pylint: disable=g-import-not-at-top
+
   from jaxdata.bench import pyg_sampler  # pylint: disable=g-import-not-at-top
   from jaxdata.reference.rgcn import torch_device  # pylint: disable=g-import-not-at-top
+
   device = torch_device()
   sampler = pyg_sampler.HeteroNeighborSampler(dataset)
-  model = pyg_sampler.pyg_model(config.model, dataset, config.hidden, config.heads,
-                                config.seed).to(device)
+  model = pyg_sampler.pyg_model(config.model, dataset, config.hidden, config.heads, config.seed).to(
+    device
+  )
   opt = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
   rng = np.random.default_rng(seed)
   paper0 = dataset.node_range("paper")[0]
@@ -347,11 +406,17 @@ def _pyg(dataset, config: TrainConfig, fanouts, rows, warmup, seed, on_batch
 
   seconds, out = _timed(run_batches, rows, warmup)
   import torch_geometric  # pylint: disable=g-import-not-at-top
-  where = f"{device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda"
-                         else "")
-  return seconds, [(float(loss.item()), float(edges), None) for loss, edges in out], \
-      {"ran on": f"{where}, torch {torch.__version__}, torch_geometric "
-                 f"{torch_geometric.__version__}"}
+
+  where = f"{device}" + (
+    f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+  )
+  return (
+    seconds,
+    [(float(loss.item()), float(edges), None) for loss, edges in out],
+    {
+      "ran on": f"{where}, torch {torch.__version__}, torch_geometric {torch_geometric.__version__}"
+    },
+  )
 
 
 # ----------------------------------------------------------------------------- the link bound
@@ -397,12 +462,25 @@ def _fits_on_device(dataset) -> str | None:
   return None
 
 
-def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int = 1024,
-        batches: int = 50, warmup: int = 5, pipelines: Sequence[str] = tuple(PIPELINES),
-        classes: int | None = None, hidden: int = 64, heads: int = 4, seed: int = 0,
-        copy_bytes: int | None = None, console: Any = None, embed: Sequence[str] = (),
-        embed_dim: int = 64, device_bytes: int | str | None = None
-        ) -> tuple[list[Result], LinkBound | None, list[str], Any]:
+def run(
+  *,
+  scale: float,
+  model: str = "hgt",
+  fanouts=(10, 10),
+  batch_size: int = 1024,
+  batches: int = 50,
+  warmup: int = 5,
+  pipelines: Sequence[str] = tuple(PIPELINES),
+  classes: int | None = None,
+  hidden: int = 64,
+  heads: int = 4,
+  seed: int = 0,
+  copy_bytes: int | None = None,
+  console: Any = None,
+  embed: Sequence[str] = (),
+  embed_dim: int = 64,
+  device_bytes: int | str | None = None,
+) -> tuple[list[Result], LinkBound | None, list[str], Any]:
   """Generates the graph, runs the named pipelines on it in turn; returns (results, link bound
   or None when "host" was not run, notes, dataset). A pipeline that cannot run gives a row
   with its reason, never an exception.
@@ -416,6 +494,7 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
   from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
   from jaxdata.host import HostGraph  # pylint: disable=g-import-not-at-top
   from jaxdata.sizes import format_bytes  # pylint: disable=g-import-not-at-top
+
   log = console.print if console is not None else print
   budgeted = bool(embed) or device_bytes is not None
   notes = []
@@ -434,16 +513,19 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     features, embeddings = table_bytes(dataset, embed, embed_dim)
     if device_bytes == "auto":
       device_bytes = (features + embeddings) // 4
-    notes += [f"graph construction: {built:.1f} s (synthetic_mag {drawn:.1f} s, then "
-              f"HostGraph.from_hetero)",
-              f"tables: features {format_bytes(features)} + embeddings "
-              f"{format_bytes(embeddings)} ({', '.join(embed) or 'none'}, {embed_dim} wide) = "
-              f"{format_bytes(features + embeddings)}; device budget (--device-bytes) "
-              + ("none" if device_bytes is None else format_bytes(device_bytes))]
+    notes += [
+      f"graph construction: {built:.1f} s (synthetic_mag {drawn:.1f} s, then "
+      f"HostGraph.from_hetero)",
+      f"tables: features {format_bytes(features)} + embeddings "
+      f"{format_bytes(embeddings)} ({', '.join(embed) or 'none'}, {embed_dim} wide) = "
+      f"{format_bytes(features + embeddings)}; device budget (--device-bytes) "
+      + ("none" if device_bytes is None else format_bytes(device_bytes)),
+    ]
     for n in notes[-2:]:
       log(n)
-  config = TrainConfig(model=model, hidden=hidden, heads=heads, seed=seed, embed=tuple(embed),
-                       embed_dim=embed_dim)
+  config = TrainConfig(
+    model=model, hidden=hidden, heads=heads, seed=seed, embed=tuple(embed), embed_dim=embed_dim
+  )
   rows = _seed_rows(dataset, batch_size, warmup + batches, seed)
   per_epoch = math.ceil(len(dataset.train_papers) / batch_size)
   key = jax.random.key(seed)
@@ -475,14 +557,15 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     try:
       with _progress(console, label, warmup + batches) as on_batch:
         if budgeted and name in ("host", "host-prefetch", "host-cache"):
-          seconds, out, extra = _trained(name, dataset, config, fanouts, batch_size, batches,
-                                         device_bytes, on_batch)
+          seconds, out, extra = _trained(
+            name, dataset, config, fanouts, batch_size, batches, device_bytes, on_batch
+          )
         elif name == "pyg":
-          seconds, out, extra = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed,
-                                     on_batch)
+          seconds, out, extra = _pyg(dataset, config, tuple(fanouts), rows, warmup, seed, on_batch)
         else:
-          seconds, out, extra = _jaxdata(name, dataset, config, fanouts, rows, warmup, key,
-                                         on_batch)
+          seconds, out, extra = _jaxdata(
+            name, dataset, config, fanouts, rows, warmup, key, on_batch
+          )
     except Exception as e:  # noqa: BLE001  out of memory, or a pipeline that cannot run here
       message = " ".join(str(e).split())[:200] or type(e).__name__
       r.note = f"failed: {type(e).__name__}: {message}"
@@ -502,45 +585,51 @@ def run(*, scale: float, model: str = "hgt", fanouts=(10, 10), batch_size: int =
     if "state" in extra:  # the trainer's steps: what the device held
       peak = extra["peak"]
       notes.append(
-          f"{label}: device holds {format_bytes(extra['state'])} of parameters and Adam state"
-          f" + {format_bytes(extra['cache'])} of feature cache ({extra['fraction']:.1%} of "
-          f"each feature table's rows); peak device memory so far in this run "
-          + ("n/a (no memory stats on this backend)" if peak is None else format_bytes(peak))
-          + f"; epoch of {batches} batches timed after one compiling epoch")
+        f"{label}: device holds {format_bytes(extra['state'])} of parameters and Adam state"
+        f" + {format_bytes(extra['cache'])} of feature cache ({extra['fraction']:.1%} of "
+        f"each feature table's rows); peak device memory so far in this run "
+        + ("n/a (no memory stats on this backend)" if peak is None else format_bytes(peak))
+        + f"; epoch of {batches} batches timed after one compiling epoch"
+      )
     elif "ran on" in extra:  # PyG: where
       notes.append(f"{label}: ran on {extra['ran on']}")
     elif extra:  # CPU-centric: what each batch moves
       notes.append(
-          f"{label}: each batch moves {sum(extra.values()) / 2**20:.1f} MiB to the device: "
-          f"blocks {extra['blocks'] / 2**20:.1f} MiB, features {extra['features'] / 2**20:.1f} "
-          "MiB in gather_typed's layout (one array per node type over every slot of the "
-          "outermost frontier, zeros where the slot is of another type or unused)")
-    log(f"  {label}: {r.batch_ms:.2f} ms/batch, {r.seeds_per_second:,.0f} seeds/s, "
-        f"loss {r.loss:.4f}")
+        f"{label}: each batch moves {sum(extra.values()) / 2**20:.1f} MiB to the device: "
+        f"blocks {extra['blocks'] / 2**20:.1f} MiB, features {extra['features'] / 2**20:.1f} "
+        "MiB in gather_typed's layout (one array per node type over every slot of the "
+        "outermost frontier, zeros where the slot is of another type or unused)"
+      )
+    log(
+      f"  {label}: {r.batch_ms:.2f} ms/batch, {r.seeds_per_second:,.0f} seeds/s, loss {r.loss:.4f}"
+    )
   link = None
   host = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
   if host is not None and host.feature_bytes is not None:
     copy = copy_bytes or (COPY_BYTES if jax.default_backend() == "gpu" else CPU_COPY_BYTES)
     link = LinkBound(host.feature_bytes, memcpy_gbps(copy), copy)
-    log(f"link bound: {link.feature_bytes / 2**20:.1f} MiB of features per batch at "
-        f"{link.memcpy_gbps:.1f} GB/s (pinned memcpy) = {link.batch_ms:.2f} ms; GPU-centric "
-        f"step {host.batch_ms / link.batch_ms:.2f}x that")
-    cached = next((r for r in results if r.name == "host-cache" and r.batch_ms is not None),
-                  None)
+    log(
+      f"link bound: {link.feature_bytes / 2**20:.1f} MiB of features per batch at "
+      f"{link.memcpy_gbps:.1f} GB/s (pinned memcpy) = {link.batch_ms:.2f} ms; GPU-centric "
+      f"step {host.batch_ms / link.batch_ms:.2f}x that"
+    )
+    cached = next((r for r in results if r.name == "host-cache" and r.batch_ms is not None), None)
     if cached is not None and cached.feature_bytes is not None:
       bound = cached.feature_bytes / (link.memcpy_gbps * 1e9) * 1e3
       notes.append(
-          f"{cached.label}: the cache holds {CACHE_FRACTION:.0%} of each type's rows (the "
-          f"nodes with the most out-edges); {cached.feature_bytes / 2**20:.1f} MiB per batch "
-          f"still come from host memory ({cached.feature_bytes / host.feature_bytes:.0%} of "
-          f"the uncached pipeline's), a link bound of {bound:.2f} ms; its step takes "
-          f"{cached.batch_ms:.2f} ms ({cached.batch_ms / bound:.1f}x)")
+        f"{cached.label}: the cache holds {CACHE_FRACTION:.0%} of each type's rows (the "
+        f"nodes with the most out-edges); {cached.feature_bytes / 2**20:.1f} MiB per batch "
+        f"still come from host memory ({cached.feature_bytes / host.feature_bytes:.0%} of "
+        f"the uncached pipeline's), a link bound of {bound:.2f} ms; its step takes "
+        f"{cached.batch_ms:.2f} ms ({cached.batch_ms / bound:.1f}x)"
+      )
   return results, link, notes, dataset
 
 
 def _progress(console, label: str, total: int):
   """A progress bar over a pipeline's batches (none without a console)."""
   import contextlib  # pylint: disable=g-import-not-at-top
+
   if console is None:
     return contextlib.nullcontext(lambda: None)
   from jaxdata.train.common import progress  # pylint: disable=g-import-not-at-top
@@ -549,6 +638,7 @@ def _progress(console, label: str, total: int):
   def bar():
     with progress(console, f"{label:<44}", total, transient=True) as update:
       yield lambda: update(advance=1)
+
   return bar()
 
 
@@ -561,22 +651,45 @@ def _ratio(r: Result, gpu: Result | None) -> str:
   return f"{r.epoch_seconds / gpu.epoch_seconds:.2f}x the time"
 
 
-def table_rows(results: list[Result], link: LinkBound | None
-               ) -> tuple[list[str], list[list[str]]]:
-  header = ["pipeline", "ms / batch", "seeds / s", "epoch s (extrapolated)",
-            "vs GPU-centric (epoch)", "edges / batch", "loss (timed batches)"]
+def table_rows(results: list[Result], link: LinkBound | None) -> tuple[list[str], list[list[str]]]:
+  header = [
+    "pipeline",
+    "ms / batch",
+    "seeds / s",
+    "epoch s (extrapolated)",
+    "vs GPU-centric (epoch)",
+    "edges / batch",
+    "loss (timed batches)",
+  ]
   gpu = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
   rows = []
   for r in results:
     if r.batch_ms is None:
       rows.append([r.label, r.note or "not run", "", "", "", "", ""])
       continue
-    rows.append([r.label, f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
-                 f"{r.epoch_seconds:.2f}", _ratio(r, gpu), "" if r.edges_per_batch is None else f"{r.edges_per_batch:,.0f}",
-                 f"{r.loss:.4f}"])
+    rows.append(
+      [
+        r.label,
+        f"{r.batch_ms:.2f}",
+        f"{r.seeds_per_second:,.0f}",
+        f"{r.epoch_seconds:.2f}",
+        _ratio(r, gpu),
+        "" if r.edges_per_batch is None else f"{r.edges_per_batch:,.0f}",
+        f"{r.loss:.4f}",
+      ]
+    )
   if link is not None and gpu is not None:
-    rows.append(["link bound (features / pinned memcpy)", f"{link.batch_ms:.2f}", "", "",
-                 f"GPU-centric step: {gpu.batch_ms / link.batch_ms:.2f}x the bound", "", ""])
+    rows.append(
+      [
+        "link bound (features / pinned memcpy)",
+        f"{link.batch_ms:.2f}",
+        "",
+        "",
+        f"GPU-centric step: {gpu.batch_ms / link.batch_ms:.2f}x the bound",
+        "",
+        "",
+      ]
+    )
   return header, rows
 
 
@@ -603,82 +716,117 @@ def bars(results: list[Result], link: LinkBound | None) -> tuple[list[str], list
     rows.append([bar, "not measured in this run", "open"])
   else:
     ratio = gpu.batch_ms / link.batch_ms
-    rows.append([bar, f"{gpu.batch_ms:.2f} ms vs {link.batch_ms:.2f} ms: {ratio:.2f}x",
-                 "met" if ratio <= LINK_BAR else "**not met**"])
+    rows.append(
+      [
+        bar,
+        f"{gpu.batch_ms:.2f} ms vs {link.batch_ms:.2f} ms: {ratio:.2f}x",
+        "met" if ratio <= LINK_BAR else "**not met**",
+      ]
+    )
   return ["bar", "measured", "verdict"], rows
 
 
-def describe(model: str, fanouts, batch_size: int, batches: int, warmup: int, hidden: int,
-             heads: int) -> str:
+def describe(
+  model: str, fanouts, batch_size: int, batches: int, warmup: int, hidden: int, heads: int
+) -> str:
   """The paragraph every hetero.md starts with: what was run, how, what each row means."""
-  what = {"hgt": "HGT (two `jaxdata.nn.HGT` layers, PyG 2.8's HGTConv semantics, then a linear "
-                 "classifier on papers)",
-          "rgat": "RGAT (per-type linear maps to the hidden width, two `jaxdata.nn.RGAT` layers "
-                  "with self loop, bias and ReLU, then a linear classifier on papers)"}[model]
-  peer = {"hgt": "`torch_geometric.nn.HGTConv` twice and a `Linear`, the same widths",
-          "rgat": "per-type `Linear`s, twice `torch_geometric.nn.RGATConv` (additive "
-                  "self-attention across relations, heads concatenated, bias) plus a self-loop "
-                  "`Linear` and ReLU, then a `Linear`: the same layer as ours (RGATConv, not "
-                  "RGCNConv, because ours is an attention layer)"}[model]
+  what = {
+    "hgt": "HGT (two `jaxdata.nn.HGT` layers, PyG 2.8's HGTConv semantics, then a linear "
+    "classifier on papers)",
+    "rgat": "RGAT (per-type linear maps to the hidden width, two `jaxdata.nn.RGAT` layers "
+    "with self loop, bias and ReLU, then a linear classifier on papers)",
+  }[model]
+  peer = {
+    "hgt": "`torch_geometric.nn.HGTConv` twice and a `Linear`, the same widths",
+    "rgat": "per-type `Linear`s, twice `torch_geometric.nn.RGATConv` (additive "
+    "self-attention across relations, heads concatenated, bias) plus a self-loop "
+    "`Linear` and ReLU, then a `Linear`: the same layer as ours (RGATConv, not "
+    "RGCNConv, because ours is an attention layer)",
+  }[model]
   return (
-      f"Mini-batch {what}, hidden {hidden}, {heads} heads, Adam, on `synthetic_mag` (ogbn-mag's "
-      f"shape). Fanouts {tuple(fanouts)}, {batch_size} seed papers per batch; every pipeline "
-      "trains a fresh model from the same init seed on the same seed batches in the same "
-      f"order: {warmup} warm-up batches (compiling), then {batches} timed batches, wall time "
-      "from the first dispatch to the last result. The epoch time is the timed per-batch time "
-      "times the batches of a full epoch over the training papers (extrapolated, not run).\n\n"
-      "- *GPU-centric (jaxdata)*: graph (CSR with relations) and every node type's features "
-      "in pinned host memory; inside the jitted step the GPU samples the blocks "
-      "(`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs "
-      "the model on the blocks: `jaxdata train rgat|hgt --minibatch`'s step.\n"
-      "- *all-in-GPU (jaxdata)*: the same step with graph and features in device memory "
-      "(skipped where they do not fit).\n"
-      "- *CPU-centric*: `sample_blocks` + `gather_typed` jitted on the CPU (jaxdata's CPU "
-      "kernels, the same samples for the same key, so the three jaxdata rows see the same "
-      "batches and report the same loss), `jax.device_put` of the blocks and features, a "
-      f"jitted step taking them; a prefetch thread keeps {PREFETCH} batches ahead.\n"
-      f"- *PyG*: {peer}, on CUDA where torch sees a GPU (the notes say where it ran), fed `HeteroData` mini-batches by "
-      "`jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in for PyG's "
-      "`NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU machine "
-      "lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node found "
-      "by the previous hop and each edge type into its type, up to fanout in-edges uniformly "
-      "without replacement; relabelled per-type node ids, `edge_index` per edge type, "
-      "features gathered with NumPy indexing. Sampling and batch building run on a prefetch "
-      f"thread ({PREFETCH} ahead, like NeighborLoader with a worker), `.to(device)` and the "
-      "step in the loop; all of it is timed. NeighborLoader draws the fanout *per edge type*, "
-      "jaxdata's sampler the fanout per node over all relations, so PyG's batches hold more "
-      "edges (see *edges / batch*); its loss is of another sample and another init.\n"
-      "- *link bound*: the feature bytes a GPU-centric step reads from host memory (the valid "
-      "slots of the outermost frontier times their type's row bytes, mean over the timed "
-      "batches; graph reads by the sampler are not counted) divided by the pinned "
-      "host-to-device memcpy bandwidth measured in the same run (`host_slice` of a pinned "
-      f"`HostTable`, one DMA copy; DESIGN.md records {DESIGN_MEMCPY_GBPS} GB/s for PyTorch's "
-      "pinned `copy_` on the H200 machine). The GPU-centric step's ratio to it is what is left "
-      "to win.")
+    f"Mini-batch {what}, hidden {hidden}, {heads} heads, Adam, on `synthetic_mag` (ogbn-mag's "
+    f"shape). Fanouts {tuple(fanouts)}, {batch_size} seed papers per batch; every pipeline "
+    "trains a fresh model from the same init seed on the same seed batches in the same "
+    f"order: {warmup} warm-up batches (compiling), then {batches} timed batches, wall time "
+    "from the first dispatch to the last result. The epoch time is the timed per-batch time "
+    "times the batches of a full epoch over the training papers (extrapolated, not run).\n\n"
+    "- *GPU-centric (jaxdata)*: graph (CSR with relations) and every node type's features "
+    "in pinned host memory; inside the jitted step the GPU samples the blocks "
+    "(`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs "
+    "the model on the blocks: `jaxdata train rgat|hgt --minibatch`'s step.\n"
+    "- *all-in-GPU (jaxdata)*: the same step with graph and features in device memory "
+    "(skipped where they do not fit).\n"
+    "- *CPU-centric*: `sample_blocks` + `gather_typed` jitted on the CPU (jaxdata's CPU "
+    "kernels, the same samples for the same key, so the three jaxdata rows see the same "
+    "batches and report the same loss), `jax.device_put` of the blocks and features, a "
+    f"jitted step taking them; a prefetch thread keeps {PREFETCH} batches ahead.\n"
+    f"- *PyG*: {peer}, on CUDA where torch sees a GPU (the notes say where it ran), fed "
+    "`HeteroData` mini-batches by `jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in "
+    "for PyG's `NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU "
+    "machine lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node "
+    "found by the previous hop and each edge type into its type, up to fanout in-edges uniformly "
+    "without replacement; relabelled per-type node ids, `edge_index` per edge type, features "
+    "gathered with NumPy indexing. Sampling and batch building run on a prefetch thread "
+    f"({PREFETCH} ahead, like NeighborLoader with a worker), `.to(device)` and the step in the "
+    "loop; all of it is timed. NeighborLoader draws the fanout *per edge type*, jaxdata's sampler "
+    "the fanout per node over all relations, so PyG's batches hold more edges (see *edges / "
+    "batch*); its loss is of another sample and another init.\n"
+    "- *link bound*: the feature bytes a GPU-centric step reads from host memory (the valid "
+    "slots of the outermost frontier times their type's row bytes, mean over the timed "
+    "batches; graph reads by the sampler are not counted) divided by the pinned "
+    "host-to-device memcpy bandwidth measured in the same run (`host_slice` of a pinned "
+    f"`HostTable`, one DMA copy; DESIGN.md records {DESIGN_MEMCPY_GBPS} GB/s for PyTorch's "
+    "pinned `copy_` on the H200 machine). The GPU-centric step's ratio to it is what is left "
+    "to win."
+  )
 
 
-def markdown(results: list[Result], link: LinkBound | None, notes: list[str], dataset: Any,
-             command_line: str, *, model: str, fanouts, batch_size: int, batches: int,
-             warmup: int, hidden: int, heads: int) -> str:
+def markdown(
+  results: list[Result],
+  link: LinkBound | None,
+  notes: list[str],
+  dataset: Any,
+  command_line: str,
+  *,
+  model: str,
+  fanouts,
+  batch_size: int,
+  batches: int,
+  warmup: int,
+  hidden: int,
+  heads: int,
+) -> str:
   hw = common.hardware()
   header, rows = table_rows(results, link)
   g = dataset.graph
   text = [
-      f"# Mini-batch {model.upper()} on a heterograph: four pipelines", "",
-      "Measured by `jaxdata bench hetero` (jaxdata/bench/hetero.py). "
-      + describe(model, fanouts, batch_size, batches, warmup, hidden, heads), "",
-      f"Command: `{command_line}`", "",
-      *[f"- {k}: {v}" for k, v in hw.items()], "",
-      "```", repr(dataset),
-      f"  {len(dataset.train_papers):,} training papers: "
-      f"{math.ceil(len(dataset.train_papers) / batch_size)} batches per epoch; "
-      f"{g.num_edges:,} edges", "```", "",
-      common.markdown_table(header, rows), ""]
+    f"# Mini-batch {model.upper()} on a heterograph: four pipelines",
+    "",
+    "Measured by `jaxdata bench hetero` (jaxdata/bench/hetero.py). "
+    + describe(model, fanouts, batch_size, batches, warmup, hidden, heads),
+    "",
+    f"Command: `{command_line}`",
+    "",
+    *[f"- {k}: {v}" for k, v in hw.items()],
+    "",
+    "```",
+    repr(dataset),
+    f"  {len(dataset.train_papers):,} training papers: "
+    f"{math.ceil(len(dataset.train_papers) / batch_size)} batches per epoch; "
+    f"{g.num_edges:,} edges",
+    "```",
+    "",
+    common.markdown_table(header, rows),
+    "",
+  ]
   text += ["## The bars (issue 16)", "", common.markdown_table(*bars(results, link)), ""]
   if link is not None:
-    text += [f"Link bound: {link.feature_bytes / 2**20:.1f} MiB of features per GPU-centric "
-             f"batch / {link.memcpy_gbps:.1f} GB/s pinned memcpy (measured now, "
-             f"{link.copy_bytes / 2**20:.0f} MiB copies) = {link.batch_ms:.2f} ms per batch.", ""]
+    text += [
+      f"Link bound: {link.feature_bytes / 2**20:.1f} MiB of features per GPU-centric "
+      f"batch / {link.memcpy_gbps:.1f} GB/s pinned memcpy (measured now, "
+      f"{link.copy_bytes / 2**20:.0f} MiB copies) = {link.batch_ms:.2f} ms per batch.",
+      "",
+    ]
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
   return "\n".join(text)
@@ -687,73 +835,138 @@ def markdown(results: list[Result], link: LinkBound | None, notes: list[str], da
 # ----------------------------------------------------------------------------- the CLI
 def add_arguments(parser) -> None:
   """`jaxdata bench hetero` options."""
-  parser.add_argument("--scale", type=command.positive_float,
-                      help=f"synthetic_mag's share of ogbn-mag (default {FULL['scale']}; "
-                           f"--quick {QUICK['scale']})")
+  parser.add_argument(
+    "--scale",
+    type=command.positive_float,
+    help=f"synthetic_mag's share of ogbn-mag (default {FULL['scale']}; --quick {QUICK['scale']})",
+  )
   parser.add_argument("--model", choices=MODELS, default="hgt", help="the model trained")
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[10, 10],
-                      help="in-edges sampled per node and hop, one per layer (two)")
-  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
-                      help="seed papers per batch")
-  parser.add_argument("--batches", type=command.positive_int,
-                      help=f"timed batches per pipeline (default {FULL['batches']}; --quick "
-                           f"{QUICK['batches']})")
-  parser.add_argument("--warmup", type=command.natural_int,
-                      help=f"untimed batches first (default {FULL['warmup']}; --quick "
-                           f"{QUICK['warmup']})")
-  parser.add_argument("--pipelines", type=command.listing(command.choice(tuple(PIPELINES))),
-                      default=list(PIPELINES),
-                      help="pipelines to run, comma-separated, from: " + ", ".join(PIPELINES))
-  parser.add_argument("--classes", type=command.positive_int, default=None,
-                      help="paper classes (default as `jaxdata train hgt`: 349, fewer at small "
-                           "scales)")
+  parser.add_argument(
+    "--fanouts",
+    type=command.listing(command.positive_int),
+    default=[10, 10],
+    help="in-edges sampled per node and hop, one per layer (two)",
+  )
+  parser.add_argument(
+    "--batch-size", type=command.positive_int, default=1024, help="seed papers per batch"
+  )
+  parser.add_argument(
+    "--batches",
+    type=command.positive_int,
+    help=f"timed batches per pipeline (default {FULL['batches']}; --quick {QUICK['batches']})",
+  )
+  parser.add_argument(
+    "--warmup",
+    type=command.natural_int,
+    help=f"untimed batches first (default {FULL['warmup']}; --quick {QUICK['warmup']})",
+  )
+  parser.add_argument(
+    "--pipelines",
+    type=command.listing(command.choice(tuple(PIPELINES))),
+    default=list(PIPELINES),
+    help="pipelines to run, comma-separated, from: " + ", ".join(PIPELINES),
+  )
+  parser.add_argument(
+    "--classes",
+    type=command.positive_int,
+    default=None,
+    help="paper classes (default as `jaxdata train hgt`: 349, fewer at small scales)",
+  )
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
   parser.add_argument("--heads", type=command.positive_int, default=4, help="attention heads")
-  parser.add_argument("--seed", type=command.seed, default=0,
-                      help="seed of graph, batches, keys and init")
-  parser.add_argument("--quick", action="store_true",
-                      help="a small graph and few batches (flags given still apply)")
-  parser.add_argument("--embed", type=command.listing(str), default=[],
-                      help="node types given learnable embeddings instead of features (e.g. "
-                           "author,institution,field_of_study): host and host-cache then run "
-                           "the trainer's steps, tables trained in host memory")
-  parser.add_argument("--embed-dim", type=command.positive_int, default=64,
-                      help="--embed: the embeddings' width")
-  parser.add_argument("--device-bytes", type=command.size_or_auto, default=None,
-                      help="auto (a quarter of the features and embeddings) or a size such as "
-                           "8GiB: the device holds at most this many bytes of parameters, "
-                           "optimizer state and cached rows (host-cache's cache gets the rest)")
-  parser.add_argument("--out", metavar="PATH.md", type=command.output_path,
-                      help="write the Markdown table here (e.g. docs/benchmarks/hetero.md)")
+  parser.add_argument(
+    "--seed", type=command.seed, default=0, help="seed of graph, batches, keys and init"
+  )
+  parser.add_argument(
+    "--quick", action="store_true", help="a small graph and few batches (flags given still apply)"
+  )
+  parser.add_argument(
+    "--embed",
+    type=command.listing(str),
+    default=[],
+    help="node types given learnable embeddings instead of features (e.g. "
+    "author,institution,field_of_study): host and host-cache then run "
+    "the trainer's steps, tables trained in host memory",
+  )
+  parser.add_argument(
+    "--embed-dim", type=command.positive_int, default=64, help="--embed: the embeddings' width"
+  )
+  parser.add_argument(
+    "--device-bytes",
+    type=command.size_or_auto,
+    default=None,
+    help="auto (a quarter of the features and embeddings) or a size such as "
+    "8GiB: the device holds at most this many bytes of parameters, "
+    "optimizer state and cached rows (host-cache's cache gets the rest)",
+  )
+  parser.add_argument(
+    "--out",
+    metavar="PATH.md",
+    type=command.output_path,
+    help="write the Markdown table here (e.g. docs/benchmarks/hetero.md)",
+  )
 
 
 def main(args) -> int:
   """`jaxdata bench hetero`."""
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   if len(args.fanouts) != 2:
-    raise command.UsageError(f"argument --fanouts: give two fanouts (one per layer), got "
-                             f"{len(args.fanouts)}")
+    raise command.UsageError(
+      f"argument --fanouts: give two fanouts (one per layer), got {len(args.fanouts)}"
+    )
   if args.hidden % args.heads:
-    raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
-                             f"{args.heads}")
+    raise command.UsageError(
+      f"argument --hidden: {args.hidden} is not a multiple of --heads {args.heads}"
+    )
   from jaxdata.data.mag import NODE_TYPES  # pylint: disable=g-import-not-at-top
+
   bad = [t for t in args.embed if t not in NODE_TYPES[1:]]
   if bad:
-    raise command.UsageError(f"argument --embed: {', '.join(bad)}: choose from "
-                             f"{','.join(NODE_TYPES[1:])}")
+    raise command.UsageError(
+      f"argument --embed: {', '.join(bad)}: choose from {','.join(NODE_TYPES[1:])}"
+    )
   size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
   console = command.console(width=160)
   results, link, notes, dataset = run(
-      **size, model=args.model, fanouts=args.fanouts, batch_size=args.batch_size,
-      pipelines=args.pipelines, classes=args.classes, hidden=args.hidden, heads=args.heads,
-      seed=args.seed, console=console, embed=tuple(args.embed), embed_dim=args.embed_dim,
-      device_bytes=args.device_bytes)
-  common.print_table(console, f"mini-batch {args.model.upper()}: four pipelines",
-                     *table_rows(results, link), notes, left=("pipeline",))
+    **size,
+    model=args.model,
+    fanouts=args.fanouts,
+    batch_size=args.batch_size,
+    pipelines=args.pipelines,
+    classes=args.classes,
+    hidden=args.hidden,
+    heads=args.heads,
+    seed=args.seed,
+    console=console,
+    embed=tuple(args.embed),
+    embed_dim=args.embed_dim,
+    device_bytes=args.device_bytes,
+  )
+  common.print_table(
+    console,
+    f"mini-batch {args.model.upper()}: four pipelines",
+    *table_rows(results, link),
+    notes,
+    left=("pipeline",),
+  )
   common.check_measured([r for r in results if r.batch_ms is not None], notes)
   if args.out:
-    common.write(console, args.out, markdown(
-        results, link, notes, dataset, common.command_line(), model=args.model,
-        fanouts=args.fanouts, batch_size=args.batch_size, batches=size["batches"],
-        warmup=size["warmup"], hidden=args.hidden, heads=args.heads))
+    common.write(
+      console,
+      args.out,
+      markdown(
+        results,
+        link,
+        notes,
+        dataset,
+        common.command_line(),
+        model=args.model,
+        fanouts=args.fanouts,
+        batch_size=args.batch_size,
+        batches=size["batches"],
+        warmup=size["warmup"],
+        hidden=args.hidden,
+        heads=args.heads,
+      ),
+    )
   return 0

@@ -1,4 +1,4 @@
-"""`jaxdata bench minibatch`: mini-batch GraphSAGE epochs through three data pipelines, side by side.
+"""`jaxdata bench minibatch`: mini-batch GraphSAGE epochs through three data pipelines side by side.
 
 One synthetic power-law graph (`jaxdata.data.powerlaw`), one model, one optimizer, the same
 seeds and the same samples; only where the graph and features live and who samples and gathers
@@ -16,6 +16,7 @@ Each run trains two short epochs of `batches` steps: the first compiles and warm
 second is timed. The epoch time is the timed per-batch time multiplied by the batches of a full
 epoch over the training seeds (stated as extrapolated in the table).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,12 +43,12 @@ CACHE_FRACTION = 0.2
 
 #: name (for --pipelines): (label, pipeline, dedup, cache fraction)
 PIPELINES = {
-    "device": ("all-in-GPU", "device", False, 0.0),
-    "cpu": ("CPU-centric", "cpu", False, 0.0),
-    "host-nodedup": ("GPU-centric, no dedup", "host", False, 0.0),
-    "host": ("GPU-centric (jaxdata)", "host", True, 0.0),
-    "host-cache": (f"GPU-centric + {CACHE_FRACTION:.0%} device cache", "host", True,
-                   CACHE_FRACTION)}
+  "device": ("all-in-GPU", "device", False, 0.0),
+  "cpu": ("CPU-centric", "cpu", False, 0.0),
+  "host-nodedup": ("GPU-centric, no dedup", "host", False, 0.0),
+  "host": ("GPU-centric (jaxdata)", "host", True, 0.0),
+  "host-cache": (f"GPU-centric + {CACHE_FRACTION:.0%} device cache", "host", True, CACHE_FRACTION),
+}
 
 
 @dataclasses.dataclass
@@ -63,19 +64,36 @@ class Result:
   repeat: int = 1
 
 
-def run(*, nodes: int, edges: int, features: int, fanouts=(15, 10), batch_size: int = 1024,
-        batches: int = 100, devices=(1,), classes: int = 8, seed: int = 0,
-        pipelines=tuple(PIPELINES), repeats: int = 1,
-        console: Any = None) -> tuple[list[Result], list[str], Any]:
+def run(
+  *,
+  nodes: int,
+  edges: int,
+  features: int,
+  fanouts=(15, 10),
+  batch_size: int = 1024,
+  batches: int = 100,
+  devices=(1,),
+  classes: int = 8,
+  seed: int = 0,
+  pipelines=tuple(PIPELINES),
+  repeats: int = 1,
+  console: Any = None,
+) -> tuple[list[Result], list[str], Any]:
   """Generates the graph, runs the named pipelines (keys of PIPELINES) on it, the whole set
   `repeats` times (device counts interleaved inside each repeat, so that a 1-vs-2-GPU ratio
   compares runs made minutes apart at most); returns (results, notes, dataset)."""
   log = console.print if console is not None else print
   t0 = time.perf_counter()
   table = HostTable.empty((nodes, features), np.float32)
-  dataset = powerlaw_graph(num_nodes=nodes, num_edges=edges, feature_dim=features,
-                           num_classes=classes, seed=seed, features_out=table.as_numpy(),
-                           progress=console is not None)
+  dataset = powerlaw_graph(
+    num_nodes=nodes,
+    num_edges=edges,
+    feature_dim=features,
+    num_classes=classes,
+    seed=seed,
+    features_out=table.as_numpy(),
+    progress=console is not None,
+  )
   log(f"graph generated in {time.perf_counter() - t0:.1f} s: {dataset.summary()}")
   results, notes = [], []
   gpus = jax.devices()
@@ -83,15 +101,29 @@ def run(*, nodes: int, edges: int, features: int, fanouts=(15, 10), batch_size: 
     for ndev in devices:
       if ndev > len(gpus):
         notes.append(f"{ndev} devices asked for, {len(gpus)} visible: skipped")
-    runs = [(repeat, ndev, name) for repeat in range(1, repeats + 1) for name in pipelines
-            for ndev in devices if ndev <= len(gpus)]
+    runs = [
+      (repeat, ndev, name)
+      for repeat in range(1, repeats + 1)
+      for name in pipelines
+      for ndev in devices
+      if ndev <= len(gpus)
+    ]
     for repeat, ndev, name in runs:
       label, pipeline, dedup, cache = PIPELINES[name]
       if ndev > 1 and (pipeline != "host" or not dedup):
         continue  # several devices: the GPU-centric path only (the issue's scaling bar)
-      config = SageConfig(pipeline=pipeline, fanouts=tuple(fanouts), batch_size=batch_size,
-                          epochs=2, max_batches=batches, devices=ndev, unique=dedup,
-                          cache=cache, seed=seed, evaluate=False)
+      config = SageConfig(
+        pipeline=pipeline,
+        fanouts=tuple(fanouts),
+        batch_size=batch_size,
+        epochs=2,
+        max_batches=batches,
+        devices=ndev,
+        unique=dedup,
+        cache=cache,
+        seed=seed,
+        evaluate=False,
+      )
       per_epoch = math.ceil(len(dataset.train_nodes) / (batch_size * ndev))
       log(f"{label} on {ndev} device(s): {batches} batches x 2 epochs ...")
       try:
@@ -103,10 +135,22 @@ def run(*, nodes: int, edges: int, features: int, fanouts=(15, 10), batch_size: 
         continue
       timed = r.history[-1]
       batch_s = timed["seconds"] / timed["batches"]
-      results.append(Result(label, pipeline, ndev, 1e3 * batch_s, timed["seeds_per_second"],
-                            per_epoch * batch_s, timed["loss"], repeat=repeat))
-      log(f"  {1e3 * batch_s:.2f} ms/batch, {timed['seeds_per_second']:,.0f} seeds/s, "
-          f"loss {timed['loss']:.4f}")
+      results.append(
+        Result(
+          label,
+          pipeline,
+          ndev,
+          1e3 * batch_s,
+          timed["seeds_per_second"],
+          per_epoch * batch_s,
+          timed["loss"],
+          repeat=repeat,
+        )
+      )
+      log(
+        f"  {1e3 * batch_s:.2f} ms/batch, {timed['seeds_per_second']:,.0f} seeds/s, "
+        f"loss {timed['loss']:.4f}"
+      )
   return results, notes, dataset
 
 
@@ -120,8 +164,17 @@ def _find(results, pipeline, devices=1, label=None, repeat=None):
 
 def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
   repeated = len({r.repeat for r in results}) > 1
-  header = ["pipeline", "GPUs", "ms / batch", "seeds / s", "epoch s (extrapolated)",
-            "vs CPU-centric", "vs all-in-GPU", "vs 1 GPU", "loss (epoch 2)"]
+  header = [
+    "pipeline",
+    "GPUs",
+    "ms / batch",
+    "seeds / s",
+    "epoch s (extrapolated)",
+    "vs CPU-centric",
+    "vs all-in-GPU",
+    "vs 1 GPU",
+    "loss (epoch 2)",
+  ]
   rows = []
   for r in results:
     cpu, dev = _find(results, "cpu", repeat=r.repeat), _find(results, "device", repeat=r.repeat)
@@ -130,37 +183,62 @@ def table_rows(results: list[Result]) -> tuple[list[str], list[list[str]]]:
       rows.append([label, str(r.devices), "failed", "", "", "", "", "", r.note])
       continue
     one = _find(results, r.pipeline, 1, r.label, r.repeat)
-    rows.append([
-        label, str(r.devices), f"{r.batch_ms:.2f}", f"{r.seeds_per_second:,.0f}",
+    rows.append(
+      [
+        label,
+        str(r.devices),
+        f"{r.batch_ms:.2f}",
+        f"{r.seeds_per_second:,.0f}",
         f"{r.epoch_seconds:.2f}",
         f"{cpu.epoch_seconds / r.epoch_seconds:.2f}x faster" if cpu else "",
         f"{r.epoch_seconds / dev.epoch_seconds:.2f}x the time" if dev else "",
-        f"{r.seeds_per_second / one.seeds_per_second:.2f}x throughput" if one and r.devices > 1
-        else "", f"{r.loss:.4f}"])
+        f"{r.seeds_per_second / one.seeds_per_second:.2f}x throughput"
+        if one and r.devices > 1
+        else "",
+        f"{r.loss:.4f}",
+      ]
+    )
   return header, rows
 
 
-def markdown(results: list[Result], notes: list[str], dataset: Any, command: str,
-             fanouts, batch_size: int, batches: int) -> str:
+def markdown(
+  results: list[Result],
+  notes: list[str],
+  dataset: Any,
+  command: str,
+  fanouts,
+  batch_size: int,
+  batches: int,
+) -> str:
   hw = common.hardware()
   header, rows = table_rows(results)
   text = [
-      "# Mini-batch GraphSAGE from host memory: three pipelines", "",
-      "Measured by `jaxdata bench minibatch` (jaxdata/bench/minibatch.py). GraphSAGE (mean "
-      f"aggregator, {len(fanouts)} layers, hidden 256, Adam), fanouts {tuple(fanouts)}, "
-      f"{batch_size} seeds per GPU per batch; the same seeds and the same samples in every "
-      "pipeline. *all-in-GPU*: graph and features in device memory. *CPU-centric*: jaxdata's "
-      "multithreaded CPU sampler and gather, a prefetch thread two batches ahead, "
-      "`jax.device_put`. *GPU-centric*: the GPU samples and gathers straight from pinned host "
-      "memory inside the jitted step (zero-copy); *dedup* reads each distinct node of a batch "
-      f"once; *device cache*: the {CACHE_FRACTION:.0%} of the feature rows with the highest "
-      f"out-degree (those most often sampled) are kept in device memory "
-      f"({CACHE_FRACTION * dataset.features.nbytes / 2**30:.1f} GiB) and only the rest are read "
-      f"from the host. Each run: 2 epochs of {batches} batches, the second timed; the epoch time is that "
-      "per-batch time times the batches of a full epoch over the training seeds.", "",
-      f"Command: `{command}`", "",
-      *[f"- {k}: {v}" for k, v in hw.items()], "", "```", dataset.summary(), "```", "",
-      common.markdown_table(header, rows), ""]
+    "# Mini-batch GraphSAGE from host memory: three pipelines",
+    "",
+    "Measured by `jaxdata bench minibatch` (jaxdata/bench/minibatch.py). GraphSAGE (mean "
+    f"aggregator, {len(fanouts)} layers, hidden 256, Adam), fanouts {tuple(fanouts)}, "
+    f"{batch_size} seeds per GPU per batch; the same seeds and the same samples in every "
+    "pipeline. *all-in-GPU*: graph and features in device memory. *CPU-centric*: jaxdata's "
+    "multithreaded CPU sampler and gather, a prefetch thread two batches ahead, "
+    "`jax.device_put`. *GPU-centric*: the GPU samples and gathers straight from pinned host "
+    "memory inside the jitted step (zero-copy); *dedup* reads each distinct node of a batch "
+    f"once; *device cache*: the {CACHE_FRACTION:.0%} of the feature rows with the highest "
+    "out-degree (those most often sampled) are kept in device memory "
+    f"({CACHE_FRACTION * dataset.features.nbytes / 2**30:.1f} GiB) and only the rest are read from "
+    f"the host. Each run: 2 epochs of {batches} batches, the second timed; the epoch time is that "
+    "per-batch time times the batches of a full epoch over the training seeds.",
+    "",
+    f"Command: `{command}`",
+    "",
+    *[f"- {k}: {v}" for k, v in hw.items()],
+    "",
+    "```",
+    dataset.summary(),
+    "```",
+    "",
+    common.markdown_table(header, rows),
+    "",
+  ]
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
   return "\n".join(text)
@@ -169,31 +247,57 @@ def markdown(results: list[Result], notes: list[str], dataset: Any, command: str
 # ----------------------------------------------------------------------------- the CLI
 def add_arguments(parser) -> None:
   """`jaxdata bench minibatch` options."""
-  parser.add_argument("--nodes", type=command.positive_int,
-                      help=f"graph nodes (default {FULL['nodes']:,}; --quick {QUICK['nodes']:,})")
-  parser.add_argument("--edges", type=command.positive_int,
-                      help=f"graph edges (default {FULL['edges']:,}; --quick {QUICK['edges']:,})")
-  parser.add_argument("--features", type=command.positive_int,
-                      help=f"feature size (default {FULL['features']}; --quick {QUICK['features']})")
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[15, 10],
-                      help="neighbours sampled per hop, comma-separated")
-  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
-                      help="seeds per device per batch")
-  parser.add_argument("--batches", type=command.positive_int,
-                      help="batches per timed epoch (default 100; --quick 10)")
-  parser.add_argument("--device-counts", type=command.listing(command.positive_int),
-                      default=[1, 2], help="GPU counts to run the GPU-centric path on (counts "
-                                           "above the visible GPUs are skipped)")
-  parser.add_argument("--pipelines", type=command.listing(command.choice(tuple(PIPELINES))),
-                      default=list(PIPELINES),
-                      help="pipelines to run, comma-separated, from: " + ", ".join(PIPELINES))
-  parser.add_argument("--repeats", type=command.positive_int, default=1,
-                      help="run the whole set this many times (each repeat's GPU counts side "
-                           "by side)")
-  parser.add_argument("--quick", action="store_true",
-                      help="a small graph and 10 batches (flags given still apply)")
-  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
-                      help="write the table here")
+  parser.add_argument(
+    "--nodes",
+    type=command.positive_int,
+    help=f"graph nodes (default {FULL['nodes']:,}; --quick {QUICK['nodes']:,})",
+  )
+  parser.add_argument(
+    "--edges",
+    type=command.positive_int,
+    help=f"graph edges (default {FULL['edges']:,}; --quick {QUICK['edges']:,})",
+  )
+  parser.add_argument(
+    "--features",
+    type=command.positive_int,
+    help=f"feature size (default {FULL['features']}; --quick {QUICK['features']})",
+  )
+  parser.add_argument(
+    "--fanouts",
+    type=command.listing(command.positive_int),
+    default=[15, 10],
+    help="neighbours sampled per hop, comma-separated",
+  )
+  parser.add_argument(
+    "--batch-size", type=command.positive_int, default=1024, help="seeds per device per batch"
+  )
+  parser.add_argument(
+    "--batches", type=command.positive_int, help="batches per timed epoch (default 100; --quick 10)"
+  )
+  parser.add_argument(
+    "--device-counts",
+    type=command.listing(command.positive_int),
+    default=[1, 2],
+    help="GPU counts to run the GPU-centric path on (counts above the visible GPUs are skipped)",
+  )
+  parser.add_argument(
+    "--pipelines",
+    type=command.listing(command.choice(tuple(PIPELINES))),
+    default=list(PIPELINES),
+    help="pipelines to run, comma-separated, from: " + ", ".join(PIPELINES),
+  )
+  parser.add_argument(
+    "--repeats",
+    type=command.positive_int,
+    default=1,
+    help="run the whole set this many times (each repeat's GPU counts side by side)",
+  )
+  parser.add_argument(
+    "--quick", action="store_true", help="a small graph and 10 batches (flags given still apply)"
+  )
+  parser.add_argument(
+    "--write", metavar="PATH.md", type=command.output_path, help="write the table here"
+  )
 
 
 def main(args) -> int:
@@ -202,16 +306,35 @@ def main(args) -> int:
   size = {k: common.pick(getattr(args, k), args.quick, QUICK[k], FULL[k]) for k in FULL}
   batches = common.pick(args.batches, args.quick, 10, 100)
   if min(args.device_counts) > (visible := len(jax.devices())):  # before drawing the graph
-    raise command.UsageError(f"argument --device-counts: every count is above the {visible} "
-                             f"device(s) visible, so nothing would be measured")
+    raise command.UsageError(
+      f"argument --device-counts: every count is above the {visible} "
+      f"device(s) visible, so nothing would be measured"
+    )
   console = command.console(width=160)
-  results, notes, dataset = run(**size, fanouts=args.fanouts, batch_size=args.batch_size,
-                                batches=batches, devices=args.device_counts,
-                                pipelines=args.pipelines, repeats=args.repeats, console=console)
+  results, notes, dataset = run(
+    **size,
+    fanouts=args.fanouts,
+    batch_size=args.batch_size,
+    batches=batches,
+    devices=args.device_counts,
+    pipelines=args.pipelines,
+    repeats=args.repeats,
+    console=console,
+  )
   common.check_measured(results, notes)
-  common.print_table(console, "mini-batch GraphSAGE: epoch through three pipelines",
-                     *table_rows(results), notes, left=("pipeline",))
+  common.print_table(
+    console,
+    "mini-batch GraphSAGE: epoch through three pipelines",
+    *table_rows(results),
+    notes,
+    left=("pipeline",),
+  )
   if args.write:
-    common.write(console, args.write, markdown(results, notes, dataset, common.command_line(),
-                                               args.fanouts, args.batch_size, batches))
+    common.write(
+      console,
+      args.write,
+      markdown(
+        results, notes, dataset, common.command_line(), args.fanouts, args.batch_size, batches
+      ),
+    )
   return 0

@@ -20,10 +20,11 @@ only distributed as they are.
     batch = sampler.sample(np.arange(64), (10, 10), np.random.default_rng(0))
     data = hetero_data(batch, dataset)          # torch_geometric.data.HeteroData, on the CPU
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -45,6 +46,7 @@ class SampledHetero:
       (`HeteroNeighborSampler.csc`), as PyG's ``e_id`` is a position in its edge list.
     batch_size: the seeds (the first ``batch_size`` papers).
   """
+
   node_ids: list[np.ndarray]
   num_sampled_nodes: list[list[int]]
   edges: list[tuple[np.ndarray, np.ndarray]]
@@ -88,8 +90,9 @@ class HeteroNeighborSampler:
       self.csc.append((indptr, (src[mine] - offsets[s]).astype(np.int64)))
     self._pos = [np.full(n, -1, np.int64) for n in self.num_nodes]
 
-  def sample(self, seeds: np.ndarray, fanouts: Sequence[int],
-             rng: np.random.Generator) -> SampledHetero:
+  def sample(
+    self, seeds: np.ndarray, fanouts: Sequence[int], rng: np.random.Generator
+  ) -> SampledHetero:
     """The mini-batch of `seeds` (type-local paper ids, distinct; negative ones dropped)."""
     seeds = np.asarray(seeds, np.int64)
     seeds = seeds[seeds >= 0]
@@ -103,8 +106,12 @@ class HeteroNeighborSampler:
       start = [0] * nt
       for fanout in fanouts:
         end = list(count)  # this hop samples the nodes the previous round found
-        ids = [np.concatenate(found[t])[start[t]:end[t]] if end[t] > start[t] else
-               np.zeros(0, np.int64) for t in range(nt)]
+        ids = [
+          np.concatenate(found[t])[start[t] : end[t]]
+          if end[t] > start[t]
+          else np.zeros(0, np.int64)
+          for t in range(nt)
+        ]
         for r, (st, _, dt) in enumerate(self.relation_types):
           s, d = self.type_of[st], self.type_of[dt]
           if not len(ids[d]):
@@ -119,14 +126,21 @@ class HeteroNeighborSampler:
       for t in range(nt):
         for f in found[t]:
           self._pos[t][f] = -1
-    cat = lambda parts, k: (np.concatenate([p[k] for p in parts]) if parts  # noqa: E731
-                            else np.zeros(0, np.int64))
-    return SampledHetero(
-        node_ids, [[r[t] for r in rounds] for t in range(nt)],
-        [(cat(e, 0), cat(e, 1)) for e in edges], [cat(e, 2) for e in edges], len(seeds))
 
-  def draw(self, relation: int, dst: np.ndarray, fanout: int,
-           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def cat(parts, k):
+      return np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64)
+
+    return SampledHetero(
+      node_ids,
+      [[r[t] for r in rounds] for t in range(nt)],
+      [(cat(e, 0), cat(e, 1)) for e in edges],
+      [cat(e, 2) for e in edges],
+      len(seeds),
+    )
+
+  def draw(
+    self, relation: int, dst: np.ndarray, fanout: int, rng: np.random.Generator
+  ) -> tuple[np.ndarray, np.ndarray]:
     """Up to `fanout` in-edges of relation `relation` into each of `dst` (type-local ids),
     uniformly without replacement: (positions in the relation's in-edge list, the index into
     `dst` of each edge's destination)."""
@@ -172,6 +186,7 @@ def hetero_data(batch: SampledHetero, dataset: MagDataset):
   ``batch_size`` on papers, as NeighborLoader builds it."""
   import torch  # pylint: disable=g-import-not-at-top
   from torch_geometric.data import HeteroData  # pylint: disable=g-import-not-at-top
+
   g = dataset.graph
   data = HeteroData()
   for t, name in enumerate(g.node_type_names):
@@ -180,7 +195,8 @@ def hetero_data(batch: SampledHetero, dataset: MagDataset):
     data[name].n_id = torch.from_numpy(ids)
   papers = g.node_type_names.index("paper")
   data["paper"].y = torch.from_numpy(
-      dataset.labels[batch.node_ids[papers][:batch.batch_size]].astype(np.int64))
+    dataset.labels[batch.node_ids[papers][: batch.batch_size]].astype(np.int64)
+  )
   data["paper"].batch_size = batch.batch_size
   for rel, (src, dst) in zip(dataset.relation_types, batch.edges):
     data[tuple(rel)].edge_index = torch.from_numpy(np.stack([src, dst]).astype(np.int64))
@@ -198,6 +214,7 @@ def pyg_model(kind: str, dataset: MagDataset, hidden: int, heads: int, seed: int
   """
   import torch  # pylint: disable=g-import-not-at-top
   from torch_geometric.nn import HGTConv, RGATConv  # pylint: disable=g-import-not-at-top
+
   torch.manual_seed(seed)
   g = dataset.graph
   names = tuple(g.node_type_names)
@@ -206,7 +223,6 @@ def pyg_model(kind: str, dataset: MagDataset, hidden: int, heads: int, seed: int
   classes = dataset.num_classes
 
   class HGT(torch.nn.Module):
-
     def __init__(self):
       super().__init__()
       metadata = (list(names), relations)
@@ -219,16 +235,27 @@ def pyg_model(kind: str, dataset: MagDataset, hidden: int, heads: int, seed: int
       return self.classify(h["paper"])
 
   class RGAT(torch.nn.Module):
-
     def __init__(self):
       super().__init__()
       self.embed = torch.nn.ModuleDict({n: torch.nn.Linear(widths[n], hidden) for n in names})
-      self.convs = torch.nn.ModuleList([
-          RGATConv(hidden, hidden // heads, num_relations=len(relations), heads=heads,
-                   concat=True, bias=True, attention_mode="additive-self-attention",
-                   attention_mechanism="across-relation") for _ in range(2)])
+      self.convs = torch.nn.ModuleList(
+        [
+          RGATConv(
+            hidden,
+            hidden // heads,
+            num_relations=len(relations),
+            heads=heads,
+            concat=True,
+            bias=True,
+            attention_mode="additive-self-attention",
+            attention_mechanism="across-relation",
+          )
+          for _ in range(2)
+        ]
+      )
       self.roots = torch.nn.ModuleList(
-          [torch.nn.Linear(hidden, hidden, bias=False) for _ in range(2)])
+        [torch.nn.Linear(hidden, hidden, bias=False) for _ in range(2)]
+      )
       self.classify = torch.nn.Linear(hidden, classes)
 
     def forward(self, x_dict, edge_index_dict):
@@ -245,7 +272,7 @@ def pyg_model(kind: str, dataset: MagDataset, hidden: int, heads: int, seed: int
       index, etype = torch.cat(index, 1), torch.cat(etype)
       for conv, root in zip(self.convs, self.roots):
         x = torch.relu(conv(x, index, etype) + root(x))
-      return self.classify(x[:offsets[names[1]]])
+      return self.classify(x[: offsets[names[1]]])
 
   if kind == "hgt":
     return HGT()

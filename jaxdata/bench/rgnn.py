@@ -15,25 +15,27 @@ heavy-tailed degrees), hidden sizes d_in = d_out = dim. In one run, for each gra
                              per-edge W[etype] and a batched matmul (PyG's other formulation;
                              "jaxdata vs PyG" takes the faster of the two)
 
-Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W (mode
-"train"), or the forward pass alone (mode "inference": `rgnn_peers.forward_only`; PyG in eval
-mode under torch.inference_mode()). Precision "both" (the CLI's default) runs the plain-JAX rows
-at "highest" and at "default" and compares jaxdata with each. Time is per
-step, median over repeats of a round of steps queued back to back and waited for once (enough to
-fill ~20 ms, at most 20: `jaxdata.timing.queue_depth`), as a training loop dispatches them; for every
-formulation alike, so a sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled executable needs
-(memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise of the
-allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that does
-not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
-it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py.
+Each step is loss = sum(out * ct) for a fixed random ct, with gradients for x and W (mode "train"),
+or the forward pass alone (mode "inference": `rgnn_peers.forward_only`; PyG in eval mode under
+torch.inference_mode()). Precision "both" (the CLI's default) runs the plain-JAX rows at "highest"
+and at "default" and compares jaxdata with each. Time is per step, median over repeats of a round of
+steps queued back to back and waited for once (enough to fill ~20 ms, at most 20:
+`jaxdata.timing.queue_depth`), as a training loop dispatches them; for every formulation alike, so a
+sub-millisecond step is not dominated by the host's round trip. Memory: for JAX, what the compiled
+executable needs (memory_analysis(): arguments + outputs + temporaries), and on a GPU also the rise
+of the allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that
+does not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
+it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, timed by
+jaxdata/bench/rgnn_peers.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import os
 import pathlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -91,6 +93,7 @@ def check_mode_precision(mode: str, precision: str) -> None:
 @dataclasses.dataclass
 class Graph:
   """A benchmark graph: edges sorted by relation, the per-relation mean norm, its origin."""
+
   name: str
   num_nodes: int
   num_relations: int
@@ -108,16 +111,26 @@ class Graph:
   def describe(self) -> str:
     indeg = np.bincount(self.dst, minlength=self.num_nodes)
     sizes = np.bincount(self.etype, minlength=self.num_relations)
-    return (f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
-            f"{self.num_relations} relations (largest {sizes.max():,} edges, "
-            f"{int((sizes == 0).sum())} empty); in-degree median {int(np.median(indeg))}, "
-            f"max {indeg.max():,}; {self.source}")
+    return (
+      f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} edges, "
+      f"{self.num_relations} relations (largest {sizes.max():,} edges, "
+      f"{int((sizes == 0).sum())} empty); in-degree median {int(np.median(indeg))}, "
+      f"max {indeg.max():,}; {self.source}"
+    )
 
   @classmethod
-  def from_hetero(cls, name: str, g, source: str) -> "Graph":
-    return cls(name, int(g.num_nodes), int(g.num_relations), np.asarray(g.src, np.int32),
-               np.asarray(g.dst, np.int32), np.asarray(g.etype, np.int32),
-               np.asarray(g.edge_norm("mean"), np.float32), source, g)
+  def from_hetero(cls, name: str, g, source: str) -> Graph:
+    return cls(
+      name,
+      int(g.num_nodes),
+      int(g.num_relations),
+      np.asarray(g.src, np.int32),
+      np.asarray(g.dst, np.int32),
+      np.asarray(g.etype, np.int32),
+      np.asarray(g.edge_norm("mean"), np.float32),
+      source,
+      g,
+    )
 
 
 @dataclasses.dataclass
@@ -165,18 +178,20 @@ def synthetic_graph(num_nodes: int, num_edges: int, num_relations: int, seed: in
 
   def draw(weights: np.ndarray, n: int) -> np.ndarray:
     cdf = np.cumsum(weights)
-    return np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"),
-                      len(weights) - 1).astype(np.int32)
+    return np.minimum(
+      np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(weights) - 1
+    ).astype(np.int32)
 
   popularity = rng.pareto(1.2, num_nodes) + 1.0
   src, dst = draw(popularity, num_edges), draw(popularity, num_edges)
   etype = draw(rng.pareto(0.8, num_relations) + 1.0, num_edges)
-  etype[:min(num_edges, num_relations)] = np.arange(min(num_edges, num_relations))
+  etype[: min(num_edges, num_relations)] = np.arange(min(num_edges, num_relations))
   return src, dst, etype
 
 
-def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0,
-               synthetic: dict | None = None) -> tuple[Graph | None, str | None]:
+def load_graph(
+  name: str, *, data_dir: str | None, quick: bool, seed: int = 0, synthetic: dict | None = None
+) -> tuple[Graph | None, str | None]:
   """(graph, None), or (None, why it was skipped).
 
   `synthetic`: the synthetic graph's sizes (num_nodes, num_edges, num_relations); default
@@ -217,8 +232,9 @@ def load_graph(name: str, *, data_dir: str | None, quick: bool, seed: int = 0,
     if hetero is not None:
       return Graph.from_hetero(name, hetero, "local NumPy generator (rgnn.synthetic_graph)"), None
     norm = rgcn_ref.mean_norm(dst, etype, n, r).astype(np.float32)
-    return Graph(name, n, r, src, dst, etype, norm,
-                 "local NumPy generator (rgnn.synthetic_graph)"), None
+    return Graph(
+      name, n, r, src, dst, etype, norm, "local NumPy generator (rgnn.synthetic_graph)"
+    ), None
   raise ValueError(f"unknown graph {name!r}; choose from {', '.join(GRAPHS)}")
 
 
@@ -241,13 +257,18 @@ def is_oom(exc: BaseException) -> bool:
     return True
   try:
     import torch  # pylint: disable=g-import-not-at-top
+
     if isinstance(exc, torch.cuda.OutOfMemoryError):
       return True
   except ImportError:
     pass
   text = str(exc)
-  return ("RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-          or "can't allocate memory" in text or "not enough memory" in text)
+  return (
+    "RESOURCE_EXHAUSTED" in text
+    or "out of memory" in text.lower()
+    or "can't allocate memory" in text
+    or "not enough memory" in text
+  )
 
 
 def available_bytes(device) -> int:
@@ -265,6 +286,7 @@ def available_bytes(device) -> int:
   except OSError:
     pass
   from jaxdata import _ffi  # pylint: disable=g-import-not-at-top
+
   return _ffi.ext.physical_memory_bytes() // 2
 
 
@@ -301,12 +323,22 @@ def _short(exc: BaseException) -> str:
 
 def _precision(name: str):
   import jax  # pylint: disable=g-import-not-at-top
+
   return {"highest": jax.lax.Precision.HIGHEST, "default": None}[name]
 
 
-def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *, repeats: int,
-                 notes: list[str], fallback_need: Callable[[], int] | None = None,
-                 mode: str = "train") -> peers.Compiled | None:
+def measure_step(
+  r: Result,
+  build: Callable[[], peers.Formulation],
+  x,
+  w,
+  ct,
+  *,
+  repeats: int,
+  notes: list[str],
+  fallback_need: Callable[[], int] | None = None,
+  mode: str = "train",
+) -> peers.Compiled | None:
   """Builds, compiles and times one JAX formulation into `r` (mode "train": loss = sum(out * ct),
   gradients for x and w, any pytrees; "inference": the forward alone, sum(out * ct) as a
   checksum); failures become r.status and notes. Returns the compiled step where it ran (its
@@ -318,6 +350,7 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
   arguments where the backend has no analysis. `build` raising `peers.Unavailable` skips it.
   """
   import jax  # pylint: disable=g-import-not-at-top
+
   device = jax.devices()[0]
   where = f"{r.graph}, dim {r.dim}, {label(r)}"
   phase = "building"
@@ -338,8 +371,11 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
     free = available_bytes(device)
     if need > free:
       r.status = f"OOM (est. {gib(need + args)})"
-      _note(notes, f"{where}: not run, it needs {gib(need)} beyond its arguments (XLA's "
-                   f"analysis of the compiled step) and {gib(free)} are free")
+      _note(
+        notes,
+        f"{where}: not run, it needs {gib(need)} beyond its arguments (XLA's "
+        f"analysis of the compiled step) and {gib(free)} are free",
+      )
       return None
     phase = "running"
     if compiled.tunes:  # its first run chooses hector's tilings; compiled again, it launches
@@ -354,52 +390,78 @@ def measure_step(r: Result, build: Callable[[], peers.Formulation], x, w, ct, *,
     _note(notes, f"{r.formulation} row skipped: {e}")
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if is_oom(e) else "error"
-    _note(notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} while {phase} "
-                 f"({_short(e)})")
+    _note(
+      notes, f"{where}: {'out of memory' if is_oom(e) else 'failed'} while {phase} ({_short(e)})"
+    )
   return None
 
 
-def measure_jax(graph: Graph, dim: int, names: Sequence[str], *, repeats: int, precision: str,
-                edges, notes: list[str], advance, mode: str = "train") -> list[Result]:
+def measure_jax(
+  graph: Graph,
+  dim: int,
+  names: Sequence[str],
+  *,
+  repeats: int,
+  precision: str,
+  edges,
+  notes: list[str],
+  advance,
+  mode: str = "train",
+) -> list[Result]:
   """Every JAX formulation on one (graph, dim): jaxdata at `jaxdata_precisions`, each plain-JAX
   one at each of `plain_precisions`; failures become statuses and notes. `advance()` after each
   name."""
   import jax  # pylint: disable=g-import-not-at-top
+
   device = jax.devices()[0]
   x_np, w_np, ct_np = case_arrays(graph, dim)
   x, w, ct = (jax.device_put(a, device) for a in (x_np, w_np, ct_np))
   results = []
   for name in names:
     try:
-      runs = (jaxdata_precisions(precision) if name == "jaxdata"
-              else plain_precisions(precision))
+      runs = jaxdata_precisions(precision) if name == "jaxdata" else plain_precisions(precision)
       for prec in runs:
         r = Result(graph.name, dim, name, precision=prec)
         results.append(r)
         if name == "jaxdata":
           build = lambda prec=prec: peers.jaxdata_formulation(  # noqa: E731
-              graph.hetero, precision=_precision(prec))
+            graph.hetero, precision=_precision(prec)
+          )
         else:
           build = lambda prec=prec, name=name: peers.plain_jax(  # noqa: E731
-              name, edges, graph.num_nodes, precision=_precision(prec))
+            name, edges, graph.num_nodes, precision=_precision(prec)
+          )
         # No analysis from this backend: assume per-edge weights builds its [E, d_in, d_out].
-        fallback = ((lambda: rgcn_ref.per_edge_weight_bytes(graph.num_edges, dim, dim))
-                    if name == "per-edge weights" else None)
-        measure_step(r, build, x, w, ct, repeats=repeats, notes=notes, fallback_need=fallback,
-                     mode=mode)
+        fallback = (
+          (lambda: rgcn_ref.per_edge_weight_bytes(graph.num_edges, dim, dim))
+          if name == "per-edge weights"
+          else None
+        )
+        measure_step(
+          r, build, x, w, ct, repeats=repeats, notes=notes, fallback_need=fallback, mode=mode
+        )
     finally:
       advance()
   return results
 
 
-def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: list[str],
-                formulation: str = "PyG RGCNConv", mode: str = "train") -> Result:
+def measure_pyg(
+  graph: Graph,
+  dim: int,
+  *,
+  repeats: int,
+  precision: str,
+  notes: list[str],
+  formulation: str = "PyG RGCNConv",
+  mode: str = "train",
+) -> Result:
   """PyG's RGCNConv or FastRGCNConv (`formulation`, a key of `PYG`) on one case; an OOM (or any
   failure) is the row's status and a note, never raised. On the CPU, FastRGCNConv is not started
   where its per-edge weights alone cannot fit in free RAM (the OOM killer does not raise)."""
   r = Result(graph.name, dim, formulation)
   try:
     import torch  # pylint: disable=g-import-not-at-top
+
     importlib.import_module("torch_geometric")
   except ImportError as e:
     r.status = "skipped"
@@ -410,19 +472,33 @@ def measure_pyg(graph: Graph, dim: int, *, repeats: int, precision: str, notes: 
   layer = PYG[formulation]
   if device.type != "cuda" and layer == "FastRGCNConv":
     import jax  # pylint: disable=g-import-not-at-top
+
     need = rgcn_ref.pyg_fast_bytes(graph.num_edges, dim, dim, train=mode == "train")
     free = available_bytes(jax.devices("cpu")[0])
     if need > free:
       r.status = f"OOM (est. {gib(need)})"
-      _note(notes, f"{where}: not run, its per-edge weights alone need {gib(need)} and "
-                   f"{gib(free)} are free")
+      _note(
+        notes,
+        f"{where}: not run, its per-edge weights alone need {gib(need)} and {gib(free)} are free",
+      )
       return r
   x, w, ct = case_arrays(graph, dim)
   saved_tf32 = torch.backends.cuda.matmul.allow_tf32
   torch.backends.cuda.matmul.allow_tf32 = pyg_tf32(precision)
   try:
-    timing = peers.time_pyg(graph.src, graph.dst, graph.etype, x, w, ct, repeats=repeats,
-                            warmup=2, device=device, mode=mode, layer=layer)
+    timing = peers.time_pyg(
+      graph.src,
+      graph.dst,
+      graph.etype,
+      x,
+      w,
+      ct,
+      repeats=repeats,
+      warmup=2,
+      device=device,
+      mode=mode,
+      layer=layer,
+    )
     r.seconds, r.bytes, r.loss = timing.seconds, timing.bytes, timing.loss
     r.alone_seconds = timing.alone_seconds
   except Exception as e:  # pylint: disable=broad-except
@@ -452,15 +528,20 @@ def _check_losses(results: list[Result], precision: str, notes: list[str]) -> No
     return r.precision == "default" or (r.precision is None and pyg_tf32(precision))
 
   for (g, d), rs in cases.items():
-    ref = next((r for r in rs if r.formulation == "transform-all-then-gather"
-                and r.precision != "default"), None)
+    ref = next(
+      (r for r in rs if r.formulation == "transform-all-then-gather" and r.precision != "default"),
+      None,
+    )
     ref = ref or next((r for r in rs if r.formulation == "transform-all-then-gather"), rs[0])
     scale = max(abs(ref.loss), 1.0)
     for r in rs:
       tol = 3e-2 if loose(r) or loose(ref) else 1e-3
       if abs(r.loss - ref.loss) > tol * scale:
-        _note(notes, f"{g}, dim {d}: {label(r)}'s loss {r.loss:.6g} differs from "
-                     f"{label(ref)}'s {ref.loss:.6g}")
+        _note(
+          notes,
+          f"{g}, dim {d}: {label(r)}'s loss {r.loss:.6g} differs from "
+          f"{label(ref)}'s {ref.loss:.6g}",
+        )
 
 
 def label(r: Result, results: Sequence[Result] | None = None) -> str:
@@ -471,8 +552,10 @@ def label(r: Result, results: Sequence[Result] | None = None) -> str:
     return r.formulation
   if results is None and r.precision != "default":
     return r.formulation
-  if results is not None and len({x.precision for x in results
-                                  if x.formulation == r.formulation}) < 2:
+  if (
+    results is not None
+    and len({x.precision for x in results if x.formulation == r.formulation}) < 2
+  ):
     return r.formulation
   return f"{r.formulation} ({r.precision})"
 
@@ -480,14 +563,27 @@ def label(r: Result, results: Sequence[Result] | None = None) -> str:
 def sort_key(formulations: Sequence[str], graphs: Sequence[str]):
   """Results in table order: graph, dim, formulation, then precision (highest first)."""
   order = {f: i for i, f in enumerate(formulations)}
-  return lambda r: (list(graphs).index(r.graph), r.dim, order[r.formulation],
-                    PRECISIONS.index(r.precision) if r.precision in PRECISIONS else 0)
+  return lambda r: (
+    list(graphs).index(r.graph),
+    r.dim,
+    order[r.formulation],
+    PRECISIONS.index(r.precision) if r.precision in PRECISIONS else 0,
+  )
 
 
-def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
-        formulations: Sequence[str] = FORMULATIONS, data_dir: str | None = None,
-        quick: bool = False, repeats: int = 7, precision: str = "highest", seed: int = 0,
-        mode: str = "train", console=None) -> tuple[list[Result], list[str], list[Graph]]:
+def run(
+  graphs: Sequence[str] = GRAPHS,
+  dims: Sequence[int] = DIMS,
+  *,
+  formulations: Sequence[str] = FORMULATIONS,
+  data_dir: str | None = None,
+  quick: bool = False,
+  repeats: int = 7,
+  precision: str = "highest",
+  seed: int = 0,
+  mode: str = "train",
+  console=None,
+) -> tuple[list[Result], list[str], list[Graph]]:
   """Runs the benchmark; returns the results, notes on what was skipped and why, the graphs.
 
   mode: "train" (forward + backward per step) or "inference" (forward only). precision: one of
@@ -497,6 +593,7 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
   grows to, torch's cache is emptied after each case, so each side finds the device free.
   """
   import rich.progress  # pylint: disable=g-import-not-at-top
+
   check_mode_precision(mode, precision)
   for d in dims:
     if d <= 0:
@@ -505,8 +602,9 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
   if unknown:
     raise ValueError(f"unknown formulations {unknown}; choose from {', '.join(FORMULATIONS)}")
   notes: list[str] = []
-  loaded = load_each(graphs, lambda name: load_graph(name, data_dir=data_dir, quick=quick,
-                                                     seed=seed), notes)
+  loaded = load_each(
+    graphs, lambda name: load_graph(name, data_dir=data_dir, quick=quick, seed=seed), notes
+  )
   jax_names = [f for f in JAX_FORMULATIONS if f in formulations]
   pyg_names = [f for f in PYG if f in formulations]
   results: list[Result] = []
@@ -516,19 +614,32 @@ def run(graphs: Sequence[str] = GRAPHS, dims: Sequence[int] = DIMS, *,
       for d in dims:
         for name in pyg_names:
           bar.update(task, description=f"{g.name}, dim {d}, {name}")
-          results.append(measure_pyg(g, d, repeats=repeats, precision=precision, notes=notes,
-                                     formulation=name, mode=mode))
+          results.append(
+            measure_pyg(
+              g, d, repeats=repeats, precision=precision, notes=notes, formulation=name, mode=mode
+            )
+          )
           bar.advance(task)
     if jax_names:
       import jax  # pylint: disable=g-import-not-at-top
+
       for g in loaded:
-        edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                                       num_relations=g.num_relations, norm=g.norm)
+        edges = rgcn_ref.EdgeArrays.build(
+          g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations, norm=g.norm
+        )
         for d in dims:
           bar.update(task, description=f"{g.name}, dim {d}, JAX")
-          results += measure_jax(g, d, jax_names, repeats=repeats, precision=precision,
-                                 edges=edges, notes=notes, advance=lambda: bar.advance(task),
-                                 mode=mode)
+          results += measure_jax(
+            g,
+            d,
+            jax_names,
+            repeats=repeats,
+            precision=precision,
+            edges=edges,
+            notes=notes,
+            advance=lambda: bar.advance(task),
+            mode=mode,
+          )
         del edges
         jax.clear_caches()
   results.sort(key=sort_key(FORMULATIONS, [x.name for x in loaded]))
@@ -578,8 +689,15 @@ def _ratio(x: float) -> str:
   return f"{x:.2f}x"
 
 
-def comparisons(results: Sequence[Result], graph: str, dim: int, *, plain: Sequence[str],
-                pyg: Sequence[str], mine: Result | None = None) -> tuple[str, ...]:
+def comparisons(
+  results: Sequence[Result],
+  graph: str,
+  dim: int,
+  *,
+  plain: Sequence[str],
+  pyg: Sequence[str],
+  mine: Result | None = None,
+) -> tuple[str, ...]:
   """For one case: jaxdata (the row `mine`, else its first row that ran) against the fastest
   plain-JAX formulation at each precision the run has (`plain_precisions_in`), against PyG's
   fastest formulation, and jaxdata's memory / that PyG formulation's; empty strings where
@@ -606,8 +724,7 @@ def comparisons(results: Sequence[Result], graph: str, dim: int, *, plain: Seque
   if ran:
     best = min(ran, key=lambda r: r.seconds)
     which = f" ({best.formulation.removeprefix('PyG ')})" if len(pyg) > 1 else ""
-    memory = (_ratio(mine.bytes / best.bytes) if mine.bytes is not None and best.bytes
-              else "n/a")
+    memory = _ratio(mine.bytes / best.bytes) if mine.bytes is not None and best.bytes else "n/a"
     return (*cells, _ratio(best.seconds / mine.seconds) + which, memory)
   if peers_ and any(r.status.startswith("OOM") for r in peers_):
     return (*cells, "PyG OOM", "PyG OOM")
@@ -623,8 +740,13 @@ def comparison_header(results: Sequence[Result], plain: Sequence[str]) -> list[s
   return [*vs_plain, "jaxdata vs PyG", "memory / PyG's"]
 
 
-def table_rows(results: list[Result], *, mode: str = "train", plain: Sequence[str] = tuple(
-    rgcn_ref.PLAIN_JAX), pyg: Sequence[str] = tuple(PYG)) -> tuple[list[str], list[list[str]]]:
+def table_rows(
+  results: list[Result],
+  *,
+  mode: str = "train",
+  plain: Sequence[str] = tuple(rgcn_ref.PLAIN_JAX),
+  pyg: Sequence[str] = tuple(PYG),
+) -> tuple[list[str], list[list[str]]]:
   """The table of a run (RGCN's, or the attention layers' with their `plain` and `pyg` rows)."""
   measured = any(r.measured_bytes is not None for r in results)
   header = ["graph", "dim", "formulation", *time_header(mode), "peak memory"]
@@ -637,8 +759,11 @@ def table_rows(results: list[Result], *, mode: str = "train", plain: Sequence[st
     row = [r.graph, str(r.dim), label(r, results), _ms(r), _alone_ms(r), _mem(r.bytes, r)]
     if measured:
       row.append(gib(r.measured_bytes) if r.measured_bytes is not None else "")
-    row += (list(comparisons(results, r.graph, r.dim, plain=plain, pyg=pyg, mine=r))
-            if r.formulation == "jaxdata" else [""] * len(compared))
+    row += (
+      list(comparisons(results, r.graph, r.dim, plain=plain, pyg=pyg, mine=r))
+      if r.formulation == "jaxdata"
+      else [""] * len(compared)
+    )
     rows.append(row)
   return header, rows
 
@@ -658,32 +783,40 @@ def software_line() -> str:
 def precision_text(precision: str) -> str:
   """The table's sentence on matmul precision."""
   if precision == "both":
-    return ("Matmul precision: the plain-JAX rows and jaxdata's row at `highest` (float32) and "
-            "at `default` (what a JAX user gets: TF32 on the tensor cores of a recent NVIDIA "
-            "GPU; hector's GEMM and weight-gradient kernels follow it as `jnp.dot` does where "
-            "its tensor-core kernels are on (the default; `JAXDATA_HECTOR_TENSOR_CORES=0` "
-            "makes them float32 CUDA-core kernels at both precisions), "
-            "marked in brackets; each jaxdata row is compared with the fastest plain-JAX row at "
-            "each precision; PyG with TF32 on (`torch.backends.cuda.matmul.allow_tf32`), its "
-            "fastest setting.")
-  return (f"Matmul precision: `{precision}` on every side (PyG: TF32 "
-          f"{'on' if pyg_tf32(precision) else 'off'}).")
+    return (
+      "Matmul precision: the plain-JAX rows and jaxdata's row at `highest` (float32) and "
+      "at `default` (what a JAX user gets: TF32 on the tensor cores of a recent NVIDIA "
+      "GPU; hector's GEMM and weight-gradient kernels follow it as `jnp.dot` does where "
+      "its tensor-core kernels are on (the default; `JAXDATA_HECTOR_TENSOR_CORES=0` "
+      "makes them float32 CUDA-core kernels at both precisions), "
+      "marked in brackets; each jaxdata row is compared with the fastest plain-JAX row at "
+      "each precision; PyG with TF32 on (`torch.backends.cuda.matmul.allow_tf32`), its "
+      "fastest setting."
+    )
+  return (
+    f"Matmul precision: `{precision}` on every side (PyG: TF32 "
+    f"{'on' if pyg_tf32(precision) else 'off'})."
+  )
 
 
 def mode_text(mode: str) -> str:
   """What one timed step is, in this mode."""
   if mode == "inference":
-    return ("one forward pass (inference: the layer under `jax.jit` without `jax.grad`, so "
-            "nothing is kept for a backward pass; PyG's layer in eval mode under "
-            "`torch.inference_mode()`; per forward, median over repeats of rounds of up to 20 "
-            "forwards queued back to back and waited for once, for every formulation alike; "
-            "*one forward alone*: the median of single forwards, each waited for, so the host's "
-            "round trip is in it)")
-  return ("one step (loss = sum(out * ct) with a fixed random ct, gradients for the inputs and "
-          "weights; per step, median over repeats of rounds of up to 20 steps queued back to "
-          "back and waited for once, as a training loop runs them, for every formulation alike; "
-          "*one step alone*: the median of single steps, each waited for, so the host's round "
-          "trip is in it)")
+    return (
+      "one forward pass (inference: the layer under `jax.jit` without `jax.grad`, so "
+      "nothing is kept for a backward pass; PyG's layer in eval mode under "
+      "`torch.inference_mode()`; per forward, median over repeats of rounds of up to 20 "
+      "forwards queued back to back and waited for once, for every formulation alike; "
+      "*one forward alone*: the median of single forwards, each waited for, so the host's "
+      "round trip is in it)"
+    )
+  return (
+    "one step (loss = sum(out * ct) with a fixed random ct, gradients for the inputs and "
+    "weights; per step, median over repeats of rounds of up to 20 steps queued back to "
+    "back and waited for once, as a training loop runs them, for every formulation alike; "
+    "*one step alone*: the median of single steps, each waited for, so the host's round "
+    "trip is in it)"
+  )
 
 
 INFERENCE_TITLE = "# Inference (forward only): RGCN, RGAT, HGT"
@@ -698,8 +831,9 @@ def section_end(model: str) -> str:
   return f"<!-- end of section {model} -->"
 
 
-def sectioned(previous: str | None, model: str, section: str, *, title: str,
-              models: Sequence[str], intro: str) -> str:
+def sectioned(
+  previous: str | None, model: str, section: str, *, title: str, models: Sequence[str], intro: str
+) -> str:
   """A document of one section per model: `model`'s replaced by `section` (which carries its
   `section_begin` / `section_end` markers), the others kept from `previous` (the file as it was,
   or None), so that models run separately land in one file."""
@@ -707,7 +841,7 @@ def sectioned(previous: str | None, model: str, section: str, *, title: str,
   for m in models:
     if previous and section_begin(m) in previous and section_end(m) in previous:
       first = previous.index(section_begin(m))
-      sections[m] = previous[first:previous.index(section_end(m), first) + len(section_end(m))]
+      sections[m] = previous[first : previous.index(section_end(m), first) + len(section_end(m))]
   sections[model] = section.rstrip("\n")
   body = [sections[m] for m in models if m in sections]
   return "\n\n".join([title, intro, *body]) + "\n"
@@ -715,11 +849,17 @@ def sectioned(previous: str | None, model: str, section: str, *, title: str,
 
 def inference_document(previous: str | None, model: str, section: str) -> str:
   """docs/benchmarks/rgnn_inference.md: one section per model, each from its own run."""
-  return sectioned(previous, model, section, title=INFERENCE_TITLE, models=INFERENCE_MODELS,
-                   intro="Written by `jaxdata bench rgnn --mode inference --model rgcn|rgat|hgt "
-                         "--write <this file>`: each run replaces its model's section and keeps "
-                         "the others'. Training steps (forward + backward): rgnn.md and "
-                         "rgnn_attention.md; notes: rgnn_notes.md.")
+  return sectioned(
+    previous,
+    model,
+    section,
+    title=INFERENCE_TITLE,
+    models=INFERENCE_MODELS,
+    intro="Written by `jaxdata bench rgnn --mode inference --model rgcn|rgat|hgt "
+    "--write <this file>`: each run replaces its model's section and keeps "
+    "the others'. Training steps (forward + backward): rgnn.md and "
+    "rgnn_attention.md; notes: rgnn_notes.md.",
+  )
 
 
 def write_markdown(console, path: str, model: str, section: str, mode: str, document) -> None:
@@ -737,8 +877,15 @@ def write_markdown(console, path: str, model: str, section: str, mode: str, docu
   common.write(console, path, document(previous, model, section))
 
 
-def markdown(results: list[Result], notes: list[str], graphs: list[Graph], command: str, *,
-             precision: str = "highest", mode: str = "train") -> str:
+def markdown(
+  results: list[Result],
+  notes: list[str],
+  graphs: list[Graph],
+  command: str,
+  *,
+  precision: str = "highest",
+  mode: str = "train",
+) -> str:
   """The RGCN table as a document (mode "train"), or as the RGCN section of the inference
   document (mode "inference")."""
   hw = common.hardware()
@@ -746,47 +893,58 @@ def markdown(results: list[Result], notes: list[str], graphs: list[Graph], comma
   if mode == "inference":
     head = [section_begin("rgcn"), "## One RGCN layer: inference (forward only)", ""]
   else:
-    head = ["# One RGCN layer: relational message, forward + backward", "",
-            "RGAT and HGT, with the ablation of hector's passes: "
-            "[rgnn_attention.md](rgnn_attention.md) (`jaxdata bench rgnn --model rgat|hgt`); "
-            "inference (forward only): [rgnn_inference.md](rgnn_inference.md). Notes: "
-            "[rgnn_notes.md](rgnn_notes.md), [rgnn_attention_notes.md](rgnn_attention_notes.md).",
-            ""]
-  text = [
-      *head,
-      "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of "
-      f"{mode_text(mode)}, "
-      "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
-      "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
-      "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "
-      "weights* are plain JAX (jaxdata/reference/rgcn.py); *PyG RGCNConv* is "
-      "`torch_geometric.nn.RGCNConv(aggr=\"mean\")` kept on its per-relation loop (its "
-      "segment_matmul path averages over all relations at once), *PyG FastRGCNConv* is "
-      "`torch_geometric.nn.FastRGCNConv(aggr=\"mean\")`, the same layer through per-edge "
-      "weights W[etype] ([E, d_in, d_out]) and a batched matmul; *jaxdata vs PyG* is against the "
-      "faster of the two, named in brackets (which code paths PyG takes without pyg-lib and "
-      "torch-sparse: rgnn_notes.md). " + precision_text(precision),
+    head = [
+      "# One RGCN layer: relational message, forward + backward",
       "",
-      "*Peak memory*: for JAX, what XLA's compiled executable needs (`memory_analysis()`: "
-      "arguments + outputs + temporaries); for PyG, `torch.cuda.max_memory_allocated` over the "
-      "case, inputs included (n/a on the CPU). XLA's analysis counts the buffers XLA "
-      "allocates, so for jaxdata's FFI kernels only what they take from XLA (outputs, scratch "
-      "passed as outputs) is in it. *Measured peak* (GPU): how far compiling and running the step raised JAX's "
-      "`peak_bytes_in_use`, plus the step's arguments (XLA's autotuner allocates operand-sized "
-      "buffers while compiling, so this bounds the run from above); blank where an earlier "
-      "case's peak hides it (JAX cannot reset the peak). *OOM (est.)*: not run because XLA's analysis of the compiled step says it "
-      "cannot fit in the free device memory (for FastRGCNConv on the CPU: its per-edge "
-      "weights cannot fit in free RAM); *OOM*: the run failed for memory. (*per-edge "
-      "weights* builds its [E, d_in, d_out] tensor on the CPU; XLA on the GPU fuses the gather "
-      "W[etype] into the contraction and does not. *ragged_dot* is expanded densely, [R, E, "
-      "d_in] masked, on both: its memory grows with the number of relations.) Speedups divide "
-      "the faster peer's time by jaxdata's; *memory / PyG's* divides jaxdata's peak memory by "
-      "that PyG formulation's.",
-      "", f"Command: `{command}`", "",
-      *[f"- {k}: {v}" for k, v in hw.items()],
-      f"- PyG: {software_line()}", "",
-      "Graphs:", "", *[f"- {g.describe()}" for g in graphs], "",
-      common.markdown_table(header, rows), ""]
+      "RGAT and HGT, with the ablation of hector's passes: "
+      "[rgnn_attention.md](rgnn_attention.md) (`jaxdata bench rgnn --model rgat|hgt`); "
+      "inference (forward only): [rgnn_inference.md](rgnn_inference.md). Notes: "
+      "[rgnn_notes.md](rgnn_notes.md), [rgnn_attention_notes.md](rgnn_attention_notes.md).",
+      "",
+    ]
+  text = [
+    *head,
+    "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of "
+    f"{mode_text(mode)}, "
+    "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
+    "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
+    "`jaxdata.hector.rgcn_message`; *transform-all-then-gather*, *ragged_dot* and *per-edge "
+    "weights* are plain JAX (jaxdata/reference/rgcn.py); *PyG RGCNConv* is "
+    '`torch_geometric.nn.RGCNConv(aggr="mean")` kept on its per-relation loop (its '
+    "segment_matmul path averages over all relations at once), *PyG FastRGCNConv* is "
+    '`torch_geometric.nn.FastRGCNConv(aggr="mean")`, the same layer through per-edge '
+    "weights W[etype] ([E, d_in, d_out]) and a batched matmul; *jaxdata vs PyG* is against the "
+    "faster of the two, named in brackets (which code paths PyG takes without pyg-lib and "
+    "torch-sparse: rgnn_notes.md). " + precision_text(precision),
+    "",
+    "*Peak memory*: for JAX, what XLA's compiled executable needs (`memory_analysis()`: arguments "
+    "+ outputs + temporaries); for PyG, `torch.cuda.max_memory_allocated` over the case, inputs "
+    "included (n/a on the CPU). XLA's analysis counts the buffers XLA allocates, so for jaxdata's "
+    "FFI kernels only what they take from XLA (outputs, scratch passed as outputs) is in it. "
+    "*Measured peak* (GPU): how far compiling and running the step raised JAX's "
+    "`peak_bytes_in_use`, plus the step's arguments (XLA's autotuner allocates operand-sized "
+    "buffers while compiling, so this bounds the run from above); blank where an earlier case's "
+    "peak hides it (JAX cannot reset the peak). *OOM (est.)*: not run because XLA's analysis of "
+    "the compiled step says it cannot fit in the free device memory (for FastRGCNConv on the CPU: "
+    "its per-edge weights cannot fit in free RAM); *OOM*: the run failed for memory. (*per-edge "
+    "weights* builds its [E, d_in, d_out] tensor on the CPU; XLA on the GPU fuses the gather "
+    "W[etype] into the contraction and does not. *ragged_dot* is expanded densely, [R, E, d_in] "
+    "masked, on both: its memory grows with the number of relations.) Speedups divide the faster "
+    "peer's time by jaxdata's; *memory / PyG's* divides jaxdata's peak memory by that PyG "
+    "formulation's.",
+    "",
+    f"Command: `{command}`",
+    "",
+    *[f"- {k}: {v}" for k, v in hw.items()],
+    f"- PyG: {software_line()}",
+    "",
+    "Graphs:",
+    "",
+    *[f"- {g.describe()}" for g in graphs],
+    "",
+    common.markdown_table(header, rows),
+    "",
+  ]
   if notes:
     text += ["Skipped or unexpected:", "", *(f"- {n}" for n in notes), ""]
   if mode == "inference":
@@ -804,22 +962,41 @@ def main(args) -> int:
   repeats = common.pick(args.repeats, args.quick, QUICK["repeats"], 7)
   unknown = [g for g in graphs if g not in GRAPHS]
   if unknown:
-    raise command.UsageError(f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose "
-                             f"from {', '.join(GRAPHS)}")
+    raise command.UsageError(
+      f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from {', '.join(GRAPHS)}"
+    )
   data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
   console = command.console(width=160)
-  results, notes, loaded = run(graphs, dims, data_dir=data_dir, quick=args.quick,
-                               repeats=repeats, precision=args.precision, mode=args.mode,
-                               console=console)
+  results, notes, loaded = run(
+    graphs,
+    dims,
+    data_dir=data_dir,
+    quick=args.quick,
+    repeats=repeats,
+    precision=args.precision,
+    mode=args.mode,
+    console=console,
+  )
   common.check_measured(results, notes)
   for g in loaded:
     console.print(g.describe())
   what = "inference (forward only)" if args.mode == "inference" else "forward + backward"
-  common.print_table(console, f"one RGCN layer, relational part: {what}",
-                     *table_rows(results, mode=args.mode), notes,
-                     left=("graph", "formulation"))
+  common.print_table(
+    console,
+    f"one RGCN layer, relational part: {what}",
+    *table_rows(results, mode=args.mode),
+    notes,
+    left=("graph", "formulation"),
+  )
   if args.write:
-    write_markdown(console, args.write, "rgcn",
-                   markdown(results, notes, loaded, common.command_line(),
-                            precision=args.precision, mode=args.mode), args.mode, None)
+    write_markdown(
+      console,
+      args.write,
+      "rgcn",
+      markdown(
+        results, notes, loaded, common.command_line(), precision=args.precision, mode=args.mode
+      ),
+      args.mode,
+      None,
+    )
   return 0

@@ -23,30 +23,32 @@ Each step is loss = sum(out * ct) for a fixed random ct, with gradients for the 
 weight (mode "train"), or the forward pass alone (mode "inference"; PyG in eval mode under
 torch.inference_mode()). Precision "both" runs the plain-JAX rows at "highest" and "default"
 (`rgnn.plain_precisions`). Time and memory are measured as `jaxdata bench rgnn` (RGCN) measures them
-(jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the compiled step for
-JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is reported as OOM,
-never a crash. Every formulation of a case must compute the same loss; a difference is a note.
-`--write` keeps one document with a section per model (`document`).
+(jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the
+compiled step for JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is
+reported as OOM, never a crash. Every formulation of a case must compute the same loss; a difference
+is a note. `--write` keeps one document with a section per model (`document`).
 
 RGAT's attention vectors are shared by all relations (PyG's RGATConv shares its q and k), so
 that PyG computes the same layer; the other formulations still take them per relation.
 
     >>> results, notes, cases = run("rgat", ["synthetic"], [32], quick=True)
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import inspect
 import statistics
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from jaxdata import command
 from jaxdata.bench import common, rgnn
 from jaxdata.bench import rgnn_peers as peers
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
+from jaxdata.reference import attention as attention_ref
+from jaxdata.reference import rgcn as rgcn_ref
 from jaxdata.timing import step_seconds
 
 MODELS = ("rgat", "hgt")
@@ -60,24 +62,26 @@ QUICK_SYNTHETIC = rgnn.QUICK_SYNTHETIC
 #: synthetic_mag's scale: ogbn-mag's counts (1.0), or a small graph for --quick.
 MAG_SCALE = 1.0
 QUICK_MAG_SCALE = 1e-3
-QUICK = {"rgat": dict(graphs=("aifb", "synthetic"), dims=(32,), repeats=3),
-         "hgt": dict(graphs=("mag",), dims=(32,), repeats=3)}
+QUICK = {
+  "rgat": dict(graphs=("aifb", "synthetic"), dims=(32,), repeats=3),
+  "hgt": dict(graphs=("mag",), dims=(32,), repeats=3),
+}
 #: jaxdata's rows: name -> the passes it runs (None: all of `jaxdata.hector.PASSES`).
 VARIANTS = {
-    "jaxdata": None,
-    "jaxdata (no passes)": (),
-    "jaxdata (compact only)": ("compact",),
-    "jaxdata (reorder only)": ("reorder",),
+  "jaxdata": None,
+  "jaxdata (no passes)": (),
+  "jaxdata (compact only)": ("compact",),
+  "jaxdata (reorder only)": ("reorder",),
 }
 PLAIN_JAX = tuple(attention_ref.RGAT)  # the same three names for HGT
 FORMULATIONS = (*VARIANTS, *PLAIN_JAX, "PyG")
-TITLES = {"rgat": "one RGAT layer: forward + backward",
-          "hgt": "one HGT layer: forward + backward"}
+TITLES = {"rgat": "one RGAT layer: forward + backward", "hgt": "one HGT layer: forward + backward"}
 
 
 @dataclasses.dataclass
 class Case:
   """A benchmark graph and, for HGT, its node types, relation types and per-type features."""
+
   graph: rgnn.Graph
   node_types: tuple[str, ...] = ()
   relation_types: tuple[tuple[str, str, str], ...] = ()
@@ -90,8 +94,9 @@ class Case:
   def describe(self) -> str:
     text = self.graph.describe()
     if self.features:
-      text += "; features " + ", ".join(f"{t} {x.shape[0]:,}x{x.shape[1]}"
-                                        for t, x in zip(self.node_types, self.features))
+      text += "; features " + ", ".join(
+        f"{t} {x.shape[0]:,}x{x.shape[1]}" for t, x in zip(self.node_types, self.features)
+      )
     return text
 
 
@@ -99,24 +104,34 @@ class Case:
 # Graphs and inputs
 
 
-def load_case(model: str, name: str, *, data_dir: str | None, quick: bool,
-              mag_scale: float | None = None, seed: int = 0) -> tuple[Case | None, str | None]:
+def load_case(
+  model: str,
+  name: str,
+  *,
+  data_dir: str | None,
+  quick: bool,
+  mag_scale: float | None = None,
+  seed: int = 0,
+) -> tuple[Case | None, str | None]:
   """(case, None), or (None, why it was skipped)."""
   if name not in GRAPHS[model]:
-    raise ValueError(f"unknown graph {name!r} for {model}; choose from "
-                     f"{', '.join(GRAPHS[model])}")
+    raise ValueError(f"unknown graph {name!r} for {model}; choose from {', '.join(GRAPHS[model])}")
   if model == "rgat":
     sizes = QUICK_SYNTHETIC if quick else SYNTHETIC
-    graph, why = rgnn.load_graph(name, data_dir=data_dir, quick=quick, seed=seed,
-                                 synthetic=sizes)
+    graph, why = rgnn.load_graph(name, data_dir=data_dir, quick=quick, seed=seed, synthetic=sizes)
     return (None, why) if graph is None else (Case(graph), None)
   from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
+
   scale = mag_scale if mag_scale is not None else (QUICK_MAG_SCALE if quick else MAG_SCALE)
   ds = synthetic_mag(scale=scale, seed=seed)
   g = ds.graph
   graph = rgnn.Graph.from_hetero(name, g, f"jaxdata.data.synthetic_mag(scale={scale:g})")
-  return Case(graph, tuple(g.node_type_names), tuple(ds.relation_types),
-              tuple(np.asarray(x, np.float32) for x in ds.features)), None
+  return Case(
+    graph,
+    tuple(g.node_type_names),
+    tuple(ds.relation_types),
+    tuple(np.asarray(x, np.float32) for x in ds.features),
+  ), None
 
 
 def head_features(dim: int, heads: int) -> int:
@@ -139,17 +154,24 @@ def case_arrays(model: str, case: Case, dim: int, heads: int, seed: int = 0):
   to_np = lambda tree: _tree_map(lambda a: np.asarray(a, np.float32), tree)  # noqa: E731
   if model == "rgat":
     x = rng.standard_normal((g.num_nodes, dim), dtype=np.float32)
-    p = attention_ref.init_rgat(seed, num_relations=g.num_relations, in_features=dim, head_features=d,
-                      heads=heads)
+    p = attention_ref.init_rgat(
+      seed, num_relations=g.num_relations, in_features=dim, head_features=d, heads=heads
+    )
     shared = lambda a: np.broadcast_to(np.asarray(a)[:1], a.shape).copy()  # noqa: E731
     return x, to_np(p._replace(a_src=shared(p.a_src), a_dst=shared(p.a_dst))), ct
-  p = attention_ref.init_hgt(seed, in_features=[x.shape[1] for x in case.features],
-                   num_relations=g.num_relations, head_features=d, heads=heads)
+  p = attention_ref.init_hgt(
+    seed,
+    in_features=[x.shape[1] for x in case.features],
+    num_relations=g.num_relations,
+    head_features=d,
+    heads=heads,
+  )
   return case.features, to_np(p), ct
 
 
 def _tree_map(fn, tree):
   import jax  # pylint: disable=g-import-not-at-top
+
   return jax.tree.map(fn, tree)
 
 
@@ -157,17 +179,22 @@ def _tree_map(fn, tree):
 # jaxdata's kernels as `rgnn_peers.Formulation`s: the only code here that knows hector's API
 
 
-def rgat_jaxdata_formulation(arrays, passes, name: str = "jaxdata", *,
-                             precision=None) -> peers.Formulation:
+def rgat_jaxdata_formulation(
+  arrays, passes, name: str = "jaxdata", *, precision=None
+) -> peers.Formulation:
   """`jaxdata.hector.rgat_message` with these passes at this matmul precision:
   message(graph, x, RGATParams)."""
   from jaxdata import hector  # pylint: disable=g-import-not-at-top
+
   if not hasattr(hector, "rgat_message"):
     raise peers.Unavailable("jaxdata.hector.rgat_message not built yet")
   return peers.Formulation(
-      name, lambda g, x, p: hector.rgat_message(g, x, p.w, p.a_src, p.a_dst, passes=passes,
-                                                precision=precision),
-      arrays)
+    name,
+    lambda g, x, p: hector.rgat_message(
+      g, x, p.w, p.a_src, p.a_dst, passes=passes, precision=precision
+    ),
+    arrays,
+  )
 
 
 def hgt_message_fn():
@@ -183,42 +210,48 @@ def hgt_message_fn():
 HGT_INPUTS = ("k", "q", "v", "w_att", "w_msg", "mu")
 
 
-def hgt_jaxdata_formulation(arrays, passes, name: str = "jaxdata", *,
-                            precision=None) -> peers.Formulation:
+def hgt_jaxdata_formulation(
+  arrays, passes, name: str = "jaxdata", *, precision=None
+) -> peers.Formulation:
   """HGT with `jaxdata.hector.hgt_message` as message(graph, xs, HGTParams) -> [N, dim].
 
-  hgt_message(graph, k, q, v, w_att, w_msg, mu, *, passes=None) is the relational part: K, Q, V
-  of every node [N, H*d_k] in (`jaxdata.reference.attention.hgt_projections`, flattened), w_att, w_msg
-  [R, H, d_k, d_k], mu [R, H]; the aggregated messages [N, H*d_k] out. The per-type
-  projections before it and A_t(gelu(.)) with the skip gate after it
-  (`jaxdata.reference.attention.hgt_output`) run in plain JAX, as `jaxdata.nn.HGT` runs them around the
-  kernel; the outputs of the node types are concatenated in id order. Raises
-  `peers.Unavailable` while hgt_message does not exist or has another signature (then adapt
-  this function).
+  hgt_message(graph, k, q, v, w_att, w_msg, mu, *, passes=None) is the relational part: K, Q, V of
+  every node [N, H*d_k] in (`jaxdata.reference.attention.hgt_projections`, flattened), w_att, w_msg
+  [R, H, d_k, d_k], mu [R, H]; the aggregated messages [N, H*d_k] out. The per-type projections
+  before it and A_t(gelu(.)) with the skip gate after it (`jaxdata.reference.attention.hgt_output`)
+  run in plain JAX, as `jaxdata.nn.HGT` runs them around the kernel; the outputs of the node types
+  are concatenated in id order. Raises `peers.Unavailable` while hgt_message does not exist or has
+  another signature (then adapt this function).
   """
   fn = hgt_message_fn()
   if fn is None:
     raise peers.Unavailable("jaxdata.hector.hgt_message not built yet")
   signature = inspect.signature(fn)
-  names = tuple(n.lower() for n in list(signature.parameters)[1:len(HGT_INPUTS) + 1])
+  names = tuple(n.lower() for n in list(signature.parameters)[1 : len(HGT_INPUTS) + 1])
   if names != HGT_INPUTS or "passes" not in signature.parameters:
-    raise peers.Unavailable(f"jaxdata.hector.hgt_message{signature}: no adapter for this "
-                            f"signature (jaxdata/bench/rgnn_attention.py, "
-                            f"hgt_jaxdata_formulation)")
+    raise peers.Unavailable(
+      f"jaxdata.hector.hgt_message{signature}: no adapter for this "
+      f"signature (jaxdata/bench/rgnn_attention.py, "
+      f"hgt_jaxdata_formulation)"
+    )
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   extra = {"precision": precision} if "precision" in signature.parameters else {}
 
   def message(g, xs, p):
-    k, q, v = (a.reshape(a.shape[0], -1)
-               for a in attention_ref.hgt_projections(xs, p, precision=precision))
+    k, q, v = (
+      a.reshape(a.shape[0], -1) for a in attention_ref.hgt_projections(xs, p, precision=precision)
+    )
     agg = fn(g, k, q, v, p.w_att, p.w_msg, p.mu, passes=passes, **extra)
     agg = agg.astype(jnp.promote_types(agg.dtype, jnp.float32))
     return jnp.concatenate(attention_ref.hgt_output(agg, xs, p, precision=precision))
+
   return peers.Formulation(name, message, arrays)
 
 
-def plain_formulation(model: str, name: str, edges: attention_ref.Edges, *,
-                      precision=None) -> peers.Formulation:
+def plain_formulation(
+  model: str, name: str, edges: attention_ref.Edges, *, precision=None
+) -> peers.Formulation:
   if model == "rgat":
     return peers.rgat_formulation(name, edges, precision=precision)
   return peers.hgt_formulation(name, edges, precision=precision)
@@ -248,6 +281,7 @@ def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"
   sum(out * ct) taken outside the timed forward's autograd (mode "inference": step(checksum=True)
   returns it, step() only runs the layer)."""
   import torch  # pylint: disable=g-import-not-at-top
+
   train = mode == "train"
   g = case.graph
   ctt = torch.from_numpy(ct).to(device)
@@ -263,11 +297,13 @@ def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"
     def loss(out):
       return (out * ctt).sum()
   else:
-    conv = attention_ref.pyg_hgt_conv(params, case.node_types, case.relation_types, device=device,
-                            dtype=torch.float32)
+    conv = attention_ref.pyg_hgt_conv(
+      params, case.node_types, case.relation_types, device=device, dtype=torch.float32
+    )
     xts = [torch.from_numpy(a).to(device).requires_grad_(train) for a in x]
-    x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(g.src, g.dst, g.etype, xts, case.node_types,
-                                                     case.relation_types, device=device)
+    x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(
+      g.src, g.dst, g.etype, xts, case.node_types, case.relation_types, device=device
+    )
     bounds = np.cumsum([0] + [len(a) for a in x])
     cts = {t: ctt[a:b] for t, a, b in zip(case.node_types, bounds[:-1], bounds[1:])}
 
@@ -284,6 +320,7 @@ def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"
       with torch.inference_mode():
         out = layer()
         return loss(out) if checksum else out
+
     return forward
 
   def step():
@@ -293,14 +330,25 @@ def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"
     value = loss(layer())
     value.backward()
     return value
+
   return step
 
 
-def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, precision: str,
-                notes: list[str], mode: str = "train") -> rgnn.Result:
+def measure_pyg(
+  model: str,
+  case: Case,
+  dim: int,
+  heads: int,
+  *,
+  repeats: int,
+  precision: str,
+  notes: list[str],
+  mode: str = "train",
+) -> rgnn.Result:
   r = rgnn.Result(case.name, dim, "PyG")
   try:
     import torch  # pylint: disable=g-import-not-at-top
+
     importlib.import_module("torch_geometric.nn")
   except ImportError as e:
     r.status = "skipped"
@@ -311,13 +359,17 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
   where = f"{case.name}, dim {dim}, PyG"
   if device.type != "cuda":
     import jax  # pylint: disable=g-import-not-at-top
+
     d_in = dim if model == "rgat" else max(a.shape[1] for a in x)
     need = pyg_bytes_model(model, case.graph.num_edges, d_in, dim, mode)
     free = rgnn.available_bytes(jax.devices("cpu")[0])
     if need > free:
       r.status = f"OOM (est. {rgnn.gib(need)})"
-      rgnn._note(notes, f"{where}: not run, its per-edge tensors alone need {rgnn.gib(need)} "
-                        f"and {rgnn.gib(free)} are free")
+      rgnn._note(
+        notes,
+        f"{where}: not run, its per-edge tensors alone need {rgnn.gib(need)} "
+        f"and {rgnn.gib(free)} are free",
+      )
       return r
   saved_tf32 = torch.backends.cuda.matmul.allow_tf32
   torch.backends.cuda.matmul.allow_tf32 = rgnn.pyg_tf32(precision)
@@ -329,14 +381,14 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
       base = torch.cuda.memory_allocated(device)
     step = _pyg_step(model, case, x, params, ct, device, mode)
     r.loss = float((step(checksum=True) if mode == "inference" else step()).detach().item())
-    r.seconds, r.alone_seconds = step_seconds(step, repeats=repeats,
-                                                     wait=peers.pyg_wait(device))
+    r.seconds, r.alone_seconds = step_seconds(step, repeats=repeats, wait=peers.pyg_wait(device))
     r.bytes = torch.cuda.max_memory_allocated(device) - base if cuda else None
   except Exception as e:  # pylint: disable=broad-except
     r.status = "OOM" if rgnn.is_oom(e) else "error"
     r.loss = r.seconds = None
-    rgnn._note(notes, f"{where}: {'out of memory' if rgnn.is_oom(e) else 'failed'} "
-                      f"({rgnn._short(e)})")
+    rgnn._note(
+      notes, f"{where}: {'out of memory' if rgnn.is_oom(e) else 'failed'} ({rgnn._short(e)})"
+    )
   finally:
     step = None
     torch.backends.cuda.matmul.allow_tf32 = saved_tf32
@@ -349,20 +401,35 @@ def measure_pyg(model: str, case: Case, dim: int, heads: int, *, repeats: int, p
 # JAX
 
 
-def measure_jax(model: str, case: Case, dim: int, heads: int, names: Sequence[str], *,
-                repeats: int, precision: str, edges: attention_ref.Edges, arrays,
-                notes: list[str], advance: Callable[[], None],
-                mode: str = "train") -> list[rgnn.Result]:
+def measure_jax(
+  model: str,
+  case: Case,
+  dim: int,
+  heads: int,
+  names: Sequence[str],
+  *,
+  repeats: int,
+  precision: str,
+  edges: attention_ref.Edges,
+  arrays,
+  notes: list[str],
+  advance: Callable[[], None],
+  mode: str = "train",
+) -> list[rgnn.Result]:
   """Every JAX formulation on one (graph, dim): jaxdata's variants at `rgnn.jaxdata_precisions`,
   the plain-JAX ones at each of `rgnn.plain_precisions`; `arrays` is hector's GraphArrays (or
   the `peers.Unavailable` that building it raised). `advance()` after each name."""
   import jax  # pylint: disable=g-import-not-at-top
+
   device = jax.devices()[0]
   x, params, ct = jax.device_put(case_arrays(model, case, dim, heads), device)
   results = []
   for name in names:
-    runs = (rgnn.plain_precisions(precision) if name in PLAIN_JAX
-            else rgnn.jaxdata_precisions(precision, name))
+    runs = (
+      rgnn.plain_precisions(precision)
+      if name in PLAIN_JAX
+      else rgnn.jaxdata_precisions(precision, name)
+    )
     try:
       for p in runs:
         r = rgnn.Result(case.name, dim, name, precision=p)
@@ -399,11 +466,22 @@ def graph_arrays(case: Case):
 # The run
 
 
-def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = DIMS, *,
-        heads: int = HEADS, formulations: Sequence[str] = FORMULATIONS,
-        data_dir: str | None = None, quick: bool = False, mag_scale: float | None = None,
-        repeats: int = 7, precision: str = "highest", seed: int = 0, mode: str = "train",
-        console=None) -> tuple[list[rgnn.Result], list[str], list[Case]]:
+def run(
+  model: str,
+  graphs: Sequence[str] | None = None,
+  dims: Sequence[int] = DIMS,
+  *,
+  heads: int = HEADS,
+  formulations: Sequence[str] = FORMULATIONS,
+  data_dir: str | None = None,
+  quick: bool = False,
+  mag_scale: float | None = None,
+  repeats: int = 7,
+  precision: str = "highest",
+  seed: int = 0,
+  mode: str = "train",
+  console=None,
+) -> tuple[list[rgnn.Result], list[str], list[Case]]:
   """Runs the benchmark of `model` ("rgat" or "hgt"); returns results, notes, the cases.
 
   mode: "train" or "inference" (forward only); precision: one of `rgnn.PRECISION_CHOICES`.
@@ -412,6 +490,7 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
   rows only where `jaxdata.hector.hgt_message` exists (a note says so otherwise).
   """
   import rich.progress  # pylint: disable=g-import-not-at-top
+
   if model not in MODELS:
     raise ValueError(f"model must be one of {MODELS}, got {model!r}")
   rgnn.check_mode_precision(mode, precision)
@@ -431,26 +510,34 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
     formulations = [f for f in formulations if f not in VARIANTS]
     notes.append("no jaxdata row: jaxdata.hector.hgt_message (hector's HGT) is not built yet")
   loaded: list[Case] = rgnn.load_each(
-      graphs, lambda name: load_case(model, name, data_dir=data_dir, quick=quick,
-                                     mag_scale=mag_scale, seed=seed), notes)
+    graphs,
+    lambda name: load_case(
+      model, name, data_dir=data_dir, quick=quick, mag_scale=mag_scale, seed=seed
+    ),
+    notes,
+  )
   jax_names = [f for f in FORMULATIONS if f in formulations and f != "PyG"]
   results: list[rgnn.Result] = []
   with rich.progress.Progress(console=console, transient=True) as bar:
-    task = bar.add_task(f"bench rgnn {model}",
-                        total=len(loaded) * len(dims) * len(formulations))
+    task = bar.add_task(f"bench rgnn {model}", total=len(loaded) * len(dims) * len(formulations))
     if "PyG" in formulations:
       for c in loaded:
         for d in dims:
           bar.update(task, description=f"{c.name}, dim {d}, PyG")
-          results.append(measure_pyg(model, c, d, heads, repeats=repeats, precision=precision,
-                                     notes=notes, mode=mode))
+          results.append(
+            measure_pyg(
+              model, c, d, heads, repeats=repeats, precision=precision, notes=notes, mode=mode
+            )
+          )
           bar.advance(task)
     if jax_names:
       import jax  # pylint: disable=g-import-not-at-top
+
       for c in loaded:
         g = c.graph
-        edges = attention_ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                                num_relations=g.num_relations)
+        edges = attention_ref.Edges.build(
+          g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations
+        )
         arrays = None
         if any(n in VARIANTS for n in jax_names):
           try:
@@ -459,9 +546,20 @@ def run(model: str, graphs: Sequence[str] | None = None, dims: Sequence[int] = D
             arrays = peers.Unavailable(f"building hector's GraphArrays failed ({rgnn._short(e)})")
         for d in dims:
           bar.update(task, description=f"{c.name}, dim {d}, JAX")
-          results += measure_jax(model, c, d, heads, jax_names, repeats=repeats,
-                                 precision=precision, edges=edges, arrays=arrays, notes=notes,
-                                 advance=lambda: bar.advance(task), mode=mode)
+          results += measure_jax(
+            model,
+            c,
+            d,
+            heads,
+            jax_names,
+            repeats=repeats,
+            precision=precision,
+            edges=edges,
+            arrays=arrays,
+            notes=notes,
+            advance=lambda: bar.advance(task),
+            mode=mode,
+          )
         del edges, arrays
         jax.clear_caches()
   results.sort(key=rgnn.sort_key(FORMULATIONS, [c.name for c in loaded]))
@@ -484,41 +582,53 @@ def comparisons(results: list[rgnn.Result], graph: str, dim: int) -> tuple[str, 
   return rgnn.comparisons(results, graph, dim, plain=PLAIN_JAX, pyg=("PyG",))
 
 
-def table_rows(results: list[rgnn.Result], mode: str = "train"
-               ) -> tuple[list[str], list[list[str]]]:
+def table_rows(
+  results: list[rgnn.Result], mode: str = "train"
+) -> tuple[list[str], list[list[str]]]:
   return rgnn.table_rows(results, mode=mode, plain=PLAIN_JAX, pyg=("PyG",))
 
 
-def ablation(results: list[rgnn.Result], mode: str = "train"
-             ) -> tuple[list[str], list[list[str]], list[str]]:
+def ablation(
+  results: list[rgnn.Result], mode: str = "train"
+) -> tuple[list[str], list[list[str]], list[str]]:
   """(header, rows, summary lines): each jaxdata variant against jaxdata with no passes.
 
   Per case: time and memory of every variant, its speedup over no passes and its memory as a
   share of no passes'. The summary gives, per variant, the range and median of both over the
   cases where both ran.
   """
-  header = ["graph", "dim", "passes", rgnn.time_header(mode)[0], "peak memory",
-            "speedup over no passes", "memory / no passes'"]
+  header = [
+    "graph",
+    "dim",
+    "passes",
+    rgnn.time_header(mode)[0],
+    "peak memory",
+    "speedup over no passes",
+    "memory / no passes'",
+  ]
   rows, speed, memory = [], {}, {}
   cases = []
   for r in results:
     if (r.graph, r.dim) not in cases:
       cases.append((r.graph, r.dim))
   for graph, dim in cases:
-    rows_ = [r for r in results
-             if r.graph == graph and r.dim == dim and r.formulation in VARIANTS]
+    rows_ = [r for r in results if r.graph == graph and r.dim == dim and r.formulation in VARIANTS]
     # the variants at one precision: the "jaxdata" row may also have run at another
     at = next((r.precision for r in rows_ if r.formulation == "jaxdata (no passes)"), None)
     mine = {r.formulation: r for r in rows_ if at is None or r.precision == at}
     if not mine:
       continue
     base = mine.get("jaxdata (no passes)")
-    for name in ("jaxdata (no passes)", "jaxdata (compact only)", "jaxdata (reorder only)",
-                 "jaxdata"):
+    for name in (
+      "jaxdata (no passes)",
+      "jaxdata (compact only)",
+      "jaxdata (reorder only)",
+      "jaxdata",
+    ):
       r = mine.get(name)
       if r is None:
         continue
-      label = "all" if name == "jaxdata" else name[len("jaxdata ("):-1]
+      label = "all" if name == "jaxdata" else name[len("jaxdata (") : -1]
       s = m = ""
       if r.ok and base is not None and base.ok and name != "jaxdata (no passes)":
         speed.setdefault(label, []).append(base.seconds / r.seconds)
@@ -529,11 +639,14 @@ def ablation(results: list[rgnn.Result], mode: str = "train"
       elif base is not None and not base.ok and r.ok:
         s = f"no passes: {base.status}"
       rows.append([graph, str(dim), label, rgnn._ms(r), rgnn._mem(r.bytes, r), s, m])
+
   def spread(xs: list[float]) -> str:
     if len(xs) == 1:
       return _ratio(xs[0])
-    return (f"{_ratio(min(xs))} to {_ratio(max(xs))} (median {_ratio(statistics.median(xs))}, "
-            f"{len(xs)} cases)")
+    return (
+      f"{_ratio(min(xs))} to {_ratio(max(xs))} (median {_ratio(statistics.median(xs))}, "
+      f"{len(xs)} cases)"
+    )
 
   summary = []
   for label in ("compact only", "reorder only", "all"):
@@ -546,84 +659,111 @@ def ablation(results: list[rgnn.Result], mode: str = "train"
 
 
 DEFINITIONS = {
-    "rgat": (
-        "RGAT, one layer: h_e = x[src] W[r] (H heads of d = dim / H features), score = "
-        "leaky_relu(a_src[r] . h_e + a_dst[r] . x[dst] W[r], 0.2) per head, softmax over all "
-        "in-edges of a node (across relations), out[i] = concat_h sum_e alpha[e, h] h_e[h]; "
-        "d_in = H d = dim; no self loop, no bias. Gradients for x, W, a_src and a_dst. *jaxdata* "
-        "is `jaxdata.hector.rgat_message` (generated kernels, every pass); *PyG* is "
-        "`torch_geometric.nn.RGATConv(attention_mode=\"additive-self-attention\", "
-        "attention_mechanism=\"across-relation\", dim=1, bias=False)` holding the same weights. "
-        "RGATConv's attention vectors (its q and k) are shared by all relations, so every "
-        "formulation gets a_src and a_dst equal across relations (the others would take them "
-        "per relation at the same cost)."),
-    "hgt": (
-        "HGT, one layer, as PyG's HGTConv computes it: per-type K, Q, V linear maps, per-relation "
-        "W_att, W_msg [H, d_k, d_k] and prior mu, softmax over all in-edges of a node, "
-        "A_t(gelu(.)) per node type and the skip gate where a type's input width equals dim; "
-        "H d_k = dim, inputs are the graph's per-type features. Gradients for the features and "
-        "every weight. *jaxdata* is `jaxdata.hector.hgt_message` (generated kernels, every "
-        "pass) for the relational part, with the per-type projections before it and "
-        "A_t(gelu(.)) and the skip after it in plain JAX, as `jaxdata.nn.HGT` runs them; *PyG* "
-        "is `torch_geometric.nn.HGTConv` holding the same weights (PyG's initialisation: zero "
-        "biases, mu = skip = 1)."),
+  "rgat": (
+    "RGAT, one layer: h_e = x[src] W[r] (H heads of d = dim / H features), score = "
+    "leaky_relu(a_src[r] . h_e + a_dst[r] . x[dst] W[r], 0.2) per head, softmax over all "
+    "in-edges of a node (across relations), out[i] = concat_h sum_e alpha[e, h] h_e[h]; "
+    "d_in = H d = dim; no self loop, no bias. Gradients for x, W, a_src and a_dst. *jaxdata* "
+    "is `jaxdata.hector.rgat_message` (generated kernels, every pass); *PyG* is "
+    '`torch_geometric.nn.RGATConv(attention_mode="additive-self-attention", '
+    'attention_mechanism="across-relation", dim=1, bias=False)` holding the same weights. '
+    "RGATConv's attention vectors (its q and k) are shared by all relations, so every "
+    "formulation gets a_src and a_dst equal across relations (the others would take them "
+    "per relation at the same cost)."
+  ),
+  "hgt": (
+    "HGT, one layer, as PyG's HGTConv computes it: per-type K, Q, V linear maps, per-relation "
+    "W_att, W_msg [H, d_k, d_k] and prior mu, softmax over all in-edges of a node, "
+    "A_t(gelu(.)) per node type and the skip gate where a type's input width equals dim; "
+    "H d_k = dim, inputs are the graph's per-type features. Gradients for the features and "
+    "every weight. *jaxdata* is `jaxdata.hector.hgt_message` (generated kernels, every "
+    "pass) for the relational part, with the per-type projections before it and "
+    "A_t(gelu(.)) and the skip after it in plain JAX, as `jaxdata.nn.HGT` runs them; *PyG* "
+    "is `torch_geometric.nn.HGTConv` holding the same weights (PyG's initialisation: zero "
+    "biases, mu = skip = 1)."
+  ),
 }
 
 PASSES_BUY = {
-    "rgat": (
-        "*compact* is compact materialization (h = x[src] W_r and the source's score, which "
-        "depend only on (source node, relation), computed once per unique pair instead of once "
-        "per edge); *reorder* is linear-operator reordering (W_r a_dst folded on XLA, so the "
-        "destination's score is one [N, H] product instead of a per-edge [E, H d] term)."),
-    "hgt": (
-        "*compact* is compact materialization (K W_att and V W_msg, which depend only on "
-        "(source node, relation), computed once per unique pair instead of once per edge); "
-        "*reorder* is linear-operator reordering (the prior mu folded into W_att on XLA, no "
-        "multiply per edge and head, and the W_att product kept on the source side where "
-        "compaction can share it)."),
+  "rgat": (
+    "*compact* is compact materialization (h = x[src] W_r and the source's score, which "
+    "depend only on (source node, relation), computed once per unique pair instead of once "
+    "per edge); *reorder* is linear-operator reordering (W_r a_dst folded on XLA, so the "
+    "destination's score is one [N, H] product instead of a per-edge [E, H d] term)."
+  ),
+  "hgt": (
+    "*compact* is compact materialization (K W_att and V W_msg, which depend only on "
+    "(source node, relation), computed once per unique pair instead of once per edge); "
+    "*reorder* is linear-operator reordering (the prior mu folded into W_att on XLA, no "
+    "multiply per edge and head, and the W_att product kept on the source side where "
+    "compaction can share it)."
+  ),
 }
 
 TITLE = "# Attention layers (RGAT, HGT): one layer, forward + backward"
 
 
-def markdown(model: str, results: list[rgnn.Result], notes: list[str], cases: list[Case],
-             command: str, *, heads: int = HEADS, precision: str = "highest",
-             mode: str = "train") -> str:
+def markdown(
+  model: str,
+  results: list[rgnn.Result],
+  notes: list[str],
+  cases: list[Case],
+  command: str,
+  *,
+  heads: int = HEADS,
+  precision: str = "highest",
+  mode: str = "train",
+) -> str:
   """One model's section of the document (`document`, or `rgnn.inference_document` for mode
   "inference", puts the sections together)."""
   hw = common.hardware()
   header, rows = table_rows(results, mode)
   what = "inference (forward only)" if mode == "inference" else "forward + backward"
   text = [
-      _begin(model),
-      f"## One {model.upper()} layer: {what}", "",
-      f"Measured by `jaxdata bench rgnn --model {model}` (jaxdata/bench/rgnn_attention.py): "
-      f"milliseconds of {rgnn.mode_text(mode)}, float32, the whole graph, {heads} heads. "
-      + DEFINITIONS[model] + " "
-      "*transform-all-then-gather*, *ragged_dot* and *per-edge weights* are plain JAX "
-      "(jaxdata/reference/attention.py). " + rgnn.precision_text(precision),
-      "",
-      "*Peak memory*, *measured peak* and *OOM* as in the RGCN table (rgnn.md): for JAX, what "
-      "XLA's compiled executable needs (`memory_analysis()`: arguments + outputs + "
-      "temporaries; for jaxdata's FFI kernels that is what they take from XLA, their "
-      "intermediates included); for PyG, `torch.cuda.max_memory_allocated` over the case "
-      "(n/a on the CPU, where a PyG case whose per-edge tensors cannot fit in free RAM is not "
-      "started: *OOM (est.)*). *OOM (est.)* for JAX: XLA's analysis says the step cannot fit "
-      "in free device memory; *OOM*: the run failed for memory. Speedups divide the peer's "
-      "time by jaxdata's (all passes); *memory / PyG's* divides jaxdata's peak memory by "
-      "PyG's. Every formulation's loss is checked against transform-all-then-gather's; a "
-      "difference would be listed at the end.", "",
-      f"Command: `{command}`", "",
-      *[f"- {k}: {v}" for k, v in hw.items()],
-      f"- PyG: {rgnn.software_line()}", "",
-      "Graphs:", "", *[f"- {c.describe()}" for c in cases], "",
-      common.markdown_table(header, rows), ""]
+    _begin(model),
+    f"## One {model.upper()} layer: {what}",
+    "",
+    f"Measured by `jaxdata bench rgnn --model {model}` (jaxdata/bench/rgnn_attention.py): "
+    f"milliseconds of {rgnn.mode_text(mode)}, float32, the whole graph, {heads} heads. "
+    + DEFINITIONS[model]
+    + " "
+    "*transform-all-then-gather*, *ragged_dot* and *per-edge weights* are plain JAX "
+    "(jaxdata/reference/attention.py). " + rgnn.precision_text(precision),
+    "",
+    "*Peak memory*, *measured peak* and *OOM* as in the RGCN table (rgnn.md): for JAX, what "
+    "XLA's compiled executable needs (`memory_analysis()`: arguments + outputs + "
+    "temporaries; for jaxdata's FFI kernels that is what they take from XLA, their "
+    "intermediates included); for PyG, `torch.cuda.max_memory_allocated` over the case "
+    "(n/a on the CPU, where a PyG case whose per-edge tensors cannot fit in free RAM is not "
+    "started: *OOM (est.)*). *OOM (est.)* for JAX: XLA's analysis says the step cannot fit "
+    "in free device memory; *OOM*: the run failed for memory. Speedups divide the peer's "
+    "time by jaxdata's (all passes); *memory / PyG's* divides jaxdata's peak memory by "
+    "PyG's. Every formulation's loss is checked against transform-all-then-gather's; a "
+    "difference would be listed at the end.",
+    "",
+    f"Command: `{command}`",
+    "",
+    *[f"- {k}: {v}" for k, v in hw.items()],
+    f"- PyG: {rgnn.software_line()}",
+    "",
+    "Graphs:",
+    "",
+    *[f"- {c.describe()}" for c in cases],
+    "",
+    common.markdown_table(header, rows),
+    "",
+  ]
   ab_header, ab_rows, summary = ablation(results, mode)
   if ab_rows:
-    text += [f"### {model.upper()}: what each pass buys", "",
-             "jaxdata's rows again, each against the same kernels with no optimizing pass "
-             "(`passes=()`): " + PASSES_BUY[model], "",
-             common.markdown_table(ab_header, ab_rows), ""]
+    text += [
+      f"### {model.upper()}: what each pass buys",
+      "",
+      "jaxdata's rows again, each against the same kernels with no optimizing pass "
+      "(`passes=()`): " + PASSES_BUY[model],
+      "",
+      common.markdown_table(ab_header, ab_rows),
+      "",
+    ]
     if summary:
       text += ["Measured, over the cases above:", "", *(f"- {s}" for s in summary), ""]
   if notes:
@@ -645,10 +785,15 @@ def document(previous: str | None, model: str, section: str) -> str:
   kept from `previous` (the file as it was, or None), so that RGAT and HGT, run separately,
   land in one file."""
   return rgnn.sectioned(
-      previous, model, section, title=TITLE, models=MODELS,
-      intro="Written by `jaxdata bench rgnn --model rgat|hgt --write <this file>`: each run "
-            "replaces its model's section and keeps the other's. The RGCN figures are in "
-            "rgnn.md.")
+    previous,
+    model,
+    section,
+    title=TITLE,
+    models=MODELS,
+    intro="Written by `jaxdata bench rgnn --model rgat|hgt --write <this file>`: each run "
+    "replaces its model's section and keeps the other's. The RGCN figures are in "
+    "rgnn.md.",
+  )
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -663,37 +808,66 @@ def main(args) -> int:
   repeats = common.pick(args.repeats, args.quick, quick["repeats"], 7)
   unknown = [g for g in graphs if g not in GRAPHS[model]]
   if unknown:
-    raise command.UsageError(f"argument --graphs: unknown graph(s) {', '.join(unknown)} for "
-                             f"--model {model}; choose from {', '.join(GRAPHS[model])}")
+    raise command.UsageError(
+      f"argument --graphs: unknown graph(s) {', '.join(unknown)} for "
+      f"--model {model}; choose from {', '.join(GRAPHS[model])}"
+    )
   for d in dims:
     if d % args.heads:
       raise command.UsageError(f"argument --dims: {d} is not a multiple of --heads {args.heads}")
   formulations = args.formulations or list(FORMULATIONS)
   unknown = [f for f in formulations if f not in FORMULATIONS]
   if unknown:
-    raise command.UsageError(f"argument --formulations: unknown {unknown}; choose from "
-                             f"{', '.join(FORMULATIONS)}")
+    raise command.UsageError(
+      f"argument --formulations: unknown {unknown}; choose from {', '.join(FORMULATIONS)}"
+    )
   data_dir = args.data_dir if args.data_dir is not None else rgnn.default_data_dir()
   console = command.console(width=180)
   results, notes, cases = run(
-      model, graphs, dims, heads=args.heads, formulations=formulations, data_dir=data_dir,
-      quick=args.quick, mag_scale=args.mag_scale, repeats=repeats, precision=args.precision,
-      mode=args.mode, console=console)
+    model,
+    graphs,
+    dims,
+    heads=args.heads,
+    formulations=formulations,
+    data_dir=data_dir,
+    quick=args.quick,
+    mag_scale=args.mag_scale,
+    repeats=repeats,
+    precision=args.precision,
+    mode=args.mode,
+    console=console,
+  )
   common.check_measured(results, notes)
   for c in cases:
     console.print(c.describe())
-  title = TITLES[model].replace("forward + backward", "inference (forward only)"
-                                ) if args.mode == "inference" else TITLES[model]
-  common.print_table(console, title, *table_rows(results, args.mode),
-                     left=("graph", "formulation"))
+  title = (
+    TITLES[model].replace("forward + backward", "inference (forward only)")
+    if args.mode == "inference"
+    else TITLES[model]
+  )
+  common.print_table(console, title, *table_rows(results, args.mode), left=("graph", "formulation"))
   header, rows, summary = ablation(results, args.mode)
   if rows:
-    common.print_table(console, "what each pass buys (jaxdata against itself with no passes)",
-                       header, rows, summary, left=("graph", "passes"))
+    common.print_table(
+      console,
+      "what each pass buys (jaxdata against itself with no passes)",
+      header,
+      rows,
+      summary,
+      left=("graph", "passes"),
+    )
   for n in notes:
     console.print(f"[yellow]{rich.markup.escape(n)}")
   if args.write:
-    section = markdown(model, results, notes, cases, common.command_line(), heads=args.heads,
-                       precision=args.precision, mode=args.mode)
+    section = markdown(
+      model,
+      results,
+      notes,
+      cases,
+      common.command_line(),
+      heads=args.heads,
+      precision=args.precision,
+      mode=args.mode,
+    )
     rgnn.write_markdown(console, args.write, model, section, args.mode, document)
   return 0

@@ -12,18 +12,19 @@ without `jax.grad` (JAX then lowers a `jax.custom_vjp` function, as hector's ker
 its primal function, never its forward rule, so nothing is kept for a backward pass), PyG's layer
 in eval mode under `torch.inference_mode()`.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxdata.reference import attention, rgcn
-
 
 #: "train": forward + backward per step; "inference": forward only.
 MODES = ("train", "inference")
@@ -40,6 +41,7 @@ class Unavailable(Exception):
 @dataclasses.dataclass(frozen=True)
 class Formulation:
   """A relational message as `message(graph_args, x, w) -> out`, jit-able, graph_args a pytree."""
+
   name: str
   message: Callable[[Any, jax.Array, jax.Array], jax.Array]
   graph_args: Any
@@ -47,8 +49,7 @@ class Formulation:
 
 def plain_jax(name: str, edges: rgcn.EdgeArrays, num_nodes: int, *, precision=None) -> Formulation:
   fn = rgcn.PLAIN_JAX[name]
-  return Formulation(
-      name, lambda g, x, w: fn(*g, num_nodes, x, w, precision=precision), edges)
+  return Formulation(name, lambda g, x, w: fn(*g, num_nodes, x, w, precision=precision), edges)
 
 
 def hetero_graph(src, dst, etype, *, num_nodes: int, num_relations: int):
@@ -60,9 +61,13 @@ def hetero_graph(src, dst, etype, *, num_nodes: int, num_relations: int):
     from jaxdata.data import HeteroGraph  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise Unavailable(f"jaxdata.data.HeteroGraph not importable ({e})") from e
-  return HeteroGraph.from_edges(np.asarray(src), np.asarray(dst), np.asarray(etype),
-                                num_nodes=int(num_nodes),
-                                relation_names=[f"r{i}" for i in range(num_relations)])
+  return HeteroGraph.from_edges(
+    np.asarray(src),
+    np.asarray(dst),
+    np.asarray(etype),
+    num_nodes=int(num_nodes),
+    relation_names=[f"r{i}" for i in range(num_relations)],
+  )
 
 
 def jaxdata_formulation(graph, *, precision=None) -> Formulation:
@@ -81,8 +86,7 @@ def jaxdata_formulation(graph, *, precision=None) -> Formulation:
     raise Unavailable("jaxdata.hector.rgcn_message not built yet")
   if graph is None:
     raise Unavailable("no jaxdata.data.HeteroGraph of this graph to compile for")
-  arrays = (graph if isinstance(graph, hector.GraphArrays)
-            else hector.GraphArrays.from_graph(graph))
+  arrays = graph if isinstance(graph, hector.GraphArrays) else hector.GraphArrays.from_graph(graph)
   kwargs = {}
   if precision is not None and "precision" in inspect.signature(hector.rgcn_message).parameters:
     kwargs["precision"] = precision
@@ -91,8 +95,10 @@ def jaxdata_formulation(graph, *, precision=None) -> Formulation:
 
 def loss_and_grads(formulation: Formulation) -> Callable:
   """jit(graph_args, x, w, ct -> (sum(out * ct), (d/dx, d/dw))): one forward + backward step."""
+
   def loss(x, w, g, ct):
     return jnp.vdot(formulation.message(g, x, w), ct)
+
   return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
 
 
@@ -116,6 +122,7 @@ def _checksum(out, ct):
 @dataclasses.dataclass
 class Compiled:
   """A compiled step (forward+backward, or forward only) and what XLA says it needs."""
+
   run: Callable[[], Any]  # one step on the bound arguments, results not waited for
   bytes: int | None  # arguments + outputs + temporaries - aliased, from memory_analysis()
   analysis: Any
@@ -145,8 +152,9 @@ def compile_step(formulation: Formulation, x, w, ct, *, mode: str = "train") -> 
   else:
     raise ValueError(f"compile_step: mode must be one of {MODES}, got {mode!r}")
   analysis = compiled.memory_analysis()
-  return Compiled(run, compiled_bytes(analysis), analysis, loss,
-                  tunes=_tuning_lowerings() > tuned_before)
+  return Compiled(
+    run, compiled_bytes(analysis), analysis, loss, tunes=_tuning_lowerings() > tuned_before
+  )
 
 
 def _tuning_lowerings() -> int:
@@ -195,10 +203,11 @@ class Timing:
   alone_seconds: float | None = None  # median of one step waited for on its own (latency)
 
 
-def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
-             baseline: dict[str, int] | None = None) -> Timing:
-  """Median fwd+bwd time of a compiled step per step, with steps queued back to back as a
-  training loop dispatches them (`jaxdata.timing.queue_depth`: enough to fill ~20 ms, at most 20), so a
+def time_jax(
+  compiled: Compiled, *, repeats: int = 7, warmup: int = 2, baseline: dict[str, int] | None = None
+) -> Timing:
+  """Median fwd+bwd time of a compiled step per step, with steps queued back to back as a training
+  loop dispatches them (`jaxdata.timing.queue_depth`: enough to fill ~20 ms, at most 20), so a
   sub-millisecond step is not dominated by the host's round trip of waiting for each one.
 
   The first call's loss is kept (it is also the first warm-up). On a GPU, also how far the step
@@ -210,22 +219,24 @@ def time_jax(compiled: Compiled, *, repeats: int = 7, warmup: int = 2,
   almost never rises past the compile's.
   """
   from jaxdata.timing import step_seconds  # pylint: disable=g-import-not-at-top
+
   before = device_memory_stats() if baseline is None else baseline
   loss = compiled.loss(compiled.run())
-  seconds, alone = step_seconds(compiled.run, warmup=max(warmup - 1, 0),
-                                       repeats=repeats)
+  seconds, alone = step_seconds(compiled.run, warmup=max(warmup - 1, 0), repeats=repeats)
   after = device_memory_stats()
   measured = None
   if "peak_bytes_in_use" in after and after["peak_bytes_in_use"] > before.get(
-      "peak_bytes_in_use", 0):
+    "peak_bytes_in_use", 0
+  ):
     args = int(getattr(compiled.analysis, "argument_size_in_bytes", 0) or 0)
     measured = after["peak_bytes_in_use"] - before.get("bytes_in_use", 0) + args
   return Timing(seconds, compiled.bytes, measured, loss=loss, alone_seconds=alone)
 
 
 def pyg_wait(device) -> Callable[[Any], None]:
-  """`jaxdata.timing.median_seconds`'s `wait` for PyTorch on `device`: synchronizes a CUDA device."""
+  """`jaxdata.timing.median_seconds`'s `wait` for PyTorch on `device`: synchronizes it if CUDA."""
   import torch  # pylint: disable=g-import-not-at-top
+
   if device.type == "cuda":
     return lambda _: torch.cuda.synchronize(device)
   return lambda _: None
@@ -235,9 +246,21 @@ def pyg_wait(device) -> Callable[[Any], None]:
 PYG_RGCN = {"RGCNConv": False, "FastRGCNConv": True}
 
 
-def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, repeats: int = 7,
-             warmup: int = 2, device=None, mode: str = "train", layer: str = "RGCNConv",
-             keep_output: bool = False) -> Timing:
+def time_pyg(
+  src,
+  dst,
+  etype,
+  x: np.ndarray,
+  w: np.ndarray,
+  ct: np.ndarray,
+  *,
+  repeats: int = 7,
+  warmup: int = 2,
+  device=None,
+  mode: str = "train",
+  layer: str = "RGCNConv",
+  keep_output: bool = False,
+) -> Timing:
   """Median step time of PyG's RGCNConv (or FastRGCNConv: `layer`) on `device`, and on CUDA its
   peak allocated bytes.
 
@@ -248,6 +271,7 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
   output, as NumPy, in `Timing.output`.
   """
   import torch  # pylint: disable=g-import-not-at-top
+
   if mode not in MODES:
     raise ValueError(f"time_pyg: mode must be one of {MODES}, got {mode!r}")
   if layer not in PYG_RGCN:
@@ -264,6 +288,7 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
   ctt = torch.from_numpy(np.asarray(ct)).to(device)
   output = None
   if mode == "train":
+
     def step():
       return rgcn.pyg_loss_and_grads(conv, xt, edge_index, edge_type, ctt)
 
@@ -281,9 +306,9 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
     del first
 
   from jaxdata.timing import step_seconds  # pylint: disable=g-import-not-at-top
+
   wait = pyg_wait(device)
-  seconds, alone = step_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats,
-                                       wait=wait)
+  seconds, alone = step_seconds(step, warmup=max(warmup - 1, 0), repeats=repeats, wait=wait)
   peak = torch.cuda.max_memory_allocated(device) - base if cuda else None
   conv = edge_index = edge_type = xt = ctt = step = None  # free the case's tensors (and cells)
   return Timing(seconds, peak, loss=loss, alone_seconds=alone, output=output)
@@ -296,12 +321,12 @@ def time_pyg(src, dst, etype, x: np.ndarray, w: np.ndarray, ct: np.ndarray, *, r
 def rgat_formulation(name: str, edges: attention.Edges, *, precision=None) -> Formulation:
   """`message(edges, x, params) -> [N, H*d]`."""
   fn = attention.RGAT[name]
-  return Formulation(
-      name, lambda g, x, p: fn(*g, x, p, precision=precision), edges)
+  return Formulation(name, lambda g, x, p: fn(*g, x, p, precision=precision), edges)
 
 
 def hgt_formulation(name: str, edges: attention.Edges, *, precision=None) -> Formulation:
   """`message(edges, xs, params) -> [N, d_out]`: the per-type outputs concatenated in id order."""
   fn = attention.HGT[name]
   return Formulation(
-      name, lambda g, xs, p: jnp.concatenate(fn(*g, xs, p, precision=precision)), edges)
+    name, lambda g, xs, p: jnp.concatenate(fn(*g, xs, p, precision=precision)), edges
+  )

@@ -43,19 +43,21 @@ verdict states how many edges and nodes were left out.
 
     $ jaxdata bench tensor-cores --quick
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from jaxdata import command
 from jaxdata.bench import common, rgnn
 from jaxdata.bench import rgnn_attention as attention
 from jaxdata.bench import rgnn_peers as peers
-from jaxdata.reference import attention as attention_ref, rgcn as rgcn_ref
+from jaxdata.reference import attention as attention_ref
+from jaxdata.reference import rgcn as rgcn_ref
 
 MODELS = ("rgcn", "rgat")
 DIMS = (64, 128)
@@ -96,10 +98,19 @@ NO_SLOWER = 0.02
 #: kernel loaded and checked the row's src, dst, etype and pair itself before), in every kernel.
 #: With these values the generator emits the kernels of then again (the same sums in the same
 #: order), so the issue's "today's float32 kernels" run side by side with today's.
-ISSUE_TIME_CONSTANTS = {"TRAVERSAL_FEATURES": 1, "DOT_ALIGN": 1, "VALID_MASK": 0,
-                        "GROUP_RUN": 32, "RELATION_FEATURES": 1, "GEMM_THIN_K": 0,
-                        "TRAVERSAL_MIN_BLOCKS": 0, "PLAIN_LOADS": 0, "OPERAND_ALIGN": 0,
-                        "SOFTMAX_HUB_CLUSTER": 1, "SOFTMAX_MIN_BLOCKS": 0}
+ISSUE_TIME_CONSTANTS = {
+  "TRAVERSAL_FEATURES": 1,
+  "DOT_ALIGN": 1,
+  "VALID_MASK": 0,
+  "GROUP_RUN": 32,
+  "RELATION_FEATURES": 1,
+  "GEMM_THIN_K": 0,
+  "TRAVERSAL_MIN_BLOCKS": 0,
+  "PLAIN_LOADS": 0,
+  "OPERAND_ALIGN": 0,
+  "SOFTMAX_HUB_CLUSTER": 1,
+  "SOFTMAX_MIN_BLOCKS": 0,
+}
 
 
 @contextlib.contextmanager
@@ -108,9 +119,13 @@ def issue_time_kernels():
   cleared on the way in and out: a step's jaxpr does not show the constants, so a cached
   executable would otherwise run the other kernels."""
   import jax  # pylint: disable=g-import-not-at-top
-  from jaxdata.hector.codegen import common as gen_common, cuda  # pylint: disable=g-import-not-at-top
-  where = {name: next(m for m in (cuda, gen_common) if hasattr(m, name))
-           for name in ISSUE_TIME_CONSTANTS}
+
+  from jaxdata.hector.codegen import common as gen_common  # pylint: disable=g-import-not-at-top
+  from jaxdata.hector.codegen import cuda
+
+  where = {
+    name: next(m for m in (cuda, gen_common) if hasattr(m, name)) for name in ISSUE_TIME_CONSTANTS
+  }
   saved = {name: getattr(m, name) for name, m in where.items()}
   jax.clear_caches()
   try:
@@ -127,6 +142,7 @@ def issue_time_kernels():
 class Row:
   """What one row runs: a formulation ("jaxdata" or a plain-JAX name), a dtype, a precision,
   and for jaxdata whether its kernels are generated as at issue time (`ISSUE_TIME_CONSTANTS`)."""
+
   formulation: str
   dtype: str  # "float32" or "bfloat16"
   precision: str  # "highest" or "default"
@@ -135,9 +151,11 @@ class Row:
   @property
   def name(self) -> str:
     if self.formulation == "jaxdata":
-      return "jaxdata " + (self.dtype if self.dtype == "bfloat16" else
-                           f"{self.dtype} {self.precision}") + (
-                               " (issue-time traversals)" if self.issue_time else "")
+      return (
+        "jaxdata "
+        + (self.dtype if self.dtype == "bfloat16" else f"{self.dtype} {self.precision}")
+        + (" (issue-time traversals)" if self.issue_time else "")
+      )
     return f"{self.formulation} {self.dtype}"
 
   @property
@@ -150,8 +168,13 @@ ISSUE_TIME = Row("jaxdata", "float32", "highest", issue_time=True)
 TF32 = Row("jaxdata", "float32", "default")
 BF16 = Row("jaxdata", "bfloat16", "default")
 DTYPES = ("float32", "bfloat16")
-ROWS = (BASELINE, ISSUE_TIME, TF32, BF16,
-        *(Row(f, d, "default") for f in PLAIN_JAX for d in DTYPES))
+ROWS = (
+  BASELINE,
+  ISSUE_TIME,
+  TF32,
+  BF16,
+  *(Row(f, d, "default") for f in PLAIN_JAX for d in DTYPES),
+)
 
 
 def rows(plain_dtypes: Sequence[str] = DTYPES) -> tuple[Row, ...]:
@@ -163,6 +186,7 @@ def rows(plain_dtypes: Sequence[str] = DTYPES) -> tuple[Row, ...]:
 @dataclasses.dataclass
 class Measured:
   """One row of one case: its time (None unless it ran), status, and dx error against row 1."""
+
   model: str
   dim: int
   row: Row
@@ -181,6 +205,7 @@ class Measured:
 class Kink:
   """RGAT's edges at the leaky ReLU's kink (`KINK`): their indices (in the graph's edge order),
   their end nodes (sources and destinations, unique), and the seconds finding them took."""
+
   edges: object  # int64 NumPy [k]
   nodes: object  # int64 NumPy, sorted
   seconds: float = 0.0
@@ -190,6 +215,7 @@ def kink_edges(scores, tol: float = KINK):
   """The edges e with |scores[e, h]| <= tol * max |scores| for some head h ([E, H] in, int64
   indices out, ascending). With every score 0, every edge is at the kink."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   z = np.abs(np.asarray(scores, np.float64))
   if z.ndim != 2:
     raise ValueError(f"kink_edges: scores must be [E, H], got shape {list(z.shape)}")
@@ -203,6 +229,7 @@ def rgat_kink(src, dst, etype, x, params, tol: float = KINK) -> Kink:
   (`jaxdata.reference.attention.rgat_scores_float64`: NumPy, on the host, one relation at a
   time), and their end nodes."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   start = time.perf_counter()
   src, dst = np.asarray(src).reshape(-1), np.asarray(dst).reshape(-1)
   edges = kink_edges(attention_ref.rgat_scores_float64(src, dst, etype, x, params), tol)
@@ -219,6 +246,7 @@ class Exact:
   """Row 1's float32-exactness check: `error` = max |dx - dx_1| / max |dx_1| over the `compared`
   nodes, dx from `formulation` at "highest"; `kink`: RGAT's edges at the kink, whose end nodes
   were not compared (None: a model without a kink, RGCN)."""
+
   error: float
   formulation: str
   compared: int
@@ -229,17 +257,24 @@ class Exact:
     return self.compared > 0 and self.error <= EXACT
 
   def verdict(self) -> str:
-    """"float32-exact: met (...)" or "not met (...)", saying what was left out."""
+    """ "float32-exact: met (...)" or "not met (...)", saying what was left out."""
     k = self.kink
     if self.compared == 0:
-      return (f"float32-exact: not checked (every node is an end of one of the "
-              f"{_count(k.edges.size, 'edge')} at the leaky ReLU's kink)")
-    text = (f"float32-exact: {'met' if self.met else 'not met'} (dx vs {self.formulation} at "
-            f"highest: {self.error:.1e}")
+      return (
+        f"float32-exact: not checked (every node is an end of one of the "
+        f"{_count(k.edges.size, 'edge')} at the leaky ReLU's kink)"
+      )
+    text = (
+      f"float32-exact: {'met' if self.met else 'not met'} (dx vs {self.formulation} at "
+      f"highest: {self.error:.1e}"
+    )
     if k is not None:
-      text += (f", leaving out the {_count(k.nodes.size, 'end node')} of "
-               f"{_count(k.edges.size, 'edge')} at the leaky ReLU's kink" if k.edges.size else
-               ", no edge at the leaky ReLU's kink")
+      text += (
+        f", leaving out the {_count(k.nodes.size, 'end node')} of "
+        f"{_count(k.edges.size, 'edge')} at the leaky ReLU's kink"
+        if k.edges.size
+        else ", no edge at the leaky ReLU's kink"
+      )
     return text + ")"
 
 
@@ -247,6 +282,7 @@ def check_exact(dx, ref, formulation: str, kink: Kink | None = None) -> Exact:
   """Compares dx (the plain-JAX formulation at "highest") with row 1's `ref` ([N, d] each, on
   the device or NumPy) on every node that is not an end of an edge in `kink`."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   n = ref.shape[0]
   keep = None
   if kink is not None and kink.nodes.size:
@@ -260,6 +296,7 @@ def check_exact(dx, ref, formulation: str, kink: Kink | None = None) -> Exact:
 class Case:
   """One (model, dim): its rows, and row 1's float32-exactness check (`exact`, or None with
   `exact_note` saying why)."""
+
   model: str
   dim: int
   rows: list[Measured]
@@ -283,6 +320,7 @@ def device():
   """The device this bench runs on: JAX's default device where one is set
   (`jax.default_device`, `JAX_DEFAULT_DEVICE`), else the first device."""
   import jax  # pylint: disable=g-import-not-at-top
+
   chosen = jax.config.jax_default_device
   if isinstance(chosen, str):  # a platform name
     return jax.devices(chosen)[0]
@@ -293,17 +331,22 @@ def tensor_cores() -> str:
   """Whether hector's tensor-core kernels are on here, as the table states it (this command never
   sets the switch: it reports what the environment chose)."""
   from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
+
   env = cuda.TENSOR_CORES_ENV
   setting = f"{env}={os.environ[env]!r}" if env in os.environ else f"{env} unset"
   text = f"{'on' if cuda.tensor_cores_enabled() else 'off'} ({setting})"
   from jaxdata.hector import tuning  # pylint: disable=g-import-not-at-top
+
   tune = tuning.AUTOTUNE_ENV
   tune_setting = f"{tune}={os.environ[tune]!r}" if tune in os.environ else f"{tune} unset"
-  text += (f"; tilings {'tuned on the first step' if tuning.enabled() else 'default'} "
-           f"({tune_setting})")
+  text += (
+    f"; tilings {'tuned on the first step' if tuning.enabled() else 'default'} ({tune_setting})"
+  )
   if device().platform != "gpu":
-    text += ("; this run is not on a GPU: hector's CPU kernels compute every row in float32 "
-             "(bfloat16 operands widened), so no row uses tensor cores")
+    text += (
+      "; this run is not on a GPU: hector's CPU kernels compute every row in float32 "
+      "(bfloat16 operands widened), so no row uses tensor cores"
+    )
   return text
 
 
@@ -313,6 +356,7 @@ def tensor_cores() -> str:
 
 def _cast(tree, dtype):
   import jax  # pylint: disable=g-import-not-at-top
+
   return jax.tree.map(lambda a: a.astype(dtype), tree)
 
 
@@ -320,6 +364,7 @@ def _relative_error(dx, ref, keep=None) -> float:
   """max |dx - ref| / max |ref|, in float32 on the device; over the rows where `keep` (a bool
   [N] mask) is True only, where given."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   ref = jnp.asarray(ref).astype(jnp.float32)
   diff = jnp.asarray(dx).astype(jnp.float32) - ref
   if keep is not None:
@@ -334,21 +379,29 @@ class _Inputs:
 
   def __init__(self, model: str, graph, dim: int, heads: int):
     import jax  # pylint: disable=g-import-not-at-top
+
     here = device()
     self.model, self.dim = model, dim
     if model == "rgcn":
       g = graph
       x, w, ct = rgnn.case_arrays(g, dim)
-      self.edges = rgcn_ref.EdgeArrays.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                                             num_relations=g.num_relations, norm=g.norm,
-                                             device=here)
+      self.edges = rgcn_ref.EdgeArrays.build(
+        g.src,
+        g.dst,
+        g.etype,
+        num_nodes=g.num_nodes,
+        num_relations=g.num_relations,
+        norm=g.norm,
+        device=here,
+      )
       self.arrays = attention.graph_arrays(attention.Case(g))
     else:
       g = graph.graph
       x, w, ct = attention.case_arrays("rgat", graph, dim, heads)
       self.graph = g  # for the kink (`kink`)
-      self.edges = attention_ref.Edges.build(g.src, g.dst, g.etype, num_nodes=g.num_nodes,
-                                             num_relations=g.num_relations, device=here)
+      self.edges = attention_ref.Edges.build(
+        g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations, device=here
+      )
       self.arrays = attention.graph_arrays(graph)
     self.num_nodes, self.num_edges = g.num_nodes, g.num_edges
     self.x, self.w, self.ct = jax.device_put((x, w, ct), here)
@@ -371,12 +424,14 @@ class _Inputs:
     if self.model == "rgcn":
       return None
     import jax  # pylint: disable=g-import-not-at-top
+
     x, w = jax.device_get((self.x, self.w))
     return rgat_kink(self.graph.src, self.graph.dst, self.graph.etype, x, w)
 
   def inputs(self, dtype: str):
     """(x, weights) in `dtype`, on the device (cast there, before any timing)."""
     import jax  # pylint: disable=g-import-not-at-top
+
     if dtype == "float32":
       return self.x, self.w
     return jax.block_until_ready(_cast((self.x, self.w), dtype))
@@ -395,12 +450,21 @@ def _print_row(m: Measured) -> None:
   print(f"  {m.model} dim {m.dim}: {m.row.name}: {what}{err}", flush=True)
 
 
-def measure_case(model: str, graph, dim: int, *, heads: int = HEADS, repeats: int = REPEATS,
-                 notes: list[str], keep_dx: bool = False,
-                 plain_dtypes: Sequence[str] = DTYPES) -> Case:
+def measure_case(
+  model: str,
+  graph,
+  dim: int,
+  *,
+  heads: int = HEADS,
+  repeats: int = REPEATS,
+  notes: list[str],
+  keep_dx: bool = False,
+  plain_dtypes: Sequence[str] = DTYPES,
+) -> Case:
   """Every row of one (model, dim) on `graph` (RGCN: an `rgnn.Graph`; RGAT: an
   `rgnn_attention.Case`); then row 1's float32-exactness check. Prints a line per row."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   data = _Inputs(model, graph, dim, heads)
   case = Case(model, dim, [])
   ref = None  # row 1's dx, on the device
@@ -410,9 +474,16 @@ def measure_case(model: str, graph, dim: int, *, heads: int = HEADS, repeats: in
     x, w = data.inputs(row.dtype)
     r = rgnn.Result(model, dim, row.name)
     with issue_time_kernels() if row.issue_time else contextlib.nullcontext():
-      compiled = rgnn.measure_step(r, lambda row=row: data.build(row), x, w, data.ct,
-                                   repeats=repeats, notes=notes,
-                                   fallback_need=data.fallback(row))
+      compiled = rgnn.measure_step(
+        r,
+        lambda row=row: data.build(row),
+        x,
+        w,
+        data.ct,
+        repeats=repeats,
+        notes=notes,
+        fallback_need=data.fallback(row),
+      )
     m.seconds, m.status, m.loss = r.seconds, r.status, r.loss
     if compiled is not None:
       _, (dx, _) = compiled.run()
@@ -447,18 +518,30 @@ def measure_case(model: str, graph, dim: int, *, heads: int = HEADS, repeats: in
         kink = data.kink()
       except Exception as e:  # pylint: disable=broad-except
         case.exact_note = "finding the edges at the leaky ReLU's kink failed"
-        rgnn._note(notes, f"{model}, dim {dim}, edges at the leaky ReLU's kink (float64 scores): "
-                   f"failed ({rgnn._short(e)})")  # pylint: disable=protected-access
+        rgnn._note(
+          notes,
+          f"{model}, dim {dim}, edges at the leaky ReLU's kink (float64 scores): "
+          f"failed ({rgnn._short(e)})",
+        )  # pylint: disable=protected-access
       else:
         case.exact = check_exact(dx, ref, best.row.formulation, kink)
       del dx
   if case.exact is not None:
     k = case.exact.kink
-    kink = "" if k is None else (f" (left out: the {_count(k.nodes.size, 'end node')} of "
-                                 f"{_count(k.edges.size, 'edge')} at the leaky ReLU's kink, "
-                                 f"found in {k.seconds:.2f} s)")
-    print(f"  {model} dim {dim}: row 1's dx vs {case.exact.formulation} float32 highest: "
-          f"{case.exact.error:.2e}{kink}", flush=True)
+    kink = (
+      ""
+      if k is None
+      else (
+        f" (left out: the {_count(k.nodes.size, 'end node')} of "
+        f"{_count(k.edges.size, 'edge')} at the leaky ReLU's kink, "
+        f"found in {k.seconds:.2f} s)"
+      )
+    )
+    print(
+      f"  {model} dim {dim}: row 1's dx vs {case.exact.formulation} float32 highest: "
+      f"{case.exact.error:.2e}{kink}",
+      flush=True,
+    )
   return case
 
 
@@ -477,11 +560,17 @@ def describe(model: str, graph) -> str:
   return f"{model}: {graph.describe()}"
 
 
-def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: int = HEADS,
-        quick: bool = False, repeats: int = REPEATS, keep_dx: bool = False,
-        plain_dtypes: Sequence[str] = DTYPES,
-        on_case: Callable[[list[Case], list[str], list[str]], None] | None = None
-        ) -> tuple[list[Case], list[str], list[str]]:
+def run(
+  models: Sequence[str] = MODELS,
+  dims: Sequence[int] = DIMS,
+  *,
+  heads: int = HEADS,
+  quick: bool = False,
+  repeats: int = REPEATS,
+  keep_dx: bool = False,
+  plain_dtypes: Sequence[str] = DTYPES,
+  on_case: Callable[[list[Case], list[str], list[str]], None] | None = None,
+) -> tuple[list[Case], list[str], list[str]]:
   """Every case, in order; returns (cases, notes on what failed, the graphs described).
 
   `keep_dx`: keep every row's dx as float64 NumPy in `Measured.dx` (for tests; on the full graph
@@ -489,6 +578,7 @@ def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: in
   after each case with what has been measured so far (the CLI rewrites its table).
   """
   import jax  # pylint: disable=g-import-not-at-top
+
   for m in models:
     if m not in MODELS:
       raise ValueError(f"models must be from {MODELS}, got {m!r}")
@@ -503,8 +593,18 @@ def run(models: Sequence[str] = MODELS, dims: Sequence[int] = DIMS, *, heads: in
     graphs.append(describe(model, graph))
     print(graphs[-1], flush=True)
     for dim in dims:
-      cases.append(measure_case(model, graph, dim, heads=heads, repeats=repeats, notes=notes,
-                                keep_dx=keep_dx, plain_dtypes=plain_dtypes))
+      cases.append(
+        measure_case(
+          model,
+          graph,
+          dim,
+          heads=heads,
+          repeats=repeats,
+          notes=notes,
+          keep_dx=keep_dx,
+          plain_dtypes=plain_dtypes,
+        )
+      )
       if on_case is not None:
         on_case(cases, notes, graphs)
     del graph
@@ -544,8 +644,10 @@ def bars(case: Case, m: Measured) -> str:
     if issue is None:
       return f"{exact}; no slower than today: this row is today's kernel"
     ratio = issue.seconds / m.seconds
-    return (f"{exact}; no slower than today: {'met' if ratio * (1 + NO_SLOWER) >= 1 else 'not met'}"
-            f" ({_ratio(ratio)} the issue-time traversals)")
+    return (
+      f"{exact}; no slower than today: {'met' if ratio * (1 + NO_SLOWER) >= 1 else 'not met'}"
+      f" ({_ratio(ratio)} the issue-time traversals)"
+    )
   if m.row.plain or not m.ok:
     return ""
   out = []
@@ -560,8 +662,16 @@ def bars(case: Case, m: Measured) -> str:
   return "; ".join(out)
 
 
-HEADER = ["model", "dim", "row", "fwd+bwd ms", "vs f32 highest", "vs best plain JAX (default)",
-          "dx error vs f32 highest", "issue 19's bars"]
+HEADER = [
+  "model",
+  "dim",
+  "row",
+  "fwd+bwd ms",
+  "vs f32 highest",
+  "vs best plain JAX (default)",
+  "dx error vs f32 highest",
+  "issue 19's bars",
+]
 
 
 def table_rows(cases: Sequence[Case]) -> tuple[list[str], list[list[str]]]:
@@ -578,66 +688,95 @@ def table_rows(cases: Sequence[Case]) -> tuple[list[str], list[list[str]]]:
           vs_plain = f"{_ratio(best.seconds / m.seconds)} ({best.row.name})"
         elif any(x.row.plain for x in case.rows):
           plain = [x for x in case.rows if x.row.plain]
-          vs_plain = ("all OOM" if all(x.status.startswith("OOM") for x in plain)
-                      else "none ran")
+          vs_plain = "all OOM" if all(x.status.startswith("OOM") for x in plain) else "none ran"
       error = "" if m.error is None else f"{m.error:.1e}"
-      rows.append([case.model.upper(), str(case.dim), m.row.name, _ms(m), vs_base, vs_plain,
-                   error, bars(case, m)])
+      rows.append(
+        [
+          case.model.upper(),
+          str(case.dim),
+          m.row.name,
+          _ms(m),
+          vs_base,
+          vs_plain,
+          error,
+          bars(case, m),
+        ]
+      )
   return HEADER, rows
 
 
-def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str], command_line: str,
-             *, heads: int, repeats: int, tensor_cores_text: str, planned: int | None = None
-             ) -> str:
+def markdown(
+  cases: Sequence[Case],
+  notes: Sequence[str],
+  graphs: Sequence[str],
+  command_line: str,
+  *,
+  heads: int,
+  repeats: int,
+  tensor_cores_text: str,
+  planned: int | None = None,
+) -> str:
   """The table as a document: what was measured, the command, the machine, the table
   (`planned`: the number of cases the run will measure, where it has measured fewer so far)."""
   hw, here = common.hardware(), device()
   text = [
-      "# Hector on tensor cores: issue 19's bars", "",
-      "Measured by `jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py): milliseconds of "
-      "one RGCN or RGAT layer's relational part, forward + backward (loss = sum(out * ct), "
-      f"gradients for x and every weight: W and RGAT's attention vectors; RGAT with {heads} "
-      "heads), the whole graph, per step: the median of "
-      f"{repeats} round{'s' if repeats != 1 else ''} of steps queued back to back "
-      "(`jaxdata.timing`), inputs, weights and "
-      "graph on the device before timing and passed to the jitted step as arguments. Rows: "
-      "*jaxdata float32 highest* (`jaxdata.hector.rgcn_message` / `rgat_message` at precision "
-      "\"highest\": the CUDA-core kernels, today's float32 kernels and the baseline), *jaxdata "
-      "float32 highest (issue-time traversals)* (the same, generated with the constants of the "
-      "code generator as they were when issue 19 was opened: "
-      f"{', '.join(f'{k} = {v}' for k, v in ISSUE_TIME_CONSTANTS.items())}; later changes to "
-      "the traversals that every precision runs made row 1 faster as well, so this row is the "
-      "issue's \"today's float32 kernels\", and the TF32 and bfloat16 rows' bars are given "
-      "against it too, ratio in brackets), *jaxdata "
-      "float32 default* (TF32 tensor cores on a GPU), *jaxdata bfloat16* (inputs and weights "
-      "cast to bfloat16 on the device before the step), then the plain-JAX formulations of "
-      "jaxdata/reference/ at XLA's default precision with float32 and with bfloat16 inputs. "
-      "*vs f32 highest*: row 1's time over the row's. *vs best plain JAX (default)*: the "
-      "fastest plain-JAX row that ran (either dtype, named in brackets) over the row's. *dx "
-      "error*: max |dx - dx_1| / max |dx_1| against row 1's dx. Bars (issue 19): bfloat16 >= "
-      f"{BF16_VS_HIGHEST:g}x row 1 and >= {BF16_VS_PLAIN:g}x the best plain JAX at default "
-      f"precision; float32 at default >= {TF32_VS_HIGHEST:g}x row 1; at highest no slower than "
-      "today and float32-exact. Row 1 is today's kernel (hector runs float32 at \"highest\" on "
-      "CUDA cores whether or not tensor cores are on); *no slower than today* compares it with "
-      f"the issue-time row (met within {NO_SLOWER:.0%}: run-to-run timing noise); "
-      "*float32-exact* compares row 1's "
-      "dx with the fastest plain-JAX float32 formulation rerun at \"highest\" (untimed): met "
-      f"where the error is at most {EXACT:g} (float32 sums in another order; TF32 gives 2e-4 "
-      "and more); for RGAT that error leaves out the end nodes of every edge whose float64 "
-      f"score before the leaky ReLU has |z| <= {KINK:g} * max |z| for some head (at the kink, "
-      "float32 rounding can give the edge the other slope in one of the two computations and "
-      "move its ends' dx by 0.8 dz W_r a_r), and the verdict says how many. *OOM*: the row "
-      "failed for memory; *OOM (est.)*: not run, XLA's analysis of the compiled step says it "
-      "cannot fit.", "",
-      f"Command: `{command_line}`", "",
-      f"- device: {here.device_kind} ({here.platform})",
-      f"- tensor cores: {tensor_cores_text}",
-      *[f"- {k}: {v}" for k, v in hw.items() if k != "device"], "",
-      "Graphs:", "", *[f"- {g}" for g in graphs], "",
-      common.markdown_table(*table_rows(cases)), ""]
+    "# Hector on tensor cores: issue 19's bars",
+    "",
+    "Measured by `jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py): milliseconds of "
+    "one RGCN or RGAT layer's relational part, forward + backward (loss = sum(out * ct), "
+    f"gradients for x and every weight: W and RGAT's attention vectors; RGAT with {heads} "
+    "heads), the whole graph, per step: the median of "
+    f"{repeats} round{'s' if repeats != 1 else ''} of steps queued back to back "
+    "(`jaxdata.timing`), inputs, weights and "
+    "graph on the device before timing and passed to the jitted step as arguments. Rows: "
+    "*jaxdata float32 highest* (`jaxdata.hector.rgcn_message` / `rgat_message` at precision "
+    '"highest": the CUDA-core kernels, today\'s float32 kernels and the baseline), *jaxdata '
+    "float32 highest (issue-time traversals)* (the same, generated with the constants of the "
+    "code generator as they were when issue 19 was opened: "
+    f"{', '.join(f'{k} = {v}' for k, v in ISSUE_TIME_CONSTANTS.items())}; later changes to "
+    "the traversals that every precision runs made row 1 faster as well, so this row is the "
+    "issue's \"today's float32 kernels\", and the TF32 and bfloat16 rows' bars are given "
+    "against it too, ratio in brackets), *jaxdata "
+    "float32 default* (TF32 tensor cores on a GPU), *jaxdata bfloat16* (inputs and weights "
+    "cast to bfloat16 on the device before the step), then the plain-JAX formulations of "
+    "jaxdata/reference/ at XLA's default precision with float32 and with bfloat16 inputs. "
+    "*vs f32 highest*: row 1's time over the row's. *vs best plain JAX (default)*: the "
+    "fastest plain-JAX row that ran (either dtype, named in brackets) over the row's. *dx "
+    "error*: max |dx - dx_1| / max |dx_1| against row 1's dx. Bars (issue 19): bfloat16 >= "
+    f"{BF16_VS_HIGHEST:g}x row 1 and >= {BF16_VS_PLAIN:g}x the best plain JAX at default "
+    f"precision; float32 at default >= {TF32_VS_HIGHEST:g}x row 1; at highest no slower than "
+    'today and float32-exact. Row 1 is today\'s kernel (hector runs float32 at "highest" on '
+    "CUDA cores whether or not tensor cores are on); *no slower than today* compares it with "
+    f"the issue-time row (met within {NO_SLOWER:.0%}: run-to-run timing noise); "
+    "*float32-exact* compares row 1's "
+    'dx with the fastest plain-JAX float32 formulation rerun at "highest" (untimed): met '
+    f"where the error is at most {EXACT:g} (float32 sums in another order; TF32 gives 2e-4 "
+    "and more); for RGAT that error leaves out the end nodes of every edge whose float64 "
+    f"score before the leaky ReLU has |z| <= {KINK:g} * max |z| for some head (at the kink, "
+    "float32 rounding can give the edge the other slope in one of the two computations and "
+    "move its ends' dx by 0.8 dz W_r a_r), and the verdict says how many. *OOM*: the row "
+    "failed for memory; *OOM (est.)*: not run, XLA's analysis of the compiled step says it "
+    "cannot fit.",
+    "",
+    f"Command: `{command_line}`",
+    "",
+    f"- device: {here.device_kind} ({here.platform})",
+    f"- tensor cores: {tensor_cores_text}",
+    *[f"- {k}: {v}" for k, v in hw.items() if k != "device"],
+    "",
+    "Graphs:",
+    "",
+    *[f"- {g}" for g in graphs],
+    "",
+    common.markdown_table(*table_rows(cases)),
+    "",
+  ]
   if planned is not None and len(cases) < planned:
-    text += [f"**Incomplete**: {len(cases)} of {planned} cases measured so far (the run was "
-             "cut short, or is still running).", ""]
+    text += [
+      f"**Incomplete**: {len(cases)} of {planned} cases measured so far (the run was "
+      "cut short, or is still running).",
+      "",
+    ]
   if notes:
     text += ["Skipped or unexpected:", "", *(f"- {n}" for n in notes), ""]
   return "\n".join(text)
@@ -646,24 +785,47 @@ def markdown(cases: Sequence[Case], notes: Sequence[str], graphs: Sequence[str],
 # ----------------------------------------------------------------------------- the CLI
 def add_arguments(parser) -> None:
   """`jaxdata bench tensor-cores` options."""
-  parser.add_argument("--models", type=command.listing(command.choice(MODELS)),
-                      default=list(MODELS), help="layers, comma-separated")
-  parser.add_argument("--dims", type=command.listing(command.positive_int),
-                      help="hidden sizes, comma-separated (default 64,128; --quick 32)")
-  parser.add_argument("--heads", type=command.positive_int, default=HEADS,
-                      help="RGAT's attention heads, each of dim/heads features")
-  parser.add_argument("--repeats", type=command.positive_int,
-                      help=f"timed rounds per row, median (default {REPEATS}; --quick "
-                           f"{QUICK_REPEATS})")
-  parser.add_argument("--plain-dtypes", type=command.listing(command.choice(DTYPES)),
-                      default=list(DTYPES),
-                      help="input dtypes of the plain-JAX rows, comma-separated (its bfloat16 "
-                           "rows are by far its slowest)")
-  parser.add_argument("--quick", action="store_true",
-                      help="the small synthetic graph of `jaxdata bench rgnn --quick`, dim 32, "
-                           f"{QUICK_REPEATS} repeats (flags given still apply)")
-  parser.add_argument("--write", metavar="PATH.md", type=command.output_path,
-                      help="write the table here, with the command, machine and date")
+  parser.add_argument(
+    "--models",
+    type=command.listing(command.choice(MODELS)),
+    default=list(MODELS),
+    help="layers, comma-separated",
+  )
+  parser.add_argument(
+    "--dims",
+    type=command.listing(command.positive_int),
+    help="hidden sizes, comma-separated (default 64,128; --quick 32)",
+  )
+  parser.add_argument(
+    "--heads",
+    type=command.positive_int,
+    default=HEADS,
+    help="RGAT's attention heads, each of dim/heads features",
+  )
+  parser.add_argument(
+    "--repeats",
+    type=command.positive_int,
+    help=f"timed rounds per row, median (default {REPEATS}; --quick {QUICK_REPEATS})",
+  )
+  parser.add_argument(
+    "--plain-dtypes",
+    type=command.listing(command.choice(DTYPES)),
+    default=list(DTYPES),
+    help="input dtypes of the plain-JAX rows, comma-separated (its bfloat16 "
+    "rows are by far its slowest)",
+  )
+  parser.add_argument(
+    "--quick",
+    action="store_true",
+    help="the small synthetic graph of `jaxdata bench rgnn --quick`, dim 32, "
+    f"{QUICK_REPEATS} repeats (flags given still apply)",
+  )
+  parser.add_argument(
+    "--write",
+    metavar="PATH.md",
+    type=command.output_path,
+    help="write the table here, with the command, machine and date",
+  )
 
 
 def main(args) -> int:
@@ -676,30 +838,53 @@ def main(args) -> int:
   if "rgat" in args.models:
     for d in dims:
       if d % args.heads:
-        raise command.UsageError(f"argument --dims: {d} is not a multiple of --heads "
-                                 f"{args.heads} (RGAT)")
+        raise command.UsageError(
+          f"argument --dims: {d} is not a multiple of --heads {args.heads} (RGAT)"
+        )
   import jax  # pylint: disable=g-import-not-at-top
+
   state = tensor_cores()
-  print(f"jaxdata bench tensor-cores on {device().device_kind}; jax {jax.__version__}; "
-        f"tensor cores: {state}", flush=True)
+  print(
+    f"jaxdata bench tensor-cores on {device().device_kind}; jax {jax.__version__}; "
+    f"tensor cores: {state}",
+    flush=True,
+  )
   models = list(dict.fromkeys(args.models))
   console = command.console(width=200)
 
   def write(cases, notes, graphs, quiet=False):
-    text = markdown(cases, notes, graphs, common.command_line(), heads=args.heads,
-                    repeats=repeats, tensor_cores_text=state, planned=len(models) * len(dims))
+    text = markdown(
+      cases,
+      notes,
+      graphs,
+      common.command_line(),
+      heads=args.heads,
+      repeats=repeats,
+      tensor_cores_text=state,
+      planned=len(models) * len(dims),
+    )
     if quiet:  # after each case: the table so far, in case the run is cut short
       with open(args.write, "w") as f:
         f.write(text)
     else:
       common.write(console, args.write, text)
 
-  cases, notes, graphs = run(models, dims, heads=args.heads, quick=args.quick, repeats=repeats,
-                             plain_dtypes=args.plain_dtypes,
-                             on_case=(lambda *so_far: write(*so_far, quiet=True))
-                             if args.write else None)
-  common.print_table(console, "issue 19: hector on tensor cores, forward + backward",
-                     *table_rows(cases), notes, left=("model", "row", "issue 19's bars"))
+  cases, notes, graphs = run(
+    models,
+    dims,
+    heads=args.heads,
+    quick=args.quick,
+    repeats=repeats,
+    plain_dtypes=args.plain_dtypes,
+    on_case=(lambda *so_far: write(*so_far, quiet=True)) if args.write else None,
+  )
+  common.print_table(
+    console,
+    "issue 19: hector on tensor cores, forward + backward",
+    *table_rows(cases),
+    notes,
+    left=("model", "row", "issue 19's bars"),
+  )
   common.check_measured([m for c in cases for m in c.rows if m.ok], notes)
   if args.write:
     write(cases, notes, graphs)

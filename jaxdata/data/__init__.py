@@ -8,6 +8,7 @@ Everything here is NumPy on the host; models move what they need to the device.
     >>> big = synthetic_entities(num_nodes=200_000, num_edges=2_000_000, num_relations=500)
     >>> papers = powerlaw_graph(num_nodes=10_000_000, num_edges=200_000_000, feature_dim=256)
 """
+
 from jaxdata.data.dataset import EntityDataset
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.data.mag import MagDataset, synthetic_mag
@@ -15,5 +16,13 @@ from jaxdata.data.powerlaw import NodeDataset, powerlaw_graph
 from jaxdata.data.rdf import load_entities
 from jaxdata.data.synthetic import synthetic_entities
 
-__all__ = ["HeteroGraph", "EntityDataset", "load_entities", "synthetic_entities", "NodeDataset",
-           "powerlaw_graph", "MagDataset", "synthetic_mag"]
+__all__ = [
+  "HeteroGraph",
+  "EntityDataset",
+  "load_entities",
+  "synthetic_entities",
+  "NodeDataset",
+  "powerlaw_graph",
+  "MagDataset",
+  "synthetic_mag",
+]

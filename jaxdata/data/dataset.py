@@ -1,4 +1,5 @@
 """EntityDataset: a graph with some of its nodes labelled, split into train and test sets."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,26 +48,32 @@ class EntityDataset:
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
     if not isinstance(self.graph, HeteroGraph):
-      raise TypeError(f"EntityDataset: graph must be a HeteroGraph, got "
-                      f"{type(self.graph).__name__}")
+      raise TypeError(
+        f"EntityDataset: graph must be a HeteroGraph, got {type(self.graph).__name__}"
+      )
     n = self.graph.num_nodes
     set_("class_names", tuple(str(c) for c in self.class_names))
     if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, (int, np.integer)):
       raise TypeError(f"EntityDataset: num_classes must be an int, got {self.num_classes!r}")
     set_("num_classes", int(self.num_classes))
     if len(self.class_names) != self.num_classes:
-      raise ValueError(f"EntityDataset: class_names has {len(self.class_names)} names for "
-                       f"num_classes={self.num_classes}")
+      raise ValueError(
+        f"EntityDataset: class_names has {len(self.class_names)} names for "
+        f"num_classes={self.num_classes}"
+      )
     for split in ("train", "test"):
       idx = np.asarray(getattr(self, f"{split}_idx"))
       y = np.asarray(getattr(self, f"{split}_y"))
       for what, array in ((f"{split}_idx", idx), (f"{split}_y", y)):
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-          raise TypeError(f"EntityDataset: {what} must be a 1-D integer array, got "
-                          f"{array.dtype} of shape {array.shape}")
+          raise TypeError(
+            f"EntityDataset: {what} must be a 1-D integer array, got "
+            f"{array.dtype} of shape {array.shape}"
+          )
       if len(idx) != len(y):
-        raise ValueError(f"EntityDataset: {split}_idx and {split}_y differ in length: "
-                         f"{len(idx)} != {len(y)}")
+        raise ValueError(
+          f"EntityDataset: {split}_idx and {split}_y differ in length: {len(idx)} != {len(y)}"
+        )
       if idx.size and (idx.min() < 0 or idx.max() >= n):
         raise ValueError(f"EntityDataset: {split}_idx has node ids outside [0, {n})")
       if y.size and (y.min() < 0 or y.max() >= self.num_classes):
@@ -78,21 +85,25 @@ class EntityDataset:
     if self.features is not None:
       features = np.asarray(self.features, np.float32)
       if features.ndim != 2 or features.shape[0] != n:
-        raise ValueError(f"EntityDataset: features must have shape (num_nodes={n}, F), got "
-                         f"{features.shape}")
+        raise ValueError(
+          f"EntityDataset: features must have shape (num_nodes={n}, F), got {features.shape}"
+        )
       set_("features", _read_only(features))
     if self.node_names is not None:
       set_("node_names", tuple(self.node_names))
       if len(self.node_names) != n:
-        raise ValueError(f"EntityDataset: node_names has {len(self.node_names)} names for "
-                         f"{n} nodes")
+        raise ValueError(
+          f"EntityDataset: node_names has {len(self.node_names)} names for {n} nodes"
+        )
 
   def __repr__(self) -> str:
     features = "None" if self.features is None else f"float32{list(self.features.shape)}"
-    return (f"EntityDataset({self.name!r}, num_nodes={self.graph.num_nodes}, "
-            f"num_edges={self.graph.num_edges}, num_relations={self.graph.num_relations}, "
-            f"num_classes={self.num_classes}, train={len(self.train_idx)}, "
-            f"test={len(self.test_idx)}, features={features})")
+    return (
+      f"EntityDataset({self.name!r}, num_nodes={self.graph.num_nodes}, "
+      f"num_edges={self.graph.num_edges}, num_relations={self.graph.num_relations}, "
+      f"num_classes={self.num_classes}, train={len(self.train_idx)}, "
+      f"test={len(self.test_idx)}, features={features})"
+    )
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
 """HeteroGraph: a directed multigraph with typed edges (relations), held as NumPy arrays."""
+
 from __future__ import annotations
 
 import collections
@@ -6,7 +7,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -40,11 +41,19 @@ def _check_range(array: np.ndarray, upper: int, what: str, bound: str) -> None:
 class _Owned:
   """An int32 array that from_edges built and nobody else holds: the constructor keeps it as
   it is instead of copying it (a 64M-edge graph's arrays are 768 MB)."""
+
   array: np.ndarray
 
 
-def _relation_types(value: Any, relation_names: tuple[str, ...],
-                    node_type_names: tuple[str, ...], who: str):
+def _owned(a: np.ndarray) -> np.ndarray:
+  """`a` wrapped as `_Owned`, for a HeteroGraph field: `__post_init__` unwraps it, so the field
+  holds an ndarray once the graph exists (the cast says so to the type checker)."""
+  return cast(np.ndarray, _Owned(a))
+
+
+def _relation_types(
+  value: Any, relation_names: tuple[str, ...], node_type_names: tuple[str, ...], who: str
+) -> tuple[tuple[str, str, str], ...] | None:
   """`value` checked as one (source type, relation, destination type) per relation, or None."""
   if value is None:
     if len(node_type_names) == 1:  # one node type: every relation joins it to itself
@@ -52,17 +61,23 @@ def _relation_types(value: Any, relation_names: tuple[str, ...],
     return None
   types = tuple(tuple(str(x) for x in t) if isinstance(t, (tuple, list)) else t for t in value)
   if len(types) != len(relation_names):
-    raise ValueError(f"{who}: relation_types must have one entry per relation "
-                     f"({len(relation_names)}), got {len(types)}")
+    raise ValueError(
+      f"{who}: relation_types must have one entry per relation "
+      f"({len(relation_names)}), got {len(types)}"
+    )
   for t in types:
     if not isinstance(t, tuple) or len(t) != 3:
-      raise ValueError(f"{who}: relation_types entries must be (source type, relation, "
-                       f"destination type), got {t!r}")
+      raise ValueError(
+        f"{who}: relation_types entries must be (source type, relation, "
+        f"destination type), got {t!r}"
+      )
     for node_type in (t[0], t[2]):
       if node_type not in node_type_names:
-        raise ValueError(f"{who}: relation_types entry {t!r} names the unknown node type "
-                         f"{node_type!r}; node types: {list(node_type_names)}")
-  return types
+        raise ValueError(
+          f"{who}: relation_types entry {t!r} names the unknown node type "
+          f"{node_type!r}; node types: {list(node_type_names)}"
+        )
+  return cast(tuple[tuple[str, str, str], ...], types)  # each entry checked above
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -135,34 +150,47 @@ class HeteroGraph:
       arrays[name] = _index_array(getattr(self, name), f"HeteroGraph: {name}")
     src, dst, etype = arrays["src"], arrays["dst"], arrays["etype"]
     if not len(src) == len(dst) == len(etype):
-      raise ValueError(f"HeteroGraph: src, dst and etype must have one length; got "
-                       f"{len(src)}, {len(dst)}, {len(etype)}")
+      raise ValueError(
+        f"HeteroGraph: src, dst and etype must have one length; got "
+        f"{len(src)}, {len(dst)}, {len(etype)}"
+      )
     if len(src) > _INT32_MAX:
       raise ValueError(f"HeteroGraph: at most 2**31 - 1 edges, got {len(src)}")
     _check_range(src, num_nodes, "HeteroGraph: src", "num_nodes")
     _check_range(dst, num_nodes, "HeteroGraph: dst", "num_nodes")
     _check_range(etype, len(self.relation_names), "HeteroGraph: etype", "len(relation_names)")
     if not graph_build.edges_sorted(src, dst, etype):
-      raise ValueError("HeteroGraph: edges must be sorted by (etype, dst, src); "
-                       "use HeteroGraph.from_edges to sort them")
+      raise ValueError(
+        "HeteroGraph: edges must be sorted by (etype, dst, src); "
+        "use HeteroGraph.from_edges to sort them"
+      )
     for name, array in arrays.items():  # a copy, unless from_edges handed over its own arrays
       set_(name, _read_only(array if owned[name] else array.astype(np.int32)))
 
     if self.node_type_offsets is None:
       if len(self.node_type_names) != 1:
-        raise ValueError(f"HeteroGraph: node_type_offsets is needed for "
-                         f"{len(self.node_type_names)} node types")
+        raise ValueError(
+          f"HeteroGraph: node_type_offsets is needed for {len(self.node_type_names)} node types"
+        )
     else:
       offsets = _index_array(self.node_type_offsets, "HeteroGraph: node_type_offsets")
       if len(offsets) != len(self.node_type_names) + 1:
-        raise ValueError(f"HeteroGraph: node_type_offsets must have len(node_type_names) + 1 = "
-                         f"{len(self.node_type_names) + 1} entries, got {len(offsets)}")
+        raise ValueError(
+          f"HeteroGraph: node_type_offsets must have len(node_type_names) + 1 = "
+          f"{len(self.node_type_names) + 1} entries, got {len(offsets)}"
+        )
       if offsets[0] != 0 or offsets[-1] != num_nodes or (np.diff(offsets) < 0).any():
-        raise ValueError(f"HeteroGraph: node_type_offsets must rise from 0 to num_nodes="
-                         f"{num_nodes}, got {offsets.tolist()}")
+        raise ValueError(
+          f"HeteroGraph: node_type_offsets must rise from 0 to num_nodes="
+          f"{num_nodes}, got {offsets.tolist()}"
+        )
       set_("node_type_offsets", _read_only(offsets))
-    set_("relation_types", _relation_types(self.relation_types, self.relation_names,
-                                           self.node_type_names, "HeteroGraph"))
+    set_(
+      "relation_types",
+      _relation_types(
+        self.relation_types, self.relation_names, self.node_type_names, "HeteroGraph"
+      ),
+    )
 
   # -- sizes ----------------------------------------------------------------------------------
 
@@ -180,8 +208,10 @@ class HeteroGraph:
 
   def __repr__(self) -> str:
     types = f", node_types={self.num_node_types}" if self.num_node_types > 1 else ""
-    return (f"HeteroGraph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
-            f"num_relations={self.num_relations}{types})")
+    return (
+      f"HeteroGraph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
+      f"num_relations={self.num_relations}{types})"
+    )
 
   # -- derived arrays (computed once) ----------------------------------------------------------
 
@@ -189,8 +219,9 @@ class HeteroGraph:
   def relation_offsets(self) -> np.ndarray:
     """int64[R+1]: the edges of relation r are `[offsets[r], offsets[r + 1])`."""
     # Edges are sorted by etype: relation r starts at the first edge whose etype is >= r.
-    bounds = np.arange(self.num_relations + 1,
-                       dtype=np.int32 if self.num_relations < _INT32_MAX else np.int64)
+    bounds = np.arange(
+      self.num_relations + 1, dtype=np.int32 if self.num_relations < _INT32_MAX else np.int64
+    )
     return _read_only(np.searchsorted(self.etype, bounds, side="left").astype(np.int64))
 
   @functools.cached_property
@@ -249,11 +280,19 @@ class HeteroGraph:
   # -- construction ---------------------------------------------------------------------------
 
   @classmethod
-  def from_edges(cls, src: Any, dst: Any, etype: Any, *, num_nodes: int | None = None,
-                 relation_names: Sequence[str] | None = None, add_inverse: bool = False,
-                 node_type_names: Sequence[str] = ("node",),
-                 node_type_offsets: Any = None,
-                 relation_types: Sequence[tuple[str, str, str]] | None = None) -> HeteroGraph:
+  def from_edges(
+    cls,
+    src: Any,
+    dst: Any,
+    etype: Any,
+    *,
+    num_nodes: int | None = None,
+    relation_names: Sequence[str] | None = None,
+    add_inverse: bool = False,
+    node_type_names: Sequence[str] = ("node",),
+    node_type_offsets: Any = None,
+    relation_types: Sequence[tuple[str, str, str]] | None = None,
+  ) -> HeteroGraph:
     """Builds a graph from edge arrays in any order: checks them, then sorts by (etype, dst, src).
 
     The sort is a parallel radix sort in native code (`graph_build.sort_edges`); the result
@@ -280,8 +319,10 @@ class HeteroGraph:
     dst = _index_array(dst, "from_edges: dst")
     etype = _index_array(etype, "from_edges: etype")
     if not len(src) == len(dst) == len(etype):
-      raise ValueError(f"from_edges: src, dst and etype must have one length; got "
-                       f"{len(src)}, {len(dst)}, {len(etype)}")
+      raise ValueError(
+        f"from_edges: src, dst and etype must have one length; got "
+        f"{len(src)}, {len(dst)}, {len(etype)}"
+      )
     if num_nodes is None:
       if node_type_offsets is not None:
         num_nodes = int(np.asarray(node_type_offsets)[-1])
@@ -301,9 +342,9 @@ class HeteroGraph:
       raise TypeError("from_edges: relation_names must be a sequence of names, not a string")
     relation_names = tuple(str(n) for n in relation_names)
     _check_range(etype, len(relation_names), "from_edges: etype", "len(relation_names)")
+    types = None
     if relation_types is not None:
-      relation_types = _relation_types(relation_types, relation_names, tuple(node_type_names),
-                                       "from_edges")
+      types = _relation_types(relation_types, relation_names, tuple(node_type_names), "from_edges")
     if add_inverse:
       num = len(relation_names)
       if 2 * num > _INT32_MAX:
@@ -311,18 +352,30 @@ class HeteroGraph:
       src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
       etype = np.concatenate([etype, etype + etype.dtype.type(num)])
       relation_names = relation_names + tuple(f"rev_{n}" for n in relation_names)
-      if relation_types is not None:
-        relation_types += tuple((d, f"rev_{r}", s) for s, r, d in relation_types)
+      if types is not None:
+        types += tuple((d, f"rev_{r}", s) for s, r, d in types)
     if len(src) > _INT32_MAX:
       raise ValueError(f"from_edges: at most 2**31 - 1 edges, got {len(src)}")
     src, dst, etype = graph_build.sort_edges(src, dst, etype, num_nodes, len(relation_names))
-    return cls(num_nodes, _Owned(src), _Owned(dst), _Owned(etype), relation_names,
-               tuple(node_type_names), node_type_offsets, relation_types)
+    return cls(
+      num_nodes,
+      _owned(src),
+      _owned(dst),
+      _owned(etype),
+      relation_names,
+      tuple(node_type_names),
+      node_type_offsets,
+      types,
+    )
 
   @classmethod
-  def from_typed_edges(cls, edges: Mapping[tuple[str, str, str], tuple[Any, Any]],
-                       num_nodes: Mapping[str, int], *,
-                       add_inverse: bool = True) -> HeteroGraph:
+  def from_typed_edges(
+    cls,
+    edges: Mapping[tuple[str, str, str], tuple[Any, Any]],
+    num_nodes: Mapping[str, int],
+    *,
+    add_inverse: bool = True,
+  ) -> HeteroGraph:
     """Builds a graph with node types from edges given per (source type, relation, destination
     type), with ids local to their node type: the shape of PyG's `HeteroData` edge stores and
     DGL's heterograph dicts.
@@ -363,11 +416,14 @@ class HeteroGraph:
     """
     who = "from_typed_edges"
     if not isinstance(num_nodes, Mapping):
-      raise TypeError(f"{who}: num_nodes must be a mapping {{node type: count}}, got "
-                      f"{type(num_nodes).__name__}")
+      raise TypeError(
+        f"{who}: num_nodes must be a mapping {{node type: count}}, got {type(num_nodes).__name__}"
+      )
     if not isinstance(edges, Mapping):
-      raise TypeError(f"{who}: edges must be a mapping {{(src_type, relation, dst_type): "
-                      f"(src, dst)}}, got {type(edges).__name__}")
+      raise TypeError(
+        f"{who}: edges must be a mapping {{(src_type, relation, dst_type): "
+        f"(src, dst)}}, got {type(edges).__name__}"
+      )
     if not num_nodes:
       raise ValueError(f"{who}: num_nodes must name at least one node type")
     counts = {}
@@ -387,21 +443,24 @@ class HeteroGraph:
 
     keys, srcs, dsts = [], [], []
     for key, pair in edges.items():
-      if (not isinstance(key, tuple) or len(key) != 3 or
-          not all(isinstance(k, str) for k in key)):
-        raise TypeError(f"{who}: edge keys must be (src_type, relation, dst_type) name triples, "
-                        f"got {key!r}")
+      if not isinstance(key, tuple) or len(key) != 3 or not all(isinstance(k, str) for k in key):
+        raise TypeError(
+          f"{who}: edge keys must be (src_type, relation, dst_type) name triples, got {key!r}"
+        )
       for node_type in (key[0], key[2]):
         if node_type not in counts:
-          raise ValueError(f"{who}: edge key {key!r} names the unknown node type "
-                           f"{node_type!r}; node types (num_nodes): {list(type_names)}")
+          raise ValueError(
+            f"{who}: edge key {key!r} names the unknown node type "
+            f"{node_type!r}; node types (num_nodes): {list(type_names)}"
+          )
       if isinstance(pair, (str, bytes)) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise TypeError(f"{who}: edges[{key!r}] must be a pair (src ids, dst ids)")
       src = _index_array(pair[0], f"{who}: src ids of {key!r}")
       dst = _index_array(pair[1], f"{who}: dst ids of {key!r}")
       if len(src) != len(dst):
-        raise ValueError(f"{who}: src and dst ids of {key!r} have different lengths "
-                         f"({len(src)} and {len(dst)})")
+        raise ValueError(
+          f"{who}: src and dst ids of {key!r} have different lengths ({len(src)} and {len(dst)})"
+        )
       _check_range(src, counts[key[0]], f"{who}: src ids of {key!r}", f"num_nodes[{key[0]!r}]")
       _check_range(dst, counts[key[2]], f"{who}: dst ids of {key!r}", f"num_nodes[{key[2]!r}]")
       keys.append(key)
@@ -414,11 +473,17 @@ class HeteroGraph:
       raise ValueError(f"{who}: repeated edge keys in {keys}")
     etype = np.repeat(np.arange(len(keys), dtype=np.int32), [len(x) for x in srcs])
     empty = np.zeros(0, np.int64)
-    return cls.from_edges(np.concatenate(srcs) if srcs else empty,
-                          np.concatenate(dsts) if dsts else empty, etype,
-                          num_nodes=int(offsets[-1]), relation_names=names,
-                          add_inverse=add_inverse, node_type_names=type_names,
-                          node_type_offsets=offsets, relation_types=keys)
+    return cls.from_edges(
+      np.concatenate(srcs) if srcs else empty,
+      np.concatenate(dsts) if dsts else empty,
+      etype,
+      num_nodes=int(offsets[-1]),
+      relation_names=names,
+      add_inverse=add_inverse,
+      node_type_names=type_names,
+      node_type_offsets=offsets,
+      relation_types=keys,
+    )
 
   # -- node types -----------------------------------------------------------------------------
 
@@ -429,8 +494,9 @@ class HeteroGraph:
   def node_type_range(self, node_type: str) -> tuple[int, int]:
     """[first, last + 1): the global ids of a node type."""
     if node_type not in self.node_type_names:
-      raise ValueError(f"HeteroGraph: unknown node type {node_type!r}; node types: "
-                       f"{list(self.node_type_names)}")
+      raise ValueError(
+        f"HeteroGraph: unknown node type {node_type!r}; node types: {list(self.node_type_names)}"
+      )
     t = self.node_type_names.index(node_type)
     offsets = self._type_offsets()
     return int(offsets[t]), int(offsets[t + 1])
@@ -453,8 +519,9 @@ class HeteroGraph:
     return types, ids.astype(np.int64) - offsets[types]
 
   @classmethod
-  def from_edge_list(cls, path: str | os.PathLike, *, add_inverse: bool = True,
-                     delimiter: str | None = None) -> tuple[HeteroGraph, list[str]]:
+  def from_edge_list(
+    cls, path: str | os.PathLike, *, add_inverse: bool = True, delimiter: str | None = None
+  ) -> tuple[HeteroGraph, list[str]]:
     """Reads a text file with one edge per line, "head relation tail" (knowledge-graph style).
 
     Tokens are separated by `delimiter` (default: any run of whitespace, tabs included). Blank
@@ -483,8 +550,9 @@ class HeteroGraph:
       if delimiter is not None:
         tokens = [t.strip() for t in tokens]
       if len(tokens) != 3 or not all(tokens):
-        raise ValueError(f"from_edge_list: {path}:{number}: expected 'head relation tail', "
-                         f"got {line!r}")
+        raise ValueError(
+          f"from_edge_list: {path}:{number}: expected 'head relation tail', got {line!r}"
+        )
       heads.append(tokens[0])
       relations.append(tokens[1])
       tails.append(tokens[2])
@@ -497,8 +565,14 @@ class HeteroGraph:
     src = np.fromiter(map(node_id.__getitem__, heads), np.int64, len(heads))
     dst = np.fromiter(map(node_id.__getitem__, tails), np.int64, len(tails))
     etype = np.fromiter(map(relation_id.__getitem__, relations), np.int64, len(relations))
-    graph = cls.from_edges(src, dst, etype, num_nodes=len(node_names),
-                           relation_names=relation_names, add_inverse=add_inverse)
+    graph = cls.from_edges(
+      src,
+      dst,
+      etype,
+      num_nodes=len(node_names),
+      relation_names=relation_names,
+      add_inverse=add_inverse,
+    )
     return graph, node_names
 
   # -- jraph ----------------------------------------------------------------------------------
@@ -509,14 +583,22 @@ class HeteroGraph:
     senders=src, receivers=dst, edges={"etype": etype}, no node or global features.
     """
     import jraph  # an optional dependency
+
+    # jraph annotates its fields as jnp.ndarray; it holds NumPy arrays as well
     return jraph.GraphsTuple(
-        nodes=None, edges={"etype": np.asarray(self.etype)}, senders=np.asarray(self.src),
-        receivers=np.asarray(self.dst), n_node=np.array([self.num_nodes], np.int32),
-        n_edge=np.array([self.num_edges], np.int32), globals=None)
+      nodes=None,
+      edges={"etype": np.asarray(self.etype)},
+      senders=np.asarray(self.src),  # pyright: ignore[reportArgumentType]
+      receivers=np.asarray(self.dst),  # pyright: ignore[reportArgumentType]
+      n_node=np.array([self.num_nodes], np.int32),  # pyright: ignore[reportArgumentType]
+      n_edge=np.array([self.num_edges], np.int32),  # pyright: ignore[reportArgumentType]
+      globals=None,
+    )
 
   @classmethod
-  def from_jraph(cls, graphs_tuple: Any, *, etype_key: str = "etype",
-                 relation_names: Sequence[str] | None = None) -> HeteroGraph:
+  def from_jraph(
+    cls, graphs_tuple: Any, *, etype_key: str = "etype", relation_names: Sequence[str] | None = None
+  ) -> HeteroGraph:
     """Builds a graph from a `jraph.GraphsTuple` whose `edges[etype_key]` holds edge types.
 
     A batch of several graphs becomes one graph (jraph's node ids are already global over the
@@ -528,12 +610,20 @@ class HeteroGraph:
       etype = np.zeros(senders.shape, np.int64)
     elif isinstance(edges, Mapping):
       if etype_key not in edges:
-        raise ValueError(f"from_jraph: etype_key {etype_key!r} is not in the edges; keys: "
-                         f"{sorted(edges)}")
+        raise ValueError(
+          f"from_jraph: etype_key {etype_key!r} is not in the edges; keys: {sorted(edges)}"
+        )
       etype = np.asarray(edges[etype_key])
     else:
-      raise TypeError(f"from_jraph: edges must be a mapping holding {etype_key!r} or None, got "
-                      f"{type(edges).__name__}")
+      raise TypeError(
+        f"from_jraph: edges must be a mapping holding {etype_key!r} or None, got "
+        f"{type(edges).__name__}"
+      )
     num_nodes = int(np.sum(np.asarray(graphs_tuple.n_node)))
-    return cls.from_edges(senders, np.asarray(graphs_tuple.receivers), etype,
-                          num_nodes=num_nodes, relation_names=relation_names)
+    return cls.from_edges(
+      senders,
+      np.asarray(graphs_tuple.receivers),
+      etype,
+      num_nodes=num_nodes,
+      relation_names=relation_names,
+    )

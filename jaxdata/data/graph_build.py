@@ -22,13 +22,14 @@ offsets int64, edge and node ids int32 (graphs have at most 2**31 - 1 edges and 
 `threads` (everywhere): how many threads to use; 0, the default, means every CPU the process may
 run on. Inputs under 64K items run on the calling thread alone.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
-from jaxdata import _xla_ffi as _ext
+from jaxdata import _xla_ffi as _ext  # pyright: ignore[reportAttributeAccessIssue]  (compiled, no stub)
 
 
 def index_array(values: Any, what: str) -> np.ndarray:
@@ -51,8 +52,16 @@ def _count(value: Any, what: str) -> int:
   return int(value)
 
 
-def sort_edges(src: Any, dst: Any, etype: Any, num_nodes: int, num_relations: int, *,
-               return_order: bool = False, threads: int = 0):
+def sort_edges(
+  src: Any,
+  dst: Any,
+  etype: Any,
+  num_nodes: int,
+  num_relations: int,
+  *,
+  return_order: bool = False,
+  threads: int = 0,
+):
   """The edges sorted by (etype, dst, src): (src, dst, etype) int32, plus the stable
   permutation `order` (int32, sorted = input[order]) when `return_order`.
 
@@ -61,12 +70,15 @@ def sort_edges(src: Any, dst: Any, etype: Any, num_nodes: int, num_relations: in
   500-relation graph needs 53: seven passes of 8 bits); else a radix sort by (dst, src) and a
   stable one by etype.
   """
-  return _ext.graph_sort_edges(index_array(src, "sort_edges: src"),
-                               index_array(dst, "sort_edges: dst"),
-                               index_array(etype, "sort_edges: etype"),
-                               _count(num_nodes, "sort_edges: num_nodes"),
-                               _count(num_relations, "sort_edges: num_relations"),
-                               bool(return_order), int(threads))
+  return _ext.graph_sort_edges(
+    index_array(src, "sort_edges: src"),
+    index_array(dst, "sort_edges: dst"),
+    index_array(etype, "sort_edges: etype"),
+    _count(num_nodes, "sort_edges: num_nodes"),
+    _count(num_relations, "sort_edges: num_relations"),
+    bool(return_order),
+    int(threads),
+  )
 
 
 def group_by(keys: Any, num_groups: int, *, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -75,8 +87,9 @@ def group_by(keys: Any, num_groups: int, *, threads: int = 0) -> tuple[np.ndarra
 
   A CSR (keys = src) or CSC (keys = dst) of edges; matches `jaxdata.reference.graph.grouped`.
   """
-  return _ext.graph_group_by(index_array(keys, "group_by: keys"),
-                             _count(num_groups, "group_by: num_groups"), int(threads))
+  return _ext.graph_group_by(
+    index_array(keys, "group_by: keys"), _count(num_groups, "group_by: num_groups"), int(threads)
+  )
 
 
 def unique_pairs(src: Any, etype: Any, num_nodes: int, num_relations: int, *, threads: int = 0):
@@ -87,21 +100,30 @@ def unique_pairs(src: Any, etype: Any, num_nodes: int, num_relations: int, *, th
   pair_csr_edges int32[P]) with the values of `jaxdata.reference.graph.unique_pairs` (which
   returns int64 throughout): pairs sorted by (relation, source), edges ascending in a pair.
   """
-  return _ext.graph_unique_pairs(index_array(src, "unique_pairs: src"),
-                                 index_array(etype, "unique_pairs: etype"),
-                                 _count(num_nodes, "unique_pairs: num_nodes"),
-                                 _count(num_relations, "unique_pairs: num_relations"), int(threads))
+  return _ext.graph_unique_pairs(
+    index_array(src, "unique_pairs: src"),
+    index_array(etype, "unique_pairs: etype"),
+    _count(num_nodes, "unique_pairs: num_nodes"),
+    _count(num_relations, "unique_pairs: num_relations"),
+    int(threads),
+  )
 
 
 def mean_edge_norm(dst: Any, etype: Any, *, threads: int = 0) -> np.ndarray:
   """float32[E]: 1 / (the number of edges of e's relation into e's destination), for edges
   sorted by (etype, dst) (ValueError otherwise). Matches `reference.graph.mean_edge_norm`."""
-  return _ext.graph_mean_edge_norm(index_array(dst, "mean_edge_norm: dst"),
-                                   index_array(etype, "mean_edge_norm: etype"), int(threads))
+  return _ext.graph_mean_edge_norm(
+    index_array(dst, "mean_edge_norm: dst"),
+    index_array(etype, "mean_edge_norm: etype"),
+    int(threads),
+  )
 
 
 def edges_sorted(src: Any, dst: Any, etype: Any, *, threads: int = 0) -> bool:
   """Whether the edges are sorted by (etype, dst, src) (one parallel pass, no temporaries)."""
-  return _ext.graph_edges_sorted(index_array(src, "edges_sorted: src"),
-                                 index_array(dst, "edges_sorted: dst"),
-                                 index_array(etype, "edges_sorted: etype"), int(threads))
+  return _ext.graph_edges_sorted(
+    index_array(src, "edges_sorted: src"),
+    index_array(dst, "edges_sorted: dst"),
+    index_array(etype, "edges_sorted: etype"),
+    int(threads),
+  )

@@ -17,6 +17,7 @@ reverses). Node type t owns the global ids [node_type_offsets[t], node_type_offs
 the order of `NODE_TYPES`; relation r goes from type `relation_types[r][0]` to
 `relation_types[r][2]`, reverses ("rev_writes", ...) after the four forward relations.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -26,25 +27,35 @@ import os
 import numpy as np
 
 from jaxdata.data import graph_build
-from jaxdata.data.graph import HeteroGraph, _Owned
+from jaxdata.data.graph import HeteroGraph, _owned
 
 NODE_TYPES = ("paper", "author", "institution", "field_of_study")
 #: ogbn-mag's node counts.
-NUM_NODES = {"paper": 736_389, "author": 1_134_649, "institution": 8_740,
-             "field_of_study": 59_965}
+NUM_NODES = {"paper": 736_389, "author": 1_134_649, "institution": 8_740, "field_of_study": 59_965}
 #: (source type, name, destination type), in relation-id order.
-RELATIONS = (("author", "writes", "paper"), ("paper", "cites", "paper"),
-             ("paper", "has_topic", "field_of_study"),
-             ("author", "affiliated_with", "institution"))
+RELATIONS = (
+  ("author", "writes", "paper"),
+  ("paper", "cites", "paper"),
+  ("paper", "has_topic", "field_of_study"),
+  ("author", "affiliated_with", "institution"),
+)
 #: ogbn-mag's edge counts per relation.
-NUM_EDGES = {"writes": 7_145_660, "cites": 5_416_271, "has_topic": 7_505_078,
-             "affiliated_with": 1_043_998}
+NUM_EDGES = {
+  "writes": 7_145_660,
+  "cites": 5_416_271,
+  "has_topic": 7_505_078,
+  "affiliated_with": 1_043_998,
+}
 #: Feature widths (ogbn-mag's papers have 128; its other types have none, these are ours).
 FEATURE_DIMS = {"paper": 128, "author": 64, "institution": 32, "field_of_study": 48}
 #: Zipf exponents of the popularity of each relation's (source, destination) end: the degree
 #: of a node of rank k at that end is about proportional to (k + 1) ** -exponent.
-EXPONENTS = {"writes": (0.8, 0.5), "cites": (0.5, 0.9), "has_topic": (0.3, 1.0),
-             "affiliated_with": (0.3, 1.0)}
+EXPONENTS = {
+  "writes": (0.8, 0.5),
+  "cites": (0.5, 0.9),
+  "has_topic": (0.3, 1.0),
+  "affiliated_with": (0.3, 1.0),
+}
 #: The distance of a class's feature mean from the origin, in noise units, per node type: a
 #: paper's own features say little about its class; its topics' features say much.
 FEATURE_SIGNAL = {"paper": 0.5, "author": 0.5, "institution": 1.0, "field_of_study": 2.0}
@@ -90,19 +101,29 @@ class MagDataset:
     """[first, last + 1) global ids of a node type."""
     t = self.graph.node_type_names.index(node_type)
     offsets = self.graph.node_type_offsets
+    assert offsets is not None  # a MAG graph always has its node types' offsets
     return int(offsets[t]), int(offsets[t + 1])
 
   def __repr__(self) -> str:
-    sizes = ", ".join(f"{t}={len(x)}x{x.shape[1]}"
-                      for t, x in zip(self.graph.node_type_names, self.features))
-    return (f"MagDataset({self.name!r}, {sizes}, num_edges={self.graph.num_edges}, "
-            f"num_relations={self.graph.num_relations}, num_classes={self.num_classes})")
+    sizes = ", ".join(
+      f"{t}={len(x)}x{x.shape[1]}" for t, x in zip(self.graph.node_type_names, self.features)
+    )
+    return (
+      f"MagDataset({self.name!r}, {sizes}, num_edges={self.graph.num_edges}, "
+      f"num_relations={self.graph.num_relations}, num_classes={self.num_classes})"
+    )
 
 
-def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_CLASSES,
-                  homophily: float = HOMOPHILY, add_inverse: bool = True,
-                  split: tuple[float, float, float] = (0.85, 0.09, 0.06),
-                  threads: int | None = None) -> MagDataset:
+def synthetic_mag(
+  *,
+  scale: float = 1.0,
+  seed: int = 0,
+  num_classes: int = NUM_CLASSES,
+  homophily: float = HOMOPHILY,
+  add_inverse: bool = True,
+  split: tuple[float, float, float] = (0.85, 0.09, 0.06),
+  threads: int | None = None,
+) -> MagDataset:
   """An ogbn-mag-shaped graph with `scale` times its node and edge counts.
 
   How it is drawn (vectorised NumPy on a thread pool, chunk by chunk, each chunk with its own
@@ -137,31 +158,45 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
   """
   if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
     raise ValueError(f"synthetic_mag: scale must be a positive number, got {scale!r}")
-  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or \
-      num_classes < 1:
+  if (
+    isinstance(num_classes, bool)
+    or not isinstance(num_classes, (int, np.integer))
+    or num_classes < 1
+  ):
     raise ValueError(f"synthetic_mag: num_classes must be a positive int, got {num_classes!r}")
   if not 0.0 <= homophily <= 1.0:
     raise ValueError(f"synthetic_mag: homophily must be in [0, 1], got {homophily}")
   if len(split) != 3 or min(split) < 0 or sum(split) > 1.0 + 1e-9:
-    raise ValueError(f"synthetic_mag: split must be three shares summing to at most 1, got "
-                     f"{split}")
-  counts = {t: max(1, int(round(NUM_NODES[t] * scale))) for t in NODE_TYPES}
+    raise ValueError(f"synthetic_mag: split must be three shares summing to at most 1, got {split}")
+  counts: dict[str, int] = {t: max(1, int(round(NUM_NODES[t] * scale))) for t in NODE_TYPES}
   offsets = np.cumsum([0] + [counts[t] for t in NODE_TYPES])
-  offset = dict(zip(NODE_TYPES, offsets[:-1].tolist()))
+  offset: dict[str, int] = dict(zip(NODE_TYPES, offsets[:-1].tolist()))
   node_seed, edge_seed, feature_seed, split_seed = np.random.SeedSequence(seed).spawn(4)
   threads = _threads(threads)
 
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     # Node types in parallel (NumPy's generators and sorts release the GIL), then each
     # relation's two ends' samplers, then every chunk of every relation's edges.
-    drawn = dict(zip(NODE_TYPES, pool.map(
-        lambda t, ss: _nodes(counts[t], num_classes, np.random.default_rng(ss)),
-        NODE_TYPES, node_seed.spawn(len(NODE_TYPES)))))
+    drawn = dict(
+      zip(
+        NODE_TYPES,
+        pool.map(
+          lambda t, ss: _nodes(counts[t], num_classes, np.random.default_rng(ss)),
+          NODE_TYPES,
+          node_seed.spawn(len(NODE_TYPES)),
+        ),
+      )
+    )
     classes = {t: c for t, (c, _) in drawn.items()}
-    ends = {(t, exp) for (s, name, d) in RELATIONS
-            for t, exp in zip((s, d), EXPONENTS[name])}
-    samplers = dict(zip(ends, pool.map(
-        lambda end: _Sampler(drawn[end[0]][1], end[1], classes[end[0]], num_classes), ends)))
+    ends = {(t, exp) for (s, name, d) in RELATIONS for t, exp in zip((s, d), EXPONENTS[name])}
+    samplers = dict(
+      zip(
+        ends,
+        pool.map(
+          lambda end: _Sampler(drawn[end[0]][1], end[1], classes[end[0]], num_classes), ends
+        ),
+      )
+    )
     drawn.clear()  # the ranks: the samplers have what they need
     pieces = []  # per relation: local (src, dst) int32, filled chunk by chunk
     jobs = []
@@ -176,8 +211,17 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
         first, second, first_classes = (dst_end, dst), (src_end, src), classes[dst_type]
       starts = range(0, num_edges, EDGE_CHUNK)
       for start, chunk_seed in zip(starts, ss.spawn(len(starts))):
-        jobs.append(pool.submit(_draw_edges, first, second, first_classes, homophily,
-                                slice(start, min(start + EDGE_CHUNK, num_edges)), chunk_seed))
+        jobs.append(
+          pool.submit(
+            _draw_edges,
+            first,
+            second,
+            first_classes,
+            homophily,
+            slice(start, min(start + EDGE_CHUNK, num_edges)),
+            chunk_seed,
+          )
+        )
     for job in jobs:
       job.result()
     del jobs, samplers
@@ -193,24 +237,36 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
       x = np.empty((counts[t], FEATURE_DIMS[t]), np.float32)
       starts = range(0, counts[t], FEATURE_CHUNK)
       for start, chunk_seed in zip(starts, row_seed.spawn(len(starts))):
-        feature_jobs.append(pool.submit(
-            _draw_features, x, centroids.astype(np.float32), classes[t],
-            slice(start, min(start + FEATURE_CHUNK, counts[t])), chunk_seed))
+        feature_jobs.append(
+          pool.submit(
+            _draw_features,
+            x,
+            centroids.astype(np.float32),
+            classes[t],
+            slice(start, min(start + FEATURE_CHUNK, counts[t])),
+            chunk_seed,
+          )
+        )
       features.append(x)
 
     # Each relation sorted by (dst, src), forward and reverse (native radix sorts; they use
     # their own threads, so relation after relation).
-    blocks = [_sorted_pairs(s, d, counts[s_type], offset[s_type], offset[d_type])
-              for (s, d), (s_type, _, d_type) in zip(pieces, RELATIONS)]
+    blocks = [
+      _sorted_pairs(s, d, counts[s_type], offset[s_type], offset[d_type])
+      for (s, d), (s_type, _, d_type) in zip(pieces, RELATIONS)
+    ]
     if add_inverse:
       # The reverse of (s -> d) is (d -> s), sorted by (s, d).
-      blocks += [_sorted_pairs(d, s, counts[d_type], offset[d_type], offset[s_type])
-                 for (s, d), (s_type, _, d_type) in zip(pieces, RELATIONS)]
+      blocks += [
+        _sorted_pairs(d, s, counts[d_type], offset[d_type], offset[s_type])
+        for (s, d), (s_type, _, d_type) in zip(pieces, RELATIONS)
+      ]
     del pieces
     relation_names = [name for _, name, _ in RELATIONS]
     relation_names += [f"rev_{name}" for name in relation_names] if add_inverse else []
-    relation_types = RELATIONS + (tuple((d, f"rev_{n}", s) for s, n, d in RELATIONS)
-                                  if add_inverse else ())
+    relation_types = RELATIONS + (
+      tuple((d, f"rev_{n}", s) for s, n, d in RELATIONS) if add_inverse else ()
+    )
     # Each block is sorted by (dst, src), so relation after relation they are sorted by
     # (etype, dst, src): built directly (the constructor checks the order), into arrays the
     # graph takes over instead of copying; the blocks are copied in parallel.
@@ -221,24 +277,41 @@ def synthetic_mag(*, scale: float = 1.0, seed: int = 0, num_classes: int = NUM_C
     def place(r: int):
       a, b = bounds[r], bounds[r + 1]
       src[a:b], dst[a:b], etype[a:b] = blocks[r][0], blocks[r][1], r
+
     list(pool.map(place, range(len(blocks))))
     blocks.clear()
     for job in feature_jobs:
       job.result()
-  graph = HeteroGraph(int(offsets[-1]), _Owned(src), _Owned(dst), _Owned(etype), relation_names,
-                      NODE_TYPES, offsets, relation_types)
+  graph = HeteroGraph(
+    int(offsets[-1]),
+    _owned(src),
+    _owned(dst),
+    _owned(etype),
+    tuple(relation_names),
+    NODE_TYPES,
+    offsets,
+    relation_types,
+  )
 
   order = np.random.default_rng(split_seed).permutation(counts["paper"])
   sizes = [int(round(share * counts["paper"])) for share in split]
   ends = np.minimum(np.cumsum(sizes), counts["paper"])
   train, val, test = (np.sort(order[a:b]) for a, b in zip([0, *ends[:-1]], ends))
-  return MagDataset(graph=graph, relation_types=relation_types, features=tuple(features),
-                    labels=classes["paper"].astype(np.int32), num_classes=int(num_classes),
-                    train_papers=train, val_papers=val, test_papers=test)
+  return MagDataset(
+    graph=graph,
+    relation_types=relation_types,
+    features=tuple(features),
+    labels=classes["paper"].astype(np.int32),
+    num_classes=int(num_classes),
+    train_papers=train,
+    val_papers=val,
+    test_papers=test,
+  )
 
 
-def _sorted_pairs(src: np.ndarray, dst: np.ndarray, num_src: int, src_offset: int,
-                  dst_offset: int) -> tuple[np.ndarray, np.ndarray]:
+def _sorted_pairs(
+  src: np.ndarray, dst: np.ndarray, num_src: int, src_offset: int, dst_offset: int
+) -> tuple[np.ndarray, np.ndarray]:
   """Local edge ends sorted by (dst, src), returned as global int32 ids.
 
   A parallel radix sort (`graph_build.sort_edges`, one relation); equal keys are equal edges,
@@ -263,8 +336,9 @@ def _threads(threads: int | None) -> int:
   return int(threads)
 
 
-def _nodes(num_nodes: int, num_classes: int, rng: np.random.Generator
-           ) -> tuple[np.ndarray, np.ndarray]:
+def _nodes(
+  num_nodes: int, num_classes: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
   """(classes, ranks) of one node type: class ids, as equally many per class as can be, in
   random order (int32), and a random permutation of popularity ranks."""
   classes = (np.arange(num_nodes) % num_classes).astype(np.int32)
@@ -272,9 +346,14 @@ def _nodes(num_nodes: int, num_classes: int, rng: np.random.Generator
   return classes, rng.permutation(num_nodes)
 
 
-def _draw_edges(first: tuple[_Sampler, np.ndarray], second: tuple[_Sampler, np.ndarray],
-                first_classes: np.ndarray, homophily: float, part: slice,
-                seed: np.random.SeedSequence) -> None:
+def _draw_edges(
+  first: tuple[_Sampler, np.ndarray],
+  second: tuple[_Sampler, np.ndarray],
+  first_classes: np.ndarray,
+  homophily: float,
+  part: slice,
+  seed: np.random.SeedSequence,
+) -> None:
   """One chunk of a relation's edges, `part` of its local (first end, second end) arrays: the
   first end by popularity, the second inside the first's class with probability `homophily`."""
   rng = np.random.default_rng(seed)
@@ -286,8 +365,13 @@ def _draw_edges(first: tuple[_Sampler, np.ndarray], second: tuple[_Sampler, np.n
   second_out[part] = second_end.draw_like(first_classes[nodes], homophily, rng)
 
 
-def _draw_features(x: np.ndarray, centroids: np.ndarray, classes: np.ndarray, part: slice,
-                   seed: np.random.SeedSequence) -> None:
+def _draw_features(
+  x: np.ndarray,
+  centroids: np.ndarray,
+  classes: np.ndarray,
+  part: slice,
+  seed: np.random.SeedSequence,
+) -> None:
   """Rows `part` of a feature table: standard normal noise plus their class's centroid."""
   np.random.default_rng(seed).standard_normal(out=x[part], dtype=np.float32)
   x[part] += centroids[classes[part]]
@@ -301,8 +385,7 @@ class _Sampler:
   `c + uniform` draws a node of class c.
   """
 
-  def __init__(self, ranks: np.ndarray, exponent: float, classes: np.ndarray,
-               num_classes: int):
+  def __init__(self, ranks: np.ndarray, exponent: float, classes: np.ndarray, num_classes: int):
     popularity = (ranks + 1.0) ** -exponent
     self.cumulative = np.cumsum(popularity)
     # nodes sorted by class, ascending inside a class (a stable counting sort, native)
@@ -333,8 +416,9 @@ class _Sampler:
       rng.shuffle(nodes)
     return nodes
 
-  def draw_like(self, classes: np.ndarray, homophily: float,
-                rng: np.random.Generator) -> np.ndarray:
+  def draw_like(
+    self, classes: np.ndarray, homophily: float, rng: np.random.Generator
+  ) -> np.ndarray:
     """One node per entry of `classes`: of that class with probability `homophily`, else any.
 
     Entries whose class has no node of this type are drawn from all nodes.

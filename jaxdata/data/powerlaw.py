@@ -14,6 +14,7 @@ Everything is NumPy on the host, drawn in fixed chunks from independent random s
 pool of threads, so the result depends on the arguments and the seed only, never on the number
 of threads.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -21,6 +22,8 @@ import contextlib
 import dataclasses
 import math
 import os
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -73,24 +76,34 @@ class NodeDataset:
 
   def __post_init__(self):
     n = len(self.indptr) - 1
-    expected = {"indptr": (np.int64, (n + 1,)), "indices": (np.int32, None),
-                "features": (np.float32, None), "labels": (np.int32, (n,)),
-                "train_nodes": (np.int32, None), "val_nodes": (np.int32, None),
-                "test_nodes": (np.int32, None)}
+    expected = {
+      "indptr": (np.int64, (n + 1,)),
+      "indices": (np.int32, None),
+      "features": (np.float32, None),
+      "labels": (np.int32, (n,)),
+      "train_nodes": (np.int32, None),
+      "val_nodes": (np.int32, None),
+      "test_nodes": (np.int32, None),
+    }
     for what, (dtype, shape) in expected.items():
       array = getattr(self, what)
       if not isinstance(array, np.ndarray) or array.dtype != dtype:
-        raise TypeError(f"NodeDataset: {what} must be a {np.dtype(dtype).name} array, got "
-                        f"{getattr(array, 'dtype', type(array).__name__)}")
+        raise TypeError(
+          f"NodeDataset: {what} must be a {np.dtype(dtype).name} array, got "
+          f"{getattr(array, 'dtype', type(array).__name__)}"
+        )
       if shape is not None and array.shape != shape:
         raise ValueError(f"NodeDataset: {what} must have shape {shape}, got {array.shape}")
       object.__setattr__(self, what, _read_only(array))
     if self.features.ndim != 2 or self.features.shape[0] != n:
-      raise ValueError(f"NodeDataset: features must have shape (num_nodes={n}, F), got "
-                       f"{self.features.shape}")
+      raise ValueError(
+        f"NodeDataset: features must have shape (num_nodes={n}, F), got {self.features.shape}"
+      )
     if self.indptr[0] != 0 or self.indptr[-1] != len(self.indices):
-      raise ValueError(f"NodeDataset: indptr must run from 0 to len(indices)="
-                       f"{len(self.indices)}, got {self.indptr[0]} to {self.indptr[-1]}")
+      raise ValueError(
+        f"NodeDataset: indptr must run from 0 to len(indices)="
+        f"{len(self.indices)}, got {self.indptr[0]} to {self.indptr[-1]}"
+      )
 
   @property
   def num_nodes(self) -> int:
@@ -107,8 +120,11 @@ class NodeDataset:
   @property
   def nbytes(self) -> int:
     """Bytes held by all the arrays together."""
-    return sum(getattr(self, f.name).nbytes for f in dataclasses.fields(self)
-               if isinstance(getattr(self, f.name), np.ndarray))
+    return sum(
+      getattr(self, f.name).nbytes
+      for f in dataclasses.fields(self)
+      if isinstance(getattr(self, f.name), np.ndarray)
+    )
 
   def in_degrees(self) -> np.ndarray:
     """int64[num_nodes]: how many edges each node aggregates from."""
@@ -121,36 +137,53 @@ class NodeDataset:
     """
     degrees = np.zeros(self.num_nodes, np.int64)
     for start in range(0, self.num_edges, 1 << 24):
-      degrees += np.bincount(self.indices[start:start + (1 << 24)], minlength=self.num_nodes)
+      degrees += np.bincount(self.indices[start : start + (1 << 24)], minlength=self.num_nodes)
     return degrees
 
   def summary(self) -> str:
     """Sizes and degree statistics, a few lines for a log (reads every edge once)."""
     gib = lambda array: array.nbytes / 2**30  # noqa: E731
-    lines = [repr(self),
-             f"  graph {gib(self.indptr) + gib(self.indices):.2f} GiB, features "
-             f"{gib(self.features):.2f} GiB, splits train/val/test {len(self.train_nodes)}/"
-             f"{len(self.val_nodes)}/{len(self.test_nodes)}"]
+    lines = [
+      repr(self),
+      f"  graph {gib(self.indptr) + gib(self.indices):.2f} GiB, features "
+      f"{gib(self.features):.2f} GiB, splits train/val/test {len(self.train_nodes)}/"
+      f"{len(self.val_nodes)}/{len(self.test_nodes)}",
+    ]
     for what, degrees in (("in", self.in_degrees()), ("out", self.out_degrees())):
       if len(degrees):
-        lines.append(f"  {what}-degree min {degrees.min()} median {np.median(degrees):g} "
-                     f"mean {degrees.mean():.1f} max {degrees.max()}, "
-                     f"{np.mean(degrees == 0):.1%} of nodes without {what}-edges")
+        lines.append(
+          f"  {what}-degree min {degrees.min()} median {np.median(degrees):g} "
+          f"mean {degrees.mean():.1f} max {degrees.max()}, "
+          f"{np.mean(degrees == 0):.1%} of nodes without {what}-edges"
+        )
     return "\n".join(lines)
 
   def __repr__(self) -> str:
-    return (f"NodeDataset({self.name!r}, num_nodes={self.num_nodes}, "
-            f"num_edges={self.num_edges}, feature_dim={self.feature_dim}, "
-            f"num_classes={self.num_classes}, {self.nbytes / 2**30:.2f} GiB)")
+    return (
+      f"NodeDataset({self.name!r}, num_nodes={self.num_nodes}, "
+      f"num_edges={self.num_edges}, feature_dim={self.feature_dim}, "
+      f"num_classes={self.num_classes}, {self.nbytes / 2**30:.2f} GiB)"
+    )
 
 
-def powerlaw_graph(*, num_nodes: int = 100_000, num_edges: int = 2_000_000,
-                   feature_dim: int = 64, num_classes: int = 8, exponent: float = EXPONENT,
-                   homophily: float = HOMOPHILY, feature_signal: float = FEATURE_SIGNAL,
-                   train_fraction: float = 0.1, val_fraction: float = 0.05,
-                   test_fraction: float = 0.1, seed: int = 0,
-                   features_out: np.ndarray | None = None, name: str = "powerlaw",
-                   num_threads: int | None = None, progress: bool = False) -> NodeDataset:
+def powerlaw_graph(
+  *,
+  num_nodes: int = 100_000,
+  num_edges: int = 2_000_000,
+  feature_dim: int = 64,
+  num_classes: int = 8,
+  exponent: float = EXPONENT,
+  homophily: float = HOMOPHILY,
+  feature_signal: float = FEATURE_SIGNAL,
+  train_fraction: float = 0.1,
+  val_fraction: float = 0.05,
+  test_fraction: float = 0.1,
+  seed: int = 0,
+  features_out: np.ndarray | None = None,
+  name: str = "powerlaw",
+  num_threads: int | None = None,
+  progress: bool = False,
+) -> NodeDataset:
   """A random graph with power-law degrees and a node-classification task GraphSAGE can learn.
 
   How it is drawn:
@@ -213,17 +246,23 @@ def powerlaw_graph(*, num_nodes: int = 100_000, num_edges: int = 2_000_000,
   feature_dim = _integer(feature_dim, "feature_dim", 0)
   num_classes = _integer(num_classes, "num_classes", 1, num_nodes)
   seed = _integer(seed, "seed", 0)
-  num_threads = _integer(_usable_cpus() if num_threads is None else num_threads,
-                         "num_threads", 1)
+  num_threads = _integer(_usable_cpus() if num_threads is None else num_threads, "num_threads", 1)
   exponent = _real(exponent, "exponent", 0.0)
   homophily = _real(homophily, "homophily", 0.0, 1.0)
   feature_signal = _real(feature_signal, "feature_signal", 0.0)
-  fractions = {what: _real(value, what, 0.0, 1.0, upper_open=True) for what, value in (
-      ("train_fraction", train_fraction), ("val_fraction", val_fraction),
-      ("test_fraction", test_fraction))}
+  fractions = {
+    what: _real(value, what, 0.0, 1.0, upper_open=True)
+    for what, value in (
+      ("train_fraction", train_fraction),
+      ("val_fraction", val_fraction),
+      ("test_fraction", test_fraction),
+    )
+  }
   if sum(fractions.values()) > 1.0 + 1e-9:
-    raise ValueError(f"powerlaw_graph: train_fraction + val_fraction + test_fraction must be "
-                     f"<= 1, got {' + '.join(map(str, fractions.values()))}")
+    raise ValueError(
+      f"powerlaw_graph: train_fraction + val_fraction + test_fraction must be "
+      f"<= 1, got {' + '.join(map(str, fractions.values()))}"
+    )
   if not isinstance(name, str):
     raise TypeError(f"powerlaw_graph: name must be a str, got {name!r}")
   _check_features_out(features_out, (num_nodes, feature_dim))
@@ -242,15 +281,25 @@ def powerlaw_graph(*, num_nodes: int = 100_000, num_edges: int = 2_000_000,
     del popularity
     indices = _senders(indptr, labels, tables, homophily, edge_seed, pool, steps)
     del tables
-    features = features_out if features_out is not None else np.empty(
-        (num_nodes, feature_dim), np.float32)
+    features = (
+      features_out if features_out is not None else np.empty((num_nodes, feature_dim), np.float32)
+    )
     _fill_features(features, labels, centroids, feature_seed, pool, steps)
-  return NodeDataset(indptr=indptr, indices=indices, features=features, labels=labels,
-                     train_nodes=train, val_nodes=val, test_nodes=test,
-                     num_classes=num_classes, name=name)
+  return NodeDataset(
+    indptr=indptr,
+    indices=indices,
+    features=features,
+    labels=labels,
+    train_nodes=train,
+    val_nodes=val,
+    test_nodes=test,
+    num_classes=num_classes,
+    name=name,
+  )
 
 
 # -- nodes --------------------------------------------------------------------------------------
+
 
 def _classes(num_nodes: int, num_classes: int, rng: np.random.Generator):
   """Class labels (equally many per class, in random order) and the nodes of each class.
@@ -266,8 +315,9 @@ def _classes(num_nodes: int, num_classes: int, rng: np.random.Generator):
   return labels, by_class, class_sizes
 
 
-def _centroids(num_classes: int, feature_dim: int, signal: float,
-               rng: np.random.Generator) -> np.ndarray:
+def _centroids(
+  num_classes: int, feature_dim: int, signal: float, rng: np.random.Generator
+) -> np.ndarray:
   """float32[C, F]: a random direction per class, scaled to length `signal`."""
   means = rng.standard_normal((num_classes, feature_dim))
   norms = np.linalg.norm(means, axis=1, keepdims=True)
@@ -280,15 +330,17 @@ def _splits(num_nodes: int, fractions, rng: np.random.Generator):
   splits, start = [], 0
   for fraction in fractions:
     size = min(int(round(fraction * num_nodes)), num_nodes - start)
-    splits.append(np.sort(order[start:start + size]))
+    splits.append(np.sort(order[start : start + size]))
     start += size
   return splits
 
 
 # -- edges --------------------------------------------------------------------------------------
 
-def _in_degree_pointers(popularity: np.ndarray, num_edges: int,
-                        rng: np.random.Generator) -> np.ndarray:
+
+def _in_degree_pointers(
+  popularity: np.ndarray, num_edges: int, rng: np.random.Generator
+) -> np.ndarray:
   """int64[N + 1] CSR row pointers for `num_edges` receivers drawn by popularity.
 
   Drawing every receiver and sorting the edges by it would cost a sort of `num_edges` keys;
@@ -308,6 +360,7 @@ class _SenderTables:
   node of class c. A sender from all nodes is a class drawn by its share of the popularity
   (`class_cdf`), then a node of that class.
   """
+
   by_class: np.ndarray  # int32[N]
   cdf: np.ndarray  # float64[N]
   class_ends: np.ndarray  # int64[C]: one past the last position of each class in by_class
@@ -349,8 +402,15 @@ class _SenderTables:
     return np.minimum(found, len(self.class_cdf) - 1).astype(np.int32)
 
 
-def _senders(indptr: np.ndarray, labels: np.ndarray, tables: _SenderTables, homophily: float,
-             seed: np.random.SeedSequence, pool, steps) -> np.ndarray:
+def _senders(
+  indptr: np.ndarray,
+  labels: np.ndarray,
+  tables: _SenderTables,
+  homophily: float,
+  seed: np.random.SeedSequence,
+  pool,
+  steps,
+) -> np.ndarray:
   """int32[E]: the sender of every edge, in the receiver order `indptr` lays out.
 
   The receivers are cut into runs of consecutive nodes with about `_EDGE_CHUNK` edges each,
@@ -358,16 +418,18 @@ def _senders(indptr: np.ndarray, labels: np.ndarray, tables: _SenderTables, homo
   many threads run the tasks.
   """
   num_nodes, num_edges = len(labels), int(indptr[-1])
-  cuts = np.unique(np.concatenate(
-      [[0], np.searchsorted(indptr, np.arange(_EDGE_CHUNK, num_edges, _EDGE_CHUNK)),
-       [num_nodes]]))
+  cuts = np.unique(
+    np.concatenate(
+      [[0], np.searchsorted(indptr, np.arange(_EDGE_CHUNK, num_edges, _EDGE_CHUNK)), [num_nodes]]
+    )
+  )
   indices = np.empty(num_edges, np.int32)
   task = steps.add_task("edges", total=num_edges)
 
   def draw(first: int, last: int, chunk_seed: np.random.SeedSequence) -> int:
     rng = np.random.default_rng(chunk_seed)
     start, stop = indptr[first], indptr[last]
-    classes = np.repeat(labels[first:last], np.diff(indptr[first:last + 1]))
+    classes = np.repeat(labels[first:last], np.diff(indptr[first : last + 1]))
     mixed = np.flatnonzero(rng.random(stop - start) >= homophily)
     classes[mixed] = tables.draw_classes(len(mixed), rng)
     indices[start:stop] = tables.draw(classes, rng)
@@ -380,8 +442,15 @@ def _senders(indptr: np.ndarray, labels: np.ndarray, tables: _SenderTables, homo
 
 # -- features -----------------------------------------------------------------------------------
 
-def _fill_features(out: np.ndarray, labels: np.ndarray, centroids: np.ndarray,
-                   seed: np.random.SeedSequence, pool, steps) -> None:
+
+def _fill_features(
+  out: np.ndarray,
+  labels: np.ndarray,
+  centroids: np.ndarray,
+  seed: np.random.SeedSequence,
+  pool,
+  steps,
+) -> None:
   """Write class centroid plus standard normal noise into `out`, a block of rows per task.
 
   Blocks have a fixed size (`_FEATURE_CHUNK` values) and their own random streams, so the
@@ -393,9 +462,9 @@ def _fill_features(out: np.ndarray, labels: np.ndarray, centroids: np.ndarray,
   task = steps.add_task("features", total=num_nodes)
 
   def fill(start: int, block_seed: np.random.SeedSequence) -> int:
-    block = out[start:start + rows]
+    block = out[start : start + rows]
     np.random.default_rng(block_seed).standard_normal(out=block, dtype=np.float32)
-    block += centroids[labels[start:start + rows]]
+    block += centroids[labels[start : start + rows]]
     return len(block)
 
   for done in pool.map(fill, starts, seed.spawn(len(starts))):
@@ -403,6 +472,7 @@ def _fill_features(out: np.ndarray, labels: np.ndarray, centroids: np.ndarray,
 
 
 # -- arguments and progress ---------------------------------------------------------------------
+
 
 def _integer(value, name: str, minimum: int, maximum: int | None = None) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -413,16 +483,19 @@ def _integer(value, name: str, minimum: int, maximum: int | None = None) -> int:
   return int(value)
 
 
-def _real(value, name: str, minimum: float, maximum: float = math.inf, *,
-          upper_open: bool = False) -> float:
+def _real(
+  value, name: str, minimum: float, maximum: float = math.inf, *, upper_open: bool = False
+) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
     raise TypeError(f"powerlaw_graph: {name} must be a number, got {value!r}")
   value = float(value)
   above = value >= maximum if upper_open else value > maximum
   if not math.isfinite(value) or value < minimum or above:
     bounds = f"[{minimum}, {maximum}{')' if upper_open else ']'}"
-    raise ValueError(f"powerlaw_graph: {name} must be "
-                     f"{f'>= {minimum}' if maximum == math.inf else f'in {bounds}'}, got {value}")
+    raise ValueError(
+      f"powerlaw_graph: {name} must be "
+      f"{f'>= {minimum}' if maximum == math.inf else f'in {bounds}'}, got {value}"
+    )
   return value
 
 
@@ -436,13 +509,25 @@ def _check_features_out(out, shape: tuple[int, int]) -> None:
   if out is None:
     return
   if not isinstance(out, np.ndarray) or out.dtype != np.float32:
-    raise TypeError(f"powerlaw_graph: features_out must be a float32 NumPy array, got "
-                    f"{getattr(out, 'dtype', type(out).__name__)}")
+    raise TypeError(
+      f"powerlaw_graph: features_out must be a float32 NumPy array, got "
+      f"{getattr(out, 'dtype', type(out).__name__)}"
+    )
   if out.shape != shape:
-    raise ValueError(f"powerlaw_graph: features_out must have shape (num_nodes, feature_dim)="
-                     f"{shape}, got {out.shape}")
+    raise ValueError(
+      f"powerlaw_graph: features_out must have shape (num_nodes, feature_dim)="
+      f"{shape}, got {out.shape}"
+    )
   if not out.flags.writeable or not out.flags.c_contiguous:
     raise ValueError("powerlaw_graph: features_out must be writable and C-contiguous")
+
+
+class _Steps(Protocol):
+  """What the build reads of rich's Progress: a task per step, advanced as it goes."""
+
+  def add_task(self, description: str, *, total: int) -> Any: ...
+
+  def advance(self, task: Any, /, advance: float = 1) -> None: ...
 
 
 class _NoProgress:
@@ -456,14 +541,19 @@ class _NoProgress:
 
 
 @contextlib.contextmanager
-def _steps(enabled: bool):
+def _steps(enabled: bool) -> Iterator[_Steps]:
   """A rich Progress showing each step (or a stand-in doing nothing)."""
   if not enabled:
     yield _NoProgress()
     return
   from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-  columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn(),
-             TimeElapsedColumn())
+
+  columns = (
+    *Progress.get_default_columns()[:1],
+    BarColumn(),
+    MofNCompleteColumn(),
+    TimeElapsedColumn(),
+  )
   with Progress(*columns) as bar:
     yield bar
 

@@ -4,6 +4,7 @@ Each benchmark is a `.tgz` archive holding an N-Triples graph (`<name>_stripped.
 labelled entities (`trainingSet.tsv`, `testSet.tsv`). jaxdata reads the archive as it is: no
 extraction to disk and no RDF library, just a small N-Triples parser.
 """
+
 from __future__ import annotations
 
 import csv
@@ -27,7 +28,8 @@ _IRI = r"<([^>]*)>"
 _BNODE = r"_:([^\s.<>\"]+(?:\.+[^\s.<>\"]+)*)"
 _LITERAL = r'"([^"\\]*(?:\\.[^"\\]*)*)"(?:@([A-Za-z]+(?:-[A-Za-z0-9]+)*)|\^\^<([^>]*)>)?'
 _STATEMENT = re.compile(
-    rf"\s*(?:{_IRI}|{_BNODE})\s*{_IRI}\s*(?:{_IRI}|{_BNODE}|{_LITERAL})\s*\.\s*(?:#.*)?")
+  rf"\s*(?:{_IRI}|{_BNODE})\s*{_IRI}\s*(?:{_IRI}|{_BNODE}|{_LITERAL})\s*\.\s*(?:#.*)?"
+)
 _ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|(.))")
 _ECHARS = {"t": "\t", "b": "\b", "n": "\n", "r": "\r", "f": "\f", '"': '"', "'": "'", "\\": "\\"}
 
@@ -49,8 +51,13 @@ def _unescape(text: str) -> str:
 def _literal_key(lexical: str, language: str | None, datatype: str | None) -> str:
   """A literal in canonical N-Triples form: one spelling per RDF term."""
   if "\\" in lexical:
-    lexical = (_unescape(lexical).replace("\\", "\\\\").replace('"', '\\"')
-               .replace("\n", "\\n").replace("\r", "\\r"))
+    lexical = (
+      _unescape(lexical)
+      .replace("\\", "\\\\")
+      .replace('"', '\\"')
+      .replace("\n", "\\n")
+      .replace("\r", "\\r")
+    )
   if language:
     return f'"{lexical}"@{language.lower()}'  # language tags are case-insensitive
   if datatype is not None:
@@ -94,6 +101,12 @@ def parse_ntriples(lines, source: str = "<string>") -> tuple[list[str], list[str
   return subjects, predicates, objects
 
 
+def _read(archive: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+  file = archive.extractfile(member)
+  assert file is not None  # a regular file: `_members` keeps only those
+  return file.read()
+
+
 def _members(archive: tarfile.TarFile, path: str) -> dict[str, tarfile.TarInfo]:
   """The graph and the two label files of the archive, by role."""
   files = {PurePosixPath(m.name).name: m for m in archive.getmembers() if m.isfile()}
@@ -105,11 +118,15 @@ def _members(archive: tarfile.TarFile, path: str) -> dict[str, tarfile.TarInfo]:
   for role in (_TRAIN, _TEST):
     if role in files:
       found[role] = files[role]
-  missing = [w for w, key in (("an N-Triples graph (*.nt.gz)", "graph"), (_TRAIN, _TRAIN),
-                              (_TEST, _TEST)) if key not in found]
+  missing = [
+    w
+    for w, key in (("an N-Triples graph (*.nt.gz)", "graph"), (_TRAIN, _TRAIN), (_TEST, _TEST))
+    if key not in found
+  ]
   if missing:
-    raise ValueError(f"load_entities: {path} lacks {', '.join(missing)}; it holds "
-                     f"{sorted(files) or 'no files'}")
+    raise ValueError(
+      f"load_entities: {path} lacks {', '.join(missing)}; it holds {sorted(files) or 'no files'}"
+    )
   return found
 
 
@@ -172,7 +189,7 @@ def load_entities(path: str | os.PathLike) -> EntityDataset:
     raise ValueError(f"load_entities: {path} is not a (compressed) tar archive ({first})") from e
   with archive:
     members = _members(archive, path)
-    data = {role: archive.extractfile(member).read() for role, member in members.items()}
+    data = {role: _read(archive, member) for role, member in members.items()}
   graph_name = PurePosixPath(members["graph"].name).name
   text = data["graph"]
   if graph_name.endswith(".gz"):
@@ -185,14 +202,23 @@ def load_entities(path: str | os.PathLike) -> EntityDataset:
   relation_names = sorted(set(predicates))
   node_id = {name: i for i, name in enumerate(node_names)}
   relation_id = {name: i for i, name in enumerate(relation_names)}
-  triples = np.stack([
+  triples = np.stack(
+    [
       np.fromiter(map(node_id.__getitem__, subjects), np.int64, len(subjects)),
       np.fromiter(map(relation_id.__getitem__, predicates), np.int64, len(predicates)),
-      np.fromiter(map(node_id.__getitem__, objects), np.int64, len(objects))], axis=1)
+      np.fromiter(map(node_id.__getitem__, objects), np.int64, len(objects)),
+    ],
+    axis=1,
+  )
   triples = np.unique(triples.reshape(-1, 3), axis=0)  # an RDF graph is a set of triples
-  graph = HeteroGraph.from_edges(triples[:, 0], triples[:, 2], triples[:, 1],
-                                 num_nodes=len(node_names), relation_names=relation_names,
-                                 add_inverse=True)
+  graph = HeteroGraph.from_edges(
+    triples[:, 0],
+    triples[:, 2],
+    triples[:, 1],
+    num_nodes=len(node_names),
+    relation_names=relation_names,
+    add_inverse=True,
+  )
 
   splits = {role: _read_labels(data[role], f"{path}:{role}") for role in (_TRAIN, _TEST)}
   class_names = sorted(set(splits[_TRAIN][1]).union(splits[_TEST][1]))
@@ -203,16 +229,29 @@ def load_entities(path: str | os.PathLike) -> EntityDataset:
     for entity in entities:
       key = f"<{entity}>"
       if key not in node_id:
-        raise ValueError(f"load_entities: {path}:{role} labels {entity!r}, which is not a node "
-                         "of the graph")
+        raise ValueError(
+          f"load_entities: {path}:{role} labels {entity!r}, which is not a node of the graph"
+        )
       idx.append(node_id[key])
-    arrays[role] = (np.array(idx, np.int64),
-                    np.array([class_id[label] for label in labels], np.int32))
+    arrays[role] = (
+      np.array(idx, np.int64),
+      np.array([class_id[label] for label in labels], np.int32),
+    )
 
-  name = graph_name.split("_stripped")[0] if "_stripped" in graph_name else (
-      PurePosixPath(path).name.split(".")[0])
-  return EntityDataset(name=name, graph=graph, num_classes=len(class_names),
-                       train_idx=arrays[_TRAIN][0], train_y=arrays[_TRAIN][1],
-                       test_idx=arrays[_TEST][0], test_y=arrays[_TEST][1],
-                       class_names=tuple(class_names), features=None,
-                       node_names=tuple(node_names))
+  name = (
+    graph_name.split("_stripped")[0]
+    if "_stripped" in graph_name
+    else (PurePosixPath(path).name.split(".")[0])
+  )
+  return EntityDataset(
+    name=name,
+    graph=graph,
+    num_classes=len(class_names),
+    train_idx=arrays[_TRAIN][0],
+    train_y=arrays[_TRAIN][1],
+    test_idx=arrays[_TEST][0],
+    test_y=arrays[_TEST][1],
+    class_names=tuple(class_names),
+    features=None,
+    node_names=tuple(node_names),
+  )

@@ -5,6 +5,7 @@ many rare ones; benchmarks of relational GNN kernels need both, at sizes the RDF
 not reach. The task is built so that the neighbourhood, seen through typed relations, carries
 the class, and the node's own features carry it only weakly.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,11 +45,20 @@ def _positive_int(value, name: str, minimum: int = 1) -> int:
   return int(value)
 
 
-def synthetic_entities(*, num_nodes: int = 20_000, num_edges: int = 200_000,
-                       num_relations: int = 50, num_classes: int = 4, feature_dim: int = 32,
-                       train_fraction: float = 0.1, test_fraction: float = 0.1, seed: int = 0,
-                       name: str = "synthetic", edge_signal: float = 0.8,
-                       feature_signal: float = 0.8) -> EntityDataset:
+def synthetic_entities(
+  *,
+  num_nodes: int = 20_000,
+  num_edges: int = 200_000,
+  num_relations: int = 50,
+  num_classes: int = 4,
+  feature_dim: int = 32,
+  train_fraction: float = 0.1,
+  test_fraction: float = 0.1,
+  seed: int = 0,
+  name: str = "synthetic",
+  edge_signal: float = 0.8,
+  feature_signal: float = 0.8,
+) -> EntityDataset:
   """A random relational graph with a node-classification task that a relational GNN can learn.
 
   How it is drawn (all vectorised; 2 million edges and 500 relations take about a second):
@@ -94,15 +104,19 @@ def synthetic_entities(*, num_nodes: int = 20_000, num_edges: int = 200_000,
   num_classes = _positive_int(num_classes, "num_classes", 2)
   feature_dim = _positive_int(feature_dim, "feature_dim", 0)
   if num_classes > num_nodes:
-    raise ValueError(f"synthetic_entities: num_classes={num_classes} exceeds "
-                     f"num_nodes={num_nodes}")
-  for what, value in (("train_fraction", train_fraction), ("test_fraction", test_fraction),
-                      ("edge_signal", edge_signal)):
+    raise ValueError(f"synthetic_entities: num_classes={num_classes} exceeds num_nodes={num_nodes}")
+  for what, value in (
+    ("train_fraction", train_fraction),
+    ("test_fraction", test_fraction),
+    ("edge_signal", edge_signal),
+  ):
     if not 0.0 <= value <= 1.0:
       raise ValueError(f"synthetic_entities: {what} must be in [0, 1], got {value}")
   if train_fraction + test_fraction > 1.0:
-    raise ValueError(f"synthetic_entities: train_fraction + test_fraction must be <= 1, got "
-                     f"{train_fraction} + {test_fraction}")
+    raise ValueError(
+      f"synthetic_entities: train_fraction + test_fraction must be <= 1, got "
+      f"{train_fraction} + {test_fraction}"
+    )
   if feature_signal < 0:
     raise ValueError(f"synthetic_entities: feature_signal must be >= 0, got {feature_signal}")
   rng = np.random.default_rng(seed)
@@ -121,7 +135,8 @@ def synthetic_entities(*, num_nodes: int = 20_000, num_edges: int = 200_000,
   within -= np.concatenate([[0.0], np.cumsum(class_mass)[:-1]])[class_of_sorted]
   class_cdf = class_of_sorted + within / class_mass[class_of_sorted]
   class_cdf[np.cumsum(np.bincount(node_class, minlength=num_classes)) - 1] = np.arange(
-      1, num_classes + 1)  # exact class ends: rounding must not move a draw to the next class
+    1, num_classes + 1
+  )  # exact class ends: rounding must not move a draw to the next class
 
   # Relations: a Zipf-like frequency each (relation 0 the most common), a class permutation each.
   relation_weights = np.arange(1, num_relations + 1, dtype=np.float64) ** -RELATION_EXPONENT
@@ -130,18 +145,22 @@ def synthetic_entities(*, num_nodes: int = 20_000, num_edges: int = 200_000,
 
   # Edges: relation by frequency, source by popularity; destination by popularity, in the
   # class the relation maps the source's class to (with probability edge_signal) or anywhere.
-  etype = np.minimum(np.searchsorted(relation_cdf, rng.random(num_edges), side="right"),
-                     num_relations - 1)
+  etype = np.minimum(
+    np.searchsorted(relation_cdf, rng.random(num_edges), side="right"), num_relations - 1
+  )
   src = _draw(cumulative, num_edges, rng)
   follows = rng.random(num_edges) < edge_signal
   dst = np.empty(num_edges, np.int64)
   target = permutations[etype[follows], node_class[src[follows]]]
-  dst[follows] = by_class[np.minimum(
-      np.searchsorted(class_cdf, target + rng.random(len(target)), side="right"),
-      num_nodes - 1)]
+  dst[follows] = by_class[
+    np.minimum(
+      np.searchsorted(class_cdf, target + rng.random(len(target)), side="right"), num_nodes - 1
+    )
+  ]
   dst[~follows] = _draw(cumulative, num_edges - len(target), rng)
-  graph = HeteroGraph.from_edges(src, dst, etype, num_nodes=num_nodes,
-                                 relation_names=[f"r{r}" for r in range(num_relations)])
+  graph = HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=num_nodes, relation_names=[f"r{r}" for r in range(num_relations)]
+  )
 
   # Features: a weak class code plus noise.
   features = None
@@ -149,16 +168,23 @@ def synthetic_entities(*, num_nodes: int = 20_000, num_edges: int = 200_000,
     means = rng.standard_normal((num_classes, feature_dim))
     means *= feature_signal / np.linalg.norm(means, axis=1, keepdims=True)
     features = (means[node_class] + rng.standard_normal((num_nodes, feature_dim))).astype(
-        np.float32)
+      np.float32
+    )
 
   # Labelled nodes: disjoint random train and test sets.
   order = rng.permutation(num_nodes)
   num_train = int(round(train_fraction * num_nodes))
   num_test = min(int(round(test_fraction * num_nodes)), num_nodes - num_train)
   train_idx = np.sort(order[:num_train])
-  test_idx = np.sort(order[num_train:num_train + num_test])
-  return EntityDataset(name=name, graph=graph, num_classes=num_classes,
-                       train_idx=train_idx, train_y=node_class[train_idx],
-                       test_idx=test_idx, test_y=node_class[test_idx],
-                       class_names=tuple(f"c{c}" for c in range(num_classes)),
-                       features=features)
+  test_idx = np.sort(order[num_train : num_train + num_test])
+  return EntityDataset(
+    name=name,
+    graph=graph,
+    num_classes=num_classes,
+    train_idx=train_idx,
+    train_y=node_class[train_idx],
+    test_idx=test_idx,
+    test_y=node_class[test_idx],
+    class_names=tuple(f"c{c}" for c in range(num_classes)),
+    features=features,
+  )

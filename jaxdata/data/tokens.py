@@ -11,10 +11,11 @@ loss shows that training works, and how close it gets to the floor shows how wel
     batches = chain.batches(batch=8, seq=128, seed=1)    # endless (8, 129) int32 arrays
     floor = chain.entropy()                              # nats per token
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -28,10 +29,11 @@ class MarkovTokens:
   successors[c, j] is the j-th token that may follow context c and probs[c, j] its probability;
   context c of tokens (a_1, ..., a_order), oldest first, is sum(a_i * vocab ** (order - i)).
   """
+
   vocab: int
   order: int
   successors: np.ndarray  # int32 (vocab ** order, branching), distinct per row
-  probs: np.ndarray       # float64 (vocab ** order, branching), rows sum to 1
+  probs: np.ndarray  # float64 (vocab ** order, branching), rows sum to 1
 
   @property
   def branching(self) -> int:
@@ -49,10 +51,10 @@ class MarkovTokens:
     if length < self.order:
       raise ValueError(f"sample: length ({length}) must be at least the order ({self.order})")
     out = np.empty((batch, length), np.int32)
-    out[:, :self.order] = rng.integers(0, self.vocab, (batch, self.order))
+    out[:, : self.order] = rng.integers(0, self.vocab, (batch, self.order))
     cdf = np.cumsum(self.probs, axis=1)
     for t in range(self.order, length):
-      c = self._context(out[:, t - self.order:t])
+      c = self._context(out[:, t - self.order : t])
       pick = (rng.random(batch)[:, None] >= cdf[c]).sum(axis=1)
       out[:, t] = self.successors[c, np.minimum(pick, self.branching - 1)]
     return out
@@ -91,8 +93,9 @@ class MarkovTokens:
     return float(h[self._context(windows)].mean())
 
 
-def markov_tokens(vocab: int = 256, *, order: int = 1, branching: int = 4,
-                  concentration: float = 1.0, seed: int = 0) -> MarkovTokens:
+def markov_tokens(
+  vocab: int = 256, *, order: int = 1, branching: int = 4, concentration: float = 1.0, seed: int = 0
+) -> MarkovTokens:
   """A random sparse Markov chain, the same for the same arguments.
 
   Args:
@@ -104,17 +107,20 @@ def markov_tokens(vocab: int = 256, *, order: int = 1, branching: int = 4,
     seed: fixes successors and probabilities.
   """
   if vocab < 2 or order < 1 or not 1 <= branching <= vocab or concentration <= 0:
-    raise ValueError(f"markov_tokens: need vocab >= 2, order >= 1, 1 <= branching <= vocab and "
-                     f"concentration > 0 (got {vocab}, {order}, {branching}, {concentration})")
-  if vocab ** order > _MAX_CONTEXTS:
-    raise ValueError(f"markov_tokens: vocab ** order = {vocab ** order} contexts, more than "
-                     f"{_MAX_CONTEXTS}; lower the order or the vocabulary")
+    raise ValueError(
+      f"markov_tokens: need vocab >= 2, order >= 1, 1 <= branching <= vocab and "
+      f"concentration > 0 (got {vocab}, {order}, {branching}, {concentration})"
+    )
+  if vocab**order > _MAX_CONTEXTS:
+    raise ValueError(
+      f"markov_tokens: vocab ** order = {vocab**order} contexts, more than "
+      f"{_MAX_CONTEXTS}; lower the order or the vocabulary"
+    )
   rng = np.random.default_rng(seed)
-  contexts = vocab ** order
+  contexts = vocab**order
   # Distinct successors per row: a random start plus strictly increasing offsets in [1, vocab].
   gaps = rng.integers(1, vocab // branching + 1, (contexts, branching))
   start = rng.integers(0, vocab, (contexts, 1))
   successors = ((start + np.cumsum(gaps, axis=1)) % vocab).astype(np.int32)
   probs = rng.dirichlet(np.full(branching, float(concentration)), contexts)
   return MarkovTokens(vocab, order, successors, probs)
-

@@ -22,9 +22,10 @@ linear-operator reordering, compact materialization) can be switched off with ``
 `partition` splits a graph by destination ranges into equal-shaped parts, one per device, for
 full-graph training over several devices (`jaxdata.hector.partition`).
 """
+
+from jaxdata.hector.compiled import SAVED_NAME, Layer, Plan
 from jaxdata.hector.compiler import CompileError, CompilerNotFoundError, cache_dir
 from jaxdata.hector.frontend import NODE, RELATION_VECTOR, RELATION_WEIGHT, layer
-from jaxdata.hector.compiled import SAVED_NAME, Layer, Plan
 from jaxdata.hector.hgt import hgt_layer, hgt_message
 from jaxdata.hector.partition import Partitions, partition
 from jaxdata.hector.passes import PASSES
@@ -32,8 +33,26 @@ from jaxdata.hector.rgat import rgat_layer, rgat_message
 from jaxdata.hector.rgcn import rgcn_featureless_layer, rgcn_layer, rgcn_message
 from jaxdata.hector.runtime import GraphArrays
 
-__all__ = ["SAVED_NAME", 
-    "NODE", "RELATION_WEIGHT", "RELATION_VECTOR", "PASSES", "layer", "Layer", "Plan",
-    "GraphArrays", "Partitions", "partition", "rgcn_message", "rgcn_layer", "rgcn_featureless_layer", "rgat_message",
-    "rgat_layer", "hgt_message", "hgt_layer", "CompileError", "CompilerNotFoundError", "cache_dir",
+__all__ = [
+  "SAVED_NAME",
+  "NODE",
+  "RELATION_WEIGHT",
+  "RELATION_VECTOR",
+  "PASSES",
+  "layer",
+  "Layer",
+  "Plan",
+  "GraphArrays",
+  "Partitions",
+  "partition",
+  "rgcn_message",
+  "rgcn_layer",
+  "rgcn_featureless_layer",
+  "rgat_message",
+  "rgat_layer",
+  "hgt_message",
+  "hgt_layer",
+  "CompileError",
+  "CompilerNotFoundError",
+  "cache_dir",
 ]

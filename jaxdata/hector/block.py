@@ -23,6 +23,7 @@ block (its unique (source, relation) pairs are computed here, padded to one per 
 
 All of it is jnp: it runs on the device that runs the step, with no host round trip.
 """
+
 from __future__ import annotations
 
 import jax
@@ -77,8 +78,13 @@ def _representative(ids: jax.Array, valid: jax.Array) -> jax.Array:
   return jnp.zeros((m,), jnp.int32).at[order].set(order[group_start], unique_indices=True)
 
 
-def expand(nodes: jax.Array, mask: jax.Array, neighbours: jax.Array, neighbour_mask: jax.Array,
-           neighbour_etype: jax.Array):
+def expand(
+  nodes: jax.Array,
+  mask: jax.Array,
+  neighbours: jax.Array,
+  neighbour_mask: jax.Array,
+  neighbour_etype: jax.Array,
+):
   """One hop: U_{h+1} from U_h and the in-edges sampled for it.
 
   Args:
@@ -94,11 +100,15 @@ def expand(nodes: jax.Array, mask: jax.Array, neighbours: jax.Array, neighbour_m
   """
   c, f = neighbours.shape
   if nodes.shape != (c,) or mask.shape != (c,):
-    raise ValueError(f"hector.block.expand: nodes and mask must be [{c}] like neighbours' first "
-                     f"axis, got {nodes.shape} and {mask.shape}")
+    raise ValueError(
+      f"hector.block.expand: nodes and mask must be [{c}] like neighbours' first "
+      f"axis, got {nodes.shape} and {mask.shape}"
+    )
   if neighbour_mask.shape != (c, f) or neighbour_etype.shape != (c, f):
-    raise ValueError(f"hector.block.expand: neighbour_mask and neighbour_etype must be "
-                     f"{(c, f)}, got {neighbour_mask.shape} and {neighbour_etype.shape}")
+    raise ValueError(
+      f"hector.block.expand: neighbour_mask and neighbour_etype must be "
+      f"{(c, f)}, got {neighbour_mask.shape} and {neighbour_etype.shape}"
+    )
   edge_valid = (neighbour_mask & mask[:, None]).reshape(-1)
   cand = jnp.concatenate([jnp.where(mask, nodes, -1), neighbours.reshape(-1)]).astype(jnp.int32)
   valid = jnp.concatenate([mask, edge_valid])
@@ -118,8 +128,17 @@ def expand(nodes: jax.Array, mask: jax.Array, neighbours: jax.Array, neighbour_m
   return nodes1, nodes1 >= 0, (src, dst, etype, edge_valid)
 
 
-def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
-                norm: str = "mean", node_type_offsets=None) -> GraphArrays:
+def block_graph(
+  src,
+  dst,
+  etype,
+  valid,
+  *,
+  num_nodes: int,
+  num_relations: int,
+  norm: str = "mean",
+  node_type_offsets=None,
+) -> GraphArrays:
   """A `GraphArrays` from a padded list of typed edges, built with jnp (traceable).
 
   Args:
@@ -141,15 +160,18 @@ def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
     raise ValueError(f"hector.block_graph: norm must be one of {_NORMS}, got {norm!r}")
   n, r = int(num_nodes), int(num_relations)
   if n < 1 or r < 1:
-    raise ValueError(f"hector.block_graph: num_nodes and num_relations must be >= 1 (one "
-                     f"node is the padding node), got {n} and {r}")
+    raise ValueError(
+      f"hector.block_graph: num_nodes and num_relations must be >= 1 (one "
+      f"node is the padding node), got {n} and {r}"
+    )
   src, dst, etype = (jnp.asarray(a).astype(jnp.int32) for a in (src, dst, etype))
   valid = jnp.asarray(valid).astype(bool)
   e = src.shape[0]
   for name, a in (("dst", dst), ("etype", etype), ("valid", valid)):
     if a.shape != (e,):
-      raise ValueError(f"hector.block_graph: {name} must have the shape of src {(e,)}, got "
-                       f"{a.shape}")
+      raise ValueError(
+        f"hector.block_graph: {name} must have the shape of src {(e,)}, got {a.shape}"
+      )
   pad = n - 1
   src, dst = jnp.where(valid, src, pad), jnp.where(valid, dst, pad)
   etype = jnp.where(valid, etype, 0)
@@ -169,8 +191,11 @@ def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
   csc_offsets, csc_edges = grouped(dst, n)
 
   # Norm: runs of equal (relation, destination) are contiguous in this order.
-  ends = jnp.concatenate([jnp.ones((1,), bool), (etype[1:] != etype[:-1]) |
-                          (dst[1:] != dst[:-1])]) if e else jnp.zeros((0,), bool)
+  ends = (
+    jnp.concatenate([jnp.ones((1,), bool), (etype[1:] != etype[:-1]) | (dst[1:] != dst[:-1])])
+    if e
+    else jnp.zeros((0,), bool)
+  )
   if norm == "mean":
     # A run's length from its ends (scans), not a segment_sum: the padding edges are one run,
     # often most of a block's edges, and a scatter-add of millions of them into one element
@@ -187,8 +212,11 @@ def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
   # Unique (source, relation) pairs, sorted by (relation, source); unused pairs after them.
   pair_edges = jnp.lexsort((src, etype)).astype(i32)
   ps, pe = src[pair_edges], etype[pair_edges]
-  starts = jnp.concatenate([jnp.ones((1,), bool), (ps[1:] != ps[:-1]) |
-                            (pe[1:] != pe[:-1])]) if e else jnp.zeros((0,), bool)
+  starts = (
+    jnp.concatenate([jnp.ones((1,), bool), (ps[1:] != ps[:-1]) | (pe[1:] != pe[:-1])])
+    if e
+    else jnp.zeros((0,), bool)
+  )
   pair_sorted = jnp.cumsum(starts.astype(i32)) - 1
   pair = jnp.zeros((e,), i32).at[pair_edges].set(pair_sorted, unique_indices=True)  # a permutation
   num_pairs = e  # static: one per edge at most
@@ -205,9 +233,28 @@ def block_graph(src, dst, etype, valid, *, num_nodes: int, num_relations: int,
   pair_csr_offsets, pair_csr_edges = grouped(pair_src, n)
 
   types = None if node_type_offsets is None else tuple(int(t) for t in node_type_offsets)
-  return GraphArrays(src, dst, etype, edge_norm.astype(jnp.float32), rel_offsets, csr_offsets,
-                     csr_edges, csc_offsets, csc_edges, pair, pair_offsets, pair_edges, pair_src,
-                     pair_etype, pair_rel_offsets, pair_csr_offsets, pair_csr_edges, n, r, types)
+  return GraphArrays(
+    src,
+    dst,
+    etype,
+    edge_norm.astype(jnp.float32),
+    rel_offsets,
+    csr_offsets,
+    csr_edges,
+    csc_offsets,
+    csc_edges,
+    pair,
+    pair_offsets,
+    pair_edges,
+    pair_src,
+    pair_etype,
+    pair_rel_offsets,
+    pair_csr_offsets,
+    pair_csr_edges,
+    n,
+    r,
+    types,
+  )
 
 
 def edges_numpy(graph: GraphArrays) -> tuple[np.ndarray, ...]:

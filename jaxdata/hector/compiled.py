@@ -7,15 +7,17 @@ backward kernels that differentiation produced, reusing the arrays the forward k
 materialized. Plans are cached per shape and choice of passes, kernels per source (in memory and
 on disk).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, cast
 
 import jax
-from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxdata.hector import codegen, passes
 from jaxdata.hector import precision as precision_lib
@@ -31,8 +33,10 @@ _KERNEL_DTYPES = {jnp.dtype(jnp.float32): "float32", jnp.dtype(jnp.bfloat16): "b
 #: forward kernels keep for its backward kernels.
 SAVED_NAME = "hector_saved"
 
-_PASS_TITLES = {"reorder": "after linear-operator reordering",
-                 "compact": "after compact materialization"}
+_PASS_TITLES = {
+  "reorder": "after linear-operator reordering",
+  "compact": "after compact materialization",
+}
 
 
 @dataclasses.dataclass(eq=False)
@@ -43,6 +47,7 @@ class Plan:
   of arrays the forward kernels made that the backward kernels read (kept as residuals, not
   recomputed).
   """
+
   traced: Program
   forward: Program
   backward: Program
@@ -52,10 +57,13 @@ class Plan:
   saved: frozenset[int] = frozenset()
 
   def __str__(self):
-    parts = [("traced", str(self.traced)), *self.stages,
-             ("after differentiation (backward program)", str(self.backward)),
-             ("forward kernels", "\n".join(map(str, self.forward_kernels))),
-             ("backward kernels", "\n".join(map(str, self.backward_kernels)) + self._kept())]
+    parts = [
+      ("traced", str(self.traced)),
+      *self.stages,
+      ("after differentiation (backward program)", str(self.backward)),
+      ("forward kernels", "\n".join(map(str, self.forward_kernels))),
+      ("backward kernels", "\n".join(map(str, self.backward_kernels)) + self._kept()),
+    ]
     return "\n\n".join(f"== {title} ==\n{body}" for title, body in parts)
 
   def _kept(self) -> str:
@@ -63,8 +71,13 @@ class Plan:
     return f"\nkept from the forward pass: {', '.join(kept)}" if kept else ""
 
 
-def make_plan(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: int,
-              num_relations: int, chosen: tuple[str, ...] = passes.PASSES) -> Plan:
+def make_plan(
+  program: Program,
+  shapes: dict[str, tuple[int, ...]],
+  num_nodes: int,
+  num_relations: int,
+  chosen: tuple[str, ...] = passes.PASSES,
+) -> Plan:
   """Runs the passes on a traced program for these input shapes and lowers both directions."""
   forward = passes.infer_shapes(passes.clone(program), shapes, num_nodes, num_relations)
   stages = [("after shape inference", str(forward))]
@@ -116,12 +129,20 @@ class Layer:
     shapes = {k: tuple(np.shape(v)) for k, v in inputs.items()}
     key = (tuple(sorted(shapes.items())), graph.num_nodes, graph.num_relations, chosen)
     if key not in self._plans:
-      self._plans[key] = make_plan(self.program, shapes, graph.num_nodes, graph.num_relations,
-                                   chosen)
+      self._plans[key] = make_plan(
+        self.program, shapes, graph.num_nodes, graph.num_relations, chosen
+      )
     return self._plans[key]
 
-  def sources(self, graph: GraphArrays, target: str = "cpu", passes=None, precision=None,
-              tilings: bool = False, **inputs) -> str:
+  def sources(
+    self,
+    graph: GraphArrays,
+    target: str = "cpu",
+    passes=None,
+    precision=None,
+    tilings: bool = False,
+    **inputs,
+  ) -> str:
     """The generated source of every kernel of the plan for `target` ("cpu" or "cuda"), at
     `precision` (as in `__call__`); with `tilings`, a CUDA tensor-core kernel's in each of its
     tilings (`jaxdata.hector.tuning`), not only its default one."""
@@ -131,12 +152,20 @@ class Layer:
     compute = _kernel_dtype(jnp.result_type(*inputs.values()))
     dt.update({f"ct_{k}": compute for k in self.program.outputs})  # cotangents: as the outputs
     made = {}  # value id -> its dtype, for the values the instances make (as `execute`)
+
+    def dtype_of(v: Value) -> str:
+      if v.op in ("input", "weight"):
+        assert v.name is not None  # inputs and weights are named
+        return dt.get(v.name, "float32")
+      return made.get(v.id, "float32")
+
     out = []
-    for direction, kernels in (("forward", plan.forward_kernels),
-                               ("backward", plan.backward_kernels)):
+    for direction, kernels in (
+      ("forward", plan.forward_kernels),
+      ("backward", plan.backward_kernels),
+    ):
       for inst in kernels:
-        ins = [dt.get(v.name, "float32") if v.op in ("input", "weight") else
-               made.get(v.id, "float32") for v in inst.inputs]
+        ins = [dtype_of(v) for v in inst.inputs]
         if isinstance(inst.kernel, Dense):
           made[inst.output.id] = _dense_dtype(ins)
           continue
@@ -151,11 +180,15 @@ class Layer:
           out.append(f"// ---- {direction}: {name}\n{source(spec, target, tile)}")
     return "\n".join(out)
 
-  def __call__(self, graph: GraphArrays, passes=None, precision=None, **inputs):
+  def __call__(self, graph: GraphArrays, passes=None, precision=None, **inputs) -> Any:
+    # Any: the one output array, or a dict of them by name; which one, the program says
     level = precision_lib.resolve(precision, self.program.name)
     plan = self.plan(graph, passes, **inputs)
     names = tuple(self.program.inputs)
-    outs = _apply(plan, names, level, graph, tuple(inputs[k] for k in names))
+    # custom_vjp through functools.partial loses `_apply`'s return type
+    outs = cast(
+      dict[str, jax.Array], _apply(plan, names, level, graph, tuple(inputs[k] for k in names))
+    )
     return outs if len(outs) > 1 else next(iter(outs.values()))
 
   def _check(self, graph, inputs):
@@ -165,8 +198,10 @@ class Layer:
     missing = set(self.kinds) - set(inputs)
     extra = set(inputs) - set(self.kinds)
     if missing or extra:
-      raise TypeError(f"{self.program.name}: expected inputs {sorted(self.kinds)}; "
-                      f"missing {sorted(missing)}, unexpected {sorted(extra)}")
+      raise TypeError(
+        f"{self.program.name}: expected inputs {sorted(self.kinds)}; "
+        f"missing {sorted(missing)}, unexpected {sorted(extra)}"
+      )
     for k, v in inputs.items():
       dt = jnp.result_type(v)
       if not jnp.issubdtype(dt, jnp.floating):
@@ -205,21 +240,34 @@ def _dense_dtype(dtypes: list[str]) -> str:
   return "bfloat16" if set(dtypes) == {"bfloat16"} else "float32"
 
 
-def _spec(inst: Instance, dtypes: list[str], graph: GraphArrays, precision: str,
-          out: str = "float32") -> KernelSpec:
-  return KernelSpec(inst.kernel, tuple(dtypes), _full_shape(inst.output, graph),
-                    codegen.zero_output(inst.kernel), str(inst), precision, out)
+def _spec(
+  inst: Instance, dtypes: list[str], graph: GraphArrays, precision: str, out: str = "float32"
+) -> KernelSpec:
+  return KernelSpec(
+    inst.kernel,
+    tuple(dtypes),
+    _full_shape(inst.output, graph),
+    codegen.zero_output(inst.kernel),
+    str(inst),
+    precision,
+    out,
+  )
 
 
 def _full_shape(v: Value, graph: GraphArrays) -> tuple[int, ...]:
   if v.domain == "weight":
-    return v.shape
+    return v.known_shape
   rows = {"node": graph.num_nodes, "edge": graph.num_edges, "compact": graph.num_pairs}
-  return (rows[v.domain],) + tuple(v.shape)
+  return (rows[v.domain],) + v.known_shape
 
 
-def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Array],
-            precision: str | None = None, dtype=jnp.float32):
+def execute(
+  kernels: list[Instance],
+  graph: GraphArrays,
+  env: dict[int, jax.Array],
+  precision: str | None = None,
+  dtype=jnp.float32,
+):
   """Runs instances in order; `env` maps value ids to arrays and receives every output (an
   instance whose output is already there, kept from the forward pass, is skipped); GEMMs run
   at `precision` (as `Layer.__call__` takes it; None: ``jax.default_matmul_precision``); the
@@ -234,17 +282,23 @@ def execute(kernels: list[Instance], graph: GraphArrays, env: dict[int, jax.Arra
     args = [env[v.id] for v in inst.inputs]
     if isinstance(inst.kernel, Dense):  # float32 math, rounded to its operands' dtype (as jnp)
       env[inst.output.id] = _dense(inst.kernel, args).astype(
-          _dense_dtype([_kernel_dtype(a) for a in args]))
+        _dense_dtype([_kernel_dtype(a) for a in args])
+      )
       continue
-    args = [a if jnp.result_type(a) in _KERNEL_DTYPES else jnp.asarray(a, jnp.float32)
-            for a in args]
-    spec = _spec(inst, [_kernel_dtype(a) for a in args], graph, precision,
-                 out_dtype(inst, compute))
+    args = [
+      a if jnp.result_type(a) in _KERNEL_DTYPES else jnp.asarray(a, jnp.float32) for a in args
+    ]
+    spec = _spec(inst, [_kernel_dtype(a) for a in args], graph, precision, out_dtype(inst, compute))
     env[inst.output.id] = run_kernel(spec, graph, args)
 
 
-_UNARY = {"relu": jax.nn.relu, "exp": jnp.exp, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid,
-          "neg": jnp.negative}
+_UNARY = {
+  "relu": jax.nn.relu,
+  "exp": jnp.exp,
+  "tanh": jnp.tanh,
+  "sigmoid": jax.nn.sigmoid,
+  "neg": jnp.negative,
+}
 _HI = jax.lax.Precision.HIGHEST
 
 
@@ -299,8 +353,9 @@ def _zero_cotangent(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _apply(plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArrays,
-           arrays: tuple):
+def _apply(
+  plan: Plan, names: tuple[str, ...], precision: str, graph: GraphArrays, arrays: tuple
+) -> dict[str, jax.Array]:
   return _forward(plan, names, precision, graph, arrays)
 
 
@@ -330,8 +385,11 @@ def _apply_bwd(plan, names, precision, residuals, cts):
     env[plan.backward.inputs[f"ct_{k}"].id] = ct
   execute(plan.backward_kernels, graph, env, precision, jnp.result_type(*arrays))
   grads = tuple(
-      env[plan.backward.outputs[k].id].astype(a.dtype) if k in plan.backward.outputs else
-      jnp.zeros_like(a) for k, a in zip(names, arrays))
+    env[plan.backward.outputs[k].id].astype(a.dtype)
+    if k in plan.backward.outputs
+    else jnp.zeros_like(a)
+    for k, a in zip(names, arrays)
+  )
   return jax.tree_util.tree_map(_zero_cotangent, graph), grads
 
 

@@ -16,6 +16,7 @@ processes never see half a file.
 A compiler that fails, cannot be run (``CXX=/nonexistent``) or reports success without writing
 its output (``CXX=/bin/true``) raises `CompileError` naming it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,14 +52,18 @@ def cache_dir() -> Path:
   """$JAXDATA_CACHE_DIR/hector (default ~/.cache/jaxdata/hector), made if missing;
   CacheDirError where it cannot be (a file in its place, no permission)."""
   root = os.environ.get("JAXDATA_CACHE_DIR") or os.path.join(
-      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxdata")
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxdata"
+  )
   path = Path(root) / "hector"
   try:
     path.mkdir(parents=True, exist_ok=True)
   except OSError as e:
-    raise CacheDirError(e.errno, f"hector's kernel cache {path} cannot be made "
-                        f"({e.strerror or e}): set JAXDATA_CACHE_DIR to a folder this user can "
-                        f"write") from None
+    raise CacheDirError(
+      e.errno,
+      f"hector's kernel cache {path} cannot be made "
+      f"({e.strerror or e}): set JAXDATA_CACHE_DIR to a folder this user can "
+      f"write",
+    ) from None
   return path
 
 
@@ -103,19 +108,22 @@ def cached(key_parts: tuple[str, ...], suffix: str, source: str, build, load=Non
           load(binary)
         return binary
       except (OSError, RuntimeError) as e:
-        warnings.warn(f"jaxdata.hector: cache entry {binary} cannot be loaded ({e}); rebuilding "
-                      "it", stacklevel=3)
+        warnings.warn(
+          f"jaxdata.hector: cache entry {binary} cannot be loaded ({e}); rebuilding it",
+          stacklevel=3,
+        )
     else:
-      warnings.warn(f"jaxdata.hector: cache entry {binary} is corrupt; rebuilding it",
-                    stacklevel=3)
+      warnings.warn(f"jaxdata.hector: cache entry {binary} is corrupt; rebuilding it", stacklevel=3)
   src_path = d / f"{key}{'.cu' if suffix == '.cubin' else '.cc'}"
   _write_atomic(src_path, source.encode())
   with tempfile.TemporaryDirectory(dir=d) as tmp:
     out = Path(tmp) / f"kernel{suffix}"
     build(src_path, out)
     if not out.is_file() or out.stat().st_size == 0:
-      raise CompileError(f"jaxdata.hector: the compiler reported success on {src_path} but wrote "
-                         f"no {suffix} file ({getattr(build, 'compiler', 'the compiler')})")
+      raise CompileError(
+        f"jaxdata.hector: the compiler reported success on {src_path} but wrote "
+        f"no {suffix} file ({getattr(build, 'compiler', 'the compiler')})"
+      )
     data = out.read_bytes()
   _write_atomic(binary, data)
   _write_atomic(digest, _digest(data).encode())
@@ -123,9 +131,10 @@ def cached(key_parts: tuple[str, ...], suffix: str, source: str, build, load=Non
     try:
       load(binary)
     except (OSError, RuntimeError) as e:
-      raise CompileError(f"jaxdata.hector: {binary}, freshly built from {src_path} by "
-                         f"{getattr(build, 'compiler', 'the compiler')}, cannot be loaded: {e}"
-                         ) from e
+      raise CompileError(
+        f"jaxdata.hector: {binary}, freshly built from {src_path} by "
+        f"{getattr(build, 'compiler', 'the compiler')}, cannot be loaded: {e}"
+      ) from e
   return binary
 
 
@@ -136,8 +145,10 @@ def _run_compiler(cmd: list[str], src: Path):
   except OSError as e:
     raise CompileError(f"jaxdata.hector: cannot run the compiler {cmd[0]!r}: {e}") from e
   if proc.returncode != 0:
-    raise CompileError(f"generated kernel {src} failed to compile with {cmd[0]}:\n"
-                       f"{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+    raise CompileError(
+      f"generated kernel {src} failed to compile with {cmd[0]}:\n"
+      f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+    )
 
 
 # ----------------------------------------------------------------------------- CPU
@@ -148,16 +159,19 @@ def cxx() -> str:
   if named:
     found = shutil.which(named)
     if found is None:
-      raise CompileError(f"jaxdata.hector: $CXX={named!r} is not an executable C++ compiler; "
-                         "point $CXX at one, or unset it to use c++, g++ or clang++ from PATH")
+      raise CompileError(
+        f"jaxdata.hector: $CXX={named!r} is not an executable C++ compiler; "
+        "point $CXX at one, or unset it to use c++, g++ or clang++ from PATH"
+      )
     return found
   for name in ("c++", "g++", "clang++"):
     found = shutil.which(name)
     if found:
       return found
   raise CompilerNotFoundError(
-      "jaxdata.hector compiles its CPU kernels at run time and found no C++ compiler: install one "
-      "(e.g. `apt install g++` or `conda install gxx`) or point $CXX at it.")
+    "jaxdata.hector compiles its CPU kernels at run time and found no C++ compiler: install one "
+    "(e.g. `apt install g++` or `conda install gxx`) or point $CXX at it."
+  )
 
 
 def _cpu_identity() -> tuple[str, ...]:
@@ -228,8 +242,12 @@ def _nvrtc_build(lib, arch: int):
       if status != 0:
         raise CompileError(f"NVRTC {what}: {lib.nvrtcGetErrorString(status).decode()}")
 
-    check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.read_bytes(), str(src).encode(), 0, None,
-                                 None), "create")
+    check(
+      lib.nvrtcCreateProgram(
+        ctypes.byref(prog), src.read_bytes(), str(src).encode(), 0, None, None
+      ),
+      "create",
+    )
     try:
       opts = [f"--gpu-architecture=sm_{arch}".encode(), b"--std=c++17", b"-default-device"]
       status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
@@ -238,8 +256,10 @@ def _nvrtc_build(lib, arch: int):
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
         log = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetProgramLog(prog, log)
-        raise CompileError(f"generated kernel {src} failed to compile with NVRTC:\n"
-                           f"{log.value.decode(errors='replace')[-4000:]}")
+        raise CompileError(
+          f"generated kernel {src} failed to compile with NVRTC:\n"
+          f"{log.value.decode(errors='replace')[-4000:]}"
+        )
       size = ctypes.c_size_t()
       check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
       image = ctypes.create_string_buffer(size.value)
@@ -255,8 +275,21 @@ def _nvcc_build(nvcc: str, arch: int):
 
   def build(src: Path, out: Path):
     build.compiler = nvcc
-    _run_compiler([nvcc, "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-O3", "-x", "cu", str(src),
-                   "-o", str(out)], src)
+    _run_compiler(
+      [
+        nvcc,
+        "-cubin",
+        f"-arch=sm_{arch}",
+        "-std=c++17",
+        "-O3",
+        "-x",
+        "cu",
+        str(src),
+        "-o",
+        str(out),
+      ],
+      src,
+    )
 
   return build
 
@@ -266,12 +299,14 @@ def compile_cuda(source: str, arch: int, load=None) -> Path:
   `load` as in `cached`)."""
   lib = nvrtc()
   if lib is not None:
-    return cached(("nvrtc", _nvrtc_version(lib), str(arch)), ".cubin", source,
-                  _nvrtc_build(lib, arch), load)
+    return cached(
+      ("nvrtc", _nvrtc_version(lib), str(arch)), ".cubin", source, _nvrtc_build(lib, arch), load
+    )
   nvcc = shutil.which("nvcc")
   if nvcc is not None:
     return cached(("nvcc", nvcc, str(arch)), ".cubin", source, _nvcc_build(nvcc, arch), load)
   raise CompilerNotFoundError(
-      "jaxdata.hector compiles its CUDA kernels at run time and found neither NVRTC nor nvcc: "
-      "install the NVRTC wheel (`pip install nvidia-cuda-nvrtc`, which `jax[cuda13]` brings) or "
-      "a CUDA toolkit, or set CUDA_HOME.")
+    "jaxdata.hector compiles its CUDA kernels at run time and found neither NVRTC nor nvcc: "
+    "install the NVRTC wheel (`pip install nvidia-cuda-nvrtc`, which `jax[cuda13]` brings) or "
+    "a CUDA toolkit, or set CUDA_HOME."
+  )

@@ -30,13 +30,14 @@ edge rows means W's H (see `jaxdata.hector.hgt`):
     key = g.src(k) @ W_att
     score = key.dot(g.dst(q), heads=W_att) * g.vector_row(mu)
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from jaxdata.hector.ir import ENDS, UNARY, Program, Value
 
-NODE = "node"                      #: a node feature array [N, d]
+NODE = "node"  #: a node feature array [N, d]
 #: a weight per relation [R, d_in, d_out] or [R, N, d_out], or per relation and head
 #: [R, H, d_in, d_out] (``rows @ W`` multiplies head h's d_in features by W[r, h])
 RELATION_WEIGHT = "relation_weight"
@@ -67,10 +68,11 @@ class Sym:
 
   def __matmul__(self, weight):
     weight = self._lift(weight)
-    if (self.value.domain != "edge" or weight.value.domain != "weight"
-        or _is_vector(weight.value)):
-      raise TypeError("hector: `rows @ W` needs edge rows and a relation weight (use "
-                      "`rows.dot(a)` for a relation vector)")
+    if self.value.domain != "edge" or weight.value.domain != "weight" or _is_vector(weight.value):
+      raise TypeError(
+        "hector: `rows @ W` needs edge rows and a relation weight (use "
+        "`rows.dot(a)` for a relation vector)"
+      )
     return Sym(Value("linear", (self.value, weight.value), {"transpose": False}, domain="edge"))
 
   def dot(self, other, heads: int | Sym | None = None) -> Sym:
@@ -96,10 +98,10 @@ class Sym:
     if isinstance(heads, Sym):
       if heads.value.op != "weight" or heads.value.name is None:
         raise TypeError("hector: `heads=` takes a number or a weight / relation vector input")
-      heads = heads.value.name
+      count: int | str = heads.value.name  # the input whose H is meant, read at shape inference
     else:
-      heads = int(heads or 0)
-    return Sym(Value("dot", (self.value, other.value), {"heads": heads}, domain="edge"))
+      count = int(heads or 0)
+    return Sym(Value("dot", (self.value, other.value), {"heads": count}, domain="edge"))
 
   def _unary(self, fn: str, **attrs) -> Sym:
     return Sym(Value("unary", (self.value,), {"fn": fn, **attrs}, domain=self.value.domain))
@@ -129,8 +131,10 @@ def _join(a: Sym, b) -> str:
     raise TypeError(f"hector: cannot combine a symbolic value with {type(b).__name__}")
   da, db = a.value.domain, b.value.domain
   if da != db:
-    raise TypeError(f"hector: elementwise op mixes {da} and {db} values; gather nodes onto edges "
-                    "first (g.src(x) / g.dst(x))")
+    raise TypeError(
+      f"hector: elementwise op mixes {da} and {db} values; gather nodes onto edges "
+      "first (g.src(x) / g.dst(x))"
+    )
   return da
 
 
@@ -200,12 +204,20 @@ def trace(fn: Callable, kinds: dict[str, str], name: str | None = None) -> Progr
   for k, kind in kinds.items():
     if kind not in KINDS:
       raise ValueError(f"input {k!r}: kind must be one of {KINDS}, got {kind!r}")
-  attrs = {NODE: {}, RELATION_WEIGHT: {"by": "relation"},
-           RELATION_VECTOR: {"by": "relation", "kind": "vector"}}
+  attrs = {
+    NODE: {},
+    RELATION_WEIGHT: {"by": "relation"},
+    RELATION_VECTOR: {"by": "relation", "kind": "vector"},
+  }
   inputs = {
-      k: Value("input" if kind == NODE else "weight", (), dict(attrs[kind]),
-               domain="node" if kind == NODE else "weight", name=k)
-      for k, kind in kinds.items()
+    k: Value(
+      "input" if kind == NODE else "weight",
+      (),
+      dict(attrs[kind]),
+      domain="node" if kind == NODE else "weight",
+      name=k,
+    )
+    for k, kind in kinds.items()
   }
   result = fn(Graph(), **{k: Sym(v) for k, v in inputs.items()})
   outs = result if isinstance(result, dict) else {"out": result}

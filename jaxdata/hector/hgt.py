@@ -28,6 +28,7 @@ is shared by compaction (a GEMM over P unique pairs instead of E edges). The reo
 therefore keeps the product on the source side, and moves it there when a layer is written the
 other way round.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,15 +42,24 @@ from jaxdata.hector.runtime import GraphArrays
 
 @layer(k=NODE, q=NODE, v=NODE, W_att=RELATION_WEIGHT, W_msg=RELATION_WEIGHT, mu=RELATION_VECTOR)
 def hgt_layer(g, k, q, v, W_att, W_msg, mu):
-  key = g.src(k) @ W_att                                          # [E, H*d_k], head by head
-  score = key.dot(g.dst(q), heads=W_att) * g.vector_row(mu)       # [E, H]
-  alpha = g.edge_softmax(score, at="dst")                         # [E, H]
-  return g.aggregate(alpha * (g.src(v) @ W_msg))                  # [N, H*d_k]
+  key = g.src(k) @ W_att  # [E, H*d_k], head by head
+  score = key.dot(g.dst(q), heads=W_att) * g.vector_row(mu)  # [E, H]
+  alpha = g.edge_softmax(score, at="dst")  # [E, H]
+  return g.aggregate(alpha * (g.src(v) @ W_msg))  # [N, H*d_k]
 
 
-def hgt_message(graph: GraphArrays, k: jax.Array, q: jax.Array, v: jax.Array,
-                w_att: jax.Array, w_msg: jax.Array, mu: jax.Array, *, passes=None,
-                precision=None) -> jax.Array:
+def hgt_message(
+  graph: GraphArrays,
+  k: jax.Array,
+  q: jax.Array,
+  v: jax.Array,
+  w_att: jax.Array,
+  w_msg: jax.Array,
+  mu: jax.Array,
+  *,
+  passes=None,
+  precision=None,
+) -> jax.Array:
   """The edge part of an HGT layer (attention and messages, summed) with generated kernels.
 
   Args:
@@ -70,12 +80,15 @@ def hgt_message(graph: GraphArrays, k: jax.Array, q: jax.Array, v: jax.Array,
   r, heads, d_k, d_k2 = jnp.shape(w_att)
   n = jnp.shape(k)[0]
   if d_k != d_k2 or jnp.shape(w_msg) != (r, heads, d_k, d_k):
-    raise ValueError(f"hgt_message: w_att and w_msg must both be [R, H, d_k, d_k], got "
-                     f"{jnp.shape(w_att)} and {jnp.shape(w_msg)}")
+    raise ValueError(
+      f"hgt_message: w_att and w_msg must both be [R, H, d_k, d_k], got "
+      f"{jnp.shape(w_att)} and {jnp.shape(w_msg)}"
+    )
   for name, x in (("k", k), ("q", q), ("v", v)):
     if jnp.shape(x) != (n, heads * d_k):
-      raise ValueError(f"hgt_message: {name} must be [N, H * d_k] = [{n}, {heads * d_k}], got "
-                       f"{jnp.shape(x)}")
+      raise ValueError(
+        f"hgt_message: {name} must be [N, H * d_k] = [{n}, {heads * d_k}], got {jnp.shape(x)}"
+      )
   if jnp.shape(mu) != (r, heads):
     raise ValueError(f"hgt_message: mu must be [R, H] = [{r}, {heads}], got {jnp.shape(mu)}")
   scaled = (mu.astype(jnp.float32) / math.sqrt(d_k)).astype(jnp.result_type(k))[..., None]

@@ -53,6 +53,7 @@ typed:
 `print(program)` shows the program one value per line; `jaxdata.hector.show` prints it before and
 after each pass and the generated source.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,6 +75,7 @@ class Value:
   `shape` is the feature shape for node and edge values and the full shape for weights; it is
   None until shape inference fills it in.
   """
+
   op: str
   args: tuple[Value, ...] = ()
   attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -90,6 +92,12 @@ class Value:
   def label(self) -> str:
     return self.name or f"%{self.id}"
 
+  @property
+  def known_shape(self) -> tuple[int, ...]:
+    """`shape`, for code that runs after shape inference (which gives every value one)."""
+    assert self.shape is not None, f"hector: {self.label} read before shape inference"
+    return self.shape
+
   def __repr__(self) -> str:
     attrs = "".join(f", {k}={v}" for k, v in sorted(self.attrs.items()))
     args = ", ".join(a.label for a in self.args)
@@ -100,6 +108,7 @@ class Value:
 @dataclasses.dataclass(eq=False)
 class Program:
   """A DAG of values with named inputs and outputs, in topological order."""
+
   inputs: dict[str, Value]
   outputs: dict[str, Value]
   name: str = "program"
@@ -135,8 +144,9 @@ class Program:
     return out
 
   def __str__(self) -> str:
-    lines = [f"program {self.name}("
-             + ", ".join(f"{k}: {v.domain}" for k, v in self.inputs.items()) + ")"]
+    lines = [
+      f"program {self.name}(" + ", ".join(f"{k}: {v.domain}" for k, v in self.inputs.items()) + ")"
+    ]
     lines += [f"  {v!r}" for v in self.values if v.op not in ("input", "weight")]
     lines.append("  return " + ", ".join(f"{k}={v.label}" for k, v in self.outputs.items()))
     return "\n".join(lines)
@@ -167,5 +177,6 @@ def is_cheap(v: Value) -> bool:
   if v.op == "mul" and v.domain in ROWS:
     x, y = v.args
     return (is_edge_scalar(x) and is_cheap(x) and is_cheap(y)) or (
-        is_edge_scalar(y) and is_cheap(y) and is_cheap(x))
+      is_edge_scalar(y) and is_cheap(y) and is_cheap(x)
+    )
   return False

@@ -26,10 +26,10 @@ softmax or a per-pair sum (their own loops). Cheap values (gathers, weight and v
 scalars, their products with edge scalars, rows of compact values) are recomputed inside each
 consumer, so the backward pass never stores the scaled, gathered cotangent rows it reads twice.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Union
 
 from jaxdata.hector.ir import ROWS, Program, Value, is_cheap, is_edge_scalar, width
 
@@ -44,15 +44,21 @@ class Load:
   [etype, end-node]), "vector" (slot's relation vector at etype, flattened), "norm" (the graph's
   normalizer).
   """
+
   kind: str
   slot: int = -1
   end: str = ""
   width: int = 0  # 0: a scalar per edge
 
   def __str__(self):
-    where = {"node": f"[{self.end}[e]]", "edge": "[e]", "pair": "[pair[e]]",
-             "weight_row": f"[etype[e], {self.end}[e]]", "vector": "[etype[e]]",
-             "norm": "[e]"}[self.kind]
+    where = {
+      "node": f"[{self.end}[e]]",
+      "edge": "[e]",
+      "pair": "[pair[e]]",
+      "weight_row": f"[etype[e], {self.end}[e]]",
+      "vector": "[etype[e]]",
+      "norm": "[e]",
+    }[self.kind]
     return ("norm" if self.kind == "norm" else f"in{self.slot}") + where
 
 
@@ -61,8 +67,9 @@ class Op:
   """An operation on expressions: mul, add, unary (fn), unary_grad (fn; x, g), all elementwise
   (a narrower argument broadcasts per head), and dot (per-head sums of products; width H, or 0
   for one sum over the whole row). `param` is a unary's parameter (leaky_relu's slope)."""
+
   op: str
-  args: tuple["Expr", ...]
+  args: tuple[Expr, ...]
   fn: str = ""
   width: int = 0
   param: float = 0.0
@@ -78,7 +85,7 @@ class Op:
     return f"{fn}_grad({self.args[0]}, {self.args[1]})"
 
 
-Expr = Union[Load, Op]
+Expr = Load | Op
 
 
 # ----------------------------------------------------------------------------- instances
@@ -95,13 +102,14 @@ class Gemm:
   """Rows times the edge's relation weight. With `heads` > 1 the weight is per head,
   ``[R, H, k, n]`` (``[R, H, n, k]`` transposed): head h's k features of the row times its own
   block, ``H * k`` features in and ``H * n`` out; `k` and `n` are per head."""
-  rows: Load          # "node" (gathered), "edge" or "pair"
-  weight: int         # slot of the relation weight
+
+  rows: Load  # "node" (gathered), "edge" or "pair"
+  weight: int  # slot of the relation weight
   transpose: bool
   k: int
   n: int
   scales: tuple[Load, ...]
-  out: str            # "src" / "dst" (scatter-add into nodes) or "edge" (store per edge)
+  out: str  # "src" / "dst" (scatter-add into nodes) or "edge" (store per edge)
   domain: str = "edge"
   heads: int = 1
   template = "gemm"
@@ -110,14 +118,16 @@ class Gemm:
     w = f"in{self.weight}[etype[e]]" + (".T" if self.transpose else "")
     scale = "".join(f" * {s}" for s in self.scales)
     to = "out[e] =" if self.out == "edge" else f"out[{self.out}[e]] +="
-    return (f"{to} {self.rows} @ {w}{scale}  ({_dims(self.heads, self.k, self.n)})"
-            f"{_over(self.domain)}")
+    return (
+      f"{to} {self.rows} @ {w}{scale}  ({_dims(self.heads, self.k, self.n)}){_over(self.domain)}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class WeightGrad:
   """``dW[r] = sum_e outer(left[e], right[e])`` over relation r's edges; with `heads` > 1 one
   ``[k, n]`` block per head from head h's features of each side."""
+
   left: Load
   right: Load
   k: int
@@ -129,8 +139,10 @@ class WeightGrad:
 
   def __str__(self):
     scale = "".join(f" * {s}" for s in self.scales)
-    return (f"out[etype[e]] += outer({self.left}, {self.right}){scale}  "
-            f"({_dims(self.heads, self.k, self.n)}){_over(self.domain)}")
+    return (
+      f"out[etype[e]] += outer({self.left}, {self.right}){scale}  "
+      f"({_dims(self.heads, self.k, self.n)}){_over(self.domain)}"
+    )
 
 
 SINKS = ("aggregate", "scatter_weight_row", "store", "softmax", "relation", "pair")
@@ -142,24 +154,30 @@ class Traversal:
   summed into nodes at `end` (aggregate), into ``[R, N, width]`` weight rows, into ``[R, width]``
   relation rows, into the edge's pair's row; stored per edge; or, per feature (head), the
   softmax over the edges that share a node at `end` stored per edge."""
+
   expr: Expr
   width: int
   sink: str
-  end: str = ""       # for aggregate / scatter_weight_row / softmax
+  end: str = ""  # for aggregate / scatter_weight_row / softmax
   domain: str = "edge"
   template = "traversal"
 
   def __str__(self):
-    to = {"aggregate": f"out[{self.end}[e]] +=", "store": "out[e] =",
-          "scatter_weight_row": f"out[etype[e], {self.end}[e]] +=",
-          "softmax": f"out[e] = softmax over {self.end}[e] of", "relation": "out[etype[e]] +=",
-          "pair": "out[pair[e]] +="}[self.sink]
+    to = {
+      "aggregate": f"out[{self.end}[e]] +=",
+      "store": "out[e] =",
+      "scatter_weight_row": f"out[etype[e], {self.end}[e]] +=",
+      "softmax": f"out[e] = softmax over {self.end}[e] of",
+      "relation": "out[etype[e]] +=",
+      "pair": "out[pair[e]] +=",
+    }[self.sink]
     return f"{to} {self.expr}{_over(self.domain)}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Dense:
   """Node or weight arrays combined by XLA ops (an unfused fallback: no kernel is generated)."""
+
   op: str
   fn: str = ""
   param: float = 0.0
@@ -169,12 +187,13 @@ class Dense:
     return f"{self.op}{'.' + self.fn if self.fn else ''}(in0, in1) on XLA"
 
 
-Template = Union[Gemm, WeightGrad, Traversal, Dense]
+Template = Gemm | WeightGrad | Traversal | Dense
 
 
 @dataclasses.dataclass(eq=False)
 class Instance:
   """One kernel to run: a template instance, the values it reads (its slots), what it makes."""
+
   kernel: Template
   inputs: list[Value]
   output: Value
@@ -286,7 +305,6 @@ def lower(program: Program, available: frozenset[int] = frozenset()) -> list[Ins
 
 
 class _Builder:
-
   def __init__(self, roots: set[int]):
     self.roots = roots
     self.inputs: list[Value] = []
@@ -327,12 +345,20 @@ class _Builder:
       return load
     w = width(v)
     if v.op in ("mul", "add", "unary_grad", "unary"):
-      return Op(v.op, tuple(self.expr(a) for a in v.args), v.attrs.get("fn", ""), w,
-                v.attrs.get("slope", 0.0))
+      return Op(
+        v.op,
+        tuple(self.expr(a) for a in v.args),
+        v.attrs.get("fn", ""),
+        w,
+        v.attrs.get("slope", 0.0),
+      )
     if v.op == "dot":
       rows, other = v.args
-      right = (Load("vector", self.slot(other), width=width(rows)) if other.domain == "weight"
-               else self.expr(other))
+      right = (
+        Load("vector", self.slot(other), width=width(rows))
+        if other.domain == "weight"
+        else self.expr(other)
+      )
       return Op("dot", (self.expr(rows), right), width=w)
     raise AssertionError(f"hector: cannot fuse {v!r} into an edge loop")
 
@@ -340,7 +366,17 @@ class _Builder:
     core, scales = _peel_scales(v, self.roots)
     load = self.load(core)
     assert load is not None and load.kind in ("node", "edge", "pair"), core
-    return load, [self.load(s) for s in scales]
+    return load, self.scale_loads(scales)
+
+  def scale_loads(self, scales) -> list[Load]:
+    """The loads of a fused product's edge scales, each of which must be loadable."""
+    loads = []
+    for s in scales:
+      load = self.load(s)
+      if load is None:
+        raise AssertionError("hector: a scale of a fused product is not loadable")
+      loads.append(load)
+    return loads
 
   def build(self, v: Value) -> Instance:
     kernel = self._build(v)
@@ -351,17 +387,19 @@ class _Builder:
       rows = v.args[0]
       chain, core = _peel_chain(rows)
       if core.op == "linear" and core.id not in self.roots:
-        return self._gemm(core, [s for c in chain for s in c.args if is_edge_scalar(s)],
-                          v.attrs["end"])
+        return self._gemm(
+          core, [s for c in chain for s in c.args if is_edge_scalar(s)], v.attrs["end"]
+        )
       return Traversal(self.expr(rows), width(v), "aggregate", v.attrs["end"], rows.domain)
     if v.op == "weight_grad":
       (left, ls), (right, rs) = self.operand(v.args[0]), self.operand(v.args[1])
-      heads, k, n = v.shape[1:] if len(v.shape) == 4 else (1, *v.shape[1:])
+      heads, k, n = v.known_shape[1:] if len(v.known_shape) == 4 else (1, *v.known_shape[1:])
       return WeightGrad(left, right, k, n, tuple(ls + rs), v.args[0].domain, heads)
     if v.op == "scatter_weight_row":
       rows = v.args[0]
-      return Traversal(self.expr(rows), v.shape[2], "scatter_weight_row", v.attrs["end"],
-                       rows.domain)
+      return Traversal(
+        self.expr(rows), v.known_shape[2], "scatter_weight_row", v.attrs["end"], rows.domain
+      )
     if v.op == "relation_sum":
       rows = v.args[0]
       return Traversal(self.expr(rows), width(rows), "relation", "", rows.domain)
@@ -387,9 +425,7 @@ class _Builder:
     rows, row_scales = self.operand(lin.args[0])
     w = lin.args[1]
     t = lin.attrs["transpose"]
-    heads, a, b = w.shape[1:] if len(w.shape) == 4 else (1, *w.shape[1:])
+    heads, a, b = w.known_shape[1:] if len(w.known_shape) == 4 else (1, *w.known_shape[1:])
     k, n = (b, a) if t else (a, b)
-    extra = [self.load(s) for s in scales]
-    if any(e is None for e in extra):
-      raise AssertionError("hector: a scale of a fused product is not loadable")
+    extra = self.scale_loads(scales)
     return Gemm(rows, self.slot(w), t, k, n, tuple(row_scales + extra), out, lin.domain, heads)

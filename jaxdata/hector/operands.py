@@ -17,6 +17,7 @@ reads them by position, and it is generated from this table.
     >>> index("etype"), index("in1", num_inputs=2), index("out", num_inputs=2)
     (2, 15, 16)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +30,7 @@ class GraphOperand:
   """One graph array a kernel reads: its name in generated code, its C element type, and the
   `GraphArrays` field it comes from over the edges (`edge`) and over the pairs (`compact`);
   None for both when it is derived per call (`tiles`, `valid`)."""
+
   name: str
   ctype: str
   edge: str | None
@@ -36,30 +38,31 @@ class GraphOperand:
 
   @property
   def dtype(self) -> np.dtype:
-    return np.dtype({"int32_t": np.int32, "float": np.float32,
-                     "unsigned char": np.uint8}[self.ctype])
+    return np.dtype(
+      {"int32_t": np.int32, "float": np.float32, "unsigned char": np.uint8}[self.ctype]
+    )
 
 
 #: The graph operands in call order. Over the compact domain the pairs stand in for the edges:
 #: they have no destination, so `dst` and the CSC view repeat the source side, and `norm` is
 #: not theirs; `pair`, `pair_offsets` and `pair_edges` link edges to pairs in both domains.
 GRAPH = (
-    GraphOperand("src", "int32_t", "src", "pair_src"),
-    GraphOperand("dst", "int32_t", "dst", "pair_src"),
-    GraphOperand("etype", "int32_t", "etype", "pair_etype"),
-    GraphOperand("norm", "float", "norm", "norm"),
-    GraphOperand("rel_offsets", "int32_t", "rel_offsets", "pair_rel_offsets"),
-    GraphOperand("csr_offsets", "int32_t", "csr_offsets", "pair_csr_offsets"),
-    GraphOperand("csr_edges", "int32_t", "csr_edges", "pair_csr_edges"),
-    GraphOperand("csc_offsets", "int32_t", "csc_offsets", "pair_csr_offsets"),
-    GraphOperand("csc_edges", "int32_t", "csc_edges", "pair_csr_edges"),
-    # tiles[r]: row tiles of the relations before r (CUDA GEMMs; others get rel_offsets' copy)
-    GraphOperand("tiles", "int32_t", None, None),
-    GraphOperand("pair", "int32_t", "pair", "pair"),
-    GraphOperand("pair_offsets", "int32_t", "pair_offsets", "pair_offsets"),
-    GraphOperand("pair_edges", "int32_t", "pair_edges", "pair_edges"),
-    # valid[e]: 1 where row e's ids are in range, else 0 (`valid_rows`; a kernel's ok(e))
-    GraphOperand("valid", "unsigned char", None, None),
+  GraphOperand("src", "int32_t", "src", "pair_src"),
+  GraphOperand("dst", "int32_t", "dst", "pair_src"),
+  GraphOperand("etype", "int32_t", "etype", "pair_etype"),
+  GraphOperand("norm", "float", "norm", "norm"),
+  GraphOperand("rel_offsets", "int32_t", "rel_offsets", "pair_rel_offsets"),
+  GraphOperand("csr_offsets", "int32_t", "csr_offsets", "pair_csr_offsets"),
+  GraphOperand("csr_edges", "int32_t", "csr_edges", "pair_csr_edges"),
+  GraphOperand("csc_offsets", "int32_t", "csc_offsets", "pair_csr_offsets"),
+  GraphOperand("csc_edges", "int32_t", "csc_edges", "pair_csr_edges"),
+  # tiles[r]: row tiles of the relations before r (CUDA GEMMs; others get rel_offsets' copy)
+  GraphOperand("tiles", "int32_t", None, None),
+  GraphOperand("pair", "int32_t", "pair", "pair"),
+  GraphOperand("pair_offsets", "int32_t", "pair_offsets", "pair_offsets"),
+  GraphOperand("pair_edges", "int32_t", "pair_edges", "pair_edges"),
+  # valid[e]: 1 where row e's ids are in range, else 0 (`valid_rows`; a kernel's ok(e))
+  GraphOperand("valid", "unsigned char", None, None),
 )
 _GRAPH_INDEX = {op.name: i for i, op in enumerate(GRAPH)}
 
@@ -69,6 +72,7 @@ class Scalar:
   """One int64 scalar: its name in generated code and the graph operand whose length gives it
   (less `minus`: offsets arrays are one longer than what they count); `operand` None: set by
   the launch (`T`)."""
+
   name: str
   operand: str | None
   minus: int = 0
@@ -76,8 +80,13 @@ class Scalar:
 
 #: E: rows of the domain (edges, or pairs); N: nodes; R: relations; T: row tiles (an upper
 #: bound, CUDA GEMMs only, else 0); P: unique (source, relation) pairs.
-SCALARS = (Scalar("E", "src"), Scalar("N", "csr_offsets", 1), Scalar("R", "rel_offsets", 1),
-           Scalar("T", None), Scalar("P", "pair_offsets", 1))
+SCALARS = (
+  Scalar("E", "src"),
+  Scalar("N", "csr_offsets", 1),
+  Scalar("R", "rel_offsets", 1),
+  Scalar("T", None),
+  Scalar("P", "pair_offsets", 1),
+)
 SCALAR_NAMES = tuple(s.name for s in SCALARS)
 
 
@@ -111,6 +120,7 @@ def valid_rows(ops: dict, domain: str):
   which for a kernel that visits edges in another order (a softmax or a sum through the CSC
   view) were three or four scattered loads per edge."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   size = sizes([ops.get(op.name) for op in GRAPH])
   below = lambda a, n: jnp.asarray(a).astype(jnp.uint32) < n  # noqa: E731  (negative ids too)
   ok = below(ops["src"], size["N"]) & below(ops["dst"], size["N"]) & below(ops["etype"], size["R"])
@@ -128,8 +138,9 @@ def graph_operands(graph, domain: str, tiles, valid: bool = True) -> list:
     raise ValueError(f"hector.operands: domain must be 'edge' or 'compact', got {domain!r}")
   ops = {}
   for op in GRAPH:
-    if op.edge is not None:
-      ops[op.name] = getattr(graph, op.edge if domain == "edge" else op.compact)
+    field = op.edge if domain == "edge" else op.compact
+    if field is not None:  # None (in both domains) for the operands derived per call
+      ops[op.name] = getattr(graph, field)
   ops["tiles"] = tiles(ops["rel_offsets"])
   # Not zero-length: with a u8[0] constant among a custom call's operands, XLA's CPU compiler
   # (jax 0.11.2) crashed compiling a mini-batch step of a two-process job (session 26).
@@ -142,12 +153,16 @@ def check(avals, num_inputs: int, who: str) -> None:
   excluded) are the graph operands with their dtypes, then `num_inputs` inputs."""
   want = num_buffers(num_inputs) - 1
   if len(avals) != want:
-    raise ValueError(f"{who}: a kernel of {num_inputs} inputs takes {want} operands "
-                     f"({len(GRAPH)} graph arrays and the inputs), got {len(avals)}")
+    raise ValueError(
+      f"{who}: a kernel of {num_inputs} inputs takes {want} operands "
+      f"({len(GRAPH)} graph arrays and the inputs), got {len(avals)}"
+    )
   for op, aval in zip(GRAPH, avals):
     if np.dtype(aval.dtype) != op.dtype or len(aval.shape) != 1:
-      raise ValueError(f"{who}: graph operand {op.name} must be a 1-D {op.dtype} array, got "
-                       f"{aval.dtype}{list(aval.shape)}")
+      raise ValueError(
+        f"{who}: graph operand {op.name} must be a 1-D {op.dtype} array, got "
+        f"{aval.dtype}{list(aval.shape)}"
+      )
 
 
 def sizes(avals) -> dict[str, int]:

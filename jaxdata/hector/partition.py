@@ -28,6 +28,7 @@ What a device holds: its part's edges (about E / K, plus padding) with the node-
 (``3 (K * rows + 1)`` int32 offsets), and, during a layer, the gathered input and the layer's
 output over all ``K * rows`` rows (only its own rows of the output are non-zero).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,6 +56,7 @@ class Partitions:
     node_type_offsets: the graph's node-type offsets with the last type stretched over the
       padding rows (None for one node type).
   """
+
   arrays: dict[str, np.ndarray]
   num_parts: int
   rows: int
@@ -85,12 +87,17 @@ class Partitions:
       a = arrays[f]
       if a.ndim == 2:
         if a.shape[0] != 1:
-          raise ValueError(f"Partitions.local: {f} must be one part's block [1, length], got "
-                           f"shape {a.shape}")
+          raise ValueError(
+            f"Partitions.local: {f} must be one part's block [1, length], got shape {a.shape}"
+          )
         a = a[0]
       fields[f] = a
-    return GraphArrays(**fields, num_nodes=self.padded_nodes, num_relations=self.num_relations,
-                       node_type_offsets=self.node_type_offsets)
+    return GraphArrays(
+      **fields,
+      num_nodes=self.padded_nodes,
+      num_relations=self.num_relations,
+      node_type_offsets=self.node_type_offsets,
+    )
 
   def graph(self, k: int) -> GraphArrays:
     """Part k's `GraphArrays` (NumPy arrays, validated), e.g. to run it outside a mesh."""
@@ -103,8 +110,10 @@ class Partitions:
     laid out as the parts' node space (e.g. input features)."""
     x = np.asarray(x)
     if x.shape[0] != self.num_nodes:
-      raise ValueError(f"Partitions.pad_rows: x must have {self.num_nodes} rows (the graph's "
-                       f"nodes), got shape {x.shape}")
+      raise ValueError(
+        f"Partitions.pad_rows: x must have {self.num_nodes} rows (the graph's "
+        f"nodes), got shape {x.shape}"
+      )
     pad = np.zeros((self.padded_nodes - self.num_nodes,) + x.shape[1:], x.dtype)
     return np.concatenate([x, pad])
 
@@ -132,6 +141,7 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
     (with the padding edges and pairs described in the module's docstring).
   """
   from jaxdata.data import HeteroGraph  # pylint: disable=g-import-not-at-top
+
   k = int(num_parts)
   if isinstance(num_parts, bool) or k < 1 or k != num_parts:
     raise ValueError(f"hector.partition: num_parts must be an int >= 1, got {num_parts!r}")
@@ -142,11 +152,12 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
   padded = k * rows
   if padded >= 2**31:
     raise ValueError(f"hector.partition: {padded} padded nodes do not fit int32 ids")
-  full_norm = (graph.edge_norm(norm) if isinstance(norm, str)
-               else np.asarray(norm, np.float32))
+  full_norm = graph.edge_norm(norm) if isinstance(norm, str) else np.asarray(norm, np.float32)
   if full_norm.shape != (graph.num_edges,):
-    raise ValueError(f"hector.partition: norm must have one value per edge ({graph.num_edges}),"
-                     f" got shape {full_norm.shape}")
+    raise ValueError(
+      f"hector.partition: norm must have one value per edge ({graph.num_edges}),"
+      f" got shape {full_norm.shape}"
+    )
   dst = np.asarray(graph.dst)
   owner = dst // rows
   counts = np.bincount(owner, minlength=k)
@@ -167,15 +178,19 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
     d = np.insert(d, at, np.full(extra, padded - 1, np.int32))
     et = np.insert(et, at, np.zeros(extra, np.int32))
     nm = np.insert(nm, at, np.zeros(extra, np.float32))
-    g = HeteroGraph(num_nodes=padded, src=src, dst=d, etype=et,
-                    relation_names=graph.relation_names,
-                    node_type_names=graph.node_type_names if types else ("node",),
-                    node_type_offsets=None if types is None else np.asarray(types))
+    g = HeteroGraph(
+      num_nodes=padded,
+      src=src,
+      dst=d,
+      etype=et,
+      relation_names=graph.relation_names,
+      node_type_names=graph.node_type_names if types else ("node",),
+      node_type_offsets=None if types is None else np.asarray(types),
+    )
     ga = GraphArrays.from_graph(g, norm=nm, device=cpu)
     parts.append({f: np.asarray(getattr(ga, f)) for f in FIELDS})
   num_pairs = max(len(p["pair_src"]) for p in parts)
-  stacked = {f: np.stack([_pad_pairs(p, num_pairs, padded, r)[f] for p in parts])
-             for f in FIELDS}
+  stacked = {f: np.stack([_pad_pairs(p, num_pairs, padded, r)[f] for p in parts]) for f in FIELDS}
   out = Partitions(stacked, k, rows, n, r, types)
   for part in range(k):  # equal shapes by construction; this checks every value of each part
     out.graph(part)
@@ -200,6 +215,5 @@ def _pad_pairs(p: dict, num_pairs: int, padded: int, r: int) -> dict:
   p["pair_csr_offsets"] = p["pair_csr_offsets"].copy()
   p["pair_csr_offsets"][padded] = num_pairs
   old = num_pairs - extra
-  p["pair_csr_edges"] = np.concatenate([p["pair_csr_edges"],
-                                        np.arange(old, num_pairs, dtype=i32)])
+  p["pair_csr_edges"] = np.concatenate([p["pair_csr_edges"], np.arange(old, num_pairs, dtype=i32)])
   return p

@@ -19,17 +19,27 @@ off (`PASSES`, the ``passes=`` argument of a layer), so their effect can be meas
 Reordering runs before compaction, and both before differentiation, so the backward program is
 derived from the optimized forward one (its weight gradients, too, run over unique pairs).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from jaxdata.hector.ir import ROWS, Program, Value, is_cheap, is_constant, width
 from jaxdata.hector.lowering import materialized
 
 PASSES = ("reorder", "compact")  #: the passes that can be switched off, in the order they run
 
-__all__ = ["PASSES", "select", "clone", "infer_shapes", "reorder", "compact", "differentiate",
-           "rewrite", "is_cheap"]
+__all__ = [
+  "PASSES",
+  "select",
+  "clone",
+  "infer_shapes",
+  "reorder",
+  "compact",
+  "differentiate",
+  "rewrite",
+  "is_cheap",
+]
 
 
 def select(passes: Iterable[str] | None) -> tuple[str, ...]:
@@ -50,10 +60,14 @@ def clone(program: Program) -> Program:
   copies: dict[int, Value] = {}
   for v in program.values + list(program.inputs.values()):
     if v.id not in copies:
-      copies[v.id] = Value(v.op, tuple(copies[a.id] for a in v.args), dict(v.attrs), v.domain,
-                           v.shape, v.name)
-  return Program({k: copies[v.id] for k, v in program.inputs.items()},
-                 {k: copies[v.id] for k, v in program.outputs.items()}, program.name)
+      copies[v.id] = Value(
+        v.op, tuple(copies[a.id] for a in v.args), dict(v.attrs), v.domain, v.shape, v.name
+      )
+  return Program(
+    {k: copies[v.id] for k, v in program.inputs.items()},
+    {k: copies[v.id] for k, v in program.outputs.items()},
+    program.name,
+  )
 
 
 def rewrite(program: Program, fn: Callable[[Value, Value], Value]) -> Program:
@@ -67,13 +81,13 @@ def rewrite(program: Program, fn: Callable[[Value, Value], Value]) -> Program:
       continue
     copy = Value(v.op, tuple(new[a.id] for a in v.args), dict(v.attrs), v.domain, v.shape, v.name)
     new[v.id] = fn(copy, v)
-  return Program(program.inputs, {k: new[v.id] for k, v in program.outputs.items()},
-                 program.name)
+  return Program(program.inputs, {k: new[v.id] for k, v in program.outputs.items()}, program.name)
 
 
 # ----------------------------------------------------------------------------- shapes
-def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: int,
-                 num_relations: int) -> Program:
+def infer_shapes(
+  program: Program, shapes: dict[str, tuple[int, ...]], num_nodes: int, num_relations: int
+) -> Program:
   """Fills in every value's shape from the inputs' array shapes; raises ValueError on a mismatch.
 
   `shapes` maps each input name to its full array shape (``[N, d]`` for node inputs, the weight's
@@ -92,8 +106,9 @@ def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes
       dims = "H, d" if what == "vector" else "a, b] or [..., H, a, b"
       ranks = (3,) if what == "vector" else (3, 4)
       if len(s) not in ranks or s[0] != num_relations:
-        raise ValueError(f"hector: {what} {k!r} must be [num_relations={num_relations}, {dims}], "
-                         f"got {s}")
+        raise ValueError(
+          f"hector: {what} {k!r} must be [num_relations={num_relations}, {dims}], got {s}"
+        )
       v.shape = s
   for v in program.values:
     if v.op == "dot" and isinstance(v.attrs.get("heads"), str):
@@ -104,15 +119,17 @@ def infer_shapes(program: Program, shapes: dict[str, tuple[int, ...]], num_nodes
 
 def _heads_of(w: Value) -> int:
   """H of a per-head weight [R, H, a, b] or a relation vector [R, H, d] (`dot`'s heads=W)."""
-  if len(w.shape) == 4 or w.attrs.get("kind") == "vector":
-    return w.shape[1]
-  raise ValueError(f"hector: heads={w.name} needs a per-head weight [R, H, a, b] or a relation "
-                   f"vector [R, H, d], got a weight of shape {w.shape}")
+  if len(w.known_shape) == 4 or w.attrs.get("kind") == "vector":
+    return w.known_shape[1]
+  raise ValueError(
+    f"hector: heads={w.name} needs a per-head weight [R, H, a, b] or a relation "
+    f"vector [R, H, d], got a weight of shape {w.shape}"
+  )
 
 
 def per_head(w: Value) -> bool:
   """Whether a relation weight is per head, [R, H, a, b]."""
-  return len(w.shape) == 4
+  return len(w.known_shape) == 4
 
 
 def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -124,12 +141,14 @@ def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, .
     return b
   if len(a) == len(b) == 1 and max(a[0], b[0]) % min(a[0], b[0]) == 0:
     return (max(a[0], b[0]),)
-  raise ValueError(f"hector: {v.label}: {v.op} of shapes {a} and {b} (a per-head value of H "
-                   "entries combines with rows of H * d features)")
+  raise ValueError(
+    f"hector: {v.label}: {v.op} of shapes {a} and {b} (a per-head value of H "
+    "entries combines with rows of H * d features)"
+  )
 
 
 def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
-  a = [x.shape for x in v.args]
+  a = [x.known_shape for x in v.args]
   if v.op in ("gather", "aggregate", "unary", "expand", "compact_sum"):
     return a[0]
   if v.op == "edge_softmax":
@@ -143,15 +162,18 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     heads, w2 = (w[1], w[2:]) if len(w) == 4 else (1, w[1:])
     k, m = (w2[1], w2[0]) if v.attrs["transpose"] else (w2[0], w2[1])
     if a[0] != (heads * k,):
-      raise ValueError(f"hector: {v.label}: rows of shape {a[0]} times a weight {w}"
-                       + (" (transposed)" if v.attrs["transpose"] else "")
-                       + (f" (per head: rows of {heads} x {k} features)" if len(w) == 4 else ""))
+      raise ValueError(
+        f"hector: {v.label}: rows of shape {a[0]} times a weight {w}"
+        + (" (transposed)" if v.attrs["transpose"] else "")
+        + (f" (per head: rows of {heads} x {k} features)" if len(w) == 4 else "")
+      )
     return (heads * m,)
   if v.op == "head_scale":
     w, m = a
     if len(w) != 4 or m[1:] != (w[1], 1):
-      raise ValueError(f"hector: head_scale of a weight {w} by {m} (needs [R, H, a, b] and "
-                       "[R, H, 1])")
+      raise ValueError(
+        f"hector: head_scale of a weight {w} by {m} (needs [R, H, a, b] and [R, H, 1])"
+      )
     return w
   if v.op == "weight_row":
     if len(a[0]) != 3:
@@ -167,8 +189,10 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     if v.args[1].domain == "weight":
       vec = a[1]
       if a[0] != (vec[1] * vec[2],):
-        raise ValueError(f"hector: {v.label}: rows of shape {a[0]} dotted with a relation vector "
-                         f"{vec} (a vector [R, H, d] needs rows of H * d features)")
+        raise ValueError(
+          f"hector: {v.label}: rows of shape {a[0]} dotted with a relation vector "
+          f"{vec} (a vector [R, H, d] needs rows of H * d features)"
+        )
       return (vec[1],)
     heads = v.attrs.get("heads", 0)
     if a[0] != a[1] or len(a[0]) != 1 or (heads and a[0][0] % heads):
@@ -185,8 +209,10 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     return (r, a[0][0], a[1][0])
   if v.op == "scatter_weight_row":
     return (r, n, a[0][0])
-  if v.op in ("relation_sum", "fold_grad_weight", "fold_grad_vector",
-              "head_scale_grad") and v.shape is not None:
+  if (
+    v.op in ("relation_sum", "fold_grad_weight", "fold_grad_vector", "head_scale_grad")
+    and v.shape is not None
+  ):
     return v.shape  # made by differentiation, which knows the shape
   raise ValueError(f"hector: no shape rule for {v.op}")
 
@@ -219,8 +245,12 @@ def reorder(program: Program) -> Program:
     return old is None or len(users.get(old.id, ())) == 1  # values made here have one user
 
   def fn(new: Value, old: Value) -> Value:
-    out = _fold_vector(new, old, users) or _to_source(new, single_use) or _fold_scale(
-        new, single_use) or new
+    out = (
+      _fold_vector(new, old, users)
+      or _to_source(new, single_use)
+      or _fold_scale(new, single_use)
+      or new
+    )
     olds[out.id] = old
     return out
 
@@ -236,7 +266,9 @@ def _fold_vector(new: Value, old: Value, users) -> Value | None:
   rows, w = lin.args
   if per_head(w):
     return None
-  folded = Value("fold", (w, vec), {}, "weight", (w.shape[0], w.shape[1], vec.shape[1]))
+  folded = Value(
+    "fold", (w, vec), {}, "weight", (w.known_shape[0], w.known_shape[1], vec.known_shape[1])
+  )
   return Value("linear", (rows, folded), {"transpose": False}, new.domain, new.shape)
 
 
@@ -266,10 +298,11 @@ def _to_source(new: Value, single_use) -> Value | None:
     rows, w = lin.args
     if _source_side(rows) or not _source_side(other):
       continue
-    if not (w.shape[1] == heads if per_head(w) else heads <= 1):
+    if not (w.known_shape[1] == heads if per_head(w) else heads <= 1):
       continue  # a product of whole rows under a per-head dot does not move head by head
-    moved = Value("linear", (other, w), {"transpose": not lin.attrs["transpose"]}, other.domain,
-                  rows.shape)
+    moved = Value(
+      "linear", (other, w), {"transpose": not lin.attrs["transpose"]}, other.domain, rows.shape
+    )
     return Value("dot", (rows, moved), dict(new.attrs), new.domain, new.shape)
   return None
 
@@ -282,13 +315,13 @@ def _fold_scale(new: Value, single_use) -> Value | None:
       continue
     (m,) = scale.args
     heads = dot.attrs.get("heads", 0)
-    if not heads or m.shape[1:] != (heads, 1) or not single_use(dot):
+    if not heads or m.known_shape[1:] != (heads, 1) or not single_use(dot):
       continue
     for i, lin in enumerate(dot.args):
       if lin.op != "linear" or not single_use(lin):
         continue
       w = lin.args[1]
-      if not per_head(w) or w.shape[1] != heads:
+      if not per_head(w) or w.known_shape[1] != heads:
         continue
       scaled = Value("head_scale", (w, m), {}, "weight", w.shape)
       args = list(dot.args)
@@ -344,8 +377,9 @@ def compact(program: Program) -> Program:
     if v.domain != "edge":
       return v  # node arrays, weights
     if v.id not in copies:
-      copies[v.id] = Value(v.op, tuple(on_pairs(a) for a in v.args), dict(v.attrs), "compact",
-                           v.shape)
+      copies[v.id] = Value(
+        v.op, tuple(on_pairs(a) for a in v.args), dict(v.attrs), "compact", v.shape
+      )
     return copies[v.id]
 
   def fn(new: Value, old: Value) -> Value:
@@ -377,8 +411,9 @@ def differentiate(program: Program) -> Program:
       continue
     for arg, contribution in _vjp(v, ct):
       _accumulate(cts, arg, contribution)
-  outputs = {k: cts[v.id] for k, v in program.inputs.items()
-             if v.id in cts and v.attrs.get("field") is None}
+  outputs = {
+    k: cts[v.id] for k, v in program.inputs.items() if v.id in cts and v.attrs.get("field") is None
+  }
   return Program(inputs, outputs, f"{program.name}_backward")
 
 
@@ -407,8 +442,9 @@ def _vjp(v: Value, ct: Value) -> list[tuple[Value, Value]]:
     d_w = Value("weight_grad", (ct, rows) if t else (rows, ct), {}, "weight", w.shape)
     return [(rows, d_rows), (w, d_w)]
   if v.op == "weight_row":
-    return [(a[0], Value("scatter_weight_row", (ct,), {"end": v.attrs["end"]}, "weight",
-                         a[0].shape))]
+    return [
+      (a[0], Value("scatter_weight_row", (ct,), {"end": v.attrs["end"]}, "weight", a[0].shape))
+    ]
   if v.op == "vector_row":
     return [(a[0], Value("relation_sum", (ct,), {}, "weight", a[0].shape))]
   if v.op == "add":
@@ -427,16 +463,17 @@ def _vjp(v: Value, ct: Value) -> list[tuple[Value, Value]]:
       if this.shape == ct.shape:
         out.append((this, Value("mul", (ct, other), {}, ct.domain, ct.shape)))
       else:  # a per-edge or per-head scale: the dot of its head's features with the cotangent
-        out.append((this, Value("dot", (ct, other), {"heads": width(this)}, ct.domain,
-                                this.shape)))
+        out.append((this, Value("dot", (ct, other), {"heads": width(this)}, ct.domain, this.shape)))
     return out
   if v.op == "dot":
     x, y = a
     if y.domain == "weight":  # a relation vector
-      d_x = Value("mul", (ct, Value("vector_row", (y,), {}, x.domain, x.shape)), {}, x.domain,
-                  x.shape)
-      d_y = Value("relation_sum", (Value("mul", (ct, x), {}, x.domain, x.shape),), {}, "weight",
-                  y.shape)
+      d_x = Value(
+        "mul", (ct, Value("vector_row", (y,), {}, x.domain, x.shape)), {}, x.domain, x.shape
+      )
+      d_y = Value(
+        "relation_sum", (Value("mul", (ct, x), {}, x.domain, x.shape),), {}, "weight", y.shape
+      )
     else:
       d_x = Value("mul", (ct, y), {}, x.domain, x.shape)
       d_y = Value("mul", (ct, x), {}, y.domain, y.shape)
@@ -449,15 +486,24 @@ def _vjp(v: Value, ct: Value) -> list[tuple[Value, Value]]:
     weighted = Value("mul", (alpha, ct), {}, ct.domain, ct.shape)
     total = Value("aggregate", (weighted,), {"end": end}, "node", ct.shape)
     back = Value("gather", (total,), {"end": end}, ct.domain, ct.shape)
-    centered = Value("add", (ct, Value("unary", (back,), {"fn": "neg"}, ct.domain, ct.shape)), {},
-                     ct.domain, ct.shape)
+    centered = Value(
+      "add",
+      (ct, Value("unary", (back,), {"fn": "neg"}, ct.domain, ct.shape)),
+      {},
+      ct.domain,
+      ct.shape,
+    )
     return [(a[0], Value("mul", (alpha, centered), {}, ct.domain, ct.shape))]
   if v.op == "head_scale":
     w, m = a
-    return [(w, Value("head_scale", (ct, m), {}, "weight", w.shape)),
-            (m, Value("head_scale_grad", (ct, w), {}, "weight", m.shape))]
+    return [
+      (w, Value("head_scale", (ct, m), {}, "weight", w.shape)),
+      (m, Value("head_scale_grad", (ct, w), {}, "weight", m.shape)),
+    ]
   if v.op == "fold":
     w, vec = a
-    return [(w, Value("fold_grad_weight", (ct, vec), {}, "weight", w.shape)),
-            (vec, Value("fold_grad_vector", (ct, w), {}, "weight", vec.shape))]
+    return [
+      (w, Value("fold_grad_weight", (ct, vec), {}, "weight", w.shape)),
+      (vec, Value("fold_grad_vector", (ct, w), {}, "weight", vec.shape)),
+    ]
   raise NotImplementedError(f"hector: no derivative rule for {v.op}")

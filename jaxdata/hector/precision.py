@@ -30,6 +30,7 @@ presets of less than float32 accuracy (``TF32_TF32_F32``, ``BF16_BF16_F32``,
 presets of float32 accuracy or better (``F32_F32_F32``, ``F64_F64_F64``, ``TF32_TF32_F32_X3``,
 ``BF16_BF16_F32_X6``, ``BF16_BF16_F32_X9``) give "highest".
 """
+
 from __future__ import annotations
 
 import jax
@@ -37,12 +38,36 @@ import jax
 #: the levels a kernel instance is compiled for
 LEVELS = ("default", "highest")
 
-_HIGHEST_NAMES = frozenset({"highest", "float32", "f32_f32_f32", "f64_f64_f64",
-                            "tf32_tf32_f32_x3", "bf16_bf16_f32_x6", "bf16_bf16_f32_x9"})
-_DEFAULT_NAMES = frozenset({
-    "default", "high", "bfloat16", "tensorfloat32", "fastest", "tf32_tf32_f32", "bf16_bf16_f32",
-    "bf16_bf16_bf16", "bf16_bf16_f32_x3", "f16_f16_f16", "f16_f16_f32", "any_f8_any_f8_f32",
-    "any_f8_any_f8_f32_fast_accum", "any_f8_any_f8_any", "any_f8_any_f8_any_fast_accum"})
+_HIGHEST_NAMES = frozenset(
+  {
+    "highest",
+    "float32",
+    "f32_f32_f32",
+    "f64_f64_f64",
+    "tf32_tf32_f32_x3",
+    "bf16_bf16_f32_x6",
+    "bf16_bf16_f32_x9",
+  }
+)
+_DEFAULT_NAMES = frozenset(
+  {
+    "default",
+    "high",
+    "bfloat16",
+    "tensorfloat32",
+    "fastest",
+    "tf32_tf32_f32",
+    "bf16_bf16_f32",
+    "bf16_bf16_bf16",
+    "bf16_bf16_f32_x3",
+    "f16_f16_f16",
+    "f16_f16_f32",
+    "any_f8_any_f8_f32",
+    "any_f8_any_f8_f32_fast_accum",
+    "any_f8_any_f8_any",
+    "any_f8_any_f8_any_fast_accum",
+  }
+)
 
 
 def _level(p, what: str) -> str:
@@ -60,8 +85,10 @@ def _level(p, what: str) -> str:
       return "highest"
     if key in _DEFAULT_NAMES:
       return "default"
-  raise ValueError(f"{what}: precision must be None, 'default', 'high', 'highest', a "
-                   f"jax.lax.Precision or a dot algorithm preset name, got {p!r}")
+  raise ValueError(
+    f"{what}: precision must be None, 'default', 'high', 'highest', a "
+    f"jax.lax.Precision or a dot algorithm preset name, got {p!r}"
+  )
 
 
 def resolve(precision=None, what: str = "hector") -> str:
@@ -69,7 +96,8 @@ def resolve(precision=None, what: str = "hector") -> str:
   ``jax_default_matmul_precision`` (None there too: "default"). ValueError (naming `what`)
   for anything else."""
   if precision is None:
-    precision = jax.config.jax_default_matmul_precision
+    # jax sets its flags on Config at runtime: no stub declares them
+    precision = jax.config.jax_default_matmul_precision  # pyright: ignore[reportAttributeAccessIssue]
     if precision is None:
       return "default"
     what = f"{what} (jax_default_matmul_precision)"

@@ -15,6 +15,7 @@ intermediate), a softmax traversal grouped by destination that computes the scor
 and a traversal summing ``alpha * h[pair[e]]`` into destinations. Print
 ``rgat_layer.plan(graph, x=..., W=..., a_src=..., a_dst=...)`` to see it.
 """
+
 from __future__ import annotations
 
 import jax
@@ -27,14 +28,22 @@ NEGATIVE_SLOPE = 0.2
 
 @layer(x=NODE, W=RELATION_WEIGHT, a_src=RELATION_VECTOR, a_dst=RELATION_VECTOR)
 def rgat_layer(g, x, W, a_src, a_dst):
-  h = g.src(x) @ W                                                  # [E, H*d]
+  h = g.src(x) @ W  # [E, H*d]
   score = (h.dot(a_src) + (g.dst(x) @ W).dot(a_dst)).leaky_relu(NEGATIVE_SLOPE)  # [E, H]
-  alpha = g.edge_softmax(score, at="dst")                           # [E, H]
-  return g.aggregate(alpha * h)                                     # [N, H*d]
+  alpha = g.edge_softmax(score, at="dst")  # [E, H]
+  return g.aggregate(alpha * h)  # [N, H*d]
 
 
-def rgat_message(graph: GraphArrays, x: jax.Array, weight: jax.Array, a_src: jax.Array,
-                 a_dst: jax.Array, *, passes=None, precision=None) -> jax.Array:
+def rgat_message(
+  graph: GraphArrays,
+  x: jax.Array,
+  weight: jax.Array,
+  a_src: jax.Array,
+  a_dst: jax.Array,
+  *,
+  passes=None,
+  precision=None,
+) -> jax.Array:
   """The relational attention of an RGAT layer (no self loop, no bias) with generated kernels.
 
   Args:

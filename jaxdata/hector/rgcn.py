@@ -11,6 +11,7 @@ in the epilogue, rows scattered to destinations) or one traversal instance (feat
 backward pass, derived from the IR, to a transposed GEMM scattering to sources plus a
 weight-gradient GEMM (or a traversal summing into weight rows).
 """
+
 from __future__ import annotations
 
 import jax
@@ -29,8 +30,9 @@ def rgcn_featureless_layer(g, W):
   return g.aggregate(g.norm * g.weight_row(W))
 
 
-def rgcn_message(graph: GraphArrays, x: jax.Array | None, weight: jax.Array, *,
-                 precision=None) -> jax.Array:
+def rgcn_message(
+  graph: GraphArrays, x: jax.Array | None, weight: jax.Array, *, precision=None
+) -> jax.Array:
   """The relational part of an RGCN layer (no self loop, no bias) with generated kernels.
 
   Args:

@@ -7,6 +7,7 @@ the native registry under an id taken from the source hash, and called through t
 actually lowered for, and an executable restored from JAX's persistent cache still finds its
 kernels: lowering (which loads them) runs before the cache lookup.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,30 +16,48 @@ import hashlib
 import weakref
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from jaxdata import _ffi  # noqa: F401  (registers jaxdata_hector_launch)
-from jaxdata import _xla_ffi as ext
+from jaxdata import _xla_ffi as ext  # pyright: ignore[reportAttributeAccessIssue]  (compiled, no stub)
 from jaxdata.data import graph_build
 from jaxdata.hector import codegen, compiler, operands, tuning
-from jaxdata.hector.lowering import Template
-
+from jaxdata.hector.codegen.common import reads_valid
+from jaxdata.hector.lowering import Dense, Template
 
 #: GraphArrays' array fields and each one's length, from the graph's sizes (E edges, N nodes,
 #: R relations, P pairs); which of them a kernel reads, and in what order, is `operands.GRAPH`
-_FIELDS = {"src": "E", "dst": "E", "etype": "E", "norm": "E", "rel_offsets": "R+1",
-           "csr_offsets": "N+1", "csr_edges": "E", "csc_offsets": "N+1", "csc_edges": "E",
-           "pair": "E", "pair_offsets": "P+1", "pair_edges": "E", "pair_src": "P",
-           "pair_etype": "P", "pair_rel_offsets": "R+1", "pair_csr_offsets": "N+1",
-           "pair_csr_edges": "P"}
+_FIELDS = {
+  "src": "E",
+  "dst": "E",
+  "etype": "E",
+  "norm": "E",
+  "rel_offsets": "R+1",
+  "csr_offsets": "N+1",
+  "csr_edges": "E",
+  "csc_offsets": "N+1",
+  "csc_edges": "E",
+  "pair": "E",
+  "pair_offsets": "P+1",
+  "pair_edges": "E",
+  "pair_src": "P",
+  "pair_etype": "P",
+  "pair_rel_offsets": "R+1",
+  "pair_csr_offsets": "N+1",
+  "pair_csr_edges": "P",
+}
 _INDEX_FIELDS = [f for f in _FIELDS if f != "norm"]
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=list(_FIELDS),
-                   meta_fields=["num_nodes", "num_relations", "node_type_offsets"])
+@functools.partial(
+  jax.tree_util.register_dataclass,
+  data_fields=list(_FIELDS),
+  meta_fields=["num_nodes", "num_relations", "node_type_offsets"],
+)
 @dataclasses.dataclass(frozen=True)
 class GraphArrays:
   """A relational graph as the generated kernels read it: device arrays plus static sizes.
@@ -72,6 +91,7 @@ class GraphArrays:
   Views that disagree with the edges give unspecified values but never read or write out of
   bounds.
   """
+
   src: jax.Array
   dst: jax.Array
   etype: jax.Array
@@ -118,9 +138,18 @@ class GraphArrays:
     pairs = unique_pairs(graph.src, graph.etype, graph.num_nodes, graph.num_relations)
     i32 = lambda a: jax.device_put(np.asarray(a, np.int32), device)  # noqa: E731
     types = graph.node_type_offsets
-    arrays = (i32(graph.src), i32(graph.dst), i32(graph.etype),
-              jax.device_put(n.astype(np.float32), device), i32(graph.relation_offsets),
-              i32(csr_off), i32(csr_e), i32(csc_off), i32(csc_e), *map(i32, pairs))
+    arrays = (
+      i32(graph.src),
+      i32(graph.dst),
+      i32(graph.etype),
+      jax.device_put(n.astype(np.float32), device),
+      i32(graph.relation_offsets),
+      i32(csr_off),
+      i32(csr_e),
+      i32(csc_off),
+      i32(csc_e),
+      *map(i32, pairs),
+    )
     # Known good: enter them in the cache of checked arrays, as a checked set would be.
     try:
       refs = tuple(weakref.ref(a) for a in arrays)
@@ -131,8 +160,12 @@ class GraphArrays:
         _CHECKED.pop(next(iter(_CHECKED)))
       key = (int(graph.num_nodes), int(graph.num_relations)) + tuple(id(a) for a in arrays)
       _CHECKED[key] = refs
-    return cls(*arrays, int(graph.num_nodes), int(graph.num_relations),
-               None if types is None else tuple(int(t) for t in types))
+    return cls(
+      *arrays,
+      num_nodes=int(graph.num_nodes),
+      num_relations=int(graph.num_relations),
+      node_type_offsets=None if types is None else tuple(int(t) for t in types),
+    )
 
   @property
   def num_edges(self) -> int:
@@ -154,28 +187,37 @@ class GraphArrays:
     want = self.node_type_rows()
     rows = tuple(int(r) for r in rows)
     if want is not None and rows != want:
-      raise ValueError(f"{who}: feature rows per node type {list(rows)} do not match the "
-                       f"graph's node types {list(want)} (node_type_offsets="
-                       f"{list(self.node_type_offsets)})")
+      raise ValueError(
+        f"{who}: feature rows per node type {list(rows)} do not match the "
+        f"graph's node types {list(want)} (node_type_offsets="
+        f"{list(self.node_type_offsets or ())})"
+      )
 
   def check_structure(self) -> None:
     """ValueError unless every array has its dtype and length (works on tracers: shapes and
     dtypes only). Run before every kernel, since fields can be replaced behind the dataclass's
     back; the kernels rely on it to bound their loops."""
-    sizes = {"E": _common_length(self, "E"), "N": self.num_nodes, "R": self.num_relations,
-             "P": _common_length(self, "P")}
+    sizes = {
+      "E": _common_length(self, "E"),
+      "N": self.num_nodes,
+      "R": self.num_relations,
+      "P": _common_length(self, "P"),
+    }
     for f in _FIELDS:
       a = getattr(self, f)
       want_dtype = np.float32 if f == "norm" else np.int32
       dtype = getattr(a, "dtype", None)
       if dtype is None or np.dtype(dtype) != want_dtype:
-        raise ValueError(f"hector.GraphArrays: {f} must be a {np.dtype(want_dtype)} array, got "
-                         f"{type(a).__name__} of dtype {dtype}")
+        raise ValueError(
+          f"hector.GraphArrays: {f} must be a {np.dtype(want_dtype)} array, got "
+          f"{type(a).__name__} of dtype {dtype}"
+        )
       spec = _FIELDS[f]
       n = sizes[spec[0]] + (1 if spec.endswith("+1") else 0)
       if tuple(np.shape(a)) != (n,):
-        raise ValueError(f"hector.GraphArrays: {f} must have shape ({spec} = {n},), got "
-                         f"{tuple(np.shape(a))}")
+        raise ValueError(
+          f"hector.GraphArrays: {f} must have shape ({spec} = {n},), got {tuple(np.shape(a))}"
+        )
 
   def _arrays_are_values(self) -> bool:
     """Whether the fields hold arrays of this graph (not a pytree of cotangents, specs or
@@ -212,14 +254,17 @@ def _check_sizes(ga: GraphArrays) -> None:
   if t is not None:
     t = tuple(int(x) for x in t)
     if len(t) < 2 or t[0] != 0 or t[-1] != ga.num_nodes or any(b < a for a, b in zip(t, t[1:])):
-      raise ValueError(f"hector.GraphArrays: node_type_offsets must rise from 0 to num_nodes="
-                       f"{ga.num_nodes}, got {list(t)}")
+      raise ValueError(
+        f"hector.GraphArrays: node_type_offsets must rise from 0 to num_nodes="
+        f"{ga.num_nodes}, got {list(t)}"
+      )
     object.__setattr__(ga, "node_type_offsets", t)
 
 
 def _is_concrete(a) -> bool:
-  return isinstance(a, np.ndarray) or (isinstance(a, jax.Array) and
-                                       not isinstance(a, jax.core.Tracer))
+  return isinstance(a, np.ndarray) or (
+    isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+  )
 
 
 #: arrays already checked: key -> weak references to them (a hit needs the same live objects)
@@ -255,22 +300,27 @@ def _check_values(ga: GraphArrays) -> None:
     x = a[f]
     bad = np.flatnonzero((x < 0) | (x >= bound))
     if bad.size:
-      raise ValueError(f"hector.GraphArrays: {f} holds ids outside [0, {what}={bound}): "
-                       f"{f}[{bad[0]}] = {x[bad[0]]} ({bad.size} such)")
+      raise ValueError(
+        f"hector.GraphArrays: {f} holds ids outside [0, {what}={bound}): "
+        f"{f}[{bad[0]}] = {x[bad[0]]} ({bad.size} such)"
+      )
 
   def offsets(f, total, what):
     x = a[f]
     if x[0] != 0 or x[-1] != total or np.any(np.diff(x) < 0):
-      raise ValueError(f"hector.GraphArrays: {f} must rise from 0 to {what}={total}, got "
-                       f"{x[:4].tolist()}...{x[-2:].tolist()}")
+      raise ValueError(
+        f"hector.GraphArrays: {f} must rise from 0 to {what}={total}, got "
+        f"{x[:4].tolist()}...{x[-2:].tolist()}"
+      )
 
   def sorted_by(key_f, off_f, groups, members=None):
     """The members (the rows themselves, or the ids listed in `members`) of group g are
     `off_f[g]:off_f[g + 1]` and have key g."""
     key = a[key_f] if members is None else a[key_f][a[members]]
     if not np.array_equal(key, np.repeat(np.arange(groups), np.diff(a[off_f]))):
-      raise ValueError(f"hector.GraphArrays: {members or key_f} disagrees with {off_f} (the "
-                       f"{key_f} of its rows)")
+      raise ValueError(
+        f"hector.GraphArrays: {members or key_f} disagrees with {off_f} (the {key_f} of its rows)"
+      )
 
   def permutation(f, total):
     ids(f, total, "its length")
@@ -282,8 +332,10 @@ def _check_values(ga: GraphArrays) -> None:
   ids("etype", r, "num_relations")
   offsets("rel_offsets", e, "num_edges")
   sorted_by("etype", "rel_offsets", r)
-  for off, members, end in (("csr_offsets", "csr_edges", "src"),
-                            ("csc_offsets", "csc_edges", "dst")):
+  for off, members, end in (
+    ("csr_offsets", "csr_edges", "src"),
+    ("csc_offsets", "csc_edges", "dst"),
+  ):
     offsets(off, e, "num_edges")
     permutation(members, e)
     sorted_by(end, off, n, members)
@@ -346,6 +398,7 @@ class KernelSpec:
   """What a kernel call computes (hashable: a primitive parameter); `precision` is the matmul
   level of a GEMM (`jaxdata.hector.precision.LEVELS`), which the CUDA source depends on;
   `out_dtype` the output's dtype ("float32", or "bfloat16" for a kernel that stores its rows)."""
+
   kernel: Template
   dtypes: tuple[str, ...]
   out_shape: tuple[int, ...]
@@ -361,18 +414,22 @@ kernel_p = Primitive("jaxdata_hector_kernel")
 def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) -> jax.Array:
   """Runs one generated kernel over its domain's view of the graph; returns its output (of
   `spec.out_dtype`)."""
+  assert not isinstance(spec.kernel, Dense)  # XLA ops, no kernel (`execute` runs them)
   graph.check_structure()  # the kernels bound their loops by these lengths
   rows = codegen.tile_rows(spec.kernel, _math(spec))
   # Only the CUDA GEMMs read row tiles; the others get the relation offsets in their place.
   # Kernels that check every id themselves (`codegen.common.reads_valid`) do not read `valid`:
   # it is not computed for them.
-  ops = operands.graph_operands(graph, spec.kernel.domain,
-                                lambda offsets: tiles(offsets, rows) if rows else offsets,
-                                valid=codegen.common.reads_valid(spec.kernel))
+  ops = operands.graph_operands(
+    graph,
+    spec.kernel.domain,
+    lambda offsets: tiles(offsets, rows) if rows else offsets,
+    valid=reads_valid(spec.kernel),
+  )
   return kernel_p.bind(*ops, *inputs, spec=spec)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted(spec: KernelSpec):
   return jax.jit(lambda *args: kernel_p.bind(*args, spec=spec))
 
@@ -397,8 +454,9 @@ def kernel_id(source: str) -> int:
 def source(spec: KernelSpec, target: str, tile: codegen.Tile | None = None) -> str:
   """The source of `spec`'s kernel for `target`, in tiling `tile` (`codegen.tilings`; by
   default the first)."""
-  return codegen.generate(spec.kernel, spec.dtypes, target, spec.label, spec.precision,
-                          spec.out_dtype, tile)
+  return codegen.generate(
+    spec.kernel, spec.dtypes, target, spec.label, spec.precision, spec.out_dtype, tile
+  )
 
 
 def _lower(ctx, *args, spec: KernelSpec, target: str):
@@ -408,8 +466,9 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
   max_tiles = 0
   if target == "cpu":
     kid = kernel_id(src + target)
-    compiler.compile_cpu(src, load=lambda path: ext.hector_load_cpu_kernel(
-        kid, str(path), "jaxdata_hector_kernel"))
+    compiler.compile_cpu(
+      src, load=lambda path: ext.hector_load_cpu_kernel(kid, str(path), "jaxdata_hector_kernel")
+    )
     launches, tune_file = [(kid, 0, 0)], ""
   else:
     arch = ext.cuda_compute_capability()
@@ -431,10 +490,16 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
     for tile in tiles:
       code = src if tile is None else source(spec, target, tile)
       kid = kernel_id(code + target)
-      compiler.compile_cuda(code, arch, load=lambda path, kid=kid: ext.hector_load_cuda_kernel(
-          kid, path.read_bytes(), "jaxdata_hector_kernel"))
-      launches.append((kid,) + codegen.launch(spec.kernel, max_tiles, size["E"], size["N"],
-                                              kind, tile))
+      compiler.compile_cuda(
+        code,
+        arch,
+        load=lambda path, kid=kid: ext.hector_load_cuda_kernel(
+          kid, path.read_bytes(), "jaxdata_hector_kernel"
+        ),
+      )
+      launches.append(
+        (kid,) + codegen.launch(spec.kernel, max_tiles, size["E"], size["N"], kind, tile)
+      )
   scalars = operands.scalar_values(dict(size, T=max_tiles))
   (kid, grid, block), *_ = launches
   tune = np.array(launches if tune_file else [], np.int64).reshape(-1)
@@ -444,9 +509,16 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
   if tune_file:
     tuning.note_tuning_lowering()
   return jax.ffi.ffi_lowering(target)(
-      ctx, *args, kernel=np.int64(kid), scalars=scalars, grid=np.int64(grid),
-      block=np.int64(block), zero_outputs=np.int32(spec.zero_output),
-      tune_launches=tune, tune_file=tune_file)
+    ctx,
+    *args,
+    kernel=np.int64(kid),
+    scalars=scalars,
+    grid=np.int64(grid),
+    block=np.int64(block),
+    zero_outputs=np.int32(spec.zero_output),
+    tune_launches=tune,
+    tune_file=tune_file,
+  )
 
 
 mlir.register_lowering(kernel_p, functools.partial(_lower, target="cpu"), platform="cpu")

@@ -17,6 +17,7 @@ other file is ignored and the instance is tuned again (which replaces it). With
 ``JAXDATA_HECTOR_AUTOTUNE=0`` nothing is tuned or read: every instance takes its default tiling
 (the first), as before tuning existed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,8 +58,10 @@ def choice_file(default_source: str, arch: int, rows: int, tilings: list) -> Pat
   """Where the choice among `tilings` for the instance whose default tiling generates
   `default_source` lives, on a GPU of compute capability `arch`, for a domain of `rows` rows
   (bucketed by powers of two: the choice for 2M edges serves 1.5M)."""
-  key = compiler.source_key(default_source, ("tune", str(arch), str(max(rows, 1).bit_length()),
-                                             " | ".join(map(str, tilings))))
+  key = compiler.source_key(
+    default_source,
+    ("tune", str(arch), str(max(rows, 1).bit_length()), " | ".join(map(str, tilings))),
+  )
   return compiler.cache_dir() / f"{key}.tune"
 
 
@@ -66,6 +69,7 @@ def choice_file(default_source: str, arch: int, rows: int, tilings: list) -> Pat
 class Choice:
   """A recorded choice: `index` into the tilings, and each tiling's median time (us;
   infinite where its launch failed)."""
+
   index: int
   times_us: tuple[float, ...]
 
@@ -85,7 +89,11 @@ def read_choice(path: Path, count: int) -> Choice | None:
     times = tuple(float(t) for t in fields["times_us"].split())
   except ValueError:
     return None
-  if len(times) != count or not 0 <= index < count or times[index] != min(times) or \
-      times[index] == float("inf"):
+  if (
+    len(times) != count
+    or not 0 <= index < count
+    or times[index] != min(times)
+    or times[index] == float("inf")
+  ):
     return None
   return Choice(index, times)

@@ -13,10 +13,12 @@ graph computes at the seeds.
     h = layer1(blocks.graphs[1], x)[:len(blocks.nodes[1])]
     out = layer2(blocks.graphs[0], h)[:len(blocks.nodes[0])]   # rows of the seeds
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,7 @@ class RelationalBlocks:
     graphs: block h (a `GraphArrays` over the slots of U_{h+1}, its edges into the slots of
       U_h), for h = 0 ... L - 1: the model's first layer runs on ``graphs[-1]``.
   """
+
   nodes: tuple[jax.Array, ...]
   masks: tuple[jax.Array, ...]
   graphs: tuple[GraphArrays, ...]
@@ -52,9 +55,15 @@ class RelationalBlocks:
     return len(self.graphs)
 
 
-def sample_blocks(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[int],
-                  key: jax.Array, *, num_relations: int | None = None,
-                  norm: str = "mean") -> RelationalBlocks:
+def sample_blocks(
+  graph: HostGraph | DeviceGraph,
+  seeds: Any,
+  fanouts: Sequence[int],
+  key: jax.Array,
+  *,
+  num_relations: int | None = None,
+  norm: str = "mean",
+) -> RelationalBlocks:
   """Samples `len(fanouts)` hops of in-edges (with their relations) around `seeds`.
 
   Args:
@@ -70,42 +79,60 @@ def sample_blocks(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[
     `RelationalBlocks`.
   """
   if not isinstance(graph, (HostGraph, DeviceGraph)):
-    raise TypeError(f"sample_blocks: graph must be a HostGraph or DeviceGraph, got "
-                    f"{type(graph).__name__}")
+    raise TypeError(
+      f"sample_blocks: graph must be a HostGraph or DeviceGraph, got {type(graph).__name__}"
+    )
   if getattr(graph, "etypes", None) is None:
-    raise ValueError("sample_blocks: the graph has no edge relations (etypes); build it with "
-                     "etypes=... (HostGraph) for relational sampling")
-  fanouts = tuple(fanouts) if not isinstance(fanouts, (int, np.integer)) else (fanouts,)
-  if not fanouts or any(isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1
-                        for f in fanouts):
-    raise ValueError(f"sample_blocks: fanouts must be positive ints, got {fanouts}")
+    raise ValueError(
+      "sample_blocks: the graph has no edge relations (etypes); build it with "
+      "etypes=... (HostGraph) for relational sampling"
+    )
+  hops = tuple(fanouts) if not isinstance(fanouts, (int, np.integer)) else (fanouts,)
+  if not hops or any(
+    isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1 for f in hops
+  ):
+    raise ValueError(f"sample_blocks: fanouts must be positive ints, got {hops}")
   seeds = jnp.asarray(seeds)
   if not jnp.issubdtype(seeds.dtype, jnp.integer) or seeds.ndim != 1:
-    raise TypeError(f"sample_blocks: seeds must be a 1-D integer array, got {seeds.dtype}"
-                    f"{list(seeds.shape)}")
+    raise TypeError(
+      f"sample_blocks: seeds must be a 1-D integer array, got {seeds.dtype}{list(seeds.shape)}"
+    )
   if num_relations is None:
     if not isinstance(graph, HostGraph):
       raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
     num_relations = graph.num_relations
+    assert num_relations is not None  # the graph has etypes: checked above
   num_relations = int(num_relations)
   nodes, mask = frontier(seeds)
   all_nodes, all_masks, graphs = [nodes], [mask], []
-  for hop, fanout in enumerate(fanouts):
-    drawn = sample_neighbors(graph, jnp.where(mask, nodes, -1), (int(fanout),),
-                             jax.random.fold_in(key, hop))
+  for hop, fanout in enumerate(hops):
+    drawn = sample_neighbors(
+      graph, jnp.where(mask, nodes, -1), (int(fanout),), jax.random.fold_in(key, hop)
+    )
     shape = (nodes.shape[0], int(fanout))
-    nodes, mask, edges = expand(nodes, mask, drawn.nodes[1].reshape(shape),
-                                drawn.masks[1].reshape(shape), drawn.etypes[1].reshape(shape))
-    graphs.append(block_graph(*edges, num_nodes=nodes.shape[0], num_relations=num_relations,
-                              norm=norm))
+    assert drawn.etypes is not None  # sampled from a graph with etypes
+    nodes, mask, edges = expand(
+      nodes,
+      mask,
+      drawn.nodes[1].reshape(shape),
+      drawn.masks[1].reshape(shape),
+      drawn.etypes[1].reshape(shape),
+    )
+    graphs.append(
+      block_graph(*edges, num_nodes=nodes.shape[0], num_relations=num_relations, norm=norm)
+    )
     all_nodes.append(nodes)
     all_masks.append(mask)
   return RelationalBlocks(tuple(all_nodes), tuple(all_masks), tuple(graphs))
 
 
-def gather_typed(tables: Sequence[HostTable | jax.Array], type_offsets: Sequence[int],
-                 nodes: jax.Array, mask: jax.Array,
-                 caches: Sequence[DeviceCache | None] | None = None) -> list[jax.Array]:
+def gather_typed(
+  tables: Sequence[HostTable | jax.Array],
+  type_offsets: Sequence[int],
+  nodes: jax.Array,
+  mask: jax.Array,
+  caches: Sequence[DeviceCache | None] | None = None,
+) -> list[jax.Array]:
   """The rows of each node type's table for the slots of one frontier.
 
   Node type t owns the global ids ``[type_offsets[t], type_offsets[t + 1])`` and its rows are
@@ -116,8 +143,9 @@ def gather_typed(tables: Sequence[HostTable | jax.Array], type_offsets: Sequence
   """
   offsets = tuple(int(o) for o in type_offsets)
   if len(offsets) != len(tables) + 1:
-    raise ValueError(f"gather_typed: {len(tables)} tables need {len(tables) + 1} type offsets, "
-                     f"got {len(offsets)}")
+    raise ValueError(
+      f"gather_typed: {len(tables)} tables need {len(tables) + 1} type offsets, got {len(offsets)}"
+    )
   caches = [None] * len(tables) if caches is None else list(caches)
   if len(caches) != len(tables):
     raise ValueError(f"gather_typed: {len(caches)} caches for {len(tables)} tables")
@@ -125,11 +153,15 @@ def gather_typed(tables: Sequence[HostTable | jax.Array], type_offsets: Sequence
   for t, (table, cache) in enumerate(zip(tables, caches)):
     rows = offsets[t + 1] - offsets[t]
     if table.shape[0] != rows:
-      raise ValueError(f"gather_typed: the table of node type {t} has {table.shape[0]} rows, "
-                       f"the type has {rows} nodes")
+      raise ValueError(
+        f"gather_typed: the table of node type {t} has {table.shape[0]} rows, "
+        f"the type has {rows} nodes"
+      )
     if cache is not None and cache.slots.shape[0] != rows:
-      raise ValueError(f"gather_typed: the cache of node type {t} was built for "
-                       f"{cache.slots.shape[0]} rows, the type has {rows} nodes")
+      raise ValueError(
+        f"gather_typed: the cache of node type {t} was built for "
+        f"{cache.slots.shape[0]} rows, the type has {rows} nodes"
+      )
     mine = mask & (nodes >= offsets[t]) & (nodes < offsets[t + 1])
     local = jnp.where(mine, nodes - offsets[t], rows)  # rows: out of range, filled, not read
     if cache is not None:
@@ -143,18 +175,23 @@ def gather_typed(tables: Sequence[HostTable | jax.Array], type_offsets: Sequence
   return out
 
 
-def type_caches(graph: HostGraph, tables: Sequence[HostTable | None],
-                type_offsets: Sequence[int], fraction: float) -> list[DeviceCache | None]:
+def type_caches(
+  graph: HostGraph, tables: Sequence[HostTable | None], type_offsets: Sequence[int], fraction: float
+) -> list[DeviceCache | None]:
   """A `DeviceCache` per node type: `fraction` of each type's rows, those of its nodes with the
   most out-edges in `graph` (the most often sampled). None where `tables[t]` is None (a table
   that changes during training, such as a learnable embedding, must not be cached) and for a
   type without nodes."""
   offsets = tuple(int(o) for o in type_offsets)
   counts = DeviceCache.sampling_counts(graph)
-  return [None if table is None or offsets[t + 1] == offsets[t] else
-          DeviceCache.from_counts(counts[offsets[t]:offsets[t + 1]], table, fraction=fraction,
-                                  what="type_caches")
-          for t, table in enumerate(tables)]
+  return [
+    None
+    if table is None or offsets[t + 1] == offsets[t]
+    else DeviceCache.from_counts(
+      counts[offsets[t] : offsets[t + 1]], table, fraction=fraction, what="type_caches"
+    )
+    for t, table in enumerate(tables)
+  ]
 
 
 def budget_fraction(tables: Sequence[HostTable | None], budget: int) -> float:
@@ -167,13 +204,13 @@ def budget_fraction(tables: Sequence[HostTable | None], budget: int) -> float:
   if budget <= slots or not rows:
     return 0.0
   # capacity rounds to the nearest row (DeviceCache.from_counts): stay a row below per table
-  spare = budget - slots - sum(int(np.prod(t.shape[1:])) * np.dtype(t.dtype).itemsize
-                               for t in tables)
+  spare = (
+    budget - slots - sum(int(np.prod(t.shape[1:])) * np.dtype(t.dtype).itemsize for t in tables)
+  )
   return float(min(1.0, max(0.0, spare / rows)))
 
 
 def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:
   """int32: the node type of each slot's node (-1 for unused slots, negative ids)."""
   bounds = jnp.asarray(np.asarray(type_offsets[1:-1], np.int32))
-  return jnp.where(nodes >= 0, jnp.searchsorted(bounds, nodes, side="right"), -1).astype(
-      jnp.int32)
+  return jnp.where(nodes >= 0, jnp.searchsorted(bounds, nodes, side="right"), -1).astype(jnp.int32)

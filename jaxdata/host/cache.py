@@ -10,6 +10,7 @@ memory as one is willing to give.
     >>> cache = DeviceCache.build(graph, graph.features, fraction=0.2)   # top 20% by out-degree
     >>> feats = blocks.gather(graph.features, cache=cache)
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -29,32 +30,54 @@ class DeviceCache(NamedTuple):
     slots: int32 [table rows]: the row of `rows` holding table row i, or -1 (not cached).
     rows: [capacity, columns] in the table's dtype.
   """
+
   slots: jax.Array
   rows: jax.Array
 
   @classmethod
-  def build(cls, graph: HostGraph, table: HostTable, *, fraction: float | None = None,
-            capacity: int | None = None, device: Any = None) -> DeviceCache:
+  def build(
+    cls,
+    graph: HostGraph,
+    table: HostTable,
+    *,
+    fraction: float | None = None,
+    capacity: int | None = None,
+    device: Any = None,
+  ) -> DeviceCache:
     """Caches the rows of the nodes with the highest out-degree (most often sampled).
 
     Give the size as a `fraction` of the table's rows or as a row `capacity`.
     """
     if table.shape[0] != graph.num_nodes:
-      raise ValueError(f"DeviceCache.build: the table has {table.shape[0]} rows, the graph "
-                       f"{graph.num_nodes} nodes")
-    return cls.from_counts(cls.sampling_counts(graph), table, fraction=fraction, capacity=capacity, device=device,
-                           what="DeviceCache.build")
+      raise ValueError(
+        f"DeviceCache.build: the table has {table.shape[0]} rows, the graph {graph.num_nodes} nodes"
+      )
+    return cls.from_counts(
+      cls.sampling_counts(graph),
+      table,
+      fraction=fraction,
+      capacity=capacity,
+      device=device,
+      what="DeviceCache.build",
+    )
 
   @staticmethod
   def sampling_counts(graph: HostGraph) -> np.ndarray:
     """How often neighbour sampling reads each node: its number of out-edges, i.e. its
     entries in the graph's neighbour lists."""
-    return np.bincount(graph.indices.as_numpy()[:graph.num_edges, 0], minlength=graph.num_nodes)
+    return np.bincount(graph.indices.as_numpy()[: graph.num_edges, 0], minlength=graph.num_nodes)
 
   @classmethod
-  def from_counts(cls, counts: Any, table: HostTable, *, fraction: float | None = None,
-                  capacity: int | None = None, device: Any = None,
-                  what: str = "DeviceCache.from_counts") -> DeviceCache:
+  def from_counts(
+    cls,
+    counts: Any,
+    table: HostTable,
+    *,
+    fraction: float | None = None,
+    capacity: int | None = None,
+    device: Any = None,
+    what: str = "DeviceCache.from_counts",
+  ) -> DeviceCache:
     """Caches the rows with the highest `counts` (how often each row is expected to be read:
     a node's out-degree for neighbour sampling), `fraction` of the rows or `capacity` rows.
 
@@ -65,22 +88,30 @@ class DeviceCache(NamedTuple):
     if (fraction is None) == (capacity is None):
       raise ValueError(f"{what}: give exactly one of fraction and capacity")
     if counts.shape != (table.shape[0],):
-      raise ValueError(f"{what}: {counts.shape[0] if counts.ndim == 1 else counts.shape} "
-                       f"counts for a table of {table.shape[0]} rows")
-    if capacity is not None and (isinstance(capacity, (bool, np.bool_))
-                                 or not isinstance(capacity, (int, np.integer))):
+      raise ValueError(
+        f"{what}: {counts.shape[0] if counts.ndim == 1 else counts.shape} "
+        f"counts for a table of {table.shape[0]} rows"
+      )
+    if capacity is not None and (
+      isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer))
+    ):
       raise TypeError(f"{what}: capacity must be an integer, got {capacity!r}")
     if fraction is not None:
       if not isinstance(fraction, (int, float, np.integer, np.floating)) or isinstance(
-          fraction, (bool, np.bool_)):
+        fraction, (bool, np.bool_)
+      ):
         raise TypeError(f"{what}: fraction must be a number, got {fraction!r}")
       if not 0 < fraction <= 1:
         raise ValueError(f"{what}: fraction must be in (0, 1], got {fraction}")
       capacity = max(1, int(round(fraction * len(counts))))
+    assert capacity is not None  # given, or computed from the fraction just above
     if not 1 <= capacity <= len(counts):
       raise ValueError(f"{what}: capacity must be in [1, {len(counts)}], got {capacity}")
-    chosen = np.sort(np.argpartition(-counts, capacity - 1)[:capacity]) if capacity < len(
-        counts) else np.arange(len(counts))
+    chosen = (
+      np.sort(np.argpartition(-counts, capacity - 1)[:capacity])
+      if capacity < len(counts)
+      else np.arange(len(counts))
+    )
     slots = np.full(len(counts), -1, np.int32)
     slots[chosen] = np.arange(capacity, dtype=np.int32)
     rows = table.as_numpy()[chosen]  # a copy, ascending rows
@@ -95,8 +126,9 @@ class DeviceCache(NamedTuple):
   def fill(self, slots: jax.Array, read: jax.Array) -> jax.Array:
     """`read` (rows gathered elsewhere) with the rows whose `slots` (from `lookup`) hold one
     replaced by the cached row."""
-    return jnp.where((slots >= 0)[:, None], jnp.take(self.rows, jnp.maximum(slots, 0), axis=0),
-                     read)
+    return jnp.where(
+      (slots >= 0)[:, None], jnp.take(self.rows, jnp.maximum(slots, 0), axis=0), read
+    )
 
   @property
   def capacity(self) -> int:

@@ -1,10 +1,12 @@
 """host_gather and host_slice: jit-compatible reads of a HostTable into a device array."""
+
 from __future__ import annotations
 
 import functools
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -22,8 +24,14 @@ SORT_THRESHOLD_BYTES = 2 << 30
 SORT_BELOW_ROW_BYTES = 2048
 
 
-def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_value: Any = None,
-                sort: bool | None = None) -> jax.Array:
+def host_gather(
+  table: HostTable,
+  indices: Any,
+  *,
+  mode: str = "fill",
+  fill_value: Any = None,
+  sort: bool | None = None,
+) -> jax.Array:
   """Gathers rows of a host table into a device array: `jnp.take(table, indices, axis=0)`.
 
   On a GPU the kernel reads the rows straight from the table's pinned host memory (zero-copy);
@@ -68,8 +76,15 @@ def host_gather(table: HostTable, indices: Any, *, mode: str = "fill", fill_valu
   fill_bits = _fill_bits(table.dtype, fill_value) if mode == "fill" else np.int64(0)
   if sort is None:
     sort = sorts_by_default(table)
-  return _gather(table.shape, table.dtype, _MODES[mode], fill_bits, bool(sort), table.handle,
-                 _canonical_indices(indices, table.shape[0]))
+  return _gather(
+    table.shape,
+    table.dtype,
+    _MODES[mode],
+    fill_bits,
+    bool(sort),
+    table.handle,
+    _canonical_indices(indices, table.shape[0]),
+  )
 
 
 def sorts_by_default(table: HostTable) -> bool:
@@ -89,14 +104,21 @@ def host_slice(table: HostTable, start: int, size: int) -> jax.Array:
   start = _check_int(start, "host_slice: start")
   size = _check_int(size, "host_slice: size")
   if size < 0 or start < 0 or start + size > table.shape[0]:
-    raise ValueError(f"host_slice: rows [{start}, {start + size}) are outside the table's "
-                     f"{table.shape[0]} rows")
+    raise ValueError(
+      f"host_slice: rows [{start}, {start + size}) are outside the table's {table.shape[0]} rows"
+    )
   return jax.ffi.ffi_call(
-      "jaxdata_host_slice", jax.ShapeDtypeStruct((size, table.shape[1]), table.dtype))(
-          table.handle, rows=np.int64(table.shape[0]), start=np.int64(start))
+    "jaxdata_host_slice", jax.ShapeDtypeStruct((size, table.shape[1]), table.dtype)
+  )(table.handle, rows=np.int64(table.shape[0]), start=np.int64(start))
 
 
 # -- checks and conversions --------------------------------------------------------------------
+
+
+def _x64() -> bool:
+  """Whether jax_enable_x64 is on."""
+  # jax sets its flags on Config at runtime: no stub declares them
+  return bool(jax.config.jax_enable_x64)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _check_table(table: Any, what: str) -> None:
@@ -104,9 +126,11 @@ def _check_table(table: Any, what: str) -> None:
     raise TypeError(f"{what}: table must be a HostTable, got {type(table).__name__}")
   if table.closed:
     raise ValueError(f"{what}: {table!r} is closed")
-  if table.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
-    raise TypeError(f"{what}: the table holds {table.dtype}, which JAX represents only with "
-                    "jax_enable_x64 on (jax.config.update('jax_enable_x64', True))")
+  if table.dtype.itemsize == 8 and not _x64():
+    raise TypeError(
+      f"{what}: the table holds {table.dtype}, which JAX represents only with "
+      "jax_enable_x64 on (jax.config.update('jax_enable_x64', True))"
+    )
 
 
 def as_indices(indices: Any, what: str) -> jax.Array:
@@ -124,8 +148,7 @@ def as_indices(indices: Any, what: str) -> jax.Array:
   if not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(f"{what}: indices must be integers, got dtype {dtype}")
   dtype = np.dtype(dtype)
-  if (dtype.itemsize == 8 and not jax.config.jax_enable_x64
-      and not isinstance(indices, jax.Array)):
+  if dtype.itemsize == 8 and not _x64() and not isinstance(indices, jax.Array):
     narrow = np.dtype(np.uint32 if dtype.kind == "u" else np.int32)
     info = np.iinfo(narrow)
     indices = np.clip(np.asarray(indices), info.min, info.max).astype(narrow)
@@ -141,12 +164,13 @@ def _canonical_indices(idx: jax.Array, rows: int) -> jax.Array:
     return idx.astype(np.int32)
   # Unsigned 32/64-bit: values past the signed range are out of range for any table, so
   # saturating them keeps their meaning.
-  if dtype == np.uint32 and jax.config.jax_enable_x64:
+  if dtype == np.uint32 and _x64():
     return idx.astype(np.int64)
   signed = np.int32 if dtype == np.uint32 else np.int64
   if dtype == np.uint32 and rows > np.iinfo(np.int32).max - 1:
-    raise TypeError("host_gather: uint32 indices into a table of more than 2**31 - 2 rows need "
-                    "jax_enable_x64")
+    raise TypeError(
+      "host_gather: uint32 indices into a table of more than 2**31 - 2 rows need jax_enable_x64"
+    )
   return jnp.minimum(idx, np.array(np.iinfo(signed).max, dtype)).astype(signed)
 
 
@@ -172,15 +196,20 @@ def _fill_bits(dtype: np.dtype, fill_value: Any) -> np.int64:
   if np.shape(fill_value) != ():
     raise ValueError(f"host_gather: fill_value must be a scalar, got shape {np.shape(fill_value)}")
   value = np.asarray(fill_value)
-  if not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_ or value.dtype == object
-          or value.dtype == np.dtype(jnp.bfloat16)):
+  if not (
+    np.issubdtype(value.dtype, np.number)
+    or value.dtype == np.bool_
+    or value.dtype == object
+    or value.dtype == np.dtype(jnp.bfloat16)
+  ):
     raise TypeError(f"host_gather: fill_value must be a number, got {fill_value!r}")
   try:
     with np.errstate(invalid="ignore", over="ignore"):
       raw = value.astype(dtype).tobytes()
   except (TypeError, ValueError, OverflowError) as e:
-    raise ValueError(f"host_gather: fill_value {fill_value!r} cannot fill a {dtype} table: "
-                     f"{e}") from e
+    raise ValueError(
+      f"host_gather: fill_value {fill_value!r} cannot fill a {dtype} table: {e}"
+    ) from e
   return np.int64(int.from_bytes(raw.ljust(8, b"\0"), "little", signed=True))
 
 
@@ -200,10 +229,17 @@ def _gather_call(shape, dtype, mode, fill_bits, sort, handle, idx):
   # A batch of index arrays is one larger index array: the kernel reads indices flat. The
   # handle is not batched (one table serves the batch): "expand_dims" gives it size-1 axes only.
   result, _ = jax.ffi.ffi_call(
-      "jaxdata_host_gather", (out, jax.ShapeDtypeStruct((scratch,), np.uint8)),
-      vmap_method="expand_dims")(
-          handle, idx, rows=np.int64(shape[0]), mode=np.int32(mode), fill_bits=fill_bits,
-          sort=np.int32(sort))
+    "jaxdata_host_gather",
+    (out, jax.ShapeDtypeStruct((scratch,), np.uint8)),
+    vmap_method="expand_dims",
+  )(
+    handle,
+    idx,
+    rows=np.int64(shape[0]),
+    mode=np.int32(mode),
+    fill_bits=fill_bits,
+    sort=np.int32(sort),
+  )
   return result
 
 

@@ -1,5 +1,6 @@
 """HostGraph: a graph's structure, edge relations and node features in host memory that the GPU
 reads directly."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -51,8 +52,16 @@ class HostGraph:
     pinned: as for `HostTable` (default: when a GPU is visible).
   """
 
-  def __init__(self, indptr: Any, indices: Any, *, features: Any = None, etypes: Any = None,
-               num_relations: int | None = None, pinned: bool | None = None):
+  def __init__(
+    self,
+    indptr: Any,
+    indices: Any,
+    *,
+    features: Any = None,
+    etypes: Any = None,
+    num_relations: int | None = None,
+    pinned: bool | None = None,
+  ):
     self._owned: list[HostTable] = []
     self._indptr = self._indices = self._features = self._etypes = None
     indptr = _as_int_array(indptr, "indptr")
@@ -66,22 +75,26 @@ class HostGraph:
       if etypes is not None:
         etypes = np.zeros(1, np.int32)  # one row per row of indices
     try:
-      self._indptr = self._own(HostTable(indptr.astype(np.int64, copy=False).reshape(-1, 1),
-                                         pinned=pinned))
-      self._indices = self._own(HostTable(indices.astype(np.int32, copy=False).reshape(-1, 1),
-                                          pinned=pinned))
+      self._indptr = self._own(
+        HostTable(indptr.astype(np.int64, copy=False).reshape(-1, 1), pinned=pinned)
+      )
+      self._indices = self._own(
+        HostTable(indices.astype(np.int32, copy=False).reshape(-1, 1), pinned=pinned)
+      )
       self._features = None
       if etypes is not None:
-        self._etypes = self._own(HostTable(etypes.astype(np.int32, copy=False).reshape(-1, 1),
-                                           pinned=pinned))
+        self._etypes = self._own(
+          HostTable(etypes.astype(np.int32, copy=False).reshape(-1, 1), pinned=pinned)
+        )
       if features is not None:
         if not isinstance(features, HostTable):
           features = self._own(HostTable(features, pinned=pinned))
         if features.closed:
           raise ValueError(f"HostGraph: features {features!r} is closed")
         if features.shape[0] != self._num_nodes:
-          raise ValueError(f"HostGraph: features has {features.shape[0]} rows, the graph "
-                           f"{self._num_nodes} nodes")
+          raise ValueError(
+            f"HostGraph: features has {features.shape[0]} rows, the graph {self._num_nodes} nodes"
+          )
         self._features = features
     except BaseException:
       self.close()
@@ -94,9 +107,17 @@ class HostGraph:
   # -- construction -------------------------------------------------------------------------
 
   @classmethod
-  def from_edges(cls, senders: Any, receivers: Any, num_nodes: int | None = None, *,
-                 features: Any = None, etypes: Any = None, num_relations: int | None = None,
-                 pinned: bool | None = None) -> HostGraph:
+  def from_edges(
+    cls,
+    senders: Any,
+    receivers: Any,
+    num_nodes: int | None = None,
+    *,
+    features: Any = None,
+    etypes: Any = None,
+    num_relations: int | None = None,
+    pinned: bool | None = None,
+  ) -> HostGraph:
     """The graph with an edge senders[e] -> receivers[e] for every e (duplicates kept), of
     relation etypes[e] if given.
 
@@ -106,8 +127,10 @@ class HostGraph:
     senders = _as_int_array(senders, "senders", "HostGraph.from_edges")
     receivers = _as_int_array(receivers, "receivers", "HostGraph.from_edges")
     if senders.shape != receivers.shape or senders.ndim != 1:
-      raise ValueError(f"HostGraph.from_edges: senders {senders.shape} and receivers "
-                       f"{receivers.shape} must be 1-D arrays of one length")
+      raise ValueError(
+        f"HostGraph.from_edges: senders {senders.shape} and receivers "
+        f"{receivers.shape} must be 1-D arrays of one length"
+      )
     if num_nodes is None:
       num_nodes = max([int(a.max()) for a in (senders, receivers) if a.size] + [-1]) + 1
     if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes, (int, np.integer)):
@@ -125,11 +148,19 @@ class HostGraph:
     if etypes is not None:
       etypes = _as_int_array(etypes, "etypes", "HostGraph.from_edges")
       if etypes.shape != senders.shape:
-        raise ValueError(f"HostGraph.from_edges: etypes {etypes.shape} must have one entry per "
-                         f"edge, {senders.shape}")
+        raise ValueError(
+          f"HostGraph.from_edges: etypes {etypes.shape} must have one entry per "
+          f"edge, {senders.shape}"
+        )
       etypes = etypes[order]
-    return cls(indptr, senders[order].astype(np.int32), features=features, etypes=etypes,
-               num_relations=num_relations, pinned=pinned)
+    return cls(
+      indptr,
+      senders[order].astype(np.int32),
+      features=features,
+      etypes=etypes,
+      num_relations=num_relations,
+      pinned=pinned,
+    )
 
   @classmethod
   def from_hetero(cls, graph: Any, *, pinned: bool | None = None) -> HostGraph:
@@ -137,12 +168,24 @@ class HostGraph:
     the layout relational sampling reads (`jaxdata.host.sample_blocks`). The grouping is the
     graph's own CSC (native, multithreaded)."""
     offsets, edge_ids = graph.csc()
-    return cls(offsets, graph.src[edge_ids], etypes=graph.etype[edge_ids],
-               num_relations=graph.num_relations, pinned=pinned)
+    return cls(
+      offsets,
+      graph.src[edge_ids],
+      etypes=graph.etype[edge_ids],
+      num_relations=graph.num_relations,
+      pinned=pinned,
+    )
 
   @classmethod
-  def from_jraph(cls, graph: Any, *, features: Any = None, etypes: Any = None,
-                 num_relations: int | None = None, pinned: bool | None = None) -> HostGraph:
+  def from_jraph(
+    cls,
+    graph: Any,
+    *,
+    features: Any = None,
+    etypes: Any = None,
+    num_relations: int | None = None,
+    pinned: bool | None = None,
+  ) -> HostGraph:
     """From a `jraph.GraphsTuple` (all its graphs as one): edges senders -> receivers.
 
     `features` defaults to `graph.nodes` when that is a 2-D array; `etypes`, if given, is the
@@ -150,9 +193,15 @@ class HostGraph:
     """
     if features is None and getattr(graph.nodes, "ndim", 0) == 2:
       features = np.asarray(graph.nodes)
-    return cls.from_edges(np.asarray(graph.senders), np.asarray(graph.receivers),
-                          int(np.sum(graph.n_node)), features=features, etypes=etypes,
-                          num_relations=num_relations, pinned=pinned)
+    return cls.from_edges(
+      np.asarray(graph.senders),
+      np.asarray(graph.receivers),
+      int(np.sum(graph.n_node)),
+      features=features,
+      etypes=etypes,
+      num_relations=num_relations,
+      pinned=pinned,
+    )
 
   # -- properties ---------------------------------------------------------------------------
 
@@ -168,6 +217,7 @@ class HostGraph:
   def indptr(self) -> HostTable:
     """The CSR's row pointers: a HostTable of shape (num_nodes + 1, 1), int64."""
     self._check_open("indptr")
+    assert self._indptr is not None  # set while the graph is open
     return self._indptr
 
   @property
@@ -175,6 +225,7 @@ class HostGraph:
     """The CSR's neighbour ids: a HostTable of shape (max(num_edges, 1), 1), int32 (a graph
     with no edges has one unused row)."""
     self._check_open("indices")
+    assert self._indices is not None  # set while the graph is open
     return self._indices
 
   @property
@@ -203,18 +254,26 @@ class HostGraph:
     return np.diff(self.indptr.as_numpy()[:, 0])
 
   def __repr__(self) -> str:
-    state = "closed" if self.closed else ("pinned" if self._indices.pinned else "unpinned")
-    feats = "" if self.closed or self._features is None else (
-        f", features={self._features.shape[1]}x{self._features.dtype.name}")
+    indices = self._indices
+    state = (
+      "closed" if self.closed or indices is None else ("pinned" if indices.pinned else "unpinned")
+    )
+    feats = (
+      ""
+      if self.closed or self._features is None
+      else (f", features={self._features.shape[1]}x{self._features.dtype.name}")
+    )
     rels = "" if self._num_relations is None else f", relations={self._num_relations}"
     return f"HostGraph(nodes={self._num_nodes}, edges={self._num_edges}{rels}{feats}, {state})"
 
   # -- lifetime -----------------------------------------------------------------------------
 
   def __copy__(self) -> HostGraph:
-    raise TypeError("HostGraph cannot be copied (a copy would share the tables it owns and "
-                    "closing one would close the other): build another HostGraph from the same "
-                    "arrays, e.g. HostGraph(g.indptr.as_numpy()[:, 0], ...)")
+    raise TypeError(
+      "HostGraph cannot be copied (a copy would share the tables it owns and "
+      "closing one would close the other): build another HostGraph from the same "
+      "arrays, e.g. HostGraph(g.indptr.as_numpy()[:, 0], ...)"
+    )
 
   def __deepcopy__(self, memo: dict) -> HostGraph:
     return self.__copy__()
@@ -247,8 +306,9 @@ def _as_int_array(a: Any, name: str, what: str = "HostGraph") -> np.ndarray:
   return a
 
 
-def _check_etypes(etypes: Any, num_relations: Any,
-                  num_edges: int) -> tuple[np.ndarray | None, int | None]:
+def _check_etypes(
+  etypes: Any, num_relations: Any, num_edges: int
+) -> tuple[np.ndarray | None, int | None]:
   """The relations as an int array and their number, checked; (None, None) for no etypes."""
   if etypes is None:
     if num_relations is not None:
@@ -256,8 +316,9 @@ def _check_etypes(etypes: Any, num_relations: Any,
     return None, None
   etypes = _as_int_array(etypes, "etypes")
   if etypes.shape != (num_edges,):
-    raise ValueError(f"HostGraph: etypes must have one entry per edge ({num_edges}), got shape "
-                     f"{etypes.shape}")
+    raise ValueError(
+      f"HostGraph: etypes must have one entry per edge ({num_edges}), got shape {etypes.shape}"
+    )
   if etypes.size and int(etypes.min()) < 0:
     raise ValueError(f"HostGraph: etypes must be >= 0, got {int(etypes.min())}")
   if etypes.size and int(etypes.max()) > np.iinfo(np.int32).max:
@@ -265,12 +326,14 @@ def _check_etypes(etypes: Any, num_relations: Any,
   found = int(etypes.max()) + 1 if etypes.size else 0
   if num_relations is None:
     return etypes, found
-  if isinstance(num_relations, (bool, np.bool_)) or not isinstance(num_relations,
-                                                                   (int, np.integer)):
+  if isinstance(num_relations, (bool, np.bool_)) or not isinstance(
+    num_relations, (int, np.integer)
+  ):
     raise TypeError(f"HostGraph: num_relations must be an integer, got {num_relations!r}")
   if not found <= num_relations <= np.iinfo(np.int32).max:
-    raise ValueError(f"HostGraph: num_relations is {num_relations}, but etypes holds relation "
-                     f"{found - 1}")
+    raise ValueError(
+      f"HostGraph: num_relations is {num_relations}, but etypes holds relation {found - 1}"
+    )
   return etypes, int(num_relations)
 
 
@@ -291,8 +354,10 @@ def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
 def _flatten(g: HostGraph) -> tuple[tuple[Any, ...], tuple[int, int, int | None]]:
   # The tables are the children (each a handle leaf with its shape and dtype static); nothing
   # that names this graph is static, so a jitted function does not keep it alive.
-  return ((g._indptr, g._indices, g._features, g._etypes),
-          (g._num_nodes, g._num_edges, g._num_relations))
+  return (
+    (g._indptr, g._indices, g._features, g._etypes),
+    (g._num_nodes, g._num_edges, g._num_relations),
+  )
 
 
 def _unflatten(aux: tuple[int, int, int | None], children: tuple[Any, ...]) -> HostGraph:

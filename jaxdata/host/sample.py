@@ -1,11 +1,14 @@
 """sample_neighbors: fixed-shape, multi-hop uniform neighbour sampling from a HostGraph, with the
 relation of every sampled edge when the graph is typed."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -42,6 +45,7 @@ class Blocks:
       the relation of each entry's edge to its parent, -1 on padding; hop 0 (the seeds, which
       have no parent) all -1.
   """
+
   nodes: tuple[jax.Array, ...]
   masks: tuple[jax.Array, ...]
   fanouts: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
@@ -66,8 +70,9 @@ class Blocks:
       raise ValueError("Blocks.relations: these blocks were sampled from a graph without etypes")
     return self.etypes[hop + 1].reshape(-1, self.fanouts[hop])
 
-  def gather(self, table: HostTable, *, unique: bool = False, cache: Any = None,
-             **kwargs: Any) -> tuple[jax.Array, ...]:
+  def gather(
+    self, table: HostTable, *, unique: bool = False, cache: Any = None, **kwargs: Any
+  ) -> tuple[jax.Array, ...]:
     """The rows of `table` for every hop's nodes (zeros for padding), via `host_gather`.
 
     With `unique`, each distinct node is read from the table once and copied on the device to
@@ -83,13 +88,17 @@ class Blocks:
       raise TypeError(f"Blocks.gather: table must be a HostTable, got {type(table).__name__}")
     rows = table.shape[0]
     if self.num_nodes is not None and rows < self.num_nodes:
-      raise ValueError(f"Blocks.gather: the table has {rows} rows, but the blocks were sampled "
-                       f"from a graph of {self.num_nodes} nodes")
+      raise ValueError(
+        f"Blocks.gather: the table has {rows} rows, but the blocks were sampled "
+        f"from a graph of {self.num_nodes} nodes"
+      )
     if cache is not None and cache.slots.shape[0] != rows:
-      raise ValueError(f"Blocks.gather: the cache was built for a table of "
-                       f"{cache.slots.shape[0]} rows, this table has {rows}")
+      raise ValueError(
+        f"Blocks.gather: the cache was built for a table of "
+        f"{cache.slots.shape[0]} rows, this table has {rows}"
+      )
     ids = [jnp.where(m, n, rows) for n, m in zip(self.nodes, self.masks)]
-    slots = None
+    slots = []
     if cache is not None:
       slots = [cache.lookup(n, m) for n, m in zip(self.nodes, self.masks)]
       ids = [jnp.where(s >= 0, rows, i) for i, s in zip(ids, slots)]  # hits: nothing to read
@@ -97,12 +106,12 @@ class Blocks:
       out = [host_gather(table, i, mode="fill", fill_value=0, **kwargs) for i in ids]
     else:
       flat = jnp.concatenate(ids)
-      distinct, inverse = jnp.unique(flat, size=flat.shape[0], fill_value=rows,
-                                     return_inverse=True)
+      distinct, inverse = jnp.unique(flat, size=flat.shape[0], fill_value=rows, return_inverse=True)
       kwargs.setdefault("sort", False)  # already ascending
       read = host_gather(table, distinct, mode="fill", fill_value=0, **kwargs)
-      out = jnp.split(jnp.take(read, inverse.reshape(-1), axis=0),
-                      np.cumsum([i.shape[0] for i in ids])[:-1])
+      out = jnp.split(
+        jnp.take(read, inverse.reshape(-1), axis=0), np.cumsum([i.shape[0] for i in ids])[:-1]
+      )
     if cache is not None:
       out = [cache.fill(s, o) for o, s in zip(out, slots)]
     return tuple(out)
@@ -117,20 +126,27 @@ class Blocks:
     the same way).
     """
     import jraph  # pylint: disable=g-import-not-at-top
+
     dst, src = self.nodes[hop], self.nodes[hop + 1]
     n_dst, n_src = dst.shape[0], src.shape[0]
-    nodes = {"id": jnp.concatenate([dst, src]),
-             "mask": jnp.concatenate([self.masks[hop], self.masks[hop + 1]])}
+    nodes = {
+      "id": jnp.concatenate([dst, src]),
+      "mask": jnp.concatenate([self.masks[hop], self.masks[hop + 1]]),
+    }
     if node_features is not None:
       nodes["features"] = node_features
     edges = {"mask": self.masks[hop + 1]}
     if self.etypes is not None:
       edges["etype"] = self.etypes[hop + 1]
     return jraph.GraphsTuple(
-        nodes=nodes, edges=edges,
-        senders=n_dst + jnp.arange(n_src, dtype=jnp.int32),
-        receivers=jax.lax.broadcasted_iota(jnp.int32, (n_dst, self.fanouts[hop]), 0).reshape(-1),
-        globals=None, n_node=jnp.array([n_dst + n_src]), n_edge=jnp.array([n_src]))
+      nodes=nodes,
+      edges=edges,
+      senders=n_dst + jnp.arange(n_src, dtype=jnp.int32),
+      receivers=jax.lax.broadcasted_iota(jnp.int32, (n_dst, self.fanouts[hop]), 0).reshape(-1),
+      globals=None,
+      n_node=jnp.array([n_dst + n_src]),
+      n_edge=jnp.array([n_src]),
+    )
 
 
 class DeviceGraph(NamedTuple):
@@ -140,7 +156,8 @@ class DeviceGraph(NamedTuple):
   from (relations included); it exists for graphs that fit in device memory and as the
   all-in-GPU baseline.
   """
-  indptr: jax.Array   # int32 or int64 [num_nodes + 1]
+
+  indptr: jax.Array  # int32 or int64 [num_nodes + 1]
   indices: jax.Array  # int32 [num_edges]
   etypes: jax.Array | None = None  # int32 [num_edges], the relation of every edge; None: untyped
 
@@ -149,10 +166,10 @@ class DeviceGraph(NamedTuple):
     # Copies, so the arrays never keep the host tables' memory alive.
     indptr = graph.indptr.as_numpy()[:, 0]
     indptr = indptr.astype(np.int32 if indptr[-1] < np.iinfo(np.int32).max else np.int64)
-    indices = graph.indices.as_numpy()[:graph.num_edges, 0].copy()
+    indices = graph.indices.as_numpy()[: graph.num_edges, 0].copy()
     etypes = None
     if graph.etypes is not None:
-      etypes = jax.device_put(graph.etypes.as_numpy()[:graph.num_edges, 0].copy(), device)
+      etypes = jax.device_put(graph.etypes.as_numpy()[: graph.num_edges, 0].copy(), device)
     return cls(jax.device_put(indptr, device), jax.device_put(indices, device), etypes)
 
   @property
@@ -160,8 +177,14 @@ class DeviceGraph(NamedTuple):
     return self.indptr.shape[0] - 1
 
 
-def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequence[int], key: jax.Array, *,
-                     replace: bool = False) -> Blocks:
+def sample_neighbors(
+  graph: HostGraph | DeviceGraph,
+  seeds: Any,
+  fanouts: Sequence[int],
+  key: jax.Array,
+  *,
+  replace: bool = False,
+) -> Blocks:
   """Samples up to `fanouts[l]` neighbours of every node of hop l, for l = 0, 1, ...
 
   On a GPU the kernel reads the graph's CSR straight from pinned host memory (zero-copy) and
@@ -202,15 +225,20 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
     # The tables enter as handles (operands) and sizes, not as identities baked into the program.
     operands = (graph.indptr.handle, graph.indices.handle)
     typed = (graph.etypes.handle,) if graph.etypes is not None else ()
-    target, attrs = "jaxdata_host_sample", dict(num_nodes=np.int64(graph.indptr.shape[0] - 1),
-                                                 num_edges=np.int64(graph.indices.shape[0]))
+    target, attrs = (
+      "jaxdata_host_sample",
+      dict(
+        num_nodes=np.int64(graph.indptr.shape[0] - 1), num_edges=np.int64(graph.indices.shape[0])
+      ),
+    )
   elif isinstance(graph, DeviceGraph):
     operands = (graph.indptr, graph.indices.astype(jnp.int32))
     typed = () if graph.etypes is None else (_check_device_etypes(graph),)
     target, attrs = "jaxdata_sample", {}
   else:
-    raise TypeError("sample_neighbors: graph must be a HostGraph or DeviceGraph, got "
-                    f"{type(graph).__name__}")
+    raise TypeError(
+      f"sample_neighbors: graph must be a HostGraph or DeviceGraph, got {type(graph).__name__}"
+    )
   fanouts = _check_fanouts(fanouts)
   seeds = _check_seeds(seeds, graph.num_nodes)
   valid = (seeds >= 0) & (seeds < graph.num_nodes)
@@ -223,25 +251,37 @@ def sample_neighbors(graph: HostGraph | DeviceGraph, seeds: Any, fanouts: Sequen
     slots = jax.ShapeDtypeStruct((n, fanout), jnp.int32)
     out = (slots, jax.ShapeDtypeStruct((n, fanout), bool)) + ((slots,) if typed else ())
     got = jax.ffi.ffi_call(target, out, vmap_method="sequential")(
-        *operands, nodes[-1], words, *typed, fanout=np.int64(fanout),
-        replace=np.int32(bool(replace)), **attrs)
+      *operands,
+      nodes[-1],
+      words,
+      *typed,
+      fanout=np.int64(fanout),
+      replace=np.int32(bool(replace)),
+      **attrs,
+    )
     nodes.append(got[0].reshape(-1))
     masks.append(got[1].reshape(-1))
     if typed:
       etypes.append(got[2].reshape(-1))
-  return Blocks(tuple(nodes), tuple(masks), fanouts, graph.num_nodes,
-                tuple(etypes) if typed else None)
+  return Blocks(
+    tuple(nodes), tuple(masks), fanouts, graph.num_nodes, tuple(etypes) if typed else None
+  )
 
 
 def _check_device_etypes(graph: DeviceGraph) -> jax.Array:
   etypes = graph.etypes
   dtype = getattr(etypes, "dtype", None)
   if dtype is None or not jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
-    raise TypeError(f"sample_neighbors: DeviceGraph.etypes must be an integer array, got "
-                    f"{dtype if dtype is not None else type(etypes).__name__}")
+    raise TypeError(
+      f"sample_neighbors: DeviceGraph.etypes must be an integer array, got "
+      f"{dtype if dtype is not None else type(etypes).__name__}"
+    )
+  assert etypes is not None  # it has a dtype
   if np.shape(etypes) != np.shape(graph.indices):
-    raise ValueError(f"sample_neighbors: DeviceGraph.etypes {np.shape(etypes)} must have one "
-                     f"entry per edge, like indices {np.shape(graph.indices)}")
+    raise ValueError(
+      f"sample_neighbors: DeviceGraph.etypes {np.shape(etypes)} must have one "
+      f"entry per edge, like indices {np.shape(graph.indices)}"
+    )
   return etypes.astype(jnp.int32)
 
 
@@ -251,7 +291,9 @@ def _check_fanouts(fanouts: Any) -> tuple[int, ...]:
   try:
     fanouts = tuple(fanouts)
   except TypeError:
-    raise TypeError(f"sample_neighbors: fanouts must be a sequence of ints, got {fanouts!r}")
+    raise TypeError(
+      f"sample_neighbors: fanouts must be a sequence of ints, got {fanouts!r}"
+    ) from None
   if not fanouts:
     raise ValueError("sample_neighbors: fanouts is empty; give at least one hop")
   for f in fanouts:
@@ -276,6 +318,8 @@ def _check_seeds(seeds: Any, num_nodes: int) -> jax.Array:
   if not isinstance(seeds, jax.core.Tracer):
     concrete = np.asarray(seeds)
     if concrete.size and concrete.max() >= num_nodes:
-      raise ValueError(f"sample_neighbors: seed {concrete.max()} is outside the graph's "
-                       f"{num_nodes} nodes (negative seeds mark padding)")
+      raise ValueError(
+        f"sample_neighbors: seed {concrete.max()} is outside the graph's "
+        f"{num_nodes} nodes (negative seeds mark padding)"
+      )
   return _canonical_indices(jnp.asarray(seeds), num_nodes)

@@ -1,4 +1,5 @@
 """host_scatter_add: jit-compatible, deterministic in-place additions into a HostTable."""
+
 from __future__ import annotations
 
 import functools
@@ -13,12 +14,13 @@ from jaxdata.host.gather import _canonical_indices, _check_table, as_indices
 from jaxdata.host.table import HostTable
 
 #: Element types host_scatter_add adds in (the kernels' arithmetic).
-SCATTER_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "bfloat16", "float16",
-                                              "int32", "int64"))
+SCATTER_DTYPES = tuple(
+  np.dtype(t) for t in ("float32", "float64", "bfloat16", "float16", "int32", "int64")
+)
 
 
 def host_scatter_add(table: HostTable, indices: Any, updates: Any) -> jax.Array:
-  """Adds `updates` into rows `indices` of a host table, in place: `np.add.at(table, indices, updates)`.
+  """Adds `updates` to rows `indices` of a host table in place: np.add.at(table, indices, updates).
 
   On a GPU the kernel writes straight into the table's pinned host memory (zero-copy); on the
   CPU, XLA's thread pool does. The order is defined: the updates of one row are added to it one
@@ -58,8 +60,10 @@ def host_scatter_add(table: HostTable, indices: Any, updates: Any) -> jax.Array:
   """
   _check_table(table, "host_scatter_add")
   if table.dtype not in SCATTER_DTYPES:
-    raise TypeError(f"host_scatter_add: tables of {table.dtype} are not supported; use one of "
-                    + ", ".join(d.name for d in SCATTER_DTYPES))
+    raise TypeError(
+      f"host_scatter_add: tables of {table.dtype} are not supported; use one of "
+      + ", ".join(d.name for d in SCATTER_DTYPES)
+    )
   indices = as_indices(indices, "host_scatter_add")
   if not hasattr(updates, "dtype"):
     updates = np.asarray(updates)
@@ -68,12 +72,19 @@ def host_scatter_add(table: HostTable, indices: Any, updates: Any) -> jax.Array:
   updates = jnp.asarray(updates)
   want = indices.shape + (table.shape[1],)
   if updates.shape != want:
-    raise ValueError(f"host_scatter_add: updates must have shape {want} (indices' shape plus "
-                     f"the table's {table.shape[1]} columns), got {updates.shape}")
+    raise ValueError(
+      f"host_scatter_add: updates must have shape {want} (indices' shape plus "
+      f"the table's {table.shape[1]} columns), got {updates.shape}"
+    )
   resolved = resolve_rows(indices, table.shape[0])
   perm = jnp.argsort(resolved, stable=True).astype(jnp.int32)
-  return _scatter(table.shape[0], table.handle, resolved[perm], perm,
-                  updates.reshape(-1, table.shape[1]).astype(table.dtype))
+  return _scatter(
+    table.shape[0],
+    table.handle,
+    resolved[perm],
+    perm,
+    updates.reshape(-1, table.shape[1]).astype(table.dtype),
+  )
 
 
 def resolve_rows(indices: jax.Array, rows: int) -> jax.Array:
@@ -87,15 +98,21 @@ def resolve_rows(indices: jax.Array, rows: int) -> jax.Array:
 # The table enters as its handle (an operand) and its row count, so the compiled program does not
 # depend on which table it writes.
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _scatter(table_rows: int, handle: jax.Array, rows: jax.Array, perm: jax.Array,
-             updates: jax.Array) -> jax.Array:
-  return jax.ffi.ffi_call("jaxdata_host_scatter_add", jax.ShapeDtypeStruct((), jnp.int32),
-                          has_side_effect=True, vmap_method="sequential")(
-                              handle, rows, perm, updates, rows=np.int64(table_rows))
+def _scatter(
+  table_rows: int, handle: jax.Array, rows: jax.Array, perm: jax.Array, updates: jax.Array
+) -> jax.Array:
+  return jax.ffi.ffi_call(
+    "jaxdata_host_scatter_add",
+    jax.ShapeDtypeStruct((), jnp.int32),
+    has_side_effect=True,
+    vmap_method="sequential",
+  )(handle, rows, perm, updates, rows=np.int64(table_rows))
 
 
 @_scatter.defjvp
 def _scatter_jvp(table_rows, primals, tangents):
   del table_rows, primals, tangents
-  raise TypeError("host_scatter_add writes into host memory and is not differentiable: apply it "
-                  "to computed gradients (jax.lax.stop_gradient them) rather than inside jax.grad")
+  raise TypeError(
+    "host_scatter_add writes into host memory and is not differentiable: apply it "
+    "to computed gradients (jax.lax.stop_gradient them) rather than inside jax.grad"
+  )

@@ -41,9 +41,11 @@ list each copy's devices together, the same number per copy (a mesh built proces
 as jaxdata's trainers build theirs). Cost per step and device: the all-gather receives the whole
 batch's indices and float32 gradients, `batch x (4 + 4 x columns)` bytes (docs/distributed.md).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,12 +67,14 @@ class SparseOptimizer(NamedTuple):
     gather would. Under shard_map, `axis_name` names the data-parallel axis and `copies` the
     number of separate table copies (processes) along it (see the module docstring).
   """
+
   init: Callable[[HostTable], Any]
   update: Callable[..., jax.Array]
 
 
 class AdagradState(NamedTuple):
   """Adagrad's per-row accumulators (a pytree: jit sees the table's handle, not the table)."""
+
   sum_of_squares: HostTable
 
 
@@ -89,16 +93,23 @@ def _writer(axis_name: Any, copies: int, what: str) -> tuple[jax.Array, int]:
   """(this device's index among its copy's devices, the number of devices per copy)."""
   devices = jax.lax.psum(1, axis_name)
   if devices % copies:
-    raise ValueError(f"{what}: the axis {axis_name!r} has {devices} devices, not a multiple of "
-                     f"copies={copies} (one table copy per process: give copies= the number of "
-                     f"processes the axis spans)")
+    raise ValueError(
+      f"{what}: the axis {axis_name!r} has {devices} devices, not a multiple of "
+      f"copies={copies} (one table copy per process: give copies= the number of "
+      f"processes the axis spans)"
+    )
   per_copy = devices // copies
   return jax.lax.axis_index(axis_name) % per_copy, per_copy
 
 
-def _unique_rows(table: HostTable, indices: Any, grads: Any, axis_name: Any = None,
-                 what: str = "sparse optimizer", copies: int = 1
-                 ) -> tuple[jax.Array, jax.Array]:
+def _unique_rows(
+  table: HostTable,
+  indices: Any,
+  grads: Any,
+  axis_name: Any = None,
+  what: str = "sparse optimizer",
+  copies: int = 1,
+) -> tuple[jax.Array, jax.Array]:
   """(unique resolved rows padded with `rows`, their summed gradients).
 
   With `axis_name`, over the whole batch of every device along that axis, and each device
@@ -110,8 +121,10 @@ def _unique_rows(table: HostTable, indices: Any, grads: Any, axis_name: Any = No
   indices = as_indices(indices, what)
   grads = jnp.asarray(grads)
   if grads.shape != indices.shape + (cols,):
-    raise ValueError(f"{what}: grads must have shape {indices.shape + (cols,)} "
-                     f"(indices' shape plus the table's {cols} columns), got {grads.shape}")
+    raise ValueError(
+      f"{what}: grads must have shape {indices.shape + (cols,)} "
+      f"(indices' shape plus the table's {cols} columns), got {grads.shape}"
+    )
   idx = resolve_rows(indices, rows)
   grads = grads.reshape(-1, cols).astype(jnp.float32)
   if axis_name is not None:
@@ -134,8 +147,15 @@ def sparse_sgd(learning_rate: float) -> SparseOptimizer:
     del table
     return ()
 
-  def update(table: HostTable, state: Any, indices: Any, grads: Any, *,
-             axis_name: Any = None, copies: int | None = None) -> jax.Array:
+  def update(
+    table: HostTable,
+    state: Any,
+    indices: Any,
+    grads: Any,
+    *,
+    axis_name: Any = None,
+    copies: int | None = None,
+  ) -> jax.Array:
     del state
     copies = _copies(axis_name, copies, "sparse_sgd")
     rows, summed = _unique_rows(table, indices, grads, axis_name, "sparse_sgd", copies)
@@ -144,14 +164,15 @@ def sparse_sgd(learning_rate: float) -> SparseOptimizer:
   return SparseOptimizer(init, update)
 
 
-def sparse_adagrad(learning_rate: float, initial_accumulator_value: float = 0.1,
-                   eps: float = 1e-7) -> SparseOptimizer:
+def sparse_adagrad(
+  learning_rate: float, initial_accumulator_value: float = 0.1, eps: float = 1e-7
+) -> SparseOptimizer:
   """Adagrad on touched rows, with optax.adagrad's arithmetic (and defaults).
 
   Per row: s += g * g; row -= learning_rate * g / sqrt(s + eps) (0 where s == 0). The
   accumulators `s` are a float32 HostTable of the table's shape, in host memory too.
   """
-  lr, eps = np.float32(learning_rate), np.float32(eps)
+  lr, eps32 = np.float32(learning_rate), np.float32(eps)
   init_value = np.float32(initial_accumulator_value)
 
   def init(table: HostTable) -> AdagradState:
@@ -159,8 +180,15 @@ def sparse_adagrad(learning_rate: float, initial_accumulator_value: float = 0.1,
     acc.as_numpy()[...] = init_value
     return AdagradState(acc)
 
-  def update(table: HostTable, state: AdagradState, indices: Any, grads: Any, *,
-             axis_name: Any = None, copies: int | None = None) -> jax.Array:
+  def update(
+    table: HostTable,
+    state: AdagradState,
+    indices: Any,
+    grads: Any,
+    *,
+    axis_name: Any = None,
+    copies: int | None = None,
+  ) -> jax.Array:
     copies = _copies(axis_name, copies, "sparse_adagrad")
     rows, g = _unique_rows(table, indices, grads, axis_name, "sparse_adagrad", copies)
     acc = host_gather(state.sum_of_squares, rows, mode="fill", fill_value=0)
@@ -168,7 +196,7 @@ def sparse_adagrad(learning_rate: float, initial_accumulator_value: float = 0.1,
     # The accumulator rows must be read before they are written: make the write depend on them.
     squares, acc = jax.lax.optimization_barrier((squares, acc))
     total = acc + squares  # what the scatter below leaves in the table, bit for bit
-    step = jnp.where(total > 0, jax.lax.rsqrt(total + eps), 0.0) * g
+    step = jnp.where(total > 0, jax.lax.rsqrt(total + eps32), 0.0) * g
     t1 = host_scatter_add(state.sum_of_squares, rows, squares)
     t2 = host_scatter_add(table, rows, (-lr * step).astype(table.dtype))
     return t1 + t2
@@ -182,13 +210,15 @@ class AdamState(NamedTuple):
   mu, nu: float32 tables of the parameter table's shape (first and second moments per row).
   count: an int32 table of shape (1, 1), the number of `update` calls so far.
   """
+
   mu: HostTable
   nu: HostTable
   count: HostTable
 
 
-def sparse_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
-                eps: float = 1e-8) -> SparseOptimizer:
+def sparse_adam(
+  learning_rate: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+) -> SparseOptimizer:
   """Lazy Adam on touched rows, with optax.adam's arithmetic (and defaults).
 
   Per touched row, with g the row's summed gradient and t the step count after this call
@@ -210,7 +240,7 @@ def sparse_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
   # taken in float64 here, as accurate as optax's 1 - b**t computed in float64 (jax_enable_x64).
   log_b1, log_b2 = np.float32(np.log(float(b1))), np.float32(np.log(float(b2)))
   one_minus_b1, one_minus_b2 = np.float32(1 - float(b1)), np.float32(1 - float(b2))
-  lr, b1, b2, eps = (np.float32(x) for x in (learning_rate, b1, b2, eps))
+  lr, b1_32, b2_32, eps32 = (np.float32(x) for x in (learning_rate, b1, b2, eps))
   count_max = np.iinfo(np.int32).max
 
   def init(table: HostTable) -> AdamState:
@@ -221,8 +251,15 @@ def sparse_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
       t.as_numpy()[...] = 0
     return AdamState(mu, nu, count)
 
-  def update(table: HostTable, state: AdamState, indices: Any, grads: Any, *,
-             axis_name: Any = None, copies: int | None = None) -> jax.Array:
+  def update(
+    table: HostTable,
+    state: AdamState,
+    indices: Any,
+    grads: Any,
+    *,
+    axis_name: Any = None,
+    copies: int | None = None,
+  ) -> jax.Array:
     _check_open("sparse_adam", table=table, **{f"state.{k}": v for k, v in state._asdict().items()})
     copies = _copies(axis_name, copies, "sparse_adam")
     rows, g = _unique_rows(table, indices, grads, axis_name, "sparse_adam", copies)
@@ -245,14 +282,14 @@ def sparse_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
     g, mu, nu, count = jax.lax.optimization_barrier((g, mu, nu, count))
     bump = jnp.where(count < count_max, 1, 0).astype(jnp.int32)  # optax's safe_increment
     t = (count + bump).astype(jnp.float32)
-    d_mu = (one_minus_b1 * g + b1 * mu) - mu
-    d_nu = (one_minus_b2 * (g * g) + b2 * nu) - nu
+    d_mu = (one_minus_b1 * g + b1_32 * mu) - mu
+    d_nu = (one_minus_b2 * (g * g) + b2_32 * nu) - nu
     # What the scatters below leave in the moment tables, bit for bit (rows are unique, so each
     # gets exactly one addition); the step uses these, so the stored state is the state.
     mu, nu = mu + d_mu, nu + d_nu
     mu_hat = mu / -jnp.expm1(t * log_b1)
     nu_hat = nu / -jnp.expm1(t * log_b2)
-    step = mu_hat / (jnp.sqrt(nu_hat) + eps)
+    step = mu_hat / (jnp.sqrt(nu_hat) + eps32)
     t1 = host_scatter_add(state.mu, rows, d_mu)
     t2 = host_scatter_add(state.nu, rows, d_nu)
     t3 = host_scatter_add(state.count, count_row, bump.reshape(1, 1))
@@ -265,8 +302,10 @@ def sparse_adam(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
 def _check_open(what: str, **tables: HostTable) -> None:
   for name, t in tables.items():
     if isinstance(t, HostTable) and t.closed:
-      raise ValueError(f"{what}: {name} is closed ({t!r}); an optimizer state lives as long as "
-                       "its tables: close it (sparse.close(state)) only after the last update")
+      raise ValueError(
+        f"{what}: {name} is closed ({t!r}); an optimizer state lives as long as "
+        "its tables: close it (sparse.close(state)) only after the last update"
+      )
 
 
 def close(state: Any) -> None:
@@ -278,4 +317,7 @@ def close(state: Any) -> None:
 
 #: The sparse optimizers by name (for command-line flags): name -> factory(learning_rate).
 BY_NAME: dict[str, Callable[[float], SparseOptimizer]] = {
-    "adam": sparse_adam, "adagrad": sparse_adagrad, "sgd": sparse_sgd}
+  "adam": sparse_adam,
+  "adagrad": sparse_adagrad,
+  "sgd": sparse_sgd,
+}

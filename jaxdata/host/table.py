@@ -1,4 +1,5 @@
 """HostTable: a 2-D table in host memory that GPU kernels read directly."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -8,6 +9,7 @@ import weakref
 from typing import Any
 
 import jax
+import jax.core
 import ml_dtypes
 import numpy as np
 
@@ -15,9 +17,22 @@ from jaxdata import _ffi
 
 #: Element types a HostTable may hold (the gather moves bytes, so any 1/2/4/8-byte type works).
 SUPPORTED_DTYPES = tuple(
-    np.dtype(t)
-    for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.int16,
-              np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64))
+  np.dtype(t)
+  for t in (
+    np.float16,
+    ml_dtypes.bfloat16,
+    np.float32,
+    np.float64,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+  )
+)
 
 _READ_CHUNK = 64 << 20  # .npy files are read in chunks of this size, several at once
 _PROGRESS_ABOVE = 1 << 30  # show a progress bar for files larger than this
@@ -32,8 +47,10 @@ def _check_dtype(dtype: Any, what: str) -> np.dtype:
     names = ", ".join(d.name for d in SUPPORTED_DTYPES)
     raise TypeError(f"{what}: dtype {dtype} is not supported; use one of {names}")
   if not dtype.isnative:
-    raise TypeError(f"{what}: dtype {dtype.str} is not in this machine's byte order "
-                    "(convert with .astype(dtype.newbyteorder('=')))")
+    raise TypeError(
+      f"{what}: dtype {dtype.str} is not in this machine's byte order "
+      "(convert with .astype(dtype.newbyteorder('=')))"
+    )
   return dtype
 
 
@@ -120,13 +137,21 @@ class HostTable:
   def empty(cls, shape: tuple[int, int], dtype: Any, *, pinned: bool | None = None) -> HostTable:
     """A table of the given shape and dtype whose contents are not initialized."""
     table = cls.__new__(cls)
-    table._allocate(_check_shape(shape, "HostTable.empty"), _check_dtype(dtype, "HostTable.empty"),
-                    pinned)
+    table._allocate(
+      _check_shape(shape, "HostTable.empty"), _check_dtype(dtype, "HostTable.empty"), pinned
+    )
     return table
 
   @classmethod
-  def from_npy(cls, path: str | os.PathLike, *, dtype: Any = None, pinned: bool | None = None,
-               progress: bool | None = None, threads: int = 8) -> HostTable:
+  def from_npy(
+    cls,
+    path: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    pinned: bool | None = None,
+    progress: bool | None = None,
+    threads: int = 8,
+  ) -> HostTable:
     """Loads a 2-D `.npy` file straight into table memory, with no intermediate copy.
 
     The file is read in chunks by several threads directly into the (pinned) table, so a file
@@ -154,25 +179,32 @@ class HostTable:
       except OSError:
         raise
       except Exception as e:  # NumPy's header parser raises ValueError, SyntaxError, TokenError...
-        raise ValueError(f"HostTable.from_npy: {path} is not a readable .npy file "
-                         f"({type(e).__name__}: {e})") from e
+        raise ValueError(
+          f"HostTable.from_npy: {path} is not a readable .npy file ({type(e).__name__}: {e})"
+        ) from e
       data_offset = f.tell()
       file_size = os.fstat(f.fileno()).st_size
       if dtype is not None:
         want = np.dtype(dtype)
         if want.itemsize != file_dtype.itemsize:
-          raise TypeError(f"HostTable.from_npy: dtype {want} has {want.itemsize}-byte items, "
-                          f"the file's {file_dtype} has {file_dtype.itemsize}")
+          raise TypeError(
+            f"HostTable.from_npy: dtype {want} has {want.itemsize}-byte items, "
+            f"the file's {file_dtype} has {file_dtype.itemsize}"
+          )
         file_dtype = want
       file_dtype = _check_dtype(file_dtype, f"HostTable.from_npy({path})")
       shape = _check_shape(shape, f"HostTable.from_npy({path})")
       if fortran_order and shape[1] > 1:
-        raise ValueError(f"HostTable.from_npy: {path} is in Fortran order; a HostTable needs "
-                         "C-ordered rows (save np.ascontiguousarray(x))")
+        raise ValueError(
+          f"HostTable.from_npy: {path} is in Fortran order; a HostTable needs "
+          "C-ordered rows (save np.ascontiguousarray(x))"
+        )
       nbytes = shape[0] * shape[1] * file_dtype.itemsize
       if file_size < data_offset + nbytes:
-        raise ValueError(f"HostTable.from_npy: {path} is truncated: its header promises "
-                         f"{nbytes} bytes of data, the file holds {file_size - data_offset}")
+        raise ValueError(
+          f"HostTable.from_npy: {path} is truncated: its header promises "
+          f"{nbytes} bytes of data, the file holds {file_size - data_offset}"
+        )
       table = cls.__new__(cls)
       table._allocate(shape, file_dtype, pinned)
       try:
@@ -202,8 +234,9 @@ class HostTable:
     _LIVE[self._id] = self
 
   @classmethod
-  def _placeholder(cls, handle: Any, shape: tuple[int, int], dtype: np.dtype,
-                   closed: bool) -> HostTable:
+  def _placeholder(
+    cls, handle: Any, shape: tuple[int, int], dtype: np.dtype, closed: bool
+  ) -> HostTable:
     """What a table is inside a transformation: its handle (a tracer), shape and dtype only."""
     table = cls.__new__(cls)
     table._buffer = None
@@ -211,10 +244,15 @@ class HostTable:
     table._handle, table._id, table._finalizer = handle, None, None
     return table
 
-  def _read_file(self, fd: int, offset: int, nbytes: int, name: str, progress: bool | None,
-                 threads: int) -> None:
+  def _read_file(
+    self, fd: int, offset: int, nbytes: int, name: str, progress: bool | None, threads: int
+  ) -> None:
     chunks = [(o, min(_READ_CHUNK, nbytes - o)) for o in range(0, nbytes, _READ_CHUNK)]
-    read = lambda c: self._buffer.read_file(fd, offset + c[0], c[0], c[1])  # noqa: E731
+    buffer = self._open_buffer("HostTable.from_npy")
+
+    def read(c):
+      return buffer.read_file(fd, offset + c[0], c[0], c[1])
+
     show = nbytes > _PROGRESS_ABOVE if progress is None else progress
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
       done = pool.map(read, chunks)
@@ -222,9 +260,12 @@ class HostTable:
         list(done)
         return
       import rich.progress  # pylint: disable=g-import-not-at-top
+
       with rich.progress.Progress(
-          *rich.progress.Progress.get_default_columns(), rich.progress.TransferSpeedColumn(),
-          transient=True) as bar:
+        *rich.progress.Progress.get_default_columns(),
+        rich.progress.TransferSpeedColumn(),
+        transient=True,
+      ) as bar:
         task = bar.add_task(f"loading {os.path.basename(name)}", total=nbytes)
         for (_, size), _ in zip(chunks, done):
           bar.advance(task, size)
@@ -291,26 +332,30 @@ class HostTable:
     memory (overlapping rows are read before they are overwritten). Each chunk is written under
     the memory's update lock, so it never interleaves with a running `host_scatter_add`.
     """
-    self._check_open("write")
+    buffer = self._open_buffer("write")
     start = _check_int(start, "HostTable.write: start")
     values = np.asarray(values)
     if values.ndim != 2 or values.shape[1] != self._shape[1]:
-      raise ValueError(f"HostTable.write: values of shape {values.shape} do not fit rows of "
-                       f"{self._shape[1]} columns")
+      raise ValueError(
+        f"HostTable.write: values of shape {values.shape} do not fit rows of "
+        f"{self._shape[1]} columns"
+      )
     if not 0 <= start <= self._shape[0] - values.shape[0]:
-      raise ValueError(f"HostTable.write: rows [{start}, {start + values.shape[0]}) are outside "
-                       f"the table's {self._shape[0]} rows")
+      raise ValueError(
+        f"HostTable.write: rows [{start}, {start + values.shape[0]}) are outside "
+        f"the table's {self._shape[0]} rows"
+      )
     if values.dtype != self._dtype:
       if not np.can_cast(values.dtype, self._dtype, "same_kind"):
         raise TypeError(f"HostTable.write: cannot cast {values.dtype} to {self._dtype}")
       values = values.astype(self._dtype)
-    elif np.may_share_memory(values, self._buffer.view()):
+    elif np.may_share_memory(values, buffer.view()):
       values = values.copy()  # the chunks below would overwrite rows before reading them
     row_bytes = self._shape[1] * self._dtype.itemsize
     step = max(1, (256 << 20) // row_bytes)  # strided input is made contiguous a chunk at a time
     for i in range(0, values.shape[0], step):
-      chunk = np.ascontiguousarray(values[i:i + step])
-      self._buffer.write((start + i) * row_bytes, chunk.reshape(-1).view(np.uint8))
+      chunk = np.ascontiguousarray(values[i : i + step])
+      buffer.write((start + i) * row_bytes, chunk.reshape(-1).view(np.uint8))
 
   def as_numpy(self) -> np.ndarray:
     """A NumPy view of the table's memory (no copy); writes through it change the table.
@@ -318,8 +363,7 @@ class HostTable:
     The view holds the memory alive by itself: after `close()` it stays valid, and the memory
     is released when the last view is gone.
     """
-    self._check_open("as_numpy")
-    return self._buffer.view().view(self._dtype).reshape(self._shape)
+    return self._open_buffer("as_numpy").view().view(self._dtype).reshape(self._shape)
 
   def view(self, dtype: Any = None, *, columns: int | None = None) -> HostTable:
     """The same memory seen with another dtype and/or row width, as a new table.
@@ -329,14 +373,18 @@ class HostTable:
     """
     self._check_open("view")
     dtype = self._dtype if dtype is None else _check_dtype(dtype, "HostTable.view")
-    columns = (self._shape[1] * self._dtype.itemsize // dtype.itemsize if columns is None else
-               _check_int(columns, "HostTable.view: columns"))
-    row_bytes = columns * dtype.itemsize
+    width = (
+      self._shape[1] * self._dtype.itemsize // dtype.itemsize
+      if columns is None
+      else _check_int(columns, "HostTable.view: columns")
+    )
+    row_bytes = width * dtype.itemsize
     if row_bytes <= 0 or self.nbytes % row_bytes:
-      raise ValueError(f"HostTable.view: {self.nbytes} bytes do not divide into rows of "
-                       f"{columns} x {dtype}")
+      raise ValueError(
+        f"HostTable.view: {self.nbytes} bytes do not divide into rows of {width} x {dtype}"
+      )
     table = HostTable.__new__(HostTable)
-    table._init_view(self._buffer, (self.nbytes // row_bytes, int(columns)), dtype)
+    table._init_view(self._buffer, (self.nbytes // row_bytes, int(width)), dtype)
     return table
 
   # -- lifetime -----------------------------------------------------------------------------
@@ -362,13 +410,21 @@ class HostTable:
   def __exit__(self, *exc: Any) -> None:
     self.close()
 
+  def _open_buffer(self, what: str) -> Any:
+    """The table's memory, after `_check_open(what)`: an open table that is no placeholder."""
+    self._check_open(what)
+    assert self._buffer is not None  # only placeholders and closed tables lack one
+    return self._buffer
+
   def _check_open(self, what: str) -> None:
     if self._closed:
       raise ValueError(f"{what}: {self!r} is closed")
     if self._buffer is None and self._id is None:
-      raise TypeError(f"{what}: {self!r} stands for a table inside a JAX transformation (jit, "
-                      "vmap, ...), where its memory cannot be used from Python; use the table "
-                      "outside the transformation, or pass what you need as an array")
+      raise TypeError(
+        f"{what}: {self!r} stands for a table inside a JAX transformation (jit, "
+        "vmap, ...), where its memory cannot be used from Python; use the table "
+        "outside the transformation, or pass what you need as an array"
+      )
 
 
 def _flatten(table: HostTable) -> tuple[tuple[Any], tuple[Any, ...]]:
@@ -382,8 +438,11 @@ def _unflatten(aux: tuple[Any, ...], leaves: tuple[Any]) -> HostTable:
   (handle,) = leaves
   shape, dtype, closed = aux
   live = None
-  if not isinstance(handle, jax.core.Tracer) and isinstance(
-      handle, (int, np.integer, np.ndarray, jax.Array)) and np.ndim(handle) == 0:
+  if (
+    not isinstance(handle, jax.core.Tracer)
+    and isinstance(handle, (int, np.integer, np.ndarray, jax.Array))
+    and np.ndim(handle) == 0
+  ):
     try:  # a concrete handle (tree_map, device_put, a jit output): the live table itself
       live = _LIVE.get(int(handle))
     except (TypeError, ValueError, RuntimeError):

@@ -1,4 +1,5 @@
 """Flax NNX layers built on jaxdata's primitives."""
+
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.nn.hgt import HGT
 from jaxdata.nn.rgat import RGAT

@@ -21,11 +21,13 @@ parameters, whose body is `jaxdata.offload.remat(block_apply, policy)`.
     loss = model.loss(batch)                     # batch: (batch, t + 1); next-token cross entropy
     loss = model.loss(batch, plan=[None, None, p, p])   # layers 2-3 under policy p
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,11 +45,12 @@ ATTENTION = ("auto", "xla", "cudnn")
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
   """The model's shape. `dtype` is the compute dtype; parameters are kept in `param_dtype`."""
+
   vocab: int = 256
   layers: int = 4
   hidden: int = 128
   heads: int = 4
-  seq: int = 128        # the longest input (the position table's length)
+  seq: int = 128  # the longest input (the position table's length)
   mlp_ratio: int = 4
   dtype: Any = jnp.bfloat16
   param_dtype: Any = jnp.float32
@@ -63,8 +66,9 @@ class GPTConfig:
     if int(self.loss_chunk) < 0:
       raise ValueError(f"GPTConfig: loss_chunk must be >= 0, got {self.loss_chunk}")
     if self.hidden % self.heads:
-      raise ValueError(f"GPTConfig: hidden ({self.hidden}) must be a multiple of heads "
-                       f"({self.heads})")
+      raise ValueError(
+        f"GPTConfig: hidden ({self.hidden}) must be a multiple of heads ({self.heads})"
+      )
     if self.attention not in ATTENTION:
       raise ValueError(f"GPTConfig: attention must be one of {ATTENTION}, got {self.attention!r}")
 
@@ -94,6 +98,7 @@ def save_names(*names: str) -> Callable[..., bool]:
     if fused and prim.name.startswith("dot_product_attention_fwd"):  # (its "_wrapper" too)
       return True
     return by_name(prim, *args, **params)
+
   return policy
 
 
@@ -168,7 +173,7 @@ def _gelu_fwd(x):
 def _gelu_bwd(x, g):
   xf = x.astype(jnp.float32)
   c = math.sqrt(2 / math.pi)
-  inner = c * (xf + 0.044715 * xf ** 3)
+  inner = c * (xf + 0.044715 * xf**3)
   t = jnp.tanh(inner)
   d = 0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * c * (1 + 3 * 0.044715 * xf * xf)
   return ((g.astype(jnp.float32) * d).astype(g.dtype),)
@@ -178,17 +183,25 @@ gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 def _dense(cfg: GPTConfig, n_in: int, n_out: int, std: float, rngs: nnx.Rngs) -> nnx.Linear:
-  return nnx.Linear(n_in, n_out, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                    kernel_init=nnx.initializers.normal(std), rngs=rngs)
+  return nnx.Linear(
+    n_in,
+    n_out,
+    dtype=cfg.dtype,
+    param_dtype=cfg.param_dtype,
+    kernel_init=nnx.initializers.normal(std),
+    rngs=rngs,
+  )
 
 
 def _layer_norm(cfg: GPTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
   """The parameters (scale, bias) of a LayerNorm that `_norm` applies with `layer_norm`."""
-  return nnx.LayerNorm(cfg.hidden, epsilon=1e-5, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                       rngs=rngs)
+  return nnx.LayerNorm(
+    cfg.hidden, epsilon=1e-5, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
+  )
 
 
 def _norm(ln: nnx.LayerNorm, x: jax.Array) -> jax.Array:
+  assert ln.scale is not None and ln.bias is not None  # `_layer_norm` keeps both
   return layer_norm(x, ln.scale[...], ln.bias[...])
 
 
@@ -230,9 +243,10 @@ def _join(stacks: list) -> Any:
 
 class BlockFn(NamedTuple):
   """One layer in isolation, for a planner: `apply(layer(i), x)` runs layer i on input like x."""
+
   apply: Callable[[Any, jax.Array], jax.Array]  # pure: (one layer's state, x) -> x
-  states: Any                                    # every layer's state, stacked on axis 0
-  x: jax.ShapeDtypeStruct                        # a block's input: (batch, seq, hidden), dtype
+  states: Any  # every layer's state, stacked on axis 0
+  x: jax.ShapeDtypeStruct  # a block's input: (batch, seq, hidden), dtype
 
   def layer(self, i: int) -> Any:
     """Layer i's state (the stacked states indexed at i)."""
@@ -245,10 +259,22 @@ class GPT(nnx.Module):
   def __init__(self, cfg: GPTConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     init = nnx.initializers.normal(0.02)
-    self.wte = nnx.Embed(cfg.vocab, cfg.hidden, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                         embedding_init=init, rngs=rngs)
-    self.wpe = nnx.Embed(cfg.seq, cfg.hidden, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                         embedding_init=init, rngs=rngs)
+    self.wte = nnx.Embed(
+      cfg.vocab,
+      cfg.hidden,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      embedding_init=init,
+      rngs=rngs,
+    )
+    self.wpe = nnx.Embed(
+      cfg.seq,
+      cfg.hidden,
+      dtype=cfg.dtype,
+      param_dtype=cfg.param_dtype,
+      embedding_init=init,
+      rngs=rngs,
+    )
 
     @nnx.split_rngs(splits=cfg.layers)
     @nnx.vmap(in_axes=(0,), out_axes=0)
@@ -267,6 +293,7 @@ class GPT(nnx.Module):
 
     def block_apply(state, x):
       return nnx.merge(graphdef, state)(x)
+
     return block_apply, states
 
   def split_layers(self, plan: Sequence[Hashable]) -> None:
@@ -285,8 +312,9 @@ class GPT(nnx.Module):
       self.blocks = nnx.merge(graphdef, state)
       return
     runs = segments(plan, self.cfg.layers)
-    self.blocks = nnx.List([nnx.merge(graphdef, jax.tree.map(lambda a, i=i, j=j: a[i:j], state))
-                            for i, j, _ in runs])
+    self.blocks = nnx.List(
+      [nnx.merge(graphdef, jax.tree.map(lambda a, i=i, j=j: a[i:j], state)) for i, j, _ in runs]
+    )
 
   def __call__(self, tokens: jax.Array, plan: Sequence[Hashable] | None = None) -> jax.Array:
     """Float32 logits (batch, t, vocab) for int tokens (batch, t), t <= cfg.seq.
@@ -321,9 +349,12 @@ class GPT(nnx.Module):
       return optax.softmax_cross_entropy_with_integer_labels(_logits(x, table), labels).mean()
     n = -(-t // chunk)
     pad = n * chunk - t
-    split = lambda a: jnp.moveaxis(  # noqa: E731  (b, t, ...) -> (n, b, chunk, ...)
-        jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)).reshape(
-            b, n, chunk, *a.shape[2:]), 1, 0)
+
+    def split(a):
+      """(b, t, ...) -> (n, b, chunk, ...), padding t up to n * chunk."""
+      padded = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
+      return jnp.moveaxis(padded.reshape(b, n, chunk, *a.shape[2:]), 1, 0)
+
     valid = (jnp.arange(n * chunk) < t).reshape(n, 1, chunk)
 
     @jax.checkpoint
@@ -333,6 +364,7 @@ class GPT(nnx.Module):
 
     def body(total, c):
       return total + chunk_loss(table, *c), None
+
     total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (split(x), split(labels), valid))
     return total / (b * t)
 

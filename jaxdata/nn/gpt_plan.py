@@ -7,6 +7,7 @@ function under the inner policies it is given. This module gives it GPT's block 
     plan = plan_for_model(model, (batch, seq), budget_bytes=4 << 30, store=store)
     loss = model.loss(tokens, plan=plan)
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -28,12 +29,12 @@ def candidates() -> dict[str, Any]:
   recomputed from the block's input.
   """
   return {
-      "all": None,
-      "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-      "proj": save_names("qkv", "attn_ctx", "attn_out", "mlp_up"),
-      "attn": save_names("qkv", "attn_ctx", "attn_out"),
-      "mlp": save_names("attn_out", "mlp_up"),
-      "ctx": save_names("attn_ctx", "attn_out"),
+    "all": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "proj": save_names("qkv", "attn_ctx", "attn_out", "mlp_up"),
+    "attn": save_names("qkv", "attn_ctx", "attn_out"),
+    "mlp": save_names("attn_out", "mlp_up"),
+    "ctx": save_names("attn_ctx", "attn_out"),
   }
 
 
@@ -43,17 +44,40 @@ def policy_named(name: str, store: TensorStore | None = None, *, tier: str = "au
   return planner.policy_named(name, store, inners=candidates(), tier=tier, carry=1)
 
 
-def plan_for_model(model, batch_shape: tuple[int, int], budget_bytes: int, store: TensorStore, *,
-                   tier: str = "auto", repeats: int = 5, verbose: bool = True) -> list[Policy]:
+def plan_for_model(
+  model,
+  batch_shape: tuple[int, int],
+  budget_bytes: int,
+  store: TensorStore,
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  verbose: bool = True,
+) -> list[Policy]:
   """A per-layer plan for a `jaxdata.nn.GPT` so that the layers' residuals and inputs (what the
   stack keeps for each layer's backward pass) fit `budget_bytes` of device memory, measured on
   the default device."""
   blk = block_fn(model, batch_shape)
-  say = (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
-  best, bw = planner.plan_layers(blk.apply, blk.layer(0), blk.x, model.cfg.layers, budget_bytes,
-                                 store, candidates(), tier=tier, repeats=repeats, progress=say)
+  say = (
+    (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
+  )
+  best, bw = planner.plan_layers(
+    blk.apply,
+    blk.layer(0),
+    blk.x,
+    model.cfg.layers,
+    budget_bytes,
+    store,
+    candidates(),
+    tier=tier,
+    repeats=repeats,
+    progress=say,
+  )
   if verbose:
-    print(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
-          f"{best.device_bytes / 2**30:.2f} GiB resident, {best.offload_bytes / 2**30:.2f} GiB "
-          f"offloaded at {bw / 1e9:.1f} GB/s)", flush=True)
+    print(
+      f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
+      f"{best.device_bytes / 2**30:.2f} GiB resident, {best.offload_bytes / 2**30:.2f} GiB "
+      f"offloaded at {bw / 1e9:.1f} GB/s)",
+      flush=True,
+    )
   return list(best.policies)

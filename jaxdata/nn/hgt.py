@@ -20,9 +20,11 @@ no edges get ``A_t(gelu(0))`` skip-mixed (PyG returns nothing for them).
 
 Remat policies can name the layer's intermediates (`NAMES`, and hector's `SAVED_NAME`).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +40,13 @@ from jaxdata.hector.precision import resolve as resolve_precision
 #: aggregated messages ``[N, H * d_k]``. The edge kernels' own residuals are
 #: `jaxdata.hector.SAVED_NAME`.
 NAMES = ("hgt_kqv", "hgt_agg")
+
+
+def _per_type(xs: Sequence[jax.Array] | jax.Array, types: int) -> list[jax.Array]:
+  """One feature array per node type: `xs` itself if a list or tuple, else `xs` for each."""
+  if isinstance(xs, (list, tuple)):
+    return list(xs)
+  return [cast(jax.Array, xs)] * types  # not a list or tuple: the one array of every type
 
 
 class HGT(nnx.Module):
@@ -60,22 +69,37 @@ class HGT(nnx.Module):
   ``mu`` ``[R, H]`` (ones), ``skip`` ``[T]`` (ones).
   """
 
-  def __init__(self, in_features: Sequence[int], out_features: int, *, num_relations: int,
-               heads: int = 1, head_features: int | None = None, passes=None,
-               dtype=jnp.float32, param_dtype=jnp.float32, precision=None, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: Sequence[int],
+    out_features: int,
+    *,
+    num_relations: int,
+    heads: int = 1,
+    head_features: int | None = None,
+    passes=None,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    precision=None,
+    rngs: nnx.Rngs,
+  ):
     in_features = tuple(int(d) for d in in_features)
     resolve_precision(precision, "HGT")  # checked now; resolved per call, as jnp.dot does
     if not in_features or min(in_features) < 1 or min(out_features, num_relations, heads) < 1:
-      raise ValueError("HGT: feature sizes, num_relations and heads must be >= 1 (and at least "
-                       "one node type)")
+      raise ValueError(
+        "HGT: feature sizes, num_relations and heads must be >= 1 (and at least one node type)"
+      )
     if head_features is None:
       if out_features % heads:
-        raise ValueError(f"HGT: out_features={out_features} is not a multiple of heads={heads}; "
-                         "pass head_features")
+        raise ValueError(
+          f"HGT: out_features={out_features} is not a multiple of heads={heads}; pass head_features"
+        )
       head_features = out_features // heads
     f = heads * head_features
-    linear = lambda a, b: nnx.Linear(a, b, dtype=dtype, param_dtype=param_dtype,  # noqa: E731
-                                     precision=precision, rngs=rngs)
+
+    def linear(a, b):
+      return nnx.Linear(a, b, dtype=dtype, param_dtype=param_dtype, precision=precision, rngs=rngs)
+
     self.kqv = nnx.List([linear(d, 3 * f) for d in in_features])
     self.out = nnx.List([linear(f, out_features) for _ in in_features])
     init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
@@ -107,13 +131,18 @@ class HGT(nnx.Module):
     agg = checkpoint_name(self._message(graph, kqv), NAMES[1])
     outs, start = [], 0
     for t, x in enumerate(xs):
-      y = self.out[t](jax.nn.gelu(agg[start:start + rows[t]], approximate=False))
+      y = self.out[t](jax.nn.gelu(agg[start : start + rows[t]], approximate=False))
       start += rows[t]
       outs.append(self._skip(t, y, x))
     return outs
 
-  def on_slots(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
-               types: jax.Array, rows: int | None = None) -> jax.Array:
+  def on_slots(
+    self,
+    graph: GraphArrays,
+    xs: Sequence[jax.Array] | jax.Array,
+    types: jax.Array,
+    rows: int | None = None,
+  ) -> jax.Array:
     """The layer on nodes of mixed types in any order: a sampled block's slots.
 
     `types[i]` is row i's node type (-1: an unused slot, whose output row is 0 before the
@@ -126,29 +155,38 @@ class HGT(nnx.Module):
     Each per-type projection runs over all N rows and keeps its type's rows (T dense GEMMs
     instead of one split by type): simple and exact; the edge part, which dominates, is shared.
     """
-    if not isinstance(xs, (list, tuple)):
-      xs = [xs] * len(self.in_features)
-    if len(xs) != len(self.in_features):
-      raise ValueError(f"HGT.on_slots: {len(xs)} feature arrays for {len(self.in_features)} "
-                       "node types")
-    widths = tuple(x.shape[-1] for x in xs)
+    feats = _per_type(xs, len(self.in_features))
+    if len(feats) != len(self.in_features):
+      raise ValueError(
+        f"HGT.on_slots: {len(feats)} feature arrays for {len(self.in_features)} node types"
+      )
+    widths = tuple(x.shape[-1] for x in feats)
     if widths != self.in_features:
       raise ValueError(f"HGT.on_slots: feature widths {widths}, expected {self.in_features}")
-    if any(x.shape[0] != graph.num_nodes for x in xs) or types.shape != (graph.num_nodes,):
-      raise ValueError(f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
-                       f"slots), got {[x.shape[0] for x in xs]} and {types.shape}")
+    if any(x.shape[0] != graph.num_nodes for x in feats) or types.shape != (graph.num_nodes,):
+      raise ValueError(
+        f"HGT.on_slots: xs and types need {graph.num_nodes} rows (the graph's "
+        f"slots), got {[x.shape[0] for x in feats]} and {types.shape}"
+      )
     rows = graph.num_nodes if rows is None else int(rows)
     if not 0 <= rows <= graph.num_nodes:
       raise ValueError(f"HGT.on_slots: rows={rows} is not in [0, {graph.num_nodes}]")
-    xs = [x.astype(self.dtype) for x in xs]
-    mine = [(types == t)[:, None] for t in range(len(xs))]
-    pick = lambda ys, n: sum(jnp.where(m[:n], y, 0) for m, y in zip(mine, ys))  # noqa: E731
-    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, xs)], graph.num_nodes))
-    h = jax.nn.gelu(agg[:rows], approximate=False)
-    return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(xs)], rows)
+    feats = [x.astype(self.dtype) for x in feats]
+    mine = [(types == t)[:, None] for t in range(len(feats))]
 
-  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array,
-                   types: jax.Array, start, gather) -> jax.Array:
+    def pick(ys, n) -> jax.Array:
+      """Each of the first n slots' row from its own node type's array."""
+      total = sum(jnp.where(m[:n], y, 0) for m, y in zip(mine, ys))
+      assert isinstance(total, jax.Array)  # a term per node type, and there is at least one
+      return total
+
+    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, feats)], graph.num_nodes))
+    h = jax.nn.gelu(agg[:rows], approximate=False)
+    return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(feats)], rows)
+
+  def on_partition(
+    self, graph: GraphArrays, xs: Sequence[jax.Array] | jax.Array, types: jax.Array, start, gather
+  ) -> jax.Array:
     """This layer's rows ``start:start + rows`` on the whole graph, computed on a destination
     part (`jaxdata.hector.partition`) that holds every in-edge of those rows.
 
@@ -158,32 +196,49 @@ class HGT(nnx.Module):
     them into every node's (``jax.lax.all_gather(kqv, axis, tiled=True)`` inside `shard_map`):
     the gathered width is ``3 * heads * head_features``. Returns ``[rows, out_features]``.
     """
-    if not isinstance(xs, (list, tuple)):
-      xs = [xs] * len(self.in_features)
-    if len(xs) != len(self.in_features):
-      raise ValueError(f"HGT.on_partition: {len(xs)} feature arrays for "
-                       f"{len(self.in_features)} node types")
+    feats = _per_type(xs, len(self.in_features))
+    if len(feats) != len(self.in_features):
+      raise ValueError(
+        f"HGT.on_partition: {len(feats)} feature arrays for {len(self.in_features)} node types"
+      )
     rows = types.shape[0]
-    if any(x.shape[0] != rows for x in xs):
-      raise ValueError(f"HGT.on_partition: xs need {rows} rows (as types), got "
-                       f"{[x.shape[0] for x in xs]}")
-    xs = [x.astype(self.dtype) for x in xs]
-    mine = [(types == t)[:, None] for t in range(len(xs))]
-    pick = lambda ys: sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))  # noqa: E731
-    kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, xs)]))
+    if any(x.shape[0] != rows for x in feats):
+      raise ValueError(
+        f"HGT.on_partition: xs need {rows} rows (as types), got {[x.shape[0] for x in feats]}"
+      )
+    feats = [x.astype(self.dtype) for x in feats]
+    mine = [(types == t)[:, None] for t in range(len(feats))]
+
+    def pick(ys) -> jax.Array:
+      """Each slot's row from its own node type's array."""
+      total = sum(jnp.where(m, y, 0) for m, y in zip(mine, ys))
+      assert isinstance(total, jax.Array)  # a term per node type, and there is at least one
+      return total
+
+    kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, feats)]))
     if kqv.shape[0] != graph.num_nodes:
-      raise ValueError(f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, "
-                       f"got {kqv.shape[0]}")
+      raise ValueError(
+        f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, got {kqv.shape[0]}"
+      )
     agg = jax.lax.dynamic_slice_in_dim(self._message(graph, kqv), start, rows)
     h = jax.nn.gelu(agg, approximate=False)
-    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(xs)])
+    return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(feats)])
 
   def _message(self, graph: GraphArrays, kqv: jax.Array) -> jax.Array:
     """The edge part (hector): every node's aggregated messages from its keys/queries/values."""
     k, q, v = jnp.split(kqv, 3, axis=-1)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    return hgt_message(graph, k, q, v, cast(self.w_att), cast(self.w_msg), cast(self.mu),
-                       passes=self.passes, precision=self.precision)
+    return hgt_message(
+      graph,
+      k,
+      q,
+      v,
+      cast(self.w_att),
+      cast(self.w_msg),
+      cast(self.mu),
+      passes=self.passes,
+      precision=self.precision,
+    )
 
   def _skip(self, t: int, y: jax.Array, x: jax.Array) -> jax.Array:
     """Type t's gated skip connection, where its input width equals the output width."""

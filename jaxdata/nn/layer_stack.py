@@ -23,9 +23,11 @@ intermediates with (`jaxdata.nn.hgt.NAMES`, `jaxdata.nn.rgat.NAMES`) and hector'
                    candidates(RGAT_NAMES))
     h = run(layers, fn, h, list(best.policies))      # == run(layers, fn, h)
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,10 +57,12 @@ def candidates(names: Sequence[str]) -> dict[str, Any]:
     outputs; the edge kernels run again.
   """
   save = jax.checkpoint_policies.save_only_these_names
-  return {"all": None,
-          "edges": save(*names, SAVED_NAME),
-          "nodes": save(*names),
-          "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+  return {
+    "all": None,
+    "edges": save(*names, SAVED_NAME),
+    "nodes": save(*names),
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  }
 
 
 def stacked(layers: Sequence[nnx.Module], layer_fn: LayerFn) -> tuple[Callable, Any]:
@@ -77,11 +81,16 @@ def stacked(layers: Sequence[nnx.Module], layer_fn: LayerFn) -> tuple[Callable, 
 
   def apply(state, x):
     return layer_fn(nnx.merge(graphdef, state), x)
+
   return apply, jax.tree.map(lambda *a: jnp.stack(a), *states)
 
 
-def run(layers: Sequence[nnx.Module], layer_fn: LayerFn, x: jax.Array,
-        plan: Sequence[Hashable] | None = None) -> jax.Array:
+def run(
+  layers: Sequence[nnx.Module],
+  layer_fn: LayerFn,
+  x: jax.Array,
+  plan: Sequence[Policy | None] | None = None,
+) -> jax.Array:
   """`layer_fn` of each layer in turn on x; with `plan` (one policy per layer, None for a plain
   layer), as a stack under `jaxdata.offload.run_layers`: the same results and gradients."""
   if plan is None:
@@ -103,17 +112,23 @@ def _bound(layer: nnx.Module, layer_fn: LayerFn) -> tuple[Callable, Any]:
   return (lambda s, x: layer_fn(nnx.merge(graphdef, s), x)), state
 
 
-def run_each(layers: Sequence[nnx.Module], layer_fns: Sequence[LayerFn], x: jax.Array,
-             plan: Sequence[Hashable] | None = None) -> jax.Array:
+def run_each(
+  layers: Sequence[nnx.Module],
+  layer_fns: Sequence[LayerFn],
+  x: jax.Array,
+  plan: Sequence[Policy | None] | None = None,
+) -> jax.Array:
   """`layer_fns[i](layers[i], x)` in turn, layer i under policy `plan[i]` (None, or a plan
   of None: plain layers) through `jaxdata.offload.remat`, one call per layer: for layers whose
   shapes differ (no scan). The same results and gradients as the plain loop."""
   if len(layer_fns) != len(layers):
-    raise ValueError(f"layer_stack.run_each: {len(layer_fns)} layer functions for "
-                     f"{len(layers)} layers")
+    raise ValueError(
+      f"layer_stack.run_each: {len(layer_fns)} layer functions for {len(layers)} layers"
+    )
   if plan is not None and len(plan) != len(layers):
-    raise ValueError(f"layer_stack.run_each: plan has {len(plan)} policies for {len(layers)} "
-                     "layers")
+    raise ValueError(
+      f"layer_stack.run_each: plan has {len(plan)} policies for {len(layers)} layers"
+    )
   for i, (layer, fn) in enumerate(zip(layers, layer_fns)):
     policy = None if plan is None else plan[i]
     if policy is None:
@@ -127,37 +142,57 @@ def run_each(layers: Sequence[nnx.Module], layer_fns: Sequence[LayerFn], x: jax.
 def _padded(layer_fn: LayerFn) -> LayerFn:
   """`layer_fn` with its output padded with zero rows to its input's rows: a layer that a
   planner can chain on its own output (a block's layer keeps only its destinations' rows)."""
+
   def fn(layer, x):
     y = layer_fn(layer, x)
     return jnp.pad(y, ((0, x.shape[0] - y.shape[0]),) + ((0, 0),) * (y.ndim - 1))
+
   return fn
 
 
-def plan_each(layers: Sequence[nnx.Module], layer_fns: Sequence[LayerFn],
-              xs: Sequence[jax.ShapeDtypeStruct | jax.Array], budget_bytes: int,
-              store: TensorStore, inners: dict[str, Any], *, tier: str = "auto",
-              repeats: int = 5, progress: Callable[[str], None] | None = None
-              ) -> tuple[planner.OffloadPlan, float]:
+def plan_each(
+  layers: Sequence[nnx.Module],
+  layer_fns: Sequence[LayerFn],
+  xs: Sequence[jax.ShapeDtypeStruct | jax.Array],
+  budget_bytes: int,
+  store: TensorStore,
+  inners: dict[str, Any],
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  progress: Callable[[str], None] | None = None,
+) -> tuple[planner.OffloadPlan, float]:
   """`plan` for layers that differ in shape (`run_each`'s): layer i measured on its own, under
   `inners`, on an input like `xs[i]` (`jaxdata.offload.planner.plan_blocks`), so that every
   layer's residuals and input fit `budget_bytes`; and the store's measured bandwidth. A layer
   may return fewer rows than it reads (a block's destinations). ValueError when not even the
   smallest plan fits."""
   if not (len(layers) == len(layer_fns) == len(xs)):
-    raise ValueError(f"layer_stack.plan_each: {len(layers)} layers, {len(layer_fns)} layer "
-                     f"functions and {len(xs)} inputs")
+    raise ValueError(
+      f"layer_stack.plan_each: {len(layers)} layers, {len(layer_fns)} layer "
+      f"functions and {len(xs)} inputs"
+    )
   blocks = []
   for layer, fn, x in zip(layers, layer_fns, xs):
     apply, state = _bound(layer, _padded(fn))
     blocks.append((apply, state, jax.ShapeDtypeStruct(x.shape, x.dtype)))
-  return planner.plan_blocks(blocks, budget_bytes, store, inners, tier=tier, repeats=repeats,
-                             progress=progress)
+  return planner.plan_blocks(
+    blocks, budget_bytes, store, inners, tier=tier, repeats=repeats, progress=progress
+  )
 
 
-def plan(layers: Sequence[nnx.Module], layer_fn: LayerFn, x: jax.ShapeDtypeStruct | jax.Array,
-         budget_bytes: int, store: TensorStore, inners: dict[str, Any], *, tier: str = "auto",
-         repeats: int = 5, progress: Callable[[str], None] | None = None
-         ) -> tuple[planner.OffloadPlan, float]:
+def plan(
+  layers: Sequence[nnx.Module],
+  layer_fn: LayerFn,
+  x: jax.ShapeDtypeStruct | jax.Array,
+  budget_bytes: int,
+  store: TensorStore,
+  inners: dict[str, Any],
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  progress: Callable[[str], None] | None = None,
+) -> tuple[planner.OffloadPlan, float]:
   """The planner's per-layer plan for `layers` (`jaxdata.offload.plan_layers`): layer 0
   measured under `inners` (e.g. `candidates(NAMES)`) on an input like `x`, so that the stack's
   residuals and layer inputs fit `budget_bytes`; and the store's measured bandwidth.
@@ -165,12 +200,23 @@ def plan(layers: Sequence[nnx.Module], layer_fn: LayerFn, x: jax.ShapeDtypeStruc
   apply, states = stacked(layers, layer_fn)
   x = jax.ShapeDtypeStruct(x.shape, x.dtype)
   first = jax.tree.map(lambda a: a[0], states)
-  return planner.plan_layers(apply, first, x, len(layers), budget_bytes, store, inners,
-                             tier=tier, repeats=repeats, progress=progress)
+  return planner.plan_layers(
+    apply,
+    first,
+    x,
+    len(layers),
+    budget_bytes,
+    store,
+    inners,
+    tier=tier,
+    repeats=repeats,
+    progress=progress,
+  )
 
 
-def policy_named(name: str, store: TensorStore | None, inners: dict[str, Any], *,
-                 tier: str = "auto") -> Policy:
+def policy_named(
+  name: str, store: TensorStore | None, inners: dict[str, Any], *, tier: str = "auto"
+) -> Policy:
   """The policy a plan prints as `name` over `inners` ("recompute", "keep[nodes]",
   "offload[edges]+in", "offload[in]", ...; `jaxdata.offload.planner.policy_named`)."""
   return planner.policy_named(name, store, inners=inners, tier=tier, carry=1)

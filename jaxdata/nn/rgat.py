@@ -15,6 +15,7 @@ heads are averaged instead (an output layer's usual choice).
     layer = RGAT(64, 16, num_relations=graph.num_relations, heads=4, rngs=nnx.Rngs(0))
     out = layer(graph_arrays, x)          # [N, 64]
 """
+
 from __future__ import annotations
 
 import jax
@@ -51,22 +52,35 @@ class RGAT(nnx.Module):
     rngs: parameter initialization.
   """
 
-  def __init__(self, in_features: int, out_features: int, *, num_relations: int,
-               heads: int = 1, concat: bool = True, self_loop: bool = False,
-               use_bias: bool = True, passes=None, dtype=jnp.float32, param_dtype=jnp.float32,
-               precision=None, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    *,
+    num_relations: int,
+    heads: int = 1,
+    concat: bool = True,
+    self_loop: bool = False,
+    use_bias: bool = True,
+    passes=None,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    precision=None,
+    rngs: nnx.Rngs,
+  ):
     if min(in_features, out_features, num_relations, heads) < 1:
       raise ValueError("RGAT: in_features, out_features, num_relations and heads must be >= 1")
     f = heads * out_features
     glorot = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0,))
     vector = jax.nn.initializers.glorot_uniform(in_axis=-1, out_axis=-2, batch_axis=(0,))
     self.weight = nnx.Param(glorot(rngs.params(), (num_relations, in_features, f), param_dtype))
-    self.a_src = nnx.Param(vector(rngs.params(), (num_relations, heads, out_features),
-                                  param_dtype))
-    self.a_dst = nnx.Param(vector(rngs.params(), (num_relations, heads, out_features),
-                                  param_dtype))
-    self.root = nnx.Param(jax.nn.initializers.glorot_uniform()(
-        rngs.params(), (in_features, f), param_dtype)) if self_loop else None
+    self.a_src = nnx.Param(vector(rngs.params(), (num_relations, heads, out_features), param_dtype))
+    self.a_dst = nnx.Param(vector(rngs.params(), (num_relations, heads, out_features), param_dtype))
+    self.root = (
+      nnx.Param(jax.nn.initializers.glorot_uniform()(rngs.params(), (in_features, f), param_dtype))
+      if self_loop
+      else None
+    )
     width = f if concat else out_features
     self.bias = nnx.Param(jnp.zeros((width,), param_dtype)) if use_bias else None
     self.heads, self.concat, self.dtype = heads, concat, dtype
@@ -81,16 +95,26 @@ class RGAT(nnx.Module):
     anything finite); `start` may be traced, `rows` is static. Attention needs only the edges
     into a node, so the part's softmax equals the whole graph's."""
     if x.shape[0] != graph.num_nodes:
-      raise ValueError(f"RGAT.on_partition: x must have a row for each of the part's "
-                       f"{graph.num_nodes} nodes, got shape {x.shape}")
+      raise ValueError(
+        f"RGAT.on_partition: x must have a row for each of the part's "
+        f"{graph.num_nodes} nodes, got shape {x.shape}"
+      )
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    h = rgat_message(graph, x, cast(self.weight), cast(self.a_src), cast(self.a_dst),
-                     passes=self.passes, precision=self.precision)
+    h = rgat_message(
+      graph,
+      x,
+      cast(self.weight),
+      cast(self.a_src),
+      cast(self.a_dst),
+      passes=self.passes,
+      precision=self.precision,
+    )
     h = jax.lax.dynamic_slice_in_dim(h, start, rows)
     if self.root is not None:
-      h = h + jnp.dot(jax.lax.dynamic_slice_in_dim(x, start, rows), cast(self.root),
-                      precision=self.precision)
+      h = h + jnp.dot(
+        jax.lax.dynamic_slice_in_dim(x, start, rows), cast(self.root), precision=self.precision
+      )
     if not self.concat:
       h = h.reshape(h.shape[0], self.heads, -1).mean(axis=1)
     if self.bias is not None:
@@ -100,9 +124,18 @@ class RGAT(nnx.Module):
   def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
-    h = checkpoint_name(rgat_message(graph, x, cast(self.weight), cast(self.a_src),
-                                     cast(self.a_dst), passes=self.passes,
-                                     precision=self.precision), NAMES[0])
+    h = checkpoint_name(
+      rgat_message(
+        graph,
+        x,
+        cast(self.weight),
+        cast(self.a_src),
+        cast(self.a_dst),
+        passes=self.passes,
+        precision=self.precision,
+      ),
+      NAMES[0],
+    )
     if self.root is not None:
       h = h + jnp.dot(x, cast(self.root), precision=self.precision)
     if not self.concat:

@@ -14,6 +14,7 @@ its own).
     layer = RGCN(16, 4, num_relations=graph.num_relations, rngs=nnx.Rngs(0))
     out = layer(graph_arrays, x)
 """
+
 from __future__ import annotations
 
 import jax
@@ -45,17 +46,29 @@ class RGCN(nnx.Module):
     rngs: parameter initialization.
   """
 
-  def __init__(self, in_features: int | None, out_features: int, *, num_relations: int,
-               num_nodes: int | None = None, num_bases: int | None = None,
-               self_loop: bool | str = True, use_bias: bool = True, dtype=jnp.float32,
-               param_dtype=jnp.float32, precision=None, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: int | None,
+    out_features: int,
+    *,
+    num_relations: int,
+    num_nodes: int | None = None,
+    num_bases: int | None = None,
+    self_loop: bool | str = True,
+    use_bias: bool = True,
+    dtype=jnp.float32,
+    param_dtype=jnp.float32,
+    precision=None,
+    rngs: nnx.Rngs,
+  ):
     if in_features is None and num_nodes is None:
       raise ValueError("RGCN: featureless input (in_features=None) needs num_nodes")
     if num_bases is not None and num_bases < 1:
       raise ValueError(f"RGCN: num_bases must be >= 1 or None, got {num_bases}")
     if self_loop not in (True, False, "separate", "basis"):
-      raise ValueError(f"RGCN: self_loop must be True, False, 'separate' or 'basis', got "
-                       f"{self_loop!r}")
+      raise ValueError(
+        f"RGCN: self_loop must be True, False, 'separate' or 'basis', got {self_loop!r}"
+      )
     if self_loop == "basis" and num_bases is None:
       raise ValueError("RGCN: self_loop='basis' combines W_0 from the bases: it needs num_bases")
     rows = num_nodes if in_features is None else in_features
@@ -67,29 +80,37 @@ class RGCN(nnx.Module):
     self.num_relations = num_relations
     self.self_loop_in_bases = self_loop == "basis"
     if num_bases is None:
-      self.weight = nnx.Param(init(rngs.params(), (num_relations, rows, out_features),
-                                   param_dtype))
+      self.weight = nnx.Param(init(rngs.params(), (num_relations, rows, out_features), param_dtype))
       self.bases = self.coefficients = None
     else:
       self.weight = None
       self.bases = nnx.Param(init(rngs.params(), (num_bases, rows, out_features), param_dtype))
       self.coefficients = nnx.Param(
-          jax.nn.initializers.glorot_uniform()(
-              rngs.params(), (num_relations + self.self_loop_in_bases, num_bases), param_dtype))
+        jax.nn.initializers.glorot_uniform()(
+          rngs.params(), (num_relations + self.self_loop_in_bases, num_bases), param_dtype
+        )
+      )
     separate = self_loop in (True, "separate")
-    self.root = nnx.Param(jax.nn.initializers.glorot_uniform()(
-        rngs.params(), (rows, out_features), param_dtype)) if separate else None
+    self.root = (
+      nnx.Param(
+        jax.nn.initializers.glorot_uniform()(rngs.params(), (rows, out_features), param_dtype)
+      )
+      if separate
+      else None
+    )
     self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
 
   def relation_weights(self) -> jax.Array:
     """``[R, rows, out]``: the per-relation weights (combined from the bases if decomposed)."""
     if self.weight is not None:
       return self.weight[...]
-    return jnp.einsum("rb,bio->rio", self.coefficients[...][:self.num_relations], self.bases[...])
+    assert self.coefficients is not None and self.bases is not None  # no weight: decomposed
+    return jnp.einsum("rb,bio->rio", self.coefficients[...][: self.num_relations], self.bases[...])
 
   def self_loop_weight(self) -> jax.Array | None:
     """``[rows, out]``: ``W_0`` (the root weight, or combined from the bases), or None."""
     if self.self_loop_in_bases:
+      assert self.coefficients is not None and self.bases is not None  # W_0 is in the bases
       return jnp.einsum("b,bio->io", self.coefficients[...][self.num_relations], self.bases[...])
     return None if self.root is None else self.root[...]
 
@@ -102,21 +123,23 @@ class RGCN(nnx.Module):
   def _row_params(self) -> list[nnx.Param]:
     if not self.featureless:
       raise ValueError("RGCN: node rows exist only for featureless input (in_features=None)")
-    params = [self.weight if self.bases is None else self.bases]
-    return params + ([self.root] if self.root is not None else [])
+    table = self.weight if self.bases is None else self.bases
+    assert table is not None  # the relation weights, or the bases they are combined from
+    return [table] + ([self.root] if self.root is not None else [])
 
   @property
   def row_width(self) -> int:
     """Columns of `node_rows()`: K * out (+ out with a separate self-loop weight), K the bases
     or the relations."""
-    return sum(p.shape[0] * p.shape[-1] if p.ndim == 3 else p.shape[-1]
-               for p in self._row_params())
+    return sum(p.shape[0] * p.shape[-1] if p.ndim == 3 else p.shape[-1] for p in self._row_params())
 
   def node_rows(self) -> jax.Array:
     """``[num_nodes, row_width]``: row n holds every per-node parameter's row n (each basis or
     relation weight in order, then the separate self-loop weight)."""
-    parts = [p[...].transpose(1, 0, 2).reshape(p.shape[1], -1) if p.ndim == 3 else p[...]
-             for p in self._row_params()]
+    parts = [
+      p[...].transpose(1, 0, 2).reshape(p.shape[1], -1) if p.ndim == 3 else p[...]
+      for p in self._row_params()
+    ]
     return jnp.concatenate(parts, axis=1)
 
   def set_node_rows(self, rows: jax.Array) -> None:
@@ -130,10 +153,10 @@ class RGCN(nnx.Module):
     for p in params:
       if p.ndim == 3:
         k, n, o = p.shape
-        p[...] = rows[:, start:start + k * o].reshape(n, k, o).transpose(1, 0, 2).astype(p.dtype)
+        p[...] = rows[:, start : start + k * o].reshape(n, k, o).transpose(1, 0, 2).astype(p.dtype)
         start += k * o
       else:
-        p[...] = rows[:, start:start + p.shape[-1]].astype(p.dtype)
+        p[...] = rows[:, start : start + p.shape[-1]].astype(p.dtype)
         start += p.shape[-1]
 
   def on_rows(self, graph: GraphArrays, rows: jax.Array) -> jax.Array:
@@ -144,28 +167,40 @@ class RGCN(nnx.Module):
     """
     s = graph.num_nodes
     if rows.shape != (s, self.row_width):
-      raise ValueError(f"RGCN.on_rows: rows must have shape {(s, self.row_width)} (the graph's "
-                       f"nodes by row_width), got {rows.shape}")
+      raise ValueError(
+        f"RGCN.on_rows: rows must have shape {(s, self.row_width)} (the graph's "
+        f"nodes by row_width), got {rows.shape}"
+      )
     first = self._row_params()[0]
     k, o = first.shape[0], first.shape[-1]
-    per = rows[:, :k * o].reshape(s, k, o).astype(first.dtype)  # [S, K, out]
+    per = rows[:, : k * o].reshape(s, k, o).astype(first.dtype)  # [S, K, out]
     if self.bases is None:
       # Node j's message through relation r is W_r[j]: the rows, transposed, are the one-hot
       # layer's weight over the graph's nodes.
-      h = rgcn_message(graph, None, per.transpose(1, 0, 2).astype(self.dtype),
-                       precision=self.precision)
-      w0 = rows[:, k * o:] if self.root is not None else None
+      h = rgcn_message(
+        graph, None, per.transpose(1, 0, 2).astype(self.dtype), precision=self.precision
+      )
+      w0 = rows[:, k * o :] if self.root is not None else None
     else:
       # Through relation r: sum_b a_rb V_b[j], row j times a [B * out, out] weight holding
       # a_rb * I: one hector GEMM per unique (source, relation) pair, where combining the
       # bases per slot would make an [R, S, out] array (R / B times the rows).
+      assert self.coefficients is not None  # this branch: decomposed into bases
       a = self.coefficients[...]
-      w = jnp.einsum("rb,io->rbio", a[:self.num_relations], jnp.eye(o, dtype=first.dtype))
-      h = rgcn_message(graph, rows[:, :k * o].astype(self.dtype),
-                       w.reshape(self.num_relations, k * o, o).astype(self.dtype),
-                       precision=self.precision)
-      w0 = (jnp.einsum("b,sbo->so", a[self.num_relations], per) if self.self_loop_in_bases
-            else rows[:, k * o:] if self.root is not None else None)
+      w = jnp.einsum("rb,io->rbio", a[: self.num_relations], jnp.eye(o, dtype=first.dtype))
+      h = rgcn_message(
+        graph,
+        rows[:, : k * o].astype(self.dtype),
+        w.reshape(self.num_relations, k * o, o).astype(self.dtype),
+        precision=self.precision,
+      )
+      w0 = (
+        jnp.einsum("b,sbo->so", a[self.num_relations], per)
+        if self.self_loop_in_bases
+        else rows[:, k * o :]
+        if self.root is not None
+        else None
+      )
     if w0 is not None:
       h = h + w0.astype(self.dtype)
     if self.bias is not None:
@@ -190,16 +225,19 @@ class RGCN(nnx.Module):
       real rows. Only the owned rows get the self loop: the rest of the part's output is zero.
     """
     if self.featureless != (x is None):
-      raise ValueError("RGCN.on_partition: pass x exactly when the layer was built with "
-                       "in_features")
+      raise ValueError(
+        "RGCN.on_partition: pass x exactly when the layer was built with in_features"
+      )
     n = graph.num_nodes
     w = self.relation_weights().astype(self.dtype)
     w0 = self.self_loop_weight()
     if x is None:
       real = w.shape[1]
       if real >= n:
-        raise ValueError(f"RGCN.on_partition: the part's graph has {n} nodes, fewer than the "
-                         f"layer's {real} plus a padding node")
+        raise ValueError(
+          f"RGCN.on_partition: the part's graph has {n} nodes, fewer than the "
+          f"layer's {real} plus a padding node"
+        )
       # One-hot input: the padding rows' (never-read) parameters are zeros.
       w = jnp.pad(w, ((0, 0), (0, n - real), (0, 0)))
       h = rgcn_message(graph, None, w)
@@ -208,8 +246,10 @@ class RGCN(nnx.Module):
         h_self = jax.lax.dynamic_slice_in_dim(w0, start, rows)
     else:
       if x.shape[0] != n:
-        raise ValueError(f"RGCN.on_partition: x must have a row for each of the part's "
-                         f"{n} nodes, got shape {x.shape}")
+        raise ValueError(
+          f"RGCN.on_partition: x must have a row for each of the part's "
+          f"{n} nodes, got shape {x.shape}"
+        )
       x = x.astype(self.dtype)
       h = rgcn_message(graph, x, w)
       if w0 is not None:
@@ -225,13 +265,13 @@ class RGCN(nnx.Module):
     if self.featureless != (x is None):
       raise ValueError("RGCN: pass x exactly when the layer was built with in_features")
     w = self.relation_weights().astype(self.dtype)
-    h = rgcn_message(graph, None if x is None else x.astype(self.dtype), w,
-                     precision=self.precision)
+    h = rgcn_message(
+      graph, None if x is None else x.astype(self.dtype), w, precision=self.precision
+    )
     w0 = self.self_loop_weight()
     if w0 is not None:
       root = w0.astype(self.dtype)
-      h = h + (root if x is None else
-               jnp.dot(x.astype(self.dtype), root, precision=self.precision))
+      h = h + (root if x is None else jnp.dot(x.astype(self.dtype), root, precision=self.precision))
     if self.bias is not None:
       h = h + self.bias[...].astype(self.dtype)
     return h

@@ -10,9 +10,10 @@ no scatter. A model of L layers consumes L hops: layer k updates hops 0 .. L - k
     blocks = sample_neighbors(graph, seeds, (15, 10), key)
     logits = model(blocks.gather(graph.features), blocks.masks)   # [len(seeds), 47]
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,15 +31,17 @@ class SAGEConv(nnx.Module):
 
   def __init__(self, in_features: int, out_features: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
     self.self_linear = nnx.Linear(in_features, out_features, dtype=dtype, rngs=rngs)
-    self.neigh_linear = nnx.Linear(in_features, out_features, use_bias=False, dtype=dtype,
-                                   rngs=rngs)
+    self.neigh_linear = nnx.Linear(
+      in_features, out_features, use_bias=False, dtype=dtype, rngs=rngs
+    )
 
   def __call__(self, x: jax.Array, neighbours: jax.Array, mask: jax.Array) -> jax.Array:
     """x: [n, d]; neighbours: [n * f, d]; mask: [n * f] (False: padding, ignored)."""
     n = x.shape[0]
     if n == 0 or neighbours.shape[0] % n:
-      raise ValueError(f"SAGEConv: {neighbours.shape[0]} neighbour rows do not split evenly "
-                       f"over {n} nodes")
+      raise ValueError(
+        f"SAGEConv: {neighbours.shape[0]} neighbour rows do not split evenly over {n} nodes"
+      )
     f = neighbours.shape[0] // n
     m = mask.reshape(n, f, 1).astype(neighbours.dtype)
     total = (neighbours.reshape(n, f, -1) * m).sum(axis=1)
@@ -58,8 +61,16 @@ class GraphSAGE(nnx.Module):
     rngs: parameter initialization.
   """
 
-  def __init__(self, in_features: int, hidden: int, out_features: int, *, num_layers: int = 2,
-               dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    in_features: int,
+    hidden: int,
+    out_features: int,
+    *,
+    num_layers: int = 2,
+    dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
     if num_layers < 1:
       raise ValueError(f"GraphSAGE: num_layers must be >= 1, got {num_layers}")
     sizes = [in_features] + [hidden] * (num_layers - 1) + [out_features]
@@ -71,8 +82,10 @@ class GraphSAGE(nnx.Module):
     """features[l]: the rows of hop l's nodes; masks[l]: hop l's mask. Returns [len(hop 0), out]."""
     num_layers = len(self.layers)
     if len(features) != num_layers + 1 or len(masks) != num_layers + 1:
-      raise ValueError(f"GraphSAGE: {num_layers} layers need {num_layers + 1} hops of features "
-                       f"and masks, got {len(features)} and {len(masks)}")
+      raise ValueError(
+        f"GraphSAGE: {num_layers} layers need {num_layers + 1} hops of features "
+        f"and masks, got {len(features)} and {len(masks)}"
+      )
     h = [x.astype(self.dtype) for x in features]
     for k, layer in enumerate(self.layers):
       h = [layer(h[l], h[l + 1], masks[l + 1]) for l in range(num_layers - k)]

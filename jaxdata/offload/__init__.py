@@ -13,12 +13,29 @@ identical layers, given the layer function and its candidate inner policies; `pl
 layers that differ in shape, such as one per sampled hop); `run_layers` runs a stack of layers
 under a plan (one policy per layer).
 """
+
 from jaxdata.offload.planner import Choice, OffloadPlan, plan, plan_blocks, plan_layers
 from jaxdata.offload.remat import Policy, keep, offload, recompute, remat
 from jaxdata.offload.spill import load, new_site, spill
 from jaxdata.offload.stack import run_layers, segments
 from jaxdata.offload.store import TensorStore, measure_disk_write
 
-__all__ = ["TensorStore", "measure_disk_write", "spill", "load", "new_site", "Policy", "keep",
-           "offload", "recompute", "remat", "Choice", "OffloadPlan", "plan", "plan_blocks",
-           "plan_layers", "run_layers", "segments"]
+__all__ = [
+  "TensorStore",
+  "measure_disk_write",
+  "spill",
+  "load",
+  "new_site",
+  "Policy",
+  "keep",
+  "offload",
+  "recompute",
+  "remat",
+  "Choice",
+  "OffloadPlan",
+  "plan",
+  "plan_blocks",
+  "plan_layers",
+  "run_layers",
+  "segments",
+]

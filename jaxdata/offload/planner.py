@@ -17,14 +17,17 @@ loads come back on the other engine (PCIe is full duplex), at most two blocks ah
 waits for its residuals. Its device bytes are the peak of kept residuals plus staging over the
 whole step.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import re
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -32,11 +35,12 @@ from jaxdata.offload import remat as _remat
 from jaxdata.offload import spill as _spill
 from jaxdata.offload.store import TensorStore
 
-_PREFETCH_DEPTH = 2      # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
+_PREFETCH_DEPTH = 2  # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
-_CAPS = (1, 2, 4)        # spill staging caps a plan may ask for, in its largest block's spills
-_POOL_BLOCKS = 2         # the store's staging holds at least this many blocks' residuals
-_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pylint: disable=protected-access
+_CAPS = (1, 2, 4)  # spill staging caps a plan may ask for, in its largest block's spills
+_POOL_BLOCKS = 2  # the store's staging holds at least this many blocks' residuals
+# jax.core.Tracer, or jax's private one where jax.core no longer exports it
+_TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def residual_bytes(fn: Callable[..., Any], args: Sequence[Any], inner=None) -> int:
@@ -55,16 +59,16 @@ def _residuals(fn, args, inner=None, carry: int | None = None) -> tuple[int, boo
     nonlocal total, kept
     _, vjp = jax.vjp(f, *a)
     inputs = {id(x) for x in jax.tree_util.tree_leaves(a)}
-    carried = ({id(x) for x in jax.tree_util.tree_leaves(a[carry])} if carry is not None
-               else set())
+    carried = {id(x) for x in jax.tree_util.tree_leaves(a[carry])} if carry is not None else set()
     seen = {}
     for l in jax.tree_util.tree_leaves(vjp):
       # Arrays the block closes over (a graph's index arrays) are constants, not tracers: they
       # exist once whatever the policy, and remat passes them as inputs (never spilled).
       if isinstance(l, _TRACER):
         seen[id(l)] = l
-    total = sum(int(np.prod(l.shape)) * l.dtype.itemsize
-                for i, l in seen.items() if i not in inputs)
+    total = sum(
+      int(np.prod(l.shape)) * l.dtype.itemsize for i, l in seen.items() if i not in inputs
+    )
     kept = bool(carried & set(seen))
     return 0
 
@@ -72,12 +76,20 @@ def _residuals(fn, args, inner=None, carry: int | None = None) -> tuple[int, boo
   return total, kept
 
 
-def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *, blocks: int = 4,
-                  repeats: int = 5, forward: bool = False) -> float:
+def block_seconds(
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  inner=None,
+  *,
+  blocks: int = 4,
+  repeats: int = 5,
+  forward: bool = False,
+) -> float:
   """Median time of one block's forward + backward (or forward only) under `inner`, on the
   default device: `blocks` applications of `fn(state, x) -> x` in a `lax.scan` (state shared),
   divided by `blocks`."""
   from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
+
   f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
   state, x = args
 
@@ -86,15 +98,19 @@ def block_seconds(fn: Callable[..., Any], args: Sequence[Any], inner=None, *, bl
     return jnp.sum(y.astype(jnp.float32))
 
   step = jax.jit(run if forward else jax.grad(run, argnums=(0, 1)))
-  concrete = [jax.tree_util.tree_map(
-      lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, a)
-              for a in (state, x)]
+  concrete = [
+    jax.tree_util.tree_map(
+      lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, a
+    )
+    for a in (state, x)
+  ]
   return median_seconds(lambda: step(*concrete), warmup=2, repeats=repeats) / blocks
 
 
 def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram") -> float:
   """Bytes/s of one direction of a spill + load round trip through `store`'s `tier`."""
   from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
+
   site = _spill.new_site()
   x = jnp.zeros((nbytes // 4,), jnp.float32)
 
@@ -110,21 +126,23 @@ def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ra
 @dataclasses.dataclass(frozen=True)
 class Choice:
   """One way to run a block, with what it costs."""
+
   policy: _remat.Policy
-  device_bytes: int     # residuals resident on the device
-  offload_bytes: int    # residuals moved to the store
-  seconds: float        # forward + backward, transfers not included
+  device_bytes: int  # residuals resident on the device
+  offload_bytes: int  # residuals moved to the store
+  seconds: float  # forward + backward, transfers not included
   forward_seconds: float = 0.0  # the forward part of `seconds`
 
 
 @dataclasses.dataclass(frozen=True)
 class OffloadPlan:
   """A policy per block, and what the model predicts for it."""
+
   policies: tuple[_remat.Policy, ...]
-  device_bytes: int         # peak of kept residuals + peak of the store's staging
+  device_bytes: int  # peak of kept residuals + peak of the store's staging
   offload_bytes: int
-  seconds: float            # predicted forward + backward of the blocks
-  spill_cap: int = 0        # the store's `device_bytes` the prediction assumes (0: no cap)
+  seconds: float  # predicted forward + backward of the blocks
+  spill_cap: int = 0  # the store's `device_bytes` the prediction assumes (0: no cap)
 
   def __str__(self) -> str:
     runs = [(p, len(list(group))) for p, group in itertools.groupby(self.policies)]
@@ -136,10 +154,17 @@ class OffloadPlan:
     return " + ".join(f"{n}x {p}" for p, n in counts.items()) + f", interleaved ({len(runs)} runs)"
 
 
-def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
-            inners: dict[str, Any], *, tier: str = "auto", repeats: int = 5,
-            carry: int | None = None,
-            progress: Callable[[str], None] | None = None) -> list[Choice]:
+def choices(
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  store: TensorStore,
+  inners: dict[str, Any],
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  carry: int | None = None,
+  progress: Callable[[str], None] | None = None,
+) -> list[Choice]:
   """Measures every candidate for one block: keep(p) and offload(p) for each inner policy p in
   `inners` (name -> policy, None meaning "save everything"), and recompute.
 
@@ -151,16 +176,22 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
   """
   in_bytes = 0
   if carry is not None:
-    in_bytes = sum(int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
-                   for l in jax.tree_util.tree_leaves(args[carry]))
+    in_bytes = sum(
+      int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
+      for l in jax.tree_util.tree_leaves(args[carry])
+    )
   if progress:
     progress("forward only")
   fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
   if progress:
     progress("recompute")
-  named = lambda name: policy_named(name, store, tier=tier, carry=carry, inners=inners)  # noqa: E731
-  recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable,
-                              repeats=repeats)
+
+  def named(name: str) -> _remat.Policy:
+    # Without a carry no policy named here offloads it, so policy_named's default stands in.
+    at = 1 if carry is None else carry
+    return policy_named(name, store, tier=tier, carry=at, inners=inners)
+
+  recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
   out = [Choice(named("recompute"), in_bytes, 0, recompute_s, fwd)]
   if carry is not None:
     out.append(Choice(named("offload[in]"), 0, in_bytes, recompute_s, fwd))
@@ -178,14 +209,19 @@ def choices(fn: Callable[..., Any], args: Sequence[Any], store: TensorStore,
 
 
 class Prediction(NamedTuple):
-  seconds: float        # forward + backward of the blocks
-  device_bytes: int     # peak of kept residuals + peak of the store's staging
-  offload_bytes: int    # moved to the store
-  spill_bytes: int      # peak of spill staging alone (what `TensorStore(device_bytes=)` caps)
+  seconds: float  # forward + backward of the blocks
+  device_bytes: int  # peak of kept residuals + peak of the store's staging
+  offload_bytes: int  # moved to the store
+  spill_bytes: int  # peak of spill staging alone (what `TensorStore(device_bytes=)` caps)
 
 
-def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None = None,
-            d2d_bandwidth: float = _D2D_BANDWIDTH) -> Prediction:
+def predict(
+  picks: Sequence[Choice],
+  bandwidth: float,
+  *,
+  spill_cap: int | None = None,
+  d2d_bandwidth: float = _D2D_BANDWIDTH,
+) -> Prediction:
   """What running `picks`, one per block, in order, costs.
 
   The timeline: block i's forward, then (offloaded) its residuals copied into staging on the
@@ -207,9 +243,9 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
   if bandwidth <= 0 and moved:
     return Prediction(float("inf"), kept, moved, 0)
   t, d2h_free = 0.0, 0.0
-  spills, loads = [], []             # (start, end, bytes) of staging, in start and end order
+  spills, loads = [], []  # (start, end, bytes) of staging, in start and end order
   on_host = [0.0] * len(picks)
-  head, staged = 0, 0                # spills[head:] may still be in flight, `staged` bytes
+  head, staged = 0, 0  # spills[head:] may still be in flight, `staged` bytes
   for i, c in enumerate(picks):
     t += c.forward_seconds
     if c.offload_bytes:
@@ -230,7 +266,7 @@ def predict(picks: Sequence[Choice], bandwidth: float, *, spill_cap: int | None 
   # A load queues its own entry and the `_PREFETCH_DEPTH` spilled before it; counted here in
   # blocks, not in offloaded blocks as the store counts them (the same where every block
   # offloads; elsewhere the store brings loads back earlier than this assumes).
-  h2d_free, begun = 0.0, []          # begun[k]: when the k-th backward block (reversed) started
+  h2d_free, begun = 0.0, []  # begun[k]: when the k-th backward block (reversed) started
   for k, i in enumerate(reversed(range(len(picks)))):
     c = picks[i]
     if c.offload_bytes:
@@ -278,8 +314,14 @@ def _orders(picks: list[Choice]) -> list[list[Choice]]:
   return [moved + rest, spread]
 
 
-def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandwidth: float, *,
-         max_kinds: int = 3) -> OffloadPlan:
+def plan(
+  num_blocks: int,
+  candidates: Sequence[Choice],
+  budget_bytes: int,
+  bandwidth: float,
+  *,
+  max_kinds: int = 3,
+) -> OffloadPlan:
   """The fastest predicted mix of `candidates` over `num_blocks` identical blocks whose peak
   device bytes fit `budget_bytes` (mixes of up to `max_kinds` different choices, in the orders
   `_orders` tries). Raises ValueError when not even recomputing every block fits."""
@@ -305,19 +347,31 @@ def plan(num_blocks: int, candidates: Sequence[Choice], budget_bytes: int, bandw
           for cap in caps:
             p = predict(order, bandwidth, spill_cap=cap)
             if p.device_bytes <= budget_bytes and (best is None or p.seconds < best.seconds):
-              best = OffloadPlan(tuple(c.policy for c in order), p.device_bytes,
-                                 p.offload_bytes, p.seconds, cap or 0)
+              best = OffloadPlan(
+                tuple(c.policy for c in order), p.device_bytes, p.offload_bytes, p.seconds, cap or 0
+              )
   if best is None:
-    raise ValueError(f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
-                     f"{num_blocks} blocks: the smallest plan needs at least {smallest or 0:,} "
-                     f"bytes")
+    raise ValueError(
+      f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
+      f"{num_blocks} blocks: the smallest plan needs at least {smallest or 0:,} "
+      f"bytes"
+    )
   return best
 
 
-def plan_layers(apply: Callable[[Any, Any], Any], layer_state: Any, x: Any, num_layers: int,
-                budget_bytes: int, store: TensorStore, inners: dict[str, Any], *,
-                tier: str = "auto", repeats: int = 5,
-                progress: Callable[[str], None] | None = None) -> tuple[OffloadPlan, float]:
+def plan_layers(
+  apply: Callable[[Any, Any], Any],
+  layer_state: Any,
+  x: Any,
+  num_layers: int,
+  budget_bytes: int,
+  store: TensorStore,
+  inners: dict[str, Any],
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  progress: Callable[[str], None] | None = None,
+) -> tuple[OffloadPlan, float]:
   """A per-layer plan for a stack of `num_layers` identical layers `apply(layer_state, x) -> x`
   (x: the stack's carry, an array or its `jax.ShapeDtypeStruct`) so that the layers' residuals
   and inputs fit `budget_bytes` of device memory, measured on the default device; and the
@@ -329,8 +383,9 @@ def plan_layers(apply: Callable[[Any, Any], Any], layer_state: Any, x: Any, num_
   counts the layer's input (argument 1, the carry). An offloading plan sets `store.device_bytes`
   to the spill cap it was predicted with. ValueError when not even the smallest plan fits.
   """
-  cands = choices(apply, (layer_state, x), store, inners, tier=tier, repeats=repeats, carry=1,
-                  progress=progress)
+  cands = choices(
+    apply, (layer_state, x), store, inners, tier=tier, repeats=repeats, carry=1, progress=progress
+  )
   bw = _probe_bandwidth(store)
   best = plan(num_layers, cands, budget_bytes, bw)
   if best.offload_bytes:
@@ -338,8 +393,13 @@ def plan_layers(apply: Callable[[Any, Any], Any], layer_state: Any, x: Any, num_
   return best, bw
 
 
-def plan_sequence(candidates: Sequence[Sequence[Choice]], budget_bytes: int, bandwidth: float,
-                  *, max_plans: int = 200_000) -> OffloadPlan:
+def plan_sequence(
+  candidates: Sequence[Sequence[Choice]],
+  budget_bytes: int,
+  bandwidth: float,
+  *,
+  max_plans: int = 200_000,
+) -> OffloadPlan:
   """The fastest predicted plan for blocks that differ (a sampled hop each: their own shapes,
   so their own measured `candidates[i]`), run in the order given, whose peak device bytes fit
   `budget_bytes`. A depth-first search over one choice per block, pruned by the same bounds as
@@ -356,10 +416,10 @@ def plan_sequence(candidates: Sequence[Sequence[Choice]], budget_bytes: int, ban
   for i in reversed(range(n)):
     rest_bytes[i] = rest_bytes[i + 1] + min(c.device_bytes for c in ordered[i])
     rest_seconds[i] = rest_seconds[i + 1] + min(
-        c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH for c in ordered[i])
+      c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH for c in ordered[i]
+    )
   best: OffloadPlan | None = None
-  smallest = sum(min(c.device_bytes + _POOL_BLOCKS * c.offload_bytes for c in o)
-                 for o in ordered)
+  smallest = sum(min(c.device_bytes + _POOL_BLOCKS * c.offload_bytes for c in o) for o in ordered)
   tried = 0
 
   def search(i: int, picks: list[Choice], kept: int, largest: int, floor: float):
@@ -376,24 +436,38 @@ def plan_sequence(candidates: Sequence[Sequence[Choice]], budget_bytes: int, ban
         tried += 1
         p = predict(picks, bandwidth, spill_cap=cap)
         if p.device_bytes <= budget_bytes and (best is None or p.seconds < best.seconds):
-          best = OffloadPlan(tuple(c.policy for c in picks), p.device_bytes, p.offload_bytes,
-                             p.seconds, cap or 0)
+          best = OffloadPlan(
+            tuple(c.policy for c in picks), p.device_bytes, p.offload_bytes, p.seconds, cap or 0
+          )
       return
     for c in ordered[i]:
-      search(i + 1, picks + [c], kept + c.device_bytes, max(largest, c.offload_bytes),
-             floor + c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH)
+      search(
+        i + 1,
+        picks + [c],
+        kept + c.device_bytes,
+        max(largest, c.offload_bytes),
+        floor + c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH,
+      )
 
   search(0, [], 0, 0, 0.0)
   if best is None:
-    raise ValueError(f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
-                     f"{n} blocks: the smallest plan needs at least {smallest:,} bytes")
+    raise ValueError(
+      f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
+      f"{n} blocks: the smallest plan needs at least {smallest:,} bytes"
+    )
   return best
 
 
-def plan_blocks(blocks: Sequence[tuple[Callable[[Any, Any], Any], Any, Any]],
-                budget_bytes: int, store: TensorStore, inners: dict[str, Any], *,
-                tier: str = "auto", repeats: int = 5,
-                progress: Callable[[str], None] | None = None) -> tuple[OffloadPlan, float]:
+def plan_blocks(
+  blocks: Sequence[tuple[Callable[[Any, Any], Any], Any, Any]],
+  budget_bytes: int,
+  store: TensorStore,
+  inners: dict[str, Any],
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  progress: Callable[[str], None] | None = None,
+) -> tuple[OffloadPlan, float]:
   """`plan_layers` for layers that differ in shape (a sampled hop each, so no scan over them):
   `blocks` holds one (apply, layer_state, x) per layer in the order they run, with
   `apply(layer_state, x)` of x's shape (the layer's output padded to its input's rows, so that
@@ -404,8 +478,9 @@ def plan_blocks(blocks: Sequence[tuple[Callable[[Any, Any], Any], Any, Any]],
   cands = []
   for i, (apply, state, x) in enumerate(blocks):
     say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
-    cands.append(choices(apply, (state, x), store, inners, tier=tier, repeats=repeats, carry=1,
-                         progress=say))
+    cands.append(
+      choices(apply, (state, x), store, inners, tier=tier, repeats=repeats, carry=1, progress=say)
+    )
   bw = _probe_bandwidth(store)
   best = plan_sequence(cands, budget_bytes, bw)
   if best.offload_bytes:
@@ -425,25 +500,39 @@ def _compositions(n: int, k: int):
     yield [b - a for a, b in zip((0,) + cuts, cuts + (n,))]
 
 
-def policy_named(name: str, store: TensorStore | None = None, *, inners: dict[str, Any],
-                 tier: str = "auto", carry: int = 1) -> _remat.Policy:
+def policy_named(
+  name: str,
+  store: TensorStore | None = None,
+  *,
+  inners: dict[str, Any],
+  tier: str = "auto",
+  carry: int = 1,
+) -> _remat.Policy:
   """The policy a plan prints as `name`: "recompute", "keep[p]", "offload[p]", "offload[p]+in"
   or "offload[in]", with p one of `inners` (name -> inner checkpoint policy, as `choices`
   takes them); offloads go to `store`'s `tier`, "+in" offloads argument `carry` too."""
   m = re.fullmatch(r"recompute|(keep|offload)\[([^\[\]]+)\](\+in)?", name)
   kind, p, plus = m.groups() if m else (None, None, None)
-  if not (name == "recompute" or (kind == "keep" and p in inners and not plus)
-          or (kind == "offload" and (p in inners or (p == "in" and not plus)))):
-    known = ", ".join(["recompute", "offload[in]"] + [f"{k}[{q}]" for k in ("keep", "offload")
-                                                     for q in inners] + ["offload[p]+in"])
+  if not (
+    name == "recompute"
+    or (kind == "keep" and p in inners and not plus)
+    or (kind == "offload" and (p in inners or (p == "in" and not plus)))
+  ):
+    known = ", ".join(
+      ["recompute", "offload[in]"]
+      + [f"{k}[{q}]" for k in ("keep", "offload") for q in inners]
+      + ["offload[p]+in"]
+    )
     raise ValueError(f"unknown policy {name!r}; one of: {known}")
   if kind is None:
     return _remat.recompute(name=name)
+  assert p is not None  # "keep[p]" and "offload[p]" match the bracketed group
   if kind == "keep":
     return _remat.keep(inners[p], name=name)
   if store is None:
     raise ValueError(f"policy {name!r} offloads: it needs a TensorStore")
   if p == "in":  # recomputed from its offloaded input
-    return _remat.offload(store, tier, jax.checkpoint_policies.nothing_saveable,
-                          inputs=(carry,), name=name)
+    return _remat.offload(
+      store, tier, jax.checkpoint_policies.nothing_saveable, inputs=(carry,), name=name
+    )
   return _remat.offload(store, tier, inners[p], inputs=(carry,) if plus else (), name=name)

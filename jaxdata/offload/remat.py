@@ -1,9 +1,11 @@
 """remat: per block, keep its residuals, offload them to a TensorStore, or recompute them."""
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.extend  # noqa: F401  (jax.extend.core: the closure conversion)
@@ -32,6 +34,7 @@ class Policy:
     input. Other inputs (parameters) stay where they are.
   name: how plans print it.
   """
+
   mode: str = "keep"
   store: TensorStore | None = None
   tier: str = "auto"
@@ -70,12 +73,20 @@ def recompute(*, name: str = "") -> Policy:
   return Policy("recompute", name=name)
 
 
-def offload(store: TensorStore, tier: str = "auto", inner=None, *, min_bytes: int = 1 << 16,
-            inputs: tuple[int, ...] = (), name: str = "") -> Policy:
+def offload(
+  store: TensorStore,
+  tier: str = "auto",
+  inner=None,
+  *,
+  min_bytes: int = 1 << 16,
+  inputs: tuple[int, ...] = (),
+  name: str = "",
+) -> Policy:
   """Residuals (those `inner` saves) go to `store`'s `tier` ("auto", "ram", "ssd"); with
   `inputs`, the arrays of those argument positions too (see `Policy`)."""
-  return Policy("offload", store=store, tier=tier, inner=inner, min_bytes=min_bytes,
-                inputs=inputs, name=name)
+  return Policy(
+    "offload", store=store, tier=tier, inner=inner, min_bytes=min_bytes, inputs=inputs, name=name
+  )
 
 
 @jax.tree_util.register_static
@@ -83,6 +94,7 @@ def offload(store: TensorStore, tier: str = "auto", inner=None, *, min_bytes: in
 class _Spilled:
   """Where a spilled residual sat in the backward closure: which array of the spill (a residual
   the closure holds twice is spilled once), its shape and dtype, no data."""
+
   slot: int
   shape: tuple[int, ...]
   dtype: np.dtype
@@ -127,6 +139,7 @@ def remat(fn: Callable[..., Any], policy: Policy | None) -> Callable[..., Any]:
     # tracers.
     converted, consts = _closure_convert(lambda a, k: inner(*a, **k), args, kwargs)
     return offloaded(converted, args, kwargs, *consts)
+
   return wrapped
 
 
@@ -140,10 +153,11 @@ def _closure_convert(fn: Callable[..., Any], *args: Any) -> tuple[Callable[..., 
   jaxpr = closed.jaxpr
 
   def converted(*args_and_consts):
-    flat = jax.tree_util.tree_leaves(args_and_consts[:len(args)])
-    consts = list(args_and_consts[len(args):])
+    flat = jax.tree_util.tree_leaves(args_and_consts[: len(args)])
+    consts = list(args_and_consts[len(args) :])
     out = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, consts))(*flat)
     return jax.tree_util.tree_unflatten(out_tree, out)
+
   return converted, list(closed.consts)
 
 
@@ -161,11 +175,13 @@ def _offloaded(policy: Policy) -> Callable[..., Any]:
     leaves, treedef = jax.tree_util.tree_flatten(vjp)
     positional = args[0]  # fn takes (positional arguments, keyword arguments, *consts)
     if policy.inputs and max(policy.inputs) >= len(positional):
-      raise ValueError(f"remat: the policy offloads argument {max(policy.inputs)}, but the block "
-                       f"was called with {len(positional)} positional arguments")
+      raise ValueError(
+        f"remat: the policy offloads argument {max(policy.inputs)}, but the block "
+        f"was called with {len(positional)} positional arguments"
+      )
     movable = {id(a) for i in policy.inputs for a in jax.tree_util.tree_leaves(positional[i])}
     inputs = {id(a) for a in jax.tree_util.tree_leaves(args)} - movable
-    slots: dict[int, int] = {}   # id of a spilled array -> its place in the spill
+    slots: dict[int, int] = {}  # id of a spilled array -> its place in the spill
     spilled = []
     for i, l in enumerate(leaves):
       if id(l) in inputs or np.prod(l.shape) * l.dtype.itemsize < policy.min_bytes:
@@ -189,8 +205,9 @@ def _offloaded(policy: Policy) -> Callable[..., Any]:
       leaves, treedef = jax.tree_util.tree_flatten(vjp, is_leaf=lambda l: isinstance(l, _Spilled))
       holes = {l.slot: l for l in leaves if isinstance(l, _Spilled)}
       like = [jax.ShapeDtypeStruct(holes[k].shape, holes[k].dtype) for k in range(len(holes))]
-      loaded = _spill.load(ticket, like, policy.store, site=site,
-                           after=jax.tree_util.tree_leaves(g))
+      loaded = _spill.load(
+        ticket, like, policy.store, site=site, after=jax.tree_util.tree_leaves(g)
+      )
       leaves = [loaded[l.slot] if isinstance(l, _Spilled) else l for l in leaves]
       vjp = jax.tree_util.tree_unflatten(treedef, leaves)
     return vjp(g)

@@ -1,8 +1,9 @@
 """spill / load: move arrays out to a TensorStore and back, inside jitted programs."""
+
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +26,16 @@ def _tier(tier: str, store: TensorStore | None = None, what: str = "spill") -> i
   if tier not in _TIERS:
     raise ValueError(f"{what}: tier must be one of {sorted(_TIERS)}, got {tier!r}")
   if tier == "ssd" and store is not None and store.ssd_dir is None:
-    raise ValueError(f"{what}: tier 'ssd' was asked for, but {store!r} has no SSD tier; "
-                     "configure one with TensorStore(ssd_dir=<a directory on local disk>)")
+    raise ValueError(
+      f"{what}: tier 'ssd' was asked for, but {store!r} has no SSD tier; "
+      "configure one with TensorStore(ssd_dir=<a directory on local disk>)"
+    )
   return _TIERS[tier]
 
 
-def spill(arrays: Sequence[jax.Array], store: TensorStore, *, site: int, tier: str = "auto"
-          ) -> jax.Array:
+def spill(
+  arrays: Sequence[jax.Array], store: TensorStore, *, site: int, tier: str = "auto"
+) -> jax.Array:
   """Copies `arrays` into `store` and returns a ticket (two int32) for `load`.
 
   On the GPU the call only copies the arrays into the store's device staging on XLA's stream;
@@ -44,14 +48,22 @@ def spill(arrays: Sequence[jax.Array], store: TensorStore, *, site: int, tier: s
   arrays = [jnp.asarray(a) for a in arrays]
   if not arrays:
     raise ValueError("spill needs at least one array")
-  return jax.ffi.ffi_call("jaxdata_offload_spill", jax.ShapeDtypeStruct((2,), jnp.int32),
-                          has_side_effect=True, vmap_method="broadcast_all")(
-                              *arrays, store=np.int64(store.store_id), site=np.int64(site),
-                              tier=np.int64(tier_id))
+  return jax.ffi.ffi_call(
+    "jaxdata_offload_spill",
+    jax.ShapeDtypeStruct((2,), jnp.int32),
+    has_side_effect=True,
+    vmap_method="broadcast_all",
+  )(*arrays, store=np.int64(store.store_id), site=np.int64(site), tier=np.int64(tier_id))
 
 
-def load(ticket: jax.Array, like: Sequence[jax.ShapeDtypeStruct], store: TensorStore, *,
-         site: int, after: Sequence[jax.Array] = ()) -> list[jax.Array]:
+def load(
+  ticket: jax.Array,
+  like: Sequence[jax.ShapeDtypeStruct],
+  store: TensorStore,
+  *,
+  site: int,
+  after: Sequence[jax.Array] = (),
+) -> list[jax.Array]:
   """The arrays spilled under `ticket` (shapes and dtypes `like`), freed from the store.
 
   `after`: arrays the load must wait for (not read): they place the load in the program, e.g.
@@ -64,10 +76,12 @@ def load(ticket: jax.Array, like: Sequence[jax.ShapeDtypeStruct], store: TensorS
     raise ValueError("load needs at least one output")
   ticket = jnp.asarray(ticket)
   if ticket.dtype != jnp.int32 or ticket.shape[-1:] != (2,):
-    raise TypeError(f"ticket must be int32 pairs from spill, got {ticket.dtype}{list(ticket.shape)}")
+    raise TypeError(
+      f"ticket must be int32 pairs from spill, got {ticket.dtype}{list(ticket.shape)}"
+    )
   if after:  # a data dependency without reading the arrays
     ticket, _ = jax.lax.optimization_barrier((ticket, tuple(after)))
-  out = jax.ffi.ffi_call("jaxdata_offload_load", like, has_side_effect=True,
-                         vmap_method="broadcast_all")(
-                             ticket, store=np.int64(store.store_id), site=np.int64(site))
+  out = jax.ffi.ffi_call(
+    "jaxdata_offload_load", like, has_side_effect=True, vmap_method="broadcast_all"
+  )(ticket, store=np.int64(store.store_id), site=np.int64(site))
   return list(out)

@@ -7,10 +7,12 @@ stack, whose body is `jaxdata.offload.remat(block_apply, policy)` (None: the pla
 
     x = run_layers(block_apply, states, x, plan=[None, None, p, p])   # layers 2-3 under p
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import jax
 
@@ -36,8 +38,9 @@ def segments(plan: Sequence[Hashable] | None, layers: int) -> list[tuple[int, in
   return runs
 
 
-def run_layers(block_apply: Callable, states: Any, x: jax.Array,
-               plan: Sequence[Hashable] | None = None) -> jax.Array:
+def run_layers(
+  block_apply: Callable, states: Any, x: jax.Array, plan: Sequence[Hashable] | None = None
+) -> jax.Array:
   """Applies stacked layers to x: one `lax.scan` per segment of `plan` (see `segments`).
 
   `block_apply(layer_state, x) -> x` is one layer; `states` holds every layer's state along a
@@ -59,8 +62,10 @@ def run_layers(block_apply: Callable, states: Any, x: jax.Array,
     runs = segments(plan, layers)
   if presplit:
     if sizes != [stop - start for start, stop, _ in runs]:
-      raise ValueError(f"run_layers: states split into stacks of {sizes} layers, but the plan's "
-                       f"segments are {[stop - start for start, stop, _ in runs]}")
+      raise ValueError(
+        f"run_layers: states split into stacks of {sizes} layers, but the plan's "
+        f"segments are {[stop - start for start, stop, _ in runs]}"
+      )
   for j, (start, stop, policy) in enumerate(runs):
     body = block_apply
     if policy is not None:

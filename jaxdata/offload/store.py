@@ -1,4 +1,5 @@
 """TensorStore: pinned host RAM, then local SSD, for activations that wait for the backward pass."""
+
 from __future__ import annotations
 
 import os
@@ -14,10 +15,13 @@ _ext = _ffi.ext
 def _bytes(value: Any, what: str) -> int:
   if isinstance(value, str):
     from jaxdata.sizes import parse_bytes  # pylint: disable=g-import-not-at-top
+
     try:
       value = parse_bytes(value)
     except ValueError:
-      raise ValueError(f"{what} must be a byte count (an int or e.g. '8GiB'), got {value!r}") from None
+      raise ValueError(
+        f"{what} must be a byte count (an int or e.g. '8GiB'), got {value!r}"
+      ) from None
   if not isinstance(value, int) or isinstance(value, bool) or value < 0:
     raise ValueError(f"{what} must be a byte count >= 0 (an int or e.g. '8GiB'), got {value!r}")
   return value
@@ -26,6 +30,7 @@ def _bytes(value: Any, what: str) -> int:
 def _staging_cap(name: str, doc: str) -> property:
   """A TensorStore property for one of its GPU staging caps: the native store's value, set
   through `offload_store_set_<name>` while the store is open, and a copy to read back."""
+
   def get(self) -> int:
     return getattr(self, "_" + name)
 
@@ -33,6 +38,7 @@ def _staging_cap(name: str, doc: str) -> property:
     value = _bytes(value, name)
     getattr(_ext, f"offload_store_set_{name}")(self.store_id, value)
     setattr(self, "_" + name, value)
+
   return property(get, set_, doc=doc)
 
 
@@ -76,10 +82,18 @@ class TensorStore:
       always proceeds, so up to about the cap plus one load can be held.
   """
 
-  def __init__(self, ram_bytes: int | str = "1GiB", ssd_dir: str | os.PathLike | None = None, *,
-               ssd_bytes: int | str = 0, io_threads: int = 4, chunk_bytes: int | str = "8MiB",
-               staging_bytes: int | str = "256MiB", device_bytes: int | str = 0,
-               load_bytes: int | str = 0):
+  def __init__(
+    self,
+    ram_bytes: int | str = "1GiB",
+    ssd_dir: str | os.PathLike | None = None,
+    *,
+    ssd_bytes: int | str = 0,
+    io_threads: int = 4,
+    chunk_bytes: int | str = "8MiB",
+    staging_bytes: int | str = "256MiB",
+    device_bytes: int | str = 0,
+    load_bytes: int | str = 0,
+  ):
     ram_bytes = _bytes(ram_bytes, "ram_bytes")
     ssd_bytes = _bytes(ssd_bytes, "ssd_bytes")
     chunk_bytes = _bytes(chunk_bytes, "chunk_bytes")
@@ -91,13 +105,22 @@ class TensorStore:
     if not isinstance(io_threads, int) or io_threads < 1:
       raise ValueError(f"io_threads must be an int >= 1, got {io_threads!r}")
     if ssd_dir is not None and staging_bytes < 2 * chunk_bytes:
-      raise ValueError(f"staging_bytes ({staging_bytes}) must hold at least two chunks "
-                       f"of chunk_bytes ({chunk_bytes})")
+      raise ValueError(
+        f"staging_bytes ({staging_bytes}) must hold at least two chunks "
+        f"of chunk_bytes ({chunk_bytes})"
+      )
     _ffi.jax_gpus()  # the CPU client exists before the store's handlers can run
     try:
-      self._id = _ext.offload_store_open(ram_bytes, os.fspath(ssd_dir) if ssd_dir else "",
-                                         ssd_bytes, io_threads, chunk_bytes, staging_bytes,
-                                         device_bytes, load_bytes)
+      self._id = _ext.offload_store_open(
+        ram_bytes,
+        os.fspath(ssd_dir) if ssd_dir else "",
+        ssd_bytes,
+        io_threads,
+        chunk_bytes,
+        staging_bytes,
+        device_bytes,
+        load_bytes,
+      )
     except RuntimeError as e:
       raise OSError(f"TensorStore: {e}") from None
     self.ram_bytes, self.ssd_dir, self.ssd_bytes = ram_bytes, ssd_dir, ssd_bytes
@@ -112,11 +135,15 @@ class TensorStore:
     return self._id
 
   device_bytes = _staging_cap(
-      "device_bytes", "The cap on GPU spill staging (0: none); settable while the store is open, "
-      "and read by each spill (the planner sets it with its plan).")
+    "device_bytes",
+    "The cap on GPU spill staging (0: none); settable while the store is open, "
+    "and read by each spill (the planner sets it with its plan).",
+  )
   load_bytes = _staging_cap(
-      "load_bytes", "The cap on GPU load staging (0: none beyond two loads ahead); settable "
-      "while the store is open.")
+    "load_bytes",
+    "The cap on GPU load staging (0: none beyond two loads ahead); settable "
+    "while the store is open.",
+  )
 
   @property
   def closed(self) -> bool:
@@ -141,7 +168,7 @@ class TensorStore:
     RAM, staging, GPU staging), removes the spill directory. Idempotent."""
     self._finalizer()
 
-  def __enter__(self) -> "TensorStore":
+  def __enter__(self) -> TensorStore:
     return self
 
   def __exit__(self, *exc) -> None:
@@ -149,21 +176,28 @@ class TensorStore:
 
   def __repr__(self) -> str:
     state = "closed" if self.closed else "open"
-    return (f"TensorStore(#{self._id}, {state}, ram_bytes={self.ram_bytes}, "
-            f"ssd_dir={self.ssd_dir!r})")
+    return (
+      f"TensorStore(#{self._id}, {state}, ram_bytes={self.ram_bytes}, ssd_dir={self.ssd_dir!r})"
+    )
 
   # A store is a static argument of jitted functions and policies: hash by identity.
   __hash__ = object.__hash__
 
 
-def measure_disk_write(directory: str | os.PathLike | None = None, nbytes: int | str = "2GiB", *,
-                       threads: int = 4, chunk_bytes: int | str = "8MiB") -> float:
+def measure_disk_write(
+  directory: str | os.PathLike | None = None,
+  nbytes: int | str = "2GiB",
+  *,
+  threads: int = 4,
+  chunk_bytes: int | str = "8MiB",
+) -> float:
   """The disk's sustained direct-I/O write bandwidth under `directory`, in bytes per second
   (writes `nbytes` to a temporary file with `threads` writers, then removes it)."""
   directory = os.fspath(directory) if directory else tempfile.gettempdir()
   os.makedirs(directory, exist_ok=True)
-  return _ext.offload_measure_disk_write(directory, _bytes(nbytes, "nbytes"), threads,
-                                         _bytes(chunk_bytes, "chunk_bytes"))
+  return _ext.offload_measure_disk_write(
+    directory, _bytes(nbytes, "nbytes"), threads, _bytes(chunk_bytes, "chunk_bytes")
+  )
 
 
 def summary(stats: dict, before: dict | None = None) -> str:
@@ -175,11 +209,15 @@ def summary(stats: dict, before: dict | None = None) -> str:
     s = dict(s, **{k: s[k] - before[k] for k in ("spills", "spilled", "ssd_written", "ssd_read")})
   if not s["spills"]:
     return "offload: nothing was offloaded (the plan keeps or recomputes every layer)"
-  line = (f"offload: {s['spills']:,} spills, {s['spilled'] / 2**30:.2f} GiB; RAM tier peak "
-          f"{s['ram_peak'] / 2**20:.1f} MiB")
+  line = (
+    f"offload: {s['spills']:,} spills, {s['spilled'] / 2**30:.2f} GiB; RAM tier peak "
+    f"{s['ram_peak'] / 2**20:.1f} MiB"
+  )
   if s["ssd_written"]:
-    line += (f"; SSD tier {s['ssd_written'] / 2**30:.2f} GiB written at "
-             f"{s['write_bandwidth'] / 1e9:.2f} GB/s, {s['ssd_read'] / 2**30:.2f} GiB read")
+    line += (
+      f"; SSD tier {s['ssd_written'] / 2**30:.2f} GiB written at "
+      f"{s['write_bandwidth'] / 1e9:.2f} GB/s, {s['ssd_read'] / 2**30:.2f} GiB read"
+    )
   if s["device_peak"]:
     line += f"; device staging peak {s['device_peak'] / 2**20:.1f} MiB"
   return line

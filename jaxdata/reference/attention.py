@@ -63,11 +63,13 @@ weighted sums over edges are computed in at least float32; outputs have the inpu
     >>> params = init_rgat(0, num_relations=r, in_features=16, head_features=8, heads=4)
     >>> out = jax.jit(RGAT["ragged_dot"])(*edges, x, params)          # [n, 32]
 """
+
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,13 +87,13 @@ NEGATIVE_SLOPE = 0.2
 
 class Edges(NamedTuple):
   """(src, dst, etype) as int32 device arrays, edges sorted by relation (stably); a pytree."""
+
   src: jax.Array
   dst: jax.Array
   etype: jax.Array
 
   @classmethod
-  def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int,
-            device=None) -> "Edges":
+  def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int, device=None) -> Edges:
     """Checks ranges and lengths (ValueError), sorts by relation."""
     src, dst, etype = checked_edges(src, dst, etype, num_nodes, num_relations)
     order = np.argsort(etype, kind="stable")
@@ -99,10 +101,16 @@ class Edges(NamedTuple):
     return cls(put(src[order]), put(dst[order]), put(etype[order]))
 
   @classmethod
-  def from_graph(cls, graph, device=None) -> "Edges":
+  def from_graph(cls, graph, device=None) -> Edges:
     """The edges of a `jaxdata.data.HeteroGraph` (already sorted by relation)."""
-    return cls.build(graph.src, graph.dst, graph.etype, num_nodes=graph.num_nodes,
-                     num_relations=graph.num_relations, device=device)
+    return cls.build(
+      graph.src,
+      graph.dst,
+      graph.etype,
+      num_nodes=graph.num_nodes,
+      num_relations=graph.num_relations,
+      device=device,
+    )
 
 
 def _acc(dtype) -> jnp.dtype:
@@ -123,8 +131,9 @@ def edge_softmax(scores: jax.Array, dst: jax.Array, num_nodes: int) -> jax.Array
   return weights / total[dst]
 
 
-def _aggregate(alpha: jax.Array, messages: jax.Array, dst: jax.Array, num_nodes: int,
-               dtype) -> jax.Array:
+def _aggregate(
+  alpha: jax.Array, messages: jax.Array, dst: jax.Array, num_nodes: int, dtype
+) -> jax.Array:
   """sum_{e: dst[e] = i} alpha[e, h] * messages[e, h, :] -> [N, H*d] in `dtype`."""
   weighted = alpha[:, :, None] * messages.astype(alpha.dtype)
   out = jax.ops.segment_sum(weighted, dst, num_segments=num_nodes)
@@ -144,6 +153,7 @@ class RGATParams(NamedTuple):
 
   w: [R, d_in, H*d] (column h*d + f is head h's feature f); a_src, a_dst: [R, H, d].
   """
+
   w: jax.Array
   a_src: jax.Array
   a_dst: jax.Array
@@ -159,41 +169,57 @@ def _uniform(rng: np.random.Generator, shape, fan_in: int, fan_out: int, dtype):
   return jnp.asarray(rng.uniform(-bound, bound, shape), dtype)
 
 
-def init_rgat(seed: int, *, num_relations: int, in_features: int, head_features: int,
-              heads: int = 1, dtype=jnp.float32) -> RGATParams:
+def init_rgat(
+  seed: int,
+  *,
+  num_relations: int,
+  in_features: int,
+  head_features: int,
+  heads: int = 1,
+  dtype=jnp.float32,
+) -> RGATParams:
   """Glorot-uniform weights and attention vectors, drawn by NumPy from `seed`."""
   rng = np.random.default_rng(seed)
   r, d, h = num_relations, head_features, heads
-  return RGATParams(_uniform(rng, (r, in_features, h * d), in_features, h * d, dtype),
-                    _uniform(rng, (r, h, d), d, 1, dtype), _uniform(rng, (r, h, d), d, 1, dtype))
+  return RGATParams(
+    _uniform(rng, (r, in_features, h * d), in_features, h * d, dtype),
+    _uniform(rng, (r, h, d), d, 1, dtype),
+    _uniform(rng, (r, h, d), d, 1, dtype),
+  )
 
 
 def _folded(params: RGATParams, precision, acc):
   """W_r a_r for the source and destination vectors: [R, d_in, H] each."""
   r, d_in, _ = params.w.shape
   w = params.w.reshape(r, d_in, params.heads, -1)
-  fold = lambda a: jnp.einsum("rihd,rhd->rih", w, a, precision=precision,  # noqa: E731
-                              preferred_element_type=acc)
+
+  def fold(a):
+    return jnp.einsum("rihd,rhd->rih", w, a, precision=precision, preferred_element_type=acc)
+
   return fold(params.a_src), fold(params.a_dst)
 
 
 def _rgat_finish(scores, messages, dst, num_nodes, heads, dtype):
   alpha = edge_softmax(jax.nn.leaky_relu(scores, NEGATIVE_SLOPE), dst, num_nodes)
   num_edges, features = messages.shape
-  return _aggregate(alpha, messages.reshape(num_edges, heads, features // heads), dst, num_nodes,
-                    dtype)
+  return _aggregate(
+    alpha, messages.reshape(num_edges, heads, features // heads), dst, num_nodes, dtype
+  )
 
 
 def rgat_transform_all_then_gather(src, dst, etype, x, params: RGATParams, *, precision=None):
   """x @ W_r for every node and relation ([R, N, H*d]) and node scores [R, N, H], then gather."""
   acc, n = _acc(x.dtype), x.shape[0]
-  h = jnp.einsum("nd,rdf->rnf", x, params.w, precision=precision,
-                 preferred_element_type=acc).astype(x.dtype)
+  h = jnp.einsum(
+    "nd,rdf->rnf", x, params.w, precision=precision, preferred_element_type=acc
+  ).astype(x.dtype)
   fold_src, fold_dst = _folded(params, precision, acc)
-  s_src = jnp.einsum("nd,rdh->rnh", x, fold_src.astype(x.dtype), precision=precision,
-                     preferred_element_type=acc)
-  s_dst = jnp.einsum("nd,rdh->rnh", x, fold_dst.astype(x.dtype), precision=precision,
-                     preferred_element_type=acc)
+  s_src = jnp.einsum(
+    "nd,rdh->rnh", x, fold_src.astype(x.dtype), precision=precision, preferred_element_type=acc
+  )
+  s_dst = jnp.einsum(
+    "nd,rdh->rnh", x, fold_dst.astype(x.dtype), precision=precision, preferred_element_type=acc
+  )
   scores = s_src[etype, src] + s_dst[etype, dst]
   return _rgat_finish(scores, h[etype, src], dst, n, params.heads, x.dtype)
 
@@ -204,8 +230,9 @@ def rgat_ragged_dot(src, dst, etype, x, params: RGATParams, *, precision=None):
   sizes = _group_sizes(etype, params.w.shape[0])
   fold_src, fold_dst = _folded(params, precision, acc)
   x_src, x_dst = x[src], x[dst]
-  dot = functools.partial(jax.lax.ragged_dot, group_sizes=sizes, precision=precision,
-                          preferred_element_type=acc)
+  dot = functools.partial(
+    jax.lax.ragged_dot, group_sizes=sizes, precision=precision, preferred_element_type=acc
+  )
   messages = dot(x_src, params.w).astype(x.dtype)
   scores = dot(x_src, fold_src.astype(x.dtype)) + dot(x_dst, fold_dst.astype(x.dtype))
   return _rgat_finish(scores, messages, dst, n, params.heads, x.dtype)
@@ -218,16 +245,17 @@ def rgat_per_edge_weights(src, dst, etype, x, params: RGATParams, *, precision=N
   per_edge = functools.partial(jnp.einsum, precision=precision, preferred_element_type=acc)
   x_src, x_dst = x[src], x[dst]
   messages = per_edge("ed,edf->ef", x_src, params.w[etype]).astype(x.dtype)
-  scores = (per_edge("ed,edh->eh", x_src, fold_src.astype(x.dtype)[etype])
-            + per_edge("ed,edh->eh", x_dst, fold_dst.astype(x.dtype)[etype]))
+  scores = per_edge("ed,edh->eh", x_src, fold_src.astype(x.dtype)[etype]) + per_edge(
+    "ed,edh->eh", x_dst, fold_dst.astype(x.dtype)[etype]
+  )
   return _rgat_finish(scores, messages, dst, n, params.heads, x.dtype)
 
 
 #: name -> plain-JAX RGAT formulation, in the benchmark's column order.
 RGAT = {
-    "transform-all-then-gather": rgat_transform_all_then_gather,
-    "ragged_dot": rgat_ragged_dot,
-    "per-edge weights": rgat_per_edge_weights,
+  "transform-all-then-gather": rgat_transform_all_then_gather,
+  "ragged_dot": rgat_ragged_dot,
+  "per-edge weights": rgat_per_edge_weights,
 }
 
 
@@ -247,18 +275,23 @@ def rgat_scores_float64(src, dst, etype, x, params: RGATParams) -> np.ndarray:
   """
   src, dst, etype = (np.asarray(a).reshape(-1) for a in (src, dst, etype))
   if not src.size == dst.size == etype.size:
-    raise ValueError(f"rgat_scores_float64: src, dst and etype differ in length "
-                     f"({src.size}, {dst.size}, {etype.size})")
+    raise ValueError(
+      f"rgat_scores_float64: src, dst and etype differ in length "
+      f"({src.size}, {dst.size}, {etype.size})"
+    )
   x = np.asarray(x, np.float64)
   w = np.asarray(params.w, np.float64)
   r, d_in, features = w.shape
   heads = params.a_src.shape[1]
   if x.ndim != 2 or x.shape[1] != d_in:
-    raise ValueError(f"rgat_scores_float64: x must be [N, {d_in}] (W is {list(w.shape)}), got "
-                     f"{list(x.shape)}")
+    raise ValueError(
+      f"rgat_scores_float64: x must be [N, {d_in}] (W is {list(w.shape)}), got {list(x.shape)}"
+    )
   if etype.size and (etype.min() < 0 or etype.max() >= r):
-    raise ValueError(f"rgat_scores_float64: etype must be in [0, {r}) (W's relations), got "
-                     f"[{etype.min()}, {etype.max()}]")
+    raise ValueError(
+      f"rgat_scores_float64: etype must be in [0, {r}) (W's relations), got "
+      f"[{etype.min()}, {etype.max()}]"
+    )
   w = w.reshape(r, d_in, heads, features // heads)
   fold_src = np.einsum("rkhd,rhd->rkh", w, np.asarray(params.a_src, np.float64))
   fold_dst = np.einsum("rkhd,rhd->rkh", w, np.asarray(params.a_dst, np.float64))
@@ -266,7 +299,7 @@ def rgat_scores_float64(src, dst, etype, x, params: RGATParams) -> np.ndarray:
   order = np.argsort(etype, kind="stable")
   bounds = np.searchsorted(etype[order], np.arange(r + 1))
   for rel in range(r):
-    e = order[bounds[rel]:bounds[rel + 1]]
+    e = order[bounds[rel] : bounds[rel + 1]]
     if e.size:
       z[e] = x[src[e]] @ fold_src[rel] + x[dst[e]] @ fold_dst[rel]
   return z
@@ -282,6 +315,7 @@ class HGTParams(NamedTuple):
   k_w, q_w, v_w: [d_t, H*d_k]; k_b, q_b, v_b: [H*d_k]; a_w: [H*d_k, d_out]; a_b: [d_out].
   Per relation: w_att, w_msg: [R, H, d_k, d_k]; mu: [R, H]. skip: [T] (the gate's logit).
   """
+
   k_w: tuple
   k_b: tuple
   q_w: tuple
@@ -304,8 +338,16 @@ class HGTParams(NamedTuple):
     return self.w_att.shape[-1]
 
 
-def init_hgt(seed: int, *, in_features: Sequence[int], num_relations: int, head_features: int,
-             heads: int = 1, out_features: int | None = None, dtype=jnp.float32) -> HGTParams:
+def init_hgt(
+  seed: int,
+  *,
+  in_features: Sequence[int],
+  num_relations: int,
+  head_features: int,
+  heads: int = 1,
+  out_features: int | None = None,
+  dtype=jnp.float32,
+) -> HGTParams:
   """Glorot-uniform matrices, zero biases, mu = skip = 1 (PyG's start), drawn by NumPy from `seed`.
 
   `in_features[t]` is d_t; out_features defaults to H * head_features.
@@ -318,14 +360,19 @@ def init_hgt(seed: int, *, in_features: Sequence[int], num_relations: int, head_
   k_w, q_w, v_w = ([linear(d, f) for d in in_features] for _ in range(3))
   shape = (num_relations, heads, head_features, head_features)
   return HGTParams(
-      k_w=tuple(k_w), k_b=tuple(zeros(f) for _ in in_features),
-      q_w=tuple(q_w), q_b=tuple(zeros(f) for _ in in_features),
-      v_w=tuple(v_w), v_b=tuple(zeros(f) for _ in in_features),
-      a_w=tuple(linear(f, d_out) for _ in in_features),
-      a_b=tuple(zeros(d_out) for _ in in_features),
-      w_att=_uniform(rng, shape, head_features, head_features, dtype),
-      w_msg=_uniform(rng, shape, head_features, head_features, dtype),
-      mu=jnp.ones((num_relations, heads), dtype), skip=jnp.ones((len(in_features),), dtype))
+    k_w=tuple(k_w),
+    k_b=tuple(zeros(f) for _ in in_features),
+    q_w=tuple(q_w),
+    q_b=tuple(zeros(f) for _ in in_features),
+    v_w=tuple(v_w),
+    v_b=tuple(zeros(f) for _ in in_features),
+    a_w=tuple(linear(f, d_out) for _ in in_features),
+    a_b=tuple(zeros(d_out) for _ in in_features),
+    w_att=_uniform(rng, shape, head_features, head_features, dtype),
+    w_msg=_uniform(rng, shape, head_features, head_features, dtype),
+    mu=jnp.ones((num_relations, heads), dtype),
+    skip=jnp.ones((len(in_features),), dtype),
+  )
 
 
 def _linear(x, w, b, precision, acc):
@@ -335,11 +382,16 @@ def _linear(x, w, b, precision, acc):
 def _hgt_nodes(xs, params: HGTParams, precision, acc):
   """K, Q, V of every node, types concatenated in id order: [N, H, d_k] each."""
   h, d = params.heads, params.head_features
+
   def project(ws, bs):
     rows = [_linear(x, w, b, precision, acc) for x, w, b in zip(xs, ws, bs)]
     return jnp.concatenate(rows).reshape(-1, h, d)
-  return (project(params.k_w, params.k_b), project(params.q_w, params.q_b),
-          project(params.v_w, params.v_b))
+
+  return (
+    project(params.k_w, params.k_b),
+    project(params.q_w, params.q_b),
+    project(params.v_w, params.v_b),
+  )
 
 
 def hgt_projections(xs, params: HGTParams, *, precision=None):
@@ -368,7 +420,7 @@ def hgt_output(agg, xs, params: HGTParams, *, precision=None) -> list:
   dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
   outs, start = [], 0
   for t, x in enumerate(xs):
-    rows = jax.nn.gelu(agg[start:start + x.shape[0]], approximate=False).astype(dtype)
+    rows = jax.nn.gelu(agg[start : start + x.shape[0]], approximate=False).astype(dtype)
     start += x.shape[0]
     y = _linear(rows, params.a_w[t], params.a_b[t], precision, acc)
     if y.shape[-1] == x.shape[-1]:
@@ -389,8 +441,10 @@ def check_node_types(graph, xs) -> None:
     offsets = np.array([0, graph.num_nodes])
   rows = [int(np.shape(x)[0]) for x in xs]
   if len(rows) != len(offsets) - 1 or np.any(np.diff(offsets) != rows):
-    raise ValueError(f"HGT: feature rows {rows} do not match the graph's node types "
-                     f"{dict(zip(graph.node_type_names, np.diff(offsets).tolist()))}")
+    raise ValueError(
+      f"HGT: feature rows {rows} do not match the graph's node types "
+      f"{dict(zip(graph.node_type_names, np.diff(offsets).tolist()))}"
+    )
 
 
 def _check_types(xs, params: HGTParams):
@@ -405,9 +459,12 @@ def hgt_transform_all_then_gather(src, dst, etype, xs, params: HGTParams, *, pre
   _check_types(xs, params)
   dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
   k, q, v = _hgt_nodes(xs, params, precision, acc)
-  through = lambda a, w: jnp.einsum("nhd,rhdf->rnhf", a, w.astype(dtype),  # noqa: E731
-                                    precision=precision,
-                                    preferred_element_type=acc).astype(dtype)
+
+  def through(a, w):
+    return jnp.einsum(
+      "nhd,rhdf->rnhf", a, w.astype(dtype), precision=precision, preferred_element_type=acc
+    ).astype(dtype)
+
   k_e = through(k, params.w_att)[etype, src]
   m_e = through(v, params.w_msg)[etype, src]
   return _hgt_finish(k_e, q, m_e, etype, dst, xs, params, precision)
@@ -427,12 +484,17 @@ def hgt_ragged_dot(src, dst, etype, xs, params: HGTParams, *, precision=None):
 
   def through(a, w):  # a: [N, H, d_k], w: [R, H, d_k, d_k] -> [E, H, d_k]
     rows = a[src]
-    heads = [jax.lax.ragged_dot(rows[:, h], w[:, h].astype(dtype), sizes, precision=precision,
-                                preferred_element_type=acc) for h in range(w.shape[1])]
+    heads = [
+      jax.lax.ragged_dot(
+        rows[:, h], w[:, h].astype(dtype), sizes, precision=precision, preferred_element_type=acc
+      )
+      for h in range(w.shape[1])
+    ]
     return jnp.stack(heads, axis=1).astype(dtype)
 
-  return _hgt_finish(through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs,
-                     params, precision)
+  return _hgt_finish(
+    through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs, params, precision
+  )
 
 
 def hgt_per_edge_weights(src, dst, etype, xs, params: HGTParams, *, precision=None):
@@ -441,17 +503,18 @@ def hgt_per_edge_weights(src, dst, etype, xs, params: HGTParams, *, precision=No
   dtype, acc = xs[0].dtype, _acc(xs[0].dtype)
   k, q, v = _hgt_nodes(xs, params, precision, acc)
   through = lambda a, w: jnp.einsum(  # noqa: E731
-      "ehd,ehdf->ehf", a[src], w.astype(dtype)[etype], precision=precision,
-      preferred_element_type=acc).astype(dtype)
-  return _hgt_finish(through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs,
-                     params, precision)
+    "ehd,ehdf->ehf", a[src], w.astype(dtype)[etype], precision=precision, preferred_element_type=acc
+  ).astype(dtype)
+  return _hgt_finish(
+    through(k, params.w_att), q, through(v, params.w_msg), etype, dst, xs, params, precision
+  )
 
 
 #: name -> plain-JAX HGT formulation, in the benchmark's column order.
 HGT = {
-    "transform-all-then-gather": hgt_transform_all_then_gather,
-    "ragged_dot": hgt_ragged_dot,
-    "per-edge weights": hgt_per_edge_weights,
+  "transform-all-then-gather": hgt_transform_all_then_gather,
+  "ragged_dot": hgt_ragged_dot,
+  "per-edge weights": hgt_per_edge_weights,
 }
 
 
@@ -468,8 +531,10 @@ def _block_diagonal(matrix: np.ndarray, heads: int, what: str) -> np.ndarray:
   for h in range(heads):
     off[h, :, h] = 0
   if np.any(off != 0):
-    raise ValueError(f"RGATConv's {what} mixes heads (nonzero outside its head-diagonal "
-                     f"blocks); per-head attention vectors cannot express it")
+    raise ValueError(
+      f"RGATConv's {what} mixes heads (nonzero outside its head-diagonal "
+      f"blocks); per-head attention vectors cannot express it"
+    )
   return vectors
 
 
@@ -485,8 +550,11 @@ def rgat_params_from_pyg(conv) -> RGATParams:
   w, heads, r = get(conv.weight), conv.heads, conv.num_relations
   a_dst = _block_diagonal(get(conv.q), heads, "q")
   a_src = _block_diagonal(get(conv.k), heads, "k")
-  return RGATParams(w, np.broadcast_to(a_src, (r, *a_src.shape)).copy(),
-                    np.broadcast_to(a_dst, (r, *a_dst.shape)).copy())
+  return RGATParams(
+    w,
+    np.broadcast_to(a_src, (r, *a_src.shape)).copy(),
+    np.broadcast_to(a_dst, (r, *a_dst.shape)).copy(),
+  )
 
 
 def pyg_rgat_conv(params: RGATParams, *, device=None, dtype=None):
@@ -497,19 +565,30 @@ def pyg_rgat_conv(params: RGATParams, *, device=None, dtype=None):
   """
   import torch  # pylint: disable=g-import-not-at-top
   from torch_geometric.nn import RGATConv  # pylint: disable=g-import-not-at-top
+
   w, a_src, a_dst = (np.asarray(a, np.float64) for a in params)
   r, d_in, f = w.shape
   heads, d = a_src.shape[1:]
   if not (np.all(a_src == a_src[:1]) and np.all(a_dst == a_dst[:1])):
-    raise ValueError("pyg_rgat_conv: PyG shares attention vectors across relations; these "
-                     "differ between relations")
-  conv = RGATConv(d_in, d, num_relations=r, heads=heads, dim=1, concat=True, bias=False,
-                  attention_mode="additive-self-attention",
-                  attention_mechanism="across-relation", negative_slope=NEGATIVE_SLOPE)
+    raise ValueError(
+      "pyg_rgat_conv: PyG shares attention vectors across relations; these differ between relations"
+    )
+  conv = RGATConv(
+    d_in,
+    d,
+    num_relations=r,
+    heads=heads,
+    dim=1,
+    concat=True,
+    bias=False,
+    attention_mode="additive-self-attention",
+    attention_mechanism="across-relation",
+    negative_slope=NEGATIVE_SLOPE,
+  )
   q, k = np.zeros((f, heads)), np.zeros((f, heads))
   for h in range(heads):
-    q[h * d:(h + 1) * d, h] = a_dst[0, h]
-    k[h * d:(h + 1) * d, h] = a_src[0, h]
+    q[h * d : (h + 1) * d, h] = a_dst[0, h]
+    k[h * d : (h + 1) * d, h] = a_src[0, h]
   conv = conv.to(device=device or torch_device(), dtype=dtype or torch.float32)
   with torch.no_grad():
     for param, value in ((conv.weight, w), (conv.q, q), (conv.k, k)):
@@ -521,8 +600,9 @@ def _pyg_name(relation) -> str:
   return "__".join(relation)
 
 
-def hgt_params_from_pyg(conv, node_types: Sequence[str],
-                        relation_types: Sequence[tuple[str, str, str]]) -> HGTParams:
+def hgt_params_from_pyg(
+  conv, node_types: Sequence[str], relation_types: Sequence[tuple[str, str, str]]
+) -> HGTParams:
   """Our weights computing what `conv`, a PyG HGTConv, computes (float64 NumPy arrays).
 
   `node_types[t]` names our type t and `relation_types[r]` = (src type, name, dst type) our
@@ -536,8 +616,8 @@ def hgt_params_from_pyg(conv, node_types: Sequence[str],
     lin = conv.kqv_lin.lins[t]
     w, b = get(lin.weight).T, get(lin.bias)  # torch's Linear: x @ weight.T + bias
     for ws, bs, part in ((k_w, k_b, 0), (q_w, q_b, 1), (v_w, v_b, 2)):
-      ws.append(w[:, part * f:(part + 1) * f])
-      bs.append(b[part * f:(part + 1) * f])
+      ws.append(w[:, part * f : (part + 1) * f])
+      bs.append(b[part * f : (part + 1) * f])
     out = conv.out_lin.lins[t]
     a_w.append(get(out.weight).T)
     a_b.append(get(out.bias))
@@ -547,15 +627,34 @@ def hgt_params_from_pyg(conv, node_types: Sequence[str],
   per = lambda lin: get(lin.weight).reshape(heads, num, d, d)[:, index].swapaxes(0, 1)  # noqa
   mu = np.stack([get(conv.p_rel[_pyg_name(rel)])[0] for rel in relation_types])
   skip = np.concatenate([get(conv.skip[t]) for t in node_types])
-  return HGTParams(tuple(k_w), tuple(k_b), tuple(q_w), tuple(q_b), tuple(v_w), tuple(v_b),
-                   tuple(a_w), tuple(a_b), per(conv.k_rel), per(conv.v_rel), mu, skip)
+  return HGTParams(
+    tuple(k_w),
+    tuple(k_b),
+    tuple(q_w),
+    tuple(q_b),
+    tuple(v_w),
+    tuple(v_b),
+    tuple(a_w),
+    tuple(a_b),
+    per(conv.k_rel),
+    per(conv.v_rel),
+    mu,
+    skip,
+  )
 
 
-def pyg_hgt_conv(params: HGTParams, node_types: Sequence[str],
-                 relation_types: Sequence[tuple[str, str, str]], *, device=None, dtype=None):
+def pyg_hgt_conv(
+  params: HGTParams,
+  node_types: Sequence[str],
+  relation_types: Sequence[tuple[str, str, str]],
+  *,
+  device=None,
+  dtype=None,
+):
   """A PyG HGTConv holding our weights (needs d_out == H * d_k), metadata in our order."""
   import torch  # pylint: disable=g-import-not-at-top
   from torch_geometric.nn import HGTConv  # pylint: disable=g-import-not-at-top
+
   heads, d = params.heads, params.head_features
   f = heads * d
   if any(np.shape(w)[1] != f for w in params.a_w):
@@ -569,21 +668,28 @@ def pyg_hgt_conv(params: HGTParams, node_types: Sequence[str],
   with torch.no_grad():
     for t, name in enumerate(node_types):
       lin = conv.kqv_lin.lins[name]
-      lin.weight.copy_(arr(np.concatenate([params.k_w[t], params.q_w[t], params.v_w[t]],
-                                          axis=1).T))
+      lin.weight.copy_(arr(np.concatenate([params.k_w[t], params.q_w[t], params.v_w[t]], axis=1).T))
       lin.bias.copy_(arr(np.concatenate([params.k_b[t], params.q_b[t], params.v_b[t]])))
       conv.out_lin.lins[name].weight.copy_(arr(np.asarray(params.a_w[t]).T))
       conv.out_lin.lins[name].bias.copy_(arr(params.a_b[t]))
-      conv.skip[name].copy_(arr(np.asarray(params.skip)[t:t + 1]))
+      conv.skip[name].copy_(arr(np.asarray(params.skip)[t : t + 1]))
     for lin, w in ((conv.k_rel, params.w_att), (conv.v_rel, params.w_msg)):
       lin.weight.copy_(arr(np.asarray(w).swapaxes(0, 1).reshape(heads * num, d, d)))
     for r, rel in enumerate(relation_types):
-      conv.p_rel[_pyg_name(rel)].copy_(arr(np.asarray(params.mu)[r:r + 1]))
+      conv.p_rel[_pyg_name(rel)].copy_(arr(np.asarray(params.mu)[r : r + 1]))
   return conv
 
 
-def pyg_hetero_inputs(src, dst, etype, xs, node_types: Sequence[str],
-                      relation_types: Sequence[tuple[str, str, str]], *, device=None):
+def pyg_hetero_inputs(
+  src,
+  dst,
+  etype,
+  xs,
+  node_types: Sequence[str],
+  relation_types: Sequence[tuple[str, str, str]],
+  *,
+  device=None,
+):
   """(x_dict, edge_index_dict) for HGTConv from global ids; edge types in our relation order.
 
   Node type t owns ids [offsets[t], offsets[t+1]) with offsets from the row counts of xs; each
@@ -592,6 +698,7 @@ def pyg_hetero_inputs(src, dst, etype, xs, node_types: Sequence[str],
   build the conv with `relation_types` as its metadata (`pyg_hgt_conv` does) or reorder.
   """
   import torch  # pylint: disable=g-import-not-at-top
+
   device = device or torch_device()
   offsets = dict(zip(node_types, np.cumsum([0] + [len(x) for x in xs])))
   src, dst, etype = (np.asarray(a, np.int64) for a in (src, dst, etype))

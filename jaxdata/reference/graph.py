@@ -6,13 +6,15 @@ These are the NumPy versions they replaced, kept as the ground truth of tests (t
 be equal bit for bit) and as the "NumPy" column of `.ci/probe_graph_build.py`. They are simple
 and single-threaded; on a 64M-edge graph they take about a minute in all.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 
-def edge_key(src: np.ndarray, dst: np.ndarray, etype: np.ndarray, num_nodes: int,
-             num_relations: int) -> np.ndarray | None:
+def edge_key(
+  src: np.ndarray, dst: np.ndarray, etype: np.ndarray, num_nodes: int, num_relations: int
+) -> np.ndarray | None:
   """One int64 per edge that orders edges by (etype, dst, src), or None if it would overflow."""
   n = max(num_nodes, 1)
   if max(num_relations, 1) * n * n >= 2**63:
@@ -20,8 +22,9 @@ def edge_key(src: np.ndarray, dst: np.ndarray, etype: np.ndarray, num_nodes: int
   return (np.asarray(etype, np.int64) * n + dst) * n + src
 
 
-def sort_order(src: np.ndarray, dst: np.ndarray, etype: np.ndarray, num_nodes: int,
-               num_relations: int) -> np.ndarray:
+def sort_order(
+  src: np.ndarray, dst: np.ndarray, etype: np.ndarray, num_nodes: int, num_relations: int
+) -> np.ndarray:
   """The stable permutation that sorts edges by (etype, dst, src)."""
   key = edge_key(src, dst, etype, num_nodes, num_relations)
   if key is not None:  # one stable sort of one key instead of three
@@ -53,8 +56,9 @@ def mean_edge_norm(dst: np.ndarray, etype: np.ndarray) -> np.ndarray:
   """float32[E]: 1 / (edges of the same relation into the same node), edges sorted by
   (etype, dst): a run of equal (etype, dst) is one group."""
   e = len(dst)
-  starts = np.flatnonzero(np.concatenate(
-      [[e > 0], (etype[1:] != etype[:-1]) | (dst[1:] != dst[:-1])]))
+  starts = np.flatnonzero(
+    np.concatenate([[e > 0], (etype[1:] != etype[:-1]) | (dst[1:] != dst[:-1])])
+  )
   lengths = np.diff(np.append(starts, e))
   return np.repeat((1.0 / lengths).astype(np.float32), lengths)
 

@@ -27,23 +27,23 @@ by the functions that need it).
     >>> edges = EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r)
     >>> out = jax.jit(ragged_dot, static_argnums=4)(*edges, n, x, w)
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-
 # ------------------------------------------------------------------------------------------------
 # Graph arrays
 
 
-def mean_norm(dst: np.ndarray, etype: np.ndarray, num_nodes: int,
-              num_relations: int) -> np.ndarray:
+def mean_norm(dst: np.ndarray, etype: np.ndarray, num_nodes: int, num_relations: int) -> np.ndarray:
   """1 / (number of edges with the same destination and relation), per edge (float64)."""
   dst, etype = np.asarray(dst, np.int64), np.asarray(etype, np.int64)
   if dst.size == 0:
@@ -58,8 +58,9 @@ def checked_edges(src, dst, etype, num_nodes: int, num_relations: int):
   """(src, dst, etype) as int32 NumPy arrays; ValueError on ragged shapes or ids out of range."""
   src, dst, etype = (np.asarray(a).astype(np.int32) for a in (src, dst, etype))
   if not src.shape == dst.shape == etype.shape or src.ndim != 1:
-    raise ValueError(f"src, dst, etype must be 1-D and of one length, got {src.shape}, "
-                     f"{dst.shape}, {etype.shape}")
+    raise ValueError(
+      f"src, dst, etype must be 1-D and of one length, got {src.shape}, {dst.shape}, {etype.shape}"
+    )
   if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
     raise ValueError(f"src/dst must lie in [0, num_nodes={num_nodes})")
   if etype.size and (etype.min() < 0 or etype.max() >= num_relations):
@@ -69,14 +70,25 @@ def checked_edges(src, dst, etype, num_nodes: int, num_relations: int):
 
 class EdgeArrays(NamedTuple):
   """(src, dst, etype, norm) as device arrays, edges sorted by relation; a pytree."""
+
   src: jax.Array
   dst: jax.Array
   etype: jax.Array
   norm: jax.Array
 
   @classmethod
-  def build(cls, src, dst, etype, *, num_nodes: int, num_relations: int, norm=None,
-            dtype=np.float32, device=None) -> "EdgeArrays":
+  def build(
+    cls,
+    src,
+    dst,
+    etype,
+    *,
+    num_nodes: int,
+    num_relations: int,
+    norm=None,
+    dtype=np.float32,
+    device=None,
+  ) -> EdgeArrays:
     """Sorts by relation (stable), computes the per-relation mean norm unless given."""
     src, dst, etype = checked_edges(src, dst, etype, num_nodes, num_relations)
     if norm is None:
@@ -84,8 +96,7 @@ class EdgeArrays(NamedTuple):
     norm = np.asarray(norm)
     order = np.argsort(etype, kind="stable")
     put = functools.partial(jax.device_put, device=device)
-    return cls(put(src[order]), put(dst[order]), put(etype[order]),
-               put(norm[order].astype(dtype)))
+    return cls(put(src[order]), put(dst[order]), put(etype[order]), put(norm[order].astype(dtype)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -93,8 +104,9 @@ class EdgeArrays(NamedTuple):
 
 
 def _scatter(messages: jax.Array, norm: jax.Array, dst: jax.Array, num_nodes: int) -> jax.Array:
-  return jax.ops.segment_sum(messages * norm[:, None].astype(messages.dtype), dst,
-                             num_segments=num_nodes)
+  return jax.ops.segment_sum(
+    messages * norm[:, None].astype(messages.dtype), dst, num_segments=num_nodes
+  )
 
 
 def _needs_features(name: str, x) -> None:
@@ -134,8 +146,20 @@ def featureless(src, dst, etype, norm, num_nodes: int, x, w, *, precision=None):
   return _scatter(w[etype, src], norm, dst, num_nodes)
 
 
-def full_layer(message: Callable[..., jax.Array], src, dst, etype, norm, num_nodes: int, x, w,
-               w_self, bias, *, precision=None):
+def full_layer(
+  message: Callable[..., jax.Array],
+  src,
+  dst,
+  etype,
+  norm,
+  num_nodes: int,
+  x,
+  w,
+  w_self,
+  bias,
+  *,
+  precision=None,
+):
   """The whole RGCN layer: relational message + self loop (x @ W_self; W_self if no x) + bias."""
   out = message(src, dst, etype, norm, num_nodes, x, w, precision=precision)
   loop = w_self if x is None else jnp.dot(x, w_self, precision=precision)
@@ -144,9 +168,9 @@ def full_layer(message: Callable[..., jax.Array], src, dst, etype, norm, num_nod
 
 #: name -> plain-JAX formulation with node features, in the benchmark's column order.
 PLAIN_JAX = {
-    "transform-all-then-gather": transform_all_then_gather,
-    "ragged_dot": ragged_dot,
-    "per-edge weights": per_edge_weights,
+  "transform-all-then-gather": transform_all_then_gather,
+  "ragged_dot": ragged_dot,
+  "per-edge weights": per_edge_weights,
 }
 
 
@@ -172,6 +196,7 @@ def pyg_per_relation_mean():
   `message`): another layer. Switching it off keeps PyG computing the RGCN of the paper.
   """
   import torch_geometric.backend  # pylint: disable=g-import-not-at-top
+
   saved = torch_geometric.backend.use_segment_matmul
   torch_geometric.backend.use_segment_matmul = False
   try:
@@ -183,11 +208,19 @@ def pyg_per_relation_mean():
 def torch_device():
   """CUDA when torch sees a GPU, else the CPU."""
   import torch  # pylint: disable=g-import-not-at-top
+
   return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pyg_conv(w: np.ndarray, *, w_self: np.ndarray | None = None, bias: np.ndarray | None = None,
-             device=None, dtype=None, fast: bool = False):
+def pyg_conv(
+  w: np.ndarray,
+  *,
+  w_self: np.ndarray | None = None,
+  bias: np.ndarray | None = None,
+  device=None,
+  dtype=None,
+  fast: bool = False,
+):
   """RGCNConv(aggr="mean") holding the given weights; root/bias only when given.
 
   `w` is [R, d_in, d_out], or [R, N, d_out] for the featureless layer (then in_channels = N).
@@ -196,11 +229,19 @@ def pyg_conv(w: np.ndarray, *, w_self: np.ndarray | None = None, bias: np.ndarra
   """
   import torch  # pylint: disable=g-import-not-at-top
   from torch_geometric.nn import FastRGCNConv, RGCNConv  # pylint: disable=g-import-not-at-top
+
   w = np.asarray(w)
   num_relations, d_in, d_out = w.shape
   dtype = dtype or getattr(torch, np.dtype(w.dtype).name)
-  conv = (FastRGCNConv if fast else RGCNConv)(d_in, d_out, num_relations=num_relations, aggr="mean",
-                  root_weight=w_self is not None, bias=bias is not None, is_sorted=False)
+  conv = (FastRGCNConv if fast else RGCNConv)(
+    d_in,
+    d_out,
+    num_relations=num_relations,
+    aggr="mean",
+    root_weight=w_self is not None,
+    bias=bias is not None,
+    is_sorted=False,
+  )
   conv = conv.to(device=device or torch_device(), dtype=dtype)
   with torch.no_grad():
     conv.weight.copy_(torch.from_numpy(w))
@@ -214,6 +255,7 @@ def pyg_conv(w: np.ndarray, *, w_self: np.ndarray | None = None, bias: np.ndarra
 def pyg_graph(src, dst, etype, device=None):
   """(edge_index = [src; dst], edge_type) as int64 torch tensors."""
   import torch  # pylint: disable=g-import-not-at-top
+
   device = device or torch_device()
   edge_index = torch.from_numpy(np.stack([np.asarray(src), np.asarray(dst)]).astype(np.int64))
   edge_type = torch.from_numpy(np.asarray(etype).astype(np.int64))
@@ -224,12 +266,12 @@ def pyg_forward(conv, x, edge_index, edge_type):
   """conv(x) for inference: under `torch.inference_mode()` (no autograd graph, nothing saved for a
   backward pass), RGCNConv kept on its per-relation loop. Put `conv` in eval mode first."""
   import torch  # pylint: disable=g-import-not-at-top
+
   with torch.inference_mode(), pyg_per_relation_mean():
     return conv(x, edge_index, edge_type)
 
 
-def pyg_fast_bytes(num_edges: int, d_in: int, d_out: int, *, train: bool,
-                   itemsize: int = 4) -> int:
+def pyg_fast_bytes(num_edges: int, d_in: int, d_out: int, *, train: bool, itemsize: int = 4) -> int:
   """A lower bound on FastRGCNConv's memory: its per-edge W[etype], [E, d_in, d_out]; training
   also builds that tensor's gradient (and autograd keeps the gather's index), counted twice more.
   Used only on the CPU, where torch keeps no peak and the kernel's OOM killer does not raise."""

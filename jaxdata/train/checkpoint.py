@@ -20,6 +20,7 @@ training starts. The meta records a checksum of every array (Orbax and TensorSto
 index, not the arrays' bytes), so a damaged array file is an error naming the array, never a
 model that quietly differs from the one saved.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,22 +38,34 @@ import shutil
 import sys
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 FORMAT = 1
 #: kind -> the training module that builds and evaluates it (each defines `restore`).
-KINDS = {"rgcn": "jaxdata.train.rgcn", "rgat": "jaxdata.train.attention",
-         "hgt": "jaxdata.train.attention", "rgcn-mag": "jaxdata.train.attention", "sage": "jaxdata.train.sage",
-         "gpt": "jaxdata.train.gpt"}
+KINDS = {
+  "rgcn": "jaxdata.train.rgcn",
+  "rgat": "jaxdata.train.attention",
+  "hgt": "jaxdata.train.attention",
+  "rgcn-mag": "jaxdata.train.attention",
+  "sage": "jaxdata.train.sage",
+  "gpt": "jaxdata.train.gpt",
+}
 #: What a checkpoint folder holds: its items, Orbax's markers and history.json. `save` replaces
 #: the whole folder, so one holding anything else is refused rather than wiped.
 OWNED = frozenset({"meta", "state", "history.json", "_CHECKPOINT_METADATA", "commit_success.txt"})
 #: The entries of `meta` that `load_model` needs, and their JSON types.
-META_FIELDS = {"kind": str, "step": int, "config": dict, "data": dict, "metrics": dict,
-               "history": list}
+META_FIELDS = {
+  "kind": str,
+  "step": int,
+  "config": dict,
+  "data": dict,
+  "metrics": dict,
+  "history": list,
+}
 _JSON_TYPES = {str: "string", int: "integer", dict: "object", list: "array"}
 
 
@@ -65,6 +78,7 @@ class Loaded:
   (rgat, hgt, rgcn-mag) for every paper, `predict(tokens)` next-token logits (gpt),
   `predict(nodes)` predicted classes from sampled neighbourhoods (sage).
   """
+
   kind: str
   model: Any
   meta: dict
@@ -81,6 +95,7 @@ class Loaded:
 
 def _checkpointer():
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
   return ocp, ocp.Checkpointer(ocp.CompositeCheckpointHandler())
 
 
@@ -112,8 +127,9 @@ def check_out(path: str | os.PathLike) -> str:
   full = os.path.abspath(text)
   parent, name = os.path.split(full)
   if os.path.islink(full):
-    raise ValueError(f"{text!r} is a symbolic link (to {os.readlink(full)!r}): give the folder "
-                     f"itself")
+    raise ValueError(
+      f"{text!r} is a symbolic link (to {os.readlink(full)!r}): give the folder itself"
+    )
   if not name:
     raise ValueError(f"{text!r} names no folder")
   if not os.path.isdir(parent):
@@ -125,15 +141,20 @@ def check_out(path: str | os.PathLike) -> str:
       raise ValueError(f"{text!r} exists and is not a folder")
     entries = set(os.listdir(full))
     if entries and not {"meta", "state"} <= entries:
-      raise ValueError(f"{text!r} exists and is not a checkpoint folder: choose a new or empty "
-                       f"folder")
+      raise ValueError(
+        f"{text!r} exists and is not a checkpoint folder: choose a new or empty folder"
+      )
     if entries - OWNED:
-      raise ValueError(f"{text!r} is a checkpoint that also holds {', '.join(sorted(entries - OWNED))}"
-                       f": saving replaces the whole folder, so move them out or choose another "
-                       f"folder")
+      raise ValueError(
+        f"{text!r} is a checkpoint that also holds {', '.join(sorted(entries - OWNED))}"
+        f": saving replaces the whole folder, so move them out or choose another "
+        f"folder"
+      )
     if entries and not _has_jaxdata_meta(full):
-      raise ValueError(f"{text!r} exists and holds 'meta' and 'state' folders but no jaxdata "
-                       f"checkpoint's meta/metadata: not replaced; choose a new or empty folder")
+      raise ValueError(
+        f"{text!r} exists and holds 'meta' and 'state' folders but no jaxdata "
+        f"checkpoint's meta/metadata: not replaced; choose a new or empty folder"
+      )
   return full
 
 
@@ -172,8 +193,11 @@ def _clear_leftovers(path: str) -> None:
     os.rename(old, path)
   parent, base = os.path.split(new)
   for entry in os.listdir(parent):
-    if entry == base or entry.startswith(base + ".orbax-checkpoint-tmp") or entry == (
-        os.path.basename(old)):
+    if (
+      entry == base
+      or entry.startswith(base + ".orbax-checkpoint-tmp")
+      or entry == (os.path.basename(old))
+    ):
       shutil.rmtree(os.path.join(parent, entry))
 
 
@@ -208,9 +232,19 @@ def _put_in_place(new: str, path: str) -> None:
   shutil.rmtree(replaced)
 
 
-def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: dict,
-         step: int, history: list[dict] = (), metrics: dict | None = None,
-         optimizer_state: Any = None, metrics_note: str = "") -> str:
+def save(
+  path: str | os.PathLike,
+  *,
+  kind: str,
+  params: Any,
+  config: Any,
+  data: dict,
+  step: int,
+  history: list[dict] = (),
+  metrics: dict | None = None,
+  optimizer_state: Any = None,
+  metrics_note: str = "",
+) -> str:
   """Writes a checkpoint folder at `path` (replacing one there); returns its absolute path.
 
   The new checkpoint is written beside `path` and swapped in whole: a save that fails or is
@@ -236,6 +270,7 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
   if kind not in KINDS:
     raise ValueError(f"checkpoint.save: kind must be one of {sorted(KINDS)}, got {kind!r}")
   import jaxdata  # pylint: disable=g-import-not-at-top
+
   path = os.path.abspath(os.fspath(path))
   # Process 0 checks and writes (the others could look while it does); the CLI checked --out
   # in every process before training.
@@ -249,13 +284,27 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
   state = {"params": jax.device_get(params)}
   if optimizer_state is not None:
     state["optimizer"] = jax.device_get(optimizer_state)
-  meta = _jsonable(dict(format=FORMAT, kind=kind, jaxdata=jaxdata.__version__, step=int(step),
-                        config=config, data=data, metrics=metrics or {},
-                        has_optimizer=optimizer_state is not None, history=list(history),
-                        digests=_digests(state), metrics_note=str(metrics_note)))
+  meta = _jsonable(
+    dict(
+      format=FORMAT,
+      kind=kind,
+      jaxdata=jaxdata.__version__,
+      step=int(step),
+      config=config,
+      data=data,
+      metrics=metrics or {},
+      has_optimizer=optimizer_state is not None,
+      history=list(history),
+      digests=_digests(state),
+      metrics_note=str(metrics_note),
+    )
+  )
   ocp, checkpointer = _checkpointer()
-  checkpointer.save(new, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                 meta=ocp.args.JsonSave(meta)), force=True)
+  checkpointer.save(
+    new,
+    args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+    force=True,
+  )
   if jax.process_index() == 0:  # in a multi-process job every process calls save; one writes
     with open(os.path.join(new, "history.json"), "w") as f:
       json.dump(meta["history"], f, indent=1)
@@ -267,11 +316,13 @@ def save(path: str | os.PathLike, *, kind: str, params: Any, config: Any, data: 
 
 def _path_keys(path) -> tuple[str, ...]:
   """A key path's keys as strings, as Orbax saves them."""
+
   def key(entry):
     for attr in ("key", "idx", "name"):
       if hasattr(entry, attr):
         return str(getattr(entry, attr))
     return str(entry)
+
   return tuple(key(k) for k in path)
 
 
@@ -282,7 +333,9 @@ def _digests(state: dict) -> dict[str, str]:
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     a = np.ascontiguousarray(np.asarray(leaf))
-    out["/".join(_path_keys(path))] = f"{a.dtype}:{hashlib.sha256(a.view(np.uint8).reshape(-1)).hexdigest()[:16]}"
+    out["/".join(_path_keys(path))] = (
+      f"{a.dtype}:{hashlib.sha256(a.view(np.uint8).reshape(-1)).hexdigest()[:16]}"
+    )
   return out
 
 
@@ -295,9 +348,11 @@ def _check_digests(where: str, restored: dict, digests: Any) -> None:
   for name, digest in _digests(restored).items():
     saved = digests.get(name)
     if isinstance(saved, str) and saved.split(":")[0] == digest.split(":")[0] and saved != digest:
-      raise ValueError(f"load_model: {where}: the saved array {name} is damaged (its bytes differ "
-                       f"from those saved: checksum {digest.split(':')[1]}, saved "
-                       f"{saved.split(':')[-1]})")
+      raise ValueError(
+        f"load_model: {where}: the saved array {name} is damaged (its bytes differ "
+        f"from those saved: checksum {digest.split(':')[1]}, saved "
+        f"{saved.split(':')[-1]})"
+      )
 
 
 def _first_line(e: BaseException) -> str:
@@ -311,27 +366,39 @@ def read_meta(path: str | os.PathLike) -> dict:
   if not os.path.isdir(path):
     raise FileNotFoundError(f"load_model: no checkpoint folder at {path}")
   if not os.path.isdir(os.path.join(path, "meta")) or not os.path.isdir(
-      os.path.join(path, "state")):
-    raise ValueError(f"load_model: {path} is not a jaxdata checkpoint (no 'meta' and 'state' "
-                     f"items); `jaxdata train ... --out DIR` writes one")
+    os.path.join(path, "state")
+  ):
+    raise ValueError(
+      f"load_model: {path} is not a jaxdata checkpoint (no 'meta' and 'state' "
+      f"items); `jaxdata train ... --out DIR` writes one"
+    )
   where = os.path.join(path, "meta", "metadata")
   ocp, checkpointer = _checkpointer()
   try:
     meta = checkpointer.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
   except Exception as e:  # noqa: BLE001 - Orbax raises many kinds; the user needs one sentence
-    raise ValueError(f"load_model: {where}: the checkpoint's metadata cannot be read "
-                     f"({_first_line(e)})") from e
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(
-      meta.get("kind"), str) or meta["kind"] not in KINDS:
-    raise ValueError(f"load_model: {where}: a checkpoint of an unknown format or kind "
-                     f"(format {meta.get('format') if isinstance(meta, dict) else None!r}, kind "
-                     f"{meta.get('kind') if isinstance(meta, dict) else None!r}); this jaxdata "
-                     f"reads format {FORMAT} of kinds {sorted(KINDS)}")
+    raise ValueError(
+      f"load_model: {where}: the checkpoint's metadata cannot be read ({_first_line(e)})"
+    ) from e
+  if (
+    not isinstance(meta, dict)
+    or meta.get("format") != FORMAT
+    or not isinstance(meta.get("kind"), str)
+    or meta["kind"] not in KINDS
+  ):
+    raise ValueError(
+      f"load_model: {where}: a checkpoint of an unknown format or kind "
+      f"(format {meta.get('format') if isinstance(meta, dict) else None!r}, kind "
+      f"{meta.get('kind') if isinstance(meta, dict) else None!r}); this jaxdata "
+      f"reads format {FORMAT} of kinds {sorted(KINDS)}"
+    )
   for name, kind in META_FIELDS.items():
     if not isinstance(meta.get(name), kind) or isinstance(meta.get(name), bool):
-      raise ValueError(f"load_model: {where}: the checkpoint's metadata has no {name!r} (a JSON "
-                       f"{ {str: 'string', int: 'integer', dict: 'object', list: 'array'}[kind]}"
-                       f"), found {meta.get(name)!r:.60}")
+      raise ValueError(
+        f"load_model: {where}: the checkpoint's metadata has no {name!r} (a JSON "
+        f"{ {str: 'string', int: 'integer', dict: 'object', list: 'array'}[kind] }"
+        f"), found {meta.get(name)!r:.60}"
+      )
   if not all(isinstance(v, (int, float)) or v is None for v in meta["metrics"].values()):
     raise ValueError(f"load_model: {where}: the checkpoint's metrics are not all numbers")
   return meta
@@ -389,8 +456,7 @@ def config_from(cls: type, saved: Any, *, newer: tuple[str, ...] = ()) -> Any:
   missing = [n for n in fields if n not in saved and n not in newer]
   if missing:
     raise ValueError(f"the configuration lacks {missing} (every {cls.__name__} field is saved)")
-  return cls(**{n: json_value(v, hints[n], f"the configuration's {n!r}")
-                for n, v in saved.items()})
+  return cls(**{n: json_value(v, hints[n], f"the configuration's {n!r}") for n, v in saved.items()})
 
 
 def check_entries(data: Any, spec: dict[str, type], what: str) -> dict:
@@ -399,8 +465,9 @@ def check_entries(data: Any, spec: dict[str, type], what: str) -> dict:
   ValueError naming the entry otherwise (`what`: the description, for the message)."""
   if not isinstance(data, dict) or set(data) != set(spec):
     found = sorted(data) if isinstance(data, dict) else type(data).__name__
-    raise ValueError(f"the data description of {what} must have the entries {sorted(spec)}, "
-                     f"found {found}")
+    raise ValueError(
+      f"the data description of {what} must have the entries {sorted(spec)}, found {found}"
+    )
   return {n: json_value(data[n], t, f"the data description's {n!r}") for n, t in spec.items()}
 
 
@@ -411,8 +478,10 @@ class DataOverrideError(ValueError):
 
 def _leaves(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
   """A pytree's leaves by key path (keys as strings, as Orbax saves them) -> shape."""
-  return {_path_keys(p): tuple(np.shape(leaf))
-          for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    _path_keys(p): tuple(np.shape(leaf))
+    for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 class _ClosedLoopTolerant(asyncio.DefaultEventLoopPolicy):
@@ -432,6 +501,7 @@ class _ClosedLoopTolerant(asyncio.DefaultEventLoopPolicy):
           if not loop.is_closed():
             raise
       return None
+
     loop.call_soon_threadsafe = tolerant
     loop.set_exception_handler(lambda loop, context: None)  # "never retrieved": ours, reported
     return loop
@@ -469,26 +539,34 @@ def restore_state(path: str | os.PathLike, target: dict, digests: Any = None) ->
   where = os.path.join(path, "state")
   ocp, checkpointer = _checkpointer()
   from etils import epath  # pylint: disable=g-import-not-at-top  (Orbax's paths)
+
   try:
     with _tolerant_loops():
       saved = _leaves(ocp.StandardCheckpointHandler().metadata(epath.Path(where)).tree)
   except Exception as e:  # noqa: BLE001
-    raise ValueError(f"load_model: {where}: the saved arrays' description cannot be read, a file "
-                     f"is missing or damaged ({_first_line(e)})") from e
+    raise ValueError(
+      f"load_model: {where}: the saved arrays' description cannot be read, a file "
+      f"is missing or damaged ({_first_line(e)})"
+    ) from e
   wanted = _leaves(target)
   differ = sorted(k for k in saved.keys() | wanted.keys() if saved.get(k) != wanted.get(k))
   if differ:
     k = differ[0]
-    raise ValueError(f"load_model: {path}: the saved arrays do not fit the model its "
-                     f"configuration builds ({len(differ)} differ; {'/'.join(k)}: saved "
-                     f"{saved.get(k, 'none')}, the model's {wanted.get(k, 'none')})")
+    raise ValueError(
+      f"load_model: {path}: the saved arrays do not fit the model its "
+      f"configuration builds ({len(differ)} differ; {'/'.join(k)}: saved "
+      f"{saved.get(k, 'none')}, the model's {wanted.get(k, 'none')})"
+    )
   try:
     with _tolerant_loops():
-      restored = checkpointer.restore(path, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target)))["state"]
+      restored = checkpointer.restore(
+        path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+      )["state"]
   except Exception as e:  # noqa: BLE001
-    raise ValueError(f"load_model: {where}: the saved arrays cannot be read, a file is missing "
-                     f"or damaged ({_first_line(e)[:300]})") from e
+    raise ValueError(
+      f"load_model: {where}: the saved arrays cannot be read, a file is missing "
+      f"or damaged ({_first_line(e)[:300]})"
+    ) from e
   _check_digests(where, restored, digests)
   return restored
 
@@ -498,6 +576,7 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
   it) in place into freshly built ones of the same configuration; returns whether the optimizer
   state was restored."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
+
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
   if optimizer is not None and meta.get("has_optimizer"):
@@ -515,9 +594,14 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
 def save_nnx(path: str | os.PathLike, *, kind: str, model, optimizer=None, **rest: Any) -> str:
   """`save` for an NNX model and its `nnx.Optimizer` (`rest`: save's other arguments)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  return save(path, kind=kind, params=nnx.to_pure_dict(nnx.state(model, nnx.Param)),
-              optimizer_state=None if optimizer is None else nnx.to_pure_dict(nnx.state(optimizer)),
-              **rest)
+
+  return save(
+    path,
+    kind=kind,
+    params=nnx.to_pure_dict(nnx.state(model, nnx.Param)),
+    optimizer_state=None if optimizer is None else nnx.to_pure_dict(nnx.state(optimizer)),
+    **rest,
+  )
 
 
 def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
@@ -534,9 +618,10 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   unknown = sorted(set(data_overrides) - set(meta["data"]))
   if unknown:
     raise DataOverrideError(
-        f"load_model: {os.path.join(os.path.abspath(path), 'meta', 'metadata')}: its data "
-        f"description has no {unknown} to replace: this checkpoint's data "
-        f"({meta['data'].get('source', 'synthetic')}) is generated again from its description")
+      f"load_model: {os.path.join(os.path.abspath(path), 'meta', 'metadata')}: its data "
+      f"description has no {unknown} to replace: this checkpoint's data "
+      f"({meta['data'].get('source', 'synthetic')}) is generated again from its description"
+    )
   meta["data"] = {**meta["data"], **data_overrides}
   module = importlib.import_module(KINDS[meta["kind"]])
   path = os.path.abspath(os.fspath(path))
@@ -546,9 +631,15 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
     if isinstance(e, ValueError) and str(e).startswith("load_model:"):
       raise  # already one line naming the file
     import jaxdata  # pylint: disable=g-import-not-at-top
+
     saved_by = meta.get("jaxdata")
-    other = (f"; it was saved by jaxdata {saved_by}, this is {jaxdata.__version__}"
-             if saved_by != jaxdata.__version__ else "")
-    raise ValueError(f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
-                     f"or data description does not build a {meta['kind']} model "
-                     f"({_first_line(e)}{other})") from e
+    other = (
+      f"; it was saved by jaxdata {saved_by}, this is {jaxdata.__version__}"
+      if saved_by != jaxdata.__version__
+      else ""
+    )
+    raise ValueError(
+      f"load_model: {os.path.join(path, 'meta', 'metadata')}: the configuration "
+      f"or data description does not build a {meta['kind']} model "
+      f"({_first_line(e)}{other})"
+    ) from e

@@ -1,10 +1,11 @@
 """What every trainer shares: its result, accuracy, and the progress display of a run.
 
-    result = train(...)                  # any of jaxdata.train.{rgcn,attention,sage,gpt}
-    result.model, result.history         # the trained model; one record per epoch or logged step
-    result.metrics                       # what training measured at its end (test accuracy, ...)
-    result.test_accuracy                 # = result.metrics["test_accuracy"], where measured
+result = train(...)                  # any of jaxdata.train.{rgcn,attention,sage,gpt}
+result.model, result.history         # the trained model; one record per epoch or logged step
+result.metrics                       # what training measured at its end (test accuracy, ...)
+result.test_accuracy                 # = result.metrics["test_accuracy"], where measured
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,14 +16,16 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.flatten_util import ravel_pytree
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
 from jaxdata.host import sparse
@@ -33,12 +36,13 @@ from jaxdata.train import checkpoint
 class TrainResult:
   """A finished run: the model, its history, what it measured at the end, and the optimizer
   state (an `nnx.Optimizer`, or an optax state) that a checkpoint saves to resume from."""
+
   model: Any
-  history: list[dict]               # per epoch (or logged step): loss, accuracies, seconds, ...
-  metrics: dict[str, Any]           # measured at the end: test/val accuracy, held-out loss, ...
-  seconds: float = 0.0              # the run's wall time
-  optimizer: Any = None             # nnx.Optimizer or optax state
-  plan: Any = None                  # gpt: the per-layer remat plan it trained under
+  history: list[dict]  # per epoch (or logged step): loss, accuracies, seconds, ...
+  metrics: dict[str, Any]  # measured at the end: test/val accuracy, held-out loss, ...
+  seconds: float = 0.0  # the run's wall time
+  optimizer: Any = None  # nnx.Optimizer or optax state
+  plan: Any = None  # gpt: the per-layer remat plan it trained under
   tables: dict[str, Any] | None = None  # host tables trained in place (sage: "embedding")
   #: how `metrics` were measured where that is not on the whole evaluation set (said with them,
   #: and saved: `jaxdata eval` measures the whole graph), else ""
@@ -58,16 +62,19 @@ class LossNotFinite(FloatingPointError):
   stops there, and the command saves nothing (`jaxdata.cli` prints one line, exit code 1)."""
 
 
-def add_record(history: list[dict], record: dict,
-               report: Callable[[dict], None] | None = None) -> None:
+def add_record(
+  history: list[dict], record: dict, report: Callable[[dict], None] | None = None
+) -> None:
   """Appends a run's `record` (an epoch's, or a logged window of steps') to `history` and passes
   it to `report`; LossNotFinite instead where its loss (or held-out loss, "val_loss") is NaN or
   infinite, so that a diverged run stops rather than train on and save NaN weights."""
   for key, what in (("loss", "training loss"), ("val_loss", "held-out loss")):
     if not math.isfinite(record.get(key, 0.0)):
       where = f"epoch {record['epoch']}" if "epoch" in record else f"step {record['step']}"
-      raise LossNotFinite(f"the {what} became {record[key]} at {where}: the run stopped and "
-                          "saved nothing (a smaller learning rate may help)")
+      raise LossNotFinite(
+        f"the {what} became {record[key]} at {where}: the run stopped and "
+        "saved nothing (a smaller learning rate may help)"
+      )
   history.append(record)
   if report is not None:
     report(record)
@@ -78,8 +85,9 @@ def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return jnp.mean(jnp.argmax(logits, -1) == labels)
 
 
-def seed_batches(ids: np.ndarray, size: int, rng: np.random.Generator | None = None,
-                 limit: int | None = None) -> np.ndarray:
+def seed_batches(
+  ids: np.ndarray, size: int, rng: np.random.Generator | None = None, limit: int | None = None
+) -> np.ndarray:
   """int32[num_batches, size]: `ids` (shuffled if `rng`) in batches, the last padded with -1;
   at most `limit` batches."""
   order = rng.permutation(ids) if rng is not None else np.asarray(ids)
@@ -142,10 +150,11 @@ class DeviceBudgetError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MinibatchConfig:
-  """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the
-  model: the trainer checks the count), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of the
-  tables trained in host memory (`table_optimizer`; learning rate: the model's), and
+  """How a relational trainer draws its batches: `fanouts` per hop (one per layer of the model: the
+  trainer checks the count), `batch_size` seeds per step, the `pipeline`, the sparse optimizer of
+  the tables trained in host memory (`table_optimizer`; learning rate: the model's), and
   `max_batches` to cut epochs short (benchmarks). Each trainer subclasses it."""
+
   fanouts: tuple[int, ...] = (10, 10)
   batch_size: int = 256
   pipeline: str = "host"
@@ -154,40 +163,57 @@ class MinibatchConfig:
 
   def __post_init__(self):
     if self.pipeline not in PIPELINES:
-      raise ValueError(f"MinibatchConfig: pipeline must be one of {PIPELINES}, got "
-                       f"{self.pipeline!r}")
+      raise ValueError(
+        f"MinibatchConfig: pipeline must be one of {PIPELINES}, got {self.pipeline!r}"
+      )
     if not self.fanouts or any(int(f) < 1 for f in self.fanouts):
-      raise ValueError(f"MinibatchConfig: fanouts must be positive ints (one per layer), got "
-                       f"{self.fanouts}")
+      raise ValueError(
+        f"MinibatchConfig: fanouts must be positive ints (one per layer), got {self.fanouts}"
+      )
     if self.batch_size < 1:
       raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
     if self.table_optimizer not in sparse.BY_NAME:
-      raise ValueError(f"MinibatchConfig: table_optimizer must be one of "
-                       f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}")
+      raise ValueError(
+        f"MinibatchConfig: table_optimizer must be one of "
+        f"{tuple(sparse.BY_NAME)}, got {self.table_optimizer!r}"
+      )
 
 
 #: The options of `add_minibatch_arguments` and their defaults (but --batch-size's: per trainer).
 MINIBATCH_DEFAULTS = {"fanouts": None, "pipeline": "host", "table_optimizer": "adam"}
 
 
-def add_minibatch_arguments(parser, *, batch_size: int, seeds: str, tables: str,
-                            pipeline: str = "graph and features") -> None:
+def add_minibatch_arguments(
+  parser, *, batch_size: int, seeds: str, tables: str, pipeline: str = "graph and features"
+) -> None:
   """The `--fanouts`, `--batch-size`, `--pipeline` and `--table-optimizer` options of a
   relational trainer's `--minibatch` (`seeds`: what a seed is; `tables`: what the sparse
   optimizer trains)."""
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int),
-                      default=MINIBATCH_DEFAULTS["fanouts"],
-                      help="--minibatch: in-edges sampled per node and hop, one per layer "
-                           "(default: 10 per layer)")
-  parser.add_argument("--batch-size", type=command.positive_int, default=batch_size,
-                      help=f"--minibatch: seed {seeds} per step")
-  parser.add_argument("--pipeline", choices=PIPELINES, default=MINIBATCH_DEFAULTS["pipeline"],
-                      help=f"--minibatch: {pipeline} in pinned host memory (GPU-centric) or in "
-                           "device memory")
-  parser.add_argument("--table-optimizer", choices=tuple(sparse.BY_NAME),
-                      default=MINIBATCH_DEFAULTS["table_optimizer"],
-                      help=f"--minibatch: the sparse optimizer of {tables} (lazy Adam by "
-                           "default; the learning rate is --lr)")
+  parser.add_argument(
+    "--fanouts",
+    type=command.listing(command.positive_int),
+    default=MINIBATCH_DEFAULTS["fanouts"],
+    help="--minibatch: in-edges sampled per node and hop, one per layer (default: 10 per layer)",
+  )
+  parser.add_argument(
+    "--batch-size",
+    type=command.positive_int,
+    default=batch_size,
+    help=f"--minibatch: seed {seeds} per step",
+  )
+  parser.add_argument(
+    "--pipeline",
+    choices=PIPELINES,
+    default=MINIBATCH_DEFAULTS["pipeline"],
+    help=f"--minibatch: {pipeline} in pinned host memory (GPU-centric) or in device memory",
+  )
+  parser.add_argument(
+    "--table-optimizer",
+    choices=tuple(sparse.BY_NAME),
+    default=MINIBATCH_DEFAULTS["table_optimizer"],
+    help=f"--minibatch: the sparse optimizer of {tables} (lazy Adam by "
+    "default; the learning rate is --lr)",
+  )
 
 
 def refuse_without_minibatch(args, defaults: dict) -> None:
@@ -197,8 +223,10 @@ def refuse_without_minibatch(args, defaults: dict) -> None:
     return
   for name, default in defaults.items():
     if getattr(args, name) != default:
-      raise command.UsageError(f"argument --{name.replace('_', '-')}: only with --minibatch "
-                               f"(full-graph training has no use for it)")
+      raise command.UsageError(
+        f"argument --{name.replace('_', '-')}: only with --minibatch "
+        f"(full-graph training has no use for it)"
+      )
 
 
 def check_fanouts(fanouts, batch_size: int) -> None:
@@ -206,9 +234,11 @@ def check_fanouts(fanouts, batch_size: int) -> None:
   times every fanout) than int32 indices can number."""
   slots = batch_size * math.prod(fanouts)
   if slots >= 2**31:
-    raise command.UsageError(f"argument --fanouts: {','.join(map(str, fanouts))} with batches "
-                             f"of {batch_size} samples {slots:,} nodes at the last hop, more "
-                             f"than int32 indices can number (2,147,483,647)")
+    raise command.UsageError(
+      f"argument --fanouts: {','.join(map(str, fanouts))} with batches "
+      f"of {batch_size} samples {slots:,} nodes at the last hop, more "
+      f"than int32 indices can number (2,147,483,647)"
+    )
 
 
 def minibatch_options(args, layers: int) -> dict:
@@ -216,15 +246,24 @@ def minibatch_options(args, layers: int) -> dict:
   `layers` graph layers: one fanout per layer (default 10 each; UsageError for another count)."""
   fanouts = [10] * layers if args.fanouts is None else list(args.fanouts)
   if len(fanouts) != layers:
-    raise command.UsageError(f"argument --fanouts: give one fanout per layer (--layers {layers}), "
-                             f"got {len(fanouts)}")
+    raise command.UsageError(
+      f"argument --fanouts: give one fanout per layer (--layers {layers}), got {len(fanouts)}"
+    )
   check_fanouts(fanouts, args.batch_size)
-  return dict(fanouts=tuple(fanouts), batch_size=args.batch_size, pipeline=args.pipeline,
-              table_optimizer=args.table_optimizer)
+  return dict(
+    fanouts=tuple(fanouts),
+    batch_size=args.batch_size,
+    pipeline=args.pipeline,
+    table_optimizer=args.table_optimizer,
+  )
 
 
-def run_epoch(step: Callable[[jax.Array, jax.Array], tuple], rows: np.ndarray, key: jax.Array,
-              on_batch: Callable[[int, int], None] | None = None) -> dict:
+def run_epoch(
+  step: Callable[[jax.Array, jax.Array], tuple],
+  rows: np.ndarray,
+  key: jax.Array,
+  on_batch: Callable[[int, int], None] | None = None,
+) -> dict:
   """One epoch of mini-batch steps: `step(seeds, key)` for every row of `rows` (batch i's key
   folded in from `key`), each returning (summed loss, correct, count, token of its table
   updates). Waits for every update, then returns the epoch's record: mean loss, train
@@ -238,10 +277,13 @@ def run_epoch(step: Callable[[jax.Array, jax.Array], tuple], rows: np.ndarray, k
   return epoch_record(sums, t0)
 
 
-def run_pipelined_epoch(prepare: Callable[[jax.Array, jax.Array], Any],
-                        step: Callable[[Any, jax.Array, jax.Array], tuple], rows: np.ndarray,
-                        key: jax.Array, on_batch: Callable[[int, int], None] | None = None
-                        ) -> dict:
+def run_pipelined_epoch(
+  prepare: Callable[[jax.Array, jax.Array], Any],
+  step: Callable[[Any, jax.Array, jax.Array], tuple],
+  rows: np.ndarray,
+  key: jax.Array,
+  on_batch: Callable[[int, int], None] | None = None,
+) -> dict:
   """`run_epoch` for software-pipelined steps: `prepare(seeds, key)` makes batch 0, then
   ``step(batch_i, seeds_{i+1}, key_{i+1})`` trains on batch i and returns `run_epoch`'s four
   outputs and batch i + 1 (keys as `run_epoch` folds them). The last step's next seeds are
@@ -254,8 +296,9 @@ def run_pipelined_epoch(prepare: Callable[[jax.Array, jax.Array], Any],
     empty = jnp.full(rows.shape[1:], -1, rows.dtype)
     for i in range(len(rows)):
       last = i + 1 == len(rows)
-      *out, batch = step(batch, empty if last else jnp.asarray(rows[i + 1]),
-                         jax.random.fold_in(key, i + 1))
+      *out, batch = step(
+        batch, empty if last else jnp.asarray(rows[i + 1]), jax.random.fold_in(key, i + 1)
+      )
       sums.append(out)
       if on_batch is not None:
         on_batch(i + 1, len(rows))
@@ -268,13 +311,19 @@ def epoch_record(sums: list, t0: float) -> dict:
   loss, correct, count = (sum(float(s[k]) for s in sums) for k in range(3))
   jax.block_until_ready([s[3] for s in sums])  # every table update has landed
   seconds = time.perf_counter() - t0
-  return dict(loss=loss / max(count, 1), train_accuracy=correct / max(count, 1),
-              seconds=seconds, batches=len(sums), seeds=int(count),
-              seeds_per_second=count / seconds)
+  return dict(
+    loss=loss / max(count, 1),
+    train_accuracy=correct / max(count, 1),
+    seconds=seconds,
+    batches=len(sums),
+    seeds=int(count),
+    seeds_per_second=count / seconds,
+  )
 
 
-def sampled_accuracy(predict: Callable[[jax.Array, jax.Array], tuple], ids: np.ndarray,
-                     batch_size: int, key: jax.Array) -> float:
+def sampled_accuracy(
+  predict: Callable[[jax.Array, jax.Array], tuple], ids: np.ndarray, batch_size: int, key: jax.Array
+) -> float:
   """The accuracy on `ids` measured on mini-batches: `predict(seeds, key)` returns (correct,
   count) of one batch; NaN without ids."""
   correct = count = 0
@@ -285,15 +334,27 @@ def sampled_accuracy(predict: Callable[[jax.Array, jax.Array], tuple], ids: np.n
 
 
 @contextlib.contextmanager
-def progress(console, label: str, total: int | None, **fields: Any
-             ) -> Iterator[Callable[..., None]]:
+def progress(
+  console, label: str, total: int | None, **fields: Any
+) -> Iterator[Callable[..., None]]:
   """A progress bar for a run (`label`, `total` epochs or steps; None: unknown), yielding
   `update(advance=1, **fields)`; `fields` are shown after the bar ("metrics": a short text)."""
   from rich.progress import (  # pylint: disable=g-import-not-at-top
-      BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn)
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+  )
+
   fields.setdefault("metrics", "")
-  columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(),
-             TextColumn("{task.fields[metrics]}"), TimeElapsedColumn())
+  columns = (
+    TextColumn(label),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TextColumn("{task.fields[metrics]}"),
+    TimeElapsedColumn(),
+  )
   with Progress(*columns, console=console, transient=fields.pop("transient", False)) as bar:
     task = bar.add_task("run", total=total, **fields)
     yield lambda **kw: bar.update(task, **kw)
@@ -301,9 +362,13 @@ def progress(console, label: str, total: int | None, **fields: Any
 
 def add_out_argument(parser, kind: str, model: str = "the trained model") -> None:
   """Every trainer's `--out DIR`: where its checkpoint goes (checked before training starts)."""
-  parser.add_argument("--out", default=f"{kind}-checkpoint", type=checkpoint.out_dir,
-                      metavar="DIR", help=f"checkpoint folder for {model} (`jaxdata eval DIR` "
-                                          "measures it again)")
+  parser.add_argument(
+    "--out",
+    default=f"{kind}-checkpoint",
+    type=checkpoint.out_dir,
+    metavar="DIR",
+    help=f"checkpoint folder for {model} (`jaxdata eval DIR` measures it again)",
+  )
 
 
 def add_offload_arguments(parser, *, planned: str, policies: str, per_device: str = "") -> None:
@@ -312,21 +377,40 @@ def add_offload_arguments(parser, *, planned: str, policies: str, per_device: st
   --budget (implies --offload; `per_device`: how the budget is shared out, if it is), --ram and
   --ssd-dir.
   `check_offload_arguments` validates them before anything runs."""
-  parser.add_argument("--offload", action="store_true",
-                      help=f"plan keep / offload / recompute per layer under --budget ({planned}) "
-                           "and train with the plan")
-  parser.add_argument("--plan", default="auto", metavar="POLICY",
-                      help="'auto' (the planner, under --budget) or one policy for every "
-                           f"planned layer (implies --offload), as plans print them: {policies}")
-  parser.add_argument("--budget", type=command.size, default=None,
-                      help="device memory for the planned layers' activations"
-                           f"{', ' + per_device if per_device else ''}, e.g. 2GiB (implies "
-                           "--offload)")
-  parser.add_argument("--ram", type=command.size, default=None,
-                      help="--offload: pinned host RAM for offloaded activations, per process "
-                           "(shared by its devices), e.g. 8G (default: the TensorStore's)")
-  parser.add_argument("--ssd-dir", default=None, metavar="DIR",
-                      help="--offload: a folder on local SSD for what does not fit in --ram")
+  parser.add_argument(
+    "--offload",
+    action="store_true",
+    help=f"plan keep / offload / recompute per layer under --budget ({planned}) "
+    "and train with the plan",
+  )
+  parser.add_argument(
+    "--plan",
+    default="auto",
+    metavar="POLICY",
+    help="'auto' (the planner, under --budget) or one policy for every "
+    f"planned layer (implies --offload), as plans print them: {policies}",
+  )
+  parser.add_argument(
+    "--budget",
+    type=command.size,
+    default=None,
+    help="device memory for the planned layers' activations"
+    f"{', ' + per_device if per_device else ''}, e.g. 2GiB (implies "
+    "--offload)",
+  )
+  parser.add_argument(
+    "--ram",
+    type=command.size,
+    default=None,
+    help="--offload: pinned host RAM for offloaded activations, per process "
+    "(shared by its devices), e.g. 8G (default: the TensorStore's)",
+  )
+  parser.add_argument(
+    "--ssd-dir",
+    default=None,
+    metavar="DIR",
+    help="--offload: a folder on local SSD for what does not fit in --ram",
+  )
 
 
 def check_offload_arguments(args) -> None:
@@ -336,11 +420,14 @@ def check_offload_arguments(args) -> None:
   args.offload = args.offload or args.budget is not None or args.plan != "auto"
   for flag, value in (("--ram", args.ram), ("--ssd-dir", args.ssd_dir)):
     if value is not None and not args.offload:
-      raise command.UsageError(f"argument {flag}: only with --offload (or --budget, or --plan "
-                               "POLICY): without an offload plan nothing is offloaded")
+      raise command.UsageError(
+        f"argument {flag}: only with --offload (or --budget, or --plan "
+        "POLICY): without an offload plan nothing is offloaded"
+      )
   if args.offload and args.plan == "auto" and args.budget is None:
-    raise command.UsageError("argument --offload: needs --budget (e.g. --budget 2GiB) for the "
-                             "planner, or --plan POLICY")
+    raise command.UsageError(
+      "argument --offload: needs --budget (e.g. --budget 2GiB) for the planner, or --plan POLICY"
+    )
   if args.ssd_dir is not None and not os.path.isdir(args.ssd_dir):
     raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
 
@@ -348,8 +435,10 @@ def check_offload_arguments(args) -> None:
 def say_saved(console, path: str) -> None:
   """The line every trainer ends with: where the checkpoint and its history went."""
   path = os.path.abspath(path)  # `--out .` is no longer "." once the folders are swapped
-  console.print(f"checkpoint saved to {path} (history in {os.path.join(path, 'history.json')}; "
-                f"`jaxdata eval {path}` measures it again)")
+  console.print(
+    f"checkpoint saved to {path} (history in {os.path.join(path, 'history.json')}; "
+    f"`jaxdata eval {path}` measures it again)"
+  )
 
 
 def check_copies_agree(array: np.ndarray, name: str) -> None:
@@ -357,12 +446,15 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
   if jax.process_count() == 1:
     return
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   digest = np.frombuffer(hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest(), np.uint8)
   digests = np.asarray(multihost_utils.process_allgather(digest))
   if not (digests == digests[0]).all():
     differ = [p for p in range(len(digests)) if not (digests[p] == digests[0]).all()]
-    raise RuntimeError(f"train: the {name} table's copies differ between processes (process 0 "
-                       f"and {differ}): a row update did not reach every copy")
+    raise RuntimeError(
+      f"train: the {name} table's copies differ between processes (process 0 "
+      f"and {differ}): a row update did not reach every copy"
+    )
 
 
 # ----------------------------------------------------------------------------- full graph, a mesh
@@ -385,13 +477,16 @@ def devices_flag(value: int) -> int | None:
   this process sees is a one-line usage error naming the flag."""
   local = len(jax.local_devices())
   if value > local:
-    raise command.UsageError(f"argument --devices: {value} devices asked for, but {local} "
-                             f"{'is' if local == 1 else 'are'} visible to this process")
+    raise command.UsageError(
+      f"argument --devices: {value} devices asked for, but {local} "
+      f"{'is' if local == 1 else 'are'} visible to this process"
+    )
   return None if value == 0 else value
 
 
-def device_mesh(devices: int | None, platform: str | None = None, *,
-                what: str = "full-graph training"):
+def device_mesh(
+  devices: int | None, platform: str | None = None, *, what: str = "full-graph training"
+):
   """The 1-D mesh of `devices` devices (None: all) of `platform` in each process, process by
   process (so mesh device d takes the d-th share of a batch in any process layout); `what`
   names the caller in the error for a count this process cannot give."""
@@ -401,9 +496,12 @@ def device_mesh(devices: int | None, platform: str | None = None, *,
   local = per_process.get(jax.process_index(), [])
   n = len(local) if devices is None else int(devices)
   if n < 1 or n > len(local):
-    raise ValueError(f"{what}: devices={devices}, but {len(local)} are visible"
-                     + (" to this process" if len(per_process) > 1 else ""))
+    raise ValueError(
+      f"{what}: devices={devices}, but {len(local)} are visible"
+      + (" to this process" if len(per_process) > 1 else "")
+    )
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+
   devices = [d for p in sorted(per_process) for d in per_process[p][:n]]
   return Mesh(np.array(devices), (MESH_AXIS,))
 
@@ -434,8 +532,9 @@ def sharded_jit(fn, mesh, in_specs, out_specs, **jit_kwargs):
     shard_map = jax.shard_map
   except AttributeError:  # older JAX
     from jax.experimental.shard_map import shard_map  # type: ignore
-  return jax.jit(shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                           check_vma=False), **jit_kwargs)
+  return jax.jit(
+    shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False), **jit_kwargs
+  )
 
 
 def gather_rows(h: jax.Array) -> jax.Array:
@@ -470,8 +569,9 @@ class ShardedSteps:
   `consts` (a pytree of arrays the steps read: device graph, features, labels) is replicated.
   """
 
-  def __init__(self, model, optimizer, consts, mesh, batch_size: int, train_on: Callable,
-               correct_of: Callable):
+  def __init__(
+    self, model, optimizer, consts, mesh, batch_size: int, train_on: Callable, correct_of: Callable
+  ):
     axis = MESH_AXIS
     self.mesh, self.batch_size = mesh, batch_size * mesh.devices.size
     self.replicated = NamedSharding(mesh, P())
@@ -496,14 +596,17 @@ class ShardedSteps:
       return i + 1, jax.lax.psum(correct_of(model, consts, *share(rows, i, key)), axis)
 
     data_rows = P(None, axis)
-    self._step = sharded_jit(device_step, mesh, (P(), P(), data_rows, P(), P()),
-                             (P(), P(), (P(), P(), P(), P())))
-    self._eval = sharded_jit(device_eval, mesh, (P(), P(), data_rows, P(), P()),
-                             (P(), (P(), P())))
+    self._step = sharded_jit(
+      device_step, mesh, (P(), P(), data_rows, P(), P()), (P(), P(), (P(), P(), P(), P()))
+    )
+    self._eval = sharded_jit(device_eval, mesh, (P(), P(), data_rows, P(), P()), (P(), (P(), P())))
 
   def _placed(self, seed_rows: np.ndarray, key):
-    return (distributed.put(seed_rows, self.rows_sharding),
-            distributed.put(np.int32(0), self.replicated), distributed.put(key, self.replicated))
+    return (
+      distributed.put(seed_rows, self.rows_sharding),
+      distributed.put(np.int32(0), self.replicated),
+      distributed.put(key, self.replicated),
+    )
 
   def epoch(self, seed_rows: np.ndarray, key, on_batch=None) -> dict:
     """One epoch over `seed_rows` (int32[batches, batch_size x devices], the same in every
@@ -531,5 +634,6 @@ class ShardedSteps:
 
   def finish(self):
     """Writes the trained state (this process's copy) back into the model and optimizer."""
-    nnx.update((self.model, self.optimizer),
-               jax.tree.map(jnp.asarray, distributed.local_value(self.state)))
+    nnx.update(
+      (self.model, self.optimizer), jax.tree.map(jnp.asarray, distributed.local_value(self.state))
+    )

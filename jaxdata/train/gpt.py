@@ -1,10 +1,10 @@
 """GPT training on a synthetic token chain: `jaxdata train gpt`, optionally with activation offload.
 
-The data is a random sparse Markov chain (`jaxdata.data.tokens`), so the loss has a known floor
-(the chain's entropy) far below log(vocab), and a short run shows whether training works. With a
-plan (one remat policy per layer, e.g. from `jaxdata.nn.gpt_plan.plan_for_model`), each run of layers
-sharing a policy trains under `jaxdata.offload.remat`; the plan changes memory and time, never
-the numbers.
+The data is a random sparse Markov chain (`jaxdata.data.tokens`), so the loss has a known floor (the
+chain's entropy) far below log(vocab), and a short run shows whether training works. With a plan
+(one remat policy per layer, e.g. from `jaxdata.nn.gpt_plan.plan_for_model`), each run of layers
+sharing a policy trains under `jaxdata.offload.remat`; the plan changes memory and time, never the
+numbers.
 
 Data parallel: `devices` devices per process (and, with `jaxdata.distributed`, every process's
 devices) form one 1-D mesh; the global batch of `batch` sequences is split over it, each device
@@ -17,28 +17,40 @@ global batch, to float rounding. A plan is made for one device's share (`batch /
     result = train(GPTTrainConfig(steps=200))
     print(result.metrics["start_loss"], result.metrics["final_loss"], result.metrics["entropy"])
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-from typing import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
-from jaxdata.train.common import (TrainResult, add_offload_arguments, add_out_argument, add_record,
-                                  check_offload_arguments, device_mesh, progress,
-                                  psum_flat, say_saved, sharded_jit, devices_flag)
+from jaxdata.train.common import (
+  TrainResult,
+  add_offload_arguments,
+  add_out_argument,
+  add_record,
+  check_offload_arguments,
+  device_mesh,
+  devices_flag,
+  progress,
+  psum_flat,
+  say_saved,
+  sharded_jit,
+)
 
 LayerPlan = Sequence[Hashable]
 #: Makes a plan for a freshly built model and its input shape (batch, seq).
@@ -54,6 +66,7 @@ class GPTTrainConfig:
   `batch` is the global batch: sequences per step over every device of every process; each
   device of the mesh takes `batch / devices` of them (`batch` must divide evenly).
   """
+
   layers: int = 4
   hidden: int = 128
   heads: int = 4
@@ -65,13 +78,13 @@ class GPTTrainConfig:
   warmup: int = 20
   weight_decay: float = 0.01
   seed: int = 0
-  dtype: str = "float32"       # compute dtype; parameters stay float32
-  order: int = 1               # the token chain: context length and successors per context
-  branching: int = 4           # (at most vocab: a smaller vocab takes vocab)
-  eval_batches: int = 4        # held-out batches for the start and final loss
+  dtype: str = "float32"  # compute dtype; parameters stay float32
+  order: int = 1  # the token chain: context length and successors per context
+  branching: int = 4  # (at most vocab: a smaller vocab takes vocab)
+  eval_batches: int = 4  # held-out batches for the start and final loss
   log_every: int | None = None  # steps between logged records (None: steps // 10)
-  loss_chunk: int = 0          # cross entropy in chunks of this many positions (0: at once)
-  devices: int | None = 1      # data parallel over this many devices per process (None: all)
+  loss_chunk: int = 0  # cross entropy in chunks of this many positions (0: at once)
+  devices: int | None = 1  # data parallel over this many devices per process (None: all)
 
   def __post_init__(self):
     if min(self.steps, self.batch, self.eval_batches) < 1:
@@ -83,16 +96,28 @@ class GPTTrainConfig:
     self.model_config()  # validates the shape
 
   def model_config(self) -> GPTConfig:
-    return GPTConfig(vocab=self.vocab, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                     seq=self.seq, dtype=jnp.dtype(self.dtype), loss_chunk=self.loss_chunk)
+    return GPTConfig(
+      vocab=self.vocab,
+      layers=self.layers,
+      hidden=self.hidden,
+      heads=self.heads,
+      seq=self.seq,
+      dtype=jnp.dtype(self.dtype),
+      loss_chunk=self.loss_chunk,
+    )
 
 
 def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, config.learning_rate, warmup_steps=min(config.warmup, config.steps // 2),
-      decay_steps=config.steps + 1, end_value=config.learning_rate / 10)
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(schedule, weight_decay=config.weight_decay))
+    0.0,
+    config.learning_rate,
+    warmup_steps=min(config.warmup, config.steps // 2),
+    decay_steps=config.steps + 1,
+    end_value=config.learning_rate / 10,
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay)
+  )
 
 
 def _mesh(config) -> Mesh:
@@ -110,6 +135,7 @@ def _steps(graphdef, mesh: Mesh, plan: tuple | None):
   device's own until `psum_flat(..., mean=True)` averages it (with the check, JAX would sum
   it per leaf).
   """
+
   def step(state, tokens):
     model, optimizer = nnx.merge(graphdef, state)
     loss, grads = nnx.value_and_grad(lambda m: m.loss(tokens, plan))(model)
@@ -121,8 +147,10 @@ def _steps(graphdef, mesh: Mesh, plan: tuple | None):
     model, _ = nnx.merge(graphdef, state)
     return jax.lax.pmean(jnp.mean(jax.lax.map(model.loss, batches)), "data")
 
-  return (sharded_jit(step, mesh, (P(), P("data")), (P(), P()), donate_argnums=0),
-          sharded_jit(evaluate, mesh, (P(), P(None, "data")), P()))
+  return (
+    sharded_jit(step, mesh, (P(), P("data")), (P(), P()), donate_argnums=0),
+    sharded_jit(evaluate, mesh, (P(), P(None, "data")), P()),
+  )
 
 
 @nnx.jit
@@ -131,9 +159,13 @@ def _evaluate(model: GPT, batches: jax.Array) -> jax.Array:
   return jnp.mean(jax.lax.map(model.loss, batches))
 
 
-def train(config: GPTTrainConfig = GPTTrainConfig(), *,
-          plan: LayerPlan | Planner | None = None, on_step: Callable[[int, int], None] | None = None,
-          on_log: Callable[[dict], None] | None = None) -> TrainResult:
+def train(
+  config: GPTTrainConfig = GPTTrainConfig(),
+  *,
+  plan: LayerPlan | Planner | None = None,
+  on_step: Callable[[int, int], None] | None = None,
+  on_log: Callable[[dict], None] | None = None,
+) -> TrainResult:
   """Trains a GPT on next-token prediction over a synthetic Markov chain.
 
   Args:
@@ -148,8 +180,9 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   mesh = _mesh(config)
   ndev = mesh.devices.size
   if config.batch % ndev:
-    raise ValueError(f"train: the batch of {config.batch} sequences does not split evenly over "
-                     f"{ndev} devices")
+    raise ValueError(
+      f"train: the batch of {config.batch} sequences does not split evenly over {ndev} devices"
+    )
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   if callable(plan):
     plan = plan(model, (config.batch // ndev, config.seq))  # one device's share
@@ -162,8 +195,9 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   step, evaluate_on = _steps(graphdef, mesh, None if plan is None else tuple(plan))
   replicated, by_rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   state = distributed.put(state, replicated)
-  held_out = distributed.put(np.asarray(_held_out(config, chain)),
-                             NamedSharding(mesh, P(None, "data")))
+  held_out = distributed.put(
+    np.asarray(_held_out(config, chain)), NamedSharding(mesh, P(None, "data"))
+  )
 
   def held_out_loss(state) -> float:
     return float(distributed.local_value(evaluate_on(state, held_out)))
@@ -185,8 +219,12 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
     if i % log_every == 0 or i == config.steps:
       losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
       seconds = time.perf_counter() - t0
-      record = dict(step=i, loss=float(losses.mean()), seconds=seconds,
-                    tokens_per_second=len(losses) * tokens_per_step / seconds)
+      record = dict(
+        step=i,
+        loss=float(losses.mean()),
+        seconds=seconds,
+        tokens_per_second=len(losses) * tokens_per_step / seconds,
+      )
       e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
       record["val_loss"] = held_out_loss(state)
       evaluating += time.perf_counter() - e0
@@ -198,27 +236,42 @@ def train(config: GPTTrainConfig = GPTTrainConfig(), *,
   nnx.update((model, optimizer), state)
   final_loss = history[-1]["val_loss"]  # the last step is always logged
   rest = max(total - compile_seconds, 1e-9)  # the steps after the first, which compiled
-  metrics = dict(start_loss=start_loss, final_loss=final_loss, train_loss=history[-1]["loss"],
-                 entropy=chain.entropy(), uniform_loss=math.log(config.vocab),
-                 steps=config.steps, seconds=total, compile_seconds=compile_seconds,
-                 # one step is the compiling one: no steady-state speed to report
-                 step_ms=1e3 * rest / (config.steps - 1) if config.steps > 1 else None,
-                 tokens_per_second=((config.steps - 1) * tokens_per_step / rest
-                                    if config.steps > 1 else None))
+  metrics = dict(
+    start_loss=start_loss,
+    final_loss=final_loss,
+    train_loss=history[-1]["loss"],
+    entropy=chain.entropy(),
+    uniform_loss=math.log(config.vocab),
+    steps=config.steps,
+    seconds=total,
+    compile_seconds=compile_seconds,
+    # one step is the compiling one: no steady-state speed to report
+    step_ms=1e3 * rest / (config.steps - 1) if config.steps > 1 else None,
+    tokens_per_second=((config.steps - 1) * tokens_per_step / rest if config.steps > 1 else None),
+  )
   return TrainResult(model, history, metrics, total, optimizer, plan)
 
 
 def _chain(config: GPTTrainConfig):
-  return markov_tokens(config.vocab, order=config.order,
-                       branching=min(config.branching, config.vocab), seed=config.seed)
+  return markov_tokens(
+    config.vocab,
+    order=config.order,
+    branching=min(config.branching, config.vocab),
+    seed=config.seed,
+  )
 
 
 def _held_out(config: GPTTrainConfig, chain=None) -> jax.Array:
   """The held-out batches (eval_batches, batch, seq + 1) the start and final losses are over."""
   chain = _chain(config) if chain is None else chain
-  return jnp.asarray(np.stack([next(chain.batches(config.batch, config.seq,
-                                                  seed=config.seed + 1000 + i))
-                               for i in range(config.eval_batches)]))
+  return jnp.asarray(
+    np.stack(
+      [
+        next(chain.batches(config.batch, config.seq, seed=config.seed + 1000 + i))
+        for i in range(config.eval_batches)
+      ]
+    )
+  )
 
 
 def evaluate(model: GPT, config: GPTTrainConfig) -> dict:
@@ -230,27 +283,41 @@ def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
   """Saves a trained GPT as a checkpoint (`jaxdata.train.checkpoint`): layers split for a plan
   are joined first; the optimizer state goes with it where the layers were never split."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   model, opt = result.model, result.optimizer
   split = isinstance(model.blocks, nnx.List)
   if split:
     model.split_layers(None)
   return checkpoint.save_nnx(
-      path, kind="gpt", model=model, optimizer=None if split else opt, config=config,
-      data={"source": "markov", "seed": config.seed}, step=config.steps, history=result.history,
-      metrics=result.metrics)
+    path,
+    kind="gpt",
+    model=model,
+    optimizer=None if split else opt,
+    config=config,
+    data={"source": "markov", "seed": config.seed},
+    step=config.steps,
+    history=result.history,
+    metrics=result.metrics,
+  )
 
 
 def restore(path: str, meta: dict):
   """Rebuilds a saved GPT (`jaxdata.train.checkpoint.load_model`); its data is the run's own
   synthetic chain, rebuilt from the configuration."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   config = checkpoint.config_from(GPTTrainConfig, meta["config"])
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded("gpt", model, meta, evaluate=lambda: evaluate(model, config),
-                           predict=lambda tokens: model(jnp.asarray(tokens)),
-                           optimizer_state=optimizer if has_optimizer else None)
+  return checkpoint.Loaded(
+    "gpt",
+    model,
+    meta,
+    evaluate=lambda: evaluate(model, config),
+    predict=lambda tokens: model(jnp.asarray(tokens)),
+    optimizer_state=optimizer if has_optimizer else None,
+  )
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -261,34 +328,58 @@ def add_arguments(parser):
   d = GPTTrainConfig()
   parser.add_argument("--layers", type=command.positive_int, default=d.layers, help="layers")
   parser.add_argument("--hidden", type=command.positive_int, default=d.hidden, help="model width")
-  parser.add_argument("--heads", type=command.positive_int, default=d.heads,
-                      help="attention heads (--hidden must be a multiple)")
-  parser.add_argument("--seq", type=command.positive_int, default=d.seq,
-                      help="tokens per sequence")
-  parser.add_argument("--batch-size", type=command.positive_int, default=d.batch,
-                      help="sequences per step, over all devices of all processes (each device "
-                           "takes an equal share)")
-  parser.add_argument("--devices", type=command.natural_int, default=1,
-                      help="data parallel over this many local devices per process (0: all)")
+  parser.add_argument(
+    "--heads",
+    type=command.positive_int,
+    default=d.heads,
+    help="attention heads (--hidden must be a multiple)",
+  )
+  parser.add_argument("--seq", type=command.positive_int, default=d.seq, help="tokens per sequence")
+  parser.add_argument(
+    "--batch-size",
+    type=command.positive_int,
+    default=d.batch,
+    help="sequences per step, over all devices of all processes (each device takes an equal share)",
+  )
+  parser.add_argument(
+    "--devices",
+    type=command.natural_int,
+    default=1,
+    help="data parallel over this many local devices per process (0: all)",
+  )
   parser.add_argument("--vocab", type=command.integer(2), default=d.vocab, help="vocabulary")
   parser.add_argument("--steps", type=command.positive_int, default=d.steps, help="training steps")
-  parser.add_argument("--lr", type=command.positive_float, default=d.learning_rate,
-                      help="peak learning rate")
-  parser.add_argument("--seed", type=command.seed, default=d.seed,
-                      help="seed of data and model")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype,
-                      help="compute dtype (parameters stay float32)")
-  parser.add_argument("--loss-chunk", type=command.natural_int, default=d.loss_chunk, metavar="N",
-                      help="cross entropy in chunks of N positions: the float32 logits of one "
-                           "chunk are live at a time, recomputed in the backward pass (0: all at "
-                           "once)")
-  parser.add_argument("--log-every", type=command.positive_int, default=None,
-                      help="steps between printed records (default steps / 10)")
-  add_offload_arguments(parser, planned="jaxdata.nn.gpt_plan.plan_for_model",
-                        policies="recompute, keep[dots], offload[attn], offload[mlp]+in, "
-                                 "offload[in], ...",
-                        per_device="per device (the plan is made for one device's share of the "
-                                   "batch)")
+  parser.add_argument(
+    "--lr", type=command.positive_float, default=d.learning_rate, help="peak learning rate"
+  )
+  parser.add_argument("--seed", type=command.seed, default=d.seed, help="seed of data and model")
+  parser.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default=d.dtype,
+    help="compute dtype (parameters stay float32)",
+  )
+  parser.add_argument(
+    "--loss-chunk",
+    type=command.natural_int,
+    default=d.loss_chunk,
+    metavar="N",
+    help="cross entropy in chunks of N positions: the float32 logits of one "
+    "chunk are live at a time, recomputed in the backward pass (0: all at "
+    "once)",
+  )
+  parser.add_argument(
+    "--log-every",
+    type=command.positive_int,
+    default=None,
+    help="steps between printed records (default steps / 10)",
+  )
+  add_offload_arguments(
+    parser,
+    planned="jaxdata.nn.gpt_plan.plan_for_model",
+    policies="recompute, keep[dots], offload[attn], offload[mlp]+in, offload[in], ...",
+    per_device="per device (the plan is made for one device's share of the batch)",
+  )
   add_out_argument(parser, "gpt")
 
 
@@ -300,7 +391,9 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   if jax.process_count() == 1:
     return None if failed else list(plan)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   from jaxdata.nn.gpt_plan import policy_named  # pylint: disable=g-import-not-at-top
+
   width = 64  # bytes per policy name ("offload[proj]+in" is 16)
   text = "\n".join(str(p) for p in plan).encode() if plan is not None else b""
   n = -1 if failed else len(plan) if plan is not None else 0
@@ -308,7 +401,7 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   if int(size) < 0:
     return None
   buf = np.zeros(int(size) * width, np.uint8)
-  buf[:len(text)] = np.frombuffer(text, np.uint8)
+  buf[: len(text)] = np.frombuffer(text, np.uint8)
   cap = np.int64(store.device_bytes)
   buf, cap = multihost_utils.broadcast_one_to_all((buf, cap))
   names = np.asarray(buf).tobytes().rstrip(b"\0").decode().split("\n")
@@ -320,8 +413,10 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
 
 
 def _describe_plan(plan: LayerPlan) -> str:
-  return ", ".join(f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
-                   for a, b, p in segments(plan, len(plan)))
+  return ", ".join(
+    f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
+    for a, b, p in segments(plan, len(plan))
+  )
 
 
 def main(args) -> int:
@@ -329,22 +424,34 @@ def main(args) -> int:
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
   try:
-    config = GPTTrainConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                            seq=args.seq, batch=args.batch_size, vocab=args.vocab,
-                            steps=args.steps, learning_rate=args.lr, seed=args.seed,
-                            dtype=args.dtype, log_every=args.log_every,
-                            loss_chunk=args.loss_chunk,
-                            devices=devices_flag(args.devices))
+    config = GPTTrainConfig(
+      layers=args.layers,
+      hidden=args.hidden,
+      heads=args.heads,
+      seq=args.seq,
+      batch=args.batch_size,
+      vocab=args.vocab,
+      steps=args.steps,
+      learning_rate=args.lr,
+      seed=args.seed,
+      dtype=args.dtype,
+      log_every=args.log_every,
+      loss_chunk=args.loss_chunk,
+      devices=devices_flag(args.devices),
+    )
     ndev = _mesh(config).devices.size
     if config.batch % ndev:
-      raise ValueError(f"argument --batch-size: {config.batch} sequences do not split evenly "
-                       f"over {ndev} devices")
+      raise ValueError(
+        f"argument --batch-size: {config.batch} sequences do not split evenly over {ndev} devices"
+      )
   except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
     raise command.UsageError(str(e)) from None
-  console.print(f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
-                f"heads, seq {config.seq}, vocab {config.vocab} | batch {config.batch}, "
-                f"{config.steps} steps, {config.dtype} on {jax.devices()[0].platform} x {ndev}"
-                + (" | offload" if args.offload else ""))
+  console.print(
+    f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
+    f"heads, seq {config.seq}, vocab {config.vocab} | batch {config.batch}, "
+    f"{config.steps} steps, {config.dtype} on {jax.devices()[0].platform} x {ndev}"
+    + (" | offload" if args.offload else "")
+  )
 
   def run(plan):
     with progress(console, "step", config.steps) as update:
@@ -354,19 +461,24 @@ def main(args) -> int:
 
       def on_log(r):
         update(metrics=f"loss {r['loss']:.4f}")
-        console.print(f"step {r['step']:5d}  loss {r['loss']:.4f}  "
-                      f"held-out loss {r['val_loss']:.4f}  {r['tokens_per_second']:,.0f} tokens/s")
+        console.print(
+          f"step {r['step']:5d}  loss {r['loss']:.4f}  "
+          f"held-out loss {r['val_loss']:.4f}  {r['tokens_per_second']:,.0f} tokens/s"
+        )
 
       return train(config, plan=plan, on_step=on_step, on_log=on_log)
 
   if args.offload:
     from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top
     from jaxdata.offload import TensorStore  # pylint: disable=g-import-not-at-top
-    store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
-                  if v is not None}
+
+    store_args = {
+      k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir)) if v is not None
+    }
     with TensorStore(**store_args) as store:
       probed = {}
       if args.plan == "auto":
+
         def planner(model, batch_shape):  # process 0 plans for one device's share
           plan, failure = None, None
           if distributed.is_primary():
@@ -377,8 +489,11 @@ def main(args) -> int:
           plan = _agreed(plan, store, failed=failure is not None)
           if failure is not None or plan is None:
             raise command.UsageError(f"argument --budget: {failure or 'process 0 found no plan'}")
-          console.print(f"plan under {args.budget:,} bytes per device (batch {batch_shape[0]} "
-                        f"per device): {_describe_plan(plan)}", markup=False)
+          console.print(
+            f"plan under {args.budget:,} bytes per device (batch {batch_shape[0]} "
+            f"per device): {_describe_plan(plan)}",
+            markup=False,
+          )
           probed.update(store.stats())  # the planner's bandwidth probe spilled too
           return plan
       else:
@@ -388,16 +503,24 @@ def main(args) -> int:
           raise command.UsageError(f"argument --plan: {e}") from None
         planner = [policy] * config.layers
       result = run(planner)
-      console.print(store_summary(store.stats(), probed)
-                    + (" (process 0's store)" if jax.process_count() > 1 else ""), markup=False)
+      console.print(
+        store_summary(store.stats(), probed)
+        + (" (process 0's store)" if jax.process_count() > 1 else ""),
+        markup=False,
+      )
   else:
     result = run(None)
   m = result.metrics
-  console.print(f"[bold]held-out loss {m['start_loss']:.4f} -> {m['final_loss']:.4f}[/] "
-                f"(entropy floor {m['entropy']:.4f}, uniform {m['uniform_loss']:.4f}) | "
-                f"{m['seconds']:.1f} s, compile {m['compile_seconds']:.1f} s, "
-                + (f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s"
-                   if m["step_ms"] is not None else "no speed: the one step was the compiling one"))
+  console.print(
+    f"[bold]held-out loss {m['start_loss']:.4f} -> {m['final_loss']:.4f}[/] "
+    f"(entropy floor {m['entropy']:.4f}, uniform {m['uniform_loss']:.4f}) | "
+    f"{m['seconds']:.1f} s, compile {m['compile_seconds']:.1f} s, "
+    + (
+      f"{m['step_ms']:.1f} ms/step, {m['tokens_per_second']:,.0f} tokens/s"
+      if m["step_ms"] is not None
+      else "no speed: the one step was the compiling one"
+    )
+  )
   save(args.out, result, config)  # every process takes part; Orbax writes once
   say_saved(console, args.out)
   return 0

@@ -34,25 +34,40 @@ writer per copy, and the copies stay equal to one another and to a one-process r
     from jaxdata.train.sage import SageConfig, train
     result = train(powerlaw_graph(), SageConfig(pipeline="host", epochs=3))
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
 from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.nn import GraphSAGE
-from jaxdata.train.common import (TrainResult, add_out_argument, add_record, check_copies_agree,
-                                  check_fanouts, prefetched, progress, say_saved, psum_flat,
-                                  seed_batches, device_mesh, sharded_jit, devices_flag)
+from jaxdata.train.common import (
+  TrainResult,
+  add_out_argument,
+  add_record,
+  check_copies_agree,
+  check_fanouts,
+  device_mesh,
+  devices_flag,
+  prefetched,
+  progress,
+  psum_flat,
+  say_saved,
+  seed_batches,
+  sharded_jit,
+)
 
 PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
@@ -62,6 +77,7 @@ MULTI_PROCESS = True
 @dataclasses.dataclass(frozen=True)
 class SageConfig:
   """What `train` does. `batch_size` is per device; `max_batches` cuts epochs short (benchmarks)."""
+
   pipeline: str = "host"
   fanouts: tuple[int, ...] = (15, 10)
   batch_size: int = 1024
@@ -94,11 +110,15 @@ class SageConfig:
     if self.embed_dim < 0:
       raise ValueError(f"SageConfig: embed_dim must be >= 0, got {self.embed_dim}")
     if self.table_optimizer not in sparse.BY_NAME:
-      raise ValueError(f"SageConfig: table_optimizer must be one of {tuple(sparse.BY_NAME)}, "
-                       f"got {self.table_optimizer!r}")
+      raise ValueError(
+        f"SageConfig: table_optimizer must be one of {tuple(sparse.BY_NAME)}, "
+        f"got {self.table_optimizer!r}"
+      )
     if self.embed_dim and self.pipeline == "cpu":
-      raise ValueError("SageConfig: embed_dim needs pipeline host or device (the cpu pipeline "
-                       "gathers before the step, so its rows could not learn)")
+      raise ValueError(
+        "SageConfig: embed_dim needs pipeline host or device (the cpu pipeline "
+        "gathers before the step, so its rows could not learn)"
+      )
 
 
 # ----------------------------------------------------------------------------- the model step
@@ -123,8 +143,15 @@ class _Pipeline:
   replicated over the mesh and passed to the step as an argument.
   """
 
-  def __init__(self, kind: str, graph: HostGraph, labels: np.ndarray, mesh: Mesh,
-               unique: bool = True, cache: float = 0.0):
+  def __init__(
+    self,
+    kind: str,
+    graph: HostGraph,
+    labels: np.ndarray,
+    mesh: Mesh,
+    unique: bool = True,
+    cache: float = 0.0,
+  ):
     self.kind = kind
     self.unique = unique
     self.graph = graph
@@ -141,12 +168,14 @@ class _Pipeline:
     """Inside a jitted step (pipelines "host" and "device")."""
     if self.kind == "host":
       blocks = sample_neighbors(self.graph, seeds, fanouts, key)
-      return blocks, blocks.gather(self.graph.features, unique=self.unique,
-                                   cache=consts.get("cache"))
+      return blocks, blocks.gather(
+        self.graph.features, unique=self.unique, cache=consts.get("cache")
+      )
     blocks = sample_neighbors(consts["graph"], seeds, fanouts, key)
     feats = tuple(
-        jnp.where(m[:, None], jnp.take(consts["features"], jnp.maximum(n, 0), axis=0), 0)
-        for n, m in zip(blocks.nodes, blocks.masks))
+      jnp.where(m[:, None], jnp.take(consts["features"], jnp.maximum(n, 0), axis=0), 0)
+      for n, m in zip(blocks.nodes, blocks.masks)
+    )
     return blocks, feats
 
 
@@ -159,10 +188,16 @@ def _mesh(config: SageConfig) -> Mesh:
 # ----------------------------------------------------------------------------- training
 
 
-def train(dataset: Any, config: SageConfig = SageConfig(), *, graph: HostGraph | None = None,
-          on_epoch: Callable[[dict], None] | None = None,
-          on_batch: Callable[[int, int], None] | None = None,
-          init: Any = None, embedding: np.ndarray | None = None) -> TrainResult:
+def train(
+  dataset: Any,
+  config: SageConfig = SageConfig(),
+  *,
+  graph: HostGraph | None = None,
+  on_epoch: Callable[[dict], None] | None = None,
+  on_batch: Callable[[int, int], None] | None = None,
+  init: Any = None,
+  embedding: np.ndarray | None = None,
+) -> TrainResult:
   """Trains GraphSAGE on a node-classification dataset with mini-batches of sampled blocks.
 
   Args:
@@ -205,14 +240,17 @@ def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> Train
     embedding = initial_embedding(graph.num_nodes, config)
   embedding = np.asarray(embedding)
   if embedding.shape != (graph.num_nodes, config.embed_dim):
-    raise ValueError(f"train: embedding must have shape {(graph.num_nodes, config.embed_dim)} "
-                     f"(nodes, embed_dim), got {embedding.shape}")
+    raise ValueError(
+      f"train: embedding must have shape {(graph.num_nodes, config.embed_dim)} "
+      f"(nodes, embed_dim), got {embedding.shape}"
+    )
   table_opt = sparse.BY_NAME[config.table_optimizer](config.learning_rate)
   with HostTable(embedding.astype(np.float32)) as table:
     state = table_opt.init(table)
     try:
-      result = _train_with(dataset, config, graph, on_epoch, on_batch, init, table,
-                           (table_opt, state))
+      result = _train_with(
+        dataset, config, graph, on_epoch, on_batch, init, table, (table_opt, state)
+      )
     finally:
       sparse.close(state)
     result.tables = {"embedding": np.array(table.as_numpy())}
@@ -220,8 +258,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> Train
   return result
 
 
-def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_opt
-                ) -> TrainResult:
+def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_opt) -> TrainResult:
   if graph.features is None:
     raise ValueError("train: the graph has no node features")
   if graph.num_nodes != len(dataset.labels):
@@ -229,13 +266,22 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
   mesh = _mesh(config)
   ndev = mesh.devices.size
   if config.pipeline == "cpu" and jax.process_count() > 1:
-    raise ValueError("train: the cpu pipeline runs in one process only; use pipeline host or "
-                     "device with several processes")
-  pipe = _Pipeline(config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique,
-                   config.cache)
+    raise ValueError(
+      "train: the cpu pipeline runs in one process only; use pipeline host or "
+      "device with several processes"
+    )
+  pipe = _Pipeline(
+    config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique, config.cache
+  )
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-  model = GraphSAGE(graph.features.shape[1] + config.embed_dim, config.hidden, dataset.num_classes,
-                    num_layers=len(config.fanouts), dtype=dtype, rngs=nnx.Rngs(config.seed))
+  model = GraphSAGE(
+    graph.features.shape[1] + config.embed_dim,
+    config.hidden,
+    dataset.num_classes,
+    num_layers=len(config.fanouts),
+    dtype=dtype,
+    rngs=nnx.Rngs(config.seed),
+  )
   graphdef, params = nnx.split(model, nnx.Param)
   if init is not None:
     params = init
@@ -249,8 +295,10 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     def f(p, e):
       total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels, e)
       return total, correct
+
     (total, correct), (grads, row_grads) = jax.value_and_grad(f, (0, 1), has_aux=True)(
-        params, embedded)
+      params, embedded
+    )
     count = masks[0].sum()
     # Averages over the whole (global) batch: sums then one division. The sums travel as one
     # flat float32 vector, so a step makes one all-reduce, not one per leaf and dtype: on two
@@ -292,32 +340,39 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
 
     def device_step(params, opt_state, consts, rows, i, key):
       blocks, feats, embedded, labels = sampled(consts, rows, i, key)
-      grads, row_grads, total, correct, count = grads_of(params, feats, blocks.masks, labels,
-                                                         embedded)
+      grads, row_grads, total, correct, count = grads_of(
+        params, feats, blocks.masks, labels, embedded
+      )
       params, opt_state = apply(params, opt_state, grads)
       if table is not None:  # the token is 0: the next step's counter waits for the writes
         i = i + update_table(blocks, row_grads)
       return params, opt_state, i + 1, (total, correct, count)
-    step = shard(device_step, (P(), P(), P(), P(None, "data"), P(), P()),
-                 (P(), P(), P(), metrics_spec))
+
+    step = shard(
+      device_step, (P(), P(), P(), P(None, "data"), P(), P()), (P(), P(), P(), metrics_spec)
+    )
     step_consts = (pipe.consts,)
 
     def device_eval(params, consts, rows, i, key):
       blocks, feats, embedded, labels = sampled(consts, rows, i, key)
       _, correct = _loss(nnx.merge(graphdef, params), feats, blocks.masks, labels, embedded)
       return i + 1, jax.lax.psum((correct, blocks.masks[0].sum()), "data")
+
     evaluate_batch = shard(device_eval, (P(), P(), P(None, "data"), P(), P()), (P(), (P(), P())))
   else:
+
     def cpu_step(params, opt_state, feats, masks, labels):
       grads, _, total, correct, count = grads_of(params, feats, masks, labels)
       params, opt_state = apply(params, opt_state, grads)
       return params, opt_state, (total, correct, count)
+
     data = P("data")
     step = shard(cpu_step, (P(), P(), data, data, data), (P(), P(), metrics_spec))
 
     def cpu_eval(params, feats, masks, labels):
       _, correct = _loss(nnx.merge(graphdef, params), feats, masks, labels)
       return jax.lax.psum((correct, masks[0].sum()), "data")
+
     evaluate_batch = shard(cpu_eval, (P(), data, data, data), (P(), P()))
     step_consts = ()
     cpu_batches = _CpuBatches(graph, pipe.host_labels, fanouts, mesh)
@@ -363,33 +418,60 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     t0 = time.perf_counter()
     rows = seed_batches(dataset.train_nodes, batch, rng, config.max_batches)
     (params, opt_state), (total, correct, count) = run_batches(
-        rows, jax.random.fold_in(key, epoch), step, params, opt_state)
+      rows, jax.random.fold_in(key, epoch), step, params, opt_state
+    )
     seconds = time.perf_counter() - t0
-    record = dict(epoch=epoch + 1, loss=total / max(count, 1), train_accuracy=correct / max(count, 1),
-                  seconds=seconds, batches=len(rows), seeds_per_second=count / seconds)
+    record = dict(
+      epoch=epoch + 1,
+      loss=total / max(count, 1),
+      train_accuracy=correct / max(count, 1),
+      seconds=seconds,
+      batches=len(rows),
+      seeds_per_second=count / seconds,
+    )
     if config.evaluate and len(dataset.val_nodes):
       record["val_accuracy"] = accuracy(dataset.val_nodes, jax.random.fold_in(eval_key, epoch))
     add_record(history, record, on_epoch)
-  test = accuracy(dataset.test_nodes, test_key) if config.evaluate and len(
-      dataset.test_nodes) else float("nan")
+  test = (
+    accuracy(dataset.test_nodes, test_key)
+    if config.evaluate and len(dataset.test_nodes)
+    else float("nan")
+  )
   # Replicated over the mesh: each process reads its own copy (no collective).
   model = nnx.merge(graphdef, distributed.local_value(params))
-  return TrainResult(model, history, {"test_accuracy": test}, time.perf_counter() - start,
-                     distributed.local_value(opt_state))
+  return TrainResult(
+    model,
+    history,
+    {"test_accuracy": test},
+    time.perf_counter() - start,
+    distributed.local_value(opt_state),
+  )
 
 
 #: The entries of a data description (`load_dataset`).
-DATA_ENTRIES = {"source": str, "nodes": int, "edges": int, "features": int, "classes": int,
-                "seed": int}
+DATA_ENTRIES = {
+  "source": str,
+  "nodes": int,
+  "edges": int,
+  "features": int,
+  "classes": int,
+  "seed": int,
+}
 
 
 def load_dataset(data: dict, features_out: np.ndarray | None = None):
   """The synthetic power-law graph a data description names ({"nodes", "edges", "features",
   "classes", "seed"}); features written into `features_out` where given (a HostTable's memory)."""
   from jaxdata.data.powerlaw import powerlaw_graph  # pylint: disable=g-import-not-at-top
-  return powerlaw_graph(num_nodes=data["nodes"], num_edges=data["edges"],
-                        feature_dim=data["features"], num_classes=data["classes"],
-                        seed=data["seed"], features_out=features_out)
+
+  return powerlaw_graph(
+    num_nodes=data["nodes"],
+    num_edges=data["edges"],
+    feature_dim=data["features"],
+    num_classes=data["classes"],
+    seed=data["seed"],
+    features_out=features_out,
+  )
 
 
 #: The checkpoint's key, beside the model's parameters, of a learned embedding table.
@@ -401,6 +483,7 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
   embedding table goes with the parameters (`EMBEDDING`), without its sparse optimizer's state
   (so such a checkpoint is not resumable)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   params = nnx.to_pure_dict(nnx.state(result.model, nnx.Param))
   embedded = bool(result.tables and "embedding" in result.tables)
   if embedded:
@@ -408,11 +491,16 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
   # The mesh it trained on: its sampled metrics split each batch over that many devices.
   local = config.devices or len(jax.local_devices(backend=config.platform))
   return checkpoint.save(
-      path, kind="sage", params=params,
-      optimizer_state=None if embedded else result.optimizer,
-      config=dict(dataclasses.asdict(config), mesh=[jax.process_count(), local]), data=data,
-      step=sum(r["batches"] for r in result.history), history=result.history,
-      metrics={"test_accuracy": result.test_accuracy})
+    path,
+    kind="sage",
+    params=params,
+    optimizer_state=None if embedded else result.optimizer,
+    config=dict(dataclasses.asdict(config), mesh=[jax.process_count(), local]),
+    data=data,
+    step=sum(r["batches"] for r in result.history),
+    history=result.history,
+    metrics={"test_accuracy": result.test_accuracy},
+  )
 
 
 def restore(path: str, meta: dict):
@@ -422,17 +510,26 @@ def restore(path: str, meta: dict):
   is measured again by one process of 4), so it measures the test accuracy training measured;
   ValueError where this process has fewer devices than that."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   saved = dict(meta["config"])
   processes, per_process = checkpoint.json_value(
-      saved.pop("mesh", None) or [1, saved.get("devices") or 1], tuple[int, ...],
-      "the configuration's 'mesh'")
+    saved.pop("mesh", None) or [1, saved.get("devices") or 1],
+    tuple[int, ...],
+    "the configuration's 'mesh'",
+  )
   config = checkpoint.config_from(SageConfig, saved)
-  dataset = load_dataset(checkpoint.check_entries(meta["data"], DATA_ENTRIES,
-                                                  "a GraphSAGE checkpoint"))
+  dataset = load_dataset(
+    checkpoint.check_entries(meta["data"], DATA_ENTRIES, "a GraphSAGE checkpoint")
+  )
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-  model = GraphSAGE(dataset.features.shape[1] + config.embed_dim, config.hidden,
-                    dataset.num_classes, num_layers=len(config.fanouts), dtype=dtype,
-                    rngs=nnx.Rngs(config.seed))
+  model = GraphSAGE(
+    dataset.features.shape[1] + config.embed_dim,
+    config.hidden,
+    dataset.num_classes,
+    num_layers=len(config.fanouts),
+    dtype=dtype,
+    rngs=nnx.Rngs(config.seed),
+  )
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
   if config.embed_dim:
@@ -448,12 +545,17 @@ def restore(path: str, meta: dict):
     total, visible = processes * per_process, len(jax.local_devices(backend=config.platform))
     if total > visible:
       raise ValueError(
-          f"load_model: {path}: this GraphSAGE was trained and measured on a mesh of {total} "
-          f"devices ({processes} process(es) x {per_process}); its sampled evaluation splits "
-          f"each batch over that many devices, but this process sees {visible} (on the CPU: "
-          f"XLA_FLAGS=--xla_force_host_platform_device_count={total})")
-    result = train(dataset, dataclasses.replace(config, epochs=0, devices=total),
-                   init=nnx.state(model, nnx.Param), embedding=embedding)
+        f"load_model: {path}: this GraphSAGE was trained and measured on a mesh of {total} "
+        f"devices ({processes} process(es) x {per_process}); its sampled evaluation splits "
+        f"each batch over that many devices, but this process sees {visible} (on the CPU: "
+        f"XLA_FLAGS=--xla_force_host_platform_device_count={total})"
+      )
+    result = train(
+      dataset,
+      dataclasses.replace(config, epochs=0, devices=total),
+      init=nnx.state(model, nnx.Param),
+      embedding=embedding,
+    )
     return {"test_accuracy": result.test_accuracy}
 
   def predict(nodes=None, *, key=None, batch_size: int = 1024) -> np.ndarray:
@@ -463,8 +565,10 @@ def restore(path: str, meta: dict):
     n = dataset.num_nodes
     nodes = np.arange(n) if nodes is None else np.asarray(nodes)
     if nodes.ndim != 1 or nodes.dtype.kind not in "iu":
-      raise TypeError(f"predict: nodes must be a 1-D array of integer node ids, got "
-                      f"{nodes.dtype} of shape {nodes.shape}")
+      raise TypeError(
+        f"predict: nodes must be a 1-D array of integer node ids, got "
+        f"{nodes.dtype} of shape {nodes.shape}"
+      )
     if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
       raise ValueError(f"predict: node ids must be in [0, {n}), got {nodes.min()}..{nodes.max()}")
     if batch_size < 1:
@@ -476,8 +580,11 @@ def restore(path: str, meta: dict):
     graphdef, state = nnx.split(model)
     key = jax.random.key(config.seed) if key is None else key
     out = np.empty(len(nodes), np.int32)
-    with jax.default_device(cpu), HostGraph(dataset.indptr, dataset.indices,
-                                            features=features) as graph:
+    with (
+      jax.default_device(cpu),
+      HostGraph(dataset.indptr, dataset.indices, features=features) as graph,
+    ):
+
       @jax.jit
       def batch(state, seeds, key):
         blocks = sample_neighbors(graph, seeds, config.fanouts, key)
@@ -486,16 +593,23 @@ def restore(path: str, meta: dict):
 
       state = jax.device_put(state, cpu)
       for i, start in enumerate(range(0, len(nodes), batch_size)):
-        part = nodes[start:start + batch_size]
+        part = nodes[start : start + batch_size]
         seeds = np.full(batch_size, -1, np.int32)
-        seeds[:len(part)] = part
-        out[start:start + len(part)] = np.asarray(
-            batch(state, seeds, jax.random.fold_in(key, i)))[:len(part)]
+        seeds[: len(part)] = part
+        out[start : start + len(part)] = np.asarray(
+          batch(state, seeds, jax.random.fold_in(key, i))
+        )[: len(part)]
     return out
 
-  return checkpoint.Loaded("sage", model, meta, evaluate=evaluate, predict=predict,
-                           optimizer_state=state.get("optimizer"),
-                           tables=None if embedding is None else {"embedding": embedding})
+  return checkpoint.Loaded(
+    "sage",
+    model,
+    meta,
+    evaluate=evaluate,
+    predict=predict,
+    optimizer_state=state.get("optimizer"),
+    tables=None if embedding is None else {"embedding": embedding},
+  )
 
 
 class _CpuBatches:
@@ -505,6 +619,7 @@ class _CpuBatches:
     self.cpu = jax.devices("cpu")[0]
     self.graph, self.labels, self.fanouts, self.depth = graph, labels, fanouts, depth
     self.sharding = NamedSharding(mesh, P("data"))
+
     def prepare(seeds, key):
       blocks = sample_neighbors(graph, seeds, fanouts, key)
       return blocks.gather(graph.features), blocks.masks
@@ -516,8 +631,9 @@ class _CpuBatches:
     parts = np.split(seeds, ndev)  # each device's share samples with its own key, like "host"
     feats, masks = [], []
     for d, part in enumerate(parts):
-      f, m = self.prepare(jax.device_put(part, self.cpu),
-                          jax.device_put(jax.random.fold_in(key, d), self.cpu))
+      f, m = self.prepare(
+        jax.device_put(part, self.cpu), jax.device_put(jax.random.fold_in(key, d), self.cpu)
+      )
       feats.append(f)
       masks.append(m)
     # Per hop, concatenate the devices' shares on the host, then one transfer per array.
@@ -528,8 +644,9 @@ class _CpuBatches:
 
   def stream(self, rows: np.ndarray, epoch_key) -> Iterator[tuple]:
     cpu_key = jax.device_put(epoch_key, self.cpu)
-    return prefetched((self.one(seeds, jax.random.fold_in(cpu_key, i))
-                       for i, seeds in enumerate(rows)), self.depth)
+    return prefetched(
+      (self.one(seeds, jax.random.fold_in(cpu_key, i)) for i, seeds in enumerate(rows)), self.depth
+    )
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -537,72 +654,130 @@ class _CpuBatches:
 
 def add_arguments(parser):
   """`jaxdata train sage` options."""
-  parser.add_argument("--pipeline", choices=PIPELINES, default="host",
-                      help="host: GPU samples and gathers from host memory (jaxdata); device: "
-                           "all in device memory; cpu: CPU samples and gathers, device_put")
-  parser.add_argument("--nodes", type=command.integer(1, 2**31 - 1), default=100_000,
-                      help="synthetic graph: nodes")
-  parser.add_argument("--edges", type=command.positive_int, default=2_000_000,
-                      help="synthetic graph: edges")
-  parser.add_argument("--features", type=command.positive_int, default=64,
-                      help="synthetic graph: feature size")
-  parser.add_argument("--classes", type=command.positive_int, default=8,
-                      help="synthetic graph: classes")
-  parser.add_argument("--fanouts", type=command.listing(command.positive_int), default=[15, 10],
-                      help="neighbours sampled per hop, comma-separated")
-  parser.add_argument("--batch-size", type=command.positive_int, default=1024,
-                      help="seeds per device per step")
+  parser.add_argument(
+    "--pipeline",
+    choices=PIPELINES,
+    default="host",
+    help="host: GPU samples and gathers from host memory (jaxdata); device: "
+    "all in device memory; cpu: CPU samples and gathers, device_put",
+  )
+  parser.add_argument(
+    "--nodes", type=command.integer(1, 2**31 - 1), default=100_000, help="synthetic graph: nodes"
+  )
+  parser.add_argument(
+    "--edges", type=command.positive_int, default=2_000_000, help="synthetic graph: edges"
+  )
+  parser.add_argument(
+    "--features", type=command.positive_int, default=64, help="synthetic graph: feature size"
+  )
+  parser.add_argument(
+    "--classes", type=command.positive_int, default=8, help="synthetic graph: classes"
+  )
+  parser.add_argument(
+    "--fanouts",
+    type=command.listing(command.positive_int),
+    default=[15, 10],
+    help="neighbours sampled per hop, comma-separated",
+  )
+  parser.add_argument(
+    "--batch-size", type=command.positive_int, default=1024, help="seeds per device per step"
+  )
   parser.add_argument("--hidden", type=command.positive_int, default=256, help="hidden features")
-  parser.add_argument("--lr", type=command.positive_float, default=3e-3,
-                      help="Adam's learning rate")
+  parser.add_argument(
+    "--lr", type=command.positive_float, default=3e-3, help="Adam's learning rate"
+  )
   parser.add_argument("--epochs", type=command.positive_int, default=5, help="training epochs")
-  parser.add_argument("--devices", type=command.natural_int, default=1,
-                      help="data-parallel over this many local devices (0: all)")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                      help="compute dtype (parameters stay float32)")
+  parser.add_argument(
+    "--devices",
+    type=command.natural_int,
+    default=1,
+    help="data-parallel over this many local devices (0: all)",
+  )
+  parser.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default="float32",
+    help="compute dtype (parameters stay float32)",
+  )
   parser.add_argument("--seed", type=command.seed, default=0, help="seed of data and model")
   add_out_argument(parser, "sage")
-  parser.add_argument("--cache", type=command.fraction, default=0.0,
-                      help="host pipeline: keep this fraction of the feature rows (the most "
-                           "sampled) in device memory")
-  parser.add_argument("--embed-dim", type=command.natural_int, default=0,
-                      help="learnable node embeddings this wide in host memory, concatenated to "
-                           "the features (0: none)")
-  parser.add_argument("--table-optimizer", choices=tuple(sparse.BY_NAME), default="adam",
-                      help="--embed-dim: the sparse optimizer of the embedding table (lazy Adam "
-                           "by default; the learning rate is --lr)")
+  parser.add_argument(
+    "--cache",
+    type=command.fraction,
+    default=0.0,
+    help="host pipeline: keep this fraction of the feature rows (the most "
+    "sampled) in device memory",
+  )
+  parser.add_argument(
+    "--embed-dim",
+    type=command.natural_int,
+    default=0,
+    help="learnable node embeddings this wide in host memory, concatenated to "
+    "the features (0: none)",
+  )
+  parser.add_argument(
+    "--table-optimizer",
+    choices=tuple(sparse.BY_NAME),
+    default="adam",
+    help="--embed-dim: the sparse optimizer of the embedding table (lazy Adam "
+    "by default; the learning rate is --lr)",
+  )
 
 
 def main(args) -> int:
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
   try:
-    config = SageConfig(pipeline=args.pipeline, fanouts=tuple(args.fanouts),
-                        batch_size=args.batch_size, hidden=args.hidden, learning_rate=args.lr,
-                        epochs=args.epochs, seed=args.seed, dtype=args.dtype,
-                        devices=devices_flag(args.devices), cache=args.cache,
-                        embed_dim=args.embed_dim, table_optimizer=args.table_optimizer)
+    config = SageConfig(
+      pipeline=args.pipeline,
+      fanouts=tuple(args.fanouts),
+      batch_size=args.batch_size,
+      hidden=args.hidden,
+      learning_rate=args.lr,
+      epochs=args.epochs,
+      seed=args.seed,
+      dtype=args.dtype,
+      devices=devices_flag(args.devices),
+      cache=args.cache,
+      embed_dim=args.embed_dim,
+      table_optimizer=args.table_optimizer,
+    )
   except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
     raise command.UsageError(str(e)) from None
   if args.cache and args.pipeline != "host":
-    raise command.UsageError(f"argument --cache: a device cache of feature rows is for "
-                             f"--pipeline host; --pipeline {args.pipeline} would ignore it")
+    raise command.UsageError(
+      f"argument --cache: a device cache of feature rows is for "
+      f"--pipeline host; --pipeline {args.pipeline} would ignore it"
+    )
   if args.classes > args.nodes:
-    raise command.UsageError(f"argument --nodes: {args.nodes} nodes cannot hold --classes "
-                             f"{args.classes} (every class needs a node)")
+    raise command.UsageError(
+      f"argument --nodes: {args.nodes} nodes cannot hold --classes "
+      f"{args.classes} (every class needs a node)"
+    )
   check_fanouts(config.fanouts, config.batch_size)
   with console.status("generating the synthetic graph"):
-    data = {"source": "powerlaw", "nodes": args.nodes, "edges": args.edges,
-            "features": args.features, "classes": args.classes, "seed": args.seed}
+    data = {
+      "source": "powerlaw",
+      "nodes": args.nodes,
+      "edges": args.edges,
+      "features": args.features,
+      "classes": args.classes,
+      "seed": args.seed,
+    }
     table = HostTable.empty((args.nodes, args.features), np.float32)
     dataset = load_dataset(data, features_out=table.as_numpy())
-  console.print(f"[bold]{dataset.name}[/]: {dataset.num_nodes:,} nodes, {dataset.num_edges:,} "
-                f"edges, {args.features} features, {dataset.num_classes} classes, "
-                f"{len(dataset.train_nodes):,} train seeds | pipeline {config.pipeline}, "
-                f"fanouts {config.fanouts}, {jax.devices()[0].platform} x "
-                f"{len(jax.devices()) if config.devices is None else config.devices}"
-                + (f" | {config.embed_dim}-wide node embeddings in host memory "
-                   f"({config.table_optimizer})" if config.embed_dim else ""))
+  console.print(
+    f"[bold]{dataset.name}[/]: {dataset.num_nodes:,} nodes, {dataset.num_edges:,} "
+    f"edges, {args.features} features, {dataset.num_classes} classes, "
+    f"{len(dataset.train_nodes):,} train seeds | pipeline {config.pipeline}, "
+    f"fanouts {config.fanouts}, {jax.devices()[0].platform} x "
+    f"{len(jax.devices()) if config.devices is None else config.devices}"
+    + (
+      f" | {config.embed_dim}-wide node embeddings in host memory ({config.table_optimizer})"
+      if config.embed_dim
+      else ""
+    )
+  )
   with HostGraph(dataset.indptr, dataset.indices, features=table) as graph, table:
     with progress(console, "epoch {task.fields[epoch]}", None, epoch=1) as update:
 
@@ -611,12 +786,15 @@ def main(args) -> int:
 
       def on_epoch(r):
         more = r["epoch"] < config.epochs  # the bar moves on to the next epoch, if there is one
-        update(**(dict(epoch=r["epoch"] + 1, completed=0) if more else {}),
-               metrics=f"loss {r['loss']:.4f}  val acc {r.get('val_accuracy', 0):.3f}")
+        update(
+          **(dict(epoch=r["epoch"] + 1, completed=0) if more else {}),
+          metrics=f"loss {r['loss']:.4f}  val acc {r.get('val_accuracy', 0):.3f}",
+        )
         console.print(
-            f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  train acc {r['train_accuracy']:.4f}  "
-            f"val acc {r.get('val_accuracy', float('nan')):.4f}  {r['seconds']:.2f} s  "
-            f"({r['seeds_per_second']:,.0f} seeds/s)")
+          f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  train acc {r['train_accuracy']:.4f}  "
+          f"val acc {r.get('val_accuracy', float('nan')):.4f}  {r['seconds']:.2f} s  "
+          f"({r['seeds_per_second']:,.0f} seeds/s)"
+        )
 
       result = train(dataset, config, graph=graph, on_epoch=on_epoch, on_batch=on_batch)
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")

@@ -14,18 +14,39 @@ meaningful there); ``pair``, ``pair_offsets`` and ``pair_edges`` link edges to p
 Feature widths are compile-time constants, so every loop over features has a known trip count.
 The IR's expressions print as C the same way for both targets (`codegen.common`).
 """
+
 from __future__ import annotations
 
 from jaxdata.hector.codegen import cpu, cuda
-from jaxdata.hector.codegen.cuda import (GEMM_TILE_ROWS, MATHS, SOFTMAX_BLOCK_DEGREE,
-                                         SOFTMAX_GROUP, SOFTMAX_MAX_WIDTH, WGRAD_TILE_ROWS,
-                                         Tile, launch, math, tilings)
+from jaxdata.hector.codegen.cuda import (
+  GEMM_TILE_ROWS,
+  MATHS,
+  SOFTMAX_BLOCK_DEGREE,
+  SOFTMAX_GROUP,
+  SOFTMAX_MAX_WIDTH,
+  WGRAD_TILE_ROWS,
+  Tile,
+  launch,
+  math,
+  tilings,
+)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
-__all__ = ["generate", "launch", "math", "tile_rows", "tilings", "zero_output", "Tile",
-           "GEMM_TILE_ROWS",
-           "WGRAD_TILE_ROWS", "SOFTMAX_BLOCK_DEGREE", "SOFTMAX_GROUP", "SOFTMAX_MAX_WIDTH",
-           "MATHS"]
+__all__ = [
+  "generate",
+  "launch",
+  "math",
+  "tile_rows",
+  "tilings",
+  "zero_output",
+  "Tile",
+  "GEMM_TILE_ROWS",
+  "WGRAD_TILE_ROWS",
+  "SOFTMAX_BLOCK_DEGREE",
+  "SOFTMAX_GROUP",
+  "SOFTMAX_MAX_WIDTH",
+  "MATHS",
+]
 
 
 def tile_rows(k, kind: str = "fma") -> int:
@@ -48,9 +69,15 @@ def zero_output(k) -> bool:
   return True
 
 
-def generate(k, dtypes: tuple[str, ...], target: str, label: str = "",
-             precision: str = "default", out_dtype: str = "float32",
-             tile: Tile | None = None) -> str:
+def generate(
+  k,
+  dtypes: tuple[str, ...],
+  target: str,
+  label: str = "",
+  precision: str = "default",
+  out_dtype: str = "float32",
+  tile: Tile | None = None,
+) -> str:
   """The source of one kernel instance for "cpu" or "cuda"; `dtypes` gives each input slot's
   dtype ("float32" or "bfloat16") and `out_dtype` the output's (bfloat16 only where
   `zero_output(k)` is false: summed rows stay float32); `label` goes into the first comment
@@ -58,8 +85,9 @@ def generate(k, dtypes: tuple[str, ...], target: str, label: str = "",
   kernels are always float32-exact, as `jnp.dot` is on the CPU); `tile` a CUDA tensor-core
   instance's tiling (`tilings`; by default its first)."""
   if out_dtype != "float32" and zero_output(k):
-    raise ValueError(f"hector: {k.template} sums into its output, which must be float32, not "
-                     f"{out_dtype}")
+    raise ValueError(
+      f"hector: {k.template} sums into its output, which must be float32, not {out_dtype}"
+    )
   if target == "cpu":
     body = cpu.generate(k, dtypes, out_dtype)
   elif target == "cuda":

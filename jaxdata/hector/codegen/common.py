@@ -1,6 +1,7 @@
 """What the CPU and CUDA generators share: the fixed source files, the operand pointers a
 kernel declares (from `operands`), the edge-range guard and the printing of IR expressions,
 loads and weight elements as C expressions (the same text compiles as C++ and as CUDA)."""
+
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,7 @@ _CTYPES = {"float32": "float", "bfloat16": "unsigned short"}
 @functools.cache
 def template(name: str) -> str:
   """The text of a fixed source file in jaxdata/hector/templates/ (read once)."""
-  return resources.files("jaxdata.hector").joinpath("templates", name).read_text()
+  return resources.files("jaxdata.hector").joinpath("templates").joinpath(name).read_text()
 
 
 def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar, out_dtype: str = "float32") -> str:
@@ -35,8 +36,9 @@ def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar, out_dtype: str = "
   for s, dt in enumerate(dtypes):
     name, t = f"in{s}", _CTYPES[dt]
     if used(name):
-      lines.append(f"  const {t}* __restrict__ {name} = "
-                   f"(const {t}*){ptr(operands.index(name, n))};")
+      lines.append(
+        f"  const {t}* __restrict__ {name} = (const {t}*){ptr(operands.index(name, n))};"
+      )
   t = _CTYPES[out_dtype]
   lines.append(f"  {t}* __restrict__ out = ({t}*){ptr(operands.index('out', n))};")
   for name in operands.SCALAR_NAMES:
@@ -46,20 +48,20 @@ def pointers(body: str, dtypes: tuple[str, ...], ptr, scalar, out_dtype: str = "
 
 
 _UNARY = {
-    "relu": "fmaxf({x}, 0.0f)",
-    "exp": "expf({x})",
-    "tanh": "tanhf({x})",
-    "sigmoid": "(1.0f / (1.0f + expf(-({x}))))",
-    "neg": "(-({x}))",
-    "leaky_relu": "leaky_relu({x}, {p})",
+  "relu": "fmaxf({x}, 0.0f)",
+  "exp": "expf({x})",
+  "tanh": "tanhf({x})",
+  "sigmoid": "(1.0f / (1.0f + expf(-({x}))))",
+  "neg": "(-({x}))",
+  "leaky_relu": "leaky_relu({x}, {p})",
 }
 _UNARY_GRAD = {
-    "relu": "(({x}) > 0.0f ? ({g}) : 0.0f)",
-    "exp": "(({g}) * expf({x}))",
-    "tanh": "(({g}) * (1.0f - tanhf({x}) * tanhf({x})))",
-    "sigmoid": "(({g}) * (1.0f / (1.0f + expf(-({x})))) * (1.0f - 1.0f / (1.0f + expf(-({x})))))",
-    "neg": "(-({g}))",
-    "leaky_relu": "leaky_relu_grad({x}, {g}, {p})",
+  "relu": "(({x}) > 0.0f ? ({g}) : 0.0f)",
+  "exp": "(({g}) * expf({x}))",
+  "tanh": "(({g}) * (1.0f - tanhf({x}) * tanhf({x})))",
+  "sigmoid": "(({g}) * (1.0f / (1.0f + expf(-({x})))) * (1.0f - 1.0f / (1.0f + expf(-({x})))))",
+  "neg": "(-({g}))",
+  "leaky_relu": "leaky_relu_grad({x}, {g}, {p})",
 }
 #: below every score (the softmax's running maximum starts here; scores are finite)
 LOWEST = "-3.402823466e+38f"
@@ -82,6 +84,7 @@ def reads_valid(k) -> bool:
   (MUTAG RGCN forward on the H200: 63 -> 58 us, .ci/probe_inference.py). The same on every
   target: which operands a call passes is decided before it is lowered for one."""
   from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
+
   return bool(VALID_MASK) and not (isinstance(k, (Gemm, WeightGrad)) and not cuda.thin(k))
 
 
@@ -91,15 +94,19 @@ def guard(k) -> str:
   with `row_ok` (templates/common.h; on the edges, the edge's pair too). Offsets read from the
   graph are clamped with `span(x, lo, hi)`."""
   if reads_valid(k):
-    return ("  // a row whose ids are out of range contributes nothing (operands.valid_rows)\n"
-            "  auto ok = [&](int64_t e) -> bool {\n"
-            "    return (unsigned long long)e < (unsigned long long)E && valid[e];\n"
-            "  };\n")
+    return (
+      "  // a row whose ids are out of range contributes nothing (operands.valid_rows)\n"
+      "  auto ok = [&](int64_t e) -> bool {\n"
+      "    return (unsigned long long)e < (unsigned long long)E && valid[e];\n"
+      "  };\n"
+    )
   pair = ", pair, P" if k.domain != "compact" else ""
-  return ("  // a row whose ids are out of range contributes nothing\n"
-          "  auto ok = [&](int64_t e) -> bool {\n"
-          f"    return row_ok(e, E, N, R, src, dst, etype{pair});\n"
-          "  };\n")
+  return (
+    "  // a row whose ids are out of range contributes nothing\n"
+    "  auto ok = [&](int64_t e) -> bool {\n"
+    f"    return row_ok(e, E, N, R, src, dst, etype{pair});\n"
+    "  };\n"
+  )
 
 
 def row_pointer(ld: Load, idx: str = "") -> str:
@@ -140,8 +147,10 @@ def expr(x: Expr, f: str, depth: int = 0) -> str:
     q, acc = f"dq{depth}", f"dacc{depth}"  # otherwise as an inlined lambda
     at = f"({f}) * {d} + {q}" if x.width else q
     a, b = (expr(y, at, depth + 1) for y in x.args)
-    return (f"[&]() {{ float {acc} = 0.0f; for (int {q} = 0; {q} < {d}; ++{q}) "
-            f"{acc} += {a} * {b}; return {acc}; }}()")
+    return (
+      f"[&]() {{ float {acc} = 0.0f; for (int {q} = 0; {q} < {d}; ++{q}) "
+      f"{acc} += {a} * {b}; return {acc}; }}()"
+    )
   a = [expr(y, index(f, x.width, y.width), depth) for y in x.args]
   if x.op == "mul":
     return f"({a[0]} * {a[1]})"
@@ -209,5 +218,3 @@ def row(ld: Load) -> str:
 def groups(end: str) -> tuple[str, str]:
   """(offsets, edge ids) of the graph view that groups edges by their `end` node."""
   return ("csc_offsets", "csc_edges") if end == "dst" else ("csr_offsets", "csr_edges")
-
-

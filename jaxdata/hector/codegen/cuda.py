@@ -17,15 +17,25 @@ the operands' dtypes and the matmul precision (`jaxdata.hector.precision`), as `
 NVIDIA GPU: bfloat16 operands always take the tensor cores; float32 operands take TF32 unless
 the precision is "highest".
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 
 from jaxdata.hector import operands
-from jaxdata.hector.codegen.common import (expr, groups, guard, pointers,
-                                           row_ids, row_pointer, scale, template, weight,
-                                           weight_offset)
+from jaxdata.hector.codegen.common import (
+  expr,
+  groups,
+  guard,
+  pointers,
+  row_ids,
+  row_pointer,
+  scale,
+  template,
+  weight,
+  weight_offset,
+)
 from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 
 #: the kinds of GEMM a CUDA GEMM or weight-gradient instance can be generated as
@@ -69,15 +79,22 @@ def _chunkable(k, dtypes: tuple[str, ...]) -> bool:
   its stride (its row width) are whole multiples of 4 bytes (`chunk` in templates/mma.cuh)."""
   size = lambda slot: 2 if dtypes[slot] == "bfloat16" else 4  # noqa: E731
   if isinstance(k, Gemm):
-    rows = [(k.rows.slot, k.k, max(k.rows.width, 1)),
-            (k.weight, k.k if k.transpose else k.n, k.k if k.transpose else k.n)]
+    rows = [
+      (k.rows.slot, k.k, max(k.rows.width, 1)),
+      (k.weight, k.k if k.transpose else k.n, k.k if k.transpose else k.n),
+    ]
   else:
     rows = [(k.left.slot, k.k, max(k.left.width, 1)), (k.right.slot, k.n, max(k.right.width, 1))]
   return all((extent | stride) * size(s) % 4 == 0 for s, extent, stride in rows)
 
 
-def generate(k, dtypes: tuple[str, ...], precision: str = "default",
-             out_dtype: str = "float32", tile: Tile | None = None) -> str:
+def generate(
+  k,
+  dtypes: tuple[str, ...],
+  precision: str = "default",
+  out_dtype: str = "float32",
+  tile: Tile | None = None,
+) -> str:
   """The CUDA source of instance `k` (`dtypes`: each input slot's dtype; `precision`: the
   matmul level of a GEMM; `out_dtype`: its output's; `tile`: a tensor-core instance's tiling,
   one of `tilings(k, kind)`, by default the first), without its label."""
@@ -90,10 +107,12 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
   else:
     body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
-  signature = (f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
-               f'extern "C" __global__ void __launch_bounds__({_bounds(k, tile)})'
-               f'{_cluster(k)}\n'
-               "jaxdata_hector_kernel(const Params p) {\n")
+  signature = (
+    f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
+    f'extern "C" __global__ void __launch_bounds__({_bounds(k, tile)})'
+    f"{_cluster(k)}\n"
+    "jaxdata_hector_kernel(const Params p) {\n"
+  )
   walks = isinstance(k, Traversal) or thin(k)
   prelude = ""
   if _softmax_kernel(k) and SOFTMAX_HUB_CLUSTER > 1:
@@ -108,10 +127,18 @@ def generate(k, dtypes: tuple[str, ...], precision: str = "default",
   prelude += template("common.h")
   if isinstance(k, Traversal) or thin(k):
     prelude += template("traversal.cuh")  # after common.h: it uses span()
-  return (prelude + signature +
-          pointers(body, dtypes, _buffer if walks and OPERAND_ALIGN else lambda i: f"p.buf[{i}]",
-                   lambda i: f"p.scal[{i}]", out_dtype) +
-          body)
+  return (
+    prelude
+    + signature
+    + pointers(
+      body,
+      dtypes,
+      _buffer if walks and OPERAND_ALIGN else lambda i: f"p.buf[{i}]",
+      lambda i: f"p.scal[{i}]",
+      out_dtype,
+    )
+    + body
+  )
 
 
 #: 1: traversals load through plain loads (which the compiler merges), not __ldg
@@ -170,9 +197,15 @@ def _bounds(k, tile: Tile | None) -> str:
   (which caps its registers), if any: SOFTMAX_MIN_BLOCKS for an edge softmax,
   TRAVERSAL_MIN_BLOCKS for another traversal, the tiling's for a tensor-core instance."""
   threads = _threads(k, tile)
-  blocks = (SOFTMAX_MIN_BLOCKS if _softmax_kernel(k) else
-            TRAVERSAL_MIN_BLOCKS if isinstance(k, Traversal) else
-            tile.min_blocks if tile is not None else 0)
+  blocks = (
+    SOFTMAX_MIN_BLOCKS
+    if _softmax_kernel(k)
+    else TRAVERSAL_MIN_BLOCKS
+    if isinstance(k, Traversal)
+    else tile.min_blocks
+    if tile is not None
+    else 0
+  )
   return f"{threads}, {blocks}" if blocks else str(threads)
 
 
@@ -180,8 +213,9 @@ def _bounds(k, tile: Tile | None) -> str:
 RELATION_RUN = 32
 
 
-def launch(k, num_tiles: int, num_edges: int, num_nodes: int = 0,
-           kind: str = "fma", tile: Tile | None = None) -> tuple[int, int]:
+def launch(
+  k, num_tiles: int, num_edges: int, num_nodes: int = 0, kind: str = "fma", tile: Tile | None = None
+) -> tuple[int, int]:
   """(blocks, threads) for a CUDA kernel instance (`num_tiles`: an upper bound; `num_edges`:
   the rows of the instance's domain; `kind`: its `math`; `tile`: its tiling, as in
   `generate`)."""
@@ -222,13 +256,14 @@ def _gemm(g: Gemm) -> str:
   is `gemm_simt` (templates/gemm.cuh); only its functors and arguments are generated here."""
   bn = _gemm_tile(g.n)
   rows, ids = _rows(g.rows)
-  return (_scale(g.scales) +
-          "  auto weight = [&](int64_t r, int h, int k, int n) -> float {\n"
-          f"    return {weight(g, 'k', 'n')};\n  }};\n"
-          f"  gemm_simt<{GEMM_TILE_ROWS}, 16, {bn}, {_micro(bn)}, {g.k}, {g.n}, {g.heads}, "
-          f"{_bool(g.transpose)}, {_bool(g.out != 'edge')}, {rows}, {_bool(g.scales)}>(\n"
-          f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {ids}, {_target(g)}, out, ok, "
-          "weight, scale);\n}\n")
+  return (
+    _scale(g.scales) + "  auto weight = [&](int64_t r, int h, int k, int n) -> float {\n"
+    f"    return {weight(g, 'k', 'n')};\n  }};\n"
+    f"  gemm_simt<{GEMM_TILE_ROWS}, 16, {bn}, {_micro(bn)}, {g.k}, {g.n}, {g.heads}, "
+    f"{_bool(g.transpose)}, {_bool(g.out != 'edge')}, {rows}, {_bool(g.scales)}>(\n"
+    f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {ids}, {_target(g)}, out, ok, "
+    "weight, scale);\n}\n"
+  )
 
 
 #: a GEMM that scatters into nodes over at most this many input features (and one head) runs as
@@ -238,8 +273,13 @@ GEMM_THIN_K = 4
 
 def thin(k) -> bool:
   """Whether instance `k` is a GEMM that `_thin_gemm` generates (`GEMM_THIN_K`)."""
-  return (isinstance(k, Gemm) and k.k <= GEMM_THIN_K and k.heads == 1 and
-          k.out in ("src", "dst") and k.domain == "edge")
+  return (
+    isinstance(k, Gemm)
+    and k.k <= GEMM_THIN_K
+    and k.heads == 1
+    and k.out in ("src", "dst")
+    and k.domain == "edge"
+  )
 
 
 def _thin_gemm(g: Gemm) -> str:
@@ -248,14 +288,17 @@ def _thin_gemm(g: Gemm) -> str:
   visiting the edges grouped by their target (the CSC or CSR view), one atomic per run of equal
   targets rather than, in a GEMM's tiles of one relation's edges, one per edge. Products and
   sums in float32 on CUDA cores (as the "fma" kind)."""
-  terms = " + ".join(f"ldf({row_pointer(g.rows, str(i))}) * {weight(g, str(i), 'f')}"
-                     for i in range(g.k))
+  terms = " + ".join(
+    f"ldf({row_pointer(g.rows, str(i))}) * {weight(g, str(i), 'f')}" for i in range(g.k)
+  )
   scaled = f" * ({scale(g.scales)})" if g.scales else ""
-  return (f"  auto value = [&](int64_t e, int f) -> float {{\n"
-          f"    const int64_t r = etype[e];\n    return ({terms}){scaled};\n  }};\n"
-          f"  auto target = [&](int64_t e) -> int64_t {{ return {g.out}[e]; }};\n"
-          f"  grouped_sum<{g.n}, {features_per_thread(g.n)}, {GROUP_RUN}>(E, {groups(g.out)[1]}, "
-          "out, ok, target, value);\n}\n")
+  return (
+    f"  auto value = [&](int64_t e, int f) -> float {{\n"
+    f"    const int64_t r = etype[e];\n    return ({terms}){scaled};\n  }};\n"
+    f"  auto target = [&](int64_t e) -> int64_t {{ return {g.out}[e]; }};\n"
+    f"  grouped_sum<{g.n}, {features_per_thread(g.n)}, {GROUP_RUN}>(E, {groups(g.out)[1]}, "
+    "out, ok, target, value);\n}\n"
+  )
 
 
 def _bool(x) -> str:
@@ -291,9 +334,11 @@ def _wgrad(w: WeightGrad) -> str:
 def _wgrad_call(name: str, tile: str, w: WeightGrad) -> str:
   """The call of weight-gradient template `name` with tile arguments `tile`."""
   (lrows, lids), (rrows, rids) = _rows(w.left), _rows(w.right)
-  return (f"  {name}<{tile}, {w.k}, {w.n}, {w.heads}, {lrows}, {rrows}, {_bool(w.scales)}>(\n"
-          f"      tiles, rel_offsets, R, E, in{w.left.slot}, {lids}, in{w.right.slot}, {rids}, "
-          "out, ok, scale);\n}\n")
+  return (
+    f"  {name}<{tile}, {w.k}, {w.n}, {w.heads}, {lrows}, {rrows}, {_bool(w.scales)}>(\n"
+    f"      tiles, rel_offsets, R, E, in{w.left.slot}, {lids}, in{w.right.slot}, {rids}, "
+    "out, ok, scale);\n}\n"
+  )
 
 
 # ----------------------------------------------------------------------------- tensor cores
@@ -321,6 +366,7 @@ class Tile:
   MMA_WGRAD_TILE_ROWS): `columns` output columns per block (of dW for a weight gradient) and
   `min_blocks`, the blocks per SM it is compiled to fit (0: no bound; more caps its
   registers). Any of `tilings` computes the same result from the same operands."""
+
   columns: int
   min_blocks: int = 0
 
@@ -352,14 +398,15 @@ def _gemm_mma(g: Gemm, kind: str, tile: Tile) -> str:
   here (`w_at`: the address of a weight element, loaded as TF32 or raw bfloat16 bits)."""
   bn = tile.columns
   rows, ids = _rows(g.rows)
-  return (_scale(g.scales) +
-          "  auto w_at = [&](int64_t r, int h, int k, int n) {\n"
-          f"    return in{g.weight} + {weight_offset(g, 'k', 'n')};\n  }};\n"
-          f"  gemm_mma<{_MMA[kind]}, {GEMM_TILE_ROWS}, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}, "
-          f"{g.k}, {g.n}, {g.heads}, {_bool(g.transpose)}, {_bool(g.out != 'edge')}, {rows}, "
-          f"{_bool(g.scales)}>(\n"
-          f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {ids}, {_target(g)}, out, ok, "
-          "w_at, scale);\n}\n")
+  return (
+    _scale(g.scales) + "  auto w_at = [&](int64_t r, int h, int k, int n) {\n"
+    f"    return in{g.weight} + {weight_offset(g, 'k', 'n')};\n  }};\n"
+    f"  gemm_mma<{_MMA[kind]}, {GEMM_TILE_ROWS}, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}, "
+    f"{g.k}, {g.n}, {g.heads}, {_bool(g.transpose)}, {_bool(g.out != 'edge')}, {rows}, "
+    f"{_bool(g.scales)}>(\n"
+    f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {ids}, {_target(g)}, out, ok, "
+    "w_at, scale);\n}\n"
+  )
 
 
 def _wgrad_mma(w: WeightGrad, kind: str, tile: Tile) -> str:
@@ -368,8 +415,8 @@ def _wgrad_mma(w: WeightGrad, kind: str, tile: Tile) -> str:
   instance is never "bf16"); only its arguments are generated here."""
   assert kind == "tf32" or not w.scales
   bn = tile.columns
-  tile = f"{_MMA[kind]}, {MMA_WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
-  return _scale(w.scales) + _wgrad_call("wgrad_mma", tile, w)
+  shape = f"{_MMA[kind]}, {MMA_WGRAD_TILE_ROWS}, 64, {bn}, {_MMA_TILES_M}, {_mma_warps_n(bn)}"
+  return _scale(w.scales) + _wgrad_call("wgrad_mma", shape, w)
 
 
 def _traversal(t: Traversal) -> str:
@@ -382,10 +429,12 @@ def _traversal(t: Traversal) -> str:
   if _grouped(t):
     order = "pair_edges" if t.sink == "pair" else groups(t.end)[1]
     target = "pair[e]" if t.sink == "pair" else f"{t.end}[e]"
-    return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-            f"  auto target = [&](int64_t e) -> int64_t {{ return {target}; }};\n"
-            f"  grouped_sum<{w}, {features_per_thread(w)}, {GROUP_RUN}>(E, {order}, out, ok, "
-            "target, value);\n}\n")
+    return (
+      f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
+      f"  auto target = [&](int64_t e) -> int64_t {{ return {target}; }};\n"
+      f"  grouped_sum<{w}, {features_per_thread(w)}, {GROUP_RUN}>(E, {order}, out, ok, "
+      "target, value);\n}\n"
+    )
   if t.sink == "store":
     write, skip = f"stf(out + e * {w} + f, v);", f"stf(out + e * {w} + f, 0.0f);"
   elif t.sink == "pair":  # on the compact domain (not `_grouped`)
@@ -394,10 +443,12 @@ def _traversal(t: Traversal) -> str:
     write = f"atomicAdd(out + ((int64_t)etype[e] * N + {t.end}[e]) * {w} + f, v);"
   if t.sink != "store":
     skip = ""
-  return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-          f"  auto write = [&](int64_t e, int f, float v) {{ {write} }};\n"
-          f"  auto skip = [&](int64_t e, int f) {{ {skip} }};\n"
-          f"  edge_map<{w}, {features_per_thread(w)}>(E, ok, value, write, skip);\n}}\n")
+  return (
+    f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
+    f"  auto write = [&](int64_t e, int f, float v) {{ {write} }};\n"
+    f"  auto skip = [&](int64_t e, int f) {{ {skip} }};\n"
+    f"  edge_map<{w}, {features_per_thread(w)}>(E, ok, value, write, skip);\n}}\n"
+  )
 
 
 #: positions of the grouped view each thread of a CUDA grouped sum walks (one atomic per run of
@@ -463,14 +514,18 @@ def _softmax(t: Traversal, w: int, value: str) -> str:
   through shared memory); each block takes SOFTMAX_THREADS / SOFTMAX_GROUP consecutive nodes.
   No atomics: `edge_softmax` in templates/traversal.cuh."""
   if w > SOFTMAX_MAX_WIDTH:
-    raise NotImplementedError(f"hector: a CUDA edge softmax over {w} scores per edge (at most "
-                              f"{SOFTMAX_MAX_WIDTH}: one maximum and one sum per score are kept "
-                              "in registers)")
+    raise NotImplementedError(
+      f"hector: a CUDA edge softmax over {w} scores per edge (at most "
+      f"{SOFTMAX_MAX_WIDTH}: one maximum and one sum per score are kept "
+      "in registers)"
+    )
   off, eids = groups(t.end)
-  return (f"  auto score = [&](int64_t e, int f) {{ return {value}; }};\n"
-          f"  float m[{w}], s[{w}], x[{w}];\n"
-          f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
-          f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n")
+  return (
+    f"  auto score = [&](int64_t e, int f) {{ return {value}; }};\n"
+    f"  float m[{w}], s[{w}], x[{w}];\n"
+    f"  edge_softmax<{w}, {_threads(t)}, {SOFTMAX_BLOCK_DEGREE}, {SOFTMAX_GROUP}>(N, E, "
+    f"{off}, {eids}, out, ok, score, m, s, x);\n}}\n"
+  )
 
 
 def _relation_sum(w: int, value: str) -> str:
@@ -478,8 +533,10 @@ def _relation_sum(w: int, value: str) -> str:
   sorted by relation, so it sums while the relation stays the same and adds one atomic per
   relation it crosses (rather than one per edge into the same R * width outputs):
   `relation_sum` in templates/traversal.cuh."""
-  return (f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
-          f"  relation_sum<{w}, {relation_features(w)}>(E, etype, out, ok, value);\n}}\n")
+  return (
+    f"  auto value = [&](int64_t e, int f) -> float {{ return {value}; }};\n"
+    f"  relation_sum<{w}, {relation_features(w)}>(E, etype, out, ok, value);\n}}\n"
+  )
 
 
 #: features of a row each thread of a CUDA relation sum owns, at most (as TRAVERSAL_FEATURES)

@@ -21,13 +21,15 @@ Full-graph training with Adam; the loss is the cross entropy of the training pap
     result = train(synthetic_mag(scale=0.005, num_classes=32), TrainConfig(model="hgt"))
     print(result.test_accuracy)
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,16 +40,29 @@ from flax import nnx
 from jaxdata import command, distributed
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
-from jaxdata.hector.passes import PASSES, select as select_passes
+from jaxdata.hector.passes import PASSES
+from jaxdata.hector.passes import select as select_passes
 from jaxdata.nn import HGT, RGAT, RGCN, layer_stack
 from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
-from jaxdata.train.common import (MINIBATCH_DEFAULTS, DeviceBudgetError, TrainResult, accuracy,
-                                  add_minibatch_arguments, add_record, add_offload_arguments,
-                                  add_out_argument, check_offload_arguments, minibatch_options,
-                                  progress, refuse_without_minibatch, say_saved, devices_flag)
+from jaxdata.train.common import (
+  MINIBATCH_DEFAULTS,
+  DeviceBudgetError,
+  TrainResult,
+  accuracy,
+  add_minibatch_arguments,
+  add_offload_arguments,
+  add_out_argument,
+  add_record,
+  check_offload_arguments,
+  devices_flag,
+  minibatch_options,
+  progress,
+  refuse_without_minibatch,
+  say_saved,
+)
 
 MODELS = ("rgat", "hgt")
 #: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
@@ -64,18 +79,18 @@ MULTI_PROCESS = True
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  model: str = "hgt"       # or "rgat", "rgcn"
+  model: str = "hgt"  # or "rgat", "rgcn"
   epochs: int = 40
   hidden: int = 64
   heads: int = 4
   learning_rate: float = 0.005
   seed: int = 0
-  dtype: str = "float32"   # or "bfloat16" (parameters stay float32)
+  dtype: str = "float32"  # or "bfloat16" (parameters stay float32)
   passes: tuple[str, ...] | None = None  # hector's optimizing passes (None: all)
   embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
-  embed_dim: int = 64      # the width of those embeddings
+  embed_dim: int = 64  # the width of those embeddings
   devices: int | None = 1  # per process; None: every local device (attention.partitioned)
-  layers: int = 2          # graph layers (RGAT: all alike; HGT: the first reads every type's width)
+  layers: int = 2  # graph layers (RGAT: all alike; HGT: the first reads every type's width)
   num_bases: int | None = None  # RGCN: shared bases per layer (None: a full weight per relation)
 
   def __post_init__(self):
@@ -95,8 +110,9 @@ class TrainConfig:
     if self.layers < 1:
       raise ValueError(f"layers must be >= 1, got {self.layers}")
     if self.num_bases is not None and (self.model != "rgcn" or self.num_bases < 1):
-      raise ValueError(f"num_bases is RGCN's and must be >= 1 or None, got {self.num_bases} "
-                       f"for {self.model!r}")
+      raise ValueError(
+        f"num_bases is RGCN's and must be >= 1 or None, got {self.num_bases} for {self.model!r}"
+      )
 
 
 class _Classifier(nnx.Module):
@@ -110,8 +126,14 @@ class _Classifier(nnx.Module):
   as host arrays at the end, `set_tables`).
   """
 
-  def _init_tables(self, rows: Sequence[int], embedded: Sequence[int], dim: int,
-                   rngs: nnx.Rngs, tables: bool = True):
+  def _init_tables(
+    self,
+    rows: Sequence[int],
+    embedded: Sequence[int],
+    dim: int,
+    rngs: nnx.Rngs,
+    tables: bool = True,
+  ):
     self.embedded = tuple(embedded)
     if tables:
       self.tables = nnx.List([nnx.Embed(rows[t], dim, rngs=rngs) for t in self.embedded])
@@ -125,11 +147,10 @@ class _Classifier(nnx.Module):
     `embedded` order), kept as they are: NumPy arrays stay in host memory until a full-graph
     call moves them."""
     if len(arrays) != len(self.embedded):
-      raise ValueError(f"set_tables: {len(arrays)} arrays for {len(self.embedded)} embedded "
-                       f"types")
-    self.tables = nnx.List([
-        nnx.Embed(*np.shape(x), embedding_init=lambda *_, x=x: x, rngs=nnx.Rngs(0))
-        for x in arrays])
+      raise ValueError(f"set_tables: {len(arrays)} arrays for {len(self.embedded)} embedded types")
+    self.tables = nnx.List(
+      [nnx.Embed(*np.shape(x), embedding_init=lambda *_, x=x: x, rngs=nnx.Rngs(0)) for x in arrays]
+    )
 
   def inputs(self, xs: Sequence[jax.Array | None]) -> list[jax.Array]:
     """`xs` with each embedded type's features (None or anything) replaced by its embedding."""
@@ -149,8 +170,9 @@ class _Classifier(nnx.Module):
     """The graph layers, input to output."""
     return [getattr(self, f"conv{i}") for i in range(1, self.layers + 1)]
 
-  def stack(self, graph: GraphArrays, rows: Sequence[int]
-            ) -> tuple[list[nnx.Module], layer_stack.LayerFn, jax.ShapeDtypeStruct]:
+  def stack(
+    self, graph: GraphArrays, rows: Sequence[int]
+  ) -> tuple[list[nnx.Module], layer_stack.LayerFn, jax.ShapeDtypeStruct]:
     """The layers an offload plan covers (`stack_layers` of them, alike), the function of one
     (graph closed over) and its input's shape, on a graph whose node types have `rows` nodes:
     what `layer_stack.plan` measures."""
@@ -161,9 +183,9 @@ class _Classifier(nnx.Module):
     """How many layers a plan (`__call__`'s `plan`) has one policy for."""
     raise NotImplementedError
 
-  def block_stack(self, blocks, types: jax.Array
-                  ) -> tuple[list[nnx.Module], list[layer_stack.LayerFn],
-                             list[jax.ShapeDtypeStruct]]:
+  def block_stack(
+    self, blocks, types: jax.Array
+  ) -> tuple[list[nnx.Module], list[layer_stack.LayerFn], list[jax.ShapeDtypeStruct]]:
     """On sampled blocks (`on_blocks`, `types` each outermost slot's node type): the layers a
     plan covers (`stack_layers` of them), each one's function (its hop's block closed over;
     it returns the block's destination rows) and each one's input shape, in the order they
@@ -172,8 +194,10 @@ class _Classifier(nnx.Module):
 
   def _check_blocks(self, blocks):
     if len(blocks.graphs) != self.layers:
-      raise ValueError(f"{type(self).__name__}.on_blocks: {len(blocks.graphs)} sampled hops for "
-                       f"{self.layers} layers (give one fanout per layer)")
+      raise ValueError(
+        f"{type(self).__name__}.on_blocks: {len(blocks.graphs)} sampled hops for "
+        f"{self.layers} layers (give one fanout per layer)"
+      )
 
 
 def is_table(path, value) -> bool:
@@ -185,21 +209,42 @@ def is_table(path, value) -> bool:
 class RGATClassifier(_Classifier):
   """Per-type linear maps to `hidden`, RGAT -> ReLU -> RGAT -> ReLU, a linear classifier."""
 
-  def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
-               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
-               embedded: Sequence[int] = (), tables: bool = True):
+  def __init__(
+    self,
+    in_features: Sequence[int],
+    num_relations: int,
+    num_classes: int,
+    config: TrainConfig,
+    *,
+    rngs: nnx.Rngs,
+    rows: Sequence[int] = (),
+    embedded: Sequence[int] = (),
+    tables: bool = True,
+  ):
     self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
     dtype = jnp.dtype(config.dtype)
     h, heads = config.hidden, config.heads
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
-    conv = lambda: RGAT(h, h // heads, num_relations=num_relations, heads=heads,  # noqa: E731
-                        self_loop=True, passes=config.passes, dtype=dtype, rngs=rngs)
+
+    def conv():
+      return RGAT(
+        h,
+        h // heads,
+        num_relations=num_relations,
+        heads=heads,
+        self_loop=True,
+        passes=config.passes,
+        dtype=dtype,
+        rngs=rngs,
+      )
+
     self._init_convs([conv() for _ in range(config.layers)])
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
     self.hidden, self.dtype = h, dtype
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
-               plan: Sequence | None = None) -> jax.Array:
+  def __call__(
+    self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int, plan: Sequence | None = None
+  ) -> jax.Array:
     """Paper logits. `plan`: None (plain layers) or one `jaxdata.offload.Policy` per layer
     (`stack_layers`): the same logits and gradients, each layer's residuals kept, offloaded
     or recomputed as its policy says."""
@@ -210,14 +255,23 @@ class RGATClassifier(_Classifier):
     x = layer_stack.run(layers, layer_fn, x, plan)
     return self.classify(x[:papers]).astype(jnp.float32)
 
-  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array], types: jax.Array,
-                   start, rows: int, gather: Callable) -> jax.Array:
+  def on_partition(
+    self,
+    graph: GraphArrays,
+    xs: Sequence[jax.Array],
+    types: jax.Array,
+    start,
+    rows: int,
+    gather: Callable,
+  ) -> jax.Array:
     """The same model on one destination part (`jaxdata.hector.partition`): logits for the
     owned rows ``start:start + rows`` (every owned node, not only papers). `xs[t]` holds type
     t's features on the owned rows (zeros elsewhere), `types` their node types (-1: padding);
     `gather` all-gathers each device's rows (``jax.lax.all_gather(h, axis, tiled=True)``)."""
-    x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
-            for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
+    x = sum(
+      jnp.where((types == t)[:, None], lin(x_t), 0)
+      for t, (lin, x_t) in enumerate(zip(self.embed, xs))
+    )
     x = jax.nn.relu(self.conv1.on_partition(graph, gather(x), start, rows))
     x = jax.nn.relu(self.conv2.on_partition(graph, gather(x), start, rows))
     return self.classify(x).astype(jnp.float32)
@@ -235,16 +289,19 @@ class RGATClassifier(_Classifier):
     """The checkpoint names a layer tags (`layer_stack.candidates`)."""
     return RGAT_NAMES
 
-  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array,
-                plan: Sequence | None = None) -> jax.Array:
+  def on_blocks(
+    self, blocks, xs: Sequence[jax.Array], types: jax.Array, plan: Sequence | None = None
+  ) -> jax.Array:
     """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
     type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
     slot's node type. Returns logits for the slots of the seeds' frontier. `plan`: None or one
     `jaxdata.offload.Policy` per layer (`stack_layers`), as `__call__` takes it: each layer
     call under its own policy (`layer_stack.run_each`), the same logits and gradients."""
     self._check_blocks(blocks)
-    x = sum(jnp.where((types == t)[:, None], lin(x_t), 0)
-            for t, (lin, x_t) in enumerate(zip(self.embed, xs)))
+    x = sum(
+      jnp.where((types == t)[:, None], lin(x_t), 0)
+      for t, (lin, x_t) in enumerate(zip(self.embed, xs))
+    )
     layers, layer_fns, _ = self.block_stack(blocks, types)
     x = layer_stack.run_each(layers, layer_fns, x, plan)
     return self.classify(x).astype(jnp.float32)
@@ -256,8 +313,7 @@ class RGATClassifier(_Classifier):
       hop = self.layers - 1 - i
       graph, rows = blocks.graphs[hop], blocks.nodes[hop].shape[0]
       fns.append(lambda conv, h, graph=graph, rows=rows: jax.nn.relu(conv(graph, h))[:rows])
-      inputs.append(jax.ShapeDtypeStruct((blocks.nodes[hop + 1].shape[0], self.hidden),
-                                         self.dtype))
+      inputs.append(jax.ShapeDtypeStruct((blocks.nodes[hop + 1].shape[0], self.hidden), self.dtype))
     return self.convs, fns, inputs
 
 
@@ -275,17 +331,38 @@ class RGCNClassifier(RGATClassifier):
   featureless type reads a learnable embedding (`TrainConfig.embed`), as with RGAT and HGT.
   """
 
-  def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
-               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
-               embedded: Sequence[int] = (), tables: bool = True):
+  def __init__(
+    self,
+    in_features: Sequence[int],
+    num_relations: int,
+    num_classes: int,
+    config: TrainConfig,
+    *,
+    rngs: nnx.Rngs,
+    rows: Sequence[int] = (),
+    embedded: Sequence[int] = (),
+    tables: bool = True,
+  ):
     # pylint: disable=super-init-not-called  (RGAT's layers are not built)
     self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
     dtype = jnp.dtype(config.dtype)
     h = config.hidden
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dtype, rngs=rngs) for d in in_features])
-    self._init_convs([RGCN(h, h, num_relations=num_relations, num_bases=config.num_bases,
-                           self_loop=True, use_bias=True, dtype=dtype, rngs=rngs)
-                      for _ in range(config.layers)])
+    self._init_convs(
+      [
+        RGCN(
+          h,
+          h,
+          num_relations=num_relations,
+          num_bases=config.num_bases,
+          self_loop=True,
+          use_bias=True,
+          dtype=dtype,
+          rngs=rngs,
+        )
+        for _ in range(config.layers)
+      ]
+    )
     self.classify = nnx.Linear(h, num_classes, dtype=dtype, rngs=rngs)
     self.hidden, self.dtype = h, dtype
 
@@ -302,21 +379,36 @@ class HGTClassifier(_Classifier):
   The layers after the first are alike (hidden in, hidden out): an offload plan covers them.
   Between them every type's rows travel as one ``[N, hidden]`` array, types in id order."""
 
-  def __init__(self, in_features: Sequence[int], num_relations: int, num_classes: int,
-               config: TrainConfig, *, rngs: nnx.Rngs, rows: Sequence[int] = (),
-               embedded: Sequence[int] = (), tables: bool = True):
+  def __init__(
+    self,
+    in_features: Sequence[int],
+    num_relations: int,
+    num_classes: int,
+    config: TrainConfig,
+    *,
+    rngs: nnx.Rngs,
+    rows: Sequence[int] = (),
+    embedded: Sequence[int] = (),
+    tables: bool = True,
+  ):
     self._init_tables(rows, embedded, config.embed_dim, rngs, tables)
     dtype = jnp.dtype(config.dtype)
-    common = dict(num_relations=num_relations, heads=config.heads, passes=config.passes,
-                  dtype=dtype, rngs=rngs)
-    self._init_convs([HGT(in_features, config.hidden, **common)]
-                     + [HGT((config.hidden,) * len(in_features), config.hidden, **common)
-                        for _ in range(config.layers - 1)])
+    common = dict(
+      num_relations=num_relations, heads=config.heads, passes=config.passes, dtype=dtype, rngs=rngs
+    )
+    self._init_convs(
+      [HGT(in_features, config.hidden, **common)]
+      + [
+        HGT((config.hidden,) * len(in_features), config.hidden, **common)
+        for _ in range(config.layers - 1)
+      ]
+    )
     self.classify = nnx.Linear(config.hidden, num_classes, dtype=dtype, rngs=rngs)
     self.hidden, self.dtype = config.hidden, dtype
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int,
-               plan: Sequence | None = None) -> jax.Array:
+  def __call__(
+    self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int, plan: Sequence | None = None
+  ) -> jax.Array:
     """Paper logits. `plan`: None (plain layers) or one `jaxdata.offload.Policy` per layer
     after the first (`stack_layers`): the same logits and gradients, each layer's residuals
     kept, offloaded or recomputed as its policy says."""
@@ -327,13 +419,14 @@ class HGTClassifier(_Classifier):
     rows = [h.shape[0] for h in hs]
     layers, layer_fn, _ = self.stack(graph, rows)
     h = layer_stack.run(layers, layer_fn, jnp.concatenate(hs), plan)
-    return self.classify(h[:rows[0]]).astype(jnp.float32)
+    return self.classify(h[: rows[0]]).astype(jnp.float32)
 
   def stack(self, graph, rows):
     bounds = np.cumsum([0, *rows]).tolist()
 
     def layer_fn(conv, h):
       return jnp.concatenate(conv(graph, [h[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+
     return self.convs[1:], layer_fn, jax.ShapeDtypeStruct((sum(rows), self.hidden), self.dtype)
 
   @property
@@ -345,16 +438,24 @@ class HGTClassifier(_Classifier):
     """The checkpoint names a layer tags (`layer_stack.candidates`)."""
     return HGT_NAMES
 
-  def on_partition(self, graph: GraphArrays, xs: Sequence[jax.Array], types: jax.Array,
-                   start, rows: int, gather: Callable) -> jax.Array:
+  def on_partition(
+    self,
+    graph: GraphArrays,
+    xs: Sequence[jax.Array],
+    types: jax.Array,
+    start,
+    rows: int,
+    gather: Callable,
+  ) -> jax.Array:
     """The same model on one destination part, as `RGATClassifier.on_partition`."""
     del rows  # the owned rows are types' rows
     h = self.conv1.on_partition(graph, xs, types, start, gather)
     h = self.conv2.on_partition(graph, h, types, start, gather)
     return self.classify(h).astype(jnp.float32)
 
-  def on_blocks(self, blocks, xs: Sequence[jax.Array], types: jax.Array,
-                plan: Sequence | None = None) -> jax.Array:
+  def on_blocks(
+    self, blocks, xs: Sequence[jax.Array], types: jax.Array, plan: Sequence | None = None
+  ) -> jax.Array:
     """The same model on sampled blocks, as `RGATClassifier.on_blocks` (the seeds are papers;
     `plan`: one policy per layer after the first)."""
     self._check_blocks(blocks)
@@ -369,14 +470,18 @@ class HGTClassifier(_Classifier):
     for hop in range(self.layers - 2, -1, -1):  # the layers after the first, outermost hop first
       graph, rows = blocks.graphs[hop], blocks.nodes[hop].shape[0]
       slots = blocks.nodes[hop + 1].shape[0]
-      fns.append(lambda conv, h, graph=graph, rows=rows, slots=slots: conv.on_slots(
-          graph, h, types[:slots], rows=rows))
+      fns.append(
+        lambda conv, h, graph=graph, rows=rows, slots=slots: conv.on_slots(
+          graph, h, types[:slots], rows=rows
+        )
+      )
       inputs.append(jax.ShapeDtypeStruct((slots, self.hidden), self.dtype))
     return self.convs[1:], fns, inputs
 
 
-def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *,
-                tables: bool = True) -> nnx.Module:
+def build_model(
+  dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *, tables: bool = True
+) -> nnx.Module:
   """The classifier `config` names for `dataset`; `tables=False` leaves out the embedding
   tables of `config.embed` (mini-batch training keeps them in host memory) and gives the other
   parameters the values they have with them."""
@@ -387,22 +492,31 @@ def build_model(dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *,
     raise ValueError(f"embed: a node type is named twice in {config.embed}")
   unknown = [t for t in config.embed if t not in names]
   if unknown:
-    raise ValueError(f"embed: no node type {', '.join(map(repr, unknown))} (the types are "
-                     f"{', '.join(names)})")
+    raise ValueError(
+      f"embed: no node type {', '.join(map(repr, unknown))} (the types are {', '.join(names)})"
+    )
   embedded = tuple(names.index(t) for t in config.embed)
   if 0 in embedded:
     raise ValueError("embed: papers keep their features (the classifier reads them)")
-  widths = tuple(config.embed_dim if t in embedded else x.shape[1]
-                 for t, x in enumerate(dataset.features))
+  widths = tuple(
+    config.embed_dim if t in embedded else x.shape[1] for t, x in enumerate(dataset.features)
+  )
   cls = {"hgt": HGTClassifier, "rgat": RGATClassifier, "rgcn": RGCNClassifier}[config.model]
-  return cls(widths, dataset.graph.num_relations, dataset.num_classes, config, rngs=rngs,
-             rows=tuple(len(x) for x in dataset.features), embedded=embedded, tables=tables)
+  return cls(
+    widths,
+    dataset.graph.num_relations,
+    dataset.num_classes,
+    config,
+    rngs=rngs,
+    rows=tuple(len(x) for x in dataset.features),
+    embedded=embedded,
+    tables=tables,
+  )
 
 
 def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array | None]:
   """Every node type's features on the device; None for embedded types (the model has them)."""
-  return [None if t in model.embedded else jnp.asarray(x)
-          for t, x in enumerate(dataset.features)]
+  return [None if t in model.embedded else jnp.asarray(x) for t, x in enumerate(dataset.features)]
 
 
 #: Makes a plan (one offload policy per stacked layer) for a freshly built model, the graph and
@@ -410,9 +524,13 @@ def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array |
 Planner = Callable[[nnx.Module, GraphArrays, list], Sequence]
 
 
-def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
-          plan: Sequence | Planner | None = None,
-          on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
+def train(
+  dataset: MagDataset,
+  config: TrainConfig = TrainConfig(),
+  *,
+  plan: Sequence | Planner | None = None,
+  on_epoch: Callable[[dict], None] | None = None,
+) -> TrainResult:
   """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies.
 
   With more than one device in all (`config.devices` per process, times the processes of a
@@ -426,9 +544,12 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
   """
   if config.devices != 1 or jax.process_count() > 1:
     if plan is not None or config.layers != 2:
-      raise ValueError("train: over several devices (the partitioned path) the model has two "
-                       "layers and no offload plan")
+      raise ValueError(
+        "train: over several devices (the partitioned path) the model has two "
+        "layers and no offload plan"
+      )
     from jaxdata.train.attention import partitioned  # pylint: disable=g-import-not-at-top
+
     return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
@@ -439,8 +560,10 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
   if plan is not None:
     plan = tuple(plan)
     if len(plan) != model.stack_layers:
-      raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
-                       f"{model.stack_layers} stacked layers")
+      raise ValueError(
+        f"train: the plan has {len(plan)} policies for the model's "
+        f"{model.stack_layers} stacked layers"
+      )
   papers = dataset.node_range("paper")[1]
   labels = jnp.asarray(dataset.labels)
   train_idx = jnp.asarray(dataset.train_papers)
@@ -462,8 +585,9 @@ def train(dataset: MagDataset, config: TrainConfig = TrainConfig(), *,
   for epoch in range(1, config.epochs + 1):
     t0 = time.perf_counter()
     loss, acc = step(model, optimizer, graph, xs)
-    record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(acc),
-                  seconds=time.perf_counter() - t0)
+    record = dict(
+      epoch=epoch, loss=float(loss), train_accuracy=float(acc), seconds=time.perf_counter() - t0
+    )
     record["val_accuracy"] = evaluate(model, dataset, graph, xs)["val_accuracy"]
     add_record(history, record, on_epoch)
   final = evaluate(model, dataset, graph, xs)
@@ -476,8 +600,15 @@ def candidates(model: nnx.Module) -> dict:
   return layer_stack.candidates(model.names())
 
 
-def budget_planner(budget_bytes: int, store, *, tier: str = "auto", repeats: int = 5,
-                   say: Callable[[str], None] | None = None, blocks: bool = False) -> Planner:
+def budget_planner(
+  budget_bytes: int,
+  store,
+  *,
+  tier: str = "auto",
+  repeats: int = 5,
+  say: Callable[[str], None] | None = None,
+  blocks: bool = False,
+) -> Planner:
   """A `Planner` for `train`: keep / offload / recompute per stacked layer so that their
   residuals and inputs fit `budget_bytes` of device memory (measured on the default device;
   `jaxdata.nn.layer_stack.plan`); offloads go to `store` (a `jaxdata.offload.TensorStore`).
@@ -488,25 +619,47 @@ def budget_planner(budget_bytes: int, store, *, tier: str = "auto", repeats: int
 
   def planner(model, graph, xs):
     if not model.stack_layers:
-      raise ValueError(f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
-                       "stacked layers to plan (HGT's first layer is not one of them)")
+      raise ValueError(
+        f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
+        "stacked layers to plan (HGT's first layer is not one of them)"
+      )
     progress = (lambda name: say(f"  measuring a layer under {name} ...")) if say else None
     if blocks:  # graph: sampled blocks, xs: the outermost slots' node types
       progress = (lambda name: say(f"  measuring {name} ...")) if say else None
       layers, layer_fns, inputs = model.block_stack(graph, xs)
-      best, bw = layer_stack.plan_each(layers, layer_fns, inputs, budget_bytes, store,
-                                       candidates(model), tier=tier, repeats=repeats,
-                                       progress=progress)
+      best, bw = layer_stack.plan_each(
+        layers,
+        layer_fns,
+        inputs,
+        budget_bytes,
+        store,
+        candidates(model),
+        tier=tier,
+        repeats=repeats,
+        progress=progress,
+      )
     else:
       rows = [x.shape[0] for x in model.inputs(xs)]
       layers, layer_fn, x = model.stack(graph, rows)
-      best, bw = layer_stack.plan(layers, layer_fn, x, budget_bytes, store, candidates(model),
-                                  tier=tier, repeats=repeats, progress=progress)
+      best, bw = layer_stack.plan(
+        layers,
+        layer_fn,
+        x,
+        budget_bytes,
+        store,
+        candidates(model),
+        tier=tier,
+        repeats=repeats,
+        progress=progress,
+      )
     if say:
-      say(f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
-          f"{best.device_bytes / 2**20:.1f} MiB resident, {best.offload_bytes / 2**20:.1f} MiB "
-          f"offloaded at {bw / 1e9:.1f} GB/s)")
+      say(
+        f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
+        f"{best.device_bytes / 2**20:.1f} MiB resident, {best.offload_bytes / 2**20:.1f} MiB "
+        f"offloaded at {bw / 1e9:.1f} GB/s)"
+      )
     return list(best.policies)
+
   return planner
 
 
@@ -515,24 +668,35 @@ def _predict(model, graph, xs, papers):
   return jnp.argmax(model(graph, xs, papers), -1)
 
 
-def predict(model: nnx.Module, dataset: MagDataset, graph: GraphArrays | None = None,
-            xs: Sequence[jax.Array] | None = None) -> jax.Array:
+def predict(
+  model: nnx.Module,
+  dataset: MagDataset,
+  graph: GraphArrays | None = None,
+  xs: Sequence[jax.Array] | None = None,
+) -> jax.Array:
   """The predicted class of every paper."""
   graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
   xs = device_features(dataset, model) if xs is None else xs
   return _predict(model, graph, xs, dataset.node_range("paper")[1])
 
 
-def evaluate(model: nnx.Module, dataset: MagDataset, graph: GraphArrays | None = None,
-             xs: Sequence[jax.Array] | None = None) -> dict:
+def evaluate(
+  model: nnx.Module,
+  dataset: MagDataset,
+  graph: GraphArrays | None = None,
+  xs: Sequence[jax.Array] | None = None,
+) -> dict:
   """{"val_accuracy", "test_accuracy"} of `model` on `dataset`'s papers (NaN for an empty split)."""
   predicted = np.asarray(predict(model, dataset, graph, xs))
 
   def accuracy(papers) -> float:
     idx = np.asarray(papers)
     return float(np.mean(predicted[idx] == dataset.labels[idx])) if len(idx) else float("nan")
-  return {"val_accuracy": accuracy(dataset.val_papers),
-          "test_accuracy": accuracy(dataset.test_papers)}
+
+  return {
+    "val_accuracy": accuracy(dataset.val_papers),
+    "test_accuracy": accuracy(dataset.test_papers),
+  }
 
 
 #: The entries of a data description (`load_dataset`).
@@ -542,6 +706,7 @@ DATA_ENTRIES = {"scale": float, "seed": int, "classes": int}
 def load_dataset(data: dict) -> MagDataset:
   """The synthetic ogbn-mag a data description names ({"scale", "seed", "classes"})."""
   from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
+
   return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
 
 
@@ -549,108 +714,181 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
   """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.train.checkpoint`;
   kind `KINDS[config.model]`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   return checkpoint.save_nnx(
-      path, kind=KINDS[config.model], model=result.model, optimizer=result.optimizer,
-      config=config, data=data, step=len(result.history), history=result.history,
-      metrics=result.metrics, metrics_note=result.metrics_note)
+    path,
+    kind=KINDS[config.model],
+    model=result.model,
+    optimizer=result.optimizer,
+    config=config,
+    data=data,
+    step=len(result.history),
+    history=result.history,
+    metrics=result.metrics,
+    metrics_note=result.metrics_note,
+  )
 
 
 def restore(path: str, meta: dict):
   """Rebuilds a saved RGAT / HGT / RGCN classifier and its data (`checkpoint.load_model`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   config = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
   if KINDS.get(config.model) != meta["kind"]:
-    raise ValueError(f"load_model: {path}: a checkpoint of kind {meta['kind']!r} holding a "
-                     f"{config.model!r} model (its configuration's model)")
-  dataset = load_dataset(checkpoint.check_entries(meta["data"], DATA_ENTRIES, "a synthetic_mag "
-                                                                            "checkpoint"))
+    raise ValueError(
+      f"load_model: {path}: a checkpoint of kind {meta['kind']!r} holding a "
+      f"{config.model!r} model (its configuration's model)"
+    )
+  dataset = load_dataset(
+    checkpoint.check_entries(meta["data"], DATA_ENTRIES, "a synthetic_mag checkpoint")
+  )
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded(meta["kind"], model, meta, evaluate=lambda: evaluate(model, dataset),
-                           predict=lambda: predict(model, dataset),
-                           optimizer_state=optimizer if has_optimizer else None)
+  return checkpoint.Loaded(
+    meta["kind"],
+    model,
+    meta,
+    evaluate=lambda: evaluate(model, dataset),
+    predict=lambda: predict(model, dataset),
+    optimizer_state=optimizer if has_optimizer else None,
+  )
 
 
 # ----------------------------------------------------------------------------- the CLI
 #: The options that only --minibatch uses, and their defaults (`refuse_without_minibatch`).
-MINIBATCH_ONLY = dict(MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0, prefetch=False,
-                      device_bytes=None)
+MINIBATCH_ONLY = dict(
+  MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0, prefetch=False, device_bytes=None
+)
 
 
 def add_arguments(parser, model: str):
   """`jaxdata train rgat|hgt` options."""
   parser.set_defaults(attention_model=model)
-  parser.add_argument("--scale", type=command.positive_float, default=0.005,
-                      help="synthetic_mag's share of ogbn-mag's size (default 0.005: about 9,700 "
-                           "nodes and 211,000 edges, a minute on a 2-core CPU; 1.0: full size, "
-                           "for a GPU)")
-  parser.add_argument("--classes", type=command.positive_int, default=None,
-                      help="paper classes (default: ogbn-mag's 349, or fewer at small scales "
-                           "so that every class has about 100 papers)")
+  parser.add_argument(
+    "--scale",
+    type=command.positive_float,
+    default=0.005,
+    help="synthetic_mag's share of ogbn-mag's size (default 0.005: about 9,700 "
+    "nodes and 211,000 edges, a minute on a 2-core CPU; 1.0: full size, "
+    "for a GPU)",
+  )
+  parser.add_argument(
+    "--classes",
+    type=command.positive_int,
+    default=None,
+    help="paper classes (default: ogbn-mag's 349, or fewer at small scales "
+    "so that every class has about 100 papers)",
+  )
   parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
-  parser.add_argument("--layers", type=command.positive_int, default=2,
-                      help="graph layers (default 2; with --minibatch, one --fanouts entry each)")
-  parser.add_argument("--heads", type=command.positive_int, default=4,
-                      help="attention heads (--hidden must be a multiple)")
-  parser.add_argument("--lr", type=command.positive_float, default=0.005,
-                      help="Adam's learning rate")
+  parser.add_argument(
+    "--layers",
+    type=command.positive_int,
+    default=2,
+    help="graph layers (default 2; with --minibatch, one --fanouts entry each)",
+  )
+  parser.add_argument(
+    "--heads",
+    type=command.positive_int,
+    default=4,
+    help="attention heads (--hidden must be a multiple)",
+  )
+  parser.add_argument(
+    "--lr", type=command.positive_float, default=0.005, help="Adam's learning rate"
+  )
   parser.add_argument("--seed", type=command.seed, default=0, help="seed of data and model")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                      help="compute dtype (parameters stay float32)")
-  parser.add_argument("--passes", default=None, type=_passes,
-                      help="hector passes, comma-separated (reorder,compact; 'none' for none; "
-                           "default all)")
-  parser.add_argument("--embed", type=command.listing(str), default=[],
-                      help="node types whose input is a learnable embedding instead of their "
-                           "features, comma-separated (ogbn-mag's featureless types: author,"
-                           "institution,field_of_study); with --minibatch they train in host "
-                           "memory with a sparse optimizer")
-  parser.add_argument("--embed-dim", type=command.positive_int, default=64,
-                      help="--embed: the embeddings' width")
-  parser.add_argument("--devices", type=command.natural_int, default=1,
-                      help="full-graph training over this many local devices (0: all), the "
-                           "graph partitioned by destination nodes; with several processes the "
-                           "mesh spans every process's devices (jaxdata.train.attention."
-                           "partitioned); with --minibatch, data parallel, --batch-size seeds "
-                           "per device")
-  parser.add_argument("--minibatch", action="store_true",
-                      help="train on sampled mini-batches, graph and features in host memory "
-                           "(see jaxdata.train.attention.minibatch)")
-  add_minibatch_arguments(parser, batch_size=MINIBATCH_ONLY["batch_size"],
-                          seeds="papers per device", tables="the embedding tables (--embed)")
-  parser.add_argument("--cache", type=command.fraction, default=MINIBATCH_ONLY["cache"],
-                      help="--minibatch, host pipeline: keep this fraction of each feature "
-                           "table's rows (its most sampled nodes) in device memory")
-  parser.add_argument("--device-bytes", type=command.size_or_auto,
-                      default=MINIBATCH_ONLY["device_bytes"],
-                      help="--minibatch, host pipeline: the device holds at most this many bytes "
-                           "of parameters, optimizer state and cached feature rows (e.g. 8GiB, "
-                           "or auto: a quarter of the feature and embedding tables; the cache "
-                           "gets what the dense model leaves)")
-  parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction,
-                      default=MINIBATCH_ONLY["prefetch"],
-                      help="--minibatch: each step also samples the next batch and gathers its "
-                           "feature rows (the same results; off by default: on the H200 it is "
-                           "3.6x slower, see docs/benchmarks/hetero_notes.md)")
-  add_offload_arguments(parser, planned="jaxdata.nn.layer_stack.plan: RGAT's every layer, "
-                        "HGT's after the first",
-                        policies="recompute, keep[nodes], offload[edges], offload[dots]+in, "
-                                 "offload[in], ...")
+  parser.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default="float32",
+    help="compute dtype (parameters stay float32)",
+  )
+  parser.add_argument(
+    "--passes",
+    default=None,
+    type=_passes,
+    help="hector passes, comma-separated (reorder,compact; 'none' for none; default all)",
+  )
+  parser.add_argument(
+    "--embed",
+    type=command.listing(str),
+    default=[],
+    help="node types whose input is a learnable embedding instead of their "
+    "features, comma-separated (ogbn-mag's featureless types: author,"
+    "institution,field_of_study); with --minibatch they train in host "
+    "memory with a sparse optimizer",
+  )
+  parser.add_argument(
+    "--embed-dim", type=command.positive_int, default=64, help="--embed: the embeddings' width"
+  )
+  parser.add_argument(
+    "--devices",
+    type=command.natural_int,
+    default=1,
+    help="full-graph training over this many local devices (0: all), the "
+    "graph partitioned by destination nodes; with several processes the "
+    "mesh spans every process's devices (jaxdata.train.attention."
+    "partitioned); with --minibatch, data parallel, --batch-size seeds "
+    "per device",
+  )
+  parser.add_argument(
+    "--minibatch",
+    action="store_true",
+    help="train on sampled mini-batches, graph and features in host memory "
+    "(see jaxdata.train.attention.minibatch)",
+  )
+  add_minibatch_arguments(
+    parser,
+    batch_size=MINIBATCH_ONLY["batch_size"],
+    seeds="papers per device",
+    tables="the embedding tables (--embed)",
+  )
+  parser.add_argument(
+    "--cache",
+    type=command.fraction,
+    default=MINIBATCH_ONLY["cache"],
+    help="--minibatch, host pipeline: keep this fraction of each feature "
+    "table's rows (its most sampled nodes) in device memory",
+  )
+  parser.add_argument(
+    "--device-bytes",
+    type=command.size_or_auto,
+    default=MINIBATCH_ONLY["device_bytes"],
+    help="--minibatch, host pipeline: the device holds at most this many bytes "
+    "of parameters, optimizer state and cached feature rows (e.g. 8GiB, "
+    "or auto: a quarter of the feature and embedding tables; the cache "
+    "gets what the dense model leaves)",
+  )
+  parser.add_argument(
+    "--prefetch",
+    action=argparse.BooleanOptionalAction,
+    default=MINIBATCH_ONLY["prefetch"],
+    help="--minibatch: each step also samples the next batch and gathers its "
+    "feature rows (the same results; off by default: on the H200 it is "
+    "3.6x slower, see docs/benchmarks/hetero_notes.md)",
+  )
+  add_offload_arguments(
+    parser,
+    planned="jaxdata.nn.layer_stack.plan: RGAT's every layer, HGT's after the first",
+    policies="recompute, keep[nodes], offload[edges], offload[dots]+in, offload[in], ...",
+  )
   add_out_argument(parser, model)
 
 
 def _passes(text: str) -> tuple[str, ...]:
   """--passes: 'none', or hector pass names, comma-separated."""
   import argparse  # pylint: disable=g-import-not-at-top
+
   if text == "none":
     return ()
   names = tuple(p.strip() for p in text.split(","))
   unknown = [p for p in names if p not in PASSES]
   if unknown or not all(names):
-    raise argparse.ArgumentTypeError(f"unknown pass(es) {', '.join(unknown) or repr(text)}; "
-                                     f"choose from {', '.join(PASSES)}, or 'none'")
+    raise argparse.ArgumentTypeError(
+      f"unknown pass(es) {', '.join(unknown) or repr(text)}; "
+      f"choose from {', '.join(PASSES)}, or 'none'"
+    )
   return names
 
 
@@ -659,16 +897,19 @@ def default_classes(scale: float) -> int:
   return int(max(2, min(NUM_CLASSES, round(NUM_NODES["paper"] * scale / 100))))
 
 
-def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on_epoch,
-                     minibatch=None) -> TrainResult:
+def _train_offloaded(
+  dataset: MagDataset, config: TrainConfig, args, console, on_epoch, minibatch=None
+) -> TrainResult:
   """`train` (with `minibatch`: `minibatch.train`) under --offload: a TensorStore (--ram,
   --ssd-dir), the planner under --budget or one --plan policy for every planned layer, and a
   line on what went where."""
   # pylint: disable=g-import-not-at-top
   from jaxdata.offload import TensorStore
   from jaxdata.offload.store import summary as store_summary
-  store_args = {k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir))
-                if v is not None}
+
+  store_args = {
+    k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir)) if v is not None
+  }
   say = lambda text: console.print(text, markup=False)  # noqa: E731
   with TensorStore(**store_args) as store:
     probed = {}
@@ -680,13 +921,19 @@ def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on
           plan = measure(model, graph, xs)
         except ValueError as e:
           raise command.UsageError(f"argument --budget: {e}") from None
-        say(f"plan under {args.budget:,} bytes: " + ", ".join(
+        say(
+          f"plan under {args.budget:,} bytes: "
+          + ", ".join(
             f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
-            for a, b, p in segments(plan, len(plan))) + f" (of the {model.stack_layers} "
-            "planned layers)")
+            for a, b, p in segments(plan, len(plan))
+          )
+          + f" (of the {model.stack_layers} "
+          "planned layers)"
+        )
         probed.update(store.stats())  # the planner's bandwidth probe spilled too
         return plan
     else:
+
       def planner(model, graph, xs):
         del graph, xs
         try:
@@ -694,10 +941,12 @@ def _train_offloaded(dataset: MagDataset, config: TrainConfig, args, console, on
         except ValueError as e:
           raise command.UsageError(f"argument --plan: {e}") from None
         return [policy] * model.stack_layers
+
     if minibatch is None:
       result = train(dataset, config, plan=planner, on_epoch=on_epoch)
     else:
       from jaxdata.train.attention import minibatch as hetero  # pylint: disable=g-import-not-at-top
+
       result = hetero.train(dataset, config, minibatch, plan=planner, on_epoch=on_epoch)
     say(store_summary(store.stats(), probed))
   return result
@@ -711,51 +960,80 @@ def main(args) -> int:
   devices = devices_flag(args.devices)
   one_device = devices == 1 and jax.process_count() == 1
   if not one_device and args.embed and not args.minibatch:
-    raise command.UsageError("argument --embed: full-graph training runs on one device of one "
-                             "process; with --devices or several processes add --minibatch")
+    raise command.UsageError(
+      "argument --embed: full-graph training runs on one device of one "
+      "process; with --devices or several processes add --minibatch"
+    )
   if not one_device and args.minibatch and args.prefetch:
-    raise command.UsageError("argument --prefetch: runs on one device of one process; "
-                             "--devices and several processes train without it")
+    raise command.UsageError(
+      "argument --prefetch: runs on one device of one process; "
+      "--devices and several processes train without it"
+    )
   if args.attention_model != "rgcn" and args.hidden % args.heads:
-    raise command.UsageError(f"argument --hidden: {args.hidden} is not a multiple of --heads "
-                             f"{args.heads}")
+    raise command.UsageError(
+      f"argument --hidden: {args.hidden} is not a multiple of --heads {args.heads}"
+    )
   if len(set(args.embed)) != len(args.embed):
-    raise command.UsageError(f"argument --embed: a node type is named twice in "
-                             f"{','.join(args.embed)}")
+    raise command.UsageError(
+      f"argument --embed: a node type is named twice in {','.join(args.embed)}"
+    )
   bad = [t for t in args.embed if t not in NODE_TYPES[1:]]
   if bad:
-    raise command.UsageError(f"argument --embed: {', '.join(map(repr, bad))} is not a "
-                             f"featureless-able node type; choose from "
-                             f"{','.join(NODE_TYPES[1:])} (papers keep their features)")
+    raise command.UsageError(
+      f"argument --embed: {', '.join(map(repr, bad))} is not a "
+      f"featureless-able node type; choose from "
+      f"{','.join(NODE_TYPES[1:])} (papers keep their features)"
+    )
   check_offload_arguments(args)  # --budget sets args.offload
   if not one_device and args.minibatch and args.offload:
-    raise command.UsageError("argument --budget/--offload: --minibatch with an offload plan "
-                             "runs on one device of one process")
+    raise command.UsageError(
+      "argument --budget/--offload: --minibatch with an offload plan "
+      "runs on one device of one process"
+    )
   if not one_device and not args.minibatch and (args.offload or args.layers != 2):
-    raise command.UsageError(f"argument {'--layers' if args.layers != 2 else '--budget/--offload'}"
-                             ": several devices (the partitioned path) train two layers without "
-                             "an offload plan")
+    raise command.UsageError(
+      f"argument {'--layers' if args.layers != 2 else '--budget/--offload'}"
+      ": several devices (the partitioned path) train two layers without "
+      "an offload plan"
+    )
   passes = args.passes
-  config = TrainConfig(model=args.attention_model, epochs=args.epochs, hidden=args.hidden,
-                       heads=args.heads, learning_rate=args.lr, seed=args.seed, dtype=args.dtype,
-                       passes=passes, embed=tuple(args.embed), embed_dim=args.embed_dim,
-                       devices=devices, layers=args.layers,
-                       num_bases=getattr(args, "bases", None) or None)  # rgcn's --bases
+  config = TrainConfig(
+    model=args.attention_model,
+    epochs=args.epochs,
+    hidden=args.hidden,
+    heads=args.heads,
+    learning_rate=args.lr,
+    seed=args.seed,
+    dtype=args.dtype,
+    passes=passes,
+    embed=tuple(args.embed),
+    embed_dim=args.embed_dim,
+    devices=devices,
+    layers=args.layers,
+    num_bases=getattr(args, "bases", None) or None,
+  )  # rgcn's --bases
   minibatch = None
   auto = args.device_bytes == "auto"  # resolved once the tables' sizes are known
   refuse_without_minibatch(args, MINIBATCH_ONLY)
   if args.minibatch:
     from jaxdata.train.attention import minibatch as hetero
+
     options = minibatch_options(args, args.layers)
     if args.cache and args.pipeline != "host":
-      raise command.UsageError("argument --cache: a device cache is for --pipeline host (the "
-                               "device pipeline has every row on the device)")
+      raise command.UsageError(
+        "argument --cache: a device cache is for --pipeline host (the "
+        "device pipeline has every row on the device)"
+      )
     if args.device_bytes is not None and (args.cache or args.pipeline != "host"):
-      raise command.UsageError("argument --device-bytes: for --pipeline host, without --cache "
-                               "(it sizes the cache)")
-    minibatch = hetero.MinibatchConfig(cache=args.cache, prefetch=args.prefetch,
-                                       device_bytes=None if auto else args.device_bytes,
-                                       **options)
+      raise command.UsageError(
+        "argument --device-bytes: for --pipeline host, without --cache (it sizes the cache)"
+      )
+    minibatch = hetero.MinibatchConfig(
+      cache=args.cache,
+      prefetch=args.prefetch,
+      device_bytes=None if auto else args.device_bytes,
+      **options,
+    )
   classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
   data = {"scale": args.scale, "seed": args.seed, "classes": classes}
@@ -763,46 +1041,61 @@ def main(args) -> int:
   g = dataset.graph
   empty = [s for s in ("train", "val", "test") if not len(getattr(dataset, f"{s}_papers"))]
   if empty:  # accuracies over no papers would be NaN, printed and saved as results
-    raise command.UsageError(f"argument --scale: {args.scale:g} draws no {'/'.join(empty)} "
-                             f"papers ({len(dataset.train_papers)} train, "
-                             f"{len(dataset.val_papers)} val, {len(dataset.test_papers)} test): "
-                             f"give a larger scale")
+    raise command.UsageError(
+      f"argument --scale: {args.scale:g} draws no {'/'.join(empty)} "
+      f"papers ({len(dataset.train_papers)} train, "
+      f"{len(dataset.val_papers)} val, {len(dataset.test_papers)} test): "
+      f"give a larger scale"
+    )
   if auto:  # (--minibatch: checked above)
     features, embeddings = hetero.table_bytes(dataset, config.embed, config.embed_dim)
     minibatch = dataclasses.replace(minibatch, device_bytes=(features + embeddings) // 4)
-    console.print(f"--device-bytes auto: {format_bytes(minibatch.device_bytes)}, a quarter of "
-                  f"the features ({format_bytes(features)}) and embeddings "
-                  f"({format_bytes(embeddings)})")
-  console.print(f"[bold]{dataset.name}[/] (scale {args.scale:g}, drawn in "
-                f"{time.perf_counter() - t0:.1f} s): "
-                + ", ".join(f"{len(x):,} {t}" for t, x in zip(g.node_type_names,
-                                                             dataset.features))
-                + f"; {g.num_edges:,} edges, {g.num_relations} relations; {classes} classes, "
-                f"{len(dataset.train_papers):,} train / {len(dataset.val_papers):,} val / "
-                f"{len(dataset.test_papers):,} test papers")
-  console.print(f"{config.model.upper()}: {config.layers} layers, hidden {config.hidden}, "
-                + (f"{config.num_bases or 'no'} bases, {config.dtype}, on "
-                   if config.model == "rgcn" else
-                   f"{config.heads} heads, {config.dtype}, passes "
-                   f"{select_passes(config.passes) or 'none'}, on ")
-                + f"{jax.devices()[0].platform} x "
-                f"{(len(jax.local_devices()) if devices is None else devices) * jax.process_count()}"
-                " (the first epoch compiles the kernels)"
-                + (f"; learnable {config.embed_dim}-wide embeddings for {', '.join(config.embed)}"
-                   if config.embed else ""))
+    console.print(
+      f"--device-bytes auto: {format_bytes(minibatch.device_bytes)}, a quarter of "
+      f"the features ({format_bytes(features)}) and embeddings "
+      f"({format_bytes(embeddings)})"
+    )
+  console.print(
+    f"[bold]{dataset.name}[/] (scale {args.scale:g}, drawn in "
+    f"{time.perf_counter() - t0:.1f} s): "
+    + ", ".join(f"{len(x):,} {t}" for t, x in zip(g.node_type_names, dataset.features))
+    + f"; {g.num_edges:,} edges, {g.num_relations} relations; {classes} classes, "
+    f"{len(dataset.train_papers):,} train / {len(dataset.val_papers):,} val / "
+    f"{len(dataset.test_papers):,} test papers"
+  )
+  console.print(
+    f"{config.model.upper()}: {config.layers} layers, hidden {config.hidden}, "
+    + (
+      f"{config.num_bases or 'no'} bases, {config.dtype}, on "
+      if config.model == "rgcn"
+      else f"{config.heads} heads, {config.dtype}, passes "
+      f"{select_passes(config.passes) or 'none'}, on "
+    )
+    + f"{jax.devices()[0].platform} x "
+    f"{(len(jax.local_devices()) if devices is None else devices) * jax.process_count()}"
+    " (the first epoch compiles the kernels)"
+    + (
+      f"; learnable {config.embed_dim}-wide embeddings for {', '.join(config.embed)}"
+      if config.embed
+      else ""
+    )
+  )
   with progress(console, config.model, config.epochs) as update:
 
     def on_epoch(r):
       update(advance=1, metrics=f"loss {r['loss']:.4f}  val acc {r['val_accuracy']:.3f}")
-      console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
-                    f"train acc {r['train_accuracy']:.4f}  "
-                    f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms")
+      console.print(
+        f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
+        f"train acc {r['train_accuracy']:.4f}  "
+        f"val acc {r['val_accuracy']:.4f}  {1e3 * r['seconds']:.1f} ms"
+      )
 
     if minibatch is not None:
-      console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
-                    f"per step, graph and features in {minibatch.pipeline} memory"
-                    + ("; the next batch prepared during each step (--prefetch)"
-                       if minibatch.prefetch else ""))
+      console.print(
+        f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
+        f"per step, graph and features in {minibatch.pipeline} memory"
+        + ("; the next batch prepared during each step (--prefetch)" if minibatch.prefetch else "")
+      )
     try:
       if args.offload:
         result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
@@ -811,12 +1104,15 @@ def main(args) -> int:
       else:
         result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
-      raise command.UsageError(f"argument --device-bytes: {str(e).removeprefix('train: ')}"
-                               ) from None
-  console.print(f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
-                f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
-                f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)"
-                + (f"; measured {result.metrics_note}" if result.metrics_note else ""))
+      raise command.UsageError(
+        f"argument --device-bytes: {str(e).removeprefix('train: ')}"
+      ) from None
+  console.print(
+    f"[bold]validation accuracy {result.val_accuracy:.4f}, test accuracy "
+    f"{result.test_accuracy:.4f}[/] (chance {1 / classes:.4f}; {result.seconds:.1f} s, "
+    f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)"
+    + (f"; measured {result.metrics_note}" if result.metrics_note else "")
+  )
   save(args.out, result, config, data)
   say_saved(console, args.out)
   return 0

@@ -28,13 +28,15 @@ runs the unsharded steps (`make_steps`).
     result = train(synthetic_mag(scale=0.002, num_classes=8), TrainConfig(model="rgat", epochs=2),
                    MinibatchConfig(fanouts=(5, 5), batch_size=64))
 """
+
 from __future__ import annotations
 
 import dataclasses
-import time
 import os
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,12 +46,17 @@ from flax import nnx
 
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import HostGraph, HostTable, sparse
-from jaxdata.host.blocks import (budget_fraction, gather_typed, node_types, sample_blocks,
-                                 type_caches)
+from jaxdata.host.blocks import (
+  budget_fraction,
+  gather_typed,
+  node_types,
+  sample_blocks,
+  type_caches,
+)
 from jaxdata.host.sample import DeviceGraph
-from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
 from jaxdata.sizes import format_bytes
 from jaxdata.train import common
+from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
 from jaxdata.train.common import TrainResult
 
 
@@ -65,6 +72,7 @@ class MinibatchConfig(common.MinibatchConfig):
   and gathers its feature rows in the same program (`Steps.pipelined`); the same results.
   XLA runs it on one stream: the next batch's work can fill gaps between the model's kernels,
   not run beside them (docs/minibatch.md)."""
+
   batch_size: int = 1024
   cache: float = 0.0
   device_bytes: int | None = None
@@ -75,19 +83,28 @@ class MinibatchConfig(common.MinibatchConfig):
     if not 0 <= self.cache <= 1:
       raise ValueError(f"MinibatchConfig: cache must be a fraction in [0, 1], got {self.cache}")
     if self.cache and self.pipeline != "host":
-      raise ValueError("MinibatchConfig: a device cache is for the host pipeline (the device "
-                       "pipeline has every row on the device)")
+      raise ValueError(
+        "MinibatchConfig: a device cache is for the host pipeline (the device "
+        "pipeline has every row on the device)"
+      )
     if self.device_bytes is not None:
       if self.pipeline != "host":
-        raise ValueError("MinibatchConfig: device_bytes is for the host pipeline (the device "
-                         "pipeline has every row on the device)")
+        raise ValueError(
+          "MinibatchConfig: device_bytes is for the host pipeline (the device "
+          "pipeline has every row on the device)"
+        )
       if self.cache:
-        raise ValueError("MinibatchConfig: give cache or device_bytes, not both (device_bytes "
-                         "sizes the cache)")
-      if isinstance(self.device_bytes, bool) or not isinstance(
-          self.device_bytes, (int, np.integer)) or self.device_bytes < 0:
-        raise ValueError(f"MinibatchConfig: device_bytes must be a byte count >= 0, got "
-                         f"{self.device_bytes!r}")
+        raise ValueError(
+          "MinibatchConfig: give cache or device_bytes, not both (device_bytes sizes the cache)"
+        )
+      if (
+        isinstance(self.device_bytes, bool)
+        or not isinstance(self.device_bytes, (int, np.integer))
+        or self.device_bytes < 0
+      ):
+        raise ValueError(
+          f"MinibatchConfig: device_bytes must be a byte count >= 0, got {self.device_bytes!r}"
+        )
 
 
 class HostData:
@@ -101,21 +118,35 @@ class HostData:
   what it gave).
   """
 
-  def __init__(self, dataset: MagDataset, pipeline: str, model=None, cache: float = 0.0, *,
-               embeddings: dict[int, Any] | None = None, cache_bytes: int | None = None):
+  def __init__(
+    self,
+    dataset: MagDataset,
+    pipeline: str,
+    model=None,
+    cache: float = 0.0,
+    *,
+    embeddings: dict[int, Any] | None = None,
+    cache_bytes: int | None = None,
+  ):
     g = dataset.graph
     self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
     self.num_relations = g.num_relations
     self.host = HostGraph.from_hetero(g)
     if embeddings is None:
-      embeddings = {} if model is None else {
+      embeddings = (
+        {}
+        if model is None
+        else {
           t: np.asarray(table.embedding[...], np.float32)
-          for t, table in zip(model.embedded, model.tables)}
+          for t, table in zip(model.embedded, model.tables)
+        }
+      )
     # Embedded types: the model's initial embedding, trained in place by a sparse optimizer.
     self.embedded = tuple(embeddings)
-    self.tables = [HostTable(embeddings[t] if t in embeddings else
-                             np.ascontiguousarray(x, np.float32))
-                   for t, x in enumerate(dataset.features)]
+    self.tables = [
+      HostTable(embeddings[t] if t in embeddings else np.ascontiguousarray(x, np.float32))
+      for t, x in enumerate(dataset.features)
+    ]
     # "device": the step takes the device arrays as arguments (`consts`), not as constants
     # baked into the program; "host": the host objects enter the step as handles.
     self.consts = {}
@@ -126,9 +157,12 @@ class HostData:
     if cache:  # the most sampled rows of each feature table (not of the embeddings: they train)
       self.consts["caches"] = type_caches(self.host, featured, self.type_offsets, cache)
     if pipeline == "device":
-      self.consts = {"graph": DeviceGraph.from_host(self.host),
-                     "features": [None if t in self.embedded else jnp.asarray(x)
-                                  for t, x in enumerate(dataset.features)]}
+      self.consts = {
+        "graph": DeviceGraph.from_host(self.host),
+        "features": [
+          None if t in self.embedded else jnp.asarray(x) for t, x in enumerate(dataset.features)
+        ],
+      }
 
   @property
   def cache_bytes(self) -> int:
@@ -139,8 +173,9 @@ class HostData:
     """(graph, tables) a step reads: its `consts` arguments, or the host objects (embedding
     tables stay in host memory either way)."""
     if "graph" in consts:
-      return consts["graph"], [self.tables[t] if x is None else x
-                               for t, x in enumerate(consts["features"])]
+      return consts["graph"], [
+        self.tables[t] if x is None else x for t, x in enumerate(consts["features"])
+      ]
     return self.host, self.tables
 
   def embedding_ids(self, nodes: jax.Array, mask: jax.Array) -> list[jax.Array]:
@@ -168,15 +203,16 @@ def sample(data: HostData, consts, seeds, fanouts, key):
   """(blocks, every type's input rows for the outermost frontier's slots)."""
   graph, tables = data.where(consts)
   blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
-  return blocks, gather_typed(tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1],
-                              consts.get("caches"))
+  return blocks, gather_typed(
+    tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1], consts.get("caches")
+  )
 
 
 def logits_of(model, data: HostData, blocks, xs, seeds, plan=None):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask (`plan`: the
   model's offload plan on blocks, `on_blocks`)."""
   logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, blocks.nodes[-1]), plan)
-  return logits[:seeds.shape[0]], blocks.masks[0][:seeds.shape[0]]
+  return logits[: seeds.shape[0]], blocks.masks[0][: seeds.shape[0]]
 
 
 def hits(logits: jax.Array, valid: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -196,14 +232,15 @@ def summed_loss(model, data: HostData, blocks, xs, learned, seeds, y, plan=None)
   return jnp.sum(jnp.where(valid, ce, 0)), hits(logits, valid, y)
 
 
-def update_tables(data: HostData, table_opt, table_states, blocks, row_grads,
-                  **update_kwargs) -> jax.Array:
+def update_tables(
+  data: HostData, table_opt, table_states, blocks, row_grads, **update_kwargs
+) -> jax.Array:
   """Each embedding table's sparse update (`table_opt.update`) from its rows' gradients;
   returns the summed update tokens (0 once the writes are done)."""
   token = jnp.int32(0)
-  for t, state, ids, g in zip(data.embedded, table_states,
-                              data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]),
-                              row_grads):
+  for t, state, ids, g in zip(
+    data.embedded, table_states, data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]), row_grads
+  ):
     token = token + table_opt.update(data.tables[t], state, ids, g, **update_kwargs)
   return token
 
@@ -219,8 +256,12 @@ def _gather_types(data: HostData, tables, caches, blocks, types) -> list:
   gathered by its own `gather_typed` call over that type's id range: the same rows."""
   caches = [None] * len(tables) if caches is None else caches
   o = data.type_offsets
-  return [gather_typed([tables[t]], o[t:t + 2], blocks.nodes[-1], blocks.masks[-1],
-                       [caches[t]])[0] if t in types else None for t in range(len(tables))]
+  return [
+    gather_typed([tables[t]], o[t : t + 2], blocks.nodes[-1], blocks.masks[-1], [caches[t]])[0]
+    if t in types
+    else None
+    for t in range(len(tables))
+  ]
 
 
 def prepare(data: HostData, consts, seeds, fanouts, key):
@@ -247,8 +288,9 @@ def complete(data: HostData, consts, batch):
 EMBED_CHUNK = 1 << 16
 
 
-def initial_embeddings(rows: Sequence[int], dim: int, seed: int,
-                       threads: int | None = None) -> list[np.ndarray]:
+def initial_embeddings(
+  rows: Sequence[int], dim: int, seed: int, threads: int | None = None
+) -> list[np.ndarray]:
   """float32 [rows_i, dim] tables of N(0, 1 / dim) entries, the distribution of `nnx.Embed`'s
   default init, drawn in host memory (NumPy, chunk by chunk on a thread pool; the values
   depend on `seed` only): mini-batch training's embedding tables never exist on the device."""
@@ -259,11 +301,13 @@ def initial_embeddings(rows: Sequence[int], dim: int, seed: int,
   def fill(x, part, ss):
     np.random.default_rng(ss).standard_normal(out=x[part], dtype=np.float32)
     x[part] *= scale
+
   with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
-    jobs = [pool.submit(fill, x, slice(a, a + EMBED_CHUNK), ss)
-            for x, table_seed in zip(out, seeds)
-            for a, ss in zip(range(0, len(x), EMBED_CHUNK),
-                             table_seed.spawn(-(-len(x) // EMBED_CHUNK)))]
+    jobs = [
+      pool.submit(fill, x, slice(a, a + EMBED_CHUNK), ss)
+      for x, table_seed in zip(out, seeds)
+      for a, ss in zip(range(0, len(x), EMBED_CHUNK), table_seed.spawn(-(-len(x) // EMBED_CHUNK)))
+    ]
     for job in jobs:
       job.result()
   return out
@@ -275,8 +319,7 @@ def table_bytes(dataset: MagDataset, embed: Sequence[str], embed_dim: int) -> tu
   `--device-bytes auto` is a quarter of their sum."""
   names = dataset.graph.node_type_names
   features = sum(x.nbytes for t, x in zip(names, dataset.features) if t not in embed)
-  embeddings = sum(len(x) * embed_dim * 4 for t, x in zip(names, dataset.features)
-                   if t in embed)
+  embeddings = sum(len(x) * embed_dim * 4 for t, x in zip(names, dataset.features) if t in embed)
   return features, embeddings
 
 
@@ -304,18 +347,25 @@ class Steps:
       gathers the batch's embedding rows and trains on it (the step without its data path).
     pipelined: ``pipelined(model, optimizer, table_states, consts, batch, seeds_next,
       key_next) -> step's outputs + (next batch,)``: `compute` on `batch`, and the next batch
-      prepared in the same program. It computes exactly what `step` computes: the prepared rows are read
-      only, and the embedding rows are gathered inside the step, after the previous step's
-      table updates.
+      prepared in the same program. It computes exactly what `step` computes: the prepared
+      rows are read only, and the embedding rows are gathered inside the step, after the
+      previous step's table updates.
   """
+
   step: Callable
   prepare: Callable
   compute: Callable
   pipelined: Callable
 
 
-def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
-               table_opt, plan: Sequence | None = None) -> Steps:
+def make_steps(
+  data: HostData,
+  labels: jax.Array,
+  fanouts: Sequence[int],
+  dense,
+  table_opt,
+  plan: Sequence | None = None,
+) -> Steps:
   """The jitted steps that train a model on `data`'s mini-batches: cross entropy of the valid
   seeds against `labels` (by global node id), the parameters `dense` selects (an nnx filter)
   updated by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a
@@ -324,12 +374,13 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
 
   def train_on(model, optimizer, table_states, seeds, blocks, xs):
     def loss_fn(model, learned):
-      total, (correct, count) = summed_loss(model, data, blocks, xs, learned, seeds,
-                                            labels[jnp.maximum(seeds, 0)], plan)
+      total, (correct, count) = summed_loss(
+        model, data, blocks, xs, learned, seeds, labels[jnp.maximum(seeds, 0)], plan
+      )
       return total / jnp.maximum(count, 1), (correct, count)
+
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
-    (loss, (correct, count)), (grads, row_grads) = grad_fn(
-        model, [xs[t] for t in data.embedded])
+    (loss, (correct, count)), (grads, row_grads) = grad_fn(model, [xs[t] for t in data.embedded])
     optimizer.update(model, grads)
     token = update_tables(data, table_opt, table_states, blocks, row_grads)
     return loss * count, correct, count, token  # summed loss: epochs add them up
@@ -356,9 +407,18 @@ def make_steps(data: HostData, labels: jax.Array, fanouts: Sequence[int], dense,
   return Steps(step, prepare_batch, compute, pipelined)
 
 
-
-def sharded_steps(data: HostData, labels: np.ndarray, fanouts: Sequence[int], model, optimizer,
-                  dense, table_opt, table_states, mesh, batch_size: int) -> common.ShardedSteps:
+def sharded_steps(
+  data: HostData,
+  labels: np.ndarray,
+  fanouts: Sequence[int],
+  model,
+  optimizer,
+  dense,
+  table_opt,
+  table_states,
+  mesh,
+  batch_size: int,
+) -> common.ShardedSteps:
   """Data-parallel mini-batch training over `mesh` (`common.ShardedSteps`): `batch_size` seeds
   per device, each device sampling its share; gradients of the summed cross entropy summed over
   the mesh in one all-reduce and divided by the global count of valid seeds (the one-device
@@ -375,15 +435,16 @@ def sharded_steps(data: HostData, labels: np.ndarray, fanouts: Sequence[int], mo
   def train_on(model, optimizer, consts, seeds, key):
     blocks, xs, y = batch_of(consts, seeds, key)
     loss_fn = lambda model, learned: summed_loss(  # noqa: E731
-        model, data, blocks, xs, learned, seeds, y)
+      model, data, blocks, xs, learned, seeds, y
+    )
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
-    (total, (correct, count)), (grads, row_grads) = grad_fn(
-        model, [xs[t] for t in data.embedded])
+    (total, (correct, count)), (grads, row_grads) = grad_fn(model, [xs[t] for t in data.embedded])
     total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
     scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
     optimizer.update(model, jax.tree.map(scale, grads))
-    token = update_tables(data, table_opt, table_states, blocks, map(scale, row_grads),
-                          axis_name=axis, copies=copies)
+    token = update_tables(
+      data, table_opt, table_states, blocks, map(scale, row_grads), axis_name=axis, copies=copies
+    )
     return total, correct, count, token
 
   def correct_of(model, consts, seeds, key):
@@ -394,11 +455,17 @@ def sharded_steps(data: HostData, labels: np.ndarray, fanouts: Sequence[int], mo
   return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
 
 
-def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig = MinibatchConfig(),
-          *, plan: Sequence | BlockPlanner | None = None,
-          on_epoch: Callable[[dict], None] | None = None,
-          on_batch: Callable[[int, int], None] | None = None,
-          final_evaluation: str | None = None, validate: bool = True) -> TrainResult:
+def train(
+  dataset: MagDataset,
+  config: TrainConfig,
+  minibatch: MinibatchConfig = MinibatchConfig(),
+  *,
+  plan: Sequence | BlockPlanner | None = None,
+  on_epoch: Callable[[dict], None] | None = None,
+  on_batch: Callable[[int, int], None] | None = None,
+  final_evaluation: str | None = None,
+  validate: bool = True,
+) -> TrainResult:
   """Trains `config.model` (RGAT or HGT) on mini-batches of training papers.
 
   The device holds the dense parameters, their Adam state, the feature cache (if any) and each
@@ -423,8 +490,10 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   evaluates on its own copy of the trained model.
   """
   if len(minibatch.fanouts) != config.layers:
-    raise ValueError(f"train: {len(minibatch.fanouts)} fanouts for {config.layers} layers "
-                     f"(give one fanout per layer)")
+    raise ValueError(
+      f"train: {len(minibatch.fanouts)} fanouts for {config.layers} layers "
+      f"(give one fanout per layer)"
+    )
   mesh = None
   if config.devices != 1 or jax.process_count() > 1:  # data parallel (sharded_steps)
     if minibatch.prefetch:
@@ -435,11 +504,18 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   if final_evaluation is None:
     final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
   if final_evaluation not in ("full", "minibatch", "none"):
-    raise ValueError(f"final_evaluation must be 'full', 'minibatch' or 'none', got "
-                     f"{final_evaluation!r}")
+    raise ValueError(
+      f"final_evaluation must be 'full', 'minibatch' or 'none', got {final_evaluation!r}"
+    )
   model = build_model(dataset, config, nnx.Rngs(config.seed), tables=False)
-  embeddings = dict(zip(model.embedded, initial_embeddings(
-      [len(dataset.features[t]) for t in model.embedded], config.embed_dim, config.seed)))
+  embeddings = dict(
+    zip(
+      model.embedded,
+      initial_embeddings(
+        [len(dataset.features[t]) for t in model.embedded], config.embed_dim, config.seed
+      ),
+    )
+  )
   # Embedding tables train in host memory (a sparse optimizer), the rest with optax Adam.
   dense = nnx.All(nnx.Param, nnx.Not(is_table))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
@@ -448,75 +524,120 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
   if minibatch.device_bytes is not None:
     cache_bytes = minibatch.device_bytes - state_bytes
     if cache_bytes < 0:
-      raise common.DeviceBudgetError(f"train: the dense model and its optimizer state need "
-                       f"{format_bytes(state_bytes)} on the device, more than device_bytes "
-                       f"{format_bytes(minibatch.device_bytes)}")
+      raise common.DeviceBudgetError(
+        f"train: the dense model and its optimizer state need "
+        f"{format_bytes(state_bytes)} on the device, more than device_bytes "
+        f"{format_bytes(minibatch.device_bytes)}"
+      )
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   papers = dataset.node_range("paper")
   labels = jnp.asarray(dataset.labels)
-  with HostData(dataset, minibatch.pipeline, cache=minibatch.cache, embeddings=embeddings,
-                cache_bytes=cache_bytes) as data:
+  with HostData(
+    dataset,
+    minibatch.pipeline,
+    cache=minibatch.cache,
+    embeddings=embeddings,
+    cache_bytes=cache_bytes,
+  ) as data:
     embeddings.clear()  # the host tables hold copies
     table_states = [table_opt.init(data.tables[t]) for t in data.embedded]
     if callable(plan):  # measured on a sampled batch: every batch has its padded shapes
-      first = jnp.asarray(common.seed_batches(np.asarray(dataset.train_papers) + papers[0],
-                                              minibatch.batch_size, limit=1)[0])
+      first = jnp.asarray(
+        common.seed_batches(
+          np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, limit=1
+        )[0]
+      )
       blocks, _ = jax.jit(lambda c, s, k: sample(data, c, s, fanouts, k))(
-          data.consts, first, jax.random.key(config.seed))
+        data.consts, first, jax.random.key(config.seed)
+      )
       plan = plan(model, blocks, node_types(data.type_offsets, blocks.nodes[-1]))
     if plan is not None:
       plan = tuple(plan)
       if len(plan) != model.stack_layers:
-        raise ValueError(f"train: the plan has {len(plan)} policies for the model's "
-                         f"{model.stack_layers} planned layers")
+        raise ValueError(
+          f"train: the plan has {len(plan)} policies for the model's "
+          f"{model.stack_layers} planned layers"
+        )
 
-    sharded = None if mesh is None else sharded_steps(
-        data, dataset.labels, fanouts, model, optimizer, dense, table_opt, table_states, mesh,
-        minibatch.batch_size)
+    sharded = (
+      None
+      if mesh is None
+      else sharded_steps(
+        data,
+        dataset.labels,
+        fanouts,
+        model,
+        optimizer,
+        dense,
+        table_opt,
+        table_states,
+        mesh,
+        minibatch.batch_size,
+      )
+    )
     steps = make_steps(data, labels, fanouts, dense, table_opt, plan=plan)
 
     @nnx.jit
     def predict(model, consts, seeds, key):
-      return hits(*forward(model, data, consts, seeds, fanouts, key),
-                  labels[jnp.maximum(seeds, 0)])
+      return hits(*forward(model, data, consts, seeds, fanouts, key), labels[jnp.maximum(seeds, 0)])
 
     def accuracy(ids, key) -> float:
       if sharded is not None:
         return sharded.accuracy(np.asarray(ids) + papers[0], key)
-      return common.sampled_accuracy(lambda s, k: predict(model, data.consts, s, k),
-                                     np.asarray(ids) + papers[0], minibatch.batch_size, key)
+      return common.sampled_accuracy(
+        lambda s, k: predict(model, data.consts, s, k),
+        np.asarray(ids) + papers[0],
+        minibatch.batch_size,
+        key,
+      )
 
     rng = np.random.default_rng(config.seed)
     key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
     history, start = [], time.perf_counter()
     for epoch in range(1, config.epochs + 1):
-      rows = common.seed_batches(np.asarray(dataset.train_papers) + papers[0],
-                                 minibatch.batch_size * (1 if mesh is None else mesh.size),
-                                 rng, minibatch.max_batches)
+      rows = common.seed_batches(
+        np.asarray(dataset.train_papers) + papers[0],
+        minibatch.batch_size * (1 if mesh is None else mesh.size),
+        rng,
+        minibatch.max_batches,
+      )
       if sharded is not None:
-        record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch),
-                                                   on_batch))
+        record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch), on_batch))
       elif minibatch.prefetch:  # batch i + 1 prepared while step i computes
-        record = dict(epoch=epoch, **common.run_pipelined_epoch(
+        record = dict(
+          epoch=epoch,
+          **common.run_pipelined_epoch(
             lambda s, k: steps.prepare(data.consts, s, k),
-            lambda b, s, k: steps.pipelined(model, optimizer, table_states, data.consts, b, s,
-                                            k),
-            rows, jax.random.fold_in(key, epoch), on_batch))
+            lambda b, s, k: steps.pipelined(model, optimizer, table_states, data.consts, b, s, k),
+            rows,
+            jax.random.fold_in(key, epoch),
+            on_batch,
+          ),
+        )
       else:
-        record = dict(epoch=epoch, **common.run_epoch(
-            lambda s, k: steps.step(model, optimizer, table_states, data.consts, s, k), rows,
-            jax.random.fold_in(key, epoch), on_batch))
+        record = dict(
+          epoch=epoch,
+          **common.run_epoch(
+            lambda s, k: steps.step(model, optimizer, table_states, data.consts, s, k),
+            rows,
+            jax.random.fold_in(key, epoch),
+            on_batch,
+          ),
+        )
       record["device_state_bytes"] = device_bytes_of(
-          nnx.state((model, optimizer)) if sharded is None else sharded.state)
+        nnx.state((model, optimizer)) if sharded is None else sharded.state
+      )
       record["cache_bytes"] = data.cache_bytes
       record["cache_fraction"] = data.cache_fraction
       if validate:
         record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
       common.add_record(history, record, on_epoch)
     if final_evaluation == "minibatch":
-      final = {"val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
-               "test_accuracy": accuracy(dataset.test_papers, test_key)}
+      final = {
+        "val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
+        "test_accuracy": accuracy(dataset.test_papers, test_key),
+      }
     if sharded is not None:
       sharded.finish()
     # The trained embeddings back into the model, as host arrays: its checkpoint is a
@@ -532,8 +653,17 @@ def train(dataset: MagDataset, config: TrainConfig, minibatch: MinibatchConfig =
     final = {}
   note = ""
   if final_evaluation == "minibatch":
-    note = (f"on sampled mini-batches (fanouts {','.join(map(str, minibatch.fanouts))}, "
-            f"{minibatch.batch_size} seeds each), not the whole graph")
+    note = (
+      f"on sampled mini-batches (fanouts {','.join(map(str, minibatch.fanouts))}, "
+      f"{minibatch.batch_size} seeds each), not the whole graph"
+    )
   # With embedding tables the optimizer state is partial (their moments lived in host memory).
-  return TrainResult(model, history, final, time.perf_counter() - start,
-                     None if data.embedded else optimizer, plan, metrics_note=note)
+  return TrainResult(
+    model,
+    history,
+    final,
+    time.perf_counter() - start,
+    None if data.embedded else optimizer,
+    plan,
+    metrics_note=note,
+  )

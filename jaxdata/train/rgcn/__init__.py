@@ -18,13 +18,14 @@ Input features, where the data has them, live in a `HostTable` and every step ga
 through the heterogeneous trainer of RGAT and HGT (`jaxdata.train.attention`, model "rgcn"):
 per-type input maps, learnable embeddings for featureless types, `--minibatch` from host memory.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -37,9 +38,19 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import RGCN
-from jaxdata.train.common import (MINIBATCH_DEFAULTS, TrainResult, add_record, accuracy,
-                                  add_minibatch_arguments, add_out_argument, minibatch_options,
-                                  progress, refuse_without_minibatch, say_saved, devices_flag)
+from jaxdata.train.common import (
+  MINIBATCH_DEFAULTS,
+  TrainResult,
+  accuracy,
+  add_minibatch_arguments,
+  add_out_argument,
+  add_record,
+  devices_flag,
+  minibatch_options,
+  progress,
+  refuse_without_minibatch,
+  say_saved,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +58,12 @@ class TrainConfig:
   epochs: int = 50
   hidden: int = 16
   num_bases: int | None = None
-  l2: float = 0.0          # times the first layer's sum of squared parameters, as in the paper
+  l2: float = 0.0  # times the first layer's sum of squared parameters, as in the paper
   self_loop: str = "separate"  # W_0 a weight of its own, or "basis": combined from the bases
   bias: bool = True
   learning_rate: float = 0.01
   seed: int = 0
-  dtype: str = "float32"   # or "bfloat16" (parameters stay float32)
+  dtype: str = "float32"  # or "bfloat16" (parameters stay float32)
   val_fraction: float = 0.0  # training nodes held out (seeded) to report validation accuracy
   devices: int | None = 1  # per process; None: every local device (rgcn.partitioned; minibatch)
 
@@ -68,8 +79,9 @@ class TrainConfig:
     if self.self_loop not in ("separate", "basis"):
       raise ValueError(f"self_loop must be 'separate' or 'basis', got {self.self_loop!r}")
     if self.self_loop == "basis" and self.num_bases is None:
-      raise ValueError("self_loop='basis' combines the self-loop weight from the bases: it needs "
-                       "num_bases")
+      raise ValueError(
+        "self_loop='basis' combines the self-loop weight from the bases: it needs num_bases"
+      )
 
 
 #: The RGCN paper's hyperparameters per RDF dataset (hidden 16, 50 epochs, lr 0.01 everywhere;
@@ -77,10 +89,10 @@ class TrainConfig:
 #: are chosen. From the authors' code (tkipf/relational-gcn, whose README gives these commands): no
 #: bias in either layer, and the self loop is one more relation, decomposed over the bases where
 #: there are bases (`main` falls back to a weight of its own where there are none, as on AIFB).
-PAPER_SETUP = {"aifb": dict(num_bases=None, l2=0.0, val_fraction=0.0, self_loop="basis",
-                            bias=False),
-               "mutag": dict(num_bases=30, l2=5e-4, val_fraction=0.0, self_loop="basis",
-                             bias=False)}
+PAPER_SETUP = {
+  "aifb": dict(num_bases=None, l2=0.0, val_fraction=0.0, self_loop="basis", bias=False),
+  "mutag": dict(num_bases=30, l2=5e-4, val_fraction=0.0, self_loop="basis", bias=False),
+}
 #: The built-in synthetic graph: 100 relations (with inverses) and 2,000 training nodes overfit a
 #: full weight per relation (55% test accuracy); 8 shared bases generalize (89%). A fifth of the
 #: training nodes is held out to report validation accuracy every epoch.
@@ -98,8 +110,14 @@ class EntityClassifier(nnx.Module):
     g = dataset.graph
     in_features = None if dataset.features is None else dataset.features.shape[1]
     dtype = jnp.dtype(config.dtype)
-    common = dict(num_relations=g.num_relations, num_bases=config.num_bases, dtype=dtype,
-                  self_loop=config.self_loop, use_bias=config.bias, rngs=rngs)
+    common = dict(
+      num_relations=g.num_relations,
+      num_bases=config.num_bases,
+      dtype=dtype,
+      self_loop=config.self_loop,
+      use_bias=config.bias,
+      rngs=rngs,
+    )
     self.conv1 = RGCN(in_features, config.hidden, num_nodes=g.num_nodes, **common)
     self.conv2 = RGCN(config.hidden, dataset.num_classes, **common)
 
@@ -107,8 +125,9 @@ class EntityClassifier(nnx.Module):
     h = jax.nn.relu(self.conv1(graph, x))
     return self.conv2(graph, h).astype(jnp.float32)
 
-  def on_partition(self, graph: GraphArrays, start, rows: int, gather: Callable,
-                   x: jax.Array | None = None) -> jax.Array:
+  def on_partition(
+    self, graph: GraphArrays, start, rows: int, gather: Callable, x: jax.Array | None = None
+  ) -> jax.Array:
     """The same model on one destination part (`jaxdata.hector.partition`): logits for the
     owned rows ``start:start + rows``. `x` holds every node's features (padded rows, or None
     when featureless); `gather` turns each device's ``[rows, hidden]`` into every node's
@@ -122,20 +141,27 @@ class EntityClassifier(nnx.Module):
     ``conv1.node_rows()``. Returns logits for the slots of the seeds' frontier."""
     g1, g0 = blocks.graphs[1], blocks.graphs[0]
     h = self.conv1.on_rows(g1, inputs) if self.conv1.featureless else self.conv1(g1, inputs)
-    h = jax.nn.relu(h)[:blocks.nodes[1].shape[0]]
-    return self.conv2(g0, h)[:blocks.nodes[0].shape[0]].astype(jnp.float32)
+    h = jax.nn.relu(h)[: blocks.nodes[1].shape[0]]
+    return self.conv2(g0, h)[: blocks.nodes[0].shape[0]].astype(jnp.float32)
 
 
 def l2_penalty(model: EntityClassifier) -> jax.Array:
   """The sum of squares of every parameter of the first layer (bases and coefficients, or
   relation weights; the self-loop weight and bias where it has them): the paper's L2 term, which
   the loss adds times `TrainConfig.l2` (the second layer is not penalized)."""
-  return sum(jnp.sum(p[...].astype(jnp.float32)**2)
-             for _, p in nnx.iter_graph(model.conv1) if isinstance(p, nnx.Param))
+  return sum(
+    jnp.sum(p[...].astype(jnp.float32) ** 2)
+    for _, p in nnx.iter_graph(model.conv1)
+    if isinstance(p, nnx.Param)
+  )
 
 
-def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
-          on_epoch: Callable[[dict], None] | None = None) -> TrainResult:
+def train(
+  dataset: EntityDataset,
+  config: TrainConfig = TrainConfig(),
+  *,
+  on_epoch: Callable[[dict], None] | None = None,
+) -> TrainResult:
   """Trains a 2-layer RGCN on `dataset`'s training nodes; returns the model and test accuracy.
 
   With more than one device in all (`config.devices` per process, times the processes of a
@@ -144,6 +170,7 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
   """
   if config.devices != 1 or jax.process_count() > 1:
     from jaxdata.train.rgcn import partitioned  # pylint: disable=g-import-not-at-top
+
     return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
@@ -177,8 +204,9 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
     for epoch in range(1, config.epochs + 1):
       t0 = time.perf_counter()
       loss, acc, val_acc = step(model, optimizer, graph)
-      record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(acc),
-                    seconds=time.perf_counter() - t0)
+      record = dict(
+        epoch=epoch, loss=float(loss), train_accuracy=float(acc), seconds=time.perf_counter() - t0
+      )
       if len(val):
         record["val_accuracy"] = float(val_acc)
       add_record(history, record, on_epoch)
@@ -189,8 +217,9 @@ def train(dataset: EntityDataset, config: TrainConfig = TrainConfig(), *,
       # already caught (a failed offload spill, say).
       table.close()
   test_accuracy = evaluate(model, dataset, graph)["test_accuracy"]
-  return TrainResult(model, history, {"test_accuracy": test_accuracy},
-                     time.perf_counter() - start, optimizer)
+  return TrainResult(
+    model, history, {"test_accuracy": test_accuracy}, time.perf_counter() - start, optimizer
+  )
 
 
 def split_validation(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -206,20 +235,23 @@ def _logits(model, graph, x):
   return model(graph, x)
 
 
-def predict(model: EntityClassifier, dataset: EntityDataset,
-            graph: GraphArrays | None = None) -> jax.Array:
+def predict(
+  model: EntityClassifier, dataset: EntityDataset, graph: GraphArrays | None = None
+) -> jax.Array:
   """Class logits for every node of `dataset`'s graph (features gathered from host memory)."""
   graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
   if dataset.features is None:
     return _logits(model, graph, None)
   with HostTable(dataset.features) as table:
-    logits = _logits(model, graph, host_gather(
-        table, jnp.arange(dataset.graph.num_nodes, dtype=jnp.int32)))
+    logits = _logits(
+      model, graph, host_gather(table, jnp.arange(dataset.graph.num_nodes, dtype=jnp.int32))
+    )
     return jax.block_until_ready(logits)
 
 
-def evaluate(model: EntityClassifier, dataset: EntityDataset,
-             graph: GraphArrays | None = None) -> dict:
+def evaluate(
+  model: EntityClassifier, dataset: EntityDataset, graph: GraphArrays | None = None
+) -> dict:
   """{"test_accuracy": ...} of `model` on `dataset`'s test nodes."""
   logits = predict(model, dataset, graph)
   test_idx, test_y = jnp.asarray(dataset.test_idx), jnp.asarray(dataset.test_y)
@@ -227,9 +259,10 @@ def evaluate(model: EntityClassifier, dataset: EntityDataset,
 
 
 #: The entries of a data description (`load_dataset`), by source.
-DATA_ENTRIES = {"rdf": {"source": str, "path": str},
-                "synthetic": {"source": str, "nodes": int, "edges": int, "relations": int,
-                              "seed": int}}
+DATA_ENTRIES = {
+  "rdf": {"source": str, "path": str},
+  "synthetic": {"source": str, "nodes": int, "edges": int, "relations": int, "seed": int},
+}
 
 
 def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
@@ -237,121 +270,247 @@ def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
   ({"source": "rdf", "path": ...}) or the synthetic graph ({"source": "synthetic", "nodes",
   "edges", "relations", "seed"}), with inverse relations as the RDF graphs have them."""
   from jaxdata.data import HeteroGraph, load_entities, synthetic_entities
+
   if data["source"] == "rdf":
     dataset = load_entities(data["path"])
     return dataset, PAPER_SETUP.get(dataset.name.lower(), {})
   if data["source"] != "synthetic":
     raise ValueError(f"rgcn: unknown data source {data['source']!r}")
-  ds = synthetic_entities(num_nodes=data["nodes"], num_edges=data["edges"],
-                          num_relations=data["relations"], seed=data["seed"])
+  ds = synthetic_entities(
+    num_nodes=data["nodes"],
+    num_edges=data["edges"],
+    num_relations=data["relations"],
+    seed=data["seed"],
+  )
   g = ds.graph  # messages flow both ways, as on the RDF graphs: add inverse relations
-  dataset = dataclasses.replace(ds, graph=HeteroGraph.from_edges(
-      g.src, g.dst, g.etype, num_nodes=g.num_nodes, relation_names=g.relation_names,
-      add_inverse=True))
+  dataset = dataclasses.replace(
+    ds,
+    graph=HeteroGraph.from_edges(
+      g.src,
+      g.dst,
+      g.etype,
+      num_nodes=g.num_nodes,
+      relation_names=g.relation_names,
+      add_inverse=True,
+    ),
+  )
   return dataset, SYNTHETIC_SETUP
 
 
 def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
   """Saves a trained RGCN as a checkpoint (`jaxdata.train.checkpoint`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   return checkpoint.save_nnx(
-      path, kind="rgcn", model=result.model, optimizer=result.optimizer, config=config,
-      data=data, step=len(result.history), history=result.history,
-      metrics={"test_accuracy": result.test_accuracy})
+    path,
+    kind="rgcn",
+    model=result.model,
+    optimizer=result.optimizer,
+    config=config,
+    data=data,
+    step=len(result.history),
+    history=result.history,
+    metrics={"test_accuracy": result.test_accuracy},
+  )
 
 
 def restore(path: str, meta: dict):
   """Rebuilds a saved RGCN and its data (`jaxdata.train.checkpoint.load_model`)."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
   config = checkpoint.config_from(TrainConfig, meta["config"])
-  dataset, _ = load_dataset(checkpoint.check_entries(
-      meta["data"], DATA_ENTRIES.get(meta["data"].get("source"), DATA_ENTRIES["synthetic"]),
-      "an RGCN checkpoint"))
+  dataset, _ = load_dataset(
+    checkpoint.check_entries(
+      meta["data"],
+      DATA_ENTRIES.get(meta["data"].get("source"), DATA_ENTRIES["synthetic"]),
+      "an RGCN checkpoint",
+    )
+  )
   model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded("rgcn", model, meta, evaluate=lambda: evaluate(model, dataset),
-                           predict=lambda: predict(model, dataset),
-                           optimizer_state=optimizer if has_optimizer else None)
+  return checkpoint.Loaded(
+    "rgcn",
+    model,
+    meta,
+    evaluate=lambda: evaluate(model, dataset),
+    predict=lambda: predict(model, dataset),
+    optimizer_state=optimizer if has_optimizer else None,
+  )
 
 
 # ----------------------------------------------------------------------------- the CLI
 def add_arguments(parser):
   """`jaxdata train rgcn` options."""
-  parser.add_argument("--data", metavar="PATH.tgz", type=command.existing_file,
-                      help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
-                           "the built-in synthetic graph")
-  parser.add_argument("--epochs", type=command.positive_int, default=None,
-                      help="training epochs (default: 50; 40 with --scale)")
-  parser.add_argument("--hidden", type=command.positive_int, default=None,
-                      help="hidden features (default: 16; 64 with --scale)")
-  parser.add_argument("--bases", type=command.natural_int, default=None,
-                      help="basis decomposition with this many bases, 0 for a full weight per "
-                           "relation (default: the paper's setting for the archive, 30 on MUTAG "
-                           "and 0 on AIFB; 8 on the synthetic graph; none with --scale)")
-  parser.add_argument("--l2", type=command.natural_float, default=None,
-                      help="L2 penalty: this times the sum of squares of the first layer's "
-                           "parameters is added to the loss (default: the paper's setting, 5e-4 "
-                           "on MUTAG and 0 on AIFB; 5e-4 on the synthetic graph)")
-  parser.add_argument("--self-loop", choices=("separate", "basis"), default=None,
-                      help="the self-loop weight W_0: a weight of its own, or combined from the "
-                           "bases like a relation's (needs bases) (default: the paper's setting "
-                           "on AIFB and MUTAG, basis wherever there are bases; separate on the "
-                           "synthetic graph)")
-  parser.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
-                      help="add a bias in each layer (default: the paper's setting, none on AIFB "
-                           "and MUTAG; a bias on the synthetic graph)")
-  parser.add_argument("--lr", type=command.positive_float, default=None,
-                      help="Adam's learning rate (default: 0.01; 0.005 with --scale)")
-  parser.add_argument("--val-fraction", type=command.fraction, default=None,
-                      help="training nodes held out to report validation accuracy every epoch "
-                           "(default 0.2 on the synthetic graph; 0 on RDF archives, as the paper "
-                           "trains on the whole training set)")
+  parser.add_argument(
+    "--data",
+    metavar="PATH.tgz",
+    type=command.existing_file,
+    help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
+    "the built-in synthetic graph",
+  )
+  parser.add_argument(
+    "--epochs",
+    type=command.positive_int,
+    default=None,
+    help="training epochs (default: 50; 40 with --scale)",
+  )
+  parser.add_argument(
+    "--hidden",
+    type=command.positive_int,
+    default=None,
+    help="hidden features (default: 16; 64 with --scale)",
+  )
+  parser.add_argument(
+    "--bases",
+    type=command.natural_int,
+    default=None,
+    help="basis decomposition with this many bases, 0 for a full weight per "
+    "relation (default: the paper's setting for the archive, 30 on MUTAG "
+    "and 0 on AIFB; 8 on the synthetic graph; none with --scale)",
+  )
+  parser.add_argument(
+    "--l2",
+    type=command.natural_float,
+    default=None,
+    help="L2 penalty: this times the sum of squares of the first layer's "
+    "parameters is added to the loss (default: the paper's setting, 5e-4 "
+    "on MUTAG and 0 on AIFB; 5e-4 on the synthetic graph)",
+  )
+  parser.add_argument(
+    "--self-loop",
+    choices=("separate", "basis"),
+    default=None,
+    help="the self-loop weight W_0: a weight of its own, or combined from the "
+    "bases like a relation's (needs bases) (default: the paper's setting "
+    "on AIFB and MUTAG, basis wherever there are bases; separate on the "
+    "synthetic graph)",
+  )
+  parser.add_argument(
+    "--bias",
+    action=argparse.BooleanOptionalAction,
+    default=None,
+    help="add a bias in each layer (default: the paper's setting, none on AIFB "
+    "and MUTAG; a bias on the synthetic graph)",
+  )
+  parser.add_argument(
+    "--lr",
+    type=command.positive_float,
+    default=None,
+    help="Adam's learning rate (default: 0.01; 0.005 with --scale)",
+  )
+  parser.add_argument(
+    "--val-fraction",
+    type=command.fraction,
+    default=None,
+    help="training nodes held out to report validation accuracy every epoch "
+    "(default 0.2 on the synthetic graph; 0 on RDF archives, as the paper "
+    "trains on the whole training set)",
+  )
   parser.add_argument("--seed", type=command.seed, default=0, help="the first seed")
-  parser.add_argument("--seeds", type=command.positive_int, default=None,
-                      help="train this many times (seeds seed, seed+1, ...) and report the mean "
-                           "(default: 1)")
-  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                      help="compute dtype (parameters stay float32)")
-  parser.add_argument("--nodes", type=command.positive_int, default=None,
-                      help="synthetic graph: nodes (default: 20,000)")
-  parser.add_argument("--edges", type=command.positive_int, default=None,
-                      help="synthetic graph: edges (default: 200,000)")
-  parser.add_argument("--relations", type=command.positive_int, default=None,
-                      help="synthetic graph: relations (default: 50)")
-  parser.add_argument("--devices", type=command.natural_int, default=1,
-                      help="train over this many local devices (0: all); with several processes "
-                           "the mesh spans every process's devices. Full graph: the graph "
-                           "partitioned by destination nodes (jaxdata.train.rgcn.partitioned); "
-                           "--minibatch: data parallel, --batch-size seeds per device")
-  parser.add_argument("--minibatch", action="store_true",
-                      help="train on sampled mini-batches, the graph, features and (featureless "
-                           "data) the first layer's node rows in host memory "
-                           "(see jaxdata.train.rgcn.minibatch)")
-  add_minibatch_arguments(parser, batch_size=None, seeds="nodes (default 256; with --scale "
-                          "1024 papers)", tables="the node rows (featureless data)")
+  parser.add_argument(
+    "--seeds",
+    type=command.positive_int,
+    default=None,
+    help="train this many times (seeds seed, seed+1, ...) and report the mean (default: 1)",
+  )
+  parser.add_argument(
+    "--dtype",
+    choices=("float32", "bfloat16"),
+    default="float32",
+    help="compute dtype (parameters stay float32)",
+  )
+  parser.add_argument(
+    "--nodes",
+    type=command.positive_int,
+    default=None,
+    help="synthetic graph: nodes (default: 20,000)",
+  )
+  parser.add_argument(
+    "--edges",
+    type=command.positive_int,
+    default=None,
+    help="synthetic graph: edges (default: 200,000)",
+  )
+  parser.add_argument(
+    "--relations",
+    type=command.positive_int,
+    default=None,
+    help="synthetic graph: relations (default: 50)",
+  )
+  parser.add_argument(
+    "--devices",
+    type=command.natural_int,
+    default=1,
+    help="train over this many local devices (0: all); with several processes "
+    "the mesh spans every process's devices. Full graph: the graph "
+    "partitioned by destination nodes (jaxdata.train.rgcn.partitioned); "
+    "--minibatch: data parallel, --batch-size seeds per device",
+  )
+  parser.add_argument(
+    "--minibatch",
+    action="store_true",
+    help="train on sampled mini-batches, the graph, features and (featureless "
+    "data) the first layer's node rows in host memory "
+    "(see jaxdata.train.rgcn.minibatch)",
+  )
+  add_minibatch_arguments(
+    parser,
+    batch_size=None,
+    seeds="nodes (default 256; with --scale 1024 papers)",
+    tables="the node rows (featureless data)",
+  )
   mag = parser.add_argument_group(
-      "synthetic_mag (--scale)", "RGCN paper classification on a synthetic ogbn-mag through the "
-      "trainer of `jaxdata train rgat|hgt` (jaxdata.train.attention): --help there says more")
-  mag.add_argument("--scale", type=command.positive_float, default=None,
-                   help="train on synthetic_mag at this share of ogbn-mag's size (1.0: about "
-                        "1.9M nodes and 21M edges) instead of an entity dataset")
-  mag.add_argument("--classes", type=command.positive_int, default=None,
-                   help="--scale: paper classes (default: 349, or about 100 papers per class)")
-  mag.add_argument("--layers", type=command.positive_int, default=None,
-                   help="--scale: RGCN layers (default: 2; --minibatch takes one fanout per layer)")
-  mag.add_argument("--embed", type=command.listing(str), default=None,
-                   help="--scale: node types whose input is a learnable embedding (author,"
-                        "institution,field_of_study)")
-  mag.add_argument("--embed-dim", type=command.positive_int, default=None,
-                   help="--scale: the embeddings' width (default: 64)")
-  mag.add_argument("--cache", type=command.fraction, default=None,
-                   help="--scale --minibatch: keep this fraction of each feature table's rows "
-                        "in device memory")
-  mag.add_argument("--device-bytes", type=command.size_or_auto, default=None,
-                   help="--scale --minibatch: the device holds at most this many bytes of "
-                        "parameters, optimizer state and cached feature rows (or auto: a "
-                        "quarter of the feature and embedding tables)")
+    "synthetic_mag (--scale)",
+    "RGCN paper classification on a synthetic ogbn-mag through the "
+    "trainer of `jaxdata train rgat|hgt` (jaxdata.train.attention): --help there says more",
+  )
+  mag.add_argument(
+    "--scale",
+    type=command.positive_float,
+    default=None,
+    help="train on synthetic_mag at this share of ogbn-mag's size (1.0: about "
+    "1.9M nodes and 21M edges) instead of an entity dataset",
+  )
+  mag.add_argument(
+    "--classes",
+    type=command.positive_int,
+    default=None,
+    help="--scale: paper classes (default: 349, or about 100 papers per class)",
+  )
+  mag.add_argument(
+    "--layers",
+    type=command.positive_int,
+    default=None,
+    help="--scale: RGCN layers (default: 2; --minibatch takes one fanout per layer)",
+  )
+  mag.add_argument(
+    "--embed",
+    type=command.listing(str),
+    default=None,
+    help="--scale: node types whose input is a learnable embedding (author,"
+    "institution,field_of_study)",
+  )
+  mag.add_argument(
+    "--embed-dim",
+    type=command.positive_int,
+    default=None,
+    help="--scale: the embeddings' width (default: 64)",
+  )
+  mag.add_argument(
+    "--cache",
+    type=command.fraction,
+    default=None,
+    help="--scale --minibatch: keep this fraction of each feature table's rows in device memory",
+  )
+  mag.add_argument(
+    "--device-bytes",
+    type=command.size_or_auto,
+    default=None,
+    help="--scale --minibatch: the device holds at most this many bytes of "
+    "parameters, optimizer state and cached feature rows (or auto: a "
+    "quarter of the feature and embedding tables)",
+  )
   add_out_argument(parser, "rgcn", "the (last seed's) model")
 
 
@@ -362,12 +521,34 @@ SYNTHETIC_MIN_NODES = 6
 
 #: Options that name or shape the entity datasets (not with --scale), and those of synthetic_mag
 #: (only with --scale), by their `args` names.
-ENTITY_OPTIONS = ("data", "nodes", "edges", "relations", "l2", "self_loop", "bias",
-                  "val_fraction", "seeds")
+ENTITY_OPTIONS = (
+  "data",
+  "nodes",
+  "edges",
+  "relations",
+  "l2",
+  "self_loop",
+  "bias",
+  "val_fraction",
+  "seeds",
+)
 MAG_OPTIONS = ("classes", "layers", "embed", "embed_dim", "cache", "device_bytes")
 #: Options both take; None (not given) keeps the trainer's own default.
-SHARED_OPTIONS = ("epochs", "hidden", "lr", "seed", "dtype", "devices", "minibatch", "fanouts",
-                  "batch_size", "pipeline", "table_optimizer", "out", "bases")
+SHARED_OPTIONS = (
+  "epochs",
+  "hidden",
+  "lr",
+  "seed",
+  "dtype",
+  "devices",
+  "minibatch",
+  "fanouts",
+  "batch_size",
+  "pipeline",
+  "table_optimizer",
+  "out",
+  "bases",
+)
 
 
 def _flag(name: str) -> str:
@@ -381,8 +562,10 @@ def mag_arguments(args: argparse.Namespace, defaults: argparse.Namespace) -> arg
   (`jaxdata.cli` joins the two: a trainer imports no other.)"""
   given = [n for n in ENTITY_OPTIONS if getattr(args, n) is not None]
   if given:
-    raise command.UsageError(f"argument {_flag(given[0])}: names an entity dataset, not "
-                             f"synthetic_mag (--scale {args.scale:g}); give one of them")
+    raise command.UsageError(
+      f"argument {_flag(given[0])}: names an entity dataset, not "
+      f"synthetic_mag (--scale {args.scale:g}); give one of them"
+    )
   mag = argparse.Namespace(**vars(defaults))
   for name in ("scale",) + MAG_OPTIONS + SHARED_OPTIONS:
     if getattr(args, name) is not None:
@@ -394,32 +577,48 @@ def main(args) -> int:
   """`jaxdata train rgcn` on an entity dataset (`jaxdata.cli` sends --scale to
   `jaxdata.train.attention` with `mag_arguments`)."""
   if args.scale is not None:
-    raise command.UsageError("argument --scale: synthetic_mag trains through jaxdata.cli "
-                             "(`jaxdata train rgcn --scale S`)")
+    raise command.UsageError(
+      "argument --scale: synthetic_mag trains through jaxdata.cli (`jaxdata train rgcn --scale S`)"
+    )
   given = [n for n in MAG_OPTIONS if getattr(args, n) is not None]
   if given:
     raise command.UsageError(f"argument {_flag(given[0])}: for synthetic_mag (with --scale)")
   refuse_without_minibatch(args, dict(MINIBATCH_DEFAULTS, batch_size=None))
   # The entity datasets' defaults (None above: --scale has its own).
-  for name, value in (("epochs", 50), ("hidden", 16), ("lr", 0.01), ("seeds", 1),
-                      ("nodes", 20_000), ("edges", 200_000), ("relations", 50),
-                      ("batch_size", 256)):
+  for name, value in (
+    ("epochs", 50),
+    ("hidden", 16),
+    ("lr", 0.01),
+    ("seeds", 1),
+    ("nodes", 20_000),
+    ("edges", 200_000),
+    ("relations", 50),
+    ("batch_size", 256),
+  ):
     if getattr(args, name) is None:
       setattr(args, name, value)
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
   if args.self_loop == "basis" and args.bases == 0:
-    raise command.UsageError("argument --self-loop: 'basis' combines W_0 from the bases; it "
-                             "needs --bases of at least 1")
+    raise command.UsageError(
+      "argument --self-loop: 'basis' combines W_0 from the bases; it needs --bases of at least 1"
+    )
   if args.data:
     data = {"source": "rdf", "path": os.path.abspath(args.data)}
   elif args.nodes < SYNTHETIC_MIN_NODES:
-    raise command.UsageError(f"argument --nodes: the synthetic graph needs at least "
-                             f"{SYNTHETIC_MIN_NODES} nodes (4 classes, and a tenth of the nodes "
-                             f"to train on), got {args.nodes}")
+    raise command.UsageError(
+      f"argument --nodes: the synthetic graph needs at least "
+      f"{SYNTHETIC_MIN_NODES} nodes (4 classes, and a tenth of the nodes "
+      f"to train on), got {args.nodes}"
+    )
   else:
-    data = {"source": "synthetic", "nodes": args.nodes, "edges": args.edges,
-            "relations": args.relations, "seed": args.seed}
+    data = {
+      "source": "synthetic",
+      "nodes": args.nodes,
+      "edges": args.edges,
+      "relations": args.relations,
+      "seed": args.seed,
+    }
   try:
     dataset, setup = load_dataset(data)
   except (OSError, ValueError, EOFError) as e:
@@ -431,64 +630,94 @@ def main(args) -> int:
   self_loop = args.self_loop or setup.get("self_loop", "separate")
   if self_loop == "basis" and num_bases is None:
     if args.self_loop:
-      raise command.UsageError("argument --self-loop: 'basis' combines W_0 from the bases; it "
-                               "needs --bases of at least 1")
+      raise command.UsageError(
+        "argument --self-loop: 'basis' combines W_0 from the bases; it needs --bases of at least 1"
+      )
     self_loop = "separate"  # no bases: the paper's identity relation has a full weight, W_0
   minibatch = None
   devices = devices_flag(args.devices)
   if args.minibatch:
     from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
+
     if args.fanouts is not None and len(args.fanouts) != 2:
-      raise command.UsageError(f"argument --fanouts: give two fanouts (the RGCN model has two "
-                               f"layers), got {len(args.fanouts)}")
+      raise command.UsageError(
+        f"argument --fanouts: give two fanouts (the RGCN model has two "
+        f"layers), got {len(args.fanouts)}"
+      )
     minibatch = sampled.MinibatchConfig(**minibatch_options(args, 2))
-  val_fraction = (args.val_fraction if args.val_fraction is not None
-                  else setup.get("val_fraction", 0.0))
+  val_fraction = (
+    args.val_fraction if args.val_fraction is not None else setup.get("val_fraction", 0.0)
+  )
   if val_fraction >= 1:
     raise command.UsageError("argument --val-fraction: must be below 1 (some nodes must train)")
   g = dataset.graph
   mesh_size = (len(jax.local_devices()) if devices is None else devices) * jax.process_count()
-  console.print(f"[bold]{dataset.name}[/]: {g.num_nodes:,} nodes, {g.num_edges:,} edges, "
-                f"{g.num_relations} relations, {dataset.num_classes} classes, "
-                f"{len(dataset.train_idx)} train / {len(dataset.test_idx)} test, "
-                + ("featureless" if dataset.features is None else
-                   f"{dataset.features.shape[1]} features "
-                   + ("in a HostTable" if mesh_size == 1 or args.minibatch
-                      else "sharded by rows"))
-                + f" | bases={num_bases} l2={l2:g} self-loop={self_loop} "
-                f"bias={'yes' if bias else 'no'} val={val_fraction:g} "
-                f"on {jax.devices()[0].platform} x {mesh_size}")
+  console.print(
+    f"[bold]{dataset.name}[/]: {g.num_nodes:,} nodes, {g.num_edges:,} edges, "
+    f"{g.num_relations} relations, {dataset.num_classes} classes, "
+    f"{len(dataset.train_idx)} train / {len(dataset.test_idx)} test, "
+    + (
+      "featureless"
+      if dataset.features is None
+      else f"{dataset.features.shape[1]} features "
+      + ("in a HostTable" if mesh_size == 1 or args.minibatch else "sharded by rows")
+    )
+    + f" | bases={num_bases} l2={l2:g} self-loop={self_loop} "
+    f"bias={'yes' if bias else 'no'} val={val_fraction:g} "
+    f"on {jax.devices()[0].platform} x {mesh_size}"
+  )
   if minibatch is not None:
-    console.print(f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} nodes per "
-                  f"step, graph in {minibatch.pipeline} memory"
-                  + ("" if dataset.features is not None else
-                     f", node rows in host memory ({minibatch.table_optimizer})"))
+    console.print(
+      f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} nodes per "
+      f"step, graph in {minibatch.pipeline} memory"
+      + (
+        ""
+        if dataset.features is not None
+        else f", node rows in host memory ({minibatch.table_optimizer})"
+      )
+    )
   accuracies = []
   for seed in range(args.seed, args.seed + args.seeds):
-    config = TrainConfig(epochs=args.epochs, hidden=args.hidden, num_bases=num_bases, l2=l2,
-                         self_loop=self_loop, bias=bias, learning_rate=args.lr, seed=seed,
-                         dtype=args.dtype, val_fraction=val_fraction, devices=devices)
+    config = TrainConfig(
+      epochs=args.epochs,
+      hidden=args.hidden,
+      num_bases=num_bases,
+      l2=l2,
+      self_loop=self_loop,
+      bias=bias,
+      learning_rate=args.lr,
+      seed=seed,
+      dtype=args.dtype,
+      val_fraction=val_fraction,
+      devices=devices,
+    )
     with progress(console, f"seed {seed}", config.epochs, transient=args.seeds > 1) as update:
 
       def on_epoch(r):
         val = f"  val acc {r['val_accuracy']:.4f}" if "val_accuracy" in r else ""
         update(advance=1, metrics=f"loss {r['loss']:.4f}  train acc {r['train_accuracy']:.3f}")
         if args.seeds == 1:
-          console.print(f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
-                        f"train acc {r['train_accuracy']:.4f}{val}  {1e3 * r['seconds']:.1f} ms")
+          console.print(
+            f"epoch {r['epoch']:3d}  loss {r['loss']:.4f}  "
+            f"train acc {r['train_accuracy']:.4f}{val}  {1e3 * r['seconds']:.1f} ms"
+          )
 
       if minibatch is None:
         result = train(dataset, config, on_epoch=on_epoch)
       else:
         result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
     accuracies.append(result.test_accuracy)
-    console.print(f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
-                  f"({result.seconds:.1f} s; last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)")
+    console.print(
+      f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
+      f"({result.seconds:.1f} s; last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)"
+    )
   save(args.out, result, config, data)
   if args.seeds > 1:
-    console.print(f"[bold]test accuracy over {args.seeds} seeds: {np.mean(accuracies):.4f} "
-                  f"± {np.std(accuracies):.4f}[/] (population std; min {min(accuracies):.4f}, "
-                  f"max {max(accuracies):.4f}; per seed: "
-                  f"{' '.join(f'{a:.4f}' for a in accuracies)})")
+    console.print(
+      f"[bold]test accuracy over {args.seeds} seeds: {np.mean(accuracies):.4f} "
+      f"± {np.std(accuracies):.4f}[/] (population std; min {min(accuracies):.4f}, "
+      f"max {max(accuracies):.4f}; per seed: "
+      f"{' '.join(f'{a:.4f}' for a in accuracies)})"
+    )
   say_saved(console, args.out)
   return 0

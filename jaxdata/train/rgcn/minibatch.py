@@ -30,11 +30,12 @@ process runs the unsharded step.
     result = train(load_entities("aifb.tgz"), TrainConfig(epochs=50),
                    MinibatchConfig(fanouts=(20, 20), batch_size=64))
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,7 @@ from jaxdata.train import common
 from jaxdata.train.common import TrainResult
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
 
+
 @dataclasses.dataclass(frozen=True)
 class MinibatchConfig(common.MinibatchConfig):
   """`common.MinibatchConfig` for RGCN: `batch_size` seed nodes per step; "device": graph and
@@ -59,8 +61,10 @@ class MinibatchConfig(common.MinibatchConfig):
   def __post_init__(self):
     super().__post_init__()
     if len(self.fanouts) != 2:
-      raise ValueError(f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
-                       f"the two-layer RGCN), got {self.fanouts}")
+      raise ValueError(
+        f"MinibatchConfig: fanouts must be two positive ints (one per layer of "
+        f"the two-layer RGCN), got {self.fanouts}"
+      )
 
 
 def _is_row_param(path, value) -> bool:
@@ -122,8 +126,7 @@ class EntityData:
 
 def forward(model: EntityClassifier, data: EntityData, consts, seeds, fanouts, key):
   """(the blocks, the slots' inputs, their table rows): what a step's loss reads."""
-  blocks = sample_blocks(data.graph(consts), seeds, fanouts, key,
-                         num_relations=data.num_relations)
+  blocks = sample_blocks(data.graph(consts), seeds, fanouts, key, num_relations=data.num_relations)
   inputs, ids = data.inputs(consts, blocks.nodes[-1], blocks.masks[-1])
   return blocks, inputs, ids
 
@@ -143,10 +146,11 @@ def dense_penalty(model: EntityClassifier) -> jax.Array:
   """The L2 term's dense part: the first layer's squared parameters, but for the node rows of
   a featureless model (the rows a step reads count instead, `batch_loss`)."""
   featureless = model.conv1.featureless
-  return sum(jnp.sum(p[...].astype(jnp.float32)**2)
-             for path, p in nnx.iter_graph(model.conv1)
-             if isinstance(p, nnx.Param)
-             and not (featureless and _is_row_param(("conv1",) + path, p)))
+  return sum(
+    jnp.sum(p[...].astype(jnp.float32) ** 2)
+    for path, p in nnx.iter_graph(model.conv1)
+    if isinstance(p, nnx.Param) and not (featureless and _is_row_param(("conv1",) + path, p))
+  )
 
 
 def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float):
@@ -154,7 +158,7 @@ def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float
   total, (correct, count) = summed_loss(model, blocks, inputs, seeds, labels)
   loss = total / jnp.maximum(count, 1)
   if l2:
-    rows = jnp.sum(inputs.astype(jnp.float32)**2) if model.conv1.featureless else 0.0
+    rows = jnp.sum(inputs.astype(jnp.float32) ** 2) if model.conv1.featureless else 0.0
     loss = loss + l2 * (dense_penalty(model) + rows)
   return loss, (correct, count)
 
@@ -168,13 +172,22 @@ def first_reads(ids: jax.Array, axis: str) -> jax.Array:
   ranked = every[order]
   first = jnp.concatenate([jnp.ones(1, bool), ranked[1:] != ranked[:-1]])
   first = jnp.zeros_like(first).at[order].set(first)
-  return jax.lax.dynamic_slice_in_dim(first, jax.lax.axis_index(axis) * ids.shape[0],
-                                      ids.shape[0])
+  return jax.lax.dynamic_slice_in_dim(first, jax.lax.axis_index(axis) * ids.shape[0], ids.shape[0])
 
 
-def sharded_steps(data: EntityData, labels: jax.Array, fanouts, model, optimizer, dense,
-                  table_opt, opt_state, l2: float, mesh, batch_size: int
-                  ) -> common.ShardedSteps:
+def sharded_steps(
+  data: EntityData,
+  labels: jax.Array,
+  fanouts,
+  model,
+  optimizer,
+  dense,
+  table_opt,
+  opt_state,
+  l2: float,
+  mesh,
+  batch_size: int,
+) -> common.ShardedSteps:
   """Data-parallel mini-batch training over `mesh` (`common.ShardedSteps`): `batch_size` seeds
   per device, each device sampling its share with its own key. The summed cross entropy's
   gradients are summed over the mesh in one all-reduce (`common.psum_flat`) and divided by the
@@ -186,24 +199,27 @@ def sharded_steps(data: EntityData, labels: jax.Array, fanouts, model, optimizer
   copies = jax.process_count()
 
   def penalty(model, inputs, first):
-    rows = jnp.sum(jnp.where(first[:, None], inputs.astype(jnp.float32)**2, 0))
+    rows = jnp.sum(jnp.where(first[:, None], inputs.astype(jnp.float32) ** 2, 0))
     return l2 * (dense_penalty(model) + rows), l2 * rows
 
   def train_on(model, optimizer, consts, seeds, key):
     blocks, inputs, ids = forward(model, data, consts, seeds, fanouts, key)
-    grad_fn = nnx.value_and_grad(summed_loss, argnums=(nnx.DiffState(0, dense), 2),
-                                 has_aux=True)
-    (total, (correct, count)), (grads, row_grads) = grad_fn(model, blocks, inputs, seeds,
-                                                            consts["labels"])
+    grad_fn = nnx.value_and_grad(summed_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
+    (total, (correct, count)), (grads, row_grads) = grad_fn(
+      model, blocks, inputs, seeds, consts["labels"]
+    )
     dense_l2 = rows_l2 = jnp.float32(0)
     if l2:
-      first = (first_reads(ids, axis) if data.rows is not None
-               else jnp.zeros(ids.shape, bool))  # features: no rows in the term
+      first = (
+        first_reads(ids, axis) if data.rows is not None else jnp.zeros(ids.shape, bool)
+      )  # features: no rows in the term
       (pen, rows_l2), (pen_grads, pen_rows) = nnx.value_and_grad(
-          penalty, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)(model, inputs, first)
+        penalty, argnums=(nnx.DiffState(0, dense), 1), has_aux=True
+      )(model, inputs, first)
       dense_l2 = pen - rows_l2  # the same on every device
     total, rows_l2, correct, count, grads = common.psum_flat(
-        (total, rows_l2, correct, count, grads), axis)
+      (total, rows_l2, correct, count, grads), axis
+    )
     n = jnp.maximum(count, 1)
     grads, row_grads = jax.tree.map(lambda g: g / n, grads), row_grads / n
     if l2:
@@ -211,8 +227,7 @@ def sharded_steps(data: EntityData, labels: jax.Array, fanouts, model, optimizer
     optimizer.update(model, grads)
     token = jnp.int32(0)
     if data.rows is not None:
-      token = table_opt.update(data.rows, opt_state, ids, row_grads, axis_name=axis,
-                               copies=copies)
+      token = table_opt.update(data.rows, opt_state, ids, row_grads, axis_name=axis, copies=copies)
     return (total / n + dense_l2 + rows_l2) * count, correct, count, token
 
   def correct_of(model, consts, seeds, key):
@@ -223,10 +238,14 @@ def sharded_steps(data: EntityData, labels: jax.Array, fanouts, model, optimizer
   return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
 
 
-def train(dataset: EntityDataset, config: TrainConfig,
-          minibatch: MinibatchConfig = MinibatchConfig(), *,
-          on_epoch: Callable[[dict], None] | None = None,
-          on_batch: Callable[[int, int], None] | None = None) -> TrainResult:
+def train(
+  dataset: EntityDataset,
+  config: TrainConfig,
+  minibatch: MinibatchConfig = MinibatchConfig(),
+  *,
+  on_epoch: Callable[[dict], None] | None = None,
+  on_batch: Callable[[int, int], None] | None = None,
+) -> TrainResult:
   """Trains the 2-layer RGCN on mini-batches of `dataset`'s training nodes; the final test
   accuracy is measured on the whole graph.
 
@@ -249,17 +268,31 @@ def train(dataset: EntityDataset, config: TrainConfig,
   start = time.perf_counter()
   with EntityData(dataset, model, minibatch.pipeline) as data:
     opt_state = table_opt.init(data.rows) if data.rows is not None else ()
-    sharded = None if mesh is None else sharded_steps(
-        data, host_labels, fanouts, model, optimizer, dense, table_opt, opt_state,
-        config.l2, mesh, minibatch.batch_size)
+    sharded = (
+      None
+      if mesh is None
+      else sharded_steps(
+        data,
+        host_labels,
+        fanouts,
+        model,
+        optimizer,
+        dense,
+        table_opt,
+        opt_state,
+        config.l2,
+        mesh,
+        minibatch.batch_size,
+      )
+    )
 
     @nnx.jit
     def step(model, optimizer, opt_state, consts, seeds, key):
       blocks, inputs, ids = forward(model, data, consts, seeds, fanouts, key)
-      grad_fn = nnx.value_and_grad(batch_loss, argnums=(nnx.DiffState(0, dense), 2),
-                                   has_aux=True)
-      (loss, (correct, count)), (grads, row_grads) = grad_fn(model, blocks, inputs, seeds,
-                                                             labels, config.l2)
+      grad_fn = nnx.value_and_grad(batch_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
+      (loss, (correct, count)), (grads, row_grads) = grad_fn(
+        model, blocks, inputs, seeds, labels, config.l2
+      )
       optimizer.update(model, grads)
       token = jnp.int32(0)
       if data.rows is not None:
@@ -277,22 +310,37 @@ def train(dataset: EntityDataset, config: TrainConfig,
     history = []
     try:
       for epoch in range(1, config.epochs + 1):
-        rows = common.seed_batches(dataset.train_idx[fit],
-                                   minibatch.batch_size * (1 if mesh is None else mesh.size),
-                                   rng, minibatch.max_batches)
+        rows = common.seed_batches(
+          dataset.train_idx[fit],
+          minibatch.batch_size * (1 if mesh is None else mesh.size),
+          rng,
+          minibatch.max_batches,
+        )
         epoch_key = jax.random.fold_in(key, epoch)
         if sharded is not None:
           record = dict(epoch=epoch, **sharded.epoch(rows, epoch_key, on_batch))
         else:
-          record = dict(epoch=epoch, **common.run_epoch(
-              lambda s, k: step(model, optimizer, opt_state, data.consts, s, k), rows,
-              epoch_key, on_batch))
+          record = dict(
+            epoch=epoch,
+            **common.run_epoch(
+              lambda s, k: step(model, optimizer, opt_state, data.consts, s, k),
+              rows,
+              epoch_key,
+              on_batch,
+            ),
+          )
         if len(val):
           val_ids, val_key_e = dataset.train_idx[val], jax.random.fold_in(val_key, epoch)
           record["val_accuracy"] = (
-              sharded.accuracy(val_ids, val_key_e) if sharded is not None else
-              common.sampled_accuracy(lambda s, k: predict(model, data.consts, s, k), val_ids,
-                                      minibatch.batch_size, val_key_e))
+            sharded.accuracy(val_ids, val_key_e)
+            if sharded is not None
+            else common.sampled_accuracy(
+              lambda s, k: predict(model, data.consts, s, k),
+              val_ids,
+              minibatch.batch_size,
+              val_key_e,
+            )
+          )
         common.add_record(history, record, on_epoch)
       if sharded is not None:
         sharded.finish()
@@ -304,5 +352,10 @@ def train(dataset: EntityDataset, config: TrainConfig,
       sparse.close(opt_state)
   test_accuracy = evaluate(model, dataset)["test_accuracy"]
   # Featureless: no optimizer state in the result (the node rows' moments lived in a host table).
-  return TrainResult(model, history, {"test_accuracy": test_accuracy},
-                     time.perf_counter() - start, None if model.conv1.featureless else optimizer)
+  return TrainResult(
+    model,
+    history,
+    {"test_accuracy": test_accuracy},
+    time.perf_counter() - start,
+    None if model.conv1.featureless else optimizer,
+  )

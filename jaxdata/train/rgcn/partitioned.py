@@ -20,29 +20,43 @@ the trainer keeps the single-device path (`jaxdata.train.rgcn.train`), so nothin
     from jaxdata.train.rgcn import TrainConfig, train
     result = train(dataset, TrainConfig(devices=2))      # two local devices
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxdata import distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
-from jaxdata.train.common import (TrainResult, add_record, device_mesh, first_row, gather_rows,
-                                  node_rows, sharded_jit as shard)
+from jaxdata.train.common import (
+  TrainResult,
+  add_record,
+  device_mesh,
+  first_row,
+  gather_rows,
+  node_rows,
+)
+from jaxdata.train.common import (
+  sharded_jit as shard,
+)
 
-def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
-          ) -> TrainResult:
+
+def train(
+  dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
+) -> TrainResult:
   """`jaxdata.train.rgcn.train` over the mesh of `config.devices` devices per process."""
   from jaxdata.train.rgcn import EntityClassifier, l2_penalty, split_validation
+
   mesh = device_mesh(config.devices)
   k = mesh.devices.size
   parts = partition(dataset.graph, k)
@@ -56,12 +70,12 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
   replicated = NamedSharding(mesh, P())
   n = parts.padded_nodes
   host = {
-      "graph": parts.arrays,
-      "labels": node_rows(n, train_idx, train_y),
-      "fit": node_rows(n, train_idx[fit]),
-      "val": node_rows(n, train_idx[val]),
-      "test_labels": node_rows(n, dataset.test_idx, dataset.test_y),
-      "test": node_rows(n, dataset.test_idx),
+    "graph": parts.arrays,
+    "labels": node_rows(n, train_idx, train_y),
+    "fit": node_rows(n, train_idx[fit]),
+    "val": node_rows(n, train_idx[val]),
+    "test_labels": node_rows(n, dataset.test_idx, dataset.test_y),
+    "test": node_rows(n, dataset.test_idx),
   }
   if dataset.features is not None:
     host["x"] = parts.pad_rows(np.asarray(dataset.features, np.float32))
@@ -71,8 +85,13 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
 
   def logits_of(model, consts):
     x = consts.get("x")
-    return model.on_partition(parts.local(consts["graph"]), first_row(rows), rows, gather_rows,
-                              None if x is None else gather_rows(x))
+    return model.on_partition(
+      parts.local(consts["graph"]),
+      first_row(rows),
+      rows,
+      gather_rows,
+      None if x is None else gather_rows(x),
+    )
 
   def correct(logits, labels, mask):
     return jnp.sum((jnp.argmax(logits, -1) == labels) & mask)
@@ -93,8 +112,9 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
     # each device's gradient is its own part's: the psum is the whole graph's gradient.
     loss, grads = jax.lax.psum((loss, grads), AXIS)
     optimizer.update(model, grads)
-    hits = jax.lax.psum(jnp.stack([correct(logits, labels, fit_mask),
-                                   correct(logits, labels, consts["val"])]), AXIS)
+    hits = jax.lax.psum(
+      jnp.stack([correct(logits, labels, fit_mask), correct(logits, labels, consts["val"])]), AXIS
+    )
     return nnx.state((model, optimizer)), loss, hits
 
   def device_test(state, consts):
@@ -110,14 +130,22 @@ def train(dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | 
     t0 = time.perf_counter()
     state, loss, hits = step(state, consts)
     loss, hits = distributed.local_value((loss, hits))
-    record = dict(epoch=epoch, loss=float(loss), train_accuracy=float(hits[0]) / num_fit,
-                  seconds=time.perf_counter() - t0)
+    record = dict(
+      epoch=epoch,
+      loss=float(loss),
+      train_accuracy=float(hits[0]) / num_fit,
+      seconds=time.perf_counter() - t0,
+    )
     if len(val):
       record["val_accuracy"] = float(hits[1]) / num_val
     add_record(history, record, on_epoch)
   test_correct = int(distributed.local_value(test(state, consts)))
   # Replicated over the mesh: each process reads its own copy (no collective).
   model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
-  return TrainResult(model, history,
-                     {"test_accuracy": test_correct / max(len(dataset.test_idx), 1)},
-                     time.perf_counter() - start, optimizer)
+  return TrainResult(
+    model,
+    history,
+    {"test_accuracy": test_correct / max(len(dataset.test_idx), 1)},
+    time.perf_counter() - start,
+    optimizer,
+  )
