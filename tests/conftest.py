@@ -1,7 +1,7 @@
 """Shared test setup: tests run on the CPU and, where JAX sees one, on a GPU (marked `gpu`).
 
-Also the suite's guards (docs/development.md): a test file's compiled programs are dropped when
-it ends, each worker's peak RSS and the files it grew most on are reported, `slow` tests get a
+Also the suite's guards (docs/development.md): a test file that leaves its process large has
+its compiled programs dropped when it ends, each worker's peak RSS and the files it grew most on are reported, `slow` tests get a
 longer timeout, and `-n auto` starts no more workers than memory holds.
 """
 
@@ -94,6 +94,7 @@ def _no_stale_effect_error():
 
 GIB = 1 << 30
 WORKER_BYTES = 6 * GIB  # the most one test process may hold (.ci/run enforces it)
+RELEASE_ABOVE = 2 * GIB  # a test file that leaves more held has its compiled programs dropped
 TIMEOUT_SLOW = 900  # seconds; every other test has pyproject's `timeout`
 
 
@@ -124,8 +125,11 @@ def _release_memory() -> None:
 
 @pytest.fixture(autouse=True, scope="module")
 def _release_memory_after_each_file():
+  """Releases memory after a test file that leaves its process above RELEASE_ABOVE bytes (below
+  it, keeping JAX's caches saves the next files compiling the same small programs again)."""
   yield
-  _release_memory()
+  if _rss() > RELEASE_ABOVE:
+    _release_memory()
 
 
 def pytest_xdist_auto_num_workers(config):
