@@ -17,6 +17,7 @@ import os
 import sys
 
 from jaxdata import command, distributed
+from jaxdata.train.checkpoint import CheckpointLocked
 from jaxdata.train.common import LossNotFinite
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
   except command.UsageError as e:
     code = command.fail(args.prog, e)
   except LossNotFinite as e:  # a diverged run: stopped, nothing saved
+    code = command.fail(args.prog, e, code=1)
+  except CheckpointLocked as e:  # another save of --out did not end in time: nothing saved
     code = command.fail(args.prog, e, code=1)
   except KeyboardInterrupt:
     print(f"{args.prog}: interrupted", file=sys.stderr)
