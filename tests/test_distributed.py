@@ -4,6 +4,7 @@ The multi-process runs start real processes through the launcher: 2 processes x 
 each (gloo collectives), compared with one process of 4 CPU devices on the same global batch.
 """
 
+import io
 import json
 import os
 import re
@@ -317,6 +318,43 @@ def test_more_processes_than_gpus_is_a_usage_error(monkeypatch, capsys):
   err = capsys.readouterr().err.strip()
   assert "2 processes but 1 GPU(s) here: NCCL runs one process per GPU" in err
   assert len(err.splitlines()) == 1
+
+
+class _NoProcess:
+  """Stands in for `subprocess.Popen` in the launcher: records the command, starts nothing, and
+  ends at once with exit code 0."""
+
+  started: list = []
+
+  def __init__(self, cmd, **kwargs):
+    self.started.append(cmd)
+    self.pid, self.stdout, self.returncode = 0, io.StringIO(""), 0
+
+  def poll(self):
+    return 0
+
+  def wait(self, timeout=None):
+    return 0
+
+
+@pytest.mark.parametrize("devices", [["--devices-per-process", "1"], []])
+def test_more_cpu_processes_than_cores_is_a_usage_error_unless_forced(monkeypatch, capsys, devices):
+  """CPU processes (`--devices-per-process`, or no GPU here) are bounded by the CPU cores: one
+  line naming -n and the bound, exit code 2, nothing started; --force starts them anyway."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.setattr(launch, "cpu_cores", lambda: 2)
+  monkeypatch.setattr(launch.subprocess, "Popen", _NoProcess)
+  _NoProcess.started = []
+  assert cli.main(["launch", "-n", "3", *devices, "--", *SAGE]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (
+    "jaxdata launch: error: argument -n: 3 processes but 2 CPU core(s) here: start at most 2, "
+    "or give --force to share the cores among more"
+  )
+  assert _NoProcess.started == []
+  assert cli.main(["launch", "-n", "2", *devices, "--", *SAGE]) == 0
+  assert cli.main(["launch", "-n", "3", "--force", *devices, "--", *SAGE]) == 0
+  assert [c[c.index("--process-id") + 1] for c in _NoProcess.started] == ["0", "1", "0", "1", "2"]
 
 
 def test_process_id_must_be_below_the_process_count(capsys):
