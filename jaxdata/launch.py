@@ -3,9 +3,11 @@
 Starts N copies of `python -m jaxdata.cli train ... --coordinator localhost:PORT --num-processes
 N --process-id I` (a free port is picked), prefixes each output line with `[I]`, and waits. When
 one process fails, the others are stopped and the launcher returns that first non-zero exit
-code; when all succeed, 0. `--devices-per-process K` gives every process K CPU devices
-(`XLA_FLAGS=--xla_force_host_platform_device_count=K`), which is how CI tests multi-process
-training without GPUs:
+code; when all succeed, 0. SIGINT (Ctrl-C) and SIGTERM to the launcher are passed on to every
+process, which stops where it is (`jaxdata.cli`), and the launcher waits for them all (SIGKILL
+after `GRACE` seconds) and returns 128 + the signal's number. `--devices-per-process K` gives
+every process K CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=K`), which is how
+CI tests multi-process training without GPUs:
 
     jaxdata launch -n 2 --devices-per-process 2 -- train sage --devices 0 --epochs 1
 
@@ -165,17 +167,32 @@ def _pump(i: int, stream, lock: threading.Lock) -> None:
   stream.close()
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], signum: int, lock: threading.Lock) -> None:
+  """Sends `signum` to the processes still running and waits for them, GRACE seconds, then
+  SIGKILL; a signal to the launcher while it waits kills them at once: none is left running."""
   for p in procs:
     if p.poll() is None:
-      p.send_signal(signal.SIGTERM)
+      p.send_signal(signum)
   deadline = time.monotonic() + GRACE
-  for p in procs:
-    try:
-      p.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      p.kill()
-      p.wait()
+  try:
+    for i, p in enumerate(procs):
+      try:
+        p.wait(max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        with lock:
+          print(
+            f"jaxdata launch: process {i} did not stop within {GRACE:g} s of "
+            f"{signal.Signals(signum).name}; killing it",
+            file=sys.stderr,
+            flush=True,
+          )
+        p.kill()
+        p.wait()
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 def run(
@@ -204,6 +221,7 @@ def run(
   address = f"localhost:{port or free_port()}"
   lock = threading.Lock()
   procs, pumps = [], []
+  stop_with = signal.SIGTERM  # what stops the others once one fails
   try:
     for i in range(num_processes):
       cmd = [
@@ -247,10 +265,18 @@ def run(
           )
       else:
         time.sleep(0.05)
-  except KeyboardInterrupt:
-    code = 130
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (command.Terminated): passed on
+    stop_with = getattr(e, "signum", signal.SIGINT)
+    code = 128 + stop_with
+    with lock:
+      print(
+        f"jaxdata launch: {signal.Signals(stop_with).name}: passed on to the "
+        f"{len(procs)} processes; stopping",
+        file=sys.stderr,
+        flush=True,
+      )
   finally:
-    _stop(procs)
+    _stop(procs, stop_with, lock)
     for t in pumps:
       t.join(1.0)
   return code if code >= 0 else 128 - code  # killed by signal S: 128 + S, as a shell reports

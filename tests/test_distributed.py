@@ -357,6 +357,94 @@ def test_more_cpu_processes_than_cores_is_a_usage_error_unless_forced(monkeypatc
   assert [c[c.index("--process-id") + 1] for c in _NoProcess.started] == ["0", "1", "0", "1", "2"]
 
 
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_every_process_and_exits_143(tmp_path):
+  """SIGTERM to the launcher once training runs: it passes it on to both processes, which stop
+  with one line each (or are killed after GRACE seconds), waits for them (none is left running)
+  and exits 128 + 15 with one line saying so; nothing is saved."""
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "jaxdata.cli",
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "2",
+      "--",
+      *SAGE,
+      "--epochs",
+      "100000",
+      "--out",
+      str(tmp_path / "never"),
+    ],
+    env=dict(_env(), PYTHONFAULTHANDLER="1"),  # SIGABRT prints a process's stacks
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  pids, lines = [], []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if m := re.match(r"jaxdata launch: process \d is pid (\d+)", line):
+        pids.append(int(m[1]))
+      if line.startswith("[0] epoch   1"):
+        break
+    else:
+      pytest.fail("the run ended before its first epoch:\n" + "".join(lines))
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    try:
+      rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # where they hang: faulthandler's stacks
+      for pid in _running(pids, 0):
+        os.kill(pid, signal.SIGABRT)
+      pytest.fail("the processes did not stop within 60 s:\n" + proc.communicate(30)[0])
+    took = time.monotonic() - sent
+  finally:
+    left = _running(pids, 10)
+    for pid in left:  # a launcher that did not wait for its processes left them running
+      os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+      proc.kill()
+    proc.communicate()
+  assert len(pids) == 2
+  assert left == [], f"processes {left} outlived the launcher"
+  assert took < 30
+  assert proc.returncode == 128 + signal.SIGTERM, rest
+  own = [l for l in rest.splitlines() if l.startswith("jaxdata launch:")]
+  assert own[0] == "jaxdata launch: SIGTERM: passed on to the 2 processes; stopping", rest
+  # Each process stops with its one line, unless the signal found it waiting in a collective of
+  # a step its peer had stopped before (Python runs handlers between calls, not inside one):
+  # then the launcher kills it after GRACE seconds, and says so.
+  for i in (0, 1):
+    killed = f"jaxdata launch: process {i} did not stop within 5 s of SIGTERM; killing it"
+    assert f"[{i}] jaxdata train sage: terminated (SIGTERM)" in rest or killed in own, rest
+  assert len(own) <= 3 and all("killing it" in l for l in own[1:]), rest
+  assert "Traceback" not in rest
+  assert not (tmp_path / "never").exists()
+
+
+def _running(pids: list[int], timeout: float) -> list[int]:
+  """Those of `pids` still running (not ended, or ended but not collected) after up to
+  `timeout` seconds."""
+  deadline = time.monotonic() + timeout
+  while True:
+    left = []
+    for pid in pids:
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+            left.append(pid)
+      except FileNotFoundError:
+        pass
+    if not left or time.monotonic() > deadline:
+      return left
+    time.sleep(0.1)
+
+
 def test_process_id_must_be_below_the_process_count(capsys):
   code = cli.main(
     SAGE + ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"]
