@@ -3,7 +3,9 @@
 Each command's module owns its options (`add_arguments(parser)`) and its run (`main(args)`);
 this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`);
 a run whose loss stops being finite is one line and exit code 1, having saved nothing; Ctrl-C
-is one line ("interrupted") and exit code 130.
+is one line ("interrupted") and exit code 130, SIGTERM one line ("terminated") and exit code 143
+(`command.signals_stop`). A trainer saves its checkpoint when training ends, so a run stopped
+before then saves none (and one stopped while saving keeps the previous checkpoint).
 Every `train` command also takes the multi-process flags of `jaxdata.distributed`, and joins
 its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
 processes, the others refuse to.
@@ -14,9 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+from collections.abc import Callable
 
 from jaxdata import command, distributed
+from jaxdata.train.checkpoint import CheckpointLocked
 from jaxdata.train.common import LossNotFinite
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
@@ -281,17 +286,29 @@ def main(argv: list[str] | None = None) -> int:
   if getattr(args, "run", None) is None:  # `jaxdata` alone
     top.print_help()
     return 0
+  with command.signals_stop() as take_signals_back:
+    return _run(args, take_signals_back)
+
+
+def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int:
+  """`main` once the command line is parsed: runs the command, reports its failures in one line
+  and returns the exit code (`take_signals_back`: `command.signals_stop`'s)."""
   try:
     if getattr(args, "command", None) == "train":
       _join(args)
+      take_signals_back()  # jax.distributed.initialize took SIGTERM (only to log it)
     code = args.run(args)
   except command.UsageError as e:
     code = command.fail(args.prog, e)
   except LossNotFinite as e:  # a diverged run: stopped, nothing saved
     code = command.fail(args.prog, e, code=1)
-  except KeyboardInterrupt:
-    print(f"{args.prog}: interrupted", file=sys.stderr)
-    code = 130
+  except CheckpointLocked as e:  # another save of --out did not end in time: nothing saved
+    code = command.fail(args.prog, e, code=1)
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (command.Terminated)
+    signum = getattr(e, "signum", signal.SIGINT)
+    said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    print(f"{args.prog}: {said}", file=sys.stderr)
+    code = 128 + signum
   except MemoryError as e:  # e.g. a graph of 10^14 edges: NumPy's "Unable to allocate 728. TiB"
     why = str(e).splitlines()[0] if str(e) else "MemoryError"
     code = command.fail(args.prog, f"out of host memory ({why}): ask for a smaller run", code=1)

@@ -14,9 +14,12 @@ only see later (a corrupt data file); `jaxdata.cli.main` prints it the same way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxdata.sizes import parse_bytes
@@ -24,6 +27,46 @@ from jaxdata.sizes import parse_bytes
 
 class UsageError(Exception):
   """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+class Terminated(KeyboardInterrupt):
+  """SIGTERM, raised where the command is as Ctrl-C raises KeyboardInterrupt (`signals_stop`), so
+  that what cleans up after one cleans up after the other; `jaxdata.cli` reports it in one line,
+  exit code 143 (128 + SIGTERM, as a shell reports a process SIGTERM ended)."""
+
+  signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def signals_stop() -> Iterator[Callable[[], None]]:
+  """While inside, SIGINT raises KeyboardInterrupt and SIGTERM raises `Terminated` in the main
+  thread, the first one only: a signal that arrives while the command is already stopping is
+  ignored (`jaxdata launch` passes on the Ctrl-C a terminal also sent to its processes). Yields
+  a function that installs the handlers again, for after code that takes SIGTERM for itself
+  (`jax.distributed.initialize`: XLA's preemption notifier only logs it). Outside the main
+  thread, where Python cannot handle signals, it does nothing."""
+  if threading.current_thread() is not threading.main_thread():
+    yield lambda: None
+    return
+  stopping = False
+
+  def stop(signum, frame):
+    nonlocal stopping
+    if not stopping:
+      stopping = True
+      raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+  def install():
+    for s in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(s, stop)
+
+  previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  install()
+  try:
+    yield install
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):

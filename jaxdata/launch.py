@@ -3,16 +3,19 @@
 Starts N copies of `python -m jaxdata.cli train ... --coordinator localhost:PORT --num-processes
 N --process-id I` (a free port is picked), prefixes each output line with `[I]`, and waits. When
 one process fails, the others are stopped and the launcher returns that first non-zero exit
-code; when all succeed, 0. `--devices-per-process K` gives every process K CPU devices
-(`XLA_FLAGS=--xla_force_host_platform_device_count=K`), which is how CI tests multi-process
-training without GPUs:
+code; when all succeed, 0. SIGINT (Ctrl-C) and SIGTERM to the launcher are passed on to every
+process, which stops where it is (`jaxdata.cli`), and the launcher waits for them all (SIGKILL
+after `GRACE` seconds) and returns 128 + the signal's number. `--devices-per-process K` gives
+every process K CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=K`), which is how
+CI tests multi-process training without GPUs:
 
     jaxdata launch -n 2 --devices-per-process 2 -- train sage --devices 0 --epochs 1
 
 On a machine with GPUs, each process gets its own share of them (`CUDA_VISIBLE_DEVICES`): NCCL,
 which carries JAX's collectives between GPUs, refuses two processes on one GPU ("Duplicate GPU
 detected", measured on the H200 machine), so more processes than GPUs is a usage error here
-rather than a crash inside the first collective.
+rather than a crash inside the first collective. CPU processes are bounded by the CPU cores
+(`-n` above them is a usage error unless `--force`).
 
 On several hosts, start one process per host with the same flags (or `--distributed auto` under
 SLURM, Open MPI or Kubernetes): see docs/distributed.md.
@@ -51,6 +54,11 @@ def add_arguments(parser) -> None:
     metavar="K",
     help="give each process K CPU devices (XLA_FLAGS=--xla_force_"
     "host_platform_device_count=K; CPU testing)",
+  )
+  parser.add_argument(
+    "--force",
+    action="store_true",
+    help="start more CPU processes than this machine has CPU cores (they share the cores)",
   )
   parser.add_argument(
     "--port",
@@ -103,22 +111,46 @@ def visible_gpus(env: dict) -> list[str]:
   return out.stdout.split() if out.returncode == 0 else []
 
 
-def process_envs(env: dict, num_processes: int, devices_per_process: int | None) -> list[dict]:
+def cpu_cores() -> int:
+  """The CPU cores this process may run on (its affinity mask, where the system has one)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+def _check_cpu_processes(num_processes: int, force: bool) -> None:
+  """UsageError naming -n where more CPU processes are asked for than there are cores, unless
+  `force`: each runs XLA's CPU thread pools, and a job of more processes than cores crawls."""
+  cores = cpu_cores()
+  if num_processes > cores and not force:
+    raise command.UsageError(
+      f"argument -n: {num_processes} processes but {cores} CPU core(s) here: start at most "
+      f"{cores}, or give --force to share the cores among more"
+    )
+
+
+def process_envs(
+  env: dict, num_processes: int, devices_per_process: int | None, force: bool = False
+) -> list[dict]:
   """Each process's environment: K CPU devices each under `devices_per_process`; otherwise, on a
   machine with GPUs, an equal share of them each (`CUDA_VISIBLE_DEVICES`; GPUs left over when
-  the count does not divide stay unused)."""
+  the count does not divide stay unused). UsageError where `num_processes` exceeds the GPUs, or
+  for CPU processes the CPU cores (unless `force`)."""
   env = dict(env, PYTHONUNBUFFERED="1")
   if devices_per_process:
+    _check_cpu_processes(num_processes, force)
     env["XLA_FLAGS"] = _xla_flags(env.get("XLA_FLAGS", ""), devices_per_process)
     return [env] * num_processes
   gpus = visible_gpus(env)
   if not gpus:
+    _check_cpu_processes(num_processes, force)
     return [env] * num_processes
-  if num_processes > len(gpus):
+  if num_processes > len(gpus):  # --force cannot help: NCCL would refuse them
     raise command.UsageError(
-      f"{num_processes} processes but {len(gpus)} GPU(s) here: NCCL runs one process per GPU "
-      f"(it refuses two on one GPU); start at most {len(gpus)}, or run CPU processes with "
-      f"--devices-per-process"
+      f"argument -n: {num_processes} processes but {len(gpus)} GPU(s) here: NCCL runs one "
+      f"process per GPU (it refuses two on one GPU); start at most {len(gpus)}, or run CPU "
+      f"processes with --devices-per-process"
     )
   k = len(gpus) // num_processes
   return [
@@ -135,23 +167,43 @@ def _pump(i: int, stream, lock: threading.Lock) -> None:
   stream.close()
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], signum: int, lock: threading.Lock) -> None:
+  """Sends `signum` to the processes still running and waits for them, GRACE seconds, then
+  SIGKILL; a signal to the launcher while it waits kills them at once: none is left running."""
   for p in procs:
     if p.poll() is None:
-      p.send_signal(signal.SIGTERM)
+      p.send_signal(signum)
   deadline = time.monotonic() + GRACE
-  for p in procs:
-    try:
-      p.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      p.kill()
-      p.wait()
+  try:
+    for i, p in enumerate(procs):
+      try:
+        p.wait(max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        with lock:
+          print(
+            f"jaxdata launch: process {i} did not stop within {GRACE:g} s of "
+            f"{signal.Signals(signum).name}; killing it",
+            file=sys.stderr,
+            flush=True,
+          )
+        p.kill()
+        p.wait()
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 def run(
-  argv: list[str], num_processes: int, devices_per_process: int | None = None, port: int = 0
+  argv: list[str],
+  num_processes: int,
+  devices_per_process: int | None = None,
+  port: int = 0,
+  force: bool = False,
 ) -> int:
-  """Runs `jaxdata <argv>` as `num_processes` processes of one job; returns the exit code."""
+  """Runs `jaxdata <argv>` as `num_processes` processes of one job; returns the exit code.
+  `force`: start more CPU processes than there are CPU cores."""
   if argv and argv[0] == "--":
     argv = argv[1:]
   if not argv:
@@ -165,10 +217,11 @@ def run(
   taken = {"--coordinator", "--num-processes", "--process-id", "--distributed"}
   if clash := sorted(a.split("=")[0] for a in argv if a.split("=")[0] in taken):
     raise command.UsageError(f"the launcher sets {', '.join(clash)} itself: leave it out")
-  envs = process_envs(dict(os.environ), num_processes, devices_per_process)
+  envs = process_envs(dict(os.environ), num_processes, devices_per_process, force)
   address = f"localhost:{port or free_port()}"
   lock = threading.Lock()
   procs, pumps = [], []
+  stop_with = signal.SIGTERM  # what stops the others once one fails
   try:
     for i in range(num_processes):
       cmd = [
@@ -212,14 +265,22 @@ def run(
           )
       else:
         time.sleep(0.05)
-  except KeyboardInterrupt:
-    code = 130
+  except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (command.Terminated): passed on
+    stop_with = getattr(e, "signum", signal.SIGINT)
+    code = 128 + stop_with
+    with lock:
+      print(
+        f"jaxdata launch: {signal.Signals(stop_with).name}: passed on to the "
+        f"{len(procs)} processes; stopping",
+        file=sys.stderr,
+        flush=True,
+      )
   finally:
-    _stop(procs)
+    _stop(procs, stop_with, lock)
     for t in pumps:
       t.join(1.0)
   return code if code >= 0 else 128 - code  # killed by signal S: 128 + S, as a shell reports
 
 
 def main(args) -> int:
-  return run(args.argv, args.num_processes, args.devices_per_process, args.port)
+  return run(args.argv, args.num_processes, args.devices_per_process, args.port, args.force)

@@ -2,10 +2,16 @@
 same test accuracy / held-out loss; the optimizer state and the history come back too; bad
 checkpoints give errors naming the problem."""
 
+import errno
+import fcntl
 import json
+import multiprocessing as mp
+import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -272,21 +278,155 @@ def _save_tiny(path, accuracy):
   )
 
 
-def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+def _full(*args, **kwargs):
+  raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("writer", ["orbax", "history"])
+def test_a_save_that_runs_out_of_space_leaves_the_previous_checkpoint_and_no_temporaries(
+  tmp_path, monkeypatch, writer
+):
+  """The disk fills while Orbax writes (its JSON item fails while the arrays are still being
+  written), or after it, at history.json: the error is the disk's, the previous checkpoint
+  stays, and nothing else is left beside it, not even by the writes still under way."""
+  import orbax.checkpoint as ocp
+
   from jaxdata.train import checkpoint
 
   _save_tiny(tmp_path / "ck", 0.25)
+  if writer == "orbax":
 
-  class Broken:
-    load = staticmethod(json.load)  # check_out reads the old checkpoint's meta
+    async def full(*args, **kwargs):
+      _full()
 
-    @staticmethod
-    def dump(*args, **kwargs):
-      raise OSError("killed")  # after Orbax wrote the new arrays, before the swap
+    monkeypatch.setattr(ocp.JsonCheckpointHandler, "_save_fn", full)
+  else:
 
-  monkeypatch.setattr(checkpoint, "json", Broken)
-  with pytest.raises(OSError, match="killed"):
+    class Full:
+      load = staticmethod(json.load)  # check_out reads the old checkpoint's meta
+      dump = staticmethod(_full)
+
+    monkeypatch.setattr(checkpoint, "json", Full)
+  with pytest.raises(OSError) as e:
     _save_tiny(tmp_path / "ck", 0.75)
+  assert e.value.errno == errno.ENOSPC
+  monkeypatch.undo()
+  assert checkpoint.read_meta(tmp_path / "ck")["metrics"] == {"test_accuracy": 0.25}
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+  time.sleep(0.5)  # a write the failed save abandoned would make its folder again by now
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def _saved(path) -> tuple[float, np.ndarray]:
+  """A `_save_tiny` checkpoint's test accuracy (its meta) and array (its state), as loaded."""
+  from jaxdata.train import checkpoint
+
+  meta = checkpoint.read_meta(path)
+  target = {"params": {"w": np.zeros(3, np.float32)}}
+  state = checkpoint.restore_state(path, target, meta["digests"])
+  return meta["metrics"]["test_accuracy"], np.asarray(state["params"]["w"])
+
+
+def test_threads_saving_to_one_folder_at_once_leave_one_of_their_checkpoints_whole(tmp_path):
+  """Two threads save different states to one folder at the same moment, three times over: both
+  saves succeed, one after the other, and the folder holds one of the two states whole (meta and
+  arrays of the same save), with nothing left beside it."""
+
+  def writer(accuracy, start, errors):
+    start.wait()
+    try:
+      _save_tiny(tmp_path / "ck", accuracy)
+    except BaseException as e:  # noqa: BLE001 - reported by the test
+      errors.append(e)
+
+  _save_tiny(tmp_path / "ck", 0.0)
+  for _ in range(3):
+    start, errors = threading.Barrier(2), []
+    threads = [threading.Thread(target=writer, args=(a, start, errors)) for a in (0.25, 0.75)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    accuracy, w = _saved(tmp_path / "ck")
+    assert accuracy in (0.25, 0.75)
+    np.testing.assert_array_equal(w, np.full(3, accuracy, np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def _save_when_all_started(path, accuracy, start, results) -> None:
+  """In a process of its own: once every process is ready (Orbax imported, JAX started), saves
+  `accuracy` to `path` three times; puts each outcome, "saved" or the error's text, in
+  `results`."""
+  import jax
+  import orbax.checkpoint  # noqa: F401 - imported before the start, so the saves overlap
+
+  jax.device_get(np.zeros(1))
+  start.wait(120)
+  for _ in range(3):
+    try:
+      _save_tiny(path, accuracy)
+      results.put((accuracy, "saved"))
+    except Exception as e:  # noqa: BLE001 - the test judges the message
+      results.put((accuracy, f"{type(e).__name__}: {e}"))
+
+
+@pytest.mark.slow
+def test_processes_saving_to_one_folder_at_once_each_save_whole_or_fail_in_one_line(tmp_path):
+  """Two processes save different states to one checkpoint folder at the same moment, three
+  times each: every save succeeds, or fails with one line naming the folder; the folder holds
+  one of the two states whole, with nothing left beside it."""
+  _save_tiny(tmp_path / "ck", 0.0)
+  ctx = mp.get_context("spawn")
+  start, results = ctx.Barrier(2), ctx.Queue()
+  procs = [
+    ctx.Process(target=_save_when_all_started, args=(str(tmp_path / "ck"), a, start, results))
+    for a in (0.25, 0.75)
+  ]
+  for p in procs:
+    p.start()
+  try:
+    said = [results.get(timeout=240) for _ in range(3 * len(procs))]
+  finally:
+    for p in procs:
+      p.join(60)
+      if p.is_alive():
+        p.kill()
+  assert [p.exitcode for p in procs] == [0, 0]
+  for _, outcome in said:
+    assert outcome == "saved" or (
+      outcome.startswith("CheckpointLocked: checkpoint.save: ")
+      and str(tmp_path / "ck") in outcome
+      and "\n" not in outcome
+    ), outcome
+  accuracy, w = _saved(tmp_path / "ck")
+  assert (accuracy, "saved") in said
+  np.testing.assert_array_equal(w, np.full(3, accuracy, np.float32))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_a_save_waits_for_another_saves_lock_then_fails_in_one_line(tmp_path, monkeypatch, capsys):
+  """Another process holds the folder's lock (`.NAME.jaxdata-lock`) throughout: a save waits
+  `LOCK_TIMEOUT` seconds, then fails without writing; `jaxdata train` says so in one line, exit
+  code 1; the checkpoint there is untouched."""
+  from jaxdata.train import checkpoint
+
+  _save_tiny(tmp_path / "ck", 0.25)
+  monkeypatch.setattr(checkpoint, "LOCK_TIMEOUT", 0.5)
+  lock = os.open(tmp_path / ".ck.jaxdata-lock", os.O_RDWR | os.O_CREAT)
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    began = time.monotonic()
+    with pytest.raises(checkpoint.CheckpointLocked, match="another save of .*ck.* 0.5 s"):
+      _save_tiny(tmp_path / "ck", 0.75)
+    assert 0.5 <= time.monotonic() - began < 10
+    code = cli.main(["train", "rgcn", "--epochs", "1", "--out", str(tmp_path / "ck")])
+  finally:
+    os.close(lock)
+  err = capsys.readouterr().err.strip()
+  assert code == 1
+  assert err.startswith("jaxdata train rgcn: error: checkpoint.save: another save of ")
+  assert len(err.splitlines()) == 1, err
   assert checkpoint.read_meta(tmp_path / "ck")["metrics"] == {"test_accuracy": 0.25}
 
 

@@ -4,9 +4,11 @@ answered by one line naming the flag, exit code 2, no traceback, before any work
 import gzip
 import io
 import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 
 import jax
 import pytest
@@ -299,6 +301,62 @@ def test_ctrl_c_is_one_line_and_exit_code_130(monkeypatch, capsys):
   code, _, err = _run(["bench", "gather", "--quick"], capsys)
   assert code == 130
   assert err.strip() == "jaxdata bench gather: interrupted"
+
+
+def test_signals_stop_raises_once_and_gives_the_handlers_back():
+  """Inside `signals_stop` SIGTERM raises `Terminated` (a KeyboardInterrupt) and SIGINT
+  KeyboardInterrupt, the first signal only (a repeat while stopping is ignored); outside, the
+  handlers are those from before."""
+  before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  for signum, raised in ((signal.SIGTERM, command.Terminated), (signal.SIGINT, KeyboardInterrupt)):
+    with pytest.raises(raised) as e, command.signals_stop():
+      try:
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the handler runs in this thread, before the sleep ends
+      finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # while stopping: ignored
+        os.kill(os.getpid(), signal.SIGINT)
+    assert getattr(e.value, "signum", signal.SIGINT) == signum
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_sigterm_stops_a_training_run_in_one_line_with_exit_code_143(tmp_path):
+  """SIGTERM to `jaxdata train` while it trains: it stops where it is, says so in one line (no
+  traceback) and exits 128 + 15; a run stopped before its end saves nothing."""
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "jaxdata.cli",
+      *TINY["sage"],
+      "--epochs",
+      "100000",
+      "--out",
+      str(tmp_path / "never"),
+    ],
+    env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    lines = []
+    for line in proc.stdout:
+      lines.append(line)
+      if line.startswith("epoch   1"):
+        break
+    else:
+      pytest.fail("the run ended before its first epoch:\n" + "".join(lines))
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  assert proc.returncode == 128 + signal.SIGTERM, err
+  assert err.strip().splitlines()[-1] == "jaxdata train sage: terminated (SIGTERM)", err
+  assert "Traceback" not in err
+  assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_one_process_writes_markdown_only_where_asked(monkeypatch, tmp_path, capsys):

@@ -4,6 +4,7 @@ The multi-process runs start real processes through the launcher: 2 processes x 
 each (gloo collectives), compared with one process of 4 CPU devices on the same global batch.
 """
 
+import io
 import json
 import os
 import re
@@ -317,6 +318,131 @@ def test_more_processes_than_gpus_is_a_usage_error(monkeypatch, capsys):
   err = capsys.readouterr().err.strip()
   assert "2 processes but 1 GPU(s) here: NCCL runs one process per GPU" in err
   assert len(err.splitlines()) == 1
+
+
+class _NoProcess:
+  """Stands in for `subprocess.Popen` in the launcher: records the command, starts nothing, and
+  ends at once with exit code 0."""
+
+  started: list = []
+
+  def __init__(self, cmd, **kwargs):
+    self.started.append(cmd)
+    self.pid, self.stdout, self.returncode = 0, io.StringIO(""), 0
+
+  def poll(self):
+    return 0
+
+  def wait(self, timeout=None):
+    return 0
+
+
+@pytest.mark.parametrize("devices", [["--devices-per-process", "1"], []])
+def test_more_cpu_processes_than_cores_is_a_usage_error_unless_forced(monkeypatch, capsys, devices):
+  """CPU processes (`--devices-per-process`, or no GPU here) are bounded by the CPU cores: one
+  line naming -n and the bound, exit code 2, nothing started; --force starts them anyway."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.setattr(launch, "cpu_cores", lambda: 2)
+  monkeypatch.setattr(launch.subprocess, "Popen", _NoProcess)
+  _NoProcess.started = []
+  assert cli.main(["launch", "-n", "3", *devices, "--", *SAGE]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err == (
+    "jaxdata launch: error: argument -n: 3 processes but 2 CPU core(s) here: start at most 2, "
+    "or give --force to share the cores among more"
+  )
+  assert _NoProcess.started == []
+  assert cli.main(["launch", "-n", "2", *devices, "--", *SAGE]) == 0
+  assert cli.main(["launch", "-n", "3", "--force", *devices, "--", *SAGE]) == 0
+  assert [c[c.index("--process-id") + 1] for c in _NoProcess.started] == ["0", "1", "0", "1", "2"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_every_process_and_exits_143(tmp_path):
+  """SIGTERM to the launcher once training runs: it passes it on to both processes, which stop
+  with one line each (or are killed after GRACE seconds), waits for them (none is left running)
+  and exits 128 + 15 with one line saying so; nothing is saved."""
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "jaxdata.cli",
+      "launch",
+      "-n",
+      "2",
+      "--devices-per-process",
+      "2",
+      "--",
+      *SAGE,
+      "--epochs",
+      "100000",
+      "--out",
+      str(tmp_path / "never"),
+    ],
+    env=dict(_env(), PYTHONFAULTHANDLER="1"),  # SIGABRT prints a process's stacks
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+  pids, lines = [], []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if m := re.match(r"jaxdata launch: process \d is pid (\d+)", line):
+        pids.append(int(m[1]))
+      if line.startswith("[0] epoch   1"):
+        break
+    else:
+      pytest.fail("the run ended before its first epoch:\n" + "".join(lines))
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    try:
+      rest, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # where they hang: faulthandler's stacks
+      for pid in _running(pids, 0):
+        os.kill(pid, signal.SIGABRT)
+      pytest.fail("the processes did not stop within 60 s:\n" + proc.communicate(30)[0])
+    took = time.monotonic() - sent
+  finally:
+    left = _running(pids, 10)
+    for pid in left:  # a launcher that did not wait for its processes left them running
+      os.kill(pid, signal.SIGKILL)
+    if proc.poll() is None:
+      proc.kill()
+    proc.communicate()
+  assert len(pids) == 2
+  assert left == [], f"processes {left} outlived the launcher"
+  assert took < 30
+  assert proc.returncode == 128 + signal.SIGTERM, rest
+  own = [l for l in rest.splitlines() if l.startswith("jaxdata launch:")]
+  assert own[0] == "jaxdata launch: SIGTERM: passed on to the 2 processes; stopping", rest
+  # Each process stops with its one line, unless the signal found it waiting in a collective of
+  # a step its peer had stopped before (Python runs handlers between calls, not inside one):
+  # then the launcher kills it after GRACE seconds, and says so.
+  for i in (0, 1):
+    killed = f"jaxdata launch: process {i} did not stop within 5 s of SIGTERM; killing it"
+    assert f"[{i}] jaxdata train sage: terminated (SIGTERM)" in rest or killed in own, rest
+  assert len(own) <= 3 and all("killing it" in l for l in own[1:]), rest
+  assert "Traceback" not in rest
+  assert not (tmp_path / "never").exists()
+
+
+def _running(pids: list[int], timeout: float) -> list[int]:
+  """Those of `pids` still running (not ended, or ended but not collected) after up to
+  `timeout` seconds."""
+  deadline = time.monotonic() + timeout
+  while True:
+    left = []
+    for pid in pids:
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+            left.append(pid)
+      except FileNotFoundError:
+        pass
+    if not left or time.monotonic() > deadline:
+      return left
+    time.sleep(0.1)
 
 
 def test_process_id_must_be_below_the_process_count(capsys):

@@ -13,7 +13,10 @@ fresh process, and `jaxdata eval DIR` (`jaxdata.cli`) measures it again on its d
 A checkpoint is a folder: Orbax's `state` (arrays) and `meta` (JSON) items, and `history.json`
 (per epoch or logged step) for people and plots. `save` writes the new checkpoint beside the old
 one (`.NAME.jaxdata-tmp`) and swaps the two folders in one atomic rename, so a run killed while
-saving leaves the previous checkpoint readable, and the next save clears what it left behind.
+saving leaves the previous checkpoint readable, and the next save clears what it left behind; a
+save that fails (a full disk) clears its temporaries itself. One save of a folder runs at a time:
+each holds a lock on `.NAME.jaxdata-lock` beside it, and a second save (another thread or
+process) waits for it, up to `LOCK_TIMEOUT` seconds.
 A folder holding anything a checkpoint does not (`OWNED`), someone's notes or plots, or one
 whose `meta` is not a jaxdata checkpoint's, is never replaced: `check_out` refuses it before
 training starts. The meta records a checksum of every array (Orbax and TensorStore check their
@@ -29,6 +32,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import fcntl
 import gc
 import hashlib
 import importlib
@@ -36,6 +40,8 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
 import types
 import typing
 from collections.abc import Callable
@@ -67,6 +73,10 @@ META_FIELDS = {
   "history": list,
 }
 _JSON_TYPES = {str: "string", int: "integer", dict: "object", list: "array"}
+#: Seconds a save waits for another save of the same folder to finish before it gives up.
+LOCK_TIMEOUT = 600.0
+#: Seconds a failed save waits for the writes it started to end before it removes its temporaries.
+SETTLE_TIMEOUT = 30.0
 
 
 @dataclasses.dataclass
@@ -185,6 +195,60 @@ def _temporaries(path: str) -> tuple[str, str]:
   return os.path.join(parent, f".{name}.jaxdata-tmp"), os.path.join(parent, f".{name}.jaxdata-old")
 
 
+class CheckpointLocked(TimeoutError):
+  """Another save of the same checkpoint folder (another thread or process) held its lock for
+  longer than `LOCK_TIMEOUT` seconds; nothing was written."""
+
+
+@contextlib.contextmanager
+def _locked(path: str, timeout: float):
+  """Holds the lock of the checkpoint `path` while inside: an exclusive `flock` of the file
+  `.NAME.jaxdata-lock` beside it (not inside: the folder is swapped whole), waiting up to
+  `timeout` seconds for another holder (CheckpointLocked after). The file is removed on release,
+  so none is left behind; a waiter that then holds the removed file takes the new one instead."""
+  parent, name = os.path.split(path)
+  lock = os.path.join(parent, f".{name}.jaxdata-lock")
+  deadline = time.monotonic() + timeout
+  while True:
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      while True:
+        try:
+          fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          break
+        except BlockingIOError:
+          if time.monotonic() >= deadline:
+            raise CheckpointLocked(
+              f"checkpoint.save: another save of {path} (another process or thread) still "
+              f"holds its lock {lock} after {timeout:g} s; nothing was written"
+            ) from None
+          time.sleep(0.05)
+      try:
+        current = os.path.samestat(os.fstat(fd), os.stat(lock))
+      except FileNotFoundError:
+        current = False
+    except BaseException:
+      os.close(fd)
+      raise
+    if current:
+      break
+    os.close(fd)  # the previous holder removed this file on release: lock the new one
+  try:
+    yield
+  finally:
+    os.unlink(lock)  # while still held, so no waiter holds a file that is no longer the lock
+    os.close(fd)
+
+
+def _settle(threads: set[threading.Thread], timeout: float) -> None:
+  """Waits up to `timeout` seconds in all for `threads` to end: the writes of a save that failed
+  part-way still run on the threads Orbax started for it (when one item's write fails, the
+  others' go on), and would create the temporary folder again after it was removed."""
+  deadline = time.monotonic() + timeout
+  for t in threads:
+    t.join(max(0.0, deadline - time.monotonic()))
+
+
 def _clear_leftovers(path: str) -> None:
   """Removes what a killed save of `path` left: its temporary folder (and Orbax's own temporary
   beside it); an old checkpoint moved aside by a fallback swap goes back where it was."""
@@ -248,8 +312,11 @@ def save(
   """Writes a checkpoint folder at `path` (replacing one there); returns its absolute path.
 
   The new checkpoint is written beside `path` and swapped in whole: a save that fails or is
-  killed leaves the previous checkpoint at `path` readable, and the next save clears its
-  temporaries. `path` must pass `check_out` (ValueError otherwise).
+  killed leaves the previous checkpoint at `path` readable; one that fails removes its
+  temporaries, and the next save clears those of one that was killed. `path` must pass
+  `check_out` (ValueError otherwise). Saves of one folder run one at a time (threads and
+  processes alike): a save waits for another to finish, and raises CheckpointLocked, having
+  written nothing, if it has not within `LOCK_TIMEOUT` seconds.
 
   Args:
     kind: one of `KINDS`: how `load_model` rebuilds it.
@@ -272,15 +339,14 @@ def save(
   import jaxdata  # pylint: disable=g-import-not-at-top
 
   path = os.path.abspath(os.fspath(path))
-  # Process 0 checks and writes (the others could look while it does); the CLI checked --out
-  # in every process before training.
-  if jax.process_index() == 0:
+  # Process 0 checks, holds the folder's lock and writes (the others could look while it does);
+  # the CLI checked --out in every process before training.
+  primary = jax.process_index() == 0
+  if primary:
     try:
       check_out(path)
     except ValueError as e:
       raise ValueError(f"checkpoint.save: {e}") from None
-    _clear_leftovers(path)
-  new = _temporaries(path)[0]
   state = {"params": jax.device_get(params)}
   if optimizer_state is not None:
     state["optimizer"] = jax.device_get(optimizer_state)
@@ -299,16 +365,28 @@ def save(
       metrics_note=str(metrics_note),
     )
   )
-  ocp, checkpointer = _checkpointer()
-  checkpointer.save(
-    new,
-    args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-    force=True,
-  )
-  if jax.process_index() == 0:  # in a multi-process job every process calls save; one writes
-    with open(os.path.join(new, "history.json"), "w") as f:
-      json.dump(meta["history"], f, indent=1)
-    _put_in_place(new, path)
+  new = _temporaries(path)[0]
+  with _locked(path, LOCK_TIMEOUT) if primary else contextlib.nullcontext():
+    if primary:
+      _clear_leftovers(path)  # of a killed save: no other save runs now
+    before = set(threading.enumerate())
+    try:
+      ocp, checkpointer = _checkpointer()
+      checkpointer.save(
+        new,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+      )
+      if primary:
+        with open(os.path.join(new, "history.json"), "w") as f:
+          json.dump(meta["history"], f, indent=1)
+        _put_in_place(new, path)
+    except BaseException:
+      if primary:  # a full disk, Ctrl-C: the previous checkpoint stays, the temporaries go
+        _settle(set(threading.enumerate()) - before, SETTLE_TIMEOUT)
+        with contextlib.suppress(OSError):
+          _clear_leftovers(path)
+      raise
   if jax.process_count() > 1:  # no process returns before the checkpoint is at `path`
     ocp.multihost.sync_global_processes("jaxdata_checkpoint_in_place")
   return path
