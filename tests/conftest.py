@@ -1,8 +1,9 @@
 """Shared test setup: tests run on the CPU and, where JAX sees one, on a GPU (marked `gpu`).
 
 Also the suite's guards (docs/development.md): a test file that leaves its process large has
-its compiled programs dropped when it ends, each worker's peak RSS and the files it grew most on are reported, `slow` tests get a
-longer timeout, and `-n auto` starts no more workers than memory holds.
+its compiled programs dropped when it ends, each worker's peak RSS and the files it grew most on
+are reported, `slow` tests get a longer timeout, and `-n auto` starts no more workers than memory
+holds.
 """
 
 import ctypes
