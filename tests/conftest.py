@@ -138,11 +138,12 @@ def _release_memory_after_each_file():
 
 
 def pytest_xdist_auto_num_workers(config):
-  """`-n auto`: one worker per core, but no more than memory holds at WORKER_BYTES each."""
+  """`-n auto`: one worker more than cores (tests that wait on their subprocesses leave a core
+  idle), but no more than memory holds at WORKER_BYTES each."""
   del config
   with open("/proc/meminfo") as f:
     info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-  return max(1, min(os.cpu_count() or 1, info.get("MemAvailable", GIB) // WORKER_BYTES))
+  return max(1, min((os.cpu_count() or 1) + 1, info.get("MemAvailable", GIB) // WORKER_BYTES))
 
 
 def pytest_addoption(parser):

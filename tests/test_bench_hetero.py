@@ -13,6 +13,9 @@ from jaxdata import cli
 from jaxdata.bench import hetero, pyg_sampler
 from jaxdata.data import synthetic_mag
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 HAS_PYG = importlib.util.find_spec("torch_geometric") is not None
 TINY = dict(
   scale=0.002, batch_size=32, batches=2, warmup=1, fanouts=(4, 3), classes=8, hidden=16, heads=2

@@ -14,6 +14,9 @@ from jaxdata import cli
 from jaxdata.bench import rgnn
 from jaxdata.bench import rgnn_attention as ra
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch_geometric")
 
 

@@ -17,6 +17,9 @@ import pytest
 
 from jaxdata import cli, distributed, launch
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 #: A small `train sage` run: 200 train seeds, batches of 4 x 16, four steps per epoch.
 SAGE = [
   "train",

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)

@@ -15,6 +15,9 @@ from jaxdata.hector import GraphArrays
 from jaxdata.nn import layer_stack
 from jaxdata.train import attention
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 LAYERS, HIDDEN, HEADS = 4, 256, 4
 _TRACER = getattr(jax.core, "Tracer", None) or jax._src.core.Tracer  # pylint: disable=protected-access
 

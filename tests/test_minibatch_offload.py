@@ -22,6 +22,9 @@ from jaxdata.offload import planner
 from jaxdata.train import attention
 from jaxdata.train.attention import minibatch as hetero
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 LAYERS, HIDDEN, HEADS, FANOUTS = 4, 256, 4, (2, 2, 2, 2)
 
 

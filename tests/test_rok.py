@@ -9,6 +9,9 @@ import pytest
 from jaxdata.bench import rok
 from jaxdata.offload import planner
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 TINY = dict(layers=2, hidden=32, heads=2, seq=32, batch=2, vocab=64)
 
 

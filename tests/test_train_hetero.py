@@ -25,6 +25,9 @@ from jaxdata.train import attention
 from jaxdata.train.attention import TrainConfig, build_model
 from jaxdata.train.attention import minibatch as hetero
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 
 @functools.cache
 def mag():

@@ -24,6 +24,9 @@ from jaxdata.train import attention
 from jaxdata.train.attention import TrainConfig
 from jaxdata.train.attention import minibatch as hetero
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 #: The seeds' in-degree bound: training papers above it are left out, so one hop of this
 #: fanout holds every in-edge of every seed (a second hop would need the graph's largest
 #: in-degree, hundreds of slots per node).

@@ -20,6 +20,9 @@ from jaxdata.train import common
 from jaxdata.train.attention import TrainConfig, build_model, is_table
 from jaxdata.train.attention import minibatch as hetero
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 EMBED = ("author", "field_of_study")
 
 

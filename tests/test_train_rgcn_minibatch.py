@@ -25,6 +25,9 @@ from jaxdata.nn import RGCN
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig
 from jaxdata.train.rgcn import minibatch as mb
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 LAYERS = {
   "full": dict(),
   "bases": dict(num_bases=2),

@@ -23,6 +23,9 @@ from test_train_rgcn_minibatch import entities  # 120 nodes, 3 relations and the
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig
 from jaxdata.train.rgcn import minibatch as mb
 
+# Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
+pytestmark = pytest.mark.slow
+
 
 def _width(ds) -> int:
   return int(ds.graph.in_degree().max())
