@@ -176,7 +176,7 @@ def pytest_runtest_makereport(item, call):
     outcome.get_result().user_properties.append(("rss", (_rss(), _peak_rss())))
 
 
-_rss_seen: dict[str, list] = {}  # worker -> [(file, rss after its test), ...], peak
+_rss_seen: dict[str, list] = {}  # worker -> [(file, RSS after a test, peak RSS so far), ...]
 
 
 def pytest_runtest_logreport(report):

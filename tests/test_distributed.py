@@ -183,28 +183,22 @@ def test_gpt_with_offload_on_two_processes_of_two_devices_trains_like_one_device
   assert loaded.evaluate()["final_loss"] == pytest.approx(hist["multi"][-1]["val_loss"], rel=1e-5)
 
 
+def _launch_endless_sage(tmp_path, env):
+  """`jaxdata launch -n 2` of a sage run too long to end by itself, its output piped."""
+  command = ["launch", "-n", "2", "--devices-per-process", "2", "--", *SAGE, "--epochs", "100000"]
+  return subprocess.Popen(
+    [sys.executable, "-m", "jaxdata.cli", *command, "--out", str(tmp_path / "never")],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+  )
+
+
 @pytest.mark.slow
 def test_a_process_killed_mid_run_stops_the_launcher(tmp_path):
   """Kill process 1 after its first epoch: the launcher stops process 0 and fails, promptly."""
-  args = [
-    sys.executable,
-    "-m",
-    "jaxdata.cli",
-    "launch",
-    "-n",
-    "2",
-    "--devices-per-process",
-    "2",
-    "--",
-    *SAGE,
-    "--epochs",
-    "100000",
-    "--out",
-    str(tmp_path / "never"),
-  ]
-  proc = subprocess.Popen(
-    args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-  )
+  proc = _launch_endless_sage(tmp_path, _env())
   try:
     pids, lines = {}, []
     deadline = time.monotonic() + 120
@@ -365,28 +359,8 @@ def test_sigterm_to_the_launcher_stops_every_process_and_exits_143(tmp_path):
   """SIGTERM to the launcher once training runs: it passes it on to both processes, which stop
   with one line each (or are killed after GRACE seconds), waits for them (none is left running)
   and exits 128 + 15 with one line saying so; nothing is saved."""
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "jaxdata.cli",
-      "launch",
-      "-n",
-      "2",
-      "--devices-per-process",
-      "2",
-      "--",
-      *SAGE,
-      "--epochs",
-      "100000",
-      "--out",
-      str(tmp_path / "never"),
-    ],
-    env=dict(_env(), PYTHONFAULTHANDLER="1"),  # SIGABRT prints a process's stacks
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
+  # PYTHONFAULTHANDLER: SIGABRT prints a process's stacks
+  proc = _launch_endless_sage(tmp_path, dict(_env(), PYTHONFAULTHANDLER="1"))
   pids, lines = [], []
   try:
     for line in proc.stdout:
