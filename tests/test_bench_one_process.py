@@ -13,7 +13,12 @@ from jaxdata.bench import one_process
 
 
 def _env() -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", XLA_FLAGS="")
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONUNBUFFERED="1",
+    XLA_FLAGS=os.environ.get("JAXDATA_TEST_XLA_FLAGS", ""),
+  )
   env.pop("JAX_COORDINATOR_ADDRESS", None)
   return env
 

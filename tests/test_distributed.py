@@ -47,7 +47,8 @@ def _env(devices: int | None = None) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   env.pop("JAX_COORDINATOR_ADDRESS", None)
   if devices is not None:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    base = os.environ.get("JAXDATA_TEST_XLA_FLAGS", "")
+    env["XLA_FLAGS"] = f"{base} --xla_force_host_platform_device_count={devices}"
   return env
 
 

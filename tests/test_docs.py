@@ -50,7 +50,7 @@ def test_the_documents_code_runs_as_written(path, tmp_path):
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
-    XLA_FLAGS="",
+    XLA_FLAGS=os.environ.get("JAXDATA_TEST_XLA_FLAGS", ""),
     JAXDATA_CACHE_DIR=os.environ.get("JAXDATA_CACHE_DIR", str(tmp_path / "cache")),
   )
   python = "\n\n".join(code for lang, code in blocks(path) if lang == "python")

@@ -600,7 +600,11 @@ def test_training_on_two_devices_with_offload_equals_one_device():
     jax.tree.leaves(nnx.state(two.model, nnx.Param)),
     jax.tree.leaves(nnx.state(one.model, nnx.Param)),
   ):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    # Adam moves an element whose gradient is summation noise by a noise-sized fraction of a
+    # step: agree within 0.1% of one step (the learning rate), and 1e-4 relative elsewhere.
+    np.testing.assert_allclose(
+      np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-3 * config.learning_rate
+    )
   with pytest.raises(ValueError, match="does not split evenly over 2 devices"):
     train(dataclasses.replace(config, batch=3, devices=2))
   with pytest.raises(ValueError, match="devices=3, but 2 are visible"):

@@ -412,9 +412,10 @@ def highest():
     yield
 
 
-def assert_tree_close(got, want, device):
-  # Bit-exact in practice on the CPU; on a GPU two programs may fuse reductions differently.
-  rtol = atol = 1e-6 if device.platform == "cpu" else 2e-5
+def assert_tree_close(got, want):
+  # Two programs may order a reduction differently (fusion on a GPU; the suite's -O0 CPU
+  # backend, tests/conftest.py): float32 agreement, not bit-exactness.
+  rtol = atol = 2e-5
   got_l, want_l = jax.tree.leaves(got), jax.tree.leaves(want)
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for g, w in zip(got_l, want_l):
@@ -458,7 +459,7 @@ def test_remat_scan_gradients(device, highest, ssd_dir, policy):
     step = jax.jit(jax.grad(scan_loss, argnums=(1, 2)), static_argnums=0)
     for it in range(2):  # a second step reuses the executable and the store
       got = step(blk, ws, x)
-      assert_tree_close(got, want, device)
+      assert_tree_close(got, want)
       s = store.stats()
       if policy.startswith("offload"):
         assert s["spills"] == L * (it + 1), s  # one spill per layer per step
@@ -507,7 +508,7 @@ def test_remat_offloads_the_inputs_it_names(device, highest):
         block, offload.offload(store, "ram", inner=nothing, min_bytes=0, inputs=inputs)
       )
       got = jax.jit(jax.grad(scan_loss, argnums=(1, 2)), static_argnums=0)(blk, ws, x)
-      assert_tree_close(got, want, device)
+      assert_tree_close(got, want)
       spilled[name] = store.stats()["spilled"] - before
     assert spilled == {"recompute": 0, "input": L * x_bytes}, spilled
     assert_drained(store)
@@ -520,7 +521,7 @@ def test_remat_offloads_the_inputs_it_names(device, highest):
     g = jax.jit(jax.grad(lambda x: jnp.sum(twice(jax.tree.map(lambda a: a[0], ws), x))))(x)
     w0 = ws["a"][0]
     want_g = jax.grad(lambda x: jnp.sum(x * x + jnp.sin(x) @ w0))(x)
-    assert_tree_close(g, want_g, device)
+    assert_tree_close(g, want_g)
     assert store.stats()["spilled"] == x_bytes
   # The compiled step holds no stack of layer inputs: a layer's worth less per layer (x of
   # 256 KiB here, big enough to see in XLA's temporaries).
@@ -566,13 +567,13 @@ def test_remat_python_loop_of_distinct_blocks(device, highest, ssd_dir):
       offload.remat(fns[2], offload.recompute()),
     ]
     got = jax.jit(lambda lw, x: jax.grad(loss, argnums=(1, 2))(blocks, lw, x))(layer_ws, x)
-    assert_tree_close(got, want, device)
+    assert_tree_close(got, want)
     s = store.stats()
     assert s["spills"] == 2 and s["ssd_written"] > 0 and s["ram_peak"] > 0, s
     assert_drained(store)
     # and without jit, op by op
     got = jax.grad(loss, argnums=(1, 2))(blocks, layer_ws, x)
-    assert_tree_close(got, want, device)
+    assert_tree_close(got, want)
     assert store.stats()["spills"] == 4
     assert_drained(store)
 
@@ -585,7 +586,7 @@ def test_remat_under_vmap(device, highest):
   with make_store(None) as store:
     blk = offload.remat(block, offload.offload(store, "ram", min_bytes=0))
     got = jax.jit(jax.vmap(grad, in_axes=(None, None, 0)), static_argnums=0)(blk, ws, xb)
-    assert_tree_close(got, want, device)
+    assert_tree_close(got, want)
     assert store.stats()["spills"] == L
     assert_drained(store)
 
@@ -596,7 +597,7 @@ def test_remat_min_bytes_keeps_small_residuals(device, highest):
   with make_store(None) as store:
     blk = offload.remat(block, offload.offload(store, "ram", min_bytes=1 << 30))
     got = jax.jit(jax.grad(scan_loss, argnums=1), static_argnums=0)(blk, ws, x)
-    assert_tree_close(got, want, device)
+    assert_tree_close(got, want)
     assert store.stats()["spills"] == 0
 
 
@@ -829,7 +830,7 @@ def test_loading_a_ticket_twice_fails(device):
 
 def _run_script(script, platform, *args, timeout=120):
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = os.environ.get("JAXDATA_TEST_XLA_FLAGS", "")
   env["JAX_PLATFORMS"] = "cpu" if platform == "cpu" else "cuda"
   return subprocess.run(
     [sys.executable, "-c", textwrap.dedent(script), *args],
@@ -1194,9 +1195,9 @@ def test_remat_offload_of_a_closure_over_weights_has_the_plain_gradient(
     policy = offload.offload(store, tier, min_bytes=0)
     rematted = lambda f, x: offload.remat(f, policy)(x)  # noqa: E731
     got = jax.grad(loss, argnums=(0, 1))(w, x, rematted)
-    assert_tree_close(got, want, device)
+    assert_tree_close(got, want)
     got = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(w, x, rematted)
-    assert_tree_close(got, want, device)
+    assert_tree_close(got, want)
     assert store.stats()["spills"] == 2
     assert_drained(store)
 
