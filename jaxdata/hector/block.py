@@ -49,11 +49,25 @@ def frontier(seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
   """U_0 from a batch of seeds (negative: padding): (ids int32[B + 1], mask bool[B + 1]).
 
   Repeated seeds are masked after their first occurrence (a frontier holds each node once).
+  Seeds outside the int32 range are padding too: they are mapped to -1 in the dtype given,
+  before the cast to int32 (which would wrap 2**32 + 1 to node 1).
   """
-  seeds = jnp.asarray(seeds).astype(jnp.int32)
-  if seeds.ndim != 1:
-    raise ValueError(f"hector.block.frontier: seeds must be 1-D, got shape {seeds.shape}")
-  ids = jnp.concatenate([seeds, jnp.full((1,), -1, jnp.int32)])
+  given = seeds if isinstance(seeds, jax.Array) else np.asarray(seeds)
+  dtype = given.dtype
+  if not np.issubdtype(dtype, np.integer):
+    raise TypeError(f"hector.block.frontier: seeds must be integers, got dtype {dtype}")
+  if given.ndim != 1:
+    raise ValueError(f"hector.block.frontier: seeds must be 1-D, got shape {given.shape}")
+  top = np.iinfo(np.int32).max
+  if isinstance(given, np.ndarray):
+    # padded before JAX sees them: with x64 off, jnp.asarray would wrap 64-bit ids
+    ids32 = jnp.asarray(np.where((given >= 0) & (given <= top), given, -1).astype(np.int32))
+  elif np.dtype(dtype).itemsize >= 4 and dtype != jnp.int32:
+    ids32 = jnp.where((given >= 0) & (given <= jnp.asarray(top, dtype)), given, -1)
+  else:
+    ids32 = given
+  ids32 = ids32.astype(jnp.int32)
+  ids = jnp.concatenate([ids32, jnp.full((1,), -1, jnp.int32)])
   first = _first_occurrence(ids, ids >= 0)
   return jnp.where(first, ids, -1), first
 
@@ -158,6 +172,9 @@ def block_graph(
   """
   if norm not in _NORMS:
     raise ValueError(f"hector.block_graph: norm must be one of {_NORMS}, got {norm!r}")
+  for name, v in (("num_nodes", num_nodes), ("num_relations", num_relations)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+      raise TypeError(f"hector.block_graph: {name} must be an int, got {v!r}")
   n, r = int(num_nodes), int(num_relations)
   if n < 1 or r < 1:
     raise ValueError(

@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdata.hector.block import block_graph, expand, frontier
+from jaxdata.hector.block import block_graph, capacities, expand, frontier
 from jaxdata.hector.runtime import GraphArrays
 from jaxdata.host.cache import DeviceCache
 from jaxdata.host.gather import host_gather
 from jaxdata.host.graph import HostGraph
-from jaxdata.host.sample import DeviceGraph, sample_neighbors
+from jaxdata.host.sample import DeviceGraph, check_fanouts, check_seeds, sample_neighbors
 from jaxdata.host.table import HostTable
 
 
@@ -87,29 +87,36 @@ def sample_blocks(
       "sample_blocks: the graph has no edge relations (etypes); build it with "
       "etypes=... (HostGraph) for relational sampling"
     )
-  hops = tuple(fanouts) if not isinstance(fanouts, (int, np.integer)) else (fanouts,)
-  if not hops or any(
-    isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1 for f in hops
-  ):
-    raise ValueError(f"sample_blocks: fanouts must be positive ints, got {hops}")
-  seeds = jnp.asarray(seeds)
-  if not jnp.issubdtype(seeds.dtype, jnp.integer) or seeds.ndim != 1:
-    raise TypeError(
-      f"sample_blocks: seeds must be a 1-D integer array, got {seeds.dtype}{list(seeds.shape)}"
-    )
+  seeds = check_seeds(seeds, graph.num_nodes, "sample_blocks")
+  hops = check_fanouts(fanouts, "sample_blocks", lambda f: list(capacities(seeds.shape[0], f)))
   if num_relations is None:
     if not isinstance(graph, HostGraph):
       raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
     num_relations = graph.num_relations
     assert num_relations is not None  # the graph has etypes: checked above
+  if isinstance(num_relations, (bool, np.bool_)) or not isinstance(
+    num_relations, (int, np.integer)
+  ):
+    raise TypeError(f"sample_blocks: num_relations must be an int, got {num_relations!r}")
   num_relations = int(num_relations)
+  known = graph.num_relations if isinstance(graph, HostGraph) else None
+  if num_relations < 1 or (known is not None and num_relations < known):
+    # fewer relations than the graph's would drop the edges of the others from the blocks
+    raise ValueError(
+      "sample_blocks: num_relations must be >= 1"
+      + (f" and >= the graph's {known}" if known is not None else "")
+      + f", got {num_relations}"
+    )
+  # Ids outside the graph are padding: mapped to -1 in the caller's dtype, before the int32 of
+  # the blocks (a cast first would wrap 2**32 + 1 to node 1).
+  seeds = jnp.where((seeds >= 0) & (seeds < graph.num_nodes), seeds, -1).astype(jnp.int32)
   nodes, mask = frontier(seeds)
   all_nodes, all_masks, graphs = [nodes], [mask], []
   for hop, fanout in enumerate(hops):
     drawn = sample_neighbors(
-      graph, jnp.where(mask, nodes, -1), (int(fanout),), jax.random.fold_in(key, hop)
+      graph, jnp.where(mask, nodes, -1), (fanout,), jax.random.fold_in(key, hop)
     )
-    shape = (nodes.shape[0], int(fanout))
+    shape = (nodes.shape[0], fanout)
     assert drawn.etypes is not None  # sampled from a graph with etypes
     nodes, mask, edges = expand(
       nodes,
