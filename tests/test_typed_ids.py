@@ -149,3 +149,12 @@ def test_the_sampling_kernel_refuses_a_fanout_whose_slots_overflow(typed):
         replace=np.int32(0),
       )
     )
+
+
+def test_a_graph_without_relations_needs_a_relation_count_for_blocks():
+  g = HeteroGraph.from_typed_edges({}, {"a": 2})
+  with HostGraph.from_hetero(g) as host:
+    with pytest.raises(ValueError, match="sample_blocks: the graph has no relations"):
+      sample_blocks(host, np.array([1]), (2,), KEY)
+    blocks = sample_blocks(host, np.array([1]), (2,), KEY, num_relations=1)
+    assert not np.asarray(blocks.graphs[0].norm).any()  # no edges, only padding

@@ -94,6 +94,11 @@ def sample_blocks(
       raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
     num_relations = graph.num_relations
     assert num_relations is not None  # the graph has etypes: checked above
+    if num_relations == 0:
+      raise ValueError(
+        "sample_blocks: the graph has no relations (and no edges); a block needs one: "
+        "pass num_relations=1"
+      )
   if isinstance(num_relations, (bool, np.bool_)) or not isinstance(
     num_relations, (int, np.integer)
   ):
