@@ -158,3 +158,13 @@ def test_a_graph_without_relations_needs_a_relation_count_for_blocks():
       sample_blocks(host, np.array([1]), (2,), KEY)
     blocks = sample_blocks(host, np.array([1]), (2,), KEY, num_relations=1)
     assert not np.asarray(blocks.graphs[0].norm).any()  # no edges, only padding
+
+
+def test_host_graph_counts_past_int32_are_reported_as_given():
+  big = np.array([0, 2**64 - 1], np.uint64)
+  with pytest.raises(ValueError, match="18446744073709551616 nodes do not fit int32"):
+    HostGraph.from_edges(big, np.array([1, 0], np.uint64))
+  with pytest.raises(ValueError, match="1099511627776 nodes do not fit int32"):
+    HostGraph.from_edges([0], [1], 2**40)  # refused before a counts array of that size
+  with pytest.raises(ValueError, match="num_relations 1099511627776 does not fit int32"):
+    HostGraph.from_edges([0], [1], 2, etypes=[0], num_relations=2**40)
