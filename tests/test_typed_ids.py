@@ -168,3 +168,15 @@ def test_host_graph_counts_past_int32_are_reported_as_given():
     HostGraph.from_edges([0], [1], 2**40)  # refused before a counts array of that size
   with pytest.raises(ValueError, match="num_relations 1099511627776 does not fit int32"):
     HostGraph.from_edges([0], [1], 2, etypes=[0], num_relations=2**40)
+
+
+@pytest.mark.parametrize(
+  "fanouts,error",
+  [(2.5, TypeError), (None, TypeError), ((3, 2.5), TypeError), ((3, 0), ValueError)],
+)
+def test_a_trainer_config_checks_fanouts_as_the_samplers_do(fanouts, error):
+  from jaxdata.train.common import MinibatchConfig  # an app module: only this test needs it
+
+  with pytest.raises(error, match="MinibatchConfig: fanouts must be"):
+    MinibatchConfig(fanouts=fanouts)
+  assert MinibatchConfig(fanouts=[3, np.int64(2)]).fanouts == (3, 2)
