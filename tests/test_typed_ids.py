@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxdata.data.graph import HeteroGraph
-from jaxdata.hector.block import block_graph, frontier
+from jaxdata.hector.block import block_graph, edges_numpy, frontier
 from jaxdata.host.blocks import sample_blocks
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import DeviceGraph, sample_neighbors
@@ -180,3 +180,24 @@ def test_a_trainer_config_checks_fanouts_as_the_samplers_do(fanouts, error):
   with pytest.raises(error, match="MinibatchConfig: fanouts must be"):
     MinibatchConfig(fanouts=fanouts)
   assert MinibatchConfig(fanouts=[3, np.int64(2)]).fanouts == (3, 2)
+
+
+@pytest.mark.parametrize("x64", [True, False])
+def test_block_graph_drops_an_edge_whose_id_int32_cannot_hold(x64):
+  src = np.array([0, 2**32 + 1, 1], np.int64)  # int32 would make the second edge 1 -> 0
+  dst = np.array([1, 0, 0], np.int64)
+  with _no_x64() if not x64 else jax.enable_x64(True):
+    g = block_graph(src, dst, np.zeros(3, np.int64), np.ones(3, bool), num_nodes=3, num_relations=1)
+    s, d, _, norm = edges_numpy(g)
+    assert sorted(zip(s.tolist(), d.tolist())) == [(0, 1), (1, 0)]
+    np.testing.assert_array_equal(norm, [1.0, 1.0])
+    if x64:
+      g = jax.jit(block_graph, static_argnames=("num_nodes", "num_relations"))(
+        jnp.asarray(src),
+        jnp.asarray(dst),
+        jnp.zeros(3, jnp.int64),
+        jnp.ones(3, bool),
+        num_nodes=3,
+        num_relations=1,
+      )
+      assert sorted(zip(*edges_numpy(g)[:2])) == [(0, 1), (1, 0)]

@@ -72,6 +72,25 @@ def frontier(seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jnp.where(first, ids, -1), first
 
 
+def _as_int32(a) -> tuple[jax.Array, jax.Array | None]:
+  """Ids as int32, and where that cast could wrap (wider integers), which of them int32 holds:
+  an id past it must become an invalid edge, not wrap into another node (2**32 + 1 into 1).
+  Checked in the dtype given: a NumPy array before JAX sees it (with x64 off, jnp.asarray
+  would wrap it first)."""
+  info = np.iinfo(np.int32)
+  if not isinstance(a, jax.Array):
+    a = np.asarray(a)
+    if np.issubdtype(a.dtype, np.integer) and a.dtype.itemsize >= 4 and a.dtype != np.int32:
+      fits = (a >= info.min) & (a <= info.max)
+      return jnp.asarray(np.where(fits, a, 0).astype(np.int32)), jnp.asarray(fits)
+    return jnp.asarray(a).astype(jnp.int32), None
+  if jnp.issubdtype(a.dtype, jnp.integer) and a.dtype.itemsize >= 4 and a.dtype != jnp.int32:
+    low = max(info.min, int(jnp.iinfo(a.dtype).min))
+    fits = (a >= jnp.asarray(low, a.dtype)) & (a <= jnp.asarray(info.max, a.dtype))
+    return jnp.where(fits, a, 0).astype(jnp.int32), fits
+  return a.astype(jnp.int32), None
+
+
 def _first_occurrence(ids: jax.Array, valid: jax.Array) -> jax.Array:
   """bool[M]: valid and no valid entry before it has the same id."""
   rep = _representative(ids, valid)
@@ -181,8 +200,14 @@ def block_graph(
       f"hector.block_graph: num_nodes and num_relations must be >= 1 (one "
       f"node is the padding node), got {n} and {r}"
     )
-  src, dst, etype = (jnp.asarray(a).astype(jnp.int32) for a in (src, dst, etype))
   valid = jnp.asarray(valid).astype(bool)
+  ids = []
+  for a in (src, dst, etype):
+    a, fits = _as_int32(a)
+    ids.append(a)
+    if fits is not None:
+      valid = valid & fits
+  src, dst, etype = ids
   e = src.shape[0]
   for name, a in (("dst", dst), ("etype", etype), ("valid", valid)):
     if a.shape != (e,):
