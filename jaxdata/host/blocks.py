@@ -68,11 +68,13 @@ def sample_blocks(
 
   Args:
     graph: a `HostGraph` or `DeviceGraph` with per-edge relations (`etypes`).
-    seeds: 1-D integer node ids; negative ids are padding.
+    seeds: 1-D integer node ids of any integer dtype; negative ids are padding. A seed >=
+      num_nodes is an error when `seeds` is concrete, padding under `jit` (checked in the dtype
+      given, so an int64 id past int32 never wraps into another node).
     fanouts: in-edges drawn per node at each hop (positive ints), hop 0 next to the seeds.
     key: a JAX PRNG key; hop h uses ``fold_in(key, h)``.
-    num_relations: the relations of the blocks (default: the HostGraph's; needed for a
-      DeviceGraph, which does not record it).
+    num_relations: the relations of the blocks, an int (default: the HostGraph's, and not
+      fewer; needed for a DeviceGraph, which does not record it).
     norm: the blocks' edge norm ("mean": 1 / sampled in-edges of the same relation; "none").
 
   Returns:

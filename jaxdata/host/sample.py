@@ -210,7 +210,8 @@ def sample_neighbors(
     graph: an open `HostGraph`, or a `DeviceGraph` (the CSR in device arrays), typed or not.
     seeds: 1-D integer node ids. A negative seed is padding (masked, nothing sampled). A seed
       >= num_nodes is an error when `seeds` is concrete; under `jit` it is treated as padding.
-    fanouts: neighbours per node at each hop, positive Python ints.
+    fanouts: neighbours per node at each hop, positive Python ints (a single int is one hop);
+      a hop may hold at most 2**31 - 1 slots (``len(seeds) * fanouts[0] * ...``).
     key: a JAX PRNG key (typed or raw); hop l uses `fold_in(key, l)`.
     replace: sample with replacement.
 
