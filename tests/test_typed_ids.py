@@ -12,7 +12,7 @@ import pytest
 
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector.block import block_graph, edges_numpy, frontier
-from jaxdata.host.blocks import sample_blocks
+from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import DeviceGraph, sample_neighbors
 
@@ -201,3 +201,17 @@ def test_block_graph_drops_an_edge_whose_id_int32_cannot_hold(x64):
         num_relations=1,
       )
       assert sorted(zip(*edges_numpy(g)[:2])) == [(0, 1), (1, 0)]
+
+
+def test_node_type_offsets_that_are_not_ints_are_refused():
+  nodes, mask = jnp.array([0, 3, -1], jnp.int32), jnp.array([True, True, False])
+  tables = [jnp.ones((2, 1)), jnp.ones((3, 1))]
+  with pytest.raises(TypeError, match="gather_typed: type_offsets must be ints, got 2.5"):
+    gather_typed(tables, [0, 2.5, 5], nodes, mask)
+  with pytest.raises(TypeError, match="node_types: type_offsets must be ints"):
+    node_types([0, 2.5, 5], nodes)
+  with pytest.raises(ValueError, match="must rise from 0"):
+    node_types([0, 3, 2], nodes)
+  np.testing.assert_array_equal(node_types(np.array([0, 2, 5]), nodes), [0, 1, -1])
+  got = gather_typed(tables, (0, 2, 5), nodes, mask)
+  np.testing.assert_array_equal(np.concatenate(got, axis=1), [[1, 0], [0, 1], [0, 0]])

@@ -155,7 +155,7 @@ def gather_typed(
   unused slots; nothing is read for those. With `caches` (`type_caches`), a row that type t's
   `DeviceCache` holds comes from device memory and only the others are read from the host.
   """
-  offsets = tuple(int(o) for o in type_offsets)
+  offsets = _type_offsets(type_offsets, "gather_typed")
   if len(offsets) != len(tables) + 1:
     raise ValueError(
       f"gather_typed: {len(tables)} tables need {len(tables) + 1} type offsets, got {len(offsets)}"
@@ -196,7 +196,7 @@ def type_caches(
   most out-edges in `graph` (the most often sampled). None where `tables[t]` is None (a table
   that changes during training, such as a learnable embedding, must not be cached) and for a
   type without nodes."""
-  offsets = tuple(int(o) for o in type_offsets)
+  offsets = _type_offsets(type_offsets, "type_caches")
   counts = DeviceCache.sampling_counts(graph)
   return [
     None
@@ -226,5 +226,25 @@ def budget_fraction(tables: Sequence[HostTable | None], budget: int) -> float:
 
 def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:
   """int32: the node type of each slot's node (-1 for unused slots, negative ids)."""
-  bounds = jnp.asarray(np.asarray(type_offsets[1:-1], np.int32))
+  bounds = jnp.asarray(np.asarray(_type_offsets(type_offsets, "node_types")[1:-1], np.int32))
   return jnp.where(nodes >= 0, jnp.searchsorted(bounds, nodes, side="right"), -1).astype(jnp.int32)
+
+
+def _type_offsets(type_offsets: Sequence[int], what: str) -> tuple[int, ...]:
+  """Node-type offsets as Python ints, rising from 0 and within int32 node ids; a float such as
+  2.5 is refused, not truncated into another type's range."""
+  offsets = tuple(type_offsets)
+  for o in offsets:
+    if isinstance(o, (bool, np.bool_)) or not isinstance(o, (int, np.integer)):
+      raise TypeError(f"{what}: type_offsets must be ints, got {o!r} in {offsets!r}")
+  ints = tuple(int(o) for o in offsets)
+  if (
+    not ints
+    or ints[0] != 0
+    or any(b < a for a, b in zip(ints, ints[1:]))
+    or ints[-1] > np.iinfo(np.int32).max
+  ):
+    raise ValueError(
+      f"{what}: type_offsets must rise from 0 to at most 2**31 - 1 nodes, got {list(ints)}"
+    )
+  return ints
