@@ -223,8 +223,8 @@ def _listen(setup: Setup) -> socket.socket:
   except OSError as e:
     raise command.UsageError(
       f"--coordinator {setup.coordinator}: process 0 cannot listen on port {port} "
-      f"({os.strerror(e.errno) if e.errno else e}); another job or program holds it: pick a "
-      f"free port"
+      f"({os.strerror(e.errno) if e.errno else e}); another job or program, or a second "
+      f"process 0, holds it: pick a free port"
     ) from None
 
 

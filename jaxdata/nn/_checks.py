@@ -36,7 +36,14 @@ def relations(g: GraphArrays, num_relations: int, who: str) -> None:
     )
 
 
-def rows(x: Any, name: str, who: str, num_rows: int | None, width: int | None) -> jax.Array:
+def rows(
+  x: Any,
+  name: str,
+  who: str,
+  num_rows: int | None,
+  width: int | None,
+  width_name: str = "in_features",
+) -> jax.Array:
   """`x` (an array or nested sequences of numbers) as a 2-D JAX array ``[num_rows, width]``
   (None: any), or a TypeError / ValueError naming `name` and the shape expected."""
   if not isinstance(x, jax.Array):
@@ -49,7 +56,7 @@ def rows(x: Any, name: str, who: str, num_rows: int | None, width: int | None) -
   x = jnp.asarray(x)
   want = (
     "num_nodes" if num_rows is None else f"num_nodes={num_rows}",
-    "in_features" if width is None else f"in_features={width}",
+    width_name if width is None else f"{width_name}={width}",
   )
   if (
     x.ndim != 2

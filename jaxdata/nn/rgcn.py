@@ -183,12 +183,10 @@ class RGCN(nnx.Module):
     holds their in-edges. A sampled block's slots are such nodes (`jaxdata.host.sample_blocks`).
     Gradients reach `rows` (to train a table of rows sparsely) and the coefficients.
     """
+    checks.graph(graph, "RGCN.on_rows")
+    checks.relations(graph, self.num_relations, "RGCN.on_rows")
     s = graph.num_nodes
-    if rows.shape != (s, self.row_width):
-      raise ValueError(
-        f"RGCN.on_rows: rows must have shape {(s, self.row_width)} (the graph's "
-        f"nodes by row_width), got {rows.shape}"
-      )
+    rows = checks.rows(rows, "rows", "RGCN.on_rows", s, self.row_width, "row_width")
     first = self._row_params()[0]
     k, o = first.shape[0], first.shape[-1]
     per = rows[:, : k * o].reshape(s, k, o).astype(first.dtype)  # [S, K, out]
