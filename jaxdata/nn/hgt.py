@@ -85,13 +85,15 @@ class HGT(nnx.Module):
     precision=None,
     rngs: nnx.Rngs,
   ):
-    if isinstance(in_features, (int, np.integer)) or not isinstance(in_features, Sequence):
+    try:
+      if isinstance(in_features, (int, np.integer, str, bytes)):
+        raise TypeError
+      widths = tuple(in_features)
+    except TypeError:
       raise TypeError(
         f"HGT: in_features must be a sequence of ints, one per node type, got {in_features!r}"
-      )
-    in_features = tuple(
-      checks.size(d, f"in_features[{t}]", "HGT") for t, d in enumerate(in_features)
-    )
+      ) from None
+    in_features = tuple(checks.size(d, f"in_features[{t}]", "HGT") for t, d in enumerate(widths))
     if not in_features:
       raise ValueError("HGT: in_features must name at least one node type")
     out_features = checks.size(out_features, "out_features", "HGT")
