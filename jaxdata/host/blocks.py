@@ -231,8 +231,9 @@ def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:
 
 
 def _type_offsets(type_offsets: Sequence[int], what: str) -> tuple[int, ...]:
-  """Node-type offsets as Python ints, rising from 0 and within int32 node ids; a float such as
-  2.5 is refused, not truncated into another type's range."""
+  """Node-type offsets as Python ints, non-decreasing and within int32 node ids (a run of
+  consecutive types may start past 0); a float such as 2.5 is refused, not truncated into
+  another type's range."""
   offsets = tuple(type_offsets)
   for o in offsets:
     if isinstance(o, (bool, np.bool_)) or not isinstance(o, (int, np.integer)):
@@ -240,11 +241,11 @@ def _type_offsets(type_offsets: Sequence[int], what: str) -> tuple[int, ...]:
   ints = tuple(int(o) for o in offsets)
   if (
     not ints
-    or ints[0] != 0
+    or ints[0] < 0
     or any(b < a for a, b in zip(ints, ints[1:]))
     or ints[-1] > np.iinfo(np.int32).max
   ):
     raise ValueError(
-      f"{what}: type_offsets must rise from 0 to at most 2**31 - 1 nodes, got {list(ints)}"
+      f"{what}: type_offsets must rise from >= 0 to at most 2**31 - 1, got {list(ints)}"
     )
   return ints
