@@ -162,6 +162,171 @@ def setup_from(args: Any) -> Setup:
   )
 
 
+# -- the check-in before jax.distributed.initialize ------------------------------------------------
+# JAX's coordination client aborts the process (a fatal log, exit 134) or crashes when the job
+# cannot form: process 0 alone past the timeout, a port another program holds, two processes with
+# one --process-id. So every process first checks in with process 0 over a plain TCP connection
+# on the coordinator's port, before JAX binds it: process 0 collects one line from each peer,
+# "jaxdata-join PROCESS_ID NUM_PROCESSES", and answers every peer "ok" once all have come, or
+# "error MESSAGE" naming what is wrong; only then does it close the port and start JAX's service.
+
+_HELLO = "jaxdata-join"
+_LINE_LIMIT = 1024  # bytes of one message line
+
+
+def _host_port(address: str) -> tuple[str, int]:
+  host, _, port = address.rpartition(":")
+  return host.strip("[]"), int(port)
+
+
+def _resolve(address: str) -> None:
+  """UsageError at once when the coordinator's host name does not resolve (retrying would not
+  help, and JAX would abort on it)."""
+  host, port = _host_port(address)
+  try:
+    socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+  except socket.gaierror as e:
+    raise command.UsageError(
+      f"--coordinator {address}: cannot resolve the host {host!r} ({e.strerror or e})"
+    ) from None
+
+
+def _read_line(conn: socket.socket, deadline: float) -> str | None:
+  """One line from `conn` (without its newline) by `deadline`; None on EOF, timeout or a line
+  too long to be ours."""
+  data = b""
+  while b"\n" not in data:
+    left = deadline - time.monotonic()
+    if left <= 0 or len(data) > _LINE_LIMIT:
+      return None
+    conn.settimeout(left)
+    try:
+      chunk = conn.recv(_LINE_LIMIT)
+    except OSError:
+      return None
+    if not chunk:
+      return None
+    data += chunk
+  return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def _listen(setup: Setup) -> socket.socket:
+  """Process 0's check-in socket, on the address JAX's service will bind (all interfaces unless
+  JAX_COORDINATOR_BIND_ADDRESS says otherwise); UsageError when something holds the port."""
+  assert setup.coordinator is not None  # explicit mode
+  bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS")
+  host, port = _host_port(bind) if bind else ("", _host_port(setup.coordinator)[1])
+  try:
+    if not host and socket.has_dualstack_ipv6():
+      return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server((host, port))
+  except OSError as e:
+    raise command.UsageError(
+      f"--coordinator {setup.coordinator}: process 0 cannot listen on port {port} "
+      f"({os.strerror(e.errno) if e.errno else e}); another job or program, or a second "
+      f"process 0, holds it: pick a free port"
+    ) from None
+
+
+def _gather_peers(setup: Setup) -> None:
+  """Process 0: waits until every other process has checked in with a consistent count and a
+  distinct id, answers them all, and frees the port; else answers "error" and raises UsageError
+  (after `setup.timeout` seconds at most)."""
+  listener = _listen(setup)
+  deadline = time.monotonic() + setup.timeout
+  peers: dict[int, socket.socket] = {}
+  problem = None
+  try:
+    while problem is None and len(peers) < setup.num_processes - 1:
+      left = deadline - time.monotonic()
+      if left <= 0:
+        missing = [i for i in range(1, setup.num_processes) if i not in peers]
+        problem = (
+          f"process{'es' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of "
+          f"{setup.num_processes} did not join the job at {setup.coordinator} within "
+          f"{setup.timeout} s"
+        )
+        break
+      listener.settimeout(min(left, 0.5))
+      try:
+        conn, _ = listener.accept()
+      except TimeoutError:
+        continue
+      except OSError:
+        continue
+      words = (_read_line(conn, min(deadline, time.monotonic() + 5.0)) or "").split()
+      if len(words) != 3 or words[0] != _HELLO or not all(w.isdigit() for w in words[1:]):
+        conn.close()  # not a jaxdata process: ignored
+        continue
+      pid, num = int(words[1]), int(words[2])
+      if num != setup.num_processes:
+        problem = (
+          f"--num-processes differs between the processes (process 0: "
+          f"{setup.num_processes}, process {pid}: {num}); the job at {setup.coordinator} has "
+          f"{setup.num_processes} processes: give every process the same --num-processes"
+        )
+      elif pid == 0 or pid in peers:
+        problem = (
+          f"two processes have --process-id {pid} in the job at {setup.coordinator}: give "
+          f"each process its own id in 0..{setup.num_processes - 1}"
+        )
+      elif pid >= setup.num_processes:
+        problem = f"--process-id {pid} is not in 0..{setup.num_processes - 1}"
+      if problem is not None and pid in peers:
+        peers[-1 - len(peers)] = conn  # the duplicate also hears why
+      else:
+        peers[pid] = conn
+    listener.close()  # before the answers: JAX's service takes the port next
+    answer = b"ok\n" if problem is None else f"error {problem}\n".encode()
+    for conn in peers.values():
+      try:
+        conn.sendall(answer)
+      except OSError:
+        pass
+    for conn in peers.values():  # the peer closes first: no TIME_WAIT left on this side's port
+      _read_line(conn, time.monotonic() + 2.0)
+  finally:
+    listener.close()
+    for conn in peers.values():
+      conn.close()
+  if problem is not None:
+    raise command.UsageError(problem)
+
+
+def _check_in(setup: Setup) -> None:
+  """A peer: checks in with process 0 (waiting for it up to `setup.timeout` seconds) and returns
+  once it answers "ok"; UsageError with process 0's reason, or when nobody answers."""
+  assert setup.coordinator is not None  # explicit mode
+  host, port = _host_port(setup.coordinator)
+  deadline = time.monotonic() + setup.timeout
+  while True:
+    try:
+      conn = socket.create_connection((host, port), timeout=1.0)
+      break
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise command.UsageError(
+          f"cannot reach the coordinator {setup.coordinator} within {setup.timeout} s "
+          f"({e.strerror or e}); is process 0 running there?"
+        ) from None
+      time.sleep(0.2)
+  with conn:
+    try:
+      conn.sendall(f"{_HELLO} {setup.process_id} {setup.num_processes}\n".encode())
+    except OSError:
+      pass
+    # process 0 started before this connection and answers within its own timeout
+    line = _read_line(conn, time.monotonic() + setup.timeout + 2.0)
+  if line == "ok":
+    return
+  if line is not None and line.startswith("error "):
+    raise command.UsageError(line[len("error ") :])
+  raise command.UsageError(
+    f"the coordinator {setup.coordinator} did not answer as process 0 of a jaxdata job within "
+    f"{setup.timeout} s; is another program listening on that port?"
+  )
+
+
 def _wait_for(address: str, timeout: float) -> None:
   """Returns once something accepts TCP connections at `address`; UsageError after `timeout`."""
   host, _, port = address.rpartition(":")
@@ -208,10 +373,15 @@ def initialize(setup: Setup) -> Setup:
     shutdown_timeout_seconds=setup.timeout,
   )
   if setup.mode == "explicit":
-    # JAX aborts the process (a fatal log, no exception) when it cannot reach the coordinator;
-    # the peers look for it first, so that an unreachable address is a one-line error.
-    if setup.process_id != 0:
-      _wait_for(setup.coordinator, setup.timeout)
+    assert setup.coordinator is not None  # explicit mode
+    # JAX aborts the process (a fatal log, no exception) when the job cannot form: every
+    # process checks in with process 0 first, so that each failure is a one-line error.
+    _resolve(setup.coordinator)
+    if setup.process_id == 0:
+      _gather_peers(setup)
+    else:
+      _check_in(setup)
+      _wait_for(setup.coordinator, setup.timeout)  # process 0 starts JAX's service now
     print(
       f"jaxdata: process {setup.process_id} of {setup.num_processes} joining the job at "
       f"{setup.coordinator} (timeout {setup.timeout} s)",

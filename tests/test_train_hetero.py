@@ -178,7 +178,7 @@ def test_bad_configs_and_inputs():
     hetero.MinibatchConfig(cache=0.2, pipeline="device")
   ds = mag()
   with hetero.HostData(ds, "host") as data:
-    with pytest.raises(TypeError, match="seeds must be a 1-D integer array"):
+    with pytest.raises(TypeError, match="sample_blocks: seeds must be integers"):
       sample_blocks(data.host, jnp.zeros(3), (2,), jax.random.key(0))
     with pytest.raises(ValueError, match="fanouts must be positive"):
       sample_blocks(data.host, jnp.zeros(3, jnp.int32), (2, 0), jax.random.key(0))

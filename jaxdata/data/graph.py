@@ -31,6 +31,15 @@ def _index_array(values: Any, what: str) -> np.ndarray:
   return graph_build.index_array(values, what)
 
 
+def _check_unique_names(names: Sequence[str], what: str) -> None:
+  """ValueError naming the first name that occurs twice: a relation is looked up by its name."""
+  seen = set()
+  for name in names:
+    if name in seen:
+      raise ValueError(f"{what}: the name {name!r} is used by two relations")
+    seen.add(name)
+
+
 def _check_range(array: np.ndarray, upper: int, what: str, bound: str) -> None:
   if array.size and (array.min() < 0 or array.max() >= upper):
     bad = array[(array < 0) | (array >= upper)][0]
@@ -138,6 +147,7 @@ class HeteroGraph:
     if isinstance(self.relation_names, str):
       raise TypeError("HeteroGraph: relation_names must be a sequence of names, not a string")
     set_("relation_names", tuple(str(n) for n in self.relation_names))
+    _check_unique_names(self.relation_names, "HeteroGraph: relation_names")
     if isinstance(self.node_type_names, str):
       raise TypeError("HeteroGraph: node_type_names must be a sequence of names, not a string")
     set_("node_type_names", tuple(str(n) for n in self.node_type_names))
@@ -341,6 +351,7 @@ class HeteroGraph:
     elif isinstance(relation_names, str):
       raise TypeError("from_edges: relation_names must be a sequence of names, not a string")
     relation_names = tuple(str(n) for n in relation_names)
+    _check_unique_names(relation_names, "from_edges: relation_names")
     _check_range(etype, len(relation_names), "from_edges: etype", "len(relation_names)")
     types = None
     if relation_types is not None:
@@ -351,7 +362,16 @@ class HeteroGraph:
         etype = etype.astype(np.int64)
       src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
       etype = np.concatenate([etype, etype + etype.dtype.type(num)])
-      relation_names = relation_names + tuple(f"rev_{n}" for n in relation_names)
+      inverse = tuple(f"rev_{n}" for n in relation_names)
+      given = set(relation_names)
+      for name, n in zip(inverse, relation_names):
+        if name in given:
+          raise ValueError(
+            f"from_edges: add_inverse names the inverse of relation {n!r} {name!r}, which is "
+            f"already a given relation; rename it or pass add_inverse=False and give the "
+            f"inverse relations yourself"
+          )
+      relation_names = relation_names + inverse
       if types is not None:
         types += tuple((d, f"rev_{r}", s) for s, r, d in types)
     if len(src) > _INT32_MAX:
@@ -436,10 +456,14 @@ class HeteroGraph:
         raise ValueError(f"{who}: num_nodes[{node_type!r}] must be >= 0, got {count}")
       counts[node_type] = int(count)
     type_names = tuple(counts)
-    offsets = np.concatenate([[0], np.cumsum([counts[t] for t in type_names])]).astype(np.int64)
-    if offsets[-1] > _INT32_MAX:
-      raise ValueError(f"{who}: at most 2**31 - 1 nodes in all, got {int(offsets[-1])}")
-    offset = dict(zip(type_names, offsets[:-1].tolist()))
+    # Summed in Python ints: counts near 2**63 would wrap in int64 and be reported wrongly.
+    bounds = [0]
+    for t in type_names:
+      bounds.append(bounds[-1] + counts[t])
+    if bounds[-1] > _INT32_MAX:
+      raise ValueError(f"{who}: at most 2**31 - 1 nodes in all, got {bounds[-1]}")
+    offsets = np.asarray(bounds, np.int64)
+    offset = dict(zip(type_names, bounds[:-1]))
 
     keys, srcs, dsts = [], [], []
     for key, pair in edges.items():
@@ -471,6 +495,15 @@ class HeteroGraph:
     names = [k[1] if uses[k[1]] == 1 else ":".join(k) for k in keys]
     if len(set(names)) != len(names):  # only a key given twice can collide
       raise ValueError(f"{who}: repeated edge keys in {keys}")
+    if add_inverse:  # from_edges names the inverse of relation n "rev_<n>"
+      given = dict(zip(names, keys))
+      for name, key in zip(names, keys):
+        if f"rev_{name}" in given:
+          raise ValueError(
+            f"{who}: the generated inverse of {key!r} would be named 'rev_{name}', like the "
+            f"given relation {given[f'rev_{name}']!r}; rename one, or pass add_inverse=False "
+            f"and give the inverse relations yourself"
+          )
     etype = np.repeat(np.arange(len(keys), dtype=np.int32), [len(x) for x in srcs])
     empty = np.zeros(0, np.int64)
     return cls.from_edges(

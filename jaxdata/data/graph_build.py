@@ -42,6 +42,9 @@ def index_array(values: Any, what: str) -> np.ndarray:
   if array.ndim != 1:
     raise ValueError(f"{what}: expected a 1-D array, got shape {array.shape}")
   if array.dtype not in (np.int32, np.int64):
+    # checked before the cast, which would wrap uint64 values past 2**63 - 1 to negative ones
+    if array.dtype == np.uint64 and array.size and array.max() > np.iinfo(np.int64).max:
+      raise ValueError(f"{what}: value {array.max()} does not fit int64")
     array = array.astype(np.int64)
   return np.ascontiguousarray(array)
 

@@ -49,13 +49,46 @@ def frontier(seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
   """U_0 from a batch of seeds (negative: padding): (ids int32[B + 1], mask bool[B + 1]).
 
   Repeated seeds are masked after their first occurrence (a frontier holds each node once).
+  Seeds outside the int32 range are padding too: they are mapped to -1 in the dtype given,
+  before the cast to int32 (which would wrap 2**32 + 1 to node 1).
   """
-  seeds = jnp.asarray(seeds).astype(jnp.int32)
-  if seeds.ndim != 1:
-    raise ValueError(f"hector.block.frontier: seeds must be 1-D, got shape {seeds.shape}")
-  ids = jnp.concatenate([seeds, jnp.full((1,), -1, jnp.int32)])
+  given = seeds if isinstance(seeds, jax.Array) else np.asarray(seeds)
+  dtype = given.dtype
+  if not np.issubdtype(dtype, np.integer):
+    raise TypeError(f"hector.block.frontier: seeds must be integers, got dtype {dtype}")
+  if given.ndim != 1:
+    raise ValueError(f"hector.block.frontier: seeds must be 1-D, got shape {given.shape}")
+  top = np.iinfo(np.int32).max
+  if isinstance(given, np.ndarray):
+    # padded before JAX sees them: with x64 off, jnp.asarray would wrap 64-bit ids
+    ids32 = jnp.asarray(np.where((given >= 0) & (given <= top), given, -1).astype(np.int32))
+  elif np.dtype(dtype).itemsize >= 4 and dtype != jnp.int32:
+    ids32 = jnp.where((given >= 0) & (given <= jnp.asarray(top, dtype)), given, -1)
+  else:
+    ids32 = given
+  ids32 = ids32.astype(jnp.int32)
+  ids = jnp.concatenate([ids32, jnp.full((1,), -1, jnp.int32)])
   first = _first_occurrence(ids, ids >= 0)
   return jnp.where(first, ids, -1), first
+
+
+def _as_int32(a) -> tuple[jax.Array, jax.Array | None]:
+  """Ids as int32, and where that cast could wrap (wider integers), which of them int32 holds:
+  an id past it must become an invalid edge, not wrap into another node (2**32 + 1 into 1).
+  Checked in the dtype given: a NumPy array before JAX sees it (with x64 off, jnp.asarray
+  would wrap it first)."""
+  info = np.iinfo(np.int32)
+  if not isinstance(a, jax.Array):
+    a = np.asarray(a)
+    if np.issubdtype(a.dtype, np.integer) and a.dtype.itemsize >= 4 and a.dtype != np.int32:
+      fits = (a >= info.min) & (a <= info.max)
+      return jnp.asarray(np.where(fits, a, 0).astype(np.int32)), jnp.asarray(fits)
+    return jnp.asarray(a).astype(jnp.int32), None
+  if jnp.issubdtype(a.dtype, jnp.integer) and a.dtype.itemsize >= 4 and a.dtype != jnp.int32:
+    low = max(info.min, int(jnp.iinfo(a.dtype).min))
+    fits = (a >= jnp.asarray(low, a.dtype)) & (a <= jnp.asarray(info.max, a.dtype))
+    return jnp.where(fits, a, 0).astype(jnp.int32), fits
+  return a.astype(jnp.int32), None
 
 
 def _first_occurrence(ids: jax.Array, valid: jax.Array) -> jax.Array:
@@ -158,14 +191,23 @@ def block_graph(
   """
   if norm not in _NORMS:
     raise ValueError(f"hector.block_graph: norm must be one of {_NORMS}, got {norm!r}")
+  for name, v in (("num_nodes", num_nodes), ("num_relations", num_relations)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+      raise TypeError(f"hector.block_graph: {name} must be an int, got {v!r}")
   n, r = int(num_nodes), int(num_relations)
   if n < 1 or r < 1:
     raise ValueError(
       f"hector.block_graph: num_nodes and num_relations must be >= 1 (one "
       f"node is the padding node), got {n} and {r}"
     )
-  src, dst, etype = (jnp.asarray(a).astype(jnp.int32) for a in (src, dst, etype))
   valid = jnp.asarray(valid).astype(bool)
+  ids = []
+  for a in (src, dst, etype):
+    a, fits = _as_int32(a)
+    ids.append(a)
+    if fits is not None:
+      valid = valid & fits
+  src, dst, etype = ids
   e = src.shape[0]
   for name, a in (("dst", dst), ("etype", etype), ("valid", valid)):
     if a.shape != (e,):

@@ -147,6 +147,14 @@ def _broadcast(v: Value, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, .
   )
 
 
+def _input_of(v: Value) -> str | None:
+  """The name of the input whose rows `v` carries unchanged in width (through gathers to edges
+  and the like), or None."""
+  while v.op in ("gather", "expand", "aggregate", "compact_sum"):
+    v = v.args[0]
+  return v.name if v.op in ("input", "weight") else None
+
+
 def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
   a = [x.known_shape for x in v.args]
   if v.op in ("gather", "aggregate", "unary", "expand", "compact_sum"):
@@ -162,6 +170,12 @@ def _shape(v: Value, n: int, r: int) -> tuple[int, ...]:
     heads, w2 = (w[1], w[2:]) if len(w) == 4 else (1, w[1:])
     k, m = (w2[1], w2[0]) if v.attrs["transpose"] else (w2[0], w2[1])
     if a[0] != (heads * k,):
+      source, weight = _input_of(v.args[0]), _input_of(v.args[1])
+      if source is not None:  # name the arguments the user passed, not IR values
+        raise ValueError(
+          f"hector: input {source!r} has rows of shape {a[0]}, but weight "
+          f"{weight or v.args[1].label!r} of shape {w} needs rows of {heads * k} features"
+        )
       raise ValueError(
         f"hector: {v.label}: rows of shape {a[0]} times a weight {w}"
         + (" (transposed)" if v.attrs["transpose"] else "")

@@ -24,12 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdata.hector.block import block_graph, expand, frontier
+from jaxdata.hector.block import block_graph, capacities, expand, frontier
 from jaxdata.hector.runtime import GraphArrays
 from jaxdata.host.cache import DeviceCache
 from jaxdata.host.gather import host_gather
 from jaxdata.host.graph import HostGraph
-from jaxdata.host.sample import DeviceGraph, sample_neighbors
+from jaxdata.host.sample import DeviceGraph, check_fanouts, check_seeds, sample_neighbors
 from jaxdata.host.table import HostTable
 
 
@@ -68,11 +68,13 @@ def sample_blocks(
 
   Args:
     graph: a `HostGraph` or `DeviceGraph` with per-edge relations (`etypes`).
-    seeds: 1-D integer node ids; negative ids are padding.
+    seeds: 1-D integer node ids of any integer dtype; negative ids are padding. A seed >=
+      num_nodes is an error when `seeds` is concrete, padding under `jit` (checked in the dtype
+      given, so an int64 id past int32 never wraps into another node).
     fanouts: in-edges drawn per node at each hop (positive ints), hop 0 next to the seeds.
     key: a JAX PRNG key; hop h uses ``fold_in(key, h)``.
-    num_relations: the relations of the blocks (default: the HostGraph's; needed for a
-      DeviceGraph, which does not record it).
+    num_relations: the relations of the blocks, an int (default: the HostGraph's, and not
+      fewer; needed for a DeviceGraph, which does not record it).
     norm: the blocks' edge norm ("mean": 1 / sampled in-edges of the same relation; "none").
 
   Returns:
@@ -87,29 +89,41 @@ def sample_blocks(
       "sample_blocks: the graph has no edge relations (etypes); build it with "
       "etypes=... (HostGraph) for relational sampling"
     )
-  hops = tuple(fanouts) if not isinstance(fanouts, (int, np.integer)) else (fanouts,)
-  if not hops or any(
-    isinstance(f, bool) or not isinstance(f, (int, np.integer)) or f < 1 for f in hops
-  ):
-    raise ValueError(f"sample_blocks: fanouts must be positive ints, got {hops}")
-  seeds = jnp.asarray(seeds)
-  if not jnp.issubdtype(seeds.dtype, jnp.integer) or seeds.ndim != 1:
-    raise TypeError(
-      f"sample_blocks: seeds must be a 1-D integer array, got {seeds.dtype}{list(seeds.shape)}"
-    )
+  seeds = check_seeds(seeds, graph.num_nodes, "sample_blocks")
+  hops = check_fanouts(fanouts, "sample_blocks", lambda f: list(capacities(seeds.shape[0], f)))
   if num_relations is None:
     if not isinstance(graph, HostGraph):
       raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
     num_relations = graph.num_relations
     assert num_relations is not None  # the graph has etypes: checked above
+    if num_relations == 0:
+      raise ValueError(
+        "sample_blocks: the graph has no relations (and no edges); a block needs one: "
+        "pass num_relations=1"
+      )
+  if isinstance(num_relations, (bool, np.bool_)) or not isinstance(
+    num_relations, (int, np.integer)
+  ):
+    raise TypeError(f"sample_blocks: num_relations must be an int, got {num_relations!r}")
   num_relations = int(num_relations)
+  known = graph.num_relations if isinstance(graph, HostGraph) else None
+  if num_relations < 1 or (known is not None and num_relations < known):
+    # fewer relations than the graph's would drop the edges of the others from the blocks
+    raise ValueError(
+      "sample_blocks: num_relations must be >= 1"
+      + (f" and >= the graph's {known}" if known is not None else "")
+      + f", got {num_relations}"
+    )
+  # Ids outside the graph are padding: mapped to -1 in the caller's dtype, before the int32 of
+  # the blocks (a cast first would wrap 2**32 + 1 to node 1).
+  seeds = jnp.where((seeds >= 0) & (seeds < graph.num_nodes), seeds, -1).astype(jnp.int32)
   nodes, mask = frontier(seeds)
   all_nodes, all_masks, graphs = [nodes], [mask], []
   for hop, fanout in enumerate(hops):
     drawn = sample_neighbors(
-      graph, jnp.where(mask, nodes, -1), (int(fanout),), jax.random.fold_in(key, hop)
+      graph, jnp.where(mask, nodes, -1), (fanout,), jax.random.fold_in(key, hop)
     )
-    shape = (nodes.shape[0], int(fanout))
+    shape = (nodes.shape[0], fanout)
     assert drawn.etypes is not None  # sampled from a graph with etypes
     nodes, mask, edges = expand(
       nodes,
@@ -141,7 +155,7 @@ def gather_typed(
   unused slots; nothing is read for those. With `caches` (`type_caches`), a row that type t's
   `DeviceCache` holds comes from device memory and only the others are read from the host.
   """
-  offsets = tuple(int(o) for o in type_offsets)
+  offsets = _type_offsets(type_offsets, "gather_typed")
   if len(offsets) != len(tables) + 1:
     raise ValueError(
       f"gather_typed: {len(tables)} tables need {len(tables) + 1} type offsets, got {len(offsets)}"
@@ -182,7 +196,7 @@ def type_caches(
   most out-edges in `graph` (the most often sampled). None where `tables[t]` is None (a table
   that changes during training, such as a learnable embedding, must not be cached) and for a
   type without nodes."""
-  offsets = tuple(int(o) for o in type_offsets)
+  offsets = _type_offsets(type_offsets, "type_caches")
   counts = DeviceCache.sampling_counts(graph)
   return [
     None
@@ -212,5 +226,26 @@ def budget_fraction(tables: Sequence[HostTable | None], budget: int) -> float:
 
 def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:
   """int32: the node type of each slot's node (-1 for unused slots, negative ids)."""
-  bounds = jnp.asarray(np.asarray(type_offsets[1:-1], np.int32))
+  bounds = jnp.asarray(np.asarray(_type_offsets(type_offsets, "node_types")[1:-1], np.int32))
   return jnp.where(nodes >= 0, jnp.searchsorted(bounds, nodes, side="right"), -1).astype(jnp.int32)
+
+
+def _type_offsets(type_offsets: Sequence[int], what: str) -> tuple[int, ...]:
+  """Node-type offsets as Python ints, non-decreasing and within int32 node ids (a run of
+  consecutive types may start past 0); a float such as 2.5 is refused, not truncated into
+  another type's range."""
+  offsets = tuple(type_offsets)
+  for o in offsets:
+    if isinstance(o, (bool, np.bool_)) or not isinstance(o, (int, np.integer)):
+      raise TypeError(f"{what}: type_offsets must be ints, got {o!r} in {offsets!r}")
+  ints = tuple(int(o) for o in offsets)
+  if (
+    not ints
+    or ints[0] < 0
+    or any(b < a for a, b in zip(ints, ints[1:]))
+    or ints[-1] > np.iinfo(np.int32).max
+  ):
+    raise ValueError(
+      f"{what}: type_offsets must rise from >= 0 to at most 2**31 - 1, got {list(ints)}"
+    )
+  return ints

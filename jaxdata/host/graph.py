@@ -138,6 +138,8 @@ class HostGraph:
     num_nodes = int(num_nodes)
     if num_nodes < 1:
       raise ValueError("HostGraph.from_edges: the graph is empty (no nodes)")
+    if num_nodes > np.iinfo(np.int32).max:  # before the counts array of that size is made
+      raise ValueError(f"HostGraph.from_edges: {num_nodes} nodes do not fit int32 node ids")
     for name, a in (("senders", senders), ("receivers", receivers)):
       if a.size and (int(a.min()) < 0 or int(a.max()) >= num_nodes):
         raise ValueError(f"HostGraph.from_edges: {name} holds ids outside [0, {num_nodes})")
@@ -330,7 +332,9 @@ def _check_etypes(
     num_relations, (int, np.integer)
   ):
     raise TypeError(f"HostGraph: num_relations must be an integer, got {num_relations!r}")
-  if not found <= num_relations <= np.iinfo(np.int32).max:
+  if num_relations > np.iinfo(np.int32).max:
+    raise ValueError(f"HostGraph: num_relations {num_relations} does not fit int32")
+  if num_relations < found:
     raise ValueError(
       f"HostGraph: num_relations is {num_relations}, but etypes holds relation {found - 1}"
     )

@@ -4,7 +4,7 @@ relation of every sampled edge when the graph is typed."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -210,7 +210,8 @@ def sample_neighbors(
     graph: an open `HostGraph`, or a `DeviceGraph` (the CSR in device arrays), typed or not.
     seeds: 1-D integer node ids. A negative seed is padding (masked, nothing sampled). A seed
       >= num_nodes is an error when `seeds` is concrete; under `jit` it is treated as padding.
-    fanouts: neighbours per node at each hop, positive Python ints.
+    fanouts: neighbours per node at each hop, positive Python ints (a single int is one hop);
+      a hop may hold at most 2**31 - 1 slots (``len(seeds) * fanouts[0] * ...``).
     key: a JAX PRNG key (typed or raw); hop l uses `fold_in(key, l)`.
     replace: sample with replacement.
 
@@ -239,8 +240,8 @@ def sample_neighbors(
     raise TypeError(
       f"sample_neighbors: graph must be a HostGraph or DeviceGraph, got {type(graph).__name__}"
     )
-  fanouts = _check_fanouts(fanouts)
-  seeds = _check_seeds(seeds, graph.num_nodes)
+  seeds = check_seeds(seeds, graph.num_nodes, "sample_neighbors")
+  fanouts = check_fanouts(fanouts, "sample_neighbors", tree_slots(seeds.shape[0]))
   valid = (seeds >= 0) & (seeds < graph.num_nodes)
   nodes = [jnp.where(valid, seeds, -1).astype(jnp.int32)]
   masks = [valid]
@@ -285,41 +286,79 @@ def _check_device_etypes(graph: DeviceGraph) -> jax.Array:
   return etypes.astype(jnp.int32)
 
 
-def _check_fanouts(fanouts: Any) -> tuple[int, ...]:
-  if isinstance(fanouts, (int, np.integer)):
+#: The most slots a hop may hold: positions in a hop, and a sampled row's positions in the
+#: kernels (xla_ffi/host/sample.h), are int32.
+MAX_SLOTS = int(np.iinfo(np.int32).max)
+
+
+def tree_slots(batch: int) -> Callable[[tuple[int, ...]], list[int]]:
+  """The hop sizes of tree-shaped sampling (`Blocks`) of `batch` seeds, as a function of the
+  fanouts: hop l + 1 holds fanouts[l] slots per entry of hop l."""
+
+  def slots(fanouts: tuple[int, ...]) -> list[int]:
+    sizes = [int(batch)]
+    for f in fanouts:
+      sizes.append(sizes[-1] * f)
+    return sizes
+
+  return slots
+
+
+def check_fanouts(
+  fanouts: Any, what: str, slots: Callable[[tuple[int, ...]], list[int]] | None = None
+) -> tuple[int, ...]:
+  """`fanouts` as a tuple of positive Python ints (a single int is one hop), or a TypeError /
+  ValueError naming `what`. With `slots` (fanouts -> the slots of every hop, Python ints), a hop
+  of more than `MAX_SLOTS` slots is refused here: XLA aborts the process on an array whose size
+  overflows, and the kernels index a hop with int32."""
+  if isinstance(fanouts, (int, np.integer)) and not isinstance(fanouts, (bool, np.bool_)):
     fanouts = (fanouts,)
+  if isinstance(fanouts, (str, bytes)):
+    raise TypeError(f"{what}: fanouts must be an int or a sequence of ints, got {fanouts!r}")
   try:
-    fanouts = tuple(fanouts)
+    hops = tuple(fanouts)  # pyright: ignore[reportArgumentType]  (not iterable: TypeError)
   except TypeError:
     raise TypeError(
-      f"sample_neighbors: fanouts must be a sequence of ints, got {fanouts!r}"
+      f"{what}: fanouts must be an int or a sequence of ints, got {fanouts!r}"
     ) from None
-  if not fanouts:
-    raise ValueError("sample_neighbors: fanouts is empty; give at least one hop")
-  for f in fanouts:
-    if isinstance(f, bool) or not isinstance(f, (int, np.integer)):
-      raise TypeError(f"sample_neighbors: fanouts must be Python ints, got {f!r}")
+  if not hops:
+    raise ValueError(f"{what}: fanouts is empty; give at least one hop")
+  for f in hops:
+    if isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer)):
+      raise TypeError(f"{what}: fanouts must be Python ints, got {f!r} in {hops!r}")
     if f < 1:
-      raise ValueError(f"sample_neighbors: every fanout must be >= 1, got {tuple(fanouts)}")
-  return tuple(int(f) for f in fanouts)
+      raise ValueError(f"{what}: fanouts must be positive ints (each >= 1), got {hops}")
+  hops = tuple(int(f) for f in hops)
+  for f in hops:
+    if f > MAX_SLOTS:
+      raise ValueError(f"{what}: a fanout must be at most 2**31 - 1, got {f}")
+  if slots is not None:
+    for hop, n in enumerate(slots(hops)):
+      if n > MAX_SLOTS:
+        raise ValueError(
+          f"{what}: hop {hop} would hold {n} slots for fanouts {hops}, more than 2**31 - 1"
+        )
+  return hops
 
 
-def _check_seeds(seeds: Any, num_nodes: int) -> jax.Array:
+def check_seeds(seeds: Any, num_nodes: int, what: str) -> jax.Array:
+  """The seeds as int32 or int64 ids with their meaning kept (`_canonical_indices`): a 1-D
+  integer array, and when concrete every seed below `num_nodes`, checked in the caller's dtype
+  before any cast (else TypeError / ValueError naming `what`)."""
   dtype = getattr(seeds, "dtype", None)
   if dtype is None:
     seeds = np.asarray(seeds)
     dtype = seeds.dtype
   if not jnp.issubdtype(dtype, jnp.integer):
-    raise TypeError(f"sample_neighbors: seeds must be integers, got dtype {dtype}")
-  if not isinstance(seeds, jax.core.Tracer):
-    seeds = as_indices(seeds, "sample_neighbors")
+    raise TypeError(f"{what}: seeds must be integers, got dtype {dtype}")
   if np.ndim(seeds) != 1:
-    raise ValueError(f"sample_neighbors: seeds must be 1-D, got shape {np.shape(seeds)}")
+    raise ValueError(f"{what}: seeds must be 1-D, got shape {np.shape(seeds)}")
   if not isinstance(seeds, jax.core.Tracer):
     concrete = np.asarray(seeds)
     if concrete.size and concrete.max() >= num_nodes:
       raise ValueError(
-        f"sample_neighbors: seed {concrete.max()} is outside the graph's "
+        f"{what}: seed {concrete.max()} is outside the graph's "
         f"{num_nodes} nodes (negative seeds mark padding)"
       )
+    seeds = as_indices(seeds, what)
   return _canonical_indices(jnp.asarray(seeds), num_nodes)

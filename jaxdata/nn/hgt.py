@@ -24,16 +24,18 @@ Remat policies can name the layer's intermediates (`NAMES`, and hector's `SAVED_
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxdata.hector import GraphArrays, hgt_message
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.hector.precision import resolve as resolve_precision
+from jaxdata.nn import _checks as checks
 
 #: The checkpoint names `HGT.__call__` tags its node-level intermediates with (remat policies
 #: name what to keep): every node's keys, queries and values ``[N, 3 * H * d_k]``, and its
@@ -83,12 +85,23 @@ class HGT(nnx.Module):
     precision=None,
     rngs: nnx.Rngs,
   ):
-    in_features = tuple(int(d) for d in in_features)
+    try:
+      if isinstance(in_features, (int, np.integer, str, bytes)):
+        raise TypeError
+      widths = tuple(in_features)
+    except TypeError:
+      raise TypeError(
+        f"HGT: in_features must be a sequence of ints, one per node type, got {in_features!r}"
+      ) from None
+    in_features = tuple(checks.size(d, f"in_features[{t}]", "HGT") for t, d in enumerate(widths))
+    if not in_features:
+      raise ValueError("HGT: in_features must name at least one node type")
+    out_features = checks.size(out_features, "out_features", "HGT")
+    num_relations = checks.size(num_relations, "num_relations", "HGT")
+    heads = checks.size(heads, "heads", "HGT")
+    if head_features is not None:
+      head_features = checks.size(head_features, "head_features", "HGT")
     resolve_precision(precision, "HGT")  # checked now; resolved per call, as jnp.dot does
-    if not in_features or min(in_features) < 1 or min(out_features, num_relations, heads) < 1:
-      raise ValueError(
-        "HGT: feature sizes, num_relations and heads must be >= 1 (and at least one node type)"
-      )
     if head_features is None:
       if out_features % heads:
         raise ValueError(
@@ -109,6 +122,7 @@ class HGT(nnx.Module):
     self.mu = nnx.Param(jnp.ones((num_relations, heads), param_dtype))
     self.skip = nnx.Param(jnp.ones((len(in_features),), param_dtype))
     self.in_features, self.out_features = in_features, out_features
+    self.num_relations = num_relations
     self.heads, self.head_features, self.dtype = heads, head_features, dtype
     self.passes = select_passes(passes)
     self.precision = precision
@@ -117,6 +131,7 @@ class HGT(nnx.Module):
     """xs[t]: ``[N_t, d_t]``, types in id order (sum of N_t = the graph's nodes; when the graph
     has node types, N_t must be its type t's count: ValueError otherwise). Returns one
     ``[N_t, out_features]`` array per type."""
+    xs = self._inputs(graph, xs, "HGT")
     if len(xs) != len(self.in_features):
       raise ValueError(f"HGT: {len(xs)} feature arrays for {len(self.in_features)} node types")
     widths = tuple(x.shape[-1] for x in xs)
@@ -155,7 +170,7 @@ class HGT(nnx.Module):
     Each per-type projection runs over all N rows and keeps its type's rows (T dense GEMMs
     instead of one split by type): simple and exact; the edge part, which dominates, is shared.
     """
-    feats = _per_type(xs, len(self.in_features))
+    feats = self._inputs(graph, _per_type(xs, len(self.in_features)), "HGT.on_slots")
     if len(feats) != len(self.in_features):
       raise ValueError(
         f"HGT.on_slots: {len(feats)} feature arrays for {len(self.in_features)} node types"
@@ -196,7 +211,7 @@ class HGT(nnx.Module):
     them into every node's (``jax.lax.all_gather(kqv, axis, tiled=True)`` inside `shard_map`):
     the gathered width is ``3 * heads * head_features``. Returns ``[rows, out_features]``.
     """
-    feats = _per_type(xs, len(self.in_features))
+    feats = self._inputs(graph, _per_type(xs, len(self.in_features)), "HGT.on_partition")
     if len(feats) != len(self.in_features):
       raise ValueError(
         f"HGT.on_partition: {len(feats)} feature arrays for {len(self.in_features)} node types"
@@ -223,6 +238,17 @@ class HGT(nnx.Module):
     agg = jax.lax.dynamic_slice_in_dim(self._message(graph, kqv), start, rows)
     h = jax.nn.gelu(agg, approximate=False)
     return pick([self._skip(t, self.out[t](h), x) for t, x in enumerate(feats)])
+
+  def _inputs(self, graph: Any, xs: Any, who: str) -> list[jax.Array]:
+    """The graph checked against the layer, and each node type's features as a 2-D array."""
+    checks.graph(graph, who)
+    checks.relations(graph, self.num_relations, who)
+    if not isinstance(xs, (list, tuple)):
+      raise TypeError(
+        f"{who}: xs must be a list of feature arrays, one per node type, got {type(xs).__name__}"
+      )
+    widths = self.in_features if len(xs) == len(self.in_features) else (None,) * len(xs)
+    return [checks.rows(x, f"xs[{t}]", who, None, widths[t]) for t, x in enumerate(xs)]
 
   def _message(self, graph: GraphArrays, kqv: jax.Array) -> jax.Array:
     """The edge part (hector): every node's aggregated messages from its keys/queries/values."""

@@ -18,6 +18,8 @@ heads are averaged instead (an output layer's usual choice).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -26,6 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxdata.hector import GraphArrays, rgat_message
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.hector.precision import resolve as resolve_precision
+from jaxdata.nn import _checks as checks
 
 #: The checkpoint names `RGAT.__call__` tags its intermediates with (remat policies name what to
 #: keep): the attention's aggregated messages ``[N, heads * out_features]``. The edge kernels'
@@ -68,8 +71,10 @@ class RGAT(nnx.Module):
     precision=None,
     rngs: nnx.Rngs,
   ):
-    if min(in_features, out_features, num_relations, heads) < 1:
-      raise ValueError("RGAT: in_features, out_features, num_relations and heads must be >= 1")
+    in_features = checks.size(in_features, "in_features", "RGAT")
+    out_features = checks.size(out_features, "out_features", "RGAT")
+    num_relations = checks.size(num_relations, "num_relations", "RGAT")
+    heads = checks.size(heads, "heads", "RGAT")
     f = heads * out_features
     glorot = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0,))
     vector = jax.nn.initializers.glorot_uniform(in_axis=-1, out_axis=-2, batch_axis=(0,))
@@ -84,6 +89,11 @@ class RGAT(nnx.Module):
     width = f if concat else out_features
     self.bias = nnx.Param(jnp.zeros((width,), param_dtype)) if use_bias else None
     self.heads, self.concat, self.dtype = heads, concat, dtype
+    self.in_features, self.out_features, self.num_relations = (
+      in_features,
+      out_features,
+      num_relations,
+    )
     self.passes = select_passes(passes)
     resolve_precision(precision, "RGAT")  # checked now; resolved per call, as jnp.dot does
     self.precision = precision
@@ -94,12 +104,7 @@ class RGAT(nnx.Module):
     node's input, ``[graph.num_nodes, in_features]`` (the parts' rows gathered; padding rows
     anything finite); `start` may be traced, `rows` is static. Attention needs only the edges
     into a node, so the part's softmax equals the whole graph's."""
-    if x.shape[0] != graph.num_nodes:
-      raise ValueError(
-        f"RGAT.on_partition: x must have a row for each of the part's "
-        f"{graph.num_nodes} nodes, got shape {x.shape}"
-      )
-    x = x.astype(self.dtype)
+    x = self._inputs(graph, x, "RGAT.on_partition").astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
     h = rgat_message(
       graph,
@@ -116,13 +121,19 @@ class RGAT(nnx.Module):
         jax.lax.dynamic_slice_in_dim(x, start, rows), cast(self.root), precision=self.precision
       )
     if not self.concat:
-      h = h.reshape(h.shape[0], self.heads, -1).mean(axis=1)
+      h = h.reshape(h.shape[0], self.heads, self.out_features).mean(axis=1)
     if self.bias is not None:
       h = h + cast(self.bias)
     return h
 
+  def _inputs(self, graph: Any, x: Any, who: str) -> jax.Array:
+    """The graph and `x` checked against the layer: its relations, x ``[num_nodes, in]``."""
+    checks.graph(graph, who)
+    checks.relations(graph, self.num_relations, who)
+    return checks.rows(x, "x", who, graph.num_nodes, self.in_features)
+
   def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
-    x = x.astype(self.dtype)
+    x = self._inputs(graph, x, "RGAT").astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
     h = checkpoint_name(
       rgat_message(
@@ -139,7 +150,7 @@ class RGAT(nnx.Module):
     if self.root is not None:
       h = h + jnp.dot(x, cast(self.root), precision=self.precision)
     if not self.concat:
-      h = h.reshape(h.shape[0], self.heads, -1).mean(axis=1)
+      h = h.reshape(h.shape[0], self.heads, self.out_features).mean(axis=1)
     if self.bias is not None:
       h = h + cast(self.bias)
     return h

@@ -17,12 +17,15 @@ its own).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxdata.hector import GraphArrays, rgcn_message
 from jaxdata.hector.precision import resolve as resolve_precision
+from jaxdata.nn import _checks as checks
 
 
 class RGCN(nnx.Module):
@@ -63,8 +66,15 @@ class RGCN(nnx.Module):
   ):
     if in_features is None and num_nodes is None:
       raise ValueError("RGCN: featureless input (in_features=None) needs num_nodes")
-    if num_bases is not None and num_bases < 1:
-      raise ValueError(f"RGCN: num_bases must be >= 1 or None, got {num_bases}")
+    if in_features is not None:
+      in_features = checks.size(in_features, "in_features", "RGCN")
+    if num_nodes is not None:
+      num_nodes = checks.size(num_nodes, "num_nodes", "RGCN")
+    out_features = checks.size(out_features, "out_features", "RGCN")
+    # 0 relations is a graph without edges: the layer is its self loop and bias
+    num_relations = checks.size(num_relations, "num_relations", "RGCN", minimum=0)
+    if num_bases is not None:
+      num_bases = checks.size(num_bases, "num_bases", "RGCN")
     if self_loop not in (True, False, "separate", "basis"):
       raise ValueError(
         f"RGCN: self_loop must be True, False, 'separate' or 'basis', got {self_loop!r}"
@@ -72,8 +82,15 @@ class RGCN(nnx.Module):
     if self_loop == "basis" and num_bases is None:
       raise ValueError("RGCN: self_loop='basis' combines W_0 from the bases: it needs num_bases")
     rows = num_nodes if in_features is None else in_features
-    init = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    assert rows is not None  # one of them is given: checked above
+    glorot = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1, batch_axis=(0,))
+
+    def init(key, shape, dtype):
+      # Glorot's fans divide by the batch axis: no relations (or bases) have no weights to draw
+      return jnp.zeros(shape, dtype) if shape[0] == 0 else glorot(key, shape, dtype)
+
     self.featureless = in_features is None
+    self.in_features = in_features
     self.dtype = dtype
     resolve_precision(precision, "RGCN")  # checked now; resolved per call, as jnp.dot does
     self.precision = precision
@@ -85,10 +102,11 @@ class RGCN(nnx.Module):
     else:
       self.weight = None
       self.bases = nnx.Param(init(rngs.params(), (num_bases, rows, out_features), param_dtype))
+      shape = (num_relations + self.self_loop_in_bases, num_bases)
       self.coefficients = nnx.Param(
-        jax.nn.initializers.glorot_uniform()(
-          rngs.params(), (num_relations + self.self_loop_in_bases, num_bases), param_dtype
-        )
+        jax.nn.initializers.glorot_uniform()(rngs.params(), shape, param_dtype)
+        if shape[0]
+        else jnp.zeros(shape, param_dtype)
       )
     separate = self_loop in (True, "separate")
     self.root = (
@@ -165,12 +183,10 @@ class RGCN(nnx.Module):
     holds their in-edges. A sampled block's slots are such nodes (`jaxdata.host.sample_blocks`).
     Gradients reach `rows` (to train a table of rows sparsely) and the coefficients.
     """
+    checks.graph(graph, "RGCN.on_rows")
+    checks.relations(graph, self.num_relations, "RGCN.on_rows")
     s = graph.num_nodes
-    if rows.shape != (s, self.row_width):
-      raise ValueError(
-        f"RGCN.on_rows: rows must have shape {(s, self.row_width)} (the graph's "
-        f"nodes by row_width), got {rows.shape}"
-      )
+    rows = checks.rows(rows, "rows", "RGCN.on_rows", s, self.row_width, "row_width")
     first = self._row_params()[0]
     k, o = first.shape[0], first.shape[-1]
     per = rows[:, : k * o].reshape(s, k, o).astype(first.dtype)  # [S, K, out]
@@ -224,10 +240,7 @@ class RGCN(nnx.Module):
       ``[rows, out_features]``: equal to ``self(whole_graph, x)[start:start + rows]`` for the
       real rows. Only the owned rows get the self loop: the rest of the part's output is zero.
     """
-    if self.featureless != (x is None):
-      raise ValueError(
-        "RGCN.on_partition: pass x exactly when the layer was built with in_features"
-      )
+    x = self._inputs(graph, x, "RGCN.on_partition")
     n = graph.num_nodes
     w = self.relation_weights().astype(self.dtype)
     w0 = self.self_loop_weight()
@@ -245,11 +258,6 @@ class RGCN(nnx.Module):
         w0 = jnp.pad(w0.astype(self.dtype), ((0, n - real), (0, 0)))
         h_self = jax.lax.dynamic_slice_in_dim(w0, start, rows)
     else:
-      if x.shape[0] != n:
-        raise ValueError(
-          f"RGCN.on_partition: x must have a row for each of the part's "
-          f"{n} nodes, got shape {x.shape}"
-        )
       x = x.astype(self.dtype)
       h = rgcn_message(graph, x, w)
       if w0 is not None:
@@ -261,9 +269,18 @@ class RGCN(nnx.Module):
       h = h + self.bias[...].astype(self.dtype)
     return h
 
-  def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
+  def _inputs(self, graph: Any, x: Any, who: str) -> jax.Array | None:
+    """The graph and `x` checked against the layer: its relations, x ``[num_nodes, in]``."""
+    checks.graph(graph, who)
+    checks.relations(graph, self.num_relations, who)
     if self.featureless != (x is None):
-      raise ValueError("RGCN: pass x exactly when the layer was built with in_features")
+      raise ValueError(f"{who}: pass x exactly when the layer was built with in_features")
+    if x is None:
+      return None
+    return checks.rows(x, "x", who, graph.num_nodes, self.in_features)
+
+  def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
+    x = self._inputs(graph, x, "RGCN")
     w = self.relation_weights().astype(self.dtype)
     h = rgcn_message(
       graph, None if x is None else x.astype(self.dtype), w, precision=self.precision

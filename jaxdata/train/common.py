@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
 from jaxdata.host import sparse
+from jaxdata.host.sample import check_fanouts as check_fanout_values
 from jaxdata.train import checkpoint
 
 
@@ -166,10 +167,9 @@ class MinibatchConfig:
       raise ValueError(
         f"MinibatchConfig: pipeline must be one of {PIPELINES}, got {self.pipeline!r}"
       )
-    if not self.fanouts or any(int(f) < 1 for f in self.fanouts):
-      raise ValueError(
-        f"MinibatchConfig: fanouts must be positive ints (one per layer), got {self.fanouts}"
-      )
+    # the samplers' rules, checked here so that a bad config fails before any data loads
+    # (int(2.5) would train with fanout 2)
+    object.__setattr__(self, "fanouts", check_fanout_values(self.fanouts, "MinibatchConfig"))
     if self.batch_size < 1:
       raise ValueError(f"MinibatchConfig: batch_size must be >= 1, got {self.batch_size}")
     if self.table_optimizer not in sparse.BY_NAME:

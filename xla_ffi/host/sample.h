@@ -28,6 +28,7 @@
 // 64-bit draw and m, whose bias (at most m / 2**64) is far below any measurable level.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "gather.h"  // JAXDATA_HD
@@ -99,13 +100,26 @@ JAXDATA_HD void NeighbourRange(const O* indptr, int64_t num_nodes, int64_t num_e
   begin = b, degree = e - b;
 }
 
-// For the handlers: the output holds `fanout` slots for each of the n input nodes, and the key
+// The largest fanout: a row's sampled positions are int32 (SamplePositions writes them into
+// the int32 output row).
+constexpr int64_t kMaxFanout = std::numeric_limits<int32_t>::max();
+
+// For the handlers: the fanout is in [1, kMaxFanout], the output holds `fanout` slots for each
+// of the n input nodes (n * fanout checked against overflow before it is formed), and the key
 // is two 32-bit words.
 inline xla::ffi::Error CheckSampleShapes(int64_t n, int64_t fanout,
                                          const xla::ffi::Buffer<xla::ffi::U32>& key,
                                          const xla::ffi::Buffer<xla::ffi::S32>& out,
                                          const xla::ffi::Buffer<xla::ffi::PRED>& mask) {
-  if (fanout < 1 || out.element_count() != n * fanout || mask.element_count() != n * fanout ||
+  if (fanout < 1 || fanout > kMaxFanout) {
+    return xla::ffi::Error::InvalidArgument(
+        "jaxdata sampling: fanout must be in [1, 2**31 - 1]");
+  }
+  if (n < 0 || n > std::numeric_limits<int64_t>::max() / fanout) {
+    return xla::ffi::Error::InvalidArgument(
+        "jaxdata sampling: input nodes x fanout overflows int64");
+  }
+  if (int64_t(out.element_count()) != n * fanout || int64_t(mask.element_count()) != n * fanout ||
       key.element_count() != 2) {
     return xla::ffi::Error::InvalidArgument("jaxdata sampling: operand shapes do not match");
   }
