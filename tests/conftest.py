@@ -6,10 +6,13 @@ are reported, `slow` tests get a longer timeout, and `-n auto` starts no more wo
 holds.
 """
 
+import atexit
 import ctypes
 import gc
 import os
 import resource
+import shutil
+import tempfile
 
 # XLA_FLAGS must be set before JAX starts. Two CPU devices, for the shard_map tests. And XLA's
 # backends at -O0 (LLVM's cheapest pipeline; on a GPU, ptxas still optimizes): the suite
@@ -22,6 +25,16 @@ _flags = os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 if os.environ["JAXDATA_TEST_XLA_FLAGS"] not in _flags:  # (xdist workers inherit the controller's)
   _flags = f"{os.environ['JAXDATA_TEST_XLA_FLAGS']} {_flags}"
 os.environ["XLA_FLAGS"] = _flags.strip()
+# One persistent compilation cache per run, shared by the xdist workers and every test
+# subprocess (they inherit these variables): a program compiled once (a trainer's step, and
+# again in the `jaxdata eval` process that measures its checkpoint; the small eager-op programs
+# every process compiles) is read back, not compiled again. Fresh each run, removed at its end
+# by the process that made it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdata-tests-xla-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
