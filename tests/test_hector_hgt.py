@@ -302,7 +302,8 @@ def test_hgt_message_checks_its_inputs():
     hector.hgt_message(ga, k, q[:, :4], v, wa, wm, mu)
   with pytest.raises(ValueError, match="mu must be"):
     hector.hgt_message(ga, k, q, v, wa, wm, mu[:, :1])
-  with pytest.raises(ValueError, match="per head"):  # rows of the wrong width for W[r, h]
+  # rows of the wrong width for W[r, h]: the input and the weight are named
+  with pytest.raises(ValueError, match=r"input 'k' has rows of shape \(4,\), but weight 'W_att'"):
     hector.hgt_layer(ga, k=k[:, :4], q=q[:, :4], v=v[:, :4], W_att=wa, W_msg=wm, mu=inputs["mu"])
   with pytest.raises(ValueError, match="heads=W needs a per-head weight"):
     hector.layer(x=hector.NODE, W=hector.RELATION_WEIGHT)(

@@ -246,7 +246,14 @@ def _settle(threads: set[threading.Thread], timeout: float) -> None:
   others' go on), and would create the temporary folder again after it was removed."""
   deadline = time.monotonic() + timeout
   for t in threads:
-    t.join(max(0.0, deadline - time.monotonic()))
+    while True:
+      try:
+        t.join(max(0.0, deadline - time.monotonic()))
+        break
+      except RuntimeError:  # started, not yet running ("cannot join thread before it is started")
+        if time.monotonic() >= deadline:
+          break
+        time.sleep(0.001)
 
 
 def _clear_leftovers(path: str) -> None:
