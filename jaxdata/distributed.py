@@ -297,20 +297,7 @@ def _check_in(setup: Setup) -> None:
   """A peer: checks in with process 0 (waiting for it up to `setup.timeout` seconds) and returns
   once it answers "ok"; UsageError with process 0's reason, or when nobody answers."""
   assert setup.coordinator is not None  # explicit mode
-  host, port = _host_port(setup.coordinator)
-  deadline = time.monotonic() + setup.timeout
-  while True:
-    try:
-      conn = socket.create_connection((host, port), timeout=1.0)
-      break
-    except OSError as e:
-      if time.monotonic() >= deadline:
-        raise command.UsageError(
-          f"cannot reach the coordinator {setup.coordinator} within {setup.timeout} s "
-          f"({e.strerror or e}); is process 0 running there?"
-        ) from None
-      time.sleep(0.2)
-  with conn:
+  with _connect(setup.coordinator, setup.timeout) as conn:
     try:
       conn.sendall(f"{_HELLO} {setup.process_id} {setup.num_processes}\n".encode())
     except OSError:
@@ -327,14 +314,13 @@ def _check_in(setup: Setup) -> None:
   )
 
 
-def _wait_for(address: str, timeout: float) -> None:
-  """Returns once something accepts TCP connections at `address`; UsageError after `timeout`."""
-  host, _, port = address.rpartition(":")
+def _connect(address: str, timeout: float) -> socket.socket:
+  """A TCP connection to `address`, tried again until `timeout` seconds; UsageError after."""
+  host, port = _host_port(address)
   deadline = time.monotonic() + timeout
   while True:
     try:
-      with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-        return
+      return socket.create_connection((host, port), timeout=1.0)
     except OSError as e:
       if time.monotonic() >= deadline:
         raise command.UsageError(
@@ -342,6 +328,11 @@ def _wait_for(address: str, timeout: float) -> None:
           f"({e.strerror or e}); is process 0 running there?"
         ) from None
       time.sleep(0.2)
+
+
+def _wait_for(address: str, timeout: float) -> None:
+  """Returns once something accepts TCP connections at `address`; UsageError after `timeout`."""
+  _connect(address, timeout).close()
 
 
 def initialize(setup: Setup) -> Setup:
