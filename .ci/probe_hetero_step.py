@@ -26,7 +26,7 @@ from flax import nnx
 from jax.profiler import ProfileData
 
 from jaxdata.data import synthetic_mag
-from jaxdata.host.blocks import sample_blocks
+from jaxdata.loader.blocks import sample_blocks
 from jaxdata.train.attention import TrainConfig, build_model
 from jaxdata.train.attention import minibatch as hetero
 

@@ -83,7 +83,7 @@ def test_jaxdata_pipelines_see_the_same_samples_and_train_to_the_same_losses(tin
 def test_link_bound_counts_the_gathered_rows_of_the_outermost_frontier():
   """The bytes `batch_stats` reports are those of the rows gather_typed reads, counted here
   from the sample itself with NumPy."""
-  from jaxdata.host.blocks import sample_blocks  # pylint: disable=g-import-not-at-top
+  from jaxdata.loader.blocks import sample_blocks  # pylint: disable=g-import-not-at-top
   from jaxdata.train.attention.minibatch import HostData  # pylint: disable=g-import-not-at-top
 
   ds = synthetic_mag(scale=0.002, num_classes=8)

@@ -12,7 +12,7 @@ import pytest
 
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector.block import block_graph, edges_numpy, frontier
-from jaxdata.host.blocks import gather_typed, node_types, sample_blocks
+from jaxdata.loader.blocks import gather_typed, node_types, sample_blocks
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import DeviceGraph, sample_neighbors
 

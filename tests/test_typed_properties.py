@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector.block import edges_numpy
-from jaxdata.host.blocks import sample_blocks
+from jaxdata.loader.blocks import sample_blocks
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import sample_neighbors
 

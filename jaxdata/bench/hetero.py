@@ -6,7 +6,7 @@ what differs is where the graph and features live and who samples and gathers:
 
 - "host" (GPU-centric, jaxdata): graph (with relations) and every node type's features in
   pinned host memory; inside the jitted step the GPU samples the blocks
-  (`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs the
+  (`loader.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs the
   model on the blocks. This is `jaxdata train rgat|hgt --minibatch`'s step.
 - "host-prefetch": the "host" step software-pipelined: step i also samples batch i + 1 and
   gathers its features in the same program (`train.attention.minibatch.Steps`). The same
@@ -58,7 +58,7 @@ from flax import nnx
 from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.host import HostTable
-from jaxdata.host.blocks import node_types
+from jaxdata.loader.blocks import node_types
 from jaxdata.host.gather import host_slice
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
@@ -752,7 +752,7 @@ def describe(
     "times the batches of a full epoch over the training papers (extrapolated, not run).\n\n"
     "- *GPU-centric (jaxdata)*: graph (CSR with relations) and every node type's features "
     "in pinned host memory; inside the jitted step the GPU samples the blocks "
-    "(`host.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs "
+    "(`loader.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs "
     "the model on the blocks: `jaxdata train rgat|hgt --minibatch`'s step.\n"
     "- *all-in-GPU (jaxdata)*: the same step with graph and features in device memory "
     "(skipped where they do not fit).\n"

@@ -82,7 +82,7 @@ class DeviceCache(NamedTuple):
     a node's out-degree for neighbour sampling), `fraction` of the rows or `capacity` rows.
 
     For a typed graph, one cache per node type's table: `counts` are that type's nodes'
-    out-degrees (`jaxdata.host.blocks.type_caches` builds them all).
+    out-degrees (`jaxdata.loader.blocks.type_caches` builds them all).
     """
     counts = np.asarray(counts)
     if (fraction is None) == (capacity is None):

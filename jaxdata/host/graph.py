@@ -167,7 +167,7 @@ class HostGraph:
   @classmethod
   def from_hetero(cls, graph: Any, *, pinned: bool | None = None) -> HostGraph:
     """A `jaxdata.data.HeteroGraph`'s in-edges grouped by destination, with their relations:
-    the layout relational sampling reads (`jaxdata.host.sample_blocks`). The grouping is the
+    the layout relational sampling reads (`jaxdata.loader.sample_blocks`). The grouping is the
     graph's own CSC (native, multithreaded)."""
     offsets, edge_ids = graph.csc()
     return cls(

@@ -162,7 +162,7 @@ class HGT(nnx.Module):
 
     `types[i]` is row i's node type (-1: an unused slot, whose output row is 0 before the
     skip); `xs` is one ``[N, d_t]`` array per type (row i read only in its own type's array,
-    as `jaxdata.host.blocks.gather_typed` returns them) or one ``[N, d]`` array for every type.
+    as `jaxdata.loader.blocks.gather_typed` returns them) or one ``[N, d]`` array for every type.
     Returns ``[N, out_features]``, row i as `__call__` computes it for that node; with `rows`,
     only the first `rows` of them (a block's destinations come first: the other slots are
     sources only, and their outputs need not be computed).

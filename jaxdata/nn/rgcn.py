@@ -180,7 +180,7 @@ class RGCN(nnx.Module):
   def on_rows(self, graph: GraphArrays, rows: jax.Array) -> jax.Array:
     """The featureless layer on a graph whose node i is global node n_i, given ``rows[i] =
     node_rows()[n_i]``: equal to `__call__` on the whole graph at those nodes, when the graph
-    holds their in-edges. A sampled block's slots are such nodes (`jaxdata.host.sample_blocks`).
+    holds their in-edges. A sampled block's slots are such nodes (`jaxdata.loader.sample_blocks`).
     Gradients reach `rows` (to train a table of rows sparsely) and the coefficients.
     """
     checks.graph(graph, "RGCN.on_rows")

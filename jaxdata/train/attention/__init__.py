@@ -292,7 +292,7 @@ class RGATClassifier(_Classifier):
   def on_blocks(
     self, blocks, xs: Sequence[jax.Array], types: jax.Array, plan: Sequence | None = None
   ) -> jax.Array:
-    """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `xs[t]` holds node
+    """The same model on sampled blocks (`jaxdata.loader.sample_blocks`): `xs[t]` holds node
     type t's features for the slots of the outermost frontier (zeros elsewhere), `types` each
     slot's node type. Returns logits for the slots of the seeds' frontier. `plan`: None or one
     `jaxdata.offload.Policy` per layer (`stack_layers`), as `__call__` takes it: each layer

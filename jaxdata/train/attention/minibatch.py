@@ -2,7 +2,7 @@
 
 The three parts of jaxdata in one step. The graph (in-edges by destination, with relations)
 and every node type's features sit in pinned host memory (`HostGraph`, `HostTable`); inside
-the jitted step the GPU samples the seeds' neighbourhood hop by hop (`host.sample_blocks`,
+the jitted step the GPU samples the seeds' neighbourhood hop by hop (`loader.sample_blocks`,
 zero-copy), builds each hop's block as a hector graph on the device (`hector.block`), gathers the
 features of the sampled nodes straight from the host tables (`host_gather`), and runs the
 model's hector layers on the blocks. JAX's asynchronous dispatch queues step i + 1 (its
@@ -46,7 +46,7 @@ from flax import nnx
 
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import HostGraph, HostTable, sparse
-from jaxdata.host.blocks import (
+from jaxdata.loader.blocks import (
   budget_fraction,
   gather_typed,
   node_types,
@@ -114,7 +114,7 @@ class HostData:
   The embedding tables' initial values come from `embeddings` ({node type: [N_t, d] array},
   in the model's `embedded` order) or from `model.tables`. `cache` keeps that fraction of each
   feature table's rows (its most sampled nodes) in a device cache; `cache_bytes` sizes the
-  cache to that many bytes instead (`host.blocks.budget_fraction`; `self.cache_fraction` says
+  cache to that many bytes instead (`loader.blocks.budget_fraction`; `self.cache_fraction` says
   what it gave).
   """
 

@@ -136,7 +136,7 @@ class EntityClassifier(nnx.Module):
     return self.conv2.on_partition(graph, gather(h), start, rows).astype(jnp.float32)
 
   def on_blocks(self, blocks, inputs: jax.Array) -> jax.Array:
-    """The same model on sampled blocks (`jaxdata.host.sample_blocks`): `inputs` holds, for
+    """The same model on sampled blocks (`jaxdata.loader.sample_blocks`): `inputs` holds, for
     the slots of the outermost frontier, their features, or without features their rows of
     ``conv1.node_rows()``. Returns logits for the slots of the seeds' frontier."""
     g1, g0 = blocks.graphs[1], blocks.graphs[0]

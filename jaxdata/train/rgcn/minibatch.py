@@ -2,7 +2,7 @@
 
 The graph (in-edges by destination, with relations) sits in pinned host memory as a `HostGraph`;
 inside the jitted step the GPU samples the seeds' neighbourhood hop by hop
-(`host.sample_blocks`), builds each hop's block on the device, reads its inputs from host memory
+(`loader.sample_blocks`), builds each hop's block on the device, reads its inputs from host memory
 and runs the two RGCN layers on the blocks.
 
 The inputs are the nodes' features where the dataset has them (a `HostTable`, gathered with
@@ -45,7 +45,7 @@ from flax import nnx
 
 from jaxdata.data import EntityDataset
 from jaxdata.host import HostGraph, HostTable, host_gather, sparse
-from jaxdata.host.blocks import sample_blocks
+from jaxdata.loader.blocks import sample_blocks
 from jaxdata.host.sample import DeviceGraph
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult

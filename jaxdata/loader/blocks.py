@@ -84,13 +84,11 @@ def sample_blocks(
     raise TypeError(
       f"sample_blocks: graph must be a HostGraph or DeviceGraph, got {type(graph).__name__}"
     )
-  if getattr(graph, "etypes", None) is None:
-    raise ValueError(
-      "sample_blocks: the graph has no edge relations (etypes); build it with "
-      "etypes=... (HostGraph) for relational sampling"
-    )
+  typed = getattr(graph, "etypes", None) is not None  # untyped: every edge has relation 0
   seeds = check_seeds(seeds, graph.num_nodes, "sample_blocks")
   hops = check_fanouts(fanouts, "sample_blocks", lambda f: list(capacities(seeds.shape[0], f)))
+  if num_relations is None and not typed:
+    num_relations = 1
   if num_relations is None:
     if not isinstance(graph, HostGraph):
       raise ValueError("sample_blocks: pass num_relations= for a DeviceGraph")
@@ -124,13 +122,15 @@ def sample_blocks(
       graph, jnp.where(mask, nodes, -1), (fanout,), jax.random.fold_in(key, hop)
     )
     shape = (nodes.shape[0], fanout)
-    assert drawn.etypes is not None  # sampled from a graph with etypes
+    etypes = jnp.where(drawn.masks[1], 0, -1).astype(jnp.int32)
+    if drawn.etypes is not None:
+      etypes = drawn.etypes[1]
     nodes, mask, edges = expand(
       nodes,
       mask,
       drawn.nodes[1].reshape(shape),
       drawn.masks[1].reshape(shape),
-      drawn.etypes[1].reshape(shape),
+      etypes.reshape(shape),
     )
     graphs.append(
       block_graph(*edges, num_nodes=nodes.shape[0], num_relations=num_relations, norm=norm)
