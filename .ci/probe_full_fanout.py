@@ -47,8 +47,8 @@ def main():
   width = int(ds.graph.in_degree().max())
   seeds = jnp.asarray(np.r_[np.arange(0, 40, 3), 6, -1].astype(np.int32))
   key = jax.random.key(0)
-  with hetero.HostData(ds, "device") as data:
-    graph, _ = data.where(data.consts)
+  with hetero.make_loader(ds, "device", (width,)) as data:
+    graph = data.graph
     assert isinstance(graph, DeviceGraph), type(graph)
     r = data.num_relations
     nodes, mask = block.frontier(seeds)

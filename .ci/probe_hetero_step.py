@@ -76,32 +76,31 @@ def main():
     for _ in range(steps + 1)
   ]
   keys = [jax.random.key(i) for i in range(steps + 1)]
-  labels = jnp.asarray(ds.labels)
-  with hetero.HostData(ds, "host", model) as data:
+  embeddings = {t: np.asarray(x.embedding[...]) for t, x in zip(model.embedded, model.tables)}
+  with hetero.make_loader(ds, "host", fanouts, embeddings=embeddings) as data:
 
     @jax.jit
     def sample_only(s, k):
-      return sample_blocks(data.host, s, fanouts, k, num_relations=data.num_relations)
+      return sample_blocks(data.graph, s, fanouts, k, num_relations=data.num_relations)
 
     @jax.jit
     def data_path(s, k):
-      return hetero.sample(data, data.consts, s, fanouts, k)
+      return data.sample(s, k)
 
-    def loss_fn(model, blocks, xs, s):
-      logits, valid = hetero.logits_of(model, data, blocks, xs, s)
-      ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels[jnp.maximum(s, 0)])
-      return jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(valid.sum(), 1)
+    def loss_fn(model, batch):
+      total, (_, count) = hetero.summed_loss(model, batch)
+      return total / jnp.maximum(count, 1)
 
     @nnx.jit
-    def compute(model, optimizer, blocks, xs, s):
-      loss, grads = nnx.value_and_grad(loss_fn)(model, blocks, xs, s)
+    def compute(model, optimizer, batch, s):
+      del s
+      loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
       optimizer.update(model, grads)
       return loss
 
     @nnx.jit
     def whole(model, optimizer, s, k):
-      blocks, xs = hetero.sample(data, data.consts, s, fanouts, k)
-      loss, grads = nnx.value_and_grad(loss_fn)(model, blocks, xs, s)
+      loss, grads = nnx.value_and_grad(loss_fn)(model, data.sample(s, k))
       optimizer.update(model, grads)
       return loss
 
@@ -112,11 +111,11 @@ def main():
       "sample + gathers (the data path)": (data_path, lambda i: (seeds[i], keys[i])),
       "model fwd+bwd+Adam on prepared inputs": (
         compute,
-        lambda i: (model, optimizer, *prepared[i], seeds[i]),
+        lambda i: (model, optimizer, prepared[i], seeds[i]),
       ),
       "whole step": (whole, lambda i: (model, optimizer, seeds[i], keys[i])),
     }
-    blocks = prepared[0][0]
+    blocks = prepared[0].blocks
     slots = [int(m.sum()) for m in blocks.masks]
     edges = [int((np.asarray(g.norm) > 0).sum()) for g in blocks.graphs]
     print(

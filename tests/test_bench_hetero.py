@@ -84,14 +84,14 @@ def test_link_bound_counts_the_gathered_rows_of_the_outermost_frontier():
   """The bytes `batch_stats` reports are those of the rows gather_typed reads, counted here
   from the sample itself with NumPy."""
   from jaxdata.loader.blocks import sample_blocks  # pylint: disable=g-import-not-at-top
-  from jaxdata.train.attention.minibatch import HostData  # pylint: disable=g-import-not-at-top
+  from jaxdata.train.attention.minibatch import make_loader  # pylint: disable=g-import-not-at-top
 
   ds = synthetic_mag(scale=0.002, num_classes=8)
   row_bytes = [x.shape[1] * 4 for x in ds.features]
   seeds = np.asarray(ds.train_papers[:16], np.int32)
   key = jax.random.key(3)
-  with HostData(ds, "host") as data:
-    blocks = sample_blocks(data.host, seeds, (4, 3), key, num_relations=data.num_relations)
+  with make_loader(ds, "host", (4, 3)) as data:
+    blocks = sample_blocks(data.graph, seeds, (4, 3), key, num_relations=data.num_relations)
     edges, nbytes = hetero.batch_stats(blocks, data.type_offsets, row_bytes)
     nodes = np.asarray(blocks.nodes[-1])
     offsets = np.asarray(data.type_offsets)

@@ -40,9 +40,7 @@ def _step(net, data, seeds, plan):
   @nnx.jit
   def run(net):
     def loss(net):
-      logits, valid = hetero.forward(
-        net, data, data.consts, seeds, FANOUTS, jax.random.key(4), plan
-      )
+      logits, valid = hetero.forward(net, data, seeds, jax.random.key(4), plan)
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
       return jnp.sum(jnp.where(valid, ce, 0)) / jnp.maximum(valid.sum(), 1)
 
@@ -58,7 +56,8 @@ def test_deep_minibatch_step_under_a_mixed_plan_has_the_plain_loss_and_gradients
   config = attention.TrainConfig(model=model, layers=LAYERS, hidden=HIDDEN, heads=HEADS)
   net = attention.build_model(ds, config, nnx.Rngs(0))
   seeds = jnp.asarray(np.r_[np.arange(0, 15, 3), -1].astype(np.int32))
-  with hetero.HostData(ds, "host") as data, offload.TensorStore(ram_bytes=256 << 20) as store:
+  loader = hetero.make_loader(ds, "host", FANOUTS)
+  with loader as data, offload.TensorStore(ram_bytes=256 << 20) as store:
     want_loss, want = _step(net, data, seeds, None)
     named = lambda n: layer_stack.policy_named(n, store, attention.candidates(net))  # noqa: E731
     # Offloaded (with and without the input), recomputed and kept layers, each hop its own.

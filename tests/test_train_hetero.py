@@ -61,12 +61,10 @@ def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pip
   xs_full = [jnp.asarray(x) for x in ds.features]
   papers = ds.node_range("paper")[1]
 
-  with hetero.HostData(ds, pipeline) as data:
+  with hetero.make_loader(ds, pipeline, (width, width)) as loader:
 
-    def loss_blocks(model):
-      logits, valid = hetero.forward(
-        model, data, data.consts, seeds, (width, width), jax.random.key(0)
-      )
+    def loss_blocks(model, loader):
+      logits, valid = hetero.forward(model, loader, seeds, jax.random.key(0))
       ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
       return jnp.sum(jnp.where(valid, ce, 0)), (logits, valid)
 
@@ -77,7 +75,7 @@ def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pip
       return jnp.sum(jnp.where(valid, ce, 0)), (logits, valid)
 
     with jax.default_matmul_precision("highest"):
-      (lb, (ob, vb)), gb = nnx.jit(nnx.value_and_grad(loss_blocks, has_aux=True))(model)
+      (lb, (ob, vb)), gb = nnx.jit(nnx.value_and_grad(loss_blocks, has_aux=True))(model, loader)
       (lf, (of, vf)), gf = nnx.jit(nnx.value_and_grad(loss_full, has_aux=True))(model)
     jax.block_until_ready((lb, ob, gb))  # before the tables close
   np.testing.assert_array_equal(vb, vf)  # the repeated seed counts once
@@ -91,10 +89,10 @@ def test_full_fanout_blocks_give_the_full_graph_logits_and_gradients(device, pip
 
 def test_blocks_hold_sampled_edges_of_the_graph(device):
   ds = mag()
-  with hetero.HostData(ds, "host") as data:
+  with hetero.make_loader(ds, "host", (3, 2)) as data:
     seeds = jnp.arange(0, 64, dtype=jnp.int32)
     blocks = jax.jit(functools.partial(sample_blocks, fanouts=(3, 2)), static_argnames=())(
-      data.host, seeds, key=jax.random.key(1)
+      data.graph, seeds, key=jax.random.key(1)
     )
     edges = set(zip(ds.graph.src.tolist(), ds.graph.dst.tolist(), ds.graph.etype.tolist()))
     for h, g in enumerate(blocks.graphs):
@@ -123,7 +121,7 @@ def test_blocks_hold_sampled_edges_of_the_graph(device):
       )
       assert not np.asarray(x)[~mine].any()
     # with a device cache of each type's most sampled rows: the same rows, fewer read from host
-    caches = type_caches(data.host, data.tables, data.type_offsets, 0.3)
+    caches = type_caches(data.graph, data.tables, data.type_offsets, 0.3)
     cached = jax.block_until_ready(
       gather_typed(data.tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1], caches)
     )
@@ -177,14 +175,14 @@ def test_bad_configs_and_inputs():
   with pytest.raises(ValueError, match="device cache is for the host pipeline"):
     hetero.MinibatchConfig(cache=0.2, pipeline="device")
   ds = mag()
-  with hetero.HostData(ds, "host") as data:
+  with hetero.make_loader(ds, "host", (2,)) as data:
     with pytest.raises(TypeError, match="sample_blocks: seeds must be integers"):
-      sample_blocks(data.host, jnp.zeros(3), (2,), jax.random.key(0))
+      sample_blocks(data.graph, jnp.zeros(3), (2,), jax.random.key(0))
     with pytest.raises(ValueError, match="fanouts must be positive"):
-      sample_blocks(data.host, jnp.zeros(3, jnp.int32), (2, 0), jax.random.key(0))
+      sample_blocks(data.graph, jnp.zeros(3, jnp.int32), (2, 0), jax.random.key(0))
     with pytest.raises(ValueError, match="has 3 rows, the type has"):
       gather_typed(
-        [data.tables[0], jnp.zeros((3, 2))] + data.tables[2:],
+        [data.tables[0], jnp.zeros((3, 2)), *data.tables[2:]],
         data.type_offsets,
         jnp.zeros(2, jnp.int32),
         jnp.ones(2, bool),
@@ -310,28 +308,30 @@ def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device,
   papers = ds.node_range("paper")[1]
   dense = nnx.All(nnx.Param, nnx.Not(attention.is_table))
 
-  with hetero.HostData(ds, "host", model) as data:
+  embeddings = {t: np.asarray(x.embedding[...]) for t, x in zip(model.embedded, model.tables)}
+  with hetero.make_loader(ds, "host", (width, width), embeddings=embeddings) as data:
     np.testing.assert_array_equal(data.tables[1].as_numpy(), model.tables[0].embedding[...])
 
     @nnx.jit
-    def on_blocks(model):
-      blocks, xs = hetero.sample(data, data.consts, seeds, (width, width), jax.random.key(0))
+    def on_blocks(model, data):
+      batch = data.sample(seeds, jax.random.key(0))
+      xs = batch.inputs
 
       def loss(model, learned):
         inputs = list(xs)
         inputs[1], inputs[3] = learned
-        logits, _ = hetero.logits_of(model, data, blocks, inputs, seeds)
+        logits, _ = hetero.logits_of(model, batch, inputs)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
 
       grads = nnx.grad(loss, argnums=(nnx.DiffState(0, dense), 1))(model, [xs[1], xs[3]])
-      return grads, data.embedding_ids(blocks.nodes[-1], blocks.masks[-1])
+      return grads, data.embedding_ids(batch)
 
     def loss_full(model):
       logits = model(full, xs_full, papers)[seeds]
       return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
 
     with jax.default_matmul_precision("highest"):
-      (g_dense, g_rows), ids = jax.block_until_ready(on_blocks(model))
+      (g_dense, g_rows), ids = jax.block_until_ready(on_blocks(model, data))
       g_full = nnx.jit(nnx.grad(loss_full))(model)
   for a, b in zip(jax.tree.leaves(g_dense), jax.tree.leaves(nnx.state(g_full, dense))):
     np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)

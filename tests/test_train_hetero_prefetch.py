@@ -86,9 +86,9 @@ def _setup(ds, config, pipeline="host"):
   )
   dense = nnx.All(nnx.Param, nnx.Not(is_table))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
-  data = hetero.HostData(ds, pipeline, embeddings=embeddings)
+  data = hetero.make_loader(ds, pipeline, (3, 3), embeddings=embeddings)
   table_opt = sparse.BY_NAME["adam"](config.learning_rate)
-  states = [table_opt.init(data.tables[t]) for t in data.embedded]
+  states = data.init_embeddings(table_opt)
   return model, optimizer, data, dense, table_opt, states
 
 
@@ -102,23 +102,22 @@ def test_pipelined_steps_give_the_plain_steps_losses_parameters_and_tables(devic
     np.asarray(ds.train_papers) + ds.node_range("paper")[0], 48, np.random.default_rng(0), 4
   )
   key = jax.random.key(3)
-  labels = jnp.asarray(ds.labels)
   results = {}
   with jax.default_device(device):
     for piped in (False, True):
       model, optimizer, data, dense, table_opt, states = _setup(ds, config)
       with data:
-        steps = hetero.make_steps(data, labels, (3, 3), dense, table_opt)
+        steps = hetero.make_steps(dense, table_opt)
         outs = []
         if piped:
-          batch = steps.prepare(data.consts, jnp.asarray(rows[0]), jax.random.fold_in(key, 0))
+          batch = steps.prepare(data, jnp.asarray(rows[0]), jax.random.fold_in(key, 0))
           for i in range(len(rows)):
             nxt = rows[i + 1] if i + 1 < len(rows) else np.full_like(rows[0], -1)
             *out, batch = steps.pipelined(
               model,
               optimizer,
               states,
-              data.consts,
+              data,
               batch,
               jnp.asarray(nxt),
               jax.random.fold_in(key, i + 1),
@@ -128,7 +127,7 @@ def test_pipelined_steps_give_the_plain_steps_losses_parameters_and_tables(devic
           for i, row in enumerate(rows):
             outs.append(
               steps.step(
-                model, optimizer, states, data.consts, jnp.asarray(row), jax.random.fold_in(key, i)
+                model, optimizer, states, data, jnp.asarray(row), jax.random.fold_in(key, i)
               )
             )
         jax.block_until_ready(outs)

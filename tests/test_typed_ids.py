@@ -12,9 +12,9 @@ import pytest
 
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector.block import block_graph, edges_numpy, frontier
-from jaxdata.loader.blocks import gather_typed, node_types, sample_blocks
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import DeviceGraph, sample_neighbors
+from jaxdata.loader.blocks import gather_typed, node_types, sample_blocks
 
 KEY = jax.random.key(0)
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector.block import edges_numpy
-from jaxdata.loader.blocks import sample_blocks
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import sample_neighbors
+from jaxdata.loader.blocks import sample_blocks
 
 BATCH = 4  # seeds per call: one length for every example
 MAX_RELATIONS = 6  # typed_edges draws at most 3 relations, and their inverses

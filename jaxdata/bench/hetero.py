@@ -58,18 +58,12 @@ from flax import nnx
 from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.host import HostTable
-from jaxdata.loader.blocks import node_types
 from jaxdata.host.gather import host_slice
+from jaxdata.loader import Batch, Loader
+from jaxdata.loader.blocks import node_types
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
-from jaxdata.train.attention.minibatch import (
-  HostData,
-  complete,
-  prepare,
-  sample,
-  summed_loss,
-  table_bytes,
-)
+from jaxdata.train.attention.minibatch import make_loader, summed_loss, table_bytes
 from jaxdata.train.common import prefetched, seed_batches
 
 #: ogbn-mag's size: 1.9M nodes, 42M edges (with reverses); --quick: a small graph.
@@ -121,9 +115,9 @@ class LinkBound:
 
 
 # ----------------------------------------------------------------------------- jaxdata's steps
-def batch_loss(model, data: HostData, blocks, xs, seeds, labels) -> jax.Array:
+def batch_loss(model, batch: Batch) -> jax.Array:
   """Mean cross entropy of the valid seeds (as `train.attention.minibatch.train`'s step)."""
-  total, (_, count) = summed_loss(model, data, blocks, xs, (), seeds, labels[jnp.maximum(seeds, 0)])
+  total, (_, count) = summed_loss(model, batch)
   return total / jnp.maximum(count, 1)
 
 
@@ -189,7 +183,6 @@ def _jaxdata(
   (loss, edges, feature bytes) per timed batch, {"blocks", "features"}: bytes each batch moves to
   the device ("cpu"))."""
   fanouts = tuple(int(f) for f in fanouts)
-  labels = jnp.asarray(dataset.labels)
   row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
   state, make = _trainer(dataset, config)
   # Every argument committed to the device from the first call on: an uncommitted first
@@ -197,59 +190,53 @@ def _jaxdata(
   gpu = jax.devices()[0]
   state, key = jax.device_put((state, key), gpu)
   counter = lambda first: jax.device_put(np.int32(first), gpu)  # noqa: E731
-  with HostData(
+  with make_loader(
     dataset,
     "device" if name == "device" else "host",
+    fanouts,
     cache=CACHE_FRACTION if name == "host-cache" else 0.0,
-  ) as data:
-    offsets = data.type_offsets
+  ) as loader:
+    offsets = loader.type_offsets
 
-    def whole(model, i, consts, all_rows, key):
+    def whole(model, i, loader, all_rows, key):
       # batch i: its seed row and key picked on the device (one dispatch per step)
       seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
-      blocks, xs = sample(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
-      return (
-        batch_loss(model, data, blocks, xs, seeds, labels),
-        batch_stats(blocks, offsets, row_bytes, consts.get("caches")),
-      )
+      batch = loader.sample(seeds, jax.random.fold_in(key, i))
+      return batch_loss(model, batch), batch_stats(batch.blocks, offsets, row_bytes, loader.caches)
 
-    def given(model, i, blocks, xs, seeds):
+    def given(model, i, batch):
       del i
-      return (
-        batch_loss(model, data, blocks, xs, seeds, labels),
-        batch_stats(blocks, offsets, row_bytes),
-      )
+      return batch_loss(model, batch), batch_stats(batch.blocks, offsets, row_bytes)
 
     holder, moved = {"state": state}, {}
     if name == "host-prefetch":
       all_rows = jax.device_put(rows, gpu)
 
       @jax.jit
-      def prepare_at(consts, all_rows, key, i):
+      def prepare_at(loader, all_rows, key, i):
         seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
-        return prepare(data, consts, seeds, fanouts, jax.random.fold_in(key, i))
+        return loader.prepare(seeds, jax.random.fold_in(key, i))
 
-      def ahead(i, consts, all_rows, key, batch):
+      def ahead(i, loader, all_rows, key, batch):
         del batch
         # the last step's next batch repeats the last row: dropped
-        return prepare_at(consts, all_rows, key, jnp.minimum(i + 1, len(rows) - 1))
+        return prepare_at(loader, all_rows, key, jnp.minimum(i + 1, len(rows) - 1))
 
-      def piped(model, i, consts, all_rows, key, batch):
+      def piped(model, i, loader, all_rows, key, batch):
         del i, all_rows, key
-        seeds, blocks, xs = complete(data, consts, batch)
-        return (
-          batch_loss(model, data, blocks, xs, seeds, labels),
-          batch_stats(blocks, offsets, row_bytes, consts.get("caches")),
+        batch = loader.complete(batch)
+        return batch_loss(model, batch), batch_stats(
+          batch.blocks, offsets, row_bytes, loader.caches
         )
 
       step = make(piped, ahead)
 
       def run_batches(part, first):
         out, i = [], counter(first)
-        batch = prepare_at(data.consts, all_rows, key, i)
+        batch = prepare_at(loader, all_rows, key, i)
         for _ in part:
           holder["state"], i, loss, stats, batch = step(
-            holder["state"], i, data.consts, all_rows, key, batch
+            holder["state"], i, loader, all_rows, key, batch
           )
           out.append((loss, stats))
           on_batch()
@@ -261,28 +248,28 @@ def _jaxdata(
       def run_batches(part, first):
         out, i = [], counter(first)
         for _ in part:
-          holder["state"], i, loss, stats = step(holder["state"], i, data.consts, all_rows, key)
+          holder["state"], i, loss, stats = step(holder["state"], i, loader, all_rows, key)
           out.append((loss, stats))
           on_batch()
         return jax.block_until_ready(out)
     else:  # "cpu"
       step = make(given)
       cpu = jax.devices("cpu")[0]
-      on_cpu = jax.jit(lambda seeds, k: sample(data, {}, seeds, fanouts, k))
-      cpu_key = jax.device_put(key, cpu)
+      on_cpu = jax.jit(Loader.sample)
+      cpu_loader, cpu_key = jax.device_put((loader, key), cpu)
 
       def batches(part, first):
         for i, row in enumerate(part):
           seeds = jax.device_put(row, cpu)
-          blocks, xs = on_cpu(seeds, jax.random.fold_in(cpu_key, first + i))
-          moved["blocks"] = sum(a.nbytes for a in jax.tree.leaves(blocks))
-          moved["features"] = sum(a.nbytes for a in xs)
-          yield jax.device_put((blocks, xs, row), gpu)
+          batch = on_cpu(cpu_loader, seeds, jax.random.fold_in(cpu_key, first + i))
+          moved["blocks"] = sum(a.nbytes for a in jax.tree.leaves(batch.blocks))
+          moved["features"] = sum(a.nbytes for a in batch.inputs)
+          yield jax.device_put(batch, gpu)
 
       def run_batches(part, first):
         out, i = [], counter(first)
-        for blocks, xs, seeds in prefetched(batches(part, first), PREFETCH):
-          holder["state"], i, loss, stats = step(holder["state"], i, blocks, xs, seeds)
+        for batch in prefetched(batches(part, first), PREFETCH):
+          holder["state"], i, loss, stats = step(holder["state"], i, batch)
           out.append((loss, stats))
           on_batch()
         return jax.block_until_ready(out)

@@ -107,6 +107,8 @@ class Loader:
     fanouts: in-edges drawn per node at each hop, hop 0 next to the seeds.
     cache: keep this fraction of each host feature table's rows (its most sampled nodes) in a
       device cache.
+    cache_bytes: size the cache to at most this many device bytes instead
+      (`budget_fraction`; `cache_fraction` says what it gave).
     pipeline: "host" (graph and host tables read zero-copy by the GPU) or "device" (graph and
       feature tables copied to the device: the all-in-GPU baseline; embeddings stay in host).
     norm: the blocks' edge norm ("mean": 1 / sampled in-edges of the same relation; "none").
@@ -125,6 +127,7 @@ class Loader:
     embeddings: Mapping[str, Any] | None = None,
     labels: Mapping[str, Any] | Any = None,
     cache: float = 0.0,
+    cache_bytes: int | None = None,
     pipeline: str = "host",
     norm: str = "mean",
     add_inverse: bool = True,
@@ -134,8 +137,10 @@ class Loader:
       raise ValueError(f"Loader: pipeline must be 'host' or 'device', got {pipeline!r}")
     if not 0 <= cache <= 1:
       raise ValueError(f"Loader: cache must be a fraction in [0, 1], got {cache}")
-    if cache and pipeline == "device":
+    if (cache or cache_bytes is not None) and pipeline == "device":
       raise ValueError("Loader: a device cache is for the host pipeline (the device one has all)")
+    if cache and cache_bytes is not None:
+      raise ValueError("Loader: give cache or cache_bytes, not both (cache_bytes sizes the cache)")
     self._owned: list[Any] = []
     try:
       self._build(graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed)
@@ -143,6 +148,8 @@ class Loader:
         t if isinstance(t, HostTable) and i not in self._meta.embedded else None
         for i, t in enumerate(self.tables)
       ]
+      if cache_bytes is not None:
+        cache = budget_fraction(featured, cache_bytes)
       self.caches = (
         tuple(type_caches(self._host, featured, self._meta.offsets, cache)) if cache else None
       )
@@ -293,6 +300,11 @@ class Loader:
   def embedded(self) -> tuple[int, ...]:
     """The node types (indices) whose inputs are learnable embeddings."""
     return self._meta.embedded
+
+  @property
+  def cache_nbytes(self) -> int:
+    """Device bytes of the feature caches."""
+    return sum(c.nbytes for c in self.caches or () if c is not None)
 
   @property
   def num_nodes(self) -> int:

@@ -1,11 +1,10 @@
 """Mini-batch training of a relational GNN from host memory: `jaxdata train rgat|hgt --minibatch`.
 
-The three parts of jaxdata in one step. The graph (in-edges by destination, with relations)
-and every node type's features sit in pinned host memory (`HostGraph`, `HostTable`); inside
-the jitted step the GPU samples the seeds' neighbourhood hop by hop (`loader.sample_blocks`,
-zero-copy), builds each hop's block as a hector graph on the device (`hector.block`), gathers the
-features of the sampled nodes straight from the host tables (`host_gather`), and runs the
-model's hector layers on the blocks. JAX's asynchronous dispatch queues step i + 1 (its
+The three parts of jaxdata in one step, through the public loader (`jaxdata.loader.Loader`,
+the dataset's graph and features in pinned host memory): inside the jitted step the GPU samples
+the seeds' neighbourhood hop by hop, builds each hop's block on the device, gathers the
+features of the sampled nodes straight from the host tables, and runs the model's hector
+layers on the blocks. JAX's asynchronous dispatch queues step i + 1 (its
 sampling and gathers) behind step i, with no host work between them.
 
 The model is the full-graph trainer's (`train.attention.RGATClassifier`): the same parameters,
@@ -32,10 +31,8 @@ runs the unsharded steps (`make_steps`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -45,15 +42,8 @@ import optax
 from flax import nnx
 
 from jaxdata.data.mag import MagDataset
-from jaxdata.host import HostGraph, HostTable, sparse
-from jaxdata.loader.blocks import (
-  budget_fraction,
-  gather_typed,
-  node_types,
-  sample_blocks,
-  type_caches,
-)
-from jaxdata.host.sample import DeviceGraph
+from jaxdata.host import sparse
+from jaxdata.loader import Batch, Loader, initial_embeddings
 from jaxdata.sizes import format_bytes
 from jaxdata.train import common
 from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
@@ -107,112 +97,40 @@ class MinibatchConfig(common.MinibatchConfig):
         )
 
 
-class HostData:
-  """The dataset's graph and features where `pipeline` wants them, and the model's embedding
-  tables (`TrainConfig.embed`) in host memory; a context manager that frees the host tables.
-
-  The embedding tables' initial values come from `embeddings` ({node type: [N_t, d] array},
-  in the model's `embedded` order) or from `model.tables`. `cache` keeps that fraction of each
-  feature table's rows (its most sampled nodes) in a device cache; `cache_bytes` sizes the
-  cache to that many bytes instead (`loader.blocks.budget_fraction`; `self.cache_fraction` says
-  what it gave).
-  """
-
-  def __init__(
-    self,
-    dataset: MagDataset,
-    pipeline: str,
-    model=None,
-    cache: float = 0.0,
-    *,
-    embeddings: dict[int, Any] | None = None,
-    cache_bytes: int | None = None,
-  ):
-    g = dataset.graph
-    self.type_offsets = tuple(int(o) for o in g.node_type_offsets)
-    self.num_relations = g.num_relations
-    self.host = HostGraph.from_hetero(g)
-    if embeddings is None:
-      embeddings = (
-        {}
-        if model is None
-        else {
-          t: np.asarray(table.embedding[...], np.float32)
-          for t, table in zip(model.embedded, model.tables)
-        }
-      )
-    # Embedded types: the model's initial embedding, trained in place by a sparse optimizer.
-    self.embedded = tuple(embeddings)
-    self.tables = [
-      HostTable(embeddings[t] if t in embeddings else np.ascontiguousarray(x, np.float32))
-      for t, x in enumerate(dataset.features)
-    ]
-    # "device": the step takes the device arrays as arguments (`consts`), not as constants
-    # baked into the program; "host": the host objects enter the step as handles.
-    self.consts = {}
-    featured = [None if t in self.embedded else x for t, x in enumerate(self.tables)]
-    if cache_bytes is not None:
-      cache = budget_fraction(featured, cache_bytes)
-    self.cache_fraction = cache
-    if cache:  # the most sampled rows of each feature table (not of the embeddings: they train)
-      self.consts["caches"] = type_caches(self.host, featured, self.type_offsets, cache)
-    if pipeline == "device":
-      self.consts = {
-        "graph": DeviceGraph.from_host(self.host),
-        "features": [
-          None if t in self.embedded else jnp.asarray(x) for t, x in enumerate(dataset.features)
-        ],
-      }
-
-  @property
-  def cache_bytes(self) -> int:
-    """Device bytes of the feature caches."""
-    return sum(c.nbytes for c in self.consts.get("caches", ()) if c is not None)
-
-  def where(self, consts):
-    """(graph, tables) a step reads: its `consts` arguments, or the host objects (embedding
-    tables stay in host memory either way)."""
-    if "graph" in consts:
-      return consts["graph"], [
-        self.tables[t] if x is None else x for t, x in enumerate(consts["features"])
-      ]
-    return self.host, self.tables
-
-  def embedding_ids(self, nodes: jax.Array, mask: jax.Array) -> list[jax.Array]:
-    """Per embedded type, each slot's row of its table (the table's row count, out of range,
-    for slots of other types and unused slots: dropped by a scatter)."""
-    out = []
-    for t in self.embedded:
-      lo, hi = self.type_offsets[t], self.type_offsets[t + 1]
-      out.append(jnp.where(mask & (nodes >= lo) & (nodes < hi), nodes - lo, hi - lo))
-    return out
-
-  def close(self):
-    for t in self.tables:
-      t.close()
-    self.host.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-
-def sample(data: HostData, consts, seeds, fanouts, key):
-  """(blocks, every type's input rows for the outermost frontier's slots)."""
-  graph, tables = data.where(consts)
-  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
-  return blocks, gather_typed(
-    tables, data.type_offsets, blocks.nodes[-1], blocks.masks[-1], consts.get("caches")
+def make_loader(
+  dataset: MagDataset,
+  pipeline: str,
+  fanouts: Sequence[int],
+  *,
+  embeddings: dict[int, Any] | None = None,
+  cache: float = 0.0,
+  cache_bytes: int | None = None,
+) -> Loader:
+  """The dataset as a `jaxdata.loader.Loader`: features of every type but those in
+  `embeddings` ({node type index: initial [N_t, d] rows}, trained in host memory), the papers'
+  labels, `fanouts`; "device": graph and features on the device. `cache` keeps that fraction
+  of each feature table's rows on the device; `cache_bytes` sizes the cache to that many bytes
+  instead (`loader.cache_fraction` says what it gave)."""
+  names = dataset.graph.node_type_names
+  embeddings = embeddings or {}
+  return Loader(
+    dataset.graph,
+    fanouts=fanouts,
+    features={n: x for t, (n, x) in enumerate(zip(names, dataset.features)) if t not in embeddings},
+    embeddings={names[t]: x for t, x in embeddings.items()},
+    labels={"paper": dataset.labels},
+    cache=cache,
+    cache_bytes=cache_bytes,
+    pipeline=pipeline,
   )
 
 
-def logits_of(model, data: HostData, blocks, xs, seeds, plan=None):
-  """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask (`plan`: the
-  model's offload plan on blocks, `on_blocks`)."""
-  logits = model.on_blocks(blocks, xs, node_types(data.type_offsets, blocks.nodes[-1]), plan)
-  return logits[: seeds.shape[0]], blocks.masks[0][: seeds.shape[0]]
+def logits_of(model, batch: Batch, inputs=None, plan=None):
+  """Logits of the batch's seeds (`inputs`: the batch's, or replacements) and the valid-seed
+  mask (`plan`: the model's offload plan on blocks, `on_blocks`)."""
+  inputs = batch.inputs if inputs is None else inputs
+  logits = model.on_blocks(batch.blocks, inputs, batch.types, plan)
+  return logits[: batch.seeds.shape[0]], batch.mask
 
 
 def hits(logits: jax.Array, valid: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -220,97 +138,21 @@ def hits(logits: jax.Array, valid: jax.Array, y: jax.Array) -> tuple[jax.Array, 
   return ((jnp.argmax(logits, -1) == y) & valid).sum(), valid.sum()
 
 
-def summed_loss(model, data: HostData, blocks, xs, learned, seeds, y, plan=None):
-  """The summed cross entropy of the valid seeds against labels `y`, and (correct, valid
-  count): the model on `blocks` with input rows `xs`, the embedded types' rows replaced by
-  `learned` (what the step differentiates for the tables' sparse updates)."""
-  inputs = list(xs)
-  for t, x in zip(data.embedded, learned):
+def summed_loss(model, batch: Batch, learned=(), embedded=(), plan=None):
+  """The summed cross entropy of the batch's valid seeds, and (correct, valid count): the
+  model on the batch's inputs with the rows of the node types `embedded` replaced by `learned`
+  (what the step differentiates for the tables' sparse updates)."""
+  inputs = list(batch.inputs)
+  for t, x in zip(embedded, learned):
     inputs[t] = x
-  logits, valid = logits_of(model, data, blocks, inputs, seeds, plan)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-  return jnp.sum(jnp.where(valid, ce, 0)), hits(logits, valid, y)
+  logits, valid = logits_of(model, batch, inputs, plan)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch.labels)
+  return jnp.sum(jnp.where(valid, ce, 0)), hits(logits, valid, batch.labels)
 
 
-def update_tables(
-  data: HostData, table_opt, table_states, blocks, row_grads, **update_kwargs
-) -> jax.Array:
-  """Each embedding table's sparse update (`table_opt.update`) from its rows' gradients;
-  returns the summed update tokens (0 once the writes are done)."""
-  token = jnp.int32(0)
-  for t, state, ids, g in zip(
-    data.embedded, table_states, data.embedding_ids(blocks.nodes[-1], blocks.masks[-1]), row_grads
-  ):
-    token = token + table_opt.update(data.tables[t], state, ids, g, **update_kwargs)
-  return token
-
-
-def forward(model, data: HostData, consts, seeds, fanouts, key, plan=None):
+def forward(model, loader: Loader, seeds, key, plan=None):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
-  blocks, xs = sample(data, consts, seeds, fanouts, key)
-  return logits_of(model, data, blocks, xs, seeds, plan)
-
-
-def _gather_types(data: HostData, tables, caches, blocks, types) -> list:
-  """`gather_typed`'s rows of the node types in `types` (None for the others), each type
-  gathered by its own `gather_typed` call over that type's id range: the same rows."""
-  caches = [None] * len(tables) if caches is None else caches
-  o = data.type_offsets
-  return [
-    gather_typed([tables[t]], o[t : t + 2], blocks.nodes[-1], blocks.masks[-1], [caches[t]])[0]
-    if t in types
-    else None
-    for t in range(len(tables))
-  ]
-
-
-def prepare(data: HostData, consts, seeds, fanouts, key):
-  """The part of a batch a step may prepare while the previous step computes: (seeds, blocks,
-  rows of the feature types, None for the embedded types). It reads only what training never
-  writes (the graph, the feature tables and their caches); the embedding rows, which the
-  previous step updates, are gathered by the step itself (`complete`)."""
-  graph, tables = data.where(consts)
-  blocks = sample_blocks(graph, seeds, fanouts, key, num_relations=data.num_relations)
-  featured = [t for t in range(len(tables)) if t not in data.embedded]
-  return seeds, blocks, _gather_types(data, tables, consts.get("caches"), blocks, featured)
-
-
-def complete(data: HostData, consts, batch):
-  """(seeds, blocks, every type's input rows) of a `prepare`d batch: the embedding rows
-  gathered now, from the tables as the steps so far left them. The rows equal `sample`'s."""
-  seeds, blocks, xs = batch
-  _, tables = data.where(consts)
-  learned = _gather_types(data, tables, consts.get("caches"), blocks, data.embedded)
-  return seeds, blocks, [x if x is not None else y for x, y in zip(xs, learned)]
-
-
-#: Embedding rows drawn per chunk by `initial_embeddings` (each chunk its own generator).
-EMBED_CHUNK = 1 << 16
-
-
-def initial_embeddings(
-  rows: Sequence[int], dim: int, seed: int, threads: int | None = None
-) -> list[np.ndarray]:
-  """float32 [rows_i, dim] tables of N(0, 1 / dim) entries, the distribution of `nnx.Embed`'s
-  default init, drawn in host memory (NumPy, chunk by chunk on a thread pool; the values
-  depend on `seed` only): mini-batch training's embedding tables never exist on the device."""
-  seeds = np.random.SeedSequence([seed, 0x7AB1E5]).spawn(len(rows))
-  out = [np.empty((n, dim), np.float32) for n in rows]
-  scale = np.float32(1 / np.sqrt(dim))
-
-  def fill(x, part, ss):
-    np.random.default_rng(ss).standard_normal(out=x[part], dtype=np.float32)
-    x[part] *= scale
-
-  with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
-    jobs = [
-      pool.submit(fill, x, slice(a, a + EMBED_CHUNK), ss)
-      for x, table_seed in zip(out, seeds)
-      for a, ss in zip(range(0, len(x), EMBED_CHUNK), table_seed.spawn(-(-len(x) // EMBED_CHUNK)))
-    ]
-    for job in jobs:
-      job.result()
-  return out
+  return logits_of(model, loader.sample(seeds, key), plan=plan)
 
 
 def table_bytes(dataset: MagDataset, embed: Sequence[str], embed_dim: int) -> tuple[int, int]:
@@ -336,16 +178,15 @@ BlockPlanner = Callable[[nnx.Module, Any, jax.Array], Sequence]
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
-  """The jitted steps of a mini-batch run (`make_steps`).
+  """The jitted steps of a mini-batch run (`make_steps`); `loader` is the run's `Loader`.
 
   Attributes:
-    step: ``step(model, optimizer, table_states, consts, seeds, key) -> (summed loss, correct,
+    step: ``step(model, optimizer, table_states, loader, seeds, key) -> (summed loss, correct,
       count, token of the table updates)``: samples, gathers and trains on one batch.
-    prepare: ``prepare(consts, seeds, key) -> batch``: the batch's blocks and feature rows
-      (`prepare`, jitted).
-    compute: ``compute(model, optimizer, table_states, consts, batch) -> step's outputs``:
+    prepare: ``prepare(loader, seeds, key) -> batch``: `Loader.prepare`, jitted.
+    compute: ``compute(model, optimizer, table_states, loader, batch) -> step's outputs``:
       gathers the batch's embedding rows and trains on it (the step without its data path).
-    pipelined: ``pipelined(model, optimizer, table_states, consts, batch, seeds_next,
+    pipelined: ``pipelined(model, optimizer, table_states, loader, batch, seeds_next,
       key_next) -> step's outputs + (next batch,)``: `compute` on `batch`, and the next batch
       prepared in the same program. It computes exactly what `step` computes: the prepared
       rows are read only, and the embedding rows are gathered inside the step, after the
@@ -358,59 +199,45 @@ class Steps:
   pipelined: Callable
 
 
-def make_steps(
-  data: HostData,
-  labels: jax.Array,
-  fanouts: Sequence[int],
-  dense,
-  table_opt,
-  plan: Sequence | None = None,
-) -> Steps:
-  """The jitted steps that train a model on `data`'s mini-batches: cross entropy of the valid
-  seeds against `labels` (by global node id), the parameters `dense` selects (an nnx filter)
-  updated by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a
-  `host.sparse` optimizer; its states are the steps' `table_states`)."""
-  fanouts = tuple(int(f) for f in fanouts)
+def make_steps(dense, table_opt, plan: Sequence | None = None) -> Steps:
+  """The jitted steps that train a model on a loader's mini-batches: cross entropy of the
+  valid seeds, the parameters `dense` selects (an nnx filter) updated by the caller's
+  `nnx.Optimizer`, each embedding table by `table_opt` (a `host.sparse` optimizer; its states
+  are the steps' `table_states`)."""
 
-  def train_on(model, optimizer, table_states, seeds, blocks, xs):
+  def train_on(model, optimizer, table_states, loader, batch):
     def loss_fn(model, learned):
-      total, (correct, count) = summed_loss(
-        model, data, blocks, xs, learned, seeds, labels[jnp.maximum(seeds, 0)], plan
-      )
+      total, (correct, count) = summed_loss(model, batch, learned, loader.embedded, plan)
       return total / jnp.maximum(count, 1), (correct, count)
 
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
-    (loss, (correct, count)), (grads, row_grads) = grad_fn(model, [xs[t] for t in data.embedded])
+    learned = [batch.inputs[t] for t in loader.embedded]
+    (loss, (correct, count)), (grads, row_grads) = grad_fn(model, learned)
     optimizer.update(model, grads)
-    token = update_tables(data, table_opt, table_states, blocks, row_grads)
+    token = loader.update_embeddings(table_opt, table_states, batch, row_grads)
     return loss * count, correct, count, token  # summed loss: epochs add them up
 
   @nnx.jit
-  def step(model, optimizer, table_states, consts, seeds, key):
-    blocks, xs = sample(data, consts, seeds, fanouts, key)
-    return train_on(model, optimizer, table_states, seeds, blocks, xs)
+  def step(model, optimizer, table_states, loader, seeds, key):
+    return train_on(model, optimizer, table_states, loader, loader.sample(seeds, key))
 
-  @jax.jit
-  def prepare_batch(consts, seeds, key):
-    return prepare(data, consts, seeds, fanouts, key)
+  prepare = jax.jit(Loader.prepare)
 
   @nnx.jit
-  def compute(model, optimizer, table_states, consts, batch):
-    return train_on(model, optimizer, table_states, *complete(data, consts, batch))
+  def compute(model, optimizer, table_states, loader, batch):
+    return train_on(model, optimizer, table_states, loader, loader.complete(batch))
 
   @nnx.jit
-  def pipelined(model, optimizer, table_states, consts, batch, seeds_next, key_next):
-    batch_next = prepare_batch(consts, seeds_next, key_next)
-    out = train_on(model, optimizer, table_states, *complete(data, consts, batch))
+  def pipelined(model, optimizer, table_states, loader, batch, seeds_next, key_next):
+    batch_next = loader.prepare(seeds_next, key_next)
+    out = train_on(model, optimizer, table_states, loader, loader.complete(batch))
     return (*out, batch_next)
 
-  return Steps(step, prepare_batch, compute, pipelined)
+  return Steps(step, prepare, compute, pipelined)
 
 
 def sharded_steps(
-  data: HostData,
-  labels: np.ndarray,
-  fanouts: Sequence[int],
+  loader: Loader,
   model,
   optimizer,
   dense,
@@ -425,34 +252,27 @@ def sharded_steps(
   step's mean). Each table update runs with ``axis_name`` and ``copies=jax.process_count()``
   (`host.sparse`): every process's copy receives every row."""
   axis = common.MESH_AXIS
-  fanouts = tuple(int(f) for f in fanouts)
   copies = jax.process_count()
 
-  def batch_of(consts, seeds, key):
-    blocks, xs = sample(data, consts, seeds, fanouts, key)
-    return blocks, xs, consts["labels"][jnp.maximum(seeds, 0)]
-
-  def train_on(model, optimizer, consts, seeds, key):
-    blocks, xs, y = batch_of(consts, seeds, key)
-    loss_fn = lambda model, learned: summed_loss(  # noqa: E731
-      model, data, blocks, xs, learned, seeds, y
-    )
+  def train_on(model, optimizer, loader, seeds, key):
+    batch = loader.sample(seeds, key)
+    loss_fn = lambda model, learned: summed_loss(model, batch, learned, loader.embedded)  # noqa: E731
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
-    (total, (correct, count)), (grads, row_grads) = grad_fn(model, [xs[t] for t in data.embedded])
+    learned = [batch.inputs[t] for t in loader.embedded]
+    (total, (correct, count)), (grads, row_grads) = grad_fn(model, learned)
     total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
     scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
     optimizer.update(model, jax.tree.map(scale, grads))
-    token = update_tables(
-      data, table_opt, table_states, blocks, map(scale, row_grads), axis_name=axis, copies=copies
+    token = loader.update_embeddings(
+      table_opt, table_states, batch, list(map(scale, row_grads)), axis_name=axis, copies=copies
     )
     return total, correct, count, token
 
-  def correct_of(model, consts, seeds, key):
-    blocks, xs, y = batch_of(consts, seeds, key)
-    return hits(*logits_of(model, data, blocks, xs, seeds), y)
+  def correct_of(model, loader, seeds, key):
+    batch = loader.sample(seeds, key)
+    return hits(*logits_of(model, batch), batch.labels)
 
-  consts = dict(data.consts, labels=np.asarray(labels, np.int32))
-  return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
+  return common.ShardedSteps(model, optimizer, loader, mesh, batch_size, train_on, correct_of)
 
 
 def train(
@@ -532,26 +352,24 @@ def train(
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   papers = dataset.node_range("paper")
-  labels = jnp.asarray(dataset.labels)
-  with HostData(
+  with make_loader(
     dataset,
     minibatch.pipeline,
+    fanouts,
     cache=minibatch.cache,
     embeddings=embeddings,
     cache_bytes=cache_bytes,
-  ) as data:
+  ) as loader:
     embeddings.clear()  # the host tables hold copies
-    table_states = [table_opt.init(data.tables[t]) for t in data.embedded]
+    table_states = loader.init_embeddings(table_opt)
     if callable(plan):  # measured on a sampled batch: every batch has its padded shapes
       first = jnp.asarray(
         common.seed_batches(
           np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, limit=1
         )[0]
       )
-      blocks, _ = jax.jit(lambda c, s, k: sample(data, c, s, fanouts, k))(
-        data.consts, first, jax.random.key(config.seed)
-      )
-      plan = plan(model, blocks, node_types(data.type_offsets, blocks.nodes[-1]))
+      batch = jax.jit(Loader.prepare)(loader, first, jax.random.key(config.seed))
+      plan = plan(model, batch.blocks, batch.types)
     if plan is not None:
       plan = tuple(plan)
       if len(plan) != model.stack_layers:
@@ -564,9 +382,7 @@ def train(
       None
       if mesh is None
       else sharded_steps(
-        data,
-        dataset.labels,
-        fanouts,
+        loader,
         model,
         optimizer,
         dense,
@@ -576,17 +392,18 @@ def train(
         minibatch.batch_size,
       )
     )
-    steps = make_steps(data, labels, fanouts, dense, table_opt, plan=plan)
+    steps = make_steps(dense, table_opt, plan=plan)
 
     @nnx.jit
-    def predict(model, consts, seeds, key):
-      return hits(*forward(model, data, consts, seeds, fanouts, key), labels[jnp.maximum(seeds, 0)])
+    def predict(model, loader, seeds, key):
+      batch = loader.sample(seeds, key)
+      return hits(*logits_of(model, batch), batch.labels)
 
     def accuracy(ids, key) -> float:
       if sharded is not None:
         return sharded.accuracy(np.asarray(ids) + papers[0], key)
       return common.sampled_accuracy(
-        lambda s, k: predict(model, data.consts, s, k),
+        lambda s, k: predict(model, loader, s, k),
         np.asarray(ids) + papers[0],
         minibatch.batch_size,
         key,
@@ -608,8 +425,8 @@ def train(
         record = dict(
           epoch=epoch,
           **common.run_pipelined_epoch(
-            lambda s, k: steps.prepare(data.consts, s, k),
-            lambda b, s, k: steps.pipelined(model, optimizer, table_states, data.consts, b, s, k),
+            lambda s, k: steps.prepare(loader, s, k),
+            lambda b, s, k: steps.pipelined(model, optimizer, table_states, loader, b, s, k),
             rows,
             jax.random.fold_in(key, epoch),
             on_batch,
@@ -619,7 +436,7 @@ def train(
         record = dict(
           epoch=epoch,
           **common.run_epoch(
-            lambda s, k: steps.step(model, optimizer, table_states, data.consts, s, k),
+            lambda s, k: steps.step(model, optimizer, table_states, loader, s, k),
             rows,
             jax.random.fold_in(key, epoch),
             on_batch,
@@ -628,8 +445,8 @@ def train(
       record["device_state_bytes"] = device_bytes_of(
         nnx.state((model, optimizer)) if sharded is None else sharded.state
       )
-      record["cache_bytes"] = data.cache_bytes
-      record["cache_fraction"] = data.cache_fraction
+      record["cache_bytes"] = loader.cache_nbytes
+      record["cache_fraction"] = loader.cache_fraction
       if validate:
         record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
       common.add_record(history, record, on_epoch)
@@ -642,9 +459,9 @@ def train(
       sharded.finish()
     # The trained embeddings back into the model, as host arrays: its checkpoint is a
     # full-graph one.
-    model.set_tables([data.tables[t].as_numpy().copy() for t in data.embedded])
-    for t in data.embedded:  # several processes: every copy received every row update
-      common.check_copies_agree(data.tables[t].as_numpy(), dataset.graph.node_type_names[t])
+    model.set_tables([loader.tables[t].as_numpy().copy() for t in loader.embedded])
+    for t in loader.embedded:  # several processes: every copy received every row update
+      common.check_copies_agree(loader.tables[t].as_numpy(), dataset.graph.node_type_names[t])
     for state in table_states:
       sparse.close(state)
   if final_evaluation == "full":
@@ -663,7 +480,7 @@ def train(
     history,
     final,
     time.perf_counter() - start,
-    None if data.embedded else optimizer,
+    None if loader.embedded else optimizer,
     plan,
     metrics_note=note,
   )

@@ -45,8 +45,8 @@ from flax import nnx
 
 from jaxdata.data import EntityDataset
 from jaxdata.host import HostGraph, HostTable, host_gather, sparse
-from jaxdata.loader.blocks import sample_blocks
 from jaxdata.host.sample import DeviceGraph
+from jaxdata.loader.blocks import sample_blocks
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
