@@ -102,19 +102,17 @@ def test_full_fanout_step_gives_the_full_graph_loss_and_gradients(device, pipeli
   full = GraphArrays.from_graph(g)
   dense = mb.dense_filter(model)
 
-  with mb.EntityData(ds, model, pipeline) as data:
+  with mb.make_loader(ds, model, pipeline, (width, width)) as loader:
 
     @nnx.jit
-    def on_blocks(model):
-      blocks, inputs, ids = mb.forward(
-        model, data, data.consts, seeds, (width, width), jax.random.key(0)
-      )
+    def on_blocks(model, loader):
+      batch, inputs, ids = mb.forward(loader, seeds, jax.random.key(0))
       grad = nnx.value_and_grad(mb.batch_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
-      (loss, _), (g_dense, g_rows) = grad(model, blocks, inputs, seeds, labels, 0.0)
+      (loss, _), (g_dense, g_rows) = grad(model, batch, inputs, 0.0)
       return loss, g_dense, g_rows, ids
 
     with jax.default_matmul_precision("highest"):
-      loss_b, dense_b, rows_b, ids = jax.block_until_ready(on_blocks(model))
+      loss_b, dense_b, rows_b, ids = jax.block_until_ready(on_blocks(model, loader))
       rows = model.conv1.node_rows()
       grad = nnx.value_and_grad(_full_graph_loss, argnums=(nnx.DiffState(0, dense), 2))
       loss_f, (dense_f, rows_f) = nnx.jit(grad)(model, full, rows, jnp.asarray(seeds_np), labels)

@@ -44,9 +44,8 @@ import optax
 from flax import nnx
 
 from jaxdata.data import EntityDataset
-from jaxdata.host import HostGraph, HostTable, host_gather, sparse
-from jaxdata.host.sample import DeviceGraph
-from jaxdata.loader.blocks import sample_blocks
+from jaxdata.host import sparse
+from jaxdata.loader import Batch, Loader
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
 from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
@@ -80,63 +79,37 @@ def dense_filter(model: EntityClassifier):
   return nnx.All(nnx.Param, nnx.Not(_is_row_param)) if model.conv1.featureless else nnx.Param
 
 
-class EntityData:
-  """The dataset's graph, features and (featureless) the model's node rows where `pipeline`
-  wants them; a context manager that frees the host memory."""
-
-  def __init__(self, dataset: EntityDataset, model: EntityClassifier, pipeline: str):
-    g = dataset.graph
-    self.num_nodes, self.num_relations = g.num_nodes, g.num_relations
-    self.host = HostGraph.from_hetero(g)
-    self.features = None if dataset.features is None else HostTable(dataset.features)
-    self.rows = None
-    if model.conv1.featureless:
-      self.rows = HostTable(np.asarray(model.conv1.node_rows(), np.float32))
-    self.consts = {}
-    if pipeline == "device":
-      self.consts = {"graph": DeviceGraph.from_host(self.host)}
-      if dataset.features is not None:
-        self.consts["features"] = jnp.asarray(dataset.features)
-
-  def graph(self, consts):
-    return consts.get("graph", self.host)
-
-  def inputs(self, consts, nodes: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(the slots' inputs, their table rows): features or node rows, 0 for unused slots; the
-    rows index `num_nodes` (out of range: not read, and dropped by a scatter) there."""
-    ids = jnp.where(mask, nodes, self.num_nodes)
-    if self.rows is not None:
-      return host_gather(self.rows, ids, mode="fill", fill_value=0), ids
-    if "features" in consts:
-      return jnp.take(consts["features"], ids, axis=0, mode="fill", fill_value=0), ids
-    return host_gather(self.features, ids, mode="fill", fill_value=0), ids
-
-  def close(self):
-    for t in (self.features, self.rows):
-      if t is not None:
-        t.close()
-    self.host.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
+def make_loader(dataset: EntityDataset, model: EntityClassifier, pipeline: str, fanouts) -> Loader:
+  """The dataset as a `jaxdata.loader.Loader` of one node type: its features, or (featureless)
+  the model's node rows as a learnable embedding (`RGCN.node_rows`); the training labels."""
+  labels = np.full(dataset.graph.num_nodes, -1, np.int32)
+  labels[dataset.train_idx] = dataset.train_y
+  rows = None
+  if model.conv1.featureless:
+    rows = {dataset.graph.node_type_names[0]: np.asarray(model.conv1.node_rows(), np.float32)}
+  return Loader(
+    dataset.graph,
+    fanouts=fanouts,
+    features=dataset.features,
+    embeddings=rows,
+    labels=labels,
+    pipeline=pipeline,
+  )
 
 
-def forward(model: EntityClassifier, data: EntityData, consts, seeds, fanouts, key):
-  """(the blocks, the slots' inputs, their table rows): what a step's loss reads."""
-  blocks = sample_blocks(data.graph(consts), seeds, fanouts, key, num_relations=data.num_relations)
-  inputs, ids = data.inputs(consts, blocks.nodes[-1], blocks.masks[-1])
-  return blocks, inputs, ids
+def forward(loader: Loader, seeds, key) -> tuple[Batch, jax.Array, jax.Array]:
+  """(the batch, the slots' inputs: features or node rows, their node-row ids): what a step's
+  loss reads; a slot without a row has the id `num_nodes` (out of range: dropped by a
+  scatter), and so has every slot of a model with features."""
+  batch = loader.sample(seeds, key)
+  ids = loader.embedding_ids(batch)
+  return batch, batch.inputs[0], ids[0] if ids else jnp.full_like(batch.types, loader.num_nodes)
 
 
-def summed_loss(model: EntityClassifier, blocks, inputs, seeds, labels):
+def summed_loss(model: EntityClassifier, batch: Batch, inputs):
   """(summed cross entropy of the valid seeds, (correct, count)): no L2 term."""
-  n = seeds.shape[0]
-  logits = model.on_blocks(blocks, inputs)[:n]
-  valid = blocks.masks[0][:n]
-  y = labels[jnp.maximum(seeds, 0)]
+  logits = model.on_blocks(batch.blocks, inputs)[: batch.seeds.shape[0]]
+  valid, y = batch.mask, batch.labels
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
   correct = ((jnp.argmax(logits, -1) == y) & valid).sum()
   return jnp.sum(jnp.where(valid, ce, 0)), (correct, valid.sum())
@@ -153,9 +126,9 @@ def dense_penalty(model: EntityClassifier) -> jax.Array:
   )
 
 
-def batch_loss(model: EntityClassifier, blocks, inputs, seeds, labels, l2: float):
+def batch_loss(model: EntityClassifier, batch: Batch, inputs, l2: float):
   """(mean cross entropy of the valid seeds + the L2 term, (correct, count))."""
-  total, (correct, count) = summed_loss(model, blocks, inputs, seeds, labels)
+  total, (correct, count) = summed_loss(model, batch, inputs)
   loss = total / jnp.maximum(count, 1)
   if l2:
     rows = jnp.sum(inputs.astype(jnp.float32) ** 2) if model.conv1.featureless else 0.0
@@ -176,9 +149,7 @@ def first_reads(ids: jax.Array, axis: str) -> jax.Array:
 
 
 def sharded_steps(
-  data: EntityData,
-  labels: jax.Array,
-  fanouts,
+  loader: Loader,
   model,
   optimizer,
   dense,
@@ -202,17 +173,16 @@ def sharded_steps(
     rows = jnp.sum(jnp.where(first[:, None], inputs.astype(jnp.float32) ** 2, 0))
     return l2 * (dense_penalty(model) + rows), l2 * rows
 
-  def train_on(model, optimizer, consts, seeds, key):
-    blocks, inputs, ids = forward(model, data, consts, seeds, fanouts, key)
+  featureless = bool(loader.embedded)
+
+  def train_on(model, optimizer, loader, seeds, key):
+    batch, inputs, ids = forward(loader, seeds, key)
     grad_fn = nnx.value_and_grad(summed_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
-    (total, (correct, count)), (grads, row_grads) = grad_fn(
-      model, blocks, inputs, seeds, consts["labels"]
-    )
+    (total, (correct, count)), (grads, row_grads) = grad_fn(model, batch, inputs)
     dense_l2 = rows_l2 = jnp.float32(0)
     if l2:
-      first = (
-        first_reads(ids, axis) if data.rows is not None else jnp.zeros(ids.shape, bool)
-      )  # features: no rows in the term
+      # features: no rows in the term
+      first = first_reads(ids, axis) if featureless else jnp.zeros(ids.shape, bool)
       (pen, rows_l2), (pen_grads, pen_rows) = nnx.value_and_grad(
         penalty, argnums=(nnx.DiffState(0, dense), 1), has_aux=True
       )(model, inputs, first)
@@ -225,17 +195,16 @@ def sharded_steps(
     if l2:
       grads, row_grads = jax.tree.map(jnp.add, grads, pen_grads), row_grads + pen_rows
     optimizer.update(model, grads)
-    token = jnp.int32(0)
-    if data.rows is not None:
-      token = table_opt.update(data.rows, opt_state, ids, row_grads, axis_name=axis, copies=copies)
+    token = loader.update_embeddings(
+      table_opt, opt_state, batch, [row_grads][: len(opt_state)], axis_name=axis, copies=copies
+    )
     return (total / n + dense_l2 + rows_l2) * count, correct, count, token
 
-  def correct_of(model, consts, seeds, key):
-    blocks, inputs, _ = forward(model, data, consts, seeds, fanouts, key)
-    return summed_loss(model, blocks, inputs, seeds, consts["labels"])[1]
+  def correct_of(model, loader, seeds, key):
+    batch, inputs, _ = forward(loader, seeds, key)
+    return summed_loss(model, batch, inputs)[1]
 
-  consts = dict(data.consts, labels=labels)
-  return common.ShardedSteps(model, optimizer, consts, mesh, batch_size, train_on, correct_of)
+  return common.ShardedSteps(model, optimizer, loader, mesh, batch_size, train_on, correct_of)
 
 
 def train(
@@ -261,20 +230,15 @@ def train(
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
   fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
-  host_labels = np.zeros(dataset.graph.num_nodes, np.int32)  # sharded_steps places its own
-  host_labels[dataset.train_idx] = dataset.train_y
-  labels = jnp.asarray(host_labels)
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   start = time.perf_counter()
-  with EntityData(dataset, model, minibatch.pipeline) as data:
-    opt_state = table_opt.init(data.rows) if data.rows is not None else ()
+  with make_loader(dataset, model, minibatch.pipeline, fanouts) as loader:
+    opt_state = loader.init_embeddings(table_opt)  # one state (featureless) or none
     sharded = (
       None
       if mesh is None
       else sharded_steps(
-        data,
-        host_labels,
-        fanouts,
+        loader,
         model,
         optimizer,
         dense,
@@ -287,23 +251,18 @@ def train(
     )
 
     @nnx.jit
-    def step(model, optimizer, opt_state, consts, seeds, key):
-      blocks, inputs, ids = forward(model, data, consts, seeds, fanouts, key)
+    def step(model, optimizer, opt_state, loader, seeds, key):
+      batch, inputs, _ = forward(loader, seeds, key)
       grad_fn = nnx.value_and_grad(batch_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
-      (loss, (correct, count)), (grads, row_grads) = grad_fn(
-        model, blocks, inputs, seeds, labels, config.l2
-      )
+      (loss, (correct, count)), (grads, row_grads) = grad_fn(model, batch, inputs, config.l2)
       optimizer.update(model, grads)
-      token = jnp.int32(0)
-      if data.rows is not None:
-        token = table_opt.update(data.rows, opt_state, ids, row_grads)
+      token = loader.update_embeddings(table_opt, opt_state, batch, [row_grads][: len(opt_state)])
       return loss * count, correct, count, token
 
     @nnx.jit
-    def predict(model, consts, seeds, key):
-      blocks, inputs, _ = forward(model, data, consts, seeds, fanouts, key)
-      _, (correct, count) = batch_loss(model, blocks, inputs, seeds, labels, 0.0)
-      return correct, count
+    def predict(model, loader, seeds, key):
+      batch, inputs, _ = forward(loader, seeds, key)
+      return summed_loss(model, batch, inputs)[1]
 
     rng = np.random.default_rng(config.seed)
     key, val_key = jax.random.split(jax.random.key(config.seed))
@@ -323,7 +282,7 @@ def train(
           record = dict(
             epoch=epoch,
             **common.run_epoch(
-              lambda s, k: step(model, optimizer, opt_state, data.consts, s, k),
+              lambda s, k: step(model, optimizer, opt_state, loader, s, k),
               rows,
               epoch_key,
               on_batch,
@@ -335,7 +294,7 @@ def train(
             sharded.accuracy(val_ids, val_key_e)
             if sharded is not None
             else common.sampled_accuracy(
-              lambda s, k: predict(model, data.consts, s, k),
+              lambda s, k: predict(model, loader, s, k),
               val_ids,
               minibatch.batch_size,
               val_key_e,
@@ -344,12 +303,13 @@ def train(
         common.add_record(history, record, on_epoch)
       if sharded is not None:
         sharded.finish()
-      if data.rows is not None:  # several processes: every copy received every row update
-        common.check_copies_agree(data.rows.as_numpy(), "node rows")
+      for t in loader.embedded:  # several processes: every copy received every row update
+        common.check_copies_agree(loader.tables[t].as_numpy(), "node rows")
     finally:
-      if data.rows is not None:  # the trained rows back into the model: a full-graph checkpoint
-        model.conv1.set_node_rows(jnp.asarray(data.rows.as_numpy()))
-      sparse.close(opt_state)
+      for t in loader.embedded:  # the trained rows back into the model: a full-graph checkpoint
+        model.conv1.set_node_rows(jnp.asarray(loader.tables[t].as_numpy()))
+      for state in opt_state:
+        sparse.close(state)
   test_accuracy = evaluate(model, dataset)["test_accuracy"]
   # Featureless: no optimizer state in the result (the node rows' moments lived in a host table).
   return TrainResult(
