@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import GraphArrays
@@ -241,3 +242,30 @@ def test_a_homogeneous_host_graph_and_mistakes():
     make_loader(labels={"paper": np.zeros(30, np.float32)})
   with make_loader() as loader, pytest.raises(ValueError, match="batch_size must be a positive"):
     loader.batches({"paper": [1]}, 0)
+
+
+def test_a_mesh_gives_each_device_its_share_sampled_with_its_own_key():
+  cpus = jax.devices("cpu")[:2]
+  if len(cpus) < 2:
+    pytest.skip("needs two CPU devices (--xla_force_host_platform_device_count)")
+  mesh = jax.sharding.Mesh(np.array(cpus), ("data",))
+  with make_loader() as loader:
+    seeds = {"paper": np.arange(30)}
+    one = loader.batches(seeds, 6, seed=2, num_epochs=1)
+    two = loader.batches(seeds, 3, seed=2, num_epochs=1, mesh=mesh)
+    assert len(two) == len(one) == 5  # 3 seeds per device, 6 per step
+    prepare = jax.jit(Loader.prepare)
+    for i, (a, b) in enumerate(zip(one, two, strict=True)):
+      leaves = b.leaves
+      assert leaves[0].sharding.spec == jax.sharding.PartitionSpec("data")
+      key = jax.random.fold_in(jax.random.fold_in(jax.random.key(2), 0), i)
+      for d in range(2):  # device d's part: its share, sampled with fold_in(key, d)
+        want = prepare(loader, np.asarray(a.seeds)[3 * d : 3 * d + 3], jax.random.fold_in(key, d))
+        for x, y in zip(jax.tree.leaves(want), leaves, strict=True):
+          n = x.shape[0]
+          np.testing.assert_array_equal(x, np.asarray(y)[d * n : (d + 1) * n])
+      # inside shard_map each device reads its own Batch
+      count = jax.shard_map(
+        lambda sb: sb.batch.mask.sum()[None], mesh=mesh, in_specs=P("data"), out_specs=P("data")
+      )(b)
+      np.testing.assert_array_equal(count, np.asarray(a.mask).reshape(2, 3).sum(1))

@@ -24,12 +24,13 @@ from jaxdata.loader.blocks import (
   sample_blocks,
   type_caches,
 )
-from jaxdata.loader.loader import Batch, BatchIterator, Loader, initial_embeddings
+from jaxdata.loader.loader import Batch, BatchIterator, Loader, ShardedBatch, initial_embeddings
 
 __all__ = [
   "Loader",
   "Batch",
   "BatchIterator",
+  "ShardedBatch",
   "RelationalBlocks",
   "sample_blocks",
   "gather_typed",

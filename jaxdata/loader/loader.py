@@ -33,7 +33,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
+from jaxdata import distributed
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import DeviceGraph
@@ -406,14 +408,31 @@ class Loader:
     drop_last: bool = False,
     num_epochs: int | None = 1,
     prefetch: int = 2,
+    mesh: jax.sharding.Mesh | None = None,
   ) -> BatchIterator:
     """An iterator over `num_epochs` epochs (None: no end) of `prepare`d batches of `seeds`
     (global ids, or ``{node type: local ids}``), shuffled per epoch from `seed`; the last
     batch of an epoch is padded with -1 seeds, or dropped (`drop_last`). `prefetch` batches
     are dispatched ahead (JAX runs them while you compute). With learnable embeddings, call
-    `complete` on a batch inside your step."""
+    `complete` on a batch inside your step.
+
+    Data parallel: with a `mesh`, a batch holds `batch_size` seeds per device of the mesh's
+    first axis; device d samples its share with key ``fold_in(key, d)``, and every array of
+    the batch is its devices' batches laid end to end along that axis (sharded over it): run
+    your step under `jax.shard_map` with ``P(axis)`` for the batch (a `ShardedBatch`: its
+    `batch` is the device's `Batch` there) and each device sees a batch of `batch_size`
+    seeds. Every process of a multi-process job iterates alike (the same seeds and `seed`)
+    and places its own devices' shares."""
     return BatchIterator(
-      self, self.global_ids(seeds), batch_size, seed, shuffle, drop_last, num_epochs, prefetch
+      self,
+      self.global_ids(seeds),
+      batch_size,
+      seed,
+      shuffle,
+      drop_last,
+      num_epochs,
+      prefetch,
+      mesh,
     )
 
   # -- ownership -------------------------------------------------------------------------------
@@ -455,6 +474,24 @@ def _unflatten(meta: _Meta, children) -> Loader:
 jax.tree_util.register_pytree_node(Loader, _flatten, _unflatten)
 
 
+class ShardedBatch:
+  """The batches of a mesh's devices (`Loader.batches` with a mesh), as one pytree whose leaves
+  are the devices' `Batch` leaves laid end to end along the mesh axis. Inside `jax.shard_map`
+  (``P(axis)``), `batch` is the device's own `Batch`."""
+
+  def __init__(self, treedef, leaves):
+    self.treedef, self.leaves = treedef, list(leaves)
+
+  @property
+  def batch(self) -> Batch:
+    return jax.tree.unflatten(self.treedef, self.leaves)
+
+
+jax.tree_util.register_pytree_node(
+  ShardedBatch, lambda b: (b.leaves, b.treedef), lambda t, leaves: ShardedBatch(t, leaves)
+)
+
+
 class BatchIterator(Iterator[Batch]):
   """`Loader.batches`: prepared batches of shuffled seeds, epoch after epoch.
 
@@ -464,7 +501,9 @@ class BatchIterator(Iterator[Batch]):
   iterator there, so a run restored from a checkpoint sees the batches it would have seen.
   """
 
-  def __init__(self, loader, seeds, batch_size, seed, shuffle, drop_last, num_epochs, prefetch):
+  def __init__(
+    self, loader, seeds, batch_size, seed, shuffle, drop_last, num_epochs, prefetch, mesh=None
+  ):
     if (
       isinstance(batch_size, bool)
       or not isinstance(batch_size, (int, np.integer))
@@ -473,13 +512,36 @@ class BatchIterator(Iterator[Batch]):
       raise ValueError(f"Loader.batches: batch_size must be a positive int, got {batch_size!r}")
     if seeds.ndim != 1 or not len(seeds):
       raise ValueError("Loader.batches: give at least one seed (a 1-D array of ids)")
-    if drop_last and len(seeds) < batch_size:
-      raise ValueError(f"Loader.batches: {len(seeds)} seeds make no full batch of {batch_size}")
-    self.loader, self.seeds, self.batch_size = loader, seeds, int(batch_size)
+
+    self.loader, self.seeds = loader, seeds
+    self.batch_size = int(batch_size) * (1 if mesh is None else mesh.shape[mesh.axis_names[0]])
     self.seed, self.shuffle, self.drop_last = int(seed), bool(shuffle), bool(drop_last)
     self.num_epochs, self.prefetch = num_epochs, max(int(prefetch), 0)
-    self._prepare = jax.jit(Loader.prepare)
+    if drop_last and len(seeds) < self.batch_size:
+      raise ValueError(
+        f"Loader.batches: {len(seeds)} seeds make no full batch of {self.batch_size}"
+      )
     self._key = jax.random.key(self.seed)
+    self._place = lambda seeds, key: (seeds, key)  # noqa: E731
+    self._prepare = jax.jit(Loader.prepare)
+    if mesh is not None:
+      axis = mesh.axis_names[0]
+      sharding = jax.sharding.NamedSharding
+      whole, split = sharding(mesh, P()), sharding(mesh, P(axis))
+
+      def per_device(loader, seeds, key):
+        batch = loader.prepare(seeds, jax.random.fold_in(key, jax.lax.axis_index(axis)))
+        return ShardedBatch(*jax.tree.flatten(batch)[::-1])
+
+      body = jax.shard_map(
+        per_device, mesh=mesh, in_specs=(P(), P(axis), P()), out_specs=P(axis), check_vma=False
+      )
+      self.loader = distributed.put(loader, whole)
+      self._prepare = jax.jit(body)
+      self._place = lambda seeds, key: (  # noqa: E731
+        distributed.put(seeds, split),
+        distributed.put(key, whole),
+      )
     self._epoch, self._index = 0, 0
     self._ahead: collections.deque = collections.deque()  # ((epoch, index), batch)
     self._order: tuple[int, np.ndarray] | None = None
@@ -536,7 +598,8 @@ class BatchIterator(Iterator[Batch]):
       if pos is None:
         break
       key = jax.random.fold_in(jax.random.fold_in(self._key, pos[0]), pos[1])
-      self._ahead.append((pos, self._prepare(self.loader, self._seeds_of(*pos), key)))
+      batch = self._prepare(self.loader, *self._place(self._seeds_of(*pos), key))
+      self._ahead.append((pos, batch))
     pos, batch = self._ahead.popleft()
     self._epoch, self._index = self._position(1) or (pos[0] + 1, 0)
     return batch
@@ -571,4 +634,11 @@ def initial_embeddings(
   return out
 
 
-__all__ = ["Loader", "Batch", "BatchIterator", "initial_embeddings", "budget_fraction"]
+__all__ = [
+  "Loader",
+  "Batch",
+  "BatchIterator",
+  "ShardedBatch",
+  "initial_embeddings",
+  "budget_fraction",
+]
