@@ -208,10 +208,14 @@ ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::Buffer<ff
 }  // namespace
 }  // namespace jaxdata
 
+// Both command-buffer compatible (as host_gather, gather_cuda.cu): their host work is checks,
+// reading the error block and kernel launches, which XLA records into its CUDA graphs.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_host_sample_cuda, jaxdata::HostSampleCuda,
-    jaxdata::BindHostSample<ffi::PlatformStream<cudaStream_t>>());
+    jaxdata::BindHostSample<ffi::PlatformStream<cudaStream_t>>(),
+    {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_sample_cuda, jaxdata::SampleCuda,
-    jaxdata::BindSample<ffi::PlatformStream<cudaStream_t>>());
+    jaxdata::BindSample<ffi::PlatformStream<cudaStream_t>>(),
+    {ffi::Traits::kCmdBufferCompatible});
