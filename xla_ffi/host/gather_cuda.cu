@@ -316,14 +316,9 @@ size_t HostGatherSortScratchBytes(int64_t n, int64_t rows) {
 
 }  // namespace jaxdata
 
-// Command-buffer compatible: the host work is reading the error block, kernel launches and a
-// CUB sort into XLA's scratch, all of which a stream capture records, so the gather joins XLA's
-// CUDA graphs with the work around it (a replay does not call the handler: an error a replayed
-// kernel records is raised by the next jaxdata handler that runs, as for any later call).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_host_gather_cuda, jaxdata::HostGatherCuda,
-    jaxdata::BindHostGather<ffi::PlatformStream<cudaStream_t>>(),
-    {ffi::Traits::kCmdBufferCompatible});
+    jaxdata::BindHostGather<ffi::PlatformStream<cudaStream_t>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_host_slice_cuda, jaxdata::HostSliceCuda,

@@ -208,14 +208,10 @@ ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::Buffer<ff
 }  // namespace
 }  // namespace jaxdata
 
-// Both command-buffer compatible (as host_gather, gather_cuda.cu): their host work is checks,
-// reading the error block and kernel launches, which XLA records into its CUDA graphs.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_host_sample_cuda, jaxdata::HostSampleCuda,
-    jaxdata::BindHostSample<ffi::PlatformStream<cudaStream_t>>(),
-    {ffi::Traits::kCmdBufferCompatible});
+    jaxdata::BindHostSample<ffi::PlatformStream<cudaStream_t>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jaxdata_sample_cuda, jaxdata::SampleCuda,
-    jaxdata::BindSample<ffi::PlatformStream<cudaStream_t>>(),
-    {ffi::Traits::kCmdBufferCompatible});
+    jaxdata::BindSample<ffi::PlatformStream<cudaStream_t>>());

@@ -255,14 +255,6 @@ ffi::ErrorOr<DeviceTables> StreamDeviceTables(cudaStream_t stream) {
   DeviceRegistry* dev = r.devices[device].load(std::memory_order_acquire);
   if (dev == nullptr) {
     // First use on this device (XLA has made it current): allocate, copy every slot, publish.
-    // The call may be recorded into one of XLA's CUDA graphs (a command-buffer compatible
-    // handler on a capturing stream): relaxed capture mode lets this thread allocate and write
-    // the registry on its own stream meanwhile; nothing here touches the captured stream.
-    struct RelaxedCapture {
-      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-      RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-      ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
-    } relaxed;
     std::lock_guard<std::mutex> lock(r.mu);
     dev = r.devices[device].load(std::memory_order_acquire);
     if (dev == nullptr) {
