@@ -547,6 +547,46 @@ def first_row(rows: int) -> jax.Array:
   return jax.lax.axis_index(MESH_AXIS) * rows
 
 
+class DeviceSteps:
+  """One dispatch per mini-batch step on one device: what `run_epoch` does, with no host work
+  between steps. The model and optimizer are split once into a state pytree (donated to each
+  step, written back by `sync`); an epoch's seed rows go to the device once, and step i picks
+  its row and its key ``fold_in(key, i)`` itself from a counter that lives on the device. The
+  counter comes back as ``i + 1 + token`` (the step's table-update token, 0 once its writes
+  are done), so the next step's reads follow this step's writes, as in `ShardedSteps`.
+
+  ``fn(model, optimizer, *args, seeds, key) -> (summed loss, correct, count, token)`` is the
+  step's body (not jitted); `args` (tables' states, the loader) are its other arguments.
+  `run_epoch`'s keys and order: the same results as ``run_epoch(lambda s, k: jit(fn)(...))``.
+  """
+
+  def __init__(self, model, optimizer, fn: Callable):
+    self.model, self.optimizer = model, optimizer
+    graphdef, self.state = nnx.split((model, optimizer))
+
+    def step(state, args, rows, i, key):
+      model, optimizer = nnx.merge(graphdef, state)
+      seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
+      out = fn(model, optimizer, *args, seeds, jax.random.fold_in(key, i))
+      return nnx.state((model, optimizer)), i + 1 + out[3], out
+
+    self._step = jax.jit(step, donate_argnums=0)
+
+  def epoch(self, args: tuple, rows: np.ndarray, key, on_batch=None) -> dict:
+    """One epoch over `rows` (int32[batches, batch_size]); `epoch_record`'s record. The model
+    and optimizer hold the trained state afterwards."""
+    t0 = time.perf_counter()
+    device_rows, i, sums = jnp.asarray(rows), jnp.int32(0), []
+    for n in range(len(rows)):
+      self.state, i, out = self._step(self.state, args, device_rows, i, key)
+      sums.append(out)
+      if on_batch is not None:
+        on_batch(n + 1, len(rows))
+    record = epoch_record(sums, t0)
+    nnx.update((self.model, self.optimizer), self.state)
+    return record
+
+
 # ----------------------------------------------------------------------------- mini-batches, a mesh
 class ShardedSteps:
   """Data-parallel mini-batch training over `mesh` (a 1-D `device_mesh`): the steps, the

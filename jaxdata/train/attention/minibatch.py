@@ -183,6 +183,7 @@ class Steps:
   Attributes:
     step: ``step(model, optimizer, table_states, loader, seeds, key) -> (summed loss, correct,
       count, token of the table updates)``: samples, gathers and trains on one batch.
+    body: `step` not jitted (`common.DeviceSteps` runs it with one dispatch per step).
     prepare: ``prepare(loader, seeds, key) -> batch``: `Loader.prepare`, jitted.
     compute: ``compute(model, optimizer, table_states, loader, batch) -> step's outputs``:
       gathers the batch's embedding rows and trains on it (the step without its data path).
@@ -194,6 +195,7 @@ class Steps:
   """
 
   step: Callable
+  body: Callable
   prepare: Callable
   compute: Callable
   pipelined: Callable
@@ -217,8 +219,7 @@ def make_steps(dense, table_opt, plan: Sequence | None = None) -> Steps:
     token = loader.update_embeddings(table_opt, table_states, batch, row_grads)
     return loss * count, correct, count, token  # summed loss: epochs add them up
 
-  @nnx.jit
-  def step(model, optimizer, table_states, loader, seeds, key):
+  def body(model, optimizer, table_states, loader, seeds, key):
     return train_on(model, optimizer, table_states, loader, loader.sample(seeds, key))
 
   prepare = jax.jit(Loader.prepare)
@@ -233,7 +234,7 @@ def make_steps(dense, table_opt, plan: Sequence | None = None) -> Steps:
     out = train_on(model, optimizer, table_states, loader, loader.complete(batch))
     return (*out, batch_next)
 
-  return Steps(step, prepare, compute, pipelined)
+  return Steps(nnx.jit(body), body, prepare, compute, pipelined)
 
 
 def sharded_steps(
@@ -393,6 +394,7 @@ def train(
       )
     )
     steps = make_steps(dense, table_opt, plan=plan)
+    device_steps = common.DeviceSteps(model, optimizer, steps.body)
 
     @nnx.jit
     def predict(model, loader, seeds, key):
@@ -433,15 +435,9 @@ def train(
           ),
         )
       else:
-        record = dict(
-          epoch=epoch,
-          **common.run_epoch(
-            lambda s, k: steps.step(model, optimizer, table_states, loader, s, k),
-            rows,
-            jax.random.fold_in(key, epoch),
-            on_batch,
-          ),
-        )
+        epoch_key = jax.random.fold_in(key, epoch)
+        args = (table_states, loader)
+        record = dict(epoch=epoch, **device_steps.epoch(args, rows, epoch_key, on_batch))
       record["device_state_bytes"] = device_bytes_of(
         nnx.state((model, optimizer)) if sharded is None else sharded.state
       )

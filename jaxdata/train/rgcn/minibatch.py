@@ -250,7 +250,6 @@ def train(
       )
     )
 
-    @nnx.jit
     def step(model, optimizer, opt_state, loader, seeds, key):
       batch, inputs, _ = forward(loader, seeds, key)
       grad_fn = nnx.value_and_grad(batch_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
@@ -258,6 +257,8 @@ def train(
       optimizer.update(model, grads)
       token = loader.update_embeddings(table_opt, opt_state, batch, [row_grads][: len(opt_state)])
       return loss * count, correct, count, token
+
+    device_steps = common.DeviceSteps(model, optimizer, step)
 
     @nnx.jit
     def predict(model, loader, seeds, key):
@@ -280,13 +281,7 @@ def train(
           record = dict(epoch=epoch, **sharded.epoch(rows, epoch_key, on_batch))
         else:
           record = dict(
-            epoch=epoch,
-            **common.run_epoch(
-              lambda s, k: step(model, optimizer, opt_state, loader, s, k),
-              rows,
-              epoch_key,
-              on_batch,
-            ),
+            epoch=epoch, **device_steps.epoch((opt_state, loader), rows, epoch_key, on_batch)
           )
         if len(val):
           val_ids, val_key_e = dataset.train_idx[val], jax.random.fold_in(val_key, epoch)
