@@ -4,6 +4,7 @@ Parts:
   jaxdata.host     host tables the GPU reads directly (zero-copy gathers from pinned memory)
   jaxdata.hector   relational GNN layers compiled to fused kernels
   jaxdata.offload  activations offloaded to host RAM and SSD under remat policies
+  jaxdata.loader   mini-batches of a graph in host memory for your own model and loop
   jaxdata.nn       Flax NNX models built from them
 
 `jaxdata.load_model(path)` rebuilds a model that `jaxdata train ... --out DIR` saved.
