@@ -577,14 +577,15 @@ class DeviceSteps:
     and optimizer hold the trained state afterwards."""
     t0 = time.perf_counter()
     device_rows, i, sums = jnp.asarray(rows), jnp.int32(0), []
-    for n in range(len(rows)):
-      self.state, i, out = self._step(self.state, args, device_rows, i, key)
-      sums.append(out)
-      if on_batch is not None:
-        on_batch(n + 1, len(rows))
-    record = epoch_record(sums, t0)
-    nnx.update((self.model, self.optimizer), self.state)
-    return record
+    try:
+      for n in range(len(rows)):
+        self.state, i, out = self._step(self.state, args, device_rows, i, key)
+        sums.append(out)
+        if on_batch is not None:
+          on_batch(n + 1, len(rows))
+      return epoch_record(sums, t0)
+    finally:  # also when interrupted: the model holds the last completed step's state
+      nnx.update((self.model, self.optimizer), self.state)
 
 
 # ----------------------------------------------------------------------------- mini-batches, a mesh
