@@ -189,6 +189,7 @@ def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(
       "rgat",
       "--pipelines",
       "host,device",
+      "--breakdown",
       "--out",
       str(out),
     ]
@@ -198,6 +199,21 @@ def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(
   assert "# Mini-batch RGAT" in text and "RGATConv" in text
   assert "skipped: pretend it is too large" in text
   assert "GPU-centric (jaxdata) | " in text
+  # the step's parts: five measured parts, their sum, the whole step, steady and the difference
+  section = text.split("## Where the GPU-centric step's time goes")[1]
+  cells = dict(
+    (line.split("|")[1].strip(), float(line.split("|")[2]))
+    for line in section.splitlines()
+    if line.startswith("| ") and not line.startswith("| part") and "---" not in line
+  )
+  parts = ["sampling, deduplication, block building", "feature gathers", "forward", "backward"]
+  parts.append("optimizer (Adam)")
+  assert sum(cells[p] for p in parts) == pytest.approx(cells["sum of the parts"], abs=0.03)
+  whole, steady = (cells[k] for k in list(cells)[-3:-1])
+  assert cells["launch and wait per step (waited for less steady)"] == pytest.approx(
+    whole - steady, abs=0.02
+  )
+  assert cells["sampling, deduplication, block building"] > 0 and cells["forward"] > 0
 
 
 def test_cli_rejects_three_fanouts(capsys):

@@ -59,7 +59,7 @@ from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.host import HostTable
 from jaxdata.host.gather import host_slice
-from jaxdata.loader import Batch, Loader
+from jaxdata.loader import Batch, Loader, sample_blocks
 from jaxdata.loader.blocks import node_types
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
@@ -80,6 +80,9 @@ PIPELINES = {
   "cpu": "CPU-centric (CPU sampling + device_put)",
   "pyg": "PyG (NumPy NeighborLoader stand-in)",
 }
+#: Batches `--breakdown` times (after the warm-up batches), and its table's header.
+BREAKDOWN_BATCHES = 20
+BREAKDOWN_HEADER = ["part of the GPU-centric step", "ms / batch"]
 #: Bytes copied to measure the pinned memcpy bandwidth (CPU: less).
 COPY_BYTES = 1 << 30
 CPU_COPY_BYTES = 64 << 20
@@ -404,6 +407,85 @@ def _pyg(
       "ran on": f"{where}, torch {torch.__version__}, torch_geometric {torch_geometric.__version__}"
     },
   )
+
+
+# ----------------------------------------------------------------------------- where the time goes
+def stages(
+  dataset, config: TrainConfig, fanouts, rows: np.ndarray, warmup: int, key, console=None
+) -> list[tuple[str, float]]:
+  """The GPU-centric step's parts, per batch: each part its own jitted program, called on the
+  timed batches one at a time and waited for (so each time carries one launch and one wait),
+  the differences between them attributing the rest. Returns (part, median ms) rows: sampling
+  with deduplication and block building (`sample_blocks`), the feature gathers (`prepare`
+  less that), the model's forward, backward (forward + backward less forward) and the
+  optimizer (the update less forward + backward) on prepared batches, their sum, the whole
+  step waited for, and what asynchronous dispatch hides (that sum less the steady step of the
+  pipelines' table, added by the caller)."""
+  fanouts = tuple(int(f) for f in fanouts)
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  grad = nnx.value_and_grad(batch_loss)
+
+  def update(model, optimizer, batch):
+    loss, grads = grad(model, batch)
+    optimizer.update(model, grads)
+    return loss
+
+  programs = {
+    "blocks": jax.jit(
+      lambda lo, s, k: sample_blocks(lo.graph, s, lo.fanouts, k, num_relations=lo.num_relations)
+    ),
+    "prepare": jax.jit(Loader.prepare),
+    "forward": nnx.jit(batch_loss),
+    "backward": nnx.jit(grad),
+    "update": nnx.jit(update),
+    "whole": nnx.jit(lambda m, o, lo, s, k: update(m, o, lo.sample(s, k))),
+  }
+  times = {name: [] for name in programs}
+  with make_loader(dataset, "host", fanouts) as loader:
+    for i, row in enumerate(rows):
+      seeds, k = jnp.asarray(row), jax.random.fold_in(key, i)
+      batch = jax.block_until_ready(programs["prepare"](loader, seeds, k))
+      calls = {
+        "blocks": (loader, seeds, k),
+        "prepare": (loader, seeds, k),
+        "forward": (model, batch),
+        "backward": (model, batch),
+        "update": (model, optimizer, batch),
+        "whole": (model, optimizer, loader, seeds, k),
+      }
+      for name, fn in programs.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*calls[name]))
+        if i >= warmup:
+          times[name].append(time.perf_counter() - t0)
+      if console is not None:
+        console.print(f"  breakdown: batch {i + 1} of {len(rows)}", end="\r")
+  ms = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+  parts = [
+    ("sampling, deduplication, block building", ms["blocks"]),
+    ("feature gathers", ms["prepare"] - ms["blocks"]),
+    ("forward", ms["forward"]),
+    ("backward", ms["backward"] - ms["forward"]),
+    ("optimizer (Adam)", ms["update"] - ms["backward"]),
+  ]
+  return parts + [
+    ("sum of the parts", sum(t for _, t in parts)),
+    ("whole step in one program, waited for", ms["whole"]),
+  ]
+
+
+def breakdown_rows(parts: list[tuple[str, float]], steady_ms: float | None) -> list[list[str]]:
+  """The breakdown as table rows, with the steady step (the pipelines' GPU-centric row) and
+  what waiting costs: the whole step waited for less the steady step."""
+  rows = [[name, f"{t:.2f}"] for name, t in parts]
+  if steady_ms is not None:
+    whole = dict(parts)["whole step in one program, waited for"]
+    rows += [
+      ["whole step, steady (asynchronous dispatch: the table above)", f"{steady_ms:.2f}"],
+      ["launch and wait per step (waited for less steady)", f"{whole - steady_ms:.2f}"],
+    ]
+  return rows
 
 
 # ----------------------------------------------------------------------------- the link bound
@@ -782,6 +864,7 @@ def markdown(
   warmup: int,
   hidden: int,
   heads: int,
+  breakdown: list[list[str]] | None = None,
 ) -> str:
   hw = common.hardware()
   header, rows = table_rows(results, link)
@@ -812,6 +895,19 @@ def markdown(
       f"Link bound: {link.feature_bytes / 2**20:.1f} MiB of features per GPU-centric "
       f"batch / {link.memcpy_gbps:.1f} GB/s pinned memcpy (measured now, "
       f"{link.copy_bytes / 2**20:.0f} MiB copies) = {link.batch_ms:.2f} ms per batch.",
+      "",
+    ]
+  if breakdown:
+    text += [
+      "## Where the GPU-centric step's time goes",
+      "",
+      "Each part is its own jitted program run on the same batches, one call at a time and "
+      "waited for (`--breakdown`), so each carries one launch and one wait; differences "
+      "attribute the rest (gathers: prepare less sampling; backward: forward and backward "
+      "less forward; optimizer: the update less forward and backward). Medians over "
+      f"{BREAKDOWN_BATCHES} batches at most.",
+      "",
+      common.markdown_table(BREAKDOWN_HEADER, breakdown),
       "",
     ]
   if notes:
@@ -887,6 +983,12 @@ def add_arguments(parser) -> None:
     "optimizer state and cached rows (host-cache's cache gets the rest)",
   )
   parser.add_argument(
+    "--breakdown",
+    action="store_true",
+    help="also time the GPU-centric step's parts (sampling and blocks, gathers, forward, "
+    "backward, optimizer, launch and wait), each its own program, on the same batches",
+  )
+  parser.add_argument(
     "--out",
     metavar="PATH.md",
     type=command.output_path,
@@ -936,6 +1038,18 @@ def main(args) -> int:
     notes,
     left=("pipeline",),
   )
+  parts = None
+  host = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
+  if args.breakdown and host is not None:
+    config = TrainConfig(model=args.model, hidden=args.hidden, heads=args.heads, seed=args.seed)
+    timed = min(size["batches"], BREAKDOWN_BATCHES)
+    rows = _seed_rows(dataset, args.batch_size, size["warmup"] + timed, args.seed)
+    key = jax.random.key(args.seed)
+    parts = breakdown_rows(
+      stages(dataset, config, args.fanouts, rows, size["warmup"], key, console), host.batch_ms
+    )
+    title = "the GPU-centric step's parts, ms per batch"
+    common.print_table(console, title, BREAKDOWN_HEADER, parts)
   common.check_measured([r for r in results if r.batch_ms is not None], notes)
   if args.out:
     common.write(
@@ -954,6 +1068,7 @@ def main(args) -> int:
         warmup=size["warmup"],
         hidden=args.hidden,
         heads=args.heads,
+        breakdown=parts,
       ),
     )
   return 0
