@@ -213,3 +213,26 @@ def test_node_type_offsets_that_are_not_ints_are_refused():
   np.testing.assert_array_equal(node_types(np.array([0, 2, 5]), nodes), [0, 1, -1])
   got = gather_typed(tables, (0, 2, 5), nodes, mask)
   np.testing.assert_array_equal(np.concatenate(got, axis=1), [[1, 0], [0, 1], [0, 0]])
+
+
+def test_a_hand_built_device_graph_keeps_its_ids_or_is_refused():
+  """int64 indices sample as int32 ones do; an index int32 cannot hold (2**32 + 1 would wrap to
+  node 1) or outside the nodes, an indptr that falls, and non-integer fields are refused."""
+  indptr, indices, seeds = np.array([0, 1, 2, 3]), np.array([1, 2, 0]), np.array([0, 1, 2])
+
+  def graph(ptr, idx, dtype=jnp.int32):
+    return DeviceGraph(jnp.asarray(ptr, dtype), jnp.asarray(idx, dtype))
+
+  want = sample_neighbors(graph(indptr, indices), seeds, (2,), KEY)
+  got = sample_neighbors(graph(indptr, indices, jnp.int64), seeds, (2,), KEY)
+  np.testing.assert_array_equal(got.nodes[1], want.nodes[1])
+  with pytest.raises(ValueError, match=r"outside the graph's 3 nodes \(1 .. 4294967297\)"):
+    sample_neighbors(graph(indptr, [1, 2, 2**32 + 1], jnp.int64), seeds, (2,), KEY)
+  with pytest.raises(ValueError, match="outside the graph's 3 nodes"):
+    sample_neighbors(DeviceGraph(indptr, np.array([1, 3, 0])), seeds, (2,), KEY)
+  with pytest.raises(ValueError, match="must rise from 0 to len"):
+    sample_neighbors(DeviceGraph(np.array([0, 2, 1, 3]), indices), seeds, (2,), KEY)
+  with pytest.raises(TypeError, match="indptr must be an integer array, got float32"):
+    sample_neighbors(DeviceGraph(indptr.astype(np.float32), indices), seeds, (2,), KEY)
+  with pytest.raises(TypeError, match="indices must be an integer array, got list"):
+    sample_neighbors(DeviceGraph(indptr, [1, 2, 0]), seeds, (2,), KEY)

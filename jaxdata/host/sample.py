@@ -233,7 +233,7 @@ def sample_neighbors(
       ),
     )
   elif isinstance(graph, DeviceGraph):
-    operands = (graph.indptr, graph.indices.astype(jnp.int32))
+    operands = _check_device_csr(graph)
     typed = () if graph.etypes is None else (_check_device_etypes(graph),)
     target, attrs = "jaxdata_sample", {}
   else:
@@ -267,6 +267,46 @@ def sample_neighbors(
   return Blocks(
     tuple(nodes), tuple(masks), fanouts, graph.num_nodes, tuple(etypes) if typed else None
   )
+
+
+def _check_device_csr(graph: DeviceGraph) -> tuple[jax.Array, jax.Array]:
+  """(indptr, int32 indices) of a DeviceGraph, checked: integer arrays of one dimension; when
+  concrete, indptr rises from 0 to the edge count and every index names a node, checked in
+  the caller's dtype before the cast (an int64 index past int32 never wraps into a node)."""
+  arrays = {}
+  for name, allowed in (("indptr", (jnp.int32, jnp.int64)), ("indices", None)):
+    a = getattr(graph, name)
+    dtype = getattr(a, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+      raise TypeError(
+        f"sample_neighbors: DeviceGraph.{name} must be an integer array, got "
+        f"{dtype if dtype is not None else type(a).__name__}"
+      )
+    if allowed is not None and dtype not in allowed:
+      raise TypeError(f"sample_neighbors: DeviceGraph.{name} must be int32 or int64, got {dtype}")
+    if np.ndim(a) != 1:
+      raise ValueError(f"sample_neighbors: DeviceGraph.{name} must be 1-D, got {np.shape(a)}")
+    arrays[name] = a
+  indptr, indices = arrays["indptr"], arrays["indices"]
+  num_nodes = indptr.shape[0] - 1
+  if num_nodes < 0 or num_nodes > np.iinfo(np.int32).max:
+    raise ValueError(
+      f"sample_neighbors: DeviceGraph.indptr must hold 1 to 2**31 entries, got {indptr.shape[0]}"
+    )
+  if not isinstance(indptr, jax.core.Tracer) and not isinstance(indices, jax.core.Tracer):
+    # reductions where the arrays are (a device graph is not copied back), then a few scalars
+    ptr, idx = jnp.asarray(indptr), jnp.asarray(indices)
+    if int(ptr[0]) != 0 or int(ptr[-1]) != idx.shape[0] or bool(jnp.any(ptr[1:] < ptr[:-1])):
+      raise ValueError(
+        "sample_neighbors: DeviceGraph.indptr must rise from 0 to len(indices) without decreasing"
+      )
+    low, high = (int(x) for x in (idx.min(), idx.max())) if idx.size else (0, 0)
+    if low < 0 or high >= max(num_nodes, 1):
+      raise ValueError(
+        f"sample_neighbors: DeviceGraph.indices holds ids outside the graph's {num_nodes} "
+        f"nodes ({low} .. {high})"
+      )
+  return indptr, indices.astype(jnp.int32)
 
 
 def _check_device_etypes(graph: DeviceGraph) -> jax.Array:
