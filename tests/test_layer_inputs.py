@@ -4,6 +4,8 @@ NumPy, and bad inputs get errors that name the argument and the shape expected.
 Tiny graphs and one feature width, so the generated kernels compile once for the file.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,3 +180,26 @@ def test_layer_sizes_must_be_ints(bad):
     RGAT(D_IN, D_OUT, num_relations=0, rngs=rngs)
   with pytest.raises(ValueError, match="RGCN: num_relations must be >= 0, got -1"):
     RGCN(D_IN, D_OUT, num_relations=-1, rngs=rngs)
+
+
+def test_hgt_with_a_relation_without_edges_matches_the_reference():
+  """HGT on one node type whose relation 1 has no edges (and node 3 no in-edges at all), against
+  jaxdata.reference.attention's per-edge formulation in float64, outputs and gradients."""
+  from test_attention_layers import hgt_params, randomize  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
+
+  g, ga = graph([0, 1, 2, 0], [1, 2, 0, 2], [0, 0, 2, 2], 4, 3)
+  x = features(4, seed=3)
+  layer = HGT([D_IN], 4, num_relations=3, heads=2, rngs=nnx.Rngs(3))
+  randomize(layer, 4)
+  wide = lambda tree: jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)  # noqa: E731
+  reference = functools.partial(ref.HGT["per-edge weights"], *ref.Edges.from_graph(g))
+  with jax.default_matmul_precision("highest"):
+    (got,) = layer(ga, [x])
+    (want,) = reference(wide([x]), wide(hgt_params(layer)), precision="highest")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    ct = np.random.default_rng(5).standard_normal(want.shape)
+    gx = jax.grad(lambda x: jnp.vdot(layer(ga, [x])[0], ct.astype(np.float32)))(x)
+    gw = jax.grad(lambda x: jnp.vdot(reference([x], wide(hgt_params(layer)))[0], ct))(wide(x))
+    np.testing.assert_allclose(gx, gw, rtol=1e-4, atol=1e-5)
