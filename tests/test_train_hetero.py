@@ -21,6 +21,7 @@ from flax import nnx
 from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
 from jaxdata.loader.blocks import gather_typed, node_types, sample_blocks, type_caches
+from jaxdata.nn import classifiers
 from jaxdata.train import attention
 from jaxdata.train.attention import TrainConfig, build_model
 from jaxdata.train.attention import minibatch as hetero
@@ -306,7 +307,7 @@ def test_embedded_types_full_fanout_gradients_reach_the_right_table_rows(device,
   xs_full = attention.device_features(ds, model)
   assert xs_full[1] is None and xs_full[3] is None
   papers = ds.node_range("paper")[1]
-  dense = nnx.All(nnx.Param, nnx.Not(attention.is_table))
+  dense = nnx.All(nnx.Param, nnx.Not(classifiers.is_table))
 
   embeddings = {t: np.asarray(x.embedding[...]) for t, x in zip(model.embedded, model.tables)}
   with hetero.make_loader(ds, "host", (width, width), embeddings=embeddings) as data:
@@ -380,7 +381,7 @@ def test_minibatch_training_keeps_tables_off_the_device_and_within_device_bytes(
   ds = mag()
   config = TrainConfig(model="hgt", epochs=1, hidden=16, heads=2, embed=EMBED, embed_dim=8)
   full = build_model(ds, config, nnx.Rngs(0))
-  dense = nnx.All(nnx.Param, nnx.Not(attention.is_table))
+  dense = nnx.All(nnx.Param, nnx.Not(classifiers.is_table))
   dense_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(full, dense)))
   table_bytes = sum(t.embedding[...].nbytes for t in full.tables)
   # tables=False: no tables, the same other parameters

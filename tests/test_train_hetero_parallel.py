@@ -20,7 +20,7 @@ from flax import nnx
 from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
 
 from jaxdata.data import synthetic_mag
-from jaxdata.train import attention
+from jaxdata.nn import classifiers
 from jaxdata.train.attention import TrainConfig
 from jaxdata.train.attention import minibatch as hetero
 
@@ -113,7 +113,7 @@ def test_two_devices_update_the_embedding_rows_of_one_devices_step():
     np.testing.assert_array_equal(x != initial[k], y != initial[k])  # the same rows
     np.testing.assert_allclose(y - initial[k], x - initial[k], rtol=1e-4, atol=1e-9)
   _assert_close_after_adams_first_step(
-    one.model, two.model, nnx.All(nnx.Param, nnx.Not(attention.is_table))
+    one.model, two.model, nnx.All(nnx.Param, nnx.Not(classifiers.is_table))
   )
 
 

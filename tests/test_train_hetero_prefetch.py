@@ -16,8 +16,9 @@ from flax import nnx
 
 from jaxdata.data import synthetic_mag
 from jaxdata.host import sparse
+from jaxdata.nn.classifiers import is_table
 from jaxdata.train import common
-from jaxdata.train.attention import TrainConfig, build_model, is_table
+from jaxdata.train.attention import TrainConfig, build_model
 from jaxdata.train.attention import minibatch as hetero
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.

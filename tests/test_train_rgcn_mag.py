@@ -22,6 +22,7 @@ from flax import nnx
 
 from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
+from jaxdata.nn import classifiers
 from jaxdata.reference import rgcn as ref
 from jaxdata.train import attention
 from jaxdata.train.attention import TrainConfig, build_model
@@ -72,7 +73,7 @@ def test_full_graph_logits_and_gradients_equal_a_plain_jax_reference(device, bas
     model="rgcn", hidden=8, num_bases=bases, layers=layers, embed=embed, embed_dim=6
   )
   model = build_model(ds, config, nnx.Rngs(5))
-  assert isinstance(model, attention.RGCNClassifier) and model.layers == layers
+  assert isinstance(model, classifiers.RGCNClassifier) and model.layers == layers
   edges = ref.EdgeArrays.build(
     g.src, g.dst, g.etype, num_nodes=g.num_nodes, num_relations=g.num_relations
   )

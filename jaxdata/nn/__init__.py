@@ -1,5 +1,6 @@
-"""Flax NNX layers built on jaxdata's primitives."""
+"""Flax NNX layers built on jaxdata's primitives, and the models built from them."""
 
+from jaxdata.nn.classifiers import HGTClassifier, RGATClassifier, RGCNClassifier
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.nn.hgt import HGT
 from jaxdata.nn.rgat import RGAT
@@ -7,4 +8,4 @@ from jaxdata.nn.rgcn import RGCN
 from jaxdata.nn.sage import GraphSAGE, SAGEConv
 
 __all__ = ["RGCN", "RGAT", "HGT", "GraphSAGE", "SAGEConv"]
-__all__ += ["GPT", "GPTConfig"]
+__all__ += ["GPT", "GPTConfig", "RGATClassifier", "RGCNClassifier", "HGTClassifier"]

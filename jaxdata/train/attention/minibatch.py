@@ -7,7 +7,7 @@ features of the sampled nodes straight from the host tables, and runs the model'
 layers on the blocks. JAX's asynchronous dispatch queues step i + 1 (its
 sampling and gathers) behind step i, with no host work between them.
 
-The model is the full-graph trainer's (`train.attention.RGATClassifier`): the same parameters,
+The model is the full-graph trainer's (`jaxdata.nn.classifiers`): the same parameters,
 so a checkpoint of either trains on or evaluates with the other. Validation accuracy is measured
 on mini-batches of validation papers after every epoch (same fanouts, another key); the final
 accuracies are measured full-graph when the graph fits (`evaluate="full"`), which is exact.
@@ -44,9 +44,10 @@ from flax import nnx
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader, initial_embeddings
+from jaxdata.nn.classifiers import is_table
 from jaxdata.sizes import format_bytes
 from jaxdata.train import common
-from jaxdata.train.attention import TrainConfig, build_model, evaluate, is_table
+from jaxdata.train.attention import TrainConfig, build_model, evaluate
 from jaxdata.train.common import TrainResult
 
 
