@@ -237,6 +237,18 @@ def test_typed_edges_equal_a_hand_built_flat_graph():
   assert one_way.num_edges == 9 and one_way.relation_types == tuple(EDGES)
 
 
+def test_typed_edges_take_pyg_edge_index_arrays():
+  """PyG's edge_index_dict: one [2, E] array per key (NumPy or torch), the same graph."""
+  torch = pytest.importorskip("torch")
+  want = HeteroGraph.from_typed_edges(EDGES, NUM)
+  for wrap in (np.array, torch.tensor):
+    got = HeteroGraph.from_typed_edges({k: wrap(np.stack(v)) for k, v in EDGES.items()}, NUM)
+    for f in ("src", "dst", "etype"):
+      np.testing.assert_array_equal(getattr(got, f), getattr(want, f), err_msg=f)
+  with pytest.raises(TypeError, match=r"a pair \(src ids, dst ids\) or a \[2, E\] array"):
+    HeteroGraph.from_typed_edges({("paper", "cites", "paper"): np.zeros((3, 2), int)}, NUM)
+
+
 def test_typed_ids_map_both_ways():
   g = HeteroGraph.from_typed_edges(EDGES, NUM)
   assert g.node_type_range("topic") == (7, 9) and g.node_type_range("venue") == (7, 7)

@@ -422,7 +422,8 @@ class HeteroGraph:
 
     Args:
       edges: {(source type, relation, destination type): (src ids, dst ids)}, 1-D integer
-        arrays of one length, ids in [0, num_nodes[type]).
+        arrays of one length, ids in [0, num_nodes[type]); or a ``[2, E]`` array (PyG's
+        ``edge_index_dict``: NumPy, JAX, or torch on the CPU).
       num_nodes: {node type: number of nodes}, every node type of the graph (also those that no
         edge touches).
       add_inverse: also add each relation reversed as "rev_<name>", of type (destination type,
@@ -477,8 +478,12 @@ class HeteroGraph:
             f"{who}: edge key {key!r} names the unknown node type "
             f"{node_type!r}; node types (num_nodes): {list(type_names)}"
           )
+      if not isinstance(pair, (tuple, list, str, bytes)) and np.shape(pair)[:1] == (2,):
+        pair = (pair[0], pair[1])  # an edge_index of shape [2, E] (PyG's edge_index_dict)
       if isinstance(pair, (str, bytes)) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise TypeError(f"{who}: edges[{key!r}] must be a pair (src ids, dst ids)")
+        raise TypeError(
+          f"{who}: edges[{key!r}] must be a pair (src ids, dst ids) or a [2, E] array"
+        )
       src = _index_array(pair[0], f"{who}: src ids of {key!r}")
       dst = _index_array(pair[1], f"{who}: dst ids of {key!r}")
       if len(src) != len(dst):
