@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 
+import doc_blocks
 import pytest
 
 from jaxdata.bench import one_process
@@ -48,11 +49,11 @@ def _rows(md: str) -> dict[str, dict[str, str]]:
 
 
 def test_quick_rgcn_reports_both_variants_from_their_own_histories(tmp_path):
-  md_path, keep = tmp_path / "one.md", tmp_path / "runs"
-  r = _bench(
-    "--quick", "--paths", "rgcn", "--repeats", "1", "--write", str(md_path), "--keep", str(keep)
-  )
-  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  """docs/distributed.md's command, as written (`--write one_process.md --keep
+  one_process-runs`)."""
+  [(line, _)] = doc_blocks.run_block("docs/distributed.md", tmp_path)
+  assert "--write one_process.md --keep one_process-runs" in line, line
+  md_path, keep = tmp_path / "one_process.md", tmp_path / "one_process-runs"
   md = md_path.read_text()
   assert "bench one-process --quick --paths rgcn" in md and "jax 0." in md
   assert "Not yet measured on the H200" in md  # a CPU run says so
