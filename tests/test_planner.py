@@ -109,6 +109,31 @@ def test_plan_is_the_best_of_every_fitting_mix(budget_mb):
   assert brute - 1e-9 <= best.seconds <= brute * 1.05
 
 
+def test_least_bytes_is_the_smallest_plans_floor_and_fails_before_any_timing(monkeypatch):
+  """`least_bytes`: every block's fewest kept bytes under a cap on the largest offload, plus the
+  staging floor; exactly the smallest floor `plan` finds over identical blocks. A budget below
+  it fails in `plan_layers` before one candidate is compiled or timed."""
+  blocks = [CANDS] * 4
+  assert planner.least_bytes(blocks) == 0  # recompute everywhere
+  costly = [keep("keep", 300 * MB, 3.0, 1.0), moved("offload", 200 * MB, 3.0, 1.0)]
+  # all kept: 4 x 300 MB; any offload: 2 x 200 MB of staging, the rest kept or moved too
+  assert planner.least_bytes([costly] * 4) == 2 * 200 * MB
+  # A block that can only keep: keeping both (600 MB) beats staging the other's offload (700).
+  assert planner.least_bytes([costly[:1], costly]) == 2 * 300 * MB
+  with pytest.raises(ValueError, match="the smallest plan needs at least 419,430,400 bytes"):
+    planner.plan(4, costly, 400 * MB - 1, bandwidth=1e12)  # plan's own floor: the same bytes
+
+  def no_timing(*args, **kwargs):
+    raise AssertionError("timed a candidate under a budget no plan fits")
+
+  monkeypatch.setattr(planner, "block_seconds", no_timing)
+  w = jnp.ones((8, 8), jnp.float32)
+  x = jax.ShapeDtypeStruct((4, 8), jnp.float32)  # 128 bytes: any plan keeps or stages them
+  with offload.TensorStore(ram_bytes=1 << 20) as store:
+    with pytest.raises(ValueError, match="no plan fits a budget of 16 bytes .* 3 blocks"):
+      planner.plan_layers(lambda w, x: jnp.sin(x @ w), w, x, 3, 16, store, {"all": None})
+
+
 def test_residual_bytes_counts_what_the_vjp_keeps():
   w = jnp.ones((8, 16), jnp.float32)
 

@@ -164,9 +164,12 @@ def choices(
   repeats: int = 5,
   carry: int | None = None,
   progress: Callable[[str], None] | None = None,
+  measure: bool = True,
 ) -> list[Choice]:
   """Measures every candidate for one block: keep(p) and offload(p) for each inner policy p in
-  `inners` (name -> policy, None meaning "save everything"), and recompute.
+  `inners` (name -> policy, None meaning "save everything"), and recompute. With `measure`
+  False only the bytes (traced, nothing compiled or run; every `seconds` 0): what `fits_at_all`
+  needs before the planner spends a compile and timed runs per candidate.
 
   `carry`: the position of the argument that is the block's activation input, which a layer
   stack keeps for every layer's backward pass (where the block's VJP needs it). With it, every
@@ -180,10 +183,11 @@ def choices(
       int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
       for l in jax.tree_util.tree_leaves(args[carry])
     )
-  if progress:
+  timed = block_seconds if measure else (lambda *a, **k: 0.0)
+  if progress and measure:
     progress("forward only")
-  fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
-  if progress:
+  fwd = timed(fn, args, None, repeats=repeats, forward=True)
+  if progress and measure:
     progress("recompute")
 
   def named(name: str) -> _remat.Policy:
@@ -191,21 +195,49 @@ def choices(
     at = 1 if carry is None else carry
     return policy_named(name, store, tier=tier, carry=at, inners=inners)
 
-  recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
+  recompute_s = timed(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
   out = [Choice(named("recompute"), in_bytes, 0, recompute_s, fwd)]
   if carry is not None:
     out.append(Choice(named("offload[in]"), 0, in_bytes, recompute_s, fwd))
   for name, inner in inners.items():
-    if progress:
+    if progress and measure:
       progress(name)
     r, needs_input = _residuals(fn, args, inner, carry)
     x = in_bytes if needs_input else 0
-    s = block_seconds(fn, args, inner, repeats=repeats)
+    s = timed(fn, args, inner, repeats=repeats)
     out.append(Choice(named(f"keep[{name}]"), r + x, 0, s, fwd))
     out.append(Choice(named(f"offload[{name}]"), x, r, s, fwd))
     if x:
       out.append(Choice(named(f"offload[{name}]+in"), 0, r + x, s, fwd))
   return out
+
+
+def least_bytes(candidates: Sequence[Sequence[Choice]]) -> int:
+  """The fewest device bytes any plan over these blocks (`candidates[i]`: block i's choices)
+  can need: its kept bytes plus the store's staging floor, `_POOL_BLOCKS` x the largest
+  offloaded block (see `predict`). Bytes only, so it holds before any choice is timed."""
+  if not candidates or any(not c for c in candidates):
+    raise ValueError("least_bytes: every block needs at least one candidate choice")
+  # For each cap L on the largest offload, every block takes its fewest kept bytes under L.
+  caps = sorted({c.offload_bytes for cs in candidates for c in cs})
+  return min(
+    sum(min(c.device_bytes for c in cs if c.offload_bytes <= cap) for cs in candidates)
+    + _POOL_BLOCKS * cap
+    for cap in caps
+    if all(any(c.offload_bytes <= cap for c in cs) for cs in candidates)
+  )
+
+
+def fits_at_all(candidates: Sequence[Sequence[Choice]], budget_bytes: int) -> None:
+  """Raises `plan`'s and `plan_sequence`'s ValueError when not even the smallest plan over these
+  blocks fits `budget_bytes`: the planners check this on `choices(..., measure=False)` before
+  they compile and time any candidate, so a budget that cannot work fails at once."""
+  smallest = least_bytes(candidates)
+  if smallest > budget_bytes:
+    raise ValueError(
+      f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
+      f"{len(candidates)} blocks: the smallest plan needs at least {smallest:,} bytes"
+    )
 
 
 class Prediction(NamedTuple):
@@ -381,10 +413,16 @@ def plan_layers(
   inner policies (`inners`, name -> checkpoint policy, usually built from the names the layer
   tags its intermediates with: `jax.checkpoint_policies.save_only_these_names`). Every choice
   counts the layer's input (argument 1, the carry). An offloading plan sets `store.device_bytes`
-  to the spill cap it was predicted with. ValueError when not even the smallest plan fits.
+  to the spill cap it was predicted with. ValueError when not even the smallest plan fits,
+  found from the choices' bytes before any of them is compiled or timed (`fits_at_all`).
   """
+  args = (layer_state, x)
+  fits_at_all(
+    [choices(apply, args, store, inners, tier=tier, carry=1, measure=False)] * num_layers,
+    budget_bytes,
+  )
   cands = choices(
-    apply, (layer_state, x), store, inners, tier=tier, repeats=repeats, carry=1, progress=progress
+    apply, args, store, inners, tier=tier, repeats=repeats, carry=1, progress=progress
   )
   bw = _probe_bandwidth(store)
   best = plan(num_layers, cands, budget_bytes, bw)
@@ -419,7 +457,7 @@ def plan_sequence(
       c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH for c in ordered[i]
     )
   best: OffloadPlan | None = None
-  smallest = sum(min(c.device_bytes + _POOL_BLOCKS * c.offload_bytes for c in o) for o in ordered)
+  smallest = least_bytes(ordered)
   tried = 0
 
   def search(i: int, picks: list[Choice], kept: int, largest: int, floor: float):
@@ -474,7 +512,11 @@ def plan_blocks(
   `block_seconds` can chain it) and x the layer's input (an array or its
   `jax.ShapeDtypeStruct`). Each layer is measured on its own (`choices`, carry 1); the plan is
   `plan_sequence`'s. An offloading plan sets `store.device_bytes` to its spill cap. ValueError
-  when not even the smallest plan fits."""
+  when not even the smallest plan fits, before any layer is measured (`fits_at_all`)."""
+  fits_at_all(
+    [choices(a, (st, x), store, inners, tier=tier, carry=1, measure=False) for a, st, x in blocks],
+    budget_bytes,
+  )
   cands = []
   for i, (apply, state, x) in enumerate(blocks):
     say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
