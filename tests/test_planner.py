@@ -134,6 +134,36 @@ def test_least_bytes_is_the_smallest_plans_floor_and_fails_before_any_timing(mon
       planner.plan_layers(lambda w, x: jnp.sin(x @ w), w, x, 3, 16, store, {"all": None})
 
 
+def _named(name, device_bytes, offload_bytes, seconds):
+  return Choice(offload.keep(name=name), device_bytes, offload_bytes, seconds, seconds / 3)
+
+
+def test_policies_no_plan_can_use_are_not_measured_and_the_plan_is_the_same():
+  """`worth_measuring` leaves out an inner policy only where every one of its choices overflows
+  even the smallest plan: over random candidates and budgets, the plan of what is left is the
+  plan of everything (`plan` rejects every mix that holds such a choice)."""
+  rng = np.random.default_rng(0)
+  pruned = 0
+  for _ in range(40):
+    cands = [_named("recompute", 8 * MB, 0, 4.0), _named("offload[in]", 0, 8 * MB, 4.0)]
+    for p in ("a", "b", "c"):
+      r, s = int(rng.integers(1, 64)) * MB, float(rng.uniform(2.0, 4.0))
+      cands += [_named(f"keep[{p}]", r + 8 * MB, 0, s), _named(f"offload[{p}]", 8 * MB, r, s)]
+      cands.append(_named(f"offload[{p}]+in", 0, r + 8 * MB, s))
+    assert {planner.inner_of(c) for c in cands} == {None, "a", "b", "c"}
+    budget = int(rng.integers(16, 200)) * MB
+    worth = planner.worth_measuring([cands] * 3, budget)
+    assert worth[0] == worth[1] == worth[2]
+    kept = [c for c in cands if planner.inner_of(c) in worth[0] | {None}]
+    everything = planner.plan(3, cands, budget, bandwidth=20 * MB)
+    assert planner.plan(3, kept, budget, bandwidth=20 * MB) == everything
+    if worth[0] != {"a", "b", "c"}:  # what was left out is in no fitting plan at all
+      pruned += 1
+      left_out = [c for c in cands if c not in kept]
+      assert all(planner.least_bytes([[c]] + [cands] * 2) > budget for c in left_out)
+  assert 5 <= pruned < 40  # budgets that left some policies out, and some that kept all
+
+
 def test_residual_bytes_counts_what_the_vjp_keeps():
   w = jnp.ones((8, 16), jnp.float32)
 

@@ -9,6 +9,9 @@ predicted step time while the blocks' device-resident residuals fit the budget:
   costs);
 - the store's bandwidth through the RAM tier (measured with spill / load).
 
+Bytes come first and cost no compile: a budget that no plan fits fails before anything is
+measured, and an inner policy none of whose choices fits any plan is not measured at all.
+
 A block may keep(p) (r_p on the device, time t_p), offload(p) (r_p crosses PCIe, time t_p plus
 the device-side copies), or recompute (time t_nothing, nothing resident). `predict` plays a plan
 forward on a timeline: every spill copies into device staging on the compute stream, the host-
@@ -23,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -165,11 +168,14 @@ def choices(
   carry: int | None = None,
   progress: Callable[[str], None] | None = None,
   measure: bool = True,
+  only: Collection[str] | None = None,
 ) -> list[Choice]:
   """Measures every candidate for one block: keep(p) and offload(p) for each inner policy p in
   `inners` (name -> policy, None meaning "save everything"), and recompute. With `measure`
   False only the bytes (traced, nothing compiled or run; every `seconds` 0): what `fits_at_all`
-  needs before the planner spends a compile and timed runs per candidate.
+  and `worth_measuring` need before the planner spends a compile and timed runs per candidate.
+  `only`: the inner policies to include (None: all of `inners`); the others' choices are left
+  out, unmeasured.
 
   `carry`: the position of the argument that is the block's activation input, which a layer
   stack keeps for every layer's backward pass (where the block's VJP needs it). With it, every
@@ -200,6 +206,8 @@ def choices(
   if carry is not None:
     out.append(Choice(named("offload[in]"), 0, in_bytes, recompute_s, fwd))
   for name, inner in inners.items():
+    if only is not None and name not in only:
+      continue
     if progress and measure:
       progress(name)
     r, needs_input = _residuals(fn, args, inner, carry)
@@ -238,6 +246,32 @@ def fits_at_all(candidates: Sequence[Sequence[Choice]], budget_bytes: int) -> No
       f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
       f"{len(candidates)} blocks: the smallest plan needs at least {smallest:,} bytes"
     )
+
+
+def inner_of(choice: Choice) -> str | None:
+  """The inner policy p of a "keep[p]", "offload[p]" or "offload[p]+in" choice; None for
+  "recompute" and "offload[in]" (the block recomputed whole)."""
+  m = re.fullmatch(r"(?:keep|offload)\[([^\[\]]+)\](?:\+in)?", choice.policy.name or "")
+  return None if m is None or choice.policy.name == "offload[in]" else m.group(1)
+
+
+def worth_measuring(sized: Sequence[Sequence[Choice]], budget_bytes: int) -> list[set[str]]:
+  """Per block, the inner policies some plan within `budget_bytes` could use, from the choices'
+  bytes (`choices(..., measure=False)` of each block): a policy all of whose choices make even
+  the smallest plan (`least_bytes`, with that choice at that block) overflow the budget can
+  never be picked, so the planners do not compile and time it. The plan is the same: `plan`
+  and `plan_sequence` reject every mix that holds such a choice."""
+  out = []
+  for i, block in enumerate(sized):
+    others = list(sized[:i]) + list(sized[i + 1 :])
+    out.append(
+      {
+        p
+        for c in block
+        if (p := inner_of(c)) is not None and least_bytes([[c], *others]) <= budget_bytes
+      }
+    )
+  return out
 
 
 class Prediction(NamedTuple):
@@ -414,15 +448,15 @@ def plan_layers(
   tags its intermediates with: `jax.checkpoint_policies.save_only_these_names`). Every choice
   counts the layer's input (argument 1, the carry). An offloading plan sets `store.device_bytes`
   to the spill cap it was predicted with. ValueError when not even the smallest plan fits,
-  found from the choices' bytes before any of them is compiled or timed (`fits_at_all`).
+  found from the choices' bytes before any of them is compiled or timed (`fits_at_all`); inner
+  policies that no plan within the budget could use are not measured (`worth_measuring`).
   """
   args = (layer_state, x)
-  fits_at_all(
-    [choices(apply, args, store, inners, tier=tier, carry=1, measure=False)] * num_layers,
-    budget_bytes,
-  )
+  sized = [choices(apply, args, store, inners, tier=tier, carry=1, measure=False)] * num_layers
+  fits_at_all(sized, budget_bytes)
+  only = worth_measuring(sized, budget_bytes)[0]  # the layers are alike
   cands = choices(
-    apply, args, store, inners, tier=tier, repeats=repeats, carry=1, progress=progress
+    apply, args, store, inners, tier=tier, repeats=repeats, carry=1, progress=progress, only=only
   )
   bw = _probe_bandwidth(store)
   best = plan(num_layers, cands, budget_bytes, bw)
@@ -512,16 +546,28 @@ def plan_blocks(
   `block_seconds` can chain it) and x the layer's input (an array or its
   `jax.ShapeDtypeStruct`). Each layer is measured on its own (`choices`, carry 1); the plan is
   `plan_sequence`'s. An offloading plan sets `store.device_bytes` to its spill cap. ValueError
-  when not even the smallest plan fits, before any layer is measured (`fits_at_all`)."""
-  fits_at_all(
-    [choices(a, (st, x), store, inners, tier=tier, carry=1, measure=False) for a, st, x in blocks],
-    budget_bytes,
-  )
+  when not even the smallest plan fits, before any layer is measured (`fits_at_all`); a layer's
+  inner policies that no plan within the budget could use are not measured there."""
+  sized = [
+    choices(a, (st, x), store, inners, tier=tier, carry=1, measure=False) for a, st, x in blocks
+  ]
+  fits_at_all(sized, budget_bytes)
+  worth = worth_measuring(sized, budget_bytes)
   cands = []
   for i, (apply, state, x) in enumerate(blocks):
     say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
     cands.append(
-      choices(apply, (state, x), store, inners, tier=tier, repeats=repeats, carry=1, progress=say)
+      choices(
+        apply,
+        (state, x),
+        store,
+        inners,
+        tier=tier,
+        repeats=repeats,
+        carry=1,
+        progress=say,
+        only=worth[i],
+      )
     )
   bw = _probe_bandwidth(store)
   best = plan_sequence(cands, budget_bytes, bw)
