@@ -110,8 +110,11 @@ def block_seconds(
   return median_seconds(lambda: step(*concrete), warmup=2, repeats=repeats) / blocks
 
 
-def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram") -> float:
-  """Bytes/s of one direction of a spill + load round trip through `store`'s `tier`."""
+def store_bandwidth(
+  store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram", *, repeats: int = 5
+) -> float:
+  """Bytes/s of one direction of a spill + load round trip through `store`'s `tier` (the
+  median of `repeats` timed round trips)."""
   from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
 
   site = _spill.new_site()
@@ -122,7 +125,7 @@ def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ra
     t = _spill.spill([x], store, site=site, tier=tier)
     return _spill.load(t, [x], store, site=site)[0]
 
-  seconds = median_seconds(lambda: round_trip(x), warmup=2, repeats=5)
+  seconds = median_seconds(lambda: round_trip(x), warmup=2, repeats=repeats)
   return 2 * nbytes / seconds
 
 
@@ -458,7 +461,7 @@ def plan_layers(
   cands = choices(
     apply, args, store, inners, tier=tier, repeats=repeats, carry=1, progress=progress, only=only
   )
-  bw = _probe_bandwidth(store)
+  bw = _probe_bandwidth(store, repeats)
   best = plan(num_layers, cands, budget_bytes, bw)
   if best.offload_bytes:
     store.device_bytes = best.spill_cap  # the staging the plan was predicted with
@@ -569,17 +572,18 @@ def plan_blocks(
         only=worth[i],
       )
     )
-  bw = _probe_bandwidth(store)
+  bw = _probe_bandwidth(store, repeats)
   best = plan_sequence(cands, budget_bytes, bw)
   if best.offload_bytes:
     store.device_bytes = best.spill_cap
   return best, bw
 
 
-def _probe_bandwidth(store: TensorStore) -> float:
+def _probe_bandwidth(store: TensorStore, repeats: int = 5) -> float:
   """`store_bandwidth` through a probe sized to the store's RAM tier."""
   probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
-  return store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
+  tier = "ram" if store.ram_bytes >= probe else "auto"
+  return store_bandwidth(store, probe, tier, repeats=repeats)
 
 
 def _compositions(n: int, k: int):
