@@ -112,9 +112,16 @@ def test_a_history_without_a_steady_state_fails_the_run_and_is_reported(tmp_path
     (["--repeats", "0"], "--repeats"),
   ],
 )
-def test_bad_options_are_one_line_errors(args, flag):
-  r = _bench(*args, timeout=60)
-  assert r.returncode == 2 and flag in r.stderr and len(r.stderr.strip().splitlines()) == 1
+def test_bad_options_are_one_line_errors(args, flag, capsys):
+  """In this process: usage errors come before any run (the command's own process is tested
+  above)."""
+  from jaxdata import cli
+
+  with pytest.raises(SystemExit) as stopped:  # argparse's exit, as `jaxdata` exits
+    cli.main(["bench", "one-process", *args])
+  assert stopped.value.code == 2
+  err = capsys.readouterr().err
+  assert flag in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_steady_seconds_leaves_out_the_first_record_and_divides_windows_by_their_steps():
