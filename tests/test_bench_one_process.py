@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 
+import doc_blocks
 import pytest
 
 from jaxdata.bench import one_process
@@ -48,11 +49,11 @@ def _rows(md: str) -> dict[str, dict[str, str]]:
 
 
 def test_quick_rgcn_reports_both_variants_from_their_own_histories(tmp_path):
-  md_path, keep = tmp_path / "one.md", tmp_path / "runs"
-  r = _bench(
-    "--quick", "--paths", "rgcn", "--repeats", "1", "--write", str(md_path), "--keep", str(keep)
-  )
-  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  """docs/distributed.md's command, as written (`--write one_process.md --keep
+  one_process-runs`)."""
+  [(line, _)] = doc_blocks.run_block("docs/distributed.md", tmp_path)
+  assert "--write one_process.md --keep one_process-runs" in line, line
+  md_path, keep = tmp_path / "one_process.md", tmp_path / "one_process-runs"
   md = md_path.read_text()
   assert "bench one-process --quick --paths rgcn" in md and "jax 0." in md
   assert "Not yet measured on the H200" in md  # a CPU run says so
@@ -111,9 +112,16 @@ def test_a_history_without_a_steady_state_fails_the_run_and_is_reported(tmp_path
     (["--repeats", "0"], "--repeats"),
   ],
 )
-def test_bad_options_are_one_line_errors(args, flag):
-  r = _bench(*args, timeout=60)
-  assert r.returncode == 2 and flag in r.stderr and len(r.stderr.strip().splitlines()) == 1
+def test_bad_options_are_one_line_errors(args, flag, capsys):
+  """In this process: usage errors come before any run (the command's own process is tested
+  above)."""
+  from jaxdata import cli
+
+  with pytest.raises(SystemExit) as stopped:  # argparse's exit, as `jaxdata` exits
+    cli.main(["bench", "one-process", *args])
+  assert stopped.value.code == 2
+  err = capsys.readouterr().err
+  assert flag in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_steady_seconds_leaves_out_the_first_record_and_divides_windows_by_their_steps():

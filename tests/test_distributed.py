@@ -8,11 +8,13 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
+import doc_blocks
 import pytest
 
 from jaxdata import cli, distributed, launch
@@ -62,32 +64,28 @@ def _jaxdata(args, env, timeout=180):
   )
 
 
+def _launched(ran: list) -> tuple[list[str], subprocess.CompletedProcess]:
+  """The `jaxdata launch ... -- train ...` line of a document's block run by `run_block`: its
+  train command (what a one-process run repeats) and its finished launcher."""
+  line, proc = ran[0]
+  words = shlex.split(line)
+  assert words[:2] == ["jaxdata", "launch"], line
+  return words[words.index("--") + 1 :], proc
+
+
 @pytest.mark.slow
 def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
-  """Same global batch, same per-device keys: the losses and accuracies of every epoch agree."""
-  multi = _jaxdata(
-    [
-      "launch",
-      "-n",
-      "2",
-      "--devices-per-process",
-      "2",
-      "--",
-      *SAGE,
-      "--epochs",
-      "2",
-      "--out",
-      str(tmp_path / "multi"),
-    ],
-    _env(),
-  )
-  assert multi.returncode == 0, multi.stdout + multi.stderr
-  single = _jaxdata([*SAGE, "--epochs", "2", "--out", str(tmp_path / "single")], _env(4))
+  """Same global batch, same per-device keys: the losses and accuracies of every epoch agree.
+  The launch is docs/distributed.md's, as written (`--out sage-2x2`)."""
+  run, multi = _launched(doc_blocks.run_block("docs/distributed.md", tmp_path))
+  assert run[:2] == ["train", "sage"] and run[-2:] == ["--out", "sage-2x2"], run
+  out = {"multi": tmp_path / "sage-2x2", "single": tmp_path / "single"}
+  single = _jaxdata([*run[:-2], "--out", str(out["single"])], _env(4))
   assert single.returncode == 0, single.stdout + single.stderr
   assert "cpu x 4" in multi.stdout and "cpu x 4" in single.stdout  # one mesh of 4 devices
   # Process 0 reports and writes the checkpoint; process 1 stays quiet.
   assert "[0] test accuracy" in multi.stdout and "[1] test accuracy" not in multi.stdout
-  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  hist = {k: json.load(open(out[k] / "history.json")) for k in out}
   assert len(hist["multi"]) == len(hist["single"]) == 2
   for m, s in zip(hist["multi"], hist["single"]):
     assert m["batches"] == s["batches"] == 4
@@ -97,7 +95,7 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   assert hist["multi"][1]["loss"] < hist["multi"][0]["loss"]
   from jaxdata.train import checkpoint
 
-  metas = {k: checkpoint.read_meta(tmp_path / k) for k in ("multi", "single")}
+  metas = {k: checkpoint.read_meta(out[k]) for k in out}
   assert metas["multi"]["step"] == metas["single"]["step"] == 8
   assert metas["multi"]["metrics"]["test_accuracy"] == pytest.approx(
     metas["single"]["metrics"]["test_accuracy"], abs=1e-9
@@ -571,45 +569,35 @@ def test_learned_host_embeddings_train_across_processes_like_one_process(tmp_pat
   """`--embed-dim` with a sparse optimizer, 2 processes x 2 devices (launcher) against one
   process of 4: the same losses, and the same trained table (each process checks at the end
   that its copy equals every other's; process 0's is in the checkpoint). The checkpoint of the
-  two processes is then measured again by `jaxdata eval` in one process of 4 devices."""
+  two processes is then measured again by `jaxdata eval` in one process of 4 devices. The
+  launch and the eval are docs/distributed.md's, as written (`--out sage-emb-2x2`)."""
   import numpy as np
 
   import jaxdata
 
-  run = [*SAGE, "--epochs", "2", "--embed-dim", "4", "--table-optimizer", optimizer]
-  multi = _jaxdata(
-    [
-      "launch",
-      "-n",
-      "2",
-      "--devices-per-process",
-      "2",
-      "--",
-      *run,
-      "--out",
-      str(tmp_path / "multi"),
-    ],
-    _env(),
-  )
-  assert multi.returncode == 0, multi.stdout + multi.stderr
-  single = _jaxdata([*run, "--out", str(tmp_path / "single")], _env(4))
+  ran = doc_blocks.run_block("docs/distributed.md", tmp_path)
+  run, multi = _launched(ran)
+  assert run[run.index("--table-optimizer") + 1] == optimizer and run[-1] == "sage-emb-2x2", run
+  out = {"multi": tmp_path / "sage-emb-2x2", "single": tmp_path / "single"}
+  single = _jaxdata([*run[:-2], "--out", str(out["single"])], _env(4))
   assert single.returncode == 0, single.stdout + single.stderr
   assert "4-wide node embeddings in host memory" in multi.stdout
-  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  hist = {k: json.load(open(out[k] / "history.json")) for k in out}
+  assert len(hist["multi"]) == 2
   for m, s in zip(hist["multi"], hist["single"], strict=True):
     assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
-  tables = {k: jaxdata.load_model(tmp_path / k).tables["embedding"] for k in ("multi", "single")}
+  tables = {k: jaxdata.load_model(out[k]).tables["embedding"] for k in out}
   from jaxdata.train.sage import SageConfig, initial_embedding
 
   start = initial_embedding(2000, SageConfig(embed_dim=4))
   moved = np.any(tables["single"] != start, axis=1)
   assert 0 < moved.sum() < len(moved)  # trained the rows the batches touched, only those
   np.testing.assert_allclose(tables["multi"], tables["single"], rtol=1e-5, atol=1e-6)
-  again = _jaxdata(["eval", str(tmp_path / "multi")], _env(4))
-  assert again.returncode == 0, again.stderr
+  line, again = ran[1]
+  assert "xla_force_host_platform_device_count=4 jaxdata eval sage-emb-2x2" in line, line
   line = next(l for l in again.stdout.splitlines() if l.startswith("test_accuracy"))
   assert line.split()[1] == line.split("at save: ")[1].rstrip(")")
-  too_few = _jaxdata(["eval", str(tmp_path / "multi")], _env(2))
+  too_few = _jaxdata(["eval", str(out["multi"])], _env(2))
   assert too_few.returncode == 2
   assert "trained and measured on a mesh of 4 devices (2 process(es) x 2)" in too_few.stderr
 

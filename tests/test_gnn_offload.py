@@ -48,6 +48,24 @@ def _loss_and_grads(net, ds, graph, xs, plan):
   return float(loss), jax.tree.leaves(nnx.to_pure_dict(grads))
 
 
+#: The plain model's (loss, gradients) by (model, platform): `_setup` builds the same model
+#: each time, so the tests comparing a plan with it share one compile and run.
+_PLAIN: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_plain():
+  yield
+  _PLAIN.clear()
+
+
+def _plain_loss_and_grads(model, device, net, ds, graph, xs):
+  key = (model, device.platform)
+  if key not in _PLAIN:
+    _PLAIN[key] = _loss_and_grads(net, ds, graph, xs, None)
+  return _PLAIN[key]
+
+
 def _own_residuals(fn, state, x_like, inner) -> tuple[int, bool]:
   """(bytes the VJP of `fn(state, x)` (under `jax.checkpoint(policy=inner)`) holds besides its
   inputs and the constants it closes over, whether it holds the input x itself): counted here,
@@ -77,7 +95,7 @@ def _own_residual_bytes(fn, state, x_like, inner) -> int:
 def test_deep_model_under_an_offload_plan_has_the_plain_loss_and_gradients(model, device):
   ds, net, graph, xs = _setup(model)
   assert net.layers == LAYERS and len(net.convs) == LAYERS
-  want_loss, want = _loss_and_grads(net, ds, graph, xs, None)
+  want_loss, want = _plain_loss_and_grads(model, device, net, ds, graph, xs)
   with offload.TensorStore(ram_bytes=256 << 20) as store:
     inners = attention.candidates(net)
     named = lambda n: layer_stack.policy_named(n, store, inners)  # noqa: E731
@@ -139,7 +157,7 @@ def test_the_plan_under_a_tight_budget_offloads_or_recomputes(device):
       assert any(m == "offload" for m in modes)
       assert store.device_bytes == best.spill_cap
     # And it trains: one step under the plan has the plain model's loss.
-    want, _ = _loss_and_grads(net, ds, graph, xs, None)
+    want, _ = _plain_loss_and_grads("hgt", device, net, ds, graph, xs)
     got, _ = _loss_and_grads(net, ds, graph, xs, tuple(best.policies))
     assert got == pytest.approx(want, rel=1e-5)
 

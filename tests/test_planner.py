@@ -109,6 +109,61 @@ def test_plan_is_the_best_of_every_fitting_mix(budget_mb):
   assert brute - 1e-9 <= best.seconds <= brute * 1.05
 
 
+def test_least_bytes_is_the_smallest_plans_floor_and_fails_before_any_timing(monkeypatch):
+  """`least_bytes`: every block's fewest kept bytes under a cap on the largest offload, plus the
+  staging floor; exactly the smallest floor `plan` finds over identical blocks. A budget below
+  it fails in `plan_layers` before one candidate is compiled or timed."""
+  blocks = [CANDS] * 4
+  assert planner.least_bytes(blocks) == 0  # recompute everywhere
+  costly = [keep("keep", 300 * MB, 3.0, 1.0), moved("offload", 200 * MB, 3.0, 1.0)]
+  # all kept: 4 x 300 MB; any offload: 2 x 200 MB of staging, the rest kept or moved too
+  assert planner.least_bytes([costly] * 4) == 2 * 200 * MB
+  # A block that can only keep: keeping both (600 MB) beats staging the other's offload (700).
+  assert planner.least_bytes([costly[:1], costly]) == 2 * 300 * MB
+  with pytest.raises(ValueError, match="the smallest plan needs at least 419,430,400 bytes"):
+    planner.plan(4, costly, 400 * MB - 1, bandwidth=1e12)  # plan's own floor: the same bytes
+
+  def no_timing(*args, **kwargs):
+    raise AssertionError("timed a candidate under a budget no plan fits")
+
+  monkeypatch.setattr(planner, "block_seconds", no_timing)
+  w = jnp.ones((8, 8), jnp.float32)
+  x = jax.ShapeDtypeStruct((4, 8), jnp.float32)  # 128 bytes: any plan keeps or stages them
+  with offload.TensorStore(ram_bytes=1 << 20) as store:
+    with pytest.raises(ValueError, match="no plan fits a budget of 16 bytes .* 3 blocks"):
+      planner.plan_layers(lambda w, x: jnp.sin(x @ w), w, x, 3, 16, store, {"all": None})
+
+
+def _named(name, device_bytes, offload_bytes, seconds):
+  return Choice(offload.keep(name=name), device_bytes, offload_bytes, seconds, seconds / 3)
+
+
+def test_policies_no_plan_can_use_are_not_measured_and_the_plan_is_the_same():
+  """`worth_measuring` leaves out an inner policy only where every one of its choices overflows
+  even the smallest plan: over random candidates and budgets, the plan of what is left is the
+  plan of everything (`plan` rejects every mix that holds such a choice)."""
+  rng = np.random.default_rng(0)
+  pruned = 0
+  for _ in range(40):
+    cands = [_named("recompute", 8 * MB, 0, 4.0), _named("offload[in]", 0, 8 * MB, 4.0)]
+    for p in ("a", "b", "c"):
+      r, s = int(rng.integers(1, 64)) * MB, float(rng.uniform(2.0, 4.0))
+      cands += [_named(f"keep[{p}]", r + 8 * MB, 0, s), _named(f"offload[{p}]", 8 * MB, r, s)]
+      cands.append(_named(f"offload[{p}]+in", 0, r + 8 * MB, s))
+    assert {planner.inner_of(c) for c in cands} == {None, "a", "b", "c"}
+    budget = int(rng.integers(16, 200)) * MB
+    worth = planner.worth_measuring([cands] * 3, budget)
+    assert worth[0] == worth[1] == worth[2]
+    kept = [c for c in cands if planner.inner_of(c) in worth[0] | {None}]
+    everything = planner.plan(3, cands, budget, bandwidth=20 * MB)
+    assert planner.plan(3, kept, budget, bandwidth=20 * MB) == everything
+    if worth[0] != {"a", "b", "c"}:  # what was left out is in no fitting plan at all
+      pruned += 1
+      left_out = [c for c in cands if c not in kept]
+      assert all(planner.least_bytes([[c]] + [cands] * 2) > budget for c in left_out)
+  assert 5 <= pruned < 40  # budgets that left some policies out, and some that kept all
+
+
 def test_residual_bytes_counts_what_the_vjp_keeps():
   w = jnp.ones((8, 16), jnp.float32)
 

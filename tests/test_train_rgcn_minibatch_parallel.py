@@ -12,11 +12,12 @@ one process of 2 devices.
 import dataclasses
 import json
 
+import doc_blocks
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
+from test_distributed import _env, _jaxdata, _launched  # the CLI in a fresh CPU process
 from test_train_hetero_parallel import _assert_close_after_adams_first_step, _two_devices
 from test_train_rgcn_minibatch import entities  # 120 nodes, 3 relations and their inverses
 
@@ -104,48 +105,17 @@ def test_data_parallel_trains_and_validates_on_sampled_batches():
     mb.train(ds, dataclasses.replace(config, devices=3), mb.MinibatchConfig(fanouts=(4, 4)))
 
 
-RGCN = [
-  "train",
-  "rgcn",
-  "--minibatch",
-  "--nodes",
-  "300",
-  "--edges",
-  "2000",
-  "--relations",
-  "4",
-  "--fanouts",
-  "3,3",
-  "--batch-size",
-  "4",
-  "--epochs",
-  "2",
-]
-
-
 def test_two_processes_train_like_one_process_of_two_devices(tmp_path):
   """Same global batches, same per-device keys (sampled fanouts): every epoch's loss and
-  validation accuracy, and the trained parameters, agree (the synthetic graph has features)."""
-  multi = _jaxdata(
-    [
-      "launch",
-      "-n",
-      "2",
-      "--devices-per-process",
-      "1",
-      "--",
-      *RGCN,
-      "--out",
-      str(tmp_path / "multi"),
-    ],
-    _env(),
-    300,
-  )
-  assert multi.returncode == 0, multi.stdout + multi.stderr
-  single = _jaxdata([*RGCN, "--devices", "2", "--out", str(tmp_path / "single")], _env(2), 300)
+  validation accuracy, and the trained parameters, agree (the synthetic graph has features).
+  The launch is docs/distributed.md's, as written (`--out rgcn-mb-2x1`)."""
+  run, multi = _launched(doc_blocks.run_block("docs/distributed.md", tmp_path))
+  assert run[:3] == ["train", "rgcn", "--minibatch"] and run[-2:] == ["--out", "rgcn-mb-2x1"]
+  out = {"multi": tmp_path / "rgcn-mb-2x1", "single": tmp_path / "single"}
+  single = _jaxdata([*run[:-2], "--devices", "2", "--out", str(out["single"])], _env(2), 300)
   assert single.returncode == 0, single.stdout + single.stderr
   assert "cpu x 2" in multi.stdout and "cpu x 2" in single.stdout
-  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  hist = {k: json.load(open(out[k] / "history.json")) for k in out}
   assert len(hist["multi"]) == len(hist["single"]) == 2
   for m, s in zip(hist["multi"], hist["single"]):
     assert m["batches"] == s["batches"] > 1
@@ -154,8 +124,7 @@ def test_two_processes_train_like_one_process_of_two_devices(tmp_path):
   from jaxdata.train import checkpoint
 
   params = [
-    jax.tree.leaves(nnx.state(checkpoint.load_model(str(tmp_path / k)).model, nnx.Param))
-    for k in ("multi", "single")
+    jax.tree.leaves(nnx.state(checkpoint.load_model(str(out[k])).model, nnx.Param)) for k in out
   ]
   for m, s in zip(*params, strict=True):
     np.testing.assert_allclose(np.asarray(m), np.asarray(s), rtol=1e-4, atol=1e-6)

@@ -169,7 +169,9 @@ def run(
       progress=lambda n: say(f"  block under {n}"),
     )
     bandwidth = (
-      offload.planner.store_bandwidth(probe) if any(c.offload_bytes for c in cands) else 0.0
+      offload.planner.store_bandwidth(probe, repeats=repeats)
+      if any(c.offload_bytes for c in cands)
+      else 0.0
     )
   notes["bandwidth"] = bandwidth
   notes["choices"] = [(str(c.policy), c.device_bytes, c.offload_bytes, c.seconds) for c in cands]

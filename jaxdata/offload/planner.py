@@ -9,6 +9,9 @@ predicted step time while the blocks' device-resident residuals fit the budget:
   costs);
 - the store's bandwidth through the RAM tier (measured with spill / load).
 
+Bytes come first and cost no compile: a budget that no plan fits fails before anything is
+measured, and an inner policy none of whose choices fits any plan is not measured at all.
+
 A block may keep(p) (r_p on the device, time t_p), offload(p) (r_p crosses PCIe, time t_p plus
 the device-side copies), or recompute (time t_nothing, nothing resident). `predict` plays a plan
 forward on a timeline: every spill copies into device staging on the compute stream, the host-
@@ -23,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -107,8 +110,11 @@ def block_seconds(
   return median_seconds(lambda: step(*concrete), warmup=2, repeats=repeats) / blocks
 
 
-def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram") -> float:
-  """Bytes/s of one direction of a spill + load round trip through `store`'s `tier`."""
+def store_bandwidth(
+  store: TensorStore, nbytes: int = 256 << 20, tier: str = "ram", *, repeats: int = 5
+) -> float:
+  """Bytes/s of one direction of a spill + load round trip through `store`'s `tier` (the
+  median of `repeats` timed round trips)."""
   from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
 
   site = _spill.new_site()
@@ -119,7 +125,7 @@ def store_bandwidth(store: TensorStore, nbytes: int = 256 << 20, tier: str = "ra
     t = _spill.spill([x], store, site=site, tier=tier)
     return _spill.load(t, [x], store, site=site)[0]
 
-  seconds = median_seconds(lambda: round_trip(x), warmup=2, repeats=5)
+  seconds = median_seconds(lambda: round_trip(x), warmup=2, repeats=repeats)
   return 2 * nbytes / seconds
 
 
@@ -164,9 +170,15 @@ def choices(
   repeats: int = 5,
   carry: int | None = None,
   progress: Callable[[str], None] | None = None,
+  measure: bool = True,
+  only: Collection[str] | None = None,
 ) -> list[Choice]:
   """Measures every candidate for one block: keep(p) and offload(p) for each inner policy p in
-  `inners` (name -> policy, None meaning "save everything"), and recompute.
+  `inners` (name -> policy, None meaning "save everything"), and recompute. With `measure`
+  False only the bytes (traced, nothing compiled or run; every `seconds` 0): what `fits_at_all`
+  and `worth_measuring` need before the planner spends a compile and timed runs per candidate.
+  `only`: the inner policies to include (None: all of `inners`); the others' choices are left
+  out, unmeasured.
 
   `carry`: the position of the argument that is the block's activation input, which a layer
   stack keeps for every layer's backward pass (where the block's VJP needs it). With it, every
@@ -180,10 +192,11 @@ def choices(
       int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
       for l in jax.tree_util.tree_leaves(args[carry])
     )
-  if progress:
+  timed = block_seconds if measure else (lambda *a, **k: 0.0)
+  if progress and measure:
     progress("forward only")
-  fwd = block_seconds(fn, args, None, repeats=repeats, forward=True)
-  if progress:
+  fwd = timed(fn, args, None, repeats=repeats, forward=True)
+  if progress and measure:
     progress("recompute")
 
   def named(name: str) -> _remat.Policy:
@@ -191,20 +204,76 @@ def choices(
     at = 1 if carry is None else carry
     return policy_named(name, store, tier=tier, carry=at, inners=inners)
 
-  recompute_s = block_seconds(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
+  recompute_s = timed(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
   out = [Choice(named("recompute"), in_bytes, 0, recompute_s, fwd)]
   if carry is not None:
     out.append(Choice(named("offload[in]"), 0, in_bytes, recompute_s, fwd))
   for name, inner in inners.items():
-    if progress:
+    if only is not None and name not in only:
+      continue
+    if progress and measure:
       progress(name)
     r, needs_input = _residuals(fn, args, inner, carry)
     x = in_bytes if needs_input else 0
-    s = block_seconds(fn, args, inner, repeats=repeats)
+    s = timed(fn, args, inner, repeats=repeats)
     out.append(Choice(named(f"keep[{name}]"), r + x, 0, s, fwd))
     out.append(Choice(named(f"offload[{name}]"), x, r, s, fwd))
     if x:
       out.append(Choice(named(f"offload[{name}]+in"), 0, r + x, s, fwd))
+  return out
+
+
+def least_bytes(candidates: Sequence[Sequence[Choice]]) -> int:
+  """The fewest device bytes any plan over these blocks (`candidates[i]`: block i's choices)
+  can need: its kept bytes plus the store's staging floor, `_POOL_BLOCKS` x the largest
+  offloaded block (see `predict`). Bytes only, so it holds before any choice is timed."""
+  if not candidates or any(not c for c in candidates):
+    raise ValueError("least_bytes: every block needs at least one candidate choice")
+  # For each cap L on the largest offload, every block takes its fewest kept bytes under L.
+  caps = sorted({c.offload_bytes for cs in candidates for c in cs})
+  return min(
+    sum(min(c.device_bytes for c in cs if c.offload_bytes <= cap) for cs in candidates)
+    + _POOL_BLOCKS * cap
+    for cap in caps
+    if all(any(c.offload_bytes <= cap for c in cs) for cs in candidates)
+  )
+
+
+def fits_at_all(candidates: Sequence[Sequence[Choice]], budget_bytes: int) -> None:
+  """Raises `plan`'s and `plan_sequence`'s ValueError when not even the smallest plan over these
+  blocks fits `budget_bytes`: the planners check this on `choices(..., measure=False)` before
+  they compile and time any candidate, so a budget that cannot work fails at once."""
+  smallest = least_bytes(candidates)
+  if smallest > budget_bytes:
+    raise ValueError(
+      f"no plan fits a budget of {budget_bytes:,} bytes for the residuals of "
+      f"{len(candidates)} blocks: the smallest plan needs at least {smallest:,} bytes"
+    )
+
+
+def inner_of(choice: Choice) -> str | None:
+  """The inner policy p of a "keep[p]", "offload[p]" or "offload[p]+in" choice; None for
+  "recompute" and "offload[in]" (the block recomputed whole)."""
+  m = re.fullmatch(r"(?:keep|offload)\[([^\[\]]+)\](?:\+in)?", choice.policy.name or "")
+  return None if m is None or choice.policy.name == "offload[in]" else m.group(1)
+
+
+def worth_measuring(sized: Sequence[Sequence[Choice]], budget_bytes: int) -> list[set[str]]:
+  """Per block, the inner policies some plan within `budget_bytes` could use, from the choices'
+  bytes (`choices(..., measure=False)` of each block): a policy all of whose choices make even
+  the smallest plan (`least_bytes`, with that choice at that block) overflow the budget can
+  never be picked, so the planners do not compile and time it. The plan is the same: `plan`
+  and `plan_sequence` reject every mix that holds such a choice."""
+  out = []
+  for i, block in enumerate(sized):
+    others = list(sized[:i]) + list(sized[i + 1 :])
+    out.append(
+      {
+        p
+        for c in block
+        if (p := inner_of(c)) is not None and least_bytes([[c], *others]) <= budget_bytes
+      }
+    )
   return out
 
 
@@ -381,12 +450,18 @@ def plan_layers(
   inner policies (`inners`, name -> checkpoint policy, usually built from the names the layer
   tags its intermediates with: `jax.checkpoint_policies.save_only_these_names`). Every choice
   counts the layer's input (argument 1, the carry). An offloading plan sets `store.device_bytes`
-  to the spill cap it was predicted with. ValueError when not even the smallest plan fits.
+  to the spill cap it was predicted with. ValueError when not even the smallest plan fits,
+  found from the choices' bytes before any of them is compiled or timed (`fits_at_all`); inner
+  policies that no plan within the budget could use are not measured (`worth_measuring`).
   """
+  args = (layer_state, x)
+  sized = [choices(apply, args, store, inners, tier=tier, carry=1, measure=False)] * num_layers
+  fits_at_all(sized, budget_bytes)
+  only = worth_measuring(sized, budget_bytes)[0]  # the layers are alike
   cands = choices(
-    apply, (layer_state, x), store, inners, tier=tier, repeats=repeats, carry=1, progress=progress
+    apply, args, store, inners, tier=tier, repeats=repeats, carry=1, progress=progress, only=only
   )
-  bw = _probe_bandwidth(store)
+  bw = _probe_bandwidth(store, repeats)
   best = plan(num_layers, cands, budget_bytes, bw)
   if best.offload_bytes:
     store.device_bytes = best.spill_cap  # the staging the plan was predicted with
@@ -419,7 +494,7 @@ def plan_sequence(
       c.seconds + 2 * c.offload_bytes / _D2D_BANDWIDTH for c in ordered[i]
     )
   best: OffloadPlan | None = None
-  smallest = sum(min(c.device_bytes + _POOL_BLOCKS * c.offload_bytes for c in o) for o in ordered)
+  smallest = least_bytes(ordered)
   tried = 0
 
   def search(i: int, picks: list[Choice], kept: int, largest: int, floor: float):
@@ -474,24 +549,41 @@ def plan_blocks(
   `block_seconds` can chain it) and x the layer's input (an array or its
   `jax.ShapeDtypeStruct`). Each layer is measured on its own (`choices`, carry 1); the plan is
   `plan_sequence`'s. An offloading plan sets `store.device_bytes` to its spill cap. ValueError
-  when not even the smallest plan fits."""
+  when not even the smallest plan fits, before any layer is measured (`fits_at_all`); a layer's
+  inner policies that no plan within the budget could use are not measured there."""
+  sized = [
+    choices(a, (st, x), store, inners, tier=tier, carry=1, measure=False) for a, st, x in blocks
+  ]
+  fits_at_all(sized, budget_bytes)
+  worth = worth_measuring(sized, budget_bytes)
   cands = []
   for i, (apply, state, x) in enumerate(blocks):
     say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
     cands.append(
-      choices(apply, (state, x), store, inners, tier=tier, repeats=repeats, carry=1, progress=say)
+      choices(
+        apply,
+        (state, x),
+        store,
+        inners,
+        tier=tier,
+        repeats=repeats,
+        carry=1,
+        progress=say,
+        only=worth[i],
+      )
     )
-  bw = _probe_bandwidth(store)
+  bw = _probe_bandwidth(store, repeats)
   best = plan_sequence(cands, budget_bytes, bw)
   if best.offload_bytes:
     store.device_bytes = best.spill_cap
   return best, bw
 
 
-def _probe_bandwidth(store: TensorStore) -> float:
+def _probe_bandwidth(store: TensorStore, repeats: int = 5) -> float:
   """`store_bandwidth` through a probe sized to the store's RAM tier."""
   probe = min(256 << 20, max(4 << 20, store.ram_bytes // 4)) if store.ram_bytes else 64 << 20
-  return store_bandwidth(store, probe, tier="ram" if store.ram_bytes >= probe else "auto")
+  tier = "ram" if store.ram_bytes >= probe else "auto"
+  return store_bandwidth(store, probe, tier, repeats=repeats)
 
 
 def _compositions(n: int, k: int):
