@@ -13,11 +13,12 @@ import dataclasses
 import functools
 import json
 
+import doc_blocks
 import jax
 import numpy as np
 import pytest
 from flax import nnx
-from test_distributed import _env, _jaxdata  # one way to run the CLI in a fresh CPU process
+from test_distributed import _env, _jaxdata, _launched  # the CLI in a fresh CPU process
 
 from jaxdata.data import synthetic_mag
 from jaxdata.nn import classifiers
@@ -163,29 +164,17 @@ def _tables(path) -> list[np.ndarray]:
 @pytest.mark.slow
 def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   """Same global batches, same per-device keys (sampled fanouts here): every epoch's loss and
-  validation accuracy and the trained embedding table agree."""
-  multi = _jaxdata(
-    [
-      "launch",
-      "-n",
-      "2",
-      "--devices-per-process",
-      "2",
-      "--",
-      *HGT,
-      "--out",
-      str(tmp_path / "multi"),
-    ],
-    _env(),
-    300,
-  )
-  assert multi.returncode == 0, multi.stdout + multi.stderr
+  validation accuracy and the trained embedding table agree. The launch is
+  docs/distributed.md's, as written (`--out hgt-mb-2x2`)."""
+  run, multi = _launched(doc_blocks.run_block("docs/distributed.md", tmp_path))
+  assert run == [*HGT, "--out", "hgt-mb-2x2"], run
   single = _jaxdata([*HGT, "--out", str(tmp_path / "single")], _env(4), 300)
   assert single.returncode == 0, single.stdout + single.stderr
   assert "cpu x 4" in multi.stdout and "cpu x 4" in single.stdout
   assert "[0] validation accuracy" in multi.stdout
   assert "[1] validation accuracy" not in multi.stdout
-  hist = {k: json.load(open(tmp_path / k / "history.json")) for k in ("multi", "single")}
+  out = {"multi": tmp_path / "hgt-mb-2x2", "single": tmp_path / "single"}
+  hist = {k: json.load(open(out[k] / "history.json")) for k in out}
   assert len(hist["multi"]) == len(hist["single"]) == 2
   for m, s in zip(hist["multi"], hist["single"]):
     assert m["batches"] == s["batches"] == 5
@@ -194,7 +183,7 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   # The job itself compared its processes' copies by SHA-256 (an error if one missed a row);
   # against one process they agree to rounding (gloo and the in-process all-reduce sum the
   # dense gradients in different orders, so the bits may differ).
-  multi_tables, single_tables = _tables(tmp_path / "multi"), _tables(tmp_path / "single")
+  multi_tables, single_tables = _tables(out["multi"]), _tables(out["single"])
   assert len(multi_tables) == 1
   for m, s in zip(multi_tables, single_tables, strict=True):
     np.testing.assert_allclose(m, s, rtol=1e-4, atol=1e-6)
