@@ -276,10 +276,13 @@ def test_without_the_launcher_a_dead_peer_ends_the_others_within_the_timeout(tmp
 
 
 def test_a_failing_command_fails_the_launch_with_its_exit_code():
-  """Both processes refuse a bad flag value: the launcher returns their exit code 2."""
+  """Both processes refuse a bad flag value: the launcher returns their exit code 2. The first
+  to fail stops the other, which may not have printed its own error yet: one error line, from
+  either process."""
   out = _jaxdata(["launch", "-n", "2", "--", "train", "sage", "--fanouts", "0"], _env(), 60)
   assert out.returncode == 2
-  assert "[0] jaxdata train sage: error: argument --fanouts" in out.stdout
+  assert re.search(r"^\[[01]\] jaxdata train sage: error: argument --fanouts", out.stdout, re.M)
+  assert "exited with code 2; stopping the others" in out.stderr
 
 
 def test_launch_needs_a_train_command_and_sets_the_process_flags_itself(capsys):
