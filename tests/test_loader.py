@@ -269,3 +269,14 @@ def test_a_mesh_gives_each_device_its_share_sampled_with_its_own_key():
         lambda sb: sb.batch.mask.sum()[None], mesh=mesh, in_specs=P("data"), out_specs=P("data")
       )(b)
       np.testing.assert_array_equal(count, np.asarray(a.mask).reshape(2, 3).sum(1))
+
+
+def test_the_docstring_examples_run():
+  import doctest
+
+  import jaxdata.loader
+  import jaxdata.loader.loader
+
+  for module in (jaxdata.loader, jaxdata.loader.loader):
+    result = doctest.testmod(module)
+    assert result.attempted and not result.failed, module.__name__

@@ -117,6 +117,17 @@ class Loader:
     seed: the seed of int-given embeddings.
 
   The loader owns the tables it made: `close()` it, or use it as a context manager.
+
+  Example:
+    >>> edges = {("user", "follows", "user"): ([0, 1, 2, 3], [1, 2, 3, 0])}
+    >>> loader = Loader(edges, num_nodes={"user": 4}, features=np.eye(4, dtype=np.float32),
+    ...                 labels=np.array([0, 1, 1, 0]), fanouts=(2, 2))
+    >>> batches = loader.batches(np.arange(4), batch_size=3, seed=1)
+    >>> [batch.mask.tolist() for batch in batches]  # the second batch is padded
+    [[True, True, True], [True, False, False]]
+    >>> batches.get_state()
+    {'epoch': 1, 'index': 0, 'seed': 1}
+    >>> loader.close()
   """
 
   def __init__(
