@@ -505,11 +505,11 @@ def test_an_unreachable_coordinator_is_a_clear_error():
   assert time.monotonic() - start < 30
 
 
-def _sparse_worker(out, processes: int, devices: int) -> list:
-  """Runs tests/sparse_worker.py as `processes` processes of `devices` CPU devices each; returns
-  each process's saved tables."""
+def _sparse_worker(out, processes: int, devices: int, worker: str = "sparse_worker.py") -> list:
+  """Runs tests/`worker` (sparse_worker.py) as `processes` processes of `devices` CPU devices
+  each; returns each process's saved arrays."""
   out.mkdir()
-  script = os.path.join(os.path.dirname(__file__), "sparse_worker.py")
+  script = os.path.join(os.path.dirname(__file__), worker)
   env = _env(devices)
   if processes > 1:
     env.update(
@@ -691,3 +691,18 @@ def test_sparse_update_copies_must_divide_the_axis_and_need_it():
       sgd.update(table, (), jnp.arange(2), jnp.ones((2, 2)), copies=2)
     jax.block_until_ready(update(2))  # two copies of one device each: each writes every row
     np.testing.assert_array_equal(table.as_numpy(), -2 * np.ones((4, 2)))
+
+
+@pytest.mark.slow
+def test_the_loaders_iterator_gives_each_process_its_devices_batches(tmp_path):
+  """Loader.batches over a mesh of 2 processes x 1 device: process d holds device d's batch of
+  a one-process run over 2 devices, for every array of every batch (tests/loader_worker.py;
+  tests/test_loader.py holds the one-process batches against each device's own sample)."""
+  import numpy as np
+
+  multi = _sparse_worker(tmp_path / "multi", 2, 1, "loader_worker.py")
+  (single,) = _sparse_worker(tmp_path / "single", 1, 2, "loader_worker.py")
+  assert len(single) > 10 and set(multi[0]) == set(multi[1]) == set(single)
+  for key, both in single.items():
+    np.testing.assert_array_equal(np.concatenate([multi[0][key], multi[1][key]]), both, key)
+  assert (single["batch0_leaf0"] >= 0).any()
