@@ -4,8 +4,11 @@ Each command's module owns its options (`add_arguments(parser)`) and its run (`m
 this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`);
 a run whose loss stops being finite is one line and exit code 1, having saved nothing; Ctrl-C
 is one line ("interrupted") and exit code 130, SIGTERM one line ("terminated") and exit code 143
-(`command.signals_stop`). A trainer saves its checkpoint when training ends, so a run stopped
-before then saves none (and one stopped while saving keeps the previous checkpoint).
+(`command.signals_stop`). A trainer saves its checkpoint when training ends: Ctrl-C saves none
+(and one stopped while saving keeps the previous checkpoint); SIGTERM to a one-process `train`
+ends it after the step in progress, which it saves to --out, then exits 143 (a second SIGTERM
+stops at once; `command.soft_stop`). A multi-process job stops at once: its processes could not
+agree on a last step.
 Every `train` command also takes the multi-process flags of `jaxdata.distributed`, and joins
 its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
 processes, the others refuse to.
@@ -224,8 +227,9 @@ def _multi_process_trainers() -> str:
   return (" and ".join(names) + " do") if len(names) > 1 else f"only {names[0]} does"
 
 
-def _join(args: argparse.Namespace) -> None:
-  """Before a trainer runs: joins its multi-process job, if the flags ask for one."""
+def _join(args: argparse.Namespace) -> bool:
+  """Before a trainer runs: joins its multi-process job, if the flags ask for one; whether this
+  is a one-process run."""
   setup = distributed.setup_from(args)
   what = f"jaxdata train {args.model}"
   if setup.num_processes > 1 and not args.multi_process:
@@ -240,6 +244,7 @@ def _join(args: argparse.Namespace) -> None:
       f"{what} does not support multi-process runs yet ({setup.num_processes}"
       f" processes detected); of the trainers, {_multi_process_trainers()}"
     )
+  return setup.num_processes == 1
 
 
 def parser() -> command.Parser:
@@ -294,10 +299,16 @@ def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int
   """`main` once the command line is parsed: runs the command, reports its failures in one line
   and returns the exit code (`take_signals_back`: `command.signals_stop`'s)."""
   try:
+    alone = False
     if getattr(args, "command", None) == "train":
-      _join(args)
+      alone = _join(args)
       take_signals_back()  # jax.distributed.initialize took SIGTERM (only to log it)
-    code = args.run(args)
+    # One process: a SIGTERM ends the run after its step, and the trainer saves it (--out).
+    with command.soft_stop(enabled=alone):
+      code = args.run(args)
+    if command.stop_requested() and code == 0:
+      print(f"{args.prog}: terminated (SIGTERM) after its last completed step", file=sys.stderr)
+      code = 128 + signal.SIGTERM
   except command.UsageError as e:
     code = command.fail(args.prog, e)
   except LossNotFinite as e:  # a diverged run: stopped, nothing saved

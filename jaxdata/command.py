@@ -37,10 +37,36 @@ class Terminated(KeyboardInterrupt):
   signum = signal.SIGTERM
 
 
+#: Set by the first SIGTERM inside `soft_stop`: training loops finish the step they are in and
+#: stop (`stop_requested`), and the command saves what it trained.
+_stop_requested = threading.Event()
+_soft = threading.Event()
+
+
+def stop_requested() -> bool:
+  """Whether a SIGTERM asked the command to stop after its current step (`soft_stop`)."""
+  return _stop_requested.is_set()
+
+
+@contextlib.contextmanager
+def soft_stop(enabled: bool = True) -> Iterator[None]:
+  """While inside (and `enabled`), the first SIGTERM does not raise: it sets `stop_requested`,
+  which training loops check after every step, so the run ends after its last completed step
+  and saves it; a second SIGTERM, or Ctrl-C, stops at once as `signals_stop` does. Not for
+  multi-process jobs, whose processes must stop at the same step."""
+  if enabled:
+    _soft.set()
+  try:
+    yield
+  finally:
+    _soft.clear()
+
+
 @contextlib.contextmanager
 def signals_stop() -> Iterator[Callable[[], None]]:
   """While inside, SIGINT raises KeyboardInterrupt and SIGTERM raises `Terminated` in the main
-  thread, the first one only: a signal that arrives while the command is already stopping is
+  thread (inside `soft_stop`, the first SIGTERM asks for a stop after the current step), the
+  first one only: a signal that arrives while the command is already stopping is
   ignored (`jaxdata launch` passes on the Ctrl-C a terminal also sent to its processes). Yields
   a function that installs the handlers again, for after code that takes SIGTERM for itself
   (`jax.distributed.initialize`: XLA's preemption notifier only logs it). Outside the main
@@ -52,6 +78,10 @@ def signals_stop() -> Iterator[Callable[[], None]]:
 
   def stop(signum, frame):
     nonlocal stopping
+    if signum == signal.SIGTERM and _soft.is_set() and not _stop_requested.is_set():
+      _stop_requested.set()  # the training loop stops after this step (`soft_stop`)
+      print("jaxdata: SIGTERM: stopping after this step (again to stop now)", file=sys.stderr)
+      return
     if not stopping:
       stopping = True
       raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()

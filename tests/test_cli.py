@@ -3,6 +3,7 @@ answered by one line naming the flag, exit code 2, no traceback, before any work
 
 import gzip
 import io
+import json
 import os
 import signal
 import subprocess
@@ -320,20 +321,12 @@ def test_signals_stop_raises_once_and_gives_the_handlers_back():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def test_sigterm_stops_a_training_run_in_one_line_with_exit_code_143(tmp_path):
-  """SIGTERM to `jaxdata train` while it trains: it stops where it is, says so in one line (no
-  traceback) and exits 128 + 15; a run stopped before its end saves nothing."""
+def test_sigterm_ends_a_training_run_after_its_step_saves_it_and_exits_143(tmp_path):
+  """SIGTERM to a one-process `jaxdata train` while it trains: it finishes the step it is in,
+  saves what it trained to --out, says so in one line (no traceback) and exits 128 + 15."""
+  out = tmp_path / "stopped"
   proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "jaxdata.cli",
-      *TINY["sage"],
-      "--epochs",
-      "100000",
-      "--out",
-      str(tmp_path / "never"),
-    ],
+    [sys.executable, "-m", "jaxdata.cli", *TINY["sage"], "--epochs", "100000", "--out", str(out)],
     env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
@@ -348,15 +341,20 @@ def test_sigterm_stops_a_training_run_in_one_line_with_exit_code_143(tmp_path):
     else:
       pytest.fail("the run ended before its first epoch:\n" + "".join(lines))
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=120)
   finally:
     if proc.poll() is None:
       proc.kill()
       proc.communicate()
   assert proc.returncode == 128 + signal.SIGTERM, err
-  assert err.strip().splitlines()[-1] == "jaxdata train sage: terminated (SIGTERM)", err
-  assert "Traceback" not in err
-  assert list(tmp_path.iterdir()) == []
+  last = "jaxdata train sage: terminated (SIGTERM) after its last completed step"
+  assert err.strip().splitlines()[-1] == last, err
+  assert "stopping after this step" in err and "Traceback" not in err
+  from jaxdata.train import checkpoint
+
+  history = json.load(open(out / "history.json"))
+  assert 1 <= len(history) < 1000
+  assert checkpoint.load_model(str(out)).model is not None
 
 
 def test_bench_one_process_writes_markdown_only_where_asked(monkeypatch, tmp_path, capsys):

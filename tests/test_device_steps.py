@@ -64,3 +64,30 @@ def test_device_steps_equal_run_epoch_and_survive_an_interruption():
   for a, b in zip(jax.tree.leaves(nnx.state(model3)), jax.tree.leaves(nnx.state(model4))):
     np.testing.assert_allclose(a, b, rtol=1e-6)
   model4(jnp.ones((1, 3)))  # its arrays are live
+
+
+def test_a_requested_stop_ends_the_epoch_after_the_current_step():
+  """`command.stop_requested()` (a SIGTERM under `soft_stop`) ends `DeviceSteps.epoch` and
+  `run_epoch` after the step in progress: their records count the steps that ran."""
+  from jaxdata import command
+
+  rows = common.seed_batches(np.arange(20), 6, np.random.default_rng(1))
+  key = jax.random.key(5)
+
+  def stop_at_two(done, total):
+    if done == 2:
+      command._stop_requested.set()
+
+  try:
+    model, optimizer, data, fn = _setup()
+    got = common.DeviceSteps(model, optimizer, fn).epoch((data,), rows, key, stop_at_two)
+    command._stop_requested.clear()
+    model2, optimizer2, data2, fn2 = _setup()
+    jitted = nnx.jit(fn2)
+    step = lambda s, k: jitted(model2, optimizer2, data2, s, k)  # noqa: E731
+    want = common.run_epoch(step, rows, key, stop_at_two)
+  finally:
+    command._stop_requested.clear()
+  assert got["batches"] == want["batches"] == 2 and got["seeds"] == want["seeds"] == 12
+  for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(model2))):
+    np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -274,6 +274,8 @@ def run_epoch(
     sums.append(step(jnp.asarray(row), jax.random.fold_in(key, i)))
     if on_batch is not None:
       on_batch(i + 1, len(rows))
+    if command.stop_requested():  # SIGTERM: the run ends after this step (command.soft_stop)
+      break
   return epoch_record(sums, t0)
 
 
@@ -302,6 +304,8 @@ def run_pipelined_epoch(
       sums.append(out)
       if on_batch is not None:
         on_batch(i + 1, len(rows))
+      if command.stop_requested():  # the prepared next batch is dropped
+        break
   return epoch_record(sums, t0)
 
 
@@ -583,6 +587,8 @@ class DeviceSteps:
         sums.append(out)
         if on_batch is not None:
           on_batch(n + 1, len(rows))
+        if command.stop_requested():
+          break
       return epoch_record(sums, t0)
     finally:  # also when interrupted: the model holds the last completed step's state
       nnx.update((self.model, self.optimizer), self.state)
@@ -660,6 +666,8 @@ class ShardedSteps:
       sums.append(metrics)
       if on_batch is not None:
         on_batch(n + 1, len(seed_rows))
+      if command.stop_requested():  # one process only (soft_stop): its devices stop together
+        break
     return epoch_record(sums, t0)
 
   def accuracy(self, ids: np.ndarray, key) -> float:

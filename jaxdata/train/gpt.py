@@ -216,7 +216,8 @@ def train(
       compile_seconds = time.perf_counter() - t0  # the first step includes tracing and compiling
     if on_step:
       on_step(i, config.steps)
-    if i % log_every == 0 or i == config.steps:
+    stopping = command.stop_requested()  # SIGTERM (one process): this step is the last
+    if i % log_every == 0 or i == config.steps or stopping:
       losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
       seconds = time.perf_counter() - t0
       record = dict(
@@ -230,11 +231,13 @@ def train(
       evaluating += time.perf_counter() - e0
       add_record(history, record, on_log)
       window, t0 = [], time.perf_counter()
+    if stopping:
+      break
   total = time.perf_counter() - start - evaluating
   if ndev > 1:  # replicated over the mesh: this process's own copy, on its first device
     state = jax.device_put(distributed.local_value(state), jax.local_devices()[0])
   nnx.update((model, optimizer), state)
-  final_loss = history[-1]["val_loss"]  # the last step is always logged
+  final_loss = history[-1]["val_loss"]  # the last step is always logged (also when stopped)
   rest = max(total - compile_seconds, 1e-9)  # the steps after the first, which compiled
   metrics = dict(
     start_loss=start_loss,
@@ -242,7 +245,7 @@ def train(
     train_loss=history[-1]["loss"],
     entropy=chain.entropy(),
     uniform_loss=math.log(config.vocab),
-    steps=config.steps,
+    steps=history[-1]["step"],
     seconds=total,
     compile_seconds=compile_seconds,
     # one step is the compiling one: no steady-state speed to report

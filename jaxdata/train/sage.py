@@ -393,6 +393,8 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
         sums.append(m)
         if on_batch:
           on_batch(i + 1, len(seed_rows))
+        if state and command.stop_requested():  # training (not evaluating): stop after this step
+          break
     else:
       # Everything a step takes already placed as the step wants it: an argument on the wrong
       # devices is resharded at every call, off JAX's fast dispatch path.
@@ -404,6 +406,8 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
         sums.append(m)
         if on_batch:
           on_batch(n + 1, len(seed_rows))
+        if state and command.stop_requested():
+          break
     totals = [float(sum(np.asarray(x) for x in col)) for col in zip(*sums)] if sums else []
     return tuple(state), totals
 
@@ -432,6 +436,8 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     if config.evaluate and len(dataset.val_nodes):
       record["val_accuracy"] = accuracy(dataset.val_nodes, jax.random.fold_in(eval_key, epoch))
     add_record(history, record, on_epoch)
+    if command.stop_requested():  # SIGTERM: the last completed step ends the run
+      break
   test = (
     accuracy(dataset.test_nodes, test_key)
     if config.evaluate and len(dataset.test_nodes)

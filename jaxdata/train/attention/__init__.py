@@ -235,6 +235,8 @@ def train(
     )
     record["val_accuracy"] = evaluate(model, dataset, graph, xs)["val_accuracy"]
     add_record(history, record, on_epoch)
+    if command.stop_requested():  # SIGTERM: the last completed step ends the run
+      break
   final = evaluate(model, dataset, graph, xs)
   return TrainResult(model, history, final, time.perf_counter() - start, optimizer, plan)
 

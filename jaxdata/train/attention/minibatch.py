@@ -41,6 +41,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxdata import command
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader, initial_embeddings
@@ -447,6 +448,8 @@ def train(
       if validate:
         record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
       common.add_record(history, record, on_epoch)
+      if command.stop_requested():  # SIGTERM: the last completed step ends the run
+        break
     if final_evaluation == "minibatch":
       final = {
         "val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),

@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdata import distributed
+from jaxdata import command, distributed
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
@@ -147,6 +147,8 @@ def train(
     )
     record["val_accuracy"] = accuracies(state)["val_accuracy"]
     add_record(history, record, on_epoch)
+    if command.stop_requested():  # SIGTERM: the last completed step ends the run
+      break
   final = accuracies(state)
   model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
   return TrainResult(model, history, final, time.perf_counter() - start, optimizer)

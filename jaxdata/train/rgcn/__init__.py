@@ -210,6 +210,8 @@ def train(
       if len(val):
         record["val_accuracy"] = float(val_acc)
       add_record(history, record, on_epoch)
+      if command.stop_requested():  # SIGTERM: the last completed step ends the run
+        break
   finally:
     if table is not None:
       # close() waits for the kernels reading the table. Not jax.effects_barrier(): on a GPU it

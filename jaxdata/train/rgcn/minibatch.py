@@ -43,6 +43,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from jaxdata import command
 from jaxdata.data import EntityDataset
 from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader
@@ -296,6 +297,8 @@ def train(
             )
           )
         common.add_record(history, record, on_epoch)
+        if command.stop_requested():  # SIGTERM: the last completed step ends the run
+          break
       if sharded is not None:
         sharded.finish()
       for t in loader.embedded:  # several processes: every copy received every row update

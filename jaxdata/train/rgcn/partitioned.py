@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdata import distributed
+from jaxdata import command, distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
 from jaxdata.train.common import MESH_AXIS as AXIS
@@ -139,6 +139,8 @@ def train(
     if len(val):
       record["val_accuracy"] = float(hits[1]) / num_val
     add_record(history, record, on_epoch)
+    if command.stop_requested():  # SIGTERM: the last completed step ends the run
+      break
   test_correct = int(distributed.local_value(test(state, consts)))
   # Replicated over the mesh: each process reads its own copy (no collective).
   model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
