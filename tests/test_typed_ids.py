@@ -236,3 +236,15 @@ def test_a_hand_built_device_graph_keeps_its_ids_or_is_refused():
     sample_neighbors(DeviceGraph(indptr.astype(np.float32), indices), seeds, (2,), KEY)
   with pytest.raises(TypeError, match="indices must be an integer array, got list"):
     sample_neighbors(DeviceGraph(indptr, [1, 2, 0]), seeds, (2,), KEY)
+
+
+def test_a_node_with_2_31_in_edges_is_refused():
+  """The samplers draw int32 positions among a node's in-edges: a node with 2**31 of them
+  would wrap (checked on the degrees; a real graph that large does not fit CI)."""
+  from jaxdata.host.graph import check_in_degrees
+
+  check_in_degrees(np.diff(np.array([0, 5, 2**31 - 1 + 5], np.int64)), "HostGraph")
+  with pytest.raises(ValueError, match="a node has 2147483648 in-edges"):
+    check_in_degrees(np.diff(np.array([0, 3, 2**31 + 3], np.int64)), "HostGraph")
+  with pytest.raises(ValueError, match="a node has 2147483648 in-edges"):
+    check_in_degrees(jnp.diff(jnp.array([0, 2**31], jnp.int64)), "sample_neighbors: DeviceGraph")

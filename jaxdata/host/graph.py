@@ -341,6 +341,16 @@ def _check_etypes(
   return etypes, int(num_relations)
 
 
+def check_in_degrees(degrees: Any, what: str) -> None:
+  """Every node has at most 2**31 - 1 in-edges: the samplers draw int32 positions among a
+  node's in-edges (xla_ffi/host/sample.h), which a larger degree would wrap."""
+  most = int(degrees.max()) if degrees.size else 0
+  if most > np.iinfo(np.int32).max:
+    raise ValueError(
+      f"{what}: a node has {most} in-edges; sampling supports at most 2**31 - 1 per node"
+    )
+
+
 def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
   if indptr.ndim != 1 or indices.ndim != 1:
     raise ValueError(f"HostGraph: indptr {indptr.shape} and indices {indices.shape} must be 1-D")
@@ -349,8 +359,10 @@ def _check_csr(indptr: np.ndarray, indices: np.ndarray) -> None:
   num_nodes = len(indptr) - 1
   if num_nodes > np.iinfo(np.int32).max:
     raise ValueError(f"HostGraph: {num_nodes} nodes do not fit int32 node ids")
-  if indptr[0] != 0 or indptr[-1] != len(indices) or np.any(np.diff(indptr) < 0):
+  degrees = np.diff(indptr)
+  if indptr[0] != 0 or indptr[-1] != len(indices) or np.any(degrees < 0):
     raise ValueError("HostGraph: indptr must rise from 0 to len(indices) without decreasing")
+  check_in_degrees(degrees, "HostGraph")
   if len(indices) and (indices.min() < 0 or indices.max() >= num_nodes):
     raise ValueError(f"HostGraph: indices holds node ids outside [0, {num_nodes})")
 

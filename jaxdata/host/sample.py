@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxdata import _ffi  # registers the FFI targets  # noqa: F401
 from jaxdata.host.gather import _canonical_indices, as_indices, host_gather
-from jaxdata.host.graph import HostGraph
+from jaxdata.host.graph import HostGraph, check_in_degrees
 from jaxdata.host.table import HostTable
 
 
@@ -300,6 +300,7 @@ def _check_device_csr(graph: DeviceGraph) -> tuple[jax.Array, jax.Array]:
       raise ValueError(
         "sample_neighbors: DeviceGraph.indptr must rise from 0 to len(indices) without decreasing"
       )
+    check_in_degrees(ptr[1:] - ptr[:-1], "sample_neighbors: DeviceGraph")
     low, high = (int(x) for x in (idx.min(), idx.max())) if idx.size else (0, 0)
     if low < 0 or high >= max(num_nodes, 1):
       raise ValueError(
