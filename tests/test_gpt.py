@@ -504,7 +504,7 @@ def test_cli_trains_with_a_named_policy_on_the_ssd_tier(tmp_path, capsys):
     train_gpt.main(parser.parse_args(common + ["--offload", "--plan", "offload[bogus]"]))
   with pytest.raises(UsageError, match="needs --budget"):
     train_gpt.main(parser.parse_args(common + ["--offload"]))
-  # --budget alone plans, as its help says (it was ignored without --offload until session 20).
+  # --budget alone plans, as its help says.
   # 512 KiB holds the 2 layers' 128 KiB inputs but not every policy's residuals: the planner
   # measures only the policies that can fit.
   assert train_gpt.main(parser.parse_args(common + ["--budget", "512KiB"])) == 0

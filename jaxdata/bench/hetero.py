@@ -889,7 +889,7 @@ def markdown(
     common.markdown_table(header, rows),
     "",
   ]
-  text += ["## The bars (issue 16)", "", common.markdown_table(*bars(results, link)), ""]
+  text += ["## The bars", "", common.markdown_table(*bars(results, link)), ""]
   if link is not None:
     text += [
       f"Link bound: {link.feature_bytes / 2**20:.1f} MiB of features per GPU-centric "

@@ -156,19 +156,19 @@ class Loader:
       raise ValueError("Loader: give cache or cache_bytes, not both (cache_bytes sizes the cache)")
     self._owned: list[Any] = []
     try:
-      self._build(graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed)
+      host = self._build(
+        graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed
+      )
       featured = [
         t if isinstance(t, HostTable) and i not in self._meta.embedded else None
         for i, t in enumerate(self.tables)
       ]
       if cache_bytes is not None:
         cache = budget_fraction(featured, cache_bytes)
-      self.caches = (
-        tuple(type_caches(self._host, featured, self._meta.offsets, cache)) if cache else None
-      )
+      self.caches = tuple(type_caches(host, featured, self._meta.offsets, cache)) if cache else None
       self.cache_fraction = float(cache)
       if pipeline == "device":
-        self.graph = DeviceGraph.from_host(self._host)
+        self.graph = DeviceGraph.from_host(host)
         self.tables = tuple(
           t
           if i in self._meta.embedded or not isinstance(t, HostTable)
@@ -181,7 +181,8 @@ class Loader:
 
   def _build(
     self, graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed
-  ):
+  ) -> HostGraph:
+    """Sets the graph, tables, labels and description; returns the HostGraph sampled from."""
     if isinstance(graph, Mapping):
       if num_nodes is None:
         raise ValueError("Loader: a graph given as an edge dict needs num_nodes={type: count}")
@@ -204,7 +205,7 @@ class Loader:
         "Loader: graph must be a HeteroGraph, an edge dict or a HostGraph, "
         f"got {type(graph).__name__}"
       )
-    self._host = self.graph = host
+    self.graph = host
     sizes = {n: offsets[t + 1] - offsets[t] for t, n in enumerate(names)}
 
     def per_type(value, what) -> dict:
@@ -273,6 +274,7 @@ class Loader:
       tuple(names.index(n) for n in embeddings),
       norm,
     )
+    return host
 
   def _own(self, table: HostTable) -> HostTable:
     self._owned.append(table)
@@ -477,7 +479,6 @@ def _unflatten(meta: _Meta, children) -> Loader:
   loader = Loader.__new__(Loader)
   loader._owned = []
   loader.graph, loader.tables, loader.caches, loader.labels = children
-  loader._host = loader.graph
   loader._meta = meta
   return loader
 
@@ -643,13 +644,3 @@ def initial_embeddings(
     for job in jobs:
       job.result()
   return out
-
-
-__all__ = [
-  "Loader",
-  "Batch",
-  "BatchIterator",
-  "ShardedBatch",
-  "initial_embeddings",
-  "budget_fraction",
-]
