@@ -153,22 +153,25 @@ class RGATClassifier(_Classifier):
     dt = jnp.dtype(dtype)
     h = hidden
     self.embed = nnx.List([nnx.Linear(d, h, dtype=dt, rngs=rngs) for d in in_features])
-
-    def conv():
-      return RGAT(
-        h,
-        h // heads,
-        num_relations=num_relations,
-        heads=heads,
-        self_loop=True,
-        passes=passes,
-        dtype=dt,
-        rngs=rngs,
-      )
-
-    self._init_convs([conv() for _ in range(layers)])
+    conv = dict(heads=heads, passes=passes, num_bases=num_bases, dtype=dt, rngs=rngs)
+    self._init_convs([self._conv(h, num_relations, **conv) for _ in range(layers)])
     self.classify = nnx.Linear(h, num_classes, dtype=dt, rngs=rngs)
     self.hidden, self.dtype = h, dt
+
+  @staticmethod
+  def _conv(h: int, num_relations: int, *, heads, passes, num_bases, dtype, rngs) -> nnx.Module:
+    """One graph layer, ``[N, h]`` to ``[N, h]`` (RGCNClassifier's are RGCN layers)."""
+    del num_bases  # RGCN's
+    return RGAT(
+      h,
+      h // heads,
+      num_relations=num_relations,
+      heads=heads,
+      self_loop=True,
+      passes=passes,
+      dtype=dtype,
+      rngs=rngs,
+    )
 
   def __call__(
     self, graph: GraphArrays, xs: Sequence[jax.Array], papers: int, plan: Sequence | None = None
@@ -262,46 +265,19 @@ class RGCNClassifier(RGATClassifier):
   featureless type reads a learnable embedding (`embedded`), as with RGAT and HGT.
   """
 
-  def __init__(
-    self,
-    in_features: Sequence[int],
-    num_relations: int,
-    num_classes: int,
-    *,
-    hidden: int = 64,
-    heads: int = 4,
-    layers: int = 2,
-    dtype: str = "float32",
-    passes: Sequence[str] | None = None,
-    embed_dim: int = 64,
-    num_bases: int | None = None,
-    rngs: nnx.Rngs,
-    rows: Sequence[int] = (),
-    embedded: Sequence[int] = (),
-    tables: bool = True,
-  ):
-    # pylint: disable=super-init-not-called  (RGAT's layers are not built)
-    self._init_tables(rows, embedded, embed_dim, rngs, tables)
-    dt = jnp.dtype(dtype)
-    h = hidden
-    self.embed = nnx.List([nnx.Linear(d, h, dtype=dt, rngs=rngs) for d in in_features])
-    self._init_convs(
-      [
-        RGCN(
-          h,
-          h,
-          num_relations=num_relations,
-          num_bases=num_bases,
-          self_loop=True,
-          use_bias=True,
-          dtype=dt,
-          rngs=rngs,
-        )
-        for _ in range(layers)
-      ]
+  @staticmethod
+  def _conv(h: int, num_relations: int, *, heads, passes, num_bases, dtype, rngs) -> nnx.Module:
+    del heads, passes  # RGAT's
+    return RGCN(
+      h,
+      h,
+      num_relations=num_relations,
+      num_bases=num_bases,
+      self_loop=True,
+      use_bias=True,
+      dtype=dtype,
+      rngs=rngs,
     )
-    self.classify = nnx.Linear(h, num_classes, dtype=dt, rngs=rngs)
-    self.hidden, self.dtype = h, dt
 
   @staticmethod
   def names() -> tuple[str, ...]:
