@@ -74,3 +74,75 @@ def queue_depth(
   wait(fn())
   one = time.perf_counter() - t0
   return max(1, min(most, int(round_seconds / max(one, 1e-6))))
+
+
+def device_events(
+  fn: Callable[[], Any], hlo_text: str, *, runs: int = 5
+) -> list[tuple[int, int, str, str]]:
+  """The device's events in a `jax.profiler` trace of `runs` calls of `fn` (after one warm-up
+  call): (start ns, end ns, event name, ``op_name``) for each kernel, memcpy and memset, the
+  ``op_name`` (named scopes, ``transpose(`` for a backward pass, ...) that `hlo_text` (the
+  compiled program's ``as_text()``) records for the event's HLO instruction, or "" for events
+  that name none (copies and memsets XLA adds). A kernel inside a command buffer (a CUDA
+  graph) names the buffer, not its instruction: compile with
+  ``compiler_options={"xla_gpu_enable_command_buffer": ""}`` to attribute every kernel. On a
+  machine without a GPU, the CPU's XLA operations stand in for the device's events."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
+
+  op_names = dict(
+    re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text, re.M)
+  )
+  jax.block_until_ready(fn())
+  trace = tempfile.mkdtemp()
+  events = []
+  try:
+    jax.profiler.start_trace(trace)
+    jax.block_until_ready([fn() for _ in range(runs)])
+    jax.profiler.stop_trace()
+    for path in glob.glob(f"{trace}/**/*.xplane.pb", recursive=True):
+      for plane in ProfileData.from_file(path).planes:
+        gpu = plane.name.startswith("/device:GPU")
+        if not gpu and plane.name != "/host:CPU":
+          continue
+        for line in plane.lines:
+          for e in line.events:
+            op = dict(e.stats).get("hlo_op")
+            if not gpu and op is None:
+              continue  # host threads: only XLA's operations are the CPU device's work
+            name = op_names.get(op or "", "")
+            events.append((e.start_ns, e.start_ns + e.duration_ns, e.name, name))
+  finally:
+    shutil.rmtree(trace, ignore_errors=True)
+  return events
+
+
+def device_seconds_by_part(
+  fn: Callable[[], Any],
+  hlo_text: str,
+  classify: Callable[[str], str],
+  *,
+  runs: int = 5,
+) -> tuple[dict[str, float], float]:
+  """Where a jitted program's device time goes: each of `device_events` attributed to the part
+  ``classify(op_name)`` names.
+
+  Returns ({part: device seconds per call}, busy seconds per call: the union of the events'
+  intervals, what the device spent on the program while the parts may overlap on streams).
+  """
+  events = device_events(fn, hlo_text, runs=runs)
+  parts: dict[str, float] = {}
+  for start, end, _, name in events:
+    part = classify(name)
+    parts[part] = parts.get(part, 0.0) + (end - start) * 1e-9 / runs
+  busy, reach = 0, None
+  for start, end, _, _ in sorted(events):
+    if reach is None or start > reach:
+      busy, reach = busy + end - start, end
+    elif end > reach:
+      busy, reach = busy + end - reach, end
+  return parts, busy * 1e-9 / runs

@@ -353,3 +353,23 @@ def test_hgt_on_slots_equals_the_layer_on_nodes_in_any_order(device):
     layer.on_slots(shuffled, slot_xs, jnp.asarray(types), rows=-1)
   with pytest.raises(ValueError, match=r"HGT.on_slots: xs\[0\] must have shape"):
     layer.on_slots(shuffled, slot_xs[::-1], jnp.asarray(types))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_typed_linear_is_each_rows_own_types_linear(bias):
+  from jaxdata.nn.typed import typed_linear
+
+  rng = np.random.default_rng(0)
+  widths, n = (3, 5, 2), 13
+  lins = [nnx.Linear(d, 4, use_bias=bias, rngs=nnx.Rngs(t)) for t, d in enumerate(widths)]
+  types = rng.integers(-1, len(widths), n)
+  xs = [rng.normal(size=(n, d)).astype(np.float32) for d in widths]
+  got = typed_linear(lins, xs, jnp.asarray(types), dtype=jnp.float32, precision="highest")
+  want = [
+    np.asarray(xs[t][i] @ np.asarray(lins[t].kernel[...]))
+    + (np.asarray(lins[t].bias[...]) if bias else 0)
+    if t >= 0
+    else np.zeros(4)
+    for i, t in enumerate(types)
+  ]
+  np.testing.assert_allclose(np.asarray(got), np.stack(want), rtol=1e-5, atol=1e-6)

@@ -45,6 +45,7 @@ import functools
 import importlib
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,11 +56,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata import command
+from jaxdata import command, timing
 from jaxdata.bench import common
 from jaxdata.host import HostTable
 from jaxdata.host.gather import host_slice
-from jaxdata.loader import Batch, Loader, sample_blocks
+from jaxdata.loader import Batch, Loader
 from jaxdata.loader.blocks import node_types
 from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
@@ -82,7 +83,7 @@ PIPELINES = {
 }
 #: Batches `--breakdown` times (after the warm-up batches), and its table's header.
 BREAKDOWN_BATCHES = 20
-BREAKDOWN_HEADER = ["part of the GPU-centric step", "ms / batch"]
+BREAKDOWN_HEADER = ["part of the GPU-centric step", "device ms / batch", "share"]
 #: Bytes copied to measure the pinned memcpy bandwidth (CPU: less).
 COPY_BYTES = 1 << 30
 CPU_COPY_BYTES = 64 << 20
@@ -142,6 +143,19 @@ def batch_stats(
   return edges, jnp.sum(jnp.where(valid, per_type[jnp.maximum(types, 0)], 0))
 
 
+def _whole_loss(offsets, row_bytes: Sequence[int], caches) -> Callable:
+  """``loss_of(model, i, loader, all_rows, key)`` of the GPU-centric and all-in-GPU steps: batch
+  i's seed row (``i`` modulo the rows) and key picked on the device (one dispatch per step), the
+  batch sampled and gathered in the step."""
+
+  def whole(model, i, loader, all_rows, key):
+    seeds = jax.lax.dynamic_index_in_dim(all_rows, i % all_rows.shape[0], keepdims=False)
+    batch = loader.sample(seeds, jax.random.fold_in(key, i))
+    return batch_loss(model, batch), batch_stats(batch.blocks, offsets, row_bytes, caches)
+
+  return whole
+
+
 def _trainer(dataset, config: TrainConfig):
   """The state of a fresh model and its Adam, and `make(loss_of)`: a jitted update
   ``step(state, i, *args) -> (state, i + 1, loss, stats)`` from
@@ -159,7 +173,8 @@ def _trainer(dataset, config: TrainConfig):
       model, optimizer = nnx.merge(graphdef, state)
       extra = () if ahead is None else (ahead(i, *args),)  # the next batch, made meanwhile
       (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, i, *args)
-      optimizer.update(model, grads)
+      with jax.named_scope("optimizer"):  # a part of the step (`stages`)
+        optimizer.update(model, grads)
       return (nnx.state((model, optimizer)), i + 1, loss, stats, *extra)
 
     return step
@@ -201,12 +216,6 @@ def _jaxdata(
   ) as loader:
     offsets = loader.type_offsets
 
-    def whole(model, i, loader, all_rows, key):
-      # batch i: its seed row and key picked on the device (one dispatch per step)
-      seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
-      batch = loader.sample(seeds, jax.random.fold_in(key, i))
-      return batch_loss(model, batch), batch_stats(batch.blocks, offsets, row_bytes, loader.caches)
-
     def given(model, i, batch):
       del i
       return batch_loss(model, batch), batch_stats(batch.blocks, offsets, row_bytes)
@@ -245,7 +254,7 @@ def _jaxdata(
           on_batch()
         return jax.block_until_ready(out)
     elif name in ("host", "host-cache", "device"):
-      step = make(whole)
+      step = make(_whole_loss(offsets, row_bytes, loader.caches))
       all_rows = jax.device_put(rows, gpu)
 
       def run_batches(part, first):
@@ -410,82 +419,82 @@ def _pyg(
 
 
 # ----------------------------------------------------------------------------- where the time goes
+#: The parts of the step's device time: (named scope in the op names, part), in order; then the
+#: backward pass (op names under ``transpose(``), the forward pass (the rest of the program) and
+#: what names no instruction (copies and memsets XLA adds).
+SCOPES = (
+  ("sampling", "sampling"),
+  ("deduplication", "deduplication"),
+  ("blocks", "block building"),
+  ("gathers", "feature gathers"),
+  ("optimizer", "optimizer (Adam)"),
+)
+PARTS = (*(part for _, part in SCOPES), "forward", "backward", "copies and memsets")
+
+
+def part_of(op_name: str) -> str:
+  """The part of the step an HLO instruction with this ``op_name`` belongs to (`PARTS`)."""
+  # a scope inside a transformation is written as it: "jvp(sampling)", "transpose(jvp(blocks))"
+  scopes = [re.sub(r"^(\w+\()+|\)+$", "", c) for c in op_name.split("/")]
+  for scope, part in SCOPES:
+    if scope in scopes:
+      return part
+  if not op_name:
+    return PARTS[-1]
+  return "backward" if "transpose(" in op_name else "forward"
+
+
 def stages(
-  dataset, config: TrainConfig, fanouts, rows: np.ndarray, warmup: int, key, console=None
-) -> list[tuple[str, float]]:
-  """The GPU-centric step's parts, per batch: each part its own jitted program, called on the
-  timed batches one at a time and waited for (so each time carries one launch and one wait),
-  the differences between them attributing the rest. Returns (part, median ms) rows: sampling
-  with deduplication and block building (`sample_blocks`), the feature gathers (`prepare`
-  less that), the model's forward, backward (forward + backward less forward) and the
-  optimizer (the update less forward + backward) on prepared batches, their sum, the whole
-  step waited for, and what asynchronous dispatch hides (that sum less the steady step of the
-  pipelines' table, added by the caller)."""
+  dataset, config: TrainConfig, fanouts, rows: np.ndarray, warmup: int, key
+) -> tuple[list[tuple[str, float]], float, float]:
+  """The GPU-centric step (the "host" pipeline's program) split into parts by device time: a
+  `jax.profiler` trace of the steady step attributes every kernel, copy and memset to a part
+  (`part_of`) through its HLO instruction's named scope. Returns ([(part, device ms per step)],
+  device busy ms per step, steady ms per step: `rows` queued back to back after `warmup`)."""
   fanouts = tuple(int(f) for f in fanouts)
-  model = build_model(dataset, config, nnx.Rngs(config.seed))
-  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
-  grad = nnx.value_and_grad(batch_loss)
-
-  def update(model, optimizer, batch):
-    loss, grads = grad(model, batch)
-    optimizer.update(model, grads)
-    return loss
-
-  programs = {
-    "blocks": jax.jit(
-      lambda lo, s, k: sample_blocks(lo.graph, s, lo.fanouts, k, num_relations=lo.num_relations)
-    ),
-    "prepare": jax.jit(Loader.prepare),
-    "forward": nnx.jit(batch_loss),
-    "backward": nnx.jit(grad),
-    "update": nnx.jit(update),
-    "whole": nnx.jit(lambda m, o, lo, s, k: update(m, o, lo.sample(s, k))),
-  }
-  times = {name: [] for name in programs}
+  row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
+  state, make = _trainer(dataset, config)
+  gpu = jax.devices()[0]
+  state, key = jax.device_put((state, key), gpu)
   with make_loader(dataset, "host", fanouts) as loader:
-    for i, row in enumerate(rows):
-      seeds, k = jnp.asarray(row), jax.random.fold_in(key, i)
-      batch = jax.block_until_ready(programs["prepare"](loader, seeds, k))
-      calls = {
-        "blocks": (loader, seeds, k),
-        "prepare": (loader, seeds, k),
-        "forward": (model, batch),
-        "backward": (model, batch),
-        "update": (model, optimizer, batch),
-        "whole": (model, optimizer, loader, seeds, k),
-      }
-      for name, fn in programs.items():
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*calls[name]))
-        if i >= warmup:
-          times[name].append(time.perf_counter() - t0)
-      if console is not None:
-        console.print(f"  breakdown: batch {i + 1} of {len(rows)}", end="\r")
-  ms = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
-  parts = [
-    ("sampling, deduplication, block building", ms["blocks"]),
-    ("feature gathers", ms["prepare"] - ms["blocks"]),
-    ("forward", ms["forward"]),
-    ("backward", ms["backward"] - ms["forward"]),
-    ("optimizer (Adam)", ms["update"] - ms["backward"]),
-  ]
-  return parts + [
-    ("sum of the parts", sum(t for _, t in parts)),
-    ("whole step in one program, waited for", ms["whole"]),
-  ]
+    all_rows = jax.device_put(rows, gpu)
+    step = make(_whole_loss(loader.type_offsets, row_bytes, loader.caches))
+    i = jax.device_put(np.int32(0), gpu)
+    compiled = step.lower(state, i, loader, all_rows, key).compile()
+    holder = {"state": state, "i": i}
+
+    def call():
+      holder["state"], holder["i"], loss, _ = compiled(
+        holder["state"], holder["i"], loader, all_rows, key
+      )
+      return loss
+
+    for _ in range(warmup):
+      jax.block_until_ready(call())
+    t0 = time.perf_counter()
+    jax.block_until_ready([call() for _ in range(len(rows) - warmup)])
+    steady = (time.perf_counter() - t0) / max(1, len(rows) - warmup)
+    # Attributed on the same program compiled without command buffers: a kernel inside a CUDA
+    # graph names the graph, not its HLO instruction (the kernels themselves are the same).
+    compiled = step.lower(holder["state"], holder["i"], loader, all_rows, key).compile(
+      compiler_options={"xla_gpu_enable_command_buffer": ""}
+    )
+    parts, busy = timing.device_seconds_by_part(call, compiled.as_text(), part_of, runs=5)
+  return [(p, 1e3 * parts.get(p, 0.0)) for p in PARTS], 1e3 * busy, 1e3 * steady
 
 
-def breakdown_rows(parts: list[tuple[str, float]], steady_ms: float | None) -> list[list[str]]:
-  """The breakdown as table rows, with the steady step (the pipelines' GPU-centric row) and
-  what waiting costs: the whole step waited for less the steady step."""
-  rows = [[name, f"{t:.2f}"] for name, t in parts]
-  if steady_ms is not None:
-    whole = dict(parts)["whole step in one program, waited for"]
-    rows += [
-      ["whole step, steady (asynchronous dispatch: the table above)", f"{steady_ms:.2f}"],
-      ["launch and wait per step (waited for less steady)", f"{whole - steady_ms:.2f}"],
-    ]
-  return rows
+def breakdown_rows(
+  parts: list[tuple[str, float]], busy_ms: float, steady_ms: float
+) -> list[list[str]]:
+  """The breakdown as table rows: each part's device time and share of the device's busy time,
+  the busy time, the steady step and the rest (the device idle: host work and waits)."""
+  total = sum(t for _, t in parts) or 1.0
+  rows = [[name, f"{t:.3f}", f"{t / total:.0%}"] for name, t in parts]
+  return rows + [
+    ["device busy (the parts' union on the device's streams)", f"{busy_ms:.3f}", ""],
+    ["steady step (steps queued back to back)", f"{steady_ms:.3f}", ""],
+    ["device idle in a step (steady less busy)", f"{max(0.0, steady_ms - busy_ms):.3f}", ""],
+  ]
 
 
 # ----------------------------------------------------------------------------- the link bound
@@ -901,11 +910,14 @@ def markdown(
     text += [
       "## Where the GPU-centric step's time goes",
       "",
-      "Each part is its own jitted program run on the same batches, one call at a time and "
-      "waited for (`--breakdown`), so each carries one launch and one wait; differences "
-      "attribute the rest (gathers: prepare less sampling; backward: forward and backward "
-      "less forward; optimizer: the update less forward and backward). Medians over "
-      f"{BREAKDOWN_BATCHES} batches at most.",
+      "`--breakdown`: the GPU-centric step, compiled once, runs the batches queued back to "
+      "back (the steady step), then a `jax.profiler` trace of 5 more steps attributes every "
+      "kernel, copy and memset on the device to a part of the step through its HLO "
+      "instruction's named scope (`jaxdata.timing.device_seconds_by_part`): sampling, "
+      "deduplication and block building (`loader.sample_blocks`), the feature gathers, the "
+      "optimizer; the rest is the model's forward pass, or its backward pass (`transpose(` in "
+      "the op name). The device is idle for the part of a step it is not busy: host work "
+      "and waits.",
       "",
       common.markdown_table(BREAKDOWN_HEADER, breakdown),
       "",
@@ -1044,11 +1056,10 @@ def main(args) -> int:
     config = TrainConfig(model=args.model, hidden=args.hidden, heads=args.heads, seed=args.seed)
     timed = min(size["batches"], BREAKDOWN_BATCHES)
     rows = _seed_rows(dataset, args.batch_size, size["warmup"] + timed, args.seed)
-    key = jax.random.key(args.seed)
     parts = breakdown_rows(
-      stages(dataset, config, args.fanouts, rows, size["warmup"], key, console), host.batch_ms
+      *stages(dataset, config, args.fanouts, rows, size["warmup"], jax.random.key(args.seed))
     )
-    title = "the GPU-centric step's parts, ms per batch"
+    title = "the GPU-centric step's device time by part, ms per batch"
     common.print_table(console, title, BREAKDOWN_HEADER, parts)
   common.check_measured([r for r in results if r.batch_ms is not None], notes)
   if args.out:

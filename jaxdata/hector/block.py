@@ -102,13 +102,35 @@ def _representative(ids: jax.Array, valid: jax.Array) -> jax.Array:
   invalid entries get positions of their own group of invalid entries, never used)."""
   m = ids.shape[0]
   key = jnp.where(valid, ids, jnp.iinfo(jnp.int32).max)
-  order = jnp.argsort(key, stable=True).astype(jnp.int32)
-  sorted_key = key[order]
+  sorted_key, order = _sort(key)
   starts = jnp.concatenate([jnp.ones((1,), bool), sorted_key[1:] != sorted_key[:-1]])
   group_start = jax.lax.cummax(jnp.where(starts, jnp.arange(m, dtype=jnp.int32), 0))
   # A stable sort keeps equal ids in their original order: a group's first is its smallest
   # position.
   return jnp.zeros((m,), jnp.int32).at[order].set(order[group_start], unique_indices=True)
+
+
+def _sort(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(key sorted, int32 positions that sort it), stably: one key and its positions, the sort a
+  GPU runs as one radix sort (several keys take XLA's much slower comparison sort)."""
+  iota = jax.lax.iota(jnp.int32, key.shape[0])
+  sorted_key, order = jax.lax.sort((key, iota), num_keys=1, is_stable=True)
+  return sorted_key, order
+
+
+def _offsets(sorted_keys: jax.Array, groups: int) -> jax.Array:
+  """int32[groups + 1]: entry g counts the ascending `sorted_keys` below g (`searchsorted` of
+  ``arange(groups + 1)``) from a scatter of each run's start and a scan. `jnp.searchsorted`
+  is a loop of ~log2(n) steps, and a loop on a GPU costs a launch and a wait per step."""
+  e = sorted_keys.shape[0]
+  if e == 0:
+    return jnp.zeros((groups + 1,), jnp.int32)
+  starts = jnp.concatenate([jnp.ones((1,), bool), sorted_keys[1:] != sorted_keys[:-1]])
+  at = jnp.where(starts & (sorted_keys >= 0), jnp.minimum(sorted_keys, groups), groups + 1)
+  first = (
+    jnp.full((groups + 1,), e, jnp.int32).at[at].min(jnp.arange(e, dtype=jnp.int32), mode="drop")
+  )
+  return jax.lax.cummin(first, reverse=True)
 
 
 def expand(
@@ -219,15 +241,18 @@ def block_graph(
   etype = jnp.where(valid, etype, 0)
   i32 = jnp.int32
 
-  # Edges sorted by (relation, destination, source), as HeteroGraph keeps them.
-  order = jnp.lexsort((src, dst, etype))
+  # Edges sorted by (relation, destination), in their given order within: one radix sort of a
+  # composite key where it fits int32.
+  if r * n < 2**31:
+    order = _sort(etype * n + dst)[1]
+  else:
+    order = jnp.lexsort((dst, etype)).astype(i32)
   src, dst, etype, valid = src[order], dst[order], etype[order], valid[order]
-  rel_offsets = jnp.searchsorted(etype, jnp.arange(r + 1, dtype=i32)).astype(i32)
+  rel_offsets = _offsets(etype, r)
 
   def grouped(keys, groups):
-    ids = jnp.argsort(keys, stable=True).astype(i32)
-    offsets = jnp.searchsorted(keys[ids], jnp.arange(groups + 1, dtype=i32)).astype(i32)
-    return offsets, ids
+    sorted_keys, ids = _sort(keys)
+    return _offsets(sorted_keys, groups), ids
 
   csr_offsets, csr_edges = grouped(src, n)
   csc_offsets, csc_edges = grouped(dst, n)
@@ -252,7 +277,7 @@ def block_graph(
     edge_norm = valid.astype(jnp.float32)
 
   # Unique (source, relation) pairs, sorted by (relation, source); unused pairs after them.
-  pair_edges = jnp.lexsort((src, etype)).astype(i32)
+  pair_edges = _sort(etype * n + src)[1] if r * n < 2**31 else jnp.lexsort((src, etype)).astype(i32)
   ps, pe = src[pair_edges], etype[pair_edges]
   starts = (
     jnp.concatenate([jnp.ones((1,), bool), (ps[1:] != ps[:-1]) | (pe[1:] != pe[:-1])])
@@ -270,8 +295,8 @@ def block_graph(
   pair_src = jnp.full((num_pairs,), pad, i32).at[first].set(ps, mode="drop")
   pair_etype = jnp.full((num_pairs,), r - 1, i32).at[first].set(pe, mode="drop")
   pair_src, pair_etype = jnp.where(used, pair_src, pad), jnp.where(used, pair_etype, r - 1)
-  pair_offsets = jnp.searchsorted(pair_sorted, jnp.arange(num_pairs + 1, dtype=i32)).astype(i32)
-  pair_rel_offsets = jnp.searchsorted(pair_etype, jnp.arange(r + 1, dtype=i32)).astype(i32)
+  pair_offsets = _offsets(pair_sorted, num_pairs)
+  pair_rel_offsets = _offsets(pair_etype, r)
   pair_csr_offsets, pair_csr_edges = grouped(pair_src, n)
 
   types = None if node_type_offsets is None else tuple(int(t) for t in node_type_offsets)

@@ -117,24 +117,28 @@ def sample_blocks(
   seeds = jnp.where((seeds >= 0) & (seeds < graph.num_nodes), seeds, -1).astype(jnp.int32)
   nodes, mask = frontier(seeds)
   all_nodes, all_masks, graphs = [nodes], [mask], []
+  # Named scopes: the parts of a step's device time (`jaxdata bench hetero --breakdown`).
   for hop, fanout in enumerate(hops):
-    drawn = sample_neighbors(
-      graph, jnp.where(mask, nodes, -1), (fanout,), jax.random.fold_in(key, hop)
-    )
+    with jax.named_scope("sampling"):
+      drawn = sample_neighbors(
+        graph, jnp.where(mask, nodes, -1), (fanout,), jax.random.fold_in(key, hop)
+      )
     shape = (nodes.shape[0], fanout)
     etypes = jnp.where(drawn.masks[1], 0, -1).astype(jnp.int32)
     if drawn.etypes is not None:
       etypes = drawn.etypes[1]
-    nodes, mask, edges = expand(
-      nodes,
-      mask,
-      drawn.nodes[1].reshape(shape),
-      drawn.masks[1].reshape(shape),
-      etypes.reshape(shape),
-    )
-    graphs.append(
-      block_graph(*edges, num_nodes=nodes.shape[0], num_relations=num_relations, norm=norm)
-    )
+    with jax.named_scope("deduplication"):
+      nodes, mask, edges = expand(
+        nodes,
+        mask,
+        drawn.nodes[1].reshape(shape),
+        drawn.masks[1].reshape(shape),
+        etypes.reshape(shape),
+      )
+    with jax.named_scope("blocks"):
+      graphs.append(
+        block_graph(*edges, num_nodes=nodes.shape[0], num_relations=num_relations, norm=norm)
+      )
     all_nodes.append(nodes)
     all_masks.append(mask)
   return RelationalBlocks(tuple(all_nodes), tuple(all_masks), tuple(graphs))
@@ -176,16 +180,17 @@ def gather_typed(
         f"gather_typed: the cache of node type {t} was built for "
         f"{cache.slots.shape[0]} rows, the type has {rows} nodes"
       )
-    mine = mask & (nodes >= offsets[t]) & (nodes < offsets[t + 1])
-    local = jnp.where(mine, nodes - offsets[t], rows)  # rows: out of range, filled, not read
-    if cache is not None:
-      slot = cache.lookup(local, mine)
-      local = jnp.where(slot >= 0, rows, local)  # a hit: nothing to read from the host
-    if isinstance(table, HostTable):
-      x = host_gather(table, local, mode="fill", fill_value=0)
-    else:
-      x = jnp.take(table, local, axis=0, mode="fill", fill_value=0)
-    out.append(x if cache is None else cache.fill(slot, x))
+    with jax.named_scope("gathers"):  # a part of the step's device time (bench --breakdown)
+      mine = mask & (nodes >= offsets[t]) & (nodes < offsets[t + 1])
+      local = jnp.where(mine, nodes - offsets[t], rows)  # rows: out of range, filled, not read
+      if cache is not None:
+        slot = cache.lookup(local, mine)
+        local = jnp.where(slot >= 0, rows, local)  # a hit: nothing to read from the host
+      if isinstance(table, HostTable):
+        x = host_gather(table, local, mode="fill", fill_value=0)
+      else:
+        x = jnp.take(table, local, axis=0, mode="fill", fill_value=0)
+      out.append(x if cache is None else cache.fill(slot, x))
   return out
 
 
@@ -227,7 +232,9 @@ def budget_fraction(tables: Sequence[HostTable | None], budget: int) -> float:
 def node_types(type_offsets: Sequence[int], nodes: jax.Array) -> jax.Array:
   """int32: the node type of each slot's node (-1 for unused slots, negative ids)."""
   bounds = jnp.asarray(np.asarray(_type_offsets(type_offsets, "node_types")[1:-1], np.int32))
-  return jnp.where(nodes >= 0, jnp.searchsorted(bounds, nodes, side="right"), -1).astype(jnp.int32)
+  # a comparison per type boundary (few), not searchsorted's loop
+  below = (nodes[:, None] >= bounds[None, :]).sum(axis=1, dtype=jnp.int32)
+  return jnp.where(nodes >= 0, below, -1).astype(jnp.int32)
 
 
 def _type_offsets(type_offsets: Sequence[int], what: str) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ from jaxdata.nn.hgt import NAMES as HGT_NAMES
 from jaxdata.nn.rgat import NAMES as RGAT_NAMES
 from jaxdata.nn.rgat import RGAT
 from jaxdata.nn.rgcn import RGCN
+from jaxdata.nn.typed import typed_linear
 
 
 class _Classifier(nnx.Module):
@@ -229,13 +230,7 @@ class RGATClassifier(_Classifier):
     `jaxdata.offload.Policy` per layer (`stack_layers`), as `__call__` takes it: each layer
     call under its own policy (`layer_stack.run_each`), the same logits and gradients."""
     self._check_blocks(blocks)
-    x = sum(
-      (
-        jnp.where((types == t)[:, None], lin(x_t), 0)
-        for t, (lin, x_t) in enumerate(zip(self.embed, xs))
-      ),
-      start=jnp.zeros((), self.dtype),
-    )
+    x = typed_linear(self.embed, xs, types, dtype=self.dtype)
     layers, layer_fns, _ = self.block_stack(blocks, types)
     x = layer_stack.run_each(layers, layer_fns, x, plan)
     return self.classify(x).astype(jnp.float32)

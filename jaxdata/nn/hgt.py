@@ -36,6 +36,7 @@ from jaxdata.hector import GraphArrays, hgt_message
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.hector.precision import resolve as resolve_precision
 from jaxdata.nn import _checks as checks
+from jaxdata.nn.typed import typed_linear
 
 #: The checkpoint names `HGT.__call__` tags its node-level intermediates with (remat policies
 #: name what to keep): every node's keys, queries and values ``[N, 3 * H * d_k]``, and its
@@ -167,8 +168,8 @@ class HGT(nnx.Module):
     only the first `rows` of them (a block's destinations come first: the other slots are
     sources only, and their outputs need not be computed).
 
-    Each per-type projection runs over all N rows and keeps its type's rows (T dense GEMMs
-    instead of one split by type): simple and exact; the edge part, which dominates, is shared.
+    The per-type projections are one GEMM over all N rows (`typed_linear`); the output projections
+    and the skip run on the first `rows` only.
     """
     feats = self._inputs(graph, _per_type(xs, len(self.in_features)), "HGT.on_slots")
     if len(feats) != len(self.in_features):
@@ -195,7 +196,9 @@ class HGT(nnx.Module):
       assert isinstance(total, jax.Array)  # a term per node type, and there is at least one
       return total
 
-    agg = self._message(graph, pick([lin(x) for lin, x in zip(self.kqv, feats)], graph.num_nodes))
+    agg = self._message(
+      graph, typed_linear(self.kqv, feats, types, dtype=self.dtype, precision=self.precision)
+    )
     h = jax.nn.gelu(agg[:rows], approximate=False)
     return pick([self._skip(t, self.out[t](h), x[:rows]) for t, x in enumerate(feats)], rows)
 
@@ -230,7 +233,7 @@ class HGT(nnx.Module):
       assert isinstance(total, jax.Array)  # a term per node type, and there is at least one
       return total
 
-    kqv = gather(pick([lin(x) for lin, x in zip(self.kqv, feats)]))
+    kqv = gather(typed_linear(self.kqv, feats, types, dtype=self.dtype, precision=self.precision))
     if kqv.shape[0] != graph.num_nodes:
       raise ValueError(
         f"HGT.on_partition: gather must give the part's {graph.num_nodes} rows, got {kqv.shape[0]}"
