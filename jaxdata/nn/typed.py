@@ -16,14 +16,16 @@ def typed_linear(
   ``types[i]`` is -1 (an unused slot). `xs[t]` is ``[N, d_t]``; only type t's rows of it are
   read. Returns ``[N, out]``.
 
-  One GEMM: each type's rows of its features (the others zeroed) side by side, times the
-  kernels stacked, plus each row's bias. A Linear per type over all N rows, masked to its type
-  and summed, would read and write every row T times, forward and backward.
+  One GEMM: each type's rows of its features (the others zeroed) side by side, and each row's
+  type one-hot, times the kernels and the biases stacked. A Linear per type over all N rows,
+  masked to its type and summed, would read and write every row T times, forward and backward;
+  a bias gathered by type would make its gradient a scatter-add of N rows into T (serialized
+  on a GPU), where here it is part of the GEMM's.
   """
-  x = jnp.concatenate([jnp.where((types == t)[:, None], f, 0) for t, f in enumerate(xs)], 1)
-  kernel = jnp.concatenate([lin.kernel[...] for lin in linears]).astype(dtype)
-  y = jnp.dot(x.astype(dtype), kernel, precision=precision)
-  if linears[0].bias is None:
-    return y
-  bias = jnp.stack([lin.bias[...] for lin in linears] + [jnp.zeros_like(linears[0].bias[...])])
-  return y + bias.astype(dtype)[jnp.where(types >= 0, types, len(linears))]
+  cols = [jnp.where((types == t)[:, None], f, 0).astype(dtype) for t, f in enumerate(xs)]
+  kernels = [lin.kernel[...] for lin in linears]
+  if linears[0].bias is not None:
+    cols.append(jax.nn.one_hot(types, len(linears), dtype=dtype))  # a row of zeros for -1
+    kernels.append(jnp.stack([lin.bias[...] for lin in linears]))
+  kernel = jnp.concatenate(kernels).astype(dtype)
+  return jnp.dot(jnp.concatenate(cols, 1), kernel, precision=precision)
