@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int:
   """`main` once the command line is parsed: runs the command, reports its failures in one line
   and returns the exit code (`take_signals_back`: `command.signals_stop`'s)."""
+  stopped_by = None  # the signal that stopped the command
   try:
     alone = False
     if getattr(args, "command", None) == "train":
@@ -320,6 +321,7 @@ def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int
     said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
     print(f"{args.prog}: {said}", file=sys.stderr)
     code = 128 + signum
+    stopped_by = signal.Signals(signum).name
   except MemoryError as e:  # e.g. a graph of 10^14 edges: NumPy's "Unable to allocate 728. TiB"
     why = str(e).splitlines()[0] if str(e) else "MemoryError"
     code = command.fail(args.prog, f"out of host memory ({why}): ask for a smaller run", code=1)
@@ -335,7 +337,7 @@ def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int
       code = command.fail(args.prog, full)
       _forget_failed_effects()
   # A crash leaves through JAX's own exit hook, after its traceback has been printed.
-  if distributed.leave() and code:
+  if distributed.leave(ok=code == 0, why=stopped_by) and code:
     # A job that stopped with an error: its peers may be gone, and the interpreter's own exit
     # then waited on them while collecting JAX's objects (CI: process 1 of a job stopped for
     # unequal --num-processes printed its error, left the job, and hung in finalization past

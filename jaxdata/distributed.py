@@ -277,7 +277,9 @@ def _gather_peers(setup: Setup) -> None:
       else:
         peers[pid] = conn
     listener.close()  # before the answers: JAX's service takes the port next
-    answer = b"ok\n" if problem is None else f"error {problem}\n".encode()
+    links = _link_listener() if problem is None else None
+    answer = f"ok {links.getsockname()[1]}\n" if links is not None else f"error {problem}\n"
+    answer = answer.encode()
     for conn in peers.values():
       try:
         conn.sendall(answer)
@@ -285,8 +287,12 @@ def _gather_peers(setup: Setup) -> None:
         pass
     for conn in peers.values():  # the peer closes first: no TIME_WAIT left on this side's port
       _read_line(conn, time.monotonic() + 2.0)
+    if links is not None:
+      _accept_links(links, setup, deadline=time.monotonic() + setup.timeout)
   finally:
     listener.close()
+    if links is not None:
+      links.close()
     for conn in peers.values():
       conn.close()
   if problem is not None:
@@ -304,7 +310,17 @@ def _check_in(setup: Setup) -> None:
       pass
     # process 0 started before this connection and answers within its own timeout
     line = _read_line(conn, time.monotonic() + setup.timeout + 2.0)
-  if line == "ok":
+  words = (line or "").split()
+  if len(words) == 2 and words[0] == "ok" and words[1].isdigit():
+    host = _host_port(setup.coordinator)[0]
+    link = _connect(f"{host}:{words[1]}", setup.timeout)
+    try:
+      link.sendall(f"{_LINK} {setup.process_id}\n".encode())
+    except OSError as e:
+      raise command.UsageError(
+        f"process 0 of the job at {setup.coordinator} is gone: {e}"
+      ) from None
+    _watch({0: link}, setup)
     return
   if line is not None and line.startswith("error "):
     raise command.UsageError(line[len("error ") :])
@@ -312,6 +328,140 @@ def _check_in(setup: Setup) -> None:
     f"the coordinator {setup.coordinator} did not answer as process 0 of a jaxdata job within "
     f"{setup.timeout} s; is another program listening on that port?"
   )
+
+
+# -- the links: a peer that dies ends the job ------------------------------------------------------
+# JAX's coordination client aborts a process whose peer stopped answering (a fatal log, after
+# the heartbeat timeout), and a collective waits on a dead peer until then. So process 0 keeps a
+# TCP connection to every peer for the whole job (on a port of its own, not the coordinator's),
+# and a thread in every process watches its connections: a process that leaves the job in good
+# order says "bye" first (`leave`); a connection that ends without it (the process was killed,
+# crashed or stopped with an error) ends this process too, at once, with one line on stderr. A
+# peer's end reaches the other peers through process 0, which ends in turn.
+
+_LINK = "jaxdata-link"
+_links: dict[int, socket.socket] = {}
+_left: bool | None = None  # None: in the job; else whether this process left it in good order
+
+
+def _link_listener() -> socket.socket:
+  """Process 0's listener for the peers' links: any free port, every interface."""
+  if socket.has_dualstack_ipv6():
+    return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+  return socket.create_server(("", 0))
+
+
+def _accept_links(listener: socket.socket, setup: Setup, deadline: float) -> None:
+  """Process 0: a link from every peer (each says "jaxdata-link ID"), then the watch starts."""
+  links: dict[int, socket.socket] = {}
+  while len(links) < setup.num_processes - 1:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      for conn in links.values():
+        conn.close()
+      missing = [i for i in range(1, setup.num_processes) if i not in links]
+      raise command.UsageError(
+        f"process{'es' if len(missing) > 1 else ''} {', '.join(map(str, missing))} joined the "
+        f"job at {setup.coordinator} but did not link back within {setup.timeout} s"
+      )
+    listener.settimeout(min(left, 0.5))
+    try:
+      conn, _ = listener.accept()
+    except OSError:  # a timeout too
+      continue
+    words = (_read_line(conn, min(deadline, time.monotonic() + 5.0)) or "").split()
+    if len(words) == 2 and words[0] == _LINK and words[1].isdigit() and int(words[1]) not in links:
+      links[int(words[1])] = conn
+    else:
+      conn.close()
+  _watch(links, setup)
+
+
+def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
+  """Starts the thread that ends this process when a linked process ends without "bye"."""
+  import atexit  # pylint: disable=g-import-not-at-top
+  import selectors  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+
+  _links.update(links)
+  hook = sys.excepthook
+
+  def failed(*exc):  # an exception nobody caught: the others stop now, not at JAX's exit hook
+    # A collective that failed because a peer died (gloo: "Connection closed by peer") races
+    # the watch below to report it: the watch's one line wins if its process ended.
+    if ended.wait(1.0) or (stopping.is_set() and ended.wait(5.0)):
+      time.sleep(60)  # the watch is ending this process with its own line
+    _say_goodbye(ok=False)
+    hook(*exc)
+
+  sys.excepthook = failed
+  atexit.register(_say_goodbye, True)  # an exit without an uncaught exception leaves in order
+  ended, stopping = threading.Event(), threading.Event()
+  selector = selectors.DefaultSelector()
+  for pid, conn in links.items():
+    conn.settimeout(None)
+    selector.register(conn, selectors.EVENT_READ, pid)
+
+  def end(why: str):
+    if _left is False:
+      return
+    ended.set()
+    print(f"jaxdata: {why}; process {setup.process_id} stops too", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+  def watch():
+    said: dict[int, bytes] = {pid: b"" for pid in links}
+    while said:
+      for key, _ in selector.select():
+        pid = key.data
+        try:
+          data = key.fileobj.recv(64)  # type: ignore[union-attr]
+        except OSError:
+          data = b""
+        said[pid] += data
+        if said[pid].startswith(b"bye"):
+          selector.unregister(key.fileobj)
+          del said[pid]
+        elif not data and said[pid].startswith(b"stop "):
+          # a peer stopped by a signal: this process most likely got it too and stops with its
+          # own line; the watch ends it after a grace period if not
+          selector.unregister(key.fileobj)
+          stopping.set()
+          why = said.pop(pid)[5:].decode(errors="replace").strip()[:40]
+          threading.Timer(
+            3.0, end, (f"process {pid} of {setup.num_processes} stopped ({why})",)
+          ).start()
+        elif not data:
+          if _left is False:  # this process stops with its own error: nothing to add
+            return
+          end(
+            f"process {pid} of {setup.num_processes} ended without leaving the job (killed, "
+            f"or stopped by an error: see its own output)"
+          )
+
+  threading.Thread(target=watch, name="jaxdata-links", daemon=True).start()
+
+
+def _say_goodbye(ok: bool, why: str | None = None) -> None:
+  """Ends what this process says on its links: "bye" where it leaves in good order, so the
+  other processes carry on; else the end of its side (they stop). This process keeps watching
+  them: a process that fails after this one said bye (process 0's save, while this one waits
+  in JAX's shutdown barrier) still ends it with an error."""
+  global _left
+  if _left is not None:
+    return
+  _left = ok
+  for conn in _links.values():
+    try:
+      if ok:
+        conn.sendall(b"bye\n")
+      else:
+        if why:
+          conn.sendall(f"stop {why}\n".encode())
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+      pass
 
 
 def _connect(address: str, timeout: float) -> socket.socket:
@@ -421,18 +571,27 @@ def _check_same_count(setup: Setup) -> None:
     )
 
 
-def leave() -> bool:
+def leave(ok: bool = True, why: str | None = None) -> bool:
   """Leaves the job this process joined (`jax.distributed.shutdown`); nothing outside one.
-  Returns whether this process was in a job.
+  Returns whether this process was in a job. With `ok` false (the run stopped with an error),
+  the other processes of an explicit job stop at once (their links end without "bye"); `why`
+  (a signal's name) gives them 3 s to stop by the same signal first. Then, in a job with links,
+  JAX's shutdown is skipped: the caller ends the process with `os._exit`, as `jaxdata.cli`
+  does.
 
   JAX would do it at exit, from an `atexit` hook that runs while the interpreter finalizes: a
   run that stopped with an error there once left process 0 hanging past its shutdown timeout
   after it had printed the error (CI, jax 0.10.2). `jaxdata.cli.main` calls this before it
   returns, so every process meets the shutdown barrier with its threads still running.
   """
+  _say_goodbye(ok, why)
   jax_distributed = sys.modules.get("jax._src.distributed")  # never imports JAX itself
   if getattr(getattr(jax_distributed, "global_state", None), "client", None) is None:
     return False
+  if not ok and _links:
+    # The links end the others now; JAX's shutdown barrier would wait on them, and its client
+    # aborts the process when they are gone: the caller ends this process (os._exit) instead.
+    return True
   import jax  # pylint: disable=g-import-not-at-top
 
   try:

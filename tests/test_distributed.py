@@ -222,9 +222,18 @@ def test_a_process_killed_mid_run_stops_the_launcher(tmp_path):
 
 
 @pytest.mark.slow
-def test_without_the_launcher_a_dead_peer_ends_the_others_within_the_timeout(tmp_path):
-  """No launcher: kill process 1; process 0 fails (collective error, then JAX's heartbeat
-  timeout of --distributed-timeout seconds) instead of hanging."""
+@pytest.mark.parametrize(
+  "killed, signum",
+  [(1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGTERM)],
+  ids=["a peer", "the coordinator", "a peer, SIGTERM"],
+)
+def test_without_the_launcher_a_dead_process_ends_the_others_with_one_line(
+  tmp_path, killed, signum
+):
+  """No launcher: kill one process mid-run; the other stops promptly with one line naming it
+  and exit code 1: no abort by JAX's coordination client, no wait for its heartbeat timeout
+  (--distributed-timeout 30, longer than the test waits). SIGTERM: the process stops with its
+  own line, and its peer 3 s later (time to stop by the same signal, as under a launcher)."""
   port = launch.free_port()
   common = [
     sys.executable,
@@ -238,41 +247,97 @@ def test_without_the_launcher_a_dead_peer_ends_the_others_within_the_timeout(tmp
     "--num-processes",
     "2",
     "--distributed-timeout",
-    "5",
+    "30",
   ]
   env = _env(2)
-  zero = subprocess.Popen(
-    common + ["--process-id", "0", "--out", str(tmp_path / "a")],
-    env=env,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-  )
-  one = subprocess.Popen(
-    common + ["--process-id", "1", "--out", str(tmp_path / "b")],
-    env=env,
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-  )
+  procs = [
+    subprocess.Popen(
+      common + ["--process-id", str(i), "--out", str(tmp_path / str(i))],
+      env=env,
+      stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
+      stderr=subprocess.STDOUT if i == 0 else subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  survivor = procs[1 - killed]
   try:
     lines = []
-    for line in zero.stdout:
+    assert procs[0].stdout is not None
+    for line in procs[0].stdout:
       lines.append(line)
       if line.startswith("epoch   1"):
         break
     else:
       pytest.fail("process 0 ended before its first epoch:\n" + "".join(lines))
-    one.kill()
-    one.wait()
-    killed = time.monotonic()
-    zero.communicate(timeout=60)
-    assert time.monotonic() - killed < 40
-    assert zero.returncode != 0
+    procs[killed].send_signal(signum)
+    procs[killed].wait()
+    killed_at = time.monotonic()
+    out, err = survivor.communicate(timeout=60)
+    elapsed = time.monotonic() - killed_at
   finally:
-    for p in (zero, one):
+    for p in procs:
       if p.poll() is None:
         p.kill()
         p.wait()
+  said = (out or "") + (err or "")
+  assert survivor.returncode == 1, said[-3000:]
+  assert elapsed < 15, elapsed
+  if signum == signal.SIGKILL:
+    assert f"jaxdata: process {killed} of 2 ended without leaving the job" in said
+  else:
+    assert procs[killed].returncode == 128 + signal.SIGTERM
+    assert f"jaxdata: process {killed} of 2 stopped (SIGTERM); process {1 - killed}" in said
+  assert f"process {1 - killed} stops too" in said
+  assert "F0000" not in said and "Check failed" not in said and "Fatal" not in said
+
+
+@pytest.mark.slow
+def test_a_save_failing_in_process_0_only_ends_the_job_in_both(tmp_path):
+  """Without the launcher: process 0's checkpoint write fails (a full disk, simulated there
+  only); process 1, which finished training and waits to leave, stops too with one line and
+  exit code 1, promptly (not at JAX's shutdown timeout, 30 s here)."""
+  port = launch.free_port()
+  flags = [*SAGE, "--epochs", "1", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
+  flags += ["--distributed-timeout", "30"]
+  full_disk = (
+    "import errno, os, sys; import jaxdata.train.checkpoint as c; "
+    "c.save = lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, 'No space left')); "
+    "from jaxdata.cli import main; sys.exit(main(sys.argv[1:]))"
+  )
+  env = _env(2)
+  runs = [
+    [sys.executable, "-c", full_disk, *flags, "--process-id", "0", "--out", str(tmp_path / "a")],
+    [
+      sys.executable,
+      "-m",
+      "jaxdata.cli",
+      *flags,
+      "--process-id",
+      "1",
+      "--out",
+      str(tmp_path / "b"),
+    ],
+  ]
+  procs = [
+    subprocess.Popen(r, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for r in runs
+  ]
+  try:
+    out0, _ = procs[0].communicate(timeout=180)
+    ended = time.monotonic()
+    out1, _ = procs[1].communicate(timeout=60)
+    after = time.monotonic() - ended
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  assert procs[0].returncode != 0 and "No space left" in out0, out0[-3000:]
+  assert procs[1].returncode == 1, out1[-3000:]
+  assert "jaxdata: process 0 of 2 ended without leaving the job" in out1
+  assert after < 15, after
+  assert "F0000" not in out1 and "Check failed" not in out1
 
 
 def test_a_failing_command_fails_the_launch_with_its_exit_code():
@@ -398,9 +463,13 @@ def test_sigterm_to_the_launcher_stops_every_process_and_exits_143(tmp_path):
   # Each process stops with its one line, unless the signal found it waiting in a collective of
   # a step its peer had stopped before (Python runs handlers between calls, not inside one):
   # then the launcher kills it after GRACE seconds, and says so.
+  # Or its peer's stop, passed on its link (`jaxdata.distributed`), ends it 3 s later.
   for i in (0, 1):
     killed = f"jaxdata launch: process {i} did not stop within 5 s of SIGTERM; killing it"
-    assert f"[{i}] jaxdata train sage: terminated (SIGTERM)" in rest or killed in own, rest
+    linked = f"[{i}] jaxdata: process {1 - i} of 2 stopped (SIGTERM); process {i} stops too"
+    assert (
+      f"[{i}] jaxdata train sage: terminated (SIGTERM)" in rest or killed in own or linked in rest
+    ), rest
   assert len(own) <= 3 and all("killing it" in l for l in own[1:]), rest
   assert "Traceback" not in rest
   assert not (tmp_path / "never").exists()
