@@ -24,8 +24,10 @@ def typed_linear(
   """
   cols = [jnp.where((types == t)[:, None], f, 0).astype(dtype) for t, f in enumerate(xs)]
   kernels = [lin.kernel[...] for lin in linears]
-  if linears[0].bias is not None:
+  biases = [lin.bias for lin in linears]
+  if any(b is not None for b in biases):
     cols.append(jax.nn.one_hot(types, len(linears), dtype=dtype))  # a row of zeros for -1
-    kernels.append(jnp.stack([lin.bias[...] for lin in linears]))
+    out = kernels[0].shape[-1]
+    kernels.append(jnp.stack([jnp.zeros(out) if b is None else b[...] for b in biases]))
   kernel = jnp.concatenate(kernels).astype(dtype)
   return jnp.dot(jnp.concatenate(cols, 1), kernel, precision=precision)
