@@ -435,10 +435,19 @@ def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
         elif not data:
           if _left is False:  # this process stops with its own error: nothing to add
             return
-          end(
+          why = (
             f"process {pid} of {setup.num_processes} ended without leaving the job (killed, "
             f"or stopped by an error: see its own output)"
           )
+          if os.environ.get("JAXDATA_LAUNCHED"):
+            # `jaxdata launch` stops the others itself and reports the first process to end:
+            # give it the time to (it looks every 50 ms)
+            selector.unregister(key.fileobj)
+            del said[pid]
+            stopping.set()
+            threading.Timer(2.0, end, (why,)).start()
+          else:
+            end(why)
 
   threading.Thread(target=watch, name="jaxdata-links", daemon=True).start()
 

@@ -137,7 +137,7 @@ def process_envs(
   machine with GPUs, an equal share of them each (`CUDA_VISIBLE_DEVICES`; GPUs left over when
   the count does not divide stay unused). UsageError where `num_processes` exceeds the GPUs, or
   for CPU processes the CPU cores (unless `force`)."""
-  env = dict(env, PYTHONUNBUFFERED="1")
+  env = dict(env, PYTHONUNBUFFERED="1", JAXDATA_LAUNCHED="1")  # JAXDATA_LAUNCHED: distributed.py
   if devices_per_process:
     _check_cpu_processes(num_processes, force)
     env["XLA_FLAGS"] = _xla_flags(env.get("XLA_FLAGS", ""), devices_per_process)
