@@ -129,7 +129,7 @@ def _dataset() -> EntityDataset:
 @pytest.mark.parametrize("self_loop,bias", [("basis", False), ("separate", True)])
 def test_l2_term_is_the_first_layers_sum_of_squares_only(self_loop, bias):
   config = rgcn_train.TrainConfig(num_bases=B, self_loop=self_loop, bias=bias, l2=5e-4)
-  model = rgcn_train.EntityClassifier(_dataset(), config, rngs=nnx.Rngs(0))
+  model = rgcn_train.build_model(_dataset(), config, nnx.Rngs(0))
   c1 = model.conv1
   if bias:
     c1.bias[...] = np.full(c1.bias.shape, 0.5, np.float32)
@@ -147,7 +147,7 @@ def test_training_adds_l2_times_the_penalty_to_the_loss():
   base = rgcn_train.TrainConfig(epochs=1, num_bases=B, self_loop="basis", bias=False)
   plain = rgcn_train.train(ds, base)
   with_l2 = rgcn_train.train(ds, dataclasses.replace(base, l2=0.25))
-  model = rgcn_train.EntityClassifier(ds, base, rngs=nnx.Rngs(0))  # the initial model, again
+  model = rgcn_train.build_model(ds, base, nnx.Rngs(0))  # the initial model, again
   penalty = float(rgcn_train.l2_penalty(model))
   assert with_l2.history[0]["loss"] == pytest.approx(
     plain.history[0]["loss"] + 0.25 * penalty, rel=1e-5

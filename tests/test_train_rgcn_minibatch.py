@@ -22,7 +22,7 @@ from flax import nnx
 from jaxdata.data import HeteroGraph, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
-from jaxdata.train.rgcn import EntityClassifier, TrainConfig
+from jaxdata.train.rgcn import TrainConfig, build_model
 from jaxdata.train.rgcn import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
@@ -91,7 +91,7 @@ def _full_graph_loss(model, graph, rows, seeds, labels):
 def test_full_fanout_step_gives_the_full_graph_loss_and_gradients(device, pipeline, setup):
   ds = entities()
   config = TrainConfig(hidden=5, **setup)
-  model = EntityClassifier(ds, config, rngs=nnx.Rngs(4))
+  model = build_model(ds, config, nnx.Rngs(4))
   g = ds.graph
   width = int(g.in_degree().max())
   seeds_np = np.asarray(ds.train_idx[:9], np.int32)
@@ -144,7 +144,7 @@ def _reach(graph, seeds, hops=2):
 def test_training_learns_and_moves_only_rows_batches_reach():
   ds = entities()
   config = TrainConfig(epochs=4, hidden=8, num_bases=2, learning_rate=0.05, val_fraction=0.2)
-  before = np.asarray(EntityClassifier(ds, config, rngs=nnx.Rngs(config.seed)).conv1.node_rows())
+  before = np.asarray(build_model(ds, config, nnx.Rngs(config.seed)).conv1.node_rows())
   result = mb.train(ds, config, mb.MinibatchConfig(fanouts=(4, 4), batch_size=8))
   losses = [h["loss"] for h in result.history]
   assert losses[-1] < losses[0] and "val_accuracy" in result.history[0]
@@ -161,7 +161,7 @@ def test_training_learns_and_moves_only_rows_batches_reach():
 def test_with_features_every_parameter_trains_and_other_table_optimizers():
   ds = entities(featureless=False)
   config = TrainConfig(epochs=2, hidden=8, num_bases=2)
-  model0 = EntityClassifier(ds, config, rngs=nnx.Rngs(config.seed))
+  model0 = build_model(ds, config, nnx.Rngs(config.seed))
   result = mb.train(
     ds, config, mb.MinibatchConfig(fanouts=(3, 3), batch_size=16, pipeline="device")
   )

@@ -21,7 +21,7 @@ from test_distributed import _env, _jaxdata, _launched  # the CLI in a fresh CPU
 from test_train_hetero_parallel import _assert_close_after_adams_first_step, _two_devices
 from test_train_rgcn_minibatch import entities  # 120 nodes, 3 relations and their inverses
 
-from jaxdata.train.rgcn import EntityClassifier, TrainConfig
+from jaxdata.train.rgcn import TrainConfig, build_model
 from jaxdata.train.rgcn import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
@@ -58,14 +58,14 @@ def test_two_devices_take_one_devices_step_on_the_same_global_batch(l2):
   assert one.history[0]["seeds"] == two.history[0]["seeds"] == 12
   assert two.history[0]["loss"] == pytest.approx(one.history[0]["loss"], rel=1e-5)
   config = TrainConfig(hidden=5, num_bases=2)
-  initial = np.asarray(EntityClassifier(ds, config, rngs=nnx.Rngs(0)).conv1.node_rows())
+  initial = np.asarray(build_model(ds, config, nnx.Rngs(0)).conv1.node_rows())
   x, y = (np.asarray(r.model.conv1.node_rows()) for r in (one, two))
   assert (x != initial).any(axis=1).sum() > 10  # the step moved rows
   np.testing.assert_array_equal(x != initial, y != initial)  # the same rows
   # the updates (-lr x gradient) agree; atol: rounding of row - update, a few ulps of a row
   ulp = float(np.spacing(np.abs(initial).max().astype(np.float32)))
   np.testing.assert_allclose(y - initial, x - initial, rtol=1e-4, atol=4 * ulp)
-  model = EntityClassifier(ds, config, rngs=nnx.Rngs(0))
+  model = build_model(ds, config, nnx.Rngs(0))
   _assert_close_after_adams_first_step(one.model, two.model, mb.dense_filter(model))
 
 

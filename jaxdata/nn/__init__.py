@@ -1,6 +1,11 @@
 """Flax NNX layers built on jaxdata's primitives, and the models built from them."""
 
-from jaxdata.nn.classifiers import HGTClassifier, RGATClassifier, RGCNClassifier
+from jaxdata.nn.classifiers import (
+  EntityClassifier,
+  HGTClassifier,
+  RGATClassifier,
+  RGCNClassifier,
+)
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.nn.hgt import HGT
 from jaxdata.nn.rgat import RGAT
@@ -8,4 +13,11 @@ from jaxdata.nn.rgcn import RGCN
 from jaxdata.nn.sage import GraphSAGE, SAGEConv
 
 __all__ = ["RGCN", "RGAT", "HGT", "GraphSAGE", "SAGEConv"]
-__all__ += ["GPT", "GPTConfig", "RGATClassifier", "RGCNClassifier", "HGTClassifier"]
+__all__ += [
+  "GPT",
+  "GPTConfig",
+  "RGATClassifier",
+  "RGCNClassifier",
+  "HGTClassifier",
+  "EntityClassifier",
+]

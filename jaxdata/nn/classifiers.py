@@ -15,6 +15,7 @@ mini-batch training, in host tables (`tables=False`, `set_tables`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -390,3 +391,76 @@ class HGTClassifier(_Classifier):
       )
       inputs.append(jax.ShapeDtypeStruct((slots, self.hidden), self.dtype))
     return self.convs[1:], fns, inputs
+
+
+class EntityClassifier(nnx.Module):
+  """RGCN -> ReLU -> RGCN on a graph of one node type: class logits for every node, the RGCN
+  paper's entity classification model (Schlichtkrull et al., 2018, sec. 4), on the whole graph,
+  on sampled blocks (`on_blocks`) or on destination partitions (`on_partition`).
+
+  Args:
+    in_features: the nodes' feature width, or None for featureless nodes (the first layer then
+      learns a row per node: `num_nodes` is needed).
+    num_relations, num_classes: the graph's relations and the logits' width.
+    num_nodes: the graph's nodes (featureless input).
+    hidden: the first layer's width (the paper's 16).
+    num_bases: basis decomposition of the relation weights (None: a full weight per relation).
+    self_loop: the layers' self-loop weight (`jaxdata.nn.RGCN`: "separate", "basis", or a bool).
+    use_bias: whether the layers have biases.
+    dtype: computation dtype (parameters stay float32).
+
+      >>> from flax import nnx
+      >>> from jaxdata.nn import EntityClassifier
+      >>> model = EntityClassifier(None, 3, 4, num_nodes=10, rngs=nnx.Rngs(0))
+      >>> model.conv1.featureless  # a learnable row per node
+      True
+  """
+
+  def __init__(
+    self,
+    in_features: int | None,
+    num_relations: int,
+    num_classes: int,
+    *,
+    num_nodes: int | None = None,
+    hidden: int = 16,
+    num_bases: int | None = None,
+    self_loop: bool | str = True,
+    use_bias: bool = True,
+    dtype: str = "float32",
+    rngs: nnx.Rngs,
+  ):
+    layer = functools.partial(
+      RGCN,
+      num_relations=num_relations,
+      num_bases=num_bases,
+      dtype=jnp.dtype(dtype),
+      self_loop=self_loop,
+      use_bias=use_bias,
+      rngs=rngs,
+    )
+    self.conv1 = layer(in_features, hidden, num_nodes=num_nodes)
+    self.conv2 = layer(hidden, num_classes)
+
+  def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
+    h = jax.nn.relu(self.conv1(graph, x))
+    return self.conv2(graph, h).astype(jnp.float32)
+
+  def on_partition(
+    self, graph: GraphArrays, start, rows: int, gather: Callable, x: jax.Array | None = None
+  ) -> jax.Array:
+    """The same model on one destination part (`jaxdata.hector.partition`): logits for the
+    owned rows ``start:start + rows``. `x` holds every node's features (padded rows, or None
+    when featureless); `gather` turns each device's ``[rows, hidden]`` into every node's
+    (``jax.lax.all_gather(h, axis, tiled=True)`` inside `shard_map`)."""
+    h = jax.nn.relu(self.conv1.on_partition(graph, x, start, rows))
+    return self.conv2.on_partition(graph, gather(h), start, rows).astype(jnp.float32)
+
+  def on_blocks(self, blocks, inputs: jax.Array) -> jax.Array:
+    """The same model on sampled blocks (`jaxdata.loader.sample_blocks`): `inputs` holds, for
+    the slots of the outermost frontier, their features, or without features their rows of
+    ``conv1.node_rows()``. Returns logits for the slots of the seeds' frontier."""
+    g1, g0 = blocks.graphs[1], blocks.graphs[0]
+    h = self.conv1.on_rows(g1, inputs) if self.conv1.featureless else self.conv1(g1, inputs)
+    h = jax.nn.relu(h)[: blocks.nodes[1].shape[0]]
+    return self.conv2(g0, h)[: blocks.nodes[0].shape[0]].astype(jnp.float32)

@@ -37,7 +37,7 @@ from jaxdata import command, distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
-from jaxdata.nn import RGCN
+from jaxdata.nn import EntityClassifier
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   TrainResult,
@@ -103,46 +103,22 @@ SYNTHETIC_SETUP = dict(num_bases=8, l2=5e-4, val_fraction=0.2)
 MULTI_PROCESS = True
 
 
-class EntityClassifier(nnx.Module):
-  """RGCN -> ReLU -> RGCN, returning class logits for every node."""
-
-  def __init__(self, dataset: EntityDataset, config: TrainConfig, *, rngs: nnx.Rngs):
-    g = dataset.graph
-    in_features = None if dataset.features is None else dataset.features.shape[1]
-    dtype = jnp.dtype(config.dtype)
-    common = dict(
-      num_relations=g.num_relations,
-      num_bases=config.num_bases,
-      dtype=dtype,
-      self_loop=config.self_loop,
-      use_bias=config.bias,
-      rngs=rngs,
-    )
-    self.conv1 = RGCN(in_features, config.hidden, num_nodes=g.num_nodes, **common)
-    self.conv2 = RGCN(config.hidden, dataset.num_classes, **common)
-
-  def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
-    h = jax.nn.relu(self.conv1(graph, x))
-    return self.conv2(graph, h).astype(jnp.float32)
-
-  def on_partition(
-    self, graph: GraphArrays, start, rows: int, gather: Callable, x: jax.Array | None = None
-  ) -> jax.Array:
-    """The same model on one destination part (`jaxdata.hector.partition`): logits for the
-    owned rows ``start:start + rows``. `x` holds every node's features (padded rows, or None
-    when featureless); `gather` turns each device's ``[rows, hidden]`` into every node's
-    (``jax.lax.all_gather(h, axis, tiled=True)`` inside `shard_map`)."""
-    h = jax.nn.relu(self.conv1.on_partition(graph, x, start, rows))
-    return self.conv2.on_partition(graph, gather(h), start, rows).astype(jnp.float32)
-
-  def on_blocks(self, blocks, inputs: jax.Array) -> jax.Array:
-    """The same model on sampled blocks (`jaxdata.loader.sample_blocks`): `inputs` holds, for
-    the slots of the outermost frontier, their features, or without features their rows of
-    ``conv1.node_rows()``. Returns logits for the slots of the seeds' frontier."""
-    g1, g0 = blocks.graphs[1], blocks.graphs[0]
-    h = self.conv1.on_rows(g1, inputs) if self.conv1.featureless else self.conv1(g1, inputs)
-    h = jax.nn.relu(h)[: blocks.nodes[1].shape[0]]
-    return self.conv2(g0, h)[: blocks.nodes[0].shape[0]].astype(jnp.float32)
+def build_model(dataset: EntityDataset, config: TrainConfig, rngs: nnx.Rngs) -> EntityClassifier:
+  """`jaxdata.nn.EntityClassifier` for `dataset` (its relations, classes, and its features'
+  width, or one learnable row per node when featureless) with `config`'s hyperparameters."""
+  g = dataset.graph
+  return EntityClassifier(
+    None if dataset.features is None else dataset.features.shape[1],
+    g.num_relations,
+    dataset.num_classes,
+    num_nodes=g.num_nodes,
+    hidden=config.hidden,
+    num_bases=config.num_bases,
+    self_loop=config.self_loop,
+    use_bias=config.bias,
+    dtype=config.dtype,
+    rngs=rngs,
+  )
 
 
 def l2_penalty(model: EntityClassifier) -> jax.Array:
@@ -173,7 +149,7 @@ def train(
 
     return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
-  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
   train_idx, train_y = jnp.asarray(dataset.train_idx[fit]), jnp.asarray(dataset.train_y[fit])
@@ -328,7 +304,7 @@ def restore(path: str, meta: dict):
       "an RGCN checkpoint",
     )
   )
-  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
   return checkpoint.Loaded(

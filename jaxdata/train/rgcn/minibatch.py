@@ -47,9 +47,10 @@ from jaxdata import command
 from jaxdata.data import EntityDataset
 from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader
+from jaxdata.nn import EntityClassifier
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
-from jaxdata.train.rgcn import EntityClassifier, TrainConfig, evaluate, split_validation
+from jaxdata.train.rgcn import TrainConfig, build_model, evaluate, split_validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +227,7 @@ def train(
   mesh = None
   if config.devices != 1 or jax.process_count() > 1:
     mesh = common.device_mesh(config.devices, what="train")
-  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
   dense = dense_filter(model)
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
   fanouts = tuple(int(f) for f in minibatch.fanouts)

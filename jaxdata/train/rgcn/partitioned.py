@@ -55,13 +55,13 @@ def train(
   dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
 ) -> TrainResult:
   """`jaxdata.train.rgcn.train` over the mesh of `config.devices` devices per process."""
-  from jaxdata.train.rgcn import EntityClassifier, l2_penalty, split_validation
+  from jaxdata.train.rgcn import build_model, l2_penalty, split_validation
 
   mesh = device_mesh(config.devices)
   k = mesh.devices.size
   parts = partition(dataset.graph, k)
   rows = parts.rows
-  model = EntityClassifier(dataset, config, rngs=nnx.Rngs(config.seed))
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
   fit, val = split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
