@@ -290,6 +290,27 @@ def _save_tiny(path, accuracy):
   )
 
 
+@pytest.mark.parametrize("command", [["gpt"], ["sage"], ["hgt"], ["rgcn", "--scale", "0.001"]])
+def test_out_never_replaces_a_checkpoint_of_another_kind(tmp_path, capsys, command):
+  """An RGCN entity model at --out: a GPT, GraphSAGE or HGT run refuses it before training (one
+  line, exit 2) and so does `save`; `train rgcn --scale` (kind rgcn-mag) may replace it, as
+  may an rgcn save."""
+  from jaxdata.train import checkpoint
+
+  ck = _save_tiny(tmp_path / "ck", 0.25)
+  if command[0] == "rgcn":
+    assert checkpoint.out_dir(ck, ("rgcn", "rgcn-mag")) == ck
+    return
+  with pytest.raises(SystemExit) as e:
+    cli.main(["train", *command, "--out", str(ck)])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.splitlines()) == 1, err
+  assert f"holds a rgcn checkpoint, and this run saves a {command[0]} model" in err
+  with pytest.raises(ValueError, match="holds a rgcn checkpoint"):
+    checkpoint.save(ck, kind=command[0], params={"w": np.zeros(3)}, config={}, data={}, step=1)
+  assert _save_tiny(ck, 0.5) == ck  # the same kind replaces it
+
+
 def _full(*args, **kwargs):
   raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 

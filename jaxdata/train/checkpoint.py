@@ -44,7 +44,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import jax
@@ -123,8 +123,10 @@ def _jsonable(value: Any) -> Any:
   return value
 
 
-def check_out(path: str | os.PathLike) -> str:
+def check_out(path: str | os.PathLike, kinds: Collection[str] = ()) -> str:
   """Where a checkpoint may be written, as an absolute path; raises ValueError saying why not.
+  With `kinds` (those the run may save), a checkpoint of another kind is refused too: a GPT run
+  does not replace an RGCN model.
 
   Accepted: a new name in an existing, writable folder; an empty folder; a checkpoint holding
   only what checkpoints hold (`OWNED`), which `save` replaces. Refused: an empty name, a
@@ -160,29 +162,38 @@ def check_out(path: str | os.PathLike) -> str:
         f": saving replaces the whole folder, so move them out or choose another "
         f"folder"
       )
-    if entries and not _has_jaxdata_meta(full):
+    kind = _saved_kind(full) if entries else None
+    if entries and kind is None:
       raise ValueError(
         f"{text!r} exists and holds 'meta' and 'state' folders but no jaxdata "
         f"checkpoint's meta/metadata: not replaced; choose a new or empty folder"
       )
+    if kind is not None and kinds and kind not in kinds:
+      raise ValueError(
+        f"{text!r} holds a {kind} checkpoint, and this run saves a {' or '.join(kinds)} model: "
+        f"not replaced; choose another folder (or move that checkpoint away)"
+      )
   return full
 
 
-def _has_jaxdata_meta(path: str) -> bool:
-  """Whether `path`/meta/metadata is the JSON a jaxdata checkpoint's `save` wrote (a format and
-  a kind): a folder of someone's own 'meta' and 'state' is not one, and is never replaced."""
+def _saved_kind(path: str) -> str | None:
+  """The kind in `path`/meta/metadata where it is the JSON a jaxdata checkpoint's `save` wrote (a
+  format and a kind), else None: a folder of someone's own 'meta' and 'state' is not one, and is
+  never replaced."""
   try:
     with open(os.path.join(path, "meta", "metadata"), encoding="utf-8") as f:
       meta = json.load(f)
   except (OSError, ValueError):
-    return False
-  return isinstance(meta, dict) and "format" in meta and "kind" in meta
+    return None
+  if not isinstance(meta, dict) or "format" not in meta or "kind" not in meta:
+    return None
+  return str(meta["kind"])
 
 
-def out_dir(text: str) -> str:
+def out_dir(text: str, kinds: Collection[str] = ()) -> str:
   """`check_out` as an argparse type: every train command's `--out`, checked before training."""
   try:
-    check_out(text)
+    check_out(text, kinds)
   except ValueError as e:
     raise argparse.ArgumentTypeError(str(e)) from None
   return text
@@ -351,7 +362,7 @@ def save(
   primary = jax.process_index() == 0
   if primary:
     try:
-      check_out(path)
+      check_out(path, (kind,))
     except ValueError as e:
       raise ValueError(f"checkpoint.save: {e}") from None
   state = {"params": jax.device_get(params)}

@@ -364,14 +364,18 @@ def progress(
     yield lambda **kw: bar.update(task, **kw)
 
 
-def add_out_argument(parser, kind: str, model: str = "the trained model") -> None:
-  """Every trainer's `--out DIR`: where its checkpoint goes (checked before training starts)."""
+def add_out_argument(
+  parser, kind: str, model: str = "the trained model", kinds: tuple[str, ...] = ()
+) -> None:
+  """Every trainer's `--out DIR`: where its checkpoint goes (checked before training starts;
+  a checkpoint of a kind other than `kinds`, default `kind`, is not replaced)."""
   parser.add_argument(
     "--out",
     default=f"{kind}-checkpoint",
-    type=checkpoint.out_dir,
+    type=lambda text: checkpoint.out_dir(text, kinds or (kind,)),
     metavar="DIR",
-    help=f"checkpoint folder for {model} (`jaxdata eval DIR` measures it again)",
+    help=f"checkpoint folder for {model} (`jaxdata eval DIR` measures it again); a "
+    "checkpoint of another kind already there is refused, not replaced",
   )
 
 

@@ -489,7 +489,7 @@ def add_arguments(parser):
     "parameters, optimizer state and cached feature rows (or auto: a "
     "quarter of the feature and embedding tables)",
   )
-  add_out_argument(parser, "rgcn", "the (last seed's) model")
+  add_out_argument(parser, "rgcn", "the (last seed's) model", ("rgcn", "rgcn-mag"))
 
 
 #: The synthetic graph's fewest nodes: one per class (synthetic_entities draws 4) and at least
