@@ -357,7 +357,7 @@ def test_hgt_on_slots_equals_the_layer_on_nodes_in_any_order(device):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_typed_linear_is_each_rows_own_types_linear(bias):
-  from jaxdata.nn.typed import typed_linear
+  from jaxdata.nn import typed_linear
 
   rng = np.random.default_rng(0)
   widths, n = (3, 5, 2), 13

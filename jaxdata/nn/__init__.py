@@ -11,6 +11,7 @@ from jaxdata.nn.hgt import HGT
 from jaxdata.nn.rgat import RGAT
 from jaxdata.nn.rgcn import RGCN
 from jaxdata.nn.sage import GraphSAGE, SAGEConv
+from jaxdata.nn.typed import typed_linear
 
 __all__ = ["RGCN", "RGAT", "HGT", "GraphSAGE", "SAGEConv"]
 __all__ += [
@@ -20,4 +21,5 @@ __all__ += [
   "RGCNClassifier",
   "HGTClassifier",
   "EntityClassifier",
+  "typed_linear",
 ]
