@@ -384,6 +384,7 @@ def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
   import threading  # pylint: disable=g-import-not-at-top
 
   _links.update(links)
+  ended, stopping = threading.Event(), threading.Event()
   hook = sys.excepthook
 
   def failed(*exc):  # an exception nobody caught: the others stop now, not at JAX's exit hook
@@ -396,14 +397,13 @@ def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
 
   sys.excepthook = failed
   atexit.register(_say_goodbye, True)  # an exit without an uncaught exception leaves in order
-  ended, stopping = threading.Event(), threading.Event()
   selector = selectors.DefaultSelector()
   for pid, conn in links.items():
     conn.settimeout(None)
     selector.register(conn, selectors.EVENT_READ, pid)
 
   def end(why: str):
-    if _left is False:
+    if _left is False:  # this process stops with its own error: nothing to add
       return
     ended.set()
     print(f"jaxdata: {why}; process {setup.process_id} stops too", file=sys.stderr, flush=True)
@@ -420,34 +420,30 @@ def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
         except OSError:
           data = b""
         said[pid] += data
-        if said[pid].startswith(b"bye"):
-          selector.unregister(key.fileobj)
-          del said[pid]
-        elif not data and said[pid].startswith(b"stop "):
+        if data and not said[pid].startswith(b"bye"):
+          continue  # more to come: a stop's reason, then the end
+        selector.unregister(key.fileobj)
+        last = said.pop(pid)
+        if last.startswith(b"bye"):
+          continue
+        if last.startswith(b"stop "):
           # a peer stopped by a signal: this process most likely got it too and stops with its
-          # own line; the watch ends it after a grace period if not
-          selector.unregister(key.fileobj)
-          stopping.set()
-          why = said.pop(pid)[5:].decode(errors="replace").strip()[:40]
-          threading.Timer(
-            3.0, end, (f"process {pid} of {setup.num_processes} stopped ({why})",)
-          ).start()
-        elif not data:
-          if _left is False:  # this process stops with its own error: nothing to add
-            return
+          # own line first
+          reason = last[5:].decode(errors="replace").strip()[:40]
+          why, grace = f"process {pid} of {setup.num_processes} stopped ({reason})", 3.0
+        else:
           why = (
             f"process {pid} of {setup.num_processes} ended without leaving the job (killed, "
             f"or stopped by an error: see its own output)"
           )
-          if os.environ.get("JAXDATA_LAUNCHED"):
-            # `jaxdata launch` stops the others itself and reports the first process to end:
-            # give it the time to (it looks every 50 ms)
-            selector.unregister(key.fileobj)
-            del said[pid]
-            stopping.set()
-            threading.Timer(2.0, end, (why,)).start()
-          else:
-            end(why)
+          # `jaxdata launch` stops the others itself and reports the first process to end: give
+          # it the time to (it looks every 50 ms)
+          grace = 2.0 if os.environ.get("JAXDATA_LAUNCHED") else 0.0
+        if grace:
+          stopping.set()
+          threading.Timer(grace, end, (why,)).start()
+        else:
+          end(why)
 
   threading.Thread(target=watch, name="jaxdata-links", daemon=True).start()
 

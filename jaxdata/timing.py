@@ -9,7 +9,11 @@ is ready). Used by the benchmarks and by the offload planner's measurements.
 
 from __future__ import annotations
 
+import glob
+import re
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,11 +91,6 @@ def device_events(
   graph) names the buffer, not its instruction: compile with
   ``compiler_options={"xla_gpu_enable_command_buffer": ""}`` to attribute every kernel. On a
   machine without a GPU, the CPU's XLA operations stand in for the device's events."""
-  import glob  # pylint: disable=g-import-not-at-top
-  import re  # pylint: disable=g-import-not-at-top
-  import shutil  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
-
   from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
 
   op_names = dict(

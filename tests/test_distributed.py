@@ -276,10 +276,7 @@ def test_without_the_launcher_a_dead_process_ends_the_others_with_one_line(
     out, err = survivor.communicate(timeout=60)
     elapsed = time.monotonic() - killed_at
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
+    _kill_left(procs)
   said = (out or "") + (err or "")
   assert survivor.returncode == 1, said[-3000:]
   assert elapsed < 15, elapsed
@@ -329,10 +326,7 @@ def test_a_save_failing_in_process_0_only_ends_the_job_in_both(tmp_path):
     out1, _ = procs[1].communicate(timeout=60)
     after = time.monotonic() - ended
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
+    _kill_left(procs)
   assert procs[0].returncode != 0 and "No space left" in out0, out0[-3000:]
   assert procs[1].returncode == 1, out1[-3000:]
   assert "jaxdata: process 0 of 2 ended without leaving the job" in out1
@@ -475,6 +469,14 @@ def test_sigterm_to_the_launcher_stops_every_process_and_exits_143(tmp_path):
   assert not (tmp_path / "never").exists()
 
 
+def _kill_left(procs: list[subprocess.Popen]) -> None:
+  """Kills and collects those of `procs` still running (a test that failed midway)."""
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+      p.wait()
+
+
 def _running(pids: list[int], timeout: float) -> list[int]:
   """Those of `pids` still running (not ended, or ended but not collected) after up to
   `timeout` seconds."""
@@ -597,9 +599,7 @@ def _sparse_worker(out, processes: int, devices: int, worker: str = "sparse_work
   try:
     logs = [p.communicate(timeout=120)[0] for p in procs]
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+    _kill_left(procs)
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log
   import numpy as np
@@ -716,9 +716,7 @@ def test_processes_given_different_process_counts_all_stop_with_a_clear_error(tm
       + "\n".join(f"--- process {i} ---\n{err}" for i, err in enumerate(stacks))
     )
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+    _kill_left(procs)
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 2, err
     assert (

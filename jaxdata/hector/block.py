@@ -118,6 +118,14 @@ def _sort(key: jax.Array) -> tuple[jax.Array, jax.Array]:
   return sorted_key, order
 
 
+def _order(major: jax.Array, majors: int, minor: jax.Array, minors: int) -> jax.Array:
+  """int32 positions that sort by (major, minor), stably, for ids in ``[0, majors)`` and
+  ``[0, minors)``: one radix sort of the composite key where it fits int32, else a lexsort."""
+  if majors * minors < 2**31:
+    return _sort(major * minors + minor)[1]
+  return jnp.lexsort((minor, major)).astype(jnp.int32)
+
+
 def _offsets(sorted_keys: jax.Array, groups: int) -> jax.Array:
   """int32[groups + 1]: entry g counts the ascending `sorted_keys` below g (`searchsorted` of
   ``arange(groups + 1)``) from a scatter of each run's start and a scan. `jnp.searchsorted`
@@ -241,12 +249,8 @@ def block_graph(
   etype = jnp.where(valid, etype, 0)
   i32 = jnp.int32
 
-  # Edges sorted by (relation, destination), in their given order within: one radix sort of a
-  # composite key where it fits int32.
-  if r * n < 2**31:
-    order = _sort(etype * n + dst)[1]
-  else:
-    order = jnp.lexsort((dst, etype)).astype(i32)
+  # Edges sorted by (relation, destination), in their given order within.
+  order = _order(etype, r, dst, n)
   src, dst, etype, valid = src[order], dst[order], etype[order], valid[order]
   rel_offsets = _offsets(etype, r)
 
@@ -277,7 +281,7 @@ def block_graph(
     edge_norm = valid.astype(jnp.float32)
 
   # Unique (source, relation) pairs, sorted by (relation, source); unused pairs after them.
-  pair_edges = _sort(etype * n + src)[1] if r * n < 2**31 else jnp.lexsort((src, etype)).astype(i32)
+  pair_edges = _order(etype, r, src, n)
   ps, pe = src[pair_edges], etype[pair_edges]
   starts = (
     jnp.concatenate([jnp.ones((1,), bool), (ps[1:] != ps[:-1]) | (pe[1:] != pe[:-1])])
