@@ -91,3 +91,20 @@ def test_a_requested_stop_ends_the_epoch_after_the_current_step():
   assert got["batches"] == want["batches"] == 2 and got["seeds"] == want["seeds"] == 12
   for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(model2))):
     np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("limit", [None, 2, 4, 9])
+def test_seed_batches_shuffle_limit_and_pad(limit):
+  """Shuffled batches are distinct ids of the set (a limit draws only what it keeps), padded
+  with -1 only in the last batch of a whole epoch; the same generator seed gives the same rows."""
+  ids = np.arange(100, 150)
+  rows = common.seed_batches(ids, 6, np.random.default_rng(3), limit)
+  batches = -(-len(ids) // 6) if limit is None else min(limit, -(-len(ids) // 6))
+  assert rows.shape == (batches, 6) and rows.dtype == np.int32
+  real = rows[rows >= 0]
+  assert len(real) == min(len(ids), batches * 6) and len(np.unique(real)) == len(real)
+  assert np.isin(real, ids).all()
+  np.testing.assert_array_equal(rows, common.seed_batches(ids, 6, np.random.default_rng(3), limit))
+  if limit is None or batches * 6 >= len(ids):  # every id once, in shuffled order
+    np.testing.assert_array_equal(np.sort(real), ids)
+    assert not np.array_equal(real, ids)

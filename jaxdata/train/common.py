@@ -90,11 +90,19 @@ def seed_batches(
   ids: np.ndarray, size: int, rng: np.random.Generator | None = None, limit: int | None = None
 ) -> np.ndarray:
   """int32[num_batches, size]: `ids` (shuffled if `rng`) in batches, the last padded with -1;
-  at most `limit` batches."""
-  order = rng.permutation(ids) if rng is not None else np.asarray(ids)
-  n = -(-len(order) // size)
+  at most `limit` batches. A shuffled `limit` draws only the seeds it keeps: permuting every id
+  would cost a benchmark's short epoch more than its steps (0.4 s for ogbn-papers100M's 11M
+  training nodes)."""
+  ids = np.asarray(ids)
+  n = -(-len(ids) // size)
   if limit is not None:
     n = min(n, limit)
+  if rng is None:
+    order = ids
+  elif n * size < len(ids):
+    order = ids[rng.choice(len(ids), n * size, replace=False)]
+  else:
+    order = rng.permutation(ids)
   rows = np.full(n * size, -1, np.int32)
   take = min(len(order), n * size)
   rows[:take] = order[:take]

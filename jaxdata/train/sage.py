@@ -161,7 +161,10 @@ class _Pipeline:
       consts["cache"] = DeviceCache.build(graph, graph.features, fraction=cache)
     if kind == "device":
       consts["graph"] = DeviceGraph.from_host(graph)
-      consts["features"] = np.array(graph.features.as_numpy())
+      # A CPU device may alias a NumPy array's memory, and the table's is freed when it closes;
+      # a GPU copies it (no second host copy of a table that may be most of the host's memory).
+      cpu = mesh.devices.flat[0].platform == "cpu"
+      consts["features"] = (np.array if cpu else np.asarray)(graph.features.as_numpy())
     self.consts = distributed.put(consts, NamedSharding(mesh, P()))
 
   def blocks_and_features(self, consts, seeds, fanouts, key):
