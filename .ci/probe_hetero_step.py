@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from jaxdata import timing
-from jaxdata.bench import hetero
+from jaxdata.bench import common, hetero
 from jaxdata.data import synthetic_mag
 from jaxdata.train.attention import TrainConfig
 
@@ -48,7 +48,7 @@ def main():
     runs = 5
     by = collections.defaultdict(lambda: [0, 0])
     for start, end, kernel, name in timing.device_events(call, text, runs=runs):
-      k = (hetero.part_of(name), kernel[:60], name[-90:])
+      k = (common.part_of(name), kernel[:60], name[-90:])
       by[k][0] += 1
       by[k][1] += end - start
     total = sum(t for _, t in by.values()) / runs / 1e6

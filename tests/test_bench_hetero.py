@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxdata import cli
-from jaxdata.bench import hetero, pyg_sampler
+from jaxdata.bench import common, hetero, pyg_sampler
 from jaxdata.data import synthetic_mag
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
@@ -206,8 +206,8 @@ def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(
     for line in section.splitlines()
     if line.startswith("| ") and not line.startswith("| part") and "---" not in line
   )
-  assert list(cells)[: len(hetero.PARTS)] == list(hetero.PARTS)
-  parts = [cells[p] for p in hetero.PARTS]
+  assert list(cells)[: len(common.PARTS)] == list(common.PARTS)
+  parts = [cells[p] for p in common.PARTS]
   assert min(parts) >= 0 and cells["sampling"] > 0 and cells["forward"] > 0
   assert cells["backward"] > 0 and cells["optimizer (Adam)"] > 0
   busy, steady, idle = (cells[k] for k in list(cells)[-3:])
@@ -216,14 +216,14 @@ def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(
 
 
 def test_part_of_attributes_op_names_by_scope_then_pass():
-  assert hetero.part_of("jit(step)/jvp()/sampling/jit(sort)/sort") == "sampling"
-  assert hetero.part_of("jit(step)/jvp(blocks)/cummax") == "block building"
-  assert hetero.part_of("jit(step)/transpose(jvp(gathers))/mul") == "feature gathers"
-  assert hetero.part_of("jit(step)/optimizer/add") == "optimizer (Adam)"
-  assert hetero.part_of("jit(step)/transpose(jvp(HGT))/dot_general") == "backward"
-  assert hetero.part_of("jit(step)/jvp(HGT)/dot_general") == "forward"
-  assert hetero.part_of("jit(step)/jvp()/my_blocks/add") == "forward"  # a scope is a whole name
-  assert hetero.part_of("") == "copies and memsets"
+  assert common.part_of("jit(step)/jvp()/sampling/jit(sort)/sort") == "sampling"
+  assert common.part_of("jit(step)/jvp(blocks)/cummax") == "block building"
+  assert common.part_of("jit(step)/transpose(jvp(gathers))/mul") == "feature gathers"
+  assert common.part_of("jit(step)/optimizer/add") == "optimizer (Adam)"
+  assert common.part_of("jit(step)/transpose(jvp(HGT))/dot_general") == "backward"
+  assert common.part_of("jit(step)/jvp(HGT)/dot_general") == "forward"
+  assert common.part_of("jit(step)/jvp()/my_blocks/add") == "forward"  # a scope is a whole name
+  assert common.part_of("") == "copies and memsets"
 
 
 def test_cli_rejects_three_fanouts(capsys):

@@ -19,8 +19,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxdata.data import HeteroGraph
 from jaxdata.hector import GraphArrays
-from jaxdata.host import HostGraph, HostTable, sparse_adam
-from jaxdata.loader import Batch, Loader
+from jaxdata.host import HostGraph, HostTable, sample_neighbors, sparse_adam, sparse_sgd
+from jaxdata.loader import Batch, Loader, TreeBatch
 from jaxdata.nn import RGCN
 
 NUM_NODES = {"paper": 30, "author": 20, "field": 6}
@@ -242,6 +242,109 @@ def test_a_homogeneous_host_graph_and_mistakes():
     make_loader(labels={"paper": np.zeros(30, np.float32)})
   with make_loader() as loader, pytest.raises(ValueError, match="batch_size must be a positive"):
     loader.batches({"paper": [1]}, 0)
+
+
+def _homogeneous(rng, nodes=12, most=4):
+  x = rng.standard_normal((nodes, 4)).astype(np.float32)
+  indptr = np.r_[0, np.cumsum(rng.integers(0, most, nodes))]
+  return x, indptr, rng.integers(0, nodes, indptr[-1])
+
+
+def test_tree_batches_are_sample_neighbors_with_every_hops_rows():
+  """A tree loader's batch holds `sample_neighbors`' tree for the same key and every hop's
+  feature rows (zeros in padding), from a host table, a device cache and the device pipeline."""
+  x, indptr, indices = _homogeneous(np.random.default_rng(2))
+  seeds, key = np.array([3, 0, -1, 7], np.int32), jax.random.key(4)
+  sample = jax.jit(Loader.sample)
+  with HostGraph(indptr, indices) as g:
+    want = jax.jit(sample_neighbors, static_argnums=2)(g, seeds, (3, 2), key)
+    for kind in (dict(), dict(cache=0.5), dict(pipeline="device")):
+      with Loader(g, features=x, labels=np.arange(12) % 3, fanouts=(3, 2), tree=True, **kind) as ld:
+        batch = sample(ld, seeds, key)
+        assert isinstance(batch, TreeBatch) and ld.tree
+        for n, m, got_n, got_m, rows in zip(
+          want.nodes, want.masks, batch.blocks.nodes, batch.blocks.masks, batch.inputs
+        ):
+          np.testing.assert_array_equal(got_n, n)
+          np.testing.assert_array_equal(got_m, m)
+          m = np.asarray(m)
+          np.testing.assert_array_equal(np.asarray(rows)[m], x[np.asarray(n)[m]])
+          assert not np.asarray(rows)[~m].any()
+        assert batch.labels.tolist() == [0, 0, 0, 1] and batch.mask.tolist() == [1, 1, 0, 1]
+
+
+def test_tree_batches_with_full_fanouts_give_the_full_graph_sage_logits():
+  """A GraphSAGE-mean model written here, run on tree batches whose fanouts cover every
+  in-edge, gives at the seeds the logits the same model computes on the whole graph."""
+  rng = np.random.default_rng(5)
+  x, indptr, indices = _homogeneous(rng, nodes=15, most=4)
+  w_self, w_neigh = (rng.standard_normal((2, 4, 4)) / 2).astype(np.float32)
+
+  def layer(h, neighbours, mask):  # the tree: node i's neighbours are rows i*f .. (i+1)*f
+    f = neighbours.shape[0] // h.shape[0]
+    m = mask.reshape(h.shape[0], f, 1)
+    mean = (neighbours.reshape(h.shape[0], f, -1) * m).sum(1) / jnp.maximum(m.sum(1), 1)
+    return jnp.tanh(h @ w_self + mean @ w_neigh)
+
+  def on_tree(batch):
+    h, masks = list(batch.inputs), batch.blocks.masks
+    for _ in range(2):
+      h = [layer(h[i], h[i + 1], masks[i + 1]) for i in range(len(h) - 1)]
+    return h[0]
+
+  adjacency = np.zeros((15, 15), np.float32)  # row v: the mean over v's in-edges (with repeats)
+  for v in range(15):
+    for u in indices[indptr[v] : indptr[v + 1]]:
+      adjacency[v, u] += 1 / (indptr[v + 1] - indptr[v])
+  full = x
+  for _ in range(2):
+    full = np.tanh(full @ w_self + (adjacency @ full) @ w_neigh)
+  seeds = np.arange(15, dtype=np.int32)
+  with HostGraph(indptr, indices) as g, Loader(g, features=x, fanouts=(4, 4), tree=True) as ld:
+    got = np.asarray(
+      jax.jit(lambda ld, s, k: on_tree(ld.sample(s, k)))(ld, seeds, jax.random.key(0))
+    )
+  np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_embeddings_learn_every_hops_rows():
+  """An embedded node type in a tree loader: `prepare` leaves the inputs to `complete`, and
+  `update_embeddings` with each hop's gradient subtracts, per row, lr times the sum over its
+  slots of every hop (NumPy)."""
+  _, indptr, indices = _homogeneous(np.random.default_rng(6))
+  table0 = np.random.default_rng(7).standard_normal((12, 3)).astype(np.float32)
+  seeds, key, opt = np.array([1, 5, 9], np.int32), jax.random.key(1), sparse_sgd(0.5)
+  with (
+    HostGraph(indptr, indices) as g,
+    Loader(g, embeddings=table0, fanouts=(2, 2), tree=True) as ld,
+  ):
+    assert jax.jit(Loader.prepare)(ld, seeds, key).inputs is None
+    states = ld.init_embeddings(opt)
+
+    @jax.jit
+    def step(ld, states):
+      batch = ld.sample(seeds, key)
+      grads = tuple(  # hop h, slot i: 1 + i where the slot holds a node
+        jnp.where(m[:, None], 1.0 + jnp.arange(len(m), dtype=jnp.float32)[:, None], 0.0)
+        * jnp.ones(3)
+        for m in batch.blocks.masks
+      )
+      return batch, ld.update_embeddings(opt, states, batch, [grads])
+
+    batch, token = step(ld, states)
+    jax.block_until_ready(token)
+    want = table0.copy()
+    for n, m in zip(batch.blocks.nodes, batch.blocks.masks):
+      for slot in np.flatnonzero(np.asarray(m)):
+        want[int(n[slot])] -= 0.5 * (1.0 + slot)
+    np.testing.assert_allclose(ld.tables[0].as_numpy(), want, rtol=1e-6)
+    for rows, n, m in zip(batch.inputs, batch.blocks.nodes, batch.blocks.masks):
+      np.testing.assert_array_equal(
+        np.asarray(rows)[np.asarray(m)], table0[np.asarray(n)[np.asarray(m)]]
+      )
+  graph, features, labels = user_data()
+  with pytest.raises(ValueError, match="tree=True samples a graph of one node type"):
+    make_loader(tree=True)
 
 
 def test_a_mesh_gives_each_device_its_share_sampled_with_its_own_key():

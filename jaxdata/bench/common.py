@@ -8,14 +8,19 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxdata import command
+from jaxdata import command, timing
+from jaxdata.host import HostTable
+from jaxdata.host.gather import host_slice
 
 
 def cpu_model() -> str:
@@ -113,3 +118,81 @@ def pick(given, quick: bool, quick_value, full_value):
   if given is not None:
     return given
   return quick_value if quick else full_value
+
+
+# ------------------------------------------------------------------------ where a step's time goes
+#: The parts of the step's device time: (named scope in the op names, part), in order; then the
+#: backward pass (op names under ``transpose(``), the forward pass (the rest of the program) and
+#: what names no instruction (copies and memsets XLA adds).
+SCOPES = (
+  ("sampling", "sampling"),
+  ("deduplication", "deduplication"),
+  ("blocks", "block building"),
+  ("gathers", "feature gathers"),
+  ("optimizer", "optimizer (Adam)"),
+)
+PARTS = (*(part for _, part in SCOPES), "forward", "backward", "copies and memsets")
+
+
+def part_of(op_name: str) -> str:
+  """The part of the step an HLO instruction with this ``op_name`` belongs to (`PARTS`)."""
+  # a scope inside a transformation is written as it: "jvp(sampling)", "transpose(jvp(blocks))"
+  scopes = [re.sub(r"^(\w+\()+|\)+$", "", c) for c in op_name.split("/")]
+  for scope, part in SCOPES:
+    if scope in scopes:
+      return part
+  if not op_name:
+    return PARTS[-1]
+  return "backward" if "transpose(" in op_name else "forward"
+
+
+def step_parts(
+  lowered: Any, call: Callable[[Any], Any], warmup: int, steps: int
+) -> tuple[list[tuple[str, float]], float, float]:
+  """A training step's device time by part (`PARTS`). `lowered` is the step, ``call(program)``
+  runs a compiled program of it on the next batch. The step compiled as users run it is timed
+  over `steps` queued back to back after `warmup`; the same program compiled without command
+  buffers (a kernel inside a CUDA graph names the graph, not its HLO instruction; the kernels
+  are the same) is traced, each kernel, copy and memset attributed to a part through its
+  instruction's named scope (`part_of`). Returns ([(part, device ms per step)], device busy ms
+  per step, steady ms per step)."""
+  compiled = lowered.compile()
+  for _ in range(warmup):
+    jax.block_until_ready(call(compiled))
+  t0 = time.perf_counter()
+  jax.block_until_ready([call(compiled) for _ in range(steps)])
+  steady = (time.perf_counter() - t0) / max(1, steps)
+  profiled = lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
+  parts, busy = timing.device_seconds_by_part(
+    lambda: call(profiled), profiled.as_text(), part_of, runs=5
+  )
+  return [(p, 1e3 * parts.get(p, 0.0)) for p in PARTS], 1e3 * busy, 1e3 * steady
+
+
+def breakdown_rows(
+  parts: list[tuple[str, float]], busy_ms: float, steady_ms: float
+) -> list[list[str]]:
+  """The breakdown as table rows: each part's device time and share of the device's busy time,
+  the busy time, the steady step and the rest (the device idle: host work and waits)."""
+  total = sum(t for _, t in parts) or 1.0
+  rows = [[name, f"{t:.3f}", f"{t / total:.0%}"] for name, t in parts]
+  return rows + [
+    ["device busy (the parts' union on the device's streams)", f"{busy_ms:.3f}", ""],
+    ["steady step (steps queued back to back)", f"{steady_ms:.3f}", ""],
+    ["device idle in a step (steady less busy)", f"{max(0.0, steady_ms - busy_ms):.3f}", ""],
+  ]
+
+
+def memcpy_gbps(nbytes: int, repeats: int = 7) -> float:
+  """Pinned host-to-device copy bandwidth, GB/s: `host_slice` (one DMA copy on a GPU) of a
+  pinned `HostTable` of `nbytes`, timed with copies queued back to back."""
+  cols = 1024
+  rows = max(1, nbytes // (cols * 4))
+  table = HostTable.empty((rows, cols), np.float32)
+  try:
+    table.as_numpy().fill(1.0)  # touch every page before timing
+    copy = jax.jit(lambda: host_slice(table, 0, rows))
+    seconds = timing.median_seconds(copy, repeats=repeats, queued=4)
+  finally:
+    table.close()
+  return rows * cols * 4 / seconds / 1e9

@@ -45,7 +45,6 @@ import functools
 import importlib
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,13 +55,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata import command, timing
+from jaxdata import command
 from jaxdata.bench import common
-from jaxdata.host import HostTable
-from jaxdata.host.gather import host_slice
 from jaxdata.loader import Batch, Loader
 from jaxdata.loader.blocks import node_types
-from jaxdata.timing import median_seconds
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
 from jaxdata.train.attention.minibatch import make_loader, summed_loss, table_bytes
 from jaxdata.train.common import prefetched, seed_batches
@@ -419,38 +415,14 @@ def _pyg(
 
 
 # ----------------------------------------------------------------------------- where the time goes
-#: The parts of the step's device time: (named scope in the op names, part), in order; then the
-#: backward pass (op names under ``transpose(``), the forward pass (the rest of the program) and
-#: what names no instruction (copies and memsets XLA adds).
-SCOPES = (
-  ("sampling", "sampling"),
-  ("deduplication", "deduplication"),
-  ("blocks", "block building"),
-  ("gathers", "feature gathers"),
-  ("optimizer", "optimizer (Adam)"),
-)
-PARTS = (*(part for _, part in SCOPES), "forward", "backward", "copies and memsets")
-
-
-def part_of(op_name: str) -> str:
-  """The part of the step an HLO instruction with this ``op_name`` belongs to (`PARTS`)."""
-  # a scope inside a transformation is written as it: "jvp(sampling)", "transpose(jvp(blocks))"
-  scopes = [re.sub(r"^(\w+\()+|\)+$", "", c) for c in op_name.split("/")]
-  for scope, part in SCOPES:
-    if scope in scopes:
-      return part
-  if not op_name:
-    return PARTS[-1]
-  return "backward" if "transpose(" in op_name else "forward"
-
-
 def stages(
   dataset, config: TrainConfig, fanouts, rows: np.ndarray, warmup: int, key
 ) -> tuple[list[tuple[str, float]], float, float]:
   """The GPU-centric step (the "host" pipeline's program) split into parts by device time: a
   `jax.profiler` trace of the steady step attributes every kernel, copy and memset to a part
-  (`part_of`) through its HLO instruction's named scope. Returns ([(part, device ms per step)],
-  device busy ms per step, steady ms per step: `rows` queued back to back after `warmup`)."""
+  (`common.part_of`) through its HLO instruction's named scope. Returns ([(part, device ms per
+  step)], device busy ms per step, steady ms per step: `rows` queued back to back after
+  `warmup`)."""
   fanouts = tuple(int(f) for f in fanouts)
   row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
   state, make = _trainer(dataset, config)
@@ -469,51 +441,10 @@ def stages(
       )
       return loss
 
-    compiled = lowered.compile()
-    for _ in range(warmup):
-      jax.block_until_ready(call(compiled))
-    t0 = time.perf_counter()
-    jax.block_until_ready([call(compiled) for _ in range(len(rows) - warmup)])
-    steady = (time.perf_counter() - t0) / max(1, len(rows) - warmup)
-    # Attributed on the same program compiled without command buffers: a kernel inside a CUDA
-    # graph names the graph, not its HLO instruction (the kernels themselves are the same).
-    profiled = lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
-    parts, busy = timing.device_seconds_by_part(
-      lambda: call(profiled), profiled.as_text(), part_of, runs=5
-    )
-  return [(p, 1e3 * parts.get(p, 0.0)) for p in PARTS], 1e3 * busy, 1e3 * steady
-
-
-def breakdown_rows(
-  parts: list[tuple[str, float]], busy_ms: float, steady_ms: float
-) -> list[list[str]]:
-  """The breakdown as table rows: each part's device time and share of the device's busy time,
-  the busy time, the steady step and the rest (the device idle: host work and waits)."""
-  total = sum(t for _, t in parts) or 1.0
-  rows = [[name, f"{t:.3f}", f"{t / total:.0%}"] for name, t in parts]
-  return rows + [
-    ["device busy (the parts' union on the device's streams)", f"{busy_ms:.3f}", ""],
-    ["steady step (steps queued back to back)", f"{steady_ms:.3f}", ""],
-    ["device idle in a step (steady less busy)", f"{max(0.0, steady_ms - busy_ms):.3f}", ""],
-  ]
+    return common.step_parts(lowered, call, warmup, len(rows) - warmup)
 
 
 # ----------------------------------------------------------------------------- the link bound
-def memcpy_gbps(nbytes: int, repeats: int = 7) -> float:
-  """Pinned host-to-device copy bandwidth, GB/s: `host_slice` (one DMA copy on a GPU) of a
-  pinned `HostTable` of `nbytes`, timed with copies queued back to back."""
-  cols = 1024
-  rows = max(1, nbytes // (cols * 4))
-  table = HostTable.empty((rows, cols), np.float32)
-  try:
-    table.as_numpy().fill(1.0)  # touch every page before timing
-    copy = jax.jit(lambda: host_slice(table, 0, rows))
-    seconds = median_seconds(copy, repeats=repeats, queued=4)
-  finally:
-    table.close()
-  return rows * cols * 4 / seconds / 1e9
-
-
 # ----------------------------------------------------------------------------- the run
 def _seed_rows(dataset, batch_size: int, count: int, seed: int) -> np.ndarray:
   """`count` batches of training papers (global ids), shuffled epoch after epoch as needed."""
@@ -686,7 +617,7 @@ def run(
   host = next((r for r in results if r.name == "host" and r.batch_ms is not None), None)
   if host is not None and host.feature_bytes is not None:
     copy = copy_bytes or (COPY_BYTES if jax.default_backend() == "gpu" else CPU_COPY_BYTES)
-    link = LinkBound(host.feature_bytes, memcpy_gbps(copy), copy)
+    link = LinkBound(host.feature_bytes, common.memcpy_gbps(copy), copy)
     log(
       f"link bound: {link.feature_bytes / 2**20:.1f} MiB of features per batch at "
       f"{link.memcpy_gbps:.1f} GB/s (pinned memcpy) = {link.batch_ms:.2f} ms; GPU-centric "
@@ -1057,7 +988,7 @@ def main(args) -> int:
     config = TrainConfig(model=args.model, hidden=args.hidden, heads=args.heads, seed=args.seed)
     timed = min(size["batches"], BREAKDOWN_BATCHES)
     rows = _seed_rows(dataset, args.batch_size, size["warmup"] + timed, args.seed)
-    parts = breakdown_rows(
+    parts = common.breakdown_rows(
       *stages(dataset, config, args.fanouts, rows, size["warmup"], jax.random.key(args.seed))
     )
     title = "the GPU-centric step's device time by part, ms per batch"

@@ -8,9 +8,8 @@ them differ (see jaxdata/train/sage.py):
 - CPU-centric ("cpu"): the CPU samples and gathers (jaxdata's CPU kernels on XLA's thread pool,
   a prefetch thread two batches ahead) and `jax.device_put`s each batch;
 - GPU-centric ("host", jaxdata): the GPU samples from the CSR and gathers features straight
-  from pinned host memory inside the jitted step; with and without reading each distinct node
-  of a batch once ("dedup"), and with the most-sampled rows in a device cache
-  (`jaxdata.host.DeviceCache`, CACHE_FRACTION of the rows).
+  from pinned host memory inside the jitted step (each distinct node of a batch read once);
+  also with the most-sampled rows in a device cache (CACHE_FRACTION of the rows).
 
 Each run trains two short epochs of `batches` steps: the first compiles and warms up, the
 second is timed. The epoch time is the timed per-batch time multiplied by the batches of a full
@@ -31,8 +30,9 @@ import numpy as np
 from jaxdata import command
 from jaxdata.bench import common
 from jaxdata.data.powerlaw import powerlaw_graph
-from jaxdata.host import HostGraph, HostTable
-from jaxdata.train.sage import SageConfig, train
+from jaxdata.host import HostGraph, HostTable, sample_neighbors
+from jaxdata.train.common import seed_batches
+from jaxdata.train.sage import SageConfig, lowered_step, train
 
 #: The issue's graph: 10M nodes, 200M edges, 256 float32 features (10 GiB of features).
 FULL = dict(nodes=10_000_000, edges=200_000_000, features=256)
@@ -41,13 +41,12 @@ QUICK = dict(nodes=100_000, edges=2_000_000, features=64)
 #: The device cache of the cached GPU-centric row: this fraction of the feature rows.
 CACHE_FRACTION = 0.2
 
-#: name (for --pipelines): (label, pipeline, dedup, cache fraction)
+#: name (for --pipelines): (label, pipeline, cache fraction)
 PIPELINES = {
-  "device": ("all-in-GPU", "device", False, 0.0),
-  "cpu": ("CPU-centric", "cpu", False, 0.0),
-  "host-nodedup": ("GPU-centric, no dedup", "host", False, 0.0),
-  "host": ("GPU-centric (jaxdata)", "host", True, 0.0),
-  "host-cache": (f"GPU-centric + {CACHE_FRACTION:.0%} device cache", "host", True, CACHE_FRACTION),
+  "device": ("all-in-GPU", "device", 0.0),
+  "cpu": ("CPU-centric", "cpu", 0.0),
+  "host": ("GPU-centric (jaxdata)", "host", 0.0),
+  "host-cache": (f"GPU-centric + {CACHE_FRACTION:.0%} device cache", "host", CACHE_FRACTION),
 }
 
 
@@ -77,11 +76,13 @@ def run(
   seed: int = 0,
   pipelines=tuple(PIPELINES),
   repeats: int = 1,
+  breakdown: bool = False,
   console: Any = None,
-) -> tuple[list[Result], list[str], Any]:
+) -> tuple[list[Result], list[str], Any, Any]:
   """Generates the graph, runs the named pipelines (keys of PIPELINES) on it, the whole set
   `repeats` times (device counts interleaved inside each repeat, so that a 1-vs-2-GPU ratio
-  compares runs made minutes apart at most); returns (results, notes, dataset)."""
+  compares runs made minutes apart at most); with `breakdown`, then splits the GPU-centric
+  step into parts (`Breakdown`). Returns (results, notes, dataset, breakdown or None)."""
   log = console.print if console is not None else print
   t0 = time.perf_counter()
   table = HostTable.empty((nodes, features), np.float32)
@@ -109,8 +110,8 @@ def run(
       if ndev <= len(gpus)
     ]
     for repeat, ndev, name in runs:
-      label, pipeline, dedup, cache = PIPELINES[name]
-      if ndev > 1 and (pipeline != "host" or not dedup):
+      label, pipeline, cache = PIPELINES[name]
+      if ndev > 1 and pipeline != "host":
         continue  # several devices: the GPU-centric path only (the issue's scaling bar)
       config = SageConfig(
         pipeline=pipeline,
@@ -119,7 +120,6 @@ def run(
         epochs=2,
         max_batches=batches,
         devices=ndev,
-        unique=dedup,
         cache=cache,
         seed=seed,
         evaluate=False,
@@ -151,7 +151,59 @@ def run(
         f"  {1e3 * batch_s:.2f} ms/batch, {timed['seeds_per_second']:,.0f} seeds/s, "
         f"loss {timed['loss']:.4f}"
       )
-  return results, notes, dataset
+    parts = None
+    if breakdown:
+      log("breakdown of the GPU-centric step ...")
+      parts = stages(dataset, graph, fanouts, batch_size, batches, seed)
+  return results, notes, dataset, parts
+
+
+@dataclasses.dataclass
+class Breakdown:
+  """The GPU-centric step split by device time (`common.step_parts`), and its link bound: the
+  distinct feature rows a batch reads over PCIe at the pinned memcpy rate."""
+
+  parts: list[tuple[str, float]]
+  busy_ms: float
+  steady_ms: float
+  feature_bytes: float  # per batch: distinct sampled nodes x row bytes
+  memcpy_gbps: float
+
+  @property
+  def link_ms(self) -> float:
+    return 1e3 * self.feature_bytes / (self.memcpy_gbps * 1e9)
+
+
+def stages(dataset, graph: HostGraph, fanouts, batch_size: int, batches: int, seed: int):
+  """`Breakdown` of the GPU-centric ("host") step over `batches` batches of training seeds."""
+  warmup = 5
+  rows = seed_batches(dataset.train_nodes, batch_size, np.random.default_rng(seed), None)
+  rows = rows[: warmup + batches]
+  config = SageConfig(pipeline="host", fanouts=tuple(fanouts), batch_size=batch_size, seed=seed)
+  with lowered_step(dataset, config, graph, rows) as (lowered, call):
+    parts, busy, steady = common.step_parts(lowered, call, warmup, len(rows) - warmup)
+  sample = jax.jit(sample_neighbors, static_argnums=2)
+  distinct = []
+  for i, seeds in enumerate(rows[: min(len(rows), 8)]):
+    tree = sample(graph, seeds, tuple(fanouts), jax.random.key(i))
+    nodes = np.concatenate([np.asarray(n)[np.asarray(m)] for n, m in zip(tree.nodes, tree.masks)])
+    distinct.append(len(np.unique(nodes)))
+  row_bytes = dataset.features.shape[1] * dataset.features.dtype.itemsize
+  feature_bytes = float(np.mean(distinct)) * row_bytes
+  copy = int(min(max(4 * feature_bytes, 2**26), 2**30))
+  return Breakdown(parts, busy, steady, feature_bytes, common.memcpy_gbps(copy))
+
+
+def breakdown_rows(b: Breakdown) -> list[list[str]]:
+  """`common.breakdown_rows` and the link bound."""
+  return common.breakdown_rows(b.parts, b.busy_ms, b.steady_ms) + [
+    [
+      f"link bound ({b.feature_bytes / 2**20:.1f} MiB of distinct rows at "
+      f"{b.memcpy_gbps:.1f} GB/s pinned memcpy)",
+      f"{b.link_ms:.3f}",
+      "",
+    ]
+  ]
 
 
 def _find(results, pipeline, devices=1, label=None, repeat=None):
@@ -209,6 +261,7 @@ def markdown(
   fanouts,
   batch_size: int,
   batches: int,
+  breakdown: Breakdown | None = None,
 ) -> str:
   hw = common.hardware()
   header, rows = table_rows(results)
@@ -221,8 +274,8 @@ def markdown(
     "pipeline. *all-in-GPU*: graph and features in device memory. *CPU-centric*: jaxdata's "
     "multithreaded CPU sampler and gather, a prefetch thread two batches ahead, "
     "`jax.device_put`. *GPU-centric*: the GPU samples and gathers straight from pinned host "
-    "memory inside the jitted step (zero-copy); *dedup* reads each distinct node of a batch "
-    f"once; *device cache*: the {CACHE_FRACTION:.0%} of the feature rows with the highest "
+    "memory inside the jitted step (zero-copy), each distinct node of a batch read once; "
+    f"*device cache*: the {CACHE_FRACTION:.0%} of the feature rows with the highest "
     "out-degree (those most often sampled) are kept in device memory "
     f"({CACHE_FRACTION * dataset.features.nbytes / 2**30:.1f} GiB) and only the rest are read from "
     f"the host. Each run: 2 epochs of {batches} batches, the second timed; the epoch time is that "
@@ -239,9 +292,24 @@ def markdown(
     common.markdown_table(header, rows),
     "",
   ]
+  if breakdown is not None:
+    text += [
+      "## Where the GPU-centric step's time goes",
+      "",
+      "`--breakdown`: the GPU-centric step, compiled once, runs batches queued back to back "
+      "(the steady step); a `jax.profiler` trace of the same program compiled without command "
+      "buffers attributes each kernel, copy and memset to a part by its named scope. Device "
+      "ms per step; the parts may overlap on the device's streams.",
+      "",
+      common.markdown_table(BREAKDOWN_HEADER, breakdown_rows(breakdown)),
+      "",
+    ]
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
   return "\n".join(text)
+
+
+BREAKDOWN_HEADER = ["part", "device ms / step", "share"]
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -293,6 +361,12 @@ def add_arguments(parser) -> None:
     help="run the whole set this many times (each repeat's GPU counts side by side)",
   )
   parser.add_argument(
+    "--breakdown",
+    action="store_true",
+    help="also split the GPU-centric step into parts (sampling, gathers, forward, backward, "
+    "optimizer) by device time, with its link bound",
+  )
+  parser.add_argument(
     "--quick", action="store_true", help="a small graph and 10 batches (flags given still apply)"
   )
   parser.add_argument(
@@ -311,7 +385,7 @@ def main(args) -> int:
       f"device(s) visible, so nothing would be measured"
     )
   console = command.console(width=160)
-  results, notes, dataset = run(
+  results, notes, dataset, parts = run(
     **size,
     fanouts=args.fanouts,
     batch_size=args.batch_size,
@@ -319,6 +393,7 @@ def main(args) -> int:
     devices=args.device_counts,
     pipelines=args.pipelines,
     repeats=args.repeats,
+    breakdown=args.breakdown,
     console=console,
   )
   common.check_measured(results, notes)
@@ -329,12 +404,28 @@ def main(args) -> int:
     notes,
     left=("pipeline",),
   )
+  if parts is not None:
+    common.print_table(
+      console,
+      "the GPU-centric step: device time by part",
+      BREAKDOWN_HEADER,
+      breakdown_rows(parts),
+      [],
+      left=("part",),
+    )
   if args.write:
     common.write(
       console,
       args.write,
       markdown(
-        results, notes, dataset, common.command_line(), args.fanouts, args.batch_size, batches
+        results,
+        notes,
+        dataset,
+        common.command_line(),
+        args.fanouts,
+        args.batch_size,
+        batches,
+        parts,
       ),
     )
   return 0

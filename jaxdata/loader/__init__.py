@@ -24,11 +24,19 @@ from jaxdata.loader.blocks import (
   sample_blocks,
   type_caches,
 )
-from jaxdata.loader.loader import Batch, BatchIterator, Loader, ShardedBatch, initial_embeddings
+from jaxdata.loader.loader import (
+  Batch,
+  BatchIterator,
+  Loader,
+  ShardedBatch,
+  TreeBatch,
+  initial_embeddings,
+)
 
 __all__ = [
   "Loader",
   "Batch",
+  "TreeBatch",
   "BatchIterator",
   "ShardedBatch",
   "RelationalBlocks",

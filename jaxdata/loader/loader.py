@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdata import distributed
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.host.graph import HostGraph
-from jaxdata.host.sample import DeviceGraph
+from jaxdata.host.sample import Blocks, DeviceGraph, sample_neighbors
 from jaxdata.host.table import HostTable
 from jaxdata.loader.blocks import (
   RelationalBlocks,
@@ -77,6 +77,31 @@ class Batch:
   inputs: tuple[jax.Array | None, ...]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TreeBatch:
+  """One mini-batch of a tree-sampling loader (``Loader(..., tree=True)``), in fixed shapes.
+
+  Every node of hop l gets its own ``fanouts[l]`` neighbour slots in hop l + 1 (`host.Blocks`):
+  no deduplication, so a GraphSAGE-style model aggregates by a reshape, with no scatter
+  (`jaxdata.nn.GraphSAGE` takes ``batch.inputs, batch.blocks.masks``).
+
+  Attributes:
+    seeds: int32 [B] the seeds, -1 in padding slots (``blocks.nodes[0]``).
+    labels: int32 [B] the seeds' labels (0 where a seed has none).
+    mask: bool [B] a real seed with a label.
+    blocks: the tree (`jaxdata.host.Blocks`): ``blocks.nodes[l]`` and ``blocks.masks[l]``.
+    inputs: per hop, ``[len(blocks.nodes[l]), d]``: the rows of hop l's nodes (zeros in
+      padding); None for an embedded type in a `prepare`d batch (`Loader.complete` fills it).
+  """
+
+  seeds: jax.Array
+  labels: jax.Array
+  mask: jax.Array
+  blocks: Blocks
+  inputs: tuple[jax.Array, ...] | None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Meta:
   """A loader's static description (hashable: the pytree's aux data)."""
@@ -87,6 +112,7 @@ class _Meta:
   fanouts: tuple[int, ...]
   embedded: tuple[int, ...]
   norm: str
+  tree: bool = False
 
 
 class Loader:
@@ -114,6 +140,10 @@ class Loader:
     pipeline: "host" (graph and host tables read zero-copy by the GPU) or "device" (graph and
       feature tables copied to the device: the all-in-GPU baseline; embeddings stay in host).
     norm: the blocks' edge norm ("mean": 1 / sampled in-edges of the same relation; "none").
+    tree: sample tree-shaped neighbourhoods instead of blocks (a graph of one node type):
+      every node of a hop gets its own neighbour slots in the next, with no deduplication, and
+      a batch is a `TreeBatch` (for GraphSAGE-style models, which aggregate by a reshape).
+      Feature rows are read once per distinct node of the batch all the same.
     seed: the seed of int-given embeddings.
 
   The loader owns the tables it made: `close()` it, or use it as a context manager.
@@ -144,6 +174,7 @@ class Loader:
     pipeline: str = "host",
     norm: str = "mean",
     add_inverse: bool = True,
+    tree: bool = False,
     seed: int = 0,
   ):
     if pipeline not in ("host", "device"):
@@ -157,7 +188,7 @@ class Loader:
     self._owned: list[Any] = []
     try:
       host = self._build(
-        graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed
+        graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed, tree
       )
       featured = [
         t if isinstance(t, HostTable) and i not in self._meta.embedded else None
@@ -170,9 +201,7 @@ class Loader:
       if pipeline == "device":
         self.graph = DeviceGraph.from_host(host)
         self.tables = tuple(
-          t
-          if i in self._meta.embedded or not isinstance(t, HostTable)
-          else jnp.asarray(t.as_numpy())
+          t if i in self._meta.embedded or not isinstance(t, HostTable) else _on_device(t)
           for i, t in enumerate(self.tables)
         )
     except BaseException:
@@ -180,7 +209,7 @@ class Loader:
       raise
 
   def _build(
-    self, graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed
+    self, graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed, tree
   ) -> HostGraph:
     """Sets the graph, tables, labels and description; returns the HostGraph sampled from."""
     if isinstance(graph, Mapping):
@@ -266,6 +295,11 @@ class Loader:
     fanouts = tuple(fanouts)
     if not fanouts:
       raise ValueError("Loader: fanouts must name at least one hop")
+    if tree and len(names) != 1:
+      raise ValueError(
+        f"Loader: tree=True samples a graph of one node type, this one has {len(names)} "
+        f"({list(names)}); blocks (tree=False) carry node types"
+      )
     self._meta = _Meta(
       tuple(names),
       tuple(offsets),
@@ -273,6 +307,7 @@ class Loader:
       fanouts,
       tuple(names.index(n) for n in embeddings),
       norm,
+      bool(tree),
     )
     return host
 
@@ -312,6 +347,11 @@ class Loader:
     return self._meta.fanouts
 
   @property
+  def tree(self) -> bool:
+    """Whether batches are tree-shaped (`TreeBatch`) rather than blocks (`Batch`)."""
+    return self._meta.tree
+
+  @property
   def embedded(self) -> tuple[int, ...]:
     """The node types (indices) whose inputs are learnable embeddings."""
     return self._meta.embedded
@@ -347,15 +387,23 @@ class Loader:
 
   # -- in the jitted step ----------------------------------------------------------------------
 
-  def sample(self, seeds: Any, key: jax.Array) -> Batch:
-    """The batch of `seeds` (1-D global ids, negative: padding): sampled blocks, every type's
-    inputs gathered. Call it inside your jitted step with the loader as an argument."""
+  def sample(self, seeds: Any, key: jax.Array) -> Batch | TreeBatch:
+    """The batch of `seeds` (1-D global ids, negative: padding): sampled blocks (a tree with
+    ``tree=True``), every type's inputs gathered. Call it inside your jitted step with the
+    loader as an argument."""
     return self.complete(self.prepare(seeds, key))
 
-  def prepare(self, seeds: Any, key: jax.Array) -> Batch:
+  def prepare(self, seeds: Any, key: jax.Array) -> Batch | TreeBatch:
     """`sample` without the embedded types' inputs (None): what may be computed ahead of the
     steps that update the embeddings, which read them at `complete`."""
     m = self._meta
+    if m.tree:
+      with jax.named_scope("sampling"):
+        tree = sample_neighbors(self.graph, seeds, m.fanouts, key)
+      seeds = tree.nodes[0]
+      y = self.labels[jnp.maximum(seeds, 0)]
+      inputs = None if m.embedded else self._gather_tree(tree)
+      return TreeBatch(seeds, jnp.maximum(y, 0), tree.masks[0] & (y >= 0), tree, inputs)
     blocks = sample_blocks(
       self.graph, seeds, m.fanouts, key, num_relations=m.num_relations, norm=m.norm
     )
@@ -366,8 +414,11 @@ class Loader:
     types = node_types(m.offsets, blocks.nodes[-1])
     return Batch(seeds, jnp.maximum(y, 0), mask, blocks, types, tuple(inputs))
 
-  def complete(self, batch: Batch) -> Batch:
+  def complete(self, batch: Batch | TreeBatch) -> Batch | TreeBatch:
     """`batch` with the embedded types' inputs gathered now (as the tables are now)."""
+    if isinstance(batch, TreeBatch):
+      inputs = batch.inputs if batch.inputs is not None else self._gather_tree(batch.blocks)
+      return dataclasses.replace(batch, inputs=inputs)
     learned = self._gather(batch.blocks, self._meta.embedded)
     inputs = tuple(x if x is not None else y for x, y in zip(batch.inputs, learned))
     return dataclasses.replace(batch, inputs=inputs)
@@ -383,9 +434,25 @@ class Loader:
       for t in range(len(self.tables))
     ]
 
-  def embedding_ids(self, batch: Batch) -> list[jax.Array]:
+  def _gather_tree(self, tree: Blocks) -> tuple[jax.Array, ...]:
+    """The one type's rows for every hop of `tree` (zeros in padding)."""
+    table, cache = self.tables[0], (self.caches or (None,))[0]
+    with jax.named_scope("gathers"):
+      if isinstance(table, HostTable):
+        return tree.gather(table, unique=True, cache=cache)
+      return tuple(
+        jnp.where(m[:, None], jnp.take(table, jnp.maximum(n, 0), axis=0), 0)
+        for n, m in zip(tree.nodes, tree.masks)
+      )
+
+  def embedding_ids(self, batch: Batch | TreeBatch) -> list[jax.Array]:
     """Per embedded type, each outermost slot's row of its table (the table's row count, out of
-    range, for other slots: a scatter drops them)."""
+    range, for other slots: a scatter drops them); for a `TreeBatch`, every hop's slots, hop
+    after hop."""
+    if isinstance(batch, TreeBatch):
+      rows = self.num_nodes
+      ids = [jnp.where(m, n, rows) for n, m in zip(batch.blocks.nodes, batch.blocks.masks)]
+      return [jnp.concatenate(ids)] if self._meta.embedded else []
     out = []
     nodes, mask = batch.blocks.nodes[-1], batch.blocks.masks[-1]
     for t in self._meta.embedded:
@@ -402,10 +469,12 @@ class Loader:
   ) -> jax.Array:
     """Applies `optimizer` (a `jaxdata.host.sparse` optimizer) to every embedding table from
     `grads`, one ``[slots, d]`` gradient per embedded type (of ``batch.inputs[t]``, in
-    `embedded` order). Returns the summed update tokens (0 once written; `host.sparse`);
-    `kwargs` go to ``optimizer.update`` (``axis_name``, ``copies``)."""
+    `embedded` order; for a `TreeBatch`, the gradients of ``batch.inputs``, a tuple per hop).
+    Returns the summed update tokens (0 once written; `host.sparse`); `kwargs` go to
+    ``optimizer.update`` (``axis_name``, ``copies``)."""
     token = jnp.int32(0)
     for t, state, ids, g in zip(self._meta.embedded, states, self.embedding_ids(batch), grads):
+      g = jnp.concatenate(g) if isinstance(g, (tuple, list)) else g
       token = token + optimizer.update(self.tables[t], state, ids, g, **kwargs)
     return token
 
@@ -466,8 +535,16 @@ class Loader:
     m = self._meta
     return (
       f"Loader({self.num_nodes} nodes of types {list(m.names)}, {m.num_relations} relations, "
-      f"fanouts {list(m.fanouts)}, embedded {[m.names[t] for t in m.embedded]})"
+      f"fanouts {list(m.fanouts)}, embedded {[m.names[t] for t in m.embedded]}"
+      + (", tree)" if m.tree else ")")
     )
+
+
+def _on_device(table: HostTable) -> jax.Array:
+  """A host table's rows copied to the default device. A CPU device may alias a NumPy array's
+  memory, and a table's is freed when it closes: there, a copy first."""
+  rows = table.as_numpy()
+  return jnp.asarray(np.array(rows) if jax.default_backend() == "cpu" else rows)
 
 
 def _flatten(loader: Loader):

@@ -3,12 +3,12 @@
 Three pipelines feed the same model and the same jitted update, so they can be compared:
 
 - "host" (jaxdata's GPU-centric path): graph and features stay in pinned host memory; inside
-  the jitted step the GPU samples the neighbourhood (`sample_neighbors` on a `HostGraph`) and
-  gathers the features (`host_gather`) over PCIe, zero-copy. The host only dispatches: JAX's
-  asynchronous dispatch queues the next steps while the GPU runs this one, so the next batch's
-  sampling and gathering follow the current step with no host work in between.
-- "device" (all-in-GPU): the CSR and features are device arrays (`DeviceGraph`, `jnp.take`);
-  same kernels, same samples, only the memory differs. Needs the graph to fit on the device.
+  the jitted step the GPU samples the neighbourhood and gathers the features over PCIe,
+  zero-copy, through a tree-sampling `jaxdata.loader.Loader` passed to the step. The host only
+  dispatches: JAX's asynchronous dispatch queues the next steps while the GPU runs this one, so
+  the next batch's sampling and gathering follow the current step with no host work in between.
+- "device" (all-in-GPU): the same loader with ``pipeline="device"``: the CSR and features are
+  device arrays; same kernels, same samples, only the memory differs. Needs the graph to fit.
 - "cpu" (CPU-centric): a background thread samples and gathers on the CPU (jaxdata's CPU
   kernels on XLA's CPU thread pool) and `jax.device_put`s each batch, two batches ahead.
 
@@ -37,8 +37,10 @@ writer per copy, and the copies stay equal to one another and to a one-process r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,7 +53,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
-from jaxdata.host import DeviceCache, DeviceGraph, HostGraph, HostTable, sample_neighbors, sparse
+from jaxdata.host import HostGraph, HostTable, sample_neighbors, sparse
+from jaxdata.loader import Loader
 from jaxdata.nn import GraphSAGE
 from jaxdata.train.common import (
   TrainResult,
@@ -90,7 +93,6 @@ class SageConfig:
   platform: str | None = None  # "gpu", "cpu", ...; None: JAX's default backend
   max_batches: int | None = None
   eval_batches: int | None = None  # cap on evaluation batches (None: all)
-  unique: bool = True  # "host": read each distinct node's features once per batch
   cache: float = 0.0  # "host": keep this fraction of the feature rows (most sampled) on device
   evaluate: bool = True  # validation accuracy after every epoch and test accuracy at the end
   embed_dim: int = 0  # learnable node embeddings this wide, concatenated to the features (0: none)
@@ -124,62 +126,15 @@ class SageConfig:
 # ----------------------------------------------------------------------------- the model step
 
 
-def _loss(model: GraphSAGE, feats, masks, labels, embedded=None) -> tuple[jax.Array, jax.Array]:
-  """Summed cross-entropy and correct count over valid seeds (padding has mask False);
-  `embedded`: per hop, the nodes' embedding rows, concatenated to their features."""
+def _loss(model: GraphSAGE, feats, masks, labels, valid, embedded=None) -> tuple:
+  """Summed cross-entropy and correct count over the `valid` seeds; `embedded`: per hop, the
+  nodes' embedding rows, concatenated to their features."""
   if embedded is not None:
     feats = tuple(jnp.concatenate([f, e.astype(f.dtype)], -1) for f, e in zip(feats, embedded))
   logits = model(feats, masks).astype(jnp.float32)
-  valid = masks[0]
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   correct = (jnp.argmax(logits, -1) == labels) & valid
   return jnp.sum(jnp.where(valid, ce, 0.0)), correct.sum()
-
-
-class _Pipeline:
-  """Where a batch's neighbourhood and features come from, for one of PIPELINES.
-
-  `consts` are the device arrays a step reads (labels; for "device" also the CSR and features),
-  replicated over the mesh and passed to the step as an argument.
-  """
-
-  def __init__(
-    self,
-    kind: str,
-    graph: HostGraph,
-    labels: np.ndarray,
-    mesh: Mesh,
-    unique: bool = True,
-    cache: float = 0.0,
-  ):
-    self.kind = kind
-    self.unique = unique
-    self.graph = graph
-    self.host_labels = labels.astype(np.int32)
-    consts = {"labels": self.host_labels}
-    if kind == "host" and cache > 0:
-      consts["cache"] = DeviceCache.build(graph, graph.features, fraction=cache)
-    if kind == "device":
-      consts["graph"] = DeviceGraph.from_host(graph)
-      # A CPU device may alias a NumPy array's memory, and the table's is freed when it closes;
-      # a GPU copies it (no second host copy of a table that may be most of the host's memory).
-      cpu = mesh.devices.flat[0].platform == "cpu"
-      consts["features"] = (np.array if cpu else np.asarray)(graph.features.as_numpy())
-    self.consts = distributed.put(consts, NamedSharding(mesh, P()))
-
-  def blocks_and_features(self, consts, seeds, fanouts, key):
-    """Inside a jitted step (pipelines "host" and "device")."""
-    if self.kind == "host":
-      blocks = sample_neighbors(self.graph, seeds, fanouts, key)
-      return blocks, blocks.gather(
-        self.graph.features, unique=self.unique, cache=consts.get("cache")
-      )
-    blocks = sample_neighbors(consts["graph"], seeds, fanouts, key)
-    feats = tuple(
-      jnp.where(m[:, None], jnp.take(consts["features"], jnp.maximum(n, 0), axis=0), 0)
-      for n, m in zip(blocks.nodes, blocks.masks)
-    )
-    return blocks, feats
 
 
 def _mesh(config: SageConfig) -> Mesh:
@@ -229,6 +184,46 @@ def train(
       graph.close()
 
 
+@contextlib.contextmanager
+def lowered_step(dataset: Any, config: SageConfig, graph: HostGraph, rows: np.ndarray):
+  """The training step of `config` (pipeline host or device) on one device, lowered for the
+  seed batches `rows` (int32 [batches, batch_size]), and ``call(program)``: runs a compiled
+  program of it on the next row (the last row again once past it), the model's state carried
+  from call to call; returns that step's summed loss. What `jaxdata bench minibatch
+  --breakdown` times and profiles."""
+  if config.pipeline == "cpu":
+    raise ValueError("lowered_step: the cpu pipeline's step takes batches, not seeds")
+  mesh = _mesh(dataclasses.replace(config, devices=1))
+  labels = np.asarray(dataset.labels).astype(np.int32)
+  loader = Loader(
+    graph,
+    fanouts=config.fanouts,
+    features=graph.features,
+    labels=labels,
+    pipeline=config.pipeline,
+    cache=config.cache,
+    tree=True,
+  )
+  try:
+    programs = _steps(dataset, config, graph, mesh, loader, labels, None, None, None)
+    whole = NamedSharding(mesh, P())
+    seeds = distributed.put(np.asarray(rows, np.int32), NamedSharding(mesh, P(None, "data")))
+    key = distributed.put(jax.random.key(config.seed), whole)
+    state = [programs.params, programs.opt_state, distributed.put(np.int32(0), whole)]
+    lowered = programs.step.lower(*state[:2], *programs.consts, seeds, state[2], key)
+
+    def call(program):
+      params, opt_state, i, (total, _, _) = program(
+        *state[:2], *programs.consts, seeds, state[2], key
+      )
+      state[:] = params, opt_state, i
+      return total
+
+    yield lowered, call
+  finally:
+    loader.close()
+
+
 def initial_embedding(num_nodes: int, config: SageConfig) -> np.ndarray:
   """The embedding table a run starts from: normal, standard deviation 0.1, from the seed (the
   same in every process)."""
@@ -267,15 +262,37 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
   if graph.num_nodes != len(dataset.labels):
     raise ValueError(f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes")
   mesh = _mesh(config)
-  ndev = mesh.devices.size
   if config.pipeline == "cpu" and jax.process_count() > 1:
     raise ValueError(
       "train: the cpu pipeline runs in one process only; use pipeline host or "
       "device with several processes"
     )
-  pipe = _Pipeline(
-    config.pipeline, graph, np.asarray(dataset.labels), mesh, config.unique, config.cache
-  )
+  labels = np.asarray(dataset.labels).astype(np.int32)
+  loader = None
+  if config.pipeline != "cpu":
+    loader = Loader(
+      graph,
+      fanouts=config.fanouts,
+      features=graph.features,
+      labels=labels,
+      pipeline=config.pipeline,
+      cache=config.cache,
+      tree=True,
+    )
+  try:
+    return _train_loop(
+      dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt
+    )
+  finally:
+    if loader is not None:
+      loader.close()
+
+
+def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt):
+  """A run's jitted programs and starting state: `step` (params, opt_state, *consts, ...) and
+  `evaluate_batch`, the initial `params` and `opt_state` (placed on the mesh), the `consts` the
+  loader's pipelines pass, and `cpu_batches` for the cpu pipeline."""
+  cpu_batches = None
   dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
   model = GraphSAGE(
     graph.features.shape[1] + config.embed_dim,
@@ -294,15 +311,15 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
   replicated = NamedSharding(mesh, P())
   params, opt_state = distributed.put((params, opt_state), replicated)
 
-  def grads_of(params, feats, masks, labels, embedded=None):
+  def grads_of(params, feats, masks, labels, valid, embedded=None):
     def f(p, e):
-      total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels, e)
+      total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels, valid, e)
       return total, correct
 
     (total, correct), (grads, row_grads) = jax.value_and_grad(f, (0, 1), has_aux=True)(
       params, embedded
     )
-    count = masks[0].sum()
+    count = valid.sum()
     # Averages over the whole (global) batch: sums then one division. The sums travel as one
     # flat float32 vector, so a step makes one all-reduce, not one per leaf and dtype: on two
     # H200s each collective cost the step a host-side rendezvous (issue 18's profile).
@@ -320,8 +337,9 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     return jax.lax.psum(token, "data")
 
   def apply(params, opt_state, grads):
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
+    with jax.named_scope("optimizer"):
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
 
   def shard(fn, in_specs, out_specs):
     # check_vma off: each device's gradients stay its own and psum_flat sums them once (with
@@ -334,38 +352,42 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     # One dispatch per step: the epoch's seeds are on the device and the step picks its row
     # and derives its key from a step counter it carries, so the host issues nothing else (with
     # several devices, every extra dispatch costs the host more than the step itself).
-    def sampled(consts, rows, i, key):
+    def sampled(loader, rows, i, key):
       seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
       key = jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index("data"))
-      blocks, feats = pipe.blocks_and_features(consts, seeds, fanouts, key)
-      embedded = None if table is None else blocks.gather(table, unique=config.unique)
-      return blocks, feats, embedded, jnp.take(consts["labels"], jnp.maximum(seeds, 0))
+      batch = loader.sample(seeds, key)
+      with jax.named_scope("gathers"):
+        embedded = None if table is None else batch.blocks.gather(table, unique=True)
+      return batch, embedded
 
-    def device_step(params, opt_state, consts, rows, i, key):
-      blocks, feats, embedded, labels = sampled(consts, rows, i, key)
+    def device_step(params, opt_state, loader, rows, i, key):
+      batch, embedded = sampled(loader, rows, i, key)
       grads, row_grads, total, correct, count = grads_of(
-        params, feats, blocks.masks, labels, embedded
+        params, batch.inputs, batch.blocks.masks, batch.labels, batch.mask, embedded
       )
       params, opt_state = apply(params, opt_state, grads)
       if table is not None:  # the token is 0: the next step's counter waits for the writes
-        i = i + update_table(blocks, row_grads)
+        i = i + update_table(batch.blocks, row_grads)
       return params, opt_state, i + 1, (total, correct, count)
 
     step = shard(
       device_step, (P(), P(), P(), P(None, "data"), P(), P()), (P(), P(), P(), metrics_spec)
     )
-    step_consts = (pipe.consts,)
+    step_consts = (distributed.put(loader, replicated),)
 
-    def device_eval(params, consts, rows, i, key):
-      blocks, feats, embedded, labels = sampled(consts, rows, i, key)
-      _, correct = _loss(nnx.merge(graphdef, params), feats, blocks.masks, labels, embedded)
-      return i + 1, jax.lax.psum((correct, blocks.masks[0].sum()), "data")
+    def device_eval(params, loader, rows, i, key):
+      batch, embedded = sampled(loader, rows, i, key)
+      model = nnx.merge(graphdef, params)
+      _, correct = _loss(
+        model, batch.inputs, batch.blocks.masks, batch.labels, batch.mask, embedded
+      )
+      return i + 1, jax.lax.psum((correct, batch.mask.sum()), "data")
 
     evaluate_batch = shard(device_eval, (P(), P(), P(None, "data"), P(), P()), (P(), (P(), P())))
   else:
 
     def cpu_step(params, opt_state, feats, masks, labels):
-      grads, _, total, correct, count = grads_of(params, feats, masks, labels)
+      grads, _, total, correct, count = grads_of(params, feats, masks, labels, masks[0])
       params, opt_state = apply(params, opt_state, grads)
       return params, opt_state, (total, correct, count)
 
@@ -373,13 +395,33 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
     step = shard(cpu_step, (P(), P(), data, data, data), (P(), P(), metrics_spec))
 
     def cpu_eval(params, feats, masks, labels):
-      _, correct = _loss(nnx.merge(graphdef, params), feats, masks, labels)
+      _, correct = _loss(nnx.merge(graphdef, params), feats, masks, labels, masks[0])
       return jax.lax.psum((correct, masks[0].sum()), "data")
 
     evaluate_batch = shard(cpu_eval, (P(), data, data, data), (P(), P()))
     step_consts = ()
-    cpu_batches = _CpuBatches(graph, pipe.host_labels, fanouts, mesh)
+    cpu_batches = _CpuBatches(graph, labels, fanouts, mesh)
 
+  return types.SimpleNamespace(
+    step=step,
+    evaluate_batch=evaluate_batch,
+    params=params,
+    opt_state=opt_state,
+    consts=step_consts,
+    cpu_batches=cpu_batches,
+    graphdef=graphdef,
+  )
+
+
+def _train_loop(
+  dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt
+) -> TrainResult:
+  ndev = mesh.devices.size
+  replicated = NamedSharding(mesh, P())
+  programs = _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
+  step, evaluate_batch = programs.step, programs.evaluate_batch
+  params, opt_state, step_consts = programs.params, programs.opt_state, programs.consts
+  cpu_batches, graphdef = programs.cpu_batches, programs.graphdef
   batch = config.batch_size * ndev
   seed_sharding = NamedSharding(mesh, P(None, "data"))
   rng = np.random.default_rng(config.seed)
@@ -521,6 +563,7 @@ def restore(path: str, meta: dict):
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   saved = dict(meta["config"])
+  saved.pop("unique", None)  # checkpoints from before the loader (feature rows always read once)
   processes, per_process = checkpoint.json_value(
     saved.pop("mesh", None) or [1, saved.get("devices") or 1],
     tuple[int, ...],
