@@ -196,11 +196,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _train_rgcn(args: argparse.Namespace) -> int:
-  """`jaxdata train rgcn`: the entity trainer, or with --scale RGCN on synthetic_mag through the
-  heterogeneous trainer (`jaxdata.train.attention`); joined here, as trainers import no other."""
+  """`jaxdata train rgcn`: the entity trainer, or with --scale (synthetic_mag) or --data DIR (a
+  dataset folder) RGCN through the heterogeneous trainer (`jaxdata.train.attention`); joined
+  here, as trainers import no other."""
   from jaxdata.train import rgcn  # pylint: disable=g-import-not-at-top
 
-  if args.scale is None:
+  if args.scale is None and not (args.data and os.path.isdir(args.data)):
     return rgcn.main(args)
   from jaxdata.train import attention  # pylint: disable=g-import-not-at-top
 

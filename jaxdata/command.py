@@ -197,6 +197,20 @@ def size_or_auto(text: str) -> int | str:
   return "auto" if text == "auto" else size(text)
 
 
+def existing_dir(text: str) -> str:
+  """A path to a folder that exists."""
+  if not os.path.isdir(text):
+    raise argparse.ArgumentTypeError(
+      f"{text!r} is not a folder" if os.path.exists(text) else f"{text!r} does not exist"
+    )
+  return text
+
+
+def existing_path(text: str) -> str:
+  """A path to a file or folder that exists."""
+  return existing_dir(text) if os.path.isdir(text) else existing_file(text)
+
+
 def existing_file(text: str) -> str:
   """A path to a file that exists and can be read."""
   if not os.path.isfile(text):

@@ -83,8 +83,11 @@ class MagDataset:
     labels: int32[num_papers], the class of each paper (local paper ids: global id minus
       the paper offset, which is 0).
     num_classes: the number of classes.
-    train_papers, val_papers, test_papers: sorted int64 local paper ids (disjoint).
+    train_papers, val_papers, test_papers: sorted int64 local ids of the target type
+      (disjoint).
     name: a short name.
+    target: the node type classified (node type 0: "paper" in synthetic_mag; any type of a
+      user's graph through `HeteroData.to_dataset`).
   """
 
   graph: HeteroGraph
@@ -96,6 +99,7 @@ class MagDataset:
   val_papers: np.ndarray
   test_papers: np.ndarray
   name: str = "synthetic-mag"
+  target: str = "paper"
 
   def node_range(self, node_type: str) -> tuple[int, int]:
     """[first, last + 1) global ids of a node type."""

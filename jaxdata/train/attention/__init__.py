@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -124,8 +125,12 @@ def build_model(
   """The classifier `config` names for `dataset`; `tables=False` leaves out the embedding
   tables of `config.embed` (mini-batch training keeps them in host memory) and gives the other
   parameters the values they have with them."""
-  if dataset.graph.node_type_names[0] != "paper" or dataset.node_range("paper")[0] != 0:
-    raise ValueError("train: papers must be node type 0 (as synthetic_mag makes them)")
+  target = dataset.target
+  if dataset.graph.node_type_names[0] != target or dataset.node_range(target)[0] != 0:
+    raise ValueError(
+      f"train: the classified type {target!r} must be node type 0 (HeteroData.to_dataset puts "
+      "it there)"
+    )
   names = dataset.graph.node_type_names
   if len(set(config.embed)) != len(config.embed):
     raise ValueError(f"embed: a node type is named twice in {config.embed}")
@@ -209,7 +214,7 @@ def train(
         f"train: the plan has {len(plan)} policies for the model's "
         f"{model.stack_layers} stacked layers"
       )
-  papers = dataset.node_range("paper")[1]
+  papers = dataset.node_range(dataset.target)[1]
   labels = jnp.asarray(dataset.labels)
   train_idx = jnp.asarray(dataset.train_papers)
   train_y = labels[train_idx]
@@ -324,7 +329,7 @@ def predict(
   """The predicted class of every paper."""
   graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
   xs = device_features(dataset, model) if xs is None else xs
-  return _predict(model, graph, xs, dataset.node_range("paper")[1])
+  return _predict(model, graph, xs, dataset.node_range(dataset.target)[1])
 
 
 def evaluate(
@@ -346,15 +351,37 @@ def evaluate(
   }
 
 
-#: The entries of a data description (`load_dataset`).
+#: The entries of a data description (`load_dataset`): synthetic_mag's, or a dataset folder's.
 DATA_ENTRIES = {"scale": float, "seed": int, "classes": int}
+FOLDER_ENTRIES = {"path": str, "target": str}
 
 
 def load_dataset(data: dict) -> MagDataset:
-  """The synthetic ogbn-mag a data description names ({"scale", "seed", "classes"})."""
-  from jaxdata.data import synthetic_mag  # pylint: disable=g-import-not-at-top
+  """The dataset a data description names: synthetic_mag ({"scale", "seed", "classes"}) or a
+  dataset folder (`jaxdata.data.read`) classifying one node type ({"path", "target"})."""
+  from jaxdata.data import read, synthetic_mag  # pylint: disable=g-import-not-at-top
 
+  if "path" in data:
+    name = os.path.basename(os.path.normpath(data["path"]))
+    return read(data["path"]).to_dataset(data["target"], name=name)
   return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
+
+
+def data_entries(data: dict) -> dict:
+  """The entries `data` (a checkpoint's data description) must have."""
+  return FOLDER_ENTRIES if isinstance(data, dict) and "path" in data else DATA_ENTRIES
+
+
+def default_target(path: str) -> str:
+  """The node type to classify in a dataset folder when none is named: its one labelled type."""
+  from jaxdata.data import read  # pylint: disable=g-import-not-at-top
+
+  labelled = list(read(path).y_dict)
+  if len(labelled) != 1:
+    raise command.UsageError(
+      f"argument --target: {path} has labels for node types {labelled}; name the one to classify"
+    )
+  return labelled[0]
 
 
 def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
@@ -387,7 +414,7 @@ def restore(path: str, meta: dict):
       f"{config.model!r} model (its configuration's model)"
     )
   dataset = load_dataset(
-    checkpoint.check_entries(meta["data"], DATA_ENTRIES, "a synthetic_mag checkpoint")
+    checkpoint.check_entries(meta["data"], data_entries(meta["data"]), "a heterograph checkpoint")
   )
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
@@ -415,11 +442,12 @@ def add_arguments(parser, model: str):
   parser.add_argument(
     "--scale",
     type=command.positive_float,
-    default=0.005,
+    default=None,
     help="synthetic_mag's share of ogbn-mag's size (default 0.005: about 9,700 "
     "nodes and 211,000 edges, a minute on a 2-core CPU; 1.0: full size, "
     "for a GPU)",
   )
+  data_arguments(parser)
   parser.add_argument(
     "--classes",
     type=command.positive_int,
@@ -599,9 +627,33 @@ def _train_offloaded(
   return result
 
 
+def data_arguments(parser) -> None:
+  """--data DIR and --target TYPE (shared with `jaxdata train rgcn`)."""
+  parser.add_argument(
+    "--data",
+    metavar="DIR",
+    type=command.existing_dir,
+    default=None,
+    help="train on a dataset folder instead of synthetic_mag: OGB's raw node-property layout "
+    "or a folder of edge lists (docs/data.md)",
+  )
+  parser.add_argument(
+    "--target",
+    default=None,
+    help="--data: the node type to classify (default: the one type with labels)",
+  )
+
+
 def main(args) -> int:
   # pylint: disable=g-import-not-at-top
 
+  if args.data is None:
+    if args.target is not None:
+      raise command.UsageError("argument --target: names a node type of --data DIR")
+    args.scale = 0.005 if args.scale is None else args.scale
+  elif args.scale is not None or args.classes is not None:
+    flag = "--scale" if args.scale is not None else "--classes"
+    raise command.UsageError(f"argument {flag}: for synthetic_mag, not with --data")
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
   devices = devices_flag(args.devices)
@@ -625,7 +677,7 @@ def main(args) -> int:
       f"argument --embed: a node type is named twice in {','.join(args.embed)}"
     )
   bad = [t for t in args.embed if t not in NODE_TYPES[1:]]
-  if bad:
+  if bad and args.data is None:
     raise command.UsageError(
       f"argument --embed: {', '.join(map(repr, bad))} is not a "
       f"featureless-able node type; choose from "
@@ -681,18 +733,36 @@ def main(args) -> int:
       device_bytes=None if auto else args.device_bytes,
       **options,
     )
-  classes = args.classes or default_classes(args.scale)
   t0 = time.perf_counter()
-  data = {"scale": args.scale, "seed": args.seed, "classes": classes}
-  dataset = load_dataset(data)
+  if args.data is not None:
+    target = args.target or default_target(args.data)
+    data = {"path": os.path.abspath(args.data), "target": target}
+    try:
+      dataset = load_dataset(data)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+      raise command.UsageError(f"argument --data: {e}") from None
+    classes = dataset.num_classes
+    unknown = [t for t in args.embed if t not in dataset.graph.node_type_names[1:]]
+    if unknown:
+      raise command.UsageError(
+        f"argument --embed: {', '.join(map(repr, unknown))} is not a node type of --data other "
+        f"than the target; its types are {', '.join(dataset.graph.node_type_names)}"
+      )
+    source = f"{args.data}, classifying {target}"
+  else:
+    classes = args.classes or default_classes(args.scale)
+    data = {"scale": args.scale, "seed": args.seed, "classes": classes}
+    dataset = load_dataset(data)
+    source = f"scale {args.scale:g}"
   g = dataset.graph
   empty = [s for s in ("train", "val", "test") if not len(getattr(dataset, f"{s}_papers"))]
   if empty:  # accuracies over no papers would be NaN, printed and saved as results
+    flag = "--data" if args.data is not None else "--scale"
     raise command.UsageError(
-      f"argument --scale: {args.scale:g} draws no {'/'.join(empty)} "
-      f"papers ({len(dataset.train_papers)} train, "
-      f"{len(dataset.val_papers)} val, {len(dataset.test_papers)} test): "
-      f"give a larger scale"
+      f"argument {flag}: no {'/'.join(empty)} nodes to classify "
+      f"({len(dataset.train_papers)} train, "
+      f"{len(dataset.val_papers)} val, {len(dataset.test_papers)} test)"
+      + ("" if args.data is not None else f" at scale {args.scale:g}: give a larger scale")
     )
   if auto:  # (--minibatch: checked above)
     features, embeddings = hetero.table_bytes(dataset, config.embed, config.embed_dim)
@@ -703,12 +773,12 @@ def main(args) -> int:
       f"({format_bytes(embeddings)})"
     )
   console.print(
-    f"[bold]{dataset.name}[/] (scale {args.scale:g}, drawn in "
+    f"[bold]{dataset.name}[/] ({source}, loaded in "
     f"{time.perf_counter() - t0:.1f} s): "
     + ", ".join(f"{len(x):,} {t}" for t, x in zip(g.node_type_names, dataset.features))
     + f"; {g.num_edges:,} edges, {g.num_relations} relations; {classes} classes, "
     f"{len(dataset.train_papers):,} train / {len(dataset.val_papers):,} val / "
-    f"{len(dataset.test_papers):,} test papers"
+    f"{len(dataset.test_papers):,} test {dataset.target}"
   )
   console.print(
     f"{config.model.upper()}: {config.layers} layers, hidden {config.hidden}, "

@@ -120,7 +120,7 @@ def make_loader(
     fanouts=fanouts,
     features={n: x for t, (n, x) in enumerate(zip(names, dataset.features)) if t not in embeddings},
     embeddings={names[t]: x for t, x in embeddings.items()},
-    labels={"paper": dataset.labels},
+    labels={dataset.target: dataset.labels},
     cache=cache,
     cache_bytes=cache_bytes,
     pipeline=pipeline,
@@ -354,7 +354,7 @@ def train(
       )
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
-  papers = dataset.node_range("paper")
+  papers = dataset.node_range(dataset.target)
   with make_loader(
     dataset,
     minibatch.pipeline,

@@ -73,7 +73,7 @@ def train(
     rows_t = np.zeros((n, x.shape[1]), np.float32)
     rows_t[offsets[t] : offsets[t + 1]] = x
     features.append(rows_t)
-  paper0 = dataset.node_range("paper")[0]
+  paper0 = dataset.node_range(dataset.target)[0]
   labels = np.zeros(n, np.int32)
   labels[paper0 : paper0 + len(dataset.labels)] = dataset.labels
   split = {

@@ -322,10 +322,16 @@ def add_arguments(parser):
   """`jaxdata train rgcn` options."""
   parser.add_argument(
     "--data",
-    metavar="PATH.tgz",
-    type=command.existing_file,
-    help="an RDF entity-classification archive (aifb.tgz, mutag.tgz); default: "
-    "the built-in synthetic graph",
+    metavar="PATH",
+    type=command.existing_path,
+    help="an RDF entity-classification archive (aifb.tgz, mutag.tgz), or a dataset folder "
+    "(OGB's raw layout or edge lists, docs/data.md; with --target); default: the built-in "
+    "synthetic graph",
+  )
+  parser.add_argument(
+    "--target",
+    default=None,
+    help="--data DIR: the node type to classify (default: the one type with labels)",
   )
   parser.add_argument(
     "--epochs",
@@ -538,14 +544,19 @@ def mag_arguments(args: argparse.Namespace, defaults: argparse.Namespace) -> arg
   (`jaxdata.train.attention.main`, model "rgcn"): `defaults` (that trainer's options, parsed
   from nothing) with the options given here. UsageError for an entity dataset's option.
   (`jaxdata.cli` joins the two: a trainer imports no other.)"""
-  given = [n for n in ENTITY_OPTIONS if getattr(args, n) is not None]
+  folder = args.data is not None and os.path.isdir(args.data)
+  given = [
+    n for n in ENTITY_OPTIONS if getattr(args, n) is not None and not (folder and n == "data")
+  ]
   if given:
+    what = (
+      f"the dataset folder {args.data}" if folder else f"synthetic_mag (--scale {args.scale:g})"
+    )
     raise command.UsageError(
-      f"argument {_flag(given[0])}: names an entity dataset, not "
-      f"synthetic_mag (--scale {args.scale:g}); give one of them"
+      f"argument {_flag(given[0])}: names an entity dataset, not {what}; give one of them"
     )
   mag = argparse.Namespace(**vars(defaults))
-  for name in ("scale",) + MAG_OPTIONS + SHARED_OPTIONS:
+  for name in ("scale", "data", "target") + MAG_OPTIONS + SHARED_OPTIONS:
     if getattr(args, name) is not None:
       setattr(mag, name, getattr(args, name))
   return mag
@@ -554,10 +565,13 @@ def mag_arguments(args: argparse.Namespace, defaults: argparse.Namespace) -> arg
 def main(args) -> int:
   """`jaxdata train rgcn` on an entity dataset (`jaxdata.cli` sends --scale to
   `jaxdata.train.attention` with `mag_arguments`)."""
-  if args.scale is not None:
+  if args.scale is not None or (args.data and os.path.isdir(args.data)):
     raise command.UsageError(
-      "argument --scale: synthetic_mag trains through jaxdata.cli (`jaxdata train rgcn --scale S`)"
+      "argument --scale/--data DIR: heterographs train through jaxdata.cli (`jaxdata train "
+      "rgcn --scale S`)"
     )
+  if args.target is not None:
+    raise command.UsageError("argument --target: names a node type of --data DIR")
   given = [n for n in MAG_OPTIONS if getattr(args, n) is not None]
   if given:
     raise command.UsageError(f"argument {_flag(given[0])}: for synthetic_mag (with --scale)")
