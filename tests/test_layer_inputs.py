@@ -203,3 +203,38 @@ def test_hgt_with_a_relation_without_edges_matches_the_reference():
     gx = jax.grad(lambda x: jnp.vdot(layer(ga, [x])[0], ct.astype(np.float32)))(x)
     gw = jax.grad(lambda x: jnp.vdot(reference([x], wide(hgt_params(layer)))[0], ct))(wide(x))
     np.testing.assert_allclose(gx, gw, rtol=1e-4, atol=1e-5)
+
+
+def test_layers_take_and_return_dicts_by_node_type():
+  """On a graph that names its node types, RGCN and RGAT take ``{type: x}`` and give ``{type:
+  h}`` (RGCN against NumPy), HGT a dict of per-type widths; mistakes name the type."""
+  g = HeteroGraph.from_typed_edges(
+    {("a", "r", "b"): ([0, 1, 2], [1, 0, 1]), ("b", "s", "a"): ([0, 1], [2, 2])},
+    num_nodes={"a": 3, "b": 2},
+  )
+  ga = hector.GraphArrays.from_graph(g)
+  x = np.random.default_rng(3).standard_normal((5, D_IN)).astype(np.float32)
+  xs = {"b": x[3:], "a": x[:3]}  # any order: the graph's decides
+  rgcn = RGCN(D_IN, D_OUT, num_relations=g.num_relations, rngs=nnx.Rngs(0))
+  out = rgcn(ga, xs)
+  assert list(out) == ["a", "b"]
+  want = rgcn_numpy(rgcn, g, x)
+  np.testing.assert_allclose(out["a"], want[:3], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out["b"], want[3:], rtol=1e-5, atol=1e-5)
+  rgat = RGAT(D_IN, D_OUT, num_relations=g.num_relations, heads=1, rngs=nnx.Rngs(0))
+  whole = rgat(ga, x)
+  np.testing.assert_allclose(np.concatenate(list(rgat(ga, xs).values())), whole, rtol=1e-6)
+  hgt = HGT((D_IN, 4), 4, num_relations=g.num_relations, heads=2, rngs=nnx.Rngs(0))
+  y = {"a": x[:3], "b": np.ones((2, 4), np.float32)}
+  got = hgt(ga, y)
+  for t, h in zip(["a", "b"], hgt(ga, [y["a"], y["b"]])):
+    np.testing.assert_array_equal(got[t], h)
+  with pytest.raises(ValueError, match=r"RGCN: x\['b'\] must have shape \[num_nodes=2"):
+    rgcn(ga, {"a": x[:3], "b": x[3:, :2]})
+  with pytest.raises(ValueError, match=r"RGAT: x lacks node types \['b'\]"):
+    rgat(ga, {"a": x[:3]})
+  with pytest.raises(ValueError, match=r"HGT: xs names node types \['c'\]"):
+    hgt(ga, {**y, "c": x})
+  untyped = hector.GraphArrays.from_graph(HeteroGraph.from_edges([0], [1], [0], num_nodes=2))
+  with pytest.raises(ValueError, match="the graph names no node types"):
+    RGCN(D_IN, D_OUT, num_relations=1, rngs=nnx.Rngs(0))(untyped, {"a": x[:2]})

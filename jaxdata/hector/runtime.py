@@ -56,7 +56,7 @@ _INDEX_FIELDS = [f for f in _FIELDS if f != "norm"]
 @functools.partial(
   jax.tree_util.register_dataclass,
   data_fields=list(_FIELDS),
-  meta_fields=["num_nodes", "num_relations", "node_type_offsets"],
+  meta_fields=["num_nodes", "num_relations", "node_type_offsets", "node_type_names"],
 )
 @dataclasses.dataclass(frozen=True)
 class GraphArrays:
@@ -74,7 +74,8 @@ class GraphArrays:
 
   `node_type_offsets` (static, a tuple, or None for one node type): node type t owns the ids
   ``node_type_offsets[t]:node_type_offsets[t + 1]``; layers that take features per node type
-  check their rows against it.
+  check their rows against it. `node_type_names` (static, or None) names the types: layers then
+  also take features as ``{node type: array}`` and return a dict.
 
   Validated on construction (so also by `dataclasses.replace` and pytree unflattening): the
   index arrays must be int32 and `norm` float32, each of its length (always checked, also on
@@ -112,6 +113,7 @@ class GraphArrays:
   num_nodes: int
   num_relations: int
   node_type_offsets: tuple[int, ...] | None = None
+  node_type_names: tuple[str, ...] | None = None
 
   def __post_init__(self):
     _check_sizes(self)
@@ -165,6 +167,7 @@ class GraphArrays:
       num_nodes=int(graph.num_nodes),
       num_relations=int(graph.num_relations),
       node_type_offsets=None if types is None else tuple(int(t) for t in types),
+      node_type_names=None if types is None else tuple(graph.node_type_names),
     )
 
   @property

@@ -3,6 +3,7 @@ layer and the graph ask for, and an error names the argument and the shape it ex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -25,6 +26,44 @@ def graph(g: Any, who: str) -> GraphArrays:
   if not isinstance(g, GraphArrays):
     raise TypeError(f"{who}: graph must be a jaxdata.hector.GraphArrays, got {type(g).__name__}")
   return g
+
+
+def by_type(g: GraphArrays, xs: Mapping, name: str, who: str) -> list:
+  """``{node type: array}`` as a list in the graph's node-type order, or a ValueError naming the
+  types that are unknown or missing."""
+  names = g.node_type_names
+  if names is None:
+    raise ValueError(
+      f"{who}: {name} is a dict by node type, but the graph names no node types (build it with "
+      "GraphArrays.from_graph of a HeteroGraph with node types, or pass arrays)"
+    )
+  unknown = sorted(set(xs) - set(names), key=str)
+  missing = [n for n in names if n not in xs]
+  if unknown or missing:
+    raise ValueError(
+      f"{who}: {name} "
+      + (f"names node types {unknown} " if unknown else f"lacks node types {missing} ")
+      + f"(the graph's types are {list(names)})"
+    )
+  return [xs[n] for n in names]
+
+
+def split_by_type(g: GraphArrays, h: jax.Array) -> dict[str, jax.Array]:
+  """A layer's output over all nodes as ``{node type: its rows}``."""
+  offsets, names = g.node_type_offsets, g.node_type_names
+  assert offsets is not None and names is not None  # by_type checked the graph has them
+  return {n: h[a:b] for n, a, b in zip(names, offsets[:-1], offsets[1:])}
+
+
+def concat_by_type(g: GraphArrays, xs: Mapping, who: str, width: int | None) -> jax.Array:
+  """``{node type: [N_t, width]}`` as one ``[num_nodes, width]`` array in type order, each
+  checked by name against its type's node count and the layer's width."""
+  parts = by_type(g, xs, "x", who)
+  counts = g.node_type_rows() or ()
+  names = g.node_type_names or ()
+  return jnp.concatenate(
+    [rows(x, f"x[{n!r}]", who, c, width) for n, c, x in zip(names, counts, parts)]
+  )
 
 
 def relations(g: GraphArrays, num_relations: int, who: str) -> None:

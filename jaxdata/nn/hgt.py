@@ -23,7 +23,7 @@ Remat policies can name the layer's intermediates (`NAMES`, and hector's `SAVED_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import jax
@@ -128,10 +128,15 @@ class HGT(nnx.Module):
     self.passes = select_passes(passes)
     self.precision = precision
 
-  def __call__(self, graph: GraphArrays, xs: Sequence[jax.Array]) -> list[jax.Array]:
+  def __call__(self, graph: GraphArrays, xs: Any) -> Any:
     """xs[t]: ``[N_t, d_t]``, types in id order (sum of N_t = the graph's nodes; when the graph
     has node types, N_t must be its type t's count: ValueError otherwise). Returns one
-    ``[N_t, out_features]`` array per type."""
+    ``[N_t, out_features]`` array per type. On a graph that names its node types, `xs` may be
+    ``{node type: array}``, and the result is then a dict."""
+    if isinstance(xs, Mapping):
+      checks.graph(graph, "HGT")
+      names = graph.node_type_names or ()
+      return dict(zip(names, self(graph, checks.by_type(graph, xs, "xs", "HGT"))))
     xs = self._inputs(graph, xs, "HGT")
     if len(xs) != len(self.in_features):
       raise ValueError(f"HGT: {len(xs)} feature arrays for {len(self.in_features)} node types")

@@ -18,6 +18,7 @@ heads are averaged instead (an output layer's usual choice).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -132,7 +133,14 @@ class RGAT(nnx.Module):
     checks.relations(graph, self.num_relations, who)
     return checks.rows(x, "x", who, graph.num_nodes, self.in_features)
 
-  def __call__(self, graph: GraphArrays, x: jax.Array) -> jax.Array:
+  def __call__(self, graph: GraphArrays, x: Any) -> Any:
+    """x: ``[num_nodes, in_features]``, or ``{node type: [N_t, in_features]}`` on a graph that
+    names its node types (then the result is a dict too)."""
+    if isinstance(x, Mapping):
+      checks.graph(graph, "RGAT")
+      return checks.split_by_type(
+        graph, self(graph, checks.concat_by_type(graph, x, "RGAT", self.in_features))
+      )
     x = self._inputs(graph, x, "RGAT").astype(self.dtype)
     cast = lambda p: p[...].astype(self.dtype)  # noqa: E731
     h = checkpoint_name(

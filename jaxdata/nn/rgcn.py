@@ -17,6 +17,7 @@ its own).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -279,7 +280,13 @@ class RGCN(nnx.Module):
       return None
     return checks.rows(x, "x", who, graph.num_nodes, self.in_features)
 
-  def __call__(self, graph: GraphArrays, x: jax.Array | None = None) -> jax.Array:
+  def __call__(self, graph: GraphArrays, x: Any = None) -> Any:
+    """x: ``[num_nodes, in_features]``, or ``{node type: [N_t, in_features]}`` on a graph that
+    names its node types (then the result is a dict too)."""
+    if isinstance(x, Mapping):
+      checks.graph(graph, "RGCN")
+      h = self(graph, checks.concat_by_type(graph, x, "RGCN", self.in_features))
+      return checks.split_by_type(graph, h)
     x = self._inputs(graph, x, "RGCN")
     w = self.relation_weights().astype(self.dtype)
     h = rgcn_message(
