@@ -199,8 +199,27 @@ def _train_rgcn(args: argparse.Namespace) -> int:
   """`jaxdata train rgcn`: the entity trainer, or with --scale (synthetic_mag) or --data DIR (a
   dataset folder) RGCN through the heterogeneous trainer (`jaxdata.train.attention`); joined
   here, as trainers import no other."""
-  from jaxdata.train import rgcn  # pylint: disable=g-import-not-at-top
+  from jaxdata.train import checkpoint, rgcn  # pylint: disable=g-import-not-at-top
 
+  if args.task == "link":
+    from jaxdata.train import link  # pylint: disable=g-import-not-at-top
+
+    if args.out == "rgcn-checkpoint":  # the default names the node-classification model's
+      args.out = "rgcn-link-checkpoint"
+    try:
+      checkpoint.check_out(args.out, ("rgcn-link",))
+    except ValueError as e:
+      raise command.UsageError(f"argument --out: {e}") from None
+    return link.main(args)
+  if args.layers == 0:
+    raise command.UsageError("argument --layers: 0 layers (DistMult alone) is for --task link")
+  if args.negatives != 1 or args.eval_every:
+    flag = "--negatives" if args.negatives != 1 else "--eval-every"
+    raise command.UsageError(f"argument {flag}: for --task link")
+  try:  # the parser let a link-prediction checkpoint through (--task link replaces one)
+    checkpoint.check_out(args.out, ("rgcn", "rgcn-mag"))
+  except ValueError as e:
+    raise command.UsageError(f"argument --out: {e}") from None
   if args.scale is None and not (args.data and os.path.isdir(args.data)):
     return rgcn.main(args)
   from jaxdata.train import attention  # pylint: disable=g-import-not-at-top

@@ -57,6 +57,7 @@ KINDS = {
   "rgat": "jaxdata.train.attention",
   "hgt": "jaxdata.train.attention",
   "rgcn-mag": "jaxdata.train.attention",
+  "rgcn-link": "jaxdata.train.link",
   "sage": "jaxdata.train.sage",
   "gpt": "jaxdata.train.gpt",
 }

@@ -334,6 +334,27 @@ def add_arguments(parser):
     help="--data DIR: the node type to classify (default: the one type with labels)",
   )
   parser.add_argument(
+    "--task",
+    choices=("node", "link"),
+    default="node",
+    help="node: entity classification; link: link prediction with a DistMult decoder, "
+    "filtered MRR and Hits@1/3/10 (--data: a folder of train.txt, valid.txt, test.txt "
+    "triples, or an RDF archive's triples split at random; default: a synthetic knowledge "
+    "graph)",
+  )
+  parser.add_argument(
+    "--negatives",
+    type=command.positive_int,
+    default=1,
+    help="--task link: corrupted triples per training triple (default: 1)",
+  )
+  parser.add_argument(
+    "--eval-every",
+    type=command.natural_int,
+    default=0,
+    help="--task link: validation MRR every this many steps (default 0: at the end)",
+  )
+  parser.add_argument(
     "--epochs",
     type=command.positive_int,
     default=None,
@@ -464,9 +485,10 @@ def add_arguments(parser):
   )
   mag.add_argument(
     "--layers",
-    type=command.positive_int,
+    type=command.natural_int,
     default=None,
-    help="--scale: RGCN layers (default: 2; --minibatch takes one fanout per layer)",
+    help="--scale, --data DIR, --task link: RGCN layers (default: 2; --minibatch takes one "
+    "fanout per layer; --task link: 0 is DistMult alone)",
   )
   mag.add_argument(
     "--embed",
@@ -495,7 +517,7 @@ def add_arguments(parser):
     "parameters, optimizer state and cached feature rows (or auto: a "
     "quarter of the feature and embedding tables)",
   )
-  add_out_argument(parser, "rgcn", "the (last seed's) model", ("rgcn", "rgcn-mag"))
+  add_out_argument(parser, "rgcn", "the (last seed's) model", ("rgcn", "rgcn-mag", "rgcn-link"))
 
 
 #: The synthetic graph's fewest nodes: one per class (synthetic_entities draws 4) and at least
