@@ -4,11 +4,12 @@ Each command's module owns its options (`add_arguments(parser)`) and its run (`m
 this module only puts them together. Mistakes are one line and exit code 2 (`jaxdata.command`);
 a run whose loss stops being finite is one line and exit code 1, having saved nothing; Ctrl-C
 is one line ("interrupted") and exit code 130, SIGTERM one line ("terminated") and exit code 143
-(`command.signals_stop`). A trainer saves its checkpoint when training ends: Ctrl-C saves none
-(and one stopped while saving keeps the previous checkpoint); SIGTERM to a one-process `train`
-ends it after the step in progress, which it saves to --out, then exits 143 (a second SIGTERM
-stops at once; `command.soft_stop`). A multi-process job stops at once: its processes could not
-agree on a last step.
+(`command.signals_stop`). A trainer saves its checkpoint when training ends (and every
+--save-every epochs where it takes that flag): Ctrl-C or SIGTERM to a one-process `train` ends
+it after the step in progress, which it saves to --out, then exits 130 or 143 (a second signal
+stops at once, saving nothing more; one stopped while saving keeps the previous checkpoint;
+`command.soft_stop`). A multi-process job stops at once: its processes could not agree on a
+last step.
 Every `train` command also takes the multi-process flags of `jaxdata.distributed`, and joins
 its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
 processes, the others refuse to.
@@ -328,8 +329,10 @@ def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int
     with command.soft_stop(enabled=alone):
       code = args.run(args)
     if command.stop_requested() and code == 0:
-      print(f"{args.prog}: terminated (SIGTERM) after its last completed step", file=sys.stderr)
-      code = 128 + signal.SIGTERM
+      signum = command.stop_signal()
+      said = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted (Ctrl-C)"
+      print(f"{args.prog}: {said} after its last completed step", file=sys.stderr)
+      code = 128 + signum
   except command.UsageError as e:
     code = command.fail(args.prog, e)
   except LossNotFinite as e:  # a diverged run: stopped, nothing saved

@@ -37,22 +37,29 @@ class Terminated(KeyboardInterrupt):
   signum = signal.SIGTERM
 
 
-#: Set by the first SIGTERM inside `soft_stop`: training loops finish the step they are in and
-#: stop (`stop_requested`), and the command saves what it trained.
+#: Set by the first SIGTERM or Ctrl-C inside `soft_stop`: training loops finish the step they
+#: are in and stop (`stop_requested`), and the command saves what it trained.
 _stop_requested = threading.Event()
 _soft = threading.Event()
+_stop_signal = [signal.SIGTERM]  # the signal that asked for the stop
 
 
 def stop_requested() -> bool:
-  """Whether a SIGTERM asked the command to stop after its current step (`soft_stop`)."""
+  """Whether a SIGTERM or Ctrl-C asked the command to stop after its current step
+  (`soft_stop`)."""
   return _stop_requested.is_set()
+
+
+def stop_signal() -> int:
+  """The signal behind `stop_requested` (SIGTERM or SIGINT)."""
+  return _stop_signal[0]
 
 
 @contextlib.contextmanager
 def soft_stop(enabled: bool = True) -> Iterator[None]:
-  """While inside (and `enabled`), the first SIGTERM does not raise: it sets `stop_requested`,
-  which training loops check after every step, so the run ends after its last completed step
-  and saves it; a second SIGTERM, or Ctrl-C, stops at once as `signals_stop` does. Not for
+  """While inside (and `enabled`), the first SIGTERM or Ctrl-C does not raise: it sets
+  `stop_requested`, which training loops check after every step, so the run ends after its
+  last completed step and saves it; a second one stops at once as `signals_stop` does. Not for
   multi-process jobs, whose processes must stop at the same step."""
   if enabled:
     _soft.set()
@@ -78,9 +85,11 @@ def signals_stop() -> Iterator[Callable[[], None]]:
 
   def stop(signum, frame):
     nonlocal stopping
-    if signum == signal.SIGTERM and _soft.is_set() and not _stop_requested.is_set():
+    if _soft.is_set() and not _stop_requested.is_set():
+      _stop_signal[0] = signum
       _stop_requested.set()  # the training loop stops after this step (`soft_stop`)
-      print("jaxdata: SIGTERM: stopping after this step (again to stop now)", file=sys.stderr)
+      name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+      print(f"jaxdata: {name}: stopping after this step (again to stop now)", file=sys.stderr)
       return
     if not stopping:
       stopping = True

@@ -321,9 +321,14 @@ def test_signals_stop_raises_once_and_gives_the_handlers_back():
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-def test_sigterm_ends_a_training_run_after_its_step_saves_it_and_exits_143(tmp_path):
-  """SIGTERM to a one-process `jaxdata train` while it trains: it finishes the step it is in,
-  saves what it trained to --out, says so in one line (no traceback) and exits 128 + 15."""
+@pytest.mark.parametrize(
+  "signum, said",
+  [(signal.SIGTERM, "terminated (SIGTERM)"), (signal.SIGINT, "interrupted (Ctrl-C)")],
+)
+def test_a_signal_ends_a_training_run_after_its_step_and_saves_it(tmp_path, signum, said):
+  """SIGTERM or Ctrl-C to a one-process `jaxdata train` while it trains: it finishes the step it
+  is in, saves what it trained to --out, says so in one line (no traceback) and exits 128 + the
+  signal."""
   out = tmp_path / "stopped"
   proc = subprocess.Popen(
     [sys.executable, "-m", "jaxdata.cli", *TINY["sage"], "--epochs", "100000", "--out", str(out)],
@@ -340,14 +345,14 @@ def test_sigterm_ends_a_training_run_after_its_step_saves_it_and_exits_143(tmp_p
         break
     else:
       pytest.fail("the run ended before its first epoch:\n" + "".join(lines))
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
   finally:
     if proc.poll() is None:
       proc.kill()
       proc.communicate()
-  assert proc.returncode == 128 + signal.SIGTERM, err
-  last = "jaxdata train sage: terminated (SIGTERM) after its last completed step"
+  assert proc.returncode == 128 + signum, err
+  last = f"jaxdata train sage: {said} after its last completed step"
   assert err.strip().splitlines()[-1] == last, err
   assert "stopping after this step" in err and "Traceback" not in err
   from jaxdata.train import checkpoint

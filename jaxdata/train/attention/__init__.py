@@ -180,8 +180,17 @@ def train(
   *,
   plan: Sequence | Planner | None = None,
   on_epoch: Callable[[dict], None] | None = None,
+  resume: Callable[[nnx.Module, nnx.Optimizer], list[dict]] | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
   """Trains `config.model` on `dataset`'s training papers; returns the model and accuracies.
+
+  `resume(model, optimizer)` puts a saved run's state into the freshly built model and
+  optimizer and returns its history; training goes on from the epoch after it to
+  `config.epochs`, to the parameters a run never stopped would have. `on_save(result)` gets the
+  run so far every `save_every` epochs (its metrics measured then). Full-graph training on one
+  device only.
 
   With more than one device in all (`config.devices` per process, times the processes of a
   `jax.distributed` job) the graph is partitioned by destinations over them
@@ -198,6 +207,8 @@ def train(
         "train: over several devices (the partitioned path) the model has two "
         "layers and no offload plan"
       )
+    if resume is not None or save_every:
+      raise ValueError("train: resume and save_every are for one device of one process")
     from jaxdata.train.attention import partitioned  # pylint: disable=g-import-not-at-top
 
     return partitioned.train(dataset, config, on_epoch=on_epoch)
@@ -230,9 +241,9 @@ def train(
     optimizer.update(model, grads)
     return loss, accuracy(logits, train_y)
 
-  history = []
+  history = [] if resume is None else list(resume(model, optimizer))
   start = time.perf_counter()
-  for epoch in range(1, config.epochs + 1):
+  for epoch in range(len(history) + 1, config.epochs + 1):
     t0 = time.perf_counter()
     loss, acc = step(model, optimizer, graph, xs)
     record = dict(
@@ -240,8 +251,11 @@ def train(
     )
     record["val_accuracy"] = evaluate(model, dataset, graph, xs)["val_accuracy"]
     add_record(history, record, on_epoch)
-    if command.stop_requested():  # SIGTERM: the last completed step ends the run
+    if command.stop_requested():  # SIGTERM or Ctrl-C: the last completed step ends the run
       break
+    if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+      now = evaluate(model, dataset, graph, xs)
+      on_save(TrainResult(model, history, now, time.perf_counter() - start, optimizer, plan))
   final = evaluate(model, dataset, graph, xs)
   return TrainResult(model, history, final, time.perf_counter() - start, optimizer, plan)
 
@@ -456,6 +470,20 @@ def add_arguments(parser, model: str):
     "so that every class has about 100 papers)",
   )
   parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
+  parser.add_argument(
+    "--save-every",
+    type=command.natural_int,
+    default=0,
+    metavar="N",
+    help="also save to --out every N epochs (full-graph training on one device; 0: at the end)",
+  )
+  parser.add_argument(
+    "--resume",
+    metavar="DIR",
+    default=None,
+    help="continue the run saved in DIR (same flags; --epochs counts from its start) to the "
+    "parameters an uninterrupted run reaches (full-graph training on one device)",
+  )
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
   parser.add_argument(
     "--layers",
@@ -627,6 +655,43 @@ def _train_offloaded(
   return result
 
 
+def _resumer(path: str | None, config: TrainConfig, data: dict):
+  """`train`'s `resume` for `--resume path`: a checkpoint of this run's model, settings (but
+  --epochs) and data, with its optimizer state; UsageError otherwise."""
+  if path is None:
+    return None
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
+  def refuse(why: str):
+    raise command.UsageError(f"argument --resume: {path}: {why}")
+
+  try:
+    meta = checkpoint.read_meta(path)
+    saved = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
+  except (OSError, ValueError) as e:
+    refuse(str(e))
+  if meta["kind"] != KINDS[config.model]:
+    refuse(f"holds a {meta['kind']} checkpoint, this run trains {KINDS[config.model]}")
+  other = [
+    f.name
+    for f in dataclasses.fields(TrainConfig)
+    if f.name != "epochs" and getattr(saved, f.name) != getattr(config, f.name)
+  ]
+  if other:
+    refuse(f"was trained with other settings ({', '.join(other)}): give the same flags")
+  if meta["data"] != data:
+    refuse(f"was trained on other data ({meta['data']})")
+  if len(meta["history"]) >= config.epochs:
+    refuse(f"has trained {len(meta['history'])} epochs already: ask for more with --epochs")
+
+  def resume(model, optimizer) -> list[dict]:
+    if not checkpoint.restore_nnx(path, meta, model, optimizer):
+      refuse("holds no optimizer state to continue from")
+    return list(meta["history"])
+
+  return resume
+
+
 def data_arguments(parser) -> None:
   """--data DIR and --target TYPE (shared with `jaxdata train rgcn`)."""
   parser.add_argument(
@@ -684,6 +749,12 @@ def main(args) -> int:
       f"{','.join(NODE_TYPES[1:])} (papers keep their features)"
     )
   check_offload_arguments(args)  # --budget sets args.offload
+  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
+    if given and (args.minibatch or args.offload or not one_device):
+      raise command.UsageError(
+        f"argument {flag}: for full-graph training on one device (not with --minibatch, "
+        "an offload plan or several devices)"
+      )
   if not one_device and args.minibatch and args.offload:
     raise command.UsageError(
       "argument --budget/--offload: --minibatch with an offload plan "
@@ -817,7 +888,14 @@ def main(args) -> int:
       if args.offload:
         result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
       elif minibatch is None:
-        result = train(dataset, config, on_epoch=on_epoch)
+        result = train(
+          dataset,
+          config,
+          on_epoch=on_epoch,
+          resume=_resumer(args.resume, config, data),
+          save_every=args.save_every,
+          on_save=lambda r: save(args.out, r, config, data),
+        )
       else:
         result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
