@@ -73,3 +73,76 @@ def test_the_documents_code_runs_as_written(path, tmp_path):
     if b.lang in ("bash", "sh") and not b.run_by:
       for line in lines(b.code):
         run_line(line, tmp_path, path.name)
+
+
+def repl_errors(code: str) -> list[str]:
+  """What a Python REPL would reject if `code` were pasted into it line by line: the standard
+  console compiles its buffer after every line (`code.compile_command`, "single" mode), runs a
+  complete statement and starts over, so a blank line inside an indented block ends the block
+  there, and a statement right after a block without a blank line is a syntax error."""
+  import codeop  # pylint: disable=g-import-not-at-top
+
+  errors, buffer = [], []
+  for number, line in enumerate(code.splitlines(), 1):
+    buffer.append(line)
+    try:
+      done = codeop.compile_command("\n".join(buffer), "<stdin>", "single")
+    except (SyntaxError, ValueError, OverflowError) as e:
+      errors.append(
+        f"line {number} {line.strip()!r}: {type(e).__name__}: {e.msg if isinstance(e, SyntaxError) else e}"
+      )
+      buffer = []
+      continue
+    if done is not None:
+      buffer = []
+  return errors
+
+
+def test_repl_errors_sees_what_a_repl_rejects():
+  assert repl_errors("def f():\n  return 1\n\nf()\n") == []
+  assert repl_errors("def f():\n  x = 1\n\n  return x\n")  # the blank line ended f
+  assert repl_errors("for i in range(2):\n  pass\nprint(i)\n")  # no blank line after the loop
+
+
+@pytest.mark.parametrize(
+  "path",
+  [p for p in DOCS if any(b.lang == "python" for b in blocks(p))],
+  ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_the_python_blocks_paste_into_a_repl(path):
+  """Each python block, pasted into a Python REPL line by line, is taken as written."""
+  wrong = [
+    f"block {i + 1}, {e}"
+    for i, b in enumerate(blocks(path))
+    if b.lang == "python"
+    for e in repl_errors(b.code + "\n")
+  ]
+  assert not wrong, f"{path.name}: a REPL rejects {wrong}"
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_relative_links_lead_to_files():
+  """Every relative link of README.md and docs/ (benchmarks included) names a file or folder
+  that exists."""
+  broken = []
+  for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+    for target in LINK.findall(doc.read_text()):
+      if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        continue
+      if not (doc.parent / target.split("#")[0]).exists():
+        broken.append(f"{doc.relative_to(ROOT)}: {target}")
+  assert not broken, f"links to nothing: {broken}"
+
+
+def test_the_guides_carry_no_work_history():
+  """README.md and docs/*.md describe the project as it is: no issue or session numbers."""
+  history = re.compile(r"\b(issue|session)s? \d+|\bissue's\b", re.I)
+  found = [
+    f"{doc.relative_to(ROOT)}:{n}: {line.strip()[:80]}"
+    for doc in DOCS
+    for n, line in enumerate(doc.read_text().splitlines(), 1)
+    if history.search(line)
+  ]
+  assert not found, f"work history in the guides: {found}"
