@@ -711,3 +711,29 @@ def test_metrics_measured_on_sampled_batches_say_so_at_training_and_at_eval(
   # a full-graph run's checkpoint (the module's RGAT) says nothing of the kind
   assert cli.main(["eval", str(trained / "rgat")]) == 0
   assert "measured on" not in capsys.readouterr().out
+
+
+def test_a_saved_run_gets_its_history_plotted_and_stays_replaceable(tmp_path, monkeypatch):
+  """`plot_history` draws history.json beside it (a PNG), the folder stays a checkpoint `save`
+  may replace, and without matplotlib nothing is drawn."""
+  import sys
+
+  from jaxdata.train import checkpoint
+  from jaxdata.train.common import plot_history
+
+  history = [{"epoch": e, "loss": 1 / e, "val_accuracy": e / 4} for e in range(1, 5)]
+  out = checkpoint.save(
+    tmp_path / "run",
+    kind="rgcn",
+    params={"w": np.ones(2)},
+    config={},
+    data={},
+    step=4,
+    history=history,
+  )
+  png = plot_history(out)
+  assert png == str(tmp_path / "run" / "history.png")
+  assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  assert checkpoint.check_out(out, ("rgcn",)) == out  # the plot is one of its own files
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  assert plot_history(out) is None

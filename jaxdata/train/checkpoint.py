@@ -61,9 +61,11 @@ KINDS = {
   "sage": "jaxdata.train.sage",
   "gpt": "jaxdata.train.gpt",
 }
-#: What a checkpoint folder holds: its items, Orbax's markers and history.json. `save` replaces
-#: the whole folder, so one holding anything else is refused rather than wiped.
-OWNED = frozenset({"meta", "state", "history.json", "_CHECKPOINT_METADATA", "commit_success.txt"})
+#: What a checkpoint folder holds: its items, Orbax's markers, history.json and its plot. `save`
+#: replaces the whole folder, so one holding anything else is refused rather than wiped.
+OWNED = frozenset(
+  {"meta", "state", "history.json", "history.png", "_CHECKPOINT_METADATA", "commit_success.txt"}
+)
 #: The entries of `meta` that `load_model` needs, and their JSON types.
 META_FIELDS = {
   "kind": str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import queue
@@ -449,12 +450,52 @@ def check_offload_arguments(args) -> None:
 
 
 def say_saved(console, path: str) -> None:
-  """The line every trainer ends with: where the checkpoint and its history went."""
+  """The line every trainer ends with: where the checkpoint and its history went (with
+  matplotlib installed, also a plot of the history beside it: `plot_history`)."""
   path = os.path.abspath(path)  # `--out .` is no longer "." once the folders are swapped
+  plot = plot_history(path)
   console.print(
-    f"checkpoint saved to {path} (history in {os.path.join(path, 'history.json')}; "
-    f"`jaxdata eval {path}` measures it again)"
+    f"checkpoint saved to {path} (history in {os.path.join(path, 'history.json')}"
+    + (f", plotted in {plot}" if plot else "")
+    + f"; `jaxdata eval {path}` measures it again)"
   )
+
+
+def plot_history(path: str) -> str | None:
+  """Draws a checkpoint's history.json as history.png beside it: the loss per epoch (or logged
+  step) on the left, every accuracy, MRR or Hits@k on the right. Returns the PNG's path, or
+  None where matplotlib is not installed or the history is empty."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  with open(os.path.join(path, "history.json"), encoding="utf-8") as f:
+    history = [r for r in json.load(f) if isinstance(r, dict)]
+  if not history:
+    return None
+  x_key = "epoch" if all("epoch" in r for r in history) else "step"
+  xs = [r.get(x_key, i + 1) for i, r in enumerate(history)]
+  scores = sorted(
+    {k for r in history for k in r if k.endswith(("accuracy", "mrr")) or k.startswith("hits@")}
+  )
+  fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+  left.plot(xs, [r.get("loss", float("nan")) for r in history])
+  left.set(xlabel=x_key, ylabel="loss", title="training loss")
+  for k in scores:
+    right.plot(xs, [r.get(k, float("nan")) for r in history], label=k.replace("_", " "))
+  right.set(xlabel=x_key, title="accuracy" if scores else "")
+  if scores:
+    right.legend(fontsize=8)
+  for ax in (left, right):
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  fig.tight_layout()
+  out = os.path.join(path, "history.png")
+  fig.savefig(out, dpi=100)
+  plt.close(fig)
+  return out
 
 
 def check_copies_agree(array: np.ndarray, name: str) -> None:
