@@ -88,9 +88,8 @@ def repl_errors(code: str) -> list[str]:
     try:
       done = codeop.compile_command("\n".join(buffer), "<stdin>", "single")
     except (SyntaxError, ValueError, OverflowError) as e:
-      errors.append(
-        f"line {number} {line.strip()!r}: {type(e).__name__}: {e.msg if isinstance(e, SyntaxError) else e}"
-      )
+      why = e.msg if isinstance(e, SyntaxError) else str(e)
+      errors.append(f"line {number} {line.strip()!r}: {type(e).__name__}: {why}")
       buffer = []
       continue
     if done is not None:
@@ -146,3 +145,33 @@ def test_the_guides_carry_no_work_history():
     if history.search(line)
   ]
   assert not found, f"work history in the guides: {found}"
+
+
+#: The public packages the API reference covers (each documents the names of its `__all__`).
+API = (
+  "jaxdata.host",
+  "jaxdata.hector",
+  "jaxdata.offload",
+  "jaxdata.loader",
+  "jaxdata.nn",
+  "jaxdata.data",
+)
+
+
+def test_the_api_reference_builds_from_the_docstrings(tmp_path):
+  """`python -m pdoc` (docs/development.md) builds a page per public package, without warnings,
+  and every name a package exports has its entry there."""
+  import importlib
+
+  proc = subprocess.run(
+    [sys.executable, "-m", "pdoc", *API, "-o", str(tmp_path)],
+    env=env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0 and "Warn" not in proc.stderr, proc.stderr[-3000:]
+  for name in API:
+    page = (tmp_path / (name.replace(".", "/") + ".html")).read_text()
+    missing = [n for n in importlib.import_module(name).__all__ if f'id="{n}"' not in page]
+    assert not missing, f"{name}: no entry for {missing}"

@@ -42,8 +42,6 @@ as jaxdata's trainers build theirs). Cost per step and device: the all-gather re
 batch's indices and float32 gradients, `batch x (4 + 4 x columns)` bytes (docs/distributed.md).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
