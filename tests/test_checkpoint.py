@@ -580,7 +580,12 @@ def test_eval_of_an_array_file_with_flipped_bits_is_one_line(trained, tmp_path):
   )
   assert proc.returncode == 2, proc.stdout + proc.stderr[:3000]
   assert len(proc.stderr.splitlines()) == 1, proc.stderr[:3000]
-  assert "is damaged (its bytes differ from those saved" in proc.stderr, proc.stderr
+  # flipped chunk bytes read as other numbers (the checksums catch them) or break the chunk's
+  # compression (TensorStore's read fails): the training run's bytes decide which
+  assert (
+    "is damaged (its bytes differ from those saved" in proc.stderr
+    or "the saved arrays cannot be read, a file is missing or damaged" in proc.stderr
+  ), proc.stderr
 
 
 @pytest.mark.parametrize(

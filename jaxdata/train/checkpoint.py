@@ -454,6 +454,18 @@ def _check_digests(where: str, restored: dict, digests: Any) -> None:
       )
 
 
+def _collect_quietly() -> None:
+  """Collects what a failed Orbax restore left behind: the coroutines of its other reads, each
+  holding its own error, which Python would otherwise report one by one ("Exception ignored
+  in ...", several lines each) when it finalizes them, after the one-line error was printed."""
+  hook = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    gc.collect()
+  finally:
+    sys.unraisablehook = hook
+
+
 def _first_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
@@ -656,16 +668,20 @@ def restore_state(path: str | os.PathLike, target: dict, digests: Any = None) ->
       f"configuration builds ({len(differ)} differ; {'/'.join(k)}: saved "
       f"{saved.get(k, 'none')}, the model's {wanted.get(k, 'none')})"
     )
+  failed = None
   try:
     with _tolerant_loops():
       restored = checkpointer.restore(
         path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
       )["state"]
   except Exception as e:  # noqa: BLE001
+    failed = _first_line(e)[:300]
+  if failed is not None:
+    _collect_quietly()
     raise ValueError(
       f"load_model: {where}: the saved arrays cannot be read, a file is missing "
-      f"or damaged ({_first_line(e)[:300]})"
-    ) from e
+      f"or damaged ({failed})"
+    )
   _check_digests(where, restored, digests)
   return restored
 

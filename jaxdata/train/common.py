@@ -449,6 +449,15 @@ def check_offload_arguments(args) -> None:
     raise command.UsageError(f"argument --ssd-dir: {args.ssd_dir!r} is not a folder")
 
 
+def add_target_argument(parser) -> None:
+  """`--target TYPE`: the node type a dataset folder's run classifies (`--data DIR`)."""
+  parser.add_argument(
+    "--target",
+    default=None,
+    help="--data DIR: the node type to classify (default: the one type with labels)",
+  )
+
+
 def say_saved(console, path: str) -> None:
   """The line every trainer ends with: where the checkpoint and its history went (with
   matplotlib installed, also a plot of the history beside it: `plot_history`)."""

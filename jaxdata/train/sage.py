@@ -137,6 +137,19 @@ def _loss(model: GraphSAGE, feats, masks, labels, valid, embedded=None) -> tuple
   return jnp.sum(jnp.where(valid, ce, 0.0)), correct.sum()
 
 
+def _loader(graph: HostGraph, labels: np.ndarray, config: SageConfig) -> Loader:
+  """The tree-sampling loader of the "host" and "device" pipelines."""
+  return Loader(
+    graph,
+    fanouts=config.fanouts,
+    features=graph.features,
+    labels=labels,
+    pipeline=config.pipeline,
+    cache=config.cache,
+    tree=True,
+  )
+
+
 def _mesh(config: SageConfig) -> Mesh:
   """The 1-D "data" mesh: `config.devices` devices (None: all) of the platform in each process,
   process by process, so that with several processes it spans every process's devices."""
@@ -195,15 +208,7 @@ def lowered_step(dataset: Any, config: SageConfig, graph: HostGraph, rows: np.nd
     raise ValueError("lowered_step: the cpu pipeline's step takes batches, not seeds")
   mesh = _mesh(dataclasses.replace(config, devices=1))
   labels = np.asarray(dataset.labels).astype(np.int32)
-  loader = Loader(
-    graph,
-    fanouts=config.fanouts,
-    features=graph.features,
-    labels=labels,
-    pipeline=config.pipeline,
-    cache=config.cache,
-    tree=True,
-  )
+  loader = _loader(graph, labels, config)
   try:
     programs = _steps(dataset, config, graph, mesh, loader, labels, None, None, None)
     whole = NamedSharding(mesh, P())
@@ -268,17 +273,7 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
       "device with several processes"
     )
   labels = np.asarray(dataset.labels).astype(np.int32)
-  loader = None
-  if config.pipeline != "cpu":
-    loader = Loader(
-      graph,
-      fanouts=config.fanouts,
-      features=graph.features,
-      labels=labels,
-      pipeline=config.pipeline,
-      cache=config.cache,
-      tree=True,
-    )
+  loader = None if config.pipeline == "cpu" else _loader(graph, labels, config)
   try:
     return _train_loop(
       dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt

@@ -60,6 +60,7 @@ from jaxdata.train.common import (
   add_offload_arguments,
   add_out_argument,
   add_record,
+  add_target_argument,
   check_offload_arguments,
   devices_flag,
   minibatch_options,
@@ -702,11 +703,7 @@ def data_arguments(parser) -> None:
     help="train on a dataset folder instead of synthetic_mag: OGB's raw node-property layout "
     "or a folder of edge lists (docs/data.md)",
   )
-  parser.add_argument(
-    "--target",
-    default=None,
-    help="--data: the node type to classify (default: the one type with labels)",
-  )
+  add_target_argument(parser)
 
 
 def main(args) -> int:

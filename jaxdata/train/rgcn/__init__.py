@@ -45,6 +45,7 @@ from jaxdata.train.common import (
   add_minibatch_arguments,
   add_out_argument,
   add_record,
+  add_target_argument,
   devices_flag,
   minibatch_options,
   progress,
@@ -328,11 +329,7 @@ def add_arguments(parser):
     "(OGB's raw layout or edge lists, docs/data.md; with --target); default: the built-in "
     "synthetic graph",
   )
-  parser.add_argument(
-    "--target",
-    default=None,
-    help="--data DIR: the node type to classify (default: the one type with labels)",
-  )
+  add_target_argument(parser)
   parser.add_argument(
     "--task",
     choices=("node", "link"),
