@@ -30,3 +30,25 @@ def assert_losses_agree(results, notes):
     ref = rs[0].loss
     for r in rs:
       assert math.isclose(r.loss, ref, rel_tol=1e-3, abs_tol=1e-3), (r.formulation, r.loss, ref)
+
+
+def breakdown_cells(text: str) -> dict[str, float]:
+  """A benchmark's "Where the GPU-centric step's time goes" table (`--breakdown`), {row: ms},
+  checked: `common.PARTS` first, each >= 0, the device's busy time between the largest part
+  and their sum, and the idle time the steady step less the busy time."""
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  from jaxdata.bench import common  # pylint: disable=g-import-not-at-top
+
+  section = text.split("## Where the GPU-centric step's time goes")[1]
+  cells = dict(
+    (line.split("|")[1].strip(), float(line.split("|")[2]))
+    for line in section.splitlines()
+    if line.startswith("| ") and not line.startswith("| part") and "---" not in line
+  )
+  assert list(cells)[: len(common.PARTS)] == list(common.PARTS)
+  parts = [cells[p] for p in common.PARTS]
+  busy, steady, idle = (cells[k] for k in list(cells)[len(common.PARTS) : len(common.PARTS) + 3])
+  assert min(parts) >= 0 and max(parts) - 0.002 <= busy <= sum(parts) + 0.002
+  assert idle == pytest.approx(max(0.0, steady - busy), abs=0.002)
+  return cells

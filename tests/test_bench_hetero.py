@@ -8,6 +8,7 @@ import logging
 import jax
 import numpy as np
 import pytest
+from bench_checks import breakdown_cells
 
 from jaxdata import cli
 from jaxdata.bench import common, hetero, pyg_sampler
@@ -200,19 +201,9 @@ def test_cli_writes_the_page_and_a_skipped_pipeline_is_a_row_not_a_crash(
   assert "skipped: pretend it is too large" in text
   assert "GPU-centric (jaxdata) | " in text
   # the step's device time by part (on the CPU: XLA's operations), then busy, steady and idle
-  section = text.split("## Where the GPU-centric step's time goes")[1]
-  cells = dict(
-    (line.split("|")[1].strip(), float(line.split("|")[2]))
-    for line in section.splitlines()
-    if line.startswith("| ") and not line.startswith("| part") and "---" not in line
-  )
-  assert list(cells)[: len(common.PARTS)] == list(common.PARTS)
-  parts = [cells[p] for p in common.PARTS]
-  assert min(parts) >= 0 and cells["sampling"] > 0 and cells["forward"] > 0
+  cells = breakdown_cells(text)
+  assert cells["sampling"] > 0 and cells["forward"] > 0
   assert cells["backward"] > 0 and cells["optimizer (Adam)"] > 0
-  busy, steady, idle = (cells[k] for k in list(cells)[-3:])
-  assert max(parts) - 0.002 <= busy <= sum(parts) + 0.002
-  assert idle == pytest.approx(max(0.0, steady - busy), abs=0.002)
 
 
 def test_part_of_attributes_op_names_by_scope_then_pass():
