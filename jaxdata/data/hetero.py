@@ -245,11 +245,15 @@ class HeteroData:
 
   # -- what jaxdata builds from it ------------------------------------------------------------
 
-  def graph(self, *, add_inverse: bool = True) -> HeteroGraph:
-    """The typed graph (`HeteroGraph.from_typed_edges`): node types in this order, relations
-    in the order of `edges`, reverse relations added unless ``add_inverse=False``."""
+  def graph(self, *, add_inverse: bool = True, first: str | None = None) -> HeteroGraph:
+    """The typed graph (`HeteroGraph.from_typed_edges`): node types in this order (type `first`
+    moved ahead of the others), relations in the order of `edges`, reverse relations added
+    unless ``add_inverse=False``."""
+    order = sorted(self.num_nodes, key=lambda t: t != first)  # stable: `first`, then the rest
     return HeteroGraph.from_typed_edges(
-      {k: (v[0], v[1]) for k, v in self.edges.items()}, self.num_nodes, add_inverse=add_inverse
+      {k: (v[0], v[1]) for k, v in self.edges.items()},
+      {t: self.num_nodes[t] for t in order},
+      add_inverse=add_inverse,
     )
 
   def loader(self, fanouts: Sequence[int], **kwargs: Any):
@@ -282,13 +286,10 @@ class HeteroData:
     splits = {s: self.nodes[target].get(f"{s}_mask") for s in SPLITS}
     if splits["train"] is None:
       raise ValueError(f"HeteroData.to_dataset: the target type {target!r} has no train split")
-    order = [target] + [t for t in self.num_nodes if t != target]
-    counts = {t: self.num_nodes[t] for t in order}
-    graph = HeteroGraph.from_typed_edges(
-      {k: (v[0], v[1]) for k, v in self.edges.items()}, counts, add_inverse=add_inverse
-    )
+    graph = self.graph(add_inverse=add_inverse, first=target)
     features = tuple(
-      np.asarray(self.nodes[t].get(FEATURES, np.zeros((counts[t], 0))), np.float32) for t in order
+      np.asarray(self.nodes[t].get(FEATURES, np.zeros((self.num_nodes[t], 0))), np.float32)
+      for t in graph.node_type_names
     )
     labels = np.asarray(y)
     known = labels[labels >= 0]

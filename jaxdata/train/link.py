@@ -333,12 +333,20 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
   }
 
 
-def evaluate(model: LinkModel, graph: GraphArrays, dataset: KGDataset, split: str = "test") -> dict:
-  """Filtered MRR and Hits@k of `split`'s triples (against every entity, both directions)."""
+#: The encoder over the whole graph, one compiled program for every evaluation and prediction.
+_encode = nnx.jit(lambda model, graph: model.encode(graph))
+
+
+def evaluate(
+  model: LinkModel, graph: GraphArrays, dataset: KGDataset, split: str = "test", known=None
+) -> dict:
+  """Filtered MRR and Hits@k of `split`'s triples (against every entity, both directions);
+  `known`: `known_index` of all the dataset's triples, if already built."""
   model.eval()
-  e = nnx.jit(lambda m, g: m.encode(g))(model, graph)
+  e = _encode(model, graph)
   w = model.relation[...]
-  known = known_index(dataset.train, dataset.valid, dataset.test)
+  if known is None:
+    known = known_index(dataset.train, dataset.valid, dataset.test)
   triples = getattr(dataset, split)
   out = rank_metrics(filtered_ranks(lambda p, d: _scores(e, w, p, d), triples, known))
   model.train()
@@ -390,6 +398,7 @@ def train(
     optimizer.update(model, grads)
     return loss
 
+  known = known_index(dataset.train, dataset.valid, dataset.test)  # for every evaluation
   history = []
   start = time.perf_counter()
   key = jax.random.key(config.seed)
@@ -398,12 +407,12 @@ def train(
     loss = float(step(model, optimizer, jax.random.fold_in(key, epoch)))
     record = {"epoch": epoch, "loss": loss, "seconds": time.perf_counter() - t0}
     if config.eval_every and epoch % config.eval_every == 0:
-      record["val_mrr"] = evaluate(model, graph, dataset, "valid")["mrr"]
+      record["val_mrr"] = evaluate(model, graph, dataset, "valid", known)["mrr"]
     add_record(history, record, on_epoch)
     if command.stop_requested():
       break
-  val = evaluate(model, graph, dataset, "valid")
-  test = evaluate(model, graph, dataset, "test")
+  val = evaluate(model, graph, dataset, "valid", known)
+  test = evaluate(model, graph, dataset, "test", known)
   metrics = {"val_mrr": val["mrr"], **{f"test_{k}": v for k, v in test.items()}}
   return TrainResult(model, history, metrics, time.perf_counter() - start, optimizer)
 
@@ -478,7 +487,7 @@ def restore(path: str, meta: dict):
   def predict(triples: Any) -> np.ndarray:
     """DistMult scores of int [n, 3] (head, relation, tail) triples."""
     model.eval()
-    e = nnx.jit(lambda m, g: m.encode(g))(model, graph)
+    e = _encode(model, graph)
     return np.asarray(model.score(e, jnp.asarray(np.asarray(triples, np.int32).reshape(-1, 3))))
 
   return checkpoint.Loaded(

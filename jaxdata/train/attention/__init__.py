@@ -377,8 +377,7 @@ def load_dataset(data: dict) -> MagDataset:
   from jaxdata.data import read, synthetic_mag  # pylint: disable=g-import-not-at-top
 
   if "path" in data:
-    name = os.path.basename(os.path.normpath(data["path"]))
-    return read(data["path"]).to_dataset(data["target"], name=name)
+    return folder_dataset(read(data["path"]), data["path"], data["target"])
   return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
 
 
@@ -387,16 +386,17 @@ def data_entries(data: dict) -> dict:
   return FOLDER_ENTRIES if isinstance(data, dict) and "path" in data else DATA_ENTRIES
 
 
-def default_target(path: str) -> str:
-  """The node type to classify in a dataset folder when none is named: its one labelled type."""
-  from jaxdata.data import read  # pylint: disable=g-import-not-at-top
-
-  labelled = list(read(path).y_dict)
-  if len(labelled) != 1:
-    raise command.UsageError(
-      f"argument --target: {path} has labels for node types {labelled}; name the one to classify"
-    )
-  return labelled[0]
+def folder_dataset(hetero, path: str, target: str | None) -> MagDataset:
+  """The trainers' dataset of a dataset folder's `HeteroData`, classifying `target` (None: the
+  one node type with labels; UsageError where there is not exactly one)."""
+  if target is None:
+    labelled = list(hetero.y_dict)
+    if len(labelled) != 1:
+      raise command.UsageError(
+        f"argument --target: {path} has labels for node types {labelled}; name the one to classify"
+      )
+    target = labelled[0]
+  return hetero.to_dataset(target, name=os.path.basename(os.path.normpath(path)))
 
 
 def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
@@ -803,12 +803,14 @@ def main(args) -> int:
     )
   t0 = time.perf_counter()
   if args.data is not None:
-    target = args.target or default_target(args.data)
-    data = {"path": os.path.abspath(args.data), "target": target}
-    try:
-      dataset = load_dataset(data)
+    from jaxdata.data import read  # pylint: disable=g-import-not-at-top
+
+    try:  # read once: the default target comes from the same data
+      dataset = folder_dataset(read(args.data), args.data, args.target)
     except (ValueError, TypeError, FileNotFoundError) as e:
       raise command.UsageError(f"argument --data: {e}") from None
+    target = dataset.target
+    data = {"path": os.path.abspath(args.data), "target": target}
     classes = dataset.num_classes
     unknown = [t for t in args.embed if t not in dataset.graph.node_type_names[1:]]
     if unknown:
