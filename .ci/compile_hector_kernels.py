@@ -1,5 +1,5 @@
 """Compiles the CUDA source of hector's GEMM and weight-gradient kernels over a grid of shapes,
-without running anything (issue 19: the tensor-core templates must compile for every instance).
+without running anything (the tensor-core templates must compile for every instance).
 
 For RGCN (dims 16 to 256), RGAT and HGT (1 and 4 heads), float32 and bfloat16 inputs, at
 precision "default" (tensor cores) and "highest": the forward and backward kernels of each

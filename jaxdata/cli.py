@@ -61,7 +61,7 @@ BENCH = {
   ),
   "tensor-cores": (
     "jaxdata.bench.tensor_cores",
-    "issue 19's bars: hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs "
+    "hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs "
     "bfloat16 vs plain JAX, side by side",
   ),
   "minibatch": (

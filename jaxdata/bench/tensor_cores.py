@@ -1,6 +1,6 @@
-"""`jaxdata bench tensor-cores`: issue 19's acceptance table, measured side by side in one run.
+"""`jaxdata bench tensor-cores`: hector's tensor-core kernels against its CUDA-core kernels and plain JAX, side by side in one run.
 
-Issue 19's bars, for RGCN and RGAT forward + backward on the 2M-edge synthetic graph at dims 64
+The targets, for RGCN and RGAT forward + backward on the 2M-edge synthetic graph at dims 64
 and 128 (hector's generated kernels, `jaxdata.hector.rgcn_message` / `rgat_message`):
 
   bfloat16                  >= 3x today's float32 kernels, and >= 8x the best plain-JAX
@@ -15,10 +15,10 @@ nodes, 2M edges, 500 relations; RGAT: `rgnn_attention.SYNTHETIC`, 535 relations,
 heads), rows in this order:
 
   jaxdata float32 highest   the baseline (row 1)
-  jaxdata float32 highest (issue-time traversals)
+  jaxdata float32 highest (original traversals)
                             row 1 generated with the constants of the generator as they were
-                            when issue 19 was opened (`ISSUE_TIME_CONSTANTS`): today's float32
-                            kernels in the issue's sense, since later changes to the traversals
+                            when the tensor-core kernels were added (`ORIGINAL_CONSTANTS`): the CUDA-core kernels
+                            the tensor-core ones were first measured against, since later changes to the traversals
                             that every precision shares also made row 1 faster
   jaxdata float32 default   TF32 on a GPU's tensor cores
   jaxdata bfloat16          inputs and weights cast to bfloat16 on the device before the step
@@ -68,10 +68,10 @@ HEADS = attention.HEADS
 #: The plain-JAX formulations (the same names for RGCN and RGAT), in the table's order.
 PLAIN_JAX = tuple(rgcn_ref.PLAIN_JAX)
 assert PLAIN_JAX == tuple(attention_ref.RGAT)
-#: Issue 19's bars: bfloat16 vs row 1, bfloat16 vs best plain JAX, float32 "default" vs row 1.
+#: The targets: bfloat16 vs row 1, bfloat16 vs best plain JAX, float32 "default" vs row 1.
 BF16_VS_HIGHEST, BF16_VS_PLAIN, TF32_VS_HIGHEST = 3.0, 8.0, 2.0
 #: Row 1's dx against plain JAX at "highest", both float32: at most this is "float32-exact"
-#: (sums in another order give ~1e-6 relative; TF32 gave 2e-4 to 8e-3 in session 12's probe).
+#: (sums in another order give ~1e-6 relative; TF32 gives 2e-4 to 8e-3).
 EXACT = 1e-5
 #: An RGAT edge is at the leaky ReLU's kink where its float64 score has |z| <= KINK * max |z|
 #: (over all edges and heads) for some head. Relative, because float32's rounding error in z
@@ -80,25 +80,25 @@ EXACT = 1e-5
 #: 3.1e-7 max |z| at dim 64 and 4.1e-7 at dim 128 (max |z| = 11.4, 11.3), so 1e-5 leaves a
 #: margin of ~25x; it selects 356 edges / 660 end nodes at dim 64 and 379 / 698 at dim 128 (of
 #: 200K nodes; an absolute 1e-5 would select 38 / 75 and 34 / 68). The edge that flipped in
-#: session 16 had z64 = 5e-7 (.ci/probe_rgat_precision.py).
+#: edges at the kink have been seen with z64 = 5e-7.
 KINK = 1e-5
-#: Row 1 is "no slower than today" where its time is at most this much over the issue-time
+#: Row 1 is "no slower than today" where its time is at most this much over the original
 #: row's: repeated runs of one step move by 1-2% on the H200 (RGCN's two rows at dim 128 run the
-#: same kernels, having no traversal the issue-time constants change: 18.03 and 17.99 ms).
+#: same kernels, having no traversal the original constants change: 18.03 and 17.99 ms).
 NO_SLOWER = 0.02
 
 
 #: The CUDA generator's constants (jaxdata.hector.codegen.cuda, then .common) as they were when
-#: issue 19 was opened, where they have changed since. Session 18 set TRAVERSAL_FEATURES to 4 (a
+#: the tensor-core kernels were added, where they have changed since. TRAVERSAL_FEATURES = 4 (a
 #: thread of a per-edge traversal or grouped sum owns up to 4 features of a row; 1 before) and
-#: DOT_ALIGN to 16 (dot products read rows in loads of up to 16 bytes; one element at a time
-#: before): both are in the traversals every precision runs, so row 1 got faster with the rows
-#: it is the baseline of (RGAT, 2M edges: 9.31 -> 7.85 ms at dim 64, 24.22 -> 20.22 ms at 128).
-#: Session 20 set VALID_MASK to 1 (a kernel's ok(e) reads one precomputed byte per row; each
-#: kernel loaded and checked the row's src, dst, etype and pair itself before), in every kernel.
-#: With these values the generator emits the kernels of then again (the same sums in the same
-#: order), so the issue's "today's float32 kernels" run side by side with today's.
-ISSUE_TIME_CONSTANTS = {
+#: DOT_ALIGN = 16 (dot products read rows in loads of up to 16 bytes; one element at a time
+#: before) are in the traversals every precision runs, so row 1 got faster with the rows it is
+#: the baseline of (RGAT, 2M edges: 9.31 -> 7.85 ms at dim 64, 24.22 -> 20.22 ms at 128).
+#: VALID_MASK = 1: a kernel's ok(e) reads one precomputed byte per row instead of loading and
+#: checking the row's src, dst, etype and pair itself. With these values the generator emits
+#: the kernels of then again (the same sums in the same order), so the CUDA-core kernels the
+#: tensor-core ones were first measured against run side by side with today's.
+ORIGINAL_CONSTANTS = {
   "TRAVERSAL_FEATURES": 1,
   "DOT_ALIGN": 1,
   "VALID_MASK": 0,
@@ -114,8 +114,8 @@ ISSUE_TIME_CONSTANTS = {
 
 
 @contextlib.contextmanager
-def issue_time_kernels():
-  """Inside, hector generates its CUDA kernels with `ISSUE_TIME_CONSTANTS`. JAX's caches are
+def original_kernels():
+  """Inside, hector generates its CUDA kernels with `ORIGINAL_CONSTANTS`. JAX's caches are
   cleared on the way in and out: a step's jaxpr does not show the constants, so a cached
   executable would otherwise run the other kernels."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -124,12 +124,12 @@ def issue_time_kernels():
   from jaxdata.hector.codegen import cuda
 
   where = {
-    name: next(m for m in (cuda, gen_common) if hasattr(m, name)) for name in ISSUE_TIME_CONSTANTS
+    name: next(m for m in (cuda, gen_common) if hasattr(m, name)) for name in ORIGINAL_CONSTANTS
   }
   saved = {name: getattr(m, name) for name, m in where.items()}
   jax.clear_caches()
   try:
-    for name, value in ISSUE_TIME_CONSTANTS.items():
+    for name, value in ORIGINAL_CONSTANTS.items():
       setattr(where[name], name, value)
     yield
   finally:
@@ -141,12 +141,12 @@ def issue_time_kernels():
 @dataclasses.dataclass(frozen=True)
 class Row:
   """What one row runs: a formulation ("jaxdata" or a plain-JAX name), a dtype, a precision,
-  and for jaxdata whether its kernels are generated as at issue time (`ISSUE_TIME_CONSTANTS`)."""
+  and for jaxdata whether its kernels are generated with `ORIGINAL_CONSTANTS`."""
 
   formulation: str
   dtype: str  # "float32" or "bfloat16"
   precision: str  # "highest" or "default"
-  issue_time: bool = False
+  original: bool = False
 
   @property
   def name(self) -> str:
@@ -154,7 +154,7 @@ class Row:
       return (
         "jaxdata "
         + (self.dtype if self.dtype == "bfloat16" else f"{self.dtype} {self.precision}")
-        + (" (issue-time traversals)" if self.issue_time else "")
+        + (" (original traversals)" if self.original else "")
       )
     return f"{self.formulation} {self.dtype}"
 
@@ -164,13 +164,13 @@ class Row:
 
 
 BASELINE = Row("jaxdata", "float32", "highest")
-ISSUE_TIME = Row("jaxdata", "float32", "highest", issue_time=True)
+ORIGINAL = Row("jaxdata", "float32", "highest", original=True)
 TF32 = Row("jaxdata", "float32", "default")
 BF16 = Row("jaxdata", "bfloat16", "default")
 DTYPES = ("float32", "bfloat16")
 ROWS = (
   BASELINE,
-  ISSUE_TIME,
+  ORIGINAL,
   TF32,
   BF16,
   *(Row(f, d, "default") for f in PLAIN_JAX for d in DTYPES),
@@ -473,7 +473,7 @@ def measure_case(
     case.rows.append(m)
     x, w = data.inputs(row.dtype)
     r = rgnn.Result(model, dim, row.name)
-    with issue_time_kernels() if row.issue_time else contextlib.nullcontext():
+    with original_kernels() if row.original else contextlib.nullcontext():
       compiled = rgnn.measure_step(
         r,
         lambda row=row: data.build(row),
@@ -629,10 +629,10 @@ def _bar(what: str, value: float, need: float) -> str:
 
 
 def bars(case: Case, m: Measured) -> str:
-  """Issue 19's bars that apply to row `m`, each met or not met; blank for plain-JAX rows."""
+  """The targets that apply to row `m`, each met or not met; blank for plain-JAX rows."""
   base, best = case.row(BASELINE), case.best_plain()
-  issue = next((x for x in case.rows if x.row == ISSUE_TIME and x.ok), None)
-  if m.row == ISSUE_TIME:
+  first = next((x for x in case.rows if x.row == ORIGINAL and x.ok), None)
+  if m.row == ORIGINAL:
     return ""
   if m.row == BASELINE:
     if not m.ok:
@@ -641,12 +641,12 @@ def bars(case: Case, m: Measured) -> str:
       exact = f"float32-exact: not checked ({case.exact_note})"
     else:
       exact = case.exact.verdict()
-    if issue is None:
+    if first is None:
       return f"{exact}; no slower than today: this row is today's kernel"
-    ratio = issue.seconds / m.seconds
+    ratio = first.seconds / m.seconds
     return (
       f"{exact}; no slower than today: {'met' if ratio * (1 + NO_SLOWER) >= 1 else 'not met'}"
-      f" ({_ratio(ratio)} the issue-time traversals)"
+      f" ({_ratio(ratio)} the original traversals)"
     )
   if m.row.plain or not m.ok:
     return ""
@@ -654,9 +654,9 @@ def bars(case: Case, m: Measured) -> str:
   need = BF16_VS_HIGHEST if m.row == BF16 else TF32_VS_HIGHEST
   if base.ok:
     out.append(_bar("vs f32 highest", base.seconds / m.seconds, need))
-  if issue is not None:
-    ratio = issue.seconds / m.seconds
-    out.append(_bar(f"vs issue-time f32 highest ({_ratio(ratio)})", ratio, need))
+  if first is not None:
+    ratio = first.seconds / m.seconds
+    out.append(_bar(f"vs original f32 highest ({_ratio(ratio)})", ratio, need))
   if m.row == BF16 and best is not None:
     out.append(_bar("vs best plain JAX", best.seconds / m.seconds, BF16_VS_PLAIN))
   return "; ".join(out)
@@ -670,7 +670,7 @@ HEADER = [
   "vs f32 highest",
   "vs best plain JAX (default)",
   "dx error vs f32 highest",
-  "issue 19's bars",
+  "targets",
 ]
 
 
@@ -720,7 +720,7 @@ def markdown(
   (`planned`: the number of cases the run will measure, where it has measured fewer so far)."""
   hw, here = common.hardware(), device()
   text = [
-    "# Hector on tensor cores: issue 19's bars",
+    "# Hector on tensor cores",
     "",
     "Measured by `jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py): milliseconds of "
     "one RGCN or RGAT layer's relational part, forward + backward (loss = sum(out * ct), "
@@ -731,23 +731,24 @@ def markdown(
     "graph on the device before timing and passed to the jitted step as arguments. Rows: "
     "*jaxdata float32 highest* (`jaxdata.hector.rgcn_message` / `rgat_message` at precision "
     '"highest": the CUDA-core kernels, today\'s float32 kernels and the baseline), *jaxdata '
-    "float32 highest (issue-time traversals)* (the same, generated with the constants of the "
-    "code generator as they were when issue 19 was opened: "
-    f"{', '.join(f'{k} = {v}' for k, v in ISSUE_TIME_CONSTANTS.items())}; later changes to "
+    "float32 highest (original traversals)* (the same, generated with the constants of the "
+    "code generator as they were when the tensor-core kernels were added: "
+    f"{', '.join(f'{k} = {v}' for k, v in ORIGINAL_CONSTANTS.items())}; later changes to "
     "the traversals that every precision runs made row 1 faster as well, so this row is the "
-    "issue's \"today's float32 kernels\", and the TF32 and bfloat16 rows' bars are given "
+    "CUDA-core kernels the tensor-core ones were first measured against, and the TF32 and "
+    "bfloat16 rows' targets are given "
     "against it too, ratio in brackets), *jaxdata "
     "float32 default* (TF32 tensor cores on a GPU), *jaxdata bfloat16* (inputs and weights "
     "cast to bfloat16 on the device before the step), then the plain-JAX formulations of "
     "jaxdata/reference/ at XLA's default precision with float32 and with bfloat16 inputs. "
     "*vs f32 highest*: row 1's time over the row's. *vs best plain JAX (default)*: the "
     "fastest plain-JAX row that ran (either dtype, named in brackets) over the row's. *dx "
-    "error*: max |dx - dx_1| / max |dx_1| against row 1's dx. Bars (issue 19): bfloat16 >= "
+    "error*: max |dx - dx_1| / max |dx_1| against row 1's dx. Targets: bfloat16 >= "
     f"{BF16_VS_HIGHEST:g}x row 1 and >= {BF16_VS_PLAIN:g}x the best plain JAX at default "
     f"precision; float32 at default >= {TF32_VS_HIGHEST:g}x row 1; at highest no slower than "
     'today and float32-exact. Row 1 is today\'s kernel (hector runs float32 at "highest" on '
     "CUDA cores whether or not tensor cores are on); *no slower than today* compares it with "
-    f"the issue-time row (met within {NO_SLOWER:.0%}: run-to-run timing noise); "
+    f"the original row (met within {NO_SLOWER:.0%}: run-to-run timing noise); "
     "*float32-exact* compares row 1's "
     'dx with the fastest plain-JAX float32 formulation rerun at "highest" (untimed): met '
     f"where the error is at most {EXACT:g} (float32 sums in another order; TF32 gives 2e-4 "
@@ -880,10 +881,10 @@ def main(args) -> int:
   )
   common.print_table(
     console,
-    "issue 19: hector on tensor cores, forward + backward",
+    "hector on tensor cores, forward + backward",
     *table_rows(cases),
     notes,
-    left=("model", "row", "issue 19's bars"),
+    left=("model", "row", "targets"),
   )
   common.check_measured([m for c in cases for m in c.rows if m.ok], notes)
   if args.write:

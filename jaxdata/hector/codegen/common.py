@@ -69,7 +69,7 @@ LOWEST = "-3.402823466e+38f"
 
 #: 1: the kernels that visit rows out of order (`reads_valid`) read ok(e) from the `valid` operand
 #: (`operands.valid_rows`: its ids checked once per call); 0: every kernel loads and checks the
-#: row's ids itself (`row_ok`, as when issue 19 was opened). RGAT, 2M edges, dim 64, fwd+bwd on
+#: row's ids itself (`row_ok`, as the original kernels did). RGAT, 2M edges, dim 64, fwd+bwd on
 #: the H200 with checks and with none at all: 7.57 -> 5.17 ms at "highest", 4.56 -> 3.79 ms TF32
 #: (.ci/probe_constants.py).
 VALID_MASK = 1
