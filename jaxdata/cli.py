@@ -61,8 +61,7 @@ BENCH = {
   ),
   "tensor-cores": (
     "jaxdata.bench.tensor_cores",
-    "hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs "
-    "bfloat16 vs plain JAX, side by side",
+    "hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs bfloat16 vs plain JAX, side by side",
   ),
   "minibatch": (
     "jaxdata.bench.minibatch",

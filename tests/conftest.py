@@ -76,8 +76,8 @@ def _highest_precision_by_default(request):
   `default_precision`: tests compare formulations at float32 tolerances, while on a GPU a
   float32 matmul at JAX's default precision runs on TF32 tensor cores (about 1e-3 relative),
   which the H200 gate showed breaks those comparisons (hector's kernels follow the same default
-  since the tensor-core kernels: TF32 / bf16 tensor cores). Precision semantics are tested by the tests that
-  opt out (tests/test_hector_precision.py) and by explicit `precision=` arguments.
+  on TF32 / bf16 tensor cores). Precision semantics are tested by the tests that opt out
+  (tests/test_hector_precision.py) and by explicit `precision=` arguments.
   """
   if request.node.get_closest_marker("default_precision"):
     yield

@@ -1,4 +1,5 @@
-"""`jaxdata bench tensor-cores`: hector's tensor-core kernels against its CUDA-core kernels and plain JAX, side by side in one run.
+"""`jaxdata bench tensor-cores`: hector's tensor-core kernels against its CUDA-core kernels
+and plain JAX, side by side in one run.
 
 The targets, for RGCN and RGAT forward + backward on the 2M-edge synthetic graph at dims 64
 and 128 (hector's generated kernels, `jaxdata.hector.rgcn_message` / `rgat_message`):
@@ -17,9 +18,10 @@ heads), rows in this order:
   jaxdata float32 highest   the baseline (row 1)
   jaxdata float32 highest (original traversals)
                             row 1 generated with the constants of the generator as they were
-                            when the tensor-core kernels were added (`ORIGINAL_CONSTANTS`): the CUDA-core kernels
-                            the tensor-core ones were first measured against, since later changes to the traversals
-                            that every precision shares also made row 1 faster
+                            when the tensor-core kernels were added (`ORIGINAL_CONSTANTS`):
+                            the CUDA-core kernels the tensor-core ones were first measured
+                            against, since later changes to the traversals that every
+                            precision shares also made row 1 faster
   jaxdata float32 default   TF32 on a GPU's tensor cores
   jaxdata bfloat16          inputs and weights cast to bfloat16 on the device before the step
   <plain JAX> float32       each of `jaxdata.reference`'s plain-JAX formulations at default

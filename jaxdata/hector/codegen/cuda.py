@@ -42,9 +42,9 @@ from jaxdata.hector.lowering import Gemm, Traversal, WeightGrad
 MATHS = ("fma", "tf32", "bf16")
 
 #: Tensor-core kernels ("tf32", "bf16") run unless this environment variable is "0" (then every
-#: precision runs the float32 CUDA-core "fma" kernels, float32-exact, as before the tensor-core kernels). On the
-#: H200 they make RGCN forward + backward 2.2-3.5x faster in TF32 and 2.5-4.6x in bfloat16 than
-#: the CUDA-core kernels (dims 64-128, 2M edges; docs/benchmarks/tensor_cores.md).
+#: precision runs the float32 CUDA-core "fma" kernels, float32-exact). On the H200 they make
+#: RGCN forward + backward 2.2-3.5x faster in TF32 and 2.5-4.6x in bfloat16 than the CUDA-core
+#: kernels (dims 64-128, 2M edges; docs/benchmarks/tensor_cores.md).
 TENSOR_CORES_ENV = "JAXDATA_HECTOR_TENSOR_CORES"
 
 
