@@ -209,11 +209,33 @@ def test_jraph_round_trip():
   np.testing.assert_array_equal(t.receivers, g.dst)
   np.testing.assert_array_equal(t.edges["etype"], g.etype)
   assert t.n_node.tolist() == [5] and t.n_edge.tolist() == [4] and t.nodes is None
-  back = HeteroGraph.from_jraph(t, relation_names=g.relation_names)
+  back = HeteroGraph.from_jraph(t)  # the names travel in globals
   assert back.num_nodes == g.num_nodes and back.relation_names == g.relation_names
   assert _triples(back) == _triples(g)
+  bare = HeteroGraph.from_jraph(t._replace(globals=None))  # a GraphsTuple from elsewhere
+  assert bare.relation_names == ("r0", "r1", "r2") and _triples(bare) == _triples(g)
+  renamed = HeteroGraph.from_jraph(t, relation_names=["x", "y", "z"])
+  assert renamed.relation_names == ("x", "y", "z")
   with pytest.raises(ValueError, match="etype_key"):
     HeteroGraph.from_jraph(t, etype_key="type")
+
+
+def test_jraph_round_trip_keeps_node_types_and_relation_types():
+  pytest.importorskip("jraph")
+  g = HeteroGraph.from_typed_edges(
+    {
+      ("paper", "cites", "paper"): ([0, 1, 2], [1, 2, 0]),
+      ("author", "writes", "paper"): ([0, 1, 1], [2, 0, 1]),
+    },
+    num_nodes={"paper": 3, "author": 2},
+    add_inverse=True,
+  )
+  back = HeteroGraph.from_jraph(g.to_jraph())
+  assert back.relation_names == g.relation_names and back.relation_types == g.relation_types
+  assert back.node_type_names == g.node_type_names
+  np.testing.assert_array_equal(back.node_type_offsets, g.node_type_offsets)
+  for field in ("src", "dst", "etype"):
+    np.testing.assert_array_equal(getattr(back, field), getattr(g, field))
 
 
 # -- RDF ----------------------------------------------------------------------------------------

@@ -618,10 +618,23 @@ class HeteroGraph:
   def to_jraph(self):
     """This graph as a single `jraph.GraphsTuple` (host NumPy arrays; `jax.device_put` them).
 
-    senders=src, receivers=dst, edges={"etype": etype}, no node or global features.
+    senders=src, receivers=dst, edges={"etype": etype}, no node features; ``globals`` holds the
+    names (``"relation_names"``, ``"node_type_names"``, ``"node_type_offsets"`` and, when known,
+    ``"relation_types"`` as "src|relation|dst"), so `from_jraph` gives this graph back.
     """
     import jraph  # an optional dependency
 
+    names = {
+      "relation_names": self.relation_names,
+      "node_type_names": self.node_type_names,
+    }
+    if self.relation_types is not None:
+      names["relation_types"] = tuple("|".join(k) for k in self.relation_types)
+    offsets = self.node_type_offsets
+    glob = {k: np.array([list(v)], dtype=object) for k, v in names.items()}
+    glob["node_type_offsets"] = np.asarray(
+      [self.num_nodes] if offsets is None else offsets, np.int64
+    )[None]
     # jraph annotates its fields as jnp.ndarray; it holds NumPy arrays as well
     return jraph.GraphsTuple(
       nodes=None,
@@ -630,7 +643,7 @@ class HeteroGraph:
       receivers=np.asarray(self.dst),  # pyright: ignore[reportArgumentType]
       n_node=np.array([self.num_nodes], np.int32),  # pyright: ignore[reportArgumentType]
       n_edge=np.array([self.num_edges], np.int32),  # pyright: ignore[reportArgumentType]
-      globals=None,
+      globals=glob,  # pyright: ignore[reportArgumentType]
     )
 
   @classmethod
@@ -640,7 +653,8 @@ class HeteroGraph:
     """Builds a graph from a `jraph.GraphsTuple` whose `edges[etype_key]` holds edge types.
 
     A batch of several graphs becomes one graph (jraph's node ids are already global over the
-    batch). With `edges=None` every edge gets relation 0.
+    batch). With `edges=None` every edge gets relation 0. The names and node types `to_jraph`
+    writes in ``globals`` are restored; `relation_names` overrides the relation names.
     """
     edges = graphs_tuple.edges
     senders = np.asarray(graphs_tuple.senders)
@@ -657,11 +671,21 @@ class HeteroGraph:
         f"from_jraph: edges must be a mapping holding {etype_key!r} or None, got "
         f"{type(edges).__name__}"
       )
+    glob = graphs_tuple.globals if isinstance(graphs_tuple.globals, Mapping) else {}
+    saved = lambda key: [str(v) for v in np.asarray(glob[key])[0]] if key in glob else None  # noqa: E731
+    types: dict[str, Any] = {}
+    if "node_type_names" in glob and "node_type_offsets" in glob:
+      types["node_type_names"] = saved("node_type_names")
+      offsets = np.asarray(glob["node_type_offsets"])[0]
+      types["node_type_offsets"] = offsets if len(offsets) > 1 else None
+    if "relation_types" in glob:
+      types["relation_types"] = [tuple(k.split("|")) for k in saved("relation_types") or ()]
     num_nodes = int(np.sum(np.asarray(graphs_tuple.n_node)))
     return cls.from_edges(
       senders,
       np.asarray(graphs_tuple.receivers),
       etype,
       num_nodes=num_nodes,
-      relation_names=relation_names,
+      relation_names=relation_names if relation_names is not None else saved("relation_names"),
+      **types,
     )
