@@ -132,6 +132,27 @@ def test_edge_list_folder_reads_back_exactly(tmp_path):
   assert read(tmp_path).num_nodes == data.num_nodes
 
 
+def test_parquet_and_row_major_edge_files(tmp_path):
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  data = user_data()
+  write_edge_lists(tmp_path, data)
+  (writes, cites, venues), files = data.edges.values(), sorted((tmp_path / "edges").glob("*"))
+  for f in files:
+    f.unlink()
+  stem = lambda i: tmp_path / "edges" / "__".join(list(data.edges)[i])  # noqa: E731
+  table = {"dst": pa.array(writes[1]), "src": pa.array(writes[0]), "year": pa.array(writes[0])}
+  pq.write_table(pa.table(table), stem(0).with_suffix(".parquet"))  # by name, in any order
+  pq.write_table(pa.table({"a": cites[0], "b": cites[1]}), stem(1).with_suffix(".parquet"))
+  np.save(stem(2).with_suffix(".npy"), np.asarray(venues).T)  # [E, 2]
+  assert read_edge_lists(tmp_path) == data
+  pq.write_table(
+    pa.table({"a": cites[0].astype(float), "b": cites[1]}), stem(1).with_suffix(".parquet")
+  )
+  with pytest.raises(ValueError, match=r"cites.*\.parquet.*integer node ids"):
+    read_edge_lists(tmp_path)
+
+
 def test_conversions_are_lossless():
   data = user_data()
   assert HeteroData.from_jraph(data.to_jraph()) == data

@@ -18,7 +18,9 @@ on disk until sampled.
 **Edge lists** (`read_edge_lists`), a layout for one's own data:
 
     DIR/edges/<src>__<relation>__<dst>.csv   (or .tsv, .txt: "src dst" or "src,dst" per line;
-                                             or .npy: [2, E] or [E, 2])
+                                             or .npy: [2, E] or [E, 2]; or .parquet: columns
+                                             "src" and "dst", else the first two; needs
+                                             pyarrow, the `parquet` extra)
     DIR/features/<type>.npy                  (memory-mapped)
     DIR/labels/<type>.npy                    (ints, negative: none)
     DIR/splits/<type>/{train,val,test}.npy   (node ids)
@@ -143,7 +145,30 @@ def _splits(masks: dict) -> dict:
   return {name: ids for name, ids in masks.items() if ids}
 
 
+def _parquet(path: Path) -> np.ndarray:
+  """A Parquet edge file's ids as [2, E]: columns "src" and "dst", else the first two."""
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (an optional dependency)
+  except ImportError:
+    raise ImportError(
+      f"read_edge_lists: {path} is Parquet, which needs pyarrow: pip install 'jaxdata[parquet]'"
+    ) from None
+  table = pq.read_table(path)
+  names = ["src", "dst"] if {"src", "dst"} <= set(table.column_names) else table.column_names[:2]
+  if len(names) < 2:
+    raise ValueError(f"read_edge_lists: {path}: expected two columns of node ids, got {names}")
+  columns = [table.column(n).to_numpy() for n in names]
+  if not all(np.issubdtype(c.dtype, np.integer) for c in columns):
+    raise ValueError(
+      f"read_edge_lists: {path}: columns {names} must hold integer node ids, got "
+      f"{[str(c.dtype) for c in columns]}"
+    )
+  return np.stack(columns).astype(np.int64, copy=False)
+
+
 def _edge_file(path: Path) -> np.ndarray:
+  if path.suffix == ".parquet":
+    return _parquet(path)
   if path.suffix == ".npy":
     index = np.load(path, mmap_mode="r")
   else:
