@@ -219,8 +219,7 @@ def markdown(
   if png:
     text += [f"![GB/s against row size]({png})", ""]
   text += [
-    "What these figures say, against the foundation issue's bars: "
-    "[gather_notes.md](gather_notes.md).",
+    "What these figures say: [gather_notes.md](gather_notes.md).",
     "",
   ]
   return "\n".join(text)

@@ -703,14 +703,14 @@ def table_rows(results: list[Result], link: LinkBound | None) -> tuple[list[str]
   return header, rows
 
 
-#: (what, the pipeline compared, the least ratio) of the issue's speed bars.
+#: (what, the pipeline compared, the least ratio) of the speed targets.
 SPEEDUP_BARS = (("PyG pipeline", "pyg", 5.0), ("CPU-centric pipeline", "cpu", 5.0))
 #: The GPU-centric step's largest ratio to its link-bound time.
 LINK_BAR = 1.3
 
 
 def bars(results: list[Result], link: LinkBound | None) -> tuple[list[str], list[list[str]]]:
-  """The issue's bars, each with what this run measured and whether it is met."""
+  """The targets, each with what this run measured and whether it is met."""
   got = {r.name: r for r in results if r.batch_ms is not None}
   gpu = got.get("host")
   rows = []

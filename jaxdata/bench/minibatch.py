@@ -34,7 +34,7 @@ from jaxdata.host import HostGraph, HostTable, sample_neighbors
 from jaxdata.train.common import seed_batches
 from jaxdata.train.sage import SageConfig, lowered_step, train
 
-#: The issue's graph: 10M nodes, 200M edges, 256 float32 features (10 GiB of features).
+#: The default graph: 10M nodes, 200M edges, 256 float32 features (10 GiB of features).
 FULL = dict(nodes=10_000_000, edges=200_000_000, features=256)
 QUICK = dict(nodes=100_000, edges=2_000_000, features=64)
 
@@ -112,7 +112,7 @@ def run(
     for repeat, ndev, name in runs:
       label, pipeline, cache = PIPELINES[name]
       if ndev > 1 and pipeline != "host":
-        continue  # several devices: the GPU-centric path only (the scaling bar)
+        continue  # several devices: the GPU-centric path only (the scaling measurement)
       config = SageConfig(
         pipeline=pipeline,
         fanouts=tuple(fanouts),
