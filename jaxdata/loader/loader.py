@@ -542,9 +542,11 @@ class Loader:
 
 def _on_device(table: HostTable) -> jax.Array:
   """A host table's rows copied to the default device. A CPU device may alias a NumPy array's
-  memory, and a table's is freed when it closes: there, a copy first."""
+  memory, and a table's is freed when it closes: there, a copy first. `jax.device_put`, not
+  `jnp.asarray`: JAX stages a NumPy array through a jitted identity (`lax.stage`), whose output
+  is a second device copy (papers100M's 53 GiB of features did not fit twice on an H200)."""
   rows = table.as_numpy()
-  return jnp.asarray(np.array(rows) if jax.default_backend() == "cpu" else rows)
+  return jax.device_put(np.array(rows) if jax.default_backend() == "cpu" else rows)
 
 
 def _flatten(loader: Loader):

@@ -167,7 +167,8 @@ def build_model(
 
 def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array | None]:
   """Every node type's features on the device; None for embedded types (the model has them)."""
-  return [None if t in model.embedded else jnp.asarray(x) for t, x in enumerate(dataset.features)]
+  put = jax.device_put  # not jnp.asarray, which stages a second device copy
+  return [None if t in model.embedded else put(x) for t, x in enumerate(dataset.features)]
 
 
 #: Makes a plan (one offload policy per stacked layer) for a freshly built model, the graph and

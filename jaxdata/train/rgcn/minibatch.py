@@ -306,7 +306,7 @@ def train(
         common.check_copies_agree(loader.tables[t].as_numpy(), "node rows")
     finally:
       for t in loader.embedded:  # the trained rows back into the model: a full-graph checkpoint
-        model.conv1.set_node_rows(jnp.asarray(loader.tables[t].as_numpy()))
+        model.conv1.set_node_rows(jax.device_put(loader.tables[t].as_numpy()))
       for state in opt_state:
         sparse.close(state)
   test_accuracy = evaluate(model, dataset)["test_accuracy"]
