@@ -136,15 +136,62 @@ def test_relative_links_lead_to_files():
 
 
 def test_the_guides_carry_no_work_history():
-  """README.md and docs/*.md describe the project as it is: no issue or session numbers."""
+  """README.md and docs/*.md describe the project as it is: no issue or session numbers; nor
+  do the headings of the benchmark tables (the *_notes.md files are the development record)."""
   history = re.compile(r"\b(issue|session)s? \d+|\bissue's\b", re.I)
+  tables = [
+    d for d in sorted((ROOT / "docs" / "benchmarks").glob("*.md")) if "_notes" not in d.name
+  ]
+  heading = lambda line: line.startswith("#") or line.startswith("| ")  # noqa: E731
   found = [
     f"{doc.relative_to(ROOT)}:{n}: {line.strip()[:80]}"
-    for doc in DOCS
+    for doc in DOCS + tables
     for n, line in enumerate(doc.read_text().splitlines(), 1)
-    if history.search(line)
+    if history.search(line) and (doc in DOCS or heading(line))
   ]
   assert not found, f"work history in the guides: {found}"
+
+
+#: A figure: a number with a unit, or a range of two ("1.85-1.93x").
+FIGURE = re.compile(
+  r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?:-(\d[\d,]*(?:\.\d+)?))?(?:x\b|%| ms\b| GB/s)"
+)
+
+
+def unsourced_figures(table: str, root=ROOT) -> list[str]:
+  """The figures of a markdown table's rows that the benchmark files each row links to do not
+  contain (every end of a range must be there, as written); a row with figures and no linked
+  benchmark file is one entry too."""
+  missing = []
+  for row in (r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| ---")):
+    figures = [n for m in FIGURE.finditer(row) for n in m.groups() if n]
+    sources = [s for s in LINK.findall(row) if s.startswith("docs/benchmarks/")]
+    if figures and not sources:
+      missing.append(f"{row[:60]}...: figures {figures} cite no docs/benchmarks/ table")
+      continue
+    text = " ".join((root / s.split("#")[0]).read_text() for s in sources)
+    for n in figures:
+      if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text):
+        missing.append(f"{n} (not in {', '.join(sources)})")
+  return missing
+
+
+def readme_table() -> str:
+  text = (ROOT / "README.md").read_text()
+  start = text.index("| part |")
+  return text[start : text.index("\n\n", start)]
+
+
+def test_the_readme_table_quotes_its_benchmark_tables():
+  """Every figure in the README's table is in the benchmark table its row links to, so a
+  rerun that changes a table shows up here until the README says the same."""
+  table = readme_table()
+  assert len(FIGURE.findall(table)) >= 10, "the table's figures were not found"
+  assert not unsourced_figures(table)
+  # The check itself can fail: a changed figure, an unlinked one.
+  first = next(m.group(1) for m in FIGURE.finditer(table))
+  assert unsourced_figures(table.replace(first, first + "1", 1))
+  assert unsourced_figures("| x | 2.5x faster |")
 
 
 #: The public packages the API reference covers (each documents the names of its `__all__`).
