@@ -1,7 +1,9 @@
-"""--resume and --save-every (`jaxdata train rgat|hgt`, full graph): a run stopped and resumed
-ends with the parameters of one that never stopped (CPU, fixed seed); periodic saves land at
-their epochs; a checkpoint of other settings is refused."""
+"""--resume and --save-every (`jaxdata train rgat|hgt`, full graph and mini-batches): a run
+stopped and resumed ends with the parameters of one that never stopped (CPU, fixed seed), a
+mini-batch run stopped mid-epoch going on from the next batch; periodic saves land at their
+epochs; a checkpoint of other settings is refused."""
 
+import itertools
 import json
 
 import jax
@@ -9,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 import jaxdata
-from jaxdata import cli
+from jaxdata import cli, command
 from jaxdata.data import synthetic_mag
 from jaxdata.train import attention
 
@@ -34,8 +36,38 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, capsys):
   assert "was trained with other settings (hidden)" in capsys.readouterr().err
   assert cli.main([*RUN, "--epochs", "6", "--resume", str(part)]) == 2
   assert "has trained 6 epochs already" in capsys.readouterr().err
-  assert cli.main([*RUN, "--minibatch", "--resume", str(part)]) == 2
-  assert "argument --resume: for full-graph training on one device" in capsys.readouterr().err
+  assert cli.main([*RUN, "--minibatch", "--epochs", "7", "--resume", str(part)]) == 2
+  assert "other mini-batch settings (none: full graph)" in capsys.readouterr().err
+  assert cli.main([*RUN, "--devices", "2", "--resume", str(part)]) == 2
+  assert "argument --resume: for training on one device" in capsys.readouterr().err
+
+
+MINIBATCH = [*RUN, "--minibatch", "--fanouts", "3,3", "--batch-size", "32", "--epochs", "3"]
+
+
+def test_a_minibatch_run_stopped_mid_epoch_goes_on_from_the_next_batch(
+  tmp_path, monkeypatch, capsys
+):
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  assert cli.main([*MINIBATCH, "--out", str(whole)]) == 0
+  per_epoch = json.load(open(whole / "history.json"))[0]["batches_per_epoch"]
+  assert per_epoch >= 4
+  # A stop request (as SIGTERM makes) seen at the second batch of epoch 2: the loops check
+  # after every batch and after every epoch.
+  checks = itertools.count(1)
+  monkeypatch.setattr(command, "stop_requested", lambda: next(checks) >= per_epoch + 3)
+  assert cli.main([*MINIBATCH, "--out", str(part)]) == 143  # saved, then "terminated"
+  monkeypatch.undo()
+  stopped = json.load(open(part / "history.json"))
+  assert [(r["epoch"], r["batch"]) for r in stopped] == [(1, per_epoch), (2, 2)]
+  assert cli.main([*MINIBATCH, "--resume", str(part), "--out", str(part)]) == 0
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
+  resumed = json.load(open(part / "history.json"))
+  assert [(r["epoch"], r["batch"]) for r in resumed[2:]] == [(2, per_epoch), (3, per_epoch)]
+  capsys.readouterr()
+  assert cli.main([*MINIBATCH, "--batch-size", "16", "--resume", str(part)]) == 2
+  assert "other mini-batch settings" in capsys.readouterr().err
 
 
 def test_save_every_hands_over_the_run_at_its_epochs():

@@ -329,6 +329,7 @@ def save(
   metrics: dict | None = None,
   optimizer_state: Any = None,
   metrics_note: str = "",
+  settings: dict | None = None,
 ) -> str:
   """Writes a checkpoint folder at `path` (replacing one there); returns its absolute path.
 
@@ -351,6 +352,7 @@ def save(
     optimizer_state: the optimizer's state pytree, if the run is to be resumable.
     metrics_note: how `metrics` were measured where `evaluate()` measures them otherwise (e.g.
       "on sampled mini-batches ..."); `jaxdata eval` says it beside them.
+    settings: what else a resumed run must repeat (JSON-able; e.g. the mini-batch settings).
 
   In a multi-process job (`jaxdata.distributed`) every process calls `save` with the same
   host values; Orbax writes them once, from process 0, and the others wait at its barriers.
@@ -384,6 +386,7 @@ def save(
       history=list(history),
       digests=_digests(state),
       metrics_note=str(metrics_note),
+      settings=settings or {},
     )
   )
   new = _temporaries(path)[0]

@@ -318,6 +318,18 @@ def run_pipelined_epoch(
   return epoch_record(sums, t0)
 
 
+def position(history: list[dict]) -> tuple[int, int]:
+  """(epoch, batch) where a run with `history` goes on: the batch after its last record's
+  ("batch" of "batches_per_epoch", where the record has them), else the next epoch's first."""
+  if not history:
+    return 1, 0
+  last = history[-1]
+  done, of = last.get("batch"), last.get("batches_per_epoch")
+  if done is not None and of is not None and done < of:
+    return int(last["epoch"]), int(done)
+  return int(last["epoch"]) + 1, 0
+
+
 def epoch_record(sums: list, t0: float) -> dict:
   """The epoch's record from its steps' (summed loss, correct, count, token), started at
   `t0`; waits for every table update."""
@@ -638,13 +650,13 @@ class DeviceSteps:
 
     self._step = jax.jit(step, donate_argnums=0)
 
-  def epoch(self, args: tuple, rows: np.ndarray, key, on_batch=None) -> dict:
-    """One epoch over `rows` (int32[batches, batch_size]); `epoch_record`'s record. The model
-    and optimizer hold the trained state afterwards."""
+  def epoch(self, args: tuple, rows: np.ndarray, key, on_batch=None, start: int = 0) -> dict:
+    """One epoch over `rows` (int32[batches, batch_size]) from batch `start` (a resumed
+    epoch); `epoch_record`'s record. The model and optimizer hold the trained state afterwards."""
     t0 = time.perf_counter()
-    device_rows, i, sums = jnp.asarray(rows), jnp.int32(0), []
+    device_rows, i, sums = jnp.asarray(rows), jnp.int32(start), []
     try:
-      for n in range(len(rows)):
+      for n in range(start, len(rows)):
         self.state, i, out = self._step(self.state, args, device_rows, i, key)
         sums.append(out)
         if on_batch is not None:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +66,7 @@ from jaxdata.train.common import (
   check_offload_arguments,
   devices_flag,
   minibatch_options,
+  position,
   progress,
   refuse_without_minibatch,
   say_saved,
@@ -400,9 +403,12 @@ def folder_dataset(hetero, path: str, target: str | None) -> MagDataset:
   return hetero.to_dataset(target, name=os.path.basename(os.path.normpath(path)))
 
 
-def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
+def save(
+  path: str, result: TrainResult, config: TrainConfig, data: dict, minibatch: Any = None
+) -> str:
   """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.train.checkpoint`;
-  kind `KINDS[config.model]`)."""
+  kind `KINDS[config.model]`); `minibatch`: the mini-batch settings it trained with, which a
+  resumed run must repeat."""
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   return checkpoint.save_nnx(
@@ -416,7 +422,15 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
     history=result.history,
     metrics=result.metrics,
     metrics_note=result.metrics_note,
+    settings=_settings(minibatch),
   )
+
+
+def _settings(minibatch: Any) -> dict:
+  """A checkpoint's `settings`: the mini-batch configuration, JSON as saved."""
+  if minibatch is None:
+    return {}
+  return json.loads(json.dumps({"minibatch": dataclasses.asdict(minibatch)}))
 
 
 def restore(path: str, meta: dict):
@@ -477,14 +491,15 @@ def add_arguments(parser, model: str):
     type=command.natural_int,
     default=0,
     metavar="N",
-    help="also save to --out every N epochs (full-graph training on one device; 0: at the end)",
+    help="also save to --out every N epochs (one device; 0: at the end)",
   )
   parser.add_argument(
     "--resume",
     metavar="DIR",
     default=None,
     help="continue the run saved in DIR (same flags; --epochs counts from its start) to the "
-    "parameters an uninterrupted run reaches (full-graph training on one device)",
+    "parameters an uninterrupted run reaches (one device; a stopped --minibatch run goes on "
+    "from the batch after its last)",
   )
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
   parser.add_argument(
@@ -657,9 +672,10 @@ def _train_offloaded(
   return result
 
 
-def _resumer(path: str | None, config: TrainConfig, data: dict):
-  """`train`'s `resume` for `--resume path`: a checkpoint of this run's model, settings (but
-  --epochs) and data, with its optimizer state; UsageError otherwise."""
+def _resumer(path: str | None, config: TrainConfig, data: dict, minibatch: Any = None):
+  """`train`'s (or `minibatch.train`'s) `resume` for `--resume path`: a checkpoint of this
+  run's model, settings (but --epochs), mini-batch settings and data, with its optimizer state;
+  UsageError otherwise."""
   if path is None:
     return None
   from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
@@ -683,8 +699,15 @@ def _resumer(path: str | None, config: TrainConfig, data: dict):
     refuse(f"was trained with other settings ({', '.join(other)}): give the same flags")
   if meta["data"] != data:
     refuse(f"was trained on other data ({meta['data']})")
-  if len(meta["history"]) >= config.epochs:
-    refuse(f"has trained {len(meta['history'])} epochs already: ask for more with --epochs")
+  if meta.get("settings", {}) != _settings(minibatch):
+    saved_mb = meta.get("settings", {}).get("minibatch")
+    refuse(
+      "was trained with other mini-batch settings "
+      f"({saved_mb if saved_mb is not None else 'none: full graph'})"
+    )
+  done = position(meta["history"])[0] - 1
+  if done >= config.epochs:
+    refuse(f"has trained {done} epochs already: ask for more with --epochs")
 
   def resume(model, optimizer) -> list[dict]:
     if not checkpoint.restore_nnx(path, meta, model, optimizer):
@@ -747,11 +770,12 @@ def main(args) -> int:
       f"{','.join(NODE_TYPES[1:])} (papers keep their features)"
     )
   check_offload_arguments(args)  # --budget sets args.offload
+  unresumable = args.offload or not one_device or (args.minibatch and (args.prefetch or args.embed))
   for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
-    if given and (args.minibatch or args.offload or not one_device):
+    if given and unresumable:
       raise command.UsageError(
-        f"argument {flag}: for full-graph training on one device (not with --minibatch, "
-        "an offload plan or several devices)"
+        f"argument {flag}: for training on one device (not with an offload plan, several "
+        "devices, or --minibatch with --prefetch or --embed)"
       )
   if not one_device and args.minibatch and args.offload:
     raise command.UsageError(
@@ -897,7 +921,15 @@ def main(args) -> int:
           on_save=lambda r: save(args.out, r, config, data),
         )
       else:
-        result = hetero.train(dataset, config, minibatch, on_epoch=on_epoch)
+        result = hetero.train(
+          dataset,
+          config,
+          minibatch,
+          on_epoch=on_epoch,
+          resume=_resumer(args.resume, config, data, minibatch),
+          save_every=args.save_every,
+          on_save=lambda r: save(args.out, r, config, data, minibatch),
+        )
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
       raise command.UsageError(
         f"argument --device-bytes: {str(e).removeprefix('train: ')}"
@@ -908,6 +940,6 @@ def main(args) -> int:
     f"last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)"
     + (f"; measured {result.metrics_note}" if result.metrics_note else "")
   )
-  save(args.out, result, config, data)
+  save(args.out, result, config, data, minibatch)
   say_saved(console, args.out)
   return 0

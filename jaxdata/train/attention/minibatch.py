@@ -288,6 +288,9 @@ def train(
   on_batch: Callable[[int, int], None] | None = None,
   final_evaluation: str | None = None,
   validate: bool = True,
+  resume: Callable[[nnx.Module, nnx.Optimizer], list[dict]] | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
   """Trains `config.model` (RGAT or HGT) on mini-batches of training papers.
 
@@ -311,6 +314,13 @@ def train(
   (`sharded_steps`): `minibatch.batch_size` seeds per device, every device of every process
   (`config.devices` per process; None: all); no `prefetch` and no `plan` there. Every process
   evaluates on its own copy of the trained model.
+
+  Each epoch's record says where in the epoch it ended ("batch" of "batches_per_epoch": fewer
+  when a stop request ended it). `resume(model, optimizer)` puts a saved run's state into the
+  fresh model and optimizer and returns its history; training goes on from the batch after the
+  last record's, with the same seed order and keys, to the parameters a run never stopped would
+  have. `on_save(result)` gets the run so far every `save_every` epochs. Both: one device, no
+  `prefetch`, no `plan`, no embedding tables (their optimizer state lives in host memory).
   """
   if len(minibatch.fanouts) != config.layers:
     raise ValueError(
@@ -324,6 +334,12 @@ def train(
     if plan is not None:
       raise ValueError("train: an offload plan runs on one device of one process (devices=1)")
     mesh = common.device_mesh(config.devices, what="train")
+  if (resume is not None or save_every) and (
+    mesh is not None or minibatch.prefetch or plan is not None or config.embed
+  ):
+    raise ValueError(
+      "train: resume and save_every are for one device, without prefetch, a plan or embeddings"
+    )
   if final_evaluation is None:
     final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
   if final_evaluation not in ("full", "minibatch", "none"):
@@ -415,14 +431,19 @@ def train(
 
     rng = np.random.default_rng(config.seed)
     key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
-    history, start = [], time.perf_counter()
+    history = [] if resume is None else list(resume(model, optimizer))
+    first_epoch, first_batch = common.position(history)
+    start = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
-      rows = common.seed_batches(
+      rows = common.seed_batches(  # every epoch's, so that a resumed run's order is the same
         np.asarray(dataset.train_papers) + papers[0],
         minibatch.batch_size * (1 if mesh is None else mesh.size),
         rng,
         minibatch.max_batches,
       )
+      if epoch < first_epoch:
+        continue
+      skip = first_batch if epoch == first_epoch else 0
       if sharded is not None:
         record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch), on_batch))
       elif minibatch.prefetch:  # batch i + 1 prepared while step i computes
@@ -439,7 +460,8 @@ def train(
       else:
         epoch_key = jax.random.fold_in(key, epoch)
         args = (table_states, loader)
-        record = dict(epoch=epoch, **device_steps.epoch(args, rows, epoch_key, on_batch))
+        record = dict(epoch=epoch, **device_steps.epoch(args, rows, epoch_key, on_batch, skip))
+      record.update(batch=skip + record["batches"], batches_per_epoch=len(rows))
       record["device_state_bytes"] = device_bytes_of(
         nnx.state((model, optimizer)) if sharded is None else sharded.state
       )
@@ -450,6 +472,8 @@ def train(
       common.add_record(history, record, on_epoch)
       if command.stop_requested():  # SIGTERM: the last completed step ends the run
         break
+      if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+        on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
     if final_evaluation == "minibatch":
       final = {
         "val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
