@@ -76,3 +76,23 @@ def test_save_every_hands_over_the_run_at_its_epochs():
   saved = []
   attention.train(ds, config, save_every=2, on_save=lambda r: saved.append(len(r.history)))
   assert saved == [2, 4]  # the end (5) is the trainer's own save
+
+
+ENTITY = ["train", "rgcn", "--nodes", "2000", "--edges", "20000", "--relations", "8"]
+
+
+def test_the_main_job_resumes_too(tmp_path, capsys):
+  """`jaxdata train rgcn` (the README's main job, full graph): 3 epochs, then resumed to 6,
+  ends where 6 in one go do; --save-every writes at its epochs."""
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  assert cli.main([*ENTITY, "--epochs", "6", "--out", str(whole)]) == 0
+  assert cli.main([*ENTITY, "--epochs", "3", "--save-every", "2", "--out", str(part)]) == 0
+  assert cli.main([*ENTITY, "--epochs", "6", "--resume", str(part), "--out", str(part)]) == 0
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert [r["epoch"] for r in json.load(open(part / "history.json"))] == list(range(1, 7))
+  capsys.readouterr()
+  assert cli.main([*ENTITY, "--epochs", "7", "--seeds", "2", "--resume", str(part)]) == 2
+  assert "for one run (--seeds 1) of full-graph training" in capsys.readouterr().err
+  assert cli.main([*ENTITY, "--epochs", "7", "--lr", "0.1", "--resume", str(part)]) == 2
+  assert "other settings (learning_rate)" in capsys.readouterr().err

@@ -400,6 +400,87 @@ def add_out_argument(
   )
 
 
+def add_resume_arguments(parser, every_default: int | None = 0) -> None:
+  """Every resumable trainer's `--save-every N` and `--resume DIR` (`resumer` reads it)."""
+  parser.add_argument(
+    "--save-every",
+    type=command.natural_int,
+    default=every_default,
+    metavar="N",
+    help="also save to --out every N epochs (one device; 0: at the end)",
+  )
+  parser.add_argument(
+    "--resume",
+    metavar="DIR",
+    default=None,
+    help="continue the run saved in DIR (same flags; --epochs counts from its start) to the "
+    "parameters an uninterrupted run reaches (one device; a stopped mini-batch run goes on "
+    "from the batch after its last)",
+  )
+
+
+def resumer(
+  path: str | None,
+  *,
+  kind: str,
+  config: Any,
+  data: dict,
+  settings: dict | None = None,
+  newer: tuple[str, ...] = (),
+) -> Callable | None:
+  """A trainer's ``resume(model, optimizer) -> history`` for `--resume path` (None without
+  one): `path` must hold a checkpoint of `kind` saved with `config` (but its epochs), `data`,
+  the same `settings` (`checkpoint.save`'s) and its optimizer state, with fewer epochs done than
+  `config.epochs`; `command.UsageError` naming what differs otherwise. `newer`: fields of the
+  configuration older checkpoints lack (`checkpoint.config_from`)."""
+  if path is None:
+    return None
+
+  def refuse(why: str):
+    raise command.UsageError(f"argument --resume: {path}: {why}")
+
+  try:
+    meta = checkpoint.read_meta(path)
+    saved = checkpoint.config_from(type(config), meta["config"], newer=newer)
+  except (OSError, ValueError) as e:
+    refuse(str(e))
+  if meta["kind"] != kind:
+    refuse(f"holds a {meta['kind']} checkpoint, this run trains {kind}")
+  other = [
+    f.name
+    for f in dataclasses.fields(config)
+    if f.name != "epochs" and getattr(saved, f.name) != getattr(config, f.name)
+  ]
+  if other:
+    refuse(f"was trained with other settings ({', '.join(other)}): give the same flags")
+  if meta["data"] != data:
+    refuse(f"was trained on other data ({meta['data']})")
+  if meta.get("settings", {}) != (settings or {}):
+    saved_mb = meta.get("settings", {}).get("minibatch")
+    refuse(
+      "was trained with other mini-batch settings "
+      f"({saved_mb if saved_mb is not None else 'none: full graph'})"
+    )
+  done = position(meta["history"])[0] - 1
+  if done >= config.epochs:
+    refuse(f"has trained {done} epochs already: ask for more with --epochs")
+
+  def resume(model, optimizer) -> list[dict]:
+    if not checkpoint.restore_nnx(path, meta, model, optimizer):
+      refuse("holds no optimizer state to continue from")
+    return list(meta["history"])
+
+  return resume
+
+
+def minibatch_settings(minibatch: Any) -> dict:
+  """A checkpoint's `settings` for a run with `minibatch` (a dataclass, or None: full graph),
+  as JSON gives it back."""
+  if minibatch is None:
+    return {}
+  return json.loads(json.dumps({"minibatch": dataclasses.asdict(minibatch)}))
+
+
 def add_offload_arguments(parser, *, planned: str, policies: str, per_device: str = "") -> None:
   """Every trainer's activation-offload flags: --offload (`planned`: what the planner plans,
   named in its help), --plan (`policies`: examples of policy names; a policy implies --offload),

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -62,13 +61,15 @@ from jaxdata.train.common import (
   add_offload_arguments,
   add_out_argument,
   add_record,
+  add_resume_arguments,
   add_target_argument,
   check_offload_arguments,
   devices_flag,
   minibatch_options,
-  position,
+  minibatch_settings,
   progress,
   refuse_without_minibatch,
+  resumer,
   say_saved,
 )
 
@@ -422,15 +423,8 @@ def save(
     history=result.history,
     metrics=result.metrics,
     metrics_note=result.metrics_note,
-    settings=_settings(minibatch),
+    settings=minibatch_settings(minibatch),
   )
-
-
-def _settings(minibatch: Any) -> dict:
-  """A checkpoint's `settings`: the mini-batch configuration, JSON as saved."""
-  if minibatch is None:
-    return {}
-  return json.loads(json.dumps({"minibatch": dataclasses.asdict(minibatch)}))
 
 
 def restore(path: str, meta: dict):
@@ -486,21 +480,7 @@ def add_arguments(parser, model: str):
     "so that every class has about 100 papers)",
   )
   parser.add_argument("--epochs", type=command.positive_int, default=40, help="training epochs")
-  parser.add_argument(
-    "--save-every",
-    type=command.natural_int,
-    default=0,
-    metavar="N",
-    help="also save to --out every N epochs (one device; 0: at the end)",
-  )
-  parser.add_argument(
-    "--resume",
-    metavar="DIR",
-    default=None,
-    help="continue the run saved in DIR (same flags; --epochs counts from its start) to the "
-    "parameters an uninterrupted run reaches (one device; a stopped --minibatch run goes on "
-    "from the batch after its last)",
-  )
+  add_resume_arguments(parser)
   parser.add_argument("--hidden", type=command.positive_int, default=64, help="hidden features")
   parser.add_argument(
     "--layers",
@@ -673,48 +653,11 @@ def _train_offloaded(
 
 
 def _resumer(path: str | None, config: TrainConfig, data: dict, minibatch: Any = None):
-  """`train`'s (or `minibatch.train`'s) `resume` for `--resume path`: a checkpoint of this
-  run's model, settings (but --epochs), mini-batch settings and data, with its optimizer state;
-  UsageError otherwise."""
-  if path is None:
-    return None
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
-  def refuse(why: str):
-    raise command.UsageError(f"argument --resume: {path}: {why}")
-
-  try:
-    meta = checkpoint.read_meta(path)
-    saved = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
-  except (OSError, ValueError) as e:
-    refuse(str(e))
-  if meta["kind"] != KINDS[config.model]:
-    refuse(f"holds a {meta['kind']} checkpoint, this run trains {KINDS[config.model]}")
-  other = [
-    f.name
-    for f in dataclasses.fields(TrainConfig)
-    if f.name != "epochs" and getattr(saved, f.name) != getattr(config, f.name)
-  ]
-  if other:
-    refuse(f"was trained with other settings ({', '.join(other)}): give the same flags")
-  if meta["data"] != data:
-    refuse(f"was trained on other data ({meta['data']})")
-  if meta.get("settings", {}) != _settings(minibatch):
-    saved_mb = meta.get("settings", {}).get("minibatch")
-    refuse(
-      "was trained with other mini-batch settings "
-      f"({saved_mb if saved_mb is not None else 'none: full graph'})"
-    )
-  done = position(meta["history"])[0] - 1
-  if done >= config.epochs:
-    refuse(f"has trained {done} epochs already: ask for more with --epochs")
-
-  def resume(model, optimizer) -> list[dict]:
-    if not checkpoint.restore_nnx(path, meta, model, optimizer):
-      refuse("holds no optimizer state to continue from")
-    return list(meta["history"])
-
-  return resume
+  """`common.resumer` for this trainer's checkpoints."""
+  settings = minibatch_settings(minibatch)
+  return resumer(
+    path, kind=KINDS[config.model], config=config, data=data, settings=settings, newer=("embed",)
+  )
 
 
 def data_arguments(parser) -> None:

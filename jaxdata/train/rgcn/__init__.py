@@ -45,11 +45,13 @@ from jaxdata.train.common import (
   add_minibatch_arguments,
   add_out_argument,
   add_record,
+  add_resume_arguments,
   add_target_argument,
   devices_flag,
   minibatch_options,
   progress,
   refuse_without_minibatch,
+  resumer,
   say_saved,
 )
 
@@ -138,14 +140,24 @@ def train(
   config: TrainConfig = TrainConfig(),
   *,
   on_epoch: Callable[[dict], None] | None = None,
+  resume: Callable[[nnx.Module, nnx.Optimizer], list[dict]] | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
   """Trains a 2-layer RGCN on `dataset`'s training nodes; returns the model and test accuracy.
 
   With more than one device in all (`config.devices` per process, times the processes of a
   `jax.distributed` job) the graph is partitioned by destinations over them
   (`jaxdata.train.rgcn.partitioned`); one device in one process runs the path below.
+
+  `resume(model, optimizer)` puts a saved run's state into the fresh model and optimizer and
+  returns its history; training goes on from the epoch after it to the parameters a run never
+  stopped would have. `on_save(result)` gets the run so far every `save_every` epochs. Both:
+  one device of one process.
   """
   if config.devices != 1 or jax.process_count() > 1:
+    if resume is not None or save_every:
+      raise ValueError("train: resume and save_every are for one device of one process")
     from jaxdata.train.rgcn import partitioned  # pylint: disable=g-import-not-at-top
 
     return partitioned.train(dataset, config, on_epoch=on_epoch)
@@ -175,10 +187,10 @@ def train(
     # Both on this epoch's logits (the model before the update): no second forward pass.
     return loss, accuracy(logits[train_idx], train_y), accuracy(logits[val_idx], val_y)
 
-  history = []
+  history = [] if resume is None else list(resume(model, optimizer))
   start = time.perf_counter()
   try:
-    for epoch in range(1, config.epochs + 1):
+    for epoch in range(len(history) + 1, config.epochs + 1):
       t0 = time.perf_counter()
       loss, acc, val_acc = step(model, optimizer, graph)
       record = dict(
@@ -189,6 +201,9 @@ def train(
       add_record(history, record, on_epoch)
       if command.stop_requested():  # SIGTERM: the last completed step ends the run
         break
+      if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+        now = evaluate(model, dataset, graph)
+        on_save(TrainResult(model, history, now, time.perf_counter() - start, optimizer))
   finally:
     if table is not None:
       # close() waits for the kernels reading the table. Not jax.effects_barrier(): on a GPU it
@@ -440,6 +455,7 @@ def add_arguments(parser):
     default=None,
     help="synthetic graph: relations (default: 50)",
   )
+  add_resume_arguments(parser, every_default=None)
   parser.add_argument(
     "--devices",
     type=command.natural_int,
@@ -539,6 +555,8 @@ MAG_OPTIONS = ("classes", "layers", "embed", "embed_dim", "cache", "device_bytes
 #: Options both take; None (not given) keeps the trainer's own default.
 SHARED_OPTIONS = (
   "epochs",
+  "save_every",
+  "resume",
   "hidden",
   "lr",
   "seed",
@@ -687,6 +705,12 @@ def main(args) -> int:
         else f", node rows in host memory ({minibatch.table_optimizer})"
       )
     )
+  resuming = args.resume is not None or args.save_every
+  if resuming and (args.seeds > 1 or args.minibatch or devices != 1 or jax.process_count() > 1):
+    raise command.UsageError(
+      f"argument {'--resume' if args.resume is not None else '--save-every'}: for one run "
+      "(--seeds 1) of full-graph training on one device"
+    )
   accuracies = []
   for seed in range(args.seed, args.seed + args.seeds):
     config = TrainConfig(
@@ -714,7 +738,14 @@ def main(args) -> int:
           )
 
       if minibatch is None:
-        result = train(dataset, config, on_epoch=on_epoch)
+        result = train(
+          dataset,
+          config,
+          on_epoch=on_epoch,
+          resume=resumer(args.resume, kind="rgcn", config=config, data=data),
+          save_every=args.save_every or 0,
+          on_save=lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
+        )
       else:
         result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
     accuracies.append(result.test_accuracy)
