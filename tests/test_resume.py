@@ -8,6 +8,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 import jaxdata
@@ -96,3 +97,30 @@ def test_the_main_job_resumes_too(tmp_path, capsys):
   assert "for one run (--seeds 1) of full-graph training" in capsys.readouterr().err
   assert cli.main([*ENTITY, "--epochs", "7", "--lr", "0.1", "--resume", str(part)]) == 2
   assert "other settings (learning_rate)" in capsys.readouterr().err
+
+
+SAGE = ["train", "sage", "--nodes", "3000", "--edges", "30000", "--features", "8", "--hidden", "16"]
+SAGE += ["--batch-size", "64", "--fanouts", "4,4", "--epochs", "3"]
+
+
+@pytest.mark.parametrize("pipeline", ["host", "cpu"])
+def test_graphsage_stopped_mid_epoch_goes_on_from_the_next_batch(
+  tmp_path, monkeypatch, capsys, pipeline
+):
+  run = [*SAGE, "--pipeline", pipeline]
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  assert cli.main([*run, "--out", str(whole)]) == 0
+  per_epoch = json.load(open(whole / "history.json"))[0]["batches_per_epoch"]
+  assert per_epoch >= 4
+  checks = itertools.count(1)  # as in the relational test: after every batch and every epoch
+  monkeypatch.setattr(command, "stop_requested", lambda: next(checks) >= per_epoch + 3)
+  assert cli.main([*run, "--out", str(part)]) == 143
+  monkeypatch.undo()
+  stopped = json.load(open(part / "history.json"))
+  assert [(r["epoch"], r["batch"]) for r in stopped] == [(1, per_epoch), (2, 2)]
+  assert cli.main([*run, "--resume", str(part), "--out", str(part)]) == 0
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
+  capsys.readouterr()
+  assert cli.main([*SAGE, "--embed-dim", "4", "--resume", str(part)]) == 2
+  assert "argument --resume: for one device, without --embed-dim" in capsys.readouterr().err

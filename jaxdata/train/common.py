@@ -427,12 +427,19 @@ def resumer(
   data: dict,
   settings: dict | None = None,
   newer: tuple[str, ...] = (),
+  saved_config: Callable[[dict], Any] | None = None,
+  restore: Callable[..., Any] | None = None,
 ) -> Callable | None:
   """A trainer's ``resume(model, optimizer) -> history`` for `--resume path` (None without
   one): `path` must hold a checkpoint of `kind` saved with `config` (but its epochs), `data`,
   the same `settings` (`checkpoint.save`'s) and its optimizer state, with fewer epochs done than
   `config.epochs`; `command.UsageError` naming what differs otherwise. `newer`: fields of the
-  configuration older checkpoints lack (`checkpoint.config_from`)."""
+  configuration older checkpoints lack (`checkpoint.config_from`).
+
+  A trainer whose checkpoint is not `checkpoint.save_nnx`'s gives `saved_config(meta)` (the
+  configuration the checkpoint holds, ValueError where it cannot) and `restore(meta, *state)`
+  (the saved state in the form of `state`); ``resume(*state)`` then returns
+  ``(restore(meta, *state), history)``."""
   if path is None:
     return None
 
@@ -441,7 +448,10 @@ def resumer(
 
   try:
     meta = checkpoint.read_meta(path)
-    saved = checkpoint.config_from(type(config), meta["config"], newer=newer)
+    if saved_config is None:
+      saved = checkpoint.config_from(type(config), meta["config"], newer=newer)
+    else:
+      saved = saved_config(meta)
   except (OSError, ValueError) as e:
     refuse(str(e))
   if meta["kind"] != kind:
@@ -465,9 +475,13 @@ def resumer(
   if done >= config.epochs:
     refuse(f"has trained {done} epochs already: ask for more with --epochs")
 
-  def resume(model, optimizer) -> list[dict]:
-    if not checkpoint.restore_nnx(path, meta, model, optimizer):
-      refuse("holds no optimizer state to continue from")
+  if not meta.get("has_optimizer"):
+    refuse("holds no optimizer state to continue from")
+
+  def resume(*state):
+    if restore is not None:
+      return restore(meta, *state), list(meta["history"])
+    checkpoint.restore_nnx(path, meta, *state)
     return list(meta["history"])
 
   return resume

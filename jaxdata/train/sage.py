@@ -60,13 +60,16 @@ from jaxdata.train.common import (
   TrainResult,
   add_out_argument,
   add_record,
+  add_resume_arguments,
   check_copies_agree,
   check_fanouts,
   device_mesh,
   devices_flag,
+  position,
   prefetched,
   progress,
   psum_flat,
+  resumer,
   say_saved,
   seed_batches,
   sharded_jit,
@@ -168,6 +171,9 @@ def train(
   on_batch: Callable[[int, int], None] | None = None,
   init: Any = None,
   embedding: np.ndarray | None = None,
+  resume: Callable | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
   """Trains GraphSAGE on a node-classification dataset with mini-batches of sampled blocks.
 
@@ -183,6 +189,10 @@ def train(
       configuration) instead of fresh ones; with `epochs=0`, `train` only evaluates them.
     embedding: with `config.embed_dim`, the embedding table to start from ([nodes, embed_dim]
       float32) instead of a fresh one (normal, standard deviation 0.1, from `config.seed`).
+    resume: ``resume(params, opt_state) -> ((params, opt_state), history)``, a saved run's state
+      (`common.resumer`); training goes on from the batch after its last record's ("batch" of
+      "batches_per_epoch"), to the parameters a run never stopped would have.
+    save_every, on_save: `on_save(result)` gets the run so far every `save_every` epochs.
 
   With `config.embed_dim`, `result.tables["embedding"]` is the trained table (NumPy); with
   several processes, `train` checks that every process's copy ended equal.
@@ -191,7 +201,8 @@ def train(
   if own_graph:
     graph = HostGraph(dataset.indptr, dataset.indices, features=dataset.features)
   try:
-    return _train(dataset, config, graph, on_epoch, on_batch, init, embedding)
+    saving = (resume, save_every, on_save)
+    return _train(dataset, config, graph, on_epoch, on_batch, init, embedding, saving)
   finally:
     if own_graph:
       graph.close()
@@ -236,9 +247,11 @@ def initial_embedding(num_nodes: int, config: SageConfig) -> np.ndarray:
   return (0.1 * rng.standard_normal((num_nodes, config.embed_dim))).astype(np.float32)
 
 
-def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> TrainResult:
+def _train(dataset, config, graph, on_epoch, on_batch, init, embedding, saving) -> TrainResult:
   if not config.embed_dim:
-    return _train_with(dataset, config, graph, on_epoch, on_batch, init, None, None)
+    return _train_with(dataset, config, graph, on_epoch, on_batch, init, None, None, saving)
+  if saving[0] is not None or saving[1]:
+    raise ValueError("train: resume and save_every are for runs without embeddings")
   if embedding is None:
     embedding = initial_embedding(graph.num_nodes, config)
   embedding = np.asarray(embedding)
@@ -252,7 +265,7 @@ def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> Train
     state = table_opt.init(table)
     try:
       result = _train_with(
-        dataset, config, graph, on_epoch, on_batch, init, table, (table_opt, state)
+        dataset, config, graph, on_epoch, on_batch, init, table, (table_opt, state), saving
       )
     finally:
       sparse.close(state)
@@ -261,7 +274,9 @@ def _train(dataset, config, graph, on_epoch, on_batch, init, embedding) -> Train
   return result
 
 
-def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_opt) -> TrainResult:
+def _train_with(
+  dataset, config, graph, on_epoch, on_batch, init, table, table_opt, saving
+) -> TrainResult:
   if graph.features is None:
     raise ValueError("train: the graph has no node features")
   if graph.num_nodes != len(dataset.labels):
@@ -275,9 +290,8 @@ def _train_with(dataset, config, graph, on_epoch, on_batch, init, table, table_o
   labels = np.asarray(dataset.labels).astype(np.int32)
   loader = None if config.pipeline == "cpu" else _loader(graph, labels, config)
   try:
-    return _train_loop(
-      dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt
-    )
+    args = (labels, on_epoch, on_batch, init, table, table_opt, saving)
+    return _train_loop(dataset, config, graph, mesh, loader, *args)
   finally:
     if loader is not None:
       loader.close()
@@ -409,7 +423,7 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
 
 
 def _train_loop(
-  dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt
+  dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt, saving
 ) -> TrainResult:
   ndev = mesh.devices.size
   replicated = NamedSharding(mesh, P())
@@ -422,12 +436,13 @@ def _train_loop(
   rng = np.random.default_rng(config.seed)
   key, eval_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
 
-  def run_batches(seed_rows: np.ndarray, epoch_key, fn, *state):
-    """Runs fn over every row of seeds; returns the final state and summed metrics."""
+  def run_batches(seed_rows: np.ndarray, epoch_key, fn, *state, start: int = 0):
+    """Runs fn over the rows of seeds from row `start`; returns the final state, the summed
+    metrics and the number of rows run."""
     sums = []
     if config.pipeline == "cpu":
-      stream = cpu_batches.stream(seed_rows, epoch_key)
-      for i, inputs in enumerate(stream):
+      stream = cpu_batches.stream(seed_rows, epoch_key, start)
+      for i, inputs in enumerate(stream, start):
         out = fn(*state, *inputs)
         state, m = (out[:-1], out[-1]) if state else ((), out)
         sums.append(m)
@@ -439,9 +454,9 @@ def _train_loop(
       # Everything a step takes already placed as the step wants it: an argument on the wrong
       # devices is resharded at every call, off JAX's fast dispatch path.
       rows = distributed.put(seed_rows, seed_sharding)
-      i = distributed.put(np.int32(0), replicated)
+      i = distributed.put(np.int32(start), replicated)
       epoch_key = distributed.put(epoch_key, replicated)
-      for n in range(len(seed_rows)):
+      for n in range(start, len(seed_rows)):
         *state, i, m = fn(*state, *step_consts, rows, i, epoch_key)
         sums.append(m)
         if on_batch:
@@ -449,20 +464,29 @@ def _train_loop(
         if state and command.stop_requested():
           break
     totals = [float(sum(np.asarray(x) for x in col)) for col in zip(*sums)] if sums else []
-    return tuple(state), totals
+    return tuple(state), totals, len(sums)
 
   def accuracy(nodes: np.ndarray, epoch_key) -> float:
     rows = seed_batches(nodes, batch, None, config.eval_batches)
-    _, (correct, count) = run_batches(rows, epoch_key, lambda *a: evaluate_batch(params, *a))
+    _, (correct, count), _ = run_batches(rows, epoch_key, lambda *a: evaluate_batch(params, *a))
     return correct / max(count, 1)
 
+  resume, save_every, on_save = saving
   history = []
+  if resume is not None:
+    (params, opt_state), history = resume(params, opt_state)
+    params, opt_state = distributed.put((params, opt_state), replicated)
+  first_epoch, first_batch = position(history)
   start = time.perf_counter()
   for epoch in range(config.epochs):
-    t0 = time.perf_counter()
+    # every epoch's seed order is drawn, so that a resumed run's order is the same
     rows = seed_batches(dataset.train_nodes, batch, rng, config.max_batches)
-    (params, opt_state), (total, correct, count) = run_batches(
-      rows, jax.random.fold_in(key, epoch), step, params, opt_state
+    if epoch + 1 < first_epoch:
+      continue
+    skip = first_batch if epoch + 1 == first_epoch else 0
+    t0 = time.perf_counter()
+    (params, opt_state), (total, correct, count), done = run_batches(
+      rows, jax.random.fold_in(key, epoch), step, params, opt_state, start=skip
     )
     seconds = time.perf_counter() - t0
     record = dict(
@@ -470,7 +494,9 @@ def _train_loop(
       loss=total / max(count, 1),
       train_accuracy=correct / max(count, 1),
       seconds=seconds,
-      batches=len(rows),
+      batches=done,
+      batch=skip + done,
+      batches_per_epoch=len(rows),
       seeds_per_second=count / seconds,
     )
     if config.evaluate and len(dataset.val_nodes):
@@ -478,6 +504,10 @@ def _train_loop(
     add_record(history, record, on_epoch)
     if command.stop_requested():  # SIGTERM: the last completed step ends the run
       break
+    if save_every and (epoch + 1) % save_every == 0 and epoch + 1 < config.epochs and on_save:
+      model = nnx.merge(graphdef, distributed.local_value(params))
+      now = {"test_accuracy": float("nan")}  # measured at the end
+      on_save(TrainResult(model, history, now, 0.0, distributed.local_value(opt_state)))
   test = (
     accuracy(dataset.test_nodes, test_key)
     if config.evaluate and len(dataset.test_nodes)
@@ -546,6 +576,31 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
     step=sum(r["batches"] for r in result.history),
     history=result.history,
     metrics={"test_accuracy": result.test_accuracy},
+  )
+
+
+def _resumer(path: str | None, config: SageConfig, data: dict):
+  """`common.resumer` for a GraphSAGE checkpoint of one device: ``resume(params, opt_state)``
+  returns the saved ones (host arrays) and the history."""
+  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
+
+  def saved_config(meta: dict) -> SageConfig:
+    saved = dict(meta["config"])
+    saved.pop("unique", None)  # checkpoints from before the loader
+    mesh = saved.pop("mesh", None)
+    if mesh not in (None, [1, 1]):
+      raise ValueError(f"was trained on {mesh[0]} process(es) x {mesh[1]} devices, not one")
+    return checkpoint.config_from(SageConfig, saved)
+
+  def restore_run(meta: dict, params, opt_state):
+    params, opt_state = jax.device_get((params, opt_state))
+    target = {"params": nnx.to_pure_dict(params), "optimizer": opt_state}
+    state = checkpoint.restore_state(path, target, meta.get("digests"))
+    nnx.replace_by_pure_dict(params, state["params"])
+    return params, state["optimizer"]
+
+  return resumer(
+    path, kind="sage", config=config, data=data, saved_config=saved_config, restore=restore_run
   )
 
 
@@ -689,11 +744,11 @@ class _CpuBatches:
     labels = self.labels[np.maximum(seeds, 0)]
     return jax.device_put((feats, masks, labels), self.sharding)
 
-  def stream(self, rows: np.ndarray, epoch_key) -> Iterator[tuple]:
+  def stream(self, rows: np.ndarray, epoch_key, start: int = 0) -> Iterator[tuple]:
+    """Batches `rows[start:]`, batch i's key ``fold_in(epoch_key, i)``."""
     cpu_key = jax.device_put(epoch_key, self.cpu)
-    return prefetched(
-      (self.one(seeds, jax.random.fold_in(cpu_key, i)) for i, seeds in enumerate(rows)), self.depth
-    )
+    batches = enumerate(rows[start:], start)
+    return prefetched((self.one(s, jax.random.fold_in(cpu_key, i)) for i, s in batches), self.depth)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -748,6 +803,7 @@ def add_arguments(parser):
   )
   parser.add_argument("--seed", type=command.seed, default=0, help="seed of data and model")
   add_out_argument(parser, "sage")
+  add_resume_arguments(parser)
   parser.add_argument(
     "--cache",
     type=command.fraction,
@@ -802,6 +858,13 @@ def main(args) -> int:
       f"{args.classes} (every class needs a node)"
     )
   check_fanouts(config.fanouts, config.batch_size)
+  devices = (config.devices or len(jax.local_devices())) * jax.process_count()
+  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
+    if given and (config.embed_dim or devices != 1):
+      raise command.UsageError(
+        f"argument {flag}: for one device, without --embed-dim (the embeddings' optimizer "
+        "state lives in host memory and is not saved)"
+      )
   with console.status("generating the synthetic graph"):
     data = {
       "source": "powerlaw",
@@ -843,7 +906,16 @@ def main(args) -> int:
           f"({r['seeds_per_second']:,.0f} seeds/s)"
         )
 
-      result = train(dataset, config, graph=graph, on_epoch=on_epoch, on_batch=on_batch)
+      result = train(
+        dataset,
+        config,
+        graph=graph,
+        on_epoch=on_epoch,
+        on_batch=on_batch,
+        resume=_resumer(args.resume, config, data),
+        save_every=args.save_every,
+        on_save=lambda r: save(args.out, r, config, data),
+      )
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
   save(args.out, result, config, data)  # every process takes part; Orbax writes once
   say_saved(console, args.out)
