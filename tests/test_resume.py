@@ -124,3 +124,40 @@ def test_graphsage_stopped_mid_epoch_goes_on_from_the_next_batch(
   capsys.readouterr()
   assert cli.main([*SAGE, "--embed-dim", "4", "--resume", str(part)]) == 2
   assert "argument --resume: for one device, without --embed-dim" in capsys.readouterr().err
+
+
+GPT = ["train", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16"]
+GPT += ["--batch-size", "4", "--vocab", "32", "--log-every", "2"]
+
+
+def test_gpt_stopped_at_a_step_goes_on_from_the_next(tmp_path, monkeypatch, capsys):
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  assert cli.main([*GPT, "--steps", "8", "--out", str(whole)]) == 0
+  checks = itertools.count(1)  # checked after every step
+  monkeypatch.setattr(command, "stop_requested", lambda: next(checks) >= 3)
+  assert cli.main([*GPT, "--steps", "8", "--save-every", "4", "--out", str(part)]) == 143
+  monkeypatch.undo()
+  assert json.load(open(part / "history.json"))[-1]["step"] == 3
+  assert (
+    cli.main([*GPT, "--steps", "8", "--save-every", "4", "--resume", str(part), "--out", str(part)])
+    == 0
+  )
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
+  steps = [r["step"] for r in json.load(open(part / "history.json"))]
+  assert steps == [2, 3, 4, 6, 8]  # logged every 2, at the stop, and where it saved
+  capsys.readouterr()
+  assert cli.main([*GPT, "--steps", "8", "--resume", str(part)]) == 2
+  assert "has trained 8 steps already: ask for more with --steps" in capsys.readouterr().err
+
+
+LINK = ["train", "rgcn", "--task", "link", "--nodes", "120", "--edges", "900", "--hidden", "8"]
+
+
+def test_link_prediction_resumes(tmp_path):
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  assert cli.main([*LINK, "--epochs", "6", "--out", str(whole)]) == 0
+  assert cli.main([*LINK, "--epochs", "3", "--out", str(part)]) == 0
+  assert cli.main([*LINK, "--epochs", "6", "--resume", str(part), "--out", str(part)]) == 0
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)

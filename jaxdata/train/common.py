@@ -400,20 +400,21 @@ def add_out_argument(
   )
 
 
-def add_resume_arguments(parser, every_default: int | None = 0) -> None:
-  """Every resumable trainer's `--save-every N` and `--resume DIR` (`resumer` reads it)."""
+def add_resume_arguments(parser, every_default: int | None = 0, unit: str = "epochs") -> None:
+  """Every resumable trainer's `--save-every N` and `--resume DIR` (`resumer` reads it);
+  `unit`: what the run counts ("epochs", or "steps")."""
   parser.add_argument(
     "--save-every",
     type=command.natural_int,
     default=every_default,
     metavar="N",
-    help="also save to --out every N epochs (one device; 0: at the end)",
+    help=f"also save to --out every N {unit} (one device; 0: at the end)",
   )
   parser.add_argument(
     "--resume",
     metavar="DIR",
     default=None,
-    help="continue the run saved in DIR (same flags; --epochs counts from its start) to the "
+    help=f"continue the run saved in DIR (same flags; --{unit} counts from its start) to the "
     "parameters an uninterrupted run reaches (one device; a stopped mini-batch run goes on "
     "from the batch after its last)",
   )
@@ -429,12 +430,14 @@ def resumer(
   newer: tuple[str, ...] = (),
   saved_config: Callable[[dict], Any] | None = None,
   restore: Callable[..., Any] | None = None,
+  length: str = "epochs",
 ) -> Callable | None:
   """A trainer's ``resume(model, optimizer) -> history`` for `--resume path` (None without
   one): `path` must hold a checkpoint of `kind` saved with `config` (but its epochs), `data`,
   the same `settings` (`checkpoint.save`'s) and its optimizer state, with fewer epochs done than
   `config.epochs`; `command.UsageError` naming what differs otherwise. `newer`: fields of the
-  configuration older checkpoints lack (`checkpoint.config_from`).
+  configuration older checkpoints lack (`checkpoint.config_from`). `length`: the configuration's
+  field that counts the run, "epochs" or "steps" (records with a "step").
 
   A trainer whose checkpoint is not `checkpoint.save_nnx`'s gives `saved_config(meta)` (the
   configuration the checkpoint holds, ValueError where it cannot) and `restore(meta, *state)`
@@ -459,7 +462,7 @@ def resumer(
   other = [
     f.name
     for f in dataclasses.fields(config)
-    if f.name != "epochs" and getattr(saved, f.name) != getattr(config, f.name)
+    if f.name != length and getattr(saved, f.name) != getattr(config, f.name)
   ]
   if other:
     refuse(f"was trained with other settings ({', '.join(other)}): give the same flags")
@@ -471,9 +474,12 @@ def resumer(
       "was trained with other mini-batch settings "
       f"({saved_mb if saved_mb is not None else 'none: full graph'})"
     )
-  done = position(meta["history"])[0] - 1
-  if done >= config.epochs:
-    refuse(f"has trained {done} epochs already: ask for more with --epochs")
+  if length == "epochs":
+    done = position(meta["history"])[0] - 1
+  else:
+    done = meta["history"][-1]["step"] if meta["history"] else 0
+  if done >= getattr(config, length):
+    refuse(f"has trained {done} {length} already: ask for more with --{length}")
 
   if not meta.get("has_optimizer"):
     refuse("holds no optimizer state to continue from")

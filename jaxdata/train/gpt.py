@@ -43,11 +43,13 @@ from jaxdata.train.common import (
   add_offload_arguments,
   add_out_argument,
   add_record,
+  add_resume_arguments,
   check_offload_arguments,
   device_mesh,
   devices_flag,
   progress,
   psum_flat,
+  resumer,
   say_saved,
   sharded_jit,
 )
@@ -165,6 +167,9 @@ def train(
   plan: LayerPlan | Planner | None = None,
   on_step: Callable[[int, int], None] | None = None,
   on_log: Callable[[dict], None] | None = None,
+  resume: Callable[[nnx.Module, nnx.Optimizer], list[dict]] | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
   """Trains a GPT on next-token prediction over a synthetic Markov chain.
 
@@ -174,6 +179,13 @@ def train(
       called once on the freshly built model (where a planner measures its blocks).
     on_step: on_step(done, total) after each dispatched step (progress bars).
     on_log: called with each logged record (every `log_every` steps and at the last).
+    resume: ``resume(model, optimizer) -> history``, a saved run's state put into the fresh
+      model and optimizer (`common.resumer`); training goes on from the step after the last
+      record's, with the batches a run never stopped would take, to its parameters. Its
+      `start_loss` is the held-out loss where the resumed part starts.
+    save_every, on_save: `on_save(result)` gets the run so far every `save_every` steps (a
+      record is logged there).
+  Resuming and saving: one device, no plan.
   """
   chain = _chain(config)
   data = chain.batches(config.batch, config.seq, seed=config.seed + 1)
@@ -183,6 +195,8 @@ def train(
     raise ValueError(
       f"train: the batch of {config.batch} sequences does not split evenly over {ndev} devices"
     )
+  if (resume is not None or save_every) and (plan is not None or ndev != 1):
+    raise ValueError("train: resume and save_every are for one device, without a plan")
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   if callable(plan):
     plan = plan(model, (config.batch // ndev, config.seq))  # one device's share
@@ -191,6 +205,10 @@ def train(
     if len(segments(plan, config.layers)) > 1:  # (fails early on a plan of the wrong length)
       model.split_layers(plan)  # one parameter stack per segment: no copies inside the step
   optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
+  history = [] if resume is None else list(resume(model, optimizer))
+  first = history[-1]["step"] + 1 if history else 1
+  for _ in range(first - 1):  # the batches the saved run took
+    next(data)
   graphdef, state = nnx.split((model, optimizer))
   step, evaluate_on = _steps(graphdef, mesh, None if plan is None else tuple(plan))
   replicated, by_rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
@@ -205,19 +223,22 @@ def train(
   log_every = config.log_every or max(1, config.steps // 10)
   tokens_per_step = config.batch * config.seq
   start_loss = held_out_loss(state)
-  history, window = [], []
+  window = []
   start = t0 = time.perf_counter()
   compile_seconds = evaluating = 0.0
-  for i in range(1, config.steps + 1):
+  ran = 0
+  for i in range(first, config.steps + 1):
     state, loss = step(state, distributed.put(next(data), by_rows))
     window.append(loss)
-    if i == 1:
+    ran += 1
+    if i == first:
       jax.block_until_ready(window[-1])
       compile_seconds = time.perf_counter() - t0  # the first step includes tracing and compiling
     if on_step:
       on_step(i, config.steps)
     stopping = command.stop_requested()  # SIGTERM (one process): this step is the last
-    if i % log_every == 0 or i == config.steps or stopping:
+    saving = save_every and i % save_every == 0 and i < config.steps and on_save is not None
+    if i % log_every == 0 or i == config.steps or stopping or saving:
       losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
       seconds = time.perf_counter() - t0
       record = dict(
@@ -231,6 +252,9 @@ def train(
       evaluating += time.perf_counter() - e0
       add_record(history, record, on_log)
       window, t0 = [], time.perf_counter()
+    if saving and not stopping:
+      nnx.update((model, optimizer), state)
+      on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
     if stopping:
       break
   total = time.perf_counter() - start - evaluating
@@ -249,8 +273,8 @@ def train(
     seconds=total,
     compile_seconds=compile_seconds,
     # one step is the compiling one: no steady-state speed to report
-    step_ms=1e3 * rest / (config.steps - 1) if config.steps > 1 else None,
-    tokens_per_second=((config.steps - 1) * tokens_per_step / rest if config.steps > 1 else None),
+    step_ms=1e3 * rest / (ran - 1) if ran > 1 else None,
+    tokens_per_second=(ran - 1) * tokens_per_step / rest if ran > 1 else None,
   )
   return TrainResult(model, history, metrics, total, optimizer, plan)
 
@@ -282,6 +306,11 @@ def evaluate(model: GPT, config: GPTTrainConfig) -> dict:
   return {"final_loss": float(_evaluate(model, _held_out(config)))}
 
 
+def data_of(config: GPTTrainConfig) -> dict:
+  """A GPT checkpoint's data description: the synthetic chain's seed."""
+  return {"source": "markov", "seed": config.seed}
+
+
 def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
   """Saves a trained GPT as a checkpoint (`jaxdata.train.checkpoint`): layers split for a plan
   are joined first; the optimizer state goes with it where the layers were never split."""
@@ -297,8 +326,8 @@ def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
     model=model,
     optimizer=None if split else opt,
     config=config,
-    data={"source": "markov", "seed": config.seed},
-    step=config.steps,
+    data=data_of(config),
+    step=result.history[-1]["step"] if result.history else 0,
     history=result.history,
     metrics=result.metrics,
   )
@@ -384,6 +413,7 @@ def add_arguments(parser):
     per_device="per device (the plan is made for one device's share of the batch)",
   )
   add_out_argument(parser, "gpt")
+  add_resume_arguments(parser, unit="steps")
 
 
 def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
@@ -449,6 +479,10 @@ def main(args) -> int:
       )
   except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
     raise command.UsageError(str(e)) from None
+  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
+    if given and (args.offload or ndev * jax.process_count() != 1):
+      raise command.UsageError(f"argument {flag}: for one device, without --offload")
+  data = data_of(config)
   console.print(
     f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
     f"heads, seq {config.seq}, vocab {config.vocab} | batch {config.batch}, "
@@ -469,7 +503,15 @@ def main(args) -> int:
           f"held-out loss {r['val_loss']:.4f}  {r['tokens_per_second']:,.0f} tokens/s"
         )
 
-      return train(config, plan=plan, on_step=on_step, on_log=on_log)
+      return train(
+        config,
+        plan=plan,
+        on_step=on_step,
+        on_log=on_log,
+        resume=resumer(args.resume, kind="gpt", config=config, data=data, length="steps"),
+        save_every=args.save_every,
+        on_save=lambda r: save(args.out, r, config),
+      )
 
   if args.offload:
     from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top

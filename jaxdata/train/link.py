@@ -42,7 +42,7 @@ from jaxdata import command
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
-from jaxdata.train.common import TrainResult, add_record, progress, say_saved
+from jaxdata.train.common import TrainResult, add_record, progress, resumer, say_saved
 
 #: The files of a split, FB15k-237's names.
 SPLIT_FILES = {"train": "train.txt", "valid": "valid.txt", "test": "test.txt"}
@@ -235,10 +235,12 @@ class LinkModel(nnx.Module):
     self.relation = nnx.Param(jax.random.normal(rngs.params(), (num_relations, d)) / np.sqrt(d))
     self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
 
-  def encode(self, graph: GraphArrays) -> jax.Array:
+  def encode(self, graph: GraphArrays, key: jax.Array | None = None) -> jax.Array:
+    """Entity representations; `key` draws the dropout masks (a training step's, so that a
+    resumed run draws the same ones; None: the module's own stream)."""
     h = self.embed.embedding[...]
     for i, conv in enumerate(self.convs):
-      h = conv(graph, self.dropout(h))
+      h = conv(graph, self.dropout(h, rngs=None if key is None else jax.random.fold_in(key, i)))
       if i < len(self.convs) - 1:
         h = jax.nn.relu(h)
     return h
@@ -361,9 +363,14 @@ def train(
   config: LinkConfig = LinkConfig(),
   *,
   on_epoch: Callable[[dict], None] | None = None,
+  resume: Callable[[nnx.Module, nnx.Optimizer], list[dict]] | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
   """Trains the encoder and decoder; `metrics` holds the test split's filtered "test_mrr" and
-  "test_hits@k", and the validation split's "val_mrr"."""
+  "test_hits@k", and the validation split's "val_mrr". `resume(model, optimizer)` puts a saved
+  run's state into the fresh model and optimizer and returns its history (training goes on from
+  the step after it); `on_save(result)` gets the run so far every `save_every` steps."""
   graph = training_graph(dataset)
   model = LinkModel(dataset.num_entities, dataset.num_relations, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
@@ -373,7 +380,7 @@ def train(
 
   @nnx.jit
   def step(model, optimizer, key):
-    pick, corrupt, side = jax.random.split(key, 3)
+    pick, corrupt, side, drop = jax.random.split(key, 4)
     pos = (
       positives if batch == n else positives[jax.random.choice(pick, n, (batch,), replace=False)]
     )
@@ -389,7 +396,7 @@ def train(
     labels = jnp.concatenate([jnp.ones(len(pos)), jnp.zeros(len(neg))])
 
     def loss_fn(model):
-      e = model.encode(graph)
+      e = model.encode(graph, drop)
       logits = model.score(e, jnp.concatenate([pos, neg]))
       bce = optax.sigmoid_binary_cross_entropy(logits, labels).mean()
       return bce + config.l2 * jnp.mean(model.relation[...] ** 2)
@@ -399,10 +406,10 @@ def train(
     return loss
 
   known = known_index(dataset.train, dataset.valid, dataset.test)  # for every evaluation
-  history = []
+  history = [] if resume is None else list(resume(model, optimizer))
   start = time.perf_counter()
   key = jax.random.key(config.seed)
-  for epoch in range(1, config.epochs + 1):
+  for epoch in range(len(history) + 1, config.epochs + 1):
     t0 = time.perf_counter()
     loss = float(step(model, optimizer, jax.random.fold_in(key, epoch)))
     record = {"epoch": epoch, "loss": loss, "seconds": time.perf_counter() - t0}
@@ -411,6 +418,8 @@ def train(
     add_record(history, record, on_epoch)
     if command.stop_requested():
       break
+    if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+      on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer))
   val = evaluate(model, graph, dataset, "valid", known)
   test = evaluate(model, graph, dataset, "test", known)
   metrics = {"val_mrr": val["mrr"], **{f"test_{k}": v for k, v in test.items()}}
@@ -550,7 +559,14 @@ def main(args) -> int:
       if "val_mrr" in r:
         console.print(f"step {r['epoch']:4d}  loss {r['loss']:.4f}  val MRR {r['val_mrr']:.4f}")
 
-    result = train(dataset, config, on_epoch=on_epoch)
+    result = train(
+      dataset,
+      config,
+      on_epoch=on_epoch,
+      resume=resumer(args.resume, kind="rgcn-link", config=config, data=data),
+      save_every=args.save_every or 0,
+      on_save=(lambda r: save(args.out, r, config, data)) if args.out else None,
+    )
   m = result.metrics
   console.print(
     f"[bold]test (filtered): MRR {m['test_mrr']:.4f}, Hits@1 {m['test_hits@1']:.4f}, "
