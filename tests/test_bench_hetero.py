@@ -53,7 +53,7 @@ def test_every_pipeline_runs_and_reports_time_loss_and_edges(tiny_run):
   results, link, notes, _, _ = tiny_run
   got = _by_name(results)
   assert list(got) == list(hetero.PIPELINES)
-  ran = ["host", "host-prefetch", "host-cache", "device", "cpu"] + (["pyg"] if HAS_PYG else [])
+  ran = ["host", "host-cache", "device", "cpu"] + (["pyg"] if HAS_PYG else [])
   for name in ran:
     r = got[name]
     assert r.batch_ms is not None and r.batch_ms > 0, (name, r.note)
@@ -70,7 +70,7 @@ def test_every_pipeline_runs_and_reports_time_loss_and_edges(tiny_run):
 def test_jaxdata_pipelines_see_the_same_samples_and_train_to_the_same_losses(tiny_run):
   got = _by_name(tiny_run[0])
   host = got["host"]
-  for name in ("host-prefetch", "host-cache", "device", "cpu"):
+  for name in ("host-cache", "device", "cpu"):
     np.testing.assert_allclose(got[name].losses, host.losses, rtol=1e-5, atol=1e-6, err_msg=name)
     assert got[name].edges_per_batch == host.edges_per_batch
     if name != "host-cache":
@@ -105,8 +105,8 @@ def test_link_bound_counts_the_gathered_rows_of_the_outermost_frontier():
 
 
 def test_each_jaxdata_step_compiles_once_so_the_timed_batches_compile_nothing(tiny_run):
-  # host, host-prefetch, host-cache, device, cpu: one each (a second would be timed)
-  assert tiny_run[-1] == 5
+  # host, host-cache, device, cpu: one each (a second would be timed)
+  assert tiny_run[-1] == 4
 
 
 def test_markdown_states_command_hardware_rows_and_the_link_bound(tiny_run, tmp_path):

@@ -146,7 +146,6 @@ MISTAKES = [
   (["train", "rgcn", "--table-optimizer", "sgd"], "--table-optimizer"),
   (["train", "rgcn", "--scale", "0.001", "--batch-size", "64"], "--batch-size"),
   (["train", "rgat", "--scale", "0.001", "--cache", "0.5"], "--cache"),
-  (["train", "hgt", "--scale", "0.001", "--prefetch"], "--prefetch"),
   (["train", "hgt", "--scale", "0.001", "--device-bytes", "1GB"], "--device-bytes"),
   (["train", "sage", "--pipeline", "cpu", "--cache", "0.5"], "--cache"),
   (["eval", ""], "DIR"),

@@ -118,11 +118,9 @@ def test_two_devices_update_the_embedding_rows_of_one_devices_step():
   )
 
 
-def test_data_parallel_refuses_prefetch_and_plans():
+def test_data_parallel_refuses_plans():
   _two_devices()
   config = TrainConfig(model="hgt", hidden=16, heads=2, epochs=1, layers=1, devices=2)
-  with pytest.raises(ValueError, match="prefetch runs on one device"):
-    hetero.train(mag(), config, hetero.MinibatchConfig(fanouts=(4,), prefetch=True))
   with pytest.raises(ValueError, match="offload plan runs on one device"):
     hetero.train(mag(), config, hetero.MinibatchConfig(fanouts=(4,)), plan=())
 

@@ -8,9 +8,6 @@ what differs is where the graph and features live and who samples and gathers:
   pinned host memory; inside the jitted step the GPU samples the blocks
   (`loader.sample_blocks`, zero-copy), gathers the features (`host.gather_typed`) and runs the
   model on the blocks. This is `jaxdata train rgat|hgt --minibatch`'s step.
-- "host-prefetch": the "host" step software-pipelined: step i also samples batch i + 1 and
-  gathers its features in the same program (`train.attention.minibatch.Steps`). The same
-  samples and losses as "host"; its time against "host" is what pipelining saves.
 - "host-cache": the same, with the CACHE_FRACTION most sampled rows of each feature table in a
   device cache (`host.type_caches`, `gather_typed(..., caches)`): only the others cross PCIe.
 - "device" (all-in-GPU, jaxdata): the same step with graph and features in device memory.
@@ -71,7 +68,6 @@ QUICK = dict(scale=0.01, batches=10, warmup=2)
 CACHE_FRACTION = 0.2
 PIPELINES = {
   "host": "GPU-centric (jaxdata)",
-  "host-prefetch": "GPU-centric, next batch pipelined (jaxdata)",
   "host-cache": f"GPU-centric + {CACHE_FRACTION:.0%} device cache (jaxdata)",
   "device": "all-in-GPU (jaxdata)",
   "cpu": "CPU-centric (CPU sampling + device_put)",
@@ -155,23 +151,21 @@ def _whole_loss(offsets, row_bytes: Sequence[int], caches) -> Callable:
 def _trainer(dataset, config: TrainConfig):
   """The state of a fresh model and its Adam, and `make(loss_of)`: a jitted update
   ``step(state, i, *args) -> (state, i + 1, loss, stats)`` from
-  ``loss_of(model, i, *args) -> (loss, stats)``; with `ahead`, ``ahead(i, *args)`` is a
-  fifth output (the pipelined step's next batch). `i`, the batch counter, lives on the device
+  ``loss_of(model, i, *args) -> (loss, stats)``. `i`, the batch counter, lives on the device
   and comes back incremented, so that a step that picks its own seeds and key needs no other
   dispatch (the lesson of docs/benchmarks/minibatch_notes.md)."""
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   graphdef, state = nnx.split((model, optimizer))
 
-  def make(loss_of, ahead=None):
+  def make(loss_of):
     @functools.partial(jax.jit, donate_argnums=0)
     def step(state, i, *args):
       model, optimizer = nnx.merge(graphdef, state)
-      extra = () if ahead is None else (ahead(i, *args),)  # the next batch, made meanwhile
       (loss, stats), grads = nnx.value_and_grad(loss_of, has_aux=True)(model, i, *args)
       with jax.named_scope("optimizer"):  # a part of the step (`stages`)
         optimizer.update(model, grads)
-      return (nnx.state((model, optimizer)), i + 1, loss, stats, *extra)
+      return nnx.state((model, optimizer)), i + 1, loss, stats
 
     return step
 
@@ -193,7 +187,7 @@ def _timed(
 def _jaxdata(
   name: str, dataset, config: TrainConfig, fanouts, rows, warmup, key, on_batch
 ) -> tuple[float, list, dict]:
-  """Pipeline `name` ("host", "host-prefetch", "host-cache", "device", "cpu"): (timed seconds,
+  """Pipeline `name` ("host", "host-cache", "device", "cpu"): (timed seconds,
   (loss, edges, feature bytes) per timed batch, {"blocks", "features"}: bytes each batch moves to
   the device ("cpu"))."""
   fanouts = tuple(int(f) for f in fanouts)
@@ -217,39 +211,7 @@ def _jaxdata(
       return batch_loss(model, batch), batch_stats(batch.blocks, offsets, row_bytes)
 
     holder, moved = {"state": state}, {}
-    if name == "host-prefetch":
-      all_rows = jax.device_put(rows, gpu)
-
-      @jax.jit
-      def prepare_at(loader, all_rows, key, i):
-        seeds = jax.lax.dynamic_index_in_dim(all_rows, i, keepdims=False)
-        return loader.prepare(seeds, jax.random.fold_in(key, i))
-
-      def ahead(i, loader, all_rows, key, batch):
-        del batch
-        # the last step's next batch repeats the last row: dropped
-        return prepare_at(loader, all_rows, key, jnp.minimum(i + 1, len(rows) - 1))
-
-      def piped(model, i, loader, all_rows, key, batch):
-        del i, all_rows, key
-        batch = loader.complete(batch)
-        return batch_loss(model, batch), batch_stats(
-          batch.blocks, offsets, row_bytes, loader.caches
-        )
-
-      step = make(piped, ahead)
-
-      def run_batches(part, first):
-        out, i = [], counter(first)
-        batch = prepare_at(loader, all_rows, key, i)
-        for _ in part:
-          holder["state"], i, loss, stats, batch = step(
-            holder["state"], i, loader, all_rows, key, batch
-          )
-          out.append((loss, stats))
-          on_batch()
-        return jax.block_until_ready(out)
-    elif name in ("host", "host-cache", "device"):
+    if name in ("host", "host-cache", "device"):
       step = make(_whole_loss(offsets, row_bytes, loader.caches))
       all_rows = jax.device_put(rows, gpu)
 
@@ -314,7 +276,6 @@ def _trained(
     batch_size=batch_size,
     max_batches=batches,
     device_bytes=device_bytes if name == "host-cache" else None,
-    prefetch=name == "host-prefetch",
   )
   result = minibatch.train(
     dataset,
@@ -566,7 +527,7 @@ def run(
       continue
     try:
       with _progress(console, label, warmup + batches) as on_batch:
-        if budgeted and name in ("host", "host-prefetch", "host-cache"):
+        if budgeted and name in ("host", "host-cache"):
           seconds, out, extra = _trained(
             name, dataset, config, fanouts, batch_size, batches, device_bytes, on_batch
           )

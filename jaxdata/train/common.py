@@ -288,36 +288,6 @@ def run_epoch(
   return epoch_record(sums, t0)
 
 
-def run_pipelined_epoch(
-  prepare: Callable[[jax.Array, jax.Array], Any],
-  step: Callable[[Any, jax.Array, jax.Array], tuple],
-  rows: np.ndarray,
-  key: jax.Array,
-  on_batch: Callable[[int, int], None] | None = None,
-) -> dict:
-  """`run_epoch` for software-pipelined steps: `prepare(seeds, key)` makes batch 0, then
-  ``step(batch_i, seeds_{i+1}, key_{i+1})`` trains on batch i and returns `run_epoch`'s four
-  outputs and batch i + 1 (keys as `run_epoch` folds them). The last step's next seeds are
-  all padding (-1): it prepares an empty batch, which is dropped; every row is trained on
-  once, in order."""
-  t0 = time.perf_counter()
-  sums = []
-  if len(rows):
-    batch = prepare(jnp.asarray(rows[0]), jax.random.fold_in(key, 0))
-    empty = jnp.full(rows.shape[1:], -1, rows.dtype)
-    for i in range(len(rows)):
-      last = i + 1 == len(rows)
-      *out, batch = step(
-        batch, empty if last else jnp.asarray(rows[i + 1]), jax.random.fold_in(key, i + 1)
-      )
-      sums.append(out)
-      if on_batch is not None:
-        on_batch(i + 1, len(rows))
-      if command.stop_requested():  # the prepared next batch is dropped
-        break
-  return epoch_record(sums, t0)
-
-
 def position(history: list[dict]) -> tuple[int, int]:
   """(epoch, batch) where a run with `history` goes on: the batch after its last record's
   ("batch" of "batches_per_epoch", where the record has them), else the next epoch's first."""

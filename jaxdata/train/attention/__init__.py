@@ -455,9 +455,7 @@ def restore(path: str, meta: dict):
 
 # ----------------------------------------------------------------------------- the CLI
 #: The options that only --minibatch uses, and their defaults (`refuse_without_minibatch`).
-MINIBATCH_ONLY = dict(
-  MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0, prefetch=False, device_bytes=None
-)
+MINIBATCH_ONLY = dict(MINIBATCH_DEFAULTS, batch_size=1024, cache=0.0, device_bytes=None)
 
 
 def add_arguments(parser, model: str):
@@ -560,14 +558,6 @@ def add_arguments(parser, model: str):
     "or auto: a quarter of the feature and embedding tables; the cache "
     "gets what the dense model leaves)",
   )
-  parser.add_argument(
-    "--prefetch",
-    action=argparse.BooleanOptionalAction,
-    default=MINIBATCH_ONLY["prefetch"],
-    help="--minibatch: each step also samples the next batch and gathers its "
-    "feature rows (the same results; off by default: on the H200 it is "
-    "3.6x slower, see docs/benchmarks/hetero_notes.md)",
-  )
   add_offload_arguments(
     parser,
     planned="jaxdata.nn.layer_stack.plan: RGAT's every layer, HGT's after the first",
@@ -578,8 +568,6 @@ def add_arguments(parser, model: str):
 
 def _passes(text: str) -> tuple[str, ...]:
   """--passes: 'none', or hector pass names, comma-separated."""
-  import argparse  # pylint: disable=g-import-not-at-top
-
   if text == "none":
     return ()
   names = tuple(p.strip() for p in text.split(","))
@@ -692,11 +680,6 @@ def main(args) -> int:
       "argument --embed: full-graph training runs on one device of one "
       "process; with --devices or several processes add --minibatch"
     )
-  if not one_device and args.minibatch and args.prefetch:
-    raise command.UsageError(
-      "argument --prefetch: runs on one device of one process; "
-      "--devices and several processes train without it"
-    )
   if args.attention_model != "rgcn" and args.hidden % args.heads:
     raise command.UsageError(
       f"argument --hidden: {args.hidden} is not a multiple of --heads {args.heads}"
@@ -713,12 +696,12 @@ def main(args) -> int:
       f"{','.join(NODE_TYPES[1:])} (papers keep their features)"
     )
   check_offload_arguments(args)  # --budget sets args.offload
-  unresumable = args.offload or not one_device or (args.minibatch and (args.prefetch or args.embed))
+  unresumable = args.offload or not one_device or (args.minibatch and args.embed)
   for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
     if given and unresumable:
       raise command.UsageError(
         f"argument {flag}: for training on one device (not with an offload plan, several "
-        "devices, or --minibatch with --prefetch or --embed)"
+        "devices, or --minibatch with --embed)"
       )
   if not one_device and args.minibatch and args.offload:
     raise command.UsageError(
@@ -765,7 +748,6 @@ def main(args) -> int:
       )
     minibatch = hetero.MinibatchConfig(
       cache=args.cache,
-      prefetch=args.prefetch,
       device_bytes=None if auto else args.device_bytes,
       **options,
     )
@@ -849,7 +831,6 @@ def main(args) -> int:
       console.print(
         f"mini-batches: fanouts {minibatch.fanouts}, {minibatch.batch_size} papers "
         f"per step, graph and features in {minibatch.pipeline} memory"
-        + ("; the next batch prepared during each step (--prefetch)" if minibatch.prefetch else "")
       )
     try:
       if args.offload:

@@ -60,15 +60,11 @@ class MinibatchConfig(common.MinibatchConfig):
   "host", keep this fraction of each feature table's rows on the device; or `device_bytes`:
   the device holds at most this many bytes of dense parameters, their optimizer state and
   cached feature rows (the cache gets what the dense model leaves; every other row is read
-  from host memory). `prefetch`: software-pipelined steps, step i also samples batch i + 1
-  and gathers its feature rows in the same program (`Steps.pipelined`); the same results.
-  XLA runs it on one stream: the next batch's work can fill gaps between the model's kernels,
-  not run beside them (docs/minibatch.md)."""
+  from host memory)."""
 
   batch_size: int = 1024
   cache: float = 0.0
   device_bytes: int | None = None
-  prefetch: bool = False
 
   def __post_init__(self):
     super().__post_init__()
@@ -186,21 +182,10 @@ class Steps:
     step: ``step(model, optimizer, table_states, loader, seeds, key) -> (summed loss, correct,
       count, token of the table updates)``: samples, gathers and trains on one batch.
     body: `step` not jitted (`common.DeviceSteps` runs it with one dispatch per step).
-    prepare: ``prepare(loader, seeds, key) -> batch``: `Loader.prepare`, jitted.
-    compute: ``compute(model, optimizer, table_states, loader, batch) -> step's outputs``:
-      gathers the batch's embedding rows and trains on it (the step without its data path).
-    pipelined: ``pipelined(model, optimizer, table_states, loader, batch, seeds_next,
-      key_next) -> step's outputs + (next batch,)``: `compute` on `batch`, and the next batch
-      prepared in the same program. It computes exactly what `step` computes: the prepared
-      rows are read only, and the embedding rows are gathered inside the step, after the
-      previous step's table updates.
   """
 
   step: Callable
   body: Callable
-  prepare: Callable
-  compute: Callable
-  pipelined: Callable
 
 
 def make_steps(dense, table_opt, plan: Sequence | None = None) -> Steps:
@@ -224,19 +209,7 @@ def make_steps(dense, table_opt, plan: Sequence | None = None) -> Steps:
   def body(model, optimizer, table_states, loader, seeds, key):
     return train_on(model, optimizer, table_states, loader, loader.sample(seeds, key))
 
-  prepare = jax.jit(Loader.prepare)
-
-  @nnx.jit
-  def compute(model, optimizer, table_states, loader, batch):
-    return train_on(model, optimizer, table_states, loader, loader.complete(batch))
-
-  @nnx.jit
-  def pipelined(model, optimizer, table_states, loader, batch, seeds_next, key_next):
-    batch_next = loader.prepare(seeds_next, key_next)
-    out = train_on(model, optimizer, table_states, loader, loader.complete(batch))
-    return (*out, batch_next)
-
-  return Steps(nnx.jit(body), body, prepare, compute, pipelined)
+  return Steps(nnx.jit(body), body)
 
 
 def sharded_steps(
@@ -312,7 +285,7 @@ def train(
 
   Data parallel when `config.devices` is not 1 or the job has several processes
   (`sharded_steps`): `minibatch.batch_size` seeds per device, every device of every process
-  (`config.devices` per process; None: all); no `prefetch` and no `plan` there. Every process
+  (`config.devices` per process; None: all); no `plan` there. Every process
   evaluates on its own copy of the trained model.
 
   Each epoch's record says where in the epoch it ended ("batch" of "batches_per_epoch": fewer
@@ -320,7 +293,7 @@ def train(
   fresh model and optimizer and returns its history; training goes on from the batch after the
   last record's, with the same seed order and keys, to the parameters a run never stopped would
   have. `on_save(result)` gets the run so far every `save_every` epochs. Both: one device, no
-  `prefetch`, no `plan`, no embedding tables (their optimizer state lives in host memory).
+  `plan`, no embedding tables (their optimizer state lives in host memory).
   """
   if len(minibatch.fanouts) != config.layers:
     raise ValueError(
@@ -329,16 +302,12 @@ def train(
     )
   mesh = None
   if config.devices != 1 or jax.process_count() > 1:  # data parallel (sharded_steps)
-    if minibatch.prefetch:
-      raise ValueError("train: prefetch runs on one device of one process (devices=1)")
     if plan is not None:
       raise ValueError("train: an offload plan runs on one device of one process (devices=1)")
     mesh = common.device_mesh(config.devices, what="train")
-  if (resume is not None or save_every) and (
-    mesh is not None or minibatch.prefetch or plan is not None or config.embed
-  ):
+  if (resume is not None or save_every) and (mesh is not None or plan is not None or config.embed):
     raise ValueError(
-      "train: resume and save_every are for one device, without prefetch, a plan or embeddings"
+      "train: resume and save_every are for one device, without a plan or embeddings"
     )
   if final_evaluation is None:
     final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
@@ -446,17 +415,6 @@ def train(
       skip = first_batch if epoch == first_epoch else 0
       if sharded is not None:
         record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch), on_batch))
-      elif minibatch.prefetch:  # batch i + 1 prepared while step i computes
-        record = dict(
-          epoch=epoch,
-          **common.run_pipelined_epoch(
-            lambda s, k: steps.prepare(loader, s, k),
-            lambda b, s, k: steps.pipelined(model, optimizer, table_states, loader, b, s, k),
-            rows,
-            jax.random.fold_in(key, epoch),
-            on_batch,
-          ),
-        )
       else:
         epoch_key = jax.random.fold_in(key, epoch)
         args = (table_states, loader)
