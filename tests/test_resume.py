@@ -43,27 +43,34 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, capsys):
   assert "argument --resume: for training on one device" in capsys.readouterr().err
 
 
+def _stopped_mid_epoch_and_resumed(run, tmp_path, monkeypatch):
+  """`run` whole, then stopped at the second batch of epoch 2 (a stop request, as SIGTERM makes,
+  seen by the loops' checks after every batch and every epoch) and resumed: checks that it saved
+  where it stopped and ends with the whole run's parameters; returns (its folder, batches per
+  epoch)."""
+  whole, part = tmp_path / "whole", tmp_path / "part"
+  assert cli.main([*run, "--out", str(whole)]) == 0
+  per_epoch = json.load(open(whole / "history.json"))[0]["batches_per_epoch"]
+  assert per_epoch >= 4
+  checks = itertools.count(1)
+  monkeypatch.setattr(command, "stop_requested", lambda: next(checks) >= per_epoch + 3)
+  assert cli.main([*run, "--out", str(part)]) == 143  # saved, then "terminated"
+  monkeypatch.undo()
+  stopped = json.load(open(part / "history.json"))
+  assert [(r["epoch"], r["batch"]) for r in stopped] == [(1, per_epoch), (2, 2)]
+  assert cli.main([*run, "--resume", str(part), "--out", str(part)]) == 0
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    np.testing.assert_array_equal(a, b)
+  return part, per_epoch
+
+
 MINIBATCH = [*RUN, "--minibatch", "--fanouts", "3,3", "--batch-size", "32", "--epochs", "3"]
 
 
 def test_a_minibatch_run_stopped_mid_epoch_goes_on_from_the_next_batch(
   tmp_path, monkeypatch, capsys
 ):
-  whole, part = tmp_path / "whole", tmp_path / "part"
-  assert cli.main([*MINIBATCH, "--out", str(whole)]) == 0
-  per_epoch = json.load(open(whole / "history.json"))[0]["batches_per_epoch"]
-  assert per_epoch >= 4
-  # A stop request (as SIGTERM makes) seen at the second batch of epoch 2: the loops check
-  # after every batch and after every epoch.
-  checks = itertools.count(1)
-  monkeypatch.setattr(command, "stop_requested", lambda: next(checks) >= per_epoch + 3)
-  assert cli.main([*MINIBATCH, "--out", str(part)]) == 143  # saved, then "terminated"
-  monkeypatch.undo()
-  stopped = json.load(open(part / "history.json"))
-  assert [(r["epoch"], r["batch"]) for r in stopped] == [(1, per_epoch), (2, 2)]
-  assert cli.main([*MINIBATCH, "--resume", str(part), "--out", str(part)]) == 0
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  part, per_epoch = _stopped_mid_epoch_and_resumed(MINIBATCH, tmp_path, monkeypatch)
   resumed = json.load(open(part / "history.json"))
   assert [(r["epoch"], r["batch"]) for r in resumed[2:]] == [(2, per_epoch), (3, per_epoch)]
   capsys.readouterr()
@@ -107,20 +114,7 @@ SAGE += ["--batch-size", "64", "--fanouts", "4,4", "--epochs", "3"]
 def test_graphsage_stopped_mid_epoch_goes_on_from_the_next_batch(
   tmp_path, monkeypatch, capsys, pipeline
 ):
-  run = [*SAGE, "--pipeline", pipeline]
-  whole, part = tmp_path / "whole", tmp_path / "part"
-  assert cli.main([*run, "--out", str(whole)]) == 0
-  per_epoch = json.load(open(whole / "history.json"))[0]["batches_per_epoch"]
-  assert per_epoch >= 4
-  checks = itertools.count(1)  # as in the relational test: after every batch and every epoch
-  monkeypatch.setattr(command, "stop_requested", lambda: next(checks) >= per_epoch + 3)
-  assert cli.main([*run, "--out", str(part)]) == 143
-  monkeypatch.undo()
-  stopped = json.load(open(part / "history.json"))
-  assert [(r["epoch"], r["batch"]) for r in stopped] == [(1, per_epoch), (2, 2)]
-  assert cli.main([*run, "--resume", str(part), "--out", str(part)]) == 0
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  part, _ = _stopped_mid_epoch_and_resumed([*SAGE, "--pipeline", pipeline], tmp_path, monkeypatch)
   capsys.readouterr()
   assert cli.main([*SAGE, "--embed-dim", "4", "--resume", str(part)]) == 2
   assert "argument --resume: for one device, without --embed-dim" in capsys.readouterr().err
