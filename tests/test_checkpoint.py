@@ -608,8 +608,8 @@ def test_eval_of_a_hand_edited_configuration_is_one_line(trained, tmp_path, caps
   assert len(err.strip().splitlines()) == 1 and str(ck) in err, err
 
 
-#: Hand edits that once rebuilt another model than the one saved, without a word (session 25's
-#: checkpoint review): (kind, where, entry, new value or DROP, what the error must say).
+#: Hand edits that could rebuild another model than the one saved, without a word: (kind,
+#: where, entry, new value or DROP, what the error must say).
 DROP = object()
 SILENT_EDITS = [
   ("rgat", "config", "dtype", DROP, "lacks ['dtype']"),

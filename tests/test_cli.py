@@ -111,14 +111,14 @@ MISTAKES = [
   (["bench", "rgnn", "--formulations", "jaxdata"], "--formulations"),
   (["rok", "--write", "{tmp}/curve.png"], "--write"),
   (["train", "nosuchmodel"], "nosuchmodel"),
-  # more devices than this process sees, in every trainer (a traceback until session 14)
+  # more devices than this process sees, in every trainer
   (["train", "rgcn", "--devices", "{many}"], "--devices"),
   (["train", "rgcn", "--minibatch", "--devices", "{many}"], "--devices"),
   (["train", "rgat", "--devices", "{many}"], "--devices"),
   (["train", "hgt", "--scale", "0.001", "--minibatch", "--devices", "{many}"], "--devices"),
   (["train", "sage", "--devices", "{many}"], "--devices"),
   (["train", "gpt", "--devices", "{many}"], "--devices"),
-  # tracebacks, or misleading output, until an adversarial CLI review (session 21)
+  # found by an adversarial review of the CLI
   (["train", "sage", "--nodes", "5"], "--nodes"),
   (["train", "sage", "--seed", "99999999999999999999"], "--seed"),
   (["train", "sage", "--fanouts", "9999999999"], "--fanouts"),
@@ -140,7 +140,7 @@ MISTAKES = [
   (["train", "rgat", "--scale", "1e-6"], "--scale"),
   (["rok", "--write", "{tmp}/figure_folder.md"], "figure_folder.png"),
   (["train", "gpt", "--out", "{tmp}/own"], "--out"),
-  # options that training ignored without a word until session 26
+  # options a training run would otherwise ignore without a word
   (["train", "rgcn", "--fanouts", "5,5"], "--fanouts"),
   (["train", "rgcn", "--pipeline", "device"], "--pipeline"),
   (["train", "rgcn", "--table-optimizer", "sgd"], "--table-optimizer"),
@@ -506,7 +506,7 @@ def test_an_offload_that_outgrows_ram_is_one_line_naming_ram(tmp_path):
 
 def test_a_kernel_cache_that_cannot_be_made_is_one_line(tmp_path):
   """JAXDATA_CACHE_DIR naming a file: `info` shows why in its table, `train` stops with one line
-  (both were tracebacks until session 26)."""
+  (not a traceback)."""
   blocker = tmp_path / "a-file"
   blocker.write_text("not a folder")
   env = dict(os.environ, JAXDATA_CACHE_DIR=str(blocker))

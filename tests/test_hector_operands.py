@@ -180,7 +180,7 @@ def test_valid_rows_flag_exactly_the_rows_whose_ids_are_in_range(domain):
 
 
 def test_kernels_that_check_ids_themselves_get_no_mask_and_agree(monkeypatch):
-  """VALID_MASK = 0 (the issue-time kernels of `jaxdata bench tensor-cores`): `valid` is not
+  """VALID_MASK = 0 (the original kernels of `jaxdata bench tensor-cores`): `valid` is not
   computed (a one-byte placeholder), and RGAT's output and gradients on a graph with an id out of
   range equal those of its traversals that read the mask."""
   ga = _graph()

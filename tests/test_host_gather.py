@@ -339,7 +339,7 @@ def test_fill_values_convert_as_jnp_take_converts_them(device, dtype, fill, x64)
       return e
     got = jax.block_until_ready(host_gather(table, jnp.asarray(idx), fill_value=fill))
     # Blocked on before the table closes: a kernel still queued when it closes reads nothing
-    # (fill values; the next host call reports it), as session 14's gate saw once on the H200.
+    # (fill values; the next host call reports it), as an H200 run saw once.
     jitted = jax.block_until_ready(
       jax.jit(lambda i: host_gather(table, i, fill_value=fill))(jnp.asarray(idx))
     )

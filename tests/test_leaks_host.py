@@ -51,7 +51,7 @@ def test_table_create_gather_scatter_close_1000_times():
   scatter = jax.jit(lambda t, i, u: host_scatter_add(t, i, u))
 
   def body(k):
-    with HostTable(data + k) as t:  # the reproducer: eager calls, one table per cycle
+    with HostTable(data + k) as t:  # eager calls, one table per cycle
       eager = host_gather(t, idx)
       jitted = gather(t, idx)
       token = host_scatter_add(t, idx, upd)

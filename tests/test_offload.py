@@ -1105,7 +1105,7 @@ def test_load_bytes_cap_is_settable():
 
 
 # --------------------------------------------------------------------------------------------
-# close() while I/O is in flight (issue 20, defect 3)
+# close() while I/O is in flight
 
 
 def load_like(ticket, *, like, store, site):
@@ -1176,7 +1176,7 @@ def test_close_with_outstanding_spills_frees_their_files(device, ssd_dir):
 
 
 # --------------------------------------------------------------------------------------------
-# remat over closures (issue 20, defect 6)
+# remat over closures
 
 
 @pytest.mark.parametrize("tier", ["ram", "ssd"])
@@ -1248,7 +1248,7 @@ def test_remat_offload_of_an_nnx_module_closure_has_the_plain_gradient(
 
 
 # --------------------------------------------------------------------------------------------
-# error messages (issue 20, defect 8)
+# error messages
 
 
 def test_ram_tier_full_message_shows_sizes_and_the_limit_to_raise(device):

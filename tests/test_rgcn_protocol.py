@@ -250,7 +250,7 @@ def test_bases_flag_wires_into_the_layer_on_the_synthetic_graph(monkeypatch, tmp
 def test_an_error_caught_earlier_does_not_fail_training(device, monkeypatch, tmp_path):
   # On a GPU JAX keeps the status of each device's last effectful computation, and
   # jax.effects_barrier() raises it again, even after the caller caught it. The trainer once
-  # called it before closing its HostTable and failed with this spill's error (H200, session 11).
+  # called it before closing its HostTable and failed with this spill's error (on an H200).
   with offload.TensorStore(ram_bytes=8192) as store:
     spill = jax.jit(lambda xs: offload.spill(xs, store, site=offload.new_site(), tier="ram"))
     with pytest.raises(Exception, match="RAM tier is full"):

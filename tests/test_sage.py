@@ -114,8 +114,8 @@ def test_two_devices_average_the_gradient_over_the_global_batch_once(device):
   """With fanouts above every in-degree the samples are whole neighbourhoods, whatever the key,
   so one device and two devices with the same global batch must take the same first step:
   Adam's first moment after one step is (1 - b1) * gradient, the gradient's scale included
-  (Adam's update itself hides a constant scale: GraphSAGE summed its gradients K times over
-  until session 12 and every loss test passed)."""
+  (Adam's update itself hides a constant scale: gradients summed K times over would pass every
+  loss test)."""
   if len(jax.devices(device.platform)) < 2:
     pytest.skip("needs two devices of the platform")
   ds = powerlaw_graph(num_nodes=300, num_edges=1200, feature_dim=8, num_classes=3, seed=5)

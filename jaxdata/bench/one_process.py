@@ -1,6 +1,6 @@
 """`jaxdata bench one-process`: is a one-process jax.distributed job as fast as a plain run?
 
-Issue 17's bar for scaling out: on one device, the same training with one process of a
+The check behind scaling out: on one device, the same training with one process of a
 `jax.distributed` job (`jaxdata launch -n 1 -- train ...`: the coordination service up, the
 multi-process code paths live: sparse-optimizer copies, digest checks at the end, process-0
 checkpointing) is no slower than the plain single-process run (`jaxdata train ...`). For each
@@ -391,7 +391,7 @@ def markdown(rows: list[Row], hw: dict[str, str], *, quick: bool, repeats: int) 
   lines += [
     f"`{command_line()}` on {hw['device']} ({hw['host']}; {hw['software']}; {hw['date']}).",
     "",
-    "Issue 17: with one process and one device, `jaxdata launch -n 1 -- train ...` "
+    "With one process and one device, `jaxdata launch -n 1 -- train ...` "
     "(jax.distributed initialized, the multi-process code live) against `jaxdata train "
     "...`, the same configuration, each run a fresh subprocess, "
     f"{repeats} round(s) with the order alternating"

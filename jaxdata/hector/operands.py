@@ -143,7 +143,7 @@ def graph_operands(graph, domain: str, tiles, valid: bool = True) -> list:
       ops[op.name] = getattr(graph, field)
   ops["tiles"] = tiles(ops["rel_offsets"])
   # Not zero-length: with a u8[0] constant among a custom call's operands, XLA's CPU compiler
-  # (jax 0.11.2) crashed compiling a mini-batch step of a two-process job (session 26).
+  # (jax 0.11.2) crashes compiling a mini-batch step of a two-process job.
   ops["valid"] = valid_rows(ops, domain) if valid else np.zeros((1,), np.uint8)
   return [ops[op.name] for op in GRAPH]
 

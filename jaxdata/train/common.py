@@ -615,7 +615,7 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
 # `shard_map` with check_vma=False: hector's kernel primitive carries no varying-axis types, and
 # gradients of replicated parameters stay each device's own, so the trainers psum them once
 # (with check_vma on, JAX's transpose of the implicit pvary already sums them over the axis,
-# and a psum of its result counts them K times: GraphSAGE did that until session 12).
+# and a psum of its result would count them K times).
 
 #: The mesh axis the parts are spread over.
 MESH_AXIS = "data"
@@ -666,7 +666,7 @@ def node_rows(padded_nodes: int, nodes, values=None) -> np.ndarray:
 def psum_flat(tree, axis_name: str, *, mean: bool = False):
   """`jax.lax.psum(tree, axis_name)` (`mean`: divided by the axis size) as one all-reduce of
   one float32 vector: one collective per step, not one per leaf and dtype (on two H200s each
-  collective cost the step a host-side rendezvous, issue 18's profile). Integer leaves go through
+  collective costs the step a host-side rendezvous). Integer leaves go through
   float32 and back, exact below 2**24 (the counts of a batch)."""
   flat, unravel = ravel_pytree(tree)
   total = jax.lax.psum(flat.astype(jnp.float32), axis_name)

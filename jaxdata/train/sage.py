@@ -331,7 +331,7 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
     count = valid.sum()
     # Averages over the whole (global) batch: sums then one division. The sums travel as one
     # flat float32 vector, so a step makes one all-reduce, not one per leaf and dtype: on two
-    # H200s each collective cost the step a host-side rendezvous (issue 18's profile).
+    # H200s each collective costs the step a host-side rendezvous.
     total, correct, count, grads = psum_flat((total, correct, count, grads), "data")
     scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
     return jax.tree.map(scale, grads), jax.tree.map(scale, row_grads), total, correct, count
