@@ -149,7 +149,7 @@ def test_rgat_gradients_at_25k_edge_hubs_are_float32_exact_against_float64(devic
   in-edges)? Every gradient within 2e-5 of its largest entry of the float64 reference, on hubs
   of 2.5K and 25K in-edges among light nodes. No edge's score sits within 1e-5 of the leaky
   ReLU's kink (asserted): there float32 rounding of the score may pick the other slope, and the
-  gradient of that edge's ends jumps (.ci/probe_rgat_precision.py), whatever the formulation."""
+  gradient of that edge's ends jumps (probe_rgat_precision.py), whatever the formulation."""
   rng = np.random.default_rng(3)
   n, hubs = 4000, {0: 25_000, 1: 2_500}
   dst = np.concatenate([np.full(k, i) for i, k in hubs.items()] + [np.repeat(np.arange(2, n), 3)])

@@ -132,7 +132,7 @@ def synthetic_mag(
 
   How it is drawn (vectorised NumPy on a thread pool, chunk by chunk, each chunk with its own
   generator so that the result does not depend on the thread count; sorting and grouping in
-  native threads; scale 1 takes 7 s on 2 busy cores; see .ci/probe_mag_scale.py for larger
+  native threads; scale 1 takes 7 s on 2 busy cores; see probe_mag_scale.py for larger
   scales):
 
   - Every node of every type gets a class (equally many per class, in random order) and a rank

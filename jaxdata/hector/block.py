@@ -185,7 +185,7 @@ def expand(
   nodes1 = nodes1.at[jnp.where(new, slot, size)].set(cand, mode="drop")
   src = jnp.where(edge_valid, local[c:], 0)
   # an iota, not jnp.repeat of an arange: XLA constant-folds the repeat's gather, which at a
-  # full fanout (7.9M slots) took 122 s of compile time on the H200 (.ci/probe_full_fanout.py)
+  # full fanout (7.9M slots) took 122 s of compile time on the H200 (probe_full_fanout.py)
   dst = jax.lax.broadcasted_iota(jnp.int32, (c, f), 0).reshape(-1)
   etype = jnp.where(edge_valid, neighbour_etype.reshape(-1).astype(jnp.int32), 0)
   return nodes1, nodes1 >= 0, (src, dst, etype, edge_valid)

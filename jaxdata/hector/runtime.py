@@ -385,7 +385,7 @@ def tiles(rel_offsets: jax.Array, rows: int) -> jax.Array:
 
   Up to `TILES_ONE_SUM` relations, as one masked sum: XLA makes it one kernel where it splits
   `jnp.cumsum` into several, and each is a launch for the host on a small graph (MUTAG RGCN
-  forward on the H200: 63 -> 59 us, .ci/probe_inference.py). Integers: the same values."""
+  forward on the H200: 63 -> 59 us, probe_inference.py). Integers: the same values."""
   counts = jnp.diff(rel_offsets)
   per = (counts + rows - 1) // rows
   r = per.shape[0]

@@ -3,7 +3,7 @@
 `jaxdata.data.HeteroGraph` and `jaxdata.hector.GraphArrays` build their arrays with the
 multithreaded native code of `xla_ffi/data/graph_build.cc` (through `jaxdata.data.graph_build`).
 These are the NumPy versions they replaced, kept as the ground truth of tests (the results must
-be equal bit for bit) and as the "NumPy" column of `.ci/probe_graph_build.py`. They are simple
+be equal bit for bit) and as the "NumPy" column of `probe_graph_build.py`. They are simple
 and single-threaded; on a 64M-edge graph they take about a minute in all.
 """
 

@@ -52,7 +52,7 @@ __all__ = [
 def tile_rows(k, kind: str = "fma") -> int:
   """Edges per row tile of a CUDA GEMM or weight-gradient kernel of `math` kind `kind` (0: the
   kernel has no tiles). Read from `cuda` at each call, so that a probe setting them there
-  (.ci/probe_constants.py) moves the tiles and the kernels together."""
+  (probe_constants.py) moves the tiles and the kernels together."""
   if isinstance(k, Gemm):
     return 0 if cuda.thin(k) else cuda.GEMM_TILE_ROWS
   if isinstance(k, WeightGrad):

@@ -71,7 +71,7 @@ LOWEST = "-3.402823466e+38f"
 #: (`operands.valid_rows`: its ids checked once per call); 0: every kernel loads and checks the
 #: row's ids itself (`row_ok`, as the original kernels did). RGAT, 2M edges, dim 64, fwd+bwd on
 #: the H200 with checks and with none at all: 7.57 -> 5.17 ms at "highest", 4.56 -> 3.79 ms TF32
-#: (.ci/probe_constants.py).
+#: (probe_constants.py).
 VALID_MASK = 1
 
 
@@ -81,7 +81,7 @@ def reads_valid(k) -> bool:
   weight-gradient templates check each row's ids themselves: they visit rows in order, one
   relation's tile at a time, so the ids are a few coalesced loads, and a program of such kernels
   alone (an RGCN forward) computes no mask per call: one kernel fewer for the host to launch
-  (MUTAG RGCN forward on the H200: 63 -> 58 us, .ci/probe_inference.py). The same on every
+  (MUTAG RGCN forward on the H200: 63 -> 58 us, probe_inference.py). The same on every
   target: which operands a call passes is decided before it is lowered for one."""
   from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
 

@@ -488,12 +488,12 @@ SOFTMAX_BLOCK_DEGREE = 256
 #: benchmark's graph), heavier ones a warp, hubs the block
 SOFTMAX_GROUP = 8
 #: threads per block of the CUDA edge softmax (the lanes a hub's edges are spread over). 1024
-#: measured slower on the H200 (RGAT, 2M edges: 0.75-0.87 ms against 0.63 ms; .ci/probe_softmax.py,
-#: since .ci/probe_constants.py)
+#: measured slower on the H200 (RGAT, 2M edges: 0.75-0.87 ms against 0.63 ms; probe_softmax.py,
+#: since probe_constants.py)
 SOFTMAX_THREADS = 256
 #: blocks of one thread block cluster that walk each hub of the CUDA edge softmax together, on
 #: as many SMs (sm_90; 1: a block per hub). RGAT, 2M edges, dim 64: one 25K-edge hub on one SM
-#: took 240 of the softmax's 400 us, whatever the block's threads (.ci/probe_constants.py)
+#: took 240 of the softmax's 400 us, whatever the block's threads (probe_constants.py)
 SOFTMAX_HUB_CLUSTER = 8
 #: scores per edge (heads) the CUDA edge softmax keeps in registers (a maximum and a sum each)
 SOFTMAX_MAX_WIDTH = 64

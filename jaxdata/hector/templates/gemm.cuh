@@ -10,7 +10,7 @@
 // (the row of the edge). These and the unscaled case are template arguments, not functors:
 // nvcc compiles a functor's call inside `c ? x : y` to a branch where plain arithmetic there
 // becomes a select, and the kernels are meant to compile to the machine code that the
-// expressions written out gave (.ci/hector_sources.py --compare). Each body is the whole
+// expressions written out gave (hector_sources.py --compare). Each body is the whole
 // kernel after the operand pointers: it returns from the kernel.
 //
 // The row GEMM (`gemm_simt`): the rows of one relation in tiles of BM edges x BN output

@@ -14,7 +14,7 @@
 // per n8 tile (row 16*warp + lane/4 (+8), column 8j + 2*(lane%4) (+1)).
 //
 // Build and run (H200): nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a \
-//                         -o /tmp/probe_wgmma .ci/probe_wgmma.cu
+//                         -o /tmp/probe_wgmma probe_wgmma.cu
 //                       /tmp/probe_wgmma [edges nodes relations]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -3,7 +3,7 @@
 Times the full-size GPT step of `jaxdata rok` (keep everything) whole and forward only (the
 window in which offloaded residuals must cross PCIe), and the link itself: one 1 GiB array
 device -> pinned host and back through XLA's own transfers (no jaxdata code), and through the
-TensorStore's spill + load. Run: python3 .ci/rok_bounds.py  (about a minute on an H200).
+TensorStore's spill + load. Run: python3 rok_bounds.py  (about a minute on an H200).
 """
 
 import jax

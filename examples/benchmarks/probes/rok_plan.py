@@ -1,6 +1,6 @@
 """Measures hand-written plans on `jaxdata rok`'s full-size GPT next to keep everything.
 
-    python3 .ci/rok_plan.py "5x(offload[mlp]+in,offload[mlp]+in,offload[in]),keep[dots]" \
+    python3 rok_plan.py "5x(offload[mlp]+in,offload[mlp]+in,offload[in]),keep[dots]" \
         --spill 768MiB --load 768MiB [--budget 0.1]
 
 A plan is policy names (`jaxdata.nn.gpt_plan.policy_named`), comma-separated, `Nx(...)` repeating a

@@ -8,7 +8,7 @@ views, pairs, and the device_put of 17 arrays to the CPU device), then the same 
 NumPy formulations of `jaxdata.reference.graph` next to the native ones on a sized-down graph
 (an eighth of the edges and nodes; the NumPy versions take about a minute at full size).
 
-    python3 .ci/probe_graph_build.py [edges] [relations] [nodes]    # default 64M 500 4M
+    python3 probe_graph_build.py [edges] [relations] [nodes]    # default 64M 500 4M
 
 The bar (issue 16): from_edges + from_graph of the 64M-edge, 500-relation graph in at most 10 s
 on the 16-core GPU machine.

@@ -1,6 +1,6 @@
 """Runs the close-while-in-flight case of tests/test_adversarial_offload.py several times in this
 process (JAX_PLATFORMS picks the backend), with faulthandler on, so a crash prints every thread's
-Python stack. Usage: python3 -X faulthandler .ci/offload_close_stress.py [repeats] [rounds]"""
+Python stack. Usage: python3 -X faulthandler offload_close_stress.py [repeats] [rounds]"""
 
 import faulthandler
 import os

@@ -1,7 +1,7 @@
 """Times synthetic_mag's construction at a scale, phase by phase: drawing (nodes, samplers,
 edges, features), the sorts, HeteroGraph, HostGraph.from_hetero; and the process's peak RSS.
 
-    python3 .ci/probe_mag_scale.py 10 [threads]
+    python3 probe_mag_scale.py 10 [threads]
 """
 
 import resource

@@ -10,8 +10,8 @@ every kernel of ``layer.sources(graph, "cuda", ...)`` (GEMMs, weight gradients, 
 softmaxes, relation sums), forward and backward. Tensor-core instances are generated
 (JAXDATA_HECTOR_TENSOR_CORES=1) unless ``--no-tensor-cores``.
 
-    python3 .ci/hector_sources.py DIR [--full] [--no-tensor-cores]
-    python3 .ci/hector_sources.py --compare BEFORE AFTER [--arch 90] [--jobs 2]
+    python3 hector_sources.py DIR [--full] [--no-tensor-cores]
+    python3 hector_sources.py --compare BEFORE AFTER [--arch 90] [--jobs 2]
 
 The dump writes DIR/<layer>-<config>-<passes>-<i>.cu, one file per kernel instance. ``--compare``
 reports the byte-identical files, and compiles each differing pair (each distinct source once) with

@@ -1,6 +1,6 @@
 """Issue 19, small graphs: what one RGCN forward costs on the host, and what each lever buys.
 
-Usage (GPU machine, after `bash .ci/gpu build`): python3 .ci/probe_inference.py [graph ...]
+Usage (GPU machine, after `bash .ci/gpu build`): python3 probe_inference.py [graph ...]
 (default: aifb mutag; the archives from $JAXDATA_DATA_DIR)
 
 On AIFB and MUTAG a forward of jaxdata's RGCN (dim 32, precision "default") takes 70-100 us

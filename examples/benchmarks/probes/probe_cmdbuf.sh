@@ -7,7 +7,7 @@
 #            graphs, as before jaxdata_hector_launch was command-buffer compatible)
 #   default: XLA's defaults (CUSTOM_CALL included, a graph needs 5 commands)
 #   min1:    the defaults with --xla_gpu_graph_min_graph_size=1
-# Usage: bash .ci/probe_cmdbuf.sh [dispatch] [rgcn] [rgat]   (default: all three)
+# Usage: bash probe_cmdbuf.sh [dispatch] [rgcn] [rgat]   (default: all three)
 set -uo pipefail
 OUT=${OUT:-/tmp/jaxdata-gpu-out}
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -21,15 +21,15 @@ declare -A FLAGS=(
 rows() { grep -E '^\| (aifb|mutag) \| 32 \| (jaxdata|PyG|per-edge|transform)' "$1" | cut -d'|' -f2-6,11; }
 # the first run of a tensor-core instance tunes its tilings (outside the graphs); later
 # processes read the recorded choice, so every variant below runs the same kernels
-python3 .ci/probe_dispatch.py aifb 32 >/dev/null 2>&1
-python3 .ci/probe_dispatch.py mutag 32 >/dev/null 2>&1
+python3 probe_dispatch.py aifb 32 >/dev/null 2>&1
+python3 probe_dispatch.py mutag 32 >/dev/null 2>&1
 for stage in ${*:-dispatch rgcn rgat}; do
   for v in split default min1; do
     echo "=== $stage, XLA_FLAGS=${FLAGS[$v]:-(none)} ($v)"
     case $stage in
       dispatch)
         for g in aifb mutag; do
-          XLA_FLAGS="${FLAGS[$v]}" timeout 120 python3 .ci/probe_dispatch.py $g 32 2>&1 | grep -v Warning
+          XLA_FLAGS="${FLAGS[$v]}" timeout 120 python3 probe_dispatch.py $g 32 2>&1 | grep -v Warning
         done ;;
       rgcn)
         XLA_FLAGS="${FLAGS[$v]}" timeout 200 jaxdata bench rgnn --mode inference --model rgcn \

@@ -3,7 +3,7 @@ with one part (jaxdata.train.rgcn.partitioned, K = 1), steady epoch times and lo
 
 `jaxdata train rgcn --devices 1` in one process takes the single-device path; this measures
 what the partitioned code would cost there (shard_map over one device, the padding node,
-the slices). Usage: python3 .ci/probe_fullgraph_overhead.py [aifb.tgz] [epochs]
+the slices). Usage: python3 probe_fullgraph_overhead.py [aifb.tgz] [epochs]
 """
 
 import dataclasses

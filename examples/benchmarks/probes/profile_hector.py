@@ -2,7 +2,7 @@
 
 Usage (on the GPU machine, after `bash .ci/gpu build`):
   ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
-      python3 .ci/profile_hector.py rgcn mutag 64
+      python3 profile_hector.py rgcn mutag 64
 
 Compiles and warms the step of `jaxdata bench rgnn` (or `--model rgat|hgt`) for one graph and
 dim, then runs it once between cuProfilerStart and cuProfilerStop, so ncu sees exactly one

@@ -8,7 +8,7 @@ times each stage of the second hop on its own (each jitted, compiled, then run `
 times): the typed neighbour draw, `expand` (the frontier's dedup: a stable argsort and a
 cummax), `block_graph` (lexsorts, argsorts, searchsorted, cumsums), for fanouts (683, F).
 
-    python3 .ci/probe_full_fanout.py [--fanouts 20,683] [--runs 1]
+    python3 probe_full_fanout.py [--fanouts 20,683] [--runs 1]
 """
 
 import argparse

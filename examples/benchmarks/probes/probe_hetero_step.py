@@ -3,7 +3,7 @@ step and its HLO op name: what `jaxdata bench hetero --breakdown` sums per part,
 
 On synthetic_mag (default scale 1, as `jaxdata bench hetero`), fanouts 10,10, 1024 seeds.
 
-    python3 .ci/probe_hetero_step.py [scale] [top]
+    python3 probe_hetero_step.py [scale] [top]
 """
 
 import collections

@@ -4,8 +4,8 @@ step timed with JAXDATA_HECTOR_AUTOTUNE=0 (every tensor-core kernel in its defau
 median time the launcher measured for each and the one it chose.
 
 Usage (on the GPU machine, after `bash .ci/gpu build`):
-  python3 .ci/probe_tuning.py CASES
-CASES: model:graph:dim:dtype[:precision], comma-separated (as .ci/probe_constants.py).
+  python3 probe_tuning.py CASES
+CASES: model:graph:dim:dtype[:precision], comma-separated (as probe_constants.py).
 Choice files already in the cache are deleted first, so every kernel is tuned in this run.
 """
 

@@ -1,6 +1,6 @@
 """Where a small graph's inference time goes: the device's kernels or JAX's dispatch.
 
-Usage (GPU machine, after `bash .ci/gpu build`): python3 .ci/probe_dispatch.py [graph [dim]]
+Usage (GPU machine, after `bash .ci/gpu build`): python3 probe_dispatch.py [graph [dim]]
 
 Times, as `jaxdata bench rgnn --mode inference` does (20 calls queued back to back, waited for
 once; the median of rounds), jaxdata's RGCN forward at precision "default" on the graph

@@ -6,7 +6,7 @@
 //   vmm        cuMemCreate on CU_MEM_LOCATION_TYPE_HOST_NUMA, mapped with cuMemMap at the
 //              allocation granularity the driver reports (printed), read/write from the device.
 // Build and run on the GPU machine:
-//   nvcc -O3 -arch=sm_90 -o /tmp/probe .ci/probe_host_pages.cu -lcuda && /tmp/probe 16 512
+//   nvcc -O3 -arch=sm_90 -o /tmp/probe probe_host_pages.cu -lcuda && /tmp/probe 16 512
 // (table GiB, row bytes). Prints GB/s of gathered rows, unsorted and sorted indices, and of a
 // plain cudaMemcpy from pinned memory for scale.
 #include <cuda.h>

@@ -36,9 +36,9 @@ nodes, 2M edges, 535 relations; `--nodes/--edges/--relations` shrink it); "hubs"
 hand-made graph: light nodes with a few random in-edges each, plus one hub per
 `--hub-degrees` entry (random sources and relations).
 
-    python3 .ci/probe_rgat_precision.py                       # the bench's graph (~2 min, CPU)
-    python3 .ci/probe_rgat_precision.py --graph hubs --hub-degrees 100,1000,10000,25000
-    python3 .ci/probe_rgat_precision.py --reference transform-all-then-gather   # on an H200
+    python3 probe_rgat_precision.py                       # the bench's graph (~2 min, CPU)
+    python3 probe_rgat_precision.py --graph hubs --hub-degrees 100,1000,10000,25000
+    python3 probe_rgat_precision.py --reference transform-all-then-gather   # on an H200
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Times the all-in-GPU and GPU-centric steps on one and two devices (a 1M-node gra
 profiles a few two-device steps with JAX's profiler and prints, per GPU and stream, the kernels
 that take the time and the gaps between them, and on the host how long each dispatch takes.
 
-    python3 .ci/probe_sage_overhead.py [steps]
+    python3 probe_sage_overhead.py [steps]
 """
 
 import collections

@@ -6,8 +6,8 @@ in one process: each setting's kernels differ in source, so they compile anew. A
 jaxdata.hector.codegen.cuda is looked up in jaxdata.hector.codegen.common (DOT_ALIGN).
 
 Usage (on the GPU machine, after `bash .ci/gpu build`):
-  python3 .ci/probe_constants.py CASES NAME=v1,v2,... [NAME=...] [--profile]
-CASES: model:graph:dim:dtype[:precision], comma-separated (the cases of .ci/profile_hector.py;
+  python3 probe_constants.py CASES NAME=v1,v2,... [NAME=...] [--profile]
+CASES: model:graph:dim:dtype[:precision], comma-separated (the cases of profile_hector.py;
 precision "default" unless given). Settings are the cartesian product of the NAME lists, the
 first value of each being the baseline row. With --profile, one forward per setting runs between
 cuProfilerStart and cuProfilerStop (run under ncu --profile-from-start off).
