@@ -61,6 +61,10 @@ Planner = Callable[[GPT, tuple[int, int]], LayerPlan]
 MULTI_PROCESS = True
 
 
+#: The default peak learning rate up to hidden `BASE_WIDTH` (`GPTTrainConfig.peak_learning_rate`).
+BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTTrainConfig:
   """What `train` does: the model, the data, the optimizer (AdamW, warmup then cosine decay).
@@ -76,7 +80,7 @@ class GPTTrainConfig:
   batch: int = 8
   vocab: int = 256
   steps: int = 200
-  learning_rate: float = 3e-3
+  learning_rate: float | None = None  # peak; None: `BASE_LEARNING_RATE` scaled to the width
   warmup: int = 20
   weight_decay: float = 0.01
   seed: int = 0
@@ -97,6 +101,16 @@ class GPTTrainConfig:
       raise ValueError(f"GPTTrainConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
     self.model_config()  # validates the shape
 
+  @property
+  def peak_learning_rate(self) -> float:
+    """`learning_rate`, or by default `BASE_LEARNING_RATE` at hidden `BASE_WIDTH` and below,
+    times BASE_WIDTH / hidden above it: Adam's steps move every weight by about the learning
+    rate, so a wider layer's output moves in proportion to its width (3e-3 at hidden 4096 sent
+    the loss of a 16-layer GPT from 9.9 to 13.7 in 10 steps)."""
+    if self.learning_rate is not None:
+      return self.learning_rate
+    return BASE_LEARNING_RATE * min(1.0, BASE_WIDTH / self.hidden)
+
   def model_config(self) -> GPTConfig:
     return GPTConfig(
       vocab=self.vocab,
@@ -110,12 +124,13 @@ class GPTTrainConfig:
 
 
 def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
+  peak = config.peak_learning_rate
   schedule = optax.warmup_cosine_decay_schedule(
     0.0,
-    config.learning_rate,
+    peak,
     warmup_steps=min(config.warmup, config.steps // 2),
     decay_steps=config.steps + 1,
-    end_value=config.learning_rate / 10,
+    end_value=peak / 10,
   )
   return optax.chain(
     optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay)
@@ -382,7 +397,11 @@ def add_arguments(parser):
   parser.add_argument("--vocab", type=command.integer(2), default=d.vocab, help="vocabulary")
   parser.add_argument("--steps", type=command.positive_int, default=d.steps, help="training steps")
   parser.add_argument(
-    "--lr", type=command.positive_float, default=d.learning_rate, help="peak learning rate"
+    "--lr",
+    type=command.positive_float,
+    default=d.learning_rate,
+    help=f"peak learning rate (default: {BASE_LEARNING_RATE:g} up to hidden {BASE_WIDTH}, "
+    f"times {BASE_WIDTH} / hidden above)",
   )
   parser.add_argument("--seed", type=command.seed, default=d.seed, help="seed of data and model")
   parser.add_argument(
