@@ -13,6 +13,7 @@ unit, as most memory-sizing flags (and ``ulimit``) read it.
 from __future__ import annotations
 
 import math
+import os
 import re
 
 _BINARY = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -55,3 +56,16 @@ def format_bytes(n: int) -> str:
       value = n / size
       return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
   return f"{n} B"
+
+
+def available_memory() -> int:
+  """Bytes of host memory available to a new allocation now: Linux's MemAvailable (free memory
+  plus what the page cache would give back), else the free physical pages."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

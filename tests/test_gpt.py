@@ -658,3 +658,46 @@ def test_the_default_learning_rate_is_scaled_to_the_width_and_trains_a_wide_mode
   fixed = train(GPTTrainConfig(**wide, learning_rate=3e-3)).metrics
   assert scaled["final_loss"] < scaled["start_loss"] - 0.3
   assert fixed["final_loss"] > fixed["start_loss"] > scaled["final_loss"]
+
+
+def test_the_ram_tier_is_sized_for_the_plan(monkeypatch, capsys):
+  """Without --ram the store's RAM tier grows to what the plan offloads in a step (here from a
+  planning store of 4 KiB), and the run equals the plain one; --ram is an upper bound, and a
+  plan the host cannot hold is a one-line error; the bytes a plan offloads are the RAM tier's
+  peak in a step."""
+  import argparse
+
+  from jaxdata.command import UsageError
+  from jaxdata.nn.gpt_plan import offloaded_bytes, policy_named
+  from jaxdata.offload import TensorStore
+  from jaxdata.train import gpt as train_gpt
+
+  parser = argparse.ArgumentParser()
+  train_gpt.add_arguments(parser)
+  common = "--layers 2 --hidden 64 --heads 4 --seq 64 --vocab 32 --batch-size 8 --steps 3".split()
+  common += ["--log-every", "1"]
+  assert train_gpt.main(parser.parse_args(common)) == 0
+  is_step = lambda l: l.split()[:1] == ["step"] and l.split()[2:3] == ["loss"]  # noqa: E731
+  losses = lambda out: [float(l.split()[3]) for l in out.splitlines() if is_step(l)]  # noqa: E731
+  plain = losses(capsys.readouterr().out)
+  monkeypatch.setattr(train_gpt, "PLANNING_RAM", 4096)
+  offload = common + ["--offload", "--plan", "offload[attn]+in"]
+  assert train_gpt.main(parser.parse_args(offload)) == 0
+  out = capsys.readouterr().out
+  assert "offload store:" in out and "RAM tier" in out and "SSD" not in out, out
+  np.testing.assert_allclose(losses(out), plain, rtol=1e-5)
+  with pytest.raises(UsageError, match=r"argument --ram: the plan offloads .* more than --ram 4"):
+    train_gpt.main(parser.parse_args(offload + ["--ram", "4KiB"]))
+  monkeypatch.setattr(train_gpt, "available_memory", lambda: 1 << 20)
+  with pytest.raises(UsageError, match=r"argument --budget: the plan offloads .* host memory"):
+    train_gpt.main(parser.parse_args(offload))
+  # The count against the store: one forward of the plan spills exactly that much.
+  cfg = GPTConfig(vocab=32, layers=2, hidden=64, heads=4, seq=64, dtype=jnp.float32)
+  model = GPT(cfg, rngs=nnx.Rngs(0))
+  tokens = jnp.zeros((8, 65), jnp.int32)
+  with TensorStore(ram_bytes="64MiB") as store:
+    plan = [policy_named("offload[attn]+in", store)] * cfg.layers
+    jax.block_until_ready(nnx.jit(nnx.grad(lambda m: m.loss(tokens, plan)))(model))
+    need, stats = offloaded_bytes(model, (8, cfg.seq), plan, store), store.stats()
+    # each spill rounds up to the arena's 256-byte alignment
+    assert 0 < need <= stats["ram_peak"] <= need + 256 * stats["spills"]

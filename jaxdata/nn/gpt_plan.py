@@ -10,6 +10,7 @@ function under the inner policies it is given. This module gives it GPT's block 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -81,3 +82,18 @@ def plan_for_model(
       flush=True,
     )
   return list(best.policies)
+
+
+def offloaded_bytes(
+  model, batch_shape: tuple[int, int], plan: Sequence[Policy], store: TensorStore
+) -> int:
+  """The bytes one step of `plan` over `model` on one device's `batch_shape` moves to the
+  store, all of them held there at once (every layer's forward spills before the first
+  backward loads): what its RAM tier must hold. From the traced residuals of each policy
+  (`planner.choices(..., measure=False)`: nothing compiled or run)."""
+  blk = block_fn(model, batch_shape)
+  sized = planner.choices(
+    blk.apply, (blk.layer(0), blk.x), store, candidates(), carry=1, measure=False
+  )
+  moved = {str(c.policy): c.offload_bytes for c in sized}
+  return sum(moved.get(str(p), 0) for p in plan)

@@ -503,7 +503,8 @@ def add_offload_arguments(parser, *, planned: str, policies: str, per_device: st
     type=command.size,
     default=None,
     help="--offload: pinned host RAM for offloaded activations, per process "
-    "(shared by its devices), e.g. 8G (default: the TensorStore's)",
+    "(shared by its devices), e.g. 8G; train gpt sizes it for its plan, up to this "
+    "(default: what the plan needs); the other trainers take it as given (default 1 GiB)",
   )
   parser.add_argument(
     "--ssd-dir",

@@ -20,6 +20,7 @@ global batch, to float rounding. A plan is made for one device's share (`batch /
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -37,7 +38,9 @@ from jaxdata import command, distributed
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
 from jaxdata.offload.stack import segments
+from jaxdata.offload.store import TensorStore
 from jaxdata.offload.store import summary as store_summary
+from jaxdata.sizes import available_memory, format_bytes
 from jaxdata.train.common import (
   TrainResult,
   add_offload_arguments,
@@ -435,6 +438,52 @@ def add_arguments(parser):
   add_resume_arguments(parser, unit="steps")
 
 
+#: The RAM tier a planning store opens with when --ram is not given; `_sized_store` sizes the
+#: training store for the plan.
+PLANNING_RAM = 1 << 30
+#: The share of the host's available memory a RAM tier sized for a plan may take.
+HOST_SHARE = 0.8
+
+
+def _sized_store(plan, model, batch_shape, args, stores, final: list, console) -> list:
+  """`plan` over a store whose RAM tier holds what it offloads in a step (`final[-1]`, the
+  store the plan's policies use). --ram is an upper bound: a plan that offloads more than it
+  holds needs --ssd-dir for the rest (UsageError otherwise). Without --ram the tier is as large
+  as the plan needs, if the host has that much available (`HOST_SHARE` of it; UsageError
+  otherwise, or the rest to --ssd-dir): a larger store opens in `stores` and the policies are
+  rebuilt over it by name."""
+  from jaxdata.nn.gpt_plan import offloaded_bytes, policy_named  # pylint: disable=g-import-not-at-top
+
+  store = final[-1]
+  devices = len(jax.local_devices()) if args.devices in (None, 0) else args.devices
+  need = offloaded_bytes(model, batch_shape, plan, store) * devices
+  if need <= store.ram_bytes or (args.ssd_dir and args.ram is not None):
+    return list(plan)
+  ask = f"the plan offloads {format_bytes(need)} per step in this process ({devices} device(s))"
+  if args.ram is not None:
+    raise command.UsageError(
+      f"argument --ram: {ask}, more than --ram {format_bytes(args.ram)} holds: give a larger "
+      "--ram, --ssd-dir for the rest, or a larger --budget"
+    )
+  room = int(HOST_SHARE * available_memory())
+  size = need + need // 16 + (64 << 20)  # each spill rounds up to the arena's alignment
+  if size > room and not args.ssd_dir:
+    raise command.UsageError(
+      f"argument --budget: {ask}, more than {format_bytes(room)} ({HOST_SHARE:.0%} of the host "
+      "memory available now) can hold: a larger --budget keeps more on the device, or give "
+      "--ssd-dir for what RAM cannot hold"
+    )
+  size = min(size, room)
+  console.print(
+    f"offload store: {format_bytes(size)} of pinned RAM for {format_bytes(need)} per step"
+  )
+  bigger = stores.enter_context(
+    TensorStore(ram_bytes=size, ssd_dir=args.ssd_dir, device_bytes=store.device_bytes)
+  )
+  final.append(bigger)
+  return [policy_named(str(p), bigger) for p in plan]
+
+
 def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   """Process 0's plan (and its store's spill cap), in every process: each process holds its
   own TensorStore, so the policies are rebuilt over it from their names. With one process,
@@ -534,13 +583,12 @@ def main(args) -> int:
 
   if args.offload:
     from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top
-    from jaxdata.offload import TensorStore  # pylint: disable=g-import-not-at-top
 
-    store_args = {
-      k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir)) if v is not None
-    }
-    with TensorStore(**store_args) as store:
-      probed = {}
+    # Planning probes the store; its RAM tier is sized for the plan afterwards (`_sized_store`).
+    ram = PLANNING_RAM if args.ram is None else args.ram
+    with contextlib.ExitStack() as stores:
+      stores.enter_context(store := TensorStore(ram_bytes=ram, ssd_dir=args.ssd_dir))
+      probed, final = {}, [store]
       if args.plan == "auto":
 
         def planner(model, batch_shape):  # process 0 plans for one device's share
@@ -559,16 +607,20 @@ def main(args) -> int:
             markup=False,
           )
           probed.update(store.stats())  # the planner's bandwidth probe spilled too
-          return plan
+          return _sized_store(plan, model, batch_shape, args, stores, final, console)
       else:
         try:
           policy = policy_named(args.plan, store)
         except ValueError as e:
           raise command.UsageError(f"argument --plan: {e}") from None
-        planner = [policy] * config.layers
+
+        def planner(model, batch_shape):
+          plan = [policy] * config.layers
+          return _sized_store(plan, model, batch_shape, args, stores, final, console)
+
       result = run(planner)
       console.print(
-        store_summary(store.stats(), probed)
+        store_summary(final[-1].stats(), probed)
         + (" (process 0's store)" if jax.process_count() > 1 else ""),
         markup=False,
       )
