@@ -15,6 +15,7 @@ import pytest
 
 from jaxdata import cli
 from jaxdata.data import HeteroData, read, read_edge_lists, read_ogb
+from jaxdata.loader import Loader
 from jaxdata.train import attention
 
 TYPES = {"author": 40, "paper": 200, "venue": 4}  # the classified type, paper, comes second
@@ -208,7 +209,7 @@ def test_mistakes_name_the_argument_and_type():
 
 def test_the_loader_reads_the_container():
   data = user_data()
-  with data.loader((3, 3)) as loader:
+  with Loader.from_data(data, (3, 3)) as loader:
     seeds = loader.global_ids({"paper": [0, 5]})
     batch = jax.jit(type(loader).sample)(loader, seeds.astype(np.int32), jax.random.key(0))
     assert batch.labels.tolist() == data.y_dict["paper"][[0, 5]].tolist()

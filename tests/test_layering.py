@@ -1,6 +1,7 @@
-"""Dependencies point one way (DESIGN.md): apps (cli, command, train, bench) -> models (nn) ->
-libraries (host, hector, offload) -> ground (data, reference, _ffi, sizes, timing). Every import in
-a module, at top level or inside a function, is checked against its layer."""
+"""Dependencies point one way (DESIGN.md): apps (cli, command, distributed, launch, train,
+bench) -> models (nn) -> libraries (host, hector, offload, loader) -> ground (data, reference,
+_ffi, placement, sizes, timing). Every import in a module, at top level or inside a function, is
+checked against its layer; the checks are run on planted violations too, so they can fail."""
 
 import ast
 import pathlib
@@ -8,10 +9,24 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxdata"
-APPS = ("jaxdata.cli", "jaxdata.command", "jaxdata.train", "jaxdata.bench")
+APPS = (
+  "jaxdata.cli",
+  "jaxdata.command",
+  "jaxdata.distributed",
+  "jaxdata.launch",
+  "jaxdata.train",
+  "jaxdata.bench",
+)
 MODELS = ("jaxdata.nn",)
-LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload")
-GROUND = ("jaxdata.data", "jaxdata.reference", "jaxdata._ffi", "jaxdata.sizes", "jaxdata.timing")
+LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload", "jaxdata.loader")
+GROUND = (
+  "jaxdata.data",
+  "jaxdata.reference",
+  "jaxdata._ffi",
+  "jaxdata.placement",
+  "jaxdata.sizes",
+  "jaxdata.timing",
+)
 #: What each layer may not import.
 FORBIDDEN = {MODELS: APPS, LIBRARIES: APPS + MODELS, GROUND: APPS + MODELS + LIBRARIES}
 
@@ -21,9 +36,11 @@ def _module_name(path: pathlib.Path) -> str:
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: pathlib.Path) -> list[tuple[int, str]]:
-  """(line, module) for every import in the file; relative imports resolved."""
-  package = _module_name(path).rsplit(".", 0 if path.name == "__init__.py" else 1)[0]
+def _imports(path: pathlib.Path, name: str | None = None) -> list[tuple[int, str]]:
+  """(line, module) for every import in the file (module `name`, by default its own);
+  relative imports resolved."""
+  name = _module_name(path) if name is None else name
+  package = name.rsplit(".", 0 if path.name == "__init__.py" else 1)[0]
   found = []
   for node in ast.walk(ast.parse(path.read_text(), str(path))):
     if isinstance(node, ast.Import):
@@ -50,16 +67,41 @@ def _layer_modules():
         yield pytest.param(path, forbidden, id=name)
 
 
+def upward(path: pathlib.Path, forbidden: tuple[str, ...], name: str | None = None) -> list[str]:
+  """The imports of the file at `path` (module `name`) from the layers `forbidden`."""
+  found = _imports(path, name)
+  return sorted({f"line {line}: {mod}" for line, mod in found if _within(mod, forbidden)})
+
+
+def strays(names) -> list[str]:
+  """The module names outside every layer (the package itself, "jaxdata", has none)."""
+  every = APPS + MODELS + LIBRARIES + GROUND
+  return [n for n in names if n != "jaxdata" and not _within(n, every)]
+
+
 @pytest.mark.parametrize("path,forbidden", list(_layer_modules()))
 def test_module_imports_only_from_its_layer_and_below(path, forbidden):
-  wrong = sorted({f"line {line}: {mod}" for line, mod in _imports(path) if _within(mod, forbidden)})
+  wrong = upward(path, forbidden)
   assert not wrong, f"{path.relative_to(PACKAGE.parent)} imports upward: {wrong}"
 
 
 def test_every_module_has_a_layer():
-  every = APPS + MODELS + LIBRARIES + GROUND + ("jaxdata",)
-  stray = [_module_name(p) for p in PACKAGE.rglob("*.py") if not _within(_module_name(p), every)]
+  stray = strays(_module_name(p) for p in PACKAGE.rglob("*.py"))
   assert not stray, f"modules outside every layer (add them to one): {stray}"
+
+
+def test_the_checks_fail_on_planted_violations(tmp_path):
+  """A library importing a trainer inside a function, a model importing the CLI through a
+  relative import, and modules outside every layer are each found."""
+  lib = tmp_path / "lib.py"
+  lib.write_text("def f():\n  from jaxdata.train import sage\n  return sage\n")
+  wrong = upward(lib, FORBIDDEN[LIBRARIES], "jaxdata.host.planted")
+  assert wrong == ["line 2: jaxdata.train", "line 2: jaxdata.train.sage"]
+  model = tmp_path / "model.py"
+  model.write_text("import numpy\nfrom .. import cli\n")
+  assert upward(model, FORBIDDEN[MODELS], "jaxdata.nn.planted") == ["line 2: jaxdata.cli"]
+  names = ["jaxdata", "jaxdata.nn.gpt", "jaxdata.experimental", "jaxdata.loaders"]
+  assert strays(names) == ["jaxdata.experimental", "jaxdata.loaders"]
 
 
 def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():

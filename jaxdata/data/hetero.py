@@ -4,7 +4,8 @@ In the spirit of PyG's `HeteroData`: edges per ``(src_type, relation, dst_type)`
 to their node type, and per node type its arrays — features ``"x"``, integer labels ``"y"``
 (negative: none), split masks ``"train_mask"``, ``"val_mask"``, ``"test_mask"``, and anything
 else a user keeps with the nodes. Everything jaxdata builds for training derives from it: the
-typed graph (`graph`), the mini-batch loader (`loader`), the trainers' dataset (`to_dataset`).
+typed graph (`graph`), the trainers' dataset (`to_dataset`) and the mini-batch loader
+(`jaxdata.loader.Loader.from_data`).
 It converts losslessly to and from PyG's `HeteroData` (`to_pyg`, `from_pyg`), DGL-style dicts
 (`to_dgl_dict`, `from_dgl_dict`) and a `jraph.GraphsTuple` (`to_jraph`, `from_jraph`).
 
@@ -23,7 +24,7 @@ Arrays stay as given where they can (a memory-mapped ``.npy`` stays on disk unti
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -254,18 +255,6 @@ class HeteroData:
       {k: (v[0], v[1]) for k, v in self.edges.items()},
       {t: self.num_nodes[t] for t in order},
       add_inverse=add_inverse,
-    )
-
-  def loader(self, fanouts: Sequence[int], **kwargs: Any):
-    """A `jaxdata.loader.Loader` over this graph, its features and labels (`kwargs`: the
-    loader's other arguments, such as ``embeddings`` for types without features)."""
-    from jaxdata.loader import Loader  # pylint: disable=g-import-not-at-top  (above data)
-
-    kwargs.setdefault("features", self.x_dict)
-    kwargs.setdefault("labels", self.y_dict)
-    add_inverse = kwargs.pop("add_inverse", True)
-    return Loader(
-      self.graph(add_inverse=add_inverse), fanouts=fanouts, num_nodes=self.num_nodes, **kwargs
     )
 
   def to_dataset(self, target: str, *, name: str = "data", add_inverse: bool = True):

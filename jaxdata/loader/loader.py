@@ -35,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxdata import distributed
+from jaxdata import placement
 from jaxdata.data.graph import HeteroGraph
+from jaxdata.data.hetero import HeteroData
 from jaxdata.host.graph import HostGraph
 from jaxdata.host.sample import Blocks, DeviceGraph, sample_neighbors
 from jaxdata.host.table import HostTable
@@ -207,6 +208,16 @@ class Loader:
     except BaseException:
       self.close()
       raise
+
+  @classmethod
+  def from_data(cls, data: HeteroData, fanouts: Sequence[int], **kwargs: Any) -> Loader:
+    """A loader over a `jaxdata.data.HeteroData`: its graph (with reverse edges unless
+    ``add_inverse=False``), its features and labels by node type (`kwargs`: the other
+    arguments, such as ``embeddings`` for types without features)."""
+    kwargs.setdefault("features", data.x_dict)
+    kwargs.setdefault("labels", data.y_dict)
+    graph = data.graph(add_inverse=kwargs.pop("add_inverse", True))
+    return cls(graph, fanouts=fanouts, num_nodes=data.num_nodes, **kwargs)
 
   def _build(
     self, graph, num_nodes, add_inverse, features, embeddings, labels, fanouts, norm, seed, tree
@@ -627,11 +638,11 @@ class BatchIterator(Iterator[Batch]):
       body = jax.shard_map(
         per_device, mesh=mesh, in_specs=(P(), P(axis), P()), out_specs=P(axis), check_vma=False
       )
-      self.loader = distributed.put(loader, whole)
+      self.loader = placement.put(loader, whole)
       self._prepare = jax.jit(body)
       self._place = lambda seeds, key: (  # noqa: E731
-        distributed.put(seeds, split),
-        distributed.put(key, whole),
+        placement.put(seeds, split),
+        placement.put(key, whole),
       )
     self._epoch, self._index = 0, 0
     self._ahead: collections.deque = collections.deque()  # ((epoch, index), batch)
