@@ -23,13 +23,24 @@ def _params(path):
   return jax.tree.leaves(nnx.state(jaxdata.load_model(str(path)).model, nnx.Param))
 
 
+def _same_params(whole, part):
+  """The two checkpoints' parameters: equal bit for bit on the CPU. On a GPU the scatters'
+  atomics add in another order each run, so two runs agree to float32 rounding (about 1e-7
+  here), far inside what a wrong resume moves (a learning-rate step, 1e-3 or more)."""
+  exact = jax.default_backend() == "cpu"
+  for a, b in zip(_params(whole), _params(part), strict=True):
+    if exact:
+      np.testing.assert_array_equal(a, b)
+    else:
+      np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path, capsys):
   whole, part = tmp_path / "whole", tmp_path / "part"
   assert cli.main([*RUN, "--epochs", "6", "--out", str(whole)]) == 0
   assert cli.main([*RUN, "--epochs", "3", "--out", str(part)]) == 0
   assert cli.main([*RUN, "--epochs", "6", "--resume", str(part), "--out", str(part)]) == 0
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  _same_params(whole, part)
   history = json.load(open(part / "history.json"))
   assert [r["epoch"] for r in history] == list(range(1, 7))
   capsys.readouterr()
@@ -59,8 +70,7 @@ def _stopped_mid_epoch_and_resumed(run, tmp_path, monkeypatch):
   stopped = json.load(open(part / "history.json"))
   assert [(r["epoch"], r["batch"]) for r in stopped] == [(1, per_epoch), (2, 2)]
   assert cli.main([*run, "--resume", str(part), "--out", str(part)]) == 0
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  _same_params(whole, part)
   return part, per_epoch
 
 
@@ -96,8 +106,7 @@ def test_the_main_job_resumes_too(tmp_path, capsys):
   assert cli.main([*ENTITY, "--epochs", "6", "--out", str(whole)]) == 0
   assert cli.main([*ENTITY, "--epochs", "3", "--save-every", "2", "--out", str(part)]) == 0
   assert cli.main([*ENTITY, "--epochs", "6", "--resume", str(part), "--out", str(part)]) == 0
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  _same_params(whole, part)
   assert [r["epoch"] for r in json.load(open(part / "history.json"))] == list(range(1, 7))
   capsys.readouterr()
   assert cli.main([*ENTITY, "--epochs", "7", "--seeds", "2", "--resume", str(part)]) == 2
@@ -136,8 +145,7 @@ def test_gpt_stopped_at_a_step_goes_on_from_the_next(tmp_path, monkeypatch, caps
     cli.main([*GPT, "--steps", "8", "--save-every", "4", "--resume", str(part), "--out", str(part)])
     == 0
   )
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  _same_params(whole, part)
   steps = [r["step"] for r in json.load(open(part / "history.json"))]
   assert steps == [2, 3, 4, 6, 8]  # logged every 2, at the stop, and where it saved
   capsys.readouterr()
@@ -153,5 +161,4 @@ def test_link_prediction_resumes(tmp_path):
   assert cli.main([*LINK, "--epochs", "6", "--out", str(whole)]) == 0
   assert cli.main([*LINK, "--epochs", "3", "--out", str(part)]) == 0
   assert cli.main([*LINK, "--epochs", "6", "--resume", str(part), "--out", str(part)]) == 0
-  for a, b in zip(_params(whole), _params(part), strict=True):
-    np.testing.assert_array_equal(a, b)
+  _same_params(whole, part)
