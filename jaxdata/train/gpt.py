@@ -41,6 +41,7 @@ from jaxdata.offload.stack import segments
 from jaxdata.offload.store import TensorStore
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import available_memory, format_bytes
+from jaxdata.train import checkpoint
 from jaxdata.train.common import (
   TrainResult,
   add_offload_arguments,
@@ -332,8 +333,6 @@ def data_of(config: GPTTrainConfig) -> dict:
 def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
   """Saves a trained GPT as a checkpoint (`jaxdata.train.checkpoint`): layers split for a plan
   are joined first; the optimizer state goes with it where the layers were never split."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   model, opt = result.model, result.optimizer
   split = isinstance(model.blocks, nnx.List)
   if split:
@@ -354,8 +353,6 @@ def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
 def restore(path: str, meta: dict):
   """Rebuilds a saved GPT (`jaxdata.train.checkpoint.load_model`); its data is the run's own
   synthetic chain, rebuilt from the configuration."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   config = checkpoint.config_from(GPTTrainConfig, meta["config"])
   model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)

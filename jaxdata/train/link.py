@@ -42,6 +42,7 @@ from jaxdata import command
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
+from jaxdata.train import checkpoint
 from jaxdata.train.common import TrainResult, add_record, progress, resumer, say_saved
 
 #: The files of a split, FB15k-237's names.
@@ -462,8 +463,6 @@ def load_dataset(data: dict) -> KGDataset:
 
 
 def save(path: str, result: TrainResult, config: LinkConfig, data: dict) -> str:
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   return checkpoint.save_nnx(
     path,
     kind="rgcn-link",
@@ -481,8 +480,6 @@ def restore(path: str, meta: dict):
   """Rebuilds a saved link-prediction model and its triples (`checkpoint.load_model`);
   `evaluate()` measures the test split's filtered MRR and Hits@k again, `predict(triples)`
   scores (head, relation, tail) triples."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   config = checkpoint.config_from(LinkConfig, meta["config"])
   dataset = load_dataset(meta["data"])
   model = LinkModel(dataset.num_entities, dataset.num_relations, config, nnx.Rngs(config.seed))

@@ -56,6 +56,7 @@ from jaxdata import command, distributed
 from jaxdata.host import HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.loader import Loader
 from jaxdata.nn import GraphSAGE
+from jaxdata.train import checkpoint
 from jaxdata.train.common import (
   TrainResult,
   add_out_argument,
@@ -558,8 +559,6 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
   """Saves a trained GraphSAGE as a checkpoint (`jaxdata.train.checkpoint`); a learned
   embedding table goes with the parameters (`EMBEDDING`), without its sparse optimizer's state
   (so such a checkpoint is not resumable)."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   params = nnx.to_pure_dict(nnx.state(result.model, nnx.Param))
   embedded = bool(result.tables and "embedding" in result.tables)
   if embedded:
@@ -582,7 +581,6 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
 def _resumer(path: str | None, config: SageConfig, data: dict):
   """`common.resumer` for a GraphSAGE checkpoint of one device: ``resume(params, opt_state)``
   returns the saved ones (host arrays) and the history."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   def saved_config(meta: dict) -> SageConfig:
     saved = dict(meta["config"])
@@ -610,8 +608,6 @@ def restore(path: str, meta: dict):
   many devices as training had (whatever the processes were: a run of 2 processes x 2 devices
   is measured again by one process of 4), so it measures the test accuracy training measured;
   ValueError where this process has fewer devices than that."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   saved = dict(meta["config"])
   saved.pop("unique", None)  # checkpoints from before the loader (feature rows always read once)
   processes, per_process = checkpoint.json_value(

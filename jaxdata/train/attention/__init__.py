@@ -52,6 +52,7 @@ from jaxdata.nn.classifiers import (
 )
 from jaxdata.offload.stack import segments
 from jaxdata.sizes import format_bytes
+from jaxdata.train import checkpoint
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   DeviceBudgetError,
@@ -410,8 +411,6 @@ def save(
   """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.train.checkpoint`;
   kind `KINDS[config.model]`); `minibatch`: the mini-batch settings it trained with, which a
   resumed run must repeat."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   return checkpoint.save_nnx(
     path,
     kind=KINDS[config.model],
@@ -429,8 +428,6 @@ def save(
 
 def restore(path: str, meta: dict):
   """Rebuilds a saved RGAT / HGT / RGCN classifier and its data (`checkpoint.load_model`)."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   config = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
   if KINDS.get(config.model) != meta["kind"]:
     raise ValueError(

@@ -38,6 +38,7 @@ from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import EntityClassifier
+from jaxdata.train import checkpoint
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   TrainResult,
@@ -293,8 +294,6 @@ def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
 
 def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
   """Saves a trained RGCN as a checkpoint (`jaxdata.train.checkpoint`)."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   return checkpoint.save_nnx(
     path,
     kind="rgcn",
@@ -310,8 +309,6 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
 
 def restore(path: str, meta: dict):
   """Rebuilds a saved RGCN and its data (`jaxdata.train.checkpoint.load_model`)."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
-
   config = checkpoint.config_from(TrainConfig, meta["config"])
   dataset, _ = load_dataset(
     checkpoint.check_entries(
