@@ -37,6 +37,7 @@ import numpy as np
 from jaxdata.offload import remat as _remat
 from jaxdata.offload import spill as _spill
 from jaxdata.offload.store import TensorStore
+from jaxdata.timing import median_seconds
 
 _PREFETCH_DEPTH = 2  # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
@@ -91,7 +92,6 @@ def block_seconds(
   """Median time of one block's forward + backward (or forward only) under `inner`, on the
   default device: `blocks` applications of `fn(state, x) -> x` in a `lax.scan` (state shared),
   divided by `blocks`."""
-  from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
 
   f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
   state, x = args
@@ -115,7 +115,6 @@ def store_bandwidth(
 ) -> float:
   """Bytes/s of one direction of a spill + load round trip through `store`'s `tier` (the
   median of `repeats` timed round trips)."""
-  from jaxdata.timing import median_seconds  # pylint: disable=g-import-not-at-top
 
   site = _spill.new_site()
   x = jnp.zeros((nbytes // 4,), jnp.float32)

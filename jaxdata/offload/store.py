@@ -8,14 +8,13 @@ import weakref
 from typing import Any
 
 from jaxdata import _ffi
+from jaxdata.sizes import parse_bytes
 
 _ext = _ffi.ext
 
 
 def _bytes(value: Any, what: str) -> int:
   if isinstance(value, str):
-    from jaxdata.sizes import parse_bytes  # pylint: disable=g-import-not-at-top
-
     try:
       value = parse_bytes(value)
     except ValueError:

@@ -50,6 +50,8 @@ from typing import Any
 import jax
 import numpy as np
 
+import jaxdata
+
 FORMAT = 1
 #: kind -> the training module that builds and evaluates it (each defines `restore`).
 KINDS = {
@@ -359,7 +361,6 @@ def save(
   """
   if kind not in KINDS:
     raise ValueError(f"checkpoint.save: kind must be one of {sorted(KINDS)}, got {kind!r}")
-  import jaxdata  # pylint: disable=g-import-not-at-top
 
   path = os.path.abspath(os.fspath(path))
   # Process 0 checks, holds the folder's lock and writes (the others could look while it does);
@@ -748,7 +749,6 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
   except (ValueError, TypeError, KeyError, AttributeError) as e:  # a hand-edited meta, ...
     if isinstance(e, ValueError) and str(e).startswith("load_model:"):
       raise  # already one line naming the file
-    import jaxdata  # pylint: disable=g-import-not-at-top
 
     saved_by = meta.get("jaxdata")
     other = (

@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.data.tokens import markov_tokens
 from jaxdata.nn.gpt import GPT, GPTConfig
+from jaxdata.nn.gpt_plan import offloaded_bytes, plan_for_model, policy_named
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import TensorStore
 from jaxdata.offload.store import summary as store_summary
@@ -449,7 +450,6 @@ def _sized_store(plan, model, batch_shape, args, stores, final: list, console) -
   as the plan needs, if the host has that much available (`HOST_SHARE` of it; UsageError
   otherwise, or the rest to --ssd-dir): a larger store opens in `stores` and the policies are
   rebuilt over it by name."""
-  from jaxdata.nn.gpt_plan import offloaded_bytes, policy_named  # pylint: disable=g-import-not-at-top
 
   store = final[-1]
   devices = len(jax.local_devices()) if args.devices in (None, 0) else args.devices
@@ -489,8 +489,6 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   if jax.process_count() == 1:
     return None if failed else list(plan)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-
-  from jaxdata.nn.gpt_plan import policy_named  # pylint: disable=g-import-not-at-top
 
   width = 64  # bytes per policy name ("offload[proj]+in" is 16)
   text = "\n".join(str(p) for p in plan).encode() if plan is not None else b""
@@ -579,8 +577,6 @@ def main(args) -> int:
       )
 
   if args.offload:
-    from jaxdata.nn.gpt_plan import plan_for_model, policy_named  # pylint: disable=g-import-not-at-top
-
     # Planning probes the store; its RAM tier is sized for the plan afterwards (`_sized_store`).
     ram = PLANNING_RAM if args.ram is None else args.ram
     with contextlib.ExitStack() as stores:

@@ -39,6 +39,7 @@ import optax
 from flax import nnx
 
 from jaxdata import command
+from jaxdata.data import load_entities
 from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
@@ -455,8 +456,6 @@ def load_dataset(data: dict) -> KGDataset:
   if data["source"] == "triples":
     return read_triples(data["path"])
   if data["source"] == "rdf":
-    from jaxdata.data import load_entities  # pylint: disable=g-import-not-at-top
-
     name = os.path.basename(data["path"]).split(".")[0]
     return from_graph(load_entities(data["path"]).graph, name=name, seed=data["seed"])
   return synthetic_kg(data["entities"], data["relations"], data["triples"], seed=data["seed"])

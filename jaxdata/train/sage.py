@@ -30,7 +30,6 @@ global batch's (row, gradient) pairs over the whole mesh, so every copy applies 
 writer per copy, and the copies stay equal to one another and to a one-process run
 (docs/distributed.md has the bytes this costs).
 
-    from jaxdata.data.powerlaw import powerlaw_graph
     from jaxdata.train.sage import SageConfig, train
     result = train(powerlaw_graph(), SageConfig(pipeline="host", epochs=3))
 """
@@ -53,6 +52,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
+from jaxdata.data.powerlaw import powerlaw_graph
 from jaxdata.host import HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.loader import Loader
 from jaxdata.nn import GraphSAGE
@@ -539,7 +539,6 @@ DATA_ENTRIES = {
 def load_dataset(data: dict, features_out: np.ndarray | None = None):
   """The synthetic power-law graph a data description names ({"nodes", "edges", "features",
   "classes", "seed"}); features written into `features_out` where given (a HostTable's memory)."""
-  from jaxdata.data.powerlaw import powerlaw_graph  # pylint: disable=g-import-not-at-top
 
   return powerlaw_graph(
     num_nodes=data["nodes"],

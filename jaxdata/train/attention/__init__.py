@@ -39,6 +39,7 @@ import optax
 from flax import nnx
 
 from jaxdata import command, distributed
+from jaxdata.data import read, synthetic_mag
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES
@@ -50,7 +51,9 @@ from jaxdata.nn.classifiers import (
   RGCNClassifier,
   _Classifier,
 )
+from jaxdata.offload import TensorStore
 from jaxdata.offload.stack import segments
+from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import format_bytes
 from jaxdata.train import checkpoint
 from jaxdata.train.common import (
@@ -380,8 +383,6 @@ FOLDER_ENTRIES = {"path": str, "target": str}
 def load_dataset(data: dict) -> MagDataset:
   """The dataset a data description names: synthetic_mag ({"scale", "seed", "classes"}) or a
   dataset folder (`jaxdata.data.read`) classifying one node type ({"path", "target"})."""
-  from jaxdata.data import read, synthetic_mag  # pylint: disable=g-import-not-at-top
-
   if "path" in data:
     return folder_dataset(read(data["path"]), data["path"], data["target"])
   return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
@@ -588,10 +589,6 @@ def _train_offloaded(
   """`train` (with `minibatch`: `minibatch.train`) under --offload: a TensorStore (--ram,
   --ssd-dir), the planner under --budget or one --plan policy for every planned layer, and a
   line on what went where."""
-  # pylint: disable=g-import-not-at-top
-  from jaxdata.offload import TensorStore
-  from jaxdata.offload.store import summary as store_summary
-
   store_args = {
     k: v for k, v in (("ram_bytes", args.ram), ("ssd_dir", args.ssd_dir)) if v is not None
   }
@@ -750,8 +747,6 @@ def main(args) -> int:
     )
   t0 = time.perf_counter()
   if args.data is not None:
-    from jaxdata.data import read  # pylint: disable=g-import-not-at-top
-
     try:  # read once: the default target comes from the same data
       dataset = folder_dataset(read(args.data), args.data, args.target)
     except (ValueError, TypeError, FileNotFoundError) as e:

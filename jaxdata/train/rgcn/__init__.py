@@ -34,7 +34,7 @@ import optax
 from flax import nnx
 
 from jaxdata import command, distributed
-from jaxdata.data import EntityDataset
+from jaxdata.data import EntityDataset, HeteroGraph, load_entities, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import EntityClassifier
@@ -264,7 +264,6 @@ def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
   """The dataset a data description names, and its paper setup (bases, L2): an RDF archive
   ({"source": "rdf", "path": ...}) or the synthetic graph ({"source": "synthetic", "nodes",
   "edges", "relations", "seed"}), with inverse relations as the RDF graphs have them."""
-  from jaxdata.data import HeteroGraph, load_entities, synthetic_entities
 
   if data["source"] == "rdf":
     dataset = load_entities(data["path"])
