@@ -76,7 +76,7 @@ def _stopped_mid_epoch_and_resumed(run, tmp_path, monkeypatch):
   return part, per_epoch
 
 
-MINIBATCH = [*RUN, "--minibatch", "--fanouts", "3,3", "--batch-size", "32", "--epochs", "3"]
+MINIBATCH = [*RUN, "--minibatch", "--fanouts", "3,3", "--batch-size", "32", "--epochs", "2"]
 
 
 def test_a_minibatch_run_stopped_mid_epoch_goes_on_from_the_next_batch(
@@ -84,7 +84,7 @@ def test_a_minibatch_run_stopped_mid_epoch_goes_on_from_the_next_batch(
 ):
   part, per_epoch = _stopped_mid_epoch_and_resumed(MINIBATCH, tmp_path, monkeypatch)
   resumed = json.load(open(part / "history.json"))
-  assert [(r["epoch"], r["batch"]) for r in resumed[2:]] == [(2, per_epoch), (3, per_epoch)]
+  assert [(r["epoch"], r["batch"]) for r in resumed[2:]] == [(2, per_epoch)]
   capsys.readouterr()
   assert cli.main([*MINIBATCH, "--batch-size", "16", "--resume", str(part)]) == 2
   assert "other mini-batch settings" in capsys.readouterr().err
