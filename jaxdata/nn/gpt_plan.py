@@ -92,8 +92,9 @@ def offloaded_bytes(
   backward loads): what its RAM tier must hold. From the traced residuals of each policy
   (`planner.choices(..., measure=False)`: nothing compiled or run)."""
   blk = block_fn(model, batch_shape)
+  only = {i for p in plan if (i := planner.inner_of(p))}  # trace only the plan's policies
   sized = planner.choices(
-    blk.apply, (blk.layer(0), blk.x), store, candidates(), carry=1, measure=False
+    blk.apply, (blk.layer(0), blk.x), store, candidates(), carry=1, measure=False, only=only
   )
   moved = {str(c.policy): c.offload_bytes for c in sized}
   return sum(moved.get(str(p), 0) for p in plan)

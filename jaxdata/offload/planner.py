@@ -250,11 +250,12 @@ def fits_at_all(candidates: Sequence[Sequence[Choice]], budget_bytes: int) -> No
     )
 
 
-def inner_of(choice: Choice) -> str | None:
-  """The inner policy p of a "keep[p]", "offload[p]" or "offload[p]+in" choice; None for
-  "recompute" and "offload[in]" (the block recomputed whole)."""
-  m = re.fullmatch(r"(?:keep|offload)\[([^\[\]]+)\](?:\+in)?", choice.policy.name or "")
-  return None if m is None or choice.policy.name == "offload[in]" else m.group(1)
+def inner_of(choice: Choice | _remat.Policy) -> str | None:
+  """The inner policy p of a "keep[p]", "offload[p]" or "offload[p]+in" choice (or policy);
+  None for "recompute" and "offload[in]" (the block recomputed whole)."""
+  name = (choice.policy if isinstance(choice, Choice) else choice).name or ""
+  m = re.fullmatch(r"(?:keep|offload)\[([^\[\]]+)\](?:\+in)?", name)
+  return None if m is None or name == "offload[in]" else m.group(1)
 
 
 def worth_measuring(sized: Sequence[Sequence[Choice]], budget_bytes: int) -> list[set[str]]:

@@ -463,6 +463,26 @@ def resumer(
   return resume
 
 
+def refuse_resuming(args, unresumable: bool, what: str) -> None:
+  """UsageError for the --resume or --save-every given to a run that cannot resume (`what`:
+  the runs they are for)."""
+  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
+    if given and unresumable:
+      raise command.UsageError(f"argument {flag}: {what}")
+
+
+def saving(args, resume: Callable | None, on_save: Callable | None) -> dict:
+  """A trainer's `resume`, `save_every` and `on_save` arguments for --resume and --save-every
+  (`resume`: the trainer's `resumer`)."""
+  return dict(resume=resume, save_every=args.save_every or 0, on_save=on_save)
+
+
+def save_due(every: int, done: int, total: int) -> bool:
+  """Whether a run `done` of `total` epochs (or steps) in saves now, saving `every` (0: only at
+  the end, which is the trainer's own save)."""
+  return bool(every) and done % every == 0 and done < total
+
+
 def minibatch_settings(minibatch: Any) -> dict:
   """A checkpoint's `settings` for a run with `minibatch` (a dataclass, or None: full graph),
   as JSON gives it back."""

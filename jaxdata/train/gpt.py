@@ -54,7 +54,10 @@ from jaxdata.train.common import (
   devices_flag,
   progress,
   psum_flat,
+  refuse_resuming,
   resumer,
+  save_due,
+  saving,
   say_saved,
   sharded_jit,
 )
@@ -257,8 +260,8 @@ def train(
     if on_step:
       on_step(i, config.steps)
     stopping = command.stop_requested()  # SIGTERM (one process): this step is the last
-    saving = save_every and i % save_every == 0 and i < config.steps and on_save is not None
-    if i % log_every == 0 or i == config.steps or stopping or saving:
+    due = on_save is not None and save_due(save_every, i, config.steps)
+    if i % log_every == 0 or i == config.steps or stopping or due:
       losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
       seconds = time.perf_counter() - t0
       record = dict(
@@ -272,7 +275,7 @@ def train(
       evaluating += time.perf_counter() - e0
       add_record(history, record, on_log)
       window, t0 = [], time.perf_counter()
-    if saving and not stopping:
+    if due and not stopping:
       nnx.update((model, optimizer), state)
       on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
     if stopping:
@@ -542,9 +545,9 @@ def main(args) -> int:
       )
   except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
     raise command.UsageError(str(e)) from None
-  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
-    if given and (args.offload or ndev * jax.process_count() != 1):
-      raise command.UsageError(f"argument {flag}: for one device, without --offload")
+  refuse_resuming(
+    args, args.offload or ndev * jax.process_count() != 1, "for one device, without --offload"
+  )
   data = data_of(config)
   console.print(
     f"[bold]GPT[/] {config.layers} layers, hidden {config.hidden}, {config.heads} "
@@ -571,9 +574,11 @@ def main(args) -> int:
         plan=plan,
         on_step=on_step,
         on_log=on_log,
-        resume=resumer(args.resume, kind="gpt", config=config, data=data, length="steps"),
-        save_every=args.save_every,
-        on_save=lambda r: save(args.out, r, config),
+        **saving(
+          args,
+          resumer(args.resume, kind="gpt", config=config, data=data, length="steps"),
+          lambda r: save(args.out, r, config),
+        ),
       )
 
   if args.offload:

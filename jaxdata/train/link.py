@@ -44,7 +44,15 @@ from jaxdata.data.graph import HeteroGraph
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
 from jaxdata.train import checkpoint
-from jaxdata.train.common import TrainResult, add_record, progress, resumer, say_saved
+from jaxdata.train.common import (
+  TrainResult,
+  add_record,
+  progress,
+  resumer,
+  save_due,
+  saving,
+  say_saved,
+)
 
 #: The files of a split, FB15k-237's names.
 SPLIT_FILES = {"train": "train.txt", "valid": "valid.txt", "test": "test.txt"}
@@ -420,7 +428,7 @@ def train(
     add_record(history, record, on_epoch)
     if command.stop_requested():
       break
-    if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+    if on_save is not None and save_due(save_every, epoch, config.epochs):
       on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer))
   val = evaluate(model, graph, dataset, "valid", known)
   test = evaluate(model, graph, dataset, "test", known)
@@ -559,9 +567,11 @@ def main(args) -> int:
       dataset,
       config,
       on_epoch=on_epoch,
-      resume=resumer(args.resume, kind="rgcn-link", config=config, data=data),
-      save_every=args.save_every or 0,
-      on_save=(lambda r: save(args.out, r, config, data)) if args.out else None,
+      **saving(
+        args,
+        resumer(args.resume, kind="rgcn-link", config=config, data=data),
+        (lambda r: save(args.out, r, config, data)) if args.out else None,
+      ),
     )
   m = result.metrics
   console.print(

@@ -70,7 +70,10 @@ from jaxdata.train.common import (
   prefetched,
   progress,
   psum_flat,
+  refuse_resuming,
   resumer,
+  save_due,
+  saving,
   say_saved,
   seed_batches,
   sharded_jit,
@@ -505,7 +508,7 @@ def _train_loop(
     add_record(history, record, on_epoch)
     if command.stop_requested():  # SIGTERM: the last completed step ends the run
       break
-    if save_every and (epoch + 1) % save_every == 0 and epoch + 1 < config.epochs and on_save:
+    if on_save is not None and save_due(save_every, epoch + 1, config.epochs):
       model = nnx.merge(graphdef, distributed.local_value(params))
       now = {"test_accuracy": float("nan")}  # measured at the end
       on_save(TrainResult(model, history, now, 0.0, distributed.local_value(opt_state)))
@@ -854,12 +857,12 @@ def main(args) -> int:
     )
   check_fanouts(config.fanouts, config.batch_size)
   devices = (config.devices or len(jax.local_devices())) * jax.process_count()
-  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
-    if given and (config.embed_dim or devices != 1):
-      raise command.UsageError(
-        f"argument {flag}: for one device, without --embed-dim (the embeddings' optimizer "
-        "state lives in host memory and is not saved)"
-      )
+  refuse_resuming(
+    args,
+    bool(config.embed_dim) or devices != 1,
+    "for one device, without --embed-dim (the embeddings' optimizer state lives in host memory "
+    "and is not saved)",
+  )
   with console.status("generating the synthetic graph"):
     data = {
       "source": "powerlaw",
@@ -907,9 +910,9 @@ def main(args) -> int:
         graph=graph,
         on_epoch=on_epoch,
         on_batch=on_batch,
-        resume=_resumer(args.resume, config, data),
-        save_every=args.save_every,
-        on_save=lambda r: save(args.out, r, config, data),
+        **saving(
+          args, _resumer(args.resume, config, data), lambda r: save(args.out, r, config, data)
+        ),
       )
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
   save(args.out, result, config, data)  # every process takes part; Orbax writes once

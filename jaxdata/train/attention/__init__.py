@@ -72,8 +72,11 @@ from jaxdata.train.common import (
   minibatch_options,
   minibatch_settings,
   progress,
+  refuse_resuming,
   refuse_without_minibatch,
   resumer,
+  save_due,
+  saving,
   say_saved,
 )
 
@@ -263,7 +266,7 @@ def train(
     add_record(history, record, on_epoch)
     if command.stop_requested():  # SIGTERM or Ctrl-C: the last completed step ends the run
       break
-    if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+    if on_save is not None and save_due(save_every, epoch, config.epochs):
       now = evaluate(model, dataset, graph, xs)
       on_save(TrainResult(model, history, now, time.perf_counter() - start, optimizer, plan))
   final = evaluate(model, dataset, graph, xs)
@@ -690,13 +693,12 @@ def main(args) -> int:
       f"{','.join(NODE_TYPES[1:])} (papers keep their features)"
     )
   check_offload_arguments(args)  # --budget sets args.offload
-  unresumable = args.offload or not one_device or (args.minibatch and args.embed)
-  for flag, given in (("--resume", args.resume is not None), ("--save-every", args.save_every)):
-    if given and unresumable:
-      raise command.UsageError(
-        f"argument {flag}: for training on one device (not with an offload plan, several "
-        "devices, or --minibatch with --embed)"
-      )
+  refuse_resuming(
+    args,
+    args.offload or not one_device or (args.minibatch and args.embed),
+    "for training on one device (not with an offload plan, several devices, or --minibatch "
+    "with --embed)",
+  )
   if not one_device and args.minibatch and args.offload:
     raise command.UsageError(
       "argument --budget/--offload: --minibatch with an offload plan "
@@ -832,9 +834,9 @@ def main(args) -> int:
           dataset,
           config,
           on_epoch=on_epoch,
-          resume=_resumer(args.resume, config, data),
-          save_every=args.save_every,
-          on_save=lambda r: save(args.out, r, config, data),
+          **saving(
+            args, _resumer(args.resume, config, data), lambda r: save(args.out, r, config, data)
+          ),
         )
       else:
         result = hetero.train(
@@ -842,9 +844,11 @@ def main(args) -> int:
           config,
           minibatch,
           on_epoch=on_epoch,
-          resume=_resumer(args.resume, config, data, minibatch),
-          save_every=args.save_every,
-          on_save=lambda r: save(args.out, r, config, data, minibatch),
+          **saving(
+            args,
+            _resumer(args.resume, config, data, minibatch),
+            lambda r: save(args.out, r, config, data, minibatch),
+          ),
         )
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
       raise command.UsageError(

@@ -430,7 +430,7 @@ def train(
       common.add_record(history, record, on_epoch)
       if command.stop_requested():  # SIGTERM: the last completed step ends the run
         break
-      if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+      if on_save is not None and common.save_due(save_every, epoch, config.epochs):
         on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
     if final_evaluation == "minibatch":
       final = {

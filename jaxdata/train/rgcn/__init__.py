@@ -51,8 +51,11 @@ from jaxdata.train.common import (
   devices_flag,
   minibatch_options,
   progress,
+  refuse_resuming,
   refuse_without_minibatch,
   resumer,
+  save_due,
+  saving,
   say_saved,
 )
 
@@ -202,7 +205,7 @@ def train(
       add_record(history, record, on_epoch)
       if command.stop_requested():  # SIGTERM: the last completed step ends the run
         break
-      if save_every and epoch % save_every == 0 and epoch < config.epochs and on_save is not None:
+      if on_save is not None and save_due(save_every, epoch, config.epochs):
         now = evaluate(model, dataset, graph)
         on_save(TrainResult(model, history, now, time.perf_counter() - start, optimizer))
   finally:
@@ -701,12 +704,11 @@ def main(args) -> int:
         else f", node rows in host memory ({minibatch.table_optimizer})"
       )
     )
-  resuming = args.resume is not None or args.save_every
-  if resuming and (args.seeds > 1 or args.minibatch or devices != 1 or jax.process_count() > 1):
-    raise command.UsageError(
-      f"argument {'--resume' if args.resume is not None else '--save-every'}: for one run "
-      "(--seeds 1) of full-graph training on one device"
-    )
+  refuse_resuming(
+    args,
+    args.seeds > 1 or args.minibatch or devices != 1 or jax.process_count() > 1,
+    "for one run (--seeds 1) of full-graph training on one device",
+  )
   accuracies = []
   for seed in range(args.seed, args.seed + args.seeds):
     config = TrainConfig(
@@ -738,9 +740,11 @@ def main(args) -> int:
           dataset,
           config,
           on_epoch=on_epoch,
-          resume=resumer(args.resume, kind="rgcn", config=config, data=data),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
+          **saving(
+            args,
+            resumer(args.resume, kind="rgcn", config=config, data=data),
+            lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
+          ),
         )
       else:
         result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
