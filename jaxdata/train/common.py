@@ -471,12 +471,6 @@ def refuse_resuming(args, unresumable: bool, what: str) -> None:
       raise command.UsageError(f"argument {flag}: {what}")
 
 
-def saving(args, resume: Callable | None, on_save: Callable | None) -> dict:
-  """A trainer's `resume`, `save_every` and `on_save` arguments for --resume and --save-every
-  (`resume`: the trainer's `resumer`)."""
-  return dict(resume=resume, save_every=args.save_every or 0, on_save=on_save)
-
-
 def save_due(every: int, done: int, total: int) -> bool:
   """Whether a run `done` of `total` epochs (or steps) in saves now, saving `every` (0: only at
   the end, which is the trainer's own save)."""

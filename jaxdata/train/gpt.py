@@ -57,7 +57,6 @@ from jaxdata.train.common import (
   refuse_resuming,
   resumer,
   save_due,
-  saving,
   say_saved,
   sharded_jit,
 )
@@ -574,11 +573,9 @@ def main(args) -> int:
         plan=plan,
         on_step=on_step,
         on_log=on_log,
-        **saving(
-          args,
-          resumer(args.resume, kind="gpt", config=config, data=data, length="steps"),
-          lambda r: save(args.out, r, config),
-        ),
+        resume=resumer(args.resume, kind="gpt", config=config, data=data, length="steps"),
+        save_every=args.save_every or 0,
+        on_save=lambda r: save(args.out, r, config),
       )
 
   if args.offload:

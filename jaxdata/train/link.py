@@ -50,7 +50,6 @@ from jaxdata.train.common import (
   progress,
   resumer,
   save_due,
-  saving,
   say_saved,
 )
 
@@ -567,11 +566,9 @@ def main(args) -> int:
       dataset,
       config,
       on_epoch=on_epoch,
-      **saving(
-        args,
-        resumer(args.resume, kind="rgcn-link", config=config, data=data),
-        (lambda r: save(args.out, r, config, data)) if args.out else None,
-      ),
+      resume=resumer(args.resume, kind="rgcn-link", config=config, data=data),
+      save_every=args.save_every or 0,
+      on_save=(lambda r: save(args.out, r, config, data)) if args.out else None,
     )
   m = result.metrics
   console.print(

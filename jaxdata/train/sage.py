@@ -73,7 +73,6 @@ from jaxdata.train.common import (
   refuse_resuming,
   resumer,
   save_due,
-  saving,
   say_saved,
   seed_batches,
   sharded_jit,
@@ -910,9 +909,9 @@ def main(args) -> int:
         graph=graph,
         on_epoch=on_epoch,
         on_batch=on_batch,
-        **saving(
-          args, _resumer(args.resume, config, data), lambda r: save(args.out, r, config, data)
-        ),
+        resume=_resumer(args.resume, config, data),
+        save_every=args.save_every or 0,
+        on_save=lambda r: save(args.out, r, config, data),
       )
   console.print(f"[bold]test accuracy {result.test_accuracy:.4f}[/] ({result.seconds:.1f} s)")
   save(args.out, result, config, data)  # every process takes part; Orbax writes once

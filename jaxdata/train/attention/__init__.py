@@ -76,7 +76,6 @@ from jaxdata.train.common import (
   refuse_without_minibatch,
   resumer,
   save_due,
-  saving,
   say_saved,
 )
 
@@ -834,9 +833,9 @@ def main(args) -> int:
           dataset,
           config,
           on_epoch=on_epoch,
-          **saving(
-            args, _resumer(args.resume, config, data), lambda r: save(args.out, r, config, data)
-          ),
+          resume=_resumer(args.resume, config, data),
+          save_every=args.save_every or 0,
+          on_save=lambda r: save(args.out, r, config, data),
         )
       else:
         result = hetero.train(
@@ -844,11 +843,9 @@ def main(args) -> int:
           config,
           minibatch,
           on_epoch=on_epoch,
-          **saving(
-            args,
-            _resumer(args.resume, config, data, minibatch),
-            lambda r: save(args.out, r, config, data, minibatch),
-          ),
+          resume=_resumer(args.resume, config, data, minibatch),
+          save_every=args.save_every or 0,
+          on_save=lambda r: save(args.out, r, config, data, minibatch),
         )
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
       raise command.UsageError(

@@ -55,7 +55,6 @@ from jaxdata.train.common import (
   refuse_without_minibatch,
   resumer,
   save_due,
-  saving,
   say_saved,
 )
 
@@ -740,11 +739,9 @@ def main(args) -> int:
           dataset,
           config,
           on_epoch=on_epoch,
-          **saving(
-            args,
-            resumer(args.resume, kind="rgcn", config=config, data=data),
-            lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
-          ),
+          resume=resumer(args.resume, kind="rgcn", config=config, data=data),
+          save_every=args.save_every or 0,
+          on_save=lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
         )
       else:
         result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
