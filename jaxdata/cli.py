@@ -13,6 +13,8 @@ last step.
 Every `train` command also takes the multi-process flags of `jaxdata.distributed`, and joins
 its job before it runs; a trainer module that sets `MULTI_PROCESS = True` runs with several
 processes, the others refuse to.
+`bench ...` and `rok` run the benchmarks of a clone (examples/benchmarks/, the `benchmarks`
+package, not part of the wheel): `pip install -e ".[bench]"` from the clone.
 """
 
 from __future__ import annotations
@@ -20,11 +22,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pathlib
 import signal
 import sys
 from collections.abc import Callable
 
-from jaxdata import command, distributed
+import jax
+import rich.table
+from jax._src import dispatch
+
+import jaxdata
+from jaxdata import _ffi, command, distributed
+from jaxdata.hector import compiler
+from jaxdata.hector.compiler import CacheDirError
+from jaxdata.train import attention, checkpoint, link, rgcn
 from jaxdata.train.checkpoint import CheckpointLocked
 from jaxdata.train.common import LossNotFinite
 
@@ -54,47 +65,41 @@ TRAIN = {
   ),
 }
 BENCH = {
-  "gather": ("jaxdata.bench.gather", "host_gather vs NumPy gather + device_put vs pinned memcpy"),
+  "gather": ("benchmarks.gather", "host_gather vs NumPy gather + device_put vs pinned memcpy"),
   "rgnn": (
-    "jaxdata.bench.rgnn_command",
+    "benchmarks.rgnn_command",
     "one RGCN, RGAT or HGT layer (fwd+bwd): jaxdata vs plain JAX vs PyG",
   ),
   "tensor-cores": (
-    "jaxdata.bench.tensor_cores",
+    "benchmarks.tensor_cores",
     "hector's RGCN/RGAT fwd+bwd at float32 highest vs TF32 vs bfloat16 vs plain JAX, side by side",
   ),
   "minibatch": (
-    "jaxdata.bench.minibatch",
+    "benchmarks.minibatch",
     "mini-batch GraphSAGE epoch: all-in-GPU vs CPU-centric vs jaxdata's GPU-centric pipeline",
   ),
   "hetero": (
-    "jaxdata.bench.hetero",
+    "benchmarks.hetero",
     "mini-batch RGAT/HGT epoch on a heterograph: jaxdata GPU-centric vs all-in-GPU "
     "vs CPU-centric vs PyG",
   ),
   "gnn-offload": (
-    "jaxdata.bench.gnn_offload",
+    "benchmarks.gnn_offload",
     "a deep HGT/RGAT full-graph step without and with an offload plan under a device budget",
   ),
   "one-process": (
-    "jaxdata.bench.one_process",
+    "benchmarks.one_process",
     "each trainer plain vs as one process of a jax.distributed job (jaxdata "
     "launch -n 1): steady-state time and final loss",
   ),
 }
-ROK = ("jaxdata.bench.rok", "the recompute-offload-keep curve of a GPT stack")
+ROK = ("benchmarks.rok", "the recompute-offload-keep curve of a GPT stack")
 LAUNCH = ("jaxdata.launch", "run a train command as N local processes of one jax.distributed job")
 
 
 def _info(args: argparse.Namespace) -> int:
   """`jaxdata info`: versions, the kernel compiler and cache, backends, FFI targets."""
   del args
-  import jax  # pylint: disable=g-import-not-at-top
-  import rich.table  # pylint: disable=g-import-not-at-top
-
-  import jaxdata  # pylint: disable=g-import-not-at-top
-  from jaxdata import _ffi  # pylint: disable=g-import-not-at-top
-  from jaxdata.hector import compiler  # pylint: disable=g-import-not-at-top
 
   console = command.console(width=120)
   versions = rich.table.Table(title="jaxdata", show_header=False)
@@ -161,7 +166,6 @@ def _info(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
   """`jaxdata eval DIR`: rebuilds a saved model and measures it again on its data."""
-  from jaxdata.train import checkpoint  # pylint: disable=g-import-not-at-top
 
   overrides = {"path": os.path.abspath(args.data)} if args.data else {}
   if not args.checkpoint:
@@ -199,11 +203,8 @@ def _train_rgcn(args: argparse.Namespace) -> int:
   """`jaxdata train rgcn`: the entity trainer, or with --scale (synthetic_mag) or --data DIR (a
   dataset folder) RGCN through the heterogeneous trainer (`jaxdata.train.attention`); joined
   here, as trainers import no other."""
-  from jaxdata.train import checkpoint, rgcn  # pylint: disable=g-import-not-at-top
 
   if args.task == "link":
-    from jaxdata.train import link  # pylint: disable=g-import-not-at-top
-
     if args.out == "rgcn-checkpoint":  # the default names the node-classification model's
       args.out = "rgcn-link-checkpoint"
     try:
@@ -222,15 +223,37 @@ def _train_rgcn(args: argparse.Namespace) -> int:
     raise command.UsageError(f"argument --out: {e}") from None
   if args.scale is None and not (args.data and os.path.isdir(args.data)):
     return rgcn.main(args)
-  from jaxdata.train import attention  # pylint: disable=g-import-not-at-top
 
   defaults = argparse.ArgumentParser()
   attention.add_arguments(defaults, "rgcn")
   return attention.main(rgcn.mag_arguments(args, defaults.parse_args([])))
 
 
+#: Where a clone keeps the benchmarks, beside the package (an editable install runs from it).
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _benchmarks_missing(args: argparse.Namespace) -> int:
+  raise command.UsageError(
+    f"`jaxdata {args.prog.split(' ', 1)[1]}` runs the benchmarks of a clone, which this install "
+    "lacks: clone the repository and `pip install -e '.[bench]'` from it, or put its examples/ "
+    "folder on PYTHONPATH"
+  )
+
+
 def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool = False) -> None:
-  module = importlib.import_module(module_name)
+  if module_name.startswith("benchmarks.") and str(EXAMPLES) not in sys.path:
+    if (EXAMPLES / "benchmarks" / "__init__.py").exists():
+      sys.path.append(str(EXAMPLES))
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    if e.name != "benchmarks":
+      raise
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(run=_benchmarks_missing, prog=parser.prog)
+    return
   parser = sub.add_parser(name, help=help_text, description=help_text)
   module.add_arguments(parser, *extra)
   parser.set_defaults(run=module.main, prog=parser.prog)
@@ -269,7 +292,6 @@ def _join(args: argparse.Namespace) -> bool:
 
 def parser() -> command.Parser:
   """The whole command line."""
-  import jaxdata  # pylint: disable=g-import-not-at-top
 
   top = command.Parser(
     prog="jaxdata",
@@ -348,8 +370,6 @@ def _run(args: argparse.Namespace, take_signals_back: Callable[[], None]) -> int
     why = str(e).splitlines()[0] if str(e) else "MemoryError"
     code = command.fail(args.prog, f"out of host memory ({why}): ask for a smaller run", code=1)
   except Exception as e:  # pylint: disable=broad-except
-    from jaxdata.hector.compiler import CacheDirError  # pylint: disable=g-import-not-at-top
-
     if isinstance(e, CacheDirError):
       code = command.fail(args.prog, e.strerror, code=1)
     else:
@@ -386,8 +406,6 @@ def _forget_failed_effects() -> None:
   failed is raised again by each of JAX's exit hooks, two more tracebacks after the one line.
   (JAX's private `dispatch.runtime_tokens`; where it is missing, the hooks print as before.)"""
   try:
-    from jax._src import dispatch  # pylint: disable=g-import-not-at-top
-
     dispatch.runtime_tokens.clear()
   except (ImportError, AttributeError):
     pass

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import rich.console
+
 from jaxdata.sizes import parse_bytes
 
 
@@ -269,7 +271,6 @@ def output_folder(text: str) -> str:
 def console(width: int = 160):
   """A rich console; when printing to a log rather than a terminal, `width` columns wide so
   tables keep their columns whole."""
-  import rich.console  # pylint: disable=g-import-not-at-top
 
   out = rich.console.Console()
   return out if out.is_terminal else rich.console.Console(width=width)

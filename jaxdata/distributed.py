@@ -27,12 +27,20 @@ gloo (`jax_cpu_collectives_implementation`), so multi-process runs can be tested
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import os
+import selectors
 import socket
 import sys
+import threading
 import time
 from typing import Any
+
+import jax
+import numpy as np
+from jax._src import xla_bridge
+from jax.experimental import multihost_utils
 
 from jaxdata import command
 from jaxdata.placement import local_value, put  # noqa: F401  (the trainers' names for them)
@@ -380,9 +388,6 @@ def _accept_links(listener: socket.socket, setup: Setup, deadline: float) -> Non
 
 def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
   """Starts the thread that ends this process when a linked process ends without "bye"."""
-  import atexit  # pylint: disable=g-import-not-at-top
-  import selectors  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
 
   _links.update(links)
   ended, stopping = threading.Event(), threading.Event()
@@ -501,8 +506,6 @@ def initialize(setup: Setup) -> Setup:
   """
   if not setup.multi_process:
     return setup
-  import jax  # pylint: disable=g-import-not-at-top
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
 
   if getattr(xla_bridge, "_backends", None):
     raise RuntimeError(
@@ -563,9 +566,6 @@ def _check_same_count(setup: Setup) -> None:
   """Raises UsageError in every process when the processes were given different
   --num-processes: JAX takes process 0's count and says nothing (measured with jax 0.10.2: a
   process told 3 trains as one of 2), so each process's count is gathered and compared."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
   asked = np.asarray(multihost_utils.process_allgather(np.int32(setup.num_processes))).reshape(-1)
   if (asked != jax.process_count()).any():
@@ -598,7 +598,6 @@ def leave(ok: bool = True, why: str | None = None) -> bool:
     # The links end the others now; JAX's shutdown barrier would wait on them, and its client
     # aborts the process when they are gone: the caller ends this process (os._exit) instead.
     return True
-  import jax  # pylint: disable=g-import-not-at-top
 
   try:
     jax.distributed.shutdown()
@@ -615,6 +614,5 @@ def _first_line(e: Exception) -> str:
 
 def is_primary() -> bool:
   """Whether this is process 0 (the one that prints progress and writes checkpoints)."""
-  import jax  # pylint: disable=g-import-not-at-top
 
   return jax.process_index() == 0

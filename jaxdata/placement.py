@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import numpy as np
+
 
 def local_value(tree: Any) -> Any:
   """NumPy copies of a pytree of fully replicated arrays, read from this process's own copy.
@@ -16,7 +19,6 @@ def local_value(tree: Any) -> Any:
   `jax.device_get` refuses arrays that span other processes' devices; a replicated array has
   the whole value on each of this process's devices, so no collective is needed.
   """
-  import jax  # pylint: disable=g-import-not-at-top
 
   def one(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
@@ -39,8 +41,6 @@ def put(tree: Any, sharding) -> Any:
   on a device (and PRNG keys) are read back first, since JAX puts only host data onto other
   processes' meshes.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
 
   if jax.process_count() == 1:
     return jax.device_put(tree, sharding)

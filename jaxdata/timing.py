@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.profiler import ProfileData
 
 
 def median_seconds(
@@ -91,7 +92,6 @@ def device_events(
   graph) names the buffer, not its instruction: compile with
   ``compiler_options={"xla_gpu_enable_command_buffer": ""}`` to attribute every kernel. On a
   machine without a GPU, the CPU's XLA operations stand in for the device's events."""
-  from jax.profiler import ProfileData  # pylint: disable=g-import-not-at-top
 
   op_names = dict(
     re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text, re.M)

@@ -20,6 +20,11 @@ from jaxdata import hector
 from jaxdata.data import synthetic_mag
 from jaxdata.nn import HGT, RGAT
 from jaxdata.reference import attention as attention_ref
+
+try:  # the PyG peers; without torch and torch_geometric the tests that need them skip
+  from jaxdata.reference import pyg as pyg_ref
+except ImportError:
+  pyg_ref = None
 from jaxdata.train import attention
 
 HI = jax.lax.Precision.HIGHEST
@@ -127,14 +132,14 @@ def test_hgt_layer_matches_pyg_hgtconv():
     [x.shape[1] for x in ds.features], 32, num_relations=ga.num_relations, heads=4, rngs=nnx.Rngs(2)
   )
   randomize(layer, 5)
-  conv = attention_ref.pyg_hgt_conv(
+  conv = pyg_ref.pyg_hgt_conv(
     jax.tree.map(np.asarray, hgt_params(layer)),
     types,
     relations,
     device=torch.device("cpu"),
     dtype=torch.float64,
   )
-  x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(
+  x_dict, edge_index_dict = pyg_ref.pyg_hetero_inputs(
     ds.graph.src,
     ds.graph.dst,
     ds.graph.etype,

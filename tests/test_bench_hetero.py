@@ -1,5 +1,5 @@
-"""`jaxdata bench hetero` (jaxdata/bench/hetero.py) and its NumPy NeighborLoader stand-in
-(jaxdata/bench/pyg_sampler.py), at a tiny scale on the CPU."""
+"""`jaxdata bench hetero` (examples/benchmarks/hetero.py) and its NumPy NeighborLoader stand-in
+(examples/benchmarks/pyg_sampler.py), at a tiny scale on the CPU."""
 
 import collections
 import importlib.util
@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import breakdown_cells
+from benchmarks import common, hetero, pyg_sampler
 
 from jaxdata import cli
-from jaxdata.bench import common, hetero, pyg_sampler
 from jaxdata.data import synthetic_mag
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.

@@ -1,4 +1,4 @@
-"""`jaxdata bench one-process` (jaxdata/bench/one_process.py): a plain run against `jaxdata
+"""`jaxdata bench one-process` (examples/benchmarks/one_process.py): a plain run against `jaxdata
 launch -n 1`, on the CPU at --quick sizes, checked against the runs' own history.json files."""
 
 import json
@@ -9,8 +9,7 @@ import sys
 
 import doc_blocks
 import pytest
-
-from jaxdata.bench import one_process
+from benchmarks import one_process
 
 
 def _env() -> dict:

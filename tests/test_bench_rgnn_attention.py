@@ -1,4 +1,5 @@
-"""`jaxdata bench rgnn --model rgat|hgt` (jaxdata/bench/rgnn_attention.py), on tiny CPU inputs.
+"""`jaxdata bench rgnn --model rgat|hgt` (examples/benchmarks/rgnn_attention.py), on tiny CPU
+inputs.
 
 Through the CLI: every row is there, every formulation computes the same loss, the table and
 the ablation are written. Then out-of-memory reported as a result, and the HGT adapter's
@@ -9,10 +10,10 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import assert_losses_agree
+from benchmarks import rgnn
+from benchmarks import rgnn_attention as ra
 
 from jaxdata import cli
-from jaxdata.bench import rgnn
-from jaxdata.bench import rgnn_attention as ra
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
 pytestmark = pytest.mark.slow
@@ -26,11 +27,9 @@ def torch_on_the_cpu(monkeypatch):
   also on a machine with a GPU."""
   import torch
 
-  from jaxdata.reference import attention as attention_ref
-  from jaxdata.reference import rgcn as rgcn_ref
+  from jaxdata.reference import pyg
 
-  for module in (rgcn_ref, attention_ref):
-    monkeypatch.setattr(module, "torch_device", lambda: torch.device("cpu"))
+  monkeypatch.setattr(pyg, "torch_device", lambda: torch.device("cpu"))
 
 
 TINY_SYNTHETIC = dict(num_nodes=400, num_edges=3_000, num_relations=12)

@@ -12,16 +12,17 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import assert_losses_agree
+from benchmarks import rgnn
+from benchmarks import rgnn_attention as ra
+from benchmarks import rgnn_peers as peers
 
 from jaxdata import cli
-from jaxdata.bench import rgnn
-from jaxdata.bench import rgnn_attention as ra
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import attention as attention_ref
 from jaxdata.reference import rgcn as rgcn_ref
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch_geometric")
+from jaxdata.reference import pyg as pyg_ref  # noqa: E402  (after the skips)
 
 HIGHEST = jax.lax.Precision.HIGHEST
 TINY_SYNTHETIC = dict(num_nodes=400, num_edges=3_000, num_relations=12)
@@ -31,8 +32,7 @@ TINY_MAG = "0.0001"  # about 200 nodes and 4,000 edges
 @pytest.fixture(autouse=True)
 def on_the_cpu(monkeypatch):
   """CPU tests: PyG on the CPU as JAX, also on a machine with a GPU; tiny synthetic graphs."""
-  for module in (rgcn_ref, attention_ref):
-    monkeypatch.setattr(module, "torch_device", lambda: torch.device("cpu"))
+  monkeypatch.setattr(pyg_ref, "torch_device", lambda: torch.device("cpu"))
   monkeypatch.setattr(rgnn, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
   monkeypatch.setattr(ra, "QUICK_SYNTHETIC", TINY_SYNTHETIC)
   with jax.default_device(jax.devices("cpu")[0]):
@@ -239,14 +239,12 @@ def test_rgcn_inference_outputs_match_the_reference():
 def test_fast_rgcn_conv_equals_rgcn_conv_forward_and_backward():
   graph = tiny_graph()
   x, w, ct = rgnn.case_arrays(graph, 8)
-  edge_index, edge_type = rgcn_ref.pyg_graph(graph.src, graph.dst, graph.etype, torch.device("cpu"))
+  edge_index, edge_type = pyg_ref.pyg_graph(graph.src, graph.dst, graph.etype, torch.device("cpu"))
   got = []
   for fast in (False, True):
-    conv = rgcn_ref.pyg_conv(w, device=torch.device("cpu"), fast=fast)
+    conv = pyg_ref.pyg_conv(w, device=torch.device("cpu"), fast=fast)
     xt = torch.from_numpy(x).requires_grad_(True)
-    loss, dx, dw = rgcn_ref.pyg_loss_and_grads(
-      conv, xt, edge_index, edge_type, torch.from_numpy(ct)
-    )
+    loss, dx, dw = pyg_ref.pyg_loss_and_grads(conv, xt, edge_index, edge_type, torch.from_numpy(ct))
     got.append((loss.item(), dx.numpy(), dw.numpy()))
   (l0, dx0, dw0), (l1, dx1, dw1) = got
   assert math.isclose(l0, l1, rel_tol=1e-5)

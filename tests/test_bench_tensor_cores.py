@@ -1,4 +1,4 @@
-"""`jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py), on tiny CPU inputs.
+"""`jaxdata bench tensor-cores` (examples/benchmarks/tensor_cores.py), on tiny CPU inputs.
 
 Through the CLI: every row of every case is in the written table, each ratio is the ratio of
 the times printed beside it, each bar's met / not met follows its ratio, and jaxdata's float32
@@ -12,11 +12,11 @@ import sys
 import jax
 import numpy as np
 import pytest
+from benchmarks import rgnn
+from benchmarks import rgnn_attention as ra
+from benchmarks import tensor_cores as tc
 
 from jaxdata import cli
-from jaxdata.bench import rgnn
-from jaxdata.bench import rgnn_attention as ra
-from jaxdata.bench import tensor_cores as tc
 from jaxdata.reference import rgcn as rgcn_ref
 
 TINY_SYNTHETIC = dict(num_nodes=300, num_edges=2_500, num_relations=9)

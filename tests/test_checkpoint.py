@@ -182,7 +182,7 @@ def test_jaxdata_eval_in_a_fresh_process(trained):
 def test_eval_finds_a_moved_archive_given_data(tmp_path):
   """`jaxdata eval DIR --data PATH` where the RDF archive has moved since training: the data
   description's `path` is replaced (it once collided with load_model's own `path`)."""
-  from jaxdata.bench.rgnn import default_data_dir
+  from benchmarks.rgnn import default_data_dir
 
   data = default_data_dir()
   if data is None or not (aifb := Path(data) / "aifb.tgz").exists():

@@ -13,9 +13,9 @@ import time
 
 import jax
 import pytest
+from benchmarks import gather
 
 from jaxdata import cli, command
-from jaxdata.bench import gather
 
 
 def _run(argv, capsys):
@@ -362,7 +362,7 @@ def test_a_signal_ends_a_training_run_after_its_step_and_saves_it(tmp_path, sign
 
 
 def test_bench_one_process_writes_markdown_only_where_asked(monkeypatch, tmp_path, capsys):
-  from jaxdata.bench import one_process
+  from benchmarks import one_process
 
   monkeypatch.setattr(one_process, "run", lambda *args, **kwargs: [])
   monkeypatch.chdir(tmp_path)
@@ -400,7 +400,7 @@ def test_a_hetero_bench_that_measured_nothing_exits_2_and_writes_nothing(tmp_pat
 def test_a_tensor_cores_bench_that_measured_nothing_exits_2(monkeypatch, tmp_path, capsys):
   """Every row of every case failed (here: the run's rows, each marked "error"): exit 2
   naming the notes' reason, where an empty table used to exit 0."""
-  from jaxdata.bench import tensor_cores
+  from benchmarks import tensor_cores
 
   case = tensor_cores.Case(
     "rgcn",

@@ -1,7 +1,8 @@
-"""Dependencies point one way (DESIGN.md): apps (cli, command, distributed, launch, train,
-bench) -> models (nn) -> libraries (host, hector, offload, loader) -> ground (data, reference,
-_ffi, placement, sizes, timing). Every import in a module, at top level or inside a function, is
-checked against its layer; the checks are run on planted violations too, so they can fail."""
+"""Dependencies point one way (DESIGN.md): benchmarks (examples/benchmarks/, outside the
+package) -> apps (cli, command, distributed, launch, train) -> models (nn) -> libraries (host,
+hector, offload, loader) -> ground (data, reference, _ffi, placement, sizes, timing). Every
+import in a module, at top level or inside a function, is checked against its layer; the checks
+are run on planted violations too, so they can fail."""
 
 import ast
 import pathlib
@@ -15,7 +16,7 @@ APPS = (
   "jaxdata.distributed",
   "jaxdata.launch",
   "jaxdata.train",
-  "jaxdata.bench",
+  "benchmarks",
 )
 MODELS = ("jaxdata.nn",)
 LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload", "jaxdata.loader")
@@ -104,6 +105,26 @@ def test_the_checks_fail_on_planted_violations(tmp_path):
   assert strays(names) == ["jaxdata.experimental", "jaxdata.loaders"]
 
 
+def benchmark_imports(path: pathlib.Path, name: str | None = None) -> list[str]:
+  return [
+    f"line {line}: {mod}" for line, mod in _imports(path, name) if _within(mod, ("benchmarks",))
+  ]
+
+
+def test_the_package_imports_no_benchmark(tmp_path):
+  """The wheel ships without examples/benchmarks/: only the CLI reaches them, by name
+  (importlib, when `jaxdata bench` runs from a clone), never through an import statement; a
+  planted one is found."""
+  wrong = {str(p.relative_to(PACKAGE.parent)): benchmark_imports(p) for p in PACKAGE.rglob("*.py")}
+  assert not {k: v for k, v in wrong.items() if v}, "the package imports the benchmarks"
+  planted = tmp_path / "planted.py"
+  planted.write_text("def f():\n  from benchmarks import rok\n  return rok\n")
+  assert benchmark_imports(planted, "jaxdata.train.planted") == [
+    "line 2: benchmarks",
+    "line 2: benchmarks.rok",
+  ]
+
+
 def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
   """Within the apps: cli -> bench -> train. A trainer shares with other trainers only through
   jaxdata.train.common (and the checkpoint registry, which rebuilds any of them)."""
@@ -118,7 +139,7 @@ def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
       {
         f"line {line}: {mod}"
         for line, mod in _imports(path)
-        if _within(mod, ("jaxdata.bench", "jaxdata.cli"))
+        if _within(mod, ("benchmarks", "jaxdata.cli"))
         or (
           _within(mod, ("jaxdata.train",))
           and not _within(mod, shared)

@@ -19,11 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from benchmarks import rgnn_peers as peers
 
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.data import HeteroGraph, mag
 from jaxdata.reference import attention as attention_ref
-from jaxdata.reference import rgcn as rgcn_ref
+
+try:  # the PyG peers; without torch and torch_geometric the tests that need them skip
+  from jaxdata.reference import pyg as pyg_ref
+except ImportError:
+  pyg_ref = None
 
 TOL = dict(rtol=1e-9, atol=1e-11)
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -546,7 +550,7 @@ def pyg_rgat(torch, heads, d_in=5, d=3, num_relations=5, seed=0):
   ).double()
   if heads > 1:
     with pytest.raises(ValueError, match="mixes heads"):
-      attention_ref.rgat_params_from_pyg(conv)
+      pyg_ref.rgat_params_from_pyg(conv)
     with torch.no_grad():
       mask = torch.zeros(heads * d, heads, dtype=torch.float64)
       for h in range(heads):
@@ -560,11 +564,11 @@ def test_rgat_matches_pyg(torch, heads, names):
   """PyG's q, k become our attention vectors: outputs and gradients in x and W agree."""
   edges, x, _, _ = rgat_case(d=3, heads=heads)
   conv = pyg_rgat(torch, heads)
-  params = jax.tree.map(jnp.asarray, attention_ref.rgat_params_from_pyg(conv))
+  params = jax.tree.map(jnp.asarray, pyg_ref.rgat_params_from_pyg(conv))
   ct = np.random.default_rng(1).standard_normal((len(x), 3 * heads))
   xt = torch.tensor(np.asarray(x)).requires_grad_(True)
   cpu = torch.device("cpu")
-  want = conv(xt, *rgcn_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
+  want = conv(xt, *pyg_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu))
   (want * torch.from_numpy(ct)).sum().backward()
   for name in names:
     out, (dx, dparams) = rgat_step(name, edges, x, params, jnp.asarray(ct))
@@ -577,14 +581,14 @@ def test_pyg_rgat_conv_holds_our_weights(torch):
   edges, x, params, ct = rgat_case()
   cpu = torch.device("cpu")
   with pytest.raises(ValueError, match="differ between relations"):
-    attention_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
+    pyg_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
   params = params._replace(
     a_src=jnp.broadcast_to(params.a_src[:1], params.a_src.shape),
     a_dst=jnp.broadcast_to(params.a_dst[:1], params.a_dst.shape),
   )
-  conv = attention_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
+  conv = pyg_ref.pyg_rgat_conv(params, device=cpu, dtype=torch.float64)
   want = conv(
-    torch.tensor(np.asarray(x)), *rgcn_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu)
+    torch.tensor(np.asarray(x)), *pyg_ref.pyg_graph(edges.src, edges.dst, edges.etype, cpu)
   )
   out, _ = rgat_step("ragged_dot", edges, x, params, ct)
   np.testing.assert_allclose(out, want.detach().numpy(), **TOL)
@@ -621,7 +625,7 @@ def pyg_hgt(torch, types, metadata, in_channels, seed=0):
 def pyg_hgt_outputs(torch, conv, graph, xs, cts, types, relations, metadata):
   """conv's outputs and input gradients as NumPy lists in our type order."""
   xts = [torch.from_numpy(x).requires_grad_(True) for x in xs]
-  x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(
+  x_dict, edge_index_dict = pyg_ref.pyg_hetero_inputs(
     graph.src, graph.dst, graph.etype, xts, types, relations, device=torch.device("cpu")
   )
   # HGTConv's k_rel assumes edge_index_dict iterates in metadata order (is_sorted=True).
@@ -641,7 +645,7 @@ def test_hgt_matches_pyg(torch, shuffle_metadata):
     metadata = [metadata[i] for i in np.random.default_rng(1).permutation(len(metadata))]
   conv = pyg_hgt(torch, types, metadata, {t: x.shape[1] for t, x in zip(types, xs)})
   want, want_dxs = pyg_hgt_outputs(torch, conv, ds.graph, xs, cts, types, relations, metadata)
-  params = jax.tree.map(jnp.asarray, attention_ref.hgt_params_from_pyg(conv, types, relations))
+  params = jax.tree.map(jnp.asarray, pyg_ref.hgt_params_from_pyg(conv, types, relations))
   edges = attention_ref.Edges.from_graph(ds.graph)
   xs, cts = jax.tree.map(jnp.asarray, (xs, cts))
   for name in attention_ref.HGT:
@@ -663,7 +667,7 @@ def test_pyg_hgt_conv_holds_our_weights(torch):
     MAG_HEAD_FEATURES,
     MAG_HEADS * MAG_HEAD_FEATURES,
   )
-  conv = attention_ref.pyg_hgt_conv(
+  conv = pyg_ref.pyg_hgt_conv(
     params, types, relations, device=torch.device("cpu"), dtype=torch.float64
   )
   want, _ = pyg_hgt_outputs(torch, conv, ds.graph, xs, cts, types, relations, relations)
@@ -675,9 +679,7 @@ def test_pyg_hgt_conv_holds_our_weights(torch):
   )
   tree_allclose(outs, want, **TOL)
   with pytest.raises(ValueError, match="d_out"):
-    attention_ref.pyg_hgt_conv(
-      params._replace(a_w=tuple(w[:, :5] for w in params.a_w)), types, relations
-    )
+    pyg_ref.pyg_hgt_conv(params._replace(a_w=tuple(w[:, :5] for w in params.a_w)), types, relations)
 
 
 # ------------------------------------------------------------------------------------------------

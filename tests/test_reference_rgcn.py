@@ -1,5 +1,5 @@
-"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by jaxdata/bench/rgnn_peers.py)
-against a loop over edges."""
+"""The plain-JAX RGCN formulations (jaxdata/reference/rgcn.py, timed by
+examples/benchmarks/rgnn_peers.py) against a loop over edges."""
 
 import functools
 
@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from benchmarks import rgnn_peers as peers
 
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import rgcn as rgcn_ref
 
 
@@ -223,11 +223,11 @@ def test_float32_step_compiles_with_memory_analysis(name):
 
 
 # ------------------------------------------------------------------------------------------------
-# The benchmark around them (jaxdata/bench/rgnn.py), on tiny inputs
+# The benchmark around them (examples/benchmarks/rgnn.py), on tiny inputs
 
 
 def test_fallback_synthetic_graph_is_heavy_tailed():
-  from jaxdata.bench import rgnn
+  from benchmarks import rgnn
 
   src, dst, etype = rgnn.synthetic_graph(5_000, 100_000, 200, seed=1)
   assert src.shape == dst.shape == etype.shape == (100_000,)
@@ -240,14 +240,14 @@ def test_fallback_synthetic_graph_is_heavy_tailed():
 
 
 def test_missing_archive_is_a_note(tmp_path):
-  from jaxdata.bench import rgnn
+  from benchmarks import rgnn
 
   graph, why = rgnn.load_graph("aifb", data_dir=str(tmp_path), quick=True)
   assert graph is None and "aifb.tgz is missing" in why
 
 
 def test_run_reports_oom_instead_of_crashing(monkeypatch):
-  from jaxdata.bench import rgnn
+  from benchmarks import rgnn
 
   monkeypatch.setattr(
     rgnn, "QUICK_SYNTHETIC", dict(num_nodes=300, num_edges=2_000, num_relations=20)

@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from benchmarks import rgnn_peers as peers
 
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import rgcn as rgcn_ref
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch_geometric")
+from jaxdata.reference import pyg as pyg_ref  # noqa: E402  (after the skips)
 
 
 @pytest.fixture(autouse=True)
@@ -63,10 +64,10 @@ def formulation(name, src, dst, etype, num_nodes, num_relations):
 
 def pyg_reference(src, dst, etype, x, w, ct, **layer):
   """RGCNConv's output and gradients (x, W, and root/bias when given) as NumPy."""
-  conv = rgcn_ref.pyg_conv(w, device=CPU, dtype=torch.float64, **layer)
-  edge_index, edge_type = rgcn_ref.pyg_graph(src, dst, etype, CPU)
+  conv = pyg_ref.pyg_conv(w, device=CPU, dtype=torch.float64, **layer)
+  edge_index, edge_type = pyg_ref.pyg_graph(src, dst, etype, CPU)
   xt = None if x is None else torch.from_numpy(x).requires_grad_(True)
-  with rgcn_ref.pyg_per_relation_mean():
+  with pyg_ref.pyg_per_relation_mean():
     out = conv(xt, edge_index, edge_type)
   (out * torch.from_numpy(ct)).sum().backward()
   grads = {"w": conv.weight.grad.numpy()}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from jaxdata.data.graph import HeteroGraph
+from jaxdata.data.mag import MagDataset
 
 EdgeType = tuple[str, str, str]
 #: The node arrays with a meaning to jaxdata (others are kept and converted as they are).
@@ -262,7 +263,6 @@ class HeteroData:
     type `target`: node types reordered with `target` first (the trainers' convention), its
     labels and splits, float32 features (a type without features gets none: width 0; give it
     learnable embeddings with the trainers' ``--embed``)."""
-    from jaxdata.data.mag import MagDataset  # pylint: disable=g-import-not-at-top
 
     if target not in self.num_nodes:
       raise ValueError(

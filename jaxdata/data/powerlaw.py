@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from jaxdata.data.synthetic import _zipf_weights
 
@@ -546,7 +547,6 @@ def _steps(enabled: bool) -> Iterator[_Steps]:
   if not enabled:
     yield _NoProgress()
     return
-  from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
   columns = (
     *Progress.get_default_columns()[:1],

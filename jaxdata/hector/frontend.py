@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxdata.hector.compiled import Layer
 from jaxdata.hector.ir import ENDS, UNARY, Program, Value
 
 NODE = "node"  #: a node feature array [N, d]
@@ -231,7 +232,6 @@ def trace(fn: Callable, kinds: dict[str, str], name: str | None = None) -> Progr
 
 def layer(**kinds: str):
   """Decorator: turns a layer function into a compiled, differentiable `hector.Layer`."""
-  from jaxdata.hector.compiled import Layer  # the runtime; the front end itself needs no JAX
 
   def wrap(fn: Callable) -> Layer:
     return Layer(trace(fn, kinds), kinds)

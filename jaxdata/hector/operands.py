@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -119,7 +120,6 @@ def valid_rows(ops: dict, domain: str):
   ok(e) reads it (`codegen.common.guard`) rather than loading and checking every id itself,
   which for a kernel that visits edges in another order (a softmax or a sum through the CSC
   view) were three or four scattered loads per edge."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   size = sizes([ops.get(op.name) for op in GRAPH])
   below = lambda a, n: jnp.asarray(a).astype(jnp.uint32) < n  # noqa: E731  (negative ids too)

@@ -36,6 +36,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from jaxdata.data import HeteroGraph
 from jaxdata.hector.runtime import _FIELDS, GraphArrays
 
 #: GraphArrays' array fields, in their order (the keys of `Partitions.arrays`).
@@ -140,7 +141,6 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
     `Partitions`; part k's arrays equal `GraphArrays.from_graph` of the edges into its nodes
     (with the padding edges and pairs described in the module's docstring).
   """
-  from jaxdata.data import HeteroGraph  # pylint: disable=g-import-not-at-top
 
   k = int(num_parts)
   if isinstance(num_parts, bool) or k < 1 or k != num_parts:

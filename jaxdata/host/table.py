@@ -12,6 +12,7 @@ import jax
 import jax.core
 import ml_dtypes
 import numpy as np
+import rich.progress
 
 from jaxdata import _ffi
 
@@ -259,7 +260,6 @@ class HostTable:
       if not show:
         list(done)
         return
-      import rich.progress  # pylint: disable=g-import-not-at-top
 
       with rich.progress.Progress(
         *rich.progress.Progress.get_default_columns(),

@@ -21,8 +21,7 @@ jit-able with `num_nodes` static; edges must be sorted by relation (`ragged_dot`
   featureless                the x-is-None layer
 
 The PyTorch Geometric formulations are `torch_geometric.nn.RGCNConv(aggr="mean")` and its
-per-edge-weight twin `FastRGCNConv` given the same weights (`pyg_conv`; torch is imported only
-by the functions that need it).
+per-edge-weight twin `FastRGCNConv` given the same weights (`jaxdata.reference.pyg.pyg_conv`).
 
     >>> edges = EdgeArrays.build(src, dst, etype, num_nodes=n, num_relations=r)
     >>> out = jax.jit(ragged_dot, static_argnums=4)(*edges, n, x, w)
@@ -30,7 +29,6 @@ by the functions that need it).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import NamedTuple
@@ -183,111 +181,8 @@ def per_edge_weight_bytes(num_edges: int, d_in: int, d_out: int, itemsize: int =
   return num_edges * d_in * d_out * itemsize
 
 
-# ------------------------------------------------------------------------------------------------
-# PyTorch Geometric
-
-
-@contextlib.contextmanager
-def pyg_per_relation_mean():
-  """Keeps RGCNConv on its per-relation loop.
-
-  With pyg_lib installed, RGCNConv may switch (by a size heuristic) to `segment_matmul`, whose
-  aggr="mean" averages over all in-edges of a node instead of per relation (a TODO in its
-  `message`): another layer. Switching it off keeps PyG computing the RGCN of the paper.
-  """
-  import torch_geometric.backend  # pylint: disable=g-import-not-at-top
-
-  saved = torch_geometric.backend.use_segment_matmul
-  torch_geometric.backend.use_segment_matmul = False
-  try:
-    yield
-  finally:
-    torch_geometric.backend.use_segment_matmul = saved
-
-
-def torch_device():
-  """CUDA when torch sees a GPU, else the CPU."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def pyg_conv(
-  w: np.ndarray,
-  *,
-  w_self: np.ndarray | None = None,
-  bias: np.ndarray | None = None,
-  device=None,
-  dtype=None,
-  fast: bool = False,
-):
-  """RGCNConv(aggr="mean") holding the given weights; root/bias only when given.
-
-  `w` is [R, d_in, d_out], or [R, N, d_out] for the featureless layer (then in_channels = N).
-  `fast`: PyG's FastRGCNConv instead, the same layer (same parameters, same per-relation mean)
-  computed with the per-edge weight W[etype] as one [E, d_in, d_out] tensor and a batched matmul.
-  """
-  import torch  # pylint: disable=g-import-not-at-top
-  from torch_geometric.nn import FastRGCNConv, RGCNConv  # pylint: disable=g-import-not-at-top
-
-  w = np.asarray(w)
-  num_relations, d_in, d_out = w.shape
-  dtype = dtype or getattr(torch, np.dtype(w.dtype).name)
-  conv = (FastRGCNConv if fast else RGCNConv)(
-    d_in,
-    d_out,
-    num_relations=num_relations,
-    aggr="mean",
-    root_weight=w_self is not None,
-    bias=bias is not None,
-    is_sorted=False,
-  )
-  conv = conv.to(device=device or torch_device(), dtype=dtype)
-  with torch.no_grad():
-    conv.weight.copy_(torch.from_numpy(w))
-    if w_self is not None:
-      conv.root.copy_(torch.from_numpy(np.asarray(w_self)))
-    if bias is not None:
-      conv.bias.copy_(torch.from_numpy(np.asarray(bias)))
-  return conv
-
-
-def pyg_graph(src, dst, etype, device=None):
-  """(edge_index = [src; dst], edge_type) as int64 torch tensors."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  device = device or torch_device()
-  edge_index = torch.from_numpy(np.stack([np.asarray(src), np.asarray(dst)]).astype(np.int64))
-  edge_type = torch.from_numpy(np.asarray(etype).astype(np.int64))
-  return edge_index.to(device), edge_type.to(device)
-
-
-def pyg_forward(conv, x, edge_index, edge_type):
-  """conv(x) for inference: under `torch.inference_mode()` (no autograd graph, nothing saved for a
-  backward pass), RGCNConv kept on its per-relation loop. Put `conv` in eval mode first."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  with torch.inference_mode(), pyg_per_relation_mean():
-    return conv(x, edge_index, edge_type)
-
-
 def pyg_fast_bytes(num_edges: int, d_in: int, d_out: int, *, train: bool, itemsize: int = 4) -> int:
   """A lower bound on FastRGCNConv's memory: its per-edge W[etype], [E, d_in, d_out]; training
   also builds that tensor's gradient (and autograd keeps the gather's index), counted twice more.
   Used only on the CPU, where torch keeps no peak and the kernel's OOM killer does not raise."""
   return per_edge_weight_bytes(num_edges, d_in, d_out, itemsize) * (3 if train else 1)
-
-
-def pyg_loss_and_grads(conv, x, edge_index, edge_type, ct):
-  """One forward + backward of sum(conv(x) * ct); returns (loss, dx or None, dW).
-
-  `x` is a leaf tensor with requires_grad (or None: featureless); gradients are cleared first.
-  """
-  conv.zero_grad(set_to_none=True)
-  if x is not None:
-    x.grad = None
-  with pyg_per_relation_mean():
-    out = conv(x, edge_index, edge_type)
-  loss = (out * ct).sum()
-  loss.backward()
-  return loss, (None if x is None else x.grad), conv.weight.grad

@@ -49,6 +49,9 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
 
 import jaxdata
 
@@ -109,7 +112,6 @@ class Loaded:
 
 
 def _checkpointer():
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 
   return ocp, ocp.Checkpointer(ocp.CompositeCheckpointHandler())
 
@@ -653,7 +655,6 @@ def restore_state(path: str | os.PathLike, target: dict, digests: Any = None) ->
   path = os.path.abspath(os.fspath(path))
   where = os.path.join(path, "state")
   ocp, checkpointer = _checkpointer()
-  from etils import epath  # pylint: disable=g-import-not-at-top  (Orbax's paths)
 
   try:
     with _tolerant_loops():
@@ -694,7 +695,6 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
   """Restores a saved NNX model's parameters (and `optimizer`'s state, where the checkpoint has
   it) in place into freshly built ones of the same configuration; returns whether the optimizer
   state was restored."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
 
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
@@ -712,7 +712,6 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
 
 def save_nnx(path: str | os.PathLike, *, kind: str, model, optimizer=None, **rest: Any) -> str:
   """`save` for an NNX model and its `nnx.Optimizer` (`rest`: save's other arguments)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
 
   return save(
     path,

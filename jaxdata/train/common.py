@@ -24,9 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.flatten_util import ravel_pytree
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jaxdata import command, distributed
 from jaxdata.host import sparse
@@ -334,14 +336,6 @@ def progress(
 ) -> Iterator[Callable[..., None]]:
   """A progress bar for a run (`label`, `total` epochs or steps; None: unknown), yielding
   `update(advance=1, **fields)`; `fields` are shown after the bar ("metrics": a short text)."""
-  from rich.progress import (  # pylint: disable=g-import-not-at-top
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-  )
-
   fields.setdefault("metrics", "")
   columns = (
     TextColumn(label),
@@ -609,7 +603,6 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
   """Raises when the processes' copies of a host table differ (compares SHA-256 digests)."""
   if jax.process_count() == 1:
     return
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
   digest = np.frombuffer(hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest(), np.uint8)
   digests = np.asarray(multihost_utils.process_allgather(digest))
@@ -664,7 +657,6 @@ def device_mesh(
       f"{what}: devices={devices}, but {len(local)} are visible"
       + (" to this process" if len(per_process) > 1 else "")
     )
-  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
 
   devices = [d for p in sorted(per_process) for d in per_process[p][:n]]
   return Mesh(np.array(devices), (MESH_AXIS,))

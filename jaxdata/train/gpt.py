@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -490,7 +491,6 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   process 0 says it `failed` (so that all stop, rather than wait for it)."""
   if jax.process_count() == 1:
     return None if failed else list(plan)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
 
   width = 64  # bytes per policy name ("offload[proj]+in" is 16)
   text = "\n".join(str(p) for p in plan).encode() if plan is not None else b""

@@ -12,9 +12,9 @@ import sys
 
 import jax
 import numpy as np
+from benchmarks import common, hetero
 
 from jaxdata import timing
-from jaxdata.bench import common, hetero
 from jaxdata.data import synthetic_mag
 from jaxdata.train.attention import TrainConfig
 

@@ -117,8 +117,8 @@ def hubs_graph(hub_degrees, light_degree, num_nodes, num_relations, seed):
 
 def load(args):
   """The `rgnn_attention.Case` of the graph asked for."""
-  from jaxdata.bench import rgnn  # pylint: disable=g-import-not-at-top
-  from jaxdata.bench import rgnn_attention as attention
+  from benchmarks import rgnn  # pylint: disable=g-import-not-at-top
+  from benchmarks import rgnn_attention as attention
 
   if args.graph == "bench":
     sizes = dict(attention.SYNTHETIC)
@@ -242,7 +242,7 @@ def as_dict(out, grads):
 
 
 def arrays(args, case):
-  from jaxdata.bench import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
+  from benchmarks import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
 
   return attention.case_arrays("rgat", case, args.dim, args.heads, seed=args.seed)
 
@@ -289,8 +289,8 @@ def run_truth(args) -> dict:
 def float32_runs(args, case):
   """(a) and (b): {"hector": {...}, "plain": {...}}."""
   import jax  # pylint: disable=g-import-not-at-top
+  from benchmarks import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
 
-  from jaxdata.bench import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
 
   hi = jax.lax.Precision.HIGHEST

@@ -8,10 +8,10 @@ TensorStore's spill + load. Run: python3 rok_bounds.py  (about a minute on an H2
 
 import jax
 import jax.numpy as jnp
+from benchmarks import rok
 from flax import nnx
 
 from jaxdata import offload
-from jaxdata.bench import rok
 from jaxdata.timing import median_seconds
 
 

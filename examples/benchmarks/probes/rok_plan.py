@@ -12,8 +12,9 @@ staging peak, and whether their sum fits --budget (a fraction of keep's memory).
 import argparse
 import re
 
+from benchmarks import rok
+
 from jaxdata import offload
-from jaxdata.bench import rok
 from jaxdata.nn import gpt_plan
 from jaxdata.timing import median_seconds
 

@@ -75,6 +75,22 @@ LOWEST = "-3.402823466e+38f"
 VALID_MASK = 1
 
 
+#: a GEMM that scatters into nodes over at most this many input features (and one head) runs as
+#: a grouped sum through the CSC or CSR view (`cuda._thin_gemm`), not in tiles (0: never)
+GEMM_THIN_K = 4
+
+
+def thin(k) -> bool:
+  """Whether instance `k` is a GEMM that `cuda._thin_gemm` generates (`GEMM_THIN_K`)."""
+  return (
+    isinstance(k, Gemm)
+    and k.k <= GEMM_THIN_K
+    and k.heads == 1
+    and k.out in ("src", "dst")
+    and k.domain == "edge"
+  )
+
+
 def reads_valid(k) -> bool:
   """Whether kernel `k`'s ok(e) reads the `valid` operand: the traversals (edge softmax, sums
   through the CSR / CSC views, the thin GEMM) under `VALID_MASK`. The tiled GEMM and
@@ -83,9 +99,7 @@ def reads_valid(k) -> bool:
   alone (an RGCN forward) computes no mask per call: one kernel fewer for the host to launch
   (MUTAG RGCN forward on the H200: 63 -> 58 us, probe_inference.py). The same on every
   target: which operands a call passes is decided before it is lowered for one."""
-  from jaxdata.hector.codegen import cuda  # pylint: disable=g-import-not-at-top
-
-  return bool(VALID_MASK) and not (isinstance(k, (Gemm, WeightGrad)) and not cuda.thin(k))
+  return bool(VALID_MASK) and not (isinstance(k, (Gemm, WeightGrad)) and not thin(k))
 
 
 def guard(k) -> str:

@@ -25,6 +25,7 @@ import os
 
 from jaxdata.hector import operands
 from jaxdata.hector.codegen.common import (
+  GEMM_THIN_K,  # noqa: F401  (also read here as cuda.GEMM_THIN_K)
   expr,
   groups,
   guard,
@@ -33,6 +34,7 @@ from jaxdata.hector.codegen.common import (
   row_pointer,
   scale,
   template,
+  thin,
   weight,
   weight_offset,
 )
@@ -263,22 +265,6 @@ def _gemm(g: Gemm) -> str:
     f"{_bool(g.transpose)}, {_bool(g.out != 'edge')}, {rows}, {_bool(g.scales)}>(\n"
     f"      tiles, rel_offsets, R, E, in{g.rows.slot}, {ids}, {_target(g)}, out, ok, "
     "weight, scale);\n}\n"
-  )
-
-
-#: a GEMM that scatters into nodes over at most this many input features (and one head) runs as
-#: a grouped sum through the CSC or CSR view (`_thin_gemm`), not in tiles (0: never)
-GEMM_THIN_K = 4
-
-
-def thin(k) -> bool:
-  """Whether instance `k` is a GEMM that `_thin_gemm` generates (`GEMM_THIN_K`)."""
-  return (
-    isinstance(k, Gemm)
-    and k.k <= GEMM_THIN_K
-    and k.heads == 1
-    and k.out in ("src", "dst")
-    and k.domain == "edge"
   )
 
 

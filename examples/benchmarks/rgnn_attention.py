@@ -23,7 +23,7 @@ Each step is loss = sum(out * ct) for a fixed random ct, with gradients for the 
 weight (mode "train"), or the forward pass alone (mode "inference"; PyG in eval mode under
 torch.inference_mode()). Precision "both" runs the plain-JAX rows at "highest" and "default"
 (`rgnn.plain_precisions`). Time and memory are measured as `jaxdata bench rgnn` (RGCN) measures them
-(jaxdata/bench/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the
+(examples/benchmarks/rgnn.py): per step, steps queued back to back; XLA's memory_analysis() of the
 compiled step for JAX, torch.cuda.max_memory_allocated for PyG; a formulation that cannot fit is
 reported as OOM, never a crash. Every formulation of a case must compute the same loss; a difference
 is a note. `--write` keeps one document with a section per model (`document`).
@@ -44,11 +44,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from benchmarks import common, rgnn
+from benchmarks import rgnn_peers as peers
 from jaxdata import command
-from jaxdata.bench import common, rgnn
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import attention as attention_ref
-from jaxdata.reference import rgcn as rgcn_ref
 from jaxdata.timing import step_seconds
 
 MODELS = ("rgat", "hgt")
@@ -231,7 +230,7 @@ def hgt_jaxdata_formulation(
   if names != HGT_INPUTS or "passes" not in signature.parameters:
     raise peers.Unavailable(
       f"jaxdata.hector.hgt_message{signature}: no adapter for this "
-      f"signature (jaxdata/bench/rgnn_attention.py, "
+      f"signature (examples/benchmarks/rgnn_attention.py, "
       f"hgt_jaxdata_formulation)"
     )
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -282,12 +281,14 @@ def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"
   returns it, step() only runs the layer)."""
   import torch  # pylint: disable=g-import-not-at-top
 
+  from jaxdata.reference import pyg as pyg_ref  # pylint: disable=g-import-not-at-top
+
   train = mode == "train"
   g = case.graph
   ctt = torch.from_numpy(ct).to(device)
   if model == "rgat":
-    conv = attention_ref.pyg_rgat_conv(params, device=device, dtype=torch.float32)
-    edge_index, edge_type = rgcn_ref.pyg_graph(g.src, g.dst, g.etype, device)
+    conv = pyg_ref.pyg_rgat_conv(params, device=device, dtype=torch.float32)
+    edge_index, edge_type = pyg_ref.pyg_graph(g.src, g.dst, g.etype, device)
     xt = torch.from_numpy(x).to(device).requires_grad_(train)
     xts = [xt]
 
@@ -297,11 +298,11 @@ def _pyg_step(model: str, case: Case, x, params, ct, device, mode: str = "train"
     def loss(out):
       return (out * ctt).sum()
   else:
-    conv = attention_ref.pyg_hgt_conv(
+    conv = pyg_ref.pyg_hgt_conv(
       params, case.node_types, case.relation_types, device=device, dtype=torch.float32
     )
     xts = [torch.from_numpy(a).to(device).requires_grad_(train) for a in x]
-    x_dict, edge_index_dict = attention_ref.pyg_hetero_inputs(
+    x_dict, edge_index_dict = pyg_ref.pyg_hetero_inputs(
       g.src, g.dst, g.etype, xts, case.node_types, case.relation_types, device=device
     )
     bounds = np.cumsum([0] + [len(a) for a in x])
@@ -349,12 +350,14 @@ def measure_pyg(
   try:
     import torch  # pylint: disable=g-import-not-at-top
 
+    from jaxdata.reference import pyg as pyg_ref  # pylint: disable=g-import-not-at-top
+
     importlib.import_module("torch_geometric.nn")
   except ImportError as e:
     r.status = "skipped"
     rgnn._note(notes, f"PyG row skipped: torch_geometric is not importable ({e})")
     return r
-  device = rgcn_ref.torch_device()
+  device = pyg_ref.torch_device()
   x, params, ct = case_arrays(model, case, dim, heads)
   where = f"{case.name}, dim {dim}, PyG"
   if device.type != "cuda":
@@ -723,7 +726,7 @@ def markdown(
     _begin(model),
     f"## One {model.upper()} layer: {what}",
     "",
-    f"Measured by `jaxdata bench rgnn --model {model}` (jaxdata/bench/rgnn_attention.py): "
+    f"Measured by `jaxdata bench rgnn --model {model}` (examples/benchmarks/rgnn_attention.py): "
     f"milliseconds of {rgnn.mode_text(mode)}, float32, the whole graph, {heads} heads. "
     + DEFINITIONS[model]
     + " "
@@ -798,7 +801,7 @@ def document(previous: str | None, model: str, section: str) -> str:
 
 # ----------------------------------------------------------------------------- the CLI
 def main(args) -> int:
-  """`jaxdata bench rgnn --model rgat|hgt` (its options: `jaxdata.bench.rgnn_command`)."""
+  """`jaxdata bench rgnn --model rgat|hgt` (its options: `benchmarks.rgnn_command`)."""
   import rich.markup  # pylint: disable=g-import-not-at-top
 
   model = args.model

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from benchmarks.common import command_line, hardware, markdown_table, print_table, write
 from jaxdata import command
-from jaxdata.bench.common import command_line, hardware, markdown_table, print_table, write
 from jaxdata.timing import median_seconds
 
 

@@ -1,12 +1,12 @@
 """The `jaxdata bench rgnn` command: its options, and the run of the RGCN benchmark
-(`jaxdata.bench.rgnn`) or, with `--model rgat|hgt`, the attention one (`bench.rgnn_attention`)."""
+(`benchmarks.rgnn`) or, with `--model rgat|hgt`, the attention one (`bench.rgnn_attention`)."""
 
 from __future__ import annotations
 
 import os
 
+from benchmarks import rgnn, rgnn_attention
 from jaxdata import command
-from jaxdata.bench import rgnn, rgnn_attention
 
 
 def add_arguments(parser) -> None:

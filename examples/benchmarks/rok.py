@@ -17,8 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from benchmarks import common
 from jaxdata import command, offload
-from jaxdata.bench import common
 from jaxdata.timing import median_seconds
 
 FULL = dict(layers=16, hidden=4096, heads=32, seq=2048, batch=8, vocab=8192)

@@ -27,8 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from benchmarks import common
 from jaxdata import command
-from jaxdata.bench import common
 from jaxdata.data.powerlaw import powerlaw_graph
 from jaxdata.host import HostGraph, HostTable, sample_neighbors
 from jaxdata.train.common import seed_batches
@@ -268,7 +268,7 @@ def markdown(
   text = [
     "# Mini-batch GraphSAGE from host memory: three pipelines",
     "",
-    "Measured by `jaxdata bench minibatch` (jaxdata/bench/minibatch.py). GraphSAGE (mean "
+    "Measured by `jaxdata bench minibatch` (examples/benchmarks/minibatch.py). GraphSAGE (mean "
     f"aggregator, {len(fanouts)} layers, hidden 256, Adam), fanouts {tuple(fanouts)}, "
     f"{batch_size} seeds per GPU per batch; the same seeds and the same samples in every "
     "pipeline. *all-in-GPU*: graph and features in device memory. *CPU-centric*: jaxdata's "

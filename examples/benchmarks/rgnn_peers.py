@@ -242,7 +242,7 @@ def pyg_wait(device) -> Callable[[Any], None]:
   return lambda _: None
 
 
-#: PyG's RGCN layers: name -> `jaxdata.reference.rgcn.pyg_conv`'s `fast`.
+#: PyG's RGCN layers: name -> `jaxdata.reference.pyg.pyg_conv`'s `fast`.
 PYG_RGCN = {"RGCNConv": False, "FastRGCNConv": True}
 
 
@@ -265,39 +265,41 @@ def time_pyg(
   peak allocated bytes.
 
   mode "train": forward + backward of sum(conv(x) * ct); "inference": the forward alone, the
-  layer in eval mode under `torch.inference_mode()` (`rgcn.pyg_forward`). The peak counts what
+  layer in eval mode under `torch.inference_mode()` (`pyg_ref.pyg_forward`). The peak counts what
   this case allocated, inputs and weights included (memory allocated before it is subtracted),
   as the compiled figure of a JAX step counts its arguments. `keep_output`: inference's first
   output, as NumPy, in `Timing.output`.
   """
   import torch  # pylint: disable=g-import-not-at-top
 
+  from jaxdata.reference import pyg as pyg_ref  # pylint: disable=g-import-not-at-top
+
   if mode not in MODES:
     raise ValueError(f"time_pyg: mode must be one of {MODES}, got {mode!r}")
   if layer not in PYG_RGCN:
     raise ValueError(f"time_pyg: layer must be one of {tuple(PYG_RGCN)}, got {layer!r}")
-  device = device or rgcn.torch_device()
+  device = device or pyg_ref.torch_device()
   cuda = device.type == "cuda"
   if cuda:
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-  conv = rgcn.pyg_conv(w, device=device, fast=PYG_RGCN[layer])
-  edge_index, edge_type = rgcn.pyg_graph(src, dst, etype, device)
+  conv = pyg_ref.pyg_conv(w, device=device, fast=PYG_RGCN[layer])
+  edge_index, edge_type = pyg_ref.pyg_graph(src, dst, etype, device)
   xt = torch.from_numpy(np.asarray(x)).to(device).requires_grad_(mode == "train")
   ctt = torch.from_numpy(np.asarray(ct)).to(device)
   output = None
   if mode == "train":
 
     def step():
-      return rgcn.pyg_loss_and_grads(conv, xt, edge_index, edge_type, ctt)
+      return pyg_ref.pyg_loss_and_grads(conv, xt, edge_index, edge_type, ctt)
 
     loss = step()[0].detach().item()
   else:
     conv.eval()
 
     def step():
-      return rgcn.pyg_forward(conv, xt, edge_index, edge_type)
+      return pyg_ref.pyg_forward(conv, xt, edge_index, edge_type)
 
     first = step()
     loss = float((first * ctt).sum().item())

@@ -17,7 +17,7 @@ what differs is where the graph and features live and who samples and gathers:
   CPU-centric feed does.
 - "pyg": PyG's HGTConv (--model hgt) or RGATConv (--model rgat) of the same widths on CUDA
   (the CPU where torch sees none), fed `HeteroData` mini-batches by
-  `jaxdata.bench.pyg_sampler`, a NumPy stand-in for NeighborLoader (whose sampler needs
+  `benchmarks.pyg_sampler`, a NumPy stand-in for NeighborLoader (whose sampler needs
   pyg-lib or torch-sparse); sampling and batch building on a prefetch thread, `.to(device)`
   and the step in the loop. NeighborLoader draws `fanout` in-edges per node *per edge type*,
   jaxdata `fanout` per node over all relations: PyG's batches are larger (the table shows
@@ -52,8 +52,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks import common
 from jaxdata import command
-from jaxdata.bench import common
 from jaxdata.loader import Batch, Loader
 from jaxdata.loader.blocks import node_types
 from jaxdata.train.attention import MODELS, TrainConfig, build_model, default_classes
@@ -326,8 +326,8 @@ def _pyg(
   """The PyG pipeline: (timed seconds, (loss, edges, None) per timed batch, {"ran on"})."""
   import torch  # pylint: disable=g-import-not-at-top
 
-  from jaxdata.bench import pyg_sampler  # pylint: disable=g-import-not-at-top
-  from jaxdata.reference.rgcn import torch_device  # pylint: disable=g-import-not-at-top
+  from benchmarks import pyg_sampler  # pylint: disable=g-import-not-at-top
+  from jaxdata.reference.pyg import torch_device  # pylint: disable=g-import-not-at-top
 
   device = torch_device()
   sampler = pyg_sampler.HeteroNeighborSampler(dataset)
@@ -732,7 +732,8 @@ def describe(
     "batches and report the same loss), `jax.device_put` of the blocks and features, a "
     f"jitted step taking them; a prefetch thread keeps {PREFETCH} batches ahead.\n"
     f"- *PyG*: {peer}, on CUDA where torch sees a GPU (the notes say where it ran), fed "
-    "`HeteroData` mini-batches by `jaxdata/bench/pyg_sampler.py`, **our NumPy sampler standing in "
+    "`HeteroData` mini-batches by `examples/benchmarks/pyg_sampler.py`, **our NumPy sampler "
+    "standing in "
     "for PyG's `NeighborLoader`**, whose sampler needs pyg-lib or torch-sparse, which the GPU "
     "machine lacks. It does what NeighborLoader does on a HeteroData: per hop, for each node "
     "found by the previous hop and each edge type into its type, up to fanout in-edges uniformly "
@@ -774,7 +775,7 @@ def markdown(
   text = [
     f"# Mini-batch {model.upper()} on a heterograph: four pipelines",
     "",
-    "Measured by `jaxdata bench hetero` (jaxdata/bench/hetero.py). "
+    "Measured by `jaxdata bench hetero` (examples/benchmarks/hetero.py). "
     + describe(model, fanouts, batch_size, batches, warmup, hidden, heads),
     "",
     f"Command: `{command_line}`",

@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.common import command_line, hardware, markdown_table, print_table, write
 from jaxdata import command
-from jaxdata.bench.common import command_line, hardware, markdown_table, print_table, write
 
 #: The training paths: name -> (what it exercises, quick CPU-sized args, GPU-sized args). Every
 #: train command's sizes are here; `--epochs`, `--steps`, `--scale` and `--extra` override them.

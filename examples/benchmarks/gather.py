@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from benchmarks import common
 from jaxdata import command
-from jaxdata.bench import common
 from jaxdata.host import HostTable, host_gather, host_slice
 from jaxdata.host import gather as gather_mod
 from jaxdata.sizes import format_bytes, parse_bytes
@@ -196,7 +196,8 @@ def markdown(
   text = [
     "# Gathering random rows from a host table",
     "",
-    "Measured by `jaxdata bench gather` (jaxdata/bench/gather.py): GB/s of rows delivered to the "
+    "Measured by `jaxdata bench gather` (examples/benchmarks/gather.py): GB/s of rows delivered "
+    "to the "
     "device, random indices, float32 rows. *host_gather* is jaxdata's zero-copy gather with its "
     "default policy (indices sorted first for tables of "
     f"{format_bytes(gather_mod.SORT_THRESHOLD_BYTES)} or more with rows under "

@@ -26,7 +26,7 @@ executable needs (memory_analysis(): arguments + outputs + temporaries), and on 
 of the allocator's peak; for PyG, torch.cuda.max_memory_allocated over the case. A formulation that
 does not fit is reported as OOM (estimated up front where XLA's analysis or the per-edge tensor says
 it cannot fit), never a crash. Formulations are in jaxdata/reference/rgcn.py, timed by
-jaxdata/bench/rgnn_peers.py.
+examples/benchmarks/rgnn_peers.py.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from benchmarks import common
+from benchmarks import rgnn_peers as peers
 from jaxdata import command
-from jaxdata.bench import common
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import rgcn as rgcn_ref
 
 DIMS = (32, 64, 128)
@@ -462,12 +462,14 @@ def measure_pyg(
   try:
     import torch  # pylint: disable=g-import-not-at-top
 
+    from jaxdata.reference import pyg as pyg_ref  # pylint: disable=g-import-not-at-top
+
     importlib.import_module("torch_geometric")
   except ImportError as e:
     r.status = "skipped"
     _note(notes, f"PyG rows skipped: torch_geometric is not importable ({e})")
     return r
-  device = rgcn_ref.torch_device()
+  device = pyg_ref.torch_device()
   where = f"{graph.name}, dim {dim}, {formulation}"
   layer = PYG[formulation]
   if device.type != "cuda" and layer == "FastRGCNConv":
@@ -773,9 +775,11 @@ def software_line() -> str:
   try:
     import torch  # pylint: disable=g-import-not-at-top
     import torch_geometric  # pylint: disable=g-import-not-at-top
+
+    from jaxdata.reference import pyg as pyg_ref  # pylint: disable=g-import-not-at-top
   except ImportError:
     return "PyG: not installed"
-  dev = rgcn_ref.torch_device()
+  dev = pyg_ref.torch_device()
   where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
   return f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__} on {where}"
 
@@ -904,7 +908,7 @@ def markdown(
     ]
   text = [
     *head,
-    "Measured by `jaxdata bench rgnn` (jaxdata/bench/rgnn.py): milliseconds of "
+    "Measured by `jaxdata bench rgnn` (examples/benchmarks/rgnn.py): milliseconds of "
     f"{mode_text(mode)}, "
     "out[i] = sum over in-edges e of norm[e] x[src[e]] W[etype[e]] with norm the per-relation "
     "mean, float32, d_in = d_out = dim, the whole graph. *jaxdata* is "
@@ -954,7 +958,7 @@ def markdown(
 
 # ----------------------------------------------------------------------------- the CLI
 def main(args) -> int:
-  """`jaxdata bench rgnn --model rgcn` (its options: `jaxdata.bench.rgnn_command`)."""
+  """`jaxdata bench rgnn --model rgcn` (its options: `benchmarks.rgnn_command`)."""
   if args.formulations:
     raise command.UsageError("argument --formulations: only for --model rgat or hgt")
   graphs = common.pick(args.graphs, args.quick, list(QUICK["graphs"]), list(GRAPHS))

@@ -54,10 +54,10 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from benchmarks import common, rgnn
+from benchmarks import rgnn_attention as attention
+from benchmarks import rgnn_peers as peers
 from jaxdata import command
-from jaxdata.bench import common, rgnn
-from jaxdata.bench import rgnn_attention as attention
-from jaxdata.bench import rgnn_peers as peers
 from jaxdata.reference import attention as attention_ref
 from jaxdata.reference import rgcn as rgcn_ref
 
@@ -724,7 +724,8 @@ def markdown(
   text = [
     "# Hector on tensor cores",
     "",
-    "Measured by `jaxdata bench tensor-cores` (jaxdata/bench/tensor_cores.py): milliseconds of "
+    "Measured by `jaxdata bench tensor-cores` (examples/benchmarks/tensor_cores.py): "
+    "milliseconds of "
     "one RGCN or RGAT layer's relational part, forward + backward (loss = sum(out * ct), "
     f"gradients for x and every weight: W and RGAT's attention vectors; RGAT with {heads} "
     "heads), the whole graph, per step: the median of "
