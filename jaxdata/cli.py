@@ -251,8 +251,7 @@ def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool =
     if e.name != "benchmarks":
       raise
     parser = sub.add_parser(name, help=help_text, description=help_text)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    parser.set_defaults(run=_benchmarks_missing, prog=parser.prog)
+    parser.set_defaults(run=_benchmarks_missing, prog=parser.prog)  # whatever its flags (main)
     return
   parser = sub.add_parser(name, help=help_text, description=help_text)
   module.add_arguments(parser, *extra)
@@ -329,7 +328,9 @@ def parser() -> command.Parser:
 
 def main(argv: list[str] | None = None) -> int:
   top = parser()
-  args = top.parse_args(argv)
+  args, unknown = top.parse_known_args(argv)
+  if unknown and getattr(args, "run", None) is not _benchmarks_missing:
+    top.error(f"unrecognized arguments: {' '.join(unknown)}")  # what parse_args says
   if getattr(args, "run", None) is None:  # `jaxdata` alone
     top.print_help()
     return 0

@@ -37,6 +37,7 @@ def breakdown_cells(text: str) -> dict[str, float]:
   checked: `common.PARTS` first, each >= 0, the device's busy time between the largest part
   and their sum, and the idle time the steady step less the busy time."""
   import pytest  # pylint: disable=g-import-not-at-top
+
   from benchmarks import common  # pylint: disable=g-import-not-at-top
 
   section = text.split("## Where the GPU-centric step's time goes")[1]

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import breakdown_cells
-from benchmarks import common, hetero, pyg_sampler
 
+from benchmarks import common, hetero, pyg_sampler
 from jaxdata import cli
 from jaxdata.data import synthetic_mag
 

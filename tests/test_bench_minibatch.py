@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import breakdown_cells
-from benchmarks import minibatch
 
+from benchmarks import minibatch
 from jaxdata import cli
 from jaxdata.data.powerlaw import powerlaw_graph
 from jaxdata.host import HostGraph, sample_neighbors

@@ -9,6 +9,7 @@ import sys
 
 import doc_blocks
 import pytest
+
 from benchmarks import one_process
 
 

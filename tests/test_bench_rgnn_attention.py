@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import assert_losses_agree
+
 from benchmarks import rgnn
 from benchmarks import rgnn_attention as ra
-
 from jaxdata import cli
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.

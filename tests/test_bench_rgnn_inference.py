@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 from bench_checks import assert_losses_agree
+
 from benchmarks import rgnn
 from benchmarks import rgnn_attention as ra
 from benchmarks import rgnn_peers as peers
-
 from jaxdata import cli
 from jaxdata.reference import attention as attention_ref
 from jaxdata.reference import rgcn as rgcn_ref

@@ -12,10 +12,10 @@ import sys
 import jax
 import numpy as np
 import pytest
+
 from benchmarks import rgnn
 from benchmarks import rgnn_attention as ra
 from benchmarks import tensor_cores as tc
-
 from jaxdata import cli
 from jaxdata.reference import rgcn as rgcn_ref
 

@@ -9,10 +9,10 @@ two end nodes and says so, and still fails when another node's dx is off by 1e-3
 
 import numpy as np
 import pytest
+
 from benchmarks import rgnn
 from benchmarks import rgnn_attention as ra
 from benchmarks import tensor_cores as tc
-
 from jaxdata.data import HeteroGraph
 from jaxdata.reference import attention as attention_ref
 

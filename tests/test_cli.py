@@ -13,8 +13,8 @@ import time
 
 import jax
 import pytest
-from benchmarks import gather
 
+from benchmarks import gather
 from jaxdata import cli, command
 
 
@@ -197,6 +197,29 @@ def test_a_mistake_in_a_fresh_process_prints_no_traceback():
     "jaxdata train rgcn: error: argument --seeds: must be an integer of at least 1, got 0 "
     "(see jaxdata train rgcn --help)"
   ]
+
+
+def test_without_the_benchmarks_bench_is_one_line_saying_where_they_are(tmp_path):
+  """An install without a clone's examples/benchmarks/ (a wheel) still lists `bench` and `rok`;
+  running one is a usage error that says how to get them, whatever its flags."""
+  script = (
+    "import pathlib, sys; from jaxdata import cli; cli.EXAMPLES = pathlib.Path(sys.argv[1]); "
+    "sys.exit(cli.main(sys.argv[2:]))"
+  )
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  for argv in (["bench", "hetero", "--scale", "1"], ["rok", "--quick"]):
+    proc = subprocess.run(
+      [sys.executable, "-c", script, str(tmp_path), *argv],
+      capture_output=True,
+      text=True,
+      timeout=120,
+      cwd=tmp_path,
+      env=env,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"jaxdata {' '.join(argv[: 2 if argv[0] == 'bench' else 1])}" in line
+    assert "pip install -e '.[bench]'" in line
 
 
 def test_quick_never_overrides_flags_the_user_gave(monkeypatch, tmp_path, capsys):

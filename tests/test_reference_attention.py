@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from benchmarks import rgnn_peers as peers
 
+from benchmarks import rgnn_peers as peers
 from jaxdata.data import HeteroGraph, mag
 from jaxdata.reference import attention as attention_ref
 

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from benchmarks import rgnn_peers as peers
 
+from benchmarks import rgnn_peers as peers
 from jaxdata.reference import rgcn as rgcn_ref
 
 

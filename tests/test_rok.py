@@ -5,8 +5,8 @@ import itertools
 
 import jax.numpy as jnp
 import pytest
-from benchmarks import rok
 
+from benchmarks import rok
 from jaxdata.offload import planner
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.

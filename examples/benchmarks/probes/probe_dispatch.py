@@ -13,9 +13,9 @@ import os
 import sys
 
 import jax
+
 from benchmarks import rgnn
 from benchmarks import rgnn_peers as peers
-
 from jaxdata.timing import median_seconds
 
 

@@ -12,8 +12,8 @@ import sys
 
 import jax
 import numpy as np
-from benchmarks import common, hetero
 
+from benchmarks import common, hetero
 from jaxdata import timing
 from jaxdata.data import synthetic_mag
 from jaxdata.train.attention import TrainConfig

@@ -32,9 +32,9 @@ import sys
 
 import jax
 import jax.numpy as jnp
+
 from benchmarks import rgnn
 from benchmarks import rgnn_peers as peers
-
 from jaxdata.hector import codegen, runtime
 from jaxdata.timing import median_seconds
 

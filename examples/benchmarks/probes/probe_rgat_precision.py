@@ -289,8 +289,8 @@ def run_truth(args) -> dict:
 def float32_runs(args, case):
   """(a) and (b): {"hector": {...}, "plain": {...}}."""
   import jax  # pylint: disable=g-import-not-at-top
-  from benchmarks import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
 
+  from benchmarks import rgnn_attention as attention  # pylint: disable=g-import-not-at-top
   from jaxdata.reference import attention as ref  # pylint: disable=g-import-not-at-top
 
   hi = jax.lax.Precision.HIGHEST

@@ -15,9 +15,9 @@ import os
 import sys
 
 import jax
+
 from benchmarks import rgnn, rgnn_attention
 from benchmarks import rgnn_peers as peers
-
 from jaxdata.reference import rgcn as rgcn_ref
 
 

@@ -8,9 +8,9 @@ TensorStore's spill + load. Run: python3 rok_bounds.py  (about a minute on an H2
 
 import jax
 import jax.numpy as jnp
-from benchmarks import rok
 from flax import nnx
 
+from benchmarks import rok
 from jaxdata import offload
 from jaxdata.timing import median_seconds
 

@@ -13,7 +13,6 @@ import argparse
 import re
 
 from benchmarks import rok
-
 from jaxdata import offload
 from jaxdata.nn import gpt_plan
 from jaxdata.timing import median_seconds
