@@ -9,6 +9,7 @@ holds.
 import atexit
 import ctypes
 import gc
+import importlib.metadata
 import os
 import resource
 import shutil
@@ -16,18 +17,18 @@ import tempfile
 
 # XLA_FLAGS must be set before JAX starts. Two CPU devices, for the shard_map tests. And the
 # cheapest compiles, because the suite compiles thousands of small programs and runs few large
-# ones: XLA's backends at -O0 (LLVM's cheapest pipeline; on a GPU, ptxas still optimizes); XLA:CPU's
-# classic loop emitters instead of its MLIR fusion emitters, which take seconds over the gathers
-# and scatters this project is made of; and each program's code generated on one thread (the
-# suite already runs a worker per core). Together they take about two thirds off a
-# compile-bound test's CPU time; results differ from the defaults only in the order of float
-# reductions. Subprocesses inherit them; a test that sets XLA_FLAGS for its child starts from
-# JAXDATA_TEST_XLA_FLAGS, which a run may set itself (JAXDATA_TEST_XLA_FLAGS= compiles as users do).
-os.environ.setdefault(
-  "JAXDATA_TEST_XLA_FLAGS",
-  "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-  " --xla_cpu_parallel_codegen_split_count=1",
-)
+# ones: XLA's backends at -O0 (LLVM's cheapest pipeline; on a GPU, ptxas still optimizes); each
+# program's code generated on one thread (the suite already runs a worker per core); and, up to
+# jaxlib 0.10 (0.11 knows no such flag, and an unknown flag aborts XLA), XLA:CPU's classic loop
+# emitters instead of its MLIR fusion emitters, which take seconds over the gathers and scatters
+# this project is made of. Together they take about two thirds off a compile-bound test's CPU
+# time; results differ from the defaults only in the order of float reductions. Subprocesses
+# inherit them; a test that sets XLA_FLAGS for its child starts from JAXDATA_TEST_XLA_FLAGS,
+# which a run may set itself (JAXDATA_TEST_XLA_FLAGS= compiles as users do).
+_cheap = "--xla_backend_optimization_level=0 --xla_cpu_parallel_codegen_split_count=1"
+if tuple(map(int, importlib.metadata.version("jaxlib").split(".")[:2])) < (0, 11):
+  _cheap += " --xla_cpu_use_fusion_emitters=false"
+os.environ.setdefault("JAXDATA_TEST_XLA_FLAGS", _cheap)
 _flags = os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 if os.environ["JAXDATA_TEST_XLA_FLAGS"] not in _flags:  # (xdist workers inherit the controller's)
   _flags = f"{os.environ['JAXDATA_TEST_XLA_FLAGS']} {_flags}"
