@@ -11,14 +11,14 @@ Parts:
 """
 
 from jaxdata import host
+from jaxdata._version import __version__
 from jaxdata.host import HostTable, host_gather, host_slice
 
-__version__ = "0.1.0"
 __all__ = ["host", "HostTable", "host_gather", "host_slice", "load_model", "__version__"]
 
 
 def load_model(path, /, **data_overrides):
   """Rebuilds a saved model to evaluate or predict with (`jaxdata.train.checkpoint.load_model`)."""
-  from jaxdata.train.checkpoint import load_model as load  # pylint: disable=g-import-not-at-top
+  from jaxdata.train.checkpoint import load_model as load  # the apps, only when asked for
 
   return load(path, **data_overrides)

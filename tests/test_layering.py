@@ -1,10 +1,11 @@
 """Dependencies point one way (DESIGN.md): benchmarks (examples/benchmarks/, outside the
 package) -> apps (cli, command, distributed, launch, train) -> models (nn) -> libraries (host,
-hector, offload, loader) -> ground (data, reference, _ffi, placement, sizes, timing). Every
-import in a module, at top level or inside a function, is checked against its layer; the checks
-are run on planted violations too, so they can fail."""
+hector, offload, loader) -> ground (data, reference, _ffi, _version, placement, sizes, timing).
+Every import in a module, at top level or inside a function, is checked against its layer; the
+checks are run on planted violations too, so they can fail."""
 
 import ast
+import importlib.util
 import pathlib
 
 import pytest
@@ -24,6 +25,7 @@ GROUND = (
   "jaxdata.data",
   "jaxdata.reference",
   "jaxdata._ffi",
+  "jaxdata._version",
   "jaxdata.placement",
   "jaxdata.sizes",
   "jaxdata.timing",
@@ -149,3 +151,89 @@ def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
       }
     )
     assert not wrong, f"{path.relative_to(PACKAGE.parent)} imports sideways: {wrong}"
+
+
+def inner_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+  """(line, text) of every import statement inside a function of the file."""
+  lines = path.read_text().splitlines()
+  found = set()
+  for node in ast.walk(ast.parse("\n".join(lines), str(path))):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for inner in ast.walk(node):
+        if isinstance(inner, (ast.Import, ast.ImportFrom)):
+          found.add((inner.lineno, lines[inner.lineno - 1].strip()))
+  return sorted(found)
+
+
+def test_imports_inside_functions_are_few_and_each_says_why(tmp_path):
+  """Imports sit at the top of a module; at most 15 in the package wait inside a function (an
+  optional dependency, an app reached only when asked for), each with a comment saying why."""
+  found = {
+    f"{path.relative_to(PACKAGE.parent)}:{line}": text
+    for path in sorted(PACKAGE.rglob("*.py"))
+    for line, text in inner_imports(path)
+  }
+  assert len(found) <= 15, f"{len(found)} imports inside functions: {sorted(found)}"
+  silent = [k for k, text in found.items() if "#" not in text]
+  assert not silent, f"imports inside functions without their reason: {silent}"
+  planted = tmp_path / "planted.py"
+  planted.write_text("import os\n\n\ndef f():\n  import json\n  return json, os\n")
+  assert inner_imports(planted) == [(5, "import json")]
+
+
+def import_cycles(modules: dict[str, pathlib.Path]) -> list[list[str]]:
+  """The groups of modules (of `modules`: name -> file) that import each other in a circle,
+  counting imports inside functions (Tarjan's strongly connected components). `from pkg import
+  name` depends on module pkg.name where that is a module (a compiled one is a leaf), else on
+  pkg."""
+
+  def is_module(name: str) -> bool:
+    try:
+      return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+      return False
+
+  graph = {}
+  for name, path in modules.items():
+    found = _imports(path, name)
+    deps = set()
+    for line, mod in found:
+      if any(line == n and other.startswith(mod + ".") for n, other in found):
+        continue  # the `pkg` of `from pkg import name`: the entry for `name` decides
+      if mod in modules:
+        deps.add(mod)
+      elif not is_module(mod) and mod.rpartition(".")[0] in modules:
+        deps.add(mod.rpartition(".")[0])  # a name the package defines, not one of its modules
+    deps.discard(name)
+    graph[name] = deps
+  index, low, stack, cycles = {}, {}, [], []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    for w in graph[v]:
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      group = stack[stack.index(v) :]
+      del stack[stack.index(v) :]
+      if len(group) > 1:
+        cycles.append(sorted(group))
+
+  for v in graph:
+    if v not in index:
+      visit(v)
+  return cycles
+
+
+def test_no_import_cycles(tmp_path):
+  modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+  assert not import_cycles(modules), "modules that import each other in a circle"
+  (tmp_path / "a.py").write_text("from jaxdata import b\n")
+  (tmp_path / "b.py").write_text("def f():\n  from jaxdata.a import x\n  return x\n")
+  (tmp_path / "c.py").write_text("import jaxdata.a\n")
+  planted = {f"jaxdata.{n}": tmp_path / f"{n}.py" for n in "abc"}
+  assert import_cycles(planted) == [["jaxdata.a", "jaxdata.b"]]

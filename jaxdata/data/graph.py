@@ -622,7 +622,7 @@ class HeteroGraph:
     names (``"relation_names"``, ``"node_type_names"``, ``"node_type_offsets"`` and, when known,
     ``"relation_types"`` as "src|relation|dst"), so `from_jraph` gives this graph back.
     """
-    import jraph  # an optional dependency
+    import jraph  # optional (the jraph extra)
 
     names = {
       "relation_names": self.relation_names,

@@ -309,8 +309,8 @@ class HeteroData:
   def to_pyg(self):
     """This graph as a `torch_geometric.data.HeteroData` (needs torch and PyG): every node
     array under its name, ``num_nodes`` per type, ``edge_index`` per edge type."""
-    import torch  # pylint: disable=g-import-not-at-top
-    from torch_geometric.data import HeteroData as PygHeteroData  # pylint: disable=g-import-not-at-top
+    import torch  # optional (the oracle extra)
+    from torch_geometric.data import HeteroData as PygHeteroData  # optional, as torch
 
     out = PygHeteroData()
     for t, n in self.num_nodes.items():
@@ -376,7 +376,7 @@ class HeteroData:
     ``"type"`` (each node's type index) and, per node array and type, ``"name/type"``: the
     type's rows at its nodes, zeros elsewhere; ``globals`` the names (``"node_types"``,
     ``"edge_types"`` as "src|relation|dst"), so `from_jraph` restores everything."""
-    import jraph  # pylint: disable=g-import-not-at-top  (an optional dependency)
+    import jraph  # optional (the jraph extra)
 
     offsets = np.concatenate([[0], np.cumsum(list(self.num_nodes.values()))]).astype(np.int64)
     start = dict(zip(self.num_nodes, offsets[:-1]))

@@ -148,7 +148,7 @@ def _splits(masks: dict) -> dict:
 def _parquet(path: Path) -> np.ndarray:
   """A Parquet edge file's ids as [2, E]: columns "src" and "dst", else the first two."""
   try:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (an optional dependency)
+    import pyarrow.parquet as pq  # optional (the parquet extra)
   except ImportError:
     raise ImportError(
       f"read_edge_lists: {path} is Parquet, which needs pyarrow: pip install 'jaxdata[parquet]'"

@@ -125,7 +125,7 @@ class Blocks:
     `nodes` holds `{"id", "mask"}` and, if given, `"features"` (the rows of both hops, stacked
     the same way).
     """
-    import jraph  # pylint: disable=g-import-not-at-top
+    import jraph  # optional (the jraph extra)
 
     dst, src = self.nodes[hop], self.nodes[hop + 1]
     n_dst, n_src = dst.shape[0], src.shape[0]

@@ -53,7 +53,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-import jaxdata
+from jaxdata._version import __version__
 
 FORMAT = 1
 #: kind -> the training module that builds and evaluates it (each defines `restore`).
@@ -380,7 +380,7 @@ def save(
     dict(
       format=FORMAT,
       kind=kind,
-      jaxdata=jaxdata.__version__,
+      jaxdata=__version__,
       step=int(step),
       config=config,
       data=data,
@@ -751,8 +751,8 @@ def load_model(path: str | os.PathLike, /, **data_overrides: Any) -> Loaded:
 
     saved_by = meta.get("jaxdata")
     other = (
-      f"; it was saved by jaxdata {saved_by}, this is {jaxdata.__version__}"
-      if saved_by != jaxdata.__version__
+      f"; it was saved by jaxdata {saved_by}, this is {__version__}"
+      if saved_by != __version__
       else ""
     )
     raise ValueError(

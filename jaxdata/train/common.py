@@ -567,10 +567,10 @@ def plot_history(path: str) -> str | None:
   step) on the left, every accuracy, MRR or Hits@k on the right. Returns the PNG's path, or
   None where matplotlib is not installed or the history is empty."""
   try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
+    import matplotlib  # optional (the plot extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+    import matplotlib.pyplot as plt  # optional, after choosing the Agg backend
   except ImportError:
     return None
   with open(os.path.join(path, "history.json"), encoding="utf-8") as f:
@@ -687,7 +687,7 @@ def sharded_jit(fn, mesh, in_specs, out_specs, **jit_kwargs):
   try:
     shard_map = jax.shard_map
   except AttributeError:  # older JAX
-    from jax.experimental.shard_map import shard_map  # type: ignore
+    from jax.experimental.shard_map import shard_map  # type: ignore  (older JAX)
   return jax.jit(
     shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False), **jit_kwargs
   )

@@ -48,7 +48,7 @@ from jaxdata.loader import Batch, Loader, initial_embeddings
 from jaxdata.nn.classifiers import is_table
 from jaxdata.sizes import format_bytes
 from jaxdata.train import common
-from jaxdata.train.attention import TrainConfig, build_model, evaluate
+from jaxdata.train.attention.model import TrainConfig, build_model, evaluate
 from jaxdata.train.common import TrainResult
 
 

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector.partition import partition
+from jaxdata.train.attention.model import build_model
 from jaxdata.train.common import MESH_AXIS as AXIS
 from jaxdata.train.common import (
   TrainResult,
@@ -52,7 +53,6 @@ def train(
   dataset: MagDataset, config, *, on_epoch: Callable[[dict], None] | None = None
 ) -> TrainResult:
   """`jaxdata.train.attention.train` over the mesh of `config.devices` devices per process."""
-  from jaxdata.train.attention import build_model  # pylint: disable=g-import-not-at-top
 
   if config.embed:
     raise ValueError(

@@ -37,7 +37,6 @@ from jaxdata import command, distributed
 from jaxdata.data import EntityDataset, HeteroGraph, load_entities, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
-from jaxdata.nn import EntityClassifier
 from jaxdata.train import checkpoint
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
@@ -57,90 +56,42 @@ from jaxdata.train.common import (
   save_due,
   say_saved,
 )
+from jaxdata.train.rgcn import minibatch as sampled
+from jaxdata.train.rgcn import partitioned
+from jaxdata.train.rgcn.model import (
+  PAPER_SETUP,
+  SYNTHETIC_SETUP,
+  TrainConfig,
+  build_model,
+  evaluate,
+  l2_penalty,
+  predict,
+  split_validation,
+)
 
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  epochs: int = 50
-  hidden: int = 16
-  num_bases: int | None = None
-  l2: float = 0.0  # times the first layer's sum of squared parameters, as in the paper
-  self_loop: str = "separate"  # W_0 a weight of its own, or "basis": combined from the bases
-  bias: bool = True
-  learning_rate: float = 0.01
-  seed: int = 0
-  dtype: str = "float32"  # or "bfloat16" (parameters stay float32)
-  val_fraction: float = 0.0  # training nodes held out (seeded) to report validation accuracy
-  devices: int | None = 1  # per process; None: every local device (rgcn.partitioned; minibatch)
-
-  def __post_init__(self):
-    if self.epochs < 1 or self.hidden < 1:
-      raise ValueError("epochs and hidden must be >= 1")
-    if not 0 <= self.val_fraction < 1:
-      raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-    if self.devices is not None and self.devices < 1:
-      raise ValueError(f"devices must be >= 1 or None (all), got {self.devices}")
-    if self.self_loop not in ("separate", "basis"):
-      raise ValueError(f"self_loop must be 'separate' or 'basis', got {self.self_loop!r}")
-    if self.self_loop == "basis" and self.num_bases is None:
-      raise ValueError(
-        "self_loop='basis' combines the self-loop weight from the bases: it needs num_bases"
-      )
-
-
-#: The RGCN paper's hyperparameters per RDF dataset (hidden 16, 50 epochs, lr 0.01 everywhere;
-#: bases and L2 per dataset); it trains on the whole training set (no validation split) once they
-#: are chosen. From the authors' code (tkipf/relational-gcn, whose README gives these commands): no
-#: bias in either layer, and the self loop is one more relation, decomposed over the bases where
-#: there are bases (`main` falls back to a weight of its own where there are none, as on AIFB).
-PAPER_SETUP = {
-  "aifb": dict(num_bases=None, l2=0.0, val_fraction=0.0, self_loop="basis", bias=False),
-  "mutag": dict(num_bases=30, l2=5e-4, val_fraction=0.0, self_loop="basis", bias=False),
-}
-#: The built-in synthetic graph: 100 relations (with inverses) and 2,000 training nodes overfit a
-#: full weight per relation (55% test accuracy); 8 shared bases generalize (89%). A fifth of the
-#: training nodes is held out to report validation accuracy every epoch.
-SYNTHETIC_SETUP = dict(num_bases=8, l2=5e-4, val_fraction=0.2)
 #: `jaxdata train rgcn` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices, or
 #: `--minibatch` data parallel over them (`minibatch.sharded_steps`).
 MULTI_PROCESS = True
-
-
-def build_model(dataset: EntityDataset, config: TrainConfig, rngs: nnx.Rngs) -> EntityClassifier:
-  """`jaxdata.nn.EntityClassifier` for `dataset` (its relations, classes, and its features'
-  width, or one learnable row per node when featureless) with `config`'s hyperparameters."""
-  g = dataset.graph
-  return EntityClassifier(
-    None if dataset.features is None else dataset.features.shape[1],
-    g.num_relations,
-    dataset.num_classes,
-    num_nodes=g.num_nodes,
-    hidden=config.hidden,
-    num_bases=config.num_bases,
-    self_loop=config.self_loop,
-    use_bias=config.bias,
-    dtype=config.dtype,
-    rngs=rngs,
-  )
-
-
-def l2_penalty(model: EntityClassifier) -> jax.Array:
-  """The sum of squares of every parameter of the first layer (bases and coefficients, or
-  relation weights; the self-loop weight and bias where it has them): the paper's L2 term, which
-  the loss adds times `TrainConfig.l2` (the second layer is not penalized)."""
-  return sum(
-    jnp.sum(p[...].astype(jnp.float32) ** 2)
-    for _, p in nnx.iter_graph(model.conv1)
-    if isinstance(p, nnx.Param)
-  )
+#: The model's configuration, construction and measurement live in `.model` (the loops share them).
+__all__ = [
+  "PAPER_SETUP",
+  "SYNTHETIC_SETUP",
+  "TrainConfig",
+  "add_arguments",
+  "build_model",
+  "evaluate",
+  "l2_penalty",
+  "main",
+  "predict",
+  "split_validation",
+  "train",
+]
 
 
 def train(
   dataset: EntityDataset,
-  config: TrainConfig = TrainConfig(),
+  config: TrainConfig = TrainConfig(),  # noqa: B008  (frozen)
   *,
   on_epoch: Callable[[dict], None] | None = None,
   resume: Callable[[nnx.Module, nnx.Optimizer], list[dict]] | None = None,
@@ -161,7 +112,6 @@ def train(
   if config.devices != 1 or jax.process_count() > 1:
     if resume is not None or save_every:
       raise ValueError("train: resume and save_every are for one device of one process")
-    from jaxdata.train.rgcn import partitioned  # pylint: disable=g-import-not-at-top
 
     return partitioned.train(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
@@ -217,42 +167,6 @@ def train(
   return TrainResult(
     model, history, {"test_accuracy": test_accuracy}, time.perf_counter() - start, optimizer
   )
-
-
-def split_validation(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """Positions of the training nodes to fit on and to validate on: `fraction` of n (at least one
-  where fraction > 0 and n > 1) drawn with `seed`; (all, none) for fraction 0."""
-  k = min(n - 1, max(1, round(fraction * n))) if fraction > 0 and n > 1 else 0
-  order = np.random.default_rng(seed).permutation(n)
-  return np.sort(order[k:]), np.sort(order[:k])
-
-
-@nnx.jit
-def _logits(model, graph, x):
-  return model(graph, x)
-
-
-def predict(
-  model: EntityClassifier, dataset: EntityDataset, graph: GraphArrays | None = None
-) -> jax.Array:
-  """Class logits for every node of `dataset`'s graph (features gathered from host memory)."""
-  graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
-  if dataset.features is None:
-    return _logits(model, graph, None)
-  with HostTable(dataset.features) as table:
-    logits = _logits(
-      model, graph, host_gather(table, jnp.arange(dataset.graph.num_nodes, dtype=jnp.int32))
-    )
-    return jax.block_until_ready(logits)
-
-
-def evaluate(
-  model: EntityClassifier, dataset: EntityDataset, graph: GraphArrays | None = None
-) -> dict:
-  """{"test_accuracy": ...} of `model` on `dataset`'s test nodes."""
-  logits = predict(model, dataset, graph)
-  test_idx, test_y = jnp.asarray(dataset.test_idx), jnp.asarray(dataset.test_y)
-  return {"test_accuracy": float(accuracy(logits[test_idx], test_y))}
 
 
 #: The entries of a data description (`load_dataset`), by source.
@@ -664,8 +578,6 @@ def main(args) -> int:
   minibatch = None
   devices = devices_flag(args.devices)
   if args.minibatch:
-    from jaxdata.train.rgcn import minibatch as sampled  # pylint: disable=g-import-not-at-top
-
     if args.fanouts is not None and len(args.fanouts) != 2:
       raise command.UsageError(
         f"argument --fanouts: give two fanouts (the RGCN model has two "

@@ -50,7 +50,7 @@ from jaxdata.loader import Batch, Loader
 from jaxdata.nn import EntityClassifier
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
-from jaxdata.train.rgcn import TrainConfig, build_model, evaluate, split_validation
+from jaxdata.train.rgcn.model import TrainConfig, build_model, evaluate, split_validation
 
 
 @dataclasses.dataclass(frozen=True)

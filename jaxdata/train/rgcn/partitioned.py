@@ -49,13 +49,13 @@ from jaxdata.train.common import (
 from jaxdata.train.common import (
   sharded_jit as shard,
 )
+from jaxdata.train.rgcn.model import build_model, l2_penalty, split_validation
 
 
 def train(
   dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
 ) -> TrainResult:
   """`jaxdata.train.rgcn.train` over the mesh of `config.devices` devices per process."""
-  from jaxdata.train.rgcn import build_model, l2_penalty, split_validation
 
   mesh = device_mesh(config.devices)
   k = mesh.devices.size

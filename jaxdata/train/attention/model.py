@@ -1,0 +1,155 @@
+"""The models of `jaxdata train rgat|hgt` and `train rgcn --scale S` (`jaxdata.train.attention`):
+their configuration, how one is built for a dataset, and how it is measured. The full-graph,
+partitioned and mini-batch loops all read them from here."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxdata.data.mag import MagDataset
+from jaxdata.hector import GraphArrays
+from jaxdata.hector.passes import select as select_passes
+from jaxdata.nn.classifiers import HGTClassifier, RGATClassifier, RGCNClassifier, _Classifier
+
+MODELS = ("rgat", "hgt")
+#: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
+#: RGCN (`jaxdata train rgcn --scale S`).
+ALL_MODELS = MODELS + ("rgcn",)
+#: The checkpoint kind of each model (`jaxdata.train.checkpoint.KINDS`): "rgcn" is the entity
+#: trainer's (`jaxdata.train.rgcn`).
+KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
+#: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
+#: training with the graph partitioned by destinations over every process's devices, and
+#: `--minibatch` data parallel over them (`minibatch.sharded_steps`).
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  model: str = "hgt"  # or "rgat", "rgcn"
+  epochs: int = 40
+  hidden: int = 64
+  heads: int = 4
+  learning_rate: float = 0.005
+  seed: int = 0
+  dtype: str = "float32"  # or "bfloat16" (parameters stay float32)
+  passes: tuple[str, ...] | None = None  # hector's optimizing passes (None: all)
+  embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
+  embed_dim: int = 64  # the width of those embeddings
+  devices: int | None = 1  # per process; None: every local device (attention.partitioned)
+  layers: int = 2  # graph layers (RGAT: all alike; HGT: the first reads every type's width)
+  num_bases: int | None = None  # RGCN: shared bases per layer (None: a full weight per relation)
+
+  def __post_init__(self):
+    if self.model not in ALL_MODELS:
+      raise ValueError(f"model must be one of {ALL_MODELS}, got {self.model!r}")
+    if self.epochs < 1 or self.hidden < 1 or self.heads < 1:
+      raise ValueError("epochs, hidden and heads must be >= 1")
+    if self.model != "rgcn" and self.hidden % self.heads:
+      raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+    select_passes(self.passes)  # validates the names
+    if self.embed_dim < 1:
+      raise ValueError(f"embed_dim must be >= 1, got {self.embed_dim}")
+    if self.devices is not None and self.devices < 1:
+      raise ValueError(f"devices must be >= 1 or None (all), got {self.devices}")
+    if self.layers < 1:
+      raise ValueError(f"layers must be >= 1, got {self.layers}")
+    if self.num_bases is not None and (self.model != "rgcn" or self.num_bases < 1):
+      raise ValueError(
+        f"num_bases is RGCN's and must be >= 1 or None, got {self.num_bases} for {self.model!r}"
+      )
+
+
+def build_model(
+  dataset: MagDataset, config: TrainConfig, rngs: nnx.Rngs, *, tables: bool = True
+) -> nnx.Module:
+  """The classifier `config` names for `dataset`; `tables=False` leaves out the embedding
+  tables of `config.embed` (mini-batch training keeps them in host memory) and gives the other
+  parameters the values they have with them."""
+  target = dataset.target
+  if dataset.graph.node_type_names[0] != target or dataset.node_range(target)[0] != 0:
+    raise ValueError(
+      f"train: the classified type {target!r} must be node type 0 (HeteroData.to_dataset puts "
+      "it there)"
+    )
+  names = dataset.graph.node_type_names
+  if len(set(config.embed)) != len(config.embed):
+    raise ValueError(f"embed: a node type is named twice in {config.embed}")
+  unknown = [t for t in config.embed if t not in names]
+  if unknown:
+    raise ValueError(
+      f"embed: no node type {', '.join(map(repr, unknown))} (the types are {', '.join(names)})"
+    )
+  embedded = tuple(names.index(t) for t in config.embed)
+  if 0 in embedded:
+    raise ValueError("embed: papers keep their features (the classifier reads them)")
+  widths = tuple(
+    config.embed_dim if t in embedded else x.shape[1] for t, x in enumerate(dataset.features)
+  )
+  cls = {"hgt": HGTClassifier, "rgat": RGATClassifier, "rgcn": RGCNClassifier}[config.model]
+  return cls(
+    widths,
+    dataset.graph.num_relations,
+    dataset.num_classes,
+    hidden=config.hidden,
+    heads=config.heads,
+    layers=config.layers,
+    dtype=config.dtype,
+    passes=config.passes,
+    embed_dim=config.embed_dim,
+    num_bases=config.num_bases,
+    rngs=rngs,
+    rows=tuple(len(x) for x in dataset.features),
+    embedded=embedded,
+    tables=tables,
+  )
+
+
+def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array | None]:
+  """Every node type's features on the device; None for embedded types (the model has them)."""
+  put = jax.device_put  # not jnp.asarray, which stages a second device copy
+  return [None if t in model.embedded else put(x) for t, x in enumerate(dataset.features)]
+
+
+@functools.partial(nnx.jit, static_argnums=3)
+def _predict(model, graph, xs, papers):
+  return jnp.argmax(model(graph, xs, papers), -1)
+
+
+def predict(
+  model: nnx.Module,
+  dataset: MagDataset,
+  graph: GraphArrays | None = None,
+  xs: Sequence[jax.Array] | None = None,
+) -> jax.Array:
+  """The predicted class of every paper."""
+  graph = GraphArrays.from_graph(dataset.graph) if graph is None else graph
+  xs = device_features(dataset, model) if xs is None else xs
+  return _predict(model, graph, xs, dataset.node_range(dataset.target)[1])
+
+
+def evaluate(
+  model: nnx.Module,
+  dataset: MagDataset,
+  graph: GraphArrays | None = None,
+  xs: Sequence[jax.Array] | None = None,
+) -> dict:
+  """{"val_accuracy", "test_accuracy"} of `model` on `dataset`'s papers (NaN for an empty split)."""
+  predicted = np.asarray(predict(model, dataset, graph, xs))
+
+  def accuracy(papers) -> float:
+    idx = np.asarray(papers)
+    return float(np.mean(predicted[idx] == dataset.labels[idx])) if len(idx) else float("nan")
+
+  return {
+    "val_accuracy": accuracy(dataset.val_papers),
+    "test_accuracy": accuracy(dataset.test_papers),
+  }
