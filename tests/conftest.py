@@ -43,6 +43,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# Likewise one kernel cache for hector per run (each distinct kernel is compiled once, by g++ on
+# the CPU, about 0.25 CPU-seconds, then read back by every worker, test subprocess and document
+# run): a run starts as cold as on a fresh machine and leaves the user's ~/.cache alone.
+if "JAXDATA_CACHE_DIR" not in os.environ:
+  os.environ["JAXDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdata-tests-kernels-")
+  atexit.register(shutil.rmtree, os.environ["JAXDATA_CACHE_DIR"], ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
