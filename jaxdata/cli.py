@@ -100,7 +100,6 @@ LAUNCH = ("jaxdata.launch", "run a train command as N local processes of one jax
 def _info(args: argparse.Namespace) -> int:
   """`jaxdata info`: versions, the kernel compiler and cache, backends, FFI targets."""
   del args
-
   console = command.console(width=120)
   versions = rich.table.Table(title="jaxdata", show_header=False)
   versions.add_row("jaxdata", jaxdata.__version__)
@@ -166,7 +165,6 @@ def _info(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
   """`jaxdata eval DIR`: rebuilds a saved model and measures it again on its data."""
-
   overrides = {"path": os.path.abspath(args.data)} if args.data else {}
   if not args.checkpoint:
     raise command.UsageError(
@@ -203,7 +201,6 @@ def _train_rgcn(args: argparse.Namespace) -> int:
   """`jaxdata train rgcn`: the entity trainer, or with --scale (synthetic_mag) or --data DIR (a
   dataset folder) RGCN through the heterogeneous trainer (`jaxdata.train.attention`); joined
   here, as trainers import no other."""
-
   if args.task == "link":
     if args.out == "rgcn-checkpoint":  # the default names the node-classification model's
       args.out = "rgcn-link-checkpoint"
@@ -291,7 +288,6 @@ def _join(args: argparse.Namespace) -> bool:
 
 def parser() -> command.Parser:
   """The whole command line."""
-
   top = command.Parser(
     prog="jaxdata",
     description="jaxdata: data-efficient GPU training for "

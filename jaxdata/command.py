@@ -271,6 +271,5 @@ def output_folder(text: str) -> str:
 def console(width: int = 160):
   """A rich console; when printing to a log rather than a terminal, `width` columns wide so
   tables keep their columns whole."""
-
   out = rich.console.Console()
   return out if out.is_terminal else rich.console.Console(width=width)

@@ -388,7 +388,6 @@ def _accept_links(listener: socket.socket, setup: Setup, deadline: float) -> Non
 
 def _watch(links: dict[int, socket.socket], setup: Setup) -> None:
   """Starts the thread that ends this process when a linked process ends without "bye"."""
-
   _links.update(links)
   ended, stopping = threading.Event(), threading.Event()
   hook = sys.excepthook
@@ -566,7 +565,6 @@ def _check_same_count(setup: Setup) -> None:
   """Raises UsageError in every process when the processes were given different
   --num-processes: JAX takes process 0's count and says nothing (measured with jax 0.10.2: a
   process told 3 trains as one of 2), so each process's count is gathered and compared."""
-
   asked = np.asarray(multihost_utils.process_allgather(np.int32(setup.num_processes))).reshape(-1)
   if (asked != jax.process_count()).any():
     said = ", ".join(f"process {i}: {int(n)}" for i, n in enumerate(asked))
@@ -614,5 +612,4 @@ def _first_line(e: Exception) -> str:
 
 def is_primary() -> bool:
   """Whether this is process 0 (the one that prints progress and writes checkpoints)."""
-
   return jax.process_index() == 0

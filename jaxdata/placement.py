@@ -41,7 +41,6 @@ def put(tree: Any, sharding) -> Any:
   on a device (and PRNG keys) are read back first, since JAX puts only host data onto other
   processes' meshes.
   """
-
   if jax.process_count() == 1:
     return jax.device_put(tree, sharding)
 

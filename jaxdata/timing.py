@@ -92,7 +92,6 @@ def device_events(
   graph) names the buffer, not its instruction: compile with
   ``compiler_options={"xla_gpu_enable_command_buffer": ""}`` to attribute every kernel. On a
   machine without a GPU, the CPU's XLA operations stand in for the device's events."""
-
   op_names = dict(
     re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text, re.M)
   )

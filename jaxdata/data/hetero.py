@@ -263,7 +263,6 @@ class HeteroData:
     type `target`: node types reordered with `target` first (the trainers' convention), its
     labels and splits, float32 features (a type without features gets none: width 0; give it
     learnable embeddings with the trainers' ``--embed``)."""
-
     if target not in self.num_nodes:
       raise ValueError(
         f"HeteroData.to_dataset: target {target!r} is not a node type; the types are "

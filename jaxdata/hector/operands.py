@@ -120,7 +120,6 @@ def valid_rows(ops: dict, domain: str):
   ok(e) reads it (`codegen.common.guard`) rather than loading and checking every id itself,
   which for a kernel that visits edges in another order (a softmax or a sum through the CSC
   view) were three or four scattered loads per edge."""
-
   size = sizes([ops.get(op.name) for op in GRAPH])
   below = lambda a, n: jnp.asarray(a).astype(jnp.uint32) < n  # noqa: E731  (negative ids too)
   ok = below(ops["src"], size["N"]) & below(ops["dst"], size["N"]) & below(ops["etype"], size["R"])

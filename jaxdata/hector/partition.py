@@ -141,7 +141,6 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
     `Partitions`; part k's arrays equal `GraphArrays.from_graph` of the edges into its nodes
     (with the padding edges and pairs described in the module's docstring).
   """
-
   k = int(num_parts)
   if isinstance(num_parts, bool) or k < 1 or k != num_parts:
     raise ValueError(f"hector.partition: num_parts must be an int >= 1, got {num_parts!r}")

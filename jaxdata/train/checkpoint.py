@@ -695,7 +695,6 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
   """Restores a saved NNX model's parameters (and `optimizer`'s state, where the checkpoint has
   it) in place into freshly built ones of the same configuration; returns whether the optimizer
   state was restored."""
-
   params = nnx.state(model, nnx.Param)
   target = {"params": nnx.to_pure_dict(params)}
   if optimizer is not None and meta.get("has_optimizer"):
@@ -712,7 +711,6 @@ def restore_nnx(path: str, meta: dict, model, optimizer=None) -> bool:
 
 def save_nnx(path: str | os.PathLike, *, kind: str, model, optimizer=None, **rest: Any) -> str:
   """`save` for an NNX model and its `nnx.Optimizer` (`rest`: save's other arguments)."""
-
   return save(
     path,
     kind=kind,

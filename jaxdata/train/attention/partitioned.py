@@ -53,7 +53,6 @@ def train(
   dataset: MagDataset, config, *, on_epoch: Callable[[dict], None] | None = None
 ) -> TrainResult:
   """`jaxdata.train.attention.train` over the mesh of `config.devices` devices per process."""
-
   if config.embed:
     raise ValueError(
       "attention: learnable embeddings (embed) train on one device only; use devices=1"

@@ -56,7 +56,6 @@ def train(
   dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
 ) -> TrainResult:
   """`jaxdata.train.rgcn.train` over the mesh of `config.devices` devices per process."""
-
   mesh = device_mesh(config.devices)
   k = mesh.devices.size
   parts = partition(dataset.graph, k)
