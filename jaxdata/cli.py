@@ -239,9 +239,6 @@ def _benchmarks_missing(args: argparse.Namespace) -> int:
 
 
 def _add(sub, name: str, module_name: str, help_text: str, *extra, train: bool = False) -> None:
-  if module_name.startswith("benchmarks.") and str(EXAMPLES) not in sys.path:
-    if (EXAMPLES / "benchmarks" / "__init__.py").exists():
-      sys.path.append(str(EXAMPLES))
   try:
     module = importlib.import_module(module_name)
   except ModuleNotFoundError as e:
@@ -303,6 +300,8 @@ def parser() -> command.Parser:
   for name, (module, text) in TRAIN.items():
     _add(train, name, module, text, *((name,) if module.endswith("attention") else ()), train=True)
   train.choices["rgcn"].set_defaults(run=_train_rgcn)  # --scale: RGCN on synthetic_mag
+  if (EXAMPLES / "benchmarks" / "__init__.py").exists() and str(EXAMPLES) not in sys.path:
+    sys.path.append(str(EXAMPLES))  # a clone's benchmarks (`_add` says where they are missing)
   bench = sub.add_parser("bench", help="side-by-side benchmarks").add_subparsers(
     dest="bench", metavar="BENCHMARK", required=True
   )

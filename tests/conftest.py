@@ -33,22 +33,27 @@ _flags = os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 if os.environ["JAXDATA_TEST_XLA_FLAGS"] not in _flags:  # (xdist workers inherit the controller's)
   _flags = f"{os.environ['JAXDATA_TEST_XLA_FLAGS']} {_flags}"
 os.environ["XLA_FLAGS"] = _flags.strip()
-# One persistent compilation cache per run, shared by the xdist workers and every test
-# subprocess (they inherit these variables): a program compiled once (a trainer's step, and
-# again in the `jaxdata eval` process that measures its checkpoint; the small eager-op programs
-# every process compiles) is read back, not compiled again. Fresh each run, removed at its end
-# by the process that made it.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdata-tests-xla-")
-  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+def _folder_per_run(variable: str, prefix: str) -> None:
+  """$variable names a fresh folder for this run, shared by the xdist workers and every test
+  subprocess (they inherit it), removed at the end by the process that made it; a run that sets
+  it itself keeps its own."""
+  if variable not in os.environ:
+    os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, os.environ[variable], ignore_errors=True)
+
+
+# One persistent compilation cache per run: a program compiled once (a trainer's step, and again
+# in the `jaxdata eval` process that measures its checkpoint; the small eager-op programs every
+# process compiles) is read back, not compiled again.
+_folder_per_run("JAX_COMPILATION_CACHE_DIR", "jaxdata-tests-xla-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# Likewise one kernel cache for hector per run (each distinct kernel is compiled once, by g++ on
-# the CPU, about 0.25 CPU-seconds, then read back by every worker, test subprocess and document
-# run): a run starts as cold as on a fresh machine and leaves the user's ~/.cache alone.
-if "JAXDATA_CACHE_DIR" not in os.environ:
-  os.environ["JAXDATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdata-tests-kernels-")
-  atexit.register(shutil.rmtree, os.environ["JAXDATA_CACHE_DIR"], ignore_errors=True)
+# Likewise one kernel cache for hector (each distinct kernel is compiled once, by g++ on the CPU,
+# about 0.25 CPU-seconds, then read back by every worker, subprocess and document run): a run
+# starts as cold as on a fresh machine and leaves the user's ~/.cache alone.
+_folder_per_run("JAXDATA_CACHE_DIR", "jaxdata-tests-kernels-")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

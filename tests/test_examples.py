@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.rgnn import default_data_dir
+
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("JAXDATA_DATA_DIR") or (ROOT.parent / "shared" / "data"))
 
 # Whole training runs, 10-60 s each on two cores: the fast tier (-m "not slow") leaves them out.
 pytestmark = pytest.mark.slow
@@ -38,7 +39,7 @@ def accuracy_in(out: str) -> float:
 
 def test_rgcn_on_aifb_reaches_the_papers_accuracy():
   """The paper reports 95.83% on AIFB's 36 test entities; one or two mistakes are seeds' luck."""
-  archive = DATA / "aifb.tgz"
+  archive = Path(default_data_dir() or ROOT) / "aifb.tgz"
   if not archive.exists():
     pytest.skip("aifb.tgz is missing ($JAXDATA_DATA_DIR or ../shared/data)")
   out = run("rgcn_aifb.py", str(archive))

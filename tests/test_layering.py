@@ -107,21 +107,17 @@ def test_the_checks_fail_on_planted_violations(tmp_path):
   assert strays(names) == ["jaxdata.experimental", "jaxdata.loaders"]
 
 
-def benchmark_imports(path: pathlib.Path, name: str | None = None) -> list[str]:
-  return [
-    f"line {line}: {mod}" for line, mod in _imports(path, name) if _within(mod, ("benchmarks",))
-  ]
-
-
 def test_the_package_imports_no_benchmark(tmp_path):
   """The wheel ships without examples/benchmarks/: only the CLI reaches them, by name
   (importlib, when `jaxdata bench` runs from a clone), never through an import statement; a
   planted one is found."""
-  wrong = {str(p.relative_to(PACKAGE.parent)): benchmark_imports(p) for p in PACKAGE.rglob("*.py")}
+  wrong = {
+    str(p.relative_to(PACKAGE.parent)): upward(p, ("benchmarks",)) for p in PACKAGE.rglob("*.py")
+  }
   assert not {k: v for k, v in wrong.items() if v}, "the package imports the benchmarks"
   planted = tmp_path / "planted.py"
   planted.write_text("def f():\n  from benchmarks import rok\n  return rok\n")
-  assert sorted(benchmark_imports(planted, "jaxdata.train.planted")) == [
+  assert upward(planted, ("benchmarks",), "jaxdata.train.planted") == [
     "line 2: benchmarks",
     "line 2: benchmarks.rok",
   ]
