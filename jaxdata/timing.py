@@ -1,5 +1,6 @@
 """Wall-clock timing of JAX calls (dispatch is asynchronous: a call is timed to when its result
-is ready). Used by the benchmarks and by the offload planner's measurements.
+is ready), and the folder where jaxdata keeps what it compiled or measured once (`cache_dir`).
+Used by the benchmarks, the offload planner's measurements and hector's kernel cache.
 
     >>> import jax.numpy as jnp
     >>> x = jnp.ones((256, 256))
@@ -10,16 +11,42 @@ is ready). Used by the benchmarks and by the offload planner's measurements.
 from __future__ import annotations
 
 import glob
+import os
 import re
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
 from jax.profiler import ProfileData
+
+
+class CacheDirError(OSError):
+  """A cache's folder cannot be made (`cache_dir`): the message names it and says which
+  variable sets it."""
+
+
+def cache_dir(name: str, what: str | None = None) -> Path:
+  """$JAXDATA_CACHE_DIR/`name` (default ~/.cache/jaxdata/`name`, or under $XDG_CACHE_HOME), made
+  if missing; CacheDirError where it cannot be (a file in its place, no permission), its message
+  naming the cache as `what`."""
+  root = os.environ.get("JAXDATA_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxdata"
+  )
+  path = Path(root) / name
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise CacheDirError(
+      e.errno,
+      f"{what or 'the cache'} {path} cannot be made ({e.strerror or e}): set "
+      "JAXDATA_CACHE_DIR to a folder this user can write",
+    ) from None
+  return path
 
 
 def median_seconds(

@@ -15,6 +15,7 @@ import sys
 import time
 
 import doc_blocks
+import jax
 import pytest
 
 from jaxdata import cli, distributed, launch
@@ -73,6 +74,26 @@ def _launched(ran: list) -> tuple[list[str], subprocess.CompletedProcess]:
   return words[words.index("--") + 1 :], proc
 
 
+#: What a successful run must not print: a traceback, or XLA's gRPC logs of the job's end.
+NOISE = re.compile(r"Traceback|gRPC|GRPC|UNAVAILABLE|CANCELLED|Source Location")
+
+
+@pytest.mark.gpu
+def test_a_launched_run_on_the_gpu_ends_quietly(tmp_path):
+  """`jaxdata launch` on the GPU: the run succeeds and ends without XLA's GPU client logging its
+  failed watches of the stopped coordination service (jax 0.11.2 logged one per process)."""
+  try:
+    jax.devices("gpu")
+  except RuntimeError:
+    pytest.skip("no GPU visible to JAX")
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.pop("JAX_PLATFORMS", None)
+  out = _jaxdata(["launch", "-n", "1", "--", *SAGE, "--epochs", "1", "--out", str(tmp_path)], env)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "gpu x 1" in out.stdout
+  assert not NOISE.search(out.stdout + out.stderr), out.stderr
+
+
 @pytest.mark.slow
 def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   """Same global batch, same per-device keys: the losses and accuracies of every epoch agree.
@@ -85,6 +106,7 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
   assert "cpu x 4" in multi.stdout and "cpu x 4" in single.stdout  # one mesh of 4 devices
   # Process 0 reports and writes the checkpoint; process 1 stays quiet.
   assert "[0] test accuracy" in multi.stdout and "[1] test accuracy" not in multi.stdout
+  assert not NOISE.search(multi.stdout + multi.stderr), multi.stderr
   hist = {k: json.load(open(out[k] / "history.json")) for k in out}
   assert len(hist["multi"]) == len(hist["single"]) == 2
   for m, s in zip(hist["multi"], hist["single"]):

@@ -1,6 +1,9 @@
 """The offload planner's cost model and search, against hand-worked timelines and brute force."""
 
 import itertools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -126,7 +129,7 @@ def test_least_bytes_is_the_smallest_plans_floor_and_fails_before_any_timing(mon
   def no_timing(*args, **kwargs):
     raise AssertionError("timed a candidate under a budget no plan fits")
 
-  monkeypatch.setattr(planner, "block_seconds", no_timing)
+  monkeypatch.setattr(planner, "measure_blocks", no_timing)
   w = jnp.ones((8, 8), jnp.float32)
   x = jax.ShapeDtypeStruct((4, 8), jnp.float32)  # 128 bytes: any plan keeps or stages them
   with offload.TensorStore(ram_bytes=1 << 20) as store:
@@ -198,6 +201,58 @@ def test_block_seconds_and_candidates_on_a_gpt_block():
   t = planner.block_seconds(blk.apply, args, None, blocks=2, repeats=1)
   f = planner.block_seconds(blk.apply, args, None, blocks=2, repeats=1, forward=True)
   assert np.isfinite(t) and t > 0 and np.isfinite(f) and f > 0
+
+
+_BLOCK = """
+import jax, jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+save = jax.checkpoint_policies.save_only_these_names
+inners = {"a": save("a"), "b": save("b"), "ab": save("a", "b", "c", "d")}
+
+def f(w, x):
+  h = checkpoint_name(jnp.tanh(x @ w), "a")
+  return checkpoint_name(jnp.sin(h @ w), "b")
+
+w, x = jnp.ones((16, 16), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.float32)
+"""
+
+
+@pytest.mark.default_precision  # the other process computes the keys at JAX's default
+def test_a_block_is_measured_once_per_computation(monkeypatch, tmp_path):
+  """`choices` compiles and times each policy of a block once: another layer of the same shapes
+  and operations (other weights) reuses the measurements, a block of other shapes does not, two
+  policies of one kind that save different names are told apart, and another process (other
+  string hashing) finds the measurements in the cache folder."""
+  monkeypatch.setenv("JAXDATA_CACHE_DIR", str(tmp_path))
+  monkeypatch.setattr(planner, "_MEASURED", {})
+  timed = []
+  real = planner.median_seconds
+  monkeypatch.setattr(planner, "median_seconds", lambda fn, **k: timed.append(1) or real(fn, **k))
+  space = {}
+  exec(_BLOCK, space)
+  f, w, x, inners = space["f"], space["w"], space["x"], space["inners"]
+  with offload.TensorStore(ram_bytes=1 << 20) as store:
+    first = planner.choices(f, (w, x), store, inners, repeats=1, carry=1)
+    assert len(timed) == 5  # the forward pass, recompute, "a", "b" and "ab"
+    other = planner.choices(f, (2 * w, x), store, inners, repeats=1, carry=1)
+    assert len(timed) == 5 and [c.seconds for c in other] == [c.seconds for c in first]
+    taller = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+    planner.choices(f, (w, taller), store, inners, repeats=1, carry=1)
+    assert len(timed) == 10
+    monkeypatch.setattr(planner, "_MEASURED", {})  # as in a new process: from the folder
+    again = planner.choices(f, (w, x), store, inners, repeats=1, carry=1)
+    assert len(timed) == 10 and [c.seconds for c in again] == [c.seconds for c in first]
+  assert all(np.isfinite(c.seconds) and c.seconds > 0 for c in first)
+  keys = [planner._measurement_key(f, (w, x), p, False, 4, 5) for p in inners.values()]
+  assert len(set(keys)) == 3
+  code = _BLOCK + (
+    "from jaxdata.offload import planner\n"
+    "print(*[planner._measurement_key(f, (w, x), p, False, 4, 5) for p in inners.values()])"
+  )
+  env = {**os.environ, "PYTHONHASHSEED": "12345", "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == keys
 
 
 def test_choices_count_the_carried_input():

@@ -31,6 +31,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from jaxdata import timing
+from jaxdata.timing import CacheDirError  # noqa: F401 - raised by cache_dir, caught by the CLI
+
 CPU_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 
 
@@ -43,28 +46,10 @@ class CompileError(RuntimeError):
   log (with a working compiler, a bug in jaxdata)."""
 
 
-class CacheDirError(OSError):
-  """The kernel cache's folder cannot be made (`cache_dir`): the message names it and says which
-  variable sets it."""
-
-
 def cache_dir() -> Path:
   """$JAXDATA_CACHE_DIR/hector (default ~/.cache/jaxdata/hector), made if missing;
   CacheDirError where it cannot be (a file in its place, no permission)."""
-  root = os.environ.get("JAXDATA_CACHE_DIR") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "jaxdata"
-  )
-  path = Path(root) / "hector"
-  try:
-    path.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise CacheDirError(
-      e.errno,
-      f"hector's kernel cache {path} cannot be made "
-      f"({e.strerror or e}): set JAXDATA_CACHE_DIR to a folder this user can "
-      f"write",
-    ) from None
-  return path
+  return timing.cache_dir("hector", "hector's kernel cache")
 
 
 def _digest(data: bytes) -> str:

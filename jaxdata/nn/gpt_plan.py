@@ -59,9 +59,7 @@ def plan_for_model(
   stack keeps for each layer's backward pass) fit `budget_bytes` of device memory, measured on
   the default device."""
   blk = block_fn(model, batch_shape)
-  say = (
-    (lambda name: print(f"  measuring a block under {name} ...", flush=True)) if verbose else None
-  )
+  say = (lambda what: print(f"  planning: {what} ...", flush=True)) if verbose else None
   best, bw = planner.plan_layers(
     blk.apply,
     blk.layer(0),

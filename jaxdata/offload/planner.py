@@ -24,7 +24,9 @@ whole step.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import os
 import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, NamedTuple
@@ -34,10 +36,11 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdata._version import __version__
 from jaxdata.offload import remat as _remat
 from jaxdata.offload import spill as _spill
 from jaxdata.offload.store import TensorStore
-from jaxdata.timing import median_seconds
+from jaxdata.timing import CacheDirError, cache_dir, median_seconds
 
 _PREFETCH_DEPTH = 2  # blocks a load brings back ahead of the one it waits for (spill_cuda.cu)
 _D2D_BANDWIDTH = 1.5e12  # bytes/s of one device-to-device copy (H200: ~3 TB/s read + write)
@@ -92,22 +95,109 @@ def block_seconds(
   """Median time of one block's forward + backward (or forward only) under `inner`, on the
   default device: `blocks` applications of `fn(state, x) -> x` in a `lax.scan` (state shared),
   divided by `blocks`."""
+  return measure_blocks(fn, args, [(inner, forward)], blocks=blocks, repeats=repeats)[0]
 
-  f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
-  state, x = args
 
-  def run(state, x):
-    y, _ = jax.lax.scan(lambda h, _: (f(state, h), None), x, None, length=blocks)
-    return jnp.sum(y.astype(jnp.float32))
+#: Seconds measured by `measure_blocks` in this process, by `_measurement_key`.
+_MEASURED: dict[str, float] = {}
 
-  step = jax.jit(run if forward else jax.grad(run, argnums=(0, 1)))
+
+def measure_blocks(
+  fn: Callable[..., Any],
+  args: Sequence[Any],
+  specs: Sequence[tuple[Any, bool]],
+  *,
+  names: Sequence[str] | None = None,
+  blocks: int = 4,
+  repeats: int = 5,
+  progress: Callable[[str], None] | None = None,
+) -> list[float]:
+  """`block_seconds` for each (inner policy, forward only) of `specs` (`names`: what progress
+  calls them).
+
+  Each measurement is kept, in the process and in `$JAXDATA_CACHE_DIR/planner`, keyed by the
+  device kind, the software's versions and XLA_FLAGS, the block's computation (its jaxpr: the
+  layer's shapes and operations), the policy and the settings: a block measured before is not
+  compiled or run again. A stack of identical layers costs one measurement per policy, and so
+  does planning the same model again (compiling is most of a measurement's cost: about 4 s per
+  policy for a 4096-wide GPT block on an H200)."""
+  keys = [_measurement_key(fn, args, p, f, blocks, repeats) for p, f in specs]
+  try:
+    folder = cache_dir("planner")
+  except CacheDirError:
+    folder = None  # measured again next time
+  for k in keys:
+    if k not in _MEASURED and folder is not None and (folder / k).is_file():
+      try:
+        _MEASURED[k] = float((folder / k).read_text())
+      except (OSError, ValueError):
+        pass
+  todo = [i for i, k in enumerate(keys) if k not in _MEASURED]
   concrete = [
     jax.tree_util.tree_map(
       lambda s: jnp.zeros(s.shape, s.dtype) if isinstance(s, jax.ShapeDtypeStruct) else s, a
     )
-    for a in (state, x)
+    for a in (args if todo else ())
   ]
-  return median_seconds(lambda: step(*concrete), warmup=2, repeats=repeats) / blocks
+  for i in todo:
+    inner, forward = specs[i]
+    if progress:
+      progress(f"measuring {names[i] if names else i}")
+    f = jax.checkpoint(fn, policy=inner) if inner is not None else fn
+
+    def run(state, x, f=f):
+      y, _ = jax.lax.scan(lambda h, _: (f(state, h), None), x, None, length=blocks)
+      return jnp.sum(y.astype(jnp.float32))
+
+    step = jax.jit(run if forward else jax.grad(run, argnums=(0, 1)))
+    seconds = median_seconds(lambda s=step: s(*concrete), warmup=2, repeats=repeats) / blocks
+    _MEASURED[keys[i]] = seconds
+    if folder is not None:
+      try:
+        (folder / keys[i]).write_text(repr(seconds))
+      except OSError:
+        pass
+  return [_MEASURED[k] for k in keys]
+
+
+def _measurement_key(fn, args, inner, forward: bool, blocks: int, repeats: int) -> str:
+  """What `measure_blocks` measures, as a digest: the device kind, the versions of JAX, jaxlib
+  and jaxdata, XLA_FLAGS, the block's jaxpr on these shapes (two layers of the same shapes and
+  operations have the same one), the inner policy (its function and what it closes over: the
+  names it saves) and the measurement's settings."""
+  shapes = jax.tree_util.tree_map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a, tuple(args)
+  )
+  what = "|".join(
+    [
+      jax.devices()[0].device_kind,
+      jax.__version__,
+      jax.lib.__version__,  # pyright: ignore[reportPrivateImportUsage]
+      __version__,
+      os.environ.get("XLA_FLAGS", ""),
+      _fingerprint(inner),
+      f"{forward}|{blocks}|{repeats}",
+      str(jax.make_jaxpr(fn)(*shapes)),
+    ]
+  )
+  return hashlib.sha256(what.encode()).hexdigest()
+
+
+def _fingerprint(x: Any, depth: int = 4) -> str:
+  """A text for a checkpoint policy that is the same in every process: a function by its name
+  and what it closes over, a dataclass by its fields, sets sorted (a set of names' order changes
+  with string hashing)."""
+  if depth and callable(x) and hasattr(x, "__code__"):
+    cells = [_fingerprint(c.cell_contents, depth - 1) for c in x.__closure__ or ()]
+    return f"{x.__module__}.{x.__qualname__}({','.join(cells)})"
+  if depth and dataclasses.is_dataclass(x) and not isinstance(x, type):
+    fields = [_fingerprint(getattr(x, f.name), depth - 1) for f in dataclasses.fields(x)]
+    return f"{type(x).__module__}.{type(x).__qualname__}({','.join(fields)})"
+  if depth and isinstance(x, (set, frozenset)):
+    return "{" + ",".join(sorted(_fingerprint(v, depth - 1) for v in x)) + "}"
+  if depth and isinstance(x, (list, tuple)):
+    return "(" + ",".join(_fingerprint(v, depth - 1) for v in x) + ")"
+  return repr(x)
 
 
 def store_bandwidth(
@@ -191,30 +281,29 @@ def choices(
       int(np.prod(l.shape)) * np.dtype(l.dtype).itemsize
       for l in jax.tree_util.tree_leaves(args[carry])
     )
-  timed = block_seconds if measure else (lambda *a, **k: 0.0)
-  if progress and measure:
-    progress("forward only")
-  fwd = timed(fn, args, None, repeats=repeats, forward=True)
-  if progress and measure:
-    progress("recompute")
+  picked = [(n, p) for n, p in inners.items() if only is None or n in only]
+  # What is timed: the forward alone, the block recomputed whole, and each inner policy.
+  specs = [(None, True), (jax.checkpoint_policies.nothing_saveable, False)]
+  specs += [(p, False) for _, p in picked]
+  names = ["the forward pass", "recompute"] + [n for n, _ in picked]
+  seconds = (
+    measure_blocks(fn, args, specs, names=names, repeats=repeats, progress=progress)
+    if measure
+    else [0.0] * len(specs)
+  )
+  fwd, recompute_s = seconds[:2]
 
   def named(name: str) -> _remat.Policy:
     # Without a carry no policy named here offloads it, so policy_named's default stands in.
     at = 1 if carry is None else carry
     return policy_named(name, store, tier=tier, carry=at, inners=inners)
 
-  recompute_s = timed(fn, args, jax.checkpoint_policies.nothing_saveable, repeats=repeats)
   out = [Choice(named("recompute"), in_bytes, 0, recompute_s, fwd)]
   if carry is not None:
     out.append(Choice(named("offload[in]"), 0, in_bytes, recompute_s, fwd))
-  for name, inner in inners.items():
-    if only is not None and name not in only:
-      continue
-    if progress and measure:
-      progress(name)
+  for (name, inner), s in zip(picked, seconds[2:]):
     r, needs_input = _residuals(fn, args, inner, carry)
     x = in_bytes if needs_input else 0
-    s = timed(fn, args, inner, repeats=repeats)
     out.append(Choice(named(f"keep[{name}]"), r + x, 0, s, fwd))
     out.append(Choice(named(f"offload[{name}]"), x, r, s, fwd))
     if x:
@@ -558,7 +647,7 @@ def plan_blocks(
   worth = worth_measuring(sized, budget_bytes)
   cands = []
   for i, (apply, state, x) in enumerate(blocks):
-    say = (lambda name, i=i: progress(f"layer {i} under {name}")) if progress else None
+    say = (lambda what, i=i: progress(f"layer {i}: {what}")) if progress else None
     cands.append(
       choices(
         apply,

@@ -219,7 +219,7 @@ def budget_planner(
         f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
         "stacked layers to plan (HGT's first layer is not one of them)"
       )
-    progress = (lambda name: say(f"  measuring a layer under {name} ...")) if say else None
+    progress = (lambda what: say(f"  planning: {what} ...")) if say else None
     if blocks:  # graph: sampled blocks, xs: the outermost slots' node types
       progress = (lambda name: say(f"  measuring {name} ...")) if say else None
       layers, layer_fns, inputs = model.block_stack(graph, xs)
