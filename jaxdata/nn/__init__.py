@@ -1,6 +1,7 @@
 """Flax NNX layers built on jaxdata's primitives, and the models built from them."""
 
 from jaxdata.nn.classifiers import (
+  Classifier,
   EntityClassifier,
   HGTClassifier,
   RGATClassifier,
@@ -17,6 +18,7 @@ __all__ = ["RGCN", "RGAT", "HGT", "GraphSAGE", "SAGEConv"]
 __all__ += [
   "GPT",
   "GPTConfig",
+  "Classifier",
   "RGATClassifier",
   "RGCNClassifier",
   "HGTClassifier",

@@ -34,8 +34,10 @@ from jaxdata.nn.rgcn import RGCN
 from jaxdata.nn.typed import typed_linear
 
 
-class _Classifier(nnx.Module):
-  """What both classifiers share: learnable embeddings in place of some types' features.
+class Classifier(nnx.Module):
+  """What the classifiers share: learnable embeddings in place of some types' features. A
+  classifier of one's own (`jaxdata.train.attention.register`) subclasses it, calls
+  `_init_tables` in its constructor and reads its inputs through `inputs(xs)`.
 
   ogbn-mag gives features to papers only; its authors, institutions and fields of study are
   featureless, and models learn an embedding per node (`embedded` types). Type t's embedding
@@ -125,12 +127,12 @@ class _Classifier(nnx.Module):
 
 
 def is_table(path, value) -> bool:
-  """An `nnx` filter: the embedding tables (`_Classifier.tables`)."""
+  """An `nnx` filter: the embedding tables (`Classifier.tables`)."""
   del value
   return bool(path) and path[0] == "tables"
 
 
-class RGATClassifier(_Classifier):
+class RGATClassifier(Classifier):
   """Per-type linear maps to `hidden`, RGAT -> ReLU -> RGAT -> ReLU, a linear classifier."""
 
   def __init__(
@@ -282,7 +284,7 @@ class RGCNClassifier(RGATClassifier):
     return ()
 
 
-class HGTClassifier(_Classifier):
+class HGTClassifier(Classifier):
   """HGT (every type's own width in) -> HGT (x `layers - 1`) -> a linear classifier on papers.
 
   The layers after the first are alike (hidden in, hidden out): an offload plan covers them.

@@ -51,7 +51,7 @@ from jaxdata.train import checkpoint
 from jaxdata.train.attention import minibatch as hetero
 from jaxdata.train.attention import partitioned
 from jaxdata.train.attention.model import (
-  ALL_MODELS,
+  CLASSIFIERS,
   KINDS,
   MODELS,
   TrainConfig,
@@ -59,6 +59,7 @@ from jaxdata.train.attention.model import (
   device_features,
   evaluate,
   predict,
+  register,
 )
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
@@ -86,7 +87,7 @@ from jaxdata.train.common import (
 MULTI_PROCESS = True
 #: The models' configuration, construction and measurement live in `.model` (the loops share them).
 __all__ = [
-  "ALL_MODELS",
+  "CLASSIFIERS",
   "KINDS",
   "MODELS",
   "TrainConfig",
@@ -96,6 +97,7 @@ __all__ = [
   "evaluate",
   "main",
   "predict",
+  "register",
   "train",
 ]
 

@@ -16,18 +16,43 @@ from flax import nnx
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import select as select_passes
-from jaxdata.nn.classifiers import HGTClassifier, RGATClassifier, RGCNClassifier, _Classifier
+from jaxdata.nn.classifiers import Classifier, HGTClassifier, RGATClassifier, RGCNClassifier
+from jaxdata.train import checkpoint
 
+#: The attention models (`jaxdata train rgat|hgt`).
 MODELS = ("rgat", "hgt")
-#: Every model this trainer trains: the attention models (`MODELS`, `jaxdata train rgat|hgt`) and
-#: RGCN (`jaxdata train rgcn --scale S`).
-ALL_MODELS = MODELS + ("rgcn",)
+#: The classifier of each model this trainer trains, by `TrainConfig.model`: the attention
+#: models, RGCN (`jaxdata train rgcn --scale S`) and those `register` adds.
+CLASSIFIERS: dict[str, type[Classifier]] = {
+  "rgat": RGATClassifier,
+  "hgt": HGTClassifier,
+  "rgcn": RGCNClassifier,
+}
 #: The checkpoint kind of each model (`jaxdata.train.checkpoint.KINDS`): "rgcn" is the entity
 #: trainer's (`jaxdata.train.rgcn`).
 KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
 #: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices, and
 #: `--minibatch` data parallel over them (`minibatch.sharded_steps`).
+
+
+def register(name: str, classifier: type[Classifier]) -> None:
+  """Makes `classifier` a model of this trainer: `TrainConfig(model=name)` builds it, called as
+  `build_model` calls the others (every node type's input width, the number of relations and of
+  classes, then the configuration's widths and the tables' settings as keyword arguments), and
+  `train`, `evaluate`, `predict` and checkpoints (kind `name`, loaded back by
+  `jaxdata.load_model` in a process that registered it) work with it. Full-graph training on one
+  device calls `classifier(graph, xs, papers, plan)` for the papers' logits; the partitioned and
+  mini-batch paths need the built-in classifiers' `on_partition` and `on_blocks`.
+
+      register("mine", MyClassifier)
+      result = jaxdata.train.attention.train(dataset, TrainConfig(model="mine"))
+  """
+  if name in CLASSIFIERS or name in checkpoint.KINDS:
+    raise ValueError(f"register: a model or checkpoint kind {name!r} exists already")
+  CLASSIFIERS[name] = classifier
+  KINDS[name] = name
+  checkpoint.KINDS[name] = "jaxdata.train.attention"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +72,8 @@ class TrainConfig:
   num_bases: int | None = None  # RGCN: shared bases per layer (None: a full weight per relation)
 
   def __post_init__(self):
-    if self.model not in ALL_MODELS:
-      raise ValueError(f"model must be one of {ALL_MODELS}, got {self.model!r}")
+    if self.model not in CLASSIFIERS:
+      raise ValueError(f"model must be one of {tuple(CLASSIFIERS)}, got {self.model!r}")
     if self.epochs < 1 or self.hidden < 1 or self.heads < 1:
       raise ValueError("epochs, hidden and heads must be >= 1")
     if self.model != "rgcn" and self.hidden % self.heads:
@@ -94,8 +119,7 @@ def build_model(
   widths = tuple(
     config.embed_dim if t in embedded else x.shape[1] for t, x in enumerate(dataset.features)
   )
-  cls = {"hgt": HGTClassifier, "rgat": RGATClassifier, "rgcn": RGCNClassifier}[config.model]
-  return cls(
+  return CLASSIFIERS[config.model](
     widths,
     dataset.graph.num_relations,
     dataset.num_classes,
@@ -113,7 +137,7 @@ def build_model(
   )
 
 
-def device_features(dataset: MagDataset, model: _Classifier) -> list[jax.Array | None]:
+def device_features(dataset: MagDataset, model: Classifier) -> list[jax.Array | None]:
   """Every node type's features on the device; None for embedded types (the model has them)."""
   put = jax.device_put  # not jnp.asarray, which stages a second device copy
   return [None if t in model.embedded else put(x) for t, x in enumerate(dataset.features)]
