@@ -18,7 +18,7 @@ __all__ = ["host", "HostTable", "host_gather", "host_slice", "load_model", "__ve
 
 
 def load_model(path, /, **data_overrides):
-  """Rebuilds a saved model to evaluate or predict with (`jaxdata.train.checkpoint.load_model`)."""
-  from jaxdata.train.checkpoint import load_model as load  # the apps, only when asked for
+  """Rebuilds a saved model to evaluate or predict with (`jaxdata.tasks.checkpoint.load_model`)."""
+  from jaxdata.tasks.checkpoint import load_model as load  # Orbax and the models: when asked for
 
   return load(path, **data_overrides)

@@ -35,8 +35,9 @@ import jaxdata
 from jaxdata import _ffi, command, distributed
 from jaxdata.hector import compiler
 from jaxdata.hector.compiler import CacheDirError
-from jaxdata.train import attention, checkpoint, link, rgcn
-from jaxdata.train.checkpoint import CheckpointLocked
+from jaxdata.tasks import checkpoint
+from jaxdata.tasks.checkpoint import CheckpointLocked
+from jaxdata.train import attention, link, rgcn
 from jaxdata.train.common import LossNotFinite
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines

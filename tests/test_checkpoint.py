@@ -113,17 +113,27 @@ RUNS = {
 }
 
 
+#: The app layer's modules (tests/test_layering.py): a model loads and measures without them.
+APPS = ("jaxdata.train", "jaxdata.cli", "jaxdata.command", "jaxdata.distributed", "jaxdata.launch")
+
+
 def _load_and_evaluate(path):
-  """In a fresh process: what the rebuilt model measures, what was saved, and its state."""
+  """In a fresh process: what the rebuilt model measures, what was saved, its state, and the app
+  modules that loading and measuring it imported."""
+  import sys
+
   import jax
 
   import jaxdata
 
+  before = set(sys.modules)
   loaded = jaxdata.load_model(path)
   leaves = jax.tree.leaves(loaded.optimizer_state) if loaded.optimizer_state is not None else []
+  measured = loaded.evaluate()
   return dict(
     kind=loaded.kind,
-    measured=loaded.evaluate(),
+    apps=sorted(m for m in set(sys.modules) - before if m.startswith(APPS)),
+    measured=measured,
     saved=loaded.metrics,
     step=loaded.meta["step"],
     optimizer_leaves=len(leaves),
@@ -149,13 +159,16 @@ def _load_and_evaluate_each(root, kinds):
 def reloaded(trained):
   """What one fresh process (not the one that trained) measures of every kind's checkpoint:
   one process for all kinds, so the suite starts JAX once for them, not once per kind."""
-  return run_isolated(_load_and_evaluate_each, str(trained), list(RUNS))
+  # GraphSAGE's sampled evaluation is its trainer's loop: it loads last, its imports apart
+  return run_isolated(_load_and_evaluate_each, str(trained), sorted(RUNS, key="sage".__eq__))
 
 
 @pytest.mark.parametrize("kind", list(RUNS))
 def test_a_fresh_process_measures_what_training_measured(trained, reloaded, kind):
   got = reloaded[kind]
   assert got["kind"] == kind
+  if kind != "sage":
+    assert got["apps"] == [], f"loading a {kind} model imported apps"
   assert got["measured"] and set(got["measured"]) <= set(got["saved"])
   for name, value in got["measured"].items():
     # float32, and on a GPU the fresh process's XLA may pick other kernels (GPT's loss: 1.2e-6
@@ -277,7 +290,7 @@ def test_training_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path, cap
 
 
 def _save_tiny(path, accuracy):
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   return checkpoint.save(
     path,
@@ -295,7 +308,7 @@ def test_out_never_replaces_a_checkpoint_of_another_kind(tmp_path, capsys, comma
   """An RGCN entity model at --out: a GPT, GraphSAGE or HGT run refuses it before training (one
   line, exit 2) and so does `save`; `train rgcn --scale` (kind rgcn-mag) may replace it, as
   may an rgcn save."""
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   ck = _save_tiny(tmp_path / "ck", 0.25)
   if command[0] == "rgcn":
@@ -324,7 +337,7 @@ def test_a_save_that_runs_out_of_space_leaves_the_previous_checkpoint_and_no_tem
   stays, and nothing else is left beside it, not even by the writes still under way."""
   import orbax.checkpoint as ocp
 
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   _save_tiny(tmp_path / "ck", 0.25)
   if writer == "orbax":
@@ -352,7 +365,7 @@ def test_a_save_that_runs_out_of_space_leaves_the_previous_checkpoint_and_no_tem
 
 def _saved(path) -> tuple[float, np.ndarray]:
   """A `_save_tiny` checkpoint's test accuracy (its meta) and array (its state), as loaded."""
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   meta = checkpoint.read_meta(path)
   target = {"params": {"w": np.zeros(3, np.float32)}}
@@ -442,7 +455,7 @@ def test_a_save_waits_for_another_saves_lock_then_fails_in_one_line(tmp_path, mo
   """Another process holds the folder's lock (`.NAME.jaxdata-lock`) throughout: a save waits
   `LOCK_TIMEOUT` seconds, then fails without writing; `jaxdata train` says so in one line, exit
   code 1; the checkpoint there is untouched."""
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   _save_tiny(tmp_path / "ck", 0.25)
   monkeypatch.setattr(checkpoint, "LOCK_TIMEOUT", 0.5)
@@ -464,7 +477,7 @@ def test_a_save_waits_for_another_saves_lock_then_fails_in_one_line(tmp_path, mo
 
 
 def test_replacing_a_checkpoint_leaves_no_temporaries_and_clears_a_killed_runs(tmp_path):
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   _save_tiny(tmp_path / "ck", 0.25)
   for leftover in (".ck.jaxdata-tmp", ".ck.jaxdata-tmp.orbax-checkpoint-tmp-17"):
@@ -475,7 +488,7 @@ def test_replacing_a_checkpoint_leaves_no_temporaries_and_clears_a_killed_runs(t
 
 
 def test_a_checkpoint_holding_other_files_is_never_replaced(tmp_path, capsys):
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   _save_tiny(tmp_path / "ck", 0.25)
   (tmp_path / "ck" / "NOTES.txt").write_text("precious")
@@ -543,7 +556,7 @@ def test_eval_of_damaged_arrays_is_one_line(trained, tmp_path, damage):
 def test_a_flipped_byte_in_an_array_is_named_not_restored(tmp_path):
   """Orbax and TensorStore do not check the bytes they read: `save` records a checksum per
   array and `restore_state` compares the restored arrays with it."""
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   _save_tiny(tmp_path / "ck", 0.25)
   meta = checkpoint.read_meta(tmp_path / "ck")
@@ -649,7 +662,8 @@ def test_every_saved_configuration_is_read_back_whole(trained):
   saved by JSON come back as the tuples the dataclasses hold)."""
   import dataclasses
 
-  from jaxdata.train import attention, checkpoint, gpt, rgcn, sage
+  from jaxdata.tasks import checkpoint
+  from jaxdata.train import attention, gpt, rgcn, sage
 
   classes = {
     "rgcn": rgcn.TrainConfig,
@@ -723,7 +737,7 @@ def test_a_saved_run_gets_its_history_plotted_and_stays_replaceable(tmp_path, mo
   may replace, and without matplotlib nothing is drawn."""
   import sys
 
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
   from jaxdata.train.common import plot_history
 
   history = [{"epoch": e, "loss": 1 / e, "val_accuracy": e / 4} for e in range(1, 5)]

@@ -377,7 +377,7 @@ def test_a_signal_ends_a_training_run_after_its_step_and_saves_it(tmp_path, sign
   last = f"jaxdata train sage: {said} after its last completed step"
   assert err.strip().splitlines()[-1] == last, err
   assert "stopping after this step" in err and "Traceback" not in err
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   history = json.load(open(out / "history.json"))
   assert 1 <= len(history) < 1000

@@ -115,7 +115,7 @@ def test_two_processes_of_two_devices_train_like_one_process_of_four(tmp_path):
     assert m["train_accuracy"] == pytest.approx(s["train_accuracy"], abs=1e-9)
     assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-9)
   assert hist["multi"][1]["loss"] < hist["multi"][0]["loss"]
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   metas = {k: checkpoint.read_meta(out[k]) for k in out}
   assert metas["multi"]["step"] == metas["single"]["step"] == 8
@@ -198,7 +198,7 @@ def test_gpt_with_offload_on_two_processes_of_two_devices_trains_like_one_device
     float, re.search(r"final_loss ([\d.]+) \(at save: ([\d.]+)\)", ev.stdout).groups()
   )
   assert measured == pytest.approx(saved, rel=1e-4)  # printed to 4 decimals
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   loaded = checkpoint.load_model(tmp_path / "multi")
   assert loaded.evaluate()["final_loss"] == pytest.approx(hist["multi"][-1]["val_loss"], rel=1e-5)
@@ -320,7 +320,7 @@ def test_a_save_failing_in_process_0_only_ends_the_job_in_both(tmp_path):
   flags = [*SAGE, "--epochs", "1", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
   flags += ["--distributed-timeout", "30"]
   full_disk = (
-    "import errno, os, sys; import jaxdata.train.checkpoint as c; "
+    "import errno, os, sys; import jaxdata.tasks.checkpoint as c; "
     "c.save = lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, 'No space left')); "
     "from jaxdata.cli import main; sys.exit(main(sys.argv[1:]))"
   )

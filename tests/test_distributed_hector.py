@@ -262,7 +262,7 @@ def test_rgcn_on_two_processes_of_two_devices_trains_like_one_device(tmp_path):
     assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
     assert m["train_accuracy"] == pytest.approx(s["train_accuracy"], abs=1e-6)
     assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-6)
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   metas = {k: checkpoint.read_meta(tmp_path / k) for k in ("multi", "single")}
   assert metas["multi"]["metrics"]["test_accuracy"] == pytest.approx(

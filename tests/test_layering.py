@@ -1,6 +1,7 @@
 """Dependencies point one way (DESIGN.md): benchmarks (examples/benchmarks/, outside the
-package) -> apps (cli, command, distributed, launch, train) -> models (nn) -> libraries (host,
-hector, offload, loader) -> ground (data, reference, _ffi, _version, placement, sizes, timing).
+package) -> apps (cli, command, distributed, launch, train) -> tasks (what the trainers train, and
+checkpoints: `jaxdata.load_model` imports no app) -> models (nn) -> libraries (host, hector,
+offload, loader) -> ground (data, reference, _ffi, _version, placement, sizes, timing).
 Every import in a module, at top level or inside a function, is checked against its layer; the
 checks are run on planted violations too, so they can fail."""
 
@@ -19,6 +20,7 @@ APPS = (
   "jaxdata.train",
   "benchmarks",
 )
+TASKS = ("jaxdata.tasks",)
 MODELS = ("jaxdata.nn",)
 LIBRARIES = ("jaxdata.host", "jaxdata.hector", "jaxdata.offload", "jaxdata.loader")
 GROUND = (
@@ -31,7 +33,12 @@ GROUND = (
   "jaxdata.timing",
 )
 #: What each layer may not import.
-FORBIDDEN = {MODELS: APPS, LIBRARIES: APPS + MODELS, GROUND: APPS + MODELS + LIBRARIES}
+FORBIDDEN = {
+  TASKS: APPS,
+  MODELS: APPS + TASKS,
+  LIBRARIES: APPS + TASKS + MODELS,
+  GROUND: APPS + TASKS + MODELS + LIBRARIES,
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -78,7 +85,7 @@ def upward(path: pathlib.Path, forbidden: tuple[str, ...], name: str | None = No
 
 def strays(names) -> list[str]:
   """The module names outside every layer (the package itself, "jaxdata", has none)."""
-  every = APPS + MODELS + LIBRARIES + GROUND
+  every = APPS + TASKS + MODELS + LIBRARIES + GROUND
   return [n for n in names if n != "jaxdata" and not _within(n, every)]
 
 
@@ -125,8 +132,8 @@ def test_the_package_imports_no_benchmark(tmp_path):
 
 def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
   """Within the apps: cli -> bench -> train. A trainer shares with other trainers only through
-  jaxdata.train.common (and the checkpoint registry, which rebuilds any of them)."""
-  shared = ("jaxdata.train.common", "jaxdata.train.checkpoint")
+  jaxdata.train.common and the tasks below them."""
+  shared = ("jaxdata.train.common",)
   for path in sorted((PACKAGE / "train").rglob("*.py")):
     name = _module_name(path)
     if name in shared or name == "jaxdata.train":

@@ -357,7 +357,7 @@ def test_embedded_types_train_in_host_memory_and_the_checkpoint_evaluates(tmp_pa
     moved = np.any(np.asarray(t.embedding[...]) != b, axis=1)
     assert moved.any()  # rows the batches reached were trained, in host memory
   attention.save(str(tmp_path / "ck"), result, config, {"scale": 5e-4, "seed": 1, "classes": 4})
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   loaded = checkpoint.load_model(str(tmp_path / "ck"))
   np.testing.assert_array_equal(

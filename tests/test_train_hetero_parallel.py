@@ -154,7 +154,7 @@ HGT = [
 
 
 def _tables(path) -> list[np.ndarray]:
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   return [np.asarray(t.embedding[...]) for t in checkpoint.load_model(path).model.tables]
 

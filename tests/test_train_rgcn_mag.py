@@ -186,7 +186,7 @@ def test_cli_minibatch_trains_saves_and_eval_measures_the_same(tmp_path):
   }
   # a fresh process measures what training printed (full graph, with the trained embeddings)
   assert (measured["val_accuracy"], measured["test_accuracy"]) == trained.groups()
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   loaded = checkpoint.load_model(out)
   assert loaded.kind == "rgcn-mag" and loaded.model.convs[0].bases.shape == (2, 8, 8)

@@ -121,7 +121,7 @@ def test_two_processes_train_like_one_process_of_two_devices(tmp_path):
     assert m["batches"] == s["batches"] > 1
     assert m["loss"] == pytest.approx(s["loss"], rel=1e-5)
     assert m["val_accuracy"] == pytest.approx(s["val_accuracy"], abs=1e-9)
-  from jaxdata.train import checkpoint
+  from jaxdata.tasks import checkpoint
 
   params = [
     jax.tree.leaves(nnx.state(checkpoint.load_model(str(out[k])).model, nnx.Param)) for k in out

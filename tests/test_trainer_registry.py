@@ -11,7 +11,8 @@ from flax import nnx
 import jaxdata
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import Classifier
-from jaxdata.train import attention, checkpoint
+from jaxdata.tasks import checkpoint
+from jaxdata.train import attention
 
 
 class MeanByRelation(Classifier):

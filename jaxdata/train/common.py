@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jaxdata import command, distributed
 from jaxdata.host import sparse
 from jaxdata.host.sample import check_fanouts as check_fanout_values
-from jaxdata.train import checkpoint
+from jaxdata.tasks import accuracy, checkpoint  # noqa: F401  (accuracy: the trainers' name)
 
 
 @dataclasses.dataclass
@@ -82,11 +82,6 @@ def add_record(
   history.append(record)
   if report is not None:
     report(record)
-
-
-def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """The fraction of rows whose largest logit is at their label."""
-  return jnp.mean(jnp.argmax(logits, -1) == labels)
 
 
 def seed_batches(

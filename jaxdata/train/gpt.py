@@ -21,7 +21,6 @@ global batch, to float rounding. A plan is made for one device's share (`batch /
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -29,21 +28,29 @@ from collections.abc import Callable, Hashable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
-from jaxdata.data.tokens import markov_tokens
-from jaxdata.nn.gpt import GPT, GPTConfig
+from jaxdata.nn.gpt import GPT
 from jaxdata.nn.gpt_plan import offloaded_bytes, plan_for_model, policy_named
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import TensorStore
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import available_memory, format_bytes
-from jaxdata.train import checkpoint
+from jaxdata.tasks import checkpoint
+from jaxdata.tasks.gpt import (  # noqa: F401  (the trainer's names for them)
+  BASE_LEARNING_RATE,
+  BASE_WIDTH,
+  GPTTrainConfig,
+  data_of,
+  make_optimizer,
+  mean_loss,
+  token_chain,
+)
+from jaxdata.tasks.gpt import held_out as held_out_of
 from jaxdata.train.common import (
   TrainResult,
   add_offload_arguments,
@@ -67,82 +74,6 @@ LayerPlan = Sequence[Hashable]
 Planner = Callable[[GPT, tuple[int, int]], LayerPlan]
 #: `jaxdata train gpt` runs as one of several processes (`jaxdata.distributed`).
 MULTI_PROCESS = True
-
-
-#: The default peak learning rate up to hidden `BASE_WIDTH` (`GPTTrainConfig.peak_learning_rate`).
-BASE_LEARNING_RATE, BASE_WIDTH = 3e-3, 128
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTTrainConfig:
-  """What `train` does: the model, the data, the optimizer (AdamW, warmup then cosine decay).
-
-  `batch` is the global batch: sequences per step over every device of every process; each
-  device of the mesh takes `batch / devices` of them (`batch` must divide evenly).
-  """
-
-  layers: int = 4
-  hidden: int = 128
-  heads: int = 4
-  seq: int = 128
-  batch: int = 8
-  vocab: int = 256
-  steps: int = 200
-  learning_rate: float | None = None  # peak; None: `BASE_LEARNING_RATE` scaled to the width
-  warmup: int = 20
-  weight_decay: float = 0.01
-  seed: int = 0
-  dtype: str = "float32"  # compute dtype; parameters stay float32
-  order: int = 1  # the token chain: context length and successors per context
-  branching: int = 4  # (at most vocab: a smaller vocab takes vocab)
-  eval_batches: int = 4  # held-out batches for the start and final loss
-  log_every: int | None = None  # steps between logged records (None: steps // 10)
-  loss_chunk: int = 0  # cross entropy in chunks of this many positions (0: at once)
-  devices: int | None = 1  # data parallel over this many devices per process (None: all)
-
-  def __post_init__(self):
-    if min(self.steps, self.batch, self.eval_batches) < 1:
-      raise ValueError("GPTTrainConfig: steps, batch and eval_batches must be >= 1")
-    if self.devices is not None and self.devices < 1:
-      raise ValueError(f"GPTTrainConfig: devices must be >= 1 (or None: all), got {self.devices}")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"GPTTrainConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
-    self.model_config()  # validates the shape
-
-  @property
-  def peak_learning_rate(self) -> float:
-    """`learning_rate`, or by default `BASE_LEARNING_RATE` at hidden `BASE_WIDTH` and below,
-    times BASE_WIDTH / hidden above it: Adam's steps move every weight by about the learning
-    rate, so a wider layer's output moves in proportion to its width (3e-3 at hidden 4096 sent
-    the loss of a 16-layer GPT from 9.9 to 13.7 in 10 steps)."""
-    if self.learning_rate is not None:
-      return self.learning_rate
-    return BASE_LEARNING_RATE * min(1.0, BASE_WIDTH / self.hidden)
-
-  def model_config(self) -> GPTConfig:
-    return GPTConfig(
-      vocab=self.vocab,
-      layers=self.layers,
-      hidden=self.hidden,
-      heads=self.heads,
-      seq=self.seq,
-      dtype=jnp.dtype(self.dtype),
-      loss_chunk=self.loss_chunk,
-    )
-
-
-def _optimizer(config: GPTTrainConfig) -> optax.GradientTransformation:
-  peak = config.peak_learning_rate
-  schedule = optax.warmup_cosine_decay_schedule(
-    0.0,
-    peak,
-    warmup_steps=min(config.warmup, config.steps // 2),
-    decay_steps=config.steps + 1,
-    end_value=peak / 10,
-  )
-  return optax.chain(
-    optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=config.weight_decay)
-  )
 
 
 def _mesh(config) -> Mesh:
@@ -178,14 +109,8 @@ def _steps(graphdef, mesh: Mesh, plan: tuple | None):
   )
 
 
-@nnx.jit
-def _evaluate(model: GPT, batches: jax.Array) -> jax.Array:
-  """Mean loss over batches (n, batch, seq + 1)."""
-  return jnp.mean(jax.lax.map(model.loss, batches))
-
-
 def train(
-  config: GPTTrainConfig = GPTTrainConfig(),
+  config: GPTTrainConfig = GPTTrainConfig(),  # noqa: B008  (frozen)
   *,
   plan: LayerPlan | Planner | None = None,
   on_step: Callable[[int, int], None] | None = None,
@@ -210,7 +135,7 @@ def train(
       record is logged there).
   Resuming and saving: one device, no plan.
   """
-  chain = _chain(config)
+  chain = token_chain(config)
   data = chain.batches(config.batch, config.seq, seed=config.seed + 1)
   mesh = _mesh(config)
   ndev = mesh.devices.size
@@ -227,7 +152,7 @@ def train(
     plan = list(plan)
     if len(segments(plan, config.layers)) > 1:  # (fails early on a plan of the wrong length)
       model.split_layers(plan)  # one parameter stack per segment: no copies inside the step
-  optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
+  optimizer = nnx.Optimizer(model, make_optimizer(config), wrt=nnx.Param)
   history = [] if resume is None else list(resume(model, optimizer))
   first = history[-1]["step"] + 1 if history else 1
   for _ in range(first - 1):  # the batches the saved run took
@@ -237,7 +162,7 @@ def train(
   replicated, by_rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   state = distributed.put(state, replicated)
   held_out = distributed.put(
-    np.asarray(_held_out(config, chain)), NamedSharding(mesh, P(None, "data"))
+    np.asarray(held_out_of(config, chain)), NamedSharding(mesh, P(None, "data"))
   )
 
   def held_out_loss(state) -> float:
@@ -302,40 +227,8 @@ def train(
   return TrainResult(model, history, metrics, total, optimizer, plan)
 
 
-def _chain(config: GPTTrainConfig):
-  return markov_tokens(
-    config.vocab,
-    order=config.order,
-    branching=min(config.branching, config.vocab),
-    seed=config.seed,
-  )
-
-
-def _held_out(config: GPTTrainConfig, chain=None) -> jax.Array:
-  """The held-out batches (eval_batches, batch, seq + 1) the start and final losses are over."""
-  chain = _chain(config) if chain is None else chain
-  return jnp.asarray(
-    np.stack(
-      [
-        next(chain.batches(config.batch, config.seq, seed=config.seed + 1000 + i))
-        for i in range(config.eval_batches)
-      ]
-    )
-  )
-
-
-def evaluate(model: GPT, config: GPTTrainConfig) -> dict:
-  """{"final_loss": the mean next-token loss over the run's held-out batches}."""
-  return {"final_loss": float(_evaluate(model, _held_out(config)))}
-
-
-def data_of(config: GPTTrainConfig) -> dict:
-  """A GPT checkpoint's data description: the synthetic chain's seed."""
-  return {"source": "markov", "seed": config.seed}
-
-
 def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
-  """Saves a trained GPT as a checkpoint (`jaxdata.train.checkpoint`): layers split for a plan
+  """Saves a trained GPT as a checkpoint (`jaxdata.tasks.checkpoint`): layers split for a plan
   are joined first; the optimizer state goes with it where the layers were never split."""
   model, opt = result.model, result.optimizer
   split = isinstance(model.blocks, nnx.List)
@@ -351,23 +244,6 @@ def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
     step=result.history[-1]["step"] if result.history else 0,
     history=result.history,
     metrics=result.metrics,
-  )
-
-
-def restore(path: str, meta: dict):
-  """Rebuilds a saved GPT (`jaxdata.train.checkpoint.load_model`); its data is the run's own
-  synthetic chain, rebuilt from the configuration."""
-  config = checkpoint.config_from(GPTTrainConfig, meta["config"])
-  model = GPT(config.model_config(), rngs=nnx.Rngs(config.seed))
-  optimizer = nnx.Optimizer(model, _optimizer(config), wrt=nnx.Param)
-  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded(
-    "gpt",
-    model,
-    meta,
-    evaluate=lambda: evaluate(model, config),
-    predict=lambda tokens: model(jnp.asarray(tokens)),
-    optimizer_state=optimizer if has_optimizer else None,
   )
 
 

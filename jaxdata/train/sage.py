@@ -56,7 +56,7 @@ from jaxdata.data.powerlaw import powerlaw_graph
 from jaxdata.host import HostGraph, HostTable, sample_neighbors, sparse
 from jaxdata.loader import Loader
 from jaxdata.nn import GraphSAGE
-from jaxdata.train import checkpoint
+from jaxdata.tasks import checkpoint
 from jaxdata.train.common import (
   TrainResult,
   add_out_argument,
@@ -557,7 +557,7 @@ EMBEDDING = "host_embedding"
 
 
 def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
-  """Saves a trained GraphSAGE as a checkpoint (`jaxdata.train.checkpoint`); a learned
+  """Saves a trained GraphSAGE as a checkpoint (`jaxdata.tasks.checkpoint`); a learned
   embedding table goes with the parameters (`EMBEDDING`), without its sparse optimizer's state
   (so such a checkpoint is not resumable)."""
   params = nnx.to_pure_dict(nnx.state(result.model, nnx.Param))
@@ -604,7 +604,7 @@ def _resumer(path: str | None, config: SageConfig, data: dict):
 
 
 def restore(path: str, meta: dict):
-  """Rebuilds a saved GraphSAGE and its graph (`jaxdata.train.checkpoint.load_model`).
+  """Rebuilds a saved GraphSAGE and its graph (`jaxdata.tasks.checkpoint.load_model`).
   `evaluate()` samples the test seeds' neighbourhoods with the run's own keys over a mesh of as
   many devices as training had (whatever the processes were: a run of 2 processes x 2 devices
   is measured again by one process of 4), so it measures the test accuracy training measured;

@@ -37,7 +37,7 @@ import optax
 from flax import nnx
 
 from jaxdata import command, distributed
-from jaxdata.data import read, synthetic_mag
+from jaxdata.data import read
 from jaxdata.data.mag import NODE_TYPES, NUM_CLASSES, NUM_NODES, MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import PASSES
@@ -47,20 +47,24 @@ from jaxdata.offload import TensorStore
 from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import format_bytes
-from jaxdata.train import checkpoint
-from jaxdata.train.attention import minibatch as hetero
-from jaxdata.train.attention import partitioned
-from jaxdata.train.attention.model import (
+from jaxdata.tasks import checkpoint
+from jaxdata.tasks.hetero import (
   CLASSIFIERS,
   KINDS,
   MODELS,
+  TargetError,
   TrainConfig,
   build_model,
   device_features,
   evaluate,
+  folder_dataset,
+  load_dataset,
   predict,
   register,
+  restore,
 )
+from jaxdata.train.attention import minibatch as hetero
+from jaxdata.train.attention import partitioned
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   DeviceBudgetError,
@@ -96,8 +100,10 @@ __all__ = [
   "device_features",
   "evaluate",
   "main",
+  "load_dataset",
   "predict",
   "register",
+  "restore",
   "train",
 ]
 
@@ -261,41 +267,10 @@ def budget_planner(
   return planner
 
 
-#: The entries of a data description (`load_dataset`): synthetic_mag's, or a dataset folder's.
-DATA_ENTRIES = {"scale": float, "seed": int, "classes": int}
-FOLDER_ENTRIES = {"path": str, "target": str}
-
-
-def load_dataset(data: dict) -> MagDataset:
-  """The dataset a data description names: synthetic_mag ({"scale", "seed", "classes"}) or a
-  dataset folder (`jaxdata.data.read`) classifying one node type ({"path", "target"})."""
-  if "path" in data:
-    return folder_dataset(read(data["path"]), data["path"], data["target"])
-  return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
-
-
-def data_entries(data: dict) -> dict:
-  """The entries `data` (a checkpoint's data description) must have."""
-  return FOLDER_ENTRIES if isinstance(data, dict) and "path" in data else DATA_ENTRIES
-
-
-def folder_dataset(hetero, path: str, target: str | None) -> MagDataset:
-  """The trainers' dataset of a dataset folder's `HeteroData`, classifying `target` (None: the
-  one node type with labels; UsageError where there is not exactly one)."""
-  if target is None:
-    labelled = list(hetero.y_dict)
-    if len(labelled) != 1:
-      raise command.UsageError(
-        f"argument --target: {path} has labels for node types {labelled}; name the one to classify"
-      )
-    target = labelled[0]
-  return hetero.to_dataset(target, name=os.path.basename(os.path.normpath(path)))
-
-
 def save(
   path: str, result: TrainResult, config: TrainConfig, data: dict, minibatch: Any = None
 ) -> str:
-  """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.train.checkpoint`;
+  """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.tasks.checkpoint`;
   kind `KINDS[config.model]`); `minibatch`: the mini-batch settings it trained with, which a
   resumed run must repeat."""
   return checkpoint.save_nnx(
@@ -310,30 +285,6 @@ def save(
     metrics=result.metrics,
     metrics_note=result.metrics_note,
     settings=minibatch_settings(minibatch),
-  )
-
-
-def restore(path: str, meta: dict):
-  """Rebuilds a saved RGAT / HGT / RGCN classifier and its data (`checkpoint.load_model`)."""
-  config = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
-  if KINDS.get(config.model) != meta["kind"]:
-    raise ValueError(
-      f"load_model: {path}: a checkpoint of kind {meta['kind']!r} holding a "
-      f"{config.model!r} model (its configuration's model)"
-    )
-  dataset = load_dataset(
-    checkpoint.check_entries(meta["data"], data_entries(meta["data"]), "a heterograph checkpoint")
-  )
-  model = build_model(dataset, config, nnx.Rngs(config.seed))
-  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
-  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded(
-    meta["kind"],
-    model,
-    meta,
-    evaluate=lambda: evaluate(model, dataset),
-    predict=lambda: predict(model, dataset),
-    optimizer_state=optimizer if has_optimizer else None,
   )
 
 
@@ -630,6 +581,8 @@ def main(args) -> int:
   if args.data is not None:
     try:  # read once: the default target comes from the same data
       dataset = folder_dataset(read(args.data), args.data, args.target)
+    except TargetError as e:
+      raise command.UsageError(f"argument --target: {e}") from None
     except (ValueError, TypeError, FileNotFoundError) as e:
       raise command.UsageError(f"argument --data: {e}") from None
     target = dataset.target

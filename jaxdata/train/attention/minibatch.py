@@ -47,8 +47,8 @@ from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader, initial_embeddings
 from jaxdata.nn.classifiers import is_table
 from jaxdata.sizes import format_bytes
+from jaxdata.tasks.hetero import TrainConfig, build_model, evaluate
 from jaxdata.train import common
-from jaxdata.train.attention.model import TrainConfig, build_model, evaluate
 from jaxdata.train.common import TrainResult
 
 

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector.partition import partition
-from jaxdata.train.attention.model import build_model
+from jaxdata.tasks.hetero import build_model
 from jaxdata.train.common import MESH_AXIS as AXIS
 from jaxdata.train.common import (
   TrainResult,

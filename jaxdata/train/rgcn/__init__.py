@@ -22,7 +22,6 @@ per-type input maps, learnable embeddings for featureless types, `--minibatch` f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -34,10 +33,23 @@ import optax
 from flax import nnx
 
 from jaxdata import command, distributed
-from jaxdata.data import EntityDataset, HeteroGraph, load_entities, synthetic_entities
+from jaxdata.data import EntityDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
-from jaxdata.train import checkpoint
+from jaxdata.tasks import checkpoint
+from jaxdata.tasks.rgcn import (
+  DATA_ENTRIES,
+  PAPER_SETUP,
+  SYNTHETIC_SETUP,
+  TrainConfig,
+  build_model,
+  evaluate,
+  l2_penalty,
+  load_dataset,
+  predict,
+  restore,
+  split_validation,
+)
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   TrainResult,
@@ -58,23 +70,14 @@ from jaxdata.train.common import (
 )
 from jaxdata.train.rgcn import minibatch as sampled
 from jaxdata.train.rgcn import partitioned
-from jaxdata.train.rgcn.model import (
-  PAPER_SETUP,
-  SYNTHETIC_SETUP,
-  TrainConfig,
-  build_model,
-  evaluate,
-  l2_penalty,
-  predict,
-  split_validation,
-)
 
 #: `jaxdata train rgcn` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices, or
 #: `--minibatch` data parallel over them (`minibatch.sharded_steps`).
 MULTI_PROCESS = True
-#: The model's configuration, construction and measurement live in `.model` (the loops share them).
+#: The task's configuration, data, model and measurement live in `jaxdata.tasks.rgcn`.
 __all__ = [
+  "DATA_ENTRIES",
   "PAPER_SETUP",
   "SYNTHETIC_SETUP",
   "TrainConfig",
@@ -82,8 +85,10 @@ __all__ = [
   "build_model",
   "evaluate",
   "l2_penalty",
+  "load_dataset",
   "main",
   "predict",
+  "restore",
   "split_validation",
   "train",
 ]
@@ -169,46 +174,8 @@ def train(
   )
 
 
-#: The entries of a data description (`load_dataset`), by source.
-DATA_ENTRIES = {
-  "rdf": {"source": str, "path": str},
-  "synthetic": {"source": str, "nodes": int, "edges": int, "relations": int, "seed": int},
-}
-
-
-def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
-  """The dataset a data description names, and its paper setup (bases, L2): an RDF archive
-  ({"source": "rdf", "path": ...}) or the synthetic graph ({"source": "synthetic", "nodes",
-  "edges", "relations", "seed"}), with inverse relations as the RDF graphs have them."""
-
-  if data["source"] == "rdf":
-    dataset = load_entities(data["path"])
-    return dataset, PAPER_SETUP.get(dataset.name.lower(), {})
-  if data["source"] != "synthetic":
-    raise ValueError(f"rgcn: unknown data source {data['source']!r}")
-  ds = synthetic_entities(
-    num_nodes=data["nodes"],
-    num_edges=data["edges"],
-    num_relations=data["relations"],
-    seed=data["seed"],
-  )
-  g = ds.graph  # messages flow both ways, as on the RDF graphs: add inverse relations
-  dataset = dataclasses.replace(
-    ds,
-    graph=HeteroGraph.from_edges(
-      g.src,
-      g.dst,
-      g.etype,
-      num_nodes=g.num_nodes,
-      relation_names=g.relation_names,
-      add_inverse=True,
-    ),
-  )
-  return dataset, SYNTHETIC_SETUP
-
-
 def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str:
-  """Saves a trained RGCN as a checkpoint (`jaxdata.train.checkpoint`)."""
+  """Saves a trained RGCN as a checkpoint (`jaxdata.tasks.checkpoint`)."""
   return checkpoint.save_nnx(
     path,
     kind="rgcn",
@@ -219,29 +186,6 @@ def save(path: str, result: TrainResult, config: TrainConfig, data: dict) -> str
     step=len(result.history),
     history=result.history,
     metrics={"test_accuracy": result.test_accuracy},
-  )
-
-
-def restore(path: str, meta: dict):
-  """Rebuilds a saved RGCN and its data (`jaxdata.train.checkpoint.load_model`)."""
-  config = checkpoint.config_from(TrainConfig, meta["config"])
-  dataset, _ = load_dataset(
-    checkpoint.check_entries(
-      meta["data"],
-      DATA_ENTRIES.get(meta["data"].get("source"), DATA_ENTRIES["synthetic"]),
-      "an RGCN checkpoint",
-    )
-  )
-  model = build_model(dataset, config, nnx.Rngs(config.seed))
-  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
-  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
-  return checkpoint.Loaded(
-    "rgcn",
-    model,
-    meta,
-    evaluate=lambda: evaluate(model, dataset),
-    predict=lambda: predict(model, dataset),
-    optimizer_state=optimizer if has_optimizer else None,
   )
 
 

@@ -48,9 +48,9 @@ from jaxdata.data import EntityDataset
 from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader
 from jaxdata.nn import EntityClassifier
+from jaxdata.tasks.rgcn import TrainConfig, build_model, evaluate, split_validation
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
-from jaxdata.train.rgcn.model import TrainConfig, build_model, evaluate, split_validation
 
 
 @dataclasses.dataclass(frozen=True)

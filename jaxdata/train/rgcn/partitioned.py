@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdata import command, distributed
 from jaxdata.data import EntityDataset
 from jaxdata.hector.partition import partition
+from jaxdata.tasks.rgcn import build_model, l2_penalty, split_validation
 from jaxdata.train.common import MESH_AXIS as AXIS
 from jaxdata.train.common import (
   TrainResult,
@@ -49,7 +50,6 @@ from jaxdata.train.common import (
 from jaxdata.train.common import (
   sharded_jit as shard,
 )
-from jaxdata.train.rgcn.model import build_model, l2_penalty, split_validation
 
 
 def train(

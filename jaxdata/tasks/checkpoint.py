@@ -56,15 +56,16 @@ from flax import nnx
 from jaxdata._version import __version__
 
 FORMAT = 1
-#: kind -> the training module that builds and evaluates it (each defines `restore`).
+#: kind -> the module that rebuilds and measures it (each defines `restore(path, meta)`): a task
+#: of `jaxdata.tasks`, except GraphSAGE's, whose sampled evaluation is its trainer's loop.
 KINDS = {
-  "rgcn": "jaxdata.train.rgcn",
-  "rgat": "jaxdata.train.attention",
-  "hgt": "jaxdata.train.attention",
-  "rgcn-mag": "jaxdata.train.attention",
-  "rgcn-link": "jaxdata.train.link",
+  "rgcn": "jaxdata.tasks.rgcn",
+  "rgat": "jaxdata.tasks.hetero",
+  "hgt": "jaxdata.tasks.hetero",
+  "rgcn-mag": "jaxdata.tasks.hetero",
+  "rgcn-link": "jaxdata.tasks.link",
   "sage": "jaxdata.train.sage",
-  "gpt": "jaxdata.train.gpt",
+  "gpt": "jaxdata.tasks.gpt",
 }
 #: What a checkpoint folder holds: its items, Orbax's markers, history.json and its plot. `save`
 #: replaces the whole folder, so one holding anything else is refused rather than wiped.

@@ -1,23 +1,28 @@
-"""The models of `jaxdata train rgat|hgt` and `train rgcn --scale S` (`jaxdata.train.attention`):
-their configuration, how one is built for a dataset, and how it is measured. The full-graph,
-partitioned and mini-batch loops all read them from here."""
+"""Paper classification on an ogbn-mag-shaped heterograph, the task of `jaxdata train rgat|hgt`
+and `train rgcn --scale S` (`jaxdata.train.attention`): the models (`CLASSIFIERS`, `register`),
+their configuration, the data (synthetic_mag or a dataset folder, from a data description), how
+a model is built and measured, and `restore`. The full-graph, partitioned and mini-batch loops
+all read them from here."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
+from jaxdata.data import read, synthetic_mag
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector import GraphArrays
 from jaxdata.hector.passes import select as select_passes
 from jaxdata.nn.classifiers import Classifier, HGTClassifier, RGATClassifier, RGCNClassifier
-from jaxdata.train import checkpoint
+from jaxdata.tasks import checkpoint
 
 #: The attention models (`jaxdata train rgat|hgt`).
 MODELS = ("rgat", "hgt")
@@ -28,7 +33,7 @@ CLASSIFIERS: dict[str, type[Classifier]] = {
   "hgt": HGTClassifier,
   "rgcn": RGCNClassifier,
 }
-#: The checkpoint kind of each model (`jaxdata.train.checkpoint.KINDS`): "rgcn" is the entity
+#: The checkpoint kind of each model (`jaxdata.tasks.checkpoint.KINDS`): "rgcn" is the entity
 #: trainer's (`jaxdata.train.rgcn`).
 KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
 #: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
@@ -52,7 +57,7 @@ def register(name: str, classifier: type[Classifier]) -> None:
     raise ValueError(f"register: a model or checkpoint kind {name!r} exists already")
   CLASSIFIERS[name] = classifier
   KINDS[name] = name
-  checkpoint.KINDS[name] = "jaxdata.train.attention"
+  checkpoint.KINDS[name] = "jaxdata.tasks.hetero"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,3 +182,62 @@ def evaluate(
     "val_accuracy": accuracy(dataset.val_papers),
     "test_accuracy": accuracy(dataset.test_papers),
   }
+
+
+#: The entries of a data description (`load_dataset`): synthetic_mag's, or a dataset folder's.
+DATA_ENTRIES = {"scale": float, "seed": int, "classes": int}
+
+
+FOLDER_ENTRIES = {"path": str, "target": str}
+
+
+def load_dataset(data: dict) -> MagDataset:
+  """The dataset a data description names: synthetic_mag ({"scale", "seed", "classes"}) or a
+  dataset folder (`jaxdata.data.read`) classifying one node type ({"path", "target"})."""
+  if "path" in data:
+    return folder_dataset(read(data["path"]), data["path"], data["target"])
+  return synthetic_mag(scale=data["scale"], seed=data["seed"], num_classes=data["classes"])
+
+
+def data_entries(data: dict) -> dict:
+  """The entries `data` (a checkpoint's data description) must have."""
+  return FOLDER_ENTRIES if isinstance(data, dict) and "path" in data else DATA_ENTRIES
+
+
+class TargetError(ValueError):
+  """A dataset folder has labels for several node types (or none), and no target was named."""
+
+
+def folder_dataset(hetero, path: str, target: str | None) -> MagDataset:
+  """The trainers' dataset of a dataset folder's `HeteroData`, classifying `target` (None: the
+  one node type with labels; TargetError where there is not exactly one)."""
+  if target is None:
+    labelled = list(hetero.y_dict)
+    if len(labelled) != 1:
+      raise TargetError(f"{path} has labels for node types {labelled}; name the one to classify")
+    target = labelled[0]
+  return hetero.to_dataset(target, name=os.path.basename(os.path.normpath(path)))
+
+
+def restore(path: str, meta: dict):
+  """Rebuilds a saved RGAT / HGT / RGCN classifier and its data (`checkpoint.load_model`)."""
+  config = checkpoint.config_from(TrainConfig, meta["config"], newer=("embed",))
+  if KINDS.get(config.model) != meta["kind"]:
+    raise ValueError(
+      f"load_model: {path}: a checkpoint of kind {meta['kind']!r} holding a "
+      f"{config.model!r} model (its configuration's model)"
+    )
+  dataset = load_dataset(
+    checkpoint.check_entries(meta["data"], data_entries(meta["data"]), "a heterograph checkpoint")
+  )
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
+  return checkpoint.Loaded(
+    meta["kind"],
+    model,
+    meta,
+    evaluate=lambda: evaluate(model, dataset),
+    predict=lambda: predict(model, dataset),
+    optimizer_state=optimizer if has_optimizer else None,
+  )

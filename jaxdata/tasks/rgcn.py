@@ -1,6 +1,7 @@
-"""The model of `jaxdata train rgcn` (`jaxdata.train.rgcn`): its configuration (and the RGCN paper's
-per dataset), how one is built for a dataset, its L2 term, and how it is measured. The full-graph,
-partitioned and mini-batch loops all read them from here."""
+"""The entity classification task of `jaxdata train rgcn` (`jaxdata.train.rgcn`): its
+configuration (and the RGCN paper's per dataset), its data (an RDF archive or a synthetic graph,
+from a data description), how the model is built, its L2 term, how it is measured, and `restore`.
+The full-graph, partitioned and mini-batch loops all read them from here."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
-from jaxdata.data import EntityDataset
+from jaxdata.data import EntityDataset, HeteroGraph, load_entities, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import EntityClassifier
-from jaxdata.train.common import accuracy
+from jaxdata.tasks import accuracy, checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,3 +129,64 @@ def evaluate(
   logits = predict(model, dataset, graph)
   test_idx, test_y = jnp.asarray(dataset.test_idx), jnp.asarray(dataset.test_y)
   return {"test_accuracy": float(accuracy(logits[test_idx], test_y))}
+
+
+#: The entries of a data description (`load_dataset`), by source.
+DATA_ENTRIES = {
+  "rdf": {"source": str, "path": str},
+  "synthetic": {"source": str, "nodes": int, "edges": int, "relations": int, "seed": int},
+}
+
+
+def load_dataset(data: dict) -> tuple[EntityDataset, dict]:
+  """The dataset a data description names, and its paper setup (bases, L2): an RDF archive
+  ({"source": "rdf", "path": ...}) or the synthetic graph ({"source": "synthetic", "nodes",
+  "edges", "relations", "seed"}), with inverse relations as the RDF graphs have them."""
+
+  if data["source"] == "rdf":
+    dataset = load_entities(data["path"])
+    return dataset, PAPER_SETUP.get(dataset.name.lower(), {})
+  if data["source"] != "synthetic":
+    raise ValueError(f"rgcn: unknown data source {data['source']!r}")
+  ds = synthetic_entities(
+    num_nodes=data["nodes"],
+    num_edges=data["edges"],
+    num_relations=data["relations"],
+    seed=data["seed"],
+  )
+  g = ds.graph  # messages flow both ways, as on the RDF graphs: add inverse relations
+  dataset = dataclasses.replace(
+    ds,
+    graph=HeteroGraph.from_edges(
+      g.src,
+      g.dst,
+      g.etype,
+      num_nodes=g.num_nodes,
+      relation_names=g.relation_names,
+      add_inverse=True,
+    ),
+  )
+  return dataset, SYNTHETIC_SETUP
+
+
+def restore(path: str, meta: dict):
+  """Rebuilds a saved RGCN and its data (`jaxdata.tasks.checkpoint.load_model`)."""
+  config = checkpoint.config_from(TrainConfig, meta["config"])
+  dataset, _ = load_dataset(
+    checkpoint.check_entries(
+      meta["data"],
+      DATA_ENTRIES.get(meta["data"].get("source"), DATA_ENTRIES["synthetic"]),
+      "an RGCN checkpoint",
+    )
+  )
+  model = build_model(dataset, config, nnx.Rngs(config.seed))
+  optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
+  has_optimizer = checkpoint.restore_nnx(path, meta, model, optimizer)
+  return checkpoint.Loaded(
+    "rgcn",
+    model,
+    meta,
+    evaluate=lambda: evaluate(model, dataset),
+    predict=lambda: predict(model, dataset),
+    optimizer_state=optimizer if has_optimizer else None,
+  )
