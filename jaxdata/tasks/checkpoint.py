@@ -56,15 +56,14 @@ from flax import nnx
 from jaxdata._version import __version__
 
 FORMAT = 1
-#: kind -> the module that rebuilds and measures it (each defines `restore(path, meta)`): a task
-#: of `jaxdata.tasks`, except GraphSAGE's, whose sampled evaluation is its trainer's loop.
+#: kind -> the task that rebuilds and measures it (each defines `restore(path, meta)`).
 KINDS = {
   "rgcn": "jaxdata.tasks.rgcn",
   "rgat": "jaxdata.tasks.hetero",
   "hgt": "jaxdata.tasks.hetero",
   "rgcn-mag": "jaxdata.tasks.hetero",
   "rgcn-link": "jaxdata.tasks.link",
-  "sage": "jaxdata.train.sage",
+  "sage": "jaxdata.tasks.sage",
   "gpt": "jaxdata.tasks.gpt",
 }
 #: What a checkpoint folder holds: its items, Orbax's markers, history.json and its plot. `save`

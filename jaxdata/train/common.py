@@ -14,10 +14,8 @@ import hashlib
 import json
 import math
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -25,15 +23,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
-from jax.flatten_util import ravel_pytree
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jaxdata import command, distributed
 from jaxdata.host import sparse
 from jaxdata.host.sample import check_fanouts as check_fanout_values
-from jaxdata.tasks import accuracy, checkpoint  # noqa: F401  (accuracy: the trainers' name)
+from jaxdata.placement import MESH_AXIS, device_mesh, psum_flat, sharded_jit  # noqa: F401
+from jaxdata.tasks import (  # noqa: F401  (the trainers' names for them)
+  accuracy,
+  checkpoint,
+  prefetched,
+  seed_batches,
+)
 
 
 @dataclasses.dataclass
@@ -82,66 +85,6 @@ def add_record(
   history.append(record)
   if report is not None:
     report(record)
-
-
-def seed_batches(
-  ids: np.ndarray, size: int, rng: np.random.Generator | None = None, limit: int | None = None
-) -> np.ndarray:
-  """int32[num_batches, size]: `ids` (shuffled if `rng`) in batches, the last padded with -1;
-  at most `limit` batches. A shuffled `limit` draws only the seeds it keeps: permuting every id
-  would cost a benchmark's short epoch more than its steps (0.4 s for ogbn-papers100M's 11M
-  training nodes)."""
-  ids = np.asarray(ids)
-  n = -(-len(ids) // size)
-  if limit is not None:
-    n = min(n, limit)
-  if rng is None:
-    order = ids
-  elif n * size < len(ids):
-    order = ids[rng.choice(len(ids), n * size, replace=False)]
-  else:
-    order = rng.permutation(ids)
-  rows = np.full(n * size, -1, np.int32)
-  take = min(len(order), n * size)
-  rows[:take] = order[:take]
-  return rows.reshape(n, size)
-
-
-def prefetched(items: Iterable, depth: int = 2) -> Iterator:
-  """`items`, produced on a background thread `depth` ahead (exceptions re-raised here).
-
-  Closing the iterator early stops the producer (a producer blocked on a full queue is
-  unblocked), so nothing keeps running behind an abandoned epoch.
-  """
-  q: queue.Queue = queue.Queue(depth)
-  stop = threading.Event()
-  done = object()
-
-  def produce():
-    try:
-      for item in items:
-        if stop.is_set():
-          return
-        q.put(item)
-      q.put(done)
-    except BaseException as e:  # noqa: BLE001  surfaced in the consumer
-      q.put(e)
-
-  worker = threading.Thread(target=produce, daemon=True)
-  worker.start()
-  try:
-    while (item := q.get()) is not done:
-      if isinstance(item, BaseException):
-        raise item
-      yield item
-  finally:
-    stop.set()
-    while worker.is_alive():  # unblock a producer waiting on a full queue
-      try:
-        q.get_nowait()
-      except queue.Empty:
-        pass
-      worker.join(0.01)
 
 
 # ----------------------------------------------------------------------------- mini-batches
@@ -620,9 +563,6 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
 # (with check_vma on, JAX's transpose of the implicit pvary already sums them over the axis,
 # and a psum of its result would count them K times).
 
-#: The mesh axis the parts are spread over.
-MESH_AXIS = "data"
-
 
 def devices_flag(value: int) -> int | None:
   """A trainer's `--devices` (0: all, as None), checked before anything trains: more devices than
@@ -636,56 +576,12 @@ def devices_flag(value: int) -> int | None:
   return None if value == 0 else value
 
 
-def device_mesh(
-  devices: int | None, platform: str | None = None, *, what: str = "full-graph training"
-):
-  """The 1-D mesh of `devices` devices (None: all) of `platform` in each process, process by
-  process (so mesh device d takes the d-th share of a batch in any process layout); `what`
-  names the caller in the error for a count this process cannot give."""
-  per_process: dict[int, list] = {}
-  for d in jax.devices(platform):
-    per_process.setdefault(d.process_index, []).append(d)
-  local = per_process.get(jax.process_index(), [])
-  n = len(local) if devices is None else int(devices)
-  if n < 1 or n > len(local):
-    raise ValueError(
-      f"{what}: devices={devices}, but {len(local)} are visible"
-      + (" to this process" if len(per_process) > 1 else "")
-    )
-
-  devices = [d for p in sorted(per_process) for d in per_process[p][:n]]
-  return Mesh(np.array(devices), (MESH_AXIS,))
-
-
 def node_rows(padded_nodes: int, nodes, values=None) -> np.ndarray:
   """A per-node array over ``padded_nodes`` rows: `values` (int32) at `nodes`, zero elsewhere;
   without `values`, a mask (True at `nodes`)."""
   out = np.zeros(padded_nodes, bool if values is None else np.int32)
   out[np.asarray(nodes)] = True if values is None else values
   return out
-
-
-def psum_flat(tree, axis_name: str, *, mean: bool = False):
-  """`jax.lax.psum(tree, axis_name)` (`mean`: divided by the axis size) as one all-reduce of
-  one float32 vector: one collective per step, not one per leaf and dtype (on two H200s each
-  collective costs the step a host-side rendezvous). Integer leaves go through
-  float32 and back, exact below 2**24 (the counts of a batch)."""
-  flat, unravel = ravel_pytree(tree)
-  total = jax.lax.psum(flat.astype(jnp.float32), axis_name)
-  if mean:
-    total = total / jax.lax.psum(1, axis_name)
-  return unravel(total.astype(flat.dtype))
-
-
-def sharded_jit(fn, mesh, in_specs, out_specs, **jit_kwargs):
-  """`jax.jit(shard_map(fn), **jit_kwargs)` over `mesh`, with ``check_vma=False`` (see above)."""
-  try:
-    shard_map = jax.shard_map
-  except AttributeError:  # older JAX
-    from jax.experimental.shard_map import shard_map  # type: ignore  (older JAX)
-  return jax.jit(
-    shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False), **jit_kwargs
-  )
 
 
 def gather_rows(h: jax.Array) -> jax.Array:

@@ -40,7 +40,7 @@ import contextlib
 import dataclasses
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -48,15 +48,29 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdata import command, distributed
-from jaxdata.data.powerlaw import powerlaw_graph
-from jaxdata.host import HostGraph, HostTable, sample_neighbors, sparse
-from jaxdata.loader import Loader
-from jaxdata.nn import GraphSAGE
+from jaxdata.host import HostGraph, HostTable, sparse
 from jaxdata.tasks import checkpoint
+from jaxdata.tasks.sage import (  # noqa: F401  (the trainer's names for them)
+  DATA_ENTRIES,
+  EMBEDDING,
+  PIPELINES,
+  CpuBatches,
+  SageConfig,
+  build_model,
+  evaluation,
+  load_dataset,
+  loader_of,
+  loss,
+  mesh_of,
+  restore,
+  run_keys,
+  sample_batch,
+  sampled_accuracy,
+)
 from jaxdata.train.common import (
   TrainResult,
   add_out_argument,
@@ -64,10 +78,8 @@ from jaxdata.train.common import (
   add_resume_arguments,
   check_copies_agree,
   check_fanouts,
-  device_mesh,
   devices_flag,
   position,
-  prefetched,
   progress,
   psum_flat,
   refuse_resuming,
@@ -78,88 +90,11 @@ from jaxdata.train.common import (
   sharded_jit,
 )
 
-PIPELINES = ("host", "device", "cpu")
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
 MULTI_PROCESS = True
 
 
-@dataclasses.dataclass(frozen=True)
-class SageConfig:
-  """What `train` does. `batch_size` is per device; `max_batches` cuts epochs short (benchmarks)."""
-
-  pipeline: str = "host"
-  fanouts: tuple[int, ...] = (15, 10)
-  batch_size: int = 1024
-  hidden: int = 256
-  learning_rate: float = 3e-3
-  epochs: int = 5
-  seed: int = 0
-  dtype: str = "float32"
-  devices: int | None = 1  # per process; None: every local device of the platform
-  platform: str | None = None  # "gpu", "cpu", ...; None: JAX's default backend
-  max_batches: int | None = None
-  eval_batches: int | None = None  # cap on evaluation batches (None: all)
-  cache: float = 0.0  # "host": keep this fraction of the feature rows (most sampled) on device
-  evaluate: bool = True  # validation accuracy after every epoch and test accuracy at the end
-  embed_dim: int = 0  # learnable node embeddings this wide, concatenated to the features (0: none)
-  table_optimizer: str = "adam"  # the sparse optimizer of the embeddings (jaxdata.host.sparse)
-
-  def __post_init__(self):
-    if self.pipeline not in PIPELINES:
-      raise ValueError(f"SageConfig: pipeline must be one of {PIPELINES}, got {self.pipeline!r}")
-    if not self.fanouts or any(int(f) < 1 for f in self.fanouts):
-      raise ValueError(f"SageConfig: fanouts must be positive, got {self.fanouts}")
-    if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
-      raise ValueError("SageConfig: batch_size and hidden must be >= 1, epochs >= 0")
-    if not 0 <= self.cache <= 1:
-      raise ValueError(f"SageConfig: cache must be a fraction in [0, 1], got {self.cache}")
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"SageConfig: dtype must be float32 or bfloat16, got {self.dtype!r}")
-    if self.embed_dim < 0:
-      raise ValueError(f"SageConfig: embed_dim must be >= 0, got {self.embed_dim}")
-    if self.table_optimizer not in sparse.BY_NAME:
-      raise ValueError(
-        f"SageConfig: table_optimizer must be one of {tuple(sparse.BY_NAME)}, "
-        f"got {self.table_optimizer!r}"
-      )
-    if self.embed_dim and self.pipeline == "cpu":
-      raise ValueError(
-        "SageConfig: embed_dim needs pipeline host or device (the cpu pipeline "
-        "gathers before the step, so its rows could not learn)"
-      )
-
-
 # ----------------------------------------------------------------------------- the model step
-
-
-def _loss(model: GraphSAGE, feats, masks, labels, valid, embedded=None) -> tuple:
-  """Summed cross-entropy and correct count over the `valid` seeds; `embedded`: per hop, the
-  nodes' embedding rows, concatenated to their features."""
-  if embedded is not None:
-    feats = tuple(jnp.concatenate([f, e.astype(f.dtype)], -1) for f, e in zip(feats, embedded))
-  logits = model(feats, masks).astype(jnp.float32)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  correct = (jnp.argmax(logits, -1) == labels) & valid
-  return jnp.sum(jnp.where(valid, ce, 0.0)), correct.sum()
-
-
-def _loader(graph: HostGraph, labels: np.ndarray, config: SageConfig) -> Loader:
-  """The tree-sampling loader of the "host" and "device" pipelines."""
-  return Loader(
-    graph,
-    fanouts=config.fanouts,
-    features=graph.features,
-    labels=labels,
-    pipeline=config.pipeline,
-    cache=config.cache,
-    tree=True,
-  )
-
-
-def _mesh(config: SageConfig) -> Mesh:
-  """The 1-D "data" mesh: `config.devices` devices (None: all) of the platform in each process,
-  process by process, so that with several processes it spans every process's devices."""
-  return device_mesh(config.devices, config.platform, what="SageConfig")
 
 
 # ----------------------------------------------------------------------------- training
@@ -167,7 +102,7 @@ def _mesh(config: SageConfig) -> Mesh:
 
 def train(
   dataset: Any,
-  config: SageConfig = SageConfig(),
+  config: SageConfig = SageConfig(),  # noqa: B008  (frozen)
   *,
   graph: HostGraph | None = None,
   on_epoch: Callable[[dict], None] | None = None,
@@ -220,9 +155,9 @@ def lowered_step(dataset: Any, config: SageConfig, graph: HostGraph, rows: np.nd
   --breakdown` times and profiles."""
   if config.pipeline == "cpu":
     raise ValueError("lowered_step: the cpu pipeline's step takes batches, not seeds")
-  mesh = _mesh(dataclasses.replace(config, devices=1))
+  mesh = mesh_of(dataclasses.replace(config, devices=1))
   labels = np.asarray(dataset.labels).astype(np.int32)
-  loader = _loader(graph, labels, config)
+  loader = loader_of(graph, labels, config)
   try:
     programs = _steps(dataset, config, graph, mesh, loader, labels, None, None, None)
     whole = NamedSharding(mesh, P())
@@ -284,14 +219,14 @@ def _train_with(
     raise ValueError("train: the graph has no node features")
   if graph.num_nodes != len(dataset.labels):
     raise ValueError(f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes")
-  mesh = _mesh(config)
+  mesh = mesh_of(config)
   if config.pipeline == "cpu" and jax.process_count() > 1:
     raise ValueError(
       "train: the cpu pipeline runs in one process only; use pipeline host or "
       "device with several processes"
     )
   labels = np.asarray(dataset.labels).astype(np.int32)
-  loader = None if config.pipeline == "cpu" else _loader(graph, labels, config)
+  loader = None if config.pipeline == "cpu" else loader_of(graph, labels, config)
   try:
     args = (labels, on_epoch, on_batch, init, table, table_opt, saving)
     return _train_loop(dataset, config, graph, mesh, loader, *args)
@@ -305,15 +240,7 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
   `evaluate_batch`, the initial `params` and `opt_state` (placed on the mesh), the `consts` the
   loader's pipelines pass, and `cpu_batches` for the cpu pipeline."""
   cpu_batches = None
-  dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-  model = GraphSAGE(
-    graph.features.shape[1] + config.embed_dim,
-    config.hidden,
-    dataset.num_classes,
-    num_layers=len(config.fanouts),
-    dtype=dtype,
-    rngs=nnx.Rngs(config.seed),
-  )
+  model = build_model(config, graph.features.shape[1], dataset.num_classes)
   graphdef, params = nnx.split(model, nnx.Param)
   if init is not None:
     params = init
@@ -325,7 +252,7 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
 
   def grads_of(params, feats, masks, labels, valid, embedded=None):
     def f(p, e):
-      total, correct = _loss(nnx.merge(graphdef, p), feats, masks, labels, valid, e)
+      total, correct = loss(nnx.merge(graphdef, p), feats, masks, labels, valid, e)
       return total, correct
 
     (total, correct), (grads, row_grads) = jax.value_and_grad(f, (0, 1), has_aux=True)(
@@ -364,16 +291,8 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
     # One dispatch per step: the epoch's seeds are on the device and the step picks its row
     # and derives its key from a step counter it carries, so the host issues nothing else (with
     # several devices, every extra dispatch costs the host more than the step itself).
-    def sampled(loader, rows, i, key):
-      seeds = jax.lax.dynamic_index_in_dim(rows, i, keepdims=False)
-      key = jax.random.fold_in(jax.random.fold_in(key, i), jax.lax.axis_index("data"))
-      batch = loader.sample(seeds, key)
-      with jax.named_scope("gathers"):
-        embedded = None if table is None else batch.blocks.gather(table, unique=True)
-      return batch, embedded
-
     def device_step(params, opt_state, loader, rows, i, key):
-      batch, embedded = sampled(loader, rows, i, key)
+      batch, embedded = sample_batch(loader, table, rows, i, key)
       grads, row_grads, total, correct, count = grads_of(
         params, batch.inputs, batch.blocks.masks, batch.labels, batch.mask, embedded
       )
@@ -387,15 +306,6 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
     )
     step_consts = (distributed.put(loader, replicated),)
 
-    def device_eval(params, loader, rows, i, key):
-      batch, embedded = sampled(loader, rows, i, key)
-      model = nnx.merge(graphdef, params)
-      _, correct = _loss(
-        model, batch.inputs, batch.blocks.masks, batch.labels, batch.mask, embedded
-      )
-      return i + 1, jax.lax.psum((correct, batch.mask.sum()), "data")
-
-    evaluate_batch = shard(device_eval, (P(), P(), P(None, "data"), P(), P()), (P(), (P(), P())))
   else:
 
     def cpu_step(params, opt_state, feats, masks, labels):
@@ -406,17 +316,12 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
     data = P("data")
     step = shard(cpu_step, (P(), P(), data, data, data), (P(), P(), metrics_spec))
 
-    def cpu_eval(params, feats, masks, labels):
-      _, correct = _loss(nnx.merge(graphdef, params), feats, masks, labels, masks[0])
-      return jax.lax.psum((correct, masks[0].sum()), "data")
-
-    evaluate_batch = shard(cpu_eval, (P(), data, data, data), (P(), P()))
     step_consts = ()
-    cpu_batches = _CpuBatches(graph, labels, fanouts, mesh)
+    cpu_batches = CpuBatches(graph, labels, fanouts, mesh)
 
   return types.SimpleNamespace(
     step=step,
-    evaluate_batch=evaluate_batch,
+    evaluate_batch=evaluation(graphdef, mesh, config.pipeline, table),
     params=params,
     opt_state=opt_state,
     consts=step_consts,
@@ -437,7 +342,7 @@ def _train_loop(
   batch = config.batch_size * ndev
   seed_sharding = NamedSharding(mesh, P(None, "data"))
   rng = np.random.default_rng(config.seed)
-  key, eval_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
+  key, eval_key, test_key = run_keys(config)
 
   def run_batches(seed_rows: np.ndarray, epoch_key, fn, *state, start: int = 0):
     """Runs fn over the rows of seeds from row `start`; returns the final state, the summed
@@ -471,8 +376,8 @@ def _train_loop(
 
   def accuracy(nodes: np.ndarray, epoch_key) -> float:
     rows = seed_batches(nodes, batch, None, config.eval_batches)
-    _, (correct, count), _ = run_batches(rows, epoch_key, lambda *a: evaluate_batch(params, *a))
-    return correct / max(count, 1)
+    feed = cpu_batches if config.pipeline == "cpu" else step_consts[0]
+    return sampled_accuracy(evaluate_batch, params, feed, rows, epoch_key, mesh)
 
   resume, save_every, on_save = saving
   history = []
@@ -527,35 +432,6 @@ def _train_loop(
   )
 
 
-#: The entries of a data description (`load_dataset`).
-DATA_ENTRIES = {
-  "source": str,
-  "nodes": int,
-  "edges": int,
-  "features": int,
-  "classes": int,
-  "seed": int,
-}
-
-
-def load_dataset(data: dict, features_out: np.ndarray | None = None):
-  """The synthetic power-law graph a data description names ({"nodes", "edges", "features",
-  "classes", "seed"}); features written into `features_out` where given (a HostTable's memory)."""
-
-  return powerlaw_graph(
-    num_nodes=data["nodes"],
-    num_edges=data["edges"],
-    feature_dim=data["features"],
-    num_classes=data["classes"],
-    seed=data["seed"],
-    features_out=features_out,
-  )
-
-
-#: The checkpoint's key, beside the model's parameters, of a learned embedding table.
-EMBEDDING = "host_embedding"
-
-
 def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
   """Saves a trained GraphSAGE as a checkpoint (`jaxdata.tasks.checkpoint`); a learned
   embedding table goes with the parameters (`EMBEDDING`), without its sparse optimizer's state
@@ -601,151 +477,6 @@ def _resumer(path: str | None, config: SageConfig, data: dict):
   return resumer(
     path, kind="sage", config=config, data=data, saved_config=saved_config, restore=restore_run
   )
-
-
-def restore(path: str, meta: dict):
-  """Rebuilds a saved GraphSAGE and its graph (`jaxdata.tasks.checkpoint.load_model`).
-  `evaluate()` samples the test seeds' neighbourhoods with the run's own keys over a mesh of as
-  many devices as training had (whatever the processes were: a run of 2 processes x 2 devices
-  is measured again by one process of 4), so it measures the test accuracy training measured;
-  ValueError where this process has fewer devices than that."""
-  saved = dict(meta["config"])
-  saved.pop("unique", None)  # checkpoints from before the loader (feature rows always read once)
-  processes, per_process = checkpoint.json_value(
-    saved.pop("mesh", None) or [1, saved.get("devices") or 1],
-    tuple[int, ...],
-    "the configuration's 'mesh'",
-  )
-  config = checkpoint.config_from(SageConfig, saved)
-  dataset = load_dataset(
-    checkpoint.check_entries(meta["data"], DATA_ENTRIES, "a GraphSAGE checkpoint")
-  )
-  dtype = jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
-  model = GraphSAGE(
-    dataset.features.shape[1] + config.embed_dim,
-    config.hidden,
-    dataset.num_classes,
-    num_layers=len(config.fanouts),
-    dtype=dtype,
-    rngs=nnx.Rngs(config.seed),
-  )
-  params = nnx.state(model, nnx.Param)
-  target = {"params": nnx.to_pure_dict(params)}
-  if config.embed_dim:
-    target["params"][EMBEDDING] = np.zeros((dataset.num_nodes, config.embed_dim), np.float32)
-  if meta.get("has_optimizer"):
-    target["optimizer"] = optax.adam(config.learning_rate).init(params)
-  state = checkpoint.restore_state(path, target, meta.get("digests"))
-  embedding = state["params"].pop(EMBEDDING, None)
-  nnx.replace_by_pure_dict(params, state["params"])
-  nnx.update(model, params)
-
-  def evaluate() -> dict:
-    total, visible = processes * per_process, len(jax.local_devices(backend=config.platform))
-    if total > visible:
-      raise ValueError(
-        f"load_model: {path}: this GraphSAGE was trained and measured on a mesh of {total} "
-        f"devices ({processes} process(es) x {per_process}); its sampled evaluation splits "
-        f"each batch over that many devices, but this process sees {visible} (on the CPU: "
-        f"XLA_FLAGS=--xla_force_host_platform_device_count={total})"
-      )
-    result = train(
-      dataset,
-      dataclasses.replace(config, epochs=0, devices=total),
-      init=nnx.state(model, nnx.Param),
-      embedding=embedding,
-    )
-    return {"test_accuracy": result.test_accuracy}
-
-  def predict(nodes=None, *, key=None, batch_size: int = 1024) -> np.ndarray:
-    """Predicted classes of `nodes` (default: every node), each node's neighbourhood sampled
-    with the run's fanouts (without replacement: a node of degree <= fanout keeps all of its
-    neighbours) from `key` (default: the run's seed), on the CPU, `batch_size` seeds at a time."""
-    n = dataset.num_nodes
-    nodes = np.arange(n) if nodes is None else np.asarray(nodes)
-    if nodes.ndim != 1 or nodes.dtype.kind not in "iu":
-      raise TypeError(
-        f"predict: nodes must be a 1-D array of integer node ids, got "
-        f"{nodes.dtype} of shape {nodes.shape}"
-      )
-    if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
-      raise ValueError(f"predict: node ids must be in [0, {n}), got {nodes.min()}..{nodes.max()}")
-    if batch_size < 1:
-      raise ValueError(f"predict: batch_size must be >= 1, got {batch_size}")
-    features = np.asarray(dataset.features)
-    if embedding is not None:
-      features = np.concatenate([features, embedding.astype(features.dtype)], axis=1)
-    cpu = jax.devices("cpu")[0]
-    graphdef, state = nnx.split(model)
-    key = jax.random.key(config.seed) if key is None else key
-    out = np.empty(len(nodes), np.int32)
-    with (
-      jax.default_device(cpu),
-      HostGraph(dataset.indptr, dataset.indices, features=features) as graph,
-    ):
-
-      @jax.jit
-      def batch(state, seeds, key):
-        blocks = sample_neighbors(graph, seeds, config.fanouts, key)
-        logits = nnx.merge(graphdef, state)(blocks.gather(graph.features), blocks.masks)
-        return jnp.argmax(logits, -1)
-
-      state = jax.device_put(state, cpu)
-      for i, start in enumerate(range(0, len(nodes), batch_size)):
-        part = nodes[start : start + batch_size]
-        seeds = np.full(batch_size, -1, np.int32)
-        seeds[: len(part)] = part
-        out[start : start + len(part)] = np.asarray(
-          batch(state, seeds, jax.random.fold_in(key, i))
-        )[: len(part)]
-    return out
-
-  return checkpoint.Loaded(
-    "sage",
-    model,
-    meta,
-    evaluate=evaluate,
-    predict=predict,
-    optimizer_state=state.get("optimizer"),
-    tables=None if embedding is None else {"embedding": embedding},
-  )
-
-
-class _CpuBatches:
-  """The CPU-centric feed: sample and gather on the CPU, device_put, two batches ahead."""
-
-  def __init__(self, graph: HostGraph, labels: np.ndarray, fanouts, mesh: Mesh, depth: int = 2):
-    self.cpu = jax.devices("cpu")[0]
-    self.graph, self.labels, self.fanouts, self.depth = graph, labels, fanouts, depth
-    self.sharding = NamedSharding(mesh, P("data"))
-
-    def prepare(seeds, key):
-      blocks = sample_neighbors(graph, seeds, fanouts, key)
-      return blocks.gather(graph.features), blocks.masks
-
-    self.prepare = jax.jit(prepare)
-
-  def one(self, seeds: np.ndarray, key) -> tuple:
-    ndev = self.sharding.mesh.devices.size
-    parts = np.split(seeds, ndev)  # each device's share samples with its own key, like "host"
-    feats, masks = [], []
-    for d, part in enumerate(parts):
-      f, m = self.prepare(
-        jax.device_put(part, self.cpu), jax.device_put(jax.random.fold_in(key, d), self.cpu)
-      )
-      feats.append(f)
-      masks.append(m)
-    # Per hop, concatenate the devices' shares on the host, then one transfer per array.
-    feats = tuple(np.concatenate([np.asarray(f[h]) for f in feats]) for h in range(len(feats[0])))
-    masks = tuple(np.concatenate([np.asarray(m[h]) for m in masks]) for h in range(len(masks[0])))
-    labels = self.labels[np.maximum(seeds, 0)]
-    return jax.device_put((feats, masks, labels), self.sharding)
-
-  def stream(self, rows: np.ndarray, epoch_key, start: int = 0) -> Iterator[tuple]:
-    """Batches `rows[start:]`, batch i's key ``fold_in(epoch_key, i)``."""
-    cpu_key = jax.device_put(epoch_key, self.cpu)
-    batches = enumerate(rows[start:], start)
-    return prefetched((self.one(s, jax.random.fold_in(cpu_key, i)) for i, s in batches), self.depth)
 
 
 # ----------------------------------------------------------------------------- the CLI
