@@ -248,6 +248,7 @@ def test_a_run_cut_short_leaves_the_cases_it_measured(monkeypatch, tmp_path):
     (["--models", "gcn"], "--models"),
     (["--repeats", "0"], "--repeats"),
     (["--write", "/no/such/folder/t.md"], "--write"),
+    (["--graphs", "zipf-src-x"], "--graphs"),
   ],
 )
 def test_mistakes_are_one_line(argv, flag, capsys):
@@ -310,3 +311,39 @@ def test_original_kernels_are_generated_with_the_constants_of_then_and_restored(
   assert all(("row_ok(" in k) == tiled(k) and ("valid[e]" in k) != tiled(k) for k in kernels(now))
   assert all("row_ok(" in k and "valid[e]" not in k for k in kernels(then))
   assert source() == now
+
+
+def test_the_hub_heavy_graphs_have_the_skew_they_name():
+  """`rgnn.skewed_graph`: Zipf sources put most edges on a few hub sources and leave the
+  destinations uniform; "uniform" has neither; an exponent of 1 or less is refused."""
+  sizes = dict(synthetic=dict(num_nodes=5_000, num_edges=50_000, num_relations=20))
+
+  def shares(name):
+    g, why = rgnn.load_graph(name, data_dir=None, quick=True, **sizes)
+    assert why is None and (g.num_nodes, g.num_edges) == (5_000, 50_000)
+    assert np.bincount(g.etype, minlength=20).min() >= 1  # every relation has edges
+    out = np.sort(np.bincount(g.src, minlength=g.num_nodes))
+    inn = np.sort(np.bincount(g.dst, minlength=g.num_nodes))
+    top = g.num_nodes // 100  # the top 1% of nodes' share of the edges
+    return out[-top:].sum() / g.num_edges, inn[-top:].sum() / g.num_edges
+
+  hubs, dst_share = shares("zipf-src-1.8")
+  assert hubs > 0.5 and dst_share < 0.05
+  src_share, dst_share = shares("zipf-dst-1.8")
+  assert dst_share > 0.5 and src_share < 0.05
+  assert max(shares("uniform")) < 0.05
+  assert 0.05 < min(shares("zipf-both-3")) and max(shares("zipf-both-3")) < hubs  # lighter hubs
+  with pytest.raises(ValueError, match="exponent must be > 1"):
+    rgnn.load_graph("zipf-src-1", data_dir=None, quick=True)
+
+
+def test_a_run_over_several_graphs_labels_each_case(captured, tmp_path):
+  path = tmp_path / "t.md"
+  argv = ["bench", "tensor-cores", "--quick", "--models", "rgcn", "--dims", str(DIM)]
+  argv += ["--graphs", "uniform,zipf-src-2", "--plain-dtypes", "float32", "--write", str(path)]
+  assert cli.main(argv) == 0
+  cases, notes, graphs = captured["out"]
+  assert [(c.model, c.graph) for c in cases] == [("rgcn", "uniform"), ("rgcn", "zipf-src-2")]
+  assert [g.split(":")[0] for g in graphs] == ["rgcn", "rgcn"] and "Zipf 2 src" in graphs[1]
+  _, rows = _table(path.read_text())
+  assert {r[0] for r in rows} == {"RGCN on uniform", "RGCN on zipf-src-2"}

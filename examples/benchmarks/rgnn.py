@@ -35,6 +35,7 @@ import dataclasses
 import importlib
 import os
 import pathlib
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -46,6 +47,10 @@ from jaxdata.reference import rgcn as rgcn_ref
 
 DIMS = (32, 64, 128)
 GRAPHS = ("aifb", "mutag", "synthetic")
+#: The hub-heavy family, besides `GRAPHS`: "zipf-src-E" (source out-degrees follow a Zipf law of
+#: exponent E > 1, destinations uniform), "zipf-dst-E" (the other way), "zipf-both-E", and
+#: "uniform" (both ends uniform), on the synthetic graph's sizes (`skewed_graph`).
+SKEWED = re.compile(r"zipf-(src|dst|both)-([0-9]+(?:\.[0-9]+)?)|uniform")
 JAX_FORMULATIONS = ("jaxdata", *rgcn_ref.PLAIN_JAX)
 #: PyG's rows: name -> its layer (`rgnn_peers.PYG_RGCN`).
 PYG = {"PyG RGCNConv": "RGCNConv", "PyG FastRGCNConv": "FastRGCNConv"}
@@ -189,6 +194,47 @@ def synthetic_graph(num_nodes: int, num_edges: int, num_relations: int, seed: in
   return src, dst, etype
 
 
+def is_graph(name: str) -> bool:
+  """Whether `load_graph` knows `name`: one of `GRAPHS`, or of the `SKEWED` family."""
+  return name in GRAPHS or SKEWED.fullmatch(name) is not None
+
+
+def skewed_graph(
+  num_nodes: int,
+  num_edges: int,
+  num_relations: int,
+  *,
+  src_exponent: float | None = None,
+  dst_exponent: float | None = None,
+  seed: int = 0,
+):
+  """A relational graph whose nodes' out-degrees follow a Zipf law of exponent `src_exponent`
+  (each node's share of the edges' sources is a draw of NumPy's Zipf distribution, P(k) ~
+  k ** -exponent, capped at `num_edges`) and whose in-degrees one of `dst_exponent`; an end
+  without an exponent is uniform. Relation sizes follow a Zipf law over their ranks (exponent 1,
+  as the synthetic graph's), every relation with at least one edge. A
+  `jaxdata.data.HeteroGraph`."""
+  from jaxdata.data import HeteroGraph  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(seed)
+
+  def draw(weights: np.ndarray, size: int) -> np.ndarray:
+    cdf = np.cumsum(weights)
+    return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), len(cdf) - 1)
+
+  def end(exponent: float | None) -> np.ndarray:
+    if exponent is None:
+      return rng.integers(0, num_nodes, num_edges)
+    return draw(np.minimum(rng.zipf(exponent, num_nodes), num_edges).astype(np.float64), num_edges)
+
+  src, dst = end(src_exponent), end(dst_exponent)
+  etype = np.sort(draw(np.arange(1, num_relations + 1, dtype=np.float64) ** -1.0, num_edges))
+  etype[: min(num_edges, num_relations)] = np.arange(min(num_edges, num_relations))
+  return HeteroGraph.from_edges(
+    src, dst, etype, num_nodes=num_nodes, relation_names=[f"r{r}" for r in range(num_relations)]
+  )
+
+
 def load_graph(
   name: str, *, data_dir: str | None, quick: bool, seed: int = 0, synthetic: dict | None = None
 ) -> tuple[Graph | None, str | None]:
@@ -235,7 +281,22 @@ def load_graph(
     return Graph(
       name, n, r, src, dst, etype, norm, "local NumPy generator (rgnn.synthetic_graph)"
     ), None
-  raise ValueError(f"unknown graph {name!r}; choose from {', '.join(GRAPHS)}")
+  if m := SKEWED.fullmatch(name):
+    ends, exponent = (m.group(1) or "neither"), float(m.group(2) or 0)
+    if ends != "neither" and exponent <= 1:
+      raise ValueError(f"graph {name!r}: a Zipf law's exponent must be > 1")
+    sizes = synthetic or (QUICK_SYNTHETIC if quick else SYNTHETIC)
+    graph = skewed_graph(
+      **sizes,
+      src_exponent=exponent if ends in ("src", "both") else None,
+      dst_exponent=exponent if ends in ("dst", "both") else None,
+      seed=seed,
+    )
+    how = "uniform ends" if ends == "neither" else f"Zipf {exponent:g} {ends} degrees"
+    return Graph.from_hetero(name, graph, f"rgnn.skewed_graph, {how}"), None
+  raise ValueError(
+    f"unknown graph {name!r}; choose from {', '.join(GRAPHS)} or zipf-src|dst|both-E"
+  )
 
 
 def case_arrays(graph: Graph, dim: int, seed: int = 0):
@@ -964,10 +1025,11 @@ def main(args) -> int:
   graphs = common.pick(args.graphs, args.quick, list(QUICK["graphs"]), list(GRAPHS))
   dims = common.pick(args.dims, args.quick, list(QUICK["dims"]), list(DIMS))
   repeats = common.pick(args.repeats, args.quick, QUICK["repeats"], 7)
-  unknown = [g for g in graphs if g not in GRAPHS]
+  unknown = [g for g in graphs if not is_graph(g)]
   if unknown:
     raise command.UsageError(
-      f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from {', '.join(GRAPHS)}"
+      f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from "
+      f"{', '.join(GRAPHS)}, uniform, zipf-src-E, zipf-dst-E, zipf-both-E (E > 1)"
     )
   data_dir = args.data_dir if args.data_dir is not None else default_data_dir()
   console = command.console(width=160)

@@ -27,7 +27,9 @@ def add_arguments(parser) -> None:
     "--graphs",
     type=command.listing(str),
     help="graphs, comma-separated: rgcn and rgat from aifb,mutag,synthetic "
-    "(default all three; rgat's synthetic graph has 535 relations), hgt: mag",
+    "(default all three; rgat's synthetic graph has 535 relations), uniform and the hub-heavy "
+    "zipf-src-E, zipf-dst-E, zipf-both-E (Zipf exponent E > 1, the synthetic graph's sizes), "
+    "hgt: mag",
   )
   parser.add_argument(
     "--heads",

@@ -296,14 +296,20 @@ def check_exact(dx, ref, formulation: str, kink: Kink | None = None) -> Exact:
 
 @dataclasses.dataclass
 class Case:
-  """One (model, dim): its rows, and row 1's float32-exactness check (`exact`, or None with
-  `exact_note` saying why)."""
+  """One (model, graph, dim): its rows, and row 1's float32-exactness check (`exact`, or None
+  with `exact_note` saying why)."""
 
   model: str
   dim: int
   rows: list[Measured]
   exact: Exact | None = None
   exact_note: str = ""
+  graph: str = "synthetic"
+
+  @property
+  def label(self) -> str:
+    """The model, and the graph where it is not the synthetic one: "RGCN on zipf-src-1.8"."""
+    return self.model.upper() + ("" if self.graph == "synthetic" else f" on {self.graph}")
 
   def row(self, row: Row) -> Measured:
     return next(m for m in self.rows if m.row == row)
@@ -468,7 +474,8 @@ def measure_case(
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   data = _Inputs(model, graph, dim, heads)
-  case = Case(model, dim, [])
+  name = graph.name if model == "rgcn" else graph.graph.name
+  case = Case(model, dim, [], graph=name)
   ref = None  # row 1's dx, on the device
   for row in rows(plain_dtypes):
     m = Measured(model, dim, row)
@@ -547,12 +554,13 @@ def measure_case(
   return case
 
 
-def load(model: str, *, quick: bool, seed: int = 0):
-  """The case's graph: RGCN's synthetic `rgnn.Graph`, RGAT's `rgnn_attention.Case`."""
+def load(model: str, name: str = "synthetic", *, quick: bool, seed: int = 0):
+  """The case's graph `name` (the synthetic one, or of the hub-heavy family `rgnn.SKEWED`):
+  RGCN's `rgnn.Graph`, RGAT's `rgnn_attention.Case` (the synthetic sizes of each)."""
   if model == "rgcn":
-    graph, why = rgnn.load_graph("synthetic", data_dir=None, quick=quick, seed=seed)
+    graph, why = rgnn.load_graph(name, data_dir=None, quick=quick, seed=seed)
   else:
-    graph, why = attention.load_case("rgat", "synthetic", data_dir=None, quick=quick, seed=seed)
+    graph, why = attention.load_case("rgat", name, data_dir=None, quick=quick, seed=seed)
   if graph is None:
     raise RuntimeError(f"jaxdata bench tensor-cores: the {model} graph: {why}")
   return graph
@@ -567,6 +575,7 @@ def run(
   dims: Sequence[int] = DIMS,
   *,
   heads: int = HEADS,
+  graphs: Sequence[str] = ("synthetic",),
   quick: bool = False,
   repeats: int = REPEATS,
   keep_dx: bool = False,
@@ -589,11 +598,15 @@ def run(
       raise ValueError(f"dims must be positive, got {d}")
     if "rgat" in models:
       attention.head_features(d, heads)
-  cases, notes, graphs = [], [], []
-  for model in models:
-    graph = load(model, quick=quick)
-    graphs.append(describe(model, graph))
-    print(graphs[-1], flush=True)
+  graph_names = list(dict.fromkeys(graphs))
+  unknown = [g for g in graph_names if g != "synthetic" and not rgnn.SKEWED.fullmatch(g)]
+  if unknown:
+    raise ValueError(f"graphs must be synthetic, uniform or zipf-src|dst|both-E, got {unknown}")
+  cases, notes, described = [], [], []
+  for model, name in ((m, g) for m in models for g in graph_names):
+    graph = load(model, name, quick=quick)
+    described.append(describe(model, graph))
+    print(described[-1], flush=True)
     for dim in dims:
       cases.append(
         measure_case(
@@ -608,10 +621,10 @@ def run(
         )
       )
       if on_case is not None:
-        on_case(cases, notes, graphs)
+        on_case(cases, notes, described)
     del graph
     jax.clear_caches()
-  return cases, notes, graphs
+  return cases, notes, described
 
 
 # ------------------------------------------------------------------------------------------------
@@ -694,7 +707,7 @@ def table_rows(cases: Sequence[Case]) -> tuple[list[str], list[list[str]]]:
       error = "" if m.error is None else f"{m.error:.1e}"
       rows.append(
         [
-          case.model.upper(),
+          case.label,
           str(case.dim),
           m.row.name,
           _ms(m),
@@ -801,6 +814,14 @@ def add_arguments(parser) -> None:
     help="hidden sizes, comma-separated (default 64,128; --quick 32)",
   )
   parser.add_argument(
+    "--graphs",
+    type=command.listing(str),
+    default=["synthetic"],
+    help="graphs, comma-separated: synthetic (2M edges, heavy-tailed both ways), uniform, and "
+    "the hub-heavy zipf-src-E, zipf-dst-E, zipf-both-E (out-degrees, in-degrees or both follow "
+    "a Zipf law of exponent E > 1, the other end uniform; all of the synthetic graph's sizes)",
+  )
+  parser.add_argument(
     "--heads",
     type=command.positive_int,
     default=HEADS,
@@ -854,6 +875,13 @@ def main(args) -> int:
     flush=True,
   )
   models = list(dict.fromkeys(args.models))
+  graph_names = list(dict.fromkeys(args.graphs))
+  unknown = [g for g in graph_names if g != "synthetic" and not rgnn.SKEWED.fullmatch(g)]
+  if unknown:
+    raise command.UsageError(
+      f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from synthetic, "
+      "uniform, zipf-src-E, zipf-dst-E, zipf-both-E"
+    )
   console = command.console(width=200)
 
   def write(cases, notes, graphs, quiet=False):
@@ -865,7 +893,7 @@ def main(args) -> int:
       heads=args.heads,
       repeats=repeats,
       tensor_cores_text=state,
-      planned=len(models) * len(dims),
+      planned=len(models) * len(graph_names) * len(dims),
     )
     if quiet:  # after each case: the table so far, in case the run is cut short
       with open(args.write, "w") as f:
@@ -876,6 +904,7 @@ def main(args) -> int:
   cases, notes, graphs = run(
     models,
     dims,
+    graphs=graph_names,
     heads=args.heads,
     quick=args.quick,
     repeats=repeats,
