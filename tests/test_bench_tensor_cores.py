@@ -286,8 +286,8 @@ def test_original_kernels_are_generated_with_the_constants_of_then_and_restored(
   graph = rgnn.load_graph("synthetic", data_dir=None, quick=True)[0]
   case = ra.Case(graph)
   x, p, _ = ra.case_arrays("rgat", case, 64, 4)
-  source = lambda: hector.rgat_layer.sources(  # noqa: E731
-    ra.graph_arrays(case), "cuda", x=x, W=p.w, a_src=p.a_src, a_dst=p.a_dst
+  source = lambda precision="default": hector.rgat_layer.sources(  # noqa: E731
+    ra.graph_arrays(case), "cuda", precision=precision, x=x, W=p.w, a_src=p.a_src, a_dst=p.a_dst
   )
   now = source()
   constants = lambda: (cuda.TRAVERSAL_FEATURES, gen_common.DOT_ALIGN, gen_common.VALID_MASK)  # noqa: E731
@@ -303,12 +303,14 @@ def test_original_kernels_are_generated_with_the_constants_of_then_and_restored(
     return [part.split("jaxdata_hector_kernel(", 1)[1] for part in text.split("// ---- ")[1:]]
 
   # today: the traversals read the mask; the tiled GEMMs and weight gradients (which read the
-  # row tiles) check their rows' ids themselves (`codegen.common.reads_valid`)
+  # row tiles) check their rows' ids themselves on tensor cores (default precision), and read
+  # the mask on CUDA cores ("highest": `codegen.common.reads_valid`)
   def tiled(k):
     return "__restrict__ tiles =" in k
 
   assert {tiled(k) for k in kernels(now)} == {True, False}
   assert all(("row_ok(" in k) == tiled(k) and ("valid[e]" in k) != tiled(k) for k in kernels(now))
+  assert all("valid[e]" in k and "row_ok(" not in k for k in kernels(source("highest")))
   assert all("row_ok(" in k and "valid[e]" not in k for k in kernels(then))
   assert source() == now
 

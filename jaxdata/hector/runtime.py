@@ -427,7 +427,7 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
     graph,
     spec.kernel.domain,
     lambda offsets: tiles(offsets, rows) if rows else offsets,
-    valid=reads_valid(spec.kernel),
+    valid=reads_valid(spec.kernel, _math(spec)),
   )
   return kernel_p.bind(*ops, *inputs, spec=spec)
 

@@ -91,23 +91,27 @@ def thin(k) -> bool:
   )
 
 
-def reads_valid(k) -> bool:
-  """Whether kernel `k`'s ok(e) reads the `valid` operand: the traversals (edge softmax, sums
-  through the CSR / CSC views, the thin GEMM) under `VALID_MASK`. The tiled GEMM and
-  weight-gradient templates check each row's ids themselves: they visit rows in order, one
-  relation's tile at a time, so the ids are a few coalesced loads, and a program of such kernels
-  alone (an RGCN forward) computes no mask per call: one kernel fewer for the host to launch
-  (MUTAG RGCN forward on the H200: 63 -> 58 us, probe_inference.py). The same on every
-  target: which operands a call passes is decided before it is lowered for one."""
-  return bool(VALID_MASK) and not (isinstance(k, (Gemm, WeightGrad)) and not thin(k))
+def reads_valid(k, kind: str = "fma") -> bool:
+  """Whether kernel `k`, generated as GEMM kind `kind` (`cuda.math`), has its ok(e) read the
+  `valid` operand (under `VALID_MASK`): every kernel but the tiled GEMMs and weight gradients on
+  tensor cores ("tf32", "bf16"), which check each row's ids themselves. Those visit rows in
+  order, one relation's tile at a time, so the ids are a few coalesced loads that the tensor-core
+  kernels hide; and a program of such kernels alone (an RGCN forward at default precision)
+  computes no mask: one kernel fewer for the host to launch (MUTAG RGCN forward on the H200:
+  63 -> 58 us, probe_inference.py). The CUDA-core ("fma") GEMMs pay for the inline checks (RGCN
+  fwd+bwd on 2M edges at "highest": 10-21% slower, docs/benchmarks/tensor_cores.md), so they read
+  the mask. Decided from the instance, its dtypes and its precision, the same on every target:
+  which operands a call passes is fixed before it is lowered for one."""
+  tiled = isinstance(k, (Gemm, WeightGrad)) and not thin(k)
+  return bool(VALID_MASK) and not (tiled and kind != "fma")
 
 
-def guard(k) -> str:
+def guard(k, kind: str = "fma") -> str:
   """`ok(e)`: whether row e of the domain may be used: a row whose ids are out of range
-  contributes nothing (docs/hector.md). It reads valid[e] (`reads_valid`), else checks the ids
-  with `row_ok` (templates/common.h; on the edges, the edge's pair too). Offsets read from the
-  graph are clamped with `span(x, lo, hi)`."""
-  if reads_valid(k):
+  contributes nothing (docs/hector.md). It reads valid[e] (`reads_valid` of `k` as GEMM kind
+  `kind`), else checks the ids with `row_ok` (templates/common.h; on the edges, the edge's pair
+  too). Offsets read from the graph are clamped with `span(x, lo, hi)`."""
+  if reads_valid(k, kind):
     return (
       "  // a row whose ids are out of range contributes nothing (operands.valid_rows)\n"
       "  auto ok = [&](int64_t e) -> bool {\n"

@@ -30,10 +30,11 @@ extern "C" int jaxdata_hector_kernel(void* const* buf, const int64_t* scal,
 """
 
 
-def generate(k, dtypes: tuple[str, ...], out_dtype: str = "float32") -> str:
+def generate(k, dtypes: tuple[str, ...], out_dtype: str = "float32", kind: str = "fma") -> str:
   """The C++ source of instance `k` (`dtypes`: each input slot's dtype; `out_dtype`: its
-  output's), without its label."""
-  body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
+  output's; `kind`: the GEMM kind a CUDA instance of it runs as, which decides whether it reads
+  the `valid` operand, `common.reads_valid`), without its label."""
+  body = guard(k, kind) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
   return (
     template("cpu.h")
     + template("common.h")

@@ -103,11 +103,11 @@ def generate(
   kind = math(k, dtypes, precision)
   tile = tile or tilings(k, kind)[0]
   if thin(k):
-    body = guard(k) + _thin_gemm(k)
+    body = guard(k, kind) + _thin_gemm(k)
   elif kind == "fma":
-    body = guard(k) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
+    body = guard(k, kind) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
   else:
-    body = guard(k) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
+    body = guard(k, kind) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
   signature = (
     f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
