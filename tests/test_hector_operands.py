@@ -211,10 +211,10 @@ def test_kernels_that_check_ids_themselves_get_no_mask_and_agree(monkeypatch):
 
 def test_tensor_core_gemms_check_their_own_ids_and_cuda_core_gemms_read_the_mask():
   """The tiled GEMM and weight-gradient kernels on tensor cores (default precision) check each
-  row's ids themselves, so RGCN's forward and backward pass no `valid` mask; at "highest" (CUDA
-  cores) they read it (`codegen.common.reads_valid`). Either way an edge whose source is out of
-  range contributes nothing, as if it were not in the graph (against plain NumPy over the other
-  edges)."""
+  row's ids themselves, so RGCN's forward and backward pass no `valid` mask; at "highest" the
+  call passes it, for the CUDA-core kernels that read it (`codegen.common.reads_valid`; the
+  CPU's GEMMs check inline at both). Either way an edge whose source is out of range contributes
+  nothing, as if it were not in the graph (against plain NumPy over the other edges)."""
   ga = _graph()
   assert common.VALID_MASK == 1
   rng = np.random.default_rng(3)

@@ -89,7 +89,7 @@ def generate(
       f"hector: {k.template} sums into its output, which must be float32, not {out_dtype}"
     )
   if target == "cpu":
-    body = cpu.generate(k, dtypes, out_dtype, math(k, dtypes, precision))
+    body = cpu.generate(k, dtypes, out_dtype)
   elif target == "cuda":
     body = cuda.generate(k, dtypes, precision, out_dtype, tile)
   else:

@@ -102,16 +102,27 @@ def reads_valid(k, kind: str = "fma") -> bool:
   fwd+bwd on 2M edges at "highest": 10-21% slower, docs/benchmarks/tensor_cores.md), so they read
   the mask. Decided from the instance, its dtypes and its precision, the same on every target:
   which operands a call passes is fixed before it is lowered for one."""
-  tiled = isinstance(k, (Gemm, WeightGrad)) and not thin(k)
-  return bool(VALID_MASK) and not (tiled and kind != "fma")
+  return bool(VALID_MASK) and not (tiled(k) and kind != "fma")
 
 
-def guard(k, kind: str = "fma") -> str:
+def cpu_reads_valid(k) -> bool:
+  """Whether the CPU kernel of `k` reads `valid`: as on CUDA cores, except the tiled GEMMs,
+  which check their rows' ids themselves at every precision (so a CPU kernel's source does not
+  depend on the precision; the mask a call passes for its CUDA kernel goes unread here)."""
+  return bool(VALID_MASK) and not tiled(k)
+
+
+def tiled(k) -> bool:
+  """Whether instance `k` is a GEMM or weight gradient that runs over row tiles (not `thin`)."""
+  return isinstance(k, (Gemm, WeightGrad)) and not thin(k)
+
+
+def guard(k, reads: bool) -> str:
   """`ok(e)`: whether row e of the domain may be used: a row whose ids are out of range
-  contributes nothing (docs/hector.md). It reads valid[e] (`reads_valid` of `k` as GEMM kind
-  `kind`), else checks the ids with `row_ok` (templates/common.h; on the edges, the edge's pair
-  too). Offsets read from the graph are clamped with `span(x, lo, hi)`."""
-  if reads_valid(k, kind):
+  contributes nothing (docs/hector.md). With `reads` it reads valid[e] (which the call passes
+  where `reads_valid`), else it checks the ids with `row_ok` (templates/common.h; on the edges,
+  the edge's pair too). Offsets read from the graph are clamped with `span(x, lo, hi)`."""
+  if reads:
     return (
       "  // a row whose ids are out of range contributes nothing (operands.valid_rows)\n"
       "  auto ok = [&](int64_t e) -> bool {\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from jaxdata.hector.codegen.common import (
   LOWEST,
+  cpu_reads_valid,
   expr,
   groups,
   guard,
@@ -30,11 +31,13 @@ extern "C" int jaxdata_hector_kernel(void* const* buf, const int64_t* scal,
 """
 
 
-def generate(k, dtypes: tuple[str, ...], out_dtype: str = "float32", kind: str = "fma") -> str:
+def generate(k, dtypes: tuple[str, ...], out_dtype: str = "float32") -> str:
   """The C++ source of instance `k` (`dtypes`: each input slot's dtype; `out_dtype`: its
-  output's; `kind`: the GEMM kind a CUDA instance of it runs as, which decides whether it reads
-  the `valid` operand, `common.reads_valid`), without its label."""
-  body = guard(k, kind) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
+  output's), without its label: the same at every precision. Its tiled GEMMs check their rows'
+  ids themselves (whether or not the call passes `valid`, which the CUDA kernels of the same
+  call read on CUDA cores: `common.reads_valid`); the other kernels read `valid`."""
+  kernel = {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)]
+  body = guard(k, cpu_reads_valid(k)) + kernel(k)
   return (
     template("cpu.h")
     + template("common.h")

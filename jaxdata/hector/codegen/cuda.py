@@ -30,6 +30,7 @@ from jaxdata.hector.codegen.common import (
   groups,
   guard,
   pointers,
+  reads_valid,
   row_ids,
   row_pointer,
   scale,
@@ -102,12 +103,13 @@ def generate(
   one of `tilings(k, kind)`, by default the first), without its label."""
   kind = math(k, dtypes, precision)
   tile = tile or tilings(k, kind)[0]
+  ok = guard(k, reads_valid(k, kind))
   if thin(k):
-    body = guard(k, kind) + _thin_gemm(k)
+    body = ok + _thin_gemm(k)
   elif kind == "fma":
-    body = guard(k, kind) + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
+    body = ok + {Gemm: _gemm, WeightGrad: _wgrad, Traversal: _traversal}[type(k)](k)
   else:
-    body = guard(k, kind) + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
+    body = ok + {Gemm: _gemm_mma, WeightGrad: _wgrad_mma}[type(k)](k, kind, tile)
   nbuf, nscal = operands.num_buffers(len(dtypes)), len(operands.SCALARS)
   signature = (
     f"struct Params {{ const void* buf[{nbuf}]; int64_t scal[{nscal}]; }};\n"
