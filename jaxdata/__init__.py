@@ -6,6 +6,7 @@ Parts:
   jaxdata.offload  activations offloaded to host RAM and SSD under remat policies
   jaxdata.loader   mini-batches of a graph in host memory for your own model and loop
   jaxdata.nn       Flax NNX models built from them
+  jaxdata.tasks    what `jaxdata train` trains: each task's data, model, measurement, checkpoints
 
 `jaxdata.load_model(path)` rebuilds a model that `jaxdata train ... --out DIR` saved.
 """
