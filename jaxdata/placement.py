@@ -97,7 +97,11 @@ def psum_flat(tree, axis_name: str, *, mean: bool = False):
 
 
 def sharded_jit(fn, mesh, in_specs, out_specs, **jit_kwargs):
-  """`jax.jit(shard_map(fn), **jit_kwargs)` over `mesh`, with ``check_vma=False`` (see above)."""
+  """`jax.jit(shard_map(fn), **jit_kwargs)` over `mesh`, with ``check_vma=False``: hector's
+  kernel primitive carries no varying-axis types, and gradients of replicated parameters stay
+  each device's own, so the caller sums them once (`psum_flat`). With check_vma on, JAX's
+  transpose of the implicit pvary already sums them over the axis, and a psum of its result
+  would count them K times."""
   try:
     shard_map = jax.shard_map
   except AttributeError:  # older JAX

@@ -243,11 +243,13 @@ def test_a_block_is_measured_once_per_computation(monkeypatch, tmp_path):
     again = planner.choices(f, (w, x), store, inners, repeats=1, carry=1)
     assert len(timed) == 10 and [c.seconds for c in again] == [c.seconds for c in first]
   assert all(np.isfinite(c.seconds) and c.seconds > 0 for c in first)
-  keys = [planner._measurement_key(f, (w, x), p, False, 4, 5) for p in inners.values()]
+  block = planner._block_text(f, (w, x), 4, 5)
+  keys = [planner._measurement_key(block, p, False) for p in inners.values()]
   assert len(set(keys)) == 3
   code = _BLOCK + (
     "from jaxdata.offload import planner\n"
-    "print(*[planner._measurement_key(f, (w, x), p, False, 4, 5) for p in inners.values()])"
+    "block = planner._block_text(f, (w, x), 4, 5)\n"
+    "print(*[planner._measurement_key(block, p, False) for p in inners.values()])"
   )
   env = {**os.environ, "PYTHONHASHSEED": "12345", "JAX_PLATFORMS": "cpu"}
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

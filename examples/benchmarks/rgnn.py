@@ -172,6 +172,14 @@ def default_data_dir() -> str | None:
   return None
 
 
+def _draw(rng: np.random.Generator, weights: np.ndarray, n: int) -> np.ndarray:
+  """`n` indices drawn with probabilities proportional to `weights` (int32)."""
+  cdf = np.cumsum(weights)
+  return np.minimum(
+    np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(weights) - 1
+  ).astype(np.int32)
+
+
 def synthetic_graph(num_nodes: int, num_edges: int, num_relations: int, seed: int = 0):
   """A heavy-tailed relational graph from NumPy alone: (src, dst, etype), unsorted.
 
@@ -180,16 +188,9 @@ def synthetic_graph(num_nodes: int, num_edges: int, num_relations: int, seed: in
   another, with every relation given at least one edge.
   """
   rng = np.random.default_rng(seed)
-
-  def draw(weights: np.ndarray, n: int) -> np.ndarray:
-    cdf = np.cumsum(weights)
-    return np.minimum(
-      np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), len(weights) - 1
-    ).astype(np.int32)
-
   popularity = rng.pareto(1.2, num_nodes) + 1.0
-  src, dst = draw(popularity, num_edges), draw(popularity, num_edges)
-  etype = draw(rng.pareto(0.8, num_relations) + 1.0, num_edges)
+  src, dst = _draw(rng, popularity, num_edges), _draw(rng, popularity, num_edges)
+  etype = _draw(rng, rng.pareto(0.8, num_relations) + 1.0, num_edges)
   etype[: min(num_edges, num_relations)] = np.arange(min(num_edges, num_relations))
   return src, dst, etype
 
@@ -218,17 +219,15 @@ def skewed_graph(
 
   rng = np.random.default_rng(seed)
 
-  def draw(weights: np.ndarray, size: int) -> np.ndarray:
-    cdf = np.cumsum(weights)
-    return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), len(cdf) - 1)
-
   def end(exponent: float | None) -> np.ndarray:
     if exponent is None:
       return rng.integers(0, num_nodes, num_edges)
-    return draw(np.minimum(rng.zipf(exponent, num_nodes), num_edges).astype(np.float64), num_edges)
+    weights = np.minimum(rng.zipf(exponent, num_nodes), num_edges).astype(np.float64)
+    return _draw(rng, weights, num_edges)
 
   src, dst = end(src_exponent), end(dst_exponent)
-  etype = np.sort(draw(np.arange(1, num_relations + 1, dtype=np.float64) ** -1.0, num_edges))
+  relations = np.arange(1, num_relations + 1, dtype=np.float64) ** -1.0
+  etype = np.sort(_draw(rng, relations, num_edges))
   etype[: min(num_edges, num_relations)] = np.arange(min(num_edges, num_relations))
   return HeteroGraph.from_edges(
     src, dst, etype, num_nodes=num_nodes, relation_names=[f"r{r}" for r in range(num_relations)]
@@ -295,7 +294,7 @@ def load_graph(
     how = "uniform ends" if ends == "neither" else f"Zipf {exponent:g} {ends} degrees"
     return Graph.from_hetero(name, graph, f"rgnn.skewed_graph, {how}"), None
   raise ValueError(
-    f"unknown graph {name!r}; choose from {', '.join(GRAPHS)} or zipf-src|dst|both-E"
+    f"unknown graph {name!r}; choose from {', '.join(GRAPHS)}, uniform or zipf-src|dst|both-E"
   )
 
 

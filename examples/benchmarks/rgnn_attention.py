@@ -103,6 +103,12 @@ class Case:
 # Graphs and inputs
 
 
+def known(model: str, name: str) -> bool:
+  """Whether `load_case` knows graph `name` for `model`: `GRAPHS`, and for RGAT the hub-heavy
+  family too (`rgnn.SKEWED`)."""
+  return name in GRAPHS[model] or (model == "rgat" and rgnn.SKEWED.fullmatch(name) is not None)
+
+
 def load_case(
   model: str,
   name: str,
@@ -113,7 +119,7 @@ def load_case(
   seed: int = 0,
 ) -> tuple[Case | None, str | None]:
   """(case, None), or (None, why it was skipped)."""
-  if name not in GRAPHS[model] and not (model == "rgat" and rgnn.SKEWED.fullmatch(name)):
+  if not known(model, name):
     raise ValueError(f"unknown graph {name!r} for {model}; choose from {', '.join(GRAPHS[model])}")
   if model == "rgat":
     sizes = QUICK_SYNTHETIC if quick else SYNTHETIC
@@ -809,11 +815,7 @@ def main(args) -> int:
   graphs = common.pick(args.graphs, args.quick, list(quick["graphs"]), list(GRAPHS[model]))
   dims = common.pick(args.dims, args.quick, list(quick["dims"]), list(DIMS))
   repeats = common.pick(args.repeats, args.quick, quick["repeats"], 7)
-  unknown = [
-    g
-    for g in graphs
-    if g not in GRAPHS[model] and not (model == "rgat" and rgnn.SKEWED.fullmatch(g))
-  ]
+  unknown = [g for g in graphs if not known(model, g)]
   if unknown:
     raise command.UsageError(
       f"argument --graphs: unknown graph(s) {', '.join(unknown)} for "

@@ -554,6 +554,11 @@ def measure_case(
   return case
 
 
+def unknown_graphs(names: Sequence[str]) -> list[str]:
+  """The names that are neither the synthetic graph nor of the hub-heavy family (`rgnn.SKEWED`)."""
+  return [g for g in names if g != "synthetic" and not rgnn.SKEWED.fullmatch(g)]
+
+
 def load(model: str, name: str = "synthetic", *, quick: bool, seed: int = 0):
   """The case's graph `name` (the synthetic one, or of the hub-heavy family `rgnn.SKEWED`):
   RGCN's `rgnn.Graph`, RGAT's `rgnn_attention.Case` (the synthetic sizes of each)."""
@@ -599,7 +604,7 @@ def run(
     if "rgat" in models:
       attention.head_features(d, heads)
   graph_names = list(dict.fromkeys(graphs))
-  unknown = [g for g in graph_names if g != "synthetic" and not rgnn.SKEWED.fullmatch(g)]
+  unknown = unknown_graphs(graph_names)
   if unknown:
     raise ValueError(f"graphs must be synthetic, uniform or zipf-src|dst|both-E, got {unknown}")
   cases, notes, described = [], [], []
@@ -876,7 +881,7 @@ def main(args) -> int:
   )
   models = list(dict.fromkeys(args.models))
   graph_names = list(dict.fromkeys(args.graphs))
-  unknown = [g for g in graph_names if g != "synthetic" and not rgnn.SKEWED.fullmatch(g)]
+  unknown = unknown_graphs(graph_names)
   if unknown:
     raise command.UsageError(
       f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from synthetic, "

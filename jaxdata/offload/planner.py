@@ -121,7 +121,8 @@ def measure_blocks(
   compiled or run again. A stack of identical layers costs one measurement per policy, and so
   does planning the same model again (compiling is most of a measurement's cost: about 4 s per
   policy for a 4096-wide GPT block on an H200)."""
-  keys = [_measurement_key(fn, args, p, f, blocks, repeats) for p, f in specs]
+  block = _block_text(fn, args, blocks, repeats)  # traced once for every spec
+  keys = [_measurement_key(block, p, f) for p, f in specs]
   try:
     folder = cache_dir("planner")
   except CacheDirError:
@@ -160,27 +161,30 @@ def measure_blocks(
   return [_MEASURED[k] for k in keys]
 
 
-def _measurement_key(fn, args, inner, forward: bool, blocks: int, repeats: int) -> str:
-  """What `measure_blocks` measures, as a digest: the device kind, the versions of JAX, jaxlib
-  and jaxdata, XLA_FLAGS, the block's jaxpr on these shapes (two layers of the same shapes and
-  operations have the same one), the inner policy (its function and what it closes over: the
-  names it saves) and the measurement's settings."""
+def _block_text(fn, args, blocks: int, repeats: int) -> str:
+  """What a measurement of block `fn` on `args` depends on besides its policy: the device kind,
+  the versions of JAX, jaxlib and jaxdata, XLA_FLAGS, the block's jaxpr on these shapes (two
+  layers of the same shapes and operations have the same one) and the measurement's settings."""
   shapes = jax.tree_util.tree_map(
     lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a, tuple(args)
   )
-  what = "|".join(
+  return "|".join(
     [
       jax.devices()[0].device_kind,
       jax.__version__,
       jax.lib.__version__,  # pyright: ignore[reportPrivateImportUsage]
       __version__,
       os.environ.get("XLA_FLAGS", ""),
-      _fingerprint(inner),
-      f"{forward}|{blocks}|{repeats}",
+      f"{blocks}|{repeats}",
       str(jax.make_jaxpr(fn)(*shapes)),
     ]
   )
-  return hashlib.sha256(what.encode()).hexdigest()
+
+
+def _measurement_key(block: str, inner, forward: bool) -> str:
+  """What `measure_blocks` measures, as a digest: the block (`_block_text`), the inner policy
+  (its function and what it closes over: the names it saves) and whether forward only."""
+  return hashlib.sha256(f"{_fingerprint(inner)}|{forward}|{block}".encode()).hexdigest()
 
 
 def _fingerprint(x: Any, depth: int = 4) -> str:

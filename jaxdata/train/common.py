@@ -555,13 +555,9 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
 # ----------------------------------------------------------------------------- full graph, a mesh
 # What the full-graph trainers (jaxdata.train.rgcn.partitioned, jaxdata.train.attention.
 # partitioned) share to run over a mesh of devices and processes: the graph split by destination
-# nodes (jaxdata.hector.partition) over a 1-D mesh. `device_mesh` builds it (K devices of each
-# process, process by process), `node_rows` lays a per-node array over the parts' padded node
-# space so that it shards by rows, and `sharded_jit` jits a per-device function under
-# `shard_map` with check_vma=False: hector's kernel primitive carries no varying-axis types, and
-# gradients of replicated parameters stay each device's own, so the trainers psum them once
-# (with check_vma on, JAX's transpose of the implicit pvary already sums them over the axis,
-# and a psum of its result would count them K times).
+# nodes (jaxdata.hector.partition) over a 1-D mesh (`jaxdata.placement.device_mesh`, programs
+# over it by `sharded_jit`); `node_rows` lays a per-node array over the parts' padded node space
+# so that it shards by rows.
 
 
 def devices_flag(value: int) -> int | None:

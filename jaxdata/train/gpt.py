@@ -46,11 +46,10 @@ from jaxdata.tasks.gpt import (  # noqa: F401  (the trainer's names for them)
   BASE_WIDTH,
   GPTTrainConfig,
   data_of,
+  held_out,
   make_optimizer,
-  mean_loss,
   token_chain,
 )
-from jaxdata.tasks.gpt import held_out as held_out_of
 from jaxdata.train.common import (
   TrainResult,
   add_offload_arguments,
@@ -161,12 +160,12 @@ def train(
   step, evaluate_on = _steps(graphdef, mesh, None if plan is None else tuple(plan))
   replicated, by_rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
   state = distributed.put(state, replicated)
-  held_out = distributed.put(
-    np.asarray(held_out_of(config, chain)), NamedSharding(mesh, P(None, "data"))
+  held_out_batches = distributed.put(
+    np.asarray(held_out(config, chain)), NamedSharding(mesh, P(None, "data"))
   )
 
   def held_out_loss(state) -> float:
-    return float(distributed.local_value(evaluate_on(state, held_out)))
+    return float(distributed.local_value(evaluate_on(state, held_out_batches)))
 
   log_every = config.log_every or max(1, config.steps // 10)
   tokens_per_step = config.batch * config.seq

@@ -22,19 +22,16 @@ from flax import nnx
 from jaxdata import command
 from jaxdata.tasks import checkpoint
 from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
-  HITS,
   SPLIT_FILES,
   KGDataset,
   LinkConfig,
   LinkModel,
   evaluate,
   filtered_ranks,
-  from_graph,
   known_index,
   load_dataset,
   rank_metrics,
   read_triples,
-  restore,
   synthetic_kg,
   training_graph,
 )

@@ -55,7 +55,6 @@ from jaxdata import command, distributed
 from jaxdata.host import HostGraph, HostTable, sparse
 from jaxdata.tasks import checkpoint
 from jaxdata.tasks.sage import (  # noqa: F401  (the trainer's names for them)
-  DATA_ENTRIES,
   EMBEDDING,
   PIPELINES,
   CpuBatches,
@@ -66,7 +65,6 @@ from jaxdata.tasks.sage import (  # noqa: F401  (the trainer's names for them)
   loader_of,
   loss,
   mesh_of,
-  restore,
   run_keys,
   sample_batch,
   sampled_accuracy,
@@ -345,18 +343,18 @@ def _train_loop(
   key, eval_key, test_key = run_keys(config)
 
   def run_batches(seed_rows: np.ndarray, epoch_key, fn, *state, start: int = 0):
-    """Runs fn over the rows of seeds from row `start`; returns the final state, the summed
-    metrics and the number of rows run."""
+    """Runs the training step fn over the rows of seeds from row `start` (stopping after the
+    step in progress when a stop is requested); returns the final state, the summed metrics and
+    the number of rows run."""
     sums = []
     if config.pipeline == "cpu":
       stream = cpu_batches.stream(seed_rows, epoch_key, start)
       for i, inputs in enumerate(stream, start):
-        out = fn(*state, *inputs)
-        state, m = (out[:-1], out[-1]) if state else ((), out)
+        *state, m = fn(*state, *inputs)
         sums.append(m)
         if on_batch:
           on_batch(i + 1, len(seed_rows))
-        if state and command.stop_requested():  # training (not evaluating): stop after this step
+        if command.stop_requested():
           break
     else:
       # Everything a step takes already placed as the step wants it: an argument on the wrong
@@ -369,7 +367,7 @@ def _train_loop(
         sums.append(m)
         if on_batch:
           on_batch(n + 1, len(seed_rows))
-        if state and command.stop_requested():
+        if command.stop_requested():
           break
     totals = [float(sum(np.asarray(x) for x in col)) for col in zip(*sums)] if sums else []
     return tuple(state), totals, len(sums)

@@ -61,7 +61,6 @@ from jaxdata.tasks.hetero import (
   load_dataset,
   predict,
   register,
-  restore,
 )
 from jaxdata.train.attention import minibatch as hetero
 from jaxdata.train.attention import partitioned
@@ -103,7 +102,6 @@ __all__ = [
   "load_dataset",
   "predict",
   "register",
-  "restore",
   "train",
 ]
 

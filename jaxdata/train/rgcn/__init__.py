@@ -47,7 +47,6 @@ from jaxdata.tasks.rgcn import (
   l2_penalty,
   load_dataset,
   predict,
-  restore,
   split_validation,
 )
 from jaxdata.train.common import (
@@ -88,7 +87,6 @@ __all__ = [
   "load_dataset",
   "main",
   "predict",
-  "restore",
   "split_validation",
   "train",
 ]
