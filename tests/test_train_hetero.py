@@ -8,8 +8,6 @@ same samples and losses, and the checkpoint evaluates like a full-graph one.
 """
 
 import functools
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_cli import _run as run_cli  # `jaxdata ...` in this process
 
 from jaxdata.data import synthetic_mag
 from jaxdata.hector import GraphArrays
@@ -198,40 +197,20 @@ def test_bad_configs_and_inputs():
       np.testing.assert_array_equal(x, y)
 
 
-def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
+def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path, capsys):
+  """`jaxdata train hgt --minibatch` (in this process) trains and saves; each mistake is one
+  line naming its flag, exit code 2."""
   out = tmp_path / "ck"
-
-  def run(*a):
-    return subprocess.run(
-      [sys.executable, "-m", "jaxdata.cli", *a], capture_output=True, text=True, timeout=600
-    )
-
-  r = run(
-    "train",
-    "hgt",
-    "--minibatch",
-    "--scale",
-    "0.0005",
-    "--epochs",
-    "1",
-    "--hidden",
-    "8",
-    "--heads",
-    "2",
-    "--fanouts",
-    "3,3",
-    "--batch-size",
-    "32",
-    "--embed",
-    "author,institution",
-    "--embed-dim",
-    "8",
-    "--out",
-    str(out),
-  )
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert "val acc" in r.stdout and (out / "history.json").exists()
-  assert "learnable 8-wide embeddings for author, institution" in " ".join(r.stdout.split())
+  small = ["--minibatch", "--scale", "0.0005"]
+  embed = ["--embed", "author,institution", "--embed-dim", "8"]
+  code, stdout, stderr = run_cli(
+    ["train", "hgt", *small, "--epochs", "1", "--hidden", "8", "--heads", "2", "--fanouts", "3,3",
+     "--batch-size", "32", *embed, "--out", str(out)],
+    capsys,
+  )  # fmt: skip
+  assert code == 0, stderr[-2000:]
+  assert "val acc" in stdout and (out / "history.json").exists()
+  assert "learnable 8-wide embeddings for author, institution" in " ".join(stdout.split())
   for args, message in (
     (("--fanouts", "3"), "give one fanout per layer (--layers 2), got 1"),
     (("--fanouts", "3,0"), "--fanouts"),
@@ -239,49 +218,34 @@ def test_cli_minibatch_trains_and_rejects_mistakes(tmp_path):
     (("--embed", "paper"), "--embed"),
     (("--cache", "0.2", "--pipeline", "device"), "--cache"),
   ):
-    r = run("train", "rgat", "--minibatch", "--scale", "0.0005", *args)
-    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    code, _, stderr = run_cli(["train", "rgat", *small, *args], capsys)
+    assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
   # --device-bytes auto: a quarter of the host tables (features of the other types, float32
   # embeddings), counted here from the dataset; at this size it cannot hold the dense model,
   # which is a one-line mistake in --device-bytes, not a traceback.
   from jaxdata.sizes import format_bytes
-  from jaxdata.train import attention
 
-  scale, embed, dim = 0.0005, ("author", "institution"), 8
+  scale, types, dim = 0.0005, ("author", "institution"), 8
   ds = attention.load_dataset(
     {"scale": scale, "seed": 0, "classes": attention.default_classes(scale)}
   )
   tables = sum(
-    len(x) * (dim * 4 if t in embed else x.shape[1] * x.itemsize)
+    len(x) * (dim * 4 if t in types else x.shape[1] * x.itemsize)
     for t, x in zip(ds.graph.node_type_names, ds.features)
   )
-  r = run(
-    "train",
-    "hgt",
-    "--minibatch",
-    "--scale",
-    str(scale),
-    "--epochs",
-    "1",
-    "--hidden",
-    "8",
-    "--heads",
-    "2",
-    "--embed",
-    ",".join(embed),
-    "--embed-dim",
-    str(dim),
-    "--device-bytes",
-    "auto",
-  )
-  assert f"--device-bytes auto: {format_bytes(tables // 4)}, a quarter" in r.stdout
-  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+  code, stdout, stderr = run_cli(
+    ["train", "hgt", *small, "--epochs", "1", "--hidden", "8", "--heads", "2", *embed,
+     "--device-bytes", "auto"],
+    capsys,
+  )  # fmt: skip
+  assert f"--device-bytes auto: {format_bytes(tables // 4)}, a quarter" in stdout
+  assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr[-2000:]
   assert (
-    "argument --device-bytes: the dense model and its optimizer state need" in r.stderr
-    and f"more than device_bytes {format_bytes(tables // 4)}" in r.stderr
+    "argument --device-bytes: the dense model and its optimizer state need" in stderr
+    and f"more than device_bytes {format_bytes(tables // 4)}" in stderr
   )
-  r = run("train", "hgt", "--minibatch", "--scale", str(scale), "--device-bytes", "lots")
-  assert r.returncode == 2 and "argument --device-bytes" in r.stderr
+  code, _, stderr = run_cli(["train", "hgt", *small, "--device-bytes", "lots"], capsys)
+  assert code == 2 and "argument --device-bytes" in stderr
 
 
 EMBED = ("author", "field_of_study")
