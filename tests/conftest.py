@@ -189,7 +189,9 @@ def _busy_cores(seconds: float = 0.5) -> int:
     return sum(ticks), ticks[3] + ticks[4]  # all, idle + iowait
 
   try:
-    (total0, idle0), _, (total1, idle1) = times(), time.sleep(seconds), times()
+    total0, idle0 = times()
+    time.sleep(seconds)
+    total1, idle1 = times()
   except (OSError, ValueError, IndexError):
     return 0
   busy = 1 - (idle1 - idle0) / max(total1 - total0, 1)

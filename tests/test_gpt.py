@@ -653,8 +653,9 @@ def test_the_default_learning_rate_is_scaled_to_the_width_and_trains_a_wide_mode
   the default, scaled by 128 / hidden, brings the loss down in the same steps."""
   # one layer, 8 steps, the held-out loss at the ends only: Adam's updates of 7M float32
   # parameters are this test's time on the CPU
-  wide = dict(layers=1, hidden=768, heads=6, seq=16, batch=4, vocab=128, steps=8, warmup=2)
-  wide["log_every"] = wide["steps"]
+  wide = dict(
+    layers=1, hidden=768, heads=6, seq=16, batch=4, vocab=128, steps=8, warmup=2, log_every=8
+  )
   assert GPTTrainConfig(**wide).peak_learning_rate == pytest.approx(3e-3 * 128 / 768)
   assert GPTTrainConfig(hidden=64, heads=4).peak_learning_rate == 3e-3
   scaled = train(GPTTrainConfig(**wide)).metrics

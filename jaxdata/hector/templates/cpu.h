@@ -2,8 +2,8 @@
 // common.h, then the kernel: its signature, the operand pointers (jaxdata/hector/operands.py)
 // and the instance's loops.
 //
-// It includes no system header: parsing <cmath>, <cstdint>, <cstring> and <algorithm> was most of a
-// small kernel's compile (g++ 12: 0.2 of 0.25 CPU-s), and a kernel needs only these few names.
+// It includes no system header: parsing <math.h>, <cstdint>, <cstring> and <algorithm> was most
+// of a small kernel's compile (g++ 12: 0.2 of 0.25 CPU-s), and a kernel needs only these names.
 typedef __INT32_TYPE__ int32_t;
 typedef __INT64_TYPE__ int64_t;
 typedef __UINT32_TYPE__ uint32_t;
