@@ -103,6 +103,53 @@ def test_rgcn_bfloat16(device):
   np.testing.assert_allclose(np.asarray(gw, np.float32), rw, rtol=3e-2, atol=5e-2)
 
 
+def hub_graph(rng, n=300, e=4000, r=9, hubs=3):
+  """Most edges leave a few hub sources (a power law's shape), so unique (source, relation)
+  pairs are far fewer than edges; the rest are spread uniformly."""
+  src = np.where(rng.random(e) < 0.8, rng.integers(0, hubs, e), rng.integers(0, n, e))
+  return HeteroGraph.from_edges(
+    src,
+    rng.integers(0, n, e),
+    rng.integers(0, r, e),
+    num_nodes=n,
+    relation_names=[f"r{i}" for i in range(r)],
+  )
+
+
+@pytest.mark.parametrize("din,dout", [(8, 8), (64, 32)])
+def test_rgcn_on_hub_sources_runs_its_products_per_pair_and_matches_reference(device, din, dout):
+  rng = np.random.default_rng(din + dout)
+  g = hub_graph(rng)
+  ga = hector.GraphArrays.from_graph(g)
+  assert ga.num_edges >= 4 * ga.num_pairs
+  x = jnp.asarray(rng.standard_normal((g.num_nodes, din)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((g.num_relations, din, dout)) / np.sqrt(din), jnp.float32)
+  ct = jnp.asarray(rng.standard_normal((g.num_nodes, dout)), jnp.float32)
+  plan = hector.rgcn_layer.plan(ga, x=x, W=w)
+  kernels = [i.kernel for i in plan.forward_kernels + plan.backward_kernels]
+  gemms = [k for k in kernels if k.template in ("gemm", "weight_grad")]
+  assert len(gemms) == 3 and all(k.domain == "compact" for k in gemms)
+
+  out = jax.jit(hector.rgcn_message)(ga, x, w)
+  np.testing.assert_allclose(out, reference_message(g, x, w), rtol=1e-5, atol=1e-5)
+  loss = lambda f: lambda x, w: jnp.vdot(f(ga, x, w), ct)  # noqa: E731
+  got = jax.jit(jax.grad(loss(hector.rgcn_message), argnums=(0, 1)))(x, w)
+  want = jax.grad(loss(reference_jax), argnums=(0, 1))(
+    jnp.asarray(x, jnp.float64), jnp.asarray(w, jnp.float64)
+  )
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_rgcn_on_uniform_sources_fuses_its_products_into_the_sum():
+  g = random_graph(np.random.default_rng(5), n=400, e=1000)
+  ga = hector.GraphArrays.from_graph(g)
+  assert ga.num_edges < 2 * ga.num_pairs
+  x, w = jnp.zeros((g.num_nodes, 8)), jnp.zeros((g.num_relations, 8, 4))
+  (forward,) = [i.kernel for i in hector.rgcn_layer.plan(ga, x=x, W=w).forward_kernels]
+  assert forward.template == "gemm" and forward.domain == "edge" and forward.out == "dst"
+
+
 def test_vmap_over_features(device):
   rng = np.random.default_rng(3)
   g = random_graph(rng)

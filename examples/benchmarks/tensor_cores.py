@@ -90,16 +90,18 @@ KINK = 1e-5
 NO_SLOWER = 0.02
 
 
-#: The CUDA generator's constants (jaxdata.hector.codegen.cuda, then .common) as they were when
-#: the tensor-core kernels were added, where they have changed since. TRAVERSAL_FEATURES = 4 (a
-#: thread of a per-edge traversal or grouped sum owns up to 4 features of a row; 1 before) and
-#: DOT_ALIGN = 16 (dot products read rows in loads of up to 16 bytes; one element at a time
-#: before) are in the traversals every precision runs, so row 1 got faster with the rows it is
-#: the baseline of (RGAT, 2M edges: 9.31 -> 7.85 ms at dim 64, 24.22 -> 20.22 ms at 128).
-#: VALID_MASK = 1: a kernel's ok(e) reads one precomputed byte per row instead of loading and
-#: checking the row's src, dst, etype and pair itself. With these values the generator emits
-#: the kernels of then again (the same sums in the same order), so the CUDA-core kernels the
-#: tensor-core ones were first measured against run side by side with today's.
+#: The CUDA generator's constants (jaxdata.hector.codegen.cuda, then .common, then .passes) as they
+#: were when the tensor-core kernels were added, where they have changed since.
+#: FUSED_PRODUCT_EDGES_PER_PAIR = inf: RGCN's relation products stay fused into the per-edge GEMM on
+#: every graph (today a graph with 4+ edges per (source, relation) pair runs them per pair).
+#: TRAVERSAL_FEATURES = 4 (a thread of a per-edge traversal or grouped sum owns up to 4 features of
+#: a row; 1 before) and DOT_ALIGN = 16 (dot products read rows in loads of up to 16 bytes; one
+#: element at a time before) are in the traversals every precision runs, so row 1 got faster with
+#: the rows it is the baseline of (RGAT, 2M edges: 9.31 -> 7.85 ms at dim 64, 24.22 -> 20.22 ms at
+#: 128). VALID_MASK = 1: a kernel's ok(e) reads one precomputed byte per row instead of loading and
+#: checking the row's src, dst, etype and pair itself. With these values the generator emits the
+#: kernels of then again (the same sums in the same order), so the CUDA-core kernels the tensor-core
+#: ones were first measured against run side by side with today's.
 ORIGINAL_CONSTANTS = {
   "TRAVERSAL_FEATURES": 1,
   "DOT_ALIGN": 1,
@@ -112,6 +114,7 @@ ORIGINAL_CONSTANTS = {
   "OPERAND_ALIGN": 0,
   "SOFTMAX_HUB_CLUSTER": 1,
   "SOFTMAX_MIN_BLOCKS": 0,
+  "FUSED_PRODUCT_EDGES_PER_PAIR": float("inf"),
 }
 
 
@@ -122,11 +125,13 @@ def original_kernels():
   executable would otherwise run the other kernels."""
   import jax  # pylint: disable=g-import-not-at-top
 
+  from jaxdata.hector import passes
   from jaxdata.hector.codegen import common as gen_common  # pylint: disable=g-import-not-at-top
   from jaxdata.hector.codegen import cuda
 
   where = {
-    name: next(m for m in (cuda, gen_common) if hasattr(m, name)) for name in ORIGINAL_CONSTANTS
+    name: next(m for m in (cuda, gen_common, passes) if hasattr(m, name))
+    for name in ORIGINAL_CONSTANTS
   }
   saved = {name: getattr(m, name) for name, m in where.items()}
   jax.clear_caches()

@@ -23,6 +23,7 @@ from jaxdata.hector import codegen, passes
 from jaxdata.hector import precision as precision_lib
 from jaxdata.hector.ir import Program, Value, width
 from jaxdata.hector.lowering import Dense, Instance, lower
+from jaxdata.hector.passes import compacts_fused_products
 from jaxdata.hector.passes import select as passes_select
 from jaxdata.hector.runtime import GraphArrays, KernelSpec, run_kernel, source
 
@@ -77,13 +78,18 @@ def make_plan(
   num_nodes: int,
   num_relations: int,
   chosen: tuple[str, ...] = passes.PASSES,
+  fused_products: bool = False,
 ) -> Plan:
-  """Runs the passes on a traced program for these input shapes and lowers both directions."""
+  """Runs the passes on a traced program for these input shapes and lowers both directions
+  (`fused_products`: the graph has many edges per pair, `passes.compacts_fused_products`)."""
   forward = passes.infer_shapes(passes.clone(program), shapes, num_nodes, num_relations)
   stages = [("after shape inference", str(forward))]
   for name in passes.PASSES:
     if name in chosen:
-      forward = getattr(passes, name)(forward)
+      if name == "compact":
+        forward = passes.compact(forward, fused_products)
+      else:
+        forward = getattr(passes, name)(forward)
       stages.append((_PASS_TITLES[name], str(forward)))
     else:
       stages.append((_PASS_TITLES[name], "(switched off)"))
@@ -127,10 +133,11 @@ class Layer:
     self._check(graph, inputs)
     chosen = self.passes if passes is None else passes_select(passes)
     shapes = {k: tuple(np.shape(v)) for k, v in inputs.items()}
-    key = (tuple(sorted(shapes.items())), graph.num_nodes, graph.num_relations, chosen)
+    fused = compacts_fused_products(graph.num_edges, graph.num_pairs)
+    key = (tuple(sorted(shapes.items())), graph.num_nodes, graph.num_relations, chosen, fused)
     if key not in self._plans:
       self._plans[key] = make_plan(
-        self.program, shapes, graph.num_nodes, graph.num_relations, chosen
+        self.program, shapes, graph.num_nodes, graph.num_relations, chosen, fused
       )
     return self._plans[key]
 
