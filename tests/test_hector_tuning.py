@@ -108,7 +108,7 @@ def test_every_kernel_of_rgat_launches_in_each_of_its_tilings():
   assert kinds == {"fma", "bf16"}
 
 
-def test_choice_files_key_the_instance_gpu_rows_and_tilings(tmp_path, monkeypatch):
+def test_choice_files_key_the_instance_gpu_rows_skew_and_tilings(tmp_path, monkeypatch):
   monkeypatch.setenv("JAXDATA_CACHE_DIR", str(tmp_path))
   tiles = [cuda.Tile(128), cuda.Tile(64)]
   src = "// label %1\nkernel text"
@@ -121,8 +121,11 @@ def test_choice_files_key_the_instance_gpu_rows_and_tilings(tmp_path, monkeypatc
     tuning.choice_file(src, 90, 200_000, tiles),
     tuning.choice_file(src, 90, 2_000_000, tiles[:1]),
     tuning.choice_file("// label %1\nother kernel", 90, 2_000_000, tiles),
+    tuning.choice_file(src, 90, 2_000_000, tiles, pairs=300_000),  # hub sources: 6.7 per pair
   ):
     assert other != path
+  # a uniform graph's edges are about one per pair: the same choice as no pair count
+  assert tuning.choice_file(src, 90, 2_000_000, tiles, pairs=1_740_000) == path
 
 
 def test_read_choice_trusts_only_a_whole_file_for_the_same_tilings(tmp_path):

@@ -483,7 +483,7 @@ def _lower(ctx, *args, spec: KernelSpec, target: str):
     tiles = codegen.tilings(spec.kernel, kind) if tuning.enabled() else [None]
     tune_file = ""
     if len(tiles) > 1:  # a tensor-core instance: the recorded tiling, else all of them, tuned
-      path = tuning.choice_file(src, arch, size["E"], tiles)
+      path = tuning.choice_file(src, arch, size["E"], tiles, size["P"])
       choice = tuning.read_choice(path, len(tiles))
       if choice is not None:
         tiles = [tiles[choice.index]]

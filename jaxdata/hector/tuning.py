@@ -9,7 +9,8 @@ form of ``jaxdata_hector_launch`` (xla_ffi/hector/launch_cuda.cc): its first run
 tiling on that run's operands (each launched 3 times after a warm-up; the median), keeps the
 fastest for the rest of the process, and writes the choice beside the kernel in the disk cache
 (`choice_file`: ``<key>.tune`` in `compiler.cache_dir()`, keyed by the default tiling's source,
-the GPU's compute capability, the domain's rows to a power of two, and the tilings). A process
+the GPU's compute capability, the domain's rows and rows per (source, relation) pair, each to a
+power of two, and the tilings). A process
 that lowers the same instance later reads it and compiles and launches only the chosen tiling.
 
 `read_choice` trusts a file only if it is whole and agrees with the tilings it was made for; any
@@ -54,13 +55,25 @@ def enabled() -> bool:
   return os.environ.get(AUTOTUNE_ENV, "1") != "0"
 
 
-def choice_file(default_source: str, arch: int, rows: int, tilings: list) -> Path:
+def choice_file(
+  default_source: str, arch: int, rows: int, tilings: list, pairs: int | None = None
+) -> Path:
   """Where the choice among `tilings` for the instance whose default tiling generates
   `default_source` lives, on a GPU of compute capability `arch`, for a domain of `rows` rows
-  (bucketed by powers of two: the choice for 2M edges serves 1.5M)."""
+  (bucketed by powers of two: the choice for 2M edges serves 1.5M) over a graph of `pairs`
+  unique (source, relation) pairs (None: as many as rows). Rows per pair, also by powers of
+  two, is the degree skew a tiling sees: hub sources make a relation's gathered rows repeat,
+  and the tiling that serves a uniform graph best need not serve a power-law one."""
+  per_pair = max(rows // max(pairs or rows, 1), 1)
   key = compiler.source_key(
     default_source,
-    ("tune", str(arch), str(max(rows, 1).bit_length()), " | ".join(map(str, tilings))),
+    (
+      "tune",
+      str(arch),
+      str(max(rows, 1).bit_length()),
+      " | ".join(map(str, tilings)),
+      f"skew {per_pair.bit_length()}",
+    ),
   )
   return compiler.cache_dir() / f"{key}.tune"
 

@@ -25,8 +25,8 @@ def main(cases: str) -> None:
   made = {}  # choice file -> (kernel label, tilings)
   choice_file = tuning.choice_file
 
-  def recording(source, arch, rows, tilings):
-    path = choice_file(source, arch, rows, tilings)
+  def recording(source, arch, rows, tilings, pairs=None):
+    path = choice_file(source, arch, rows, tilings, pairs)
     made[path] = (source.split("\n", 1)[0].removeprefix("// jaxdata.hector "), tilings)
     return path
 
