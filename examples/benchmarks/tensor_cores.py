@@ -560,17 +560,20 @@ def measure_case(
 
 
 def unknown_graphs(names: Sequence[str]) -> list[str]:
-  """The names that are neither the synthetic graph nor of the hub-heavy family (`rgnn.SKEWED`)."""
-  return [g for g in names if g != "synthetic" and not rgnn.SKEWED.fullmatch(g)]
+  """The names that are neither `rgnn.GRAPHS` (the synthetic graph, the RDF archives AIFB and
+  MUTAG) nor of the hub-heavy family (`rgnn.SKEWED`)."""
+  return [g for g in names if g not in rgnn.GRAPHS and not rgnn.SKEWED.fullmatch(g)]
 
 
 def load(model: str, name: str = "synthetic", *, quick: bool, seed: int = 0):
-  """The case's graph `name` (the synthetic one, or of the hub-heavy family `rgnn.SKEWED`):
-  RGCN's `rgnn.Graph`, RGAT's `rgnn_attention.Case` (the synthetic sizes of each)."""
+  """The case's graph `name` (the synthetic one, of the hub-heavy family `rgnn.SKEWED`, or an
+  RDF archive from `rgnn.default_data_dir()`): RGCN's `rgnn.Graph`, RGAT's
+  `rgnn_attention.Case` (the synthetic sizes of each)."""
+  data_dir = rgnn.default_data_dir() if name in ("aifb", "mutag") else None
   if model == "rgcn":
-    graph, why = rgnn.load_graph(name, data_dir=None, quick=quick, seed=seed)
+    graph, why = rgnn.load_graph(name, data_dir=data_dir, quick=quick, seed=seed)
   else:
-    graph, why = attention.load_case("rgat", name, data_dir=None, quick=quick, seed=seed)
+    graph, why = attention.load_case("rgat", name, data_dir=data_dir, quick=quick, seed=seed)
   if graph is None:
     raise RuntimeError(f"jaxdata bench tensor-cores: the {model} graph: {why}")
   return graph
@@ -611,7 +614,9 @@ def run(
   graph_names = list(dict.fromkeys(graphs))
   unknown = unknown_graphs(graph_names)
   if unknown:
-    raise ValueError(f"graphs must be synthetic, uniform or zipf-src|dst|both-E, got {unknown}")
+    raise ValueError(
+      f"graphs must be synthetic, aifb, mutag, uniform or zipf-src|dst|both-E, got {unknown}"
+    )
   cases, notes, described = [], [], []
   for model, name in ((m, g) for m in models for g in graph_names):
     graph = load(model, name, quick=quick)
@@ -829,7 +834,8 @@ def add_arguments(parser) -> None:
     default=["synthetic"],
     help="graphs, comma-separated: synthetic (2M edges, heavy-tailed both ways), uniform, and "
     "the hub-heavy zipf-src-E, zipf-dst-E, zipf-both-E (out-degrees, in-degrees or both follow "
-    "a Zipf law of exponent E > 1, the other end uniform; all of the synthetic graph's sizes)",
+    "a Zipf law of exponent E > 1, the other end uniform; all of the synthetic graph's sizes), "
+    "and the RDF graphs aifb, mutag ($JAXDATA_DATA_DIR or ../shared/data)",
   )
   parser.add_argument(
     "--heads",
@@ -889,8 +895,8 @@ def main(args) -> int:
   unknown = unknown_graphs(graph_names)
   if unknown:
     raise command.UsageError(
-      f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from synthetic, "
-      "uniform, zipf-src-E, zipf-dst-E, zipf-both-E"
+      f"argument --graphs: unknown graph(s) {', '.join(unknown)}; choose from synthetic, aifb, "
+      "mutag, uniform, zipf-src-E, zipf-dst-E, zipf-both-E"
     )
   console = command.console(width=200)
 
