@@ -132,8 +132,9 @@ def test_the_package_imports_no_benchmark(tmp_path):
 
 def test_trainers_import_no_benchmark_or_command_line_and_no_other_trainer():
   """Within the apps: cli -> bench -> train. A trainer shares with other trainers only through
-  jaxdata.train.common and the tasks below them."""
-  shared = ("jaxdata.train.common",)
+  jaxdata.train.common, the full-graph loop over destination parts (jaxdata.train.partitioned)
+  and the tasks below them."""
+  shared = ("jaxdata.train.common", "jaxdata.train.partitioned")
   for path in sorted((PACKAGE / "train").rglob("*.py")):
     name = _module_name(path)
     if name in shared or name == "jaxdata.train":

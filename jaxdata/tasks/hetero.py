@@ -72,7 +72,7 @@ class TrainConfig:
   passes: tuple[str, ...] | None = None  # hector's optimizing passes (None: all)
   embed: tuple[str, ...] = ()  # node types whose input is a learnable embedding, not features
   embed_dim: int = 64  # the width of those embeddings
-  devices: int | None = 1  # per process; None: every local device (attention.partitioned)
+  devices: int | None = 1  # per process; None: every local device (train.partitioned)
   layers: int = 2  # graph layers (RGAT: all alike; HGT: the first reads every type's width)
   num_bases: int | None = None  # RGCN: shared bases per layer (None: a full weight per relation)
 

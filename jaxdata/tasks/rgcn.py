@@ -32,7 +32,7 @@ class TrainConfig:
   seed: int = 0
   dtype: str = "float32"  # or "bfloat16" (parameters stay float32)
   val_fraction: float = 0.0  # training nodes held out (seeded) to report validation accuracy
-  devices: int | None = 1  # per process; None: every local device (rgcn.partitioned; minibatch)
+  devices: int | None = 1  # per process; None: every local device (train.partitioned; minibatch)
 
   def __post_init__(self):
     if self.epochs < 1 or self.hidden < 1:

@@ -553,11 +553,9 @@ def check_copies_agree(array: np.ndarray, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- full graph, a mesh
-# What the full-graph trainers (jaxdata.train.rgcn.partitioned, jaxdata.train.attention.
-# partitioned) share to run over a mesh of devices and processes: the graph split by destination
-# nodes (jaxdata.hector.partition) over a 1-D mesh (`jaxdata.placement.device_mesh`, programs
-# over it by `sharded_jit`); `node_rows` lays a per-node array over the parts' padded node space
-# so that it shards by rows.
+# What the trainers share to run over a mesh of devices and processes: a 1-D mesh
+# (`jaxdata.placement.device_mesh`, programs over it by `sharded_jit`); the full-graph trainers
+# split the graph by destination nodes over it (`jaxdata.train.partitioned`).
 
 
 def devices_flag(value: int) -> int | None:
@@ -570,24 +568,6 @@ def devices_flag(value: int) -> int | None:
       f"{'is' if local == 1 else 'are'} visible to this process"
     )
   return None if value == 0 else value
-
-
-def node_rows(padded_nodes: int, nodes, values=None) -> np.ndarray:
-  """A per-node array over ``padded_nodes`` rows: `values` (int32) at `nodes`, zero elsewhere;
-  without `values`, a mask (True at `nodes`)."""
-  out = np.zeros(padded_nodes, bool if values is None else np.int32)
-  out[np.asarray(nodes)] = True if values is None else values
-  return out
-
-
-def gather_rows(h: jax.Array) -> jax.Array:
-  """Inside `sharded_jit`: every device's ``[rows, ...]`` laid end to end, ``[K * rows, ...]``."""
-  return jax.lax.all_gather(h, MESH_AXIS, tiled=True)
-
-
-def first_row(rows: int) -> jax.Array:
-  """Inside `sharded_jit`: the first node id this device's part owns."""
-  return jax.lax.axis_index(MESH_AXIS) * rows
 
 
 class DeviceSteps:

@@ -1,5 +1,5 @@
 """Full-graph RGCN on one device: the single-device path against the partitioned path run
-with one part (jaxdata.train.rgcn.partitioned, K = 1), steady epoch times and losses.
+with one part (jaxdata.train.partitioned, K = 1), steady epoch times and losses.
 
 `jaxdata train rgcn --devices 1` in one process takes the single-device path; this measures
 what the partitioned code would cost there (shard_map over one device, the padding node,
@@ -11,8 +11,7 @@ import sys
 
 import numpy as np
 
-from jaxdata.train import rgcn
-from jaxdata.train.rgcn import partitioned
+from jaxdata.train import partitioned, rgcn
 
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 datas = [{"source": "synthetic", "nodes": 20_000, "edges": 200_000, "relations": 50, "seed": 0}]
@@ -23,7 +22,7 @@ for data in datas:
   setup = {k: v for k, v in setup.items() if k in ("num_bases", "l2", "val_fraction", "bias")}
   config = rgcn.TrainConfig(epochs=epochs, **setup)
   one = rgcn.train(dataset, config)
-  part = partitioned.train(dataset, dataclasses.replace(config, devices=1))
+  part = partitioned.train_rgcn(dataset, dataclasses.replace(config, devices=1))
   steady = lambda r: np.median([h["seconds"] for h in r.history[2:]]) * 1e3  # noqa: E731
   loss_gap = max(
     abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one.history, part.history)

@@ -62,8 +62,8 @@ from jaxdata.tasks.hetero import (
   predict,
   register,
 )
+from jaxdata.train import partitioned
 from jaxdata.train.attention import minibatch as hetero
-from jaxdata.train.attention import partitioned
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   DeviceBudgetError,
@@ -131,7 +131,7 @@ def train(
 
   With more than one device in all (`config.devices` per process, times the processes of a
   `jax.distributed` job) the graph is partitioned by destinations over them
-  (`jaxdata.train.attention.partitioned`); one device in one process runs the path below.
+  (`jaxdata.train.partitioned`); one device in one process runs the path below.
 
   `plan`: None (plain layers), one `jaxdata.offload.Policy` per stacked layer
   (`model.stack_layers`: RGAT's every layer, HGT's after the first), or a `Planner` called once
@@ -147,7 +147,7 @@ def train(
     if resume is not None or save_every:
       raise ValueError("train: resume and save_every are for one device of one process")
 
-    return partitioned.train(dataset, config, on_epoch=on_epoch)
+    return partitioned.train_hetero(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)

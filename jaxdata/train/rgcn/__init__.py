@@ -49,6 +49,7 @@ from jaxdata.tasks.rgcn import (
   predict,
   split_validation,
 )
+from jaxdata.train import partitioned
 from jaxdata.train.common import (
   MINIBATCH_DEFAULTS,
   TrainResult,
@@ -68,7 +69,6 @@ from jaxdata.train.common import (
   say_saved,
 )
 from jaxdata.train.rgcn import minibatch as sampled
-from jaxdata.train.rgcn import partitioned
 
 #: `jaxdata train rgcn` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices, or
@@ -105,7 +105,7 @@ def train(
 
   With more than one device in all (`config.devices` per process, times the processes of a
   `jax.distributed` job) the graph is partitioned by destinations over them
-  (`jaxdata.train.rgcn.partitioned`); one device in one process runs the path below.
+  (`jaxdata.train.partitioned`); one device in one process runs the path below.
 
   `resume(model, optimizer)` puts a saved run's state into the fresh model and optimizer and
   returns its history; training goes on from the epoch after it to the parameters a run never
@@ -116,7 +116,7 @@ def train(
     if resume is not None or save_every:
       raise ValueError("train: resume and save_every are for one device of one process")
 
-    return partitioned.train(dataset, config, on_epoch=on_epoch)
+    return partitioned.train_rgcn(dataset, config, on_epoch=on_epoch)
   graph = GraphArrays.from_graph(dataset.graph)
   model = build_model(dataset, config, nnx.Rngs(config.seed))
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
@@ -316,7 +316,7 @@ def add_arguments(parser):
     default=1,
     help="train over this many local devices (0: all); with several processes "
     "the mesh spans every process's devices. Full graph: the graph "
-    "partitioned by destination nodes (jaxdata.train.rgcn.partitioned); "
+    "partitioned by destination nodes (jaxdata.train.partitioned); "
     "--minibatch: data parallel, --batch-size seeds per device",
   )
   parser.add_argument(
