@@ -90,8 +90,9 @@ KINK = 1e-5
 NO_SLOWER = 0.02
 
 
-#: The CUDA generator's constants (jaxdata.hector.codegen.cuda, then .common, then .passes) as they
-#: were when the tensor-core kernels were added, where they have changed since.
+#: The constants of hector's CUDA generator (jaxdata.hector.codegen.cuda, then .common) and of its
+#: passes (jaxdata.hector.passes) as they were when the tensor-core kernels were added, where they
+#: have changed since.
 #: FUSED_PRODUCT_EDGES_PER_PAIR = inf: RGCN's relation products stay fused into the per-edge GEMM on
 #: every graph (today a graph with 4+ edges per (source, relation) pair runs them per pair).
 #: TRAVERSAL_FEATURES = 4 (a thread of a per-edge traversal or grouped sum owns up to 4 features of

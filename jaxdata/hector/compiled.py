@@ -4,8 +4,8 @@
 passes (shape inference, linear-operator reordering, compact materialization, differentiation),
 lowers both directions to kernel instances, and runs the forward kernels; `jax.grad` runs the
 backward kernels that differentiation produced, reusing the arrays the forward kernels
-materialized. Plans are cached per shape and choice of passes, kernels per source (in memory and
-on disk).
+materialized. Plans are cached per shape, choice of passes and whether the graph compacts its
+fused products (`passes.compacts_fused_products`), kernels per source (in memory and on disk).
 """
 
 from __future__ import annotations

@@ -373,7 +373,9 @@ def compacts_fused_products(num_edges: int, num_pairs: int) -> bool:
   edges) give many edges per pair; the bench's zipf-1.8 graph has 6.7, and fused, its hub rows
   are read by every CTA at once. A uniform graph has about one (the bench's 1.15), and so do
   the RDF graphs (AIFB 2.2, MUTAG 1.9), small enough that a second kernel launch costs more
-  than the rows it saves: they stay fused."""
+  than the rows it saves: they stay fused. Mini-batch blocks (`hector.block`) pad their pairs
+  to one per edge and never compact; destination partitions (`hector.partition`) decide from
+  their padded sizes, the largest part's edges over the largest part's pairs."""
   return num_pairs > 0 and num_edges >= FUSED_PRODUCT_EDGES_PER_PAIR * num_pairs
 
 
@@ -383,8 +385,8 @@ def compact(program: Program, fused_products: bool = False) -> Program:
   A value is compacted when it depends only on its edge's (source node, relation), costs more
   than a load, and would be materialized or feeds a value that is not pairwise (it is where the
   pairwise part of the program ends). A relation product that a GEMM sums straight into nodes
-  (RGCN's) is never materialized; it is compacted only with `fused_products` (the graph has
-  many edges per pair: `compacts_fused_products`). The compacted value's pairwise arguments are
+  (RGCN's) is not materialized, unless `fused_products` (the graph has many edges per pair:
+  `compacts_fused_products`) computes it per pair. The compacted value's pairwise arguments are
   copied onto the ``compact`` domain with it, and its users read ``expand(compact value)``: row
   ``pair[e]``.
   """

@@ -9,7 +9,10 @@ and, without input features (the RGCN paper's first layer on RDF graphs, one-hot
 The forward pass lowers to one GEMM instance (gathered rows in, per-relation weight, normalizer
 in the epilogue, rows scattered to destinations) or one traversal instance (featureless); the
 backward pass, derived from the IR, to a transposed GEMM scattering to sources plus a
-weight-gradient GEMM (or a traversal summing into weight rows).
+weight-gradient GEMM (or a traversal summing into weight rows). On a graph with many edges per
+(source, relation) pair (`hector.passes.compacts_fused_products`: hub sources) the GEMMs run once
+per pair instead, and edge loops sum the pairs' rows into destinations (forward) and the
+cotangents into pairs (backward).
 """
 
 from __future__ import annotations

@@ -81,8 +81,8 @@ def fit(
     logits_of: ``(model, graph, consts) -> [rows, classes]``, this device's rows, inside the
       sharded step (`graph`: its part's `GraphArrays`; `consts`: its rows of `host`).
     sets: node ids per set; "train" is the loss's, "test" is measured at the end.
-    in_step: sets whose accuracy comes from the step's own logits (before the update; a set
-      with no nodes is left out of the history).
+    in_step: sets whose accuracy comes from the step's own logits (before the update), "train"
+      first; a set with no nodes other than "train" is left out of the history.
     every_epoch: sets measured by a forward pass after each update, recorded every epoch.
     penalty: ``model -> scalar`` added to the loss once (on device 0).
 
@@ -141,12 +141,14 @@ def fit(
     t0 = time.perf_counter()
     state, loss, correct = step(state, consts)
     loss, correct = distributed.local_value((loss, correct))
-    measured = {s: a for s, a in accuracy(in_step, correct).items() if count[s]}
+    seconds = time.perf_counter() - t0  # the step's: evaluation is not training time
+    measured = accuracy(in_step, correct)
+    record = dict(epoch=epoch, loss=float(loss), train_accuracy=measured.pop("train"))
+    record["seconds"] = seconds
+    record.update((f"{s}_accuracy", a) for s, a in measured.items() if count[s])
     if every_epoch:
       after = accuracy(evaluated, distributed.local_value(evaluate(state, consts)))
-      measured.update((s, after[s]) for s in every_epoch)
-    record = dict(epoch=epoch, loss=float(loss), seconds=time.perf_counter() - t0)
-    record.update((f"{s}_accuracy", a) for s, a in measured.items())
+      record.update((f"{s}_accuracy", after[s]) for s in every_epoch)
     add_record(history, record, on_epoch)
     if command.stop_requested():  # SIGTERM: the last completed step ends the run
       break
