@@ -570,7 +570,7 @@ def load(model: str, name: str = "synthetic", *, quick: bool, seed: int = 0):
   """The case's graph `name` (the synthetic one, of the hub-heavy family `rgnn.SKEWED`, or an
   RDF archive from `rgnn.default_data_dir()`): RGCN's `rgnn.Graph`, RGAT's
   `rgnn_attention.Case` (the synthetic sizes of each)."""
-  data_dir = rgnn.default_data_dir() if name in ("aifb", "mutag") else None
+  data_dir = rgnn.default_data_dir()  # read for the archives only
   if model == "rgcn":
     graph, why = rgnn.load_graph(name, data_dir=data_dir, quick=quick, seed=seed)
   else:

@@ -84,12 +84,13 @@ def make_plan(
   (`fused_products`: the graph has many edges per pair, `passes.compacts_fused_products`)."""
   forward = passes.infer_shapes(passes.clone(program), shapes, num_nodes, num_relations)
   stages = [("after shape inference", str(forward))]
+  run = {
+    "reorder": passes.reorder,
+    "compact": functools.partial(passes.compact, fused_products=fused_products),
+  }
   for name in passes.PASSES:
     if name in chosen:
-      if name == "compact":
-        forward = passes.compact(forward, fused_products)
-      else:
-        forward = getattr(passes, name)(forward)
+      forward = run[name](forward)
       stages.append((_PASS_TITLES[name], str(forward)))
     else:
       stages.append((_PASS_TITLES[name], "(switched off)"))

@@ -375,9 +375,9 @@ def compacts_fused_products(num_edges: int, num_pairs: int) -> bool:
   H200). A uniform graph has about one (the bench's 1.15), the RDF graphs about two (AIFB 2.2,
   MUTAG 1.9): there the rows saved would hardly pay for the second kernel and its round trip,
   so they stay fused. The threshold between is a choice, not yet placed by a sweep. Mini-batch
-  blocks (`hector.block`) pad their pairs
-  to one per edge and never compact; destination partitions (`hector.partition`) decide from
-  their padded sizes, the largest part's edges over the largest part's pairs."""
+  blocks (`hector.block`) pad their pairs to one per edge and never compact; destination
+  partitions (`hector.partition`) decide from their padded sizes, the largest part's edges over
+  the largest part's pairs."""
   return num_pairs > 0 and num_edges >= FUSED_PRODUCT_EDGES_PER_PAIR * num_pairs
 
 

@@ -10,8 +10,8 @@ tiling on that run's operands (each launched 3 times after a warm-up; the median
 fastest for the rest of the process, and writes the choice beside the kernel in the disk cache
 (`choice_file`: ``<key>.tune`` in `compiler.cache_dir()`, keyed by the default tiling's source,
 the GPU's compute capability, the domain's rows and rows per (source, relation) pair, each to a
-power of two, and the tilings). A process
-that lowers the same instance later reads it and compiles and launches only the chosen tiling.
+power of two, and the tilings). A process that lowers the same instance later reads it and
+compiles and launches only the chosen tiling.
 
 `read_choice` trusts a file only if it is whole and agrees with the tilings it was made for; any
 other file is ignored and the instance is tuned again (which replaces it). With

@@ -102,8 +102,8 @@ def fit(
   def logits(model, consts):
     return logits_of(model, parts.local(consts["graph"]), consts)
 
-  def hits(logits, consts, names):
-    right = jnp.argmax(logits, -1) == consts["labels"]
+  def hits(out, consts, names):
+    right = jnp.argmax(out, -1) == consts["labels"]
     return jax.lax.psum(jnp.stack([jnp.sum(right & consts[s]) for s in names]), AXIS)
 
   def device_step(state, consts):
