@@ -120,7 +120,7 @@ def device_events(
   ``compiler_options={"xla_gpu_enable_command_buffer": ""}`` to attribute every kernel. On a
   machine without a GPU, the CPU's XLA operations stand in for the device's events."""
   op_names = dict(
-    re.findall(r"^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text, re.M)
+    re.findall(r"^\s*(?:ROOT )?%?(\S+) = [^\n]*?op_name=\"([^\"]*)\"", hlo_text, re.M)
   )
   jax.block_until_ready(fn())
   trace = tempfile.mkdtemp()
@@ -146,28 +146,13 @@ def device_events(
   return events
 
 
-def device_seconds_by_part(
-  fn: Callable[[], Any],
-  hlo_text: str,
-  classify: Callable[[str], str],
-  *,
-  runs: int = 5,
-) -> tuple[dict[str, float], float]:
-  """Where a jitted program's device time goes: each of `device_events` attributed to the part
-  ``classify(op_name)`` names.
-
-  Returns ({part: device seconds per call}, busy seconds per call: the union of the events'
-  intervals, what the device spent on the program while the parts may overlap on streams).
-  """
-  events = device_events(fn, hlo_text, runs=runs)
-  parts: dict[str, float] = {}
-  for start, end, _, name in events:
-    part = classify(name)
-    parts[part] = parts.get(part, 0.0) + (end - start) * 1e-9 / runs
+def busy_seconds(events) -> float:
+  """Seconds covered by the union of the `device_events` intervals (events on several streams
+  may overlap)."""
   busy, reach = 0, None
-  for start, end, _, _ in sorted(events):
+  for start, end, *_ in sorted(events):
     if reach is None or start > reach:
       busy, reach = busy + end - start, end
     elif end > reach:
       busy, reach = busy + end - reach, end
-  return parts, busy * 1e-9 / runs
+  return busy * 1e-9

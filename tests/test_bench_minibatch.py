@@ -43,8 +43,11 @@ def test_bench_minibatch_pipelines_and_breakdown(tmp_path):
   )
   assert code == 0
   text = out.read_text()
+  pipelines = text.split("## Where")[0]  # the first table: a row per pipeline and GPU count
   rows = {
-    line.split("|")[1].strip(): line.split("|") for line in text.splitlines() if "| 1 |" in line
+    line.split("|")[1].strip(): line.split("|")
+    for line in pipelines.splitlines()
+    if "| 1 |" in line
   }
   assert set(rows) == {"all-in-GPU", "GPU-centric (jaxdata)"}
   assert rows["all-in-GPU"][-2] == rows["GPU-centric (jaxdata)"][-2]  # the same loss

@@ -5,6 +5,7 @@ Timing lives in `jaxdata.timing`, byte sizes in `jaxdata.sizes`."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -146,16 +147,13 @@ def part_of(op_name: str) -> str:
   return "backward" if "transpose(" in op_name else "forward"
 
 
-def step_parts(
-  lowered: Any, call: Callable[[Any], Any], warmup: int, steps: int
-) -> tuple[list[tuple[str, float]], float, float]:
+def step_parts(lowered: Any, call: Callable[[Any], Any], warmup: int, steps: int) -> StepParts:
   """A training step's device time by part (`PARTS`). `lowered` is the step, ``call(program)``
   runs a compiled program of it on the next batch. The step compiled as users run it is timed
   over `steps` queued back to back after `warmup`; the same program compiled without command
   buffers (a kernel inside a CUDA graph names the graph, not its HLO instruction; the kernels
   are the same) is traced, each kernel, copy and memset attributed to a part through its
-  instruction's named scope (`part_of`). Returns ([(part, device ms per step)], device busy ms
-  per step, steady ms per step)."""
+  instruction's named scope (`part_of`)."""
   compiled = lowered.compile()
   for _ in range(warmup):
     jax.block_until_ready(call(compiled))
@@ -163,24 +161,65 @@ def step_parts(
   jax.block_until_ready([call(compiled) for _ in range(steps)])
   steady = (time.perf_counter() - t0) / max(1, steps)
   profiled = lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
-  parts, busy = timing.device_seconds_by_part(
-    lambda: call(profiled), profiled.as_text(), part_of, runs=5
+  runs = 5
+  events = timing.device_events(lambda: call(profiled), profiled.as_text(), runs=runs)
+  ms: dict[str, float] = {}
+  count: dict[str, int] = {}
+  kernels: dict[tuple[str, str], list[float]] = {}
+  for start, end, kernel, op_name in events:
+    part = part_of(op_name)
+    ms[part] = ms.get(part, 0.0) + (end - start) * 1e-6 / runs
+    count[part] = count.get(part, 0) + 1
+    # the op name's innermost scope and primitive say which part of the step launched it
+    where = "/".join(op_name.split("/")[-2:])
+    k = kernels.setdefault((part, f"{kernel[:40]} [{where[:100]}]"), [0, 0.0])
+    k[0] += 1
+    k[1] += (end - start) * 1e-6 / runs
+  busiest = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+  return StepParts(
+    [(p, ms.get(p, 0.0), count.get(p, 0) / runs) for p in PARTS],
+    1e3 * timing.busy_seconds(events) / runs,
+    1e3 * steady,
+    [(part, name, n / runs, t) for (part, name), (n, t) in busiest],
   )
-  return [(p, 1e3 * parts.get(p, 0.0)) for p in PARTS], 1e3 * busy, 1e3 * steady
 
 
-def breakdown_rows(
-  parts: list[tuple[str, float]], busy_ms: float, steady_ms: float
-) -> list[list[str]]:
-  """The breakdown as table rows: each part's device time and share of the device's busy time,
-  the busy time, the steady step and the rest (the device idle: host work and waits)."""
-  total = sum(t for _, t in parts) or 1.0
-  rows = [[name, f"{t:.3f}", f"{t / total:.0%}"] for name, t in parts]
-  return rows + [
-    ["device busy (the parts' union on the device's streams)", f"{busy_ms:.3f}", ""],
-    ["steady step (steps queued back to back)", f"{steady_ms:.3f}", ""],
-    ["device idle in a step (steady less busy)", f"{max(0.0, steady_ms - busy_ms):.3f}", ""],
-  ]
+@dataclasses.dataclass
+class StepParts:
+  """`step_parts`: [(part, device ms, kernels per step)], device busy ms (the union of the
+  events' intervals: the parts may overlap on streams), steady ms per step (steps queued back
+  to back), and every kernel [(part, kernel [op name's last scopes], launches per step, ms per
+  step)], busiest first."""
+
+  parts: list[tuple[str, float, float]]
+  busy_ms: float
+  steady_ms: float
+  kernels: list[tuple[str, str, float, float]]
+
+  def rows(self) -> list[list[str]]:
+    """The parts as table rows (`PARTS_HEADER`): each part's device time, share of the
+    device's busy time and kernels per step; the busy time, the steady step and the rest (the
+    device idle: host work and waits)."""
+    total = sum(t for _, t, _ in self.parts) or 1.0
+    rows = [[n, f"{t:.3f}", f"{t / total:.0%}", f"{k:.0f}"] for n, t, k in self.parts]
+    return rows + [
+      ["device busy (the parts' union on the device's streams)", f"{self.busy_ms:.3f}", "", ""],
+      ["steady step (steps queued back to back)", f"{self.steady_ms:.3f}", "", ""],
+      [
+        "device idle in a step (steady less busy)",
+        f"{max(0.0, self.steady_ms - self.busy_ms):.3f}",
+        "",
+        "",
+      ],
+    ]
+
+  def kernel_rows(self, n: int = 15) -> list[list[str]]:
+    """The `n` busiest kernels as table rows (`KERNELS_HEADER`)."""
+    return [[p, f"`{k}`", f"{c:g}", f"{1e3 * t:.1f}"] for p, k, c, t in self.kernels[:n]]
+
+
+PARTS_HEADER = ["part of the step", "device ms / step", "share", "kernels / step"]
+KERNELS_HEADER = ["part", "kernel [op]", "launches / step", "device us / step"]
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 7) -> float:

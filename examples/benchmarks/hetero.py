@@ -75,7 +75,6 @@ PIPELINES = {
 }
 #: Batches `--breakdown` times (after the warm-up batches), and its table's header.
 BREAKDOWN_BATCHES = 20
-BREAKDOWN_HEADER = ["part of the GPU-centric step", "device ms / batch", "share"]
 #: Bytes copied to measure the pinned memcpy bandwidth (CPU: less).
 COPY_BYTES = 1 << 30
 CPU_COPY_BYTES = 64 << 20
@@ -378,12 +377,11 @@ def _pyg(
 # ----------------------------------------------------------------------------- where the time goes
 def stages(
   dataset, config: TrainConfig, fanouts, rows: np.ndarray, warmup: int, key
-) -> tuple[list[tuple[str, float]], float, float]:
+) -> common.StepParts:
   """The GPU-centric step (the "host" pipeline's program) split into parts by device time: a
   `jax.profiler` trace of the steady step attributes every kernel, copy and memset to a part
-  (`common.part_of`) through its HLO instruction's named scope. Returns ([(part, device ms per
-  step)], device busy ms per step, steady ms per step: `rows` queued back to back after
-  `warmup`)."""
+  (`common.part_of`) through its HLO instruction's named scope; the steady step is `rows`
+  queued back to back after `warmup`."""
   fanouts = tuple(int(f) for f in fanouts)
   row_bytes = [x.shape[1] * x.dtype.itemsize for x in dataset.features]
   state, make = _trainer(dataset, config)
@@ -767,7 +765,7 @@ def markdown(
   warmup: int,
   hidden: int,
   heads: int,
-  breakdown: list[list[str]] | None = None,
+  breakdown: common.StepParts | None = None,
 ) -> str:
   hw = common.hardware()
   header, rows = table_rows(results, link)
@@ -807,13 +805,17 @@ def markdown(
       "`--breakdown`: the GPU-centric step, compiled once, runs the batches queued back to "
       "back (the steady step), then a `jax.profiler` trace of 5 more steps attributes every "
       "kernel, copy and memset on the device to a part of the step through its HLO "
-      "instruction's named scope (`jaxdata.timing.device_seconds_by_part`): sampling, "
+      "instruction's named scope (`jaxdata.timing.device_events`): sampling, "
       "deduplication and block building (`loader.sample_blocks`), the feature gathers, the "
       "optimizer; the rest is the model's forward pass, or its backward pass (`transpose(` in "
       "the op name). The device is idle for the part of a step it is not busy: host work "
       "and waits.",
       "",
-      common.markdown_table(BREAKDOWN_HEADER, breakdown),
+      common.markdown_table(common.PARTS_HEADER, breakdown.rows()),
+      "",
+      "The busiest kernels, with the last scopes of their op names:",
+      "",
+      common.markdown_table(common.KERNELS_HEADER, breakdown.kernel_rows()),
       "",
     ]
   if notes:
@@ -950,11 +952,13 @@ def main(args) -> int:
     config = TrainConfig(model=args.model, hidden=args.hidden, heads=args.heads, seed=args.seed)
     timed = min(size["batches"], BREAKDOWN_BATCHES)
     rows = _seed_rows(dataset, args.batch_size, size["warmup"] + timed, args.seed)
-    parts = common.breakdown_rows(
-      *stages(dataset, config, args.fanouts, rows, size["warmup"], jax.random.key(args.seed))
-    )
+    parts = stages(dataset, config, args.fanouts, rows, size["warmup"], jax.random.key(args.seed))
     title = "the GPU-centric step's device time by part, ms per batch"
-    common.print_table(console, title, BREAKDOWN_HEADER, parts)
+    common.print_table(console, title, common.PARTS_HEADER, parts.rows(), [], ("part of the step",))
+    title = "the GPU-centric step's busiest kernels"
+    common.print_table(
+      console, title, common.KERNELS_HEADER, parts.kernel_rows(40), [], ("part", "kernel [op]")
+    )
   common.check_measured([r for r in results if r.batch_ms is not None], notes)
   if args.out:
     common.write(

@@ -163,9 +163,7 @@ class Breakdown:
   """The GPU-centric step split by device time (`common.step_parts`), and its link bound: the
   distinct feature rows a batch reads over PCIe at the pinned memcpy rate."""
 
-  parts: list[tuple[str, float]]
-  busy_ms: float
-  steady_ms: float
+  parts: common.StepParts
   feature_bytes: float  # per batch: distinct sampled nodes x row bytes
   memcpy_gbps: float
 
@@ -181,7 +179,7 @@ def stages(dataset, graph: HostGraph, fanouts, batch_size: int, batches: int, se
   rows = rows[: warmup + batches]
   config = SageConfig(pipeline="host", fanouts=tuple(fanouts), batch_size=batch_size, seed=seed)
   with lowered_step(dataset, config, graph, rows) as (lowered, call):
-    parts, busy, steady = common.step_parts(lowered, call, warmup, len(rows) - warmup)
+    parts = common.step_parts(lowered, call, warmup, len(rows) - warmup)
   sample = jax.jit(sample_neighbors, static_argnums=2)
   distinct = []
   for i, seeds in enumerate(rows[: min(len(rows), 8)]):
@@ -191,16 +189,17 @@ def stages(dataset, graph: HostGraph, fanouts, batch_size: int, batches: int, se
   row_bytes = dataset.features.shape[1] * dataset.features.dtype.itemsize
   feature_bytes = float(np.mean(distinct)) * row_bytes
   copy = int(min(max(4 * feature_bytes, 2**26), 2**30))
-  return Breakdown(parts, busy, steady, feature_bytes, common.memcpy_gbps(copy))
+  return Breakdown(parts, feature_bytes, common.memcpy_gbps(copy))
 
 
 def breakdown_rows(b: Breakdown) -> list[list[str]]:
-  """`common.breakdown_rows` and the link bound."""
-  return common.breakdown_rows(b.parts, b.busy_ms, b.steady_ms) + [
+  """`common.StepParts.rows` and the link bound."""
+  return b.parts.rows() + [
     [
       f"link bound ({b.feature_bytes / 2**20:.1f} MiB of distinct rows at "
       f"{b.memcpy_gbps:.1f} GB/s pinned memcpy)",
       f"{b.link_ms:.3f}",
+      "",
       "",
     ]
   ]
@@ -301,15 +300,16 @@ def markdown(
       "buffers attributes each kernel, copy and memset to a part by its named scope. Device "
       "ms per step; the parts may overlap on the device's streams.",
       "",
-      common.markdown_table(BREAKDOWN_HEADER, breakdown_rows(breakdown)),
+      common.markdown_table(common.PARTS_HEADER, breakdown_rows(breakdown)),
+      "",
+      "The busiest kernels, with the last scopes of their op names:",
+      "",
+      common.markdown_table(common.KERNELS_HEADER, breakdown.parts.kernel_rows()),
       "",
     ]
   if notes:
     text += [*(f"- {n}" for n in notes), ""]
   return "\n".join(text)
-
-
-BREAKDOWN_HEADER = ["part", "device ms / step", "share"]
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -408,10 +408,18 @@ def main(args) -> int:
     common.print_table(
       console,
       "the GPU-centric step: device time by part",
-      BREAKDOWN_HEADER,
+      common.PARTS_HEADER,
       breakdown_rows(parts),
       [],
-      left=("part",),
+      left=("part of the step",),
+    )
+    common.print_table(
+      console,
+      "the GPU-centric step's busiest kernels",
+      common.KERNELS_HEADER,
+      parts.parts.kernel_rows(40),
+      [],
+      left=("part", "kernel [op]"),
     )
   if args.write:
     common.write(

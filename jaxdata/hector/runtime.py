@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import re
 import weakref
 
 import jax
@@ -429,7 +430,16 @@ def run_kernel(spec: KernelSpec, graph: GraphArrays, inputs: list[jax.Array]) ->
     lambda offsets: tiles(offsets, rows) if rows else offsets,
     valid=reads_valid(spec.kernel, _math(spec)),
   )
-  return kernel_p.bind(*ops, *inputs, spec=spec)
+  with jax.named_scope(_scope(spec.label)):
+    return kernel_p.bind(*ops, *inputs, spec=spec)
+
+
+def _scope(label: str) -> str:
+  """A kernel's computation as a named scope, so that a profile says which kernel a launch is:
+  its label (`Instance.__str__`) without operand names, in letters, digits and underscores
+  (the scope becomes the instruction's name, which profilers parse)."""
+  words = re.findall(r"[A-Za-z0-9]+", label.split("   [")[0])
+  return "hector_" + "_".join(words)[:80]
 
 
 @functools.cache
