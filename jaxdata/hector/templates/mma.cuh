@@ -206,19 +206,6 @@ __host__ __device__ constexpr int mma_stages(int stage_bytes, int fixed_bytes) {
   return s;
 }
 
-// Edges per pipeline stage of `wgrad_mma`: several MMA k-steps (of bk edges) where a stage is
-// small, as for a head of 16 features. Each stage is a round trip of gathered rows, and with
-// one k-step per stage a block of 512 edges waits on 64 of them with few bytes in flight; 4x
-// the edges per stage keeps the most stages that fit (`mma_stages`).
-__host__ __device__ constexpr int wgrad_stage_edges(int bk, int row_bytes, int fixed_bytes,
-                                                    int edges) {
-  for (int u = 4; u > 1; u /= 2)
-    if (edges % (u * bk) == 0 &&
-        mma_stages(u * bk * row_bytes, fixed_bytes) == mma_stages(bk * row_bytes, fixed_bytes))
-      return u * bk;
-  return bk;
-}
-
 // find_relation (cuda.cuh) by warp 0 in rounds of 32 pivots (a 32-ary search: 2 rounds of loads
 // for 535 relations where the binary search of one thread takes 10 dependent ones): tiles[] is
 // non-decreasing, so the lanes whose pivot has tiles[p] <= tile are a prefix, and the next
@@ -382,15 +369,13 @@ JAXDATA_INLINE void wgrad_mma(const int32_t* tiles, const int32_t* rel_offsets, 
                               int64_t E, const TL* left, const int32_t* lids, const TR* right,
                               const int32_t* rids, float* out, Ok ok, Scale scale) {
   typedef M Mma;
-  constexpr int NT = BN / (8 * WN);
+  constexpr int BK = Mma::BK, NT = BN / (8 * WN);
   constexpr int THREADS = 32 * (BM / (16 * MT)) * WN;
   constexpr int NKB = (K + BM - 1) / BM, NNB = (N + BN - 1) / BN;
   constexpr int LDL = BM + Pad<TL>::X, LDR = BN + Pad<TR>::X;
-  constexpr int FIXED = BE * (SCALED ? 12 : 8) + 64;  // lrow, rrow, esc
-  constexpr int BK = wgrad_stage_edges(Mma::BK, LDL * int(sizeof(TL)) + LDR * int(sizeof(TR)),
-                                       FIXED, BE);
   constexpr int L_STAGE = BK * LDL, R_STAGE = BK * LDR;
-  constexpr int STAGES = mma_stages(L_STAGE * int(sizeof(TL)) + R_STAGE * int(sizeof(TR)), FIXED);
+  constexpr int STAGES = mma_stages(L_STAGE * int(sizeof(TL)) + R_STAGE * int(sizeof(TR)),
+                                    BE * (SCALED ? 12 : 8) + 64);  // + lrow, rrow, esc
   constexpr int CL = chunk<TL>(K, LW), CR = chunk<TR>(N, RW);
   static_assert(CL > 0 && CR > 0 && BM % CL == 0 && BN % CR == 0 && BE % BK == 0, "tile");
   const int64_t tile = blockIdx.x / (NKB * NNB * HEADS);
