@@ -102,6 +102,49 @@ def test_layer_on_block_equals_layer_on_the_same_graph(device, model, passes, dt
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tol)
 
 
+def _stored_pair_gemm(graph, *args):
+  """The KernelSpec of HGT's `K W_att`: a GEMM over the pairs that stores a row per pair."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      spec = eqn.params.get("spec")
+      if eqn.primitive.name == "jaxdata_hector_kernel" and spec.kernel.template == "gemm":
+        if spec.kernel.domain == "compact" and spec.kernel.out == "edge":
+          found.append(spec)
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jax.make_jaxpr(lambda *a: hector.hgt_message(graph, *a))(*args).jaxpr)
+  return found[0]
+
+
+@pytest.mark.parametrize("precision", ["highest", "default"])
+def test_a_gemm_over_pairs_writes_zeros_for_the_unused_pairs(device, precision):
+  """No GEMM tile covers a block's unused pairs (no relation): a GEMM that stores a row per pair
+  writes theirs as 0 all the same, so no row of its output is left as the memory held."""
+  src, dst, etype, valid = random_edges(4)
+  g = block_graph(src, dst, etype, valid, num_nodes=N, num_relations=R)
+  used = int(g.pair_rel_offsets[R])
+  assert 0 < used < g.num_pairs
+  rng = np.random.default_rng(5)
+  k, q, v = (jnp.asarray(rng.normal(size=(N, 8)), jnp.float32) for _ in range(3))
+  w_att, w_msg = (jnp.asarray(rng.normal(size=(R, 2, 4, 4)), jnp.float32) for _ in range(2))
+  mu = jnp.ones((R, 2), jnp.float32)
+  with jax.default_matmul_precision(precision):
+    spec = _stored_pair_gemm(g, k, q, v, w_att, w_msg, mu)
+    # freed NaNs of the output's size first: the allocator tends to hand that memory back
+    junk = jnp.full(spec.out_shape, jnp.nan, jnp.float32).block_until_ready()
+    del junk
+    out = np.asarray(
+      jax.jit(lambda g, x, w: hector.runtime.run_kernel(spec, g, [x, w]))(g, k, w_att)
+    )
+  assert (out[used:] == 0).all()
+  ps, pe = np.asarray(g.pair_src)[:used], np.asarray(g.pair_etype)[:used]
+  want = np.einsum("phk,phkn->phn", np.asarray(k)[ps].reshape(used, 2, 4), np.asarray(w_att)[pe])
+  np.testing.assert_allclose(out[:used], want.reshape(used, 8), rtol=2e-3, atol=2e-3)
+
+
 def test_block_graph_holds_the_valid_edges_with_their_norms():
   src, dst, etype, valid = random_edges(4)
   g = block_graph(src, dst, etype, valid, num_nodes=N, num_relations=R)
@@ -116,14 +159,16 @@ def test_block_graph_holds_the_valid_edges_with_their_norms():
   assert (np.asarray(g.src)[pad] == N - 1).all() and (np.asarray(g.dst)[pad] == N - 1).all()
   assert g.num_pairs == E and g.num_edges == E
   # Pairs: one per distinct (source, relation) of the edges (padding ones included), each
-  # naming its edges' source and relation; the unused ones after them are (N - 1, R - 1).
+  # naming its edges' source and relation; the unused ones after them are (N - 1, R): no
+  # relation, past pair_rel_offsets[R], so the kernels over pairs never visit them.
   src_, et_, pair = (np.asarray(a) for a in (g.src, g.etype, g.pair))
   ps, pe = np.asarray(g.pair_src), np.asarray(g.pair_etype)
   distinct = sorted(set(zip(src_.tolist(), et_.tolist())), key=lambda p: (p[1], p[0]))
   assert list(zip(ps[: len(distinct)].tolist(), pe[: len(distinct)].tolist())) == distinct
   np.testing.assert_array_equal(ps[pair], src_)
   np.testing.assert_array_equal(pe[pair], et_)
-  assert (ps[len(distinct) :] == N - 1).all() and (pe[len(distinct) :] == R - 1).all()
+  assert (ps[len(distinct) :] == N - 1).all() and (pe[len(distinct) :] == R).all()
+  assert int(g.pair_rel_offsets[R]) == len(distinct) < g.num_pairs
 
 
 def test_block_graph_with_no_valid_edges_and_bad_arguments():

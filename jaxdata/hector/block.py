@@ -13,7 +13,8 @@ the unused ones masked, and the last slot of every frontier is always unused (th
 node*): padding edges are re-pointed at it with norm 0, which keeps every id in range, so a
 block is a valid `GraphArrays` whether its arrays are concrete or traced, and a padding edge
 touches only the padding node's row, which nothing reads. Compact materialization works per
-block (its unique (source, relation) pairs are computed here, padded to one per edge).
+block (its unique (source, relation) pairs are computed here, padded to one per edge; the
+unused pairs hold no relation, so the kernels over pairs skip them).
 
     nodes, mask = frontier(seeds)                                   # U_0
     nbrs, nbr_mask, nbr_etype = ...  # [len(nodes), fanout] in-neighbours and their relations
@@ -217,7 +218,7 @@ def block_graph(
   Valid ids must be in range (``[0, N - 1)`` for src/dst, ``[0, R)`` for etype); under `jit`
   they cannot be checked, and out-of-range ones are dropped by the kernels (GraphArrays' rule).
   The unique (source, relation) pairs are padded to one per edge: the unused pairs are
-  ``(N - 1, R - 1)`` with no edges.
+  ``(N - 1, R)``, with no edges and no relation, after ``pair_rel_offsets[R]``.
   """
   if norm not in _NORMS:
     raise ValueError(f"hector.block_graph: norm must be one of {_NORMS}, got {norm!r}")
@@ -297,8 +298,9 @@ def block_graph(
   # many repeats of one index serializes on it.
   first = jnp.where(starts, pair_sorted, num_pairs)
   pair_src = jnp.full((num_pairs,), pad, i32).at[first].set(ps, mode="drop")
-  pair_etype = jnp.full((num_pairs,), r - 1, i32).at[first].set(pe, mode="drop")
-  pair_src, pair_etype = jnp.where(used, pair_src, pad), jnp.where(used, pair_etype, r - 1)
+  pair_etype = jnp.full((num_pairs,), r, i32).at[first].set(pe, mode="drop")
+  # unused pairs: no relation (`GraphArrays`), past pair_rel_offsets[R], so no kernel works on them
+  pair_src, pair_etype = jnp.where(used, pair_src, pad), jnp.where(used, pair_etype, r)
   pair_offsets = _offsets(pair_sorted, num_pairs)
   pair_rel_offsets = _offsets(pair_etype, r)
   pair_csr_offsets, pair_csr_edges = grouped(pair_src, n)

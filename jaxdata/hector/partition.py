@@ -197,9 +197,9 @@ def partition(graph, num_parts: int, *, norm: str | np.ndarray = "mean") -> Part
 
 
 def _pad_pairs(p: dict, num_pairs: int, padded: int, r: int) -> dict:
-  """Part arrays `p` with pairs ``(padding node, R - 1)`` (no edges) appended up to
-  `num_pairs`: they sort last (largest relation, largest source), so only the final offsets
-  move."""
+  """Part arrays `p` with unused pairs ``(padding node, R)`` (no edges, no relation:
+  `GraphArrays`) appended up to `num_pairs`: they sort last, past ``pair_rel_offsets[R]``, so
+  the kernels over pairs skip them, and only the pair CSR's final offset moves."""
   extra = num_pairs - len(p["pair_src"])
   if extra == 0:
     return p
@@ -208,9 +208,7 @@ def _pad_pairs(p: dict, num_pairs: int, padded: int, r: int) -> dict:
   i32 = np.int32
   p["pair_offsets"] = np.concatenate([p["pair_offsets"], np.full(extra, e, i32)])
   p["pair_src"] = np.concatenate([p["pair_src"], np.full(extra, padded - 1, i32)])
-  p["pair_etype"] = np.concatenate([p["pair_etype"], np.full(extra, r - 1, i32)])
-  p["pair_rel_offsets"] = p["pair_rel_offsets"].copy()
-  p["pair_rel_offsets"][r] = num_pairs
+  p["pair_etype"] = np.concatenate([p["pair_etype"], np.full(extra, r, i32)])
   p["pair_csr_offsets"] = p["pair_csr_offsets"].copy()
   p["pair_csr_offsets"][padded] = num_pairs
   old = num_pairs - extra

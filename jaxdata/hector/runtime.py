@@ -71,7 +71,9 @@ class GraphArrays:
   host: pair u is ``(pair_src[u], pair_etype[u])``, sorted by relation then source
   (`pair_rel_offsets`), with a CSR view by source (`pair_csr_offsets`, `pair_csr_edges`: pair
   ids per node); edge e belongs to pair ``pair[e]`` and the edges of pair u are
-  ``pair_edges[pair_offsets[u]:pair_offsets[u + 1]]``.
+  ``pair_edges[pair_offsets[u]:pair_offsets[u + 1]]``. Pairs past ``pair_rel_offsets[R]`` are
+  unused (a sampled block has a pair slot per edge): no edge belongs to them, their relation is
+  ``num_relations`` (none) and the kernels over pairs skip them (a stored row of theirs is 0).
 
   `node_type_offsets` (static, a tuple, or None for one node type): node type t owns the ids
   ``node_type_offsets[t]:node_type_offsets[t + 1]``; layers that take features per node type
@@ -345,14 +347,22 @@ def _check_values(ga: GraphArrays) -> None:
     sorted_by(end, off, n, members)
   ids("pair", p, "num_pairs")
   ids("pair_src", n, "num_nodes")
-  ids("pair_etype", r, "num_relations")
   offsets("pair_offsets", e, "num_edges")
   permutation("pair_edges", e)
   sorted_by("pair", "pair_offsets", p, "pair_edges")
   for f, edge_f in (("pair_src", "src"), ("pair_etype", "etype")):
     if not np.array_equal(a[f][a["pair"]], a[edge_f]):
       raise ValueError(f"hector.GraphArrays: {f}[pair] disagrees with {edge_f}")
-  offsets("pair_rel_offsets", p, "num_pairs")
+  # pairs past pair_rel_offsets[R] are unused: no relation (etype R) and no edges
+  used = int(a["pair_rel_offsets"][-1])
+  offsets("pair_rel_offsets", used, "its used pairs")
+  if used > p or np.any(a["pair_etype"][used:] != r):
+    raise ValueError(
+      f"hector.GraphArrays: pair_etype must be num_relations={r} for the unused pairs past "
+      f"pair_rel_offsets[R]={used} of num_pairs={p}"
+    )
+  a["pair_etype"] = a["pair_etype"][:used]
+  ids("pair_etype", r, "num_relations")
   sorted_by("pair_etype", "pair_rel_offsets", r)
   offsets("pair_csr_offsets", p, "num_pairs")
   permutation("pair_csr_edges", p)

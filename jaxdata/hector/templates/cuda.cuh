@@ -162,6 +162,22 @@ JAXDATA_INLINE void scatter_tile(float* out, int n0, Target target, Value value)
   if (run >= 0) atomicAdd(out + run * WIDTH + n0 + col, sum);
 }
 
+// A stored GEMM's block past the relations' tiles (`gemm_simt`, `gemm_mma`): rows from
+// rel_offsets[R] on hold no relation (a block's unused (source, relation) pairs) and no tile
+// covers them, so the blocks past tiles[R] write their zeros, BM rows each, in the block's
+// head (`hn`) and columns n0 + col < N. The launch's tile bound, ceil(E / BM) + R, covers
+// tiles[R] plus those rows.
+template <int BM, int BN, int THREADS, int N, int WIDTH, typename O>
+JAXDATA_INLINE void zero_tail(O* out, const int32_t* tiles, const int32_t* rel_offsets, int64_t R,
+                              int64_t E, int64_t tile, int hn, int n0) {
+  const int64_t e0 = (int64_t)rel_offsets[R] + (tile - tiles[R]) * BM;
+  for (int idx = threadIdx.x; idx < BM * BN; idx += THREADS) {
+    const int64_t e = e0 + idx / BN;
+    const int n = n0 + idx % BN;
+    if (e >= 0 && e < E && n < N) stf(out + e * WIDTH + hn + n, 0.0f);
+  }
+}
+
 // A thread's 4 x TN accumulators added (one atomic each) into a K x N float matrix at `o`:
 // acc[i][j] to (k0 + i, n0 + j), skipped outside K x N.
 template <int TN, int K, int N>

@@ -282,7 +282,12 @@ JAXDATA_INLINE void gemm_mma(const int32_t* tiles, const int32_t* rel_offsets, i
   const int64_t tile = blockIdx.x / (NCB * HEADS);
   const int h = HEADS > 1 ? int(blockIdx.x / NCB) % HEADS : 0;
   const int cb = blockIdx.x % NCB;
-  if (tile >= tiles[R]) return;
+  if (tile >= tiles[R]) {
+    if constexpr (!SCATTER)
+      zero_tail<BM, BN, THREADS, N, WIDTH>(out, tiles, rel_offsets, R, E, tile,
+                                           head_offset<HEADS, N>(h), cb * BN);
+    return;
+  }
   const int64_t r = find_relation_warp(tiles, R, tile);
   const int64_t e0 = rel_offsets[r] + (tile - tiles[r]) * BM;
   const int64_t e1 = min((int64_t)rel_offsets[r + 1], E);
