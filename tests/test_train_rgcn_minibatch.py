@@ -22,7 +22,7 @@ from flax import nnx
 from jaxdata.data import HeteroGraph, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
-from jaxdata.train.rgcn import TrainConfig, build_model
+from jaxdata.tasks.rgcn import TrainConfig, build_model
 from jaxdata.train.rgcn import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.

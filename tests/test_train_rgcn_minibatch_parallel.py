@@ -21,7 +21,7 @@ from test_distributed import _env, _jaxdata, _launched  # the CLI in a fresh CPU
 from test_train_hetero_parallel import _assert_close_after_adams_first_step, _two_devices
 from test_train_rgcn_minibatch import entities  # 120 nodes, 3 relations and their inverses
 
-from jaxdata.train.rgcn import TrainConfig, build_model
+from jaxdata.tasks.rgcn import TrainConfig, build_model
 from jaxdata.train.rgcn import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
