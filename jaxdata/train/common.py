@@ -650,7 +650,7 @@ class DeviceSteps:
 class ShardedSteps:
   """Data-parallel mini-batch training over `mesh` (a 1-D `device_mesh`): the steps, the
   replicated training state and the epoch and accuracy loops of a relational trainer
-  (`jaxdata.train.attention.minibatch`, `jaxdata.train.rgcn.minibatch`).
+  (`jaxdata.train.attention.minibatch`).
 
   `batch_size` seeds per device; a row of seeds (`batch_size` x devices) is split over the
   mesh, and device d trains on its share with ``fold_in(fold_in(key, i), d)`` (step i), as

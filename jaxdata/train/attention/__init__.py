@@ -98,7 +98,6 @@ from jaxdata.train.common import (
   resumer,
   say_saved,
 )
-from jaxdata.train.rgcn import minibatch as entity_minibatch
 
 #: `jaxdata train rgcn|rgat|hgt` runs as one of several processes (`jaxdata.distributed`):
 #: full-graph training with the graph partitioned by destinations over every process's devices,
@@ -960,7 +959,7 @@ def _train_entities(args) -> int:
         f"argument --fanouts: give two fanouts (the RGCN model has two layers), got "
         f"{len(args.fanouts)}"
       )
-    minibatch = entity_minibatch.MinibatchConfig(**minibatch_options(args, 2))
+    minibatch = sampled.MinibatchConfig(**minibatch_options(args, 2))
   val_fraction = (
     args.val_fraction if args.val_fraction is not None else setup.get("val_fraction", 0.0)
   )
@@ -1024,7 +1023,7 @@ def _train_entities(args) -> int:
           on_save=lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
         )
       else:
-        result = entity_minibatch.train(dataset, config, minibatch, on_epoch=on_epoch)
+        result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
     accuracies.append(result.test_accuracy)
     console.print(
       f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
