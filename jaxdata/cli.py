@@ -37,14 +37,14 @@ from jaxdata.hector import compiler
 from jaxdata.hector.compiler import CacheDirError
 from jaxdata.tasks import checkpoint
 from jaxdata.tasks.checkpoint import CheckpointLocked
-from jaxdata.train import attention, link, rgcn
+from jaxdata.train import attention, link
 from jaxdata.train.common import LossNotFinite
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
 #: add_arguments(parser) and main(args).
 TRAIN = {
   "rgcn": (
-    "jaxdata.train.rgcn",
+    "jaxdata.train.attention",
     "RGCN entity classification (synthetic graph by default, or an RDF archive; "
     "--scale: paper classification on a synthetic ogbn-mag)",
   ),
@@ -199,9 +199,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _train_rgcn(args: argparse.Namespace) -> int:
-  """`jaxdata train rgcn`: the entity trainer, or with --scale (synthetic_mag) or --data DIR (a
-  dataset folder) RGCN through the heterogeneous trainer (`jaxdata.train.attention`); joined
-  here, as trainers import no other."""
+  """`jaxdata train rgcn`: node classification (`jaxdata.train.attention`), or with --task link
+  link prediction (`jaxdata.train.link`); joined here, as trainers import no other."""
   if args.task == "link":
     if args.out == "rgcn-checkpoint":  # the default names the node-classification model's
       args.out = "rgcn-link-checkpoint"
@@ -219,12 +218,7 @@ def _train_rgcn(args: argparse.Namespace) -> int:
     checkpoint.check_out(args.out, ("rgcn", "rgcn-mag"))
   except ValueError as e:
     raise command.UsageError(f"argument --out: {e}") from None
-  if args.scale is None and not (args.data and os.path.isdir(args.data)):
-    return rgcn.main(args)
-
-  defaults = argparse.ArgumentParser()
-  attention.add_arguments(defaults, "rgcn")
-  return attention.main(rgcn.mag_arguments(args, defaults.parse_args([])))
+  return attention.main(args)
 
 
 #: Where a clone keeps the benchmarks, beside the package (an editable install runs from it).

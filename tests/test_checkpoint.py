@@ -660,8 +660,8 @@ def test_every_saved_configuration_is_read_back_whole(trained):
   saved by JSON come back as the tuples the dataclasses hold)."""
   import dataclasses
 
-  from jaxdata.tasks import checkpoint
-  from jaxdata.train import attention, gpt, rgcn, sage
+  from jaxdata.tasks import checkpoint, rgcn
+  from jaxdata.train import attention, gpt, sage
 
   classes = {
     "rgcn": rgcn.TrainConfig,

@@ -174,13 +174,14 @@ def test_featureless_rgcn_on_two_local_devices_trains_like_one_device():
   and accuracies agree (features: the launcher test below)."""
   import dataclasses
 
-  from jaxdata.train import rgcn
+  from jaxdata.tasks import rgcn
+  from jaxdata.train import attention
 
   dataset, setup = rgcn.load_dataset(SYNTHETIC)
   dataset = dataclasses.replace(dataset, features=None)
   config = rgcn.TrainConfig(epochs=3, hidden=8, **setup)
-  one = rgcn.train(dataset, config)
-  two = rgcn.train(dataset, dataclasses.replace(config, devices=2))
+  one = attention.train(dataset, config)
+  two = attention.train(dataset, dataclasses.replace(config, devices=2))
   assert len(one.history) == len(two.history) == 3
   for a, b in zip(one.history, two.history):
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
@@ -198,13 +199,14 @@ def test_featureless_rgcn_on_two_local_devices_trains_like_one_device():
 
 def test_rgcn_devices_are_checked():
   from jaxdata import cli
-  from jaxdata.train import rgcn
+  from jaxdata.tasks import rgcn
+  from jaxdata.train import attention
 
   with pytest.raises(ValueError, match="devices must be >= 1 or None"):
     rgcn.TrainConfig(devices=0)
   dataset, setup = rgcn.load_dataset(SYNTHETIC)
   with pytest.raises(ValueError, match=f"devices=3, but {len(jax.devices())} are visible"):
-    rgcn.train(dataset, rgcn.TrainConfig(epochs=1, devices=3, **setup))
+    attention.train(dataset, rgcn.TrainConfig(epochs=1, devices=3, **setup))
   # --minibatch is data parallel too (tests/test_train_rgcn_minibatch_parallel.py): more
   # devices than visible is the same one-line usage error.
   assert (

@@ -18,7 +18,8 @@ from jaxdata import cli, offload
 from jaxdata.data import EntityDataset, HeteroGraph
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
-from jaxdata.train import rgcn as rgcn_train
+from jaxdata.tasks import rgcn as rgcn_task
+from jaxdata.train import attention
 
 N, R, B = 9, 3, 2
 
@@ -107,7 +108,7 @@ def test_layer_rejects_a_self_loop_in_bases_it_does_not_have():
   with pytest.raises(ValueError, match="self_loop must be"):
     RGCN(4, 5, num_relations=R, num_bases=B, self_loop="shared", rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="needs num_bases"):
-    rgcn_train.TrainConfig(self_loop="basis")
+    rgcn_task.TrainConfig(self_loop="basis")
 
 
 def _dataset() -> EntityDataset:
@@ -128,27 +129,27 @@ def _dataset() -> EntityDataset:
 
 @pytest.mark.parametrize("self_loop,bias", [("basis", False), ("separate", True)])
 def test_l2_term_is_the_first_layers_sum_of_squares_only(self_loop, bias):
-  config = rgcn_train.TrainConfig(num_bases=B, self_loop=self_loop, bias=bias, l2=5e-4)
-  model = rgcn_train.build_model(_dataset(), config, nnx.Rngs(0))
+  config = rgcn_task.TrainConfig(num_bases=B, self_loop=self_loop, bias=bias, l2=5e-4)
+  model = rgcn_task.build_model(_dataset(), config, nnx.Rngs(0))
   c1 = model.conv1
   if bias:
     c1.bias[...] = np.full(c1.bias.shape, 0.5, np.float32)
   first = [c1.bases, c1.coefficients] + [p for p in (c1.root, c1.bias) if p is not None]
   want = sum(np.sum(_np(p) ** 2) for p in first)
-  assert float(rgcn_train.l2_penalty(model)) == pytest.approx(want, rel=1e-6)
+  assert float(rgcn_task.l2_penalty(model)) == pytest.approx(want, rel=1e-6)
   model.conv2.bases[...] = model.conv2.bases[...] * 10  # the second layer is not penalized
-  assert float(rgcn_train.l2_penalty(model)) == pytest.approx(want, rel=1e-6)
+  assert float(rgcn_task.l2_penalty(model)) == pytest.approx(want, rel=1e-6)
   c1.coefficients[...] = c1.coefficients[...] * 2
-  assert float(rgcn_train.l2_penalty(model)) > want
+  assert float(rgcn_task.l2_penalty(model)) > want
 
 
 def test_training_adds_l2_times_the_penalty_to_the_loss():
   ds = _dataset()
-  base = rgcn_train.TrainConfig(epochs=1, num_bases=B, self_loop="basis", bias=False)
-  plain = rgcn_train.train(ds, base)
-  with_l2 = rgcn_train.train(ds, dataclasses.replace(base, l2=0.25))
-  model = rgcn_train.build_model(ds, base, nnx.Rngs(0))  # the initial model, again
-  penalty = float(rgcn_train.l2_penalty(model))
+  base = rgcn_task.TrainConfig(epochs=1, num_bases=B, self_loop="basis", bias=False)
+  plain = attention.train(ds, base)
+  with_l2 = attention.train(ds, dataclasses.replace(base, l2=0.25))
+  model = rgcn_task.build_model(ds, base, nnx.Rngs(0))  # the initial model, again
+  penalty = float(rgcn_task.l2_penalty(model))
   assert with_l2.history[0]["loss"] == pytest.approx(
     plain.history[0]["loss"] + 0.25 * penalty, rel=1e-5
   )
@@ -181,14 +182,14 @@ def _mutag_like_archive(path):
 
 def _train_with(argv, monkeypatch, tmp_path):
   """Runs `jaxdata train rgcn argv` for 2 epochs; returns (configs, results) of its seeds."""
-  configs, results, real = [], [], rgcn_train.train
+  configs, results, real = [], [], attention.train
 
   def spy(dataset, config, **kw):
     configs.append(config)
     results.append(real(dataset, config, **kw))
     return results[-1]
 
-  monkeypatch.setattr(rgcn_train, "train", spy)
+  monkeypatch.setattr(attention, "train", spy)
   code = cli.main(["train", "rgcn", "--epochs", "2", "--out", str(tmp_path / "ck")] + argv)
   assert code == 0
   return configs, results

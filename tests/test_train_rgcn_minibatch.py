@@ -1,4 +1,4 @@
-"""Mini-batch RGCN from host memory (jaxdata.train.rgcn.minibatch, RGCN.on_rows).
+"""Mini-batch RGCN from host memory (jaxdata.train.attention.minibatch, RGCN.on_rows).
 
 The featureless first layer's per-node parameters live as rows of a host table; on a block the
 layer reads the rows of its slots' nodes. Against the full-graph layer (`RGCN.__call__` with
@@ -22,8 +22,8 @@ from flax import nnx
 from jaxdata.data import HeteroGraph, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
-from jaxdata.train.rgcn import TrainConfig, build_model
-from jaxdata.train.rgcn import minibatch as mb
+from jaxdata.tasks.rgcn import TrainConfig, build_model, split_validation
+from jaxdata.train.attention import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
 pytestmark = pytest.mark.slow
@@ -102,14 +102,19 @@ def test_full_fanout_step_gives_the_full_graph_loss_and_gradients(device, pipeli
   full = GraphArrays.from_graph(g)
   dense = mb.dense_filter(model)
 
-  with mb.make_loader(ds, model, pipeline, (width, width)) as loader:
+  with mb.entity_loader(ds, model, pipeline, (width, width)) as loader:
 
     @nnx.jit
     def on_blocks(model, loader):
-      batch, inputs, ids = mb.forward(loader, seeds, jax.random.key(0))
-      grad = nnx.value_and_grad(mb.batch_loss, argnums=(nnx.DiffState(0, dense), 2), has_aux=True)
-      (loss, _), (g_dense, g_rows) = grad(model, batch, inputs, 0.0)
-      return loss, g_dense, g_rows, ids
+      batch = loader.sample(seeds, jax.random.key(0))
+
+      def loss_fn(model, learned):  # the mean cross entropy of the valid seeds
+        total, (_, count) = mb.summed_loss(model, batch, learned, loader.embedded)
+        return total / jnp.maximum(count, 1)
+
+      grad = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1))
+      loss, (g_dense, [g_rows]) = grad(model, [batch.inputs[0]])
+      return loss, g_dense, g_rows, loader.embedding_ids(batch)[0]
 
     with jax.default_matmul_precision("highest"):
       loss_b, dense_b, rows_b, ids = jax.block_until_ready(on_blocks(model, loader))
@@ -152,7 +157,7 @@ def test_training_learns_and_moves_only_rows_batches_reach():
   # and batches only read the training nodes' 2-hop in-neighbourhoods
   after = np.asarray(result.model.conv1.node_rows())
   changed = np.flatnonzero(np.any(after != before, axis=1))
-  fit, _ = mb.split_validation(len(ds.train_idx), config.val_fraction, config.seed)
+  fit, _ = split_validation(len(ds.train_idx), config.val_fraction, config.seed)
   reach = _reach(ds.graph, ds.train_idx[fit])
   assert len(changed) > 0 and len(reach) < ds.graph.num_nodes
   assert np.isin(changed, reach).all()
@@ -180,8 +185,8 @@ def test_with_features_every_parameter_trains_and_other_table_optimizers():
 
 
 def test_bad_configs():
-  with pytest.raises(ValueError, match="two positive ints"):
-    mb.MinibatchConfig(fanouts=(3,))
+  with pytest.raises(ValueError, match="1 fanouts for 2 layers"):
+    mb.train(entities(), TrainConfig(epochs=1), mb.MinibatchConfig(fanouts=(3,)))
   with pytest.raises(ValueError, match="table_optimizer must be one of"):
     mb.MinibatchConfig(table_optimizer="lamb")
   with pytest.raises(ValueError, match="pipeline must be one of"):

@@ -1,4 +1,4 @@
-"""Mini-batch RGCN data parallel (jaxdata.train.rgcn.minibatch.sharded_steps).
+"""Mini-batch RGCN data parallel (jaxdata.train.attention.minibatch.sharded_steps).
 
 With fanouts that cover every in-edge of two hops the samples are whole neighbourhoods,
 whatever the keys, so K devices with `batch_size` seeds each must take the step one device
@@ -21,8 +21,8 @@ from test_distributed import _env, _jaxdata, _launched  # the CLI in a fresh CPU
 from test_train_hetero_parallel import _assert_close_after_adams_first_step, _two_devices
 from test_train_rgcn_minibatch import entities  # 120 nodes, 3 relations and their inverses
 
-from jaxdata.train.rgcn import TrainConfig, build_model
-from jaxdata.train.rgcn import minibatch as mb
+from jaxdata.tasks.rgcn import TrainConfig, build_model, split_validation
+from jaxdata.train.attention import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_data_parallel_trains_and_validates_on_sampled_batches():
   assert losses[-1] < losses[0]
   assert all(0 <= h["val_accuracy"] <= 1 for h in result.history)
   assert result.history[0]["batches"] == -(
-    -len(mb.split_validation(len(ds.train_idx), 0.2, 0)[0]) // 4
+    -len(split_validation(len(ds.train_idx), 0.2, 0)[0]) // 4
   )  # 2 seeds x 2 devices per step
   with pytest.raises(ValueError, match="devices=3, but 2 are visible"):
     mb.train(ds, dataclasses.replace(config, devices=3), mb.MinibatchConfig(fanouts=(4, 4)))

@@ -458,11 +458,17 @@ class EntityClassifier(nnx.Module):
     h = jax.nn.relu(self.conv1.on_partition(graph, x, start, rows))
     return self.conv2.on_partition(graph, gather(h), start, rows).astype(jnp.float32)
 
-  def on_blocks(self, blocks, inputs: jax.Array) -> jax.Array:
-    """The same model on sampled blocks (`jaxdata.loader.sample_blocks`): `inputs` holds, for
-    the slots of the outermost frontier, their features, or without features their rows of
-    ``conv1.node_rows()``. Returns logits for the slots of the seeds' frontier."""
+  def on_blocks(
+    self, blocks, xs: Sequence[jax.Array], types: Any = None, plan: Any = None
+  ) -> jax.Array:
+    """The same model on sampled blocks (`jaxdata.loader.sample_blocks`), called as the
+    heterograph classifiers' `on_blocks` are: `xs[0]` holds, for the slots of the outermost
+    frontier, their features, or without features their rows of ``conv1.node_rows()``
+    (`types` and `plan` are theirs: one node type, no offload plan). Returns logits for the
+    slots of the seeds' frontier."""
+    del types, plan
     g1, g0 = blocks.graphs[1], blocks.graphs[0]
-    h = self.conv1.on_rows(g1, inputs) if self.conv1.featureless else self.conv1(g1, inputs)
+    x = xs[0]
+    h = self.conv1.on_rows(g1, x) if self.conv1.featureless else self.conv1(g1, x)
     h = jax.nn.relu(h)[: blocks.nodes[1].shape[0]]
     return self.conv2(g0, h)[: blocks.nodes[0].shape[0]].astype(jnp.float32)

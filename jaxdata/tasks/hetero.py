@@ -34,7 +34,7 @@ CLASSIFIERS: dict[str, type[Classifier]] = {
   "rgcn": RGCNClassifier,
 }
 #: The checkpoint kind of each model (`jaxdata.tasks.checkpoint.KINDS`): "rgcn" is the entity
-#: trainer's (`jaxdata.train.rgcn`).
+#: classifier's (`jaxdata.tasks.rgcn`).
 KINDS = {"rgat": "rgat", "hgt": "hgt", "rgcn": "rgcn-mag"}
 #: `jaxdata train rgat|hgt` runs as one of several processes (`jaxdata.distributed`): full-graph
 #: training with the graph partitioned by destinations over every process's devices, and

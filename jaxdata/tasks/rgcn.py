@@ -1,4 +1,4 @@
-"""The entity classification task of `jaxdata train rgcn` (`jaxdata.train.rgcn`): its
+"""The entity classification task of `jaxdata train rgcn` (`jaxdata.train.attention`): its
 configuration (and the RGCN paper's per dataset), its data (an RDF archive or a synthetic graph,
 from a data description), how the model is built, its L2 term, how it is measured, and `restore`.
 The full-graph, partitioned and mini-batch loops all read them from here."""

@@ -87,6 +87,39 @@ def add_record(
     report(record)
 
 
+def fit_epochs(
+  model,
+  optimizer,
+  epochs: int,
+  run_epoch: Callable[[int], dict],
+  measure: Callable[[], dict],
+  *,
+  on_epoch: Callable[[dict], None] | None = None,
+  resume: Callable[[Any, Any], list[dict]] | None = None,
+  save_every: int = 0,
+  on_save: Callable[[TrainResult], None] | None = None,
+  measure_saves: bool = True,
+  plan: Any = None,
+) -> TrainResult:
+  """The epoch loop of the one-device full-graph trainers: `run_epoch(epoch)` trains an epoch
+  and returns its record (but the epoch's number), `measure()` the metrics at the end.
+
+  `resume(model, optimizer)` puts a saved run's state into the fresh model and optimizer and
+  returns its history; training goes on from the epoch after it. A stop request (SIGTERM,
+  Ctrl-C) ends the run after the epoch in progress. `on_save(result)` gets the run so far every
+  `save_every` epochs, its metrics measured then (`measure_saves`) or left empty."""
+  history = [] if resume is None else list(resume(model, optimizer))
+  start = time.perf_counter()
+  for epoch in range(len(history) + 1, epochs + 1):
+    add_record(history, {"epoch": epoch, **run_epoch(epoch)}, on_epoch)
+    if command.stop_requested():  # SIGTERM or Ctrl-C: the last completed epoch ends the run
+      break
+    if on_save is not None and save_due(save_every, epoch, epochs):
+      now = measure() if measure_saves else {}
+      on_save(TrainResult(model, history, now, time.perf_counter() - start, optimizer, plan))
+  return TrainResult(model, history, measure(), time.perf_counter() - start, optimizer, plan)
+
+
 # ----------------------------------------------------------------------------- mini-batches
 #: The relational mini-batch trainers' data pipelines: "host" (GPU-centric: graph and features
 #: in pinned host memory) or "device" (all in device memory).
@@ -617,7 +650,7 @@ class DeviceSteps:
 class ShardedSteps:
   """Data-parallel mini-batch training over `mesh` (a 1-D `device_mesh`): the steps, the
   replicated training state and the epoch and accuracy loops of a relational trainer
-  (`jaxdata.train.attention.minibatch`, `jaxdata.train.rgcn.minibatch`).
+  (`jaxdata.train.attention.minibatch`).
 
   `batch_size` seeds per device; a row of seeds (`batch_size` x devices) is split over the
   mesh, and device d trains on its share with ``fold_in(fold_in(key, i), d)`` (step i), as

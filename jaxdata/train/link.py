@@ -35,19 +35,7 @@ from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
   synthetic_kg,
   training_graph,
 )
-from jaxdata.train.common import (
-  TrainResult,
-  add_record,
-  progress,
-  resumer,
-  save_due,
-  say_saved,
-)
-
-# ----------------------------------------------------------------------------- ranking
-
-
-# ----------------------------------------------------------------------------- training
+from jaxdata.train.common import TrainResult, fit_epochs, progress, resumer, say_saved
 
 
 def train(
@@ -98,24 +86,33 @@ def train(
     return loss
 
   known = known_index(dataset.train, dataset.valid, dataset.test)  # for every evaluation
-  history = [] if resume is None else list(resume(model, optimizer))
-  start = time.perf_counter()
   key = jax.random.key(config.seed)
-  for epoch in range(len(history) + 1, config.epochs + 1):
+
+  def run_epoch(epoch: int) -> dict:
     t0 = time.perf_counter()
     loss = float(step(model, optimizer, jax.random.fold_in(key, epoch)))
-    record = {"epoch": epoch, "loss": loss, "seconds": time.perf_counter() - t0}
+    record = {"loss": loss, "seconds": time.perf_counter() - t0}
     if config.eval_every and epoch % config.eval_every == 0:
       record["val_mrr"] = evaluate(model, graph, dataset, "valid", known)["mrr"]
-    add_record(history, record, on_epoch)
-    if command.stop_requested():
-      break
-    if on_save is not None and save_due(save_every, epoch, config.epochs):
-      on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer))
-  val = evaluate(model, graph, dataset, "valid", known)
-  test = evaluate(model, graph, dataset, "test", known)
-  metrics = {"val_mrr": val["mrr"], **{f"test_{k}": v for k, v in test.items()}}
-  return TrainResult(model, history, metrics, time.perf_counter() - start, optimizer)
+    return record
+
+  def measure() -> dict:
+    val = evaluate(model, graph, dataset, "valid", known)
+    test = evaluate(model, graph, dataset, "test", known)
+    return {"val_mrr": val["mrr"], **{f"test_{k}": v for k, v in test.items()}}
+
+  return fit_epochs(
+    model,
+    optimizer,
+    config.epochs,
+    run_epoch,
+    measure,
+    on_epoch=on_epoch,
+    resume=resume,
+    save_every=save_every,
+    on_save=on_save,
+    measure_saves=False,
+  )
 
 
 # ----------------------------------------------------------------------------- checkpoints, CLI

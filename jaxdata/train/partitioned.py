@@ -13,7 +13,8 @@ and every device applies the same Adam update to its replicated parameters. Loss
 accuracies equal a single device's to float tolerance; with one device in one process the
 trainers keep their single-device paths.
 
-    from jaxdata.train.rgcn import TrainConfig, train
+    from jaxdata.tasks.rgcn import TrainConfig
+    from jaxdata.train.attention import train
     result = train(dataset, TrainConfig(devices=2))      # two local devices
 """
 
@@ -162,10 +163,10 @@ def fit(
 def train_rgcn(
   dataset: EntityDataset, config, *, on_epoch: Callable[[dict], None] | None = None
 ) -> TrainResult:
-  """`jaxdata.train.rgcn.train` over the mesh of `config.devices` devices per process: the
-  first layer reads every source row (features, padded and all-gathered; or, featureless, the
-  per-node parameters, which are replicated); validation accuracy comes from each step's
-  logits, test accuracy from the trained model."""
+  """`jaxdata.train.attention.train` of an entity task over the mesh of `config.devices`
+  devices per process: the first layer reads every source row (features, padded and
+  all-gathered; or, featureless, the per-node parameters, which are replicated); validation
+  accuracy comes from each step's logits, test accuracy from the trained model."""
   mesh = device_mesh(config.devices)
   parts = partition(dataset.graph, mesh.devices.size)
   fit_ids, val_ids = rgcn.split_validation(len(dataset.train_idx), config.val_fraction, config.seed)

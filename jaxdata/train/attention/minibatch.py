@@ -1,4 +1,5 @@
-"""Mini-batch training of a relational GNN from host memory: `jaxdata train rgat|hgt --minibatch`.
+"""Mini-batch training of a relational GNN from host memory: `jaxdata train rgcn|rgat|hgt
+--minibatch`.
 
 The three parts of jaxdata in one step, through the public loader (`jaxdata.loader.Loader`,
 the dataset's graph and features in pinned host memory): inside the jitted step the GPU samples
@@ -21,6 +22,16 @@ global batch's (row, gradient) pairs (`host.sparse`, `copies=` the processes), s
 process's copy of a table receives every row (docs/distributed.md). One device of one process
 runs the unsharded steps (`make_steps`).
 
+The RGCN entity task (`jaxdata.tasks.rgcn`) runs the same loop: on the featureless RDF graphs
+the first layer's input is a node's one-hot id, so its parameters with a row per node (each
+basis V_b, or each relation's W_r, and a separate W_0) are in effect a learnable embedding;
+they live in one host table (`RGCN.node_rows`) and train like embeddings, lazily (only the
+rows a step reads change, as in PyTorch's SparseAdam), and come back into the model at the end.
+The layer computes on those rows what the full-graph layer computes (`RGCN.on_rows`), so with
+fanouts that cover every in-edge a step gives the full-graph step's loss and gradients at its
+seeds. The paper's L2 term counts the first layer's dense parameters and the rows a step reads
+(`l2_penalty`).
+
     from jaxdata.data import synthetic_mag
     from jaxdata.train.attention import TrainConfig
     from jaxdata.train.attention.minibatch import MinibatchConfig, train
@@ -42,11 +53,13 @@ import optax
 from flax import nnx
 
 from jaxdata import command
+from jaxdata.data import EntityDataset
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import sparse
 from jaxdata.loader import Batch, Loader, initial_embeddings
-from jaxdata.nn.classifiers import is_table
+from jaxdata.nn.classifiers import EntityClassifier, is_table
 from jaxdata.sizes import format_bytes
+from jaxdata.tasks import rgcn
 from jaxdata.tasks.hetero import TrainConfig, build_model, evaluate
 from jaxdata.train import common
 from jaxdata.train.common import TrainResult
@@ -123,6 +136,26 @@ def make_loader(
   )
 
 
+def entity_loader(
+  dataset: EntityDataset, model: EntityClassifier, pipeline: str, fanouts: Sequence[int]
+) -> Loader:
+  """An entity dataset as a `Loader` of one node type: its features, or (featureless) the
+  model's node rows as a learnable embedding (`RGCN.node_rows`); the training labels."""
+  labels = np.full(dataset.graph.num_nodes, -1, np.int32)
+  labels[dataset.train_idx] = dataset.train_y
+  rows = None
+  if model.conv1.featureless:
+    rows = {dataset.graph.node_type_names[0]: np.asarray(model.conv1.node_rows(), np.float32)}
+  return Loader(
+    dataset.graph,
+    fanouts=fanouts,
+    features=dataset.features,
+    embeddings=rows,
+    labels=labels,
+    pipeline=pipeline,
+  )
+
+
 def logits_of(model, batch: Batch, inputs=None, plan=None):
   """Logits of the batch's seeds (`inputs`: the batch's, or replacements) and the valid-seed
   mask (`plan`: the model's offload plan on blocks, `on_blocks`)."""
@@ -174,6 +207,65 @@ def device_bytes_of(tree) -> int:
 BlockPlanner = Callable[[nnx.Module, Any, jax.Array], Sequence]
 
 
+def _is_row_param(path, value) -> bool:
+  """An entity classifier's first-layer parameters with a row per node (featureless input):
+  they train in a host table, not through the dense optimizer (`dense_filter`)."""
+  del value
+  return len(path) >= 2 and path[0] == "conv1" and path[1] in ("weight", "bases", "root")
+
+
+def dense_filter(model) -> Any:
+  """The parameters the dense optimizer trains: all but the embedding tables (`is_table`); for
+  an `EntityClassifier` without features, all but its first layer's node rows."""
+  if isinstance(model, EntityClassifier):
+    return nnx.All(nnx.Param, nnx.Not(_is_row_param)) if model.conv1.featureless else nnx.Param
+  return nnx.All(nnx.Param, nnx.Not(is_table))
+
+
+def dense_penalty(model: EntityClassifier) -> jax.Array:
+  """The RGCN paper's L2 term's dense part: the first layer's squared parameters, but for the
+  node rows of a featureless model (the rows a step reads count instead, `l2_penalty`)."""
+  featureless = model.conv1.featureless
+  return sum(
+    jnp.sum(p[...].astype(jnp.float32) ** 2)
+    for path, p in nnx.iter_graph(model.conv1)
+    if isinstance(p, nnx.Param) and not (featureless and _is_row_param(("conv1",) + path, p))
+  )
+
+
+def l2_penalty(l2: float) -> Penalty:
+  """The entity task's L2 term on mini-batches, the lazy counterpart of the full penalty
+  (`jaxdata.tasks.rgcn.l2_penalty`): `l2` times the first layer's dense parameters' squares
+  and those of the node rows a step reads (`learned`; each sampled node once, or on a mesh
+  where `first` is True: `first_reads`). Returns (the term, its node rows' part)."""
+
+  def penalty(model, learned, first=None):
+    rows = jnp.zeros((), jnp.float32)
+    for x, f in zip(learned, first or [None] * len(learned)):
+      squares = x.astype(jnp.float32) ** 2
+      rows = rows + jnp.sum(squares if f is None else jnp.where(f[:, None], squares, 0))
+    return l2 * (dense_penalty(model) + rows), l2 * rows
+
+  return penalty
+
+
+#: ``penalty(model, learned, first=None) -> (term, the learned rows' part of it)``: what a
+#: task adds to the mean cross entropy (`l2_penalty`).
+Penalty = Callable[..., tuple[Any, Any]]
+
+
+def first_reads(ids: jax.Array, axis: str) -> jax.Array:
+  """Inside `sharded_jit`: bool[slots], True where this device's slot holds a row that no
+  device before it along `axis` holds (each device's `ids` are unique), so that the rows of
+  the global batch each count once in an L2 term, as on one device."""
+  every = jax.lax.all_gather(ids, axis, tiled=True)
+  order = jnp.argsort(every, stable=True)  # device by device within equal ids
+  ranked = every[order]
+  first = jnp.concatenate([jnp.ones(1, bool), ranked[1:] != ranked[:-1]])
+  first = jnp.zeros_like(first).at[order].set(first)
+  return jax.lax.dynamic_slice_in_dim(first, jax.lax.axis_index(axis) * ids.shape[0], ids.shape[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class Steps:
   """The jitted steps of a mini-batch run (`make_steps`); `loader` is the run's `Loader`.
@@ -188,16 +280,17 @@ class Steps:
   body: Callable
 
 
-def make_steps(dense, table_opt, plan: Sequence | None = None) -> Steps:
+def make_steps(dense, table_opt, plan: Sequence | None = None, penalty: Penalty | None = None):
   """The jitted steps that train a model on a loader's mini-batches: cross entropy of the
-  valid seeds, the parameters `dense` selects (an nnx filter) updated by the caller's
-  `nnx.Optimizer`, each embedding table by `table_opt` (a `host.sparse` optimizer; its states
-  are the steps' `table_states`)."""
+  valid seeds (plus `penalty`'s term), the parameters `dense` selects (an nnx filter) updated
+  by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a `host.sparse`
+  optimizer; its states are the steps' `table_states`)."""
 
   def train_on(model, optimizer, table_states, loader, batch):
     def loss_fn(model, learned):
       total, (correct, count) = summed_loss(model, batch, learned, loader.embedded, plan)
-      return total / jnp.maximum(count, 1), (correct, count)
+      loss = total / jnp.maximum(count, 1)
+      return loss if penalty is None else loss + penalty(model, learned)[0], (correct, count)
 
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
     learned = [batch.inputs[t] for t in loader.embedded]
@@ -221,12 +314,15 @@ def sharded_steps(
   table_states,
   mesh,
   batch_size: int,
+  penalty: Penalty | None = None,
 ) -> common.ShardedSteps:
   """Data-parallel mini-batch training over `mesh` (`common.ShardedSteps`): `batch_size` seeds
   per device, each device sampling its share; gradients of the summed cross entropy summed over
   the mesh in one all-reduce and divided by the global count of valid seeds (the one-device
-  step's mean). Each table update runs with ``axis_name`` and ``copies=jax.process_count()``
-  (`host.sparse`): every process's copy receives every row."""
+  step's mean). `penalty`'s gradient is added once: its dense part on every device alike, its
+  rows' part where a row is first read (`first_reads`). Each table update runs with
+  ``axis_name`` and ``copies=jax.process_count()`` (`host.sparse`): every process's copy
+  receives every row."""
   axis = common.MESH_AXIS
   copies = jax.process_count()
 
@@ -236,11 +332,25 @@ def sharded_steps(
     grad_fn = nnx.value_and_grad(loss_fn, argnums=(nnx.DiffState(0, dense), 1), has_aux=True)
     learned = [batch.inputs[t] for t in loader.embedded]
     (total, (correct, count)), (grads, row_grads) = grad_fn(model, learned)
-    total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
-    scale = lambda g: g / jnp.maximum(count, 1)  # noqa: E731
-    optimizer.update(model, jax.tree.map(scale, grads))
+    if penalty is None:
+      total, correct, count, grads = common.psum_flat((total, correct, count, grads), axis)
+    else:
+      first = [first_reads(ids, axis) for ids in loader.embedding_ids(batch)]
+      (term, rows_term), (term_grads, term_rows) = nnx.value_and_grad(
+        penalty, argnums=(nnx.DiffState(0, dense), 1), has_aux=True
+      )(model, learned, first)
+      dense_term = term - rows_term  # the same on every device
+      total, rows_term, correct, count, grads = common.psum_flat(
+        (total, rows_term, correct, count, grads), axis
+      )
+    n = jnp.maximum(count, 1)
+    grads, row_grads = jax.tree.map(lambda g: g / n, (grads, row_grads))
+    if penalty is not None:
+      grads, row_grads = jax.tree.map(jnp.add, (grads, row_grads), (term_grads, term_rows))
+      total = (total / n + dense_term + rows_term) * count
+    optimizer.update(model, grads)
     token = loader.update_embeddings(
-      table_opt, table_states, batch, list(map(scale, row_grads)), axis_name=axis, copies=copies
+      table_opt, table_states, batch, row_grads, axis_name=axis, copies=copies
     )
     return total, correct, count, token
 
@@ -252,8 +362,8 @@ def sharded_steps(
 
 
 def train(
-  dataset: MagDataset,
-  config: TrainConfig,
+  dataset: MagDataset | EntityDataset,
+  config: TrainConfig | rgcn.TrainConfig,
   minibatch: MinibatchConfig = MinibatchConfig(),
   *,
   plan: Sequence | BlockPlanner | None = None,
@@ -265,7 +375,11 @@ def train(
   save_every: int = 0,
   on_save: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
-  """Trains `config.model` (RGAT or HGT) on mini-batches of training papers.
+  """Trains `config.model` (RGAT, HGT or RGCN) on mini-batches of training papers, or with a
+  `jaxdata.tasks.rgcn` configuration the 2-layer RGCN on an entity dataset's training nodes:
+  featureless, the first layer's node rows train in a host table (as embeddings do), the L2
+  term counting the rows a step reads (`l2_penalty`); validation on the nodes `val_fraction`
+  holds out, the test accuracy on the whole graph.
 
   The device holds the dense parameters, their Adam state, the feature cache (if any) and each
   step's arrays; the embedding tables (`config.embed`) exist only in host memory (initial
@@ -295,17 +409,19 @@ def train(
   have. `on_save(result)` gets the run so far every `save_every` epochs. Both: one device, no
   `plan`, no embedding tables (their optimizer state lives in host memory).
   """
-  if len(minibatch.fanouts) != config.layers:
+  entity = isinstance(config, rgcn.TrainConfig)
+  layers = 2 if entity else config.layers  # type: ignore[union-attr]
+  if len(minibatch.fanouts) != layers:
     raise ValueError(
-      f"train: {len(minibatch.fanouts)} fanouts for {config.layers} layers "
-      f"(give one fanout per layer)"
+      f"train: {len(minibatch.fanouts)} fanouts for {layers} layers (give one fanout per layer)"
     )
   mesh = None
   if config.devices != 1 or jax.process_count() > 1:  # data parallel (sharded_steps)
     if plan is not None:
       raise ValueError("train: an offload plan runs on one device of one process (devices=1)")
     mesh = common.device_mesh(config.devices, what="train")
-  if (resume is not None or save_every) and (mesh is not None or plan is not None or config.embed):
+  embed = getattr(config, "embed", ())
+  if (resume is not None or save_every) and (mesh is not None or plan is not None or embed):
     raise ValueError(
       "train: resume and save_every are for one device, without a plan or embeddings"
     )
@@ -315,17 +431,24 @@ def train(
     raise ValueError(
       f"final_evaluation must be 'full', 'minibatch' or 'none', got {final_evaluation!r}"
     )
-  model = build_model(dataset, config, nnx.Rngs(config.seed), tables=False)
-  embeddings = dict(
-    zip(
-      model.embedded,
-      initial_embeddings(
-        [len(dataset.features[t]) for t in model.embedded], config.embed_dim, config.seed
-      ),
-    )
-  )
-  # Embedding tables train in host memory (a sparse optimizer), the rest with optax Adam.
-  dense = nnx.All(nnx.Param, nnx.Not(is_table))
+  penalty = None
+  if isinstance(dataset, EntityDataset):
+    if plan is not None:
+      raise ValueError("train: an entity classifier has no layers to plan")
+    model = rgcn.build_model(dataset, config, nnx.Rngs(config.seed))  # type: ignore[arg-type]
+    fit, val = rgcn.split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
+    ids = {"train": dataset.train_idx[fit], "val": dataset.train_idx[val], "test": None}
+    validate = validate and len(val) > 0
+    final_evaluation = "entity"
+    if config.l2:  # type: ignore[union-attr]
+      penalty = l2_penalty(config.l2)  # type: ignore[union-attr]
+  else:
+    model = build_model(dataset, config, nnx.Rngs(config.seed), tables=False)  # type: ignore[arg-type]
+    first = dataset.node_range(dataset.target)[0]
+    ids = {s: np.asarray(getattr(dataset, f"{s}_papers")) + first for s in ("train", "val", "test")}
+  # Embedding tables (and node rows) train in host memory (a sparse optimizer), the rest with
+  # optax Adam.
+  dense = dense_filter(model)
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=dense)
   state_bytes = device_bytes_of(nnx.state((model, optimizer)))
   cache_bytes = None
@@ -339,24 +462,26 @@ def train(
       )
   table_opt = sparse.BY_NAME[minibatch.table_optimizer](config.learning_rate)
   fanouts = tuple(int(f) for f in minibatch.fanouts)
-  papers = dataset.node_range(dataset.target)
-  with make_loader(
-    dataset,
-    minibatch.pipeline,
-    fanouts,
-    cache=minibatch.cache,
-    embeddings=embeddings,
-    cache_bytes=cache_bytes,
-  ) as loader:
-    embeddings.clear()  # the host tables hold copies
+  if isinstance(dataset, EntityDataset):
+    loader = entity_loader(dataset, model, minibatch.pipeline, fanouts)
+  else:
+    initial = initial_embeddings(
+      [len(dataset.features[t]) for t in model.embedded], config.embed_dim, config.seed
+    )
+    loader = make_loader(
+      dataset,
+      minibatch.pipeline,
+      fanouts,
+      cache=minibatch.cache,
+      embeddings=dict(zip(model.embedded, initial)),
+      cache_bytes=cache_bytes,
+    )
+    del initial  # the host tables hold copies
+  with loader:
     table_states = loader.init_embeddings(table_opt)
     if callable(plan):  # measured on a sampled batch: every batch has its padded shapes
-      first = jnp.asarray(
-        common.seed_batches(
-          np.asarray(dataset.train_papers) + papers[0], minibatch.batch_size, limit=1
-        )[0]
-      )
-      batch = jax.jit(Loader.prepare)(loader, first, jax.random.key(config.seed))
+      seeds = jnp.asarray(common.seed_batches(ids["train"], minibatch.batch_size, limit=1)[0])
+      batch = jax.jit(Loader.prepare)(loader, seeds, jax.random.key(config.seed))
       plan = plan(model, batch.blocks, batch.types)
     if plan is not None:
       plan = tuple(plan)
@@ -378,9 +503,10 @@ def train(
         table_states,
         mesh,
         minibatch.batch_size,
+        penalty,
       )
     )
-    steps = make_steps(dense, table_opt, plan=plan)
+    steps = make_steps(dense, table_opt, plan=plan, penalty=penalty)
     device_steps = common.DeviceSteps(model, optimizer, steps.body)
 
     @nnx.jit
@@ -388,24 +514,21 @@ def train(
       batch = loader.sample(seeds, key)
       return hits(*logits_of(model, batch), batch.labels)
 
-    def accuracy(ids, key) -> float:
+    def accuracy(nodes, key) -> float:
       if sharded is not None:
-        return sharded.accuracy(np.asarray(ids) + papers[0], key)
-      return common.sampled_accuracy(
-        lambda s, k: predict(model, loader, s, k),
-        np.asarray(ids) + papers[0],
-        minibatch.batch_size,
-        key,
-      )
+        return sharded.accuracy(nodes, key)
+      predicted = lambda s, k: predict(model, loader, s, k)  # noqa: E731
+      return common.sampled_accuracy(predicted, nodes, minibatch.batch_size, key)
 
     rng = np.random.default_rng(config.seed)
-    key, val_key, test_key = jax.random.split(jax.random.key(config.seed), 3)
+    # (the entity task's keys: two, as it has no sampled test accuracy)
+    key, val_key, *test_key = jax.random.split(jax.random.key(config.seed), 2 if entity else 3)
     history = [] if resume is None else list(resume(model, optimizer))
     first_epoch, first_batch = common.position(history)
     start = time.perf_counter()
     for epoch in range(1, config.epochs + 1):
       rows = common.seed_batches(  # every epoch's, so that a resumed run's order is the same
-        np.asarray(dataset.train_papers) + papers[0],
+        ids["train"],
         minibatch.batch_size * (1 if mesh is None else mesh.size),
         rng,
         minibatch.max_batches,
@@ -426,7 +549,7 @@ def train(
       record["cache_bytes"] = loader.cache_nbytes
       record["cache_fraction"] = loader.cache_fraction
       if validate:
-        record["val_accuracy"] = accuracy(dataset.val_papers, jax.random.fold_in(val_key, epoch))
+        record["val_accuracy"] = accuracy(ids["val"], jax.random.fold_in(val_key, epoch))
       common.add_record(history, record, on_epoch)
       if command.stop_requested():  # SIGTERM: the last completed step ends the run
         break
@@ -434,20 +557,26 @@ def train(
         on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
     if final_evaluation == "minibatch":
       final = {
-        "val_accuracy": accuracy(dataset.val_papers, jax.random.fold_in(val_key, 0)),
-        "test_accuracy": accuracy(dataset.test_papers, test_key),
+        "val_accuracy": accuracy(ids["val"], jax.random.fold_in(val_key, 0)),
+        "test_accuracy": accuracy(ids["test"], test_key[0]),
       }
     if sharded is not None:
       sharded.finish()
-    # The trained embeddings back into the model, as host arrays: its checkpoint is a
-    # full-graph one.
-    model.set_tables([loader.tables[t].as_numpy().copy() for t in loader.embedded])
+    # The trained embeddings (node rows) back into the model: its checkpoint is a full-graph one.
+    trained = [loader.tables[t].as_numpy().copy() for t in loader.embedded]
+    if isinstance(model, EntityClassifier):
+      for rows in trained:
+        model.conv1.set_node_rows(jax.device_put(rows))
+    else:
+      model.set_tables(trained)  # as host arrays
     for t in loader.embedded:  # several processes: every copy received every row update
       common.check_copies_agree(loader.tables[t].as_numpy(), dataset.graph.node_type_names[t])
     for state in table_states:
       sparse.close(state)
-  if final_evaluation == "full":
-    final = evaluate(model, dataset)
+  if final_evaluation == "entity":
+    final = rgcn.evaluate(model, dataset)  # type: ignore[arg-type]
+  elif final_evaluation == "full":
+    final = evaluate(model, dataset)  # type: ignore[arg-type]
   elif final_evaluation == "none":
     final = {}
   note = ""
