@@ -7,6 +7,8 @@ deduplicate; and a two-layer model on blocks whose fanouts cover every in-edge m
 full-graph model's outputs and parameter gradients at the seeds.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -153,22 +155,54 @@ def test_block_graph_holds_the_valid_edges_with_their_norms():
     a, b = np.asarray(getattr(g, f)), np.asarray(getattr(want, f))
     keep = np.asarray(g.norm) > 0
     np.testing.assert_array_equal(np.sort(a[keep]), np.sort(b), err_msg=f)
-  # padding edges: from and to the padding node, relation 0, norm 0
+  # Padding edges are unused edges: from and to the padding node, no relation (R), norm 0,
+  # after the used edges in relation order and after every group of the CSR and CSC views.
   pad = np.asarray(g.norm) == 0
-  assert pad.sum() == (~valid).sum()
+  used = int(valid.sum())
+  assert (~pad).sum() == used and int(g.rel_offsets[R]) == used
+  et = np.asarray(g.etype)
+  assert (np.flatnonzero(pad) == np.arange(used, E)).all() and (et[pad] == R).all()
   assert (np.asarray(g.src)[pad] == N - 1).all() and (np.asarray(g.dst)[pad] == N - 1).all()
+  for offsets, listed in ((g.csr_offsets, g.csr_edges), (g.csc_offsets, g.csc_edges)):
+    assert (
+      int(offsets[N]) == used and (np.sort(np.asarray(listed)[used:]) == np.arange(used, E)).all()
+    )
   assert g.num_pairs == E and g.num_edges == E
-  # Pairs: one per distinct (source, relation) of the edges (padding ones included), each
-  # naming its edges' source and relation; the unused ones after them are (N - 1, R): no
+  # Pairs: one per distinct (source, relation) of the used edges, each naming its edges'
+  # source and relation; after them the unused ones, (N - 1, R), the padding edges' first: no
   # relation, past pair_rel_offsets[R], so the kernels over pairs never visit them.
-  src_, et_, pair = (np.asarray(a) for a in (g.src, g.etype, g.pair))
+  src_, pair = np.asarray(g.src), np.asarray(g.pair)
   ps, pe = np.asarray(g.pair_src), np.asarray(g.pair_etype)
-  distinct = sorted(set(zip(src_.tolist(), et_.tolist())), key=lambda p: (p[1], p[0]))
+  distinct = sorted(set(zip(src_[:used].tolist(), et[:used].tolist())), key=lambda p: (p[1], p[0]))
   assert list(zip(ps[: len(distinct)].tolist(), pe[: len(distinct)].tolist())) == distinct
   np.testing.assert_array_equal(ps[pair], src_)
-  np.testing.assert_array_equal(pe[pair], et_)
+  np.testing.assert_array_equal(pe[pair], et)
   assert (ps[len(distinct) :] == N - 1).all() and (pe[len(distinct) :] == R).all()
   assert int(g.pair_rel_offsets[R]) == len(distinct) < g.num_pairs
+  assert (pair[used:] == len(distinct)).all()  # the padding edges' pair: the first unused one
+
+
+def test_unused_edges_and_pairs_are_checked_like_the_rest():
+  """GraphArrays accepts a block's unused edges and pairs only as the last rows, with no
+  relation, listed after the views' groups: each way of breaking that is a ValueError."""
+  src, dst, etype, valid = random_edges(4)
+  g = block_graph(src, dst, etype, valid, num_nodes=N, num_relations=R)
+  used = int(valid.sum())
+  fields = {f: np.asarray(getattr(g, f)).copy() for f in ("etype", "csc_offsets", "pair_etype")}
+
+  def broken(field, change):
+    arrays = dict(fields)
+    arrays[field] = change(fields[field].copy())
+    return lambda: dataclasses.replace(g, **{field: jnp.asarray(arrays[field])})
+
+  for field, change, match in (
+    ("etype", lambda a: a.__setitem__(0, R) or a, "etype"),  # no relation among the used
+    ("etype", lambda a: a.__setitem__(E - 1, 0) or a, "etype"),  # a relation among the unused
+    ("csc_offsets", lambda a: a.__setitem__(N, used - 1) or a, "csc"),  # a used edge past it
+    ("pair_etype", lambda a: a.__setitem__(E - 1, 0) or a, "pair_etype"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      broken(field, change)()
 
 
 def test_block_graph_with_no_valid_edges_and_bad_arguments():

@@ -10,11 +10,12 @@ of which the first ``len(U_h)`` are the ones the next layer (or the loss) reads.
 
 Everything has a fixed shape, so a jitted step compiles once: U_h has ``capacity[h]`` slots,
 the unused ones masked, and the last slot of every frontier is always unused (the *padding
-node*): padding edges are re-pointed at it with norm 0, which keeps every id in range, so a
-block is a valid `GraphArrays` whether its arrays are concrete or traced, and a padding edge
-touches only the padding node's row, which nothing reads. Compact materialization works per
-block (its unique (source, relation) pairs are computed here, padded to one per edge; the
-unused pairs hold no relation, so the kernels over pairs skip them).
+node*): padding edges are re-pointed at it with norm 0 and no relation, which keeps every
+node id in range, so a block is a valid `GraphArrays` whether its arrays are concrete or
+traced; they are its *unused* edges, which no kernel visits, and would touch only the padding
+node's row, which nothing reads. Compact materialization works per block (its unique (source,
+relation) pairs are computed here, padded to one per edge; the unused pairs hold no relation
+either).
 
     nodes, mask = frontier(seeds)                                   # U_0
     nbrs, nbr_mask, nbr_etype = ...  # [len(nodes), fanout] in-neighbours and their relations
@@ -208,7 +209,8 @@ def block_graph(
   Args:
     src, dst, etype: int[E] ends and relation of each edge, in any order.
     valid: bool[E]; an invalid edge becomes a padding edge from and to node ``num_nodes - 1``
-      (the padding node) with relation 0 and norm 0.
+      (the padding node) with no relation (``num_relations``: an unused edge, past
+      ``rel_offsets[R]``, that no kernel visits) and norm 0.
     num_nodes: N, static; node N - 1 must be a padding row (no valid edge may touch it).
     num_relations: R, static.
     norm: "mean" (1 / valid edges of the same relation into the same node, the RGCN paper's
@@ -246,12 +248,14 @@ def block_graph(
         f"hector.block_graph: {name} must have the shape of src {(e,)}, got {a.shape}"
       )
   pad = n - 1
+  # A padding edge is an unused edge (`GraphArrays`): no relation, so it sorts last, past
+  # rel_offsets[R], the CSR and CSC views list it after their groups, and no kernel visits it.
   src, dst = jnp.where(valid, src, pad), jnp.where(valid, dst, pad)
-  etype = jnp.where(valid, etype, 0)
+  etype = jnp.where(valid, etype, r)
   i32 = jnp.int32
 
   # Edges sorted by (relation, destination), in their given order within.
-  order = _order(etype, r, dst, n)
+  order = _order(etype, r + 1, dst, n)
   src, dst, etype, valid = src[order], dst[order], etype[order], valid[order]
   rel_offsets = _offsets(etype, r)
 
@@ -259,8 +263,8 @@ def block_graph(
     sorted_keys, ids = _sort(keys)
     return _offsets(sorted_keys, groups), ids
 
-  csr_offsets, csr_edges = grouped(src, n)
-  csc_offsets, csc_edges = grouped(dst, n)
+  csr_offsets, csr_edges = grouped(jnp.where(valid, src, n), n)
+  csc_offsets, csc_edges = grouped(jnp.where(valid, dst, n), n)
 
   # Norm: runs of equal (relation, destination) are contiguous in this order.
   ends = (
@@ -282,7 +286,7 @@ def block_graph(
     edge_norm = valid.astype(jnp.float32)
 
   # Unique (source, relation) pairs, sorted by (relation, source); unused pairs after them.
-  pair_edges = _order(etype, r, src, n)
+  pair_edges = _order(etype, r + 1, src, n)
   ps, pe = src[pair_edges], etype[pair_edges]
   starts = (
     jnp.concatenate([jnp.ones((1,), bool), (ps[1:] != ps[:-1]) | (pe[1:] != pe[:-1])])

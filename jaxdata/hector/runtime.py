@@ -71,9 +71,13 @@ class GraphArrays:
   host: pair u is ``(pair_src[u], pair_etype[u])``, sorted by relation then source
   (`pair_rel_offsets`), with a CSR view by source (`pair_csr_offsets`, `pair_csr_edges`: pair
   ids per node); edge e belongs to pair ``pair[e]`` and the edges of pair u are
-  ``pair_edges[pair_offsets[u]:pair_offsets[u + 1]]``. Pairs past ``pair_rel_offsets[R]`` are
-  unused (a sampled block has a pair slot per edge): no edge belongs to them, their relation is
-  ``num_relations`` (none) and the kernels over pairs skip them (a stored row of theirs is 0).
+  ``pair_edges[pair_offsets[u]:pair_offsets[u + 1]]``.
+
+  *Unused* edges and pairs (a sampled block's padding, `jaxdata.hector.block`) come last: the
+  edges past ``rel_offsets[R]`` and the pairs past ``pair_rel_offsets[R]`` have relation
+  ``num_relations`` (none), the CSR and CSC views list the unused edges after their last group
+  (their offsets end at ``rel_offsets[R]``), and the unused edges belong to unused pairs. No
+  kernel visits them: they contribute nothing, and a row a kernel stores for one is 0.
 
   `node_type_offsets` (static, a tuple, or None for one node type): node type t owns the ids
   ``node_type_offsets[t]:node_type_offsets[t + 1]``; layers that take features per node type
@@ -333,18 +337,37 @@ def _check_values(ga: GraphArrays) -> None:
     if np.any(np.bincount(a[f], minlength=total) != 1):
       raise ValueError(f"hector.GraphArrays: {f} must list each id exactly once")
 
+  def unused_tail(f, used, bound, what, members=None):
+    """Rows (or the listed ids) past `used` hold no relation: `f` is `bound` there."""
+    tail = a[f][used:] if members is None else a[f][a[members][used:]]
+    if used > len(a[f] if members is None else a[members]) or np.any(tail != bound):
+      raise ValueError(
+        f"hector.GraphArrays: {members or f} must list only {what} past offset {used}, the "
+        f"last of its offsets ({f} = {bound} there: no relation)"
+      )
+
   ids("src", n, "num_nodes")
   ids("dst", n, "num_nodes")
+  # edges past rel_offsets[R] are unused: no relation (etype R), listed after the views' groups
+  used = int(a["rel_offsets"][-1])
+  offsets("rel_offsets", used, "its used edges")
+  unused_tail("etype", used, r, "unused edges")
+  etype = a["etype"]
+  a["etype"] = etype[:used]
   ids("etype", r, "num_relations")
-  offsets("rel_offsets", e, "num_edges")
   sorted_by("etype", "rel_offsets", r)
+  a["etype"] = etype
   for off, members, end in (
     ("csr_offsets", "csr_edges", "src"),
     ("csc_offsets", "csc_edges", "dst"),
   ):
-    offsets(off, e, "num_edges")
+    offsets(off, used, "the used edges")
     permutation(members, e)
+    unused_tail("etype", used, r, "unused edges", members)
+    listed = a[members]
+    a[members] = listed[:used]
     sorted_by(end, off, n, members)
+    a[members] = listed
   ids("pair", p, "num_pairs")
   ids("pair_src", n, "num_nodes")
   offsets("pair_offsets", e, "num_edges")
@@ -353,14 +376,10 @@ def _check_values(ga: GraphArrays) -> None:
   for f, edge_f in (("pair_src", "src"), ("pair_etype", "etype")):
     if not np.array_equal(a[f][a["pair"]], a[edge_f]):
       raise ValueError(f"hector.GraphArrays: {f}[pair] disagrees with {edge_f}")
-  # pairs past pair_rel_offsets[R] are unused: no relation (etype R) and no edges
+  # pairs past pair_rel_offsets[R] are unused: no relation (the unused edges' pair, if any)
   used = int(a["pair_rel_offsets"][-1])
   offsets("pair_rel_offsets", used, "its used pairs")
-  if used > p or np.any(a["pair_etype"][used:] != r):
-    raise ValueError(
-      f"hector.GraphArrays: pair_etype must be num_relations={r} for the unused pairs past "
-      f"pair_rel_offsets[R]={used} of num_pairs={p}"
-    )
+  unused_tail("pair_etype", used, r, "unused pairs")
   a["pair_etype"] = a["pair_etype"][:used]
   ids("pair_etype", r, "num_relations")
   sorted_by("pair_etype", "pair_rel_offsets", r)
