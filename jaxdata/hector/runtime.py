@@ -306,8 +306,8 @@ def _check_values(ga: GraphArrays) -> None:
   a = {f: np.asarray(getattr(ga, f)) for f in _INDEX_FIELDS}
   n, r, e, p = ga.num_nodes, ga.num_relations, len(a["src"]), len(a["pair_src"])
 
-  def ids(f, bound, what):
-    x = a[f]
+  def ids(f, bound, what, upto=None):
+    x = a[f][:upto]
     bad = np.flatnonzero((x < 0) | (x >= bound))
     if bad.size:
       raise ValueError(
@@ -323,10 +323,10 @@ def _check_values(ga: GraphArrays) -> None:
         f"{x[:4].tolist()}...{x[-2:].tolist()}"
       )
 
-  def sorted_by(key_f, off_f, groups, members=None):
-    """The members (the rows themselves, or the ids listed in `members`) of group g are
-    `off_f[g]:off_f[g + 1]` and have key g."""
-    key = a[key_f] if members is None else a[key_f][a[members]]
+  def sorted_by(key_f, off_f, groups, members=None, upto=None):
+    """The members (the rows themselves, or the ids listed in `members`; the first `upto`) of
+    group g are `off_f[g]:off_f[g + 1]` and have key g."""
+    key = a[key_f][:upto] if members is None else a[key_f][a[members][:upto]]
     if not np.array_equal(key, np.repeat(np.arange(groups), np.diff(a[off_f]))):
       raise ValueError(
         f"hector.GraphArrays: {members or key_f} disagrees with {off_f} (the {key_f} of its rows)"
@@ -337,13 +337,13 @@ def _check_values(ga: GraphArrays) -> None:
     if np.any(np.bincount(a[f], minlength=total) != 1):
       raise ValueError(f"hector.GraphArrays: {f} must list each id exactly once")
 
-  def unused_tail(f, used, bound, what, members=None):
-    """Rows (or the listed ids) past `used` hold no relation: `f` is `bound` there."""
-    tail = a[f][used:] if members is None else a[f][a[members][used:]]
-    if used > len(a[f] if members is None else a[members]) or np.any(tail != bound):
+  def unused_tail(f, used, what, members=None):
+    """The rows (or the ids listed in `members`) past `used` are unused: `f` is R there."""
+    rows = a[f] if members is None else a[members]
+    if used > len(rows) or np.any((rows[used:] if members is None else a[f][rows[used:]]) != r):
       raise ValueError(
-        f"hector.GraphArrays: {members or f} must list only {what} past offset {used}, the "
-        f"last of its offsets ({f} = {bound} there: no relation)"
+        f"hector.GraphArrays: {members or f} must hold only {what} past {used}, the last of its "
+        f"offsets ({f} = num_relations={r} there: no relation)"
       )
 
   ids("src", n, "num_nodes")
@@ -351,23 +351,17 @@ def _check_values(ga: GraphArrays) -> None:
   # edges past rel_offsets[R] are unused: no relation (etype R), listed after the views' groups
   used = int(a["rel_offsets"][-1])
   offsets("rel_offsets", used, "its used edges")
-  unused_tail("etype", used, r, "unused edges")
-  etype = a["etype"]
-  a["etype"] = etype[:used]
-  ids("etype", r, "num_relations")
-  sorted_by("etype", "rel_offsets", r)
-  a["etype"] = etype
+  unused_tail("etype", used, "unused edges")
+  ids("etype", r, "num_relations", used)
+  sorted_by("etype", "rel_offsets", r, upto=used)
   for off, members, end in (
     ("csr_offsets", "csr_edges", "src"),
     ("csc_offsets", "csc_edges", "dst"),
   ):
     offsets(off, used, "the used edges")
     permutation(members, e)
-    unused_tail("etype", used, r, "unused edges", members)
-    listed = a[members]
-    a[members] = listed[:used]
-    sorted_by(end, off, n, members)
-    a[members] = listed
+    unused_tail("etype", used, "unused edges", members)
+    sorted_by(end, off, n, members, used)
   ids("pair", p, "num_pairs")
   ids("pair_src", n, "num_nodes")
   offsets("pair_offsets", e, "num_edges")
@@ -379,10 +373,9 @@ def _check_values(ga: GraphArrays) -> None:
   # pairs past pair_rel_offsets[R] are unused: no relation (the unused edges' pair, if any)
   used = int(a["pair_rel_offsets"][-1])
   offsets("pair_rel_offsets", used, "its used pairs")
-  unused_tail("pair_etype", used, r, "unused pairs")
-  a["pair_etype"] = a["pair_etype"][:used]
-  ids("pair_etype", r, "num_relations")
-  sorted_by("pair_etype", "pair_rel_offsets", r)
+  unused_tail("pair_etype", used, "unused pairs")
+  ids("pair_etype", r, "num_relations", used)
+  sorted_by("pair_etype", "pair_rel_offsets", r, upto=used)
   offsets("pair_csr_offsets", p, "num_pairs")
   permutation("pair_csr_edges", p)
   sorted_by("pair_src", "pair_csr_offsets", n, "pair_csr_edges")
