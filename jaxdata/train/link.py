@@ -102,13 +102,12 @@ def train(
     return {"val_mrr": val["mrr"], **{f"test_{k}": v for k, v in test.items()}}
 
   return fit_epochs(
-    model,
-    optimizer,
     config.epochs,
     run_epoch,
+    lambda *run: TrainResult(model, *run, optimizer),
     measure,
+    history=[] if resume is None else resume(model, optimizer),
     on_epoch=on_epoch,
-    resume=resume,
     save_every=save_every,
     on_save=on_save,
     measure_saves=False,

@@ -243,16 +243,14 @@ def train(
 
   try:
     return common.fit_epochs(
-      model,
-      optimizer,
       config.epochs,
       run_epoch,
+      lambda *run: TrainResult(model, *run, optimizer, plan),
       measure,
+      history=[] if resume is None else resume(model, optimizer),
       on_epoch=on_epoch,
-      resume=resume,
       save_every=save_every,
       on_save=on_save,
-      plan=plan,
     )
   finally:
     if table is not None:

@@ -52,7 +52,6 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata import command
 from jaxdata.data import EntityDataset
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import sparse
@@ -523,26 +522,15 @@ def train(
     rng = np.random.default_rng(config.seed)
     # (the entity task's keys: two, as it has no sampled test accuracy)
     key, val_key, *test_key = jax.random.split(jax.random.key(config.seed), 2 if entity else 3)
-    history = [] if resume is None else list(resume(model, optimizer))
-    first_epoch, first_batch = common.position(history)
-    start = time.perf_counter()
-    for epoch in range(1, config.epochs + 1):
-      rows = common.seed_batches(  # every epoch's, so that a resumed run's order is the same
-        ids["train"],
-        minibatch.batch_size * (1 if mesh is None else mesh.size),
-        rng,
-        minibatch.max_batches,
-      )
-      if epoch < first_epoch:
-        continue
-      skip = first_batch if epoch == first_epoch else 0
+    per_step = minibatch.batch_size * (1 if mesh is None else mesh.size)
+    seed_rows = lambda _: common.seed_batches(ids["train"], per_step, rng, minibatch.max_batches)  # noqa: E731
+
+    def run_epoch(epoch: int, rows: np.ndarray, skip: int) -> dict:
+      epoch_key = jax.random.fold_in(key, epoch)
       if sharded is not None:
-        record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch), on_batch))
+        record = sharded.epoch(rows, epoch_key, on_batch)
       else:
-        epoch_key = jax.random.fold_in(key, epoch)
-        args = (table_states, loader)
-        record = dict(epoch=epoch, **device_steps.epoch(args, rows, epoch_key, on_batch, skip))
-      record.update(batch=skip + record["batches"], batches_per_epoch=len(rows))
+        record = device_steps.epoch((table_states, loader), rows, epoch_key, on_batch, skip)
       record["device_state_bytes"] = device_bytes_of(
         nnx.state((model, optimizer)) if sharded is None else sharded.state
       )
@@ -550,11 +538,20 @@ def train(
       record["cache_fraction"] = loader.cache_fraction
       if validate:
         record["val_accuracy"] = accuracy(ids["val"], jax.random.fold_in(val_key, epoch))
-      common.add_record(history, record, on_epoch)
-      if command.stop_requested():  # SIGTERM: the last completed step ends the run
-        break
-      if on_save is not None and common.save_due(save_every, epoch, config.epochs):
-        on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
+      return record
+
+    start = time.perf_counter()
+    history = common.fit_epochs(
+      config.epochs,
+      run_epoch,
+      lambda *run: TrainResult(model, *run, optimizer, plan),
+      history=[] if resume is None else resume(model, optimizer),
+      seed_rows=seed_rows,
+      on_epoch=on_epoch,
+      save_every=save_every,
+      on_save=on_save,
+      measure_saves=False,
+    ).history
     if final_evaluation == "minibatch":
       final = {
         "val_accuracy": accuracy(ids["val"], jax.random.fold_in(val_key, 0)),
