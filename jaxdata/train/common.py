@@ -89,11 +89,12 @@ def add_record(
 
 def fit_epochs(
   epochs: int,
-  run_epoch: Callable[..., dict],
+  run_epoch: Callable[..., Any],
   result: Callable[[list[dict], dict, float], TrainResult],
   measure: Callable[[], dict] | None = None,
   *,
   history: Sequence[dict] = (),
+  unit: str = "epoch",
   seed_rows: Callable[[int], np.ndarray] | None = None,
   on_epoch: Callable[[dict], None] | None = None,
   save_every: int = 0,
@@ -104,27 +105,30 @@ def fit_epochs(
   the epoch's number); `result(history, metrics, seconds)` is the run as it stands, with
   `measure()`'s metrics at the end (None: none).
 
-  `history`: a resumed run's (`resumer`); training goes on from where it ends. Mini-batch
-  trainers give `seed_rows(epoch)`, the epoch's seed batches, drawn for every epoch (also those
-  a resumed run skips, so that its order is the same); `run_epoch(epoch, rows, start)` then
-  trains from batch `start` (a resumed epoch's), and the record says where the epoch ended
-  ("batch" of "batches_per_epoch"). A stop request (SIGTERM, Ctrl-C) ends the run after the
-  epoch in progress. `on_save(result)` gets the run so far every `save_every` epochs, its
-  metrics measured then (`measure_saves`) or left empty."""
+  `history`: a resumed run's (`resumer`); training goes on from where it ends. A trainer that
+  counts steps (gpt: `unit` "step") records some of them: `run_epoch` returns None for the
+  others. Mini-batch trainers give `seed_rows(epoch)`, the epoch's seed batches, drawn for
+  every epoch (also those a resumed run skips, so that its order is the same);
+  `run_epoch(epoch, rows, start)` then trains from batch `start` (a resumed epoch's), and the
+  record says where the epoch ended ("batch" of "batches_per_epoch"). A stop request (SIGTERM,
+  Ctrl-C) ends the run after the epoch in progress. `on_save(result)` gets the run so far
+  every `save_every` epochs, its metrics measured then (`measure_saves`) or left empty."""
   history = list(history)
-  first_epoch, first_batch = position(history)
+  first_epoch, first_batch = position(history, unit)
   start = time.perf_counter()
   for epoch in range(1, epochs + 1):
     rows = None if seed_rows is None else seed_rows(epoch)
     if epoch < first_epoch:
       continue
     if rows is None:
-      record = {"epoch": epoch, **run_epoch(epoch)}
+      record = run_epoch(epoch)
     else:
       skip = first_batch if epoch == first_epoch else 0
-      record = {"epoch": epoch, **run_epoch(epoch, rows, skip)}
+      record = run_epoch(epoch, rows, skip)
       record.update(batch=skip + record["batches"], batches_per_epoch=len(rows))
-    add_record(history, record, on_epoch)
+    if record is None:  # a step not recorded (which a stop request's step always is)
+      continue
+    add_record(history, {unit: epoch, **record}, on_epoch)
     if command.stop_requested():  # SIGTERM or Ctrl-C: the last completed epoch ends the run
       break
     if on_save is not None and save_due(save_every, epoch, epochs):
@@ -282,16 +286,17 @@ def run_epoch(
   return epoch_record(run_steps(one, 0, len(rows), on_batch), t0)
 
 
-def position(history: list[dict]) -> tuple[int, int]:
+def position(history: Sequence[dict], unit: str = "epoch") -> tuple[int, int]:
   """(epoch, batch) where a run with `history` goes on: the batch after its last record's
-  ("batch" of "batches_per_epoch", where the record has them), else the next epoch's first."""
+  ("batch" of "batches_per_epoch", where the record has them), else the next epoch's first
+  (`unit` "step": the step after the last record's, batch 0)."""
   if not history:
     return 1, 0
   last = history[-1]
   done, of = last.get("batch"), last.get("batches_per_epoch")
   if done is not None and of is not None and done < of:
-    return int(last["epoch"]), int(done)
-  return int(last["epoch"]) + 1, 0
+    return int(last[unit]), int(done)
+  return int(last[unit]) + 1, 0
 
 
 def epoch_record(sums: list, t0: float) -> dict:
@@ -430,10 +435,7 @@ def resumer(
       "was trained with other mini-batch settings "
       f"({saved_mb if saved_mb is not None else 'none: full graph'})"
     )
-  if length == "epochs":
-    done = position(meta["history"])[0] - 1
-  else:
-    done = meta["history"][-1]["step"] if meta["history"] else 0
+  done = position(meta["history"], length.removesuffix("s"))[0] - 1
   if done >= getattr(config, length):
     refuse(f"has trained {done} {length} already: ask for more with --{length}")
 

@@ -54,11 +54,12 @@ from jaxdata.train.common import (
   TrainResult,
   add_offload_arguments,
   add_out_argument,
-  add_record,
   add_resume_arguments,
   check_offload_arguments,
   device_mesh,
   devices_flag,
+  fit_epochs,
+  position,
   progress,
   psum_flat,
   refuse_resuming,
@@ -153,7 +154,7 @@ def train(
       model.split_layers(plan)  # one parameter stack per segment: no copies inside the step
   optimizer = nnx.Optimizer(model, make_optimizer(config), wrt=nnx.Param)
   history = [] if resume is None else list(resume(model, optimizer))
-  first = history[-1]["step"] + 1 if history else 1
+  first = position(history, "step")[0]
   for _ in range(first - 1):  # the batches the saved run took
     next(data)
   graphdef, state = nnx.split((model, optimizer))
@@ -170,49 +171,62 @@ def train(
   log_every = config.log_every or max(1, config.steps // 10)
   tokens_per_step = config.batch * config.seq
   start_loss = held_out_loss(state)
-  window = []
+  window = []  # the losses of the steps since the last record
   start = t0 = time.perf_counter()
   compile_seconds = evaluating = 0.0
-  ran = 0
-  for i in range(first, config.steps + 1):
+
+  def run_step(i: int) -> dict | None:
+    """Step i, and its record where one is due: every `log_every` steps, at the last, at a stop
+    and before a save."""
+    nonlocal state, t0, compile_seconds, evaluating
     state, loss = step(state, distributed.put(next(data), by_rows))
     window.append(loss)
-    ran += 1
     if i == first:
-      jax.block_until_ready(window[-1])
+      jax.block_until_ready(loss)
       compile_seconds = time.perf_counter() - t0  # the first step includes tracing and compiling
     if on_step:
       on_step(i, config.steps)
-    stopping = command.stop_requested()  # SIGTERM (one process): this step is the last
     due = on_save is not None and save_due(save_every, i, config.steps)
-    if i % log_every == 0 or i == config.steps or stopping or due:
-      losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
-      seconds = time.perf_counter() - t0
-      record = dict(
-        step=i,
-        loss=float(losses.mean()),
-        seconds=seconds,
-        tokens_per_second=len(losses) * tokens_per_step / seconds,
-      )
-      e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
-      record["val_loss"] = held_out_loss(state)
-      evaluating += time.perf_counter() - e0
-      add_record(history, record, on_log)
-      window, t0 = [], time.perf_counter()
-    if due and not stopping:
-      nnx.update((model, optimizer), state)
-      on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
-    if stopping:
-      break
+    if i % log_every and i != config.steps and not command.stop_requested() and not due:
+      return None
+    losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
+    seconds = time.perf_counter() - t0
+    record = dict(
+      loss=float(losses.mean()),
+      seconds=seconds,
+      tokens_per_second=len(losses) * tokens_per_step / seconds,
+    )
+    e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
+    record["val_loss"] = held_out_loss(state)
+    evaluating += time.perf_counter() - e0
+    window.clear()
+    t0 = time.perf_counter()
+    return record
+
+  def result(history, metrics, seconds) -> TrainResult:
+    local = state  # replicated over the mesh: this process's own copy, on its first device
+    if ndev > 1:
+      local = jax.device_put(distributed.local_value(state), jax.local_devices()[0])
+    nnx.update((model, optimizer), local)
+    return TrainResult(model, history, metrics, seconds, optimizer, plan)
+
+  history = fit_epochs(
+    config.steps,
+    run_step,
+    result,
+    history=history,
+    unit="step",
+    on_epoch=on_log,
+    save_every=save_every,
+    on_save=on_save,
+    measure_saves=False,
+  ).history
   total = time.perf_counter() - start - evaluating
-  if ndev > 1:  # replicated over the mesh: this process's own copy, on its first device
-    state = jax.device_put(distributed.local_value(state), jax.local_devices()[0])
-  nnx.update((model, optimizer), state)
-  final_loss = history[-1]["val_loss"]  # the last step is always logged (also when stopped)
+  ran = history[-1]["step"] - first + 1  # the last step is always logged (also when stopped)
   rest = max(total - compile_seconds, 1e-9)  # the steps after the first, which compiled
   metrics = dict(
     start_loss=start_loss,
-    final_loss=final_loss,
+    final_loss=history[-1]["val_loss"],
     train_loss=history[-1]["loss"],
     entropy=chain.entropy(),
     uniform_loss=math.log(config.vocab),
