@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jaxdata import command, distributed
 from jaxdata.host import sparse
 from jaxdata.host.sample import check_fanouts as check_fanout_values
+from jaxdata.offload.stack import segments
 from jaxdata.placement import MESH_AXIS, device_mesh, psum_flat, sharded_jit  # noqa: F401
 from jaxdata.tasks import (  # noqa: F401  (the trainers' names for them)
   accuracy,
@@ -149,6 +150,28 @@ def run_steps(step: Callable[[int], Any], start: int, total: int, on_batch=None)
     if command.stop_requested():
       break
   return outs
+
+
+def model_plan(plan: Any, model, *inputs) -> tuple | None:
+  """The offload plan a run trains `model` with: `plan` (None, or one policy per planned
+  layer, `model.stack_layers`), or the one a planner `plan(model, *inputs)` makes; ValueError
+  for another count of policies."""
+  if callable(plan):
+    plan = plan(model, *inputs)
+  if plan is not None and len(plan := tuple(plan)) != model.stack_layers:
+    raise ValueError(
+      f"train: the plan has {len(plan)} policies for the model's {model.stack_layers} "
+      "stacked layers"
+    )
+  return plan
+
+
+def describe_plan(plan: Sequence) -> str:
+  """A plan as runs print it: "layers 0-2: keep, layer 3: offload[in]"."""
+  return ", ".join(
+    f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
+    for a, b, p in segments(plan, len(plan))
+  )
 
 
 # ----------------------------------------------------------------------------- mini-batches
@@ -344,6 +367,25 @@ def progress(
   with Progress(*columns, console=console, transient=fields.pop("transient", False)) as bar:
     task = bar.add_task("run", total=total, **fields)
     yield lambda **kw: bar.update(task, **kw)
+
+
+def save_result(
+  path: str, kind: str, result: TrainResult, config: Any, data: dict, **more: Any
+) -> str:
+  """Saves a run of an NNX model as a checkpoint of `kind` (`checkpoint.save_nnx`): its model,
+  optimizer state, history, metrics (and how they were measured), `config` and `data`; a step
+  per record unless `more` says otherwise (`more`: `checkpoint.save`'s other arguments)."""
+  return checkpoint.save_nnx(
+    path,
+    kind=kind,
+    model=result.model,
+    optimizer=result.optimizer,
+    config=config,
+    data=data,
+    history=result.history,
+    metrics=result.metrics,
+    **{"step": len(result.history), "metrics_note": result.metrics_note, **more},
+  )
 
 
 def add_out_argument(

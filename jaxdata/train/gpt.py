@@ -21,6 +21,7 @@ global batch, to float rounding. A plan is made for one device's share (`batch /
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -40,7 +41,6 @@ from jaxdata.offload.stack import segments
 from jaxdata.offload.store import TensorStore
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import available_memory, format_bytes
-from jaxdata.tasks import checkpoint
 from jaxdata.tasks.gpt import (  # noqa: F401  (the trainer's names for them)
   BASE_LEARNING_RATE,
   BASE_WIDTH,
@@ -56,6 +56,7 @@ from jaxdata.train.common import (
   add_out_argument,
   add_resume_arguments,
   check_offload_arguments,
+  describe_plan,
   device_mesh,
   devices_flag,
   fit_epochs,
@@ -65,6 +66,7 @@ from jaxdata.train.common import (
   refuse_resuming,
   resumer,
   save_due,
+  save_result,
   say_saved,
   sharded_jit,
 )
@@ -243,21 +245,11 @@ def train(
 def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
   """Saves a trained GPT as a checkpoint (`jaxdata.tasks.checkpoint`): layers split for a plan
   are joined first; the optimizer state goes with it where the layers were never split."""
-  model, opt = result.model, result.optimizer
-  split = isinstance(model.blocks, nnx.List)
-  if split:
-    model.split_layers(None)
-  return checkpoint.save_nnx(
-    path,
-    kind="gpt",
-    model=model,
-    optimizer=None if split else opt,
-    config=config,
-    data=data_of(config),
-    step=result.history[-1]["step"] if result.history else 0,
-    history=result.history,
-    metrics=result.metrics,
-  )
+  if split := isinstance(result.model.blocks, nnx.List):
+    result.model.split_layers(None)
+  step = result.history[-1]["step"] if result.history else 0
+  joined = dataclasses.replace(result, optimizer=None) if split else result
+  return save_result(path, "gpt", joined, config, data_of(config), step=step)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -399,13 +391,6 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   return list(plan)
 
 
-def _describe_plan(plan: LayerPlan) -> str:
-  return ", ".join(
-    f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
-    for a, b, p in segments(plan, len(plan))
-  )
-
-
 def main(args) -> int:
   check_offload_arguments(args)
   console = command.console()
@@ -487,7 +472,7 @@ def main(args) -> int:
             raise command.UsageError(f"argument --budget: {failure or 'process 0 found no plan'}")
           console.print(
             f"plan under {args.budget:,} bytes per device (batch {batch_shape[0]} "
-            f"per device): {_describe_plan(plan)}",
+            f"per device): {describe_plan(plan)}",
             markup=False,
           )
           probed.update(store.stats())  # the planner's bandwidth probe spilled too

@@ -20,7 +20,6 @@ import optax
 from flax import nnx
 
 from jaxdata import command
-from jaxdata.tasks import checkpoint
 from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
   SPLIT_FILES,
   KGDataset,
@@ -35,7 +34,14 @@ from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
   synthetic_kg,
   training_graph,
 )
-from jaxdata.train.common import TrainResult, fit_epochs, progress, resumer, say_saved
+from jaxdata.train.common import (
+  TrainResult,
+  fit_epochs,
+  progress,
+  resumer,
+  save_result,
+  say_saved,
+)
 
 
 def train(
@@ -137,17 +143,8 @@ def data_of(args) -> tuple[KGDataset, dict]:
 
 
 def save(path: str, result: TrainResult, config: LinkConfig, data: dict) -> str:
-  return checkpoint.save_nnx(
-    path,
-    kind="rgcn-link",
-    model=result.model,
-    optimizer=result.optimizer,
-    config=config,
-    data=data,
-    step=len(result.history),
-    history=result.history,
-    metrics=result.metrics,
-  )
+  """Saves a trained link predictor as a checkpoint (`jaxdata.tasks.checkpoint`)."""
+  return save_result(path, "rgcn-link", result, config, data)
 
 
 #: `jaxdata train rgcn` options that belong to node classification only.

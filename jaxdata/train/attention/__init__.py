@@ -58,10 +58,9 @@ from jaxdata.hector.passes import select as select_passes
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import layer_stack
 from jaxdata.offload import TensorStore
-from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import format_bytes
-from jaxdata.tasks import checkpoint, hetero, rgcn
+from jaxdata.tasks import hetero, rgcn
 from jaxdata.tasks.hetero import (
   CLASSIFIERS,
   KINDS,
@@ -194,15 +193,7 @@ def train(
 
   else:
     inputs = device_features(dataset, model)
-    if callable(plan):
-      plan = plan(model, graph, inputs)
-    if plan is not None:
-      plan = tuple(plan)
-      if len(plan) != model.stack_layers:
-        raise ValueError(
-          f"train: the plan has {len(plan)} policies for the model's "
-          f"{model.stack_layers} stacked layers"
-        )
+    plan = common.model_plan(plan, model, graph, inputs)
     papers = dataset.node_range(dataset.target)[1]
     train_idx = jnp.asarray(dataset.train_papers)
     train_y = jnp.asarray(dataset.labels)[train_idx]
@@ -289,35 +280,20 @@ def budget_planner(
         f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
         "stacked layers to plan (HGT's first layer is not one of them)"
       )
-    progress = (lambda what: say(f"  planning: {what} ...")) if say else None
     if blocks:  # graph: sampled blocks, xs: the outermost slots' node types
-      progress = (lambda name: say(f"  measuring {name} ...")) if say else None
-      layers, layer_fns, inputs = model.block_stack(graph, xs)
-      best, bw = layer_stack.plan_each(
-        layers,
-        layer_fns,
-        inputs,
-        budget_bytes,
-        store,
-        candidates(model),
-        tier=tier,
-        repeats=repeats,
-        progress=progress,
-      )
+      plan, stack, what = layer_stack.plan_each, model.block_stack(graph, xs), "  measuring {} ..."
     else:
       rows = [x.shape[0] for x in model.inputs(xs)]
-      layers, layer_fn, x = model.stack(graph, rows)
-      best, bw = layer_stack.plan(
-        layers,
-        layer_fn,
-        x,
-        budget_bytes,
-        store,
-        candidates(model),
-        tier=tier,
-        repeats=repeats,
-        progress=progress,
-      )
+      plan, stack, what = layer_stack.plan, model.stack(graph, rows), "  planning: {} ..."
+    best, bw = plan(
+      *stack,
+      budget_bytes,
+      store,
+      candidates(model),
+      tier=tier,
+      repeats=repeats,
+      progress=(lambda name: say(what.format(name))) if say else None,
+    )
     if say:
       say(
         f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
@@ -339,18 +315,9 @@ def save(
   """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.tasks.checkpoint`;
   kind `KINDS[config.model]`, or "rgcn" for the entity classifier); `minibatch`: the mini-batch
   settings it trained with, which a resumed run must repeat."""
-  return checkpoint.save_nnx(
-    path,
-    kind=KINDS[config.model] if isinstance(config, TrainConfig) else "rgcn",
-    model=result.model,
-    optimizer=result.optimizer,
-    config=config,
-    data=data,
-    step=len(result.history),
-    history=result.history,
-    metrics=result.metrics,
-    metrics_note=result.metrics_note,
-    settings=minibatch_settings(minibatch),
+  kind = KINDS[config.model] if isinstance(config, TrainConfig) else "rgcn"
+  return common.save_result(
+    path, kind, result, config, data, settings=minibatch_settings(minibatch)
   )
 
 
@@ -654,13 +621,8 @@ def _train_offloaded(
         except ValueError as e:
           raise command.UsageError(f"argument --budget: {e}") from None
         say(
-          f"plan under {args.budget:,} bytes: "
-          + ", ".join(
-            f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
-            for a, b, p in segments(plan, len(plan))
-          )
-          + f" (of the {model.stack_layers} "
-          "planned layers)"
+          f"plan under {args.budget:,} bytes: {common.describe_plan(plan)} (of the "
+          f"{model.stack_layers} planned layers)"
         )
         probed.update(store.stats())  # the planner's bandwidth probe spilled too
         return plan

@@ -482,13 +482,7 @@ def train(
       seeds = jnp.asarray(common.seed_batches(ids["train"], minibatch.batch_size, limit=1)[0])
       batch = jax.jit(Loader.prepare)(loader, seeds, jax.random.key(config.seed))
       plan = plan(model, batch.blocks, batch.types)
-    if plan is not None:
-      plan = tuple(plan)
-      if len(plan) != model.stack_layers:
-        raise ValueError(
-          f"train: the plan has {len(plan)} policies for the model's "
-          f"{model.stack_layers} planned layers"
-        )
+    plan = common.model_plan(plan, model)
 
     sharded = (
       None
