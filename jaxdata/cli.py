@@ -204,21 +204,17 @@ def _train_rgcn(args: argparse.Namespace) -> int:
   if args.task == "link":
     if args.out == "rgcn-checkpoint":  # the default names the node-classification model's
       args.out = "rgcn-link-checkpoint"
-    try:
-      checkpoint.check_out(args.out, ("rgcn-link",))
-    except ValueError as e:
-      raise command.UsageError(f"argument --out: {e}") from None
-    return link.main(args)
-  if args.layers == 0:
+  elif args.layers == 0:
     raise command.UsageError("argument --layers: 0 layers (DistMult alone) is for --task link")
-  if args.negatives != 1 or args.eval_every:
+  elif args.negatives != 1 or args.eval_every:
     flag = "--negatives" if args.negatives != 1 else "--eval-every"
     raise command.UsageError(f"argument {flag}: for --task link")
-  try:  # the parser let a link-prediction checkpoint through (--task link replaces one)
-    checkpoint.check_out(args.out, ("rgcn", "rgcn-mag"))
+  # --out's type lets a checkpoint of any of train rgcn's kinds through: here, the task's own
+  try:
+    checkpoint.check_out(args.out, ("rgcn-link",) if args.task == "link" else ("rgcn", "rgcn-mag"))
   except ValueError as e:
     raise command.UsageError(f"argument --out: {e}") from None
-  return attention.main(args)
+  return link.main(args) if args.task == "link" else attention.main(args)
 
 
 #: Where a clone keeps the benchmarks, beside the package (an editable install runs from it).
@@ -262,19 +258,17 @@ def _join(args: argparse.Namespace) -> bool:
   """Before a trainer runs: joins its multi-process job, if the flags ask for one; whether this
   is a one-process run."""
   setup = distributed.setup_from(args)
-  what = f"jaxdata train {args.model}"
-  if setup.num_processes > 1 and not args.multi_process:
-    raise command.UsageError(
-      f"{what} does not support multi-process runs yet (--num-processes "
-      f"{setup.num_processes}); of the trainers, "
-      f"{_multi_process_trainers()}"
-    )
+
+  def refuse(how: str) -> None:
+    if setup.num_processes > 1 and not args.multi_process:
+      raise command.UsageError(
+        f"jaxdata train {args.model} does not support multi-process runs yet ({how}); of the "
+        f"trainers, {_multi_process_trainers()}"
+      )
+
+  refuse(f"--num-processes {setup.num_processes}")
   setup = distributed.initialize(setup)
-  if setup.num_processes > 1 and not args.multi_process:  # found by --distributed auto
-    raise command.UsageError(
-      f"{what} does not support multi-process runs yet ({setup.num_processes}"
-      f" processes detected); of the trainers, {_multi_process_trainers()}"
-    )
+  refuse(f"{setup.num_processes} processes detected")  # found by --distributed auto
   return setup.num_processes == 1
 
 

@@ -315,10 +315,12 @@ def save(
   """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.tasks.checkpoint`;
   kind `KINDS[config.model]`, or "rgcn" for the entity classifier); `minibatch`: the mini-batch
   settings it trained with, which a resumed run must repeat."""
-  kind = KINDS[config.model] if isinstance(config, TrainConfig) else "rgcn"
-  return common.save_result(
-    path, kind, result, config, data, settings=minibatch_settings(minibatch)
-  )
+  settings = minibatch_settings(minibatch)
+  return common.save_result(path, _kind(config), result, config, data, settings=settings)
+
+
+def _kind(config: TrainConfig | rgcn.TrainConfig) -> str:
+  return KINDS[config.model] if isinstance(config, TrainConfig) else "rgcn"
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -644,12 +646,22 @@ def _train_offloaded(
   return result
 
 
-def _resumer(path: str | None, config: TrainConfig, data: dict, minibatch: Any = None):
-  """`common.resumer` for this trainer's checkpoints."""
-  settings = minibatch_settings(minibatch)
-  return resumer(
-    path, kind=KINDS[config.model], config=config, data=data, settings=settings, newer=("embed",)
+def _fit(args, dataset, config, data: dict, minibatch, on_epoch) -> TrainResult:
+  """`train`, or with `minibatch` `minibatch.train`, from the run saved in --resume, saving to
+  --out every --save-every epochs."""
+  resume = resumer(
+    args.resume,
+    kind=_kind(config),
+    config=config,
+    data=data,
+    settings=minibatch_settings(minibatch),
+    newer=("embed",),
   )
+  save_every, on_save = args.save_every or 0, lambda r: save(args.out, r, config, data, minibatch)
+  hooks = dict(on_epoch=on_epoch, resume=resume, save_every=save_every, on_save=on_save)
+  if minibatch is None:
+    return train(dataset, config, **hooks)
+  return sampled.train(dataset, config, minibatch, **hooks)
 
 
 def main(args) -> int:
@@ -831,25 +843,8 @@ def main(args) -> int:
     try:
       if args.offload:
         result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
-      elif minibatch is None:
-        result = train(
-          dataset,
-          config,
-          on_epoch=on_epoch,
-          resume=_resumer(args.resume, config, data),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data),
-        )
       else:
-        result = sampled.train(
-          dataset,
-          config,
-          minibatch,
-          on_epoch=on_epoch,
-          resume=_resumer(args.resume, config, data, minibatch),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data, minibatch),
-        )
+        result = _fit(args, dataset, config, data, minibatch, on_epoch)
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
       raise command.UsageError(
         f"argument --device-bytes: {str(e).removeprefix('train: ')}"
@@ -973,17 +968,7 @@ def _train_entities(args) -> int:
     )
     with progress(console, f"seed {seed}", config.epochs, transient=args.seeds > 1) as update:
       on_epoch = _epoch_printer(console, update, "train", every=args.seeds == 1)
-      if minibatch is None:
-        result = train(
-          dataset,
-          config,
-          on_epoch=on_epoch,
-          resume=resumer(args.resume, kind="rgcn", config=config, data=data),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
-        )
-      else:
-        result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
+      result = _fit(args, dataset, config, data, minibatch, on_epoch)
     accuracies.append(result.test_accuracy)
     console.print(
       f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
