@@ -38,7 +38,7 @@ from jaxdata.hector.compiler import CacheDirError
 from jaxdata.tasks import checkpoint
 from jaxdata.tasks.checkpoint import CheckpointLocked
 from jaxdata.train import attention, link
-from jaxdata.train.common import LossNotFinite
+from jaxdata.train.common import LossNotFinite, mistakes
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
 #: add_arguments(parser) and main(args).
@@ -171,12 +171,11 @@ def _eval(args: argparse.Namespace) -> int:
     raise command.UsageError(
       "argument DIR: empty (give the folder `jaxdata train ... --out` wrote; '.' for this one)"
     )
-  try:
+  with (  # (a DataOverrideError is a ValueError: the inner one names --data)
+    mistakes("", FileNotFoundError, ValueError),
+    mistakes("--data", checkpoint.DataOverrideError),
+  ):
     loaded = checkpoint.load_model(args.checkpoint, **overrides)
-  except checkpoint.DataOverrideError as e:
-    raise command.UsageError(f"argument --data: {e}") from None
-  except (FileNotFoundError, ValueError) as e:
-    raise command.UsageError(str(e)) from None
   console = command.console()
   console.print(f"[bold]{loaded.kind}[/] checkpoint {args.checkpoint}: step {loaded.meta['step']}")
   try:
@@ -210,10 +209,8 @@ def _train_rgcn(args: argparse.Namespace) -> int:
     flag = "--negatives" if args.negatives != 1 else "--eval-every"
     raise command.UsageError(f"argument {flag}: for --task link")
   # --out's type lets a checkpoint of any of train rgcn's kinds through: here, the task's own
-  try:
+  with mistakes("--out"):
     checkpoint.check_out(args.out, ("rgcn-link",) if args.task == "link" else ("rgcn", "rgcn-mag"))
-  except ValueError as e:
-    raise command.UsageError(f"argument --out: {e}") from None
   return link.main(args) if args.task == "link" else attention.main(args)
 
 

@@ -65,6 +65,17 @@ class TrainResult:
     return float(self.metrics["val_accuracy"])
 
 
+@contextlib.contextmanager
+def mistakes(flag: str = "", *errors: type[Exception]) -> Iterator[None]:
+  """Turns `errors` (default: ValueError) raised inside into a user's mistake: a one-line
+  `command.UsageError`, naming `flag` where one is given."""
+  caught = errors or (ValueError,)
+  try:
+    yield
+  except caught as e:
+    raise command.UsageError(f"argument {flag}: {e}" if flag else str(e)) from None
+
+
 class LossNotFinite(FloatingPointError):
   """A run's training loss became NaN or infinite (a learning rate too large, ...): the run
   stops there, and the command saves nothing (`jaxdata.cli` prints one line, exit code 1)."""

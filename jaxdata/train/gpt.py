@@ -60,6 +60,7 @@ from jaxdata.train.common import (
   device_mesh,
   devices_flag,
   fit_epochs,
+  mistakes,
   position,
   progress,
   psum_flat,
@@ -395,7 +396,7 @@ def main(args) -> int:
   check_offload_arguments(args)
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
-  try:
+  with mistakes():  # a setting the flags' own checks cannot see (hidden % heads)
     config = GPTTrainConfig(
       layers=args.layers,
       hidden=args.hidden,
@@ -416,8 +417,6 @@ def main(args) -> int:
       raise ValueError(
         f"argument --batch-size: {config.batch} sequences do not split evenly over {ndev} devices"
       )
-  except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
-    raise command.UsageError(str(e)) from None
   refuse_resuming(
     args, args.offload or ndev * jax.process_count() != 1, "for one device, without --offload"
   )
@@ -478,10 +477,8 @@ def main(args) -> int:
           probed.update(store.stats())  # the planner's bandwidth probe spilled too
           return _sized_store(plan, model, batch_shape, args, stores, final, console)
       else:
-        try:
+        with mistakes("--plan"):
           policy = policy_named(args.plan, store)
-        except ValueError as e:
-          raise command.UsageError(f"argument --plan: {e}") from None
 
         def planner(model, batch_shape):
           plan = [policy] * config.layers

@@ -37,6 +37,7 @@ from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
 from jaxdata.train.common import (
   TrainResult,
   fit_epochs,
+  mistakes,
   progress,
   resumer,
   save_result,
@@ -136,10 +137,8 @@ def data_of(args) -> tuple[KGDataset, dict]:
       "triples": args.edges or 6000,
       "seed": args.seed,
     }
-  try:
+  with mistakes("--data", ValueError, FileNotFoundError):
     return load_dataset(data), data
-  except (ValueError, FileNotFoundError) as e:
-    raise command.UsageError(f"argument --data: {e}") from None
 
 
 def save(path: str, result: TrainResult, config: LinkConfig, data: dict) -> str:
@@ -172,7 +171,7 @@ def main(args) -> int:
   console = command.console()
   dataset, data = data_of(args)
   defaults = LinkConfig()
-  try:
+  with mistakes():
     config = LinkConfig(
       hidden=args.hidden or defaults.hidden,
       layers=defaults.layers if args.layers is None else args.layers,
@@ -183,8 +182,6 @@ def main(args) -> int:
       eval_every=args.eval_every,
       seed=args.seed,
     )
-  except ValueError as e:
-    raise command.UsageError(str(e)) from None
   console.print(f"[bold]{dataset}[/]")
   console.print(
     f"RGCN encoder ({config.layers} layers, hidden {config.hidden}, {config.num_bases} bases) + "

@@ -77,6 +77,7 @@ from jaxdata.train.common import (
   check_fanouts,
   devices_flag,
   fit_epochs,
+  mistakes,
   progress,
   psum_flat,
   refuse_resuming,
@@ -516,7 +517,7 @@ def add_arguments(parser):
 def main(args) -> int:
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
-  try:
+  with mistakes():  # settings the flags' own checks cannot see (--embed-dim with cpu)
     config = SageConfig(
       pipeline=args.pipeline,
       fanouts=tuple(args.fanouts),
@@ -531,8 +532,6 @@ def main(args) -> int:
       embed_dim=args.embed_dim,
       table_optimizer=args.table_optimizer,
     )
-  except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
-    raise command.UsageError(str(e)) from None
   if args.cache and args.pipeline != "host":
     raise command.UsageError(
       f"argument --cache: a device cache of feature rows is for "

@@ -91,6 +91,7 @@ from jaxdata.train.common import (
   devices_flag,
   minibatch_options,
   minibatch_settings,
+  mistakes,
   progress,
   refuse_resuming,
   refuse_without_minibatch,
@@ -618,10 +619,8 @@ def _train_offloaded(
       measure = budget_planner(args.budget, store, say=say, blocks=minibatch is not None)
 
       def planner(model, graph, xs):
-        try:
+        with mistakes("--budget"):
           plan = measure(model, graph, xs)
-        except ValueError as e:
-          raise command.UsageError(f"argument --budget: {e}") from None
         say(
           f"plan under {args.budget:,} bytes: {common.describe_plan(plan)} (of the "
           f"{model.stack_layers} planned layers)"
@@ -632,10 +631,8 @@ def _train_offloaded(
 
       def planner(model, graph, xs):
         del graph, xs
-        try:
+        with mistakes("--plan"):
           policy = layer_stack.policy_named(args.plan, store, candidates(model))
-        except ValueError as e:
-          raise command.UsageError(f"argument --plan: {e}") from None
         return [policy] * model.stack_layers
 
     if minibatch is None:
@@ -769,12 +766,13 @@ def main(args) -> int:
     )
   t0 = time.perf_counter()
   if args.data is not None:
-    try:  # read once: the default target comes from the same data
+    # read once: the default target comes from the same data (a TargetError, a ValueError,
+    # names --target: the inner one)
+    with (
+      mistakes("--data", ValueError, TypeError, FileNotFoundError),
+      mistakes("--target", TargetError),
+    ):
       dataset = folder_dataset(read(args.data), args.data, args.target)
-    except TargetError as e:
-      raise command.UsageError(f"argument --target: {e}") from None
-    except (ValueError, TypeError, FileNotFoundError) as e:
-      raise command.UsageError(f"argument --data: {e}") from None
     target = dataset.target
     data = {"path": os.path.abspath(args.data), "target": target}
     classes = dataset.num_classes
@@ -893,10 +891,8 @@ def _train_entities(args) -> int:
   else:
     data = {"source": "synthetic", "seed": args.seed}
     data.update(nodes=args.nodes, edges=args.edges, relations=args.relations)
-  try:
+  with mistakes("--data" if args.data else "--nodes", OSError, ValueError, EOFError):
     dataset, setup = rgcn.load_dataset(data)
-  except (OSError, ValueError, EOFError) as e:
-    raise command.UsageError(f"argument {'--data' if args.data else '--nodes'}: {e}") from None
   num_bases = args.bases if args.bases is not None else setup.get("num_bases")
   num_bases = num_bases or None  # --bases 0: a full weight per relation
   l2 = args.l2 if args.l2 is not None else setup.get("l2", 0.0)
