@@ -20,7 +20,7 @@ with its own key; the dense parameters and their Adam state are replicated, thei
 summed once over the mesh (`common.psum_flat`); every embedding table update all-gathers the
 global batch's (row, gradient) pairs (`host.sparse`, `copies=` the processes), so each
 process's copy of a table receives every row (docs/distributed.md). One device of one process
-runs the unsharded steps (`make_steps`).
+runs the unsharded step (`make_step`).
 
 The RGCN entity task (`jaxdata.tasks.rgcn`) runs the same loop: on the featureless RDF graphs
 the first layer's input is a node's one-hot id, so its parameters with a row per node (each
@@ -265,25 +265,13 @@ def first_reads(ids: jax.Array, axis: str) -> jax.Array:
   return jax.lax.dynamic_slice_in_dim(first, jax.lax.axis_index(axis) * ids.shape[0], ids.shape[0])
 
 
-@dataclasses.dataclass(frozen=True)
-class Steps:
-  """The jitted steps of a mini-batch run (`make_steps`); `loader` is the run's `Loader`.
-
-  Attributes:
-    step: ``step(model, optimizer, table_states, loader, seeds, key) -> (summed loss, correct,
-      count, token of the table updates)``: samples, gathers and trains on one batch.
-    body: `step` not jitted (`common.DeviceSteps` runs it with one dispatch per step).
-  """
-
-  step: Callable
-  body: Callable
-
-
-def make_steps(dense, table_opt, plan: Sequence | None = None, penalty: Penalty | None = None):
-  """The jitted steps that train a model on a loader's mini-batches: cross entropy of the
-  valid seeds (plus `penalty`'s term), the parameters `dense` selects (an nnx filter) updated
-  by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a `host.sparse`
-  optimizer; its states are the steps' `table_states`)."""
+def make_step(dense, table_opt, plan: Sequence | None = None, penalty: Penalty | None = None):
+  """The step that trains a model on a loader's mini-batch, ``step(model, optimizer,
+  table_states, loader, seeds, key) -> (summed loss, correct, count, token of the table
+  updates)``, not jitted (`common.DeviceSteps` runs it with one dispatch per step): samples
+  and gathers, then the cross entropy of the valid seeds (plus `penalty`'s term), the
+  parameters `dense` selects (an nnx filter) updated by the caller's `nnx.Optimizer`, each
+  embedding table by `table_opt` (a `host.sparse` optimizer; its states are `table_states`)."""
 
   def train_on(model, optimizer, table_states, loader, batch):
     def loss_fn(model, learned):
@@ -298,10 +286,10 @@ def make_steps(dense, table_opt, plan: Sequence | None = None, penalty: Penalty 
     token = loader.update_embeddings(table_opt, table_states, batch, row_grads)
     return loss * count, correct, count, token  # summed loss: epochs add them up
 
-  def body(model, optimizer, table_states, loader, seeds, key):
+  def step(model, optimizer, table_states, loader, seeds, key):
     return train_on(model, optimizer, table_states, loader, loader.sample(seeds, key))
 
-  return Steps(nnx.jit(body), body)
+  return step
 
 
 def sharded_steps(
@@ -499,8 +487,8 @@ def train(
         penalty,
       )
     )
-    steps = make_steps(dense, table_opt, plan=plan, penalty=penalty)
-    device_steps = common.DeviceSteps(model, optimizer, steps.body)
+    step = make_step(dense, table_opt, plan=plan, penalty=penalty)
+    device_steps = common.DeviceSteps(model, optimizer, step)
 
     @nnx.jit
     def predict(model, loader, seeds, key):
