@@ -1,6 +1,6 @@
-"""What every trainer shares: its result, accuracy, and the progress display of a run.
+"""What every trainer shares: its result, its epoch loop, accuracy, and a run's progress display.
 
-result = train(...)                  # any of jaxdata.train.{rgcn,attention,sage,gpt}
+result = train(...)                  # any of jaxdata.train.{attention,sage,gpt,link}
 result.model, result.history         # the trained model; one record per epoch or logged step
 result.metrics                       # what training measured at its end (test accuracy, ...)
 result.test_accuracy                 # = result.metrics["test_accuracy"], where measured
