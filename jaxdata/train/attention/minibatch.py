@@ -180,6 +180,12 @@ def summed_loss(model, batch: Batch, learned=(), embedded=(), plan=None):
   return jnp.sum(jnp.where(valid, ce, 0)), hits(logits, valid, batch.labels)
 
 
+def correct_of(model, loader: Loader, seeds, key) -> tuple[jax.Array, jax.Array]:
+  """(correct, count) of the seeds' sampled batch: what the accuracies count."""
+  batch = loader.sample(seeds, key)
+  return hits(*logits_of(model, batch), batch.labels)
+
+
 def forward(model, loader: Loader, seeds, key, plan=None):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
   return logits_of(model, loader.sample(seeds, key), plan=plan)
@@ -341,10 +347,6 @@ def sharded_steps(
     )
     return total, correct, count, token
 
-  def correct_of(model, loader, seeds, key):
-    batch = loader.sample(seeds, key)
-    return hits(*logits_of(model, batch), batch.labels)
-
   return common.ShardedSteps(model, optimizer, loader, mesh, batch_size, train_on, correct_of)
 
 
@@ -490,10 +492,7 @@ def train(
     step = make_step(dense, table_opt, plan=plan, penalty=penalty)
     device_steps = common.DeviceSteps(model, optimizer, step)
 
-    @nnx.jit
-    def predict(model, loader, seeds, key):
-      batch = loader.sample(seeds, key)
-      return hits(*logits_of(model, batch), batch.labels)
+    predict = nnx.jit(correct_of)
 
     def accuracy(nodes, key) -> float:
       if sharded is not None:
