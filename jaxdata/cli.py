@@ -38,7 +38,7 @@ from jaxdata.hector.compiler import CacheDirError
 from jaxdata.tasks import checkpoint
 from jaxdata.tasks.checkpoint import CheckpointLocked
 from jaxdata.train import attention, link
-from jaxdata.train.common import LossNotFinite
+from jaxdata.train.common import LossNotFinite, mistakes
 
 #: name -> (module, help). Modules are imported when the parser is built: each defines
 #: add_arguments(parser) and main(args).
@@ -171,12 +171,11 @@ def _eval(args: argparse.Namespace) -> int:
     raise command.UsageError(
       "argument DIR: empty (give the folder `jaxdata train ... --out` wrote; '.' for this one)"
     )
-  try:
+  with (  # (a DataOverrideError is a ValueError: the inner one names --data)
+    mistakes("", FileNotFoundError, ValueError),
+    mistakes("--data", checkpoint.DataOverrideError),
+  ):
     loaded = checkpoint.load_model(args.checkpoint, **overrides)
-  except checkpoint.DataOverrideError as e:
-    raise command.UsageError(f"argument --data: {e}") from None
-  except (FileNotFoundError, ValueError) as e:
-    raise command.UsageError(str(e)) from None
   console = command.console()
   console.print(f"[bold]{loaded.kind}[/] checkpoint {args.checkpoint}: step {loaded.meta['step']}")
   try:
@@ -204,21 +203,15 @@ def _train_rgcn(args: argparse.Namespace) -> int:
   if args.task == "link":
     if args.out == "rgcn-checkpoint":  # the default names the node-classification model's
       args.out = "rgcn-link-checkpoint"
-    try:
-      checkpoint.check_out(args.out, ("rgcn-link",))
-    except ValueError as e:
-      raise command.UsageError(f"argument --out: {e}") from None
-    return link.main(args)
-  if args.layers == 0:
+  elif args.layers == 0:
     raise command.UsageError("argument --layers: 0 layers (DistMult alone) is for --task link")
-  if args.negatives != 1 or args.eval_every:
+  elif args.negatives != 1 or args.eval_every:
     flag = "--negatives" if args.negatives != 1 else "--eval-every"
     raise command.UsageError(f"argument {flag}: for --task link")
-  try:  # the parser let a link-prediction checkpoint through (--task link replaces one)
-    checkpoint.check_out(args.out, ("rgcn", "rgcn-mag"))
-  except ValueError as e:
-    raise command.UsageError(f"argument --out: {e}") from None
-  return attention.main(args)
+  # --out's type lets a checkpoint of any of train rgcn's kinds through: here, the task's own
+  with mistakes("--out"):
+    checkpoint.check_out(args.out, ("rgcn-link",) if args.task == "link" else ("rgcn", "rgcn-mag"))
+  return link.main(args) if args.task == "link" else attention.main(args)
 
 
 #: Where a clone keeps the benchmarks, beside the package (an editable install runs from it).
@@ -262,19 +255,17 @@ def _join(args: argparse.Namespace) -> bool:
   """Before a trainer runs: joins its multi-process job, if the flags ask for one; whether this
   is a one-process run."""
   setup = distributed.setup_from(args)
-  what = f"jaxdata train {args.model}"
-  if setup.num_processes > 1 and not args.multi_process:
-    raise command.UsageError(
-      f"{what} does not support multi-process runs yet (--num-processes "
-      f"{setup.num_processes}); of the trainers, "
-      f"{_multi_process_trainers()}"
-    )
+
+  def refuse(how: str) -> None:
+    if setup.num_processes > 1 and not args.multi_process:
+      raise command.UsageError(
+        f"jaxdata train {args.model} does not support multi-process runs yet ({how}); of the "
+        f"trainers, {_multi_process_trainers()}"
+      )
+
+  refuse(f"--num-processes {setup.num_processes}")
   setup = distributed.initialize(setup)
-  if setup.num_processes > 1 and not args.multi_process:  # found by --distributed auto
-    raise command.UsageError(
-      f"{what} does not support multi-process runs yet ({setup.num_processes}"
-      f" processes detected); of the trainers, {_multi_process_trainers()}"
-    )
+  refuse(f"{setup.num_processes} processes detected")  # found by --distributed auto
   return setup.num_processes == 1
 
 

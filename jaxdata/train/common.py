@@ -1,6 +1,6 @@
-"""What every trainer shares: its result, accuracy, and the progress display of a run.
+"""What every trainer shares: its result, its epoch loop, accuracy, and a run's progress display.
 
-result = train(...)                  # any of jaxdata.train.{rgcn,attention,sage,gpt}
+result = train(...)                  # any of jaxdata.train.{attention,sage,gpt,link}
 result.model, result.history         # the trained model; one record per epoch or logged step
 result.metrics                       # what training measured at its end (test accuracy, ...)
 result.test_accuracy                 # = result.metrics["test_accuracy"], where measured
@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jaxdata import command, distributed
 from jaxdata.host import sparse
 from jaxdata.host.sample import check_fanouts as check_fanout_values
+from jaxdata.offload.stack import segments
 from jaxdata.placement import MESH_AXIS, device_mesh, psum_flat, sharded_jit  # noqa: F401
 from jaxdata.tasks import (  # noqa: F401  (the trainers' names for them)
   accuracy,
@@ -64,6 +65,17 @@ class TrainResult:
     return float(self.metrics["val_accuracy"])
 
 
+@contextlib.contextmanager
+def mistakes(flag: str = "", *errors: type[Exception]) -> Iterator[None]:
+  """Turns `errors` (default: ValueError) raised inside into a user's mistake: a one-line
+  `command.UsageError`, naming `flag` where one is given."""
+  caught = errors or (ValueError,)
+  try:
+    yield
+  except caught as e:
+    raise command.UsageError(f"argument {flag}: {e}" if flag else str(e)) from None
+
+
 class LossNotFinite(FloatingPointError):
   """A run's training loss became NaN or infinite (a learning rate too large, ...): the run
   stops there, and the command saves nothing (`jaxdata.cli` prints one line, exit code 1)."""
@@ -88,36 +100,89 @@ def add_record(
 
 
 def fit_epochs(
-  model,
-  optimizer,
   epochs: int,
-  run_epoch: Callable[[int], dict],
-  measure: Callable[[], dict],
+  run_epoch: Callable[..., Any],
+  result: Callable[[list[dict], dict, float], TrainResult],
+  measure: Callable[[], dict] | None = None,
   *,
+  history: Sequence[dict] = (),
+  unit: str = "epoch",
+  seed_rows: Callable[[int], np.ndarray] | None = None,
   on_epoch: Callable[[dict], None] | None = None,
-  resume: Callable[[Any, Any], list[dict]] | None = None,
   save_every: int = 0,
   on_save: Callable[[TrainResult], None] | None = None,
   measure_saves: bool = True,
-  plan: Any = None,
 ) -> TrainResult:
-  """The epoch loop of the one-device full-graph trainers: `run_epoch(epoch)` trains an epoch
-  and returns its record (but the epoch's number), `measure()` the metrics at the end.
+  """Every trainer's epoch loop: `run_epoch(epoch)` trains an epoch and returns its record (but
+  the epoch's number); `result(history, metrics, seconds)` is the run as it stands, with
+  `measure()`'s metrics at the end (None: none).
 
-  `resume(model, optimizer)` puts a saved run's state into the fresh model and optimizer and
-  returns its history; training goes on from the epoch after it. A stop request (SIGTERM,
-  Ctrl-C) ends the run after the epoch in progress. `on_save(result)` gets the run so far every
-  `save_every` epochs, its metrics measured then (`measure_saves`) or left empty."""
-  history = [] if resume is None else list(resume(model, optimizer))
+  `history`: a resumed run's (`resumer`); training goes on from where it ends. A trainer that
+  counts steps (gpt: `unit` "step") records some of them: `run_epoch` returns None for the
+  others. Mini-batch trainers give `seed_rows(epoch)`, the epoch's seed batches, drawn for
+  every epoch (also those a resumed run skips, so that its order is the same);
+  `run_epoch(epoch, rows, start)` then trains from batch `start` (a resumed epoch's), and the
+  record says where the epoch ended ("batch" of "batches_per_epoch"). A stop request (SIGTERM,
+  Ctrl-C) ends the run after the epoch in progress. `on_save(result)` gets the run so far
+  every `save_every` epochs, its metrics measured then (`measure_saves`) or left empty."""
+  history = list(history)
+  first_epoch, first_batch = position(history, unit)
   start = time.perf_counter()
-  for epoch in range(len(history) + 1, epochs + 1):
-    add_record(history, {"epoch": epoch, **run_epoch(epoch)}, on_epoch)
+  for epoch in range(1, epochs + 1):
+    rows = None if seed_rows is None else seed_rows(epoch)
+    if epoch < first_epoch:
+      continue
+    if rows is None:
+      record = run_epoch(epoch)
+    else:
+      skip = first_batch if epoch == first_epoch else 0
+      record = run_epoch(epoch, rows, skip)
+      record.update(batch=skip + record["batches"], batches_per_epoch=len(rows))
+    if record is None:  # a step not recorded (which a stop request's step always is)
+      continue
+    add_record(history, {unit: epoch, **record}, on_epoch)
     if command.stop_requested():  # SIGTERM or Ctrl-C: the last completed epoch ends the run
       break
     if on_save is not None and save_due(save_every, epoch, epochs):
-      now = measure() if measure_saves else {}
-      on_save(TrainResult(model, history, now, time.perf_counter() - start, optimizer, plan))
-  return TrainResult(model, history, measure(), time.perf_counter() - start, optimizer, plan)
+      now = measure() if measure_saves and measure is not None else {}
+      on_save(result(history, now, time.perf_counter() - start))
+  return result(history, {} if measure is None else measure(), time.perf_counter() - start)
+
+
+def run_steps(step: Callable[[int], Any], start: int, total: int, on_batch=None) -> list:
+  """`step(i)` for the batches i = `start` .. `total` - 1 of an epoch, reported to
+  `on_batch(i + 1, total)`; their outputs. A stop request (SIGTERM, `command.soft_stop`) ends
+  the epoch after the step in progress."""
+  outs = []
+  for i in range(start, total):
+    outs.append(step(i))
+    if on_batch is not None:
+      on_batch(i + 1, total)
+    if command.stop_requested():
+      break
+  return outs
+
+
+def model_plan(plan: Any, model, *inputs) -> tuple | None:
+  """The offload plan a run trains `model` with: `plan` (None, or one policy per planned
+  layer, `model.stack_layers`), or the one a planner `plan(model, *inputs)` makes; ValueError
+  for another count of policies."""
+  if callable(plan):
+    plan = plan(model, *inputs)
+  if plan is not None and len(plan := tuple(plan)) != model.stack_layers:
+    raise ValueError(
+      f"train: the plan has {len(plan)} policies for the model's {model.stack_layers} "
+      "stacked layers"
+    )
+  return plan
+
+
+def describe_plan(plan: Sequence) -> str:
+  """A plan as runs print it: "layers 0-2: keep, layer 3: offload[in]"."""
+  return ", ".join(
+    f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
+    for a, b, p in segments(plan, len(plan))
+  )
 
 
 # ----------------------------------------------------------------------------- mini-batches
@@ -251,26 +316,21 @@ def run_epoch(
   updates). Waits for every update, then returns the epoch's record: mean loss, train
   accuracy, seconds, batches, seeds per second."""
   t0 = time.perf_counter()
-  sums = []
-  for i, row in enumerate(rows):
-    sums.append(step(jnp.asarray(row), jax.random.fold_in(key, i)))
-    if on_batch is not None:
-      on_batch(i + 1, len(rows))
-    if command.stop_requested():  # SIGTERM: the run ends after this step (command.soft_stop)
-      break
-  return epoch_record(sums, t0)
+  one = lambda i: step(jnp.asarray(rows[i]), jax.random.fold_in(key, i))  # noqa: E731
+  return epoch_record(run_steps(one, 0, len(rows), on_batch), t0)
 
 
-def position(history: list[dict]) -> tuple[int, int]:
+def position(history: Sequence[dict], unit: str = "epoch") -> tuple[int, int]:
   """(epoch, batch) where a run with `history` goes on: the batch after its last record's
-  ("batch" of "batches_per_epoch", where the record has them), else the next epoch's first."""
+  ("batch" of "batches_per_epoch", where the record has them), else the next epoch's first
+  (`unit` "step": the step after the last record's, batch 0)."""
   if not history:
     return 1, 0
   last = history[-1]
   done, of = last.get("batch"), last.get("batches_per_epoch")
   if done is not None and of is not None and done < of:
-    return int(last["epoch"]), int(done)
-  return int(last["epoch"]) + 1, 0
+    return int(last[unit]), int(done)
+  return int(last[unit]) + 1, 0
 
 
 def epoch_record(sums: list, t0: float) -> dict:
@@ -318,6 +378,25 @@ def progress(
   with Progress(*columns, console=console, transient=fields.pop("transient", False)) as bar:
     task = bar.add_task("run", total=total, **fields)
     yield lambda **kw: bar.update(task, **kw)
+
+
+def save_result(
+  path: str, kind: str, result: TrainResult, config: Any, data: dict, **more: Any
+) -> str:
+  """Saves a run of an NNX model as a checkpoint of `kind` (`checkpoint.save_nnx`): its model,
+  optimizer state, history, metrics (and how they were measured), `config` and `data`; a step
+  per record unless `more` says otherwise (`more`: `checkpoint.save`'s other arguments)."""
+  return checkpoint.save_nnx(
+    path,
+    kind=kind,
+    model=result.model,
+    optimizer=result.optimizer,
+    config=config,
+    data=data,
+    history=result.history,
+    metrics=result.metrics,
+    **{"step": len(result.history), "metrics_note": result.metrics_note, **more},
+  )
 
 
 def add_out_argument(
@@ -409,10 +488,7 @@ def resumer(
       "was trained with other mini-batch settings "
       f"({saved_mb if saved_mb is not None else 'none: full graph'})"
     )
-  if length == "epochs":
-    done = position(meta["history"])[0] - 1
-  else:
-    done = meta["history"][-1]["step"] if meta["history"] else 0
+  done = position(meta["history"], length.removesuffix("s"))[0] - 1
   if done >= getattr(config, length):
     refuse(f"has trained {done} {length} already: ask for more with --{length}")
 
@@ -632,16 +708,14 @@ class DeviceSteps:
     """One epoch over `rows` (int32[batches, batch_size]) from batch `start` (a resumed
     epoch); `epoch_record`'s record. The model and optimizer hold the trained state afterwards."""
     t0 = time.perf_counter()
-    device_rows, i, sums = jnp.asarray(rows), jnp.int32(start), []
+    device_rows, counter = jnp.asarray(rows), [jnp.int32(start)]
+
+    def one(_):
+      self.state, counter[0], out = self._step(self.state, args, device_rows, counter[0], key)
+      return out
+
     try:
-      for n in range(start, len(rows)):
-        self.state, i, out = self._step(self.state, args, device_rows, i, key)
-        sums.append(out)
-        if on_batch is not None:
-          on_batch(n + 1, len(rows))
-        if command.stop_requested():
-          break
-      return epoch_record(sums, t0)
+      return epoch_record(run_steps(one, start, len(rows), on_batch), t0)
     finally:  # also when interrupted: the model holds the last completed step's state
       nnx.update((self.model, self.optimizer), self.state)
 
@@ -711,16 +785,14 @@ class ShardedSteps:
     """One epoch over `seed_rows` (int32[batches, batch_size x devices], the same in every
     process); `epoch_record`'s record."""
     t0 = time.perf_counter()
-    rows, i, key = self._placed(seed_rows, key)
-    sums = []
-    for n in range(len(seed_rows)):
-      self.state, i, metrics = self._step(self.state, self.consts, rows, i, key)
-      sums.append(metrics)
-      if on_batch is not None:
-        on_batch(n + 1, len(seed_rows))
-      if command.stop_requested():  # one process only (soft_stop): its devices stop together
-        break
-    return epoch_record(sums, t0)
+    rows, *counter, key = self._placed(seed_rows, key)
+
+    def one(_):
+      self.state, counter[0], out = self._step(self.state, self.consts, rows, counter[0], key)
+      return out
+
+    # (stop requests are for one-process runs, `command.soft_stop`: all its devices stop together)
+    return epoch_record(run_steps(one, 0, len(seed_rows), on_batch), t0)
 
   def accuracy(self, ids: np.ndarray, key) -> float:
     """The sampled accuracy on `ids` (global node ids), `batch_size` x devices per step."""

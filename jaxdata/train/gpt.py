@@ -21,6 +21,7 @@ global batch, to float rounding. A plan is made for one device's share (`batch /
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -40,7 +41,6 @@ from jaxdata.offload.stack import segments
 from jaxdata.offload.store import TensorStore
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import available_memory, format_bytes
-from jaxdata.tasks import checkpoint
 from jaxdata.tasks.gpt import (  # noqa: F401  (the trainer's names for them)
   BASE_LEARNING_RATE,
   BASE_WIDTH,
@@ -54,16 +54,20 @@ from jaxdata.train.common import (
   TrainResult,
   add_offload_arguments,
   add_out_argument,
-  add_record,
   add_resume_arguments,
   check_offload_arguments,
+  describe_plan,
   device_mesh,
   devices_flag,
+  fit_epochs,
+  mistakes,
+  position,
   progress,
   psum_flat,
   refuse_resuming,
   resumer,
   save_due,
+  save_result,
   say_saved,
   sharded_jit,
 )
@@ -153,7 +157,7 @@ def train(
       model.split_layers(plan)  # one parameter stack per segment: no copies inside the step
   optimizer = nnx.Optimizer(model, make_optimizer(config), wrt=nnx.Param)
   history = [] if resume is None else list(resume(model, optimizer))
-  first = history[-1]["step"] + 1 if history else 1
+  first = position(history, "step")[0]
   for _ in range(first - 1):  # the batches the saved run took
     next(data)
   graphdef, state = nnx.split((model, optimizer))
@@ -170,49 +174,62 @@ def train(
   log_every = config.log_every or max(1, config.steps // 10)
   tokens_per_step = config.batch * config.seq
   start_loss = held_out_loss(state)
-  window = []
+  window = []  # the losses of the steps since the last record
   start = t0 = time.perf_counter()
   compile_seconds = evaluating = 0.0
-  ran = 0
-  for i in range(first, config.steps + 1):
+
+  def run_step(i: int) -> dict | None:
+    """Step i, and its record where one is due: every `log_every` steps, at the last, at a stop
+    and before a save."""
+    nonlocal state, t0, compile_seconds, evaluating
     state, loss = step(state, distributed.put(next(data), by_rows))
     window.append(loss)
-    ran += 1
     if i == first:
-      jax.block_until_ready(window[-1])
+      jax.block_until_ready(loss)
       compile_seconds = time.perf_counter() - t0  # the first step includes tracing and compiling
     if on_step:
       on_step(i, config.steps)
-    stopping = command.stop_requested()  # SIGTERM (one process): this step is the last
     due = on_save is not None and save_due(save_every, i, config.steps)
-    if i % log_every == 0 or i == config.steps or stopping or due:
-      losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
-      seconds = time.perf_counter() - t0
-      record = dict(
-        step=i,
-        loss=float(losses.mean()),
-        seconds=seconds,
-        tokens_per_second=len(losses) * tokens_per_step / seconds,
-      )
-      e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
-      record["val_loss"] = held_out_loss(state)
-      evaluating += time.perf_counter() - e0
-      add_record(history, record, on_log)
-      window, t0 = [], time.perf_counter()
-    if due and not stopping:
-      nnx.update((model, optimizer), state)
-      on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
-    if stopping:
-      break
+    if i % log_every and i != config.steps and not command.stop_requested() and not due:
+      return None
+    losses = np.asarray(distributed.local_value(window), np.float64)  # waits for the window
+    seconds = time.perf_counter() - t0
+    record = dict(
+      loss=float(losses.mean()),
+      seconds=seconds,
+      tokens_per_second=len(losses) * tokens_per_step / seconds,
+    )
+    e0 = time.perf_counter()  # the held-out loss, every record (not counted as training time)
+    record["val_loss"] = held_out_loss(state)
+    evaluating += time.perf_counter() - e0
+    window.clear()
+    t0 = time.perf_counter()
+    return record
+
+  def result(history, metrics, seconds) -> TrainResult:
+    local = state  # replicated over the mesh: this process's own copy, on its first device
+    if ndev > 1:
+      local = jax.device_put(distributed.local_value(state), jax.local_devices()[0])
+    nnx.update((model, optimizer), local)
+    return TrainResult(model, history, metrics, seconds, optimizer, plan)
+
+  history = fit_epochs(
+    config.steps,
+    run_step,
+    result,
+    history=history,
+    unit="step",
+    on_epoch=on_log,
+    save_every=save_every,
+    on_save=on_save,
+    measure_saves=False,
+  ).history
   total = time.perf_counter() - start - evaluating
-  if ndev > 1:  # replicated over the mesh: this process's own copy, on its first device
-    state = jax.device_put(distributed.local_value(state), jax.local_devices()[0])
-  nnx.update((model, optimizer), state)
-  final_loss = history[-1]["val_loss"]  # the last step is always logged (also when stopped)
+  ran = history[-1]["step"] - first + 1  # the last step is always logged (also when stopped)
   rest = max(total - compile_seconds, 1e-9)  # the steps after the first, which compiled
   metrics = dict(
     start_loss=start_loss,
-    final_loss=final_loss,
+    final_loss=history[-1]["val_loss"],
     train_loss=history[-1]["loss"],
     entropy=chain.entropy(),
     uniform_loss=math.log(config.vocab),
@@ -229,21 +246,11 @@ def train(
 def save(path: str, result: TrainResult, config: GPTTrainConfig) -> str:
   """Saves a trained GPT as a checkpoint (`jaxdata.tasks.checkpoint`): layers split for a plan
   are joined first; the optimizer state goes with it where the layers were never split."""
-  model, opt = result.model, result.optimizer
-  split = isinstance(model.blocks, nnx.List)
-  if split:
-    model.split_layers(None)
-  return checkpoint.save_nnx(
-    path,
-    kind="gpt",
-    model=model,
-    optimizer=None if split else opt,
-    config=config,
-    data=data_of(config),
-    step=result.history[-1]["step"] if result.history else 0,
-    history=result.history,
-    metrics=result.metrics,
-  )
+  if split := isinstance(result.model.blocks, nnx.List):
+    result.model.split_layers(None)
+  step = result.history[-1]["step"] if result.history else 0
+  joined = dataclasses.replace(result, optimizer=None) if split else result
+  return save_result(path, "gpt", joined, config, data_of(config), step=step)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -385,18 +392,11 @@ def _agreed(plan: LayerPlan | None, store, failed: bool = False) -> list | None:
   return list(plan)
 
 
-def _describe_plan(plan: LayerPlan) -> str:
-  return ", ".join(
-    f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
-    for a, b, p in segments(plan, len(plan))
-  )
-
-
 def main(args) -> int:
   check_offload_arguments(args)
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
-  try:
+  with mistakes():  # a setting the flags' own checks cannot see (hidden % heads)
     config = GPTTrainConfig(
       layers=args.layers,
       hidden=args.hidden,
@@ -417,8 +417,6 @@ def main(args) -> int:
       raise ValueError(
         f"argument --batch-size: {config.batch} sequences do not split evenly over {ndev} devices"
       )
-  except ValueError as e:  # a setting the flags' own checks cannot see (hidden % heads)
-    raise command.UsageError(str(e)) from None
   refuse_resuming(
     args, args.offload or ndev * jax.process_count() != 1, "for one device, without --offload"
   )
@@ -473,16 +471,14 @@ def main(args) -> int:
             raise command.UsageError(f"argument --budget: {failure or 'process 0 found no plan'}")
           console.print(
             f"plan under {args.budget:,} bytes per device (batch {batch_shape[0]} "
-            f"per device): {_describe_plan(plan)}",
+            f"per device): {describe_plan(plan)}",
             markup=False,
           )
           probed.update(store.stats())  # the planner's bandwidth probe spilled too
           return _sized_store(plan, model, batch_shape, args, stores, final, console)
       else:
-        try:
+        with mistakes("--plan"):
           policy = policy_named(args.plan, store)
-        except ValueError as e:
-          raise command.UsageError(f"argument --plan: {e}") from None
 
         def planner(model, batch_shape):
           plan = [policy] * config.layers

@@ -20,7 +20,6 @@ import optax
 from flax import nnx
 
 from jaxdata import command
-from jaxdata.tasks import checkpoint
 from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
   SPLIT_FILES,
   KGDataset,
@@ -35,7 +34,15 @@ from jaxdata.tasks.link import (  # noqa: F401  (the trainer's names for them)
   synthetic_kg,
   training_graph,
 )
-from jaxdata.train.common import TrainResult, fit_epochs, progress, resumer, say_saved
+from jaxdata.train.common import (
+  TrainResult,
+  fit_epochs,
+  mistakes,
+  progress,
+  resumer,
+  save_result,
+  say_saved,
+)
 
 
 def train(
@@ -102,13 +109,12 @@ def train(
     return {"val_mrr": val["mrr"], **{f"test_{k}": v for k, v in test.items()}}
 
   return fit_epochs(
-    model,
-    optimizer,
     config.epochs,
     run_epoch,
+    lambda *run: TrainResult(model, *run, optimizer),
     measure,
+    history=[] if resume is None else resume(model, optimizer),
     on_epoch=on_epoch,
-    resume=resume,
     save_every=save_every,
     on_save=on_save,
     measure_saves=False,
@@ -131,24 +137,13 @@ def data_of(args) -> tuple[KGDataset, dict]:
       "triples": args.edges or 6000,
       "seed": args.seed,
     }
-  try:
+  with mistakes("--data", ValueError, FileNotFoundError):
     return load_dataset(data), data
-  except (ValueError, FileNotFoundError) as e:
-    raise command.UsageError(f"argument --data: {e}") from None
 
 
 def save(path: str, result: TrainResult, config: LinkConfig, data: dict) -> str:
-  return checkpoint.save_nnx(
-    path,
-    kind="rgcn-link",
-    model=result.model,
-    optimizer=result.optimizer,
-    config=config,
-    data=data,
-    step=len(result.history),
-    history=result.history,
-    metrics=result.metrics,
-  )
+  """Saves a trained link predictor as a checkpoint (`jaxdata.tasks.checkpoint`)."""
+  return save_result(path, "rgcn-link", result, config, data)
 
 
 #: `jaxdata train rgcn` options that belong to node classification only.
@@ -176,7 +171,7 @@ def main(args) -> int:
   console = command.console()
   dataset, data = data_of(args)
   defaults = LinkConfig()
-  try:
+  with mistakes():
     config = LinkConfig(
       hidden=args.hidden or defaults.hidden,
       layers=defaults.layers if args.layers is None else args.layers,
@@ -187,8 +182,6 @@ def main(args) -> int:
       eval_every=args.eval_every,
       seed=args.seed,
     )
-  except ValueError as e:
-    raise command.UsageError(str(e)) from None
   console.print(f"[bold]{dataset}[/]")
   console.print(
     f"RGCN encoder ({config.layers} layers, hidden {config.hidden}, {config.num_bases} bases) + "

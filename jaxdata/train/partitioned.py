@@ -31,13 +31,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdata import command, distributed
+from jaxdata import distributed
 from jaxdata.data import EntityDataset
 from jaxdata.data.mag import MagDataset
 from jaxdata.hector.partition import Partitions, partition
 from jaxdata.tasks import hetero, rgcn
 from jaxdata.train.common import MESH_AXIS as AXIS
-from jaxdata.train.common import TrainResult, add_record, device_mesh
+from jaxdata.train.common import TrainResult, device_mesh, fit_epochs
 from jaxdata.train.common import sharded_jit as shard
 
 
@@ -136,28 +136,31 @@ def fit(
     """{set: accuracy}, NaN for a set with no nodes."""
     return {s: float(c) / count[s] if count[s] else float("nan") for s, c in zip(names, correct)}
 
-  history = []
-  start = time.perf_counter()
-  for epoch in range(1, epochs + 1):
+  def run_epoch(epoch: int) -> dict:
+    del epoch
+    nonlocal state
     t0 = time.perf_counter()
     state, loss, correct = step(state, consts)
     loss, correct = distributed.local_value((loss, correct))
     seconds = time.perf_counter() - t0  # the step's: evaluation is not training time
     measured = accuracy(in_step, correct)
-    record = dict(epoch=epoch, loss=float(loss), train_accuracy=measured.pop("train"))
-    record["seconds"] = seconds
+    record = dict(loss=float(loss), train_accuracy=measured.pop("train"), seconds=seconds)
     record.update((f"{s}_accuracy", a) for s, a in measured.items() if count[s])
     if every_epoch:
       after = accuracy(evaluated, distributed.local_value(evaluate(state, consts)))
       record.update((f"{s}_accuracy", after[s]) for s in every_epoch)
-    add_record(history, record, on_epoch)
-    if command.stop_requested():  # SIGTERM: the last completed step ends the run
-      break
-  final = accuracy(evaluated, distributed.local_value(evaluate(state, consts)))
-  final = {f"{s}_accuracy": a for s, a in final.items()}
-  # Replicated over the mesh: each process reads its own copy (no collective).
-  model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
-  return TrainResult(model, history, final, time.perf_counter() - start, optimizer)
+    return record
+
+  def measure() -> dict:
+    final = accuracy(evaluated, distributed.local_value(evaluate(state, consts)))
+    return {f"{s}_accuracy": a for s, a in final.items()}
+
+  def result(history, metrics, seconds) -> TrainResult:
+    # Replicated over the mesh: each process reads its own copy (no collective).
+    model, optimizer = nnx.merge(graphdef, distributed.local_value(state))
+    return TrainResult(model, history, metrics, seconds, optimizer)
+
+  return fit_epochs(epochs, run_epoch, result, measure, on_epoch=on_epoch)
 
 
 def train_rgcn(

@@ -72,17 +72,17 @@ from jaxdata.tasks.sage import (  # noqa: F401  (the trainer's names for them)
 from jaxdata.train.common import (
   TrainResult,
   add_out_argument,
-  add_record,
   add_resume_arguments,
   check_copies_agree,
   check_fanouts,
   devices_flag,
-  position,
+  fit_epochs,
+  mistakes,
   progress,
   psum_flat,
   refuse_resuming,
   resumer,
-  save_due,
+  run_steps,
   say_saved,
   seed_batches,
   sharded_jit,
@@ -90,9 +90,6 @@ from jaxdata.train.common import (
 
 #: `jaxdata train sage` runs as one of several processes (`jaxdata.distributed`).
 MULTI_PROCESS = True
-
-
-# ----------------------------------------------------------------------------- the model step
 
 
 # ----------------------------------------------------------------------------- training
@@ -133,15 +130,51 @@ def train(
   With `config.embed_dim`, `result.tables["embedding"]` is the trained table (NumPy); with
   several processes, `train` checks that every process's copy ended equal.
   """
-  own_graph = graph is None
-  if own_graph:
-    graph = HostGraph(dataset.indptr, dataset.indices, features=dataset.features)
-  try:
-    saving = (resume, save_every, on_save)
-    return _train(dataset, config, graph, on_epoch, on_batch, init, embedding, saving)
-  finally:
-    if own_graph:
-      graph.close()
+  with contextlib.ExitStack() as stack:
+    if graph is None:
+      graph = HostGraph(dataset.indptr, dataset.indices, features=dataset.features)
+      stack.enter_context(graph)
+    table = table_opt = None
+    if config.embed_dim:
+      if resume is not None or save_every:
+        raise ValueError("train: resume and save_every are for runs without embeddings")
+      if embedding is None:
+        embedding = initial_embedding(graph.num_nodes, config)
+      embedding = np.asarray(embedding)
+      if embedding.shape != (graph.num_nodes, config.embed_dim):
+        raise ValueError(
+          f"train: embedding must have shape {(graph.num_nodes, config.embed_dim)} "
+          f"(nodes, embed_dim), got {embedding.shape}"
+        )
+      opt = sparse.BY_NAME[config.table_optimizer](config.learning_rate)
+      table = stack.enter_context(HostTable(embedding.astype(np.float32)))
+      table_opt = (opt, opt.init(table))
+      stack.callback(sparse.close, table_opt[1])
+    if graph.features is None:
+      raise ValueError("train: the graph has no node features")
+    if graph.num_nodes != len(dataset.labels):
+      raise ValueError(
+        f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes"
+      )
+    mesh = mesh_of(config)
+    if config.pipeline == "cpu" and jax.process_count() > 1:
+      raise ValueError(
+        "train: the cpu pipeline runs in one process only; use pipeline host or "
+        "device with several processes"
+      )
+    labels = np.asarray(dataset.labels).astype(np.int32)
+    loader = None
+    if config.pipeline != "cpu":
+      loader = stack.enter_context(loader_of(graph, labels, config))
+    run = _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
+    result = _train_loop(
+      dataset, config, mesh, run, on_epoch, on_batch, resume, save_every, on_save
+    )
+    if table is not None:
+      result.tables = {"embedding": np.array(table.as_numpy())}
+  if table is not None:
+    check_copies_agree(result.tables["embedding"], "embedding")
+  return result
 
 
 @contextlib.contextmanager
@@ -181,56 +214,6 @@ def initial_embedding(num_nodes: int, config: SageConfig) -> np.ndarray:
   same in every process)."""
   rng = np.random.default_rng([config.seed, 1])
   return (0.1 * rng.standard_normal((num_nodes, config.embed_dim))).astype(np.float32)
-
-
-def _train(dataset, config, graph, on_epoch, on_batch, init, embedding, saving) -> TrainResult:
-  if not config.embed_dim:
-    return _train_with(dataset, config, graph, on_epoch, on_batch, init, None, None, saving)
-  if saving[0] is not None or saving[1]:
-    raise ValueError("train: resume and save_every are for runs without embeddings")
-  if embedding is None:
-    embedding = initial_embedding(graph.num_nodes, config)
-  embedding = np.asarray(embedding)
-  if embedding.shape != (graph.num_nodes, config.embed_dim):
-    raise ValueError(
-      f"train: embedding must have shape {(graph.num_nodes, config.embed_dim)} "
-      f"(nodes, embed_dim), got {embedding.shape}"
-    )
-  table_opt = sparse.BY_NAME[config.table_optimizer](config.learning_rate)
-  with HostTable(embedding.astype(np.float32)) as table:
-    state = table_opt.init(table)
-    try:
-      result = _train_with(
-        dataset, config, graph, on_epoch, on_batch, init, table, (table_opt, state), saving
-      )
-    finally:
-      sparse.close(state)
-    result.tables = {"embedding": np.array(table.as_numpy())}
-  check_copies_agree(result.tables["embedding"], "embedding")
-  return result
-
-
-def _train_with(
-  dataset, config, graph, on_epoch, on_batch, init, table, table_opt, saving
-) -> TrainResult:
-  if graph.features is None:
-    raise ValueError("train: the graph has no node features")
-  if graph.num_nodes != len(dataset.labels):
-    raise ValueError(f"train: {len(dataset.labels)} labels for a graph of {graph.num_nodes} nodes")
-  mesh = mesh_of(config)
-  if config.pipeline == "cpu" and jax.process_count() > 1:
-    raise ValueError(
-      "train: the cpu pipeline runs in one process only; use pipeline host or "
-      "device with several processes"
-    )
-  labels = np.asarray(dataset.labels).astype(np.int32)
-  loader = None if config.pipeline == "cpu" else loader_of(graph, labels, config)
-  try:
-    args = (labels, on_epoch, on_batch, init, table, table_opt, saving)
-    return _train_loop(dataset, config, graph, mesh, loader, *args)
-  finally:
-    if loader is not None:
-      loader.close()
 
 
 def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt):
@@ -329,104 +312,80 @@ def _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
 
 
 def _train_loop(
-  dataset, config, graph, mesh, loader, labels, on_epoch, on_batch, init, table, table_opt, saving
+  dataset, config, mesh, run, on_epoch, on_batch, resume, save_every, on_save
 ) -> TrainResult:
-  ndev = mesh.devices.size
+  """The epochs of a run of `_steps`' programs `run`."""
   replicated = NamedSharding(mesh, P())
-  programs = _steps(dataset, config, graph, mesh, loader, labels, init, table, table_opt)
-  step, evaluate_batch = programs.step, programs.evaluate_batch
-  params, opt_state, step_consts = programs.params, programs.opt_state, programs.consts
-  cpu_batches, graphdef = programs.cpu_batches, programs.graphdef
-  batch = config.batch_size * ndev
+  batch = config.batch_size * mesh.devices.size
   seed_sharding = NamedSharding(mesh, P(None, "data"))
   rng = np.random.default_rng(config.seed)
   key, eval_key, test_key = run_keys(config)
 
-  def run_batches(seed_rows: np.ndarray, epoch_key, fn, *state, start: int = 0):
-    """Runs the training step fn over the rows of seeds from row `start` (stopping after the
-    step in progress when a stop is requested); returns the final state, the summed metrics and
-    the number of rows run."""
-    sums = []
+  def run_epoch(epoch: int, seed_rows: np.ndarray, start: int) -> dict:
+    """The training steps over the rows of seeds from row `start`; the epoch's record."""
+    t0, epoch_key = time.perf_counter(), jax.random.fold_in(key, epoch - 1)
     if config.pipeline == "cpu":
-      stream = cpu_batches.stream(seed_rows, epoch_key, start)
-      for i, inputs in enumerate(stream, start):
-        *state, m = fn(*state, *inputs)
-        sums.append(m)
-        if on_batch:
-          on_batch(i + 1, len(seed_rows))
-        if command.stop_requested():
-          break
+      stream = run.cpu_batches.stream(seed_rows, epoch_key, start)
+
+      def one(_):
+        run.params, run.opt_state, m = run.step(run.params, run.opt_state, *next(stream))
+        return m
     else:
       # Everything a step takes already placed as the step wants it: an argument on the wrong
       # devices is resharded at every call, off JAX's fast dispatch path.
       rows = distributed.put(seed_rows, seed_sharding)
-      i = distributed.put(np.int32(start), replicated)
+      i = [distributed.put(np.int32(start), replicated)]
       epoch_key = distributed.put(epoch_key, replicated)
-      for n in range(start, len(seed_rows)):
-        *state, i, m = fn(*state, *step_consts, rows, i, epoch_key)
-        sums.append(m)
-        if on_batch:
-          on_batch(n + 1, len(seed_rows))
-        if command.stop_requested():
-          break
-    totals = [float(sum(np.asarray(x) for x in col)) for col in zip(*sums)] if sums else []
-    return tuple(state), totals, len(sums)
 
-  def accuracy(nodes: np.ndarray, epoch_key) -> float:
-    rows = seed_batches(nodes, batch, None, config.eval_batches)
-    feed = cpu_batches if config.pipeline == "cpu" else step_consts[0]
-    return sampled_accuracy(evaluate_batch, params, feed, rows, epoch_key, mesh)
+      def one(_):
+        *state, i[0], m = run.step(run.params, run.opt_state, *run.consts, rows, i[0], epoch_key)
+        run.params, run.opt_state = state
+        return m
 
-  resume, save_every, on_save = saving
-  history = []
-  if resume is not None:
-    (params, opt_state), history = resume(params, opt_state)
-    params, opt_state = distributed.put((params, opt_state), replicated)
-  first_epoch, first_batch = position(history)
-  start = time.perf_counter()
-  for epoch in range(config.epochs):
-    # every epoch's seed order is drawn, so that a resumed run's order is the same
-    rows = seed_batches(dataset.train_nodes, batch, rng, config.max_batches)
-    if epoch + 1 < first_epoch:
-      continue
-    skip = first_batch if epoch + 1 == first_epoch else 0
-    t0 = time.perf_counter()
-    (params, opt_state), (total, correct, count), done = run_batches(
-      rows, jax.random.fold_in(key, epoch), step, params, opt_state, start=skip
-    )
+    sums = run_steps(one, start, len(seed_rows), on_batch)
+    total, correct, count = (float(sum(np.asarray(x) for x in col)) for col in zip(*sums))
     seconds = time.perf_counter() - t0
     record = dict(
-      epoch=epoch + 1,
       loss=total / max(count, 1),
       train_accuracy=correct / max(count, 1),
       seconds=seconds,
-      batches=done,
-      batch=skip + done,
-      batches_per_epoch=len(rows),
+      batches=len(sums),
       seeds_per_second=count / seconds,
     )
     if config.evaluate and len(dataset.val_nodes):
-      record["val_accuracy"] = accuracy(dataset.val_nodes, jax.random.fold_in(eval_key, epoch))
-    add_record(history, record, on_epoch)
-    if command.stop_requested():  # SIGTERM: the last completed step ends the run
-      break
-    if on_save is not None and save_due(save_every, epoch + 1, config.epochs):
-      model = nnx.merge(graphdef, distributed.local_value(params))
-      now = {"test_accuracy": float("nan")}  # measured at the end
-      on_save(TrainResult(model, history, now, 0.0, distributed.local_value(opt_state)))
-  test = (
-    accuracy(dataset.test_nodes, test_key)
-    if config.evaluate and len(dataset.test_nodes)
-    else float("nan")
-  )
-  # Replicated over the mesh: each process reads its own copy (no collective).
-  model = nnx.merge(graphdef, distributed.local_value(params))
-  return TrainResult(
-    model,
-    history,
-    {"test_accuracy": test},
-    time.perf_counter() - start,
-    distributed.local_value(opt_state),
+      record["val_accuracy"] = accuracy(dataset.val_nodes, jax.random.fold_in(eval_key, epoch - 1))
+    return record
+
+  def accuracy(nodes: np.ndarray, epoch_key) -> float:
+    rows = seed_batches(nodes, batch, None, config.eval_batches)
+    feed = run.cpu_batches if config.pipeline == "cpu" else run.consts[0]
+    return sampled_accuracy(run.evaluate_batch, run.params, feed, rows, epoch_key, mesh)
+
+  def measure() -> dict:
+    if config.evaluate and len(dataset.test_nodes):
+      return {"test_accuracy": accuracy(dataset.test_nodes, test_key)}
+    return {"test_accuracy": float("nan")}
+
+  def result(history, metrics, seconds) -> TrainResult:
+    # Replicated over the mesh: each process reads its own copy (no collective).
+    model = nnx.merge(run.graphdef, distributed.local_value(run.params))
+    return TrainResult(model, history, metrics, seconds, distributed.local_value(run.opt_state))
+
+  history = []
+  if resume is not None:
+    (params, opt_state), history = resume(run.params, run.opt_state)
+    run.params, run.opt_state = distributed.put((params, opt_state), replicated)
+  return fit_epochs(
+    config.epochs,
+    run_epoch,
+    result,
+    measure,
+    history=history,
+    seed_rows=lambda _: seed_batches(dataset.train_nodes, batch, rng, config.max_batches),
+    on_epoch=on_epoch,
+    save_every=save_every,
+    on_save=on_save,
+    measure_saves=False,  # the test accuracy is measured at the end
   )
 
 
@@ -449,7 +408,9 @@ def save(path: str, result: TrainResult, config: SageConfig, data: dict) -> str:
     data=data,
     step=sum(r["batches"] for r in result.history),
     history=result.history,
-    metrics={"test_accuracy": result.test_accuracy},
+    metrics={
+      "test_accuracy": result.metrics.get("test_accuracy", float("nan"))
+    },  # NaN: saved early
   )
 
 
@@ -556,7 +517,7 @@ def add_arguments(parser):
 def main(args) -> int:
   console = command.console()
   console.quiet = not distributed.is_primary()  # one process reports for the job
-  try:
+  with mistakes():  # settings the flags' own checks cannot see (--embed-dim with cpu)
     config = SageConfig(
       pipeline=args.pipeline,
       fanouts=tuple(args.fanouts),
@@ -571,8 +532,6 @@ def main(args) -> int:
       embed_dim=args.embed_dim,
       table_optimizer=args.table_optimizer,
     )
-  except ValueError as e:  # settings the flags' own checks cannot see (--embed-dim with cpu)
-    raise command.UsageError(str(e)) from None
   if args.cache and args.pipeline != "host":
     raise command.UsageError(
       f"argument --cache: a device cache of feature rows is for "

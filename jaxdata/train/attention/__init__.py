@@ -58,10 +58,9 @@ from jaxdata.hector.passes import select as select_passes
 from jaxdata.host import HostTable, host_gather
 from jaxdata.nn import layer_stack
 from jaxdata.offload import TensorStore
-from jaxdata.offload.stack import segments
 from jaxdata.offload.store import summary as store_summary
 from jaxdata.sizes import format_bytes
-from jaxdata.tasks import checkpoint, hetero, rgcn
+from jaxdata.tasks import hetero, rgcn
 from jaxdata.tasks.hetero import (
   CLASSIFIERS,
   KINDS,
@@ -92,6 +91,7 @@ from jaxdata.train.common import (
   devices_flag,
   minibatch_options,
   minibatch_settings,
+  mistakes,
   progress,
   refuse_resuming,
   refuse_without_minibatch,
@@ -194,15 +194,7 @@ def train(
 
   else:
     inputs = device_features(dataset, model)
-    if callable(plan):
-      plan = plan(model, graph, inputs)
-    if plan is not None:
-      plan = tuple(plan)
-      if len(plan) != model.stack_layers:
-        raise ValueError(
-          f"train: the plan has {len(plan)} policies for the model's "
-          f"{model.stack_layers} stacked layers"
-        )
+    plan = common.model_plan(plan, model, graph, inputs)
     papers = dataset.node_range(dataset.target)[1]
     train_idx = jnp.asarray(dataset.train_papers)
     train_y = jnp.asarray(dataset.labels)[train_idx]
@@ -243,16 +235,14 @@ def train(
 
   try:
     return common.fit_epochs(
-      model,
-      optimizer,
       config.epochs,
       run_epoch,
+      lambda *run: TrainResult(model, *run, optimizer, plan),
       measure,
+      history=[] if resume is None else resume(model, optimizer),
       on_epoch=on_epoch,
-      resume=resume,
       save_every=save_every,
       on_save=on_save,
-      plan=plan,
     )
   finally:
     if table is not None:
@@ -291,35 +281,20 @@ def budget_planner(
         f"budget: a {type(model).__name__} of {model.layers} layer(s) has no "
         "stacked layers to plan (HGT's first layer is not one of them)"
       )
-    progress = (lambda what: say(f"  planning: {what} ...")) if say else None
     if blocks:  # graph: sampled blocks, xs: the outermost slots' node types
-      progress = (lambda name: say(f"  measuring {name} ...")) if say else None
-      layers, layer_fns, inputs = model.block_stack(graph, xs)
-      best, bw = layer_stack.plan_each(
-        layers,
-        layer_fns,
-        inputs,
-        budget_bytes,
-        store,
-        candidates(model),
-        tier=tier,
-        repeats=repeats,
-        progress=progress,
-      )
+      plan, stack, what = layer_stack.plan_each, model.block_stack(graph, xs), "  measuring {} ..."
     else:
       rows = [x.shape[0] for x in model.inputs(xs)]
-      layers, layer_fn, x = model.stack(graph, rows)
-      best, bw = layer_stack.plan(
-        layers,
-        layer_fn,
-        x,
-        budget_bytes,
-        store,
-        candidates(model),
-        tier=tier,
-        repeats=repeats,
-        progress=progress,
-      )
+      plan, stack, what = layer_stack.plan, model.stack(graph, rows), "  planning: {} ..."
+    best, bw = plan(
+      *stack,
+      budget_bytes,
+      store,
+      candidates(model),
+      tier=tier,
+      repeats=repeats,
+      progress=(lambda name: say(what.format(name))) if say else None,
+    )
     if say:
       say(
         f"  plan: {best}  (predicted {best.seconds * 1e3:.1f} ms of layers, "
@@ -341,19 +316,12 @@ def save(
   """Saves a trained RGAT / HGT / RGCN classifier as a checkpoint (`jaxdata.tasks.checkpoint`;
   kind `KINDS[config.model]`, or "rgcn" for the entity classifier); `minibatch`: the mini-batch
   settings it trained with, which a resumed run must repeat."""
-  return checkpoint.save_nnx(
-    path,
-    kind=KINDS[config.model] if isinstance(config, TrainConfig) else "rgcn",
-    model=result.model,
-    optimizer=result.optimizer,
-    config=config,
-    data=data,
-    step=len(result.history),
-    history=result.history,
-    metrics=result.metrics,
-    metrics_note=result.metrics_note,
-    settings=minibatch_settings(minibatch),
-  )
+  settings = minibatch_settings(minibatch)
+  return common.save_result(path, _kind(config), result, config, data, settings=settings)
+
+
+def _kind(config: TrainConfig | rgcn.TrainConfig) -> str:
+  return KINDS[config.model] if isinstance(config, TrainConfig) else "rgcn"
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -651,18 +619,11 @@ def _train_offloaded(
       measure = budget_planner(args.budget, store, say=say, blocks=minibatch is not None)
 
       def planner(model, graph, xs):
-        try:
+        with mistakes("--budget"):
           plan = measure(model, graph, xs)
-        except ValueError as e:
-          raise command.UsageError(f"argument --budget: {e}") from None
         say(
-          f"plan under {args.budget:,} bytes: "
-          + ", ".join(
-            f"layers {a}-{b - 1}: {p}" if b - a > 1 else f"layer {a}: {p}"
-            for a, b, p in segments(plan, len(plan))
-          )
-          + f" (of the {model.stack_layers} "
-          "planned layers)"
+          f"plan under {args.budget:,} bytes: {common.describe_plan(plan)} (of the "
+          f"{model.stack_layers} planned layers)"
         )
         probed.update(store.stats())  # the planner's bandwidth probe spilled too
         return plan
@@ -670,10 +631,8 @@ def _train_offloaded(
 
       def planner(model, graph, xs):
         del graph, xs
-        try:
+        with mistakes("--plan"):
           policy = layer_stack.policy_named(args.plan, store, candidates(model))
-        except ValueError as e:
-          raise command.UsageError(f"argument --plan: {e}") from None
         return [policy] * model.stack_layers
 
     if minibatch is None:
@@ -684,12 +643,22 @@ def _train_offloaded(
   return result
 
 
-def _resumer(path: str | None, config: TrainConfig, data: dict, minibatch: Any = None):
-  """`common.resumer` for this trainer's checkpoints."""
-  settings = minibatch_settings(minibatch)
-  return resumer(
-    path, kind=KINDS[config.model], config=config, data=data, settings=settings, newer=("embed",)
+def _fit(args, dataset, config, data: dict, minibatch, on_epoch) -> TrainResult:
+  """`train`, or with `minibatch` `minibatch.train`, from the run saved in --resume, saving to
+  --out every --save-every epochs."""
+  resume = resumer(
+    args.resume,
+    kind=_kind(config),
+    config=config,
+    data=data,
+    settings=minibatch_settings(minibatch),
+    newer=("embed",),
   )
+  save_every, on_save = args.save_every or 0, lambda r: save(args.out, r, config, data, minibatch)
+  hooks = dict(on_epoch=on_epoch, resume=resume, save_every=save_every, on_save=on_save)
+  if minibatch is None:
+    return train(dataset, config, **hooks)
+  return sampled.train(dataset, config, minibatch, **hooks)
 
 
 def main(args) -> int:
@@ -797,12 +766,13 @@ def main(args) -> int:
     )
   t0 = time.perf_counter()
   if args.data is not None:
-    try:  # read once: the default target comes from the same data
+    # read once: the default target comes from the same data (a TargetError, a ValueError,
+    # names --target: the inner one)
+    with (
+      mistakes("--data", ValueError, TypeError, FileNotFoundError),
+      mistakes("--target", TargetError),
+    ):
       dataset = folder_dataset(read(args.data), args.data, args.target)
-    except TargetError as e:
-      raise command.UsageError(f"argument --target: {e}") from None
-    except (ValueError, TypeError, FileNotFoundError) as e:
-      raise command.UsageError(f"argument --data: {e}") from None
     target = dataset.target
     data = {"path": os.path.abspath(args.data), "target": target}
     classes = dataset.num_classes
@@ -871,25 +841,8 @@ def main(args) -> int:
     try:
       if args.offload:
         result = _train_offloaded(dataset, config, args, console, on_epoch, minibatch)
-      elif minibatch is None:
-        result = train(
-          dataset,
-          config,
-          on_epoch=on_epoch,
-          resume=_resumer(args.resume, config, data),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data),
-        )
       else:
-        result = sampled.train(
-          dataset,
-          config,
-          minibatch,
-          on_epoch=on_epoch,
-          resume=_resumer(args.resume, config, data, minibatch),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data, minibatch),
-        )
+        result = _fit(args, dataset, config, data, minibatch, on_epoch)
     except DeviceBudgetError as e:  # a mini-batch run's device budget, with or without a plan
       raise command.UsageError(
         f"argument --device-bytes: {str(e).removeprefix('train: ')}"
@@ -938,10 +891,8 @@ def _train_entities(args) -> int:
   else:
     data = {"source": "synthetic", "seed": args.seed}
     data.update(nodes=args.nodes, edges=args.edges, relations=args.relations)
-  try:
+  with mistakes("--data" if args.data else "--nodes", OSError, ValueError, EOFError):
     dataset, setup = rgcn.load_dataset(data)
-  except (OSError, ValueError, EOFError) as e:
-    raise command.UsageError(f"argument {'--data' if args.data else '--nodes'}: {e}") from None
   num_bases = args.bases if args.bases is not None else setup.get("num_bases")
   num_bases = num_bases or None  # --bases 0: a full weight per relation
   l2 = args.l2 if args.l2 is not None else setup.get("l2", 0.0)
@@ -1013,17 +964,7 @@ def _train_entities(args) -> int:
     )
     with progress(console, f"seed {seed}", config.epochs, transient=args.seeds > 1) as update:
       on_epoch = _epoch_printer(console, update, "train", every=args.seeds == 1)
-      if minibatch is None:
-        result = train(
-          dataset,
-          config,
-          on_epoch=on_epoch,
-          resume=resumer(args.resume, kind="rgcn", config=config, data=data),
-          save_every=args.save_every or 0,
-          on_save=lambda r: save(args.out, r, config, data),  # noqa: B023 (one seed)
-        )
-      else:
-        result = sampled.train(dataset, config, minibatch, on_epoch=on_epoch)
+      result = _fit(args, dataset, config, data, minibatch, on_epoch)
     accuracies.append(result.test_accuracy)
     console.print(
       f"seed {seed}: test accuracy {result.test_accuracy:.4f} "

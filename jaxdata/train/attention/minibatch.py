@@ -20,7 +20,7 @@ with its own key; the dense parameters and their Adam state are replicated, thei
 summed once over the mesh (`common.psum_flat`); every embedding table update all-gathers the
 global batch's (row, gradient) pairs (`host.sparse`, `copies=` the processes), so each
 process's copy of a table receives every row (docs/distributed.md). One device of one process
-runs the unsharded steps (`make_steps`).
+runs the unsharded step (`make_step`).
 
 The RGCN entity task (`jaxdata.tasks.rgcn`) runs the same loop: on the featureless RDF graphs
 the first layer's input is a node's one-hot id, so its parameters with a row per node (each
@@ -52,7 +52,6 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxdata import command
 from jaxdata.data import EntityDataset
 from jaxdata.data.mag import MagDataset
 from jaxdata.host import sparse
@@ -181,6 +180,12 @@ def summed_loss(model, batch: Batch, learned=(), embedded=(), plan=None):
   return jnp.sum(jnp.where(valid, ce, 0)), hits(logits, valid, batch.labels)
 
 
+def correct_of(model, loader: Loader, seeds, key) -> tuple[jax.Array, jax.Array]:
+  """(correct, count) of the seeds' sampled batch: what the accuracies count."""
+  batch = loader.sample(seeds, key)
+  return hits(*logits_of(model, batch), batch.labels)
+
+
 def forward(model, loader: Loader, seeds, key, plan=None):
   """Logits of the seeds' slots (first len(seeds) rows) and the valid-seed mask."""
   return logits_of(model, loader.sample(seeds, key), plan=plan)
@@ -266,25 +271,13 @@ def first_reads(ids: jax.Array, axis: str) -> jax.Array:
   return jax.lax.dynamic_slice_in_dim(first, jax.lax.axis_index(axis) * ids.shape[0], ids.shape[0])
 
 
-@dataclasses.dataclass(frozen=True)
-class Steps:
-  """The jitted steps of a mini-batch run (`make_steps`); `loader` is the run's `Loader`.
-
-  Attributes:
-    step: ``step(model, optimizer, table_states, loader, seeds, key) -> (summed loss, correct,
-      count, token of the table updates)``: samples, gathers and trains on one batch.
-    body: `step` not jitted (`common.DeviceSteps` runs it with one dispatch per step).
-  """
-
-  step: Callable
-  body: Callable
-
-
-def make_steps(dense, table_opt, plan: Sequence | None = None, penalty: Penalty | None = None):
-  """The jitted steps that train a model on a loader's mini-batches: cross entropy of the
-  valid seeds (plus `penalty`'s term), the parameters `dense` selects (an nnx filter) updated
-  by the caller's `nnx.Optimizer`, each embedding table by `table_opt` (a `host.sparse`
-  optimizer; its states are the steps' `table_states`)."""
+def make_step(dense, table_opt, plan: Sequence | None = None, penalty: Penalty | None = None):
+  """The step that trains a model on a loader's mini-batch, ``step(model, optimizer,
+  table_states, loader, seeds, key) -> (summed loss, correct, count, token of the table
+  updates)``, not jitted (`common.DeviceSteps` runs it with one dispatch per step): samples
+  and gathers, then the cross entropy of the valid seeds (plus `penalty`'s term), the
+  parameters `dense` selects (an nnx filter) updated by the caller's `nnx.Optimizer`, each
+  embedding table by `table_opt` (a `host.sparse` optimizer; its states are `table_states`)."""
 
   def train_on(model, optimizer, table_states, loader, batch):
     def loss_fn(model, learned):
@@ -299,10 +292,10 @@ def make_steps(dense, table_opt, plan: Sequence | None = None, penalty: Penalty 
     token = loader.update_embeddings(table_opt, table_states, batch, row_grads)
     return loss * count, correct, count, token  # summed loss: epochs add them up
 
-  def body(model, optimizer, table_states, loader, seeds, key):
+  def step(model, optimizer, table_states, loader, seeds, key):
     return train_on(model, optimizer, table_states, loader, loader.sample(seeds, key))
 
-  return Steps(nnx.jit(body), body)
+  return step
 
 
 def sharded_steps(
@@ -353,10 +346,6 @@ def sharded_steps(
       table_opt, table_states, batch, row_grads, axis_name=axis, copies=copies
     )
     return total, correct, count, token
-
-  def correct_of(model, loader, seeds, key):
-    batch = loader.sample(seeds, key)
-    return hits(*logits_of(model, batch), batch.labels)
 
   return common.ShardedSteps(model, optimizer, loader, mesh, batch_size, train_on, correct_of)
 
@@ -483,13 +472,7 @@ def train(
       seeds = jnp.asarray(common.seed_batches(ids["train"], minibatch.batch_size, limit=1)[0])
       batch = jax.jit(Loader.prepare)(loader, seeds, jax.random.key(config.seed))
       plan = plan(model, batch.blocks, batch.types)
-    if plan is not None:
-      plan = tuple(plan)
-      if len(plan) != model.stack_layers:
-        raise ValueError(
-          f"train: the plan has {len(plan)} policies for the model's "
-          f"{model.stack_layers} planned layers"
-        )
+    plan = common.model_plan(plan, model)
 
     sharded = (
       None
@@ -506,13 +489,10 @@ def train(
         penalty,
       )
     )
-    steps = make_steps(dense, table_opt, plan=plan, penalty=penalty)
-    device_steps = common.DeviceSteps(model, optimizer, steps.body)
+    step = make_step(dense, table_opt, plan=plan, penalty=penalty)
+    device_steps = common.DeviceSteps(model, optimizer, step)
 
-    @nnx.jit
-    def predict(model, loader, seeds, key):
-      batch = loader.sample(seeds, key)
-      return hits(*logits_of(model, batch), batch.labels)
+    predict = nnx.jit(correct_of)
 
     def accuracy(nodes, key) -> float:
       if sharded is not None:
@@ -523,26 +503,15 @@ def train(
     rng = np.random.default_rng(config.seed)
     # (the entity task's keys: two, as it has no sampled test accuracy)
     key, val_key, *test_key = jax.random.split(jax.random.key(config.seed), 2 if entity else 3)
-    history = [] if resume is None else list(resume(model, optimizer))
-    first_epoch, first_batch = common.position(history)
-    start = time.perf_counter()
-    for epoch in range(1, config.epochs + 1):
-      rows = common.seed_batches(  # every epoch's, so that a resumed run's order is the same
-        ids["train"],
-        minibatch.batch_size * (1 if mesh is None else mesh.size),
-        rng,
-        minibatch.max_batches,
-      )
-      if epoch < first_epoch:
-        continue
-      skip = first_batch if epoch == first_epoch else 0
+    per_step = minibatch.batch_size * (1 if mesh is None else mesh.size)
+    seed_rows = lambda _: common.seed_batches(ids["train"], per_step, rng, minibatch.max_batches)  # noqa: E731
+
+    def run_epoch(epoch: int, rows: np.ndarray, skip: int) -> dict:
+      epoch_key = jax.random.fold_in(key, epoch)
       if sharded is not None:
-        record = dict(epoch=epoch, **sharded.epoch(rows, jax.random.fold_in(key, epoch), on_batch))
+        record = sharded.epoch(rows, epoch_key, on_batch)
       else:
-        epoch_key = jax.random.fold_in(key, epoch)
-        args = (table_states, loader)
-        record = dict(epoch=epoch, **device_steps.epoch(args, rows, epoch_key, on_batch, skip))
-      record.update(batch=skip + record["batches"], batches_per_epoch=len(rows))
+        record = device_steps.epoch((table_states, loader), rows, epoch_key, on_batch, skip)
       record["device_state_bytes"] = device_bytes_of(
         nnx.state((model, optimizer)) if sharded is None else sharded.state
       )
@@ -550,11 +519,20 @@ def train(
       record["cache_fraction"] = loader.cache_fraction
       if validate:
         record["val_accuracy"] = accuracy(ids["val"], jax.random.fold_in(val_key, epoch))
-      common.add_record(history, record, on_epoch)
-      if command.stop_requested():  # SIGTERM: the last completed step ends the run
-        break
-      if on_save is not None and common.save_due(save_every, epoch, config.epochs):
-        on_save(TrainResult(model, history, {}, time.perf_counter() - start, optimizer, plan))
+      return record
+
+    start = time.perf_counter()
+    history = common.fit_epochs(
+      config.epochs,
+      run_epoch,
+      lambda *run: TrainResult(model, *run, optimizer, plan),
+      history=[] if resume is None else resume(model, optimizer),
+      seed_rows=seed_rows,
+      on_epoch=on_epoch,
+      save_every=save_every,
+      on_save=on_save,
+      measure_saves=False,
+    ).history
     if final_evaluation == "minibatch":
       final = {
         "val_accuracy": accuracy(ids["val"], jax.random.fold_in(val_key, 0)),
