@@ -25,22 +25,9 @@ def typed_linear(
   cols = [jnp.where((types == t)[:, None], f, 0).astype(dtype) for t, f in enumerate(xs)]
   kernels = [lin.kernel[...] for lin in linears]
   biases = [lin.bias for lin in linears]
-  out = kernels[0].shape[-1]
-  width = sum(k.shape[0] for k in kernels)
-  # Zero columns up to a multiple of 8: XLA's GPU GEMMs want an aligned contraction and would
-  # otherwise pad the [N, width] operand itself, a copy as large as the concatenation.
   if any(b is not None for b in biases):
-    extra = len(linears) + (-(width + len(linears)) % WIDTH_MULTIPLE)
-    cols.append(jax.nn.one_hot(types, extra, dtype=dtype))  # a row of zeros for -1
-    rows = [jnp.zeros(out) if b is None else b[...] for b in biases]
-    kernels.append(jnp.stack(rows + [jnp.zeros(out)] * (extra - len(linears))))
-  elif width % WIDTH_MULTIPLE:
-    extra = -width % WIDTH_MULTIPLE
-    cols.append(jnp.zeros((types.shape[0], extra), dtype))
-    kernels.append(jnp.zeros((extra, out)))
+    cols.append(jax.nn.one_hot(types, len(linears), dtype=dtype))  # a row of zeros for -1
+    out = kernels[0].shape[-1]
+    kernels.append(jnp.stack([jnp.zeros(out) if b is None else b[...] for b in biases]))
   kernel = jnp.concatenate(kernels).astype(dtype)
   return jnp.dot(jnp.concatenate(cols, 1), kernel, precision=precision)
-
-
-#: typed_linear's contraction width is a multiple of this
-WIDTH_MULTIPLE = 8
