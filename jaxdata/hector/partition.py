@@ -13,7 +13,8 @@ real node: it is the *padding node*. All parts have the same shapes, so their ar
 a device axis and one jitted program runs on every device: the edges of a part are padded to the
 largest part's count with edges from and to the padding node (relation 0, norm 0; they touch only
 the padding node's row, which nothing reads), and its unique (source, relation) pairs to the
-largest count with pairs ``(padding node, R - 1)`` that have no edges. Norms are the whole graph's
+largest count with unused pairs (``(padding node, R)``: no edges, no relation, past
+``pair_rel_offsets[R]``; `GraphArrays`). Norms are the whole graph's
 (a part holds every in-edge of its destinations, so "mean" is the same either way).
 
     parts = partition(hetero_graph, 4)                 # host NumPy, stacked [4, ...] arrays
