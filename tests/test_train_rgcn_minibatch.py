@@ -23,6 +23,7 @@ from jaxdata.data import HeteroGraph, synthetic_entities
 from jaxdata.hector import GraphArrays
 from jaxdata.nn import RGCN
 from jaxdata.tasks.rgcn import TrainConfig, build_model, split_validation
+from jaxdata.train import attention
 from jaxdata.train.attention import minibatch as mb
 
 # Its tests take 5 s to minutes each: the fast tier (-m "not slow") leaves this file out.
@@ -226,3 +227,28 @@ def test_cli_minibatch(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   r = run("train", "rgcn", "--minibatch", "--fanouts", "3")
   assert r.returncode == 2 and "--fanouts" in r.stderr
+
+
+def test_a_run_that_fails_closes_its_optimizer_tables_and_refusals(monkeypatch):
+  """The node rows' sparse optimizer states are closed however the run ends; settings an entity
+  run cannot honour are refused, not ignored."""
+  ds = entities()
+  config = TrainConfig(epochs=2, hidden=8, val_fraction=0.2)
+  closed = []
+  monkeypatch.setattr(mb.sparse, "close", lambda state: closed.append(state))
+
+  def stop(record):
+    raise RuntimeError("stopped by the test")
+
+  with pytest.raises(RuntimeError, match="stopped by the test"):
+    mb.train(ds, config, mb.MinibatchConfig(fanouts=(3, 3), batch_size=16), on_epoch=stop)
+  assert len(closed) == 1  # the featureless first layer's rows: one table, one state
+  small = mb.MinibatchConfig(fanouts=(3, 3), batch_size=16)
+  with pytest.raises(ValueError, match="embedded node rows"):
+    mb.train(ds, config, small, save_every=1, on_save=lambda result: None)
+  with pytest.raises(ValueError, match="entity dataset"):
+    mb.train(ds, config, dataclasses.replace(small, cache=0.2))
+  with pytest.raises(ValueError, match="entity dataset"):
+    mb.train(ds, config, small, final_evaluation="none")
+  with pytest.raises(ValueError, match="no layers to plan"):
+    attention.train(ds, config, plan=[None, None])

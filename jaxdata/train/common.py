@@ -138,7 +138,7 @@ def fit_epochs(
       skip = first_batch if epoch == first_epoch else 0
       record = run_epoch(epoch, rows, skip)
       record.update(batch=skip + record["batches"], batches_per_epoch=len(rows))
-    if record is None:  # a step not recorded (which a stop request's step always is)
+    if record is None:  # a step between records (gpt records every --log-every steps)
       continue
     add_record(history, {unit: epoch, **record}, on_epoch)
     if command.stop_requested():  # SIGTERM or Ctrl-C: the last completed epoch ends the run

@@ -11,7 +11,8 @@ import sys
 
 import numpy as np
 
-from jaxdata.train import partitioned, rgcn
+from jaxdata.tasks import rgcn
+from jaxdata.train import attention, partitioned
 
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 20
 datas = [{"source": "synthetic", "nodes": 20_000, "edges": 200_000, "relations": 50, "seed": 0}]
@@ -21,7 +22,7 @@ for data in datas:
   dataset, setup = rgcn.load_dataset(data)
   setup = {k: v for k, v in setup.items() if k in ("num_bases", "l2", "val_fraction", "bias")}
   config = rgcn.TrainConfig(epochs=epochs, **setup)
-  one = rgcn.train(dataset, config)
+  one = attention.train(dataset, config)
   part = partitioned.train_rgcn(dataset, dataclasses.replace(config, devices=1))
   steady = lambda r: np.median([h["seconds"] for h in r.history[2:]]) * 1e3  # noqa: E731
   loss_gap = max(

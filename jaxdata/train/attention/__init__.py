@@ -175,6 +175,8 @@ def train(
   optimizer = nnx.Optimizer(model, optax.adam(config.learning_rate), wrt=nnx.Param)
   table = None
   if isinstance(dataset, EntityDataset):
+    if plan is not None:
+      raise ValueError("train: an entity classifier has no layers to plan")
     fit, val = rgcn.split_validation(len(dataset.train_idx), config.val_fraction, config.seed)
     train_idx, train_y = jnp.asarray(dataset.train_idx[fit]), jnp.asarray(dataset.train_y[fit])
     val_idx, val_y = jnp.asarray(dataset.train_idx[val]), jnp.asarray(dataset.train_y[val])
@@ -970,7 +972,7 @@ def _train_entities(args) -> int:
       f"seed {seed}: test accuracy {result.test_accuracy:.4f} "
       f"({result.seconds:.1f} s; last epoch {1e3 * result.history[-1]['seconds']:.1f} ms)"
     )
-  save(args.out, result, config, data)
+  save(args.out, result, config, data, minibatch)
   if args.seeds > 1:
     console.print(
       f"[bold]test accuracy over {args.seeds} seeds: {np.mean(accuracies):.4f} "

@@ -41,6 +41,7 @@ seeds. The paper's L2 term counts the first layer's dense parameters and the row
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -414,6 +415,13 @@ def train(
     raise ValueError(
       "train: resume and save_every are for one device, without a plan or embeddings"
     )
+  if isinstance(dataset, EntityDataset) and (
+    final_evaluation is not None or minibatch.cache or minibatch.device_bytes is not None
+  ):
+    raise ValueError(
+      "train: an entity dataset is evaluated on its whole graph and has no device cache: "
+      "final_evaluation, cache and device_bytes are for heterographs"
+    )
   if final_evaluation is None:
     final_evaluation = "full" if minibatch.device_bytes is None else "minibatch"
   if final_evaluation not in ("full", "minibatch", "none"):
@@ -466,8 +474,13 @@ def train(
       cache_bytes=cache_bytes,
     )
     del initial  # the host tables hold copies
-  with loader:
+  with loader, contextlib.ExitStack() as closing:
+    if (resume is not None or save_every) and loader.embedded:
+      # the embedded rows train in host tables: a checkpoint mid-run would hold their first rows
+      raise ValueError("train: resume and save_every are for runs without embedded node rows")
     table_states = loader.init_embeddings(table_opt)
+    for state in table_states:
+      closing.callback(sparse.close, state)
     if callable(plan):  # measured on a sampled batch: every batch has its padded shapes
       seeds = jnp.asarray(common.seed_batches(ids["train"], minibatch.batch_size, limit=1)[0])
       batch = jax.jit(Loader.prepare)(loader, seeds, jax.random.key(config.seed))
@@ -549,8 +562,6 @@ def train(
       model.set_tables(trained)  # as host arrays
     for t in loader.embedded:  # several processes: every copy received every row update
       common.check_copies_agree(loader.tables[t].as_numpy(), dataset.graph.node_type_names[t])
-    for state in table_states:
-      sparse.close(state)
   if final_evaluation == "entity":
     final = rgcn.evaluate(model, dataset)  # type: ignore[arg-type]
   elif final_evaluation == "full":
