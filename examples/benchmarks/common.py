@@ -163,38 +163,41 @@ def step_parts(lowered: Any, call: Callable[[Any], Any], warmup: int, steps: int
   profiled = lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
   runs = 5
   events = timing.device_events(lambda: call(profiled), profiled.as_text(), runs=runs)
-  ms: dict[str, float] = {}
-  count: dict[str, int] = {}
-  kernels: dict[tuple[str, str], list[float]] = {}
+  kernels: dict[tuple[str, str], list[float]] = {}  # (part, kernel): [launches, ms] per step
   for start, end, kernel, op_name in events:
-    part = part_of(op_name)
-    ms[part] = ms.get(part, 0.0) + (end - start) * 1e-6 / runs
-    count[part] = count.get(part, 0) + 1
-    # the op name's innermost scope and primitive say which part of the step launched it
-    where = "/".join(op_name.split("/")[-2:])
-    k = kernels.setdefault((part, f"{kernel[:40]} [{where[:100]}]"), [0, 0.0])
-    k[0] += 1
+    where = "/".join(op_name.split("/")[-2:])  # its innermost scope and primitive
+    k = kernels.setdefault((part_of(op_name), f"{kernel[:40]} [{where[:100]}]"), [0.0, 0.0])
+    k[0] += 1 / runs
     k[1] += (end - start) * 1e-6 / runs
   busiest = sorted(kernels.items(), key=lambda kv: -kv[1][1])
   return StepParts(
-    [(p, ms.get(p, 0.0), count.get(p, 0) / runs) for p in PARTS],
+    [(part, name, n, t) for (part, name), (n, t) in busiest],
     1e3 * timing.busy_seconds(events) / runs,
     1e3 * steady,
-    [(part, name, n / runs, t) for (part, name), (n, t) in busiest],
   )
 
 
 @dataclasses.dataclass
 class StepParts:
-  """`step_parts`: [(part, device ms, kernels per step)], device busy ms (the union of the
-  events' intervals: the parts may overlap on streams), steady ms per step (steps queued back
-  to back), and every kernel [(part, kernel [op name's last scopes], launches per step, ms per
-  step)], busiest first."""
+  """`step_parts`: every kernel [(part, kernel [op name's last scopes], launches per step, ms per
+  step)], busiest first; device busy ms (the union of the events' intervals: the parts may
+  overlap on streams) and steady ms per step (steps queued back to back)."""
 
-  parts: list[tuple[str, float, float]]
+  kernels: list[tuple[str, str, float, float]]
   busy_ms: float
   steady_ms: float
-  kernels: list[tuple[str, str, float, float]]
+
+  @property
+  def parts(self) -> list[tuple[str, float, float]]:
+    """[(part, device ms, kernels per step)] for each of `PARTS`."""
+    return [
+      (
+        part,
+        sum(t for p, _, _, t in self.kernels if p == part),
+        sum(n for p, _, n, _ in self.kernels if p == part),
+      )
+      for part in PARTS
+    ]
 
   def rows(self) -> list[list[str]]:
     """The parts as table rows (`PARTS_HEADER`): each part's device time, share of the
