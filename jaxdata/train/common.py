@@ -708,10 +708,11 @@ class DeviceSteps:
     """One epoch over `rows` (int32[batches, batch_size]) from batch `start` (a resumed
     epoch); `epoch_record`'s record. The model and optimizer hold the trained state afterwards."""
     t0 = time.perf_counter()
-    device_rows, counter = jnp.asarray(rows), [jnp.int32(start)]
+    device_rows, i = jnp.asarray(rows), jnp.int32(start)
 
     def one(_):
-      self.state, counter[0], out = self._step(self.state, args, device_rows, counter[0], key)
+      nonlocal i
+      self.state, i, out = self._step(self.state, args, device_rows, i, key)
       return out
 
     try:
@@ -785,10 +786,11 @@ class ShardedSteps:
     """One epoch over `seed_rows` (int32[batches, batch_size x devices], the same in every
     process); `epoch_record`'s record."""
     t0 = time.perf_counter()
-    rows, *counter, key = self._placed(seed_rows, key)
+    rows, i, key = self._placed(seed_rows, key)
 
     def one(_):
-      self.state, counter[0], out = self._step(self.state, self.consts, rows, counter[0], key)
+      nonlocal i
+      self.state, i, out = self._step(self.state, self.consts, rows, i, key)
       return out
 
     # (stop requests are for one-process runs, `command.soft_stop`: all its devices stop together)
