@@ -410,11 +410,6 @@ def train(
     if plan is not None:
       raise ValueError("train: an offload plan runs on one device of one process (devices=1)")
     mesh = common.device_mesh(config.devices, what="train")
-  embed = getattr(config, "embed", ())
-  if (resume is not None or save_every) and (mesh is not None or plan is not None or embed):
-    raise ValueError(
-      "train: resume and save_every are for one device, without a plan or embeddings"
-    )
   if isinstance(dataset, EntityDataset) and (
     final_evaluation is not None or minibatch.cache or minibatch.device_bytes is not None
   ):
@@ -475,9 +470,13 @@ def train(
     )
     del initial  # the host tables hold copies
   with loader, contextlib.ExitStack() as closing:
-    if (resume is not None or save_every) and loader.embedded:
-      # the embedded rows train in host tables: a checkpoint mid-run would hold their first rows
-      raise ValueError("train: resume and save_every are for runs without embedded node rows")
+    if (resume is not None or save_every) and (
+      mesh is not None or plan is not None or loader.embedded
+    ):
+      # embedded rows train in host tables: a checkpoint mid-run would hold their first rows
+      raise ValueError(
+        "train: resume and save_every are for one device, without a plan or embedded node rows"
+      )
     table_states = loader.init_embeddings(table_opt)
     for state in table_states:
       closing.callback(sparse.close, state)
